@@ -1,0 +1,24 @@
+// Package network holds phasegate's network layer: slots made of a named
+// network namespace, a veth pair and an nftables set element, and the
+// machinery that creates, pools, reclaims and reconciles them on a real
+// Linux kernel.
+//
+// The subpackages each have one job and import one way:
+//
+//	netns     create/delete/list named network namespaces the way iproute2 does
+//	nft       the per-prefix inet table, its ifname set and its rules
+//	slot      configuration, addressing, Create/Destroy/Reset of one slot,
+//	          scans and the batched teardown used by everything below
+//	reclaim   find slots leaked by an earlier run and tear them down
+//	storage   the slot-index allocator with quarantine
+//	pool      a LIFO pool of warm slots with background fill and trim
+//	reconcile a background loop that finishes quarantined slots and sweeps strays
+//
+// A daemon calls, in this order: slot.Config.Validate, slot.NewManager,
+// reclaim.Run, storage.New (quarantining Report.Quarantine()), pool.New,
+// Pool.WaitReady, Pool.Get/Put, a reconcile.Reconciler's Run loop and, at
+// shutdown, Pool.Close. Nothing here knows about phases, gRPC or health.
+//
+// Everything that touches the kernel needs root (CAP_SYS_ADMIN and
+// CAP_NET_ADMIN) and never shells out to ip or nft.
+package network

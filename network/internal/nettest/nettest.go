@@ -1,0 +1,301 @@
+// Package nettest gives the network tests a private playground on the real
+// kernel: a unique slot prefix, a temporary netns directory, a random
+// link-local CIDR, and a cleanup that sweeps every netns file, mount, host
+// link and nftables table with that prefix, even when the test fails.
+package nettest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/nft"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// Env is one test's playground.
+type Env struct {
+	// Config uses the playground's prefix, directory and CIDR.
+	Config slot.Config
+}
+
+// RequireRoot skips the test unless it runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, veth, nftables)")
+	}
+}
+
+// RandomPrefix returns "pt" and four random lowercase letters.
+func RandomPrefix() string {
+	b := []byte("pt")
+	for range 4 {
+		b = append(b, byte('a'+rand.IntN(26)))
+	}
+	return string(b)
+}
+
+// New makes a playground for n slots and registers its sweep with
+// t.Cleanup. It skips the test when not root.
+func New(t testing.TB, n int) *Env {
+	t.Helper()
+	RequireRoot(t)
+	dir := t.TempDir()
+	prefix := RandomPrefix()
+	// A random /18 of 169.254.0.0/16 below the metadata address's block:
+	// 169.254.0.0, .64.0 or .128.0 (n <= 8192).
+	base := [4]byte{169, 254, byte(64 * rand.IntN(2)), 0}
+	cfg := slot.Config{
+		Prefix:   prefix,
+		NetnsDir: dir,
+		Slots:    n,
+		CIDR:     netip.PrefixFrom(netip.AddrFrom4(base), 18),
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("nettest config: %v", err)
+	}
+	e := &Env{Config: cfg}
+	t.Cleanup(func() {
+		if err := Sweep(cfg); err != nil {
+			t.Errorf("nettest sweep of %q: %v", prefix, err)
+		}
+	})
+	return e
+}
+
+// Sweep removes everything with cfg's prefix: netns files in cfg.NetnsDir
+// (and the directory's own bind mount), host links <prefix>h*, and the
+// nftables table. It is used by every test's cleanup.
+func Sweep(cfg slot.Config) error {
+	var errs []error
+	ents, err := os.ReadDir(cfg.NetnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), cfg.Prefix) {
+			continue
+		}
+		p := filepath.Join(cfg.NetnsDir, e.Name())
+		for unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW) == nil {
+		}
+		if e.Type().IsRegular() {
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if strings.HasPrefix(cfg.NetnsDir, os.TempDir()) {
+		// Our temporary directory: drop its self bind mount(s).
+		for unix.Unmount(cfg.NetnsDir, unix.MNT_DETACH) == nil {
+		}
+	}
+	links, err := netlink.LinkList()
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		errs = append(errs, err)
+	}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, cfg.Prefix+"h") {
+			if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+				errs = append(errs, fmt.Errorf("delete link %s: %w", l.Attrs().Name, err))
+			}
+		}
+	}
+	if tbl, err := nft.New(cfg.TableName()); err == nil {
+		if err := tbl.Delete(context.Background()); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Manager returns a slot manager for the playground.
+func (e *Env) Manager(t testing.TB) *slot.Manager {
+	t.Helper()
+	m, err := slot.NewManager(context.Background(), e.Config, slot.Options{})
+	if err != nil {
+		t.Fatalf("NewManager: %v", err)
+	}
+	return m
+}
+
+// Leak makes the given slots with m and forgets them, the way a crashed run
+// leaves them, using a few workers.
+func Leak(t testing.TB, m *slot.Manager, indices []int) {
+	t.Helper()
+	ctx := context.Background()
+	ch := make(chan int)
+	errc := make(chan error, len(indices))
+	done := make(chan struct{})
+	for range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range ch {
+				if _, err := m.Create(ctx, i); err != nil {
+					errc <- err
+				}
+			}
+		}()
+	}
+	for _, i := range indices {
+		ch <- i
+	}
+	close(ch)
+	for range 4 {
+		<-done
+	}
+	close(errc)
+	for err := range errc {
+		t.Fatalf("leak: %v", err)
+	}
+}
+
+// IP runs the ip binary with args in a private mount namespace in which the
+// playground's netns directory is bound over /run/netns (iproute2 has no
+// option for its directory). Mounts ip makes there propagate back to the
+// playground's directory, because it is a shared mount. The host's
+// /run/netns is prepared as `ip netns add` would (a shared mount point) and
+// made private in the child first, so nothing propagates to it.
+func (e *Env) IP(t testing.TB, args ...string) (string, error) {
+	t.Helper()
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip (iproute2) not installed")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("unshare (util-linux) not installed")
+	}
+	if err := netns.PrepareDir("/run/netns"); err != nil {
+		t.Fatalf("prepare /run/netns: %v", err)
+	}
+	if err := netns.PrepareDir(e.Config.NetnsDir); err != nil {
+		t.Fatalf("prepare %s: %v", e.Config.NetnsDir, err)
+	}
+	script := `mount --make-private /run/netns && mount --rbind "$1" /run/netns && shift && exec ip "$@"`
+	cmd := exec.Command("unshare", append([]string{"-m", "--propagation", "unchanged", "sh", "-c", script, "sh", e.Config.NetnsDir}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// Start starts a long sleep (or another command) and registers its killing
+// with t.Cleanup. Use nsenter or sh in args to place it.
+func Start(t testing.TB, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		t.Skipf("%s not installed", name)
+	}
+	cmd := exec.Command(name, args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+// StartInside starts `sleep 600` inside the namespace bound at path and
+// waits until it is there.
+func StartInside(t testing.TB, path string) *exec.Cmd {
+	t.Helper()
+	cmd := Start(t, "nsenter", "--net="+path, "sleep", "600")
+	want, err := netns.Stat(path)
+	if err != nil {
+		t.Fatalf("stat %s: %v", path, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var st unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid), &st) == nil &&
+			st.Dev == want.Dev && st.Ino == want.Ino {
+			// nsenter has switched; wait for the exec of sleep too.
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid)); strings.TrimSpace(string(b)) == "sleep" {
+				return cmd
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("process did not enter %s", path)
+	return nil
+}
+
+// StartHolder starts a process that holds a descriptor open on path (and
+// lives in the root namespace) and waits until it holds it.
+func StartHolder(t testing.TB, path string) *exec.Cmd {
+	t.Helper()
+	cmd := Start(t, "sh", "-c", `exec 3<"$1"; exec sleep 600`, "sh", path)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/3", cmd.Process.Pid)); err == nil && (target == path || strings.HasPrefix(target, "net:")) {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid)); strings.TrimSpace(string(b)) == "sleep" {
+				return cmd
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("process did not open %s", path)
+	return nil
+}
+
+// Mounts returns the lines of /proc/self/mountinfo that mention dir.
+func Mounts(t testing.TB, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// HostLinks returns the names of root-namespace links starting with prefix.
+func HostLinks(t testing.TB, prefix string) []string {
+	t.Helper()
+	links, err := netlink.LinkList()
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, prefix) {
+			out = append(out, l.Attrs().Name)
+		}
+	}
+	return out
+}
+
+// WaitNoHostLinks waits (up to 30 s) until no root-namespace link starts
+// with prefix, and fails the test otherwise.
+func WaitNoHostLinks(t testing.TB, prefix string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		left := HostLinks(t, prefix)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("host links left: %v", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

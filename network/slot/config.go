@@ -1,0 +1,204 @@
+package slot
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/phasegate/phasegate/network/nft"
+)
+
+// IFNAMSIZ-1: the longest interface name the kernel accepts.
+const maxIfName = 15
+
+// InsideIfName is the name of the slot's interface inside its namespace.
+const InsideIfName = "eth0"
+
+// Defaults used by DefaultConfig.
+const (
+	DefaultPrefix   = "pg-"
+	DefaultNetnsDir = "/run/netns"
+	DefaultSlots    = 1024
+)
+
+// DefaultCIDR is the default slot network: link-local, clear of
+// 169.254.169.254.
+var DefaultCIDR = netip.MustParsePrefix("169.254.0.0/17")
+
+// metadataAddr is the cloud metadata address no slot may use.
+var metadataAddr = netip.MustParseAddr("169.254.169.254")
+
+// ErrInvalidConfig is wrapped by every error Config.Validate returns.
+var ErrInvalidConfig = errors.New("invalid slot config")
+
+// Config says where and how slots are made.
+type Config struct {
+	// Prefix starts every name: the netns <Prefix><i> and the host link
+	// <Prefix>h<i>. Lowercase letters, digits and '-', starting with a
+	// letter and not ending with a digit (so <Prefix><i> parses one way).
+	Prefix string
+	// NetnsDir is the absolute directory of the netns files.
+	NetnsDir string
+	// Slots is N: slot indices are 1..N.
+	Slots int
+	// CIDR is the IPv4 network the /31s are cut from; it must hold 2*N
+	// addresses.
+	CIDR netip.Prefix
+	// Table overrides the nftables table name (default nft.TableName(Prefix)).
+	Table string
+}
+
+// DefaultConfig returns the daemon's defaults.
+func DefaultConfig() Config {
+	return Config{Prefix: DefaultPrefix, NetnsDir: DefaultNetnsDir, Slots: DefaultSlots, CIDR: DefaultCIDR}
+}
+
+// Validate checks the configuration and returns every problem found, joined,
+// each wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
+	}
+	switch {
+	case c.Prefix == "":
+		bad("prefix is empty")
+	case !validPrefix(c.Prefix):
+		bad("prefix %q: use lowercase letters, digits and '-', start with a letter, do not end with a digit", c.Prefix)
+	}
+	if c.Slots < 1 {
+		bad("slots is %d, want at least 1", c.Slots)
+	} else if c.Prefix != "" {
+		if l := len(c.HostIfName(c.Slots)); l > maxIfName {
+			bad("prefix %q is too long for %d slots: host interface %q is %d bytes, the kernel allows %d (IFNAMSIZ)",
+				c.Prefix, c.Slots, c.HostIfName(c.Slots), l, maxIfName)
+		}
+	}
+	switch {
+	case c.NetnsDir == "":
+		bad("netns dir is empty")
+	case !filepath.IsAbs(c.NetnsDir):
+		bad("netns dir %q is not absolute", c.NetnsDir)
+	case filepath.Clean(c.NetnsDir) != c.NetnsDir:
+		bad("netns dir %q is not clean (want %q)", c.NetnsDir, filepath.Clean(c.NetnsDir))
+	}
+	switch {
+	case !c.CIDR.IsValid():
+		bad("slot CIDR is not set")
+	case !c.CIDR.Addr().Is4():
+		bad("slot CIDR %s is not IPv4", c.CIDR)
+	case c.CIDR.Masked() != c.CIDR:
+		bad("slot CIDR %s has host bits set (want %s)", c.CIDR, c.CIDR.Masked())
+	case c.Slots >= 1 && c.CIDR.Bits() > 31:
+		bad("slot CIDR %s is too small for one /31", c.CIDR)
+	case c.Slots >= 1 && uint64(2*c.Slots) > uint64(1)<<(32-c.CIDR.Bits()):
+		bad("slot CIDR %s holds %d addresses, %d slots need %d", c.CIDR,
+			uint64(1)<<(32-c.CIDR.Bits()), c.Slots, 2*c.Slots)
+	case c.Slots >= 1:
+		if last := c.offset(c.Slots, 1); c.CIDR.Contains(metadataAddr) &&
+			addrLE(c.CIDR.Addr(), metadataAddr) && addrLE(metadataAddr, last) {
+			bad("slot CIDR %s with %d slots would use %s (cloud metadata)", c.CIDR, c.Slots, metadataAddr)
+		}
+	}
+	if c.Table != "" && (len(c.Table) > 255 || strings.ContainsRune(c.Table, 0)) {
+		bad("table name %q", c.Table)
+	}
+	return errors.Join(errs...)
+}
+
+func validPrefix(p string) bool {
+	for i := 0; i < len(p); i++ {
+		ch := p[i]
+		if !(ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '-') {
+			return false
+		}
+	}
+	return p[0] >= 'a' && p[0] <= 'z' && !(p[len(p)-1] >= '0' && p[len(p)-1] <= '9')
+}
+
+func addrLE(a, b netip.Addr) bool { return a.Compare(b) <= 0 }
+
+// TableName is the nftables table of this configuration.
+func (c Config) TableName() string {
+	if c.Table != "" {
+		return c.Table
+	}
+	return nft.TableName(c.Prefix)
+}
+
+// NetnsName is the netns file name of slot i.
+func (c Config) NetnsName(i int) string { return c.Prefix + strconv.Itoa(i) }
+
+// NetnsPath is the netns file path of slot i.
+func (c Config) NetnsPath(i int) string { return filepath.Join(c.NetnsDir, c.NetnsName(i)) }
+
+// HostIfName is the root-namespace end of slot i's veth pair.
+func (c Config) HostIfName(i int) string { return c.Prefix + "h" + strconv.Itoa(i) }
+
+// ParseNetnsName returns the index of a netns name <Prefix><i> with i in
+// [1, Slots] written canonically; ok is false for any other name.
+func (c Config) ParseNetnsName(name string) (int, bool) {
+	s, ok := strings.CutPrefix(name, c.Prefix)
+	if !ok {
+		return 0, false
+	}
+	return c.parseIndex(s)
+}
+
+// ParseHostIfName returns the index of a host link name <Prefix>h<i> with i
+// in [1, Slots]; ok is false for any other name.
+func (c Config) ParseHostIfName(name string) (int, bool) {
+	s, ok := strings.CutPrefix(name, c.Prefix+"h")
+	if !ok {
+		return 0, false
+	}
+	return c.parseIndex(s)
+}
+
+func (c Config) parseIndex(s string) (int, bool) {
+	if s == "" || len(s) > 9 || s[0] == '0' {
+		return 0, false
+	}
+	i, err := strconv.Atoi(s)
+	if err != nil || i < 1 || i > c.Slots || strconv.Itoa(i) != s {
+		return 0, false
+	}
+	return i, true
+}
+
+// offset returns the address 2*(i-1)+k into the CIDR.
+func (c Config) offset(i, k int) netip.Addr {
+	b := c.CIDR.Addr().As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v += uint32(2*(i-1) + k)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// Addrs returns slot i's /31: the host end's and the inside address.
+func (c Config) Addrs(i int) (host, inside netip.Prefix) {
+	return netip.PrefixFrom(c.offset(i, 0), 31), netip.PrefixFrom(c.offset(i, 1), 31)
+}
+
+// Slot describes slot i (without touching the kernel).
+func (c Config) Slot(i int) Slot {
+	h, in := c.Addrs(i)
+	return Slot{
+		Index: i, NetnsName: c.NetnsName(i), NetnsPath: c.NetnsPath(i),
+		HostIf: c.HostIfName(i), InsideIf: InsideIfName, HostAddr: h, InsideAddr: in,
+	}
+}
+
+// Slot is one network slot.
+type Slot struct {
+	// Index is the slot's index in [1, Config.Slots].
+	Index int
+	// NetnsName and NetnsPath name the slot's netns file.
+	NetnsName, NetnsPath string
+	// HostIf is the veth end in the root namespace, InsideIf the one inside.
+	HostIf, InsideIf string
+	// HostAddr and InsideAddr are the two addresses of the slot's /31.
+	HostAddr, InsideAddr netip.Prefix
+}

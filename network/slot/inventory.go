@@ -1,0 +1,117 @@
+package slot
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/phasegate/phasegate/network/netns"
+)
+
+// Resources says which of a slot's three host resources exist.
+type Resources uint8
+
+// The resources of a slot.
+const (
+	// HasNetns: the netns file <NetnsDir>/<Prefix><i> exists.
+	HasNetns Resources = 1 << iota
+	// HasHostLink: the link <Prefix>h<i> exists in the root namespace.
+	HasHostLink
+	// HasElement: <Prefix>h<i> is an element of the nftables set.
+	HasElement
+
+	// All is every resource.
+	All = HasNetns | HasHostLink | HasElement
+)
+
+// String lists the resources, e.g. "netns+link".
+func (r Resources) String() string {
+	var parts []string
+	if r&HasNetns != 0 {
+		parts = append(parts, "netns")
+	}
+	if r&HasHostLink != 0 {
+		parts = append(parts, "link")
+	}
+	if r&HasElement != 0 {
+		parts = append(parts, "element")
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "+")
+}
+
+// Inventory maps slot indices to the resources that exist for them. Only
+// names with the configured prefix and a canonical index in [1, Slots] are
+// ever in it; netns entries must be regular files (symlinks and directories
+// are foreign).
+type Inventory map[int]Resources
+
+// Indices returns the inventory's indices in ascending order.
+func (inv Inventory) Indices() []int {
+	return slices.Sorted(maps.Keys(inv))
+}
+
+// Only returns the part of the inventory for the given indices.
+func (inv Inventory) Only(indices []int) Inventory {
+	out := make(Inventory, len(indices))
+	for _, i := range indices {
+		if r, ok := inv[i]; ok {
+			out[i] = r
+		}
+	}
+	return out
+}
+
+// Assume returns an inventory that assumes every resource exists for the
+// given indices, for tearing down slots this process made. Teardown copes
+// with resources that turn out to be missing.
+func Assume(indices ...int) Inventory {
+	out := make(Inventory, len(indices))
+	for _, i := range indices {
+		out[i] = All
+	}
+	return out
+}
+
+// Scan lists what exists on the host for this configuration: netns files,
+// host links and set elements. Foreign names are left out.
+func (m *Manager) Scan(ctx context.Context) (Inventory, error) {
+	inv := Inventory{}
+	entries, err := netns.List(m.cfg.NetnsDir, m.cfg.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if e.Kind != netns.KindFile {
+			continue
+		}
+		if i, ok := m.cfg.ParseNetnsName(e.Name); ok {
+			inv[i] |= HasNetns
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	links, err := listLinks()
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range links {
+		if i, ok := m.cfg.ParseHostIfName(n); ok {
+			inv[i] |= HasHostLink
+		}
+	}
+	els, err := m.fw.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range els {
+		if i, ok := m.cfg.ParseHostIfName(n); ok {
+			inv[i] |= HasElement
+		}
+	}
+	return inv, nil
+}
