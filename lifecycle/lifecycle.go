@@ -1,0 +1,339 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/looplab/fsm"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// errDrainDuringStart is the cause given to a start that a drain cancelled.
+var errDrainDuringStart = errors.New("drain requested")
+
+// Lifecycle runs a validated set of phases. Create one with [New]; all its
+// methods are safe for concurrent use.
+type Lifecycle struct {
+	opts   options
+	tracer trace.Tracer
+	phases []*phaseRun // declaration order; the graph never changes after New
+
+	hasWatchers     atomic.Bool
+	progressPending atomic.Bool
+
+	mu           sync.Mutex
+	fsm          *fsm.FSM
+	since        time.Time
+	started      time.Time
+	err          error
+	degraded     bool
+	closed       bool    // Drain was called
+	completed    []int   // succeeded phases whose Stop has not run, in completion order
+	tasks        []*task // background tasks, in start order
+	watchers     map[*watcher]struct{}
+	seq          uint64
+	lastProgress time.Time   // last progress-only publish
+	progressTmr  *time.Timer // trailing publish of throttled progress
+	cancelStart  context.CancelCauseFunc
+	tasksCtx     context.Context
+	cancelTasks  context.CancelFunc
+	taskWG       sync.WaitGroup
+	startDone    chan struct{} // closed when Start's outcome is known
+	startErr     error
+	drainDone    chan struct{} // closed when Drain finished; nil before
+	drainErr     error
+}
+
+// phaseRun is a phase and what the runner knows about it. Fields below the
+// Phase are guarded by Lifecycle.mu, except progress which is atomic.
+type phaseRun struct {
+	Phase
+	index      int
+	deps       []int
+	dependents []int
+	progress   Progress
+
+	fsm      *fsm.FSM
+	attempts int
+	started  time.Time
+	ended    time.Time
+	err      error
+	spanCtx  trace.SpanContext
+	deferred []deferredTask // handed over by the current attempt
+}
+
+type deferredTask struct {
+	name string
+	fn   func(context.Context, *Progress) error
+}
+
+// New validates phases and returns a lifecycle ready to [Lifecycle.Start].
+// Every problem in the declaration is reported at once, joined with
+// errors.Join; each is one of [EmptyNameError], [DuplicateNameError],
+// [UnknownDependencyError], [SelfDependencyError], [CycleError] or
+// [InvalidPhaseError].
+func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
+	if err := validate(phases); err != nil {
+		return nil, err
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	tp := o.tracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	l := &Lifecycle{
+		opts:      o,
+		tracer:    tp.Tracer("github.com/phasegate/phasegate/lifecycle"),
+		phases:    make([]*phaseRun, len(phases)),
+		fsm:       newLifecycleFSM(),
+		since:     time.Now(),
+		startDone: make(chan struct{}),
+	}
+	index := make(map[string]int, len(phases))
+	for i, p := range phases {
+		index[p.Name] = i
+	}
+	for i, p := range phases {
+		// Our own copy: the graph must not change under the runner if the
+		// caller reuses its slice.
+		p.DependsOn = slices.Clip(slices.Clone(p.DependsOn))
+		r := &phaseRun{Phase: p, index: i, fsm: newPhaseFSM()}
+		r.progress.lc, r.progress.phase = l, r
+		for _, d := range p.DependsOn {
+			r.deps = append(r.deps, index[d])
+		}
+		l.phases[i] = r
+	}
+	for _, r := range l.phases {
+		for _, d := range r.deps {
+			l.phases[d].dependents = append(l.phases[d].dependents, r.index)
+		}
+	}
+	return l, nil
+}
+
+func newLifecycleFSM() *fsm.FSM { return fsm.NewFSM(string(StateCreated), lifecycleEvents, nil) }
+func newPhaseFSM() *fsm.FSM     { return fsm.NewFSM(string(PhasePending), phaseEvents, nil) }
+
+// State returns the lifecycle's current state.
+func (l *Lifecycle) State() State {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return State(l.fsm.Current())
+}
+
+// Start runs the phases and blocks until every phase succeeded (the lifecycle
+// is then serving and Start returns nil) or until startup failed. On failure
+// the lifecycle is left in state failed, after the stop functions of the
+// phases that had succeeded ran; the error is a *[PhaseError] when a phase
+// failed for good, or wraps ctx's cause when ctx ended first.
+//
+// Calling Start again, or concurrently, waits for and returns the outcome of
+// the first call. Once [Lifecycle.Drain] was called, Start returns
+// [ErrClosed], except to callers already waiting for a start in progress.
+func (l *Lifecycle) Start(ctx context.Context) error {
+	l.mu.Lock()
+	if l.closed && State(l.fsm.Current()) != StateStarting {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	if State(l.fsm.Current()) != StateCreated {
+		l.mu.Unlock()
+		select {
+		case <-l.startDone:
+			return l.startErr
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	runCtx, cancel := context.WithCancelCause(ctx)
+	l.cancelStart = cancel
+	l.tasksCtx, l.cancelTasks = context.WithCancel(context.WithoutCancel(ctx))
+	l.started = time.Now()
+	l.transitionLocked(evStart)
+	l.mu.Unlock()
+
+	err := l.run(runCtx)
+	cancel(nil)
+
+	l.mu.Lock()
+	l.startErr = err
+	l.mu.Unlock()
+	close(l.startDone)
+	return err
+}
+
+// Fail moves a serving lifecycle to failed for a fatal fault found after
+// startup, such as a background loop the daemon cannot run without. The stop
+// functions run at the next [Lifecycle.Drain]. Fail reports an error, and
+// changes nothing, when the lifecycle is not serving.
+func (l *Lifecycle) Fail(cause error) error {
+	if cause == nil {
+		cause = errors.New("unspecified fault")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := State(l.fsm.Current()); s != StateServing {
+		return fmt.Errorf("lifecycle: cannot fail from state %s", s)
+	}
+	l.err = cause
+	l.transitionLocked(evFail)
+	l.cancelTasks()
+	return nil
+}
+
+// Drain shuts the lifecycle down: it goes to draining, background tasks are
+// cancelled, the stop functions of the phases that succeeded run in reverse
+// dependency order, each under its own timeout, and the lifecycle ends
+// stopped. A drain that arrives while starting cancels the start first (the
+// lifecycle then passes through failed). Drain before Start only makes the
+// lifecycle refuse to start.
+//
+// Drain returns the stop functions' errors, joined, or ctx's cause if ctx ends
+// first; ending ctx also cancels the stop functions still running. Calling
+// Drain again, or concurrently, waits for and returns the first call's result.
+func (l *Lifecycle) Drain(ctx context.Context) error {
+	l.mu.Lock()
+	l.closed = true
+	switch State(l.fsm.Current()) {
+	case StateCreated:
+		l.mu.Unlock()
+		return nil
+	case StateStarting:
+		l.cancelStart(errDrainDuringStart)
+		l.mu.Unlock()
+		select {
+		case <-l.startDone:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		l.mu.Lock()
+	}
+	if l.drainDone != nil {
+		done := l.drainDone
+		l.mu.Unlock()
+		select {
+		case <-done:
+			return l.drainResult()
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	l.drainDone = make(chan struct{})
+	if State(l.fsm.Current()) == StateServing {
+		l.transitionLocked(evDrain)
+	}
+	l.cancelTasks()
+	l.mu.Unlock()
+
+	ctx, span := l.tracer.Start(ctx, "drain")
+	err := l.stopCompleted(ctx)
+	waitErr := l.waitTasks(ctx)
+	err = errors.Join(err, waitErr)
+	recordOutcome(span, err)
+	span.End()
+
+	l.mu.Lock()
+	l.transitionLocked(evStop)
+	if l.progressTmr != nil {
+		l.progressTmr.Stop()
+	}
+	l.drainErr = err
+	close(l.drainDone)
+	l.mu.Unlock()
+	return err
+}
+
+func (l *Lifecycle) drainResult() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.drainErr
+}
+
+// waitTasks waits for cancelled background tasks to return.
+func (l *Lifecycle) waitTasks(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		l.taskWG.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("lifecycle: background tasks still running: %w", context.Cause(ctx))
+	}
+}
+
+// stopCompleted runs the stop functions of succeeded phases, latest
+// completion first, which is a reverse dependency order: a phase completes
+// only after all its dependencies did. Each stop runs once, whoever calls.
+func (l *Lifecycle) stopCompleted(ctx context.Context) error {
+	var errs []error
+	for {
+		l.mu.Lock()
+		if len(l.completed) == 0 {
+			l.mu.Unlock()
+			return errors.Join(errs...)
+		}
+		r := l.phases[l.completed[len(l.completed)-1]]
+		l.completed = l.completed[:len(l.completed)-1]
+		l.mu.Unlock()
+		if r.Stop == nil {
+			continue
+		}
+		if err := l.stopPhase(ctx, r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+}
+
+func (l *Lifecycle) stopPhase(ctx context.Context, r *phaseRun) (err error) {
+	timeout := r.StopTimeout
+	if timeout == 0 {
+		timeout = l.opts.stopTimeout
+	}
+	ctx, span := l.tracer.Start(ctx, "stop "+r.Name, trace.WithAttributes(attrPhase.String(r.Name)))
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer func() {
+		cancel()
+		recordOutcome(span, err)
+		span.End()
+	}()
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("phase %q: stop panicked: %v", r.Name, v)
+		}
+	}()
+	if err := r.Stop(ctx); err != nil {
+		return fmt.Errorf("phase %q: stop: %w", r.Name, err)
+	}
+	return nil
+}
+
+// transitionLocked fires a lifecycle event. The events are fired only where
+// the current state allows them, so a refusal is a bug in this package.
+func (l *Lifecycle) transitionLocked(event string) {
+	if err := l.fsm.Event(context.Background(), event); err != nil {
+		panic(fmt.Sprintf("lifecycle: event %q refused in state %q: %v", event, l.fsm.Current(), err))
+	}
+	l.since = time.Now()
+	l.publishLocked()
+}
+
+// phaseEventLocked fires a phase event; see transitionLocked.
+func (l *Lifecycle) phaseEventLocked(r *phaseRun, event string) {
+	if err := r.fsm.Event(context.Background(), event); err != nil {
+		panic(fmt.Sprintf("lifecycle: phase %q: event %q refused in state %q: %v", r.Name, event, r.fsm.Current(), err))
+	}
+	l.publishLocked()
+}

@@ -1,0 +1,112 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+)
+
+// A Phase is one named step of a startup.
+//
+// Run does the work and reports how far along it is through the [Progress]
+// it is given. Run's ctx is cancelled when the attempt times out, when a
+// sibling phase fails or when the start is cancelled; Run must return soon
+// after. A phase is retried according to Retry unless its error is marked
+// with [Permanent].
+//
+// Stop, when set, undoes or shuts down what Run built. It is called once for
+// every phase that succeeded: in reverse dependency order when a later phase
+// fails, or when the lifecycle drains.
+type Phase struct {
+	// Name identifies the phase in errors, snapshots, spans and health
+	// endpoints. It must be unique and non-empty.
+	Name string
+	// DependsOn names the phases that must succeed before this one starts.
+	DependsOn []string
+	// Run does the phase's work. It is required.
+	Run func(ctx context.Context, p *Progress) error
+	// Stop undoes Run. Optional.
+	Stop func(ctx context.Context) error
+	// Timeout bounds each attempt of Run. Zero means no limit.
+	Timeout time.Duration
+	// StopTimeout bounds Stop. Zero means the lifecycle's default
+	// (see [WithStopTimeout]).
+	StopTimeout time.Duration
+	// Retry says whether and how a failed attempt is retried. The zero
+	// value runs the phase once.
+	Retry RetryPolicy
+}
+
+// RetryPolicy is a bounded exponential backoff with jitter. The zero value
+// makes a single attempt.
+type RetryPolicy struct {
+	// Attempts is the total number of attempts, the first included.
+	// Values below 1 mean 1.
+	Attempts int
+	// Backoff is the wait before the second attempt. Zero means 100ms.
+	Backoff time.Duration
+	// MaxBackoff caps the wait between attempts. Zero means no cap.
+	MaxBackoff time.Duration
+	// Multiplier grows the wait after each attempt. Values below 1 mean 2.
+	Multiplier float64
+	// Jitter spreads each wait uniformly over ±Jitter of its length, so that
+	// many daemons restarting together do not retry in step. It is clamped
+	// to [0, 1].
+	Jitter float64
+}
+
+func (r RetryPolicy) attempts() int {
+	if r.Attempts < 1 {
+		return 1
+	}
+	return r.Attempts
+}
+
+// delay returns the wait after the given failed attempt (1-based).
+func (r RetryPolicy) delay(attempt int) time.Duration {
+	d := float64(r.Backoff)
+	if d <= 0 {
+		d = float64(100 * time.Millisecond)
+	}
+	m := r.Multiplier
+	if m < 1 {
+		m = 2
+	}
+	for i := 1; i < attempt; i++ {
+		d *= m
+		if r.MaxBackoff > 0 && d >= float64(r.MaxBackoff) {
+			break
+		}
+	}
+	if r.MaxBackoff > 0 && d > float64(r.MaxBackoff) {
+		d = float64(r.MaxBackoff)
+	}
+	if j := min(max(r.Jitter, 0), 1); j > 0 {
+		d *= 1 + j*(2*rand.Float64()-1)
+	}
+	return time.Duration(d)
+}
+
+// permanentError marks an error that retrying cannot fix.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err so that the phase that returned it is not retried.
+// The error keeps its message and its chain: errors.Is and errors.As see
+// through it. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked with
+// [Permanent].
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}

@@ -1,0 +1,262 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// phaseResult is what a phase goroutine reports to the scheduler.
+type phaseResult struct {
+	index     int
+	err       error // nil on success
+	cancelled bool  // the phase was stopped from outside, not failed
+}
+
+// run schedules the phases and carries a start through to serving or failed.
+func (l *Lifecycle) run(ctx context.Context) error {
+	ctx, span := l.tracer.Start(ctx, "startup")
+	if span.IsRecording() {
+		span.SetAttributes(attrPhaseCount.Int(len(l.phases)))
+	}
+	defer span.End()
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+
+	waiting := make([]int, len(l.phases))
+	var ready []int // declaration order: indices only ever grow within it
+	for i, r := range l.phases {
+		waiting[i] = len(r.deps)
+		if waiting[i] == 0 {
+			ready = append(ready, i)
+		}
+	}
+	results := make(chan phaseResult, len(l.phases))
+	running := 0
+	var failure error
+	for {
+		for failure == nil && runCtx.Err() == nil && len(ready) > 0 &&
+			(l.opts.maxParallel <= 0 || running < l.opts.maxParallel) {
+			i := ready[0]
+			ready = ready[1:]
+			running++
+			if running == 1 && len(ready) == 0 {
+				// The only phase that can run now: nothing else can finish
+				// while it runs, so running it on this goroutine delays no
+				// one and saves a goroutine and a wake-up per phase.
+				l.runPhase(runCtx, l.phases[i], results)
+				break
+			}
+			go l.runPhase(runCtx, l.phases[i], results)
+		}
+		if running == 0 {
+			break
+		}
+		res := <-results
+		running--
+		if res.cancelled {
+			continue // the cause is a failure already recorded, or ctx
+		}
+		if res.err != nil {
+			if failure == nil {
+				failure = res.err
+				cancel(res.err) // siblings see the failure as their ctx's cause
+			}
+			continue
+		}
+		for _, d := range l.phases[res.index].dependents {
+			if waiting[d]--; waiting[d] == 0 {
+				ready = insertSorted(ready, d)
+			}
+		}
+	}
+	if failure == nil && ctx.Err() != nil {
+		failure = fmt.Errorf("lifecycle: start cancelled: %w", context.Cause(ctx))
+	}
+
+	l.mu.Lock()
+	if failure == nil {
+		l.transitionLocked(evServe)
+		l.mu.Unlock()
+		span.SetAttributes(attrOutcome.String(string(StateServing)))
+		return nil
+	}
+	for _, r := range l.phases {
+		if State(r.fsm.Current()) == State(PhasePending) {
+			l.phaseEventLocked(r, evSkip)
+		}
+	}
+	l.err = failure
+	l.transitionLocked(evFail)
+	l.cancelTasks()
+	l.mu.Unlock()
+
+	// The start's ctx is over, or about to be: roll back under a ctx that
+	// keeps its values but not its cancellation; each stop has its own
+	// timeout.
+	rbCtx, rbSpan := l.tracer.Start(context.WithoutCancel(ctx), "rollback")
+	rbErr := l.stopCompleted(rbCtx)
+	recordOutcome(rbSpan, rbErr)
+	rbSpan.End()
+
+	span.SetAttributes(attrOutcome.String(string(StateFailed)))
+	span.RecordError(failure)
+	span.SetStatus(codes.Error, failure.Error())
+	if rbErr != nil {
+		return errors.Join(failure, fmt.Errorf("lifecycle: rollback: %w", rbErr))
+	}
+	return failure
+}
+
+// insertSorted inserts i into the ascending slice s.
+func insertSorted(s []int, i int) []int {
+	at := len(s)
+	for at > 0 && s[at-1] > i {
+		at--
+	}
+	s = append(s, 0)
+	copy(s[at+1:], s[at:])
+	s[at] = i
+	return s
+}
+
+// runPhase runs one phase's attempts and reports the outcome.
+func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- phaseResult) {
+	ctx, span := l.tracer.Start(ctx, "phase "+r.Name)
+	if span.IsRecording() { // spares the attributes' allocations when tracing is off
+		span.SetAttributes(attrPhase.String(r.Name), attrDependsOn.StringSlice(r.DependsOn))
+	}
+	l.mu.Lock()
+	r.spanCtx = span.SpanContext()
+	l.mu.Unlock()
+
+	err := l.attempts(ctx, r, span)
+
+	l.mu.Lock()
+	r.ended = time.Now()
+	outcome := PhaseSucceeded
+	switch {
+	case err == nil:
+		l.phaseEventLocked(r, evOK)
+		l.completed = append(l.completed, r.index)
+		for _, t := range r.deferred {
+			l.startTaskLocked(r, t)
+		}
+	case ctx.Err() != nil:
+		// Cancelled from outside: a sibling failed or the start was
+		// cancelled. The cause, not this phase, explains the failure.
+		outcome = PhaseCancelled
+		l.phaseEventLocked(r, evCancel)
+	default:
+		outcome = PhaseFailed
+		l.phaseEventLocked(r, evFail)
+	}
+	r.deferred = nil
+	attempts := r.attempts
+	prog := r.progress.Snapshot()
+	l.mu.Unlock()
+
+	if span.IsRecording() {
+		span.SetAttributes(
+			attrAttempts.Int(attempts),
+			attrProgressDone.Int64(prog.Done),
+			attrProgressTotal.Int64(prog.Total),
+			attrOutcome.String(string(outcome)),
+		)
+	}
+	if outcome != PhaseSucceeded {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+
+	switch outcome {
+	case PhaseFailed:
+		err = &PhaseError{Phase: r.Name, Attempts: attempts, Err: err}
+	case PhaseCancelled:
+		err = fmt.Errorf("phase %q cancelled: %w", r.Name, err)
+	}
+	results <- phaseResult{index: r.index, err: err, cancelled: outcome == PhaseCancelled}
+}
+
+// attempts calls Run until it succeeds, fails permanently, runs out of
+// attempts or ctx ends. It leaves the phase running or retrying; the caller
+// fires the final event.
+func (l *Lifecycle) attempts(ctx context.Context, r *phaseRun, span trace.Span) error {
+	max := r.Retry.attempts()
+	for attempt := 1; ; attempt++ {
+		l.mu.Lock()
+		r.attempts = attempt
+		r.deferred = nil
+		if attempt == 1 {
+			r.started = time.Now()
+		}
+		r.progress.reset()
+		l.phaseEventLocked(r, evRun)
+		l.mu.Unlock()
+
+		err := l.attempt(ctx, r, attempt)
+		if err == nil {
+			return nil
+		}
+		l.mu.Lock()
+		r.err = err
+		l.mu.Unlock()
+		if ctx.Err() != nil {
+			return ctxErr(ctx, err)
+		}
+		if IsPermanent(err) || attempt >= max {
+			return err
+		}
+
+		delay := r.Retry.delay(attempt)
+		span.AddEvent("retry", trace.WithAttributes(
+			attrAttempt.Int(attempt),
+			attrError.String(err.Error()),
+			attrBackoff.String(delay.String()),
+		))
+		l.mu.Lock()
+		l.phaseEventLocked(r, evRetry)
+		l.mu.Unlock()
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctxErr(ctx, err)
+		}
+	}
+}
+
+// ctxErr explains why ctx ended, keeping the phase's own last error.
+func ctxErr(ctx context.Context, last error) error {
+	cause := context.Cause(ctx)
+	if errors.Is(last, cause) {
+		return last
+	}
+	return fmt.Errorf("%w (last error: %v)", cause, last)
+}
+
+// attempt calls Run once under the phase's timeout, turning a panic into an
+// error and an expired timeout into an *AttemptTimeoutError.
+func (l *Lifecycle) attempt(ctx context.Context, r *phaseRun, n int) (err error) {
+	actx := ctx
+	if r.Timeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(ctx, r.Timeout)
+		defer cancel()
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("panic: %v", v)
+		}
+		if err != nil && r.Timeout > 0 && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+			err = &AttemptTimeoutError{Phase: r.Name, Attempt: n, Timeout: r.Timeout}
+		}
+	}()
+	return r.Run(actx, &r.progress)
+}

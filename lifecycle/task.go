@@ -1,0 +1,79 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// task is a background job handed off by a phase. Fields are guarded by
+// Lifecycle.mu, except progress which is atomic.
+type task struct {
+	name     string
+	phase    string
+	state    TaskState
+	started  time.Time
+	ended    time.Time
+	err      error
+	progress Progress
+}
+
+// startTaskLocked launches a deferred task; the lifecycle owns its goroutine
+// through taskWG and cancels it through tasksCtx.
+func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
+	t := &task{name: d.name, phase: r.Name, state: TaskRunning, started: time.Now()}
+	t.progress.lc = l
+	l.tasks = append(l.tasks, t)
+	l.publishLocked()
+
+	// A task outlives the startup trace, so it is a root span of its own,
+	// linked to the phase that deferred it.
+	ctx, span := l.tracer.Start(l.tasksCtx, "task "+d.name,
+		trace.WithNewRoot(),
+		trace.WithLinks(trace.Link{SpanContext: r.spanCtx}),
+		trace.WithAttributes(attrTask.String(d.name), attrPhase.String(r.Name)),
+	)
+	l.taskWG.Add(1)
+	go func() {
+		defer l.taskWG.Done()
+		err := runTask(ctx, d.fn, &t.progress)
+
+		l.mu.Lock()
+		t.ended = time.Now()
+		t.err = err
+		switch {
+		case err == nil:
+			t.state = TaskSucceeded
+		case ctx.Err() != nil:
+			t.state = TaskCancelled
+		default:
+			t.state = TaskFailed
+			l.degraded = true
+		}
+		state := t.state
+		prog := t.progress.Snapshot()
+		l.publishLocked()
+		l.mu.Unlock()
+
+		span.SetAttributes(
+			attrOutcome.String(string(state)),
+			attrProgressDone.Int64(prog.Done),
+			attrProgressTotal.Int64(prog.Total),
+		)
+		if state == TaskFailed {
+			recordOutcome(span, err)
+		}
+		span.End()
+	}()
+}
+
+func runTask(ctx context.Context, fn func(context.Context, *Progress) error, p *Progress) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("panic: %v", v)
+		}
+	}()
+	return fn(ctx, p)
+}

@@ -1,0 +1,150 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+func nop(context.Context, *lifecycle.Progress) error { return nil }
+
+func TestNewReportsEachProblem(t *testing.T) {
+	tests := []struct {
+		name   string
+		phases []lifecycle.Phase
+		check  func(error) bool
+		msg    string
+	}{
+		{
+			name:   "empty name",
+			phases: []lifecycle.Phase{{Name: "lock", Run: nop}, {Name: "", Run: nop}},
+			check:  func(err error) bool { var e *lifecycle.EmptyNameError; return errors.As(err, &e) && e.Index == 1 },
+			msg:    "phase #1 has an empty name",
+		},
+		{
+			name:   "duplicate",
+			phases: []lifecycle.Phase{{Name: "lock", Run: nop}, {Name: "lock", Run: nop}},
+			check: func(err error) bool {
+				var e *lifecycle.DuplicateNameError
+				return errors.As(err, &e) && e.Name == "lock"
+			},
+			msg: `phase "lock" is declared more than once`,
+		},
+		{
+			name:   "unknown dependency",
+			phases: []lifecycle.Phase{{Name: "listen", DependsOn: []string{"lokc"}, Run: nop}},
+			check: func(err error) bool {
+				var e *lifecycle.UnknownDependencyError
+				return errors.As(err, &e) && e.Phase == "listen" && e.Dependency == "lokc"
+			},
+			msg: `phase "listen" depends on unknown phase "lokc"`,
+		},
+		{
+			name:   "self dependency",
+			phases: []lifecycle.Phase{{Name: "serve", DependsOn: []string{"serve"}, Run: nop}},
+			check: func(err error) bool {
+				var e *lifecycle.SelfDependencyError
+				return errors.As(err, &e) && e.Phase == "serve"
+			},
+			msg: `phase "serve" depends on itself`,
+		},
+		{
+			name: "two-phase cycle",
+			phases: []lifecycle.Phase{
+				{Name: "reclaim", DependsOn: []string{"storage"}, Run: nop},
+				{Name: "storage", DependsOn: []string{"reclaim"}, Run: nop},
+			},
+			check: func(err error) bool { var e *lifecycle.CycleError; return errors.As(err, &e) && len(e.Path) == 3 },
+			msg:   "dependency cycle: reclaim -> storage -> reclaim",
+		},
+		{
+			name: "long cycle found from its middle",
+			phases: []lifecycle.Phase{
+				{Name: "lock", Run: nop},
+				{Name: "populate", DependsOn: []string{"lock", "reclaim"}, Run: nop},
+				{Name: "reclaim", DependsOn: []string{"storage"}, Run: nop},
+				{Name: "storage", DependsOn: []string{"populate"}, Run: nop},
+			},
+			check: func(err error) bool { var e *lifecycle.CycleError; return errors.As(err, &e) },
+			msg:   "dependency cycle: populate -> reclaim -> storage -> populate",
+		},
+		{
+			name:   "missing run",
+			phases: []lifecycle.Phase{{Name: "lock"}},
+			check: func(err error) bool {
+				var e *lifecycle.InvalidPhaseError
+				return errors.As(err, &e) && e.Phase == "lock"
+			},
+			msg: `phase "lock": Run is nil`,
+		},
+		{
+			name:   "negative timeout",
+			phases: []lifecycle.Phase{{Name: "lock", Run: nop, Timeout: -1}},
+			check:  func(err error) bool { var e *lifecycle.InvalidPhaseError; return errors.As(err, &e) },
+			msg:    `phase "lock": negative Timeout`,
+		},
+		{
+			name:   "repeated dependency",
+			phases: []lifecycle.Phase{{Name: "lock", Run: nop}, {Name: "listen", DependsOn: []string{"lock", "lock"}, Run: nop}},
+			check:  func(err error) bool { var e *lifecycle.InvalidPhaseError; return errors.As(err, &e) },
+			msg:    `phase "listen": depends on lock twice`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			lc, err := lifecycle.New(tc.phases)
+			if err == nil || lc != nil {
+				t.Fatalf("New = %v, %v; want an error", lc, err)
+			}
+			if !tc.check(err) {
+				t.Errorf("error %v (%T) is not the expected type", err, err)
+			}
+			if err.Error() != tc.msg {
+				t.Errorf("message = %q, want %q", err.Error(), tc.msg)
+			}
+		})
+	}
+}
+
+func TestNewReportsEveryProblemAtOnce(t *testing.T) {
+	_, err := lifecycle.New([]lifecycle.Phase{
+		{Name: "", Run: nop},
+		{Name: "a", DependsOn: []string{"b", "ghost"}, Run: nop},
+		{Name: "b", DependsOn: []string{"a"}, Run: nop},
+		{Name: "b", Run: nop},
+		{Name: "c", DependsOn: []string{"c"}},
+	})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	want := []string{
+		"phase #0 has an empty name",
+		`phase "b" is declared more than once`,
+		`phase "a" depends on unknown phase "ghost"`,
+		`phase "c": Run is nil`,
+		`phase "c" depends on itself`,
+		"dependency cycle: a -> b -> a",
+	}
+	got := strings.Split(err.Error(), "\n")
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("errors:\n%s\nwant:\n%s", err, strings.Join(want, "\n"))
+	}
+	if u, ok := err.(interface{ Unwrap() []error }); !ok || len(u.Unwrap()) != len(want) {
+		t.Fatalf("error is not a join of %d errors: %#v", len(want), err)
+	}
+}
+
+func TestNewAcceptsADiamond(t *testing.T) {
+	_, err := lifecycle.New([]lifecycle.Phase{
+		{Name: "a", Run: nop},
+		{Name: "b", DependsOn: []string{"a"}, Run: nop},
+		{Name: "c", DependsOn: []string{"a"}, Run: nop},
+		{Name: "d", DependsOn: []string{"b", "c"}, Run: nop},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

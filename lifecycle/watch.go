@@ -1,0 +1,143 @@
+package lifecycle
+
+import "time"
+
+// watcher is one observer's 1-slot mailbox. Only the lifecycle sends, always
+// under its mutex, so replacing a pending value never blocks.
+type watcher struct {
+	ch chan Snapshot
+}
+
+func (w *watcher) offer(s Snapshot) {
+	select {
+	case w.ch <- s:
+	default:
+		// The observer has not taken the previous value: it gets the newest
+		// one instead of a stale one, and the runner never waits for it.
+		select {
+		case <-w.ch:
+		default:
+		}
+		w.ch <- s
+	}
+}
+
+// Subscribe returns a channel that receives the current snapshot at once and
+// then one snapshot after every change: every change, in order, while the
+// observer keeps up; the latest one when it falls behind. The channel is
+// never closed by the lifecycle; cancel stops the delivery and closes it.
+// cancel is idempotent.
+func (l *Lifecycle) Subscribe() (<-chan Snapshot, func()) {
+	w := &watcher{ch: make(chan Snapshot, 1)}
+	l.mu.Lock()
+	if l.watchers == nil {
+		l.watchers = make(map[*watcher]struct{})
+	}
+	l.watchers[w] = struct{}{}
+	l.hasWatchers.Store(true)
+	w.offer(l.snapshotLocked())
+	l.mu.Unlock()
+	return w.ch, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if _, ok := l.watchers[w]; !ok {
+			return
+		}
+		delete(l.watchers, w)
+		l.hasWatchers.Store(len(l.watchers) > 0)
+		close(w.ch)
+	}
+}
+
+// Snapshot returns a copy of the lifecycle's current state.
+func (l *Lifecycle) Snapshot() Snapshot {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.snapshotLocked()
+}
+
+func (l *Lifecycle) snapshotLocked() Snapshot {
+	s := Snapshot{
+		Seq:      l.seq,
+		State:    State(l.fsm.Current()),
+		Since:    l.since,
+		Started:  l.started,
+		Err:      l.err,
+		Degraded: l.degraded,
+		Phases:   make([]PhaseSnapshot, len(l.phases)),
+	}
+	for i, r := range l.phases {
+		s.Phases[i] = PhaseSnapshot{
+			Name:      r.Name,
+			DependsOn: r.DependsOn,
+			State:     PhaseState(r.fsm.Current()),
+			Attempts:  r.attempts,
+			Started:   r.started,
+			Ended:     r.ended,
+			Progress:  r.progress.Snapshot(),
+			Err:       r.err,
+		}
+	}
+	if len(l.tasks) > 0 {
+		s.Tasks = make([]TaskSnapshot, len(l.tasks))
+		for i, t := range l.tasks {
+			s.Tasks[i] = TaskSnapshot{
+				Name:     t.name,
+				Phase:    t.phase,
+				State:    t.state,
+				Started:  t.started,
+				Ended:    t.ended,
+				Progress: t.progress.Snapshot(),
+				Err:      t.err,
+			}
+		}
+	}
+	return s
+}
+
+// publishLocked records a change and hands the new snapshot to every
+// observer. Without observers it only counts.
+func (l *Lifecycle) publishLocked() {
+	l.seq++
+	if len(l.watchers) == 0 {
+		return
+	}
+	s := l.snapshotLocked()
+	for w := range l.watchers {
+		w.offer(s)
+	}
+}
+
+// progressChanged publishes progress at most once per progress interval,
+// with a trailing publish so the last report of a burst is never lost.
+// It is called for every Progress update, so the common paths take no lock.
+func (l *Lifecycle) progressChanged() {
+	if !l.hasWatchers.Load() || l.progressPending.Load() {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.progressPending.Load() {
+		return
+	}
+	wait := l.opts.progressInterval - time.Since(l.lastProgress)
+	if wait <= 0 {
+		l.lastProgress = time.Now()
+		l.publishLocked()
+		return
+	}
+	l.progressPending.Store(true)
+	if l.progressTmr == nil {
+		l.progressTmr = time.AfterFunc(wait, l.flushProgress)
+	} else {
+		l.progressTmr.Reset(wait)
+	}
+}
+
+func (l *Lifecycle) flushProgress() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.progressPending.Store(false)
+	l.lastProgress = time.Now()
+	l.publishLocked()
+}
