@@ -1,0 +1,151 @@
+package lockfile_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/phasegate/phasegate/phases/lockfile"
+)
+
+// TestHelperHoldLock is not a test: run as a child process, it takes the lock
+// and holds it until killed, like a second daemon would.
+func TestHelperHoldLock(t *testing.T) {
+	path := os.Getenv("LOCKFILE_HELPER_PATH")
+	if path == "" {
+		t.Skip("helper process only")
+	}
+	if _, err := lockfile.Acquire(context.Background(), path, 0); err != nil {
+		os.Stdout.WriteString("error: " + err.Error() + "\n")
+		os.Exit(1)
+	}
+	os.Stdout.WriteString("locked\n")
+	select {}
+}
+
+// holdInChild starts a process that holds the lock and returns it once it
+// does.
+func holdInChild(t *testing.T, path string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHoldLock$")
+	cmd.Env = append(os.Environ(), "LOCKFILE_HELPER_PATH="+path)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	buf := make([]byte, 64)
+	n, _ := out.Read(buf)
+	if !strings.HasPrefix(string(buf[:n]), "locked") {
+		t.Fatalf("child did not lock: %q", buf[:n])
+	}
+	return cmd
+}
+
+func TestSecondInstanceFailsNamingTheHolder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "phasegate.lock")
+	child := holdInChild(t, path)
+
+	_, err := lockfile.Acquire(context.Background(), path, 0)
+	var held *lockfile.HeldError
+	if !errors.As(err, &held) || held.PID != child.Process.Pid {
+		t.Fatalf("err = %v, want HeldError naming pid %d", err, child.Process.Pid)
+	}
+	if want := "locked by pid " + strconv.Itoa(child.Process.Pid); !strings.Contains(err.Error(), want) {
+		t.Fatalf("err %q does not say %q", err, want)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("lock file mode %v (%v), want 0600", fi.Mode(), err)
+	}
+}
+
+func TestWaitThenAcquireWhenTheHolderDies(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "phasegate.lock")
+	child := holdInChild(t, path)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_ = child.Process.Kill() // kill -9: the kernel drops the flock
+	}()
+	l, err := lockfile.Acquire(context.Background(), path, time.Minute)
+	if err != nil {
+		t.Fatalf("waiting for a killed holder: %v", err)
+	}
+	defer l.Unlock()
+	b, _ := os.ReadFile(path)
+	if strings.TrimSpace(string(b)) != strconv.Itoa(os.Getpid()) {
+		t.Fatalf("lock file says %q, want our pid %d", b, os.Getpid())
+	}
+}
+
+func TestWaitHonoursContextAndDeadline(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "phasegate.lock")
+	holdInChild(t, path)
+
+	var held *lockfile.HeldError
+	if _, err := lockfile.Acquire(context.Background(), path, 150*time.Millisecond); !errors.As(err, &held) {
+		t.Fatalf("after the wait: %v, want HeldError", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := lockfile.Acquire(ctx, path, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled wait: %v", err)
+	}
+}
+
+func TestStaleFileNeverBlocks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "phasegate.lock")
+	if err := os.WriteFile(path, []byte("999999\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := lockfile.Acquire(context.Background(), path, 0)
+	if err != nil {
+		t.Fatalf("a stale pid file blocked the lock: %v", err)
+	}
+	if err := l.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(); err != nil {
+		t.Fatalf("second Unlock: %v", err)
+	}
+	l2, err := lockfile.Acquire(context.Background(), path, 0)
+	if err != nil {
+		t.Fatalf("relock after Unlock: %v", err)
+	}
+	_ = l2.Unlock()
+}
+
+func TestEnsureDir(t *testing.T) {
+	base := t.TempDir()
+	file := filepath.Join(base, "file")
+	_ = os.WriteFile(file, nil, 0o600)
+	link := filepath.Join(base, "link")
+	_ = os.Symlink(base, link)
+	tests := []struct {
+		dir, wantErr string
+	}{
+		{filepath.Join(base, "new"), ""},
+		{base, ""},
+		{filepath.Join(base, "missing", "state"), "parent"},
+		{file, "not a directory"},
+		{link, "symlink"},
+	}
+	for _, tc := range tests {
+		err := lockfile.EnsureDir(tc.dir)
+		if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("EnsureDir(%s) = %v, want %q", tc.dir, err, tc.wantErr)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(base, "new")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("new state dir mode %v (%v), want 0700", fi.Mode(), err)
+	}
+}
