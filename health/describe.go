@@ -1,0 +1,150 @@
+package health
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// view is what every dialect renders: a lifecycle snapshot and whether the
+// checker was shut down ahead of the lifecycle.
+type view struct {
+	snap     lifecycle.Snapshot
+	shutdown bool
+}
+
+// state is the lifecycle state as checks should see it: a serving lifecycle
+// whose checker was shut down is already draining.
+func (v view) state() lifecycle.State {
+	if v.shutdown && v.snap.State == lifecycle.StateServing {
+		return lifecycle.StateDraining
+	}
+	return v.snap.State
+}
+
+// ready reports whether the daemon takes work.
+func (v view) ready() bool { return v.state() == lifecycle.StateServing }
+
+// live reports whether the daemon is alive: anything but failed.
+func (v view) live() bool { return v.state() != lifecycle.StateFailed }
+
+// startedUp reports whether startup completed, draining included.
+func (v view) startedUp() bool {
+	switch v.state() {
+	case lifecycle.StateServing, lifecycle.StateDraining:
+		return true
+	case lifecycle.StateStopped:
+		return v.snap.Err == nil && allSucceeded(v.snap)
+	}
+	return false
+}
+
+func (v view) describe() string {
+	s := v.snap
+	s.State = v.state()
+	return Describe(s)
+}
+
+func allSucceeded(s lifecycle.Snapshot) bool {
+	for _, p := range s.Phases {
+		if p.State != lifecycle.PhaseSucceeded {
+			return false
+		}
+	}
+	return true
+}
+
+// Describe says in one line what a lifecycle is doing and, when it is not
+// serving, why not: "starting: phase reclaim 1200/5000 namespaces",
+// "serving", "draining", "failed: phase \"storage\" failed after 1 attempt:
+// …". Health endpoints, sd_notify STATUS lines and the Unavailable errors of
+// not-yet-served calls all use it, so an operator reads the same words
+// everywhere.
+func Describe(s lifecycle.Snapshot) string {
+	var b strings.Builder
+	b.WriteString(string(s.State))
+	switch s.State {
+	case lifecycle.StateStarting:
+		for i, p := range s.Current() {
+			if i == 0 {
+				b.WriteString(": ")
+			} else {
+				b.WriteString(", ")
+			}
+			b.WriteString("phase ")
+			b.WriteString(p.Name)
+			if d := phaseDetail(p); d != "" {
+				b.WriteByte(' ')
+				b.WriteString(d)
+			}
+		}
+	case lifecycle.StateFailed:
+		if s.Err != nil {
+			b.WriteString(": ")
+			b.WriteString(s.Err.Error())
+		}
+	case lifecycle.StateServing:
+		if s.Degraded {
+			b.WriteString(", degraded")
+			for _, t := range s.Tasks {
+				if t.State == lifecycle.TaskFailed && t.Err != nil {
+					b.WriteString(": task ")
+					b.WriteString(t.Name)
+					b.WriteString(": ")
+					b.WriteString(t.Err.Error())
+					break
+				}
+			}
+		}
+	}
+	return oneLine(b.String())
+}
+
+// phaseDetail is what a running or retrying phase is doing:
+// "1200/5000 namespaces", or "retrying after attempt 2: <err>".
+func phaseDetail(p lifecycle.PhaseSnapshot) string {
+	if p.State == lifecycle.PhaseRetrying {
+		d := "retrying after attempt " + strconv.Itoa(p.Attempts)
+		if p.Err != nil {
+			d += ": " + p.Err.Error()
+		}
+		return d
+	}
+	return p.Progress.String()
+}
+
+// checkDetail is a phase's line in a kube-style check list, after its
+// name: "running: 1200/5000 namespaces", "pending", "failed: <err>".
+func checkDetail(p lifecycle.PhaseSnapshot) string {
+	d := string(p.State)
+	switch {
+	case p.State == lifecycle.PhaseRetrying:
+		d = phaseDetail(p)
+	case p.Err != nil && p.State.Done():
+		d += ": " + p.Err.Error()
+	case !p.Progress.IsZero():
+		d += ": " + p.Progress.String()
+	}
+	return oneLine(d)
+}
+
+// oneLine keeps a text on one line, for STATUS= and check lists.
+func oneLine(s string) string {
+	if !strings.ContainsAny(s, "\r\n") {
+		return s
+	}
+	return strings.Join(strings.Fields(strings.NewReplacer("\r", " ", "\n", " ").Replace(s)), " ")
+}
+
+// round keeps durations readable in bodies.
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(time.Microsecond)
+	}
+	return d
+}

@@ -1,0 +1,32 @@
+// Package health renders one source of truth, a [lifecycle.Lifecycle]'s
+// snapshots, in every dialect a node agent checks a daemon by:
+//
+//   - grpc.health.v1 (Check, Watch, List) through google.golang.org/grpc/health:
+//     the service "" is the overall readiness, each application service is
+//     reported by its full name, and every phase has an entry
+//     "phasegate.phase.<name>" that is SERVING once the phase succeeded.
+//     See [Checker].
+//   - HTTP: /health answers Nomad and Consul HTTP checks with a body in the
+//     IETF health-check format (application/health+json); /livez, /readyz and
+//     /startupz follow the kube-apiserver conventions (?verbose, ?exclude).
+//     See [Handler].
+//   - systemd's sd_notify protocol: STATUS, EXTEND_TIMEOUT_USEC, READY,
+//     STOPPING and WATCHDOG. See [Notifier].
+//
+// What each lifecycle state shows:
+//
+//	state     grpc ""      /health  /readyz  /livez  /startupz  sd_notify
+//	created   NOT_SERVING  503      503      200     503        STATUS
+//	starting  NOT_SERVING  503      503      200     503        STATUS, EXTEND_TIMEOUT_USEC
+//	serving   SERVING      200      200      200     200        READY=1
+//	draining  NOT_SERVING  503      503      200     200        STOPPING=1
+//	failed    NOT_SERVING  503      503      503     503        STATUS=failed: …
+//
+// "Not ready" is always 503, never 429: Consul reads 429 as a warning and
+// Nomad as a failure.
+//
+// The package reads lifecycle state and never changes it. Its one piece of
+// state of its own is a one-way latch, [Checker.Shutdown], that a server sets
+// when it starts draining before the lifecycle itself does, so that checks
+// see the change first.
+package health

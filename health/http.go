@@ -1,0 +1,262 @@
+package health
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// HTTP paths served by a [Handler].
+const (
+	// PathHealth answers Nomad and Consul HTTP checks: 200 when serving,
+	// 503 otherwise, with an application/health+json body.
+	PathHealth = "/health"
+	// PathLivez is 200 unless the lifecycle failed.
+	PathLivez = "/livez"
+	// PathReadyz is 200 only while the daemon serves.
+	PathReadyz = "/readyz"
+	// PathStartupz is 200 once startup completed, draining included.
+	PathStartupz = "/startupz"
+)
+
+// Handler serves the HTTP health endpoints from a [Checker]'s view:
+//
+//   - /health: status 200 when serving and 503 otherwise (never 429), with a
+//     body in the IETF health-check format (draft-inadarei-api-health-check,
+//     media type application/health+json): status pass, warn (serving but a
+//     background task failed) or fail; version; output saying why the daemon
+//     is not ready ("starting: phase reclaim 1200/5000 namespaces"); checks
+//     keyed "phase:<name>" and "task:<name>"; the lifecycle state and since
+//     when.
+//   - /livez, /readyz, /startupz: kube-apiserver semantics. The checks are
+//     "lifecycle" and, for /readyz and /startupz, "phase/<name>" per phase.
+//     "?verbose" lists them ("[+]phase/lock ok", "[-]phase/reclaim running:
+//     1200/5000 namespaces"), a failure always does; "?exclude=<check>"
+//     (repeatable) leaves a check out; "/readyz/<check>" runs one check.
+//
+// Only GET and HEAD are allowed (405 otherwise); other paths are 404; every
+// answer carries Cache-Control: no-store. A Handler never answers 500 and
+// never panics: a failure to render is a 503.
+type Handler struct {
+	c *Checker
+}
+
+// NewHandler returns the HTTP endpoints of c.
+func NewHandler(c *Checker) *Handler { return &Handler{c: c} }
+
+// Mount registers the handler's paths on mux.
+func (h *Handler) Mount(mux *http.ServeMux) {
+	mux.Handle(PathHealth, h)
+	for _, p := range []string{PathLivez, PathReadyz, PathStartupz} {
+		mux.Handle(p, h)
+		mux.Handle(p+"/", h)
+	}
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hdr := w.Header()
+	hdr.Set("Cache-Control", "no-store")
+	hdr.Set("X-Content-Type-Options", "nosniff")
+
+	endpoint, check, ok := splitPath(r.URL.Path)
+	if !ok {
+		http.Error(w, "404 page not found", http.StatusNotFound)
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		hdr.Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+
+	code, ctype, body := h.render(endpoint, check, r)
+	hdr.Set("Content-Type", ctype)
+	hdr.Set("Content-Length", fmt.Sprint(len(body)))
+	w.WriteHeader(code)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(body)
+	}
+}
+
+// render builds a whole answer before anything is written, so that a
+// failure can still become a clean 503.
+func (h *Handler) render(endpoint, check string, r *http.Request) (code int, ctype string, body []byte) {
+	defer func() {
+		if v := recover(); v != nil {
+			code, ctype = http.StatusServiceUnavailable, "text/plain; charset=utf-8"
+			body = fmt.Appendf(nil, "health: internal error: %v\n", v)
+		}
+	}()
+	v := h.c.view()
+	if endpoint == PathHealth {
+		return h.renderHealthJSON(v, time.Now())
+	}
+	code, body = renderChecks(endpoint, check, v, r.URL.Query())
+	return code, "text/plain; charset=utf-8", body
+}
+
+// splitPath maps a path to one of the endpoints and, for
+// "/readyz/phase/lock", the check it names.
+func splitPath(p string) (endpoint, check string, ok bool) {
+	if p == PathHealth {
+		return PathHealth, "", true
+	}
+	for _, e := range []string{PathLivez, PathReadyz, PathStartupz} {
+		if p == e {
+			return e, "", true
+		}
+		if rest, found := strings.CutPrefix(p, e+"/"); found && rest != "" {
+			return e, rest, true
+		}
+	}
+	return "", "", false
+}
+
+// healthBody is the application/health+json document.
+type healthBody struct {
+	Status      string                   `json:"status"`
+	Version     string                   `json:"version,omitempty"`
+	ServiceID   string                   `json:"serviceId,omitempty"`
+	Description string                   `json:"description,omitempty"`
+	Output      string                   `json:"output,omitempty"`
+	State       lifecycle.State          `json:"state"`
+	Since       time.Time                `json:"since"`
+	Checks      map[string][]checkResult `json:"checks"`
+}
+
+// checkResult is one entry of "checks". The draft's fields come first;
+// state, attempts, duration and observedTotal are this package's own.
+type checkResult struct {
+	ComponentType string    `json:"componentType"`
+	Status        string    `json:"status"`
+	Time          time.Time `json:"time"`
+	ObservedValue *int64    `json:"observedValue,omitempty"`
+	ObservedUnit  string    `json:"observedUnit,omitempty"`
+	Output        string    `json:"output,omitempty"`
+	State         string    `json:"state"`
+	Attempts      int       `json:"attempts,omitempty"`
+	Duration      string    `json:"duration,omitempty"`
+	ObservedTotal int64     `json:"observedTotal,omitempty"`
+}
+
+// Health-check draft statuses.
+const (
+	statusPass = "pass"
+	statusWarn = "warn"
+	statusFail = "fail"
+)
+
+func (h *Handler) renderHealthJSON(v view, now time.Time) (int, string, []byte) {
+	const ctype = "application/health+json"
+	s := v.snap
+	b := healthBody{
+		Status:      statusFail,
+		Version:     h.c.opts.Version,
+		ServiceID:   h.c.opts.ServiceID,
+		Description: h.c.opts.Description,
+		State:       v.state(),
+		Since:       s.Since.UTC(),
+		Checks:      make(map[string][]checkResult, len(s.Phases)+len(s.Tasks)),
+	}
+	code := http.StatusServiceUnavailable
+	if v.ready() {
+		code = http.StatusOK
+		b.Status = statusPass
+		if s.Degraded {
+			b.Status = statusWarn
+		}
+	}
+	if b.Status != statusPass {
+		b.Output = v.describe()
+	}
+	for _, p := range s.Phases {
+		b.Checks["phase:"+p.Name] = []checkResult{phaseCheck(p, now)}
+	}
+	for _, t := range s.Tasks {
+		b.Checks["task:"+t.Name] = []checkResult{taskCheck(t, now)}
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(b); err != nil {
+		return http.StatusServiceUnavailable, "text/plain; charset=utf-8", fmt.Appendf(nil, "health: %v\n", err)
+	}
+	return code, ctype, buf.Bytes()
+}
+
+func phaseCheck(p lifecycle.PhaseSnapshot, now time.Time) checkResult {
+	c := checkResult{
+		ComponentType: "phase",
+		Status:        phaseStatus(p.State),
+		Time:          readingTime(p.Ended, now),
+		State:         string(p.State),
+		Attempts:      p.Attempts,
+	}
+	if d := p.Duration(); d > 0 {
+		c.Duration = round(d).String()
+	}
+	observe(&c, p.Progress)
+	if p.State != lifecycle.PhaseSucceeded && p.State != lifecycle.PhasePending {
+		c.Output = checkDetail(p)
+	}
+	return c
+}
+
+func taskCheck(t lifecycle.TaskSnapshot, now time.Time) checkResult {
+	c := checkResult{
+		ComponentType: "task",
+		Status:        statusPass,
+		Time:          readingTime(t.Ended, now),
+		State:         string(t.State),
+	}
+	if d := t.Duration(); d > 0 {
+		c.Duration = round(d).String()
+	}
+	observe(&c, t.Progress)
+	switch t.State {
+	case lifecycle.TaskFailed:
+		c.Status = statusWarn // degraded, not down
+		if t.Err != nil {
+			c.Output = oneLine(t.Err.Error())
+		}
+	case lifecycle.TaskRunning:
+		c.Output = t.Progress.String()
+	}
+	return c
+}
+
+// observe puts progress into the draft's observedValue/observedUnit.
+func observe(c *checkResult, p lifecycle.ProgressSnapshot) {
+	if p.Done == 0 && p.Total == 0 {
+		return
+	}
+	done := p.Done
+	c.ObservedValue = &done
+	c.ObservedUnit = p.Unit
+	c.ObservedTotal = p.Total
+}
+
+// readingTime is when a reading was taken: its end once final, now while it
+// still changes.
+func readingTime(ended, now time.Time) time.Time {
+	if !ended.IsZero() {
+		return ended.UTC()
+	}
+	return now.UTC()
+}
+
+func phaseStatus(s lifecycle.PhaseState) string {
+	switch s {
+	case lifecycle.PhaseSucceeded:
+		return statusPass
+	case lifecycle.PhaseFailed, lifecycle.PhaseCancelled, lifecycle.PhaseSkipped:
+		return statusFail
+	}
+	return statusWarn // pending, running, retrying: not done yet
+}

@@ -1,0 +1,231 @@
+package health_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// notifySocket listens on a unixgram socket the way systemd does, sets
+// NOTIFY_SOCKET to it and collects every line received.
+type notifySocket struct {
+	mu    sync.Mutex
+	lines []string
+	got   chan struct{} // signalled after each datagram
+}
+
+func listenNotify(t *testing.T) *notifySocket {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NOTIFY_SOCKET", path)
+	ns := &notifySocket{got: make(chan struct{}, 1)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 4096)
+		for {
+			n, _, err := conn.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			ns.mu.Lock()
+			ns.lines = append(ns.lines, strings.Split(string(buf[:n]), "\n")...)
+			ns.mu.Unlock()
+			select {
+			case ns.got <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = conn.Close()
+		<-done
+	})
+	return ns
+}
+
+func (ns *notifySocket) snapshot() []string {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	return slices.Clone(ns.lines)
+}
+
+// waitLine waits until a line for which match holds has arrived.
+func (ns *notifySocket) waitLine(t *testing.T, what string, match func(string) bool) {
+	t.Helper()
+	deadline := time.After(wait)
+	for {
+		if slices.ContainsFunc(ns.snapshot(), match) {
+			return
+		}
+		select {
+		case <-ns.got:
+		case <-deadline:
+			t.Fatalf("no sd_notify line %s; got %q", what, ns.snapshot())
+		}
+	}
+}
+
+func TestNotifierSequence(t *testing.T) {
+	ns := listenNotify(t)
+	t.Setenv("WATCHDOG_USEC", "100000")
+	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+	r := newRig(t, false)
+	n, err := health.NewNotifier(r.lc, health.NotifierOptions{
+		StatusInterval: time.Millisecond,
+		ExtendTimeout:  300 * time.Millisecond, // re-sent every 100ms
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if !n.Enabled() {
+		t.Fatal("notifier not enabled with NOTIFY_SOCKET set")
+	}
+
+	r.start(t)
+	ns.waitLine(t, "naming the phase", func(l string) bool {
+		return l == "STATUS=starting: phase reclaim 1200/5000 namespaces"
+	})
+	// EXTEND_TIMEOUT_USEC is sent at once and again while starting.
+	extends := func() int {
+		return len(slices.DeleteFunc(ns.snapshot(), func(l string) bool { return l != "EXTEND_TIMEOUT_USEC=300000" }))
+	}
+	ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(string) bool { return extends() >= 2 })
+	ns.waitLine(t, "WATCHDOG=1", func(l string) bool { return l == "WATCHDOG=1" })
+
+	if err := r.serve(t); err != nil {
+		t.Fatal(err)
+	}
+	ns.waitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
+	r.drain(t)
+	ns.waitLine(t, "STOPPING=1", func(l string) bool { return l == "STOPPING=1" })
+	n.Close()
+	if err := n.Err(); err != nil {
+		t.Errorf("Err() = %v", err)
+	}
+
+	lines := ns.snapshot()
+	at := func(l string) int { return slices.Index(lines, l) }
+	status := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
+	extend, ready, stopping := at("EXTEND_TIMEOUT_USEC=300000"), at("READY=1"), at("STOPPING=1")
+	if !(status >= 0 && status < extend && extend < ready && ready < stopping) {
+		t.Errorf("want STATUS… EXTEND… READY=1 … STOPPING=1 in order; got %q", lines)
+	}
+	for i, l := range lines[ready:] {
+		if strings.HasPrefix(l, "EXTEND_TIMEOUT_USEC=") {
+			t.Errorf("EXTEND_TIMEOUT_USEC after READY=1 (line %d): %q", ready+i, lines)
+		}
+	}
+	if !slices.Contains(lines[ready:], "STATUS=serving") || !slices.Contains(lines[stopping:], "STATUS=draining") {
+		t.Errorf("no STATUS=serving / STATUS=draining: %q", lines)
+	}
+}
+
+// A phase that reports progress in a tight loop yields one STATUS line per
+// StatusInterval, and the last report is not lost.
+func TestNotifierRateLimitsStatus(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		interval time.Duration
+	}{
+		{"held back", time.Hour},
+		{"trailing", time.Millisecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := listenNotify(t)
+			reported, release := make(chan struct{}), make(chan struct{})
+			lc, err := lifecycle.New([]lifecycle.Phase{{
+				Name: "reclaim",
+				Run: func(ctx context.Context, p *lifecycle.Progress) error {
+					p.SetTotal(1000, "namespaces")
+					for range 1000 {
+						p.Add(1)
+					}
+					close(reported)
+					select {
+					case <-release:
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				},
+			}}, lifecycle.WithProgressInterval(time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, err := health.NewNotifier(lc, health.NotifierOptions{StatusInterval: tt.interval})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close()
+			started := make(chan error, 1)
+			go func() { started <- lc.Start(context.Background()) }()
+			recv(t, reported, "progress")
+			if tt.interval == time.Millisecond {
+				ns.waitLine(t, "with the final progress", func(l string) bool {
+					return l == "STATUS=starting: phase reclaim 1000/1000 namespaces"
+				})
+			}
+			close(release)
+			if err := recv(t, started, "start"); err != nil {
+				t.Fatal(err)
+			}
+			ns.waitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
+			_ = lc.Drain(context.Background())
+
+			var starting []string
+			for _, l := range ns.snapshot() {
+				if strings.HasPrefix(l, "STATUS=starting") {
+					starting = append(starting, l)
+				}
+			}
+			if tt.interval == time.Hour && len(starting) != 1 {
+				t.Errorf("%d STATUS lines while starting with a 1h limit, want 1: %q", len(starting), starting)
+			}
+		})
+	}
+}
+
+func TestNotifierDisabled(t *testing.T) {
+	t.Setenv("NOTIFY_SOCKET", "")
+	r := newRig(t, false)
+	n, err := health.NewNotifier(r.lc, health.NotifierOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Enabled() {
+		t.Error("enabled without NOTIFY_SOCKET")
+	}
+	n.Close()
+	n.Close()
+}
+
+func TestNotifierBadWatchdog(t *testing.T) {
+	listenNotify(t)
+	t.Setenv("WATCHDOG_USEC", "soon")
+	r := newRig(t, false)
+	_, err := health.NewNotifier(r.lc, health.NotifierOptions{})
+	if err == nil {
+		t.Fatal("no error for WATCHDOG_USEC=soon")
+	}
+	var numErr *strconv.NumError
+	if !errors.As(err, &numErr) {
+		t.Errorf("error %v does not wrap the parse error", err)
+	}
+}
