@@ -29,7 +29,7 @@ func Example() {
 	c := health.New(lc, health.Options{Version: "1.0.0"})
 	defer c.Close()
 	gs := grpc.NewServer()
-	c.Register(gs) // before gs.Serve
+	c.Register(gs)                                           // before gs.Serve
 	n, _ := health.NewNotifier(lc, health.NotifierOptions{}) // inert without NOTIFY_SOCKET
 	defer n.Close()
 

@@ -58,7 +58,7 @@ func rigIn(t *testing.T, state lifecycle.State) (*rig, *health.Checker, *health.
 func TestHandlerStatusCodes(t *testing.T) {
 	const ok, unavailable = http.StatusOK, http.StatusServiceUnavailable
 	tests := []struct {
-		state                            lifecycle.State
+		state                           lifecycle.State
 		health, livez, readyz, startupz int
 	}{
 		{lifecycle.StateCreated, unavailable, ok, unavailable, unavailable},
