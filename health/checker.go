@@ -215,17 +215,30 @@ func (h *healthService) Watch(req *healthpb.HealthCheckRequest, stream healthpb.
 	defer cancel()
 	stop := context.AfterFunc(closing, cancel)
 	defer stop()
-	err := h.c.srv.Watch(req, watchStream{stream, ctx})
-	if closing.Err() != nil && stream.Context().Err() == nil {
-		return errClosed
+	ws := &watchStream{Health_WatchServer: stream, ctx: ctx, last: -1}
+	err := h.c.srv.Watch(req, ws)
+	if closing.Err() == nil || stream.Context().Err() != nil {
+		return err
 	}
-	return err
+	// Closed: the last change may have raced with the end of the stream.
+	// Send it, so a watcher always sees the final status before the end.
+	if resp, cerr := h.c.srv.Check(stream.Context(), req); cerr == nil && resp.Status != ws.last {
+		_ = stream.Send(resp)
+	}
+	return errClosed
 }
 
-// watchStream gives a Watch stream a context that also ends at Close.
+// watchStream gives a Watch stream a context that also ends at Close, and
+// remembers the last status sent.
 type watchStream struct {
 	healthpb.Health_WatchServer
-	ctx context.Context
+	ctx  context.Context
+	last healthpb.HealthCheckResponse_ServingStatus
 }
 
-func (w watchStream) Context() context.Context { return w.ctx }
+func (w *watchStream) Context() context.Context { return w.ctx }
+
+func (w *watchStream) Send(m *healthpb.HealthCheckResponse) error {
+	w.last = m.Status
+	return w.Health_WatchServer.Send(m)
+}

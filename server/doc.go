@@ -1,0 +1,34 @@
+// Package server serves gRPC and HTTP on one TCP port from the first
+// millisecond of a daemon's start, while the daemon's lifecycle is still
+// running its startup phases.
+//
+// One listener is shared through a connection multiplexer (cmux, kept
+// private to this package): HTTP/2 connections whose first request has
+// content-type application/grpc go to the gRPC server, everything else to
+// the HTTP server. Connections that send nothing are dropped after
+// [Config.SniffTimeout] and never hold up a drain.
+//
+// grpc-go forbids registering a service once it serves (the process dies),
+// so services are late-bound: [Server.Declare] every service before
+// [Server.Serve], [Server.Bind] its implementation whenever it is ready.
+// Until then, and while draining, a call fails at once with
+// codes.Unavailable and a message that names the phase the daemon is in and
+// its progress — never a hang, never Unimplemented. Once bound and open, a
+// call is dispatched by grpc-go as usual: interceptors, stats handlers,
+// GetServiceInfo and server reflection all see it.
+//
+// [Server.Drain] shuts down in order: health NOT_SERVING first, a drain
+// delay, GracefulStop bounded by a stop timeout and then Stop, HTTP
+// Shutdown, the listener closed.
+//
+// A daemon wires a Server to its lifecycle like this (see the Example):
+//
+//	listen phase:   Serve (binds the port and serves at once); Stop: Drain
+//	register phase: Bind each service implementation
+//	serve phase:    nothing to do — the gate opens when the lifecycle serves;
+//	                Stop: Drain, so the port drains before the phases before it
+//	                are undone
+//
+// The package knows nothing of a daemon's phases or services: any daemon
+// with its own phase graph can use it.
+package server

@@ -1,0 +1,419 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/soheilhy/cmux"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/phasegate/phasegate/health"
+)
+
+// ErrServing is returned by [Server.Declare] once the server serves or
+// drains: grpc-go cannot register services after Serve.
+var ErrServing = errors.New("server already serving")
+
+// ErrClosed is returned by [Server.Listen] and [Server.Serve] after
+// [Server.Drain].
+var ErrClosed = errors.New("server: drained")
+
+// Config configures a [Server]. Zero durations take the defaults below.
+type Config struct {
+	// Addr is the TCP address to listen on, such as "127.0.0.1:0" or
+	// ":7000". Ignored when Listener is set.
+	Addr string
+	// Listener, when set, is used instead of binding Addr (for example a
+	// socket handed over by systemd). The server closes it at Drain.
+	Listener net.Listener
+
+	// SniffTimeout bounds how long a new connection may take to show
+	// whether it speaks gRPC; a client that sends nothing is dropped after
+	// it. Default 5s.
+	SniffTimeout time.Duration
+	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout are the
+	// HTTP server's. Defaults 5s, 30s, 60s and 2m.
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
+
+	// DrainDelay is how long Drain waits, with health already NOT_SERVING
+	// and new application calls refused, before it stops the servers: time
+	// for in-flight calls to finish and for checkers to see the change.
+	// Default 5s; a negative value means no delay.
+	DrainDelay time.Duration
+	// StopTimeout bounds the graceful stop of the gRPC and HTTP servers
+	// after the delay; what is left then is closed. Default 10s.
+	StopTimeout time.Duration
+
+	// GRPCOptions are passed to grpc.NewServer: interceptors, stats
+	// handlers, credentials, limits.
+	GRPCOptions []grpc.ServerOption
+	// Health, when set, is registered as grpc.health.v1, its HTTP
+	// endpoints are mounted (/health, /livez, /readyz, /startupz), declared
+	// services are reported through it, and Drain shuts it down first and
+	// closes it (ending Watch streams) before stopping gRPC.
+	Health *health.Checker
+	// Gate decides whether calls to declared services may be dispatched;
+	// usually [LifecycleGate]. Nil means open once bound.
+	Gate Gate
+	// DisableReflection leaves gRPC server reflection out.
+	DisableReflection bool
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.SniffTimeout, 5*time.Second)
+	def(&c.ReadHeaderTimeout, 5*time.Second)
+	def(&c.ReadTimeout, 30*time.Second)
+	def(&c.WriteTimeout, 60*time.Second)
+	def(&c.IdleTimeout, 2*time.Minute)
+	def(&c.DrainDelay, 5*time.Second)
+	def(&c.StopTimeout, 10*time.Second)
+	if c.DrainDelay < 0 {
+		c.DrainDelay = 0
+	}
+	return c
+}
+
+// Server is a gRPC server and an HTTP server on one port. Create it with
+// [New], [Server.Declare] its gRPC services, [Server.Serve] it, bind the
+// implementations with [Server.Bind] when they are ready and
+// [Server.Drain] it at the end. All methods are safe for concurrent use.
+type Server struct {
+	cfg  Config
+	gate Gate
+	grpc *grpc.Server
+	http *http.Server
+	mux  *http.ServeMux
+
+	draining atomic.Bool // new application calls are refused
+
+	mu        sync.Mutex
+	services  map[string]*service
+	lis       *trackingListener // nil before Listen
+	mux2      cmux.CMux
+	serving   bool
+	drainDone chan struct{} // closed when Drain finished; nil before
+	drainErr  error
+	hurry     context.Context // ends when a Drain caller's ctx ended
+	hurryUp   context.CancelFunc
+	serveErr  error
+	wg        sync.WaitGroup // the serving goroutines
+	done      chan struct{}  // see Done
+	doneOnce  sync.Once
+}
+
+// New returns a server that is not listening yet. It registers the health
+// service (when [Config.Health] is set) and server reflection on the gRPC
+// server, and mounts the health endpoints on the HTTP server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Addr == "" && cfg.Listener == nil {
+		return nil, errors.New("server: Config needs an Addr or a Listener")
+	}
+	cfg = cfg.withDefaults()
+	s := &Server{
+		cfg:      cfg,
+		gate:     cfg.Gate,
+		grpc:     grpc.NewServer(cfg.GRPCOptions...),
+		mux:      http.NewServeMux(),
+		services: make(map[string]*service),
+		done:     make(chan struct{}),
+	}
+	s.http = &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+	}
+	if cfg.Health != nil {
+		cfg.Health.Register(s.grpc)
+		health.NewHandler(cfg.Health).Mount(s.mux)
+	}
+	if !cfg.DisableReflection {
+		reflection.Register(s.grpc)
+	}
+	return s, nil
+}
+
+// Handle registers an HTTP handler for pattern (http.ServeMux syntax). It
+// may be called at any time, also while serving. It fails, instead of
+// panicking like ServeMux, on an invalid pattern or one that conflicts
+// with a registered one, such as the health endpoints.
+func (s *Server) Handle(pattern string, h http.Handler) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("server: Handle %q: %v", pattern, v)
+		}
+	}()
+	s.mux.Handle(pattern, h)
+	return nil
+}
+
+// Listen binds the port, or takes [Config.Listener], and returns its
+// address. Connections queue in the kernel until [Server.Serve]. Calling
+// it again returns the same address.
+func (s *Server) Listen(ctx context.Context) (net.Addr, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.drainDone != nil {
+		return nil, ErrClosed
+	}
+	if s.lis != nil {
+		return s.lis.Addr(), nil
+	}
+	l := s.cfg.Listener
+	if l == nil {
+		var lc net.ListenConfig
+		var err error
+		if l, err = lc.Listen(ctx, "tcp", s.cfg.Addr); err != nil {
+			return nil, fmt.Errorf("server: listen: %w", err)
+		}
+	}
+	s.lis = newTrackingListener(l)
+	return l.Addr(), nil
+}
+
+// GetServiceInfo returns the gRPC services the server serves, declared ones
+// included, as grpc.Server.GetServiceInfo does.
+func (s *Server) GetServiceInfo() map[string]grpc.ServiceInfo { return s.grpc.GetServiceInfo() }
+
+// Addr returns the bound address, or nil before [Server.Listen].
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lis == nil {
+		return nil
+	}
+	return s.lis.Addr()
+}
+
+// Serve starts serving gRPC and HTTP on the port, binding it first if
+// [Server.Listen] was not called (ctx bounds only that). It returns at once;
+// the goroutines it starts are stopped by [Server.Drain]. From now on
+// health answers, and calls to declared services fail with Unavailable
+// until they are bound and the gate opens. Calling Serve again does
+// nothing.
+func (s *Server) Serve(ctx context.Context) error {
+	if _, err := s.Listen(ctx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.drainDone != nil {
+		return ErrClosed
+	}
+	if s.serving {
+		return nil
+	}
+	s.serving = true
+
+	m := cmux.New(s.lis)
+	m.SetReadTimeout(s.cfg.SniffTimeout)
+	// gRPC clients wait for the server's SETTINGS frame before they send
+	// their headers, so the matcher must send it.
+	grpcL := handoffListener{m.MatchWithWriters(cmux.HTTP2MatchHeaderFieldSendSettings("content-type", "application/grpc"))}
+	httpL := handoffListener{m.Match(cmux.Any())}
+	s.mux2 = m
+
+	s.wg.Add(3)
+	go func() {
+		defer s.wg.Done()
+		s.served("connection multiplexer", m.Serve())
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.served("gRPC", s.grpc.Serve(grpcL))
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.served("HTTP", s.http.Serve(httpL))
+	}()
+	return nil
+}
+
+// served records how a serving goroutine ended. Any end before Drain is a
+// failure; during Drain, closed listeners are the expected way out.
+func (s *Server) served(what string, err error) {
+	if s.draining.Load() || err == nil || errors.Is(err, http.ErrServerClosed) {
+		return
+	}
+	s.mu.Lock()
+	if s.serveErr == nil {
+		s.serveErr = fmt.Errorf("server: %s stopped serving: %w", what, err)
+	}
+	s.mu.Unlock()
+	s.doneOnce.Do(func() { close(s.done) })
+}
+
+// Done is closed when the server stopped serving: at the end of Drain, or
+// when serving failed before it, in which case [Server.Err] says why. A
+// daemon can watch it to fail its lifecycle.
+func (s *Server) Done() <-chan struct{} { return s.done }
+
+// Err returns why serving failed before Drain, or nil.
+func (s *Server) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.serveErr
+}
+
+// Drain stops the server in order:
+//
+//  1. new application calls are refused with Unavailable ("draining") and
+//     the health checker, if any, goes NOT_SERVING;
+//  2. [Config.DrainDelay] passes: in-flight calls finish, checkers see the
+//     change;
+//  3. the health checker is closed (its Watch streams end), gRPC stops
+//     gracefully and HTTP shuts down, both within [Config.StopTimeout];
+//     then whatever is left is closed, and so are the listener and any
+//     connection still being sniffed.
+//
+// When ctx ends, or the ctx of any other Drain call, the waits are cut
+// short and everything is closed at once: a daemon passes a ctx that a
+// second signal cancels. Drain returns nil when the servers stopped
+// gracefully, and otherwise an error saying what was cut short. Calling it
+// again, or concurrently, waits for the first call and returns its result.
+// After Drain, Listen and Serve return [ErrClosed].
+func (s *Server) Drain(ctx context.Context) error {
+	s.mu.Lock()
+	first := s.drainDone == nil
+	if first {
+		s.drainDone = make(chan struct{})
+		s.hurry, s.hurryUp = context.WithCancel(context.Background())
+		s.draining.Store(true)
+	}
+	done, hurryUp := s.drainDone, s.hurryUp
+	s.mu.Unlock()
+
+	stop := context.AfterFunc(ctx, hurryUp)
+	defer stop()
+	if first {
+		defer hurryUp()
+		err := s.drain(ctx)
+		s.mu.Lock()
+		s.drainErr = err
+		s.mu.Unlock()
+		close(done)
+		s.doneOnce.Do(func() { close(s.done) })
+	}
+	<-done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.drainErr
+}
+
+func (s *Server) drain(ctx context.Context) error {
+	hc := s.cfg.Health
+	if hc != nil {
+		hc.Shutdown()
+	}
+	s.mu.Lock()
+	serving, lis := s.serving, s.lis
+	s.mu.Unlock()
+	if !serving {
+		if hc != nil {
+			hc.Close()
+		}
+		if lis != nil {
+			_ = lis.Close()
+		}
+		return nil
+	}
+
+	var cut []string
+	if !s.waitFor(nil, s.cfg.DrainDelay) {
+		cut = append(cut, "drain delay")
+	}
+
+	if hc != nil {
+		hc.Close()
+	}
+	// Nobody will serve a connection that is still being sniffed; cmux
+	// would otherwise wait for it until its read deadline.
+	_ = lis.Close()
+	lis.closeConns(false)
+
+	stopCtx, cancel := context.WithTimeout(s.hurry, s.cfg.StopTimeout)
+	defer cancel()
+
+	graceful := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(graceful)
+	}()
+	httpErr := make(chan error, 1)
+	go func() { httpErr <- s.http.Shutdown(stopCtx) }()
+
+	select {
+	case <-graceful:
+	case <-stopCtx.Done():
+		cut = append(cut, "gRPC graceful stop")
+		s.grpc.Stop()
+	}
+	// Shutdown also reports closing the listener, which the drain closed
+	// already: only its ctx ending means connections were left.
+	if err := <-httpErr; err != nil && !errors.Is(err, net.ErrClosed) {
+		cut = append(cut, "HTTP shutdown")
+		_ = s.http.Close()
+	}
+	s.mux2.Close()
+	lis.closeConns(true)
+	s.wg.Wait()
+	// After Stop, GracefulStop returns once the handlers did, which is
+	// soon since their ctx is cancelled; one that ignores it is waited for
+	// no longer than another stop timeout, or not at all when hurried.
+	if !s.waitFor(graceful, s.cfg.StopTimeout) {
+		cut = append(cut, "gRPC handlers")
+	}
+
+	if len(cut) == 0 {
+		return nil
+	}
+	reason := fmt.Sprintf("stop timeout %s", s.cfg.StopTimeout)
+	if s.hurry.Err() != nil {
+		reason = "drain cut short"
+		if c := context.Cause(ctx); c != nil {
+			reason += ": " + c.Error()
+		}
+	}
+	return fmt.Errorf("server: %s not finished (%s); connections closed", strings.Join(cut, ", "), reason)
+}
+
+// waitFor waits until c is closed or d passed, unless the drain is
+// hurried. With a nil c it waits for d; it reports whether the wait ended
+// without being hurried or timing out on c.
+func (s *Server) waitFor(c <-chan struct{}, d time.Duration) bool {
+	select {
+	case <-c:
+		return true
+	default:
+	}
+	if d <= 0 {
+		d = time.Nanosecond
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-c:
+		return true
+	case <-t.C:
+		return c == nil
+	case <-s.hurry.Done():
+		return false
+	}
+}
