@@ -147,3 +147,25 @@ func EnsureDir(dir string) error {
 	}
 	return nil
 }
+
+// Probe reports whether another process holds the lock on path, and its
+// pid, without creating anything: a missing file is not held. It lets a
+// command refuse to run beside a daemon before it changes anything.
+func Probe(path string) (held bool, pid int, err error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("lockfile: open %s: %w", path, err)
+	}
+	defer f.Close()
+	switch err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); {
+	case err == nil:
+		return false, 0, nil // closing f releases it again
+	case errors.Is(err, unix.EWOULDBLOCK):
+		return true, readPID(path), nil
+	default:
+		return false, 0, fmt.Errorf("lockfile: flock %s: %w", path, err)
+	}
+}

@@ -149,3 +149,24 @@ func TestEnsureDir(t *testing.T) {
 		t.Fatalf("new state dir mode %v (%v), want 0700", fi.Mode(), err)
 	}
 }
+
+func TestProbe(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "phasegate.lock")
+	if held, _, err := lockfile.Probe(path); held || err != nil {
+		t.Fatalf("missing file: held %v err %v", held, err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("Probe created the lock file")
+	}
+	child := holdInChild(t, path)
+	held, pid, err := lockfile.Probe(path)
+	if !held || pid != child.Process.Pid || err != nil {
+		t.Fatalf("held %v pid %d err %v, want held by %d", held, pid, err, child.Process.Pid)
+	}
+	_ = child.Process.Kill()
+	_ = child.Wait()
+	if held, _, err := lockfile.Probe(path); held || err != nil {
+		t.Fatalf("after the holder died: held %v err %v", held, err)
+	}
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+)
+
+// envName is the environment variable that sets a flag: --pool-min-ready is
+// PHASEGATE_POOL_MIN_READY.
+func envName(flagName string) string {
+	return "PHASEGATE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseFlags parses args, then sets every flag the command line left alone
+// from its PHASEGATE_* variable: flags win over the environment. Every bad
+// value is reported, joined.
+func parseFlags(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, bool)) error {
+	fs.SetOutput(io.Discard) // errors are returned and printed as one line
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		v, ok := lookupEnv(envName(f.Name))
+		if !ok {
+			return
+		}
+		if err := f.Value.Set(v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %v", envName(f.Name), v, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// prefixValue is a flag.Value for a netip.Prefix.
+type prefixValue struct{ p *netip.Prefix }
+
+func (v prefixValue) String() string {
+	if v.p == nil || !v.p.IsValid() {
+		return ""
+	}
+	return v.p.String()
+}
+
+func (v prefixValue) Set(s string) error {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return fmt.Errorf("not a CIDR prefix: %q", s)
+	}
+	if p != p.Masked() {
+		return fmt.Errorf("%s has host bits set; did you mean %s?", s, p.Masked())
+	}
+	*v.p = p
+	return nil
+}
+
+// choiceValue is a flag.Value restricted to a few words.
+type choiceValue struct {
+	v       *string
+	choices []string
+}
+
+func (c choiceValue) String() string {
+	if c.v == nil {
+		return ""
+	}
+	return *c.v
+}
+
+func (c choiceValue) Set(s string) error {
+	for _, ok := range c.choices {
+		if s == ok {
+			*c.v = s
+			return nil
+		}
+	}
+	return fmt.Errorf("want one of %s", strings.Join(c.choices, ", "))
+}
+
+// usageLine renders a FlagSet's flags for help output.
+func usage(w io.Writer, fs *flag.FlagSet, synopsis string) {
+	fmt.Fprintf(w, "usage: phasegate %s\n\nflags (each also read from PHASEGATE_<FLAG>, flags win):\n", synopsis)
+	fs.VisitAll(func(f *flag.Flag) {
+		def := ""
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "0s" {
+			def = " (default " + f.DefValue + ")"
+		}
+		fmt.Fprintf(w, "  --%-22s %s%s\n", f.Name, f.Usage, def)
+	})
+}

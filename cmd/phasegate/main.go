@@ -1,0 +1,95 @@
+// Command phasegate is the phasegate node daemon and its companion tools.
+//
+//	phasegate serve     run the daemon
+//	phasegate status    show the phases of a running daemon
+//	phasegate probe     exit 0 when a daemon serves (for scripts and exec checks)
+//	phasegate reclaim   one-shot clean-up of leaked slots, without a daemon
+//	phasegate version   print the version
+//
+// Exit codes: 0 success, 1 failure (startup failed, not serving), 2 usage or
+// configuration error (nothing was created or touched).
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+// Exit codes.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitUsage  = 2
+)
+
+// env is what a command reads from its process: arguments, environment and
+// output streams. Tests run commands in-process with their own env.
+type env struct {
+	args      []string
+	lookupEnv func(string) (string, bool)
+	stdout    io.Writer
+	stderr    io.Writer
+	isTTY     bool
+	signals   <-chan os.Signal
+}
+
+func main() {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	fi, _ := os.Stdout.Stat()
+	e := env{
+		args:      os.Args[1:],
+		lookupEnv: os.LookupEnv,
+		stdout:    os.Stdout,
+		stderr:    os.Stderr,
+		isTTY:     fi != nil && fi.Mode()&os.ModeCharDevice != 0,
+		signals:   sigs,
+	}
+	os.Exit(run(context.Background(), e))
+}
+
+const usageText = `usage: phasegate <command> [flags]
+
+commands:
+  serve     run the daemon (binds its port at once, reclaims leaked slots, serves)
+  status    show a daemon's phases: state, duration, progress (--watch to follow)
+  probe     exit 0 when a daemon serves, 1 when not, 2 when it cannot ask
+  reclaim   one-shot reclaim of leaked slots; refuses while a daemon runs
+  version   print the version
+
+Run "phasegate <command> -h" for a command's flags.
+`
+
+func run(ctx context.Context, e env) int {
+	if len(e.args) == 0 {
+		fmt.Fprint(e.stderr, usageText)
+		return exitUsage
+	}
+	cmd, rest := e.args[0], e.args[1:]
+	e.args = rest
+	switch cmd {
+	case "serve":
+		return serveCmd(ctx, e)
+	case "status":
+		return statusCmd(ctx, e)
+	case "probe":
+		return probeCmd(ctx, e)
+	case "reclaim":
+		return reclaimCmd(ctx, e)
+	case "version", "--version", "-version":
+		fmt.Fprintf(e.stdout, "phasegate %s\n", version)
+		return exitOK
+	case "help", "-h", "--help":
+		fmt.Fprint(e.stdout, usageText)
+		return exitOK
+	}
+	fmt.Fprintf(e.stderr, "phasegate: unknown command %q\n\n%s", cmd, usageText)
+	return exitUsage
+}

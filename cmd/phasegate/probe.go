@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+func probeCmd(ctx context.Context, e env) int {
+	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:5008", "daemon address")
+	service := fs.String("service", "", `gRPC health service to check ("" is the daemon's overall readiness)`)
+	useHTTP := fs.Bool("http", false, "ask GET /readyz over HTTP instead of grpc.health.v1")
+	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for an answer")
+	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(e.stdout, fs, "probe [flags]")
+			return exitOK
+		}
+		fmt.Fprintf(e.stderr, "phasegate probe: %s\n", oneLine(err))
+		return exitUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	var serving bool
+	var detail string
+	var err error
+	if *useHTTP {
+		serving, detail, err = probeHTTP(ctx, *addr)
+	} else {
+		serving, detail, err = probeGRPC(ctx, *addr, *service)
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "phasegate probe: %s: %v\n", *addr, err)
+		return exitUsage
+	}
+	fmt.Fprintln(e.stdout, detail)
+	if !serving {
+		return exitFailed
+	}
+	return exitOK
+}
+
+func probeGRPC(ctx context.Context, addr, service string) (bool, string, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return false, "", err
+	}
+	defer conn.Close()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(false))
+	if err != nil {
+		return false, "", err
+	}
+	return resp.GetStatus() == healthpb.HealthCheckResponse_SERVING, resp.GetStatus().String(), nil
+}
+
+func probeHTTP(ctx context.Context, addr string) (bool, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz?verbose", nil)
+	if err != nil {
+		return false, "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false, "", err
+	}
+	defer resp.Body.Close()
+	body := make([]byte, 4096)
+	n, _ := resp.Body.Read(body)
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return true, string(body[:n]), nil
+	case http.StatusServiceUnavailable:
+		return false, string(body[:n]), nil
+	}
+	return false, "", fmt.Errorf("unexpected HTTP status %s", resp.Status)
+}

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+
+	"github.com/phasegate/phasegate/phases"
+	"github.com/phasegate/phasegate/phases/lockfile"
+	"github.com/phasegate/phasegate/tracing"
+)
+
+// logFlags are the logging settings every long-running command takes.
+type logFlags struct {
+	format, level string
+}
+
+func (l *logFlags) register(fs *flag.FlagSet) {
+	l.format, l.level = "text", "info"
+	fs.Var(choiceValue{&l.format, []string{"text", "json"}}, "log-format", "log format: text or json")
+	fs.Var(choiceValue{&l.level, []string{"debug", "info", "warn", "error"}}, "log-level", "least level logged: debug, info, warn, error")
+}
+
+func (l *logFlags) logger(w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(l.level))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if l.format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// slotFlags registers the flags that say where slots live and how they are
+// reclaimed: shared by serve and reclaim.
+func slotFlags(fs *flag.FlagSet, cfg *phases.Config) {
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the lock file (created 0700)")
+	fs.StringVar(&cfg.Slots.NetnsDir, "netns-dir", cfg.Slots.NetnsDir, "directory of the network namespace files")
+	fs.StringVar(&cfg.Slots.Prefix, "slot-prefix", cfg.Slots.Prefix, "prefix of every name this daemon owns (netns <prefix><i>, host veth <prefix>h<i>)")
+	fs.IntVar(&cfg.Slots.Slots, "slots", cfg.Slots.Slots, "number of slot indices, 1..N")
+	fs.Var(prefixValue{&cfg.Slots.CIDR}, "slot-cidr", "IPv4 network the slots' /31s are cut from")
+	fs.IntVar(&cfg.ReclaimWorkers, "reclaim-workers", cfg.ReclaimWorkers, "concurrent namespace teardowns during reclaim")
+	fs.DurationVar(&cfg.ReclaimBudget, "reclaim-budget", cfg.ReclaimBudget, "time reclaim may take before the rest is deferred to the background (0: reclaim everything first)")
+	fs.BoolVar(&cfg.ReclaimKillOrphans, "reclaim-kill-orphans", cfg.ReclaimKillOrphans, "kill processes found inside leaked namespaces (otherwise they are reported and cut off)")
+}
+
+// serveFlags parses serve's command line and environment into a Config.
+func serveFlags(e env) (phases.Config, logFlags, error) {
+	cfg := phases.DefaultConfig()
+	cfg.Version = version
+	var lf logFlags
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address of the one port for gRPC and HTTP")
+	fs.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long to wait for a lock held by another instance (0: fail at once)")
+	slotFlags(fs, &cfg)
+	fs.IntVar(&cfg.PoolSize, "pool-size", cfg.PoolSize, "warm slots kept ready")
+	fs.IntVar(&cfg.PoolMinReady, "pool-min-ready", cfg.PoolMinReady, "warm slots needed before serving; the rest fills in the background")
+	fs.DurationVar(&cfg.PoolGrace, "pool-grace", cfg.PoolGrace, "how long an idle slot above --pool-size is kept")
+	fs.DurationVar(&cfg.DrainDelay, "drain-delay", cfg.DrainDelay, "time between health turning NOT_SERVING and the servers stopping")
+	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "bound on the graceful stop of the servers")
+	lf.register(fs)
+	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(e.stdout, fs, "serve [flags]")
+		}
+		return cfg, lf, err
+	}
+	return cfg, lf, nil
+}
+
+// oneLine joins a multi-line error (errors.Join) for a one-line report.
+func oneLine(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", "; ")
+}
+
+func serveCmd(ctx context.Context, e env) int {
+	cfg, lf, err := serveFlags(e)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
+		return exitUsage
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
+		return exitUsage
+	}
+	// Checks that change nothing, so that a second instance or a taken port
+	// is reported before anything is created.
+	if held, pid, err := lockfile.Probe(filepath.Join(cfg.StateDir, phases.LockFileName)); err != nil {
+		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
+		return exitUsage
+	} else if held {
+		fmt.Fprintf(e.stderr, "phasegate serve: another phasegate (pid %d) holds %s\n", pid, filepath.Join(cfg.StateDir, phases.LockFileName))
+		return exitFailed
+	}
+	if err := portFree(cfg.Listen); err != nil {
+		fmt.Fprintf(e.stderr, "phasegate serve: --listen %s: %v\n", cfg.Listen, err)
+		return exitUsage
+	}
+
+	log := lf.logger(e.stderr)
+	tp, err := tracing.Setup(ctx, tracing.WithVersion(version))
+	if err != nil {
+		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
+		return exitUsage
+	}
+	defer func() {
+		if err := tp.Shutdown(context.WithoutCancel(ctx)); err != nil {
+			log.Warn("flushing traces", "error", err)
+		}
+	}()
+	cfg.Logger = log
+	cfg.TracerProvider = tp
+	d, err := phases.New(cfg)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
+		return exitUsage
+	}
+	defer d.Close()
+	lc := d.Lifecycle()
+	stopLogs := phases.LogTransitions(lc, log)
+	defer stopLogs()
+	log.Info("phasegate starting", "version", version, "listen", cfg.Listen, "netns_dir", cfg.Slots.NetnsDir,
+		"prefix", cfg.Slots.Prefix, "slots", cfg.Slots.Slots, "traces", tp.Exporter)
+
+	startErr := make(chan error, 1)
+	go func() { startErr <- lc.Start(ctx) }()
+	signalled := false
+	var failed error
+	select {
+	case err := <-startErr:
+		if err != nil {
+			failed = err
+			log.Error("startup failed", "error", err)
+		} else {
+			log.Info("serving", "addr", d.Addr(ctx))
+			sig := <-e.signals
+			signalled = true
+			log.Info("draining", "signal", sig.String())
+		}
+	case sig := <-e.signals:
+		signalled = true
+		log.Info("draining during startup", "signal", sig.String())
+	}
+
+	// A second signal cuts the drain short.
+	drainCtx, cutShort := context.WithCancel(context.WithoutCancel(ctx))
+	defer cutShort()
+	go func() {
+		select {
+		case sig := <-e.signals:
+			log.Warn("second signal: stopping now", "signal", sig.String())
+			cutShort()
+		case <-drainCtx.Done():
+		}
+	}()
+	drainErr := lc.Drain(drainCtx)
+	cutShort()
+	if drainErr != nil {
+		log.Error("drain", "error", drainErr)
+	}
+	if failed != nil && !signalled {
+		// Start returned before any signal: a real startup failure. A
+		// signal during startup is an orderly stop.
+		return exitFailed
+	}
+	if drainErr != nil {
+		return exitFailed
+	}
+	log.Info("stopped")
+	return exitOK
+}
+
+// portFree reports whether addr can be bound now. Port 0 always can.
+func portFree(addr string) error {
+	if _, port, err := net.SplitHostPort(addr); err == nil && port == "0" {
+		return nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Err != nil {
+			return op.Err
+		}
+		return err
+	}
+	return l.Close()
+}

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/phases"
+)
+
+func statusCmd(ctx context.Context, e env) int {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:5008", "daemon address")
+	asJSON := fs.Bool("json", false, "print the lifecycle as JSON")
+	watch := fs.Bool("watch", false, "follow the phases until the daemon serves (or fails)")
+	interval := fs.Duration("interval", 250*time.Millisecond, "how often --watch asks")
+	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(e.stdout, fs, "status [flags]")
+			return exitOK
+		}
+		fmt.Fprintf(e.stderr, "phasegate status: %s\n", oneLine(err))
+		return exitUsage
+	}
+	client := &http.Client{Timeout: 2 * time.Second}
+	url := "http://" + *addr + "/debug/lifecycle"
+	if !*watch {
+		v, raw, err := fetchView(ctx, client, url)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "phasegate status: %v\n", err)
+			return exitUsage
+		}
+		if *asJSON {
+			_, _ = e.stdout.Write(raw)
+		} else {
+			renderTable(e.stdout, v)
+		}
+		if v.State != lifecycle.StateServing {
+			return exitFailed
+		}
+		return exitOK
+	}
+	return watchStatus(ctx, e, client, url, *interval)
+}
+
+func fetchView(ctx context.Context, c *http.Client, url string) (phases.View, []byte, error) {
+	var v phases.View
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return v, nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return v, nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return v, nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return v, nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return v, nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	return v, raw, nil
+}
+
+// renderTable writes the phases and background tasks as a table.
+func renderTable(w io.Writer, v phases.View) {
+	fmt.Fprintf(w, "lifecycle %s since %s", v.State, v.Since.Format(time.RFC3339))
+	if v.Degraded {
+		fmt.Fprint(w, " (degraded)")
+	}
+	if v.Error != "" {
+		fmt.Fprintf(w, ": %s", v.Error)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PHASE\tSTATE\tDURATION\tPROGRESS")
+	for _, p := range v.Phases {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.State, fmtDuration(p), fmtProgress(p))
+	}
+	for _, t := range v.Tasks {
+		fmt.Fprintf(tw, "%s (task of %s)\t%s\t%s\t%s\n", t.Name, t.Phase, t.State, fmtDuration(t), fmtProgress(t))
+	}
+	_ = tw.Flush()
+}
+
+func fmtDuration(p phases.PhaseView) string {
+	if p.Started.IsZero() {
+		return "-"
+	}
+	return p.Duration.Round(time.Millisecond).String()
+}
+
+func fmtProgress(p phases.PhaseView) string {
+	s := p.Progress.String()
+	if p.Error != "" && (p.State == string(lifecycle.PhaseFailed) || p.State == string(lifecycle.PhaseRetrying)) {
+		if s != "" {
+			s += "; "
+		}
+		s += "error: " + p.Error
+	}
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// watchStatus follows the lifecycle until it leaves starting. On a terminal
+// it redraws the table in place; otherwise it prints a line per change.
+func watchStatus(ctx context.Context, e env, c *http.Client, url string, every time.Duration) int {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var last string
+	failures := 0
+	for {
+		v, _, err := fetchView(ctx, c, url)
+		switch {
+		case err != nil:
+			failures++
+			if failures*int(every) > int(30*time.Second) {
+				fmt.Fprintf(e.stderr, "phasegate status: %v\n", err)
+				return exitUsage
+			}
+		case e.isTTY:
+			var b strings.Builder
+			renderTable(&b, v)
+			fmt.Fprint(e.stdout, "\x1b[H\x1b[2J"+b.String())
+		default:
+			line := plainLine(v)
+			if line != last {
+				fmt.Fprintln(e.stdout, line)
+				last = line
+			}
+		}
+		if err == nil {
+			failures = 0
+			switch v.State {
+			case lifecycle.StateServing:
+				return exitOK
+			case lifecycle.StateFailed, lifecycle.StateStopped, lifecycle.StateDraining:
+				return exitFailed
+			}
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return exitFailed
+		}
+	}
+}
+
+// plainLine summarises a View on one line: the state and every phase that
+// is not pending.
+func plainLine(v phases.View) string {
+	parts := []string{string(v.State)}
+	for _, p := range v.Phases {
+		if p.State == string(lifecycle.PhasePending) {
+			continue
+		}
+		s := p.Name + "=" + p.State
+		if prog := p.Progress.String(); prog != "" && p.State != string(lifecycle.PhaseSucceeded) {
+			s += "(" + prog + ")"
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, " ")
+}

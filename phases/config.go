@@ -1,0 +1,173 @@
+package phases
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// ErrConfig is wrapped by every error [Config.Validate] returns: the daemon
+// exits 2 on it, before it creates or touches anything.
+var ErrConfig = errors.New("configuration")
+
+// Config is everything the daemon's phases need. [DefaultConfig] gives the
+// documented defaults.
+type Config struct {
+	// Listen is the TCP address of the one port (gRPC and HTTP).
+	Listen string
+	// StateDir holds the lock file; created 0700 if missing.
+	StateDir string
+	// LockWait is how long to wait for a lock held by another instance;
+	// zero fails at once.
+	LockWait time.Duration
+	// Slots says where and how network slots are made.
+	Slots slot.Config
+	// ReclaimWorkers bounds concurrent namespace teardowns during reclaim.
+	ReclaimWorkers int
+	// ReclaimBudget bounds the reclaim phase; what is left is deferred to
+	// the background reconciler and quarantined meanwhile. Zero reclaims
+	// everything before storage is built.
+	ReclaimBudget time.Duration
+	// ReclaimKillOrphans ends processes found inside leaked namespaces;
+	// without it they are reported and cut off.
+	ReclaimKillOrphans bool
+	// PoolSize is how many warm slots the pool keeps.
+	PoolSize int
+	// PoolMinReady is how many warm slots the populate phase waits for;
+	// the rest fills in the background.
+	PoolMinReady int
+	// PoolGrace is how long an idle slot above PoolSize is kept.
+	PoolGrace time.Duration
+	// ReconcileInterval is the background reconciler's period.
+	ReconcileInterval time.Duration
+	// DrainDelay is the time between health turning NOT_SERVING and the
+	// servers stopping, for checkers to notice and in-flight calls to end.
+	DrainDelay time.Duration
+	// StopTimeout bounds the graceful stop of the servers and each stop
+	// function.
+	StopTimeout time.Duration
+	// Version is reported by health endpoints and spans.
+	Version string
+	// Logger receives the daemon's logs; nil discards them.
+	Logger *slog.Logger
+	// TracerProvider receives the phases' spans; nil records none.
+	TracerProvider trace.TracerProvider
+}
+
+// DefaultConfig returns the daemon's defaults.
+func DefaultConfig() Config {
+	return Config{
+		Listen:            "127.0.0.1:5008",
+		StateDir:          "/run/phasegate",
+		Slots:             slot.DefaultConfig(),
+		ReclaimWorkers:    slot.DefaultWorkers,
+		PoolSize:          16,
+		PoolMinReady:      1,
+		PoolGrace:         5 * time.Minute,
+		ReconcileInterval: 30 * time.Second,
+		DrainDelay:        5 * time.Second,
+		StopTimeout:       10 * time.Second,
+		Version:           "dev",
+	}
+}
+
+// Validate checks the configuration without changing anything on the host
+// and returns every problem found, joined, each wrapping [ErrConfig].
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...))
+	}
+	if host, port, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("--listen %q: %v", c.Listen, err)
+	} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		bad("--listen %q: port must be a number in [0, 65535]", c.Listen)
+	} else if host != "" && net.ParseIP(host) == nil && host != "localhost" {
+		bad("--listen %q: host must be an IP address or localhost", c.Listen)
+	}
+	if err := checkDir("--state-dir", c.StateDir); err != nil {
+		bad("%v", err)
+	}
+	if err := checkDir("--netns-dir", c.Slots.NetnsDir); err != nil {
+		bad("%v", err)
+	}
+	if err := c.Slots.Validate(); err != nil {
+		for _, e := range unjoin(err) {
+			bad("%v", e)
+		}
+	}
+	nonNegative := func(flag string, d time.Duration) {
+		if d < 0 {
+			bad("%s is %v, must not be negative", flag, d)
+		}
+	}
+	nonNegative("--lock-wait", c.LockWait)
+	nonNegative("--reclaim-budget", c.ReclaimBudget)
+	nonNegative("--drain-delay", c.DrainDelay)
+	if c.ReclaimWorkers < 1 {
+		bad("--reclaim-workers is %d, want at least 1", c.ReclaimWorkers)
+	}
+	switch {
+	case c.PoolSize < 0:
+		bad("--pool-size is %d, must not be negative", c.PoolSize)
+	case c.Slots.Slots > 0 && c.PoolSize > c.Slots.Slots:
+		bad("--pool-size %d is larger than --slots %d", c.PoolSize, c.Slots.Slots)
+	}
+	switch {
+	case c.PoolMinReady < 0:
+		bad("--pool-min-ready is %d, must not be negative", c.PoolMinReady)
+	case c.PoolMinReady > c.PoolSize:
+		bad("--pool-min-ready %d is larger than --pool-size %d", c.PoolMinReady, c.PoolSize)
+	}
+	if c.PoolGrace <= 0 {
+		bad("--pool-grace is %v, must be positive", c.PoolGrace)
+	}
+	if c.ReconcileInterval <= 0 {
+		bad("reconcile interval is %v, must be positive", c.ReconcileInterval)
+	}
+	if c.StopTimeout <= 0 {
+		bad("--stop-timeout is %v, must be positive", c.StopTimeout)
+	}
+	return errors.Join(errs...)
+}
+
+// checkDir accepts an absolute path that is a directory, or that does not
+// exist yet but whose parent does (it is created at start, as iproute2 and
+// systemd's RuntimeDirectory do). A file or a symlink is refused.
+func checkDir(flag, dir string) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("%s %q must be an absolute path", flag, dir)
+	}
+	fi, err := os.Lstat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		parent := filepath.Dir(dir)
+		if pfi, err := os.Stat(parent); err != nil || !pfi.IsDir() {
+			return fmt.Errorf("%s %s: parent directory %s does not exist", flag, dir, parent)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("%s %s: %v", flag, dir, err)
+	case fi.Mode()&os.ModeSymlink != 0:
+		return fmt.Errorf("%s %s is a symlink; give the real path", flag, dir)
+	case !fi.IsDir():
+		return fmt.Errorf("%s %s is not a directory", flag, dir)
+	}
+	return nil
+}
+
+func unjoin(err error) []error {
+	if u, ok := err.(interface{ Unwrap() []error }); ok {
+		return u.Unwrap()
+	}
+	return []error{err}
+}

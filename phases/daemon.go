@@ -1,0 +1,365 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/reclaim"
+	"github.com/phasegate/phasegate/network/reconcile"
+	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/network/storage"
+	"github.com/phasegate/phasegate/phases/lockfile"
+	"github.com/phasegate/phasegate/server"
+)
+
+// Phase names, in the order of DESIGN.md section 3.
+const (
+	PhaseLock     = "lock"
+	PhaseListen   = "listen"
+	PhaseReclaim  = "reclaim"
+	PhaseStorage  = "storage"
+	PhasePopulate = "populate"
+	PhaseRegister = "register"
+	PhaseServe    = "serve"
+)
+
+// LockFileName is the lock file's name inside the state directory.
+const LockFileName = "phasegate.lock"
+
+// Daemon is the phasegate node daemon: a lifecycle running the seven phases
+// and what they build. Create it with [New], then Start and Drain its
+// [Daemon.Lifecycle].
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	lc       *lifecycle.Lifecycle
+	checker  *health.Checker
+	notifier *health.Notifier
+
+	// Built by the phases, each written once by its phase before any
+	// dependent phase reads it: the lifecycle's ordering is the
+	// synchronisation.
+	lock   *lockfile.Lock
+	srv    *server.Server
+	mgr    *slot.Manager
+	report *reclaim.Report
+	store  *storage.Storage
+	pool   *pool.Pool
+	slots  *slotsService
+
+	mu     sync.Mutex
+	addrCh chan struct{} // closed once the port is bound
+	addr   string
+}
+
+// New validates cfg and declares the daemon's phases. Nothing on the host
+// is created or changed until the lifecycle starts.
+func New(cfg Config) (*Daemon, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	d := &Daemon{cfg: cfg, log: log, addrCh: make(chan struct{})}
+	opts := []lifecycle.Option{
+		// A stop function's budget: the server's drain delay plus its own
+		// graceful-stop bound, and a margin for closing the pool.
+		lifecycle.WithStopTimeout(cfg.DrainDelay + 2*cfg.StopTimeout),
+		lifecycle.WithProgressInterval(100 * time.Millisecond),
+	}
+	if cfg.TracerProvider != nil {
+		opts = append(opts, lifecycle.WithTracerProvider(cfg.TracerProvider))
+	}
+	lc, err := lifecycle.New(d.graph(), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("phases: %w", err) // a bug in graph, not in cfg
+	}
+	d.lc = lc
+	d.checker = health.New(lc, health.Options{
+		Version:     cfg.Version,
+		ServiceID:   "phasegate",
+		Description: "phasegate node daemon",
+	})
+	d.notifier, err = health.NewNotifier(lc, health.NotifierOptions{})
+	if err != nil {
+		d.checker.Close()
+		return nil, fmt.Errorf("sd_notify: %w", err)
+	}
+	return d, nil
+}
+
+// Lifecycle returns the lifecycle that runs the phases.
+func (d *Daemon) Lifecycle() *lifecycle.Lifecycle { return d.lc }
+
+// Addr waits until the port is bound and returns its address, or returns ""
+// when ctx ends first.
+func (d *Daemon) Addr(ctx context.Context) string {
+	select {
+	case <-d.addrCh:
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.addr
+	case <-ctx.Done():
+		return ""
+	}
+}
+
+// Close releases what New made (health observers, the sd_notify loop). Call
+// it after the lifecycle drained.
+func (d *Daemon) Close() {
+	d.notifier.Close()
+	d.checker.Close()
+}
+
+// graph declares the seven phases; see the package documentation.
+func (d *Daemon) graph() []lifecycle.Phase {
+	return []lifecycle.Phase{
+		{Name: PhaseLock, Run: d.runLock, Stop: d.stopLock},
+		{Name: PhaseListen, DependsOn: []string{PhaseLock}, Run: d.runListen, Stop: d.stopServer},
+		{Name: PhaseReclaim, DependsOn: []string{PhaseLock}, Run: d.runReclaim, Stop: d.stopFirewall},
+		{Name: PhaseStorage, DependsOn: []string{PhaseReclaim}, Run: d.runStorage},
+		{Name: PhasePopulate, DependsOn: []string{PhaseStorage}, Run: d.runPopulate, Stop: d.stopPool,
+			// A fill that cannot make a single slot is worth a few tries:
+			// the cause may be transient (a busy netlink socket, a slow
+			// kernel worker).
+			Retry: lifecycle.RetryPolicy{Attempts: 3, Backoff: time.Second, Jitter: 0.2}},
+		{Name: PhaseRegister, DependsOn: []string{PhaseListen, PhasePopulate}, Run: d.runRegister},
+		{Name: PhaseServe, DependsOn: []string{PhaseRegister}, Run: d.runServe, Stop: d.stopServer},
+	}
+}
+
+func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
+	if err := lockfile.EnsureDir(d.cfg.StateDir); err != nil {
+		return lifecycle.Permanent(err)
+	}
+	if d.cfg.LockWait > 0 {
+		p.SetMessage("waiting up to " + d.cfg.LockWait.String() + " for " + filepath.Join(d.cfg.StateDir, LockFileName))
+	}
+	l, err := lockfile.Acquire(ctx, filepath.Join(d.cfg.StateDir, LockFileName), d.cfg.LockWait)
+	if err != nil {
+		return lifecycle.Permanent(err)
+	}
+	d.lock = l
+	return nil
+}
+
+func (d *Daemon) stopLock(context.Context) error { return d.lock.Unlock() }
+
+func (d *Daemon) runListen(ctx context.Context, _ *lifecycle.Progress) error {
+	srv, err := server.New(server.Config{
+		Addr:        d.cfg.Listen,
+		DrainDelay:  d.cfg.DrainDelay,
+		StopTimeout: d.cfg.StopTimeout,
+		Health:      d.checker,
+		Gate:        server.LifecycleGate(d.lc),
+	})
+	if err != nil {
+		return lifecycle.Permanent(err)
+	}
+	if err := srv.Declare(slotsServiceDesc()); err != nil {
+		return lifecycle.Permanent(err)
+	}
+	if err := srv.Handle("GET /debug/lifecycle", viewHandler(d.lc)); err != nil {
+		return lifecycle.Permanent(err)
+	}
+	if err := srv.Serve(ctx); err != nil {
+		return lifecycle.Permanent(fmt.Errorf("listen on %s: %w", d.cfg.Listen, err))
+	}
+	d.srv = srv
+	d.mu.Lock()
+	d.addr = srv.Addr().String()
+	d.mu.Unlock()
+	close(d.addrCh)
+	d.log.Info("listening", "addr", d.addr)
+	return nil
+}
+
+// stopServer drains the port. Both serve and listen stop with it: serve's
+// stop runs first on a drain, so the port stops taking work before the pool
+// is closed; listen's covers a start that failed before serve.
+func (d *Daemon) stopServer(ctx context.Context) error {
+	return d.srv.Drain(ctx)
+}
+
+func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
+	if d.mgr == nil {
+		mgr, err := slot.NewManager(ctx, d.cfg.Slots, slot.Options{})
+		if err != nil {
+			return err
+		}
+		d.mgr = mgr
+	}
+	p.SetTotal(0, "namespaces")
+	opts := reclaim.Options{
+		Workers:     d.cfg.ReclaimWorkers,
+		Budget:      d.cfg.ReclaimBudget,
+		KillOrphans: d.cfg.ReclaimKillOrphans,
+		Progress: func(done, total int) {
+			if done == 0 || done == total || done%64 == 0 {
+				p.SetTotal(int64(total), "namespaces")
+			}
+			p.SetDone(int64(done))
+		},
+	}
+	rep, err := reclaim.Run(ctx, d.mgr, opts)
+	if err != nil {
+		return err
+	}
+	p.SetTotal(int64(rep.Found), "namespaces")
+	p.SetDone(int64(len(rep.Reclaimed)))
+	d.report = rep
+	d.logReport(rep)
+	return nil
+}
+
+// stopFirewall removes the daemon's nftables table once no slot is left in
+// it, so a clean stop leaves nothing behind. A table that still lists slots
+// (stuck ones) stays for the next run's reclaim.
+func (d *Daemon) stopFirewall(ctx context.Context) error {
+	fw := d.mgr.Firewall()
+	names, err := fw.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list firewall set: %w", err)
+	}
+	if len(names) > 0 {
+		d.log.Warn("firewall table kept: slots still listed", "table", fw.Name(), "slots", len(names))
+		return nil
+	}
+	return fw.Delete(ctx)
+}
+
+func (d *Daemon) logReport(rep *reclaim.Report) {
+	attrs := []any{
+		"found", rep.Found, "reclaimed", len(rep.Reclaimed), "failed", len(rep.Failed),
+		"deferred", len(rep.Deferred), "orphans", len(rep.Orphans), "cut_off", len(rep.CutOff),
+		"duration", rep.Duration.Round(time.Millisecond).String(),
+	}
+	if rep.Duration > 0 && len(rep.Reclaimed) > 0 {
+		attrs = append(attrs, "rate_per_s", int(float64(len(rep.Reclaimed))/rep.Duration.Seconds()))
+	}
+	d.log.Info("reclaim report", attrs...)
+	for _, f := range rep.Failed {
+		d.log.Warn("reclaim failed for a slot; quarantined for the reconciler", "slot", f.Index, "error", f.Err)
+	}
+	for _, o := range rep.Orphans {
+		d.log.Warn("process inside a leaked namespace", "orphan", fmt.Sprintf("%+v", o))
+	}
+}
+
+func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
+	store, err := storage.New(d.cfg.Slots.Slots, d.report.Quarantine())
+	if err != nil {
+		return lifecycle.Permanent(err)
+	}
+	d.store = store
+	if q := store.Quarantined(); len(q) > 0 {
+		p.SetMessage(fmt.Sprintf("%d slots quarantined for the reconciler", len(q)))
+	}
+	rec := reconcile.New(d.mgr, store, reconcile.Options{
+		Interval: d.cfg.ReconcileInterval,
+		Teardown: slot.TeardownOptions{Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReclaimKillOrphans},
+		OnPass: func(pass reconcile.Pass) {
+			d.log.Debug("reconcile pass", "pass", fmt.Sprintf("%+v", pass))
+		},
+	})
+	p.Defer("reconcile", func(ctx context.Context, _ *lifecycle.Progress) error {
+		err := rec.Run(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err() // stopped by the drain: not a fault
+		}
+		return err
+	})
+	return nil
+}
+
+func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
+	if d.pool == nil {
+		pl, err := pool.New(d.mgr, d.store, pool.Options{
+			Target:   d.cfg.PoolSize,
+			Grace:    d.cfg.PoolGrace,
+			Teardown: slot.TeardownOptions{Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReclaimKillOrphans},
+		})
+		if err != nil {
+			return lifecycle.Permanent(err)
+		}
+		d.pool = pl
+		d.slots = newSlotsService(d.cfg.Slots, d.store, pl, d.log)
+	}
+	p.SetTotal(int64(d.cfg.PoolMinReady), "warm slots")
+	stopWatch := watchPool(d.pool, p)
+	err := d.pool.WaitReady(ctx, d.cfg.PoolMinReady)
+	stopWatch()
+	if err != nil {
+		return fmt.Errorf("wait for %d warm slots: %w (last pool error: %v)", d.cfg.PoolMinReady, err, d.pool.Snapshot().LastError)
+	}
+	p.SetDone(int64(d.cfg.PoolMinReady))
+	if d.cfg.PoolSize > d.cfg.PoolMinReady {
+		p.Defer("fill", func(ctx context.Context, tp *lifecycle.Progress) error {
+			tp.SetTotal(int64(d.cfg.PoolSize), "warm slots")
+			stop := watchPool(d.pool, tp)
+			defer stop()
+			if err := d.pool.WaitReady(ctx, d.cfg.PoolSize); err != nil {
+				return err
+			}
+			tp.SetDone(int64(d.cfg.PoolSize))
+			return nil
+		})
+	}
+	return nil
+}
+
+// watchPool reports the pool's warm count into p until stopped.
+func watchPool(pl *pool.Pool, p *lifecycle.Progress) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			p.SetDone(int64(len(pl.Snapshot().Idle)))
+			select {
+			case <-t.C:
+			case <-done:
+				return
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
+// stopPool destroys every slot this run made: the idle and half-made ones
+// through Close, then those still acquired, which Put destroys once the
+// pool is closed.
+func (d *Daemon) stopPool(ctx context.Context) error {
+	err := d.pool.Close(ctx)
+	for _, s := range d.slots.takeAll() {
+		err = errors.Join(err, d.pool.Put(ctx, s))
+	}
+	return err
+}
+
+func (d *Daemon) runRegister(context.Context, *lifecycle.Progress) error {
+	if err := d.srv.Bind(slotsServiceName, d.slots); err != nil {
+		return lifecycle.Permanent(err)
+	}
+	if err := d.srv.Handle("GET /debug/slots", d.slots.debugHandler()); err != nil {
+		return lifecycle.Permanent(err)
+	}
+	return nil
+}
+
+// runServe has nothing left to do: the lifecycle turns serving when it
+// returns, which opens the gate for application calls, turns health
+// SERVING and sends READY=1.
+func (d *Daemon) runServe(context.Context, *lifecycle.Progress) error { return nil }

@@ -1,0 +1,356 @@
+package test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/phasegate/phasegate/network/nft"
+)
+
+// binary is the phasegate binary built for this test run.
+var binary string
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		if os.Getenv("PHASEGATE_REQUIRE_TOOLS") == "1" {
+			fmt.Fprintln(os.Stderr, "end-to-end tests need root")
+			return 1
+		}
+		fmt.Fprintln(os.Stderr, "skipping end-to-end tests: they need root")
+		return 0
+	}
+	dir, err := os.MkdirTemp("", "phasegate-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binary = filepath.Join(dir, "phasegate")
+	build := exec.Command("go", "build", "-race", "-o", binary, "../cmd/phasegate")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building phasegate:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// host is one test's share of the machine: a prefix and directories no other
+// test uses, swept clean when the test ends.
+type host struct {
+	t        *testing.T
+	prefix   string
+	netnsDir string
+	stateDir string
+}
+
+func newHost(t *testing.T) *host {
+	t.Helper()
+	letters := "abcdefghijklmnopqrstuvwxyz"
+	p := []byte("e")
+	for range 4 {
+		p = append(p, letters[rand.IntN(len(letters))])
+	}
+	base := t.TempDir()
+	h := &host{
+		t:        t,
+		prefix:   string(p) + "-",
+		netnsDir: filepath.Join(base, "netns"),
+		stateDir: filepath.Join(base, "state"),
+	}
+	// Registered after TempDir, so it runs before TempDir's removal.
+	t.Cleanup(func() { h.sweep(h.prefix) })
+	return h
+}
+
+// run runs a command and fails the test on error.
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		cmdline := strings.Join(args, " ")
+		t.Fatalf("%s %.200s: %v\n%.2000s", name, cmdline, err, out)
+	}
+	return string(out)
+}
+
+// sweep removes everything named with prefix: netns files and their mounts
+// in the test's directory, host links, the nftables table. It also undoes
+// the directory's own bind mount.
+func (h *host) sweep(prefix string) {
+	entries, _ := os.ReadDir(h.netnsDir)
+	for _, e := range entries {
+		p := filepath.Join(h.netnsDir, e.Name())
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+		_ = os.RemoveAll(p)
+	}
+	for syscall.Unmount(h.netnsDir, syscall.MNT_DETACH) == nil {
+	}
+	for _, l := range h.links(prefix) {
+		_ = exec.Command("ip", "link", "del", l).Run()
+	}
+	_ = exec.Command("nft", "delete", "table", "inet", nft.TableName(prefix)).Run()
+}
+
+// links lists host links whose name starts with prefix.
+func (h *host) links(prefix string) []string {
+	out, _ := exec.Command("ip", "-o", "link", "show").Output()
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+		if strings.HasPrefix(name, prefix) {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// netnsFiles lists the netns directory's entries that start with prefix.
+func (h *host) netnsFiles(prefix string) []string {
+	entries, _ := os.ReadDir(h.netnsDir)
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+// mounts lists the mount points in the netns directory whose name starts
+// with prefix.
+func (h *host) mounts(prefix string) []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && filepath.Dir(f[4]) == h.netnsDir && strings.HasPrefix(filepath.Base(f[4]), prefix) {
+			names = append(names, filepath.Base(f[4]))
+		}
+	}
+	return names
+}
+
+// prepareDir makes the netns directory a shared mount point of its own, as
+// iproute2 does, so namespaces can be bound onto files in it.
+func (h *host) prepareDir() {
+	h.t.Helper()
+	if err := os.MkdirAll(h.netnsDir, 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if !strings.Contains(string(mi), " "+h.netnsDir+" ") {
+		run(h.t, "mount", "--bind", h.netnsDir, h.netnsDir)
+	}
+	run(h.t, "mount", "--make-private", h.netnsDir)
+	run(h.t, "mount", "--make-shared", h.netnsDir)
+}
+
+// leak makes n leaked slots the way a killed daemon leaves them: netns
+// files <prefix><i> (by unshare) with a veth pair whose host end is
+// <prefix>h<i> (by ip), for i in [from, from+n).
+func (h *host) leak(prefix string, from, n int) {
+	h.t.Helper()
+	h.prepareDir()
+	var batch bytes.Buffer
+	for i := from; i < from+n; i++ {
+		p := filepath.Join(h.netnsDir, fmt.Sprintf("%s%d", prefix, i))
+		fmt.Fprintf(&batch, "link add %sh%d type veth peer name eth0 netns %s\n", prefix, i, p)
+	}
+	run(h.t, "bash", "-c", `for i in $(seq "$2" "$3"); do p="$1$i"; touch "$p" && unshare --net="$p" true || exit 1; done`,
+		"leak", filepath.Join(h.netnsDir, prefix), fmt.Sprint(from), fmt.Sprint(from+n-1))
+	bf := filepath.Join(h.t.TempDir(), "batch")
+	if err := os.WriteFile(bf, batch.Bytes(), 0o600); err != nil {
+		h.t.Fatal(err)
+	}
+	run(h.t, "ip", "-batch", bf)
+}
+
+// freePort returns a loopback address with a port nobody listens on now.
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// daemon is a running phasegate process.
+type daemon struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	addr string
+	logs *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// args returns the serve flags that confine a daemon to h.
+func (h *host) args(addr string, extra ...string) []string {
+	return append([]string{
+		"serve",
+		"--listen=" + addr,
+		"--state-dir=" + h.stateDir,
+		"--netns-dir=" + h.netnsDir,
+		"--slot-prefix=" + h.prefix,
+		"--slots=4000",
+		"--pool-size=4",
+		"--drain-delay=200ms",
+		"--stop-timeout=5s",
+		"--log-level=debug",
+	}, extra...)
+}
+
+// start execs the binary with args and env and returns at once.
+func start(t *testing.T, env []string, args ...string) *daemon {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	d := &daemon{t: t, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--listen="); ok {
+			d.addr = v
+		}
+	}
+	cmd.Stdout, cmd.Stderr = d.logs, d.logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.err = cmd.Wait(); close(d.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-d.done
+		if t.Failed() {
+			t.Logf("daemon %v logs:\n%s", args, d.logs.String())
+		}
+	})
+	return d
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (d *daemon) wait(timeout time.Duration) int {
+	d.t.Helper()
+	select {
+	case <-d.done:
+	case <-time.After(timeout):
+		d.t.Fatalf("daemon did not exit within %v; logs:\n%s", timeout, d.logs.String())
+	}
+	var ee *exec.ExitError
+	if errors.As(d.err, &ee) {
+		return ee.ExitCode()
+	}
+	if d.err != nil {
+		d.t.Fatalf("wait: %v", d.err)
+	}
+	return 0
+}
+
+func (d *daemon) signal(sig syscall.Signal) {
+	_ = d.cmd.Process.Signal(sig)
+}
+
+// get does one HTTP GET against the daemon.
+func (d *daemon) get(path string) (int, string, error) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + d.addr + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), nil
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitServing waits until /readyz answers 200.
+func (d *daemon) waitServing(timeout time.Duration) {
+	d.t.Helper()
+	waitFor(d.t, timeout, "the daemon to serve", func() bool {
+		code, _, err := d.get("/readyz")
+		return err == nil && code == http.StatusOK
+	})
+}
+
+// lookTool finds an installed tool, in PATH or in GOPATH/bin.
+func lookTool(t *testing.T, name, install string) string {
+	t.Helper()
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
+		p := filepath.Join(strings.TrimSpace(string(out)), "bin", name)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("PHASEGATE_REQUIRE_TOOLS") == "1" {
+		t.Fatalf("%s not found; install it with: %s", name, install)
+	}
+	t.Skipf("%s not found; install it with: %s", name, install)
+	return ""
+}
+
+// lines returns the non-empty lines of s.
+func lines(s string) []string {
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
