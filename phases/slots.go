@@ -220,4 +220,3 @@ func (s *slotsService) debugHandler() http.Handler {
 		_, _ = w.Write(append(b, '\n'))
 	})
 }
-

@@ -285,4 +285,3 @@ func (h *host) assertClean(prefix string, allowed []string) {
 		h.t.Errorf("nftables table %s left", tableOf(prefix))
 	}
 }
-

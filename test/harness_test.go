@@ -353,4 +353,3 @@ func lines(s string) []string {
 	}
 	return out
 }
-
