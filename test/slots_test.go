@@ -154,4 +154,3 @@ func TestSIGTERMDuringStartupStopsCleanly(t *testing.T) {
 	}
 	h.assertClean(h.prefix, nil)
 }
-
