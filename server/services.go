@@ -64,6 +64,11 @@ var errNotBound = errors.New("implementation not bound yet")
 // handlers that look the implementation up at call time, so
 // GetServiceInfo and reflection list it from the start; calls fail with
 // codes.Unavailable until it is bound and the gate is open.
+//
+// A refused call is refused before its request is decoded: stats handlers
+// and stream interceptors see it, unary interceptors do not. Once admitted,
+// a call runs through the generated handler exactly as if the
+// implementation had been registered directly.
 func (s *Server) Declare(desc *grpc.ServiceDesc) error {
 	if desc == nil || desc.ServiceName == "" {
 		return errors.New("server: Declare: service description without a name")
