@@ -1,0 +1,499 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// Defaults.
+const (
+	DefaultGrace           = 5 * time.Minute
+	DefaultFillConcurrency = 2
+	DefaultMinBackoff      = 100 * time.Millisecond
+	DefaultMaxBackoff      = 30 * time.Second
+)
+
+// Errors callers branch on.
+var (
+	// ErrClosed: the pool is closed.
+	ErrClosed = errors.New("pool: closed")
+	// ErrNotFromPool: Put of a slot this pool did not hand out (or twice).
+	ErrNotFromPool = errors.New("pool: slot not handed out by this pool")
+)
+
+// Slots is the kernel side the pool drives; *slot.Manager implements it.
+type Slots interface {
+	Create(ctx context.Context, index int) (*slot.Slot, error)
+	Reset(ctx context.Context, s *slot.Slot) error
+	Teardown(ctx context.Context, inv slot.Inventory, opts slot.TeardownOptions) *slot.TeardownResult
+}
+
+// Indices is the allocator the pool takes indices from;
+// *storage.Storage implements it.
+type Indices interface {
+	Acquire() (int, error)
+	Release(i int) error
+	Quarantine(i int) error
+}
+
+// Timer is a stoppable timer.
+type Timer interface {
+	Stop() bool
+}
+
+// Clock lets tests control time. The default uses package time.
+type Clock interface {
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine after d.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                            { return time.Now() }
+func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// Options configure a Pool.
+type Options struct {
+	// Target is the number of idle slots the pool keeps warm.
+	Target int
+	// FillConcurrency bounds concurrent background creations
+	// (default DefaultFillConcurrency).
+	FillConcurrency int
+	// Grace is how long an idle slot above target is kept before being
+	// destroyed (default DefaultGrace).
+	Grace time.Duration
+	// MinBackoff and MaxBackoff bound the wait after a failed fill
+	// (defaults DefaultMinBackoff, DefaultMaxBackoff).
+	MinBackoff, MaxBackoff time.Duration
+	// Teardown tunes how slots are destroyed.
+	Teardown slot.TeardownOptions
+	// Clock is for tests (default: real time).
+	Clock Clock
+}
+
+type idleSlot struct {
+	s     *slot.Slot
+	since time.Time
+}
+
+// Pool is a LIFO pool of warm slots. Create one with New; it is safe for
+// concurrent use.
+type Pool struct {
+	slots Slots
+	idx   Indices
+	opts  Options
+
+	ctx    context.Context // cancelled by Close: aborts creations
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // every goroutine and every in-flight Get/Put/destroy
+
+	mu        sync.Mutex
+	idle      []idleSlot // stack: oldest at 0, next Get at the end
+	inUse     map[int]*slot.Slot
+	creating  map[int]bool
+	filling   int
+	closed    bool
+	changed   chan struct{} // closed and replaced on every change
+	backoff   time.Duration
+	retry     Timer
+	trimTimer Timer
+	lastErr   error
+	closeErrs []error
+}
+
+// New starts a pool that fills itself to opts.Target in the background.
+func New(slots Slots, idx Indices, opts Options) (*Pool, error) {
+	if opts.Target < 0 {
+		return nil, fmt.Errorf("pool: negative target %d", opts.Target)
+	}
+	if opts.FillConcurrency <= 0 {
+		opts.FillConcurrency = DefaultFillConcurrency
+	}
+	if opts.Grace <= 0 {
+		opts.Grace = DefaultGrace
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = DefaultMinBackoff
+	}
+	if opts.MaxBackoff < opts.MinBackoff {
+		opts.MaxBackoff = max(DefaultMaxBackoff, opts.MinBackoff)
+	}
+	if opts.Clock == nil {
+		opts.Clock = realClock{}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Pool{
+		slots: slots, idx: idx, opts: opts, ctx: ctx, cancel: cancel,
+		inUse: map[int]*slot.Slot{}, creating: map[int]bool{},
+		changed: make(chan struct{}), backoff: opts.MinBackoff,
+	}
+	p.mu.Lock()
+	p.kick()
+	p.mu.Unlock()
+	return p, nil
+}
+
+// broadcast wakes WaitReady callers. Call with p.mu held.
+func (p *Pool) broadcast() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// kick starts fill workers while the pool is below target. Call with p.mu
+// held.
+func (p *Pool) kick() {
+	for !p.closed && p.retry == nil && p.filling < p.opts.FillConcurrency &&
+		len(p.idle)+p.filling < p.opts.Target {
+		p.filling++
+		p.wg.Add(1)
+		go p.fillOne()
+	}
+}
+
+func (p *Pool) fillOne() {
+	defer p.wg.Done()
+	s, err := p.create(p.ctx)
+	p.mu.Lock()
+	p.filling--
+	if err != nil {
+		p.lastErr = err
+		if p.retry == nil && !p.closed {
+			d := p.backoff
+			p.backoff = min(2*p.backoff, p.opts.MaxBackoff)
+			p.retry = p.opts.Clock.AfterFunc(d, func() {
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				p.retry = nil
+				p.kick()
+			})
+		}
+		p.broadcast()
+		p.mu.Unlock()
+		return
+	}
+	if p.closed {
+		p.mu.Unlock()
+		p.addCloseErr(p.destroy(context.Background(), s))
+		return
+	}
+	p.backoff = p.opts.MinBackoff
+	p.idle = append(p.idle, idleSlot{s: s, since: p.opts.Clock.Now()})
+	p.broadcast()
+	p.kick()
+	p.mu.Unlock()
+}
+
+func (p *Pool) addCloseErr(err error) {
+	if err == nil {
+		return
+	}
+	p.mu.Lock()
+	p.closeErrs = append(p.closeErrs, err)
+	p.mu.Unlock()
+}
+
+// create acquires an index and makes its slot. On failure the index is
+// released (or quarantined if the slot could not be cleaned).
+func (p *Pool) create(ctx context.Context) (*slot.Slot, error) {
+	i, err := p.idx.Acquire()
+	if err != nil {
+		return nil, fmt.Errorf("pool: acquire index: %w", err)
+	}
+	p.mu.Lock()
+	p.creating[i] = true
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.creating, i)
+		p.mu.Unlock()
+	}()
+	s, err := p.slots.Create(ctx, i)
+	if err != nil {
+		// Create cleans up after itself; make sure, and keep the index
+		// only if nothing is left.
+		if derr := p.destroyIndices(context.WithoutCancel(ctx), []int{i}); derr != nil {
+			return nil, errors.Join(fmt.Errorf("pool: create slot %d: %w", i, err), derr)
+		}
+		return nil, fmt.Errorf("pool: create slot %d: %w", i, err)
+	}
+	return s, nil
+}
+
+// destroy tears a slot down and gives its index back (or quarantines it).
+func (p *Pool) destroy(ctx context.Context, ss ...*slot.Slot) error {
+	idx := make([]int, 0, len(ss))
+	for _, s := range ss {
+		idx = append(idx, s.Index)
+	}
+	return p.destroyIndices(ctx, idx)
+}
+
+func (p *Pool) destroyIndices(ctx context.Context, idx []int) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	res := p.slots.Teardown(ctx, slot.Assume(idx...), p.opts.Teardown)
+	var errs []error
+	for _, i := range res.Reclaimed {
+		if err := p.idx.Release(i); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, i := range append(res.FailedIndices(), res.Deferred...) {
+		if err := p.idx.Quarantine(i); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := res.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("pool: destroy: %w", err))
+	}
+	if len(res.Deferred) > 0 {
+		errs = append(errs, fmt.Errorf("pool: destroy: %d slot(s) not started: %w", len(res.Deferred), context.Cause(ctx)))
+	}
+	return errors.Join(errs...)
+}
+
+// Get returns the most recently returned idle slot, or creates one when the
+// pool is empty. It fails with ErrClosed after Close.
+func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if n := len(p.idle); n > 0 {
+		e := p.idle[n-1]
+		p.idle[n-1] = idleSlot{}
+		p.idle = p.idle[:n-1]
+		p.inUse[e.s.Index] = e.s
+		p.kick()
+		p.broadcast()
+		p.mu.Unlock()
+		return e.s, nil
+	}
+	p.wg.Add(1)
+	defer p.wg.Done()
+	p.kick()
+	p.mu.Unlock()
+
+	// On demand: abort when either the caller or Close says so.
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(p.ctx, cancel)
+	defer stop()
+	s, err := p.create(cctx)
+	if err != nil {
+		if p.ctx.Err() != nil {
+			return nil, errors.Join(ErrClosed, err)
+		}
+		return nil, err
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errors.Join(ErrClosed, p.destroy(context.WithoutCancel(ctx), s))
+	}
+	p.inUse[s.Index] = s
+	p.mu.Unlock()
+	return s, nil
+}
+
+// Put returns a slot handed out by Get. The slot is reset first; a slot that
+// cannot be reset is destroyed and the error returned. After Close, Put
+// destroys the slot. Above target, idle slots older than the grace period
+// are destroyed later, oldest first.
+func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
+	if s == nil {
+		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
+	}
+	p.mu.Lock()
+	if p.inUse[s.Index] != s {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
+	}
+	delete(p.inUse, s.Index)
+	if p.closed {
+		p.mu.Unlock()
+		return p.destroy(context.WithoutCancel(ctx), s)
+	}
+	p.wg.Add(1)
+	defer p.wg.Done()
+	p.mu.Unlock()
+
+	if err := p.slots.Reset(ctx, s); err != nil {
+		derr := p.destroy(context.WithoutCancel(ctx), s)
+		p.mu.Lock()
+		p.kick()
+		p.mu.Unlock()
+		return errors.Join(fmt.Errorf("pool: put slot %d: destroyed after failed reset: %w", s.Index, err), derr)
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return p.destroy(context.WithoutCancel(ctx), s)
+	}
+	p.idle = append(p.idle, idleSlot{s: s, since: p.opts.Clock.Now()})
+	p.scheduleTrim()
+	p.broadcast()
+	p.mu.Unlock()
+	return nil
+}
+
+// scheduleTrim arms the trim timer for when the oldest idle slot above
+// target reaches the grace period. Call with p.mu held.
+func (p *Pool) scheduleTrim() {
+	if p.closed || p.trimTimer != nil || len(p.idle) <= p.opts.Target {
+		return
+	}
+	d := p.idle[0].since.Add(p.opts.Grace).Sub(p.opts.Clock.Now())
+	p.trimTimer = p.opts.Clock.AfterFunc(max(d, 0), p.trim)
+}
+
+// trim destroys, oldest first, the idle slots above target whose grace has
+// run out.
+func (p *Pool) trim() {
+	p.mu.Lock()
+	p.trimTimer = nil
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	now := p.opts.Clock.Now()
+	var victims []*slot.Slot
+	for len(p.idle) > p.opts.Target && !p.idle[0].since.Add(p.opts.Grace).After(now) {
+		victims = append(victims, p.idle[0].s)
+		p.idle[0] = idleSlot{}
+		p.idle = p.idle[1:]
+	}
+	p.scheduleTrim()
+	if len(victims) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	p.wg.Add(1)
+	defer p.wg.Done()
+	p.broadcast()
+	p.mu.Unlock()
+	// Not p.ctx: Close waits for this destroy rather than aborting it.
+	if err := p.destroy(context.Background(), victims...); err != nil {
+		p.mu.Lock()
+		p.lastErr = err
+		p.mu.Unlock()
+	}
+}
+
+// WaitReady blocks until at least n slots are idle, ctx ends or the pool is
+// closed. n may not exceed the target.
+func (p *Pool) WaitReady(ctx context.Context, n int) error {
+	if n > p.opts.Target {
+		return fmt.Errorf("pool: wait for %d ready slots, target is %d", n, p.opts.Target)
+	}
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return ErrClosed
+		}
+		have, ch, last := len(p.idle), p.changed, p.lastErr
+		p.mu.Unlock()
+		if have >= n {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			if last != nil {
+				return fmt.Errorf("pool: %d of %d slots ready: %w (last fill error: %v)", have, n, ctx.Err(), last)
+			}
+			return fmt.Errorf("pool: %d of %d slots ready: %w", have, n, ctx.Err())
+		}
+	}
+}
+
+// Close stops filling, destroys every idle slot and every slot being
+// created, waits for in-flight work (or until ctx ends) and returns the
+// joined errors. Slots handed out and not yet returned are not touched;
+// Put destroys them later. Close is idempotent; later calls return nil.
+func (p *Pool) Close(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.cancel()
+	if p.retry != nil {
+		p.retry.Stop()
+		p.retry = nil
+	}
+	if p.trimTimer != nil {
+		p.trimTimer.Stop()
+		p.trimTimer = nil
+	}
+	victims := make([]*slot.Slot, 0, len(p.idle))
+	for _, e := range p.idle {
+		victims = append(victims, e.s)
+	}
+	p.idle = nil
+	p.broadcast()
+	p.mu.Unlock()
+
+	errs := []error{p.destroy(ctx, victims...)}
+	done := make(chan struct{})
+	go func() {
+		p.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("pool: close: waiting for in-flight work: %w", ctx.Err()))
+	}
+	p.mu.Lock()
+	errs = append(errs, p.closeErrs...)
+	p.closeErrs = nil
+	p.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// Snapshot is a consistent view of the pool for an API that lists slots.
+type Snapshot struct {
+	// Target is the configured number of warm slots.
+	Target int
+	// Idle are the warm slots' indices, next Get first.
+	Idle []int
+	// InUse are the indices handed out and not yet returned, ascending.
+	InUse []int
+	// Creating are the indices being created, ascending.
+	Creating []int
+	// Closed is true after Close.
+	Closed bool
+	// LastError is the last fill or trim error (nil if none).
+	LastError error
+}
+
+// Snapshot returns the pool's current state.
+func (p *Pool) Snapshot() Snapshot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := Snapshot{Target: p.opts.Target, Closed: p.closed, LastError: p.lastErr}
+	for k := len(p.idle) - 1; k >= 0; k-- {
+		s.Idle = append(s.Idle, p.idle[k].s.Index)
+	}
+	for i := range p.inUse {
+		s.InUse = append(s.InUse, i)
+	}
+	for i := range p.creating {
+		s.Creating = append(s.Creating, i)
+	}
+	slices.Sort(s.InUse)
+	slices.Sort(s.Creating)
+	return s
+}

@@ -1,0 +1,298 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/network/storage"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newPool(t *testing.T, f *fakeSlots, n int, opts Options) (*Pool, *storage.Storage) {
+	t.Helper()
+	st, err := storage.New(n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(f, st, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, st
+}
+
+func TestLIFOAndOnDemand(t *testing.T) {
+	f := newFake()
+	p, st := newPool(t, f, 10, Options{Target: 3})
+	ctx := context.Background()
+	if err := p.WaitReady(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitReady(ctx, 4); err == nil {
+		t.Errorf("WaitReady above target accepted")
+	}
+	var got []*slot.Slot
+	for range 3 {
+		s, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s)
+	}
+	// Put two back; the last one put is the first one out.
+	if err := p.Put(ctx, got[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Put(ctx, got[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Put(ctx, got[1]); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("double Put = %v", err)
+	}
+	if err := p.Put(ctx, &slot.Slot{Index: 9}); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("foreign Put = %v", err)
+	}
+	// Fill may have added slots meanwhile; the top must still be got[1]
+	// unless a fill landed after the Put. Stop filling by waiting first.
+	if err := p.WaitReady(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	snap := p.Snapshot()
+	top := snap.Idle[0]
+	s, err := p.Get(ctx)
+	if err != nil || s.Index != top {
+		t.Fatalf("Get = %v, %v; want top %d", s, err, top)
+	}
+	if f.resets != 2 {
+		t.Errorf("resets = %d, want 2", f.resets)
+	}
+
+	// Empty pool and no fill (target 0): Get creates on demand.
+	f2 := newFake()
+	p2, _ := newPool(t, f2, 4, Options{Target: 0})
+	s2, err := p2.Get(ctx)
+	if err != nil || s2 == nil {
+		t.Fatalf("on-demand Get = %v, %v", s2, err)
+	}
+	if snap := p2.Snapshot(); !slices.Equal(snap.InUse, []int{s2.Index}) || len(snap.Idle) != 0 {
+		t.Errorf("snapshot = %+v", snap)
+	}
+	if err := p2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.Put(ctx, s2); err != nil {
+		t.Errorf("Put after Close = %v", err)
+	}
+	if live := f2.liveIndices(); len(live) != 0 {
+		t.Errorf("live after Close+Put: %v", live)
+	}
+
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = st
+}
+
+// Strict LIFO without a background fill in the way.
+func TestLIFOOrder(t *testing.T) {
+	f := newFake()
+	p, _ := newPool(t, f, 10, Options{Target: 0, Grace: time.Hour, Clock: newClock()})
+	ctx := context.Background()
+	var ss []*slot.Slot
+	for range 4 {
+		s, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss = append(ss, s)
+	}
+	for _, k := range []int{2, 0, 3, 1} {
+		if err := p.Put(ctx, ss[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []int{ss[1].Index, ss[3].Index, ss[0].Index, ss[2].Index}
+	if got := p.Snapshot().Idle; !slices.Equal(got, want) {
+		t.Errorf("idle order = %v, want %v", got, want)
+	}
+	for _, w := range want {
+		s, _ := p.Get(ctx)
+		if s.Index != w {
+			t.Errorf("Get = %d, want %d", s.Index, w)
+		}
+		_ = p.Put(ctx, s) // back on top
+		s2, _ := p.Get(ctx)
+		if s2 != s {
+			t.Errorf("Get after Put returned %d, want the same slot %d", s2.Index, s.Index)
+		}
+	}
+	_ = p.Close(ctx)
+}
+
+func TestTrimAfterGrace(t *testing.T) {
+	f := newFake()
+	clk := newClock()
+	p, st := newPool(t, f, 10, Options{Target: 1, Grace: 5 * time.Minute, Clock: clk})
+	ctx := context.Background()
+	if err := p.WaitReady(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Take 4 (1 warm + 3 on demand), then wait for the refill to 1.
+	var ss []*slot.Slot
+	for range 4 {
+		s, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss = append(ss, s)
+	}
+	if err := p.WaitReady(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Return them a minute apart: idle = 1 warm + 4, target 1.
+	for _, s := range ss {
+		if err := p.Put(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(time.Minute)
+	}
+	if n := len(p.Snapshot().Idle); n != 5 {
+		t.Fatalf("idle = %d, want 5", n)
+	}
+	// The warm one (refilled before the Puts) and ss[0] are idle since t0.
+	clk.Advance(30 * time.Second) // t0+4.5 min: nothing is due yet
+	if idle := p.Snapshot().Idle; len(idle) != 5 {
+		t.Fatalf("after 4.5 min idle = %v, want all 5", idle)
+	}
+	clk.Advance(time.Minute) // t0+5.5 min: the two oldest go
+	idle := p.Snapshot().Idle
+	if !slices.Equal(idle, []int{ss[3].Index, ss[2].Index, ss[1].Index}) {
+		t.Fatalf("idle = %v, want %d %d %d", idle, ss[3].Index, ss[2].Index, ss[1].Index)
+	}
+	clk.Advance(10 * time.Minute)
+	idle = p.Snapshot().Idle
+	if !slices.Equal(idle, []int{ss[3].Index}) {
+		t.Fatalf("idle = %v, want only the newest %d", idle, ss[3].Index)
+	}
+	if live := f.liveIndices(); !slices.Equal(live, []int{ss[3].Index}) {
+		t.Errorf("live = %v", live)
+	}
+	if snap := st.Snapshot(); snap.Acquired != 1 || snap.Free != 9 {
+		t.Errorf("storage = %+v", snap)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if clk.pending() != 0 {
+		t.Errorf("timers left after Close: %d", clk.pending())
+	}
+}
+
+func TestCloseDuringFill(t *testing.T) {
+	f := newFake()
+	f.gate = make(chan struct{}) // creations hang until cancelled
+	f.started = make(chan int, 10)
+	p, st := newPool(t, f, 10, Options{Target: 4, FillConcurrency: 2})
+	<-f.started
+	<-f.started
+	if c := p.Snapshot().Creating; len(c) != 2 {
+		t.Errorf("creating = %v", c)
+	}
+	if err := p.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if live := f.liveIndices(); len(live) != 0 {
+		t.Errorf("slots left after Close: %v", live)
+	}
+	if snap := st.Snapshot(); snap.Free != 10 {
+		t.Errorf("storage after Close: %+v", snap)
+	}
+	if _, err := p.Get(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Get after Close = %v", err)
+	}
+	if err := p.WaitReady(context.Background(), 1); !errors.Is(err, ErrClosed) {
+		t.Errorf("WaitReady after Close = %v", err)
+	}
+	if err := p.Close(context.Background()); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+}
+
+func TestFillBackoff(t *testing.T) {
+	f := newFake()
+	f.failNext = 3
+	clk := newClock()
+	p, _ := newPool(t, f, 10, Options{Target: 2, FillConcurrency: 1, Clock: clk, MinBackoff: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := p.WaitReady(ctx, 1); err == nil {
+		t.Fatalf("ready without retries")
+	}
+	if p.Snapshot().LastError == nil {
+		t.Errorf("no last error")
+	}
+	// Each failure arms a retry timer (1 s, 2 s, 4 s): wait for it, fire it.
+	for p.Snapshot().Idle == nil {
+		if clk.pending() > 0 {
+			clk.Advance(4 * time.Second)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := p.WaitReady(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Close(context.Background())
+}
+
+func TestConcurrentGetPutClose(t *testing.T) {
+	f := newFake()
+	p, st := newPool(t, f, 64, Options{Target: 8, FillConcurrency: 3, Grace: time.Millisecond})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range 8 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s, err := p.Get(ctx)
+				if errors.Is(err, ErrClosed) {
+					return
+				}
+				if err != nil {
+					continue // exhausted for a moment
+				}
+				if r.IntN(4) == 0 {
+					time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
+				}
+				_ = p.Put(ctx, s)
+				_ = p.Snapshot()
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := p.Close(ctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	close(stop)
+	wg.Wait()
+	if live := f.liveIndices(); len(live) != 0 {
+		t.Errorf("slots left: %v", live)
+	}
+	if snap := st.Snapshot(); snap.Free != 64 {
+		t.Errorf("storage after: %+v", snap)
+	}
+}

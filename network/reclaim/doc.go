@@ -1,0 +1,27 @@
+// Package reclaim finds network slots leaked by an earlier run (a kill -9,
+// a crash, a failed teardown) and tears them down before the allocator is
+// built.
+//
+// A slot is leaked when any of its resources exists: a netns file
+// <prefix><i> with i in [1, N] (regular files only: symlinks, directories
+// and other names are foreign and untouched), a host link <prefix>h<i>
+// (whose namespace file may be gone), or a set element naming one.
+//
+// The default strategy, Batched, tears them down at kernel speed (see
+// slot.Manager.Teardown): netns files are detached and unlinked by bounded
+// workers so the kernel destroys namespaces and veth pairs in batches, the
+// host ends are awaited with a deadline, and all stale set elements go in one
+// nftables transaction. Veths are deleted one by one only when something
+// keeps their namespace alive; processes found inside are reported and ended
+// only with Options.KillOrphans.
+//
+// Serial is the reference strategy that does, strictly one slot after the
+// other, what the orchestrator of the seed report did: delete the host
+// firewall state, delete the host veth with netlink (the kernel waits out an
+// RCU grace period for each), delete the netns. It exists to be the baseline
+// the benchmarks compare against; do not use it in production.
+//
+// A budget (time and/or count) bounds the work; the remainder is returned as
+// Deferred for the background reconciler, and must be quarantined in the
+// allocator (Report.Quarantine).
+package reclaim

@@ -1,0 +1,175 @@
+package reclaim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// Strategy selects how leaked slots are torn down.
+type Strategy int
+
+// Strategies.
+const (
+	// Batched tears down at kernel speed (the default).
+	Batched Strategy = iota
+	// Serial is the per-slot reference baseline: firewall, veth via
+	// netlink, netns, one slot after the other. Only for benchmarks.
+	Serial
+)
+
+// String returns the strategy's name.
+func (s Strategy) String() string {
+	switch s {
+	case Batched:
+		return "batched"
+	case Serial:
+		return "serial"
+	}
+	return fmt.Sprintf("Strategy(%d)", int(s))
+}
+
+// Options tune Run. The zero value reclaims everything with the batched
+// strategy and default workers.
+type Options struct {
+	// Strategy: Batched (default) or Serial (reference baseline).
+	Strategy Strategy
+	// Workers bounds concurrent detach+unlink calls (default
+	// slot.DefaultWorkers). Ignored by Serial.
+	Workers int
+	// Budget is a time budget: no slot is started after it has elapsed
+	// since Run began; the remainder is deferred. 0 means none.
+	Budget time.Duration
+	// MaxSlots is a count budget: at most this many slots are torn down;
+	// the remainder is deferred. 0 means none.
+	MaxSlots int
+	// KillOrphans ends (SIGKILL) processes found inside leaked namespaces.
+	// Without it they are reported and cut off (their host veth deleted).
+	KillOrphans bool
+	// HostGoneTimeout bounds the wait for host links to vanish (see
+	// slot.TeardownOptions).
+	HostGoneTimeout time.Duration
+	// Progress, if set, is called after each slot with the count so far
+	// and the number found. Calls are serialized.
+	Progress func(done, total int)
+}
+
+// Report says what Run found and did.
+type Report struct {
+	// Strategy is the strategy used.
+	Strategy Strategy
+	// Found is the number of leaked slots found.
+	Found int
+	// Reclaimed slots are completely gone; their indices are free.
+	Reclaimed []int
+	// Failed slots still have something left, with the reason.
+	Failed []slot.Failure
+	// Deferred slots were not started (budget or ctx); quarantine them.
+	Deferred []int
+	// Orphans are processes found inside leaked namespaces.
+	Orphans []slot.Orphan
+	// CutOff slots had their host veth deleted because their namespace
+	// outlived its file.
+	CutOff []int
+	// Duration is the wall time of Run, scan included.
+	Duration time.Duration
+}
+
+// Quarantine returns the indices the allocator must quarantine: failed and
+// deferred slots, ascending.
+func (r *Report) Quarantine() []int {
+	out := slices.Clone(r.Deferred)
+	for _, f := range r.Failed {
+		out = append(out, f.Index)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// String summarizes the report in one line.
+func (r *Report) String() string {
+	return fmt.Sprintf("reclaim (%s): found %d, reclaimed %d, failed %d, deferred %d, orphans %d, cut off %d in %v",
+		r.Strategy, r.Found, len(r.Reclaimed), len(r.Failed), len(r.Deferred), len(r.Orphans), len(r.CutOff),
+		r.Duration.Round(time.Millisecond))
+}
+
+// Run scans the host for slots leaked under m's configuration and tears them
+// down. It always returns a report; the error is non-nil when the scan
+// failed (nothing was touched) or ctx ended before everything was started
+// (the rest is in Report.Deferred).
+func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
+	start := time.Now()
+	rep := &Report{Strategy: opts.Strategy}
+	defer func() { rep.Duration = time.Since(start) }()
+	inv, err := m.Scan(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("reclaim: scan: %w", err)
+	}
+	rep.Found = len(inv)
+	var deadline time.Time
+	if opts.Budget > 0 {
+		deadline = start.Add(opts.Budget)
+	}
+	var res *slot.TeardownResult
+	switch opts.Strategy {
+	case Batched:
+		res = m.Teardown(ctx, inv, slot.TeardownOptions{
+			Workers: opts.Workers, MaxSlots: opts.MaxSlots, Deadline: deadline,
+			KillOrphans: opts.KillOrphans, HostGoneTimeout: opts.HostGoneTimeout, Progress: opts.Progress,
+		})
+	case Serial:
+		res = serial(ctx, m, inv, opts.MaxSlots, deadline, opts.Progress)
+	default:
+		return rep, fmt.Errorf("reclaim: unknown strategy %v", opts.Strategy)
+	}
+	rep.Reclaimed, rep.Failed, rep.Deferred = res.Reclaimed, res.Failed, res.Deferred
+	rep.Orphans, rep.CutOff = res.Orphans, res.CutOff
+	if err := ctx.Err(); err != nil && len(rep.Deferred) > 0 {
+		return rep, fmt.Errorf("reclaim: %d slot(s) deferred: %w", len(rep.Deferred), err)
+	}
+	return rep, nil
+}
+
+// serial is the reference strategy: per slot, in order, firewall element,
+// host veth through netlink, netns.
+func serial(ctx context.Context, m *slot.Manager, inv slot.Inventory, maxSlots int, deadline time.Time,
+	progress func(done, total int)) *slot.TeardownResult {
+	res := &slot.TeardownResult{}
+	indices := inv.Indices()
+	cfg := m.Config()
+	for k, i := range indices {
+		if ctx.Err() != nil || (maxSlots > 0 && k >= maxSlots) || (!deadline.IsZero() && !time.Now().Before(deadline)) {
+			res.Deferred = append(res.Deferred, indices[k:]...)
+			break
+		}
+		var errs []error
+		if err := m.Firewall().Remove(ctx, cfg.HostIfName(i)); err != nil {
+			errs = append(errs, err)
+		}
+		if l, err := netlink.LinkByName(cfg.HostIfName(i)); err == nil {
+			if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+				errs = append(errs, fmt.Errorf("delete link %s: %w", cfg.HostIfName(i), err))
+			}
+		}
+		if err := netns.Delete(ctx, cfg.NetnsDir, cfg.NetnsName(i)); err != nil {
+			errs = append(errs, err)
+		}
+		if len(errs) > 0 {
+			res.Failed = append(res.Failed, slot.Failure{Index: i, Err: errors.Join(errs...)})
+		} else {
+			res.Reclaimed = append(res.Reclaimed, i)
+		}
+		if progress != nil {
+			progress(k+1, len(indices))
+		}
+	}
+	return res
+}

@@ -1,0 +1,246 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// Errors callers branch on. They are wrapped with the index concerned.
+var (
+	// ErrExhausted: no free index.
+	ErrExhausted = errors.New("storage: no free slot index")
+	// ErrOutOfRange: the index is not in [1, N].
+	ErrOutOfRange = errors.New("storage: index out of range")
+	// ErrNotAcquired: Release of an index that is not acquired (double
+	// release, or never acquired).
+	ErrNotAcquired = errors.New("storage: index not acquired")
+	// ErrNotQuarantined: Free of an index that is not quarantined.
+	ErrNotQuarantined = errors.New("storage: index not quarantined")
+)
+
+// State is the state of one index.
+type State uint8
+
+// The states of an index.
+const (
+	// Free: can be acquired.
+	Free State = iota
+	// Acquired: handed out (to the pool, or by the pool to a user).
+	Acquired
+	// Quarantined: something of the slot may still exist on the host; only
+	// the reconciler may free it.
+	Quarantined
+)
+
+// String returns the state's name.
+func (s State) String() string {
+	switch s {
+	case Free:
+		return "free"
+	case Acquired:
+		return "acquired"
+	case Quarantined:
+		return "quarantined"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Storage allocates slot indices. The zero value is not usable; call New.
+type Storage struct {
+	mu    sync.Mutex
+	state []State // state[i] for i in [1, n]; state[0] unused
+	free  []int   // stack of free indices; lowest on top on a fresh allocator
+	pos   []int32 // pos[i]: position of i in free, or -1
+	n     int
+	acq   int
+	quar  int
+}
+
+// New returns an allocator over [1, n] in which the given indices are
+// quarantined (duplicates are fine; indices outside [1, n] are an error).
+func New(n int, quarantined []int) (*Storage, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("storage: need at least one index, got %d", n)
+	}
+	s := &Storage{
+		n:     n,
+		state: make([]State, n+1),
+		pos:   make([]int32, n+1),
+		free:  make([]int, 0, n),
+	}
+	for _, i := range quarantined {
+		if i < 1 || i > n {
+			return nil, fmt.Errorf("%w: quarantined index %d not in [1, %d]", ErrOutOfRange, i, n)
+		}
+		if s.state[i] != Quarantined {
+			s.state[i] = Quarantined
+			s.quar++
+		}
+	}
+	for i := n; i >= 1; i-- {
+		s.pos[i] = -1
+		if s.state[i] == Free {
+			s.push(i)
+		}
+	}
+	return s, nil
+}
+
+func (s *Storage) push(i int) {
+	s.pos[i] = int32(len(s.free))
+	s.free = append(s.free, i)
+}
+
+// remove takes i out of the free stack in O(1) (swap with the top).
+func (s *Storage) remove(i int) {
+	p := s.pos[i]
+	last := len(s.free) - 1
+	top := s.free[last]
+	s.free[p] = top
+	s.pos[top] = p
+	s.free = s.free[:last]
+	s.pos[i] = -1
+}
+
+func (s *Storage) check(i int) error {
+	if i < 1 || i > s.n {
+		return fmt.Errorf("%w: %d not in [1, %d]", ErrOutOfRange, i, s.n)
+	}
+	return nil
+}
+
+// N returns the number of indices.
+func (s *Storage) N() int { return s.n }
+
+// Acquire hands out a free index, or fails with ErrExhausted.
+func (s *Storage) Acquire() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.free) == 0 {
+		return 0, ErrExhausted
+	}
+	i := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	s.pos[i] = -1
+	s.state[i] = Acquired
+	s.acq++
+	return i, nil
+}
+
+// Release returns an acquired index whose slot is completely gone. Releasing
+// an index that is not acquired fails with ErrNotAcquired.
+func (s *Storage) Release(i int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(i); err != nil {
+		return err
+	}
+	if s.state[i] != Acquired {
+		return fmt.Errorf("%w: %d is %s", ErrNotAcquired, i, s.state[i])
+	}
+	s.state[i] = Free
+	s.acq--
+	s.push(i)
+	return nil
+}
+
+// Quarantine marks an acquired index whose slot could not be fully removed:
+// it is not handed out again until Free. Quarantining a free index claims it
+// (the reconciler does this before touching a stray); an already
+// quarantined index stays so.
+func (s *Storage) Quarantine(i int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(i); err != nil {
+		return err
+	}
+	switch s.state[i] {
+	case Acquired:
+		s.acq--
+	case Free:
+		s.remove(i)
+	case Quarantined:
+		return nil
+	}
+	s.state[i] = Quarantined
+	s.quar++
+	return nil
+}
+
+// QuarantineIfFree quarantines i only if it is free, and reports whether it
+// did. The reconciler uses it to claim an index before tearing down a stray,
+// so that it never races with an Acquire.
+func (s *Storage) QuarantineIfFree(i int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i < 1 || i > s.n || s.state[i] != Free {
+		return false
+	}
+	s.remove(i)
+	s.state[i] = Quarantined
+	s.quar++
+	return true
+}
+
+// Free returns a quarantined index to the free list once its slot is gone.
+func (s *Storage) Free(i int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(i); err != nil {
+		return err
+	}
+	if s.state[i] != Quarantined {
+		return fmt.Errorf("%w: %d is %s", ErrNotQuarantined, i, s.state[i])
+	}
+	s.state[i] = Free
+	s.quar--
+	s.push(i)
+	return nil
+}
+
+// State returns the state of index i (Free for an index out of range is
+// never returned: it is an error).
+func (s *Storage) State(i int) (State, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(i); err != nil {
+		return 0, err
+	}
+	return s.state[i], nil
+}
+
+// Quarantined returns the quarantined indices in ascending order.
+func (s *Storage) Quarantined() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]int, 0, s.quar)
+	for i := 1; i <= s.n; i++ {
+		if s.state[i] == Quarantined {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// Snapshot is a consistent copy of the allocator's state.
+type Snapshot struct {
+	// N is the number of indices.
+	N int
+	// Free, Acquired and Quarantined count the indices in each state.
+	Free, Acquired, Quarantined int
+	// States[i-1] is the state of index i.
+	States []State
+}
+
+// Snapshot returns a consistent copy of every index's state, for an API that
+// lists slots.
+func (s *Storage) Snapshot() Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Snapshot{
+		N: s.n, Free: len(s.free), Acquired: s.acq, Quarantined: s.quar,
+		States: slices.Clone(s.state[1:]),
+	}
+}
