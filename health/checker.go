@@ -39,7 +39,9 @@ type Options struct {
 //
 // grpc-go's health server starts with "" SERVING; New sets it NOT_SERVING
 // before it returns, so no client ever sees a daemon that is still starting
-// as ready.
+// as ready. grpc-go's List refuses to answer (ResourceExhausted) for more
+// than 100 services: "" plus one entry per phase and per application
+// service must stay within that.
 type Checker struct {
 	lc   *lifecycle.Lifecycle
 	opts Options

@@ -177,6 +177,7 @@ func TestNotifierRateLimitsStatus(t *testing.T) {
 			started := make(chan error, 1)
 			go func() { started <- lc.Start(context.Background()) }()
 			recv(t, reported, "progress")
+			ns.waitLine(t, "for starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
 			if tt.interval == time.Millisecond {
 				ns.waitLine(t, "with the final progress", func(l string) bool {
 					return l == "STATUS=starting: phase reclaim 1000/1000 namespaces"
