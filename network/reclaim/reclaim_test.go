@@ -1,0 +1,297 @@
+package reclaim_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/nettest"
+	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/reclaim"
+	"github.com/phasegate/phasegate/network/reconcile"
+	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/network/storage"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func seq(from, to int) []int {
+	out := make([]int, 0, to-from+1)
+	for i := from; i <= to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+// foreign is everything reclaim must leave alone.
+type foreign struct {
+	other       *slot.Manager
+	otherSlot   *slot.Slot
+	paths       map[string]bool // path -> must be a mounted namespace
+	symlink     string
+	dir         string
+	outOfRange  string
+	foreignLink string
+}
+
+func makeForeign(t *testing.T, m *slot.Manager) *foreign {
+	t.Helper()
+	ctx := context.Background()
+	c := m.Config()
+	f := &foreign{paths: map[string]bool{}}
+	// Another prefix in the same directory, with a full slot of its own
+	// (netns, veth, element in its own table).
+	oc := c
+	oc.Prefix = nettest.RandomPrefix()
+	oc.Slots = 4
+	oc.CIDR = netip.MustParsePrefix("169.254.160.0/24")
+	t.Cleanup(func() { _ = nettest.Sweep(oc) })
+	other, err := slot.NewManager(ctx, oc, slot.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.other = other
+	if f.otherSlot, err = other.Create(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Names with our prefix that are not ours.
+	for _, n := range []string{c.Prefix + "abc", c.Prefix + "0", c.Prefix + "007"} {
+		p, err := netns.Create(ctx, c.NetnsDir, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.paths[p] = true
+	}
+	f.outOfRange = c.NetnsPath(c.Slots + 1)
+	if _, err := netns.Create(ctx, c.NetnsDir, filepath.Base(f.outOfRange)); err != nil {
+		t.Fatal(err)
+	}
+	f.paths[f.outOfRange] = true
+	f.symlink = c.NetnsPath(c.Slots - 1)
+	if err := os.Symlink(f.otherSlot.NetnsPath, f.symlink); err != nil {
+		t.Fatal(err)
+	}
+	f.dir = c.NetnsPath(c.Slots - 2)
+	if err := os.Mkdir(f.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A link with our prefix but no index.
+	f.foreignLink = c.Prefix + "hx"
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: f.foreignLink}, PeerName: c.Prefix + "hy"}); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *foreign) check(t *testing.T) {
+	t.Helper()
+	for p := range f.paths {
+		if !netns.IsMounted(p) {
+			t.Errorf("foreign %s was touched", p)
+		}
+	}
+	if !netns.IsMounted(f.otherSlot.NetnsPath) {
+		t.Errorf("other prefix's netns was touched")
+	}
+	if _, err := netlink.LinkByName(f.otherSlot.HostIf); err != nil {
+		t.Errorf("other prefix's link was touched: %v", err)
+	}
+	if els, _ := f.other.Firewall().List(context.Background()); !slices.Contains(els, f.otherSlot.HostIf) {
+		t.Errorf("other prefix's element was touched: %v", els)
+	}
+	if fi, err := os.Lstat(f.symlink); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("symlink touched: %v", err)
+	}
+	if fi, err := os.Lstat(f.dir); err != nil || !fi.IsDir() {
+		t.Errorf("directory touched: %v", err)
+	}
+	if _, err := netlink.LinkByName(f.foreignLink); err != nil {
+		t.Errorf("foreign link %s touched: %v", f.foreignLink, err)
+	}
+}
+
+func TestReclaim2000(t *testing.T) {
+	const leaked, n = 2000, 2100
+	env := nettest.New(t, n)
+	m := env.Manager(t)
+	ctx := context.Background()
+	c := m.Config()
+	nettest.Leak(t, m, seq(1, leaked))
+	// Strays: a host link whose netns file is gone (a descriptor keeps the
+	// namespace), and a set element without a slot.
+	stray, err := m.Create(ctx, 2050)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nettest.StartHolder(t, stray.NetnsPath)
+	if err := unix.Unmount(stray.NetnsPath, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(stray.NetnsPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Firewall().Add(ctx, c.HostIfName(2060)); err != nil {
+		t.Fatal(err)
+	}
+	// An orphan process inside slot 7.
+	orphan := nettest.StartInside(t, c.NetnsPath(7))
+	f := makeForeign(t, m)
+
+	// Budget: 1500 now, the rest deferred.
+	var (
+		mu    sync.Mutex
+		calls int
+		last  int
+	)
+	rep, err := reclaim.Run(ctx, m, reclaim.Options{MaxSlots: 1500, Progress: func(done, total int) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if done != last+1 || total != leaked+2 {
+			t.Errorf("progress(%d, %d) after %d", done, total, last)
+		}
+		last = done
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(rep)
+	if rep.Found != leaked+2 || len(rep.Reclaimed) != 1500 || len(rep.Failed) != 0 || len(rep.Deferred) != leaked+2-1500 {
+		t.Fatalf("report: %v (%v)", rep, errors.Join(failures(rep)...))
+	}
+	if calls != 1500 {
+		t.Errorf("progress calls = %d", calls)
+	}
+	if len(rep.Orphans) != 1 || rep.Orphans[0].PID != orphan.Process.Pid || rep.Orphans[0].Index != 7 || rep.Orphans[0].Killed {
+		t.Errorf("orphans = %+v", rep.Orphans)
+	}
+	if !slices.Contains(rep.CutOff, 7) {
+		t.Errorf("orphan's slot not cut off: %v", rep.CutOff)
+	}
+	if _, err := netlink.LinkByName(c.HostIfName(7)); err == nil {
+		t.Errorf("orphan's host link still there")
+	}
+	if err := unix.Kill(orphan.Process.Pid, 0); err != nil {
+		t.Errorf("orphan killed without KillOrphans")
+	}
+	if !slices.Equal(rep.Quarantine(), rep.Deferred) {
+		t.Errorf("Quarantine() = %v", rep.Quarantine())
+	}
+	f.check(t)
+
+	// Storage never hands out a deferred index.
+	st, err := storage.New(n, rep.Quarantine())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deferred := map[int]bool{}
+	for _, i := range rep.Deferred {
+		deferred[i] = true
+	}
+	var got []int
+	for {
+		i, err := st.Acquire()
+		if err != nil {
+			break
+		}
+		if deferred[i] {
+			t.Fatalf("storage handed out deferred index %d", i)
+		}
+		got = append(got, i)
+	}
+	if len(got) != n-len(rep.Deferred) {
+		t.Errorf("acquired %d, want %d", len(got), n-len(rep.Deferred))
+	}
+	for _, i := range got {
+		if err := st.Release(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The reconciler finishes the deferred ones and frees them.
+	r := reconcile.New(m, st, reconcile.Options{})
+	pass, err := r.Once(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pass.Freed) != len(rep.Deferred) || len(pass.Claimed) != 0 {
+		t.Errorf("pass: freed %d claimed %d, want %d/0", len(pass.Freed), len(pass.Claimed), len(rep.Deferred))
+	}
+	if snap := st.Snapshot(); snap.Free != n || snap.Quarantined != 0 {
+		t.Errorf("storage after reconcile: free %d quarantined %d", snap.Free, snap.Quarantined)
+	}
+	inv, err := m.Scan(ctx)
+	if err != nil || len(inv) != 0 {
+		t.Errorf("left after reclaim + reconcile: %v (%v)", inv, err)
+	}
+	links := nettest.HostLinks(t, c.Prefix+"h")
+	slices.Sort(links)
+	if !slices.Equal(links, []string{c.Prefix + "hx", c.Prefix + "hy"}) {
+		t.Errorf("host links left: %v", links)
+	}
+	f.check(t)
+}
+
+func failures(r *reclaim.Report) []error {
+	var out []error
+	for _, f := range r.Failed {
+		out = append(out, f.Err)
+	}
+	return out
+}
+
+func TestReclaimKillOrphans(t *testing.T) {
+	env := nettest.New(t, 8)
+	m := env.Manager(t)
+	ctx := context.Background()
+	nettest.Leak(t, m, []int{1, 2, 3})
+	orphan := nettest.StartInside(t, m.Config().NetnsPath(2))
+	rep, err := reclaim.Run(ctx, m, reclaim.Options{KillOrphans: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Reclaimed) != 3 || len(rep.Orphans) != 1 || !rep.Orphans[0].Killed {
+		t.Fatalf("report: %v orphans %+v", rep, rep.Orphans)
+	}
+	_ = orphan.Wait()
+	if inv, _ := m.Scan(ctx); len(inv) != 0 {
+		t.Errorf("left: %v", inv)
+	}
+}
+
+func TestReclaimSerial(t *testing.T) {
+	env := nettest.New(t, 16)
+	m := env.Manager(t)
+	ctx := context.Background()
+	nettest.Leak(t, m, seq(1, 10))
+	rep, err := reclaim.Run(ctx, m, reclaim.Options{Strategy: reclaim.Serial, MaxSlots: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(rep.Reclaimed, seq(1, 7)) || !slices.Equal(rep.Deferred, seq(8, 10)) {
+		t.Fatalf("serial report: %v", rep)
+	}
+	inv, _ := m.Scan(ctx)
+	if !slices.Equal(inv.Indices(), seq(8, 10)) {
+		t.Errorf("left: %v", inv)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	rep, err = reclaim.Run(cctx, m, reclaim.Options{})
+	if !errors.Is(err, context.Canceled) || len(rep.Reclaimed) != 0 {
+		t.Errorf("cancelled run: %v, %v", rep, err)
+	}
+	rep, err = reclaim.Run(ctx, m, reclaim.Options{Budget: 1}) // 1 ns: nothing starts
+	if err != nil || len(rep.Deferred) != 3 || len(rep.Reclaimed) != 0 {
+		t.Errorf("time budget: %v, %v", rep, err)
+	}
+}
