@@ -6,13 +6,24 @@ export PATH := $(GOBIN):$(PATH)
 
 GRPC_HEALTH_PROBE_VERSION := v0.4.62
 
-.PHONY: help test unit tools jaeger grpc-health-probe bench vet fmt
+.PHONY: help run build test unit tools jaeger grpc-health-probe bench vet generate
 
 help:
+	@echo "make run      build and run the daemon on its defaults (as root)"
 	@echo "make test     every test: unit, kernel (root) and end-to-end; installs the tools they need"
 	@echo "make unit     the tests that need no root and no tools"
 	@echo "make bench    the Go benchmarks (see docs/BENCHMARKS.md)"
 	@echo "make tools    install grpc-health-probe and build the cached Jaeger"
+
+build:
+	$(GO) build -o bin/phasegate ./cmd/phasegate
+
+## run: the daemon on its defaults.
+run: build
+	bin/phasegate serve
+
+generate:
+	$(GO) generate ./api/...
 
 ## test: the whole suite, as CI runs it (as root: network tests use real namespaces).
 test: tools vet

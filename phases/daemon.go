@@ -224,19 +224,28 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 }
 
 // stopFirewall removes the daemon's nftables table once no slot is left in
-// it, so a clean stop leaves nothing behind. A table that still lists slots
-// (stuck ones) stays for the next run's reclaim.
+// it, so a clean stop leaves nothing behind.
 func (d *Daemon) stopFirewall(ctx context.Context) error {
-	fw := d.mgr.Firewall()
+	kept, err := DropEmptyFirewall(ctx, d.mgr)
+	if kept > 0 {
+		d.log.Warn("firewall table kept: slots still listed", "table", d.mgr.Firewall().Name(), "slots", kept)
+	}
+	return err
+}
+
+// DropEmptyFirewall deletes m's nftables table if its set lists no slot,
+// and otherwise returns how many it lists: a table that still names slots
+// (stuck ones) stays for the next reclaim.
+func DropEmptyFirewall(ctx context.Context, m *slot.Manager) (kept int, err error) {
+	fw := m.Firewall()
 	names, err := fw.List(ctx)
 	if err != nil {
-		return fmt.Errorf("list firewall set: %w", err)
+		return 0, fmt.Errorf("list firewall set: %w", err)
 	}
 	if len(names) > 0 {
-		d.log.Warn("firewall table kept: slots still listed", "table", fw.Name(), "slots", len(names))
-		return nil
+		return len(names), nil
 	}
-	return fw.Delete(ctx)
+	return 0, fw.Delete(ctx)
 }
 
 func (d *Daemon) logReport(rep *reclaim.Report) {

@@ -75,7 +75,11 @@ func reclaimCmd(ctx context.Context, e env) int {
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
 		return exitFailed
 	}
-	log.Info("reclaim done")
+	if kept, err := phases.DropEmptyFirewall(ctx, mgr); err != nil {
+		log.Warn("removing the firewall table", "error", err)
+	} else if kept > 0 {
+		log.Warn("firewall table kept: slots still listed", "slots", kept)
+	}
 	fmt.Fprintln(e.stdout, rep.String())
 	if len(rep.Failed) > 0 || len(rep.Deferred) > 0 {
 		return exitFailed
@@ -124,9 +128,13 @@ func scanOnly(ctx context.Context, cfg slot.Config) (slot.Inventory, error) {
 	if err != nil {
 		return nil, err
 	}
-	names, err := fw.List(ctx)
-	if err != nil {
+	var names []string
+	if ok, err := fw.Exists(ctx); err != nil {
 		return nil, err
+	} else if ok {
+		if names, err = fw.List(ctx); err != nil {
+			return nil, err
+		}
 	}
 	for _, n := range names {
 		if i, ok := cfg.ParseHostIfName(n); ok {

@@ -1,0 +1,103 @@
+package test
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// cli runs the binary and returns its output and exit code.
+func cli(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	out, err := exec.Command(binary, args...).CombinedOutput()
+	code := exitCode(err)
+	if code < 0 {
+		t.Fatalf("phasegate %v: %v", args, err)
+	}
+	return string(out), code
+}
+
+func TestProbeStatusAndReclaimCommands(t *testing.T) {
+	h := newHost(t)
+	h.leak(h.prefix, 1, 300)
+	addr := freePort(t)
+
+	// Nothing listens yet: probe cannot ask.
+	if out, code := cli(t, "probe", "--addr="+addr, "--timeout=500ms"); code != 2 {
+		t.Errorf("probe with no daemon: exit %d (%s), want 2", code, out)
+	}
+	// A dry run lists what a reclaim would take, and changes nothing.
+	out, code := cli(t, "reclaim", "--dry-run", "--netns-dir="+h.netnsDir, "--slot-prefix="+h.prefix, "--slots=400", "--state-dir="+h.stateDir)
+	if code != 0 || !strings.Contains(out, "300 leaked slots would be reclaimed") {
+		t.Fatalf("reclaim --dry-run: exit %d\n%s", code, out)
+	}
+	if n := len(h.netnsFiles(h.prefix)); n != 300 {
+		t.Fatalf("dry run changed the host: %d netns files left of 300", n)
+	}
+
+	d := start(t, nil, h.args(addr, "--slots=400")...)
+	d.waitServing(time.Minute)
+
+	// reclaim refuses beside a running daemon.
+	out, code = cli(t, "reclaim", "--netns-dir="+h.netnsDir, "--slot-prefix="+h.prefix, "--slots=400", "--state-dir="+h.stateDir)
+	if code != 1 || !strings.Contains(out, "holds") {
+		t.Errorf("reclaim beside a daemon: exit %d (%s), want 1 naming the holder", code, out)
+	}
+
+	for _, args := range [][]string{{"probe", "--addr=" + addr}, {"probe", "--http", "--addr=" + addr}} {
+		if out, code := cli(t, args...); code != 0 {
+			t.Errorf("%v when serving: exit %d (%s)", args, code, out)
+		}
+	}
+	out, code = cli(t, "status", "--addr="+addr)
+	if code != 0 {
+		t.Fatalf("status: exit %d\n%s", code, out)
+	}
+	rows := lines(out)
+	if !strings.HasPrefix(rows[0], "lifecycle serving since") || len(rows) < 9 {
+		t.Fatalf("status table:\n%s", out)
+	}
+	for i, phase := range []string{"lock", "listen", "reclaim", "storage", "populate", "register", "serve"} {
+		if f := strings.Fields(rows[2+i]); f[0] != phase || f[1] != "succeeded" {
+			t.Errorf("status row %d = %q, want %s succeeded", i, rows[2+i], phase)
+		}
+	}
+	if !strings.Contains(out, "300/300 namespaces") {
+		t.Errorf("status does not show reclaim's progress:\n%s", out)
+	}
+	out, code = cli(t, "status", "--json", "--addr="+addr)
+	var v struct {
+		State  string `json:"state"`
+		Phases []struct {
+			Name  string `json:"name"`
+			State string `json:"state"`
+		} `json:"phases"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &v) != nil || v.State != "serving" || len(v.Phases) != 7 {
+		t.Errorf("status --json: exit %d\n%s", code, out)
+	}
+	if out, code := cli(t, "status", "--watch", "--addr="+addr); code != 0 || !strings.HasPrefix(out, "serving") {
+		t.Errorf("status --watch on a serving daemon: exit %d\n%s", code, out)
+	}
+
+	// While draining, probe says "not serving".
+	d.signal(syscall.SIGTERM)
+	waitFor(t, 10*time.Second, "probe to report draining", func() bool {
+		_, code := cli(t, "probe", "--addr="+addr, "--timeout=500ms")
+		return code != 0
+	})
+	if code := d.wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+
+	// With no daemon, a one-shot reclaim takes the lock and cleans up.
+	h.leak(h.prefix, 1, 50)
+	out, code = cli(t, "reclaim", "--netns-dir="+h.netnsDir, "--slot-prefix="+h.prefix, "--slots=400", "--state-dir="+h.stateDir)
+	if code != 0 || !strings.Contains(out, "found 50") {
+		t.Errorf("reclaim: exit %d\n%s", code, out)
+	}
+	h.assertClean(h.prefix, nil)
+}
