@@ -1,0 +1,144 @@
+package pool_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/nettest"
+	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/network/storage"
+)
+
+func addrsInside(t *testing.T, s *slot.Slot) int {
+	t.Helper()
+	fd, err := netns.Open(s.NetnsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, _ := h.AddrList(l, netlink.FAMILY_V4)
+	return len(as)
+}
+
+func addAddrInside(t *testing.T, s *slot.Slot) {
+	t.Helper()
+	fd, err := netns.Open(s.NetnsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, _ := h.LinkByName("eth0")
+	a, _ := netlink.ParseAddr("192.0.2.9/24")
+	if err := h.AddrAdd(l, a); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPoolOnKernel(t *testing.T) {
+	env := nettest.New(t, 8)
+	m := env.Manager(t)
+	ctx := context.Background()
+	st, err := storage.New(8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pool.New(m, st, pool.Options{Target: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitReady(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	var got []*slot.Slot
+	for range 3 { // the third is made on demand (or by a refill)
+		s, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !netns.IsMounted(s.NetnsPath) {
+			t.Fatalf("slot %d has no namespace", s.Index)
+		}
+		got = append(got, s)
+	}
+	a := got[0]
+	addAddrInside(t, a)
+	if err := p.Put(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if n := addrsInside(t, a); n != 1 {
+		t.Errorf("Put did not reset addresses: %d", n)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Get(ctx); !errors.Is(err, pool.ErrClosed) {
+		t.Errorf("Get after Close = %v", err)
+	}
+	// Only the two still handed out are left; Put destroys them.
+	inv, _ := m.Scan(ctx)
+	if len(inv) != 2 || inv[got[1].Index] != slot.All || inv[got[2].Index] != slot.All {
+		t.Errorf("after Close: %v", inv)
+	}
+	for _, s := range got[1:] {
+		if err := p.Put(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if inv, _ := m.Scan(ctx); len(inv) != 0 {
+		t.Errorf("left: %v", inv)
+	}
+	if ms := nettest.Mounts(t, m.Config().NetnsDir); len(ms) != 0 {
+		t.Errorf("mounts left: %v", ms)
+	}
+	if snap := st.Snapshot(); snap.Free != 8 {
+		t.Errorf("storage: %+v", snap)
+	}
+}
+
+func TestPoolCloseDuringFillOnKernel(t *testing.T) {
+	env := nettest.New(t, 32)
+	m := env.Manager(t)
+	ctx := context.Background()
+	st, _ := storage.New(32, nil)
+	p, err := pool.New(m, st, pool.Options{Target: 24, FillConcurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for len(p.Snapshot().Idle) < 3 { // some made, more being made
+		time.Sleep(time.Millisecond)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if inv, _ := m.Scan(ctx); len(inv) != 0 {
+		t.Errorf("left after Close during fill: %v", inv)
+	}
+	if ms := nettest.Mounts(t, m.Config().NetnsDir); len(ms) != 0 {
+		t.Errorf("mounts left: %v", ms)
+	}
+	if snap := st.Snapshot(); snap.Free != 32 {
+		t.Errorf("storage: %+v", snap)
+	}
+}
