@@ -229,7 +229,9 @@ func (t *Table) List(ctx context.Context) ([]string, error) {
 	}
 	els, err := c.GetSetElements(t.set())
 	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
+		// The library does not always wrap the errno: ask whether the set
+		// is there at all.
+		if ok, xerr := t.Exists(ctx); errors.Is(err, unix.ENOENT) || (xerr == nil && !ok) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("nft: list set %s/%s: %w", t.name, SetName, err)

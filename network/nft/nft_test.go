@@ -1,0 +1,86 @@
+package nft_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/phasegate/phasegate/network/internal/nettest"
+	"github.com/phasegate/phasegate/network/nft"
+)
+
+func TestTableName(t *testing.T) {
+	for in, want := range map[string]string{"pg-": "phasegate_pg_", "ab_c9": "phasegate_ab_c9", "a.b/c": "phasegate_a_b_c"} {
+		if got := nft.TableName(in); got != want {
+			t.Errorf("TableName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestTable(t *testing.T) {
+	env := nettest.New(t, 4) // its cleanup deletes the table too
+	ctx := context.Background()
+	tbl, err := nft.New(env.Config.TableName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := tbl.Exists(ctx); err != nil || ok {
+		t.Fatalf("Exists before Ensure = %v, %v", ok, err)
+	}
+	for range 2 {
+		if err := tbl.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := tbl.RuleCount(ctx); err != nil || n != 3 {
+		t.Fatalf("RuleCount = %d, %v", n, err)
+	}
+	// Thousands of elements in one transaction.
+	var names []string
+	for i := 1; i <= 3000; i++ {
+		names = append(names, fmt.Sprintf("%sh%d", env.Config.Prefix, i))
+	}
+	if err := tbl.Add(ctx, names...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tbl.Add(ctx, names[:10]...); err != nil {
+		t.Errorf("re-adding present elements: %v", err)
+	}
+	got, err := tbl.List(ctx)
+	if err != nil || len(got) != 3000 {
+		t.Fatalf("List = %d elements, %v", len(got), err)
+	}
+	if n, _ := tbl.RuleCount(ctx); n != 3 {
+		t.Errorf("rule count grew with elements: %d", n)
+	}
+	// Remove a mix of present and absent names, then a single absent one.
+	rm := append(slices.Clone(names[:2500]), "nothere0", "nothere1")
+	if err := tbl.Remove(ctx, rm...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tbl.Remove(ctx, "nothere2"); err != nil {
+		t.Errorf("single absent remove: %v", err)
+	}
+	got, _ = tbl.List(ctx)
+	want := slices.Clone(names[2500:])
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("after remove: %d elements", len(got))
+	}
+	if err := tbl.Add(ctx, "this-name-is-far-too-long"); err == nil {
+		t.Errorf("over-long interface name accepted")
+	}
+	if err := tbl.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := tbl.Delete(ctx); err != nil {
+		t.Errorf("second Delete: %v", err)
+	}
+	if els, err := tbl.List(ctx); err != nil || len(els) != 0 {
+		t.Errorf("List of missing table = %v, %v", els, err)
+	}
+	if err := tbl.Remove(ctx, "a", "b"); err != nil {
+		t.Errorf("Remove on missing table: %v", err)
+	}
+}
