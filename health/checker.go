@@ -120,14 +120,16 @@ func (c *Checker) applyLocked() {
 		c.applied[service] = st
 		c.srv.SetServingStatus(service, st)
 	}
+	// "" goes last: a client that sees it change and then checks another
+	// service finds that one already up to date.
 	ready := v.ready()
-	set("", ready)
-	for name, ok := range c.ready {
-		set(name, ready && ok)
-	}
 	for _, p := range c.snap.Phases {
 		set(PhaseServicePrefix+p.Name, p.State == lifecycle.PhaseSucceeded)
 	}
+	for name, ok := range c.ready {
+		set(name, ready && ok)
+	}
+	set("", ready)
 }
 
 // view returns the current view, read fresh from the lifecycle so that HTTP

@@ -151,7 +151,7 @@ func TestCheckerShutdownComesFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.SetServiceReady(appService, true)
-	wantStatus(t, cl, "", serving)
+	eventually(t, `"" to be SERVING`, func() bool { return checkStatus(t, cl, "") == serving })
 
 	// The lifecycle still serves; the checker says otherwise at once.
 	c.Shutdown()
@@ -177,8 +177,10 @@ func TestCheckerFailedStart(t *testing.T) {
 	if err := r.serve(t); err == nil {
 		t.Fatal("start succeeded, want the reclaim failure")
 	}
+	eventually(t, "phase lock to be SERVING", func() bool {
+		return checkStatus(t, cl, health.PhaseServicePrefix+"lock") == serving
+	})
 	wantStatus(t, cl, "", notServing)
-	wantStatus(t, cl, health.PhaseServicePrefix+"lock", serving)
 	wantStatus(t, cl, health.PhaseServicePrefix+"reclaim", notServing)
 	wantStatus(t, cl, health.PhaseServicePrefix+"serve", notServing)
 	ok, why := c.Ready()

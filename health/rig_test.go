@@ -94,6 +94,10 @@ func (r *rig) start(t *testing.T) {
 	t.Helper()
 	go func() { r.startErr <- r.lc.Start(context.Background()) }()
 	recv(t, r.reclaiming, "reclaim to report progress")
+	eventually(t, "phase listen to succeed", func() bool {
+		p, _ := r.lc.Snapshot().Phase("listen")
+		return p.State == lifecycle.PhaseSucceeded
+	})
 }
 
 // serve lets startup finish and waits for the outcome.

@@ -195,6 +195,10 @@ func (st *stack) start(t *testing.T) {
 	go func() { st.startErr <- st.lc.Start(context.Background()) }()
 	recv(t, st.listening, "the port to be served")
 	recv(t, st.reclaiming, "reclaim to report progress")
+	waitUntil(t, "phase listen to succeed", func() bool {
+		p, _ := st.lc.Snapshot().Phase("listen")
+		return p.State == lifecycle.PhaseSucceeded
+	})
 }
 
 func (st *stack) releaseStart() { st.releaseMu.Do(func() { close(st.release) }) }

@@ -105,7 +105,7 @@ type Server struct {
 	mu        sync.Mutex
 	services  map[string]*service
 	lis       *trackingListener // nil before Listen
-	mux2      cmux.CMux
+	cm        cmux.CMux
 	serving   bool
 	drainDone chan struct{} // closed when Drain finished; nil before
 	drainErr  error
@@ -228,7 +228,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	// their headers, so the matcher must send it.
 	grpcL := handoffListener{m.MatchWithWriters(cmux.HTTP2MatchHeaderFieldSendSettings("content-type", "application/grpc"))}
 	httpL := handoffListener{m.Match(cmux.Any())}
-	s.mux2 = m
+	s.cm = m
 
 	s.wg.Add(3)
 	go func() {
@@ -371,7 +371,7 @@ func (s *Server) drain(ctx context.Context) error {
 		cut = append(cut, "HTTP shutdown")
 		_ = s.http.Close()
 	}
-	s.mux2.Close()
+	s.cm.Close()
 	lis.closeConns(true)
 	s.wg.Wait()
 	// After Stop, GracefulStop returns once the handlers did, which is

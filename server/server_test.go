@@ -74,9 +74,8 @@ func TestPortAnswersDuringStartup(t *testing.T) {
 	}
 
 	st.serve(t)
-	if got := checkHealth(t, conn, ""); got != serving {
-		t.Errorf(`Check("") = %v once serving`, got)
-	}
+	// The checker applies the change on its own goroutine, a moment later.
+	waitUntil(t, `Check("") to be SERVING`, func() bool { return checkHealth(t, conn, "") == serving })
 	if code, out := probe(t, bin, st.addr()); code != 0 {
 		t.Errorf("grpc-health-probe once serving: exit %d, want 0\n%s", code, out)
 	}
@@ -141,9 +140,9 @@ func TestWatchThroughLifecycle(t *testing.T) {
 			t.Fatalf("%s: first Watch update %v %v, want NOT_SERVING", w.service, u.status, u.err)
 		}
 	}
-	if got := checkHealth(t, conn, health.PhaseServicePrefix+"listen"); got != serving {
-		t.Errorf("phase listen succeeded but is reported %v", got)
-	}
+	waitUntil(t, "phase listen to be reported SERVING", func() bool {
+		return checkHealth(t, conn, health.PhaseServicePrefix+"listen") == serving
+	})
 	list, err := hc.List(ctx, &healthpb.HealthListRequest{})
 	if err != nil {
 		t.Fatal(err)
