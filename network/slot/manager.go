@@ -334,18 +334,8 @@ func (m *Manager) Reset(ctx context.Context, s *Slot) error {
 	if err := h.ConntrackTableFlush(netlink.ConntrackTable); err != nil && !ignorableConntrack(err) {
 		return wrap("flush conntrack inside", err)
 	}
-	var errs []error
-	for _, ft := range []netlink.ConntrackFilterType{netlink.ConntrackOrigSrcIP, netlink.ConntrackOrigDstIP} {
-		f := &netlink.ConntrackFilter{}
-		if err := f.AddIP(ft, s.InsideAddr.Addr().AsSlice()); err != nil {
-			return wrap("conntrack filter", err)
-		}
-		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, f); err != nil && !ignorableConntrack(err) {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) > 0 {
-		return wrap("flush host conntrack", errors.Join(errs...))
+	if err := flushHostConntrack(s.InsideAddr.Addr()); err != nil && !ignorableConntrack(err) {
+		return wrap("flush host conntrack", err)
 	}
 	return nil
 }

@@ -1,0 +1,482 @@
+// Command netbench measures phasegate's network layer on the real kernel and
+// writes the results as Markdown (docs/benchmarks/network.md):
+//
+//   - reclaim of N leaked slots (netns + veth + set element) with phasegate's
+//     batched strategy, against the kernel floor (raw detach+unlink of the
+//     same netns files with the same number of workers, then wait until the
+//     host ends are gone) and against the serial reference strategy (run on a
+//     smaller subset, compared per slot);
+//   - slot create latency (median, p90, p99 of sequential creates);
+//   - pool Get from a warm pool (p50, p99), pool fill and Close times;
+//   - RSS with N slots managed by a warm pool.
+//
+// It needs root, uses its own random prefix, a temporary netns directory
+// and a link-local CIDR, and sweeps everything it made before it exits.
+//
+//	go run ./network/cmd/netbench -slots 5000 -serial 300 -out docs/benchmarks/network.md
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/nettest"
+	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/reclaim"
+	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/network/storage"
+)
+
+func main() {
+	var (
+		slots   = flag.Int("slots", 5000, "leaked slots per reclaim round, and slots managed by the pool")
+		serialN = flag.Int("serial", 300, "leaked slots for the serial reference strategy")
+		workers = flag.Int("workers", 4, "detach+unlink workers (phasegate and floor)")
+		rounds  = flag.Int("rounds", 2, "rounds of phasegate vs floor (interleaved)")
+		creates = flag.Int("creates", 300, "sequential creates for the create latency")
+		gets    = flag.Int("gets", 5000, "Get/Put cycles for the warm-pool Get latency")
+		out     = flag.String("out", "", "write the Markdown report here (default: stdout only)")
+	)
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "netbench: needs root")
+		os.Exit(2)
+	}
+	b, err := newBench(*slots)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "netbench:", err)
+		os.Exit(1)
+	}
+	defer b.sweep()
+	r := &results{slots: *slots, serialN: *serialN, workers: *workers, cmd: strings.Join(os.Args, " ")}
+	if err := b.run(r, *serialN, *workers, *rounds, *creates, *gets); err != nil {
+		fmt.Fprintln(os.Stderr, "netbench:", err)
+		b.sweep()
+		os.Exit(1)
+	}
+	md := r.markdown()
+	fmt.Print(md)
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "netbench:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+// spare indices beyond the N managed slots, for the pool's refills while
+// Gets are measured.
+const spare = 64
+
+type bench struct {
+	cfg slot.Config
+	dir string
+	m   *slot.Manager
+}
+
+func newBench(n int) (*bench, error) {
+	dir, err := os.MkdirTemp("", "netbench")
+	if err != nil {
+		return nil, err
+	}
+	cfg := slot.Config{
+		Prefix:   "pb" + nettest.RandomPrefix()[2:],
+		NetnsDir: dir,
+		Slots:    n + spare,
+		CIDR:     netip.MustParsePrefix("169.254.0.0/17"),
+	}
+	m, err := slot.NewManager(context.Background(), cfg, slot.Options{})
+	if err != nil {
+		os.Remove(dir)
+		return nil, err
+	}
+	return &bench{cfg: cfg, dir: dir, m: m}, nil
+}
+
+func (b *bench) sweep() {
+	if err := nettest.Sweep(b.cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "netbench: sweep:", err)
+	}
+	os.Remove(b.dir)
+}
+
+// leak makes slots 1..n with 4 workers and forgets them.
+func (b *bench) leak(n int) (time.Duration, error) {
+	start := time.Now()
+	ch := make(chan int)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for range 4 {
+		wg.Go(func() {
+			for i := range ch {
+				if _, err := b.m.Create(context.Background(), i); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := 1; i <= n; i++ {
+		ch <- i
+	}
+	close(ch)
+	wg.Wait()
+	return time.Since(start), errors.Join(errs...)
+}
+
+// settle waits until nothing of ours is left and the kernel's namespace
+// clean-up has had a moment, so rounds do not overlap.
+func (b *bench) settle() error {
+	inv, err := b.m.Scan(context.Background())
+	if err != nil {
+		return err
+	}
+	if len(inv) != 0 {
+		var some []string
+		for _, i := range inv.Indices()[:min(5, len(inv))] {
+			some = append(some, fmt.Sprintf("%d:%v", i, inv[i]))
+		}
+		return fmt.Errorf("%d slots left after a round: %v", len(inv), some)
+	}
+	time.Sleep(2 * time.Second)
+	return nil
+}
+
+// floor is the kernel floor: raw umount2(MNT_DETACH)+unlink of every netns
+// file with w workers, then wait until the host ends are gone. The set
+// elements are left (removed after, untimed).
+func (b *bench) floor(n, w int) (time.Duration, error) {
+	names := make([]string, 0, n)
+	for i := 1; i <= n; i++ {
+		names = append(names, b.cfg.HostIfName(i))
+	}
+	start := time.Now()
+	ents, err := os.ReadDir(b.dir)
+	if err != nil {
+		return 0, err
+	}
+	ch := make(chan string, len(ents))
+	for _, e := range ents {
+		ch <- filepath.Join(b.dir, e.Name())
+	}
+	close(ch)
+	var wg sync.WaitGroup
+	for range w {
+		wg.Go(func() {
+			for p := range ch {
+				_ = unix.Unmount(p, unix.MNT_DETACH)
+				_ = unix.Unlink(p)
+			}
+		})
+	}
+	wg.Wait()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	left := slices.Clone(names)
+	delay := time.Millisecond
+	for deadline := time.Now().Add(2 * time.Minute); len(left) > 0; {
+		keep := left[:0]
+		for _, name := range left {
+			ifr, _ := unix.NewIfreq(name)
+			if unix.IoctlIfreq(fd, unix.SIOCGIFINDEX, ifr) == nil {
+				keep = append(keep, name)
+			}
+		}
+		left = keep
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("floor: %d host ends still there", len(left))
+		}
+		time.Sleep(delay)
+		delay = min(2*delay, 20*time.Millisecond)
+	}
+	d := time.Since(start)
+	return d, b.m.Firewall().Remove(context.Background(), names...)
+}
+
+type results struct {
+	slots, serialN, workers int
+	gets                    int
+	cmd                     string
+
+	kernel, cpu, goVersion string
+
+	leakCreate           []time.Duration
+	createP50, createP90 time.Duration
+	createP99            time.Duration
+	poolFill             time.Duration
+	getP50, getP99       time.Duration
+	getMax               time.Duration
+	poolClose            time.Duration
+	rssBase, rssManaged  int64
+	heapManaged          uint64
+	goroutines           int
+
+	phasegate []time.Duration
+	floorD    []time.Duration
+	serialD   time.Duration
+	batchedN  time.Duration // batched on the serial subset, for reference
+}
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	k := int(float64(len(s)-1) * p)
+	return s[k]
+}
+
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) error {
+	ctx := context.Background()
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	r.kernel = unix.ByteSliceToString(u.Release[:])
+	r.cpu = fmt.Sprintf("%d CPUs", runtime.NumCPU())
+	if out, err := exec.Command("sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").Output(); err == nil {
+		r.cpu += ", " + strings.TrimSpace(string(out))
+	}
+	r.goVersion = runtime.Version()
+	runtime.GC()
+	r.rssBase = rss()
+
+	// 1. Sequential create latency.
+	fmt.Fprintln(os.Stderr, "create latency...")
+	var lat []time.Duration
+	for i := 1; i <= creates; i++ {
+		t0 := time.Now()
+		if _, err := b.m.Create(ctx, i); err != nil {
+			return err
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	r.createP50, r.createP90, r.createP99 = pct(lat, 0.5), pct(lat, 0.9), pct(lat, 0.99)
+	idx := make([]int, creates)
+	for k := range idx {
+		idx[k] = k + 1
+	}
+	if res := b.m.Teardown(ctx, slot.Assume(idx...), slot.TeardownOptions{}); res.Err() != nil {
+		return res.Err()
+	}
+	if err := b.settle(); err != nil {
+		return err
+	}
+
+	// 2. A warm pool of N slots: fill, RSS, Get latency, Close.
+	fmt.Fprintln(os.Stderr, "pool...", time.Now().Format(time.TimeOnly))
+	st, err := storage.New(r.slots+spare, nil)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	p, err := pool.New(b.m, st, pool.Options{Target: r.slots, FillConcurrency: 4})
+	if err != nil {
+		return err
+	}
+	if err := p.WaitReady(ctx, r.slots); err != nil {
+		return err
+	}
+	r.poolFill = time.Since(t0)
+	fmt.Fprintln(os.Stderr, "pool filled", r.poolFill)
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	r.rssManaged, r.heapManaged, r.goroutines = rss(), ms.HeapAlloc, runtime.NumGoroutine()
+	var gl []time.Duration
+	for range gets {
+		t := time.Now()
+		s, err := p.Get(ctx)
+		d := time.Since(t)
+		if err != nil {
+			return err
+		}
+		gl = append(gl, d)
+		if err := p.Put(ctx, s); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(os.Stderr, "gets done", time.Now().Format(time.TimeOnly))
+	r.getP50, r.getP99, r.getMax, r.gets = pct(gl, 0.5), pct(gl, 0.99), pct(gl, 1), len(gl)
+	t0 = time.Now()
+	if err := p.Close(ctx); err != nil {
+		return err
+	}
+	r.poolClose = time.Since(t0)
+	fmt.Fprintln(os.Stderr, "pool closed", r.poolClose)
+	if err := b.settle(); err != nil {
+		return err
+	}
+
+	// 3. Reclaim: phasegate vs the kernel floor, interleaved.
+	for k := range rounds {
+		fmt.Fprintf(os.Stderr, "round %d: leak %d...\n", k+1, r.slots)
+		d, err := b.leak(r.slots)
+		if err != nil {
+			return err
+		}
+		r.leakCreate = append(r.leakCreate, d)
+		time.Sleep(2 * time.Second)
+		rep, err := reclaim.Run(ctx, b.m, reclaim.Options{Workers: workers})
+		if err != nil {
+			return err
+		}
+		if rep.Found != r.slots || len(rep.Reclaimed) != r.slots {
+			return fmt.Errorf("phasegate reclaim: %v", rep)
+		}
+		fmt.Fprintln(os.Stderr, " ", rep)
+		r.phasegate = append(r.phasegate, rep.Duration)
+		if err := b.settle(); err != nil {
+			return err
+		}
+
+		fmt.Fprintf(os.Stderr, "round %d: leak %d for the floor...\n", k+1, r.slots)
+		if d, err = b.leak(r.slots); err != nil {
+			return err
+		}
+		r.leakCreate = append(r.leakCreate, d)
+		time.Sleep(2 * time.Second)
+		fd, err := b.floor(r.slots, workers)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "  floor: %v\n", fd)
+		r.floorD = append(r.floorD, fd)
+		if err := b.settle(); err != nil {
+			return err
+		}
+	}
+
+	// 4. Serial reference on a subset, and batched on the same subset.
+	fmt.Fprintf(os.Stderr, "serial on %d...\n", serialN)
+	if _, err := b.leak(serialN); err != nil {
+		return err
+	}
+	time.Sleep(2 * time.Second)
+	rep, err := reclaim.Run(ctx, b.m, reclaim.Options{Strategy: reclaim.Serial})
+	if err != nil || len(rep.Reclaimed) != serialN {
+		return fmt.Errorf("serial: %v, %v", rep, err)
+	}
+	fmt.Fprintln(os.Stderr, " ", rep)
+	r.serialD = rep.Duration
+	if err := b.settle(); err != nil {
+		return err
+	}
+	if _, err := b.leak(serialN); err != nil {
+		return err
+	}
+	time.Sleep(2 * time.Second)
+	rep, err = reclaim.Run(ctx, b.m, reclaim.Options{Workers: workers})
+	if err != nil || len(rep.Reclaimed) != serialN {
+		return fmt.Errorf("batched subset: %v, %v", rep, err)
+	}
+	r.batchedN = rep.Duration
+	return b.settle()
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d.Nanoseconds())/1000) }
+
+func median(ds []time.Duration) time.Duration { return pct(ds, 0.5) }
+
+func verdict(ok bool) string {
+	if ok {
+		return "**met**"
+	}
+	return "**missed**"
+}
+
+func (r *results) markdown() string {
+	var b strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	pg, fl := median(r.phasegate), median(r.floorD)
+	perPG := float64(pg.Microseconds()) / 1000 / float64(r.slots)
+	perSerial := float64(r.serialD.Microseconds()) / 1000 / float64(r.serialN)
+	perFloor := float64(fl.Microseconds()) / 1000 / float64(r.slots)
+	ratioFloor := float64(pg) / float64(fl)
+	speedup := perSerial / perPG
+
+	w("# Network layer benchmarks\n\n")
+	w("Measured by `network/cmd/netbench` on the real kernel, as root, in one run. Reproduce with:\n\n")
+	w("```sh\nsudo go run ./network/cmd/netbench -slots %d -serial %d -workers %d -out docs/benchmarks/network.md\n```\n\n",
+		r.slots, r.serialN, r.workers)
+	w("Machine: Linux %s, %s, %s. Numbers are wall time of single runs on a shared 2-core VM: expect ±20%%.\n\n",
+		r.kernel, r.cpu, r.goVersion)
+
+	w("## Goals\n\n| goal | figure | verdict |\n|---|---|---|\n")
+	w("| reclaim of %d leaked slots ≤ 1.5× the kernel floor | %s vs floor %s = %.2f× | %s |\n",
+		r.slots, ms(pg), ms(fl), ratioFloor, verdict(ratioFloor <= 1.5))
+	w("| reclaim ≥ 20× faster than the serial reference (per slot) | %.3f ms/slot vs %.2f ms/slot = %.0f× | %s |\n",
+		perPG, perSerial, speedup, verdict(speedup >= 20))
+	w("| pool Get from a warm pool p99 ≤ 100 µs | p99 %s (p50 %s, max %s, %d Gets) | %s |\n",
+		us(r.getP99), us(r.getP50), us(r.getMax), r.gets, verdict(r.getP99 <= 100*time.Microsecond))
+	w("| slot create median (reported) | median %s, p90 %s, p99 %s | reported |\n", ms(r.createP50), ms(r.createP90), ms(r.createP99))
+	w("| RSS with %d slots managed (reported) | %.1f MiB (%.1f MiB before any slot; Go heap %.1f MiB; %d goroutines) | reported |\n\n",
+		r.slots, float64(r.rssManaged)/(1<<20), float64(r.rssBase)/(1<<20), float64(r.heapManaged)/(1<<20), r.goroutines)
+
+	w("## Reclaim\n\n")
+	w("Each round leaks %d slots (netns + veth pair + set element, made by `slot.Manager.Create` with 4 workers) and then tears them down.\n\n", r.slots)
+	w("- **phasegate**: `reclaim.Run` with the batched strategy and %d workers, scan of the netns directory, links and set included: detach+unlink by the workers, wait for the host ends, one nftables transaction for all elements.\n", r.workers)
+	w("- **kernel floor**: the same netns files, raw `umount2(MNT_DETACH)` + `unlink` with %d workers, then wait until every host end is gone (no scan, no firewall work).\n", r.workers)
+	w("- **serial reference**: `reclaim.Run` with `reclaim.Serial`, what the seed's orchestrator did per slot: delete the set element, delete the host veth with netlink, delete the netns. It costs tens of ms per slot, so it runs on a subset of %d slots and is compared **per slot**; the batched strategy on the same subset is shown too.\n\n", r.serialN)
+	w("| run | slots | wall time | per slot |\n|---|---|---|---|\n")
+	for k := range r.phasegate {
+		w("| phasegate, round %d | %d | %s | %.3f ms |\n", k+1, r.slots, ms(r.phasegate[k]), float64(r.phasegate[k].Microseconds())/1000/float64(r.slots))
+		w("| kernel floor, round %d | %d | %s | %.3f ms |\n", k+1, r.slots, ms(r.floorD[k]), float64(r.floorD[k].Microseconds())/1000/float64(r.slots))
+	}
+	w("| phasegate, median | %d | %s | %.3f ms |\n", r.slots, ms(pg), perPG)
+	w("| kernel floor, median | %d | %s | %.3f ms |\n", r.slots, ms(fl), perFloor)
+	w("| serial reference | %d | %s | %.2f ms |\n", r.serialN, ms(r.serialD), perSerial)
+	w("| phasegate on the serial subset | %d | %s | %.3f ms |\n\n", r.serialN, ms(r.batchedN), float64(r.batchedN.Microseconds())/1000/float64(r.serialN))
+	w("Extrapolated, the serial reference would need about %.0f s for %d slots.\n\n", perSerial*float64(r.slots)/1000, r.slots)
+
+	w("## Slots and pool\n\n| measure | value |\n|---|---|\n")
+	w("| create one slot, sequential (netns, veth, addresses, routes, set element) | median %s, p90 %s, p99 %s |\n", ms(r.createP50), ms(r.createP90), ms(r.createP99))
+	var leak time.Duration
+	for _, d := range r.leakCreate {
+		leak += d
+	}
+	if len(r.leakCreate) > 0 {
+		leak /= time.Duration(len(r.leakCreate))
+	}
+	w("| create %d slots with 4 workers | %s (%.2f ms/slot) |\n", r.slots, ms(leak), float64(leak.Microseconds())/1000/float64(r.slots))
+	w("| pool fill to %d warm slots, fill concurrency 4 | %s |\n", r.slots, ms(r.poolFill))
+	w("| pool Get, warm pool (Get/Put cycles, Get timed) | p50 %s, p99 %s, max %s |\n", us(r.getP50), us(r.getP99), us(r.getMax))
+	w("| pool Close with %d idle slots (batched teardown) | %s |\n", r.slots, ms(r.poolClose))
+	w("| RSS of the process with %d slots managed | %.1f MiB (baseline %.1f MiB) |\n", r.slots, float64(r.rssManaged)/(1<<20), float64(r.rssBase)/(1<<20))
+	return b.String()
+}
