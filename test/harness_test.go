@@ -207,6 +207,8 @@ type daemon struct {
 	logs *syncBuffer
 	done chan struct{}
 	err  error
+	// began and exited are when the process was started and when it ended.
+	began, exited time.Time
 }
 
 type syncBuffer struct {
@@ -254,10 +256,11 @@ func start(t *testing.T, env []string, args ...string) *daemon {
 		}
 	}
 	cmd.Stdout, cmd.Stderr = d.logs, d.logs
+	d.began = time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { d.err = cmd.Wait(); close(d.done) }()
+	go func() { d.err = cmd.Wait(); d.exited = time.Now(); close(d.done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-d.done
@@ -271,10 +274,16 @@ func start(t *testing.T, env []string, args ...string) *daemon {
 // wait waits for the process to exit and returns its exit code.
 func (d *daemon) wait(timeout time.Duration) int {
 	d.t.Helper()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
 	select {
 	case <-d.done:
-	case <-time.After(timeout):
-		d.t.Fatalf("daemon did not exit within %v; logs:\n%s", timeout, d.logs.String())
+	default:
+		select {
+		case <-d.done:
+		case <-t.C:
+			d.t.Fatalf("daemon did not exit within %v; logs:\n%s", timeout, d.logs.String())
+		}
 	}
 	var ee *exec.ExitError
 	if errors.As(d.err, &ee) {

@@ -64,7 +64,7 @@ func Acquire(ctx context.Context, path string, wait time.Duration) (*Lock, error
 		}
 		if !time.Now().Before(deadline) {
 			f.Close()
-			return nil, &HeldError{Path: path, PID: readPID(path)}
+			return nil, &HeldError{Path: path, PID: holderPID(ctx, path)}
 		}
 		t := time.NewTimer(min(pollInterval, time.Until(deadline)))
 		select {
@@ -88,6 +88,23 @@ func writePID(f *os.File) error {
 	}
 	_, err := f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	return err
+}
+
+// holderPID reads the holder's pid. A holder writes it right after it
+// locks, so a lock taken a moment ago may not show it yet: wait briefly
+// rather than report an anonymous holder.
+func holderPID(ctx context.Context, path string) int {
+	for range 20 {
+		if pid := readPID(path); pid != 0 {
+			return pid
+		}
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			return 0
+		}
+	}
+	return 0
 }
 
 // readPID returns the pid recorded in path, or 0.

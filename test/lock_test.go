@@ -1,0 +1,71 @@
+package test
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestLockRace starts ten daemons on one state dir at once: exactly one
+// serves, the others exit 1 naming its pid.
+func TestLockRace(t *testing.T) {
+	h := newHost(t)
+	const n = 10
+	daemons := make([]*daemon, n)
+	var wg sync.WaitGroup
+	for i := range daemons {
+		wg.Go(func() { daemons[i] = start(t, nil, h.args(freePort(t), "--slots=64")...) })
+	}
+	wg.Wait()
+
+	var winner *daemon
+	var losers []*daemon
+	var slowest time.Duration
+	for _, d := range daemons {
+		select {
+		case <-d.done:
+			if code := d.wait(0); code != 1 {
+				t.Errorf("a daemon exited %d, want 1:\n%s", code, d.logs.String())
+			}
+			losers = append(losers, d)
+			slowest = max(slowest, d.exited.Sub(d.began))
+		case <-time.After(10 * time.Second):
+			if winner != nil {
+				t.Fatalf("two daemons are running: %d and %d", winner.cmd.Process.Pid, d.cmd.Process.Pid)
+			}
+			winner = d
+		}
+	}
+	if winner == nil {
+		t.Fatal("no daemon kept running")
+	}
+	winner.waitServing(time.Minute)
+	// The issue asks for "within a second"; the bound here is looser because
+	// this is a race-detector build with ten processes on two cores. The
+	// figure itself is reported.
+	if slowest > 3*time.Second {
+		t.Errorf("a losing daemon took %v to exit", slowest)
+	}
+	pid := "pid " + strconv.Itoa(winner.cmd.Process.Pid)
+	for _, d := range losers {
+		if !strings.Contains(d.logs.String(), pid) {
+			t.Errorf("a losing daemon does not name %s:\n%s", pid, d.logs.String())
+		}
+	}
+	t.Logf("%d losers exited 1 naming %s; the slowest exited %v after its exec", len(losers), pid, slowest)
+	writeReport(t, "lock.txt", fmt.Sprintf("%d daemons at once: 1 served, %d exited 1 naming the holder; slowest exit %v after exec (race-detector build, 10 processes on 2 cores)\n", n, len(losers), slowest.Round(time.Millisecond)))
+
+	// A lock file left by a killed daemon does not block the next one.
+	winner.signal(syscall.SIGKILL)
+	winner.wait(10 * time.Second)
+	next := start(t, nil, h.args(freePort(t), "--slots=64")...)
+	next.waitServing(time.Minute)
+	next.signal(syscall.SIGTERM)
+	if code := next.wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
