@@ -55,6 +55,11 @@ type Config struct {
 	// StopTimeout bounds the graceful stop of the servers and each stop
 	// function.
 	StopTimeout time.Duration
+	// SerialBaseline reproduces the startup of the seed report's
+	// orchestrator, for benchmarks only: reclaim one slot at a time with the
+	// serial reference strategy, and bind the port only after the pool is
+	// populated. It exists to be measured against, never to be run.
+	SerialBaseline bool
 	// Version is reported by health endpoints and spans.
 	Version string
 	// Logger receives the daemon's logs; nil discards them.

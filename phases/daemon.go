@@ -124,9 +124,13 @@ func (d *Daemon) Close() {
 
 // graph declares the seven phases; see the package documentation.
 func (d *Daemon) graph() []lifecycle.Phase {
+	listenAfter := PhaseLock
+	if d.cfg.SerialBaseline {
+		listenAfter = PhasePopulate // the seed's order: the port binds last
+	}
 	return []lifecycle.Phase{
 		{Name: PhaseLock, Run: d.runLock, Stop: d.stopLock},
-		{Name: PhaseListen, DependsOn: []string{PhaseLock}, Run: d.runListen, Stop: d.stopServer},
+		{Name: PhaseListen, DependsOn: []string{listenAfter}, Run: d.runListen, Stop: d.stopServer},
 		{Name: PhaseReclaim, DependsOn: []string{PhaseLock}, Run: d.runReclaim, Stop: d.stopFirewall},
 		{Name: PhaseStorage, DependsOn: []string{PhaseReclaim}, Run: d.runStorage},
 		{Name: PhasePopulate, DependsOn: []string{PhaseStorage}, Run: d.runPopulate, Stop: d.stopPool,
@@ -202,6 +206,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	p.SetTotal(0, "namespaces")
 	opts := reclaim.Options{
+		Strategy:    reclaim.Batched,
 		Workers:     d.cfg.ReclaimWorkers,
 		Budget:      d.cfg.ReclaimBudget,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
@@ -211,6 +216,9 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 			}
 			p.SetDone(int64(done))
 		},
+	}
+	if d.cfg.SerialBaseline {
+		opts.Strategy = reclaim.Serial
 	}
 	rep, err := reclaim.Run(ctx, d.mgr, opts)
 	if err != nil {

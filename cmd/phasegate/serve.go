@@ -64,6 +64,7 @@ func serveFlags(e env) (phases.Config, logFlags, error) {
 	fs.DurationVar(&cfg.PoolGrace, "pool-grace", cfg.PoolGrace, "how long an idle slot above --pool-size is kept")
 	fs.DurationVar(&cfg.DrainDelay, "drain-delay", cfg.DrainDelay, "time between health turning NOT_SERVING and the servers stopping")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "bound on the graceful stop of the servers")
+	fs.BoolVar(&cfg.SerialBaseline, "serial-baseline", false, "benchmarks only: start the way the seed's orchestrator did (serial reclaim, port bound last)")
 	lf.register(fs)
 	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
