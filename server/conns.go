@@ -4,8 +4,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-
-	"github.com/soheilhy/cmux"
 )
 
 // trackingListener remembers the connections it accepted until they are
@@ -90,10 +88,8 @@ func (l handoffListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if mc, ok := c.(*cmux.MuxConn); ok {
-		if tc, ok := mc.Conn.(*trackedConn); ok {
-			tc.handedOver.Store(true)
-		}
+	if tc, ok := rawConnOf(c).(*trackedConn); ok {
+		tc.handedOver.Store(true)
 	}
 	return c, nil
 }

@@ -2,10 +2,12 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,6 +70,16 @@ type Config struct {
 	Gate Gate
 	// DisableReflection leaves gRPC server reflection out.
 	DisableReflection bool
+
+	// TLS, when set, makes every connection TLS. It is terminated before
+	// the multiplexer, so gRPC and HTTP share the certificate and the port;
+	// ALPN gives gRPC clients h2 and everyone else http/1.1.
+	TLS *tls.Config
+	// RequireClientCert makes declared services accept only calls that
+	// presented a client certificate verified against TLS.ClientCAs
+	// (codes.Unauthenticated otherwise). Health, reflection and the HTTP
+	// endpoints stay open to checkers, which present none.
+	RequireClientCert bool
 }
 
 func (c Config) withDefaults() Config {
@@ -125,10 +137,19 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("server: Config needs an Addr or a Listener")
 	}
 	cfg = cfg.withDefaults()
+	tc, err := tlsConfig(cfg.TLS, cfg.RequireClientCert)
+	if err != nil {
+		return nil, err
+	}
+	cfg.TLS = tc
+	opts := cfg.GRPCOptions
+	if tc != nil {
+		opts = append(slices.Clip(opts), grpc.Creds(terminatedTLS{}))
+	}
 	s := &Server{
 		cfg:      cfg,
 		gate:     cfg.Gate,
-		grpc:     grpc.NewServer(cfg.GRPCOptions...),
+		grpc:     grpc.NewServer(opts...),
 		mux:      http.NewServeMux(),
 		services: make(map[string]*service),
 		done:     make(chan struct{}),
@@ -222,7 +243,13 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.serving = true
 
-	m := cmux.New(s.lis)
+	var base net.Listener = s.lis
+	if s.cfg.TLS != nil {
+		// The handshake happens on cmux's first read, so the sniff timeout
+		// bounds a client that never completes it.
+		base = tls.NewListener(s.lis, s.cfg.TLS)
+	}
+	m := cmux.New(base)
 	m.SetReadTimeout(s.cfg.SniffTimeout)
 	// gRPC clients wait for the server's SETTINGS frame before they send
 	// their headers, so the matcher must send it.

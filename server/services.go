@@ -112,7 +112,7 @@ func (s *Server) lateBound(desc *grpc.ServiceDesc, svc *service) *grpc.ServiceDe
 		out.Methods[i] = grpc.MethodDesc{
 			MethodName: m.MethodName,
 			Handler: func(_ any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
-				impl, err := s.admit(svc)
+				impl, err := s.admit(ctx, svc)
 				if err != nil {
 					return nil, err
 				}
@@ -123,7 +123,7 @@ func (s *Server) lateBound(desc *grpc.ServiceDesc, svc *service) *grpc.ServiceDe
 	for i, st := range desc.Streams {
 		h := st.Handler
 		st.Handler = func(_ any, stream grpc.ServerStream) error {
-			impl, err := s.admit(svc)
+			impl, err := s.admit(stream.Context(), svc)
 			if err != nil {
 				return err
 			}
@@ -134,9 +134,15 @@ func (s *Server) lateBound(desc *grpc.ServiceDesc, svc *service) *grpc.ServiceDe
 	return out
 }
 
-// admit returns the implementation to call, or the Unavailable status that
-// says why there is none to call yet.
-func (s *Server) admit(svc *service) (any, error) {
+// admit returns the implementation to call, or the status that says why
+// the call may not be made: Unauthenticated without a required client
+// certificate, Unavailable while there is nothing to call yet.
+func (s *Server) admit(ctx context.Context, svc *service) (any, error) {
+	if s.cfg.RequireClientCert {
+		if err := checkClientCert(ctx, svc.name); err != nil {
+			return nil, err
+		}
+	}
 	if s.draining.Load() {
 		return nil, status.Errorf(codes.Unavailable, "%s unavailable: draining", svc.name)
 	}
