@@ -1,6 +1,7 @@
 package phases
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -55,6 +56,13 @@ type Config struct {
 	// StopTimeout bounds the graceful stop of the servers and each stop
 	// function.
 	StopTimeout time.Duration
+	// TLS, when set, secures the port (gRPC and HTTP alike).
+	TLS *tls.Config
+	// RequireClientCert makes the Slots API accept only clients whose
+	// certificate TLS.ClientCAs verifies; health stays open to checkers.
+	RequireClientCert bool
+	// Insecure allows a non-loopback Listen without TLS.
+	Insecure bool
 	// SerialBaseline reproduces the startup of the seed report's
 	// orchestrator, for benchmarks only: reclaim one slot at a time with the
 	// serial reference strategy, and bind the port only after the pool is
@@ -98,6 +106,12 @@ func (c Config) Validate() error {
 		bad("--listen %q: port must be a number in [0, 65535]", c.Listen)
 	} else if host != "" && net.ParseIP(host) == nil && host != "localhost" {
 		bad("--listen %q: host must be an IP address or localhost", c.Listen)
+	}
+	if !ListenIsLoopback(c.Listen) && c.TLS == nil && !c.Insecure {
+		bad("--listen %s is not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", c.Listen)
+	}
+	if c.RequireClientCert && (c.TLS == nil || c.TLS.ClientCAs == nil) {
+		bad("--tls-client-ca needs --tls-cert and --tls-key")
 	}
 	if err := checkDir("--state-dir", c.StateDir); err != nil {
 		bad("%v", err)
@@ -143,6 +157,19 @@ func (c Config) Validate() error {
 		bad("--stop-timeout is %v, must be positive", c.StopTimeout)
 	}
 	return errors.Join(errs...)
+}
+
+// ListenIsLoopback reports whether addr listens on loopback only.
+func ListenIsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // checkDir accepts an absolute path that is a directory, or that does not

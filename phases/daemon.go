@@ -165,8 +165,10 @@ func (d *Daemon) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 		Addr:        d.cfg.Listen,
 		DrainDelay:  d.cfg.DrainDelay,
 		StopTimeout: d.cfg.StopTimeout,
-		Health:      d.checker,
-		Gate:        server.LifecycleGate(d.lc),
+		Health:            d.checker,
+		Gate:              server.LifecycleGate(d.lc),
+		TLS:               d.cfg.TLS,
+		RequireClientCert: d.cfg.RequireClientCert,
 	})
 	if err != nil {
 		return lifecycle.Permanent(err)

@@ -37,6 +37,13 @@ func TestBadConfigurationExitsTwoAndTouchesNothing(t *testing.T) {
 		{"bad log format", []string{"--log-format=xml"}, nil, "want one of text, json"},
 		{"bad environment value", nil, []string{"PHASEGATE_POOL_GRACE=soon"}, `PHASEGATE_POOL_GRACE="soon"`},
 		{"bad tracing exporter", nil, []string{"OTEL_TRACES_EXPORTER=zipkin"}, `OTEL_TRACES_EXPORTER="zipkin"`},
+		{"non-loopback without TLS", []string{"--listen=0.0.0.0:5008"}, nil, "not a loopback address: give --tls-cert and --tls-key, or --insecure"},
+		{"certificate without key", []string{"--tls-cert=/nonexistent/cert.pem"}, nil, "--tls-cert and --tls-key go together"},
+		{"missing certificate files", []string{"--tls-cert=/nonexistent/c.pem", "--tls-key=/nonexistent/k.pem"}, nil, "no such file"},
+		{"client CA without certificate", []string{"--tls-client-ca=/etc/hostname"}, nil, "--tls-cert and --tls-key go together"},
+		{"netns dir is a file", []string{"--netns-dir=/etc/hostname"}, nil, "is not a directory"},
+		{"state dir under a file", []string{"--state-dir=/etc/hostname/state"}, nil, "not a directory"},
+		{"netns dir is a symlink", []string{"--netns-dir=/bin"}, nil, "/bin is a symlink"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

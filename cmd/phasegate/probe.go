@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
@@ -19,6 +21,8 @@ func probeCmd(ctx context.Context, e env) int {
 	service := fs.String("service", "", `gRPC health service to check ("" is the daemon's overall readiness)`)
 	useHTTP := fs.Bool("http", false, "ask GET /readyz over HTTP instead of grpc.health.v1")
 	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for an answer")
+	var tf clientTLSFlags
+	tf.register(fs)
 	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			usage(e.stdout, fs, "probe [flags]")
@@ -27,15 +31,19 @@ func probeCmd(ctx context.Context, e env) int {
 		fmt.Fprintf(e.stderr, "phasegate probe: %s\n", oneLine(err))
 		return exitUsage
 	}
+	tc, err := tf.config()
+	if err != nil {
+		fmt.Fprintf(e.stderr, "phasegate probe: %v\n", err)
+		return exitUsage
+	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	var serving bool
 	var detail string
-	var err error
 	if *useHTTP {
-		serving, detail, err = probeHTTP(ctx, *addr)
+		serving, detail, err = probeHTTP(ctx, *addr, tc)
 	} else {
-		serving, detail, err = probeGRPC(ctx, *addr, *service)
+		serving, detail, err = probeGRPC(ctx, *addr, *service, tc)
 	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate probe: %s: %v\n", *addr, err)
@@ -48,8 +56,12 @@ func probeCmd(ctx context.Context, e env) int {
 	return exitOK
 }
 
-func probeGRPC(ctx context.Context, addr, service string) (bool, string, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func probeGRPC(ctx context.Context, addr, service string, tc *tls.Config) (bool, string, error) {
+	creds := insecure.NewCredentials()
+	if tc != nil {
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return false, "", err
 	}
@@ -61,12 +73,18 @@ func probeGRPC(ctx context.Context, addr, service string) (bool, string, error) 
 	return resp.GetStatus() == healthpb.HealthCheckResponse_SERVING, resp.GetStatus().String(), nil
 }
 
-func probeHTTP(ctx context.Context, addr string) (bool, string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz?verbose", nil)
+func probeHTTP(ctx context.Context, addr string, tc *tls.Config) (bool, string, error) {
+	scheme, client := "http", http.DefaultClient
+	if tc != nil {
+		tr := &http.Transport{TLSClientConfig: tc}
+		defer tr.CloseIdleConnections()
+		scheme, client = "https", &http.Client{Transport: tr}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+"/readyz?verbose", nil)
 	if err != nil {
 		return false, "", err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return false, "", err
 	}

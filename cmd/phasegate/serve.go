@@ -55,6 +55,7 @@ func serveFlags(e env) (phases.Config, logFlags, error) {
 	cfg := phases.DefaultConfig()
 	cfg.Version = version
 	var lf logFlags
+	var tf tlsFlags
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address of the one port for gRPC and HTTP")
 	fs.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long to wait for a lock held by another instance (0: fail at once)")
@@ -64,6 +65,7 @@ func serveFlags(e env) (phases.Config, logFlags, error) {
 	fs.DurationVar(&cfg.PoolGrace, "pool-grace", cfg.PoolGrace, "how long an idle slot above --pool-size is kept")
 	fs.DurationVar(&cfg.DrainDelay, "drain-delay", cfg.DrainDelay, "time between health turning NOT_SERVING and the servers stopping")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "bound on the graceful stop of the servers")
+	tf.register(fs)
 	fs.BoolVar(&cfg.SerialBaseline, "serial-baseline", false, "benchmarks only: start the way the seed's orchestrator did (serial reclaim, port bound last)")
 	lf.register(fs)
 	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
@@ -72,6 +74,11 @@ func serveFlags(e env) (phases.Config, logFlags, error) {
 		}
 		return cfg, lf, err
 	}
+	tc, err := tf.config()
+	if err != nil {
+		return cfg, lf, err
+	}
+	cfg.TLS, cfg.RequireClientCert, cfg.Insecure = tc, tf.clientCA != "", tf.insecure
 	return cfg, lf, nil
 }
 
@@ -129,8 +136,13 @@ func serveCmd(ctx context.Context, e env) int {
 	lc := d.Lifecycle()
 	stopLogs := phases.LogTransitions(lc, log)
 	defer stopLogs()
-	log.Info("phasegate starting", "version", version, "listen", cfg.Listen, "netns_dir", cfg.Slots.NetnsDir,
+	log.Info("phasegate starting", "version", version, "listen", cfg.Listen, "tls", cfg.TLS != nil,
+		"client_certs", cfg.RequireClientCert, "netns_dir", cfg.Slots.NetnsDir,
 		"prefix", cfg.Slots.Prefix, "slots", cfg.Slots.Slots, "traces", tp.Exporter)
+	if cfg.TLS == nil && !phases.ListenIsLoopback(cfg.Listen) {
+		log.Warn("INSECURE: serving the Slots API in plain text on a non-loopback address (--insecure); anyone who can reach "+
+			cfg.Listen+" can acquire and release network slots", "listen", cfg.Listen)
+	}
 
 	startErr := make(chan error, 1)
 	go func() { startErr <- lc.Start(ctx) }()

@@ -1,0 +1,90 @@
+package test
+
+import (
+	"context"
+	"crypto/tls"
+	"net/http"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/internal/testcerts"
+)
+
+func TestMutualTLS(t *testing.T) {
+	probe := lookTool(t, "grpc-health-probe", "go install github.com/grpc-ecosystem/grpc-health-probe@v0.4.62")
+	certs, err := testcerts.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := certs.WriteFiles(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	h := newHost(t)
+	addr := freePort(t)
+	d := start(t, nil, h.args(addr, "--slots=64",
+		"--tls-cert="+certs.ServerCert, "--tls-key="+certs.ServerKey, "--tls-client-ca="+certs.CAFile)...)
+
+	// Health is open to checkers, which have no client certificate.
+	https := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: certs.CAPool}, ForceAttemptHTTP2: true}}
+	waitFor(t, time.Minute, "HTTPS /readyz to answer 200", func() bool {
+		resp, err := https.Get("https://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	out, err := exec.Command(probe, "-addr="+addr, "-tls", "-tls-ca-cert="+certs.CAFile).CombinedOutput()
+	if exitCode(err) != 0 {
+		t.Errorf("grpc-health-probe over TLS: exit %d %s", exitCode(err), out)
+	}
+	if out, code := cli(t, "probe", "--addr="+addr, "--tls-ca="+certs.CAFile); code != 0 {
+		t.Errorf("phasegate probe over TLS: exit %d %s", code, out)
+	}
+	if out, code := cli(t, "probe", "--http", "--addr="+addr, "--tls-ca="+certs.CAFile); code != 0 {
+		t.Errorf("phasegate probe --http over TLS: exit %d %s", code, out)
+	}
+	if _, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + addr + "/health"); err == nil {
+		t.Error("plain HTTP was answered on the TLS port")
+	}
+
+	// The Slots API needs a client certificate.
+	dialTLS := func(cert bool) phasegatev1.SlotsClient {
+		cfg := &tls.Config{RootCAs: certs.CAPool}
+		if cert {
+			cfg.Certificates = []tls.Certificate{certs.Client}
+		}
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return phasegatev1.NewSlotsClient(conn)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := dialTLS(false).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "anon"}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("Acquire without a client certificate: %v, want Unauthenticated", err)
+	}
+	resp, err := dialTLS(true).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "scheduler"})
+	if err != nil {
+		t.Fatalf("Acquire with a client certificate: %v", err)
+	}
+	if _, err := dialTLS(true).Release(ctx, &phasegatev1.ReleaseRequest{Index: resp.GetSlot().GetIndex()}); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	h.assertClean(h.prefix, nil)
+}
