@@ -162,9 +162,9 @@ func (d *Daemon) stopLock(context.Context) error { return d.lock.Unlock() }
 
 func (d *Daemon) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 	srv, err := server.New(server.Config{
-		Addr:        d.cfg.Listen,
-		DrainDelay:  d.cfg.DrainDelay,
-		StopTimeout: d.cfg.StopTimeout,
+		Addr:              d.cfg.Listen,
+		DrainDelay:        d.cfg.DrainDelay,
+		StopTimeout:       d.cfg.StopTimeout,
 		Health:            d.checker,
 		Gate:              server.LifecycleGate(d.lc),
 		TLS:               d.cfg.TLS,
