@@ -30,6 +30,11 @@ type Options struct {
 	// it is marked ready with [Checker.SetServiceReady] and the lifecycle
 	// serves. A server that declares services marks them itself.
 	Services []string
+	// OnHTTPCheck, when set, is called after every answer of a [Handler]
+	// with the endpoint's path (PathHealth, PathLivez, PathReadyz or
+	// PathStartupz) and the status code sent, for metrics. It must be
+	// quick and safe for concurrent use.
+	OnHTTPCheck func(path string, code int)
 }
 
 // Checker follows a lifecycle and keeps a grpc-go health server in step with

@@ -63,6 +63,13 @@ func allSucceeded(s lifecycle.Snapshot) bool {
 // not-yet-served calls all use it, so an operator reads the same words
 // everywhere.
 func Describe(s lifecycle.Snapshot) string {
+	return DescribeWithETA(s, lifecycle.Estimates{})
+}
+
+// DescribeWithETA is [Describe] with each running phase's rate and time
+// left from est, where known: "starting: phase reclaim 1200/5000
+// namespaces (812/s, ~4.7s left)". sd_notify STATUS lines use it.
+func DescribeWithETA(s lifecycle.Snapshot, est lifecycle.Estimates) string {
 	var b strings.Builder
 	b.WriteString(string(s.State))
 	switch s.State {
@@ -78,6 +85,9 @@ func Describe(s lifecycle.Snapshot) string {
 			if d := phaseDetail(p); d != "" {
 				b.WriteByte(' ')
 				b.WriteString(d)
+			}
+			if e := est.Phase(p.Name); e.OK && p.State == lifecycle.PhaseRunning {
+				b.WriteString(" (" + e.String() + ")")
 			}
 		}
 	case lifecycle.StateFailed:

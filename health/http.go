@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -43,11 +44,14 @@ const (
 // answer carries Cache-Control: no-store. A Handler never answers 500 and
 // never panics: a failure to render is a 503.
 type Handler struct {
-	c *Checker
+	c   *Checker
+	eta *lifecycle.Estimator // rates and times left in /health, from the answers' snapshots
 }
 
 // NewHandler returns the HTTP endpoints of c.
-func NewHandler(c *Checker) *Handler { return &Handler{c: c} }
+func NewHandler(c *Checker) *Handler {
+	return &Handler{c: c, eta: lifecycle.NewEstimator(0, 0)}
+}
 
 // Mount registers the handler's paths on mux.
 func (h *Handler) Mount(mux *http.ServeMux) {
@@ -76,6 +80,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	code, ctype, body := h.render(endpoint, check, r)
+	if f := h.c.opts.OnHTTPCheck; f != nil {
+		f(endpoint, code)
+	}
 	hdr.Set("Content-Type", ctype)
 	hdr.Set("Content-Length", fmt.Sprint(len(body)))
 	w.WriteHeader(code)
@@ -143,6 +150,21 @@ type checkResult struct {
 	Attempts      int       `json:"attempts,omitempty"`
 	Duration      string    `json:"duration,omitempty"`
 	ObservedTotal int64     `json:"observedTotal,omitempty"`
+	// Rate is units of progress per second (recent while running, average
+	// once done); ETA the estimated time left while running, also in
+	// seconds as ETASeconds.
+	Rate       float64 `json:"rate,omitempty"`
+	ETA        string  `json:"eta,omitempty"`
+	ETASeconds float64 `json:"etaSeconds,omitempty"`
+}
+
+// estimate adds a rate and a time left to c.
+func (c *checkResult) estimate(e lifecycle.Estimate) {
+	c.Rate = math.Round(e.Rate*100) / 100
+	if e.OK {
+		c.ETA = lifecycle.FormatRemaining(e.Remaining)
+		c.ETASeconds = math.Round(e.Remaining.Seconds()*100) / 100
+	}
 }
 
 // Health-check draft statuses.
@@ -175,11 +197,16 @@ func (h *Handler) renderHealthJSON(v view, now time.Time) (int, string, []byte) 
 	if b.Status != statusPass {
 		b.Output = v.describe()
 	}
+	est := h.eta.Observe(s, now)
 	for _, p := range s.Phases {
-		b.Checks["phase:"+p.Name] = []checkResult{phaseCheck(p, now)}
+		c := phaseCheck(p, now)
+		c.estimate(est.Phase(p.Name))
+		b.Checks["phase:"+p.Name] = []checkResult{c}
 	}
 	for _, t := range s.Tasks {
-		b.Checks["task:"+t.Name] = []checkResult{taskCheck(t, now)}
+		c := taskCheck(t, now)
+		c.estimate(est.Task(t.Name))
+		b.Checks["task:"+t.Name] = []checkResult{c}
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

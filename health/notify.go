@@ -39,7 +39,8 @@ func (o NotifierOptions) withDefaults() NotifierOptions {
 // Notifier tells systemd how a lifecycle is doing, over the sd_notify
 // protocol (through github.com/coreos/go-systemd/v22/daemon):
 //
-//	starting  STATUS=starting: phase reclaim 1200/5000 namespaces   (rate-limited)
+//	starting  STATUS=starting: phase reclaim 1200/5000 namespaces   (rate-limited;
+//	          with "(812/s, ~4.7s left)" once the phase's rate is known)
 //	          EXTEND_TIMEOUT_USEC=…                                  (re-sent while starting)
 //	serving   READY=1, STATUS=serving
 //	draining  STOPPING=1, STATUS=draining
@@ -138,6 +139,7 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 		watchdog = t.C
 		n.send(daemon.SdNotifyWatchdog)
 	}
+	eta := lifecycle.NewEstimator(0, 0)
 	setStatus := func(s string) {
 		status, statusAt, pending = s, time.Now(), ""
 		limit.Stop()
@@ -149,7 +151,7 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 			if !ok {
 				return
 			}
-			desc := Describe(s)
+			desc := DescribeWithETA(s, eta.Observe(s, time.Now()))
 			if s.State != state {
 				state = s.State
 				var lines []string

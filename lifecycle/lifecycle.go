@@ -62,6 +62,7 @@ type phaseRun struct {
 	fsm      *fsm.FSM
 	attempts int
 	started  time.Time
+	attempt  time.Time // when the current attempt began
 	ended    time.Time
 	err      error
 	spanCtx  trace.SpanContext

@@ -158,6 +158,7 @@ func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- ph
 	r.deferred = nil
 	attempts := r.attempts
 	prog := r.progress.Snapshot()
+	took := r.ended.Sub(r.attempt)
 	l.mu.Unlock()
 
 	if span.IsRecording() {
@@ -167,6 +168,7 @@ func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- ph
 			attrProgressTotal.Int64(prog.Total),
 			attrOutcome.String(string(outcome)),
 		)
+		span.SetAttributes(rateAttributes(prog, took)...)
 	}
 	if outcome != PhaseSucceeded {
 		span.RecordError(err)
@@ -192,8 +194,9 @@ func (l *Lifecycle) attempts(ctx context.Context, r *phaseRun, span trace.Span) 
 		l.mu.Lock()
 		r.attempts = attempt
 		r.deferred = nil
+		r.attempt = time.Now()
 		if attempt == 1 {
-			r.started = time.Now()
+			r.started = r.attempt
 		}
 		r.progress.reset()
 		l.phaseEventLocked(r, evRun)
