@@ -3,6 +3,7 @@ package pool_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -139,6 +140,46 @@ func TestPoolCloseDuringFillOnKernel(t *testing.T) {
 		t.Errorf("mounts left: %v", ms)
 	}
 	if snap := st.Snapshot(); snap.Free != 32 {
+		t.Errorf("storage: %+v", snap)
+	}
+}
+
+func TestPoolConcurrentOnKernel(t *testing.T) {
+	env := nettest.New(t, 16)
+	m := env.Manager(t)
+	ctx := context.Background()
+	st, _ := storage.New(16, nil)
+	p, err := pool.New(m, st, pool.Options{Target: 4, FillConcurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 15 {
+				s, err := p.Get(ctx)
+				if errors.Is(err, pool.ErrClosed) {
+					return
+				}
+				if err != nil {
+					continue
+				}
+				_ = p.Put(ctx, s)
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := p.Close(ctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	wg.Wait()
+	if inv, _ := m.Scan(ctx); len(inv) != 0 {
+		t.Errorf("left: %v", inv)
+	}
+	if ms := nettest.Mounts(t, m.Config().NetnsDir); len(ms) != 0 {
+		t.Errorf("mounts left: %v", ms)
+	}
+	if snap := st.Snapshot(); snap.Free != 16 {
 		t.Errorf("storage: %+v", snap)
 	}
 }

@@ -81,6 +81,10 @@ type Report struct {
 	CutOff []int
 	// Duration is the wall time of Run, scan included.
 	Duration time.Duration
+	// Scan is the time spent listing what exists; Timings splits the rest
+	// (batched strategy only).
+	Scan    time.Duration
+	Timings slot.Timings
 }
 
 // Quarantine returns the indices the allocator must quarantine: failed and
@@ -96,9 +100,11 @@ func (r *Report) Quarantine() []int {
 
 // String summarizes the report in one line.
 func (r *Report) String() string {
-	return fmt.Sprintf("reclaim (%s): found %d, reclaimed %d, failed %d, deferred %d, orphans %d, cut off %d in %v",
+	return fmt.Sprintf("reclaim (%s): found %d, reclaimed %d, failed %d, deferred %d, orphans %d, cut off %d in %v"+
+		" (scan %v, procs %v, unlink %v, wait %v, firewall %v)",
 		r.Strategy, r.Found, len(r.Reclaimed), len(r.Failed), len(r.Deferred), len(r.Orphans), len(r.CutOff),
-		r.Duration.Round(time.Millisecond))
+		r.Duration.Round(time.Millisecond), r.Scan.Round(time.Millisecond), r.Timings.Procs.Round(time.Millisecond),
+		r.Timings.Unlink.Round(time.Millisecond), r.Timings.Wait.Round(time.Millisecond), r.Timings.Firewall.Round(time.Millisecond))
 }
 
 // Run scans the host for slots leaked under m's configuration and tears them
@@ -114,6 +120,7 @@ func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
 		return rep, fmt.Errorf("reclaim: scan: %w", err)
 	}
 	rep.Found = len(inv)
+	rep.Scan = time.Since(start)
 	var deadline time.Time
 	if opts.Budget > 0 {
 		deadline = start.Add(opts.Budget)
@@ -131,7 +138,7 @@ func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
 		return rep, fmt.Errorf("reclaim: unknown strategy %v", opts.Strategy)
 	}
 	rep.Reclaimed, rep.Failed, rep.Deferred = res.Reclaimed, res.Failed, res.Deferred
-	rep.Orphans, rep.CutOff = res.Orphans, res.CutOff
+	rep.Orphans, rep.CutOff, rep.Timings = res.Orphans, res.CutOff, res.Timings
 	if err := ctx.Err(); err != nil && len(rep.Deferred) > 0 {
 		return rep, fmt.Errorf("reclaim: %d slot(s) deferred: %w", len(rep.Deferred), err)
 	}

@@ -8,8 +8,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// linkProbe answers "does this root-namespace link exist?" with one ioctl
-// (SIOCGIFINDEX), without dumping every link through netlink.
+// Looking a missing interface up by name with ioctl(SIOCGIFINDEX) makes the
+// kernel try to load a module called netdev-<name> (dev_load): on a host with
+// loadable modules that spawns modprobe for every vanished link. So names are
+// resolved through netlink, and the teardown wait polls by index with
+// ioctl(SIOCGIFNAME), which never loads anything.
+
+// linkProbe polls root-namespace links by index with one ioctl each.
 type linkProbe struct{ fd int }
 
 func newLinkProbe() (*linkProbe, error) {
@@ -22,42 +27,54 @@ func newLinkProbe() (*linkProbe, error) {
 
 func (p *linkProbe) close() { unix.Close(p.fd) }
 
-// index returns the link's index, 0 if there is no such link.
-func (p *linkProbe) index(name string) (int, error) {
-	ifr, err := unix.NewIfreq(name)
+// exists reports whether link index still exists with the given name (an
+// index is never reused quickly, but check the name anyway).
+func (p *linkProbe) exists(index int, name string) (bool, error) {
+	ifr, err := unix.NewIfreq("")
 	if err != nil {
-		return 0, fmt.Errorf("slot: link %q: %w", name, err)
+		return false, err
 	}
-	if err := unix.IoctlIfreq(p.fd, unix.SIOCGIFINDEX, ifr); err != nil {
+	ifr.SetUint32(uint32(index))
+	if err := unix.IoctlIfreq(p.fd, unix.SIOCGIFNAME, ifr); err != nil {
 		if errors.Is(err, unix.ENODEV) {
+			return false, nil
+		}
+		return false, fmt.Errorf("slot: ioctl(SIOCGIFNAME) %d: %w", index, err)
+	}
+	return ifr.Name() == name, nil
+}
+
+// linkIndex returns the index of the root-namespace link name, 0 if there
+// is none.
+func linkIndex(name string) (int, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) || errors.Is(err, unix.ENODEV) {
 			return 0, nil
 		}
-		return 0, fmt.Errorf("slot: ioctl(SIOCGIFINDEX) %s: %w", name, err)
+		return 0, fmt.Errorf("slot: find link %s: %w", name, err)
 	}
-	return int(ifr.Uint32()), nil
+	return l.Attrs().Index, nil
 }
 
-// linkIndex is index with a probe of its own.
-func linkIndex(name string) (int, error) {
-	p, err := newLinkProbe()
-	if err != nil {
-		return 0, err
-	}
-	defer p.close()
-	return p.index(name)
-}
-
-// deleteLink deletes a root-namespace link by name; a missing link is fine.
-func deleteLink(p *linkProbe, name string) error {
-	idx, err := p.index(name)
-	if err != nil || idx == 0 {
+// deleteLink deletes a root-namespace link by index, checking its name
+// first; a missing link is fine.
+func deleteLink(p *linkProbe, index int, name string) error {
+	if ok, err := p.exists(index, name); err != nil || !ok {
 		return err
 	}
-	err = netlink.LinkDel(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: idx, Name: name}})
+	err := netlink.LinkDel(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: index, Name: name}})
 	if err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("slot: delete link %s: %w", name, err)
 	}
 	return nil
+}
+
+// hostLink is a root-namespace link known by index and name.
+type hostLink struct {
+	index int
+	name  string
 }
 
 // listLinks returns the names of all root-namespace links, retrying a dump

@@ -193,23 +193,31 @@ func (m *Manager) Destroy(ctx context.Context, i int) error {
 	}
 	s := m.cfg.Slot(i)
 	var errs []error
+	hostIdx, err := linkIndex(s.HostIf)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	if err := m.fw.Remove(ctx, s.HostIf); err != nil {
 		errs = append(errs, err)
 	}
 	if err := netns.Delete(ctx, m.cfg.NetnsDir, s.NetnsName); err != nil {
 		errs = append(errs, err)
 	}
-	p, err := newLinkProbe()
-	if err != nil {
-		return errors.Join(append(errs, err)...)
-	}
-	defer p.close()
-	gone, err := waitLinksGone(ctx, p, []string{s.HostIf}, time.Now().Add(m.hostGone))
-	if err != nil {
-		errs = append(errs, err)
-	} else if len(gone) == 0 {
-		if err := deleteLink(p, s.HostIf); err != nil {
+	if hostIdx != 0 {
+		p, err := newLinkProbe()
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		defer p.close()
+		link := hostLink{index: hostIdx, name: s.HostIf}
+		stuck, err := waitLinksGone(ctx, p, []hostLink{link}, time.Now().Add(m.hostGone))
+		if err != nil {
 			errs = append(errs, err)
+		}
+		if len(stuck) > 0 {
+			if err := deleteLink(p, hostIdx, s.HostIf); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if len(errs) > 0 {
@@ -218,38 +226,35 @@ func (m *Manager) Destroy(ctx context.Context, i int) error {
 	return nil
 }
 
-// waitLinksGone polls until every named link is gone, the deadline passes or
-// ctx ends, and returns the names that vanished.
-func waitLinksGone(ctx context.Context, p *linkProbe, names []string, deadline time.Time) ([]string, error) {
-	left := append([]string(nil), names...)
-	var gone []string
+// waitLinksGone polls until every link is gone, the deadline passes or ctx
+// ends, and returns the links still there.
+func waitLinksGone(ctx context.Context, p *linkProbe, links []hostLink, deadline time.Time) ([]hostLink, error) {
+	left := append([]hostLink(nil), links...)
 	delay := time.Millisecond
 	for {
 		keep := left[:0]
-		for _, n := range left {
-			idx, err := p.index(n)
+		for _, l := range left {
+			ok, err := p.exists(l.index, l.name)
 			if err != nil {
-				return gone, err
+				return left, err
 			}
-			if idx == 0 {
-				gone = append(gone, n)
-			} else {
-				keep = append(keep, n)
+			if ok {
+				keep = append(keep, l)
 			}
 		}
 		left = keep
 		if len(left) == 0 {
-			return gone, nil
+			return nil, nil
 		}
 		wait := time.Until(deadline)
 		if wait <= 0 {
-			return gone, nil
+			return left, nil
 		}
 		t := time.NewTimer(min(delay, wait))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return gone, nil
+			return left, nil
 		case <-t.C:
 		}
 		delay = min(2*delay, 20*time.Millisecond)

@@ -31,7 +31,7 @@ type TeardownOptions struct {
 	// host link is deleted, cutting them off.
 	KillOrphans bool
 	// HostGoneTimeout bounds the wait for the kernel to remove the host
-	// links after the namespaces are gone (default 5 s plus 2 ms per slot).
+	// links after the namespaces are gone (default 10 s plus 5 ms per slot).
 	// Links still there then are deleted one by one.
 	HostGoneTimeout time.Duration
 	// Progress, if set, is called after each slot's namespace is detached
@@ -69,6 +69,21 @@ type TeardownResult struct {
 	// CutOff slots had their host link deleted explicitly because their
 	// namespace outlived its file (a process or descriptor holds it).
 	CutOff []int
+	// Timings is where the time went.
+	Timings Timings
+}
+
+// Timings splits a teardown's wall time into its phases.
+type Timings struct {
+	// Procs is the /proc scan for processes inside the namespaces.
+	Procs time.Duration
+	// Unlink is the detach+unlink phase (workers).
+	Unlink time.Duration
+	// Wait is the wait for the kernel to remove the host links, and the
+	// deletion of those that stayed.
+	Wait time.Duration
+	// Firewall is the nftables transaction.
+	Firewall time.Duration
 }
 
 // FailedIndices returns the indices of Failed.
@@ -104,10 +119,11 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 	}
 	hostGone := opts.HostGoneTimeout
 	if hostGone <= 0 {
-		hostGone = 5*time.Second + time.Duration(total)*2*time.Millisecond
+		hostGone = 10*time.Second + time.Duration(total)*5*time.Millisecond
 	}
 
 	self := os.Getpid()
+	t0 := time.Now()
 	var procs netns.Processes
 	for _, i := range indices {
 		if inv[i]&HasNetns != 0 {
@@ -122,6 +138,8 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 		}
 	}
 
+	res.Timings.Procs = time.Since(t0)
+	t0 = time.Now()
 	probe, err := newLinkProbe()
 	if err != nil {
 		for _, i := range indices {
@@ -133,6 +151,7 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 
 	type outcome struct {
 		i       int
+		link    hostLink // the host link, if it existed when the slot started
 		err     error
 		orphans []Orphan
 		cutOff  bool
@@ -173,6 +192,14 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 		s := m.cfg.Slot(i)
 		r := inv[i]
 		held := false
+		if r&HasHostLink != 0 {
+			idx, err := linkIndex(s.HostIf)
+			if err != nil {
+				o.err = err
+				return
+			}
+			o.link = hostLink{index: idx, name: s.HostIf}
+		}
 		if r&HasNetns != 0 {
 			if id, err := netns.Stat(s.NetnsPath); err == nil {
 				for _, pid := range procs[id] {
@@ -198,12 +225,12 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 				return
 			}
 		}
-		if r&HasHostLink == 0 {
+		if o.link.index == 0 {
 			return
 		}
 		if r&HasNetns == 0 || held {
 			// Nothing will make the kernel drop this link: cut it off.
-			if err := deleteLink(probe, s.HostIf); err != nil {
+			if err := deleteLink(probe, o.link.index, o.link.name); err != nil {
 				o.err = err
 				return
 			}
@@ -225,39 +252,37 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 		})
 	}
 	wg.Wait()
+	res.Timings.Unlink = time.Since(t0)
+	t0 = time.Now()
 
 	// Wait for the kernel to destroy the namespaces and their veth pairs.
-	var waitFor []string
+	var waitFor []hostLink
 	for _, o := range outcomes {
 		if o.started && o.err == nil && o.wait {
-			waitFor = append(waitFor, m.cfg.HostIfName(o.i))
+			waitFor = append(waitFor, o.link)
 		}
 	}
-	stuck := map[string]bool{}
+	stuck := map[int]bool{}
 	if len(waitFor) > 0 {
-		gone, err := waitLinksGone(context.WithoutCancel(ctx), probe, waitFor, time.Now().Add(hostGone))
-		goneSet := make(map[string]bool, len(gone))
-		for _, g := range gone {
-			goneSet[g] = true
+		left, err := waitLinksGone(context.WithoutCancel(ctx), probe, waitFor, time.Now().Add(hostGone))
+		_ = err // on a probe error the links left are deleted below, which is safe
+		for _, l := range left {
+			stuck[l.index] = true
 		}
-		for _, n := range waitFor {
-			if !goneSet[n] {
-				stuck[n] = true
-			}
-		}
-		_ = err // a probe error leaves the links in stuck: they are deleted below
 	}
 	for k := range outcomes {
 		o := &outcomes[k]
-		if !o.started || o.err != nil || !stuck[m.cfg.HostIfName(o.i)] {
+		if !o.started || o.err != nil || !o.wait || !stuck[o.link.index] {
 			continue
 		}
-		if err := deleteLink(probe, m.cfg.HostIfName(o.i)); err != nil {
+		if err := deleteLink(probe, o.link.index, o.link.name); err != nil {
 			o.err = err
 			continue
 		}
 		o.cutOff = true
 	}
+	res.Timings.Wait = time.Since(t0)
+	t0 = time.Now()
 
 	// One transaction for every element of the slots that were started.
 	var els []string
@@ -267,6 +292,7 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 		}
 	}
 	fwErr := m.fw.Remove(context.WithoutCancel(ctx), els...)
+	res.Timings.Firewall = time.Since(t0)
 
 	for _, o := range outcomes {
 		switch {

@@ -48,7 +48,7 @@ func main() {
 		workers = flag.Int("workers", 4, "detach+unlink workers (phasegate and floor)")
 		rounds  = flag.Int("rounds", 2, "rounds of phasegate vs floor (interleaved)")
 		creates = flag.Int("creates", 300, "sequential creates for the create latency")
-		gets    = flag.Int("gets", 5000, "Get/Put cycles for the warm-pool Get latency")
+		gets    = flag.Int("gets", 1000, "Get/Put cycles for the warm-pool Get latency (each Put resets the slot)")
 		out     = flag.String("out", "", "write the Markdown report here (default: stdout only)")
 	)
 	flag.Parse()
@@ -62,7 +62,9 @@ func main() {
 		os.Exit(1)
 	}
 	defer b.sweep()
-	r := &results{slots: *slots, serialN: *serialN, workers: *workers, cmd: strings.Join(os.Args, " ")}
+	r := &results{slots: *slots, serialN: *serialN, workers: *workers,
+		cmd: fmt.Sprintf("go run ./network/cmd/netbench -slots %d -serial %d -workers %d -rounds %d -creates %d -gets %d -out docs/benchmarks/network.md",
+			*slots, *serialN, *workers, *rounds, *creates, *gets)}
 	if err := b.run(r, *serialN, *workers, *rounds, *creates, *gets); err != nil {
 		fmt.Fprintln(os.Stderr, "netbench:", err)
 		b.sweep()
@@ -235,6 +237,7 @@ type results struct {
 	heapManaged          uint64
 	goroutines           int
 
+	reports   []string
 	phasegate []time.Duration
 	floorD    []time.Duration
 	serialD   time.Duration
@@ -359,6 +362,7 @@ func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) err
 			return fmt.Errorf("phasegate reclaim: %v", rep)
 		}
 		fmt.Fprintln(os.Stderr, " ", rep)
+		r.reports = append(r.reports, rep.String())
 		r.phasegate = append(r.phasegate, rep.Duration)
 		if err := b.settle(); err != nil {
 			return err
@@ -432,8 +436,7 @@ func (r *results) markdown() string {
 
 	w("# Network layer benchmarks\n\n")
 	w("Measured by `network/cmd/netbench` on the real kernel, as root, in one run. Reproduce with:\n\n")
-	w("```sh\nsudo go run ./network/cmd/netbench -slots %d -serial %d -workers %d -out docs/benchmarks/network.md\n```\n\n",
-		r.slots, r.serialN, r.workers)
+	w("```sh\n# as root, from the repository root\n%s\n```\n\n", r.cmd)
 	w("Machine: Linux %s, %s, %s. Numbers are wall time of single runs on a shared 2-core VM: expect ±20%%.\n\n",
 		r.kernel, r.cpu, r.goVersion)
 
@@ -463,6 +466,11 @@ func (r *results) markdown() string {
 	w("| serial reference | %d | %s | %.2f ms |\n", r.serialN, ms(r.serialD), perSerial)
 	w("| phasegate on the serial subset | %d | %s | %.3f ms |\n\n", r.serialN, ms(r.batchedN), float64(r.batchedN.Microseconds())/1000/float64(r.serialN))
 	w("Extrapolated, the serial reference would need about %.0f s for %d slots.\n\n", perSerial*float64(r.slots)/1000, r.slots)
+	w("phasegate's own reports (phases of each run):\n\n")
+	for _, rep := range r.reports {
+		w("- `%s`\n", rep)
+	}
+	w("\n")
 
 	w("## Slots and pool\n\n| measure | value |\n|---|---|\n")
 	w("| create one slot, sequential (netns, veth, addresses, routes, set element) | median %s, p90 %s, p99 %s |\n", ms(r.createP50), ms(r.createP90), ms(r.createP99))
