@@ -6,7 +6,7 @@ export PATH := $(GOBIN):$(PATH)
 
 GRPC_HEALTH_PROBE_VERSION := v0.4.62
 
-.PHONY: help run build test unit tools jaeger grpc-health-probe bench vet generate
+.PHONY: help run build test unit tools jaeger grpc-health-probe bench vet generate fuzz
 
 help:
 	@echo "make run      build and run the daemon on its defaults (as root)"
@@ -14,6 +14,7 @@ help:
 	@echo "make unit     the tests that need no root and no tools"
 	@echo "make bench    the Go benchmarks (see docs/BENCHMARKS.md)"
 	@echo "make tools    install grpc-health-probe and build the cached Jaeger"
+	@echo "make fuzz     run each fuzz target for FUZZTIME (default 1m)"
 
 build:
 	$(GO) build -o bin/phasegate ./cmd/phasegate
@@ -45,6 +46,14 @@ grpc-health-probe:
 
 jaeger:
 	@tools/jaeger/build.sh >/dev/null
+
+## fuzz: each fuzz target for FUZZTIME (default 1m). Seed corpora run in every `make test`.
+FUZZTIME ?= 1m
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzNew$$' -fuzztime $(FUZZTIME) ./lifecycle/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseNames$$' -fuzztime $(FUZZTIME) ./network/slot/
+	$(GO) test -run '^$$' -fuzz '^FuzzServeConfiguration$$' -fuzztime $(FUZZTIME) ./cmd/phasegate/
+	$(GO) test -run '^$$' -fuzz '^FuzzHealthQuery$$' -fuzztime $(FUZZTIME) ./health/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./lifecycle/...
