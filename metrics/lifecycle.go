@@ -1,0 +1,191 @@
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// scope is the instrumentation scope of this package's instruments.
+const scope = "github.com/phasegate/phasegate/metrics"
+
+// DurationBuckets are the histogram bounds, in seconds, for phase and task
+// durations: from a millisecond (lock, listen) to half an hour (a reclaim
+// of a badly leaked host).
+var durationBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}
+
+// Attribute keys of the lifecycle instruments.
+const (
+	KeyPhase   = attribute.Key("phase")
+	KeyTask    = attribute.Key("task")
+	KeyOutcome = attribute.Key("outcome")
+	KeyState   = attribute.Key("state")
+)
+
+var lifecycleStates = []lifecycle.State{
+	lifecycle.StateCreated, lifecycle.StateStarting, lifecycle.StateServing,
+	lifecycle.StateDraining, lifecycle.StateStopped, lifecycle.StateFailed,
+}
+
+// ObserveLifecycle registers these instruments on mp and records into them
+// until stop is called:
+//
+//	phasegate.phase.duration          histogram, s   phase, outcome   each phase that ran, once it ended
+//	phasegate.task.duration           histogram, s   task, outcome    each background task, once it ended
+//	phasegate.lifecycle.state         gauge          state            1 for the current state, 0 for the others
+//	phasegate.lifecycle.degraded      gauge                           1 once a background task failed
+//	phasegate.lifecycle.since_start   gauge, s                        time since Start was called
+//	phasegate.lifecycle.startup       gauge, s                        how long the start took, once serving
+//	phasegate.phase.progress.done     gauge          phase            progress of each running phase
+//	phasegate.phase.progress.total    gauge          phase            its total, when known
+//	phasegate.phase.rate              gauge, {unit}/s phase           its recent rate, when known
+//	phasegate.phase.eta               gauge, s       phase            its estimated time left, when known
+//
+// The durations come from a subscription; the gauges read a snapshot at
+// each collection. stop waits for the subscriber goroutine and
+// unregisters the gauges.
+func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop func(), err error) {
+	m := mp.Meter(scope)
+	phaseDur, err := m.Float64Histogram("phasegate.phase.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long each startup phase ran, by outcome."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	taskDur, err := m.Float64Histogram("phasegate.task.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long each background task ran, by outcome."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	state, err1 := m.Int64ObservableGauge("phasegate.lifecycle.state",
+		metric.WithDescription("1 for the lifecycle's current state, 0 for the others."))
+	degraded, err2 := m.Int64ObservableGauge("phasegate.lifecycle.degraded",
+		metric.WithDescription("1 once a background task failed."))
+	since, err3 := m.Float64ObservableGauge("phasegate.lifecycle.since_start", metric.WithUnit("s"),
+		metric.WithDescription("Time since the start began."))
+	startup, err4 := m.Float64ObservableGauge("phasegate.lifecycle.startup", metric.WithUnit("s"),
+		metric.WithDescription("How long the start took, from Start to serving."))
+	done, err5 := m.Int64ObservableGauge("phasegate.phase.progress.done",
+		metric.WithDescription("Units of work done by each running phase."))
+	total, err6 := m.Int64ObservableGauge("phasegate.phase.progress.total",
+		metric.WithDescription("Units of work of each running phase, when known."))
+	rate, err7 := m.Float64ObservableGauge("phasegate.phase.rate",
+		metric.WithDescription("Recent units of work per second of each running phase."))
+	eta, err8 := m.Float64ObservableGauge("phasegate.phase.eta", metric.WithUnit("s"),
+		metric.WithDescription("Estimated time left of each running phase."))
+	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8} {
+		if err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+	}
+	est := lifecycle.NewEstimator(0, 0)
+	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := lc.Snapshot()
+		now := time.Now()
+		for _, st := range lifecycleStates {
+			v := int64(0)
+			if s.State == st {
+				v = 1
+			}
+			o.ObserveInt64(state, v, metric.WithAttributes(KeyState.String(string(st))))
+		}
+		d := int64(0)
+		if s.Degraded {
+			d = 1
+		}
+		o.ObserveInt64(degraded, d)
+		if !s.Started.IsZero() {
+			o.ObserveFloat64(since, now.Sub(s.Started).Seconds())
+		}
+		if up, ok := startupDuration(s); ok {
+			o.ObserveFloat64(startup, up.Seconds())
+		}
+		ests := est.Observe(s, now)
+		for _, p := range s.Phases {
+			if p.State != lifecycle.PhaseRunning {
+				continue
+			}
+			attrs := metric.WithAttributes(KeyPhase.String(p.Name))
+			o.ObserveInt64(done, p.Progress.Done, attrs)
+			if p.Progress.Total > 0 {
+				o.ObserveInt64(total, p.Progress.Total, attrs)
+			}
+			if e := ests.Phase(p.Name); e.Rate > 0 {
+				o.ObserveFloat64(rate, e.Rate, attrs)
+				if e.OK {
+					o.ObserveFloat64(eta, e.Remaining.Seconds(), attrs)
+				}
+			}
+		}
+		return nil
+	}, state, degraded, since, startup, done, total, rate, eta)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+
+	ch, cancel := lc.Subscribe()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		var prev lifecycle.Snapshot
+		for s := range ch {
+			recordEnded(phaseDur, taskDur, prev, s)
+			prev = s
+		}
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+		_ = reg.Unregister()
+	}, nil
+}
+
+// startupDuration is how long the start took, once it reached serving.
+func startupDuration(s lifecycle.Snapshot) (time.Duration, bool) {
+	if s.Started.IsZero() {
+		return 0, false
+	}
+	var last time.Time
+	for _, p := range s.Phases {
+		if p.State != lifecycle.PhaseSucceeded {
+			return 0, false
+		}
+		if p.Ended.After(last) {
+			last = p.Ended
+		}
+	}
+	return last.Sub(s.Started), len(s.Phases) > 0
+}
+
+// recordEnded records the duration of every phase and task that reached a
+// final state between prev and s. A snapshot falling behind never loses
+// one: the comparison is of states, not of events.
+func recordEnded(phaseDur, taskDur metric.Float64Histogram, prev, s lifecycle.Snapshot) {
+	ctx := context.Background()
+	for i, p := range s.Phases {
+		if !p.State.Done() || p.State == lifecycle.PhaseSkipped || p.Started.IsZero() {
+			continue
+		}
+		if i < len(prev.Phases) && prev.Phases[i].State.Done() {
+			continue
+		}
+		phaseDur.Record(ctx, p.Duration().Seconds(), metric.WithAttributes(
+			KeyPhase.String(p.Name), KeyOutcome.String(string(p.State))))
+	}
+	for i, t := range s.Tasks {
+		if t.State == lifecycle.TaskRunning {
+			continue
+		}
+		if i < len(prev.Tasks) && prev.Tasks[i].State != lifecycle.TaskRunning {
+			continue
+		}
+		taskDur.Record(ctx, t.Duration().Seconds(), metric.WithAttributes(
+			KeyTask.String(t.Name), KeyOutcome.String(string(t.State))))
+	}
+}

@@ -1,0 +1,335 @@
+package metrics_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/proto"
+
+	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/metrics"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// scrape reads the Prometheus exposition h serves.
+func scrape(t *testing.T, h http.Handler) map[string]*dto.MetricFamily {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if w.Code != http.StatusOK {
+		t.Fatalf("GET /metrics: %d\n%s", w.Code, w.Body)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(w.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	return fams
+}
+
+// sample returns the metric of family name whose labels include want.
+func sample(fams map[string]*dto.MetricFamily, name string, want map[string]string) *dto.Metric {
+	f := fams[name]
+	if f == nil {
+		return nil
+	}
+next:
+	for _, m := range f.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if labels[k] != v {
+				continue next
+			}
+		}
+		return m
+	}
+	return nil
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m == nil:
+		return -1
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Histogram != nil:
+		return float64(m.Histogram.GetSampleCount())
+	}
+	return -1
+}
+
+func setup(t *testing.T) *metrics.Provider {
+	t.Helper()
+	t.Setenv("OTEL_METRICS_EXPORTER", "")
+	p, err := metrics.Setup(context.Background(), metrics.WithVersion("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	return p
+}
+
+// A start's phases, tasks, state and progress show at /metrics under their
+// Prometheus names, with the values the lifecycle had.
+func TestLifecycleMetrics(t *testing.T) {
+	p := setup(t)
+	blocked, release := make(chan struct{}), make(chan struct{})
+	taskDone := make(chan struct{})
+	lc, err := lifecycle.New([]lifecycle.Phase{
+		{Name: "lock", Run: func(context.Context, *lifecycle.Progress) error { return nil }},
+		{Name: "reclaim", DependsOn: []string{"lock"}, Run: func(ctx context.Context, pr *lifecycle.Progress) error {
+			pr.SetTotal(100, "namespaces")
+			pr.SetDone(30)
+			close(blocked)
+			<-release
+			pr.SetDone(100)
+			pr.Defer("fill", func(context.Context, *lifecycle.Progress) error { close(taskDone); return nil })
+			return nil
+		}},
+		{Name: "serve", DependsOn: []string{"reclaim"}, Run: func(context.Context, *lifecycle.Progress) error { return nil }},
+	}, lifecycle.WithProgressInterval(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := metrics.ObserveLifecycle(lc, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	started := make(chan error, 1)
+	go func() { started <- lc.Start(context.Background()) }()
+	<-blocked
+
+	fams := scrape(t, p.Handler())
+	if v := value(sample(fams, "phasegate_lifecycle_state", map[string]string{"state": "starting"})); v != 1 {
+		t.Errorf("state starting = %v, want 1", v)
+	}
+	if v := value(sample(fams, "phasegate_lifecycle_state", map[string]string{"state": "serving"})); v != 0 {
+		t.Errorf("state serving = %v, want 0", v)
+	}
+	if v := value(sample(fams, "phasegate_phase_progress_done", map[string]string{"phase": "reclaim"})); v != 30 {
+		t.Errorf("reclaim done = %v, want 30", v)
+	}
+	if v := value(sample(fams, "phasegate_phase_progress_total", map[string]string{"phase": "reclaim"})); v != 100 {
+		t.Errorf("reclaim total = %v, want 100", v)
+	}
+	if v := value(sample(fams, "phasegate_lifecycle_since_start_seconds", nil)); v < 0 {
+		t.Errorf("since_start = %v", v)
+	}
+	if m := sample(fams, "phasegate_lifecycle_startup_seconds", nil); m != nil {
+		t.Errorf("startup duration reported while starting: %v", m)
+	}
+
+	close(release)
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	<-taskDone
+	var fam map[string]*dto.MetricFamily
+	deadline := time.Now().Add(10 * time.Second)
+	for { // the subscriber records the durations shortly after the events
+		fam = scrape(t, p.Handler())
+		if value(sample(fam, "phasegate_phase_duration_seconds", map[string]string{"phase": "serve"})) == 1 &&
+			value(sample(fam, "phasegate_task_duration_seconds", map[string]string{"task": "fill"})) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("phase and task durations never recorded")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, ph := range []string{"lock", "reclaim", "serve"} {
+		if v := value(sample(fam, "phasegate_phase_duration_seconds", map[string]string{"phase": ph, "outcome": "succeeded"})); v != 1 {
+			t.Errorf("phase %s duration count = %v, want 1", ph, v)
+		}
+	}
+	if v := value(sample(fam, "phasegate_task_duration_seconds", map[string]string{"task": "fill", "outcome": "succeeded"})); v != 1 {
+		t.Errorf("task fill duration count = %v, want 1", v)
+	}
+	if v := value(sample(fam, "phasegate_lifecycle_state", map[string]string{"state": "serving"})); v != 1 {
+		t.Errorf("state serving = %v, want 1", v)
+	}
+	if v := value(sample(fam, "phasegate_lifecycle_startup_seconds", nil)); v <= 0 {
+		t.Errorf("startup = %v, want > 0", v)
+	}
+	if m := sample(fam, "phasegate_phase_progress_done", map[string]string{"phase": "reclaim"}); m != nil {
+		t.Errorf("progress of a finished phase still reported: %v", m)
+	}
+	if m := sample(fam, "target_info", map[string]string{"service_name": "phasegate", "service_version": "test"}); m == nil {
+		t.Error("no target_info with the service name and version")
+	}
+	if fam["go_goroutines"] == nil || fam["process_cpu_seconds_total"] == nil {
+		t.Error("no Go runtime or process metrics")
+	}
+	_ = lc.Drain(context.Background())
+}
+
+// Health checks are counted by dialect and result, over HTTP and gRPC
+// (Check and Watch), and nothing else is.
+func TestHealthChecksCounted(t *testing.T) {
+	p := setup(t)
+	hc, err := metrics.NewHealthChecks(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.HTTP("/health", http.StatusServiceUnavailable)
+	hc.HTTP("/health", http.StatusOK)
+	hc.HTTP("/readyz", http.StatusOK)
+	hc.HTTP("/livez", http.StatusMethodNotAllowed)
+
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(hc.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(hc.StreamServerInterceptor()))
+	hs := grpchealth.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(srv, hs)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = srv.Serve(lis) })
+	defer func() { srv.Stop(); wg.Wait() }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := healthpb.NewHealthClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: "unknown"}); err == nil {
+		t.Fatal("unknown service answered")
+	}
+	stream, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	if r, err := stream.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("watch: %v %v", r, err)
+	}
+	if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+
+	fams := scrape(t, p.Handler())
+	for _, tt := range []struct {
+		dialect, result string
+		want            float64
+	}{
+		{"health", "fail", 1}, {"health", "pass", 1}, {"readyz", "pass", 1}, {"livez", "error", 1},
+		{"grpc", "fail", 1}, {"grpc", "pass", 1}, {"grpc", "error", 1},
+		{"grpc_watch", "fail", 1}, {"grpc_watch", "pass", 1},
+	} {
+		m := sample(fams, "phasegate_health_checks_total", map[string]string{"dialect": tt.dialect, "result": tt.result})
+		if v := value(m); v != tt.want {
+			t.Errorf("checks{dialect=%s,result=%s} = %v, want %v", tt.dialect, tt.result, v, tt.want)
+		}
+	}
+}
+
+// With OTEL_METRICS_EXPORTER=otlp the same instruments are pushed to an
+// OTLP/HTTP endpoint.
+func TestOTLPExport(t *testing.T) {
+	var mu sync.Mutex
+	names := map[string]bool{}
+	got := make(chan struct{}, 1)
+	col := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req colmetricpb.ExportMetricsServiceRequest
+		if r.URL.Path != "/v1/metrics" || proto.Unmarshal(body, &req) != nil {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		for _, rm := range req.GetResourceMetrics() {
+			for _, sm := range rm.GetScopeMetrics() {
+				for _, m := range sm.GetMetrics() {
+					names[m.GetName()] = true
+				}
+			}
+		}
+		mu.Unlock()
+		select {
+		case got <- struct{}{}:
+		default:
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		b, _ := proto.Marshal(&colmetricpb.ExportMetricsServiceResponse{})
+		_, _ = w.Write(b)
+	}))
+	defer col.Close()
+	t.Setenv("OTEL_METRICS_EXPORTER", "otlp")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
+	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "50")
+	p, err := metrics.Setup(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.OTLP || p.Protocol != "http/protobuf" {
+		t.Errorf("OTLP %v protocol %q", p.OTLP, p.Protocol)
+	}
+	hc, err := metrics.NewHealthChecks(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.HTTP("/health", http.StatusOK)
+	deadline := time.After(20 * time.Second)
+	for {
+		mu.Lock()
+		ok := names["phasegate.health.checks"]
+		mu.Unlock()
+		if ok {
+			break
+		}
+		select {
+		case <-got:
+		case <-deadline:
+			t.Fatal("phasegate.health.checks never pushed over OTLP")
+		}
+	}
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestSetupRejectsUnknownExporter(t *testing.T) {
+	t.Setenv("OTEL_METRICS_EXPORTER", "prometheus,statsd")
+	if _, err := metrics.Setup(context.Background()); err == nil || !strings.Contains(err.Error(), "statsd") {
+		t.Errorf("err = %v, want one naming statsd", err)
+	}
+	t.Setenv("OTEL_METRICS_EXPORTER", "otlp")
+	t.Setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "carrier-pigeon")
+	if _, err := metrics.Setup(context.Background()); err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {
+		t.Errorf("err = %v, want one naming the protocol", err)
+	}
+}
