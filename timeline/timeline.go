@@ -1,0 +1,457 @@
+package timeline
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// Options adjust the page. The zero value is usable.
+type Options struct {
+	// Title names the daemon in the page's heading; default "phasegate".
+	Title string
+	// Refresh is how often the page reloads itself while the lifecycle is
+	// created or starting; default 1s. It does not reload once the start
+	// is over.
+	Refresh time.Duration
+	// Links are listed at the bottom of the page, such as the daemon's
+	// other endpoints.
+	Links []Link
+}
+
+// Link is a hyperlink in the page's footer.
+type Link struct {
+	Text, Href string
+}
+
+func (o Options) withDefaults() Options {
+	if o.Title == "" {
+		o.Title = "phasegate"
+	}
+	if o.Refresh <= 0 {
+		o.Refresh = time.Second
+	}
+	return o
+}
+
+// Handler serves the page for lc's current snapshot. It keeps an
+// [lifecycle.Estimator] fed by its requests, so a page left open shows
+// rates and times left for the running phases.
+func Handler(lc *lifecycle.Lifecycle, opts Options) http.Handler {
+	est := lifecycle.NewEstimator(0, 0)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := time.Now()
+		s := lc.Snapshot()
+		var buf bytes.Buffer
+		if err := Render(&buf, s, est.Observe(s, now), now, opts); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		// The page is self-contained: no script, no external resource.
+		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+		_, _ = w.Write(buf.Bytes())
+	})
+}
+
+// Geometry of the chart, in SVG user units (CSS pixels at 100%).
+const (
+	chartWidth = 1100
+	labelWidth = 190 // left column with the names
+	rightPad   = 24
+	axisHeight = 34
+	rowHeight  = 30
+	barHeight  = 18
+	gapHeight  = 26 // between phases and tasks
+	legendH    = 30
+)
+
+// Colours by state; the legend lists them.
+var colours = map[string]string{
+	string(lifecycle.PhasePending):   "#cfd8dc",
+	string(lifecycle.PhaseRunning):   "#1e88e5",
+	string(lifecycle.PhaseRetrying):  "#fb8c00",
+	string(lifecycle.PhaseSucceeded): "#43a047",
+	string(lifecycle.PhaseFailed):    "#e53935",
+	string(lifecycle.PhaseCancelled): "#8d6e63",
+	string(lifecycle.PhaseSkipped):   "#b0bec5",
+}
+
+var legendOrder = []string{"pending", "running", "retrying", "succeeded", "failed", "cancelled", "skipped"}
+
+// bar is one row of the chart.
+type bar struct {
+	Kind    string // "phase" or "task"
+	Name    string
+	Label   string // left column
+	State   string
+	Colour  string
+	Y       int     // top of the row
+	BarY    int     // top of the bar
+	X, W    float64 // the bar; W is 0 when it never started
+	Done    float64 // width of the finished part of a running bar with a total
+	Text    string  // duration, progress, rate, time left
+	TextX   float64
+	TextEnd bool // anchor the text at its end (left of the bar)
+	Inside  bool // the text is drawn on the bar
+	Title   string
+
+	// For the table.
+	Duration, Progress, Rate, ETA, Error string
+	From                                 string // tasks: the phase that deferred it
+	DependsOn                            []string
+}
+
+// edge is a dependency arrow from one bar's end to another's start.
+type edge struct {
+	From, To string
+	Path     string
+	Task     bool // a phase handing work to a background task
+}
+
+type tick struct {
+	X     float64
+	Label string
+}
+
+type legend struct {
+	X      int
+	State  string
+	Colour string
+}
+
+type page struct {
+	Title      string
+	Heading    string
+	Status     string
+	Refresh    int // seconds; 0 for no reload
+	Generated  string
+	Width      int
+	Height     int
+	AxisY      int
+	ChartLeft  int
+	ChartRight int
+	Bars       []bar
+	Edges      []edge
+	Ticks      []tick
+	Legend     []legend
+	LegendY    int
+	NowX       float64
+	ShowNow    bool
+	TaskSepY   int
+	HasTasks   bool
+	Links      []Link
+}
+
+// Render writes the page for snapshot s as of now, with the rates and
+// times left in est.
+func Render(w io.Writer, s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Options) error {
+	opts = opts.withDefaults()
+	p := build(s, est, now, opts)
+	if err := pageTemplate.Execute(w, p); err != nil {
+		return fmt.Errorf("timeline: %w", err)
+	}
+	return nil
+}
+
+func build(s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Options) page {
+	p := page{
+		Title:      opts.Title + " — startup timeline",
+		Width:      chartWidth,
+		ChartLeft:  labelWidth,
+		ChartRight: chartWidth - rightPad,
+		AxisY:      axisHeight,
+		Generated:  now.UTC().Format(time.RFC3339),
+		Status:     health.DescribeWithETA(s, est),
+		Links:      opts.Links,
+	}
+	switch s.State {
+	case lifecycle.StateCreated, lifecycle.StateStarting:
+		p.Refresh = max(1, int(math.Round(opts.Refresh.Seconds())))
+	}
+	p.Heading = heading(s, opts.Title, now)
+
+	// The time axis: from the start to now while anything runs, or to the
+	// last end once everything is over.
+	t0 := s.Started
+	end := t0
+	running := false
+	consider := func(started, ended time.Time) {
+		if started.IsZero() {
+			return
+		}
+		if t0.IsZero() || started.Before(t0) {
+			t0 = started
+		}
+		if ended.IsZero() {
+			running = true
+		} else if ended.After(end) {
+			end = ended
+		}
+	}
+	for _, ph := range s.Phases {
+		consider(ph.Started, ph.Ended)
+	}
+	for _, t := range s.Tasks {
+		consider(t.Started, t.Ended)
+	}
+	if running || s.State == lifecycle.StateStarting {
+		end = now
+	}
+	if t0.IsZero() {
+		t0, end = now, now
+	}
+	span := end.Sub(t0)
+	if span < time.Millisecond {
+		span = time.Millisecond
+	}
+	left, right := float64(labelWidth), float64(chartWidth-rightPad)
+	xOf := func(t time.Time) float64 {
+		return left + (right-left)*float64(t.Sub(t0))/float64(span)
+	}
+	p.Ticks = ticks(span, left, right)
+	if running {
+		p.ShowNow, p.NowX = true, right
+	}
+
+	y := axisHeight + 8
+	index := map[string]int{}
+	for _, ph := range s.Phases {
+		b := bar{
+			Kind: "phase", Name: ph.Name, Label: ph.Name, State: string(ph.State),
+			Colour: colours[string(ph.State)], Y: y, BarY: y + (rowHeight-barHeight)/2,
+			DependsOn: ph.DependsOn,
+		}
+		fill(&b, ph.Started, ph.Ended, ph.Progress, est.Phase(ph.Name), ph.Err, now, xOf, right)
+		if ph.Attempts > 1 {
+			b.Text += fmt.Sprintf(" · attempt %d", ph.Attempts)
+		}
+		index["phase\x00"+ph.Name] = len(p.Bars)
+		p.Bars = append(p.Bars, b)
+		y += rowHeight
+	}
+	if len(s.Tasks) > 0 {
+		p.HasTasks = true
+		p.TaskSepY = y + gapHeight/2
+		y += gapHeight
+	}
+	for _, t := range s.Tasks {
+		b := bar{
+			Kind: "task", Name: t.Name, Label: "task " + t.Name, State: string(t.State), From: t.Phase,
+			Colour: colours[string(t.State)], Y: y, BarY: y + (rowHeight-barHeight)/2,
+		}
+		fill(&b, t.Started, t.Ended, t.Progress, est.Task(t.Name), t.Err, now, xOf, right)
+		index["task\x00"+t.Name] = len(p.Bars)
+		p.Bars = append(p.Bars, b)
+		y += rowHeight
+	}
+
+	// Edges: from the end of each dependency to the start of its dependent;
+	// from a phase's end to the start of each task it deferred.
+	link := func(from, to bar, task bool) {
+		if from.W == 0 || to.W == 0 {
+			return
+		}
+		// An elbow: out of the end of the dependency, along its row, down
+		// (or up) to the dependent's row just before its start, into it.
+		// A dependent that started right away gets a short detour on the
+		// left, so the arrow still points into its start.
+		x1, y1 := from.X+from.W, float64(from.BarY+barHeight/2)
+		x2, y2 := to.X, float64(to.BarY+barHeight/2)
+		var path string
+		if x2-x1 >= 10 {
+			path = fmt.Sprintf("M%.1f,%.1f H%.1f V%.1f H%.1f", x1, y1, x2-6, y2, x2-1)
+		} else {
+			mid := y2 - float64(rowHeight)/2
+			if y2 < y1 {
+				mid = y2 + float64(rowHeight)/2
+			}
+			path = fmt.Sprintf("M%.1f,%.1f H%.1f V%.1f H%.1f V%.1f H%.1f", x1, y1, x1+5, mid, x2-7, y2, x2-1)
+		}
+		p.Edges = append(p.Edges, edge{From: from.Name, To: to.Name, Path: path, Task: task})
+	}
+	for _, b := range p.Bars {
+		switch b.Kind {
+		case "phase":
+			for _, d := range b.DependsOn {
+				if i, ok := index["phase\x00"+d]; ok {
+					link(p.Bars[i], b, false)
+				}
+			}
+		case "task":
+			if i, ok := index["phase\x00"+b.From]; ok {
+				link(p.Bars[i], b, true)
+			}
+		}
+	}
+
+	p.LegendY = y + 14
+	x := labelWidth
+	for _, st := range legendOrder {
+		p.Legend = append(p.Legend, legend{X: x, State: st, Colour: colours[st]})
+		x += 22 + 9*len(st) + 18
+	}
+	p.Height = p.LegendY + legendH
+	return p
+}
+
+// fill places a bar and writes its labels.
+func fill(b *bar, started, ended time.Time, prog lifecycle.ProgressSnapshot, e lifecycle.Estimate, err error, now time.Time, xOf func(time.Time) float64, right float64) {
+	if !started.IsZero() {
+		to := ended
+		if to.IsZero() {
+			to = now
+		}
+		b.X = xOf(started)
+		b.W = math.Max(3, xOf(to)-b.X)
+		b.Duration = fmtDuration(to.Sub(started))
+		if ended.IsZero() && prog.Total > 0 {
+			b.Done = b.W * math.Min(1, float64(prog.Done)/float64(prog.Total))
+		}
+	}
+	b.Progress = prog.String()
+	if e.Rate > 0 {
+		b.Rate = lifecycle.FormatRate(e.Rate)
+	}
+	if e.OK {
+		b.ETA = "~" + lifecycle.FormatRemaining(e.Remaining)
+	}
+	if err != nil {
+		b.Error = err.Error()
+	}
+	parts := []string{}
+	if b.Duration != "" {
+		parts = append(parts, b.Duration)
+	} else {
+		parts = append(parts, b.State)
+	}
+	if b.Progress != "" {
+		parts = append(parts, b.Progress)
+	}
+	if b.Rate != "" {
+		parts = append(parts, b.Rate)
+	}
+	if b.ETA != "" {
+		parts = append(parts, b.ETA+" left")
+	}
+	if b.Error != "" && (b.State == string(lifecycle.PhaseFailed) || b.State == string(lifecycle.PhaseRetrying) || b.State == string(lifecycle.TaskFailed)) {
+		parts = append(parts, "error: "+truncate(b.Error, 80))
+	}
+	b.Text = join(parts, " · ")
+	b.Title = b.Label + ": " + b.State + " — " + b.Text
+	// The label goes right of the bar, or left of it when the bar ends
+	// near the right edge.
+	end := b.X + b.W
+	if b.W == 0 {
+		end = float64(labelWidth)
+	}
+	if end > float64(labelWidth)+(right-float64(labelWidth))*0.62 && b.W > 0 {
+		b.TextEnd, b.TextX = true, b.X-6
+		if b.X-float64(labelWidth) < 260 { // no room on the left either: inside the bar
+			b.TextEnd, b.TextX, b.Inside = true, end-6, true
+		}
+	} else {
+		b.TextX = end + 6
+	}
+}
+
+func heading(s lifecycle.Snapshot, title string, now time.Time) string {
+	switch s.State {
+	case lifecycle.StateServing, lifecycle.StateDraining, lifecycle.StateStopped:
+		var last time.Time
+		ok := !s.Started.IsZero()
+		for _, p := range s.Phases {
+			if p.State != lifecycle.PhaseSucceeded {
+				ok = false
+				break
+			}
+			if p.Ended.After(last) {
+				last = p.Ended
+			}
+		}
+		if ok {
+			return fmt.Sprintf("%s %s — started in %s", title, s.State, fmtDuration(last.Sub(s.Started)))
+		}
+	case lifecycle.StateStarting:
+		return fmt.Sprintf("%s starting — %s so far", title, fmtDuration(now.Sub(s.Started)))
+	}
+	return fmt.Sprintf("%s %s", title, s.State)
+}
+
+// ticks chooses a 1-2-5 step giving about eight ticks over span.
+func ticks(span time.Duration, left, right float64) []tick {
+	step := time.Duration(1)
+	for mag := time.Microsecond; ; mag *= 10 {
+		found := false
+		for _, m := range []time.Duration{1, 2, 5} {
+			if span/(m*mag) <= 8 {
+				step, found = m*mag, true
+				break
+			}
+		}
+		if found {
+			break
+		}
+	}
+	var out []tick
+	for t := time.Duration(0); t <= span; t += step {
+		out = append(out, tick{X: left + (right-left)*float64(t)/float64(span), Label: fmtTick(t)})
+	}
+	return out
+}
+
+func fmtTick(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "0"
+	case d < time.Millisecond:
+		return strconv.FormatInt(d.Microseconds(), 10) + "µs"
+	case d < time.Second:
+		return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+	case d < time.Minute:
+		return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s"
+	}
+	return d.String()
+}
+
+// fmtDuration keeps durations short: "412µs", "38ms", "2.13s", "3m05s".
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return d.Round(time.Microsecond).String()
+	case d < time.Second:
+		return d.Round(100 * time.Microsecond).String()
+	case d < time.Minute:
+		return d.Round(10 * time.Millisecond).String()
+	}
+	d = d.Round(time.Second)
+	return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+}
+
+func truncate(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+func join(parts []string, sep string) string {
+	var b bytes.Buffer
+	for i, p := range parts {
+		if i > 0 {
+			b.WriteString(sep)
+		}
+		b.WriteString(p)
+	}
+	return b.String()
+}
