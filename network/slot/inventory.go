@@ -99,8 +99,8 @@ func (m *Manager) Scan(ctx context.Context) (Inventory, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, n := range links {
-		if i, ok := m.cfg.ParseHostIfName(n); ok {
+	for _, l := range links {
+		if i, ok := m.cfg.ParseHostIfName(l.name); ok {
 			inv[i] |= HasHostLink
 		}
 	}

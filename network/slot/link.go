@@ -1,10 +1,13 @@
 package slot
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -77,15 +80,22 @@ type hostLink struct {
 	name  string
 }
 
-// listLinks returns the names of all root-namespace links, retrying a dump
-// the kernel reports as interrupted.
-func listLinks() ([]string, error) {
+// listLinks returns all root-namespace links (index and name) with one
+// RTM_GETLINK dump, parsing only the index and IFLA_IFNAME (the library's
+// LinkList decodes every attribute, which costs more than the dump itself
+// with thousands of links). A dump the kernel reports as interrupted (links
+// changed meanwhile) is retried once, then taken as it is: callers treat the
+// listing as a hint (Teardown looks up what it misses; the reconciler's next
+// pass sees what a scan missed).
+func listLinks() ([]hostLink, error) {
 	var (
-		links []netlink.Link
-		err   error
+		msgs [][]byte
+		err  error
 	)
-	for range 5 {
-		links, err = netlink.LinkList()
+	for range 2 {
+		req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_DUMP)
+		req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+		msgs, err = req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
 		if !errors.Is(err, netlink.ErrDumpInterrupted) {
 			break
 		}
@@ -93,9 +103,28 @@ func listLinks() ([]string, error) {
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return nil, fmt.Errorf("slot: list links: %w", err)
 	}
-	names := make([]string, 0, len(links))
-	for _, l := range links {
-		names = append(names, l.Attrs().Name)
+	out := make([]hostLink, 0, len(msgs))
+	for _, m := range msgs {
+		if len(m) < unix.SizeofIfInfomsg {
+			continue
+		}
+		index := int(int32(binary.NativeEndian.Uint32(m[4:8])))
+		for b := m[unix.SizeofIfInfomsg:]; len(b) >= unix.SizeofRtAttr; {
+			l := int(binary.NativeEndian.Uint16(b[0:2]))
+			t := binary.NativeEndian.Uint16(b[2:4])
+			if l < unix.SizeofRtAttr || l > len(b) {
+				break
+			}
+			if t == unix.IFLA_IFNAME {
+				name := b[unix.SizeofRtAttr:l]
+				if i := bytes.IndexByte(name, 0); i >= 0 {
+					name = name[:i]
+				}
+				out = append(out, hostLink{index: index, name: string(name)})
+				break
+			}
+			b = b[min((l+unix.RTA_ALIGNTO-1)&^(unix.RTA_ALIGNTO-1), len(b)):]
+		}
 	}
-	return names, nil
+	return out, nil
 }

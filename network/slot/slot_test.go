@@ -354,3 +354,33 @@ func TestTeardownBudget(t *testing.T) {
 		checkGone(t, m, i)
 	}
 }
+
+func TestScanSeesHostLinks(t *testing.T) {
+	env := nettest.New(t, 4)
+	m := env.Manager(t)
+	ctx := context.Background()
+	s, err := m.Create(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A host link alone (its namespace kept alive by a holder, file gone).
+	nettest.StartHolder(t, s.NetnsPath)
+	if err := unix.Unmount(s.NetnsPath, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(s.NetnsPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Firewall().Remove(ctx, s.HostIf); err != nil {
+		t.Fatal(err)
+	}
+	inv, err := m.Scan(ctx)
+	if err != nil || len(inv) != 1 || inv[2] != slot.HasHostLink || inv[2].String() != "link" {
+		t.Fatalf("Scan = %v, %v; want 2:link", inv, err)
+	}
+	res := m.Teardown(ctx, inv, slot.TeardownOptions{})
+	if !slices.Equal(res.Reclaimed, []int{2}) || !slices.Equal(res.CutOff, []int{2}) {
+		t.Errorf("teardown of a lone host link: %v", res)
+	}
+	checkGone(t, m, 2)
+}
