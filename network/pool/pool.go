@@ -11,12 +11,16 @@ import (
 	"github.com/phasegate/phasegate/network/slot"
 )
 
-// Defaults.
+// Defaults of Options.
 const (
-	DefaultGrace           = 5 * time.Minute
+	// DefaultGrace is how long an idle slot above target is kept.
+	DefaultGrace = 5 * time.Minute
+	// DefaultFillConcurrency bounds concurrent background creations.
 	DefaultFillConcurrency = 2
-	DefaultMinBackoff      = 100 * time.Millisecond
-	DefaultMaxBackoff      = 30 * time.Second
+	// DefaultMinBackoff is the first wait after a failed fill.
+	DefaultMinBackoff = 100 * time.Millisecond
+	// DefaultMaxBackoff caps the wait after repeated failed fills.
+	DefaultMaxBackoff = 30 * time.Second
 )
 
 // Errors callers branch on.

@@ -19,9 +19,12 @@ const InsideIfName = "eth0"
 
 // Defaults used by DefaultConfig.
 const (
-	DefaultPrefix   = "pg-"
+	// DefaultPrefix starts every name the daemon makes.
+	DefaultPrefix = "pg-"
+	// DefaultNetnsDir is where iproute2 keeps named namespaces.
 	DefaultNetnsDir = "/run/netns"
-	DefaultSlots    = 1024
+	// DefaultSlots is the default number of slot indices.
+	DefaultSlots = 1024
 )
 
 // DefaultCIDR is the default slot network: link-local, clear of

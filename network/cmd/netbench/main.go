@@ -251,10 +251,10 @@ type results struct {
 	heapManaged          uint64
 	goroutines           int
 
-	reports   []string
-	phasegate []time.Duration
-	floorD    []time.Duration
-	serialD   time.Duration
+	reports     []string
+	phasegate   []time.Duration
+	floorD      []time.Duration
+	serialD     time.Duration
 	batchedRest time.Duration // batched on the rest of the serial round
 }
 
