@@ -63,6 +63,10 @@ type Config struct {
 	RequireClientCert bool
 	// Insecure allows a non-loopback Listen without TLS.
 	Insecure bool
+	// Expected maps a phase to the time after which, still running, it is
+	// logged as slow with its progress; nil means [DefaultExpected], a
+	// zero duration never warns.
+	Expected map[string]time.Duration
 	// SerialBaseline reproduces the startup of the seed report's
 	// orchestrator, for benchmarks only: reclaim one slot at a time with the
 	// serial reference strategy, and bind the port only after the pool is

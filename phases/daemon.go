@@ -44,6 +44,7 @@ type Daemon struct {
 	lc       *lifecycle.Lifecycle
 	checker  *health.Checker
 	notifier *health.Notifier
+	obs      *observer // metrics, /debug/startup, slow-phase warnings
 
 	// Built by the phases, each written once by its phase before any
 	// dependent phase reads it: the lifecycle's ordering is the
@@ -86,13 +87,18 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("phases: %w", err) // a bug in graph, not in cfg
 	}
 	d.lc = lc
+	if d.obs, err = newObserver(cfg, lc, log); err != nil {
+		return nil, err
+	}
 	d.checker = health.New(lc, health.Options{
 		Version:     cfg.Version,
 		ServiceID:   "phasegate",
 		Description: "phasegate node daemon",
+		OnHTTPCheck: d.obs.httpCheck,
 	})
 	d.notifier, err = health.NewNotifier(lc, health.NotifierOptions{})
 	if err != nil {
+		d.obs.close()
 		d.checker.Close()
 		return nil, fmt.Errorf("sd_notify: %w", err)
 	}
@@ -120,6 +126,7 @@ func (d *Daemon) Addr(ctx context.Context) string {
 func (d *Daemon) Close() {
 	d.notifier.Close()
 	d.checker.Close()
+	d.obs.close()
 }
 
 // graph declares the seven phases; see the package documentation.
@@ -169,6 +176,7 @@ func (d *Daemon) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 		Gate:              server.LifecycleGate(d.lc),
 		TLS:               d.cfg.TLS,
 		RequireClientCert: d.cfg.RequireClientCert,
+		GRPCOptions:       d.obs.grpcOptions(d.cfg.TracerProvider),
 	})
 	if err != nil {
 		return lifecycle.Permanent(err)
@@ -177,6 +185,9 @@ func (d *Daemon) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 		return lifecycle.Permanent(err)
 	}
 	if err := srv.Handle("GET /debug/lifecycle", viewHandler(d.lc)); err != nil {
+		return lifecycle.Permanent(err)
+	}
+	if err := d.obs.mount(srv, d.lc); err != nil {
 		return lifecycle.Permanent(err)
 	}
 	if err := srv.Serve(ctx); err != nil {
@@ -229,6 +240,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	p.SetTotal(int64(rep.Found), "namespaces")
 	p.SetDone(int64(len(rep.Reclaimed)))
 	d.report = rep
+	d.obs.reclaimed(rep)
 	d.logReport(rep)
 	return nil
 }
@@ -313,6 +325,7 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 			return lifecycle.Permanent(err)
 		}
 		d.pool = pl
+		d.obs.setPool(pl)
 		d.slots = newSlotsService(d.cfg.Slots, d.store, pl, d.log)
 	}
 	p.SetTotal(int64(d.cfg.PoolMinReady), "warm slots")

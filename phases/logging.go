@@ -94,3 +94,77 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
+
+// WarnSlowPhases logs a warning when a phase has run longer than its
+// expected duration in expected, with its progress, rate and estimated time
+// left, and again each time that duration passes once more, until the
+// phase ends or stop is called. It samples the lifecycle every 250ms (a
+// slow phase is one that publishes nothing for a long time) and returns
+// once the start is over.
+func WarnSlowPhases(lc *lifecycle.Lifecycle, log *slog.Logger, expected map[string]time.Duration) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		est := lifecycle.NewEstimator(0, 0)
+		type key struct {
+			phase   string
+			attempt int
+		}
+		warned := map[key]int{}
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			s := lc.Snapshot()
+			switch s.State {
+			case lifecycle.StateCreated, lifecycle.StateStarting:
+			default:
+				return
+			}
+			ests := est.Observe(s, time.Now())
+			for _, p := range s.Phases {
+				want := expected[p.Name]
+				if want <= 0 || (p.State != lifecycle.PhaseRunning && p.State != lifecycle.PhaseRetrying) {
+					continue
+				}
+				k := key{p.Name, p.Attempts}
+				took := p.Duration()
+				if took <= want*time.Duration(warned[k]+1) {
+					continue
+				}
+				warned[k]++
+				attrs := []any{"phase", p.Name, "running", took.Round(time.Second).String(), "expected", want.String(), "attempt", p.Attempts}
+				if prog := p.Progress.String(); prog != "" {
+					attrs = append(attrs, "progress", prog)
+				}
+				e := ests.Phase(p.Name)
+				if e.Rate <= 0 && p.Progress.Done > 0 && took > 0 {
+					// Not sampled long enough yet: the average so far.
+					e.Rate = float64(p.Progress.Done) / took.Seconds()
+					if left := p.Progress.Total - p.Progress.Done; left > 0 {
+						e.Remaining, e.OK = time.Duration(float64(left)/e.Rate*float64(time.Second)), true
+					}
+				}
+				if e.Rate > 0 {
+					attrs = append(attrs, "rate", lifecycle.FormatRate(e.Rate))
+					if e.OK {
+						attrs = append(attrs, "eta", lifecycle.FormatRemaining(e.Remaining))
+					}
+				}
+				log.Warn("phase slower than expected", attrs...)
+			}
+		}
+	})
+	return func() {
+		select {
+		case <-done:
+		default:
+			close(done)
+		}
+		wg.Wait()
+	}
+}

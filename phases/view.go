@@ -2,6 +2,7 @@ package phases
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"time"
 
@@ -32,34 +33,55 @@ type PhaseView struct {
 	Ended     time.Time                  `json:"ended,omitzero"`
 	Duration  time.Duration              `json:"durationNs"`
 	Progress  lifecycle.ProgressSnapshot `json:"progress"`
-	Error     string                     `json:"error,omitempty"`
+	// Rate is units of progress per second (recent while running, the
+	// average once done); ETA the estimated time left while running.
+	Rate  float64       `json:"rate,omitempty"`
+	ETA   time.Duration `json:"etaNs,omitempty"`
+	Error string        `json:"error,omitempty"`
 }
 
 // NewView converts a snapshot.
 func NewView(s lifecycle.Snapshot) View {
+	return NewViewWithETA(s, lifecycle.Estimates{})
+}
+
+// NewViewWithETA converts a snapshot, with the rates and times left in est.
+func NewViewWithETA(s lifecycle.Snapshot, est lifecycle.Estimates) View {
 	v := View{State: s.State, Since: s.Since, Started: s.Started, Degraded: s.Degraded, Error: errString(s.Err)}
 	for _, p := range s.Phases {
 		v.Phases = append(v.Phases, PhaseView{
 			Name: p.Name, DependsOn: p.DependsOn, State: string(p.State), Attempts: p.Attempts,
 			Started: p.Started, Ended: p.Ended, Duration: p.Duration(), Progress: p.Progress, Error: errString(p.Err),
 		})
+		v.Phases[len(v.Phases)-1].setEstimate(est.Phase(p.Name))
 	}
 	for _, t := range s.Tasks {
 		v.Tasks = append(v.Tasks, PhaseView{
 			Name: t.Name, Phase: t.Phase, State: string(t.State),
 			Started: t.Started, Ended: t.Ended, Duration: t.Duration(), Progress: t.Progress, Error: errString(t.Err),
 		})
+		v.Tasks[len(v.Tasks)-1].setEstimate(est.Task(t.Name))
 	}
 	return v
 }
 
-// viewHandler serves the lifecycle's current View.
+func (p *PhaseView) setEstimate(e lifecycle.Estimate) {
+	p.Rate = math.Round(e.Rate*100) / 100
+	if e.OK {
+		p.ETA = e.Remaining
+	}
+}
+
+// viewHandler serves the lifecycle's current View, with rates and times
+// left estimated from the snapshots its requests saw.
 func viewHandler(lc *lifecycle.Lifecycle) http.Handler {
+	est := lifecycle.NewEstimator(0, 0)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(NewView(lc.Snapshot()))
+		s := lc.Snapshot()
+		_ = enc.Encode(NewViewWithETA(s, est.Observe(s, time.Now())))
 	})
 }

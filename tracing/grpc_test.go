@@ -22,7 +22,9 @@ import (
 	"github.com/phasegate/phasegate/tracing"
 )
 
-type slotsStub struct{ phasegatev1.UnimplementedSlotsServer }
+type slotsStub struct {
+	phasegatev1.UnimplementedSlotsServer
+}
 
 func (slotsStub) List(context.Context, *phasegatev1.ListRequest) (*phasegatev1.ListResponse, error) {
 	return &phasegatev1.ListResponse{}, nil

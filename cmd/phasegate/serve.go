@@ -66,6 +66,7 @@ func serveFlags(e env) (phases.Config, logFlags, error) {
 	fs.DurationVar(&cfg.DrainDelay, "drain-delay", cfg.DrainDelay, "time between health turning NOT_SERVING and the servers stopping")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "bound on the graceful stop of the servers")
 	tf.register(fs)
+	fs.Var(expectValue{&cfg.Expected}, "expect", "phase=duration,…: log a warning, with the progress, when a phase runs longer")
 	fs.BoolVar(&cfg.SerialBaseline, "serial-baseline", false, "benchmarks only: start the way the seed's orchestrator did (serial reclaim, port bound last)")
 	lf.register(fs)
 	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
