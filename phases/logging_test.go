@@ -1,0 +1,53 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+func TestLogTransitionsLogsEveryPhaseOnce(t *testing.T) {
+	lc, err := lifecycle.New([]lifecycle.Phase{
+		{Name: "lock", Run: func(context.Context, *lifecycle.Progress) error { return nil }},
+		{Name: "reclaim", DependsOn: []string{"lock"}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
+			p.SetTotal(3, "namespaces")
+			p.Add(3)
+			p.Defer("rest", func(context.Context, *lifecycle.Progress) error { return errors.New("stuck") })
+			return nil
+		}},
+		{Name: "serve", DependsOn: []string{"reclaim"}, Run: func(context.Context, *lifecycle.Progress) error { return nil }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf lockedBuffer
+	stop := LogTransitions(lc, slog.New(slog.NewTextHandler(&buf, nil)))
+	if err := lc.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := lc.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	out := buf.String()
+	for _, want := range []string{
+		`msg="phase started" phase=lock`,
+		`msg="phase ended" phase=reclaim state=succeeded`,
+		`progress="3/3 namespaces"`,
+		`msg=lifecycle state=serving from=starting`,
+		`msg=lifecycle state=stopped from=draining`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	for _, phase := range []string{"lock", "reclaim", "serve"} {
+		if n := strings.Count(out, `msg="phase ended" phase=`+phase+" "); n != 1 {
+			t.Errorf("phase %s ended %d times in the log", phase, n)
+		}
+	}
+}
