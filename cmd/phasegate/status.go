@@ -118,11 +118,21 @@ func fmtProgress(p phases.PhaseView) string {
 }
 
 // watchStatus follows the lifecycle until it leaves starting. On a terminal
-// it redraws the table in place; otherwise it prints a line per change.
+// it draws a live view (see liveView); otherwise it prints a plain line per
+// change, at most one a second while only the figures move.
 func watchStatus(ctx context.Context, e env, c *http.Client, url string, every time.Duration) int {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var last string
+	var (
+		live      *liveView
+		lastShape string // the plain line without its figures
+		last      string
+		lastAt    time.Time
+	)
+	if e.isTTY {
+		live = &liveView{w: e.stdout, width: termWidth(e.stdout)}
+		defer live.close()
+	}
 	failures := 0
 	for {
 		v, _, err := fetchView(ctx, c, url)
@@ -130,18 +140,19 @@ func watchStatus(ctx context.Context, e env, c *http.Client, url string, every t
 		case err != nil:
 			failures++
 			if failures*int(every) > int(30*time.Second) {
+				if live != nil {
+					live.close()
+				}
 				fmt.Fprintf(e.stderr, "phasegate status: %v\n", err)
 				return exitUsage
 			}
-		case e.isTTY:
-			var b strings.Builder
-			renderTable(&b, v)
-			fmt.Fprint(e.stdout, "\x1b[H\x1b[2J"+b.String())
+		case live != nil:
+			live.draw(v)
 		default:
-			line := plainLine(v)
-			if line != last {
+			shape, line := plainLine(v, false), plainLine(v, true)
+			if line != last && (shape != lastShape || time.Since(lastAt) >= time.Second || v.State != lifecycle.StateStarting) {
 				fmt.Fprintln(e.stdout, line)
-				last = line
+				last, lastShape, lastAt = line, shape, time.Now()
 			}
 		}
 		if err == nil {
@@ -162,18 +173,33 @@ func watchStatus(ctx context.Context, e env, c *http.Client, url string, every t
 }
 
 // plainLine summarises a View on one line: the state and every phase that
-// is not pending.
-func plainLine(v phases.View) string {
+// is not pending; with figures, a running phase's rate and time left too.
+func plainLine(v phases.View, figures bool) string {
 	parts := []string{string(v.State)}
 	for _, p := range v.Phases {
 		if p.State == string(lifecycle.PhasePending) {
 			continue
 		}
 		s := p.Name + "=" + p.State
-		if prog := p.Progress.String(); prog != "" && p.State != string(lifecycle.PhaseSucceeded) {
-			s += "(" + prog + ")"
+		if p.State != string(lifecycle.PhaseSucceeded) {
+			var in []string
+			if prog := p.Progress.String(); prog != "" && figures {
+				in = append(in, prog)
+			}
+			if e := viewEstimate(p); figures && p.State == string(lifecycle.PhaseRunning) && e.String() != "" {
+				in = append(in, e.String())
+			}
+			if len(in) > 0 {
+				s += "(" + strings.Join(in, ", ") + ")"
+			}
+		} else if figures {
+			s += "(" + fmtDuration(p) + ")"
 		}
 		parts = append(parts, s)
 	}
 	return strings.Join(parts, " ")
+}
+
+func viewEstimate(p phases.PhaseView) lifecycle.Estimate {
+	return lifecycle.Estimate{Rate: p.Rate, Remaining: p.ETA, OK: p.ETA > 0}
 }

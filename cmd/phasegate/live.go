@@ -1,0 +1,192 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/phases"
+)
+
+// liveView draws `status --watch` on a terminal: a frame of one line per
+// phase and background task, redrawn in place (cursor up, clear line)
+// rather than clearing the screen, so what was above stays and the last
+// frame is left behind when the start is over:
+//
+//	phasegate starting · 2.3s
+//	  ✔ lock        2ms
+//	  ✔ listen      3ms
+//	  ▶ reclaim     ███████████░░░░░░░░░░░░░░  1200/5000 namespaces · 812/s · ~4.7s left
+//	  · storage     pending
+//	  …
+type liveView struct {
+	w      io.Writer
+	width  int
+	lines  int // lines of the last frame
+	hidden bool
+}
+
+// termWidth is the width of the terminal w writes to, or 80.
+func termWidth(w io.Writer) int {
+	if f, ok := w.(*os.File); ok {
+		if ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col >= 20 {
+			return int(ws.Col)
+		}
+	}
+	return 80
+}
+
+var stateMarks = map[string]string{
+	string(lifecycle.PhasePending):   "·",
+	string(lifecycle.PhaseRunning):   "▶",
+	string(lifecycle.PhaseRetrying):  "↻",
+	string(lifecycle.PhaseSucceeded): "✔",
+	string(lifecycle.PhaseFailed):    "✘",
+	string(lifecycle.PhaseCancelled): "⊘",
+	string(lifecycle.PhaseSkipped):   "-",
+}
+
+// ANSI colours by state: running blue, retrying yellow, done green, failed
+// red, the rest dim.
+var stateColours = map[string]string{
+	string(lifecycle.PhaseRunning):   "\x1b[34m",
+	string(lifecycle.PhaseRetrying):  "\x1b[33m",
+	string(lifecycle.PhaseSucceeded): "\x1b[32m",
+	string(lifecycle.PhaseFailed):    "\x1b[31m",
+}
+
+func (l *liveView) draw(v phases.View) {
+	frame := renderFrame(v, l.width, time.Now())
+	var b strings.Builder
+	if !l.hidden {
+		b.WriteString("\x1b[?25l") // hide the cursor while drawing
+		l.hidden = true
+	}
+	if l.lines > 0 {
+		fmt.Fprintf(&b, "\x1b[%dA", l.lines)
+	}
+	for _, line := range frame {
+		b.WriteString("\r\x1b[2K")
+		b.WriteString(line)
+		b.WriteByte('\n')
+	}
+	// A shorter frame than the last one: clear what is left below.
+	b.WriteString("\x1b[J")
+	l.lines = len(frame)
+	_, _ = io.WriteString(l.w, b.String())
+}
+
+func (l *liveView) close() {
+	if l.hidden {
+		_, _ = io.WriteString(l.w, "\x1b[?25h")
+		l.hidden = false
+	}
+}
+
+// renderFrame is the live view of v, each line at most width columns.
+func renderFrame(v phases.View, width int, now time.Time) []string {
+	head := "phasegate " + string(v.State)
+	if !v.Started.IsZero() {
+		end := now
+		if v.State != lifecycle.StateStarting {
+			end = v.Since
+		}
+		if v.State == lifecycle.StateServing {
+			head += " · started in " + end.Sub(v.Started).Round(time.Millisecond).String()
+		} else {
+			head += " · " + end.Sub(v.Started).Round(100*time.Millisecond).String()
+		}
+	}
+	if v.Degraded {
+		head += " (degraded)"
+	}
+	if v.Error != "" {
+		head += ": " + v.Error
+	}
+	out := []string{"\x1b[1m" + clip(head, width) + "\x1b[0m"}
+	nameW := 8
+	for _, p := range append(append([]phases.PhaseView{}, v.Phases...), v.Tasks...) {
+		nameW = max(nameW, utf8.RuneCountInString(p.Name)+5)
+	}
+	row := func(p phases.PhaseView, task bool) string {
+		name := p.Name
+		if task {
+			name = "task " + p.Name
+		}
+		mark := stateMarks[p.State] // task states are phase state names too
+		if mark == "" {
+			mark = "·"
+		}
+		prefix := fmt.Sprintf("  %s %-*s ", mark, nameW, name)
+		var detail string
+		switch {
+		case p.State == string(lifecycle.PhaseRunning) && p.Progress.Total > 0:
+			barW := min(30, max(10, width-len([]rune(prefix))-50))
+			detail = progressBar(p.Progress.Done, p.Progress.Total, barW) + "  " + p.Progress.String()
+			if e := viewEstimate(p); e.String() != "" {
+				detail += " · " + strings.ReplaceAll(e.String(), ", ", " · ")
+			} else {
+				detail += " · " + fmtDuration(p)
+			}
+		case p.State == string(lifecycle.PhaseRunning):
+			detail = fmtDuration(p)
+			if prog := p.Progress.String(); prog != "" {
+				detail += " · " + prog
+			}
+		case p.State == string(lifecycle.PhasePending):
+			detail = "pending"
+		case p.Started.IsZero():
+			detail = p.State
+		default:
+			detail = fmtDuration(p)
+			if p.State != string(lifecycle.PhaseSucceeded) {
+				detail = p.State + " after " + detail
+			}
+			if prog := p.Progress.String(); prog != "" {
+				detail += " · " + prog
+			}
+			if p.Rate > 0 && p.Progress.Done > 1 {
+				detail += " · " + lifecycle.FormatRate(p.Rate)
+			}
+			if p.Error != "" && p.State != string(lifecycle.PhaseSucceeded) {
+				detail += " · " + p.Error
+			}
+		}
+		line := clip(prefix+detail, width)
+		if c := stateColours[p.State]; c != "" {
+			line = c + line + "\x1b[0m"
+		}
+		return line
+	}
+	for _, p := range v.Phases {
+		out = append(out, row(p, false))
+	}
+	for _, t := range v.Tasks {
+		out = append(out, row(t, true))
+	}
+	return out
+}
+
+// progressBar draws done/total in w cells.
+func progressBar(done, total int64, w int) string {
+	if total <= 0 {
+		return strings.Repeat("░", w)
+	}
+	f := min(w, int(float64(w)*float64(done)/float64(total)))
+	return strings.Repeat("█", f) + strings.Repeat("░", w-f)
+}
+
+// clip cuts s to width runes.
+func clip(s string, width int) string {
+	if utf8.RuneCountInString(s) <= width {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:max(1, width-1)]) + "…"
+}
