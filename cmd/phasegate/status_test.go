@@ -136,13 +136,13 @@ func TestStatusWatchUnderPTY(t *testing.T) {
 	<-copied
 	o := out.String()
 	for _, want := range []string{
-		"\x1b[?25l",                // cursor hidden while drawing
-		"\x1b[6A",                  // redrawn in place: six lines up
-		"\r\x1b[2K",                // each line cleared
-		"▶ reclaim",                // the running phase
-		"████████",                 // its bar
-		"2000/4000 namespaces",     // its progress
-		"4000/s · ~0.5s left",      // its rate and time left
+		"\x1b[?25l",            // cursor hidden while drawing
+		"\x1b[6A",              // redrawn in place: six lines up
+		"\r\x1b[2K",            // each line cleared
+		"▶ reclaim",            // the running phase
+		"████████",             // its bar
+		"2000/4000 namespaces", // its progress
+		"4000/s · ~0.5s left",  // its rate and time left
 		"phasegate serving · started in 1.1s",
 		"✔ reclaim",
 		"1.048s · 4000/4000 namespaces · 3816/s",
