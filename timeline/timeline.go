@@ -204,7 +204,10 @@ func build(s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Op
 	for _, t := range s.Tasks {
 		consider(t.Started, t.Ended)
 	}
-	if running || s.State == lifecycle.StateStarting {
+	// While starting, the axis runs to now; after, to the last end, and
+	// what still runs (a background loop) reaches the right edge.
+	starting := s.State == lifecycle.StateStarting || s.State == lifecycle.StateCreated
+	if starting || !end.After(t0) {
 		end = now
 	}
 	if t0.IsZero() {
@@ -219,8 +222,14 @@ func build(s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Op
 		return left + (right-left)*float64(t.Sub(t0))/float64(span)
 	}
 	p.Ticks = ticks(span, left, right)
-	if running {
+	if running && starting {
 		p.ShowNow, p.NowX = true, right
+	}
+	clip := func(t time.Time) time.Time {
+		if t.After(end) {
+			return end
+		}
+		return t
 	}
 
 	y := axisHeight + 8
@@ -231,7 +240,7 @@ func build(s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Op
 			Colour: colours[string(ph.State)], Y: y, BarY: y + (rowHeight-barHeight)/2,
 			DependsOn: ph.DependsOn,
 		}
-		fill(&b, ph.Started, ph.Ended, ph.Progress, est.Phase(ph.Name), ph.Err, now, xOf, right)
+		fill(&b, ph.Started, ph.Ended, ph.Progress, est.Phase(ph.Name), ph.Err, now, clip, xOf, right)
 		if ph.Attempts > 1 {
 			b.Text += fmt.Sprintf(" · attempt %d", ph.Attempts)
 		}
@@ -249,7 +258,7 @@ func build(s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Op
 			Kind: "task", Name: t.Name, Label: "task " + t.Name, State: string(t.State), From: t.Phase,
 			Colour: colours[string(t.State)], Y: y, BarY: y + (rowHeight-barHeight)/2,
 		}
-		fill(&b, t.Started, t.Ended, t.Progress, est.Task(t.Name), t.Err, now, xOf, right)
+		fill(&b, t.Started, t.Ended, t.Progress, est.Task(t.Name), t.Err, now, clip, xOf, right)
 		index["task\x00"+t.Name] = len(p.Bars)
 		p.Bars = append(p.Bars, b)
 		y += rowHeight
@@ -305,14 +314,14 @@ func build(s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Op
 }
 
 // fill places a bar and writes its labels.
-func fill(b *bar, started, ended time.Time, prog lifecycle.ProgressSnapshot, e lifecycle.Estimate, err error, now time.Time, xOf func(time.Time) float64, right float64) {
+func fill(b *bar, started, ended time.Time, prog lifecycle.ProgressSnapshot, e lifecycle.Estimate, err error, now time.Time, clip func(time.Time) time.Time, xOf func(time.Time) float64, right float64) {
 	if !started.IsZero() {
 		to := ended
 		if to.IsZero() {
 			to = now
 		}
-		b.X = xOf(started)
-		b.W = math.Max(3, xOf(to)-b.X)
+		b.X = xOf(clip(started))
+		b.W = math.Max(3, xOf(clip(to))-b.X)
 		b.Duration = fmtDuration(to.Sub(started))
 		if ended.IsZero() && prog.Total > 0 {
 			b.Done = b.W * math.Min(1, float64(prog.Done)/float64(prog.Total))

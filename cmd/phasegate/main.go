@@ -4,6 +4,7 @@
 //	phasegate status    show the phases of a running daemon
 //	phasegate probe     exit 0 when a daemon serves (for scripts and exec checks)
 //	phasegate reclaim   one-shot clean-up of leaked slots, without a daemon
+//	phasegate demo      the whole story on this host, in one command (root)
 //	phasegate version   print the version
 //
 // Exit codes: 0 success, 1 failure (startup failed, not serving), 2 usage or
@@ -62,6 +63,7 @@ commands:
   status    show a daemon's phases: state, duration, progress (--watch to follow)
   probe     exit 0 when a daemon serves, 1 when not, 2 when it cannot ask
   reclaim   one-shot reclaim of leaked slots; refuses while a daemon runs
+  demo      leak slots, start a daemon, watch it start and serve, clean up (root)
   version   print the version
 
 Run "phasegate <command> -h" for a command's flags.
@@ -83,6 +85,8 @@ func run(ctx context.Context, e env) int {
 		return probeCmd(ctx, e)
 	case "reclaim":
 		return reclaimCmd(ctx, e)
+	case "demo":
+		return demoCmd(ctx, e)
 	case "version", "--version", "-version":
 		fmt.Fprintf(e.stdout, "phasegate %s\n", version)
 		return exitOK
