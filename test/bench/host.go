@@ -1,0 +1,330 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/nft"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// maxSlots bounds N: the slot CIDR's /31s and the daemon's --slots.
+const maxSlots = 16000
+
+// spareSlots are indices beyond the largest N, for the daemon's warm pool.
+const spareSlots = 64
+
+// leakWorkers is the number of goroutines that make namespaces for a leak.
+const leakWorkers = 8
+
+// host is this run's share of the machine: a unique prefix, a temporary
+// netns directory and state directory. Nothing without the prefix is ever
+// touched.
+type host struct {
+	cfg      slot.Config
+	base     string
+	stateDir string
+}
+
+// randomPrefix returns "bz", four random lowercase letters and "-".
+func randomPrefix() string {
+	b := []byte("bz")
+	for range 4 {
+		b = append(b, byte('a'+rand.IntN(26)))
+	}
+	return string(b) + "-"
+}
+
+// newHost makes the temporary directories and a slot configuration for up
+// to slots indices.
+func newHost(slots int, cidr string) (*host, error) {
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return nil, fmt.Errorf("-cidr: %w", err)
+	}
+	base, err := os.MkdirTemp("", "phasegate-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("temp dir: %w", err)
+	}
+	h := &host{
+		cfg: slot.Config{
+			Prefix:   randomPrefix(),
+			NetnsDir: filepath.Join(base, "netns"),
+			Slots:    slots,
+			CIDR:     p,
+		},
+		base:     base,
+		stateDir: filepath.Join(base, "state"),
+	}
+	if err := h.cfg.Validate(); err != nil {
+		os.RemoveAll(base)
+		return nil, fmt.Errorf("slot config: %w", err)
+	}
+	if err := netns.PrepareDir(h.cfg.NetnsDir); err != nil {
+		os.RemoveAll(base)
+		return nil, err
+	}
+	return h, nil
+}
+
+// table returns the nftables table the daemon uses for this prefix.
+func (h *host) table() (*nft.Table, error) {
+	return nft.New(h.cfg.TableName())
+}
+
+// leak makes slots 1..n the way a killed daemon leaves them: a netns file
+// <prefix><i>, a veth pair whose host end <prefix>h<i> is up with its /31
+// address and whose peer eth0 is inside the namespace, and the host end's
+// name in the nftables set.
+func (h *host) leak(ctx context.Context, n int) error {
+	if n == 0 {
+		return nil
+	}
+	if err := h.makeNamespaces(ctx, n); err != nil {
+		return err
+	}
+	if err := h.makeVeths(ctx, n); err != nil {
+		return err
+	}
+	tbl, err := h.table()
+	if err != nil {
+		return err
+	}
+	if err := tbl.Ensure(ctx); err != nil {
+		return fmt.Errorf("leak: nftables table: %w", err)
+	}
+	names := make([]string, 0, n)
+	for i := 1; i <= n; i++ {
+		names = append(names, h.cfg.HostIfName(i))
+	}
+	if err := tbl.Add(ctx, names...); err != nil {
+		return fmt.Errorf("leak: set elements: %w", err)
+	}
+	return nil
+}
+
+// makeNamespaces creates netns files 1..n with a few workers.
+func (h *host) makeNamespaces(ctx context.Context, n int) error {
+	next := make(chan int)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for range leakWorkers {
+		wg.Go(func() {
+			for i := range next {
+				if _, err := netns.Create(ctx, h.cfg.NetnsDir, h.cfg.NetnsName(i)); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := 1; i <= n && ctx.Err() == nil; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("leak: %w", err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("leak: %d namespaces failed: %w", len(errs), errs[0])
+	}
+	return nil
+}
+
+// makeVeths adds the veth pairs of slots 1..n with one `ip -batch`.
+func (h *host) makeVeths(ctx context.Context, n int) error {
+	var batch bytes.Buffer
+	for i := 1; i <= n; i++ {
+		s := h.cfg.Slot(i)
+		fmt.Fprintf(&batch, "link add %s type veth peer name %s netns %s\n", s.HostIf, slot.InsideIfName, s.NetnsPath)
+		fmt.Fprintf(&batch, "addr add %s dev %s\n", s.HostAddr, s.HostIf)
+		fmt.Fprintf(&batch, "link set %s up\n", s.HostIf)
+	}
+	file := filepath.Join(h.base, "leak.batch")
+	if err := os.WriteFile(file, batch.Bytes(), 0o600); err != nil {
+		return fmt.Errorf("leak: %w", err)
+	}
+	defer os.Remove(file)
+	out, err := exec.CommandContext(ctx, "ip", "-batch", file).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("leak: ip -batch: %w: %.500s", err, out)
+	}
+	return nil
+}
+
+// leftovers counts what exists with our prefix: netns files, host links,
+// set elements.
+func (h *host) leftovers(ctx context.Context) (files, links, elements int, err error) {
+	ents, err := os.ReadDir(h.cfg.NetnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, 0, 0, err
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), h.cfg.Prefix) {
+			files++
+		}
+	}
+	names, err := h.hostLinks()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	links = len(names)
+	if tbl, err := h.table(); err == nil {
+		if ok, err := tbl.Exists(ctx); err == nil && ok {
+			els, err := tbl.List(ctx)
+			if err != nil {
+				return 0, 0, 0, err
+			}
+			elements = len(els)
+		}
+	}
+	return files, links, elements, nil
+}
+
+// hostLink is a root-namespace link known by index and name.
+type hostLink struct {
+	index int
+	name  string
+}
+
+// hostLinkIndices lists the root namespace's links named <prefix>h*. A dump
+// the kernel reports as interrupted (links came or went meanwhile) is
+// retried.
+func (h *host) hostLinkIndices() ([]hostLink, error) {
+	var (
+		links []netlink.Link
+		err   error
+	)
+	for range 5 {
+		if links, err = netlink.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	var out []hostLink
+	for _, l := range links {
+		if a := l.Attrs(); strings.HasPrefix(a.Name, h.cfg.Prefix+"h") {
+			out = append(out, hostLink{index: a.Index, name: a.Name})
+		}
+	}
+	return out, nil
+}
+
+// hostLinks lists the names of the root namespace's links named <prefix>h*.
+func (h *host) hostLinks() ([]string, error) {
+	links, err := h.hostLinkIndices()
+	names := make([]string, 0, len(links))
+	for _, l := range links {
+		names = append(names, l.name)
+	}
+	return names, err
+}
+
+// settle waits (up to a minute) until nothing with our prefix is left, then
+// removes the nftables table so every run starts from the same state, and
+// pauses so the kernel's asynchronous namespace clean-up of the previous run
+// does not overlap the next one. What is still left after the wait is swept
+// and reported as an error.
+func (h *host) settle(ctx context.Context, pause time.Duration) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		files, links, _, err := h.leftovers(ctx)
+		if err != nil {
+			return err
+		}
+		if files == 0 && links == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			sweepErr := h.sweep()
+			return errors.Join(fmt.Errorf("after a run: %d netns files and %d host links left", files, links), sweepErr)
+		}
+		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	if err := h.dropTable(ctx); err != nil {
+		return err
+	}
+	return sleep(ctx, pause)
+}
+
+// dropTable deletes our nftables table if it exists.
+func (h *host) dropTable(ctx context.Context) error {
+	tbl, err := h.table()
+	if err != nil {
+		return err
+	}
+	ok, err := tbl.Exists(ctx)
+	if err != nil || !ok {
+		return err
+	}
+	return tbl.Delete(ctx)
+}
+
+// sweep removes everything with our prefix: netns files (and their mounts),
+// the netns directory's own bind mount, host links, the nftables table and
+// the temporary directories. It is safe to call more than once.
+func (h *host) sweep() error {
+	var errs []error
+	ents, _ := os.ReadDir(h.cfg.NetnsDir)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), h.cfg.Prefix) {
+			continue
+		}
+		p := filepath.Join(h.cfg.NetnsDir, e.Name())
+		for unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW) == nil {
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	for unix.Unmount(h.cfg.NetnsDir, unix.MNT_DETACH) == nil {
+	}
+	names, err := h.hostLinks()
+	errs = append(errs, err)
+	for _, n := range names {
+		if err := netlink.LinkDel(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: n}}); err != nil &&
+			!errors.Is(err, unix.ENODEV) {
+			errs = append(errs, fmt.Errorf("delete link %s: %w", n, err))
+		}
+	}
+	errs = append(errs, h.dropTable(context.Background()))
+	if err := os.RemoveAll(h.base); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
