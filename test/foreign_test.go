@@ -121,4 +121,3 @@ func snapshotDir(t *testing.T, dir, prefix string) map[string]string {
 	}
 	return out
 }
-

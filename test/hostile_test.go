@@ -192,4 +192,3 @@ func TestHostileClientsOnThePort(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 }
-
