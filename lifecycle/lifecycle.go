@@ -30,6 +30,7 @@ type Lifecycle struct {
 	mu           sync.Mutex
 	fsm          *fsm.FSM
 	since        time.Time
+	history      []Transition // every state entered after created, in order
 	started      time.Time
 	err          error
 	degraded     bool
@@ -328,6 +329,7 @@ func (l *Lifecycle) transitionLocked(event string) {
 		panic(fmt.Sprintf("lifecycle: event %q refused in state %q: %v", event, l.fsm.Current(), err))
 	}
 	l.since = time.Now()
+	l.history = append(l.history, Transition{State: State(l.fsm.Current()), At: l.since})
 	l.publishLocked()
 }
 

@@ -232,6 +232,11 @@ func TestSlowObserverNeitherBlocksNorSeesStaleState(t *testing.T) {
 	if got.Seq != want.Seq || got.State != lifecycle.StateServing {
 		t.Fatalf("slow observer got seq %d state %s, want seq %d serving", got.Seq, got.State, want.Seq)
 	}
+	// It missed the transitions as states, not as history.
+	if len(got.History) != 2 || got.History[0].State != lifecycle.StateStarting || got.History[1].State != lifecycle.StateServing ||
+		got.History[1].At.Before(got.History[0].At) {
+		t.Fatalf("history %v, want starting then serving", got.History)
+	}
 	for _, p := range got.Phases {
 		if p.Progress.Done != 1000 {
 			t.Fatalf("phase %s progress %s, want 1000/1000", p.Name, p.Progress)

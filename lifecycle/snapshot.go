@@ -11,6 +11,10 @@ type Snapshot struct {
 	// State is the lifecycle's state, Since when it entered it.
 	State State
 	Since time.Time
+	// History lists every state the lifecycle entered after created, in
+	// order, with when: an observer that fell behind still sees each
+	// transition.
+	History []Transition
 	// Started is when Start began; zero before.
 	Started time.Time
 	// Err is why the lifecycle failed; nil unless State is failed, or
@@ -22,6 +26,12 @@ type Snapshot struct {
 	Phases []PhaseSnapshot
 	// Tasks lists background tasks in the order they were started.
 	Tasks []TaskSnapshot
+}
+
+// Transition is the lifecycle entering State at At.
+type Transition struct {
+	State State
+	At    time.Time
 }
 
 // PhaseSnapshot is one phase's part of a [Snapshot].

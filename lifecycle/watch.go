@@ -61,6 +61,7 @@ func (l *Lifecycle) snapshotLocked() Snapshot {
 		Seq:      l.seq,
 		State:    State(l.fsm.Current()),
 		Since:    l.since,
+		History:  l.history[:len(l.history):len(l.history)],
 		Started:  l.started,
 		Err:      l.err,
 		Degraded: l.degraded,

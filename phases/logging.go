@@ -70,18 +70,27 @@ func logDiff(log *slog.Logger, prev, s lifecycle.Snapshot, first bool) {
 			}
 		}
 	}
-	if first || s.State != prev.State {
-		attrs := []any{"state", string(s.State)}
-		if !first {
-			attrs = append(attrs, "from", string(prev.State))
+	// Every transition is logged once, from the history, even those an
+	// observer that fell behind never saw as a state of its own.
+	from := lifecycle.StateCreated
+	if n := len(prev.History); n > 0 && !first {
+		from = prev.History[n-1].State
+	}
+	seen := len(prev.History)
+	if first {
+		seen = 0
+		log.Info("lifecycle", "state", string(lifecycle.StateCreated))
+	}
+	for _, tr := range s.History[seen:] {
+		attrs := []any{"state", string(tr.State), "from", string(from)}
+		if tr.State == lifecycle.StateServing && !s.Started.IsZero() {
+			attrs = append(attrs, "startup", tr.At.Sub(s.Started).Round(time.Millisecond).String())
 		}
-		if s.State == lifecycle.StateServing && !s.Started.IsZero() {
-			attrs = append(attrs, "startup", s.Since.Sub(s.Started).Round(time.Millisecond).String())
-		}
-		if s.Err != nil && (s.State == lifecycle.StateFailed || s.State == lifecycle.StateStopped) {
+		if s.Err != nil && tr.State == lifecycle.StateFailed {
 			attrs = append(attrs, "error", s.Err.Error())
 		}
 		log.Info("lifecycle", attrs...)
+		from = tr.State
 	}
 	if s.Degraded && !prev.Degraded {
 		log.Warn("lifecycle degraded: a background task failed")
