@@ -6,9 +6,10 @@ export PATH := $(GOBIN):$(PATH)
 
 GRPC_HEALTH_PROBE_VERSION := v0.4.62
 
-.PHONY: help run build test unit tools jaeger grpc-health-probe bench vet generate fuzz
+.PHONY: help demo run build test unit tools jaeger grpc-health-probe bench vet generate fuzz screenshot
 
 help:
+	@echo "make demo     the whole story: leaked slots, a daemon starting, health 503 -> 200 (as root)"
 	@echo "make run      build and run the daemon on its defaults (as root)"
 	@echo "make test     every test: unit, kernel (root) and end-to-end; installs the tools they need"
 	@echo "make unit     the tests that need no root and no tools"
@@ -18,6 +19,10 @@ help:
 
 build:
 	$(GO) build -o bin/phasegate ./cmd/phasegate
+
+## demo: leaked slots, a daemon reclaiming them, health turning 503 → 200 (root).
+demo: build
+	bin/phasegate demo
 
 ## run: the daemon on its defaults.
 run: build
@@ -32,7 +37,11 @@ test: tools vet
 		$(GO) test -race -count=1 -timeout 40m ./...
 
 unit:
-	$(GO) test -race -count=1 ./lifecycle/... ./tracing/... ./health/... ./server/...
+	$(GO) test -race -count=1 ./lifecycle/... ./tracing/... ./health/... ./server/... ./metrics/... ./timeline/... ./phases/... ./cmd/...
+
+## screenshot: refresh docs/startup-timeline.png from a real start in headless Chromium (root).
+screenshot:
+	PHASEGATE_SCREENSHOT_DIR=$(CURDIR)/docs $(GO) test -count=1 -run TestOperatorMetricsAndTimeline ./test/
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
