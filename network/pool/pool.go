@@ -424,7 +424,9 @@ func (p *Pool) WaitReady(ctx context.Context, n int) error {
 // Close stops filling, destroys every idle slot and every slot being
 // created, waits for in-flight work (or until ctx ends) and returns the
 // joined errors. Slots handed out and not yet returned are not touched;
-// Put destroys them later. Close is idempotent; later calls return nil.
+// Put destroys them later. If ctx ends first, Close returns ctx's error and
+// the in-flight work still finishes (and cleans up) on its own. Close is
+// idempotent; later calls return nil.
 func (p *Pool) Close(ctx context.Context) error {
 	p.mu.Lock()
 	if p.closed {

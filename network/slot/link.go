@@ -30,6 +30,24 @@ func newLinkProbe() (*linkProbe, error) {
 
 func (p *linkProbe) close() { unix.Close(p.fd) }
 
+// index returns the index of a link by name with ioctl(SIOCGIFINDEX), 0 if
+// it does not exist. Only for names expected to exist (see above): it is one
+// RCU lookup, where a netlink request would queue behind the RTNL lock that
+// the kernel holds while it destroys namespaces.
+func (p *linkProbe) index(name string) (int, error) {
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return 0, fmt.Errorf("slot: link %q: %w", name, err)
+	}
+	if err := unix.IoctlIfreq(p.fd, unix.SIOCGIFINDEX, ifr); err != nil {
+		if errors.Is(err, unix.ENODEV) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("slot: ioctl(SIOCGIFINDEX) %s: %w", name, err)
+	}
+	return int(ifr.Uint32()), nil
+}
+
 // exists reports whether link index still exists with the given name (an
 // index is never reused quickly, but check the name anyway).
 func (p *linkProbe) exists(index int, name string) (bool, error) {

@@ -46,7 +46,7 @@ func main() {
 	var (
 		slots   = flag.Int("slots", 5000, "leaked slots per reclaim round, and slots managed by the pool")
 		serialN = flag.Int("serial", 300, "leaked slots for the serial reference strategy")
-		workers = flag.Int("workers", 4, "detach+unlink workers (phasegate and floor)")
+		workers = flag.Int("workers", slot.DefaultWorkers, "detach+unlink workers (phasegate and floor)")
 		rounds  = flag.Int("rounds", 2, "rounds of phasegate vs floor (interleaved)")
 		creates = flag.Int("creates", 300, "sequential creates for the create latency")
 		gets    = flag.Int("gets", 1000, "Get/Put cycles for the warm-pool Get latency (each Put resets the slot)")
@@ -239,6 +239,7 @@ type results struct {
 	cmd                     string
 
 	kernel, cpu, goVersion string
+	loadStart, loadEnd     string
 
 	leakCreate           []time.Duration
 	createP50, createP90 time.Duration
@@ -265,6 +266,15 @@ func pct(ds []time.Duration, p float64) time.Duration {
 	return s[k]
 }
 
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
 func rss() int64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
@@ -289,6 +299,8 @@ func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) err
 		r.cpu += ", " + strings.TrimSpace(string(out))
 	}
 	r.goVersion = runtime.Version()
+	r.loadStart = loadavg()
+	defer func() { r.loadEnd = loadavg() }()
 	runtime.GC()
 	r.rssBase = rss()
 
@@ -455,8 +467,11 @@ func (r *results) markdown() string {
 	w("# Network layer benchmarks\n\n")
 	w("Measured by `network/cmd/netbench` on the real kernel, as root, in one run. Reproduce with:\n\n")
 	w("```sh\n# as root, from the repository root\n%s\n```\n\n", r.cmd)
-	w("Machine: Linux %s, %s, %s. Numbers are wall time of single runs on a shared 2-core VM: expect ±20%%.\n\n",
-		r.kernel, r.cpu, r.goVersion)
+	w("Machine: Linux %s, %s, %s. Load average at start %s, at end %s. Numbers are wall times of single runs on a\n"+
+		"2-core VM shared with other work: the kernel's namespace clean-up is one global worker, so anything else\n"+
+		"creating or destroying namespaces on the host at the same time slows phasegate and the floor alike. Compare\n"+
+		"the rows of one run, not runs on different days.\n\n",
+		r.kernel, r.cpu, r.goVersion, r.loadStart, r.loadEnd)
 
 	w("## Goals\n\n| goal | figure | verdict |\n|---|---|---|\n")
 	w("| reclaim of %d leaked slots ≤ 1.5× the kernel floor | %s vs floor %s = %.2f× | %s |\n",
