@@ -91,8 +91,10 @@ func TestBusyNamespacesAtReclaim(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			h := newHost(t)
-			h.leak(h.prefix, 1, 10)
-			inside, holder := occupy(t, h.netnsDir+"/"+h.prefix+"3", h.netnsDir+"/"+h.prefix+"7")
+			// Indices above the pool's, so that a fresh slot does not reuse
+			// the name of the one checked.
+			h.leak(h.prefix, 11, 10)
+			inside, holder := occupy(t, h.netnsDir+"/"+h.prefix+"13", h.netnsDir+"/"+h.prefix+"17")
 			args := h.args(freePort(t), "--slots=64")
 			if kill {
 				args = append(args, "--reclaim-kill-orphans")
@@ -103,7 +105,7 @@ func TestBusyNamespacesAtReclaim(t *testing.T) {
 			if !strings.Contains(report, "found=10") || !strings.Contains(report, "orphans=1") || !strings.Contains(report, "failed=0") {
 				t.Errorf("reclaim report %q, want found=10 orphans=1 failed=0", report)
 			}
-			if l := h.links(h.prefix + "h3"); len(l) != 0 {
+			if l := h.links(h.prefix + "h13"); len(l) != 0 {
 				t.Errorf("the orphan's host link was not cut: %v", l)
 			}
 			if kill == alive(inside) {

@@ -247,7 +247,13 @@ func (h *host) args(addr string, extra ...string) []string {
 // start execs the binary with args and env and returns at once.
 func start(t *testing.T, env []string, args ...string) *daemon {
 	t.Helper()
-	cmd := exec.Command(binary, args...)
+	return startBinary(t, binary, env, args...)
+}
+
+// startBinary is start for another build of phasegate.
+func startBinary(t *testing.T, bin string, env []string, args ...string) *daemon {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	d := &daemon{t: t, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
 	for _, a := range args {
