@@ -189,8 +189,10 @@ func createOnOwnThread(path string, errc chan<- error) {
 // symlink; EINVAL means the file is not a mount point), then unlinks the file,
 // retrying EBUSY with a bounded exponential backoff (about a second in all,
 // shorter if ctx ends). A file that still cannot be removed is reported as a
-// *BusyError. Symlinks and directories are never touched: they give an error
-// wrapping ErrNotNamespace.
+// *BusyError. A placeholder (see Inspect) is unlinked. Anything else —
+// symlinks, directories, files with content, mounts of something other than
+// a namespace — is never touched: it gives an error wrapping
+// ErrNotNamespace.
 //
 // Deleting the file does not kill the namespace if a process lives in it or
 // holds a descriptor to it: the kernel object, and any veth in it, live on
@@ -209,15 +211,18 @@ const (
 )
 
 func deletePath(ctx context.Context, path string) error {
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		return fmt.Errorf("netns: delete: %w", pathErr("lstat", path, err))
+	state, err := Inspect(path)
+	if err != nil {
+		return fmt.Errorf("netns: delete: %w", err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("netns: delete %s: %w", path, ErrNotNamespace)
+	switch state {
+	case Missing:
+		return nil
+	case Placeholder:
+		if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("netns: delete placeholder: %w", pathErr("unlink", path, err))
+		}
+		return nil
 	}
 	delay := deleteFirstDelay
 	for attempt := 1; ; attempt++ {
@@ -250,7 +255,92 @@ func deletePath(ctx context.Context, path string) error {
 		case <-t.C:
 		}
 		delay = min(2*delay, deleteMaxDelay)
+		// Something is still mounted there (stacked mounts): unmount it
+		// only if it is a namespace too.
+		switch state, err := Inspect(path); {
+		case err != nil:
+			return fmt.Errorf("netns: delete: %w", err)
+		case state == Missing:
+			return nil
+		case state == Placeholder:
+			if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("netns: delete: %w", pathErr("unlink", path, err))
+			}
+			return nil
+		}
 	}
+}
+
+// State is what Inspect found at a path.
+type State uint8
+
+// States of a path in a netns directory.
+const (
+	// Missing: nothing is there.
+	Missing State = iota
+	// Bound: a network namespace is bound there (an nsfs mount).
+	Bound
+	// Placeholder: an empty mode-0 regular file, what iproute2 and Create
+	// make before binding (left alone by a crash between the two steps).
+	Placeholder
+)
+
+// Inspect says what is at path without following a symlink. Anything that
+// is neither a bound namespace nor a placeholder — a symlink, a directory,
+// a file with content or permissions, a mount of something else — gives an
+// error wrapping ErrNotNamespace: it is foreign and must not be touched.
+func Inspect(path string) (State, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return Missing, nil
+		}
+		return Missing, pathErr("lstat", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return Missing, fmt.Errorf("%s is a %s: %w", path, fileType(st.Mode), ErrNotNamespace)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return Missing, pathErr("statfs", path, err)
+	}
+	if fs.Type == unix.NSFS_MAGIC {
+		return Bound, nil
+	}
+	if mountRoot(path) {
+		return Missing, fmt.Errorf("%s is a mount of something else: %w", path, ErrNotNamespace)
+	}
+	if st.Size != 0 || st.Mode&0o7777 != 0 {
+		return Missing, fmt.Errorf("%s is a file with content or permissions (size %d, mode %o): %w",
+			path, st.Size, st.Mode&0o7777, ErrNotNamespace)
+	}
+	return Placeholder, nil
+}
+
+// mountRoot reports whether path is the root of a mount (statx
+// STATX_ATTR_MOUNT_ROOT, Linux 5.8+; before that, a device different from
+// the parent directory's).
+func mountRoot(path string) bool {
+	var stx unix.Statx_t
+	err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, unix.STATX_BASIC_STATS, &stx)
+	if err == nil && stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+	}
+	var st, parent unix.Stat_t
+	if unix.Lstat(path, &st) != nil || unix.Stat(filepath.Dir(path), &parent) != nil {
+		return false
+	}
+	return st.Dev != parent.Dev
+}
+
+func fileType(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		return "symlink"
+	case unix.S_IFDIR:
+		return "directory"
+	}
+	return "special file"
 }
 
 // Kind says what a directory entry is.

@@ -290,3 +290,54 @@ func TestPrepareDirIdempotent(t *testing.T) {
 		t.Errorf("relative dir accepted")
 	}
 }
+
+// Look-alikes at our names are never touched: a bind mount of someone's
+// file, a file with content. A placeholder (empty, mode 0) is ours.
+func TestForeignFilesUntouched(t *testing.T) {
+	dir, prefix := setup(t)
+	ctx := context.Background()
+	src := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(src, []byte("someone else's file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bound := filepath.Join(dir, prefix+"40")
+	if err := os.WriteFile(bound, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(src, bound, "none", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(bound, unix.MNT_DETACH) })
+	content := filepath.Join(dir, prefix+"41")
+	if err := os.WriteFile(content, []byte("not a namespace"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	placeholder := filepath.Join(dir, prefix+"42")
+	if err := os.WriteFile(placeholder, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{bound, content} {
+		if st, err := netns.Inspect(p); !errors.Is(err, netns.ErrNotNamespace) {
+			t.Errorf("Inspect(%s) = %v, %v; want ErrNotNamespace", p, st, err)
+		}
+		if err := netns.Delete(ctx, dir, filepath.Base(p)); !errors.Is(err, netns.ErrNotNamespace) {
+			t.Errorf("Delete(%s) = %v, want ErrNotNamespace", p, err)
+		}
+	}
+	if b, err := os.ReadFile(bound); err != nil || string(b) != "someone else's file" {
+		t.Errorf("the foreign bind mount was changed: %q %v", b, err)
+	}
+	if b, err := os.ReadFile(content); err != nil || string(b) != "not a namespace" {
+		t.Errorf("the foreign file was changed: %q %v", b, err)
+	}
+	if st, err := netns.Inspect(placeholder); err != nil || st != netns.Placeholder {
+		t.Errorf("Inspect(placeholder) = %v, %v", st, err)
+	}
+	if err := netns.Delete(ctx, dir, prefix+"42"); err != nil {
+		t.Errorf("Delete(placeholder) = %v", err)
+	}
+	assertGone(t, dir, prefix+"42")
+	if st, err := netns.Inspect(placeholder); err != nil || st != netns.Missing {
+		t.Errorf("Inspect(gone) = %v, %v", st, err)
+	}
+}

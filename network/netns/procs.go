@@ -88,3 +88,64 @@ func Kill(pid int) error {
 	}
 	return nil
 }
+
+// ScanHolders reads /proc once and returns which processes hold a
+// descriptor on which network namespace (a namespace file they opened, as
+// the Nomad seed's leaked descriptor did). Such a process keeps the
+// namespace, and the veth in it, alive after its file is deleted, without
+// living in it.
+func ScanHolders() (Processes, error) {
+	return scanHolders("/proc")
+}
+
+func scanHolders(procRoot string) (Processes, error) {
+	d, err := os.Open(procRoot)
+	if err != nil {
+		return nil, fmt.Errorf("netns: scan holders: %w", err)
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return nil, fmt.Errorf("netns: scan holders: %w", err)
+	}
+	out := make(Processes)
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil || pid <= 0 {
+			continue
+		}
+		fdDir := procRoot + "/" + n + "/fd/"
+		fd, err := os.Open(fdDir)
+		if err != nil {
+			continue
+		}
+		fds, _ := fd.Readdirnames(-1)
+		fd.Close()
+		var seen map[ID]bool
+		for _, f := range fds {
+			target, err := os.Readlink(fdDir + f)
+			if err != nil || !strings.HasPrefix(target, "net:[") && !strings.HasPrefix(target, "/") {
+				continue
+			}
+			// A namespace opened through its bind mount reads as the
+			// file's path; one opened through /proc as net:[inode].
+			id, ok := nsOf(fdDir + f)
+			if !ok || (!strings.HasPrefix(target, "net:[") && !isNsfs(fdDir+f)) {
+				continue
+			}
+			if seen == nil {
+				seen = map[ID]bool{}
+			}
+			if !seen[id] {
+				seen[id] = true
+				out[id] = append(out[id], pid)
+			}
+		}
+	}
+	return out, nil
+}
+
+func isNsfs(path string) bool {
+	var fs unix.Statfs_t
+	return unix.Statfs(path, &fs) == nil && fs.Type == unix.NSFS_MAGIC
+}

@@ -76,6 +76,9 @@ type Report struct {
 	Deferred []int
 	// Orphans are processes found inside leaked namespaces.
 	Orphans []slot.Orphan
+	// Holders are processes that held a descriptor on a leaked namespace
+	// (never killed; their slots are cut off).
+	Holders []slot.Holder
 	// CutOff slots had their host veth deleted because their namespace
 	// outlived its file.
 	CutOff []int
@@ -100,9 +103,9 @@ func (r *Report) Quarantine() []int {
 
 // String summarizes the report in one line.
 func (r *Report) String() string {
-	return fmt.Sprintf("reclaim (%s): found %d, reclaimed %d, failed %d, deferred %d, orphans %d, cut off %d in %v"+
+	return fmt.Sprintf("reclaim (%s): found %d, reclaimed %d, failed %d, deferred %d, orphans %d, holders %d, cut off %d in %v"+
 		" (scan %v, procs %v, unlink %v, wait %v, firewall %v)",
-		r.Strategy, r.Found, len(r.Reclaimed), len(r.Failed), len(r.Deferred), len(r.Orphans), len(r.CutOff),
+		r.Strategy, r.Found, len(r.Reclaimed), len(r.Failed), len(r.Deferred), len(r.Orphans), len(r.Holders), len(r.CutOff),
 		r.Duration.Round(time.Millisecond), r.Scan.Round(time.Millisecond), r.Timings.Procs.Round(time.Millisecond),
 		r.Timings.Unlink.Round(time.Millisecond), r.Timings.Wait.Round(time.Millisecond), r.Timings.Firewall.Round(time.Millisecond))
 }
@@ -138,7 +141,7 @@ func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
 		return rep, fmt.Errorf("reclaim: unknown strategy %v", opts.Strategy)
 	}
 	rep.Reclaimed, rep.Failed, rep.Deferred = res.Reclaimed, res.Failed, res.Deferred
-	rep.Orphans, rep.CutOff, rep.Timings = res.Orphans, res.CutOff, res.Timings
+	rep.Orphans, rep.Holders, rep.CutOff, rep.Timings = res.Orphans, res.Holders, res.CutOff, res.Timings
 	if err := ctx.Err(); err != nil && len(rep.Deferred) > 0 {
 		return rep, fmt.Errorf("reclaim: %d slot(s) deferred: %w", len(rep.Deferred), err)
 	}

@@ -45,8 +45,9 @@ func (r Resources) String() string {
 
 // Inventory maps slot indices to the resources that exist for them. Only
 // names with the configured prefix and a canonical index in [1, Slots] are
-// ever in it; netns entries must be regular files (symlinks and directories
-// are foreign).
+// ever in it; a netns entry must be a bound namespace or an empty mode-0
+// placeholder (see netns.Inspect): symlinks, directories, files with content
+// and mounts of anything else are foreign.
 type Inventory map[int]Resources
 
 // Indices returns the inventory's indices in ascending order.
@@ -89,7 +90,11 @@ func (m *Manager) Scan(ctx context.Context) (Inventory, error) {
 			continue
 		}
 		if i, ok := m.cfg.ParseNetnsName(e.Name); ok {
-			inv[i] |= HasNetns
+			// Only a bound namespace or a placeholder is ours; a file
+			// with content or a mount of something else is foreign.
+			if st, err := netns.Inspect(m.cfg.NetnsPath(i)); err == nil && st != netns.Missing {
+				inv[i] |= HasNetns
+			}
 		}
 	}
 	if err := ctx.Err(); err != nil {

@@ -263,6 +263,9 @@ func TestScanIgnoresForeign(t *testing.T) {
 	if err := os.Mkdir(c.NetnsPath(7), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(c.NetnsPath(8), []byte("not a namespace"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	inv, err := m.Scan(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -281,7 +284,7 @@ func TestTeardownOrphans(t *testing.T) {
 	nettest.Leak(t, m, []int{1, 2, 3, 4})
 	inside := nettest.StartInside(t, c.NetnsPath(2))
 	victim := nettest.StartInside(t, c.NetnsPath(3))
-	nettest.StartHolder(t, c.NetnsPath(4))
+	holder := nettest.StartHolder(t, c.NetnsPath(4))
 
 	inv, err := m.Scan(ctx)
 	if err != nil {
@@ -297,6 +300,9 @@ func TestTeardownOrphans(t *testing.T) {
 	}
 	if !slices.Equal(res.CutOff, []int{2, 4}) {
 		t.Errorf("cut off = %v, want [2 4]", res.CutOff)
+	}
+	if len(res.Holders) != 1 || res.Holders[0].Index != 4 || res.Holders[0].PID != holder.Process.Pid {
+		t.Errorf("holders = %+v, want pid %d on slot 4", res.Holders, holder.Process.Pid)
 	}
 	for _, i := range []int{1, 2, 4} {
 		checkGone(t, m, i)

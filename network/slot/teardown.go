@@ -49,6 +49,14 @@ type Failure struct {
 	Err   error
 }
 
+// Holder is a process that held a descriptor on a slot's namespace (without
+// living in it) when the slot was torn down. Holders are never killed.
+type Holder struct {
+	Index int
+	PID   int
+	Comm  string
+}
+
 // Orphan is a process found inside a slot's namespace before it was torn
 // down.
 type Orphan struct {
@@ -69,6 +77,9 @@ type TeardownResult struct {
 	Deferred []int
 	// Orphans are the processes found inside torn-down namespaces.
 	Orphans []Orphan
+	// Holders are the processes that held a descriptor on a torn-down
+	// namespace; their slots are cut off without waiting.
+	Holders []Holder
 	// CutOff slots had their host link deleted explicitly because their
 	// namespace outlived its file (a process or descriptor holds it).
 	CutOff []int
@@ -78,7 +89,8 @@ type TeardownResult struct {
 
 // Timings splits a teardown's wall time into its phases.
 type Timings struct {
-	// Procs is the /proc scan for processes inside the namespaces.
+	// Procs is the /proc scan for processes inside the namespaces or
+	// holding descriptors on them.
 	Procs time.Duration
 	// Unlink is the detach+unlink phase (workers).
 	Unlink time.Duration
@@ -127,16 +139,13 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 
 	self := os.Getpid()
 	t0 := time.Now()
-	var procs netns.Processes
+	// Without a scan (an error) every namespace is treated as possibly
+	// held: the wait below cuts off what does not vanish.
+	var procs, holders netns.Processes
 	for _, i := range indices {
 		if inv[i]&HasNetns != 0 {
-			p, err := netns.ScanProcesses()
-			if err != nil {
-				// Without a scan every namespace is treated as possibly
-				// held: the wait below cuts off what does not vanish.
-				p = nil
-			}
-			procs = p
+			procs, _ = netns.ScanProcesses()
+			holders, _ = netns.ScanHolders()
 			break
 		}
 	}
@@ -157,6 +166,7 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 		link    hostLink // the host link, if it existed when the slot started
 		err     error
 		orphans []Orphan
+		holders []Holder
 		cutOff  bool
 		wait    bool // host link should vanish with the namespace
 		started bool
@@ -223,6 +233,13 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 						held = true
 					}
 					o.orphans = append(o.orphans, or)
+				}
+				for _, pid := range holders[id] {
+					if pid == self {
+						continue // a descriptor of ours, open for a moment
+					}
+					held = true
+					o.holders = append(o.holders, Holder{Index: i, PID: pid, Comm: netns.Comm(pid)})
 				}
 			}
 			if err := netns.Delete(ctx, m.cfg.NetnsDir, s.NetnsName); err != nil {
@@ -311,6 +328,7 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 			res.Reclaimed = append(res.Reclaimed, o.i)
 		}
 		res.Orphans = append(res.Orphans, o.orphans...)
+		res.Holders = append(res.Holders, o.holders...)
 		if o.cutOff {
 			res.CutOff = append(res.CutOff, o.i)
 		}
