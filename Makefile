@@ -6,7 +6,7 @@ export PATH := $(GOBIN):$(PATH)
 
 GRPC_HEALTH_PROBE_VERSION := v0.4.62
 
-.PHONY: help demo run build test unit tools jaeger grpc-health-probe bench vet generate fuzz screenshot
+.PHONY: reliability help demo run build test unit tools jaeger grpc-health-probe bench vet generate fuzz screenshot
 
 help:
 	@echo "make demo     the whole story: leaked slots, a daemon starting, health 503 -> 200 (as root)"
@@ -15,6 +15,7 @@ help:
 	@echo "make unit     the tests that need no root and no tools"
 	@echo "make bench    the Go benchmarks (see docs/BENCHMARKS.md)"
 	@echo "make tools    install grpc-health-probe and build the cached Jaeger"
+	@echo "make reliability  long crash/load/hostile-input runs; figures to docs/reliability/"
 	@echo "make fuzz     run each fuzz target for FUZZTIME (default 1m)"
 
 build:
@@ -55,6 +56,12 @@ grpc-health-probe:
 
 jaeger:
 	@tools/jaeger/build.sh >/dev/null
+
+## reliability: the long variants of the reliability tests (20 crash rounds, 5,000 checks/s for 60 s
+## over a 5,000-slot reclaim), their figures written to docs/reliability/ (root; ~10 minutes).
+reliability:
+	PHASEGATE_REPORT_DIR=$(CURDIR)/docs/reliability PHASEGATE_CRASH_ROUNDS=20 PHASEGATE_LOAD_LONG=1 \
+		$(GO) test -count=1 -timeout 60m -v -run 'TestCrashAnywhere|TestHealthUnderLoad|TestLockRace|TestBusy|TestHostile|TestBadConfiguration|TestNothingOutside' ./test/
 
 ## fuzz: each fuzz target for FUZZTIME (default 1m). Seed corpora run in every `make test`.
 FUZZTIME ?= 1m
