@@ -7,10 +7,6 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/vishvananda/netlink"
-
-	"github.com/phasegate/phasegate/network/netns"
-	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/phases"
@@ -90,7 +86,7 @@ func reclaimCmd(ctx context.Context, e env) int {
 // reclaimDryRun lists leaked slots without creating the netns directory or
 // the firewall table, so it changes nothing on the host.
 func reclaimDryRun(ctx context.Context, e env, cfg phases.Config) int {
-	inv, err := scanOnly(ctx, cfg.Slots)
+	inv, err := slot.Scan(ctx, cfg.Slots)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
 		return exitFailed
@@ -100,46 +96,4 @@ func reclaimDryRun(ctx context.Context, e env, cfg phases.Config) int {
 	}
 	fmt.Fprintf(e.stdout, "%d leaked slots would be reclaimed\n", len(inv))
 	return exitOK
-}
-
-// scanOnly lists what reclaim would find — netns files, host links and set
-// elements of slots in range — reading the host and changing nothing.
-func scanOnly(ctx context.Context, cfg slot.Config) (slot.Inventory, error) {
-	inv := slot.Inventory{}
-	entries, err := netns.List(cfg.NetnsDir, cfg.Prefix)
-	if err != nil {
-		return nil, err
-	}
-	for _, e := range entries {
-		if i, ok := cfg.ParseNetnsName(e.Name); ok && e.Kind == netns.KindFile {
-			inv[i] |= slot.HasNetns
-		}
-	}
-	links, err := netlink.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("list links: %w", err)
-	}
-	for _, l := range links {
-		if i, ok := cfg.ParseHostIfName(l.Attrs().Name); ok {
-			inv[i] |= slot.HasHostLink
-		}
-	}
-	fw, err := nft.New(cfg.TableName())
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	if ok, err := fw.Exists(ctx); err != nil {
-		return nil, err
-	} else if ok {
-		if names, err = fw.List(ctx); err != nil {
-			return nil, err
-		}
-	}
-	for _, n := range names {
-		if i, ok := cfg.ParseHostIfName(n); ok {
-			inv[i] |= slot.HasElement
-		}
-	}
-	return inv, nil
 }

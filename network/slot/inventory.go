@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/nft"
 )
 
 // Resources says which of a slot's three host resources exist.
@@ -80,8 +81,33 @@ func Assume(indices ...int) Inventory {
 // Scan lists what exists on the host for this configuration: netns files,
 // host links and set elements. Foreign names are left out.
 func (m *Manager) Scan(ctx context.Context) (Inventory, error) {
+	return scan(ctx, m.cfg, m.fw)
+}
+
+// Scan lists what exists on the host for cfg's slots, like Manager.Scan,
+// without changing anything: it neither prepares the netns directory nor
+// creates the firewall table, so it suits a dry run. A missing directory or
+// table lists nothing.
+func Scan(ctx context.Context, cfg Config) (Inventory, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	fw, err := nft.New(cfg.TableName())
+	if err != nil {
+		return nil, err
+	}
+	if ok, err := fw.Exists(ctx); err != nil {
+		return nil, err
+	} else if !ok {
+		fw = nil
+	}
+	return scan(ctx, cfg, fw)
+}
+
+// scan is Scan with fw nil when there is no table.
+func scan(ctx context.Context, cfg Config, fw *nft.Table) (Inventory, error) {
 	inv := Inventory{}
-	entries, err := netns.List(m.cfg.NetnsDir, m.cfg.Prefix)
+	entries, err := netns.List(cfg.NetnsDir, cfg.Prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -89,10 +115,10 @@ func (m *Manager) Scan(ctx context.Context) (Inventory, error) {
 		if e.Kind != netns.KindFile {
 			continue
 		}
-		if i, ok := m.cfg.ParseNetnsName(e.Name); ok {
+		if i, ok := cfg.ParseNetnsName(e.Name); ok {
 			// Only a bound namespace or a placeholder is ours; a file
 			// with content or a mount of something else is foreign.
-			if st, err := netns.Inspect(m.cfg.NetnsPath(i)); err == nil && st != netns.Missing {
+			if st, err := netns.Inspect(cfg.NetnsPath(i)); err == nil && st != netns.Missing {
 				inv[i] |= HasNetns
 			}
 		}
@@ -105,16 +131,19 @@ func (m *Manager) Scan(ctx context.Context) (Inventory, error) {
 		return nil, err
 	}
 	for _, l := range links {
-		if i, ok := m.cfg.ParseHostIfName(l.name); ok {
+		if i, ok := cfg.ParseHostIfName(l.name); ok {
 			inv[i] |= HasHostLink
 		}
 	}
-	els, err := m.fw.List(ctx)
+	if fw == nil {
+		return inv, nil
+	}
+	els, err := fw.List(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, n := range els {
-		if i, ok := m.cfg.ParseHostIfName(n); ok {
+		if i, ok := cfg.ParseHostIfName(n); ok {
 			inv[i] |= HasElement
 		}
 	}
