@@ -37,6 +37,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -80,6 +81,8 @@ type options struct {
 	binary       string
 	out          string
 	doc          string
+	breakdown    bool
+	from         string
 	cidr         string
 	args         []string
 }
@@ -108,6 +111,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.binary, "binary", "", "phasegate binary to run (default: build ./cmd/phasegate without -race)")
 	fs.StringVar(&o.out, "out", "docs/bench", "directory for results.json, report.md and the PNG plots")
 	fs.StringVar(&o.doc, "doc", "", "Markdown file whose bench:start/bench:end section is replaced by report.md")
+	fs.StringVar(&o.from, "from", "", "measure nothing: re-render the table, report, plots and -doc from this results.json")
+	fs.BoolVar(&o.breakdown, "breakdown", true, "also run reclaim.Run in process once per N, for where its time goes")
 	fs.StringVar(&o.cidr, "cidr", "169.254.0.0/17", "daemon --slot-cidr (must hold 2 × (max N + 64) addresses)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -169,6 +174,9 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench:", err)
 		return exitUsage
 	}
+	if o.from != "" {
+		return render(o, stdout, stderr)
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(stderr, "bench: needs root (network namespaces, veth, nftables)")
 		return exitUsage
@@ -198,6 +206,24 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "\nwrote %s\n", o.out)
 	if runErr != nil {
 		fmt.Fprintln(stderr, "bench:", runErr)
+		return exitError
+	}
+	return exitOK
+}
+
+// render re-renders the outputs of an earlier run from its results.json.
+func render(o options, stdout, stderr io.Writer) int {
+	b, err := os.ReadFile(o.from)
+	var res Results
+	if err == nil {
+		err = json.Unmarshal(b, &res)
+	}
+	if err == nil {
+		printTable(stdout, &res)
+		err = writeOutputs(&res, o)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
 		return exitError
 	}
 	return exitOK

@@ -149,12 +149,26 @@ func addSeries(p *plot.Plot, res *Results, s seriesSpec) error {
 	return nil
 }
 
-// timelineRun picks the run whose phases the timeline shows: the first run
-// of the strategy at the largest N it measured.
+// timelineRun picks the run whose phases the timeline shows: at the largest
+// N the strategy measured, the run with the median time to SERVING.
 func timelineRun(res *Results, strategy string) (*Point, *Run) {
 	for _, n := range slices.Backward(res.Settings.Ns) {
-		if p := res.find(strategy, n); p.measured() && len(p.Runs[0].Phases) > 0 {
-			return p, &p.Runs[0]
+		p := res.find(strategy, n)
+		if !p.measured() {
+			continue
+		}
+		var best *Run
+		for i := range p.Runs {
+			r := &p.Runs[i]
+			if len(r.Phases) == 0 {
+				continue
+			}
+			if best == nil || math.Abs(r.ServingMs-p.ServingMs.Median) < math.Abs(best.ServingMs-p.ServingMs.Median) {
+				best = r
+			}
+		}
+		if best != nil {
+			return p, best
 		}
 	}
 	return nil, nil
@@ -170,15 +184,23 @@ func hasSerialTimeline(res *Results) bool {
 func saveTimeline(res *Results, strategy, file string) error {
 	pt, run := timelineRun(res, strategy)
 	p := plot.New()
-	p.X.Label.Text = "ms from exec"
 	if pt == nil {
 		p.Title.Text = "startup timeline: no run"
 		return p.Save(16*vg.Centimeter, 8*vg.Centimeter, file)
 	}
 	name := map[string]string{stratPhasegate: "phasegate", stratSerial: "serial baseline (--serial-baseline)"}[strategy]
-	p.Title.Text = fmt.Sprintf("%s startup with %d leaked slots (one run)", name, pt.N)
-	spans := slices.Clone(run.Phases)
-	slices.Reverse(spans) // the first phase at the top
+	p.Title.Text = fmt.Sprintf("%s startup with %d leaked slots (the median run)", name, pt.N)
+	end := math.Max(run.ServingMs, lastEnd(run.Phases))
+	unit, div := "ms", 1.0
+	if end >= 10_000 {
+		unit, div = "s", 1000
+	}
+	p.X.Label.Text = unit + " from exec"
+	spans := make([]PhaseSpan, len(run.Phases))
+	for i, s := range run.Phases {
+		s.StartMs, s.EndMs = s.StartMs/div, s.EndMs/div
+		spans[len(spans)-1-i] = s // the first phase at the top
+	}
 	names := make([]string, len(spans))
 	for i, s := range spans {
 		names[i] = s.Name
@@ -191,8 +213,8 @@ func saveTimeline(res *Results, strategy, file string) error {
 		x     float64
 		color color.Color
 	}{
-		{fmt.Sprintf("first HTTP answer %s", fmtMs(run.FirstAnswerMs)), run.FirstAnswerMs, colorPhasegate},
-		{fmt.Sprintf("SERVING %s", fmtMs(run.ServingMs)), run.ServingMs, colorServing},
+		{"first HTTP answer " + fmtMs(run.FirstAnswerMs), run.FirstAnswerMs / div, colorPhasegate},
+		{"SERVING " + fmtMs(run.ServingMs), run.ServingMs / div, colorServing},
 	} {
 		line, err := plotter.NewLine(plotter.XYs{{X: m.x, Y: -0.5}, {X: m.x, Y: top}})
 		if err != nil {
@@ -204,8 +226,9 @@ func saveTimeline(res *Results, strategy, file string) error {
 	}
 	p.Legend.Top = true
 	p.NominalY(names...)
+	p.Y.Max = top + 1.2 // room for the legend above the first phase
 	p.X.Min = 0
-	p.X.Max = 1.25 * math.Max(run.ServingMs, lastEnd(run.Phases))
+	p.X.Max = 1.05 * end / div
 	return p.Save(16*vg.Centimeter, 9*vg.Centimeter, file)
 }
 

@@ -93,6 +93,13 @@ func printTable(w io.Writer, res *Results) {
 		}
 	}
 	tw.Flush()
+	if len(res.Breakdowns) > 0 {
+		fmt.Fprintln(w, "\nreclaim.Run in process (diagnostic, one run per N):")
+		for _, x := range res.Breakdowns {
+			fmt.Fprintf(w, "  N=%d: %s = scan %s + /proc %s + unlink %s + wait %s + set %s (%d veths cut off)\n", x.N,
+				fmtMs(x.TotalMs), fmtMs(x.ScanMs), fmtMs(x.ProcsMs), fmtMs(x.UnlinkMs), fmtMs(x.WaitMs), fmtMs(x.FirewallMs), x.CutOff)
+		}
+	}
 	if l := res.Load; l != nil {
 		fmt.Fprintf(w, "\nhealth latency at %d req/s (half gRPC Check, half HTTP /health), %d reps:\n", l.Rate, l.Reps)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -146,8 +153,8 @@ func markdown(res *Results, img string) string {
 	}
 	b.WriteString("\nphasegate and serial: exec of the binary → first answer (HTTP `GET /health`, 503 while starting; " +
 		"gRPC `Watch` of service `\"\"`, NOT_SERVING) → SERVING on the Watch stream. Kernel floor: detach+unlink " +
-		"of the netns files with the same number of workers, until the host ends of the veths are gone (the set " +
-		"elements are removed after, untimed). Reclaim rate: the daemon's own `reclaim report`. RSS: the daemon's " +
+		"of the netns files with the same number of workers until the host ends of the veths are gone (their " +
+		"indices resolved before the clock starts; the set elements removed after, timed apart in results.json). Reclaim rate: the daemon's own `reclaim report`. RSS: the daemon's " +
 		"VmRSS once the pool is full.\n\n")
 
 	b.WriteString("### Goals\n\n| goal | target | measured | status |\n|---|---|---|---|\n")
@@ -159,6 +166,9 @@ func markdown(res *Results, img string) string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", g.Name, g.Target, orDash(g.Measured), st)
 	}
 	b.WriteString("\n")
+	if len(res.Breakdowns) > 0 {
+		markdownBreakdowns(&b, res.Breakdowns)
+	}
 	if l := res.Load; l != nil {
 		markdownLoad(&b, l)
 	}
@@ -228,6 +238,21 @@ func markdownLoad(b *bytes.Buffer, l *LoadResult) {
 			fmt.Fprintf(b, "| %s | %s | %d | %d | %s | %s | %s |\n", c.name, k, st.Requests, st.Errors,
 				fmtMs(st.P50Ms), fmtMs(st.P99Ms), fmtMs(st.MaxMs))
 		}
+	}
+	b.WriteString("\n")
+}
+
+// markdownBreakdowns renders where the in-process reclaim spent its time.
+func markdownBreakdowns(b *bytes.Buffer, bs []Breakdown) {
+	b.WriteString("### Where phasegate's reclaim time goes (diagnostic)\n\n")
+	b.WriteString("`reclaim.Run` (the code of the daemon's reclaim phase) run in process once per N on a freshly " +
+		"leaked set, with the report's own split: scan (netns directory, link dump, set listing), /proc scan for " +
+		"processes inside the namespaces, detach+unlink (workers), wait until the host ends are gone, one nftables " +
+		"transaction.\n\n")
+	b.WriteString("| N | total | scan | /proc | detach+unlink | wait | set elements | veths cut off |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, x := range bs {
+		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %s | %d |\n", x.N, fmtMs(x.TotalMs), fmtMs(x.ScanMs),
+			fmtMs(x.ProcsMs), fmtMs(x.UnlinkMs), fmtMs(x.WaitMs), fmtMs(x.FirewallMs), x.CutOff)
 	}
 	b.WriteString("\n")
 }

@@ -30,6 +30,7 @@ type Results struct {
 	Strategies []string    `json:"strategies"`
 	Points     []*Point    `json:"points"`
 	Load       *LoadResult `json:"load,omitempty"`
+	Breakdowns []Breakdown `json:"reclaimBreakdowns,omitempty"`
 	Goals      []Goal      `json:"goals"`
 	Notes      []string    `json:"notes,omitempty"`
 }

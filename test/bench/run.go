@@ -116,6 +116,15 @@ func (r *runner) measureN(ctx context.Context, n int) error {
 		fl.Runs = append(fl.Runs, run)
 		r.logf("N=%d rep %d floor: %s (unlink %s), set elements %s", n, rep+1, fmtMs(run.ServingMs), fmtMs(run.UnlinkMs), fmtMs(run.FirewallMs))
 
+		if rep == 0 && n > 0 && r.o.breakdown {
+			b, err := r.breakdownRun(ctx, n)
+			if err != nil {
+				return err
+			}
+			r.res.Breakdowns = append(r.res.Breakdowns, b)
+			r.logf("N=%d reclaim.Run in process: %s (scan %s, procs %s, unlink %s, wait %s, firewall %s, %d cut off)",
+				n, fmtMs(b.TotalMs), fmtMs(b.ScanMs), fmtMs(b.ProcsMs), fmtMs(b.UnlinkMs), fmtMs(b.WaitMs), fmtMs(b.FirewallMs), b.CutOff)
+		}
 		if rep < serialRuns {
 			if run, err = r.daemonRun(ctx, n, true); err != nil {
 				return fmt.Errorf("serial baseline: %w", err)
