@@ -481,7 +481,7 @@ func (r *results) markdown() string {
 	w("| pool Get from a warm pool p99 ≤ 100 µs | p99 %s (p50 %s, max %s, %d Gets) | %s |\n",
 		us(r.getP99), us(r.getP50), us(r.getMax), r.gets, verdict(r.getP99 <= 100*time.Microsecond))
 	w("| slot create median (reported) | median %s, p90 %s, p99 %s | reported |\n", ms(r.createP50), ms(r.createP90), ms(r.createP99))
-	w("| RSS with %d slots managed (reported) | %.1f MiB (%.1f MiB before any slot; Go heap %.1f MiB; %d goroutines) | reported |\n\n",
+	w("| RSS with %d slots managed (reported) | %.1f MiB (%.1f MiB before any slot; Go heap %.1f MiB; %d goroutine(s)) | reported |\n\n",
 		r.slots, float64(r.rssManaged)/(1<<20), float64(r.rssBase)/(1<<20), float64(r.heapManaged)/(1<<20), r.goroutines)
 
 	w("## Reclaim\n\n")
