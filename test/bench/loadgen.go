@@ -29,7 +29,11 @@ const (
 
 // maxInFlight bounds the load generator's outstanding requests; a request
 // due while that many are outstanding is counted as an error ("dropped").
-const maxInFlight = 512
+// Every request also has a 2 s timeout, as a health checker would, so the
+// bound is set above rate × timeout at the rates used (5,000/s): a check
+// then fails only when the daemon does not answer it in time, not because
+// a short stall filled an arbitrary queue on the client's side.
+const maxInFlight = 16384
 
 // sample is one request of the load generator.
 type sample struct {
