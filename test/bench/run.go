@@ -140,7 +140,9 @@ func (r *runner) measureN(ctx context.Context, n int) error {
 	return nil
 }
 
-// leak makes n leaked slots and pauses briefly.
+// leak makes n leaked slots, then pauses for -settle: the kernel's
+// background work after making thousands of namespaces (RCU callbacks,
+// address configuration) would otherwise slow the next exec.
 func (r *runner) leak(ctx context.Context, n int) error {
 	if n == 0 {
 		return nil
@@ -150,7 +152,7 @@ func (r *runner) leak(ctx context.Context, n int) error {
 		return err
 	}
 	r.logf("leaked %d slots in %s", n, fmtMs(ms(time.Since(t0))))
-	return sleep(ctx, 500*time.Millisecond)
+	return sleep(ctx, r.o.settle)
 }
 
 // daemonRun leaks n slots, starts the daemon (serial: the seed's startup)
