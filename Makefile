@@ -6,14 +6,15 @@ export PATH := $(GOBIN):$(PATH)
 
 GRPC_HEALTH_PROBE_VERSION := v0.4.62
 
-.PHONY: reliability help demo run build test unit tools jaeger grpc-health-probe bench vet generate fuzz screenshot
+.PHONY: bench-smoke bench-report reliability help demo run build test unit tools jaeger grpc-health-probe bench vet generate fuzz screenshot
 
 help:
 	@echo "make demo     the whole story: leaked slots, a daemon starting, health 503 -> 200 (as root)"
 	@echo "make run      build and run the daemon on its defaults (as root)"
 	@echo "make test     every test: unit, kernel (root) and end-to-end; installs the tools they need"
 	@echo "make unit     the tests that need no root and no tools"
-	@echo "make bench    the Go benchmarks (see docs/BENCHMARKS.md)"
+	@echo "make bench    the Go micro-benchmarks (lifecycle, server)"
+	@echo "make bench-report  phasegate vs serial startup vs kernel floor at N up to 10,000 (as root)"
 	@echo "make tools    install grpc-health-probe and build the cached Jaeger"
 	@echo "make reliability  long crash/load/hostile-input runs; figures to docs/reliability/"
 	@echo "make fuzz     run each fuzz target for FUZZTIME (default 1m)"
@@ -36,6 +37,15 @@ generate:
 test: tools vet
 	PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(tools/jaeger/build.sh) \
 		$(GO) test -race -count=1 -timeout 40m ./...
+	$(MAKE) bench-smoke
+
+## bench-smoke: the startup benchmark once at N=200 so it keeps working; no timing is judged (root).
+bench-smoke:
+	out=$$(mktemp -d) && $(GO) run ./test/bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out $$out && rm -rf $$out
+
+## bench-report: the startup benchmark as in docs/BENCHMARKS.md (root; 15–40 minutes).
+bench-report:
+	$(GO) run ./test/bench -n 0,1000,5000,10000 -reps 3 -out docs/bench -doc docs/BENCHMARKS.md
 
 unit:
 	$(GO) test -race -count=1 ./lifecycle/... ./tracing/... ./health/... ./server/... ./metrics/... ./timeline/... ./phases/... ./cmd/...
@@ -72,4 +82,4 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzHealthQuery$$' -fuzztime $(FUZZTIME) ./health/
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./lifecycle/...
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./lifecycle/... ./server/...
