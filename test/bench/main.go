@@ -49,6 +49,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/phasegate/phasegate/network/slot"
 )
 
 // Exit codes.
@@ -105,7 +107,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.loadReps, "load-reps", 0, "repetitions of the latency measurement (default: -reps)")
 	fs.IntVar(&o.rate, "rate", 2000, "load generator requests per second, split evenly between gRPC Check and HTTP /health")
 	fs.DurationVar(&o.idleDuration, "idle-duration", 3*time.Second, "length of the latency measurement against the idle daemon")
-	fs.IntVar(&o.workers, "workers", 4, "reclaim workers for phasegate (--reclaim-workers) and the kernel floor")
+	fs.IntVar(&o.workers, "workers", slot.DefaultWorkers, "reclaim workers for phasegate (--reclaim-workers; default the daemon's) and the kernel floor")
 	fs.IntVar(&o.poolSize, "pool-size", 16, "daemon --pool-size (warm slots; --pool-min-ready stays 1)")
 	fs.DurationVar(&o.settle, "settle", 2*time.Second, "pause after each run so the kernel's namespace clean-up does not overlap the next")
 	fs.StringVar(&o.binary, "binary", "", "phasegate binary to run (default: build ./cmd/phasegate without -race)")

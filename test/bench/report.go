@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
-	"time"
 )
 
 // Markers delimiting the generated section of the -doc file.
@@ -135,8 +134,8 @@ func printTable(w io.Writer, res *Results) {
 func markdown(res *Results, img string) string {
 	var b bytes.Buffer
 	m, s := res.Machine, res.Settings
-	fmt.Fprintf(&b, "Last run: %s–%s UTC (%s)%s.\n\n", res.Started.UTC().Format("2006-01-02 15:04"),
-		res.Finished.UTC().Format("15:04"), res.Finished.Sub(res.Started).Round(time.Minute), revisionNote())
+	fmt.Fprintf(&b, "Last run: %s–%s UTC (%.0f min)%s.\n\n", res.Started.UTC().Format("2006-01-02 15:04"),
+		res.Finished.UTC().Format("15:04"), res.Finished.Sub(res.Started).Minutes(), revisionNote(res.Commit))
 	fmt.Fprintf(&b, "Machine: %d CPUs (`nproc`), %s, %d MiB RAM, Linux %s, %s. Load average (1 min) %.2f at the start, "+
 		"%.2f at the end, between %.2f and %.2f while it ran: the machine is shared with other builds and tests.\n\n",
 		m.NumCPU, m.CPU, m.MemTotalMiB, m.Kernel, m.Go, m.LoadStart, m.LoadEnd, m.LoadMin, m.LoadMax)
@@ -273,9 +272,9 @@ func orDash(s string) string {
 }
 
 // revisionNote names the commit the run measured, if known.
-func revisionNote() string {
-	if rev := gitRevision(); rev != "" {
-		return ", commit " + rev
+func revisionNote(commit string) string {
+	if commit == "" {
+		return ""
 	}
-	return ""
+	return ", commit " + commit
 }

@@ -25,6 +25,7 @@ type Results struct {
 	Started    time.Time   `json:"started"`
 	Finished   time.Time   `json:"finished"`
 	Command    string      `json:"command"`
+	Commit     string      `json:"commit,omitempty"`
 	Machine    Machine     `json:"machine"`
 	Settings   Settings    `json:"settings"`
 	Strategies []string    `json:"strategies"`

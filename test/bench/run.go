@@ -24,6 +24,7 @@ func run(ctx context.Context, o options, log io.Writer) (res *Results, err error
 	res = &Results{
 		Started:    time.Now(),
 		Command:    commandLine(o.args),
+		Commit:     gitRevision(),
 		Machine:    describeMachine(),
 		Strategies: []string{stratPhasegate, stratSerial, stratFloor},
 	}
