@@ -275,6 +275,14 @@ func (d *Daemon) logReport(rep *reclaim.Report) {
 		"found", rep.Found, "reclaimed", len(rep.Reclaimed), "failed", len(rep.Failed),
 		"deferred", len(rep.Deferred), "orphans", len(rep.Orphans), "cut_off", len(rep.CutOff),
 		"duration", rep.Duration.Round(time.Millisecond).String(),
+		// Where the time went: the scan of what exists, the /proc scan for
+		// processes and holders, detach+unlink, the wait for the kernel to
+		// drop the host links, the one nftables transaction.
+		"scan", rep.Scan.Round(time.Millisecond).String(),
+		"procs", rep.Timings.Procs.Round(time.Millisecond).String(),
+		"unlink", rep.Timings.Unlink.Round(time.Millisecond).String(),
+		"wait", rep.Timings.Wait.Round(time.Millisecond).String(),
+		"firewall", rep.Timings.Firewall.Round(time.Millisecond).String(),
 	}
 	if rep.Duration > 0 && len(rep.Reclaimed) > 0 {
 		attrs = append(attrs, "rate_per_s", int(float64(len(rep.Reclaimed))/rep.Duration.Seconds()))
