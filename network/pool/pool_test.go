@@ -61,10 +61,17 @@ func TestLIFOAndOnDemand(t *testing.T) {
 	if err := p.Put(ctx, &slot.Slot{Index: 9}); !errors.Is(err, ErrNotFromPool) {
 		t.Errorf("foreign Put = %v", err)
 	}
-	// Fill may have added slots meanwhile; the top must still be got[1]
-	// unless a fill landed after the Put. Stop filling by waiting first.
+	// Creations started while the pool was empty may still land: wait until
+	// the fill is at rest, so that the top cannot change under the Get.
 	if err := p.WaitReady(ctx, 3); err != nil {
 		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(p.Snapshot().Creating) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the fill never came to rest")
+		}
+		time.Sleep(time.Millisecond)
 	}
 	snap := p.Snapshot()
 	top := snap.Idle[0]
