@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"sync"
 	"time"
 	"unicode"
@@ -154,13 +153,18 @@ func (s *slotsService) states(includeFree bool) []*phasegatev1.Slot {
 	}
 	s.mu.Unlock()
 
+	// A set, not a search of ps.Idle per index: List walks every index.
+	idle := make(map[int]bool, len(ps.Idle))
+	for _, i := range ps.Idle {
+		idle[i] = true
+	}
 	var out []*phasegatev1.Slot
 	for i := 1; i <= ss.N; i++ {
 		st := phasegatev1.SlotState_SLOT_STATE_FREE
 		switch {
 		case leases[i] != nil:
 			st = phasegatev1.SlotState_SLOT_STATE_ACQUIRED
-		case slices.Contains(ps.Idle, i):
+		case idle[i]:
 			st = phasegatev1.SlotState_SLOT_STATE_WARM
 		case ss.States[i-1] == storage.Quarantined:
 			st = phasegatev1.SlotState_SLOT_STATE_QUARANTINED

@@ -89,7 +89,7 @@ func (c choiceValue) Set(s string) error {
 	return fmt.Errorf("want one of %s", strings.Join(c.choices, ", "))
 }
 
-// usageLine renders a FlagSet's flags for help output.
+// usage renders a command's synopsis and flags for -h.
 func usage(w io.Writer, fs *flag.FlagSet, synopsis string) {
 	fmt.Fprintf(w, "usage: phasegate %s\n\nflags (each also read from PHASEGATE_<FLAG>, flags win):\n", synopsis)
 	fs.VisitAll(func(f *flag.Flag) {

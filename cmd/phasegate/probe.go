@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -89,13 +90,16 @@ func probeHTTP(ctx context.Context, addr string, tc *tls.Config) (bool, string, 
 		return false, "", err
 	}
 	defer resp.Body.Close()
-	body := make([]byte, 4096)
-	n, _ := resp.Body.Read(body)
+	// One Read may return part of the body; the verbose check list is small.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return false, "", err
+	}
 	switch resp.StatusCode {
 	case http.StatusOK:
-		return true, string(body[:n]), nil
+		return true, string(body), nil
 	case http.StatusServiceUnavailable:
-		return false, string(body[:n]), nil
+		return false, string(body), nil
 	}
 	return false, "", fmt.Errorf("unexpected HTTP status %s", resp.Status)
 }
