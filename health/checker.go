@@ -3,6 +3,8 @@ package health
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -60,11 +62,18 @@ type Checker struct {
 	done        chan struct{} // closed when the follower goroutine returned
 	closeOnce   sync.Once
 
-	mu       sync.Mutex
-	snap     lifecycle.Snapshot
-	shutdown bool
-	ready    map[string]bool                                       // application services
-	applied  map[string]healthpb.HealthCheckResponse_ServingStatus // last status set per service
+	// shutdown and rates are read by every HTTP check without c.mu:
+	// under thousands of checks a second on a saturated host, a mutex on
+	// that path turns into a convoy (one preempted holder, all others
+	// queued behind it).
+	shutdown atomic.Bool
+	eta      *lifecycle.Estimator                // fed by the follower only
+	rates    atomic.Pointer[lifecycle.Estimates] // of the latest snapshot followed
+
+	mu      sync.Mutex
+	snap    lifecycle.Snapshot
+	ready   map[string]bool                                       // application services
+	applied map[string]healthpb.HealthCheckResponse_ServingStatus // last status set per service
 }
 
 // New returns a checker that follows lc. The statuses already reflect lc's
@@ -78,6 +87,7 @@ func New(lc *lifecycle.Lifecycle, opts Options) *Checker {
 		srv:         grpchealth.NewServer(),
 		closing:     ctx,
 		closeCancel: cancel,
+		eta:         lifecycle.NewEstimator(0, 0),
 		done:        make(chan struct{}),
 		ready:       make(map[string]bool),
 		applied:     make(map[string]healthpb.HealthCheckResponse_ServingStatus),
@@ -89,8 +99,10 @@ func New(lc *lifecycle.Lifecycle, opts Options) *Checker {
 	c.unsubscribe = unsubscribe
 	// Subscribe hands over the current snapshot at once: apply it before
 	// returning so that "" is NOT_SERVING before anything can call Check.
+	s := <-ch
+	c.estimate(s)
 	c.mu.Lock()
-	c.snap = <-ch
+	c.snap = s
 	c.applyLocked()
 	c.mu.Unlock()
 	go c.follow(ch)
@@ -101,6 +113,7 @@ func New(lc *lifecycle.Lifecycle, opts Options) *Checker {
 func (c *Checker) follow(ch <-chan lifecycle.Snapshot) {
 	defer close(c.done)
 	for s := range ch {
+		c.estimate(s)
 		c.mu.Lock()
 		if s.Seq >= c.snap.Seq {
 			c.snap = s
@@ -110,10 +123,17 @@ func (c *Checker) follow(ch <-chan lifecycle.Snapshot) {
 	}
 }
 
+// estimate feeds s to the estimator, whose answers HTTP checks refresh for
+// their own snapshots. Only New and the follower call it, in order.
+func (c *Checker) estimate(s lifecycle.Snapshot) {
+	est := c.eta.Observe(s, time.Now())
+	c.rates.Store(&est)
+}
+
 // applyLocked sets every status from the current view, touching only the
 // ones that changed so that Watch streams see each transition once.
 func (c *Checker) applyLocked() {
-	v := view{snap: c.snap, shutdown: c.shutdown}
+	v := view{snap: c.snap, shutdown: c.shutdown.Load()}
 	set := func(service string, serving bool) {
 		st := healthpb.HealthCheckResponse_NOT_SERVING
 		if serving {
@@ -138,12 +158,15 @@ func (c *Checker) applyLocked() {
 }
 
 // view returns the current view, read fresh from the lifecycle so that HTTP
-// answers never lag behind it.
+// answers never lag behind it. It takes no lock of the checker's.
 func (c *Checker) view() view {
-	s := c.lc.Snapshot()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return view{snap: s, shutdown: c.shutdown}
+	return view{snap: c.lc.Snapshot(), shutdown: c.shutdown.Load()}
+}
+
+// estimates returns the estimates for s, from the rates seen by the
+// follower.
+func (c *Checker) estimates(s lifecycle.Snapshot) lifecycle.Estimates {
+	return c.rates.Load().Refresh(s)
 }
 
 // Ready reports whether the daemon takes work (the lifecycle serves and the
@@ -177,7 +200,7 @@ func (c *Checker) SetServiceReady(service string, ready bool) {
 func (c *Checker) Shutdown() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.shutdown = true
+	c.shutdown.Store(true)
 	c.applyLocked()
 }
 

@@ -43,14 +43,17 @@ const (
 // Only GET and HEAD are allowed (405 otherwise); other paths are 404; every
 // answer carries Cache-Control: no-store. A Handler never answers 500 and
 // never panics: a failure to render is a 503.
+//
+// Rates and times left in /health come from the rates the checker measures
+// on every snapshot the lifecycle publishes, so they are there for the
+// first request and cost an answer no lock.
 type Handler struct {
-	c   *Checker
-	eta *lifecycle.Estimator // rates and times left in /health, from the answers' snapshots
+	c *Checker
 }
 
 // NewHandler returns the HTTP endpoints of c.
 func NewHandler(c *Checker) *Handler {
-	return &Handler{c: c, eta: lifecycle.NewEstimator(0, 0)}
+	return &Handler{c: c}
 }
 
 // Mount registers the handler's paths on mux.
@@ -197,7 +200,7 @@ func (h *Handler) renderHealthJSON(v view, now time.Time) (int, string, []byte) 
 	if b.Status != statusPass {
 		b.Output = v.describe()
 	}
-	est := h.eta.Observe(s, now)
+	est := h.c.estimates(s)
 	for _, p := range s.Phases {
 		c := phaseCheck(p, now)
 		c.estimate(est.Phase(p.Name))

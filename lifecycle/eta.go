@@ -162,13 +162,60 @@ func (e *Estimator) Observe(s Snapshot, now time.Time) Estimates {
 	return out
 }
 
+// Refresh returns the estimates for s, a later snapshot of the lifecycle
+// that e was computed for, without observing s: a phase or task still
+// running keeps e's rate and gets the time left from its current progress;
+// one that has ended gets its average rate. It lets many readers share one
+// Estimator: a single observer feeds it every published snapshot, and each
+// reader refreshes the latest Estimates for the snapshot it answers from,
+// taking no lock — a health endpoint checked thousands of times a second
+// must not serialize its answers on the Estimator's mutex.
+func (e Estimates) Refresh(s Snapshot) Estimates {
+	out := Estimates{phases: make(map[string]Estimate, len(s.Phases))}
+	for _, p := range s.Phases {
+		if p.State != PhaseRunning {
+			out.phases[p.Name] = finishedEstimate(p.Started, p.Duration(), p.Progress)
+			continue
+		}
+		out.phases[p.Name] = withRemaining(e.phases[p.Name].Rate, p.Progress)
+	}
+	if len(s.Tasks) > 0 {
+		out.tasks = make(map[string]Estimate, len(s.Tasks))
+		for _, t := range s.Tasks {
+			if t.State != TaskRunning {
+				out.tasks[t.Name] = finishedEstimate(t.Started, t.Duration(), t.Progress)
+				continue
+			}
+			out.tasks[t.Name] = withRemaining(e.tasks[t.Name].Rate, t.Progress)
+		}
+	}
+	return out
+}
+
+// finishedEstimate is the average rate over an ended (or not started)
+// item's whole run.
+func finishedEstimate(started time.Time, took time.Duration, p ProgressSnapshot) Estimate {
+	if p.Done > 0 && took > 0 && !started.IsZero() {
+		return Estimate{Rate: float64(p.Done) / took.Seconds()}
+	}
+	return Estimate{}
+}
+
+// withRemaining is a running item's estimate at rate: the time left is
+// known when the rate is positive and the total known and not reached.
+func withRemaining(rate float64, p ProgressSnapshot) Estimate {
+	est := Estimate{Rate: rate}
+	if rate > 0 && p.Total > 0 && p.Done < p.Total {
+		est.Remaining = time.Duration(float64(p.Total-p.Done) / rate * float64(time.Second))
+		est.OK = true
+	}
+	return est
+}
+
 func (e *Estimator) observe(key string, running bool, attempt int, started time.Time, took time.Duration, p ProgressSnapshot, now time.Time) Estimate {
 	if !running {
 		// Finished (or not started): the average over the whole run.
-		if p.Done > 0 && took > 0 && !started.IsZero() {
-			return Estimate{Rate: float64(p.Done) / took.Seconds()}
-		}
-		return Estimate{}
+		return finishedEstimate(started, took, p)
 	}
 	ser := e.series[key]
 	if ser == nil || ser.attempt != attempt || !ser.started.Equal(started) {
@@ -216,12 +263,7 @@ func (e *Estimator) estimate(ser *etaSeries, p ProgressSnapshot, now time.Time) 
 	if span < e.minSpan || last.done <= first.done {
 		return Estimate{}
 	}
-	est := Estimate{Rate: float64(last.done-first.done) / span.Seconds()}
-	if p.Total > 0 && p.Done < p.Total {
-		est.Remaining = time.Duration(float64(p.Total-p.Done) / est.Rate * float64(time.Second))
-		est.OK = true
-	}
-	return est
+	return withRemaining(float64(last.done-first.done)/span.Seconds(), p)
 }
 
 // averageRate is done units over d, per second; zero when either is.

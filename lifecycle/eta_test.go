@@ -240,3 +240,54 @@ func TestFormatEstimate(t *testing.T) {
 		}
 	}
 }
+
+// Refresh keeps the rate the Estimator saw for a phase still running and
+// takes the time left from the newer progress; a phase that ended since gets
+// its average rate; an item the Estimator never saw gets no estimate.
+func TestEstimatesRefresh(t *testing.T) {
+	e := lifecycle.NewEstimator(2*time.Second, 300*time.Millisecond)
+	t0 := time.Unix(1_700_000_000, 0)
+	var seen lifecycle.Estimates
+	for step := 0; step <= 10; step++ { // 100 namespaces per second
+		seen = e.Observe(running(t0, 1, int64(step*10), 5000), t0.Add(time.Duration(step)*100*time.Millisecond))
+	}
+	if r := seen.Phase("reclaim").Rate; math.Abs(r-100) > 1e-6 {
+		t.Fatalf("observed rate %v, want 100", r)
+	}
+	ended := running(t0, 1, 5000, 5000)
+	ended.Phases[0].State = lifecycle.PhaseSucceeded
+	ended.Phases[0].Ended = t0.Add(10 * time.Second)
+	other := running(t0, 1, 10, 100)
+	other.Phases[0].Name = "storage"
+
+	tests := []struct {
+		name   string
+		snap   lifecycle.Snapshot
+		phase  string
+		want   lifecycle.Estimate
+		wantOK bool
+	}{
+		{"running, further along", running(t0, 1, 4000, 5000), "reclaim",
+			lifecycle.Estimate{Rate: 100, Remaining: 10 * time.Second, OK: true}, true},
+		{"running, total reached", running(t0, 1, 5000, 5000), "reclaim",
+			lifecycle.Estimate{Rate: 100}, false},
+		{"running, total unknown", running(t0, 1, 4000, 0), "reclaim",
+			lifecycle.Estimate{Rate: 100}, false},
+		{"ended since: average", ended, "reclaim", lifecycle.Estimate{Rate: 500}, false},
+		{"never observed", other, "storage", lifecycle.Estimate{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := seen.Refresh(tt.snap).Phase(tt.phase)
+			if got.OK != tt.wantOK || math.Abs(got.Rate-tt.want.Rate) > 1e-6 ||
+				(tt.wantOK && (got.Remaining-tt.want.Remaining).Abs() > time.Millisecond) {
+				t.Errorf("Refresh = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	// Refresh records nothing: the Estimator's own view is unchanged.
+	next := e.Observe(running(t0, 1, 110, 5000), t0.Add(1100*time.Millisecond)).Phase("reclaim")
+	if math.Abs(next.Rate-100) > 1e-6 {
+		t.Errorf("rate after Refresh calls %v, want 100", next.Rate)
+	}
+}
