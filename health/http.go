@@ -28,7 +28,7 @@ const (
 // Handler serves the HTTP health endpoints from a [Checker]'s view:
 //
 //   - /health: status 200 when serving and 503 otherwise (never 429), with a
-//     body in the IETF health-check format (draft-inadarei-api-health-check,
+//     body (compact JSON; "?pretty" indents it) in the IETF health-check format (draft-inadarei-api-health-check,
 //     media type application/health+json): status pass, warn (serving but a
 //     background task failed) or fail; version; output saying why the daemon
 //     is not ready ("starting: phase reclaim 1200/5000 namespaces"); checks
@@ -105,7 +105,8 @@ func (h *Handler) render(endpoint, check string, r *http.Request) (code int, cty
 	}()
 	v := h.c.view()
 	if endpoint == PathHealth {
-		return h.renderHealthJSON(v, time.Now())
+		_, pretty := r.URL.Query()["pretty"]
+		return h.renderHealthJSON(v, time.Now(), pretty)
 	}
 	code, body = renderChecks(endpoint, check, v, r.URL.Query())
 	return code, "text/plain; charset=utf-8", body
@@ -177,7 +178,12 @@ const (
 	statusFail = "fail"
 )
 
-func (h *Handler) renderHealthJSON(v view, now time.Time) (int, string, []byte) {
+// renderHealthJSON renders /health compact, or indented for ?pretty (the
+// convention of Consul's API). Compact is the default because checkers read
+// it thousands of times for every person who does: indenting doubled the
+// cost of an answer, and Consul keeps only the first 4 KiB of a check's
+// output.
+func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, string, []byte) {
 	const ctype = "application/health+json"
 	s := v.snap
 	b := healthBody{
@@ -213,7 +219,9 @@ func (h *Handler) renderHealthJSON(v view, now time.Time) (int, string, []byte) 
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
-	enc.SetIndent("", "  ")
+	if pretty {
+		enc.SetIndent("", "  ")
+	}
 	if err := enc.Encode(b); err != nil {
 		return http.StatusServiceUnavailable, "text/plain; charset=utf-8", fmt.Appendf(nil, "health: %v\n", err)
 	}

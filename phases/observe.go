@@ -130,7 +130,7 @@ func (o *observer) mount(srv *server.Server, lc *lifecycle.Lifecycle) error {
 	return srv.Handle("GET "+PathStartup, timeline.Handler(lc, timeline.Options{
 		Title: "phasegate",
 		Links: []timeline.Link{
-			{Text: "/health", Href: "/health"},
+			{Text: "/health", Href: "/health?pretty"},
 			{Text: "/readyz?verbose", Href: "/readyz?verbose"},
 			{Text: PathLifecycle, Href: PathLifecycle},
 			{Text: PathMetrics, Href: PathMetrics},

@@ -487,7 +487,8 @@ func TestHTTPEndpoints(t *testing.T) {
 		ctype        string
 		body         []string
 	}{
-		{"GET", "/health", 503, "application/health+json", []string{`"status": "fail"`, `"output": "starting: phase reclaim 1200/5000 namespaces"`, `"phase:reclaim"`, `"observedValue": 1200`, `"observedUnit": "namespaces"`, `"state": "starting"`, `"since"`}},
+		{"GET", "/health", 503, "application/health+json", []string{`{"status":"fail",`, `"output":"starting: phase reclaim 1200/5000 namespaces"`, `"observedValue":1200`}},
+		{"GET", "/health?pretty", 503, "application/health+json", []string{`"status": "fail"`, `"output": "starting: phase reclaim 1200/5000 namespaces"`, `"phase:reclaim"`, `"observedValue": 1200`, `"observedUnit": "namespaces"`, `"state": "starting"`, `"since"`}},
 		{"HEAD", "/health", 503, "application/health+json", nil},
 		{"GET", "/livez", 200, "text/plain; charset=utf-8", []string{"ok"}},
 		{"GET", "/readyz?verbose", 503, "text/plain; charset=utf-8", []string{"[+]phase/lock ok", "[-]phase/reclaim running: 1200/5000 namespaces", "readyz check failed"}},

@@ -149,7 +149,7 @@ func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 	if answered > 200*time.Millisecond {
 		t.Errorf("first health answer took %v, want < 200ms", answered)
 	}
-	if firstCode != http.StatusServiceUnavailable || !strings.Contains(firstBody, `"output": "starting: phase`) {
+	if firstCode != http.StatusServiceUnavailable || !strings.Contains(firstBody, `"output":"starting: phase`) {
 		t.Errorf("first answer %d %s, want 503 naming a phase", firstCode, firstBody)
 	}
 	if probeCode != 4 {
