@@ -42,7 +42,14 @@ const (
 // interceptors.
 type HealthChecks struct {
 	counter metric.Int64Counter
+	// attrs holds the attributes of every known dialect and result, built
+	// once and read without a lock: building and hashing a set on each of
+	// thousands of answers a second is a cost the daemon pays on the path
+	// that must stay fast while it reclaims.
+	attrs map[dialectResult]metric.AddOption
 }
+
+type dialectResult struct{ dialect, result string }
 
 // NewHealthChecks registers the counter on mp.
 func NewHealthChecks(mp metric.MeterProvider) (*HealthChecks, error) {
@@ -51,11 +58,25 @@ func NewHealthChecks(mp metric.MeterProvider) (*HealthChecks, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	return &HealthChecks{counter: c}, nil
+	h := &HealthChecks{counter: c, attrs: make(map[dialectResult]metric.AddOption)}
+	for _, d := range []string{DialectGRPC, DialectGRPCWatch, "health", "livez", "readyz", "startupz"} {
+		for _, r := range []string{ResultPass, ResultFail, ResultError} {
+			h.attrs[dialectResult{d, r}] = attrOption(d, r)
+		}
+	}
+	return h, nil
+}
+
+func attrOption(dialect, result string) metric.AddOption {
+	return metric.WithAttributeSet(attribute.NewSet(KeyDialect.String(dialect), KeyResult.String(result)))
 }
 
 func (h *HealthChecks) add(dialect, result string) {
-	h.counter.Add(context.Background(), 1, metric.WithAttributes(KeyDialect.String(dialect), KeyResult.String(result)))
+	opt, ok := h.attrs[dialectResult{dialect, result}]
+	if !ok {
+		opt = attrOption(dialect, result)
+	}
+	h.counter.Add(context.Background(), 1, opt)
 }
 
 // HTTP counts an answer of an HTTP health endpoint: path is its path
