@@ -28,10 +28,10 @@ const (
 // Handler serves the HTTP health endpoints from a [Checker]'s view:
 //
 //   - /health: status 200 when serving and 503 otherwise (never 429), with a
-//     body (compact JSON; "?pretty" indents it) in the IETF health-check format (draft-inadarei-api-health-check,
-//     media type application/health+json): status pass, warn (serving but a
-//     background task failed) or fail; version; output saying why the daemon
-//     is not ready ("starting: phase reclaim 1200/5000 namespaces"); checks
+//     body in the IETF health-check format (draft-inadarei-api-health-check,
+//     media type application/health+json; compact, "?pretty" indents it):
+//     status pass, warn (serving but a background task failed) or fail;
+//     version; output saying why the daemon is not ready ("starting: phase reclaim 1200/5000 namespaces"); checks
 //     keyed "phase:<name>" and "task:<name>"; the lifecycle state and since
 //     when.
 //   - /livez, /readyz, /startupz: kube-apiserver semantics. The checks are

@@ -261,26 +261,25 @@ func TestEstimatesRefresh(t *testing.T) {
 	other.Phases[0].Name = "storage"
 
 	tests := []struct {
-		name   string
-		snap   lifecycle.Snapshot
-		phase  string
-		want   lifecycle.Estimate
-		wantOK bool
+		name  string
+		snap  lifecycle.Snapshot
+		phase string
+		want  lifecycle.Estimate
 	}{
 		{"running, further along", running(t0, 1, 4000, 5000), "reclaim",
-			lifecycle.Estimate{Rate: 100, Remaining: 10 * time.Second, OK: true}, true},
+			lifecycle.Estimate{Rate: 100, Remaining: 10 * time.Second, OK: true}},
 		{"running, total reached", running(t0, 1, 5000, 5000), "reclaim",
-			lifecycle.Estimate{Rate: 100}, false},
+			lifecycle.Estimate{Rate: 100}},
 		{"running, total unknown", running(t0, 1, 4000, 0), "reclaim",
-			lifecycle.Estimate{Rate: 100}, false},
-		{"ended since: average", ended, "reclaim", lifecycle.Estimate{Rate: 500}, false},
-		{"never observed", other, "storage", lifecycle.Estimate{}, false},
+			lifecycle.Estimate{Rate: 100}},
+		{"ended since: average", ended, "reclaim", lifecycle.Estimate{Rate: 500}},
+		{"never observed", other, "storage", lifecycle.Estimate{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := seen.Refresh(tt.snap).Phase(tt.phase)
-			if got.OK != tt.wantOK || math.Abs(got.Rate-tt.want.Rate) > 1e-6 ||
-				(tt.wantOK && (got.Remaining-tt.want.Remaining).Abs() > time.Millisecond) {
+			if got.OK != tt.want.OK || math.Abs(got.Rate-tt.want.Rate) > 1e-6 ||
+				(tt.want.OK && (got.Remaining-tt.want.Remaining).Abs() > time.Millisecond) {
 				t.Errorf("Refresh = %+v, want %+v", got, tt.want)
 			}
 		})
