@@ -31,9 +31,9 @@ const (
 //     body in the IETF health-check format (draft-inadarei-api-health-check,
 //     media type application/health+json; compact, "?pretty" indents it):
 //     status pass, warn (serving but a background task failed) or fail;
-//     version; output saying why the daemon is not ready ("starting: phase reclaim 1200/5000 namespaces"); checks
-//     keyed "phase:<name>" and "task:<name>"; the lifecycle state and since
-//     when.
+//     version; output saying why the daemon is not ready ("starting: phase
+//     reclaim 1200/5000 namespaces"); checks keyed "phase:<name>" and
+//     "task:<name>"; the lifecycle state and since when.
 //   - /livez, /readyz, /startupz: kube-apiserver semantics. The checks are
 //     "lifecycle" and, for /readyz and /startupz, "phase/<name>" per phase.
 //     "?verbose" lists them ("[+]phase/lock ok", "[-]phase/reclaim running:
