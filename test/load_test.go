@@ -31,9 +31,9 @@ type loadSample struct {
 // The CI variant runs 2,000 checks/s for 15 s over 1,000 leaked slots; with
 // PHASEGATE_LOAD_LONG=1 it is the 5,000 checks/s for 60 s over 5,000.
 func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
-	leaked, rate, duration, report := 1000, 2000, 15*time.Second, "load.txt"
+	leaked, rate, duration, report, rest := 1000, 2000, 15*time.Second, "load.txt", 15*time.Second
 	if os.Getenv("PHASEGATE_LOAD_LONG") == "1" {
-		leaked, rate, duration, report = 5000, 5000, 60*time.Second, "load-long.txt"
+		leaked, rate, duration, report, rest = 5000, 5000, 60*time.Second, "load-long.txt", time.Minute
 	}
 	// Both sides are built without the race detector: this measures a
 	// daemon as it runs in production.
@@ -47,7 +47,7 @@ func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
 	// Making thousands of namespaces leaves the kernel seconds of
 	// asynchronous clean-up (RCU callbacks, freeing); let it end so that the
 	// figures are the daemon's, not the fixture's.
-	t.Logf("host at rest after %v", waitHostIdle(t, 0.8, time.Minute))
+	t.Logf("waited %v for the host to come to rest", waitHostIdle(t, 0.8, rest))
 	addr := freePort(t)
 	out := filepath.Join(dir, "samples.json")
 	gen := exec.Command(loadBin, "loadgen", "-addr="+addr, "-rate="+strconv.Itoa(rate), "-duration="+duration.String(), "-out="+out)
