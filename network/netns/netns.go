@@ -280,15 +280,25 @@ const (
 	Missing State = iota
 	// Bound: a network namespace is bound there (an nsfs mount).
 	Bound
-	// Placeholder: an empty mode-0 regular file, what iproute2 and Create
-	// make before binding (left alone by a crash between the two steps).
+	// Placeholder: an empty regular file that nothing is mounted on. Create
+	// and iproute2 make one (mode 0) before binding, containerd-style code
+	// (os.Create, mode 0644) and `touch` + `unshare --net=` too, and a
+	// Delete interrupted between its unmount and its unlink leaves one
+	// behind, with whatever mode the file had. Whatever its mode, it holds
+	// no namespace and is safe to unlink.
 	Placeholder
 )
 
 // Inspect says what is at path without following a symlink. Anything that
 // is neither a bound namespace nor a placeholder — a symlink, a directory,
-// a file with content or permissions, a mount of something else — gives an
-// error wrapping ErrNotNamespace: it is foreign and must not be touched.
+// a file with content, a mount of something else — gives an error wrapping
+// ErrNotNamespace: it is foreign and must not be touched.
+//
+// A placeholder's mode is not checked: requiring mode 0 left for ever the
+// file of any namespace made with a mode-0644 file (containerd, `touch`)
+// whose Delete was killed between unmount and unlink, and no later reclaim
+// would remove it. The name (prefix and index, checked by the caller) is
+// what says the file is ours; emptiness says it holds nothing.
 func Inspect(path string) (State, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(path, &st); err != nil {
@@ -310,9 +320,8 @@ func Inspect(path string) (State, error) {
 	if mountRoot(path) {
 		return Missing, fmt.Errorf("%s is a mount of something else: %w", path, ErrNotNamespace)
 	}
-	if st.Size != 0 || st.Mode&0o7777 != 0 {
-		return Missing, fmt.Errorf("%s is a file with content or permissions (size %d, mode %o): %w",
-			path, st.Size, st.Mode&0o7777, ErrNotNamespace)
+	if st.Size != 0 {
+		return Missing, fmt.Errorf("%s is a file with content (size %d): %w", path, st.Size, ErrNotNamespace)
 	}
 	return Placeholder, nil
 }

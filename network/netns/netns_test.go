@@ -292,7 +292,10 @@ func TestPrepareDirIdempotent(t *testing.T) {
 }
 
 // Look-alikes at our names are never touched: a bind mount of someone's
-// file, a file with content. A placeholder (empty, mode 0) is ours.
+// file, a file with content. A placeholder (an empty regular file, whatever
+// its mode) is ours: mode 0 is what Create and iproute2 make before binding;
+// mode 0644 is what a namespace made over an os.Create'd file leaves when a
+// Delete is killed between its unmount and its unlink.
 func TestForeignFilesUntouched(t *testing.T) {
 	dir, prefix := setup(t)
 	ctx := context.Background()
@@ -316,6 +319,20 @@ func TestForeignFilesUntouched(t *testing.T) {
 	if err := os.WriteFile(placeholder, nil, 0); err != nil {
 		t.Fatal(err)
 	}
+	interrupted := filepath.Join(dir, prefix+"43")
+	if err := os.WriteFile(interrupted, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("/proc/thread-self/ns/net", interrupted, "none", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := netns.Inspect(interrupted); err != nil || st != netns.Bound {
+		t.Fatalf("Inspect(bound 0644 file) = %v, %v; want Bound", st, err)
+	}
+	// The first half of a Delete, as a kill -9 would leave it.
+	if err := unix.Unmount(interrupted, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range []string{bound, content} {
 		if st, err := netns.Inspect(p); !errors.Is(err, netns.ErrNotNamespace) {
 			t.Errorf("Inspect(%s) = %v, %v; want ErrNotNamespace", p, st, err)
@@ -330,13 +347,16 @@ func TestForeignFilesUntouched(t *testing.T) {
 	if b, err := os.ReadFile(content); err != nil || string(b) != "not a namespace" {
 		t.Errorf("the foreign file was changed: %q %v", b, err)
 	}
-	if st, err := netns.Inspect(placeholder); err != nil || st != netns.Placeholder {
-		t.Errorf("Inspect(placeholder) = %v, %v", st, err)
+	for _, name := range []string{prefix + "42", prefix + "43"} {
+		p := filepath.Join(dir, name)
+		if st, err := netns.Inspect(p); err != nil || st != netns.Placeholder {
+			t.Errorf("Inspect(%s) = %v, %v; want Placeholder", name, st, err)
+		}
+		if err := netns.Delete(ctx, dir, name); err != nil {
+			t.Errorf("Delete(%s) = %v", name, err)
+		}
+		assertGone(t, dir, name)
 	}
-	if err := netns.Delete(ctx, dir, prefix+"42"); err != nil {
-		t.Errorf("Delete(placeholder) = %v", err)
-	}
-	assertGone(t, dir, prefix+"42")
 	if st, err := netns.Inspect(placeholder); err != nil || st != netns.Missing {
 		t.Errorf("Inspect(gone) = %v, %v", st, err)
 	}

@@ -46,9 +46,9 @@ func (r Resources) String() string {
 
 // Inventory maps slot indices to the resources that exist for them. Only
 // names with the configured prefix and a canonical index in [1, Slots] are
-// ever in it; a netns entry must be a bound namespace or an empty mode-0
-// placeholder (see netns.Inspect): symlinks, directories, files with content
-// and mounts of anything else are foreign.
+// ever in it; a netns entry must be a bound namespace or an empty regular
+// file (see netns.Inspect): symlinks, directories, files with content and
+// mounts of anything else are foreign.
 type Inventory map[int]Resources
 
 // Indices returns the inventory's indices in ascending order.
