@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,15 +108,7 @@ func TestPoolOnKernel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if inv, _ := m.Scan(ctx); len(inv) != 0 {
-		t.Errorf("left: %v", inv)
-	}
-	if ms := nettest.Mounts(t, m.Config().NetnsDir); len(ms) != 0 {
-		t.Errorf("mounts left: %v", ms)
-	}
-	if snap := st.Snapshot(); snap.Free != 8 {
-		t.Errorf("storage: %+v", snap)
-	}
+	assertNothingLeft(t, m, st, 8)
 }
 
 func TestPoolCloseDuringFillOnKernel(t *testing.T) {
@@ -127,21 +120,11 @@ func TestPoolCloseDuringFillOnKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for len(p.Snapshot().Idle) < 3 { // some made, more being made
-		time.Sleep(time.Millisecond)
-	}
+	waitUntil(t, "3 idle slots made while more are being made", func() bool { return len(p.Snapshot().Idle) >= 3 })
 	if err := p.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if inv, _ := m.Scan(ctx); len(inv) != 0 {
-		t.Errorf("left after Close during fill: %v", inv)
-	}
-	if ms := nettest.Mounts(t, m.Config().NetnsDir); len(ms) != 0 {
-		t.Errorf("mounts left: %v", ms)
-	}
-	if snap := st.Snapshot(); snap.Free != 32 {
-		t.Errorf("storage: %+v", snap)
-	}
+	assertNothingLeft(t, m, st, 32)
 }
 
 func TestPoolConcurrentOnKernel(t *testing.T) {
@@ -153,7 +136,10 @@ func TestPoolConcurrentOnKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
+	var (
+		wg     sync.WaitGroup
+		cycles atomic.Int64
+	)
 	for range 4 {
 		wg.Go(func() {
 			for range 15 {
@@ -165,21 +151,43 @@ func TestPoolConcurrentOnKernel(t *testing.T) {
 					continue
 				}
 				_ = p.Put(ctx, s)
+				cycles.Add(1)
 			}
 		})
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Close in the middle of the churn: after some Get/Put cycles, while
+	// most of the 60 are still to come.
+	waitUntil(t, "8 Get/Put cycles", func() bool { return cycles.Load() >= 8 })
 	if err := p.Close(ctx); err != nil {
 		t.Errorf("Close: %v", err)
 	}
 	wg.Wait()
-	if inv, _ := m.Scan(ctx); len(inv) != 0 {
-		t.Errorf("left: %v", inv)
+	assertNothingLeft(t, m, st, 16)
+}
+
+// assertNothingLeft checks that a closed pool left no slot resource, no
+// mount and every index free in st (free of slots in all).
+func assertNothingLeft(t *testing.T, m *slot.Manager, st *storage.Storage, free int) {
+	t.Helper()
+	if inv, err := m.Scan(context.Background()); err != nil || len(inv) != 0 {
+		t.Errorf("left: %v (scan error: %v)", inv, err)
 	}
 	if ms := nettest.Mounts(t, m.Config().NetnsDir); len(ms) != 0 {
 		t.Errorf("mounts left: %v", ms)
 	}
-	if snap := st.Snapshot(); snap.Free != 16 {
-		t.Errorf("storage: %+v", snap)
+	if snap := st.Snapshot(); snap.Free != free {
+		t.Errorf("storage: %+v, want %d free", snap, free)
+	}
+}
+
+// waitUntil polls cond every millisecond for up to 30 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
