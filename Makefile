@@ -6,7 +6,12 @@ export PATH := $(GOBIN):$(PATH)
 
 GRPC_HEALTH_PROBE_VERSION := v0.4.62
 
-.PHONY: bench-smoke bench-report reliability help demo run build test unit tools jaeger grpc-health-probe bench vet generate fuzz screenshot
+# The library is the root module; the end-to-end tests and the benchmark
+# program are the module in test/, so that their heavy dependencies never
+# reach an adopter's go.mod.
+MODULES   := . test
+
+.PHONY: bench-smoke bench-report reliability help demo run build test unit deps tools bench vet generate fuzz screenshot
 
 help:
 	@echo "make demo     the whole story: leaked slots, a daemon starting, health 503 -> 200 (as root)"
@@ -15,7 +20,7 @@ help:
 	@echo "make unit     the tests that need no root and no tools"
 	@echo "make bench    the Go micro-benchmarks (lifecycle, server)"
 	@echo "make bench-report  phasegate vs serial startup vs kernel floor at N up to 10,000 (as root)"
-	@echo "make tools    install grpc-health-probe and build the cached Jaeger"
+	@echo "make deps     install what the tests need: Debian packages (root), grpc-health-probe, Jaeger"
 	@echo "make reliability  long crash/load/hostile-input runs; figures to docs/reliability/"
 	@echo "make fuzz     run each fuzz target for FUZZTIME (default 1m)"
 
@@ -34,44 +39,44 @@ generate:
 	$(GO) generate ./api/...
 
 ## test: the whole suite, as CI runs it (as root: network tests use real namespaces).
-test: tools vet
+## It installs what it needs first (tools/deps.sh).
+test: deps vet
 	PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(tools/jaeger/build.sh) \
+		$(GO) test -race -count=1 -timeout 40m ./...
+	cd test && PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(../tools/jaeger/build.sh) \
 		$(GO) test -race -count=1 -timeout 40m ./...
 	$(MAKE) bench-smoke
 
+## deps: Debian packages (as root), grpc-health-probe and the cached Jaeger build.
+deps:
+	tools/deps.sh
+
 ## bench-smoke: the startup benchmark once at N=200 so it keeps working; no timing is judged (root).
 bench-smoke:
-	out=$$(mktemp -d) && $(GO) run ./test/bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out $$out && rm -rf $$out
+	out=$$(mktemp -d) && cd test && $(GO) run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out $$out && rm -rf $$out
 
 ## bench-report: the startup benchmark as in docs/BENCHMARKS.md (root; 15–40 minutes).
 bench-report:
-	$(GO) run ./test/bench -n 0,1000,5000,10000 -reps 3 -out docs/bench -doc docs/BENCHMARKS.md
+	cd test && $(GO) run ./bench -n 0,1000,5000,10000 -reps 3 -out ../docs/bench -doc ../docs/BENCHMARKS.md
 
 unit:
 	$(GO) test -race -count=1 ./lifecycle/... ./tracing/... ./health/... ./server/... ./metrics/... ./timeline/... ./phases/... ./cmd/...
 
 ## screenshot: refresh docs/startup-timeline.png from a real start in headless Chromium (root).
 screenshot:
-	PHASEGATE_SCREENSHOT_DIR=$(CURDIR)/docs $(GO) test -count=1 -run TestOperatorMetricsAndTimeline ./test/
+	cd test && PHASEGATE_SCREENSHOT_DIR=$(CURDIR)/docs $(GO) test -count=1 -run TestOperatorMetricsAndTimeline .
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
-	$(GO) vet ./...
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
-tools: grpc-health-probe jaeger
-
-grpc-health-probe:
-	@command -v grpc-health-probe >/dev/null 2>&1 || \
-		$(GO) install github.com/grpc-ecosystem/grpc-health-probe@$(GRPC_HEALTH_PROBE_VERSION)
-
-jaeger:
-	@tools/jaeger/build.sh >/dev/null
+tools: deps
 
 ## reliability: the long variants of the reliability tests (20 crash rounds, 5,000 checks/s for 60 s
 ## over a 5,000-slot reclaim), their figures written to docs/reliability/ (root; ~10 minutes).
 reliability:
-	PHASEGATE_REPORT_DIR=$(CURDIR)/docs/reliability PHASEGATE_CRASH_ROUNDS=20 PHASEGATE_LOAD_LONG=1 \
-		$(GO) test -count=1 -timeout 60m -v -run 'TestCrashAnywhere|TestHealthUnderLoad|TestLockRace|TestBusy|TestHostile|TestBadConfiguration|TestNothingOutside' ./test/
+	cd test && PHASEGATE_REPORT_DIR=$(CURDIR)/docs/reliability PHASEGATE_CRASH_ROUNDS=20 PHASEGATE_LOAD_LONG=1 \
+		$(GO) test -count=1 -timeout 60m -v -run 'TestCrashAnywhere|TestHealthUnderLoad|TestLockRace|TestBusy|TestHostile|TestBadConfiguration|TestNothingOutside' .
 
 ## fuzz: each fuzz target for FUZZTIME (default 1m). Seed corpora run in every `make test`.
 FUZZTIME ?= 1m

@@ -8,16 +8,16 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // wait is how long a test waits for a condition before it fails. Conditions
 // are met in milliseconds; the bound only keeps a broken test from hanging.

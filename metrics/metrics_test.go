@@ -14,7 +14,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	grpchealth "google.golang.org/grpc/health"
@@ -23,11 +22,12 @@ import (
 
 	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 
+	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/metrics"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // scrape reads the Prometheus exposition h serves.
 func scrape(t *testing.T, h http.Handler) map[string]*dto.MetricFamily {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -18,11 +17,12 @@ import (
 	"google.golang.org/grpc/stats"
 
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/server"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // wait bounds every wait on a condition; conditions are met in
 // milliseconds, the bound only keeps a broken test from hanging.

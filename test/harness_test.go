@@ -44,7 +44,7 @@ func runMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binary = filepath.Join(dir, "phasegate")
-	build := exec.Command("go", "build", "-race", "-o", binary, "../cmd/phasegate")
+	build := exec.Command("go", "build", "-race", "-o", binary, "github.com/phasegate/phasegate/cmd/phasegate")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building phasegate:", err)

@@ -39,7 +39,7 @@ func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
 	// daemon as it runs in production.
 	dir := t.TempDir()
 	daemonBin, loadBin := filepath.Join(dir, "phasegate"), filepath.Join(dir, "bench")
-	run(t, "go", "build", "-o", daemonBin, "../cmd/phasegate")
+	run(t, "go", "build", "-o", daemonBin, "github.com/phasegate/phasegate/cmd/phasegate")
 	run(t, "go", "build", "-o", loadBin, "./bench")
 
 	h := newHost(t)

@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 func setup(t *testing.T) (dir, prefix string) {
 	t.Helper()

@@ -9,13 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/network/storage"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 func newPool(t *testing.T, f *fakeSlots, n int, opts Options) (*Pool, *storage.Storage) {
 	t.Helper()

@@ -11,9 +11,9 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/reclaim"
@@ -22,7 +22,7 @@ import (
 	"github.com/phasegate/phasegate/network/storage"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 func seq(from, to int) []int {
 	out := make([]int, 0, to-from+1)

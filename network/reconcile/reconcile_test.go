@@ -6,15 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/reconcile"
 	"github.com/phasegate/phasegate/network/storage"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 func TestRunFreesQuarantinedAndSweepsStrays(t *testing.T) {
 	env := nettest.New(t, 10)

@@ -11,15 +11,15 @@ import (
 
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
-	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // checkSlot verifies everything Create promises.
 func checkSlot(t *testing.T, m *slot.Manager, s *slot.Slot) {

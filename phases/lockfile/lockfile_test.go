@@ -26,7 +26,7 @@ func TestHelperHoldLock(t *testing.T) {
 		os.Exit(1)
 	}
 	os.Stdout.WriteString("locked\n")
-	select {}
+	time.Sleep(time.Hour) // until killed; a bare select{} is a deadlock the runtime ends
 }
 
 // holdInChild starts a process that holds the lock and returns it once it

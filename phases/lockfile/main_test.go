@@ -3,7 +3,7 @@ package lockfile_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/phasegate/phasegate/internal/leakcheck"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }

@@ -1,19 +1,15 @@
-package main
+package test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,27 +18,6 @@ import (
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/phases"
 )
-
-// TestRunAsCommand is not a test: status tests run this test binary with
-// PHASEGATE_TEST_ARGS set, under a pseudo-terminal or pipes, and it then
-// acts as the phasegate command with those arguments (tab-separated).
-func TestRunAsCommand(t *testing.T) {
-	args, ok := os.LookupEnv("PHASEGATE_TEST_ARGS")
-	if !ok {
-		t.Skip("runs only as a child of the status tests")
-	}
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	fi, _ := os.Stdout.Stat()
-	os.Exit(run(context.Background(), env{
-		args:      strings.Split(args, "\t"),
-		lookupEnv: os.LookupEnv,
-		stdout:    os.Stdout,
-		stderr:    os.Stderr,
-		isTTY:     fi != nil && fi.Mode()&os.ModeCharDevice != 0,
-		signals:   sigs,
-	}))
-}
 
 // fakeDaemon serves /debug/lifecycle from a script of views: a start whose
 // reclaim counts up, then serving. Each request moves one step on.
@@ -98,11 +73,10 @@ func fakeDaemon(t *testing.T) *httptest.Server {
 	return srv
 }
 
+// statusCommand is the phasegate binary's status --watch against srv.
 func statusCommand(t *testing.T, srv *httptest.Server) *exec.Cmd {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRunAsCommand$")
-	cmd.Env = append(os.Environ(), "PHASEGATE_TEST_ARGS="+strings.Join([]string{
-		"status", "--watch", "--interval=20ms", "--addr=" + strings.TrimPrefix(srv.URL, "http://")}, "\t"))
-	return cmd
+	t.Helper()
+	return exec.Command(binary, "status", "--watch", "--interval=20ms", "--addr="+strings.TrimPrefix(srv.URL, "http://"))
 }
 
 // On a terminal, status --watch draws progress bars with rate and time

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Installs what `make test` needs on a Debian machine that has Go: the Debian
+# packages below (as root, with apt-get), grpc-health-probe (go install) and
+# a cached Jaeger build. Packages are checked by name with dpkg-query, not by
+# command: libprotobuf-dev has no command, and a command of the same name
+# from elsewhere would hide a missing package. Safe to run again: it does
+# nothing when everything is there.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+# Each package, and what needs it.
+packages=(
+  iproute2          # ip, ip netns: tests make and inspect veths and namespaces
+  nftables          # nft: tests check and sweep the daemon's tables
+  iptables          # iptables inside a slot: tests dirty a slot the way a tenant would
+  util-linux        # unshare, nsenter, mount: leaked-slot fixtures, workloads inside slots
+  procps            # sysctl, ps: tests read and dirty per-namespace sysctls
+  systemd           # systemd-socket-activate: socket activation tests
+  protobuf-compiler # protoc: the generated API code is checked against the .proto
+  libprotobuf-dev   # google/protobuf/timestamp.proto, which protoc needs for the API
+  chromium          # headless browser for the /debug/startup timeline test
+  fonts-liberation  # fonts for the timeline screenshot
+  gcc               # cgo, for go test -race
+  libc6-dev         # cgo's C headers
+  git               # gofmt check over the tracked files
+  make
+  ca-certificates   # module downloads over HTTPS
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "missing Debian packages: ${missing[*]}" >&2
+    echo "run as root, or: apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "installing Debian packages: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+gobin=$(go env GOPATH)/bin
+if [ ! -x "$gobin/grpc-health-probe" ]; then
+  version=$(awk '$1 == "GRPC_HEALTH_PROBE_VERSION" { print $3 }' "$here/../Makefile")
+  echo "installing grpc-health-probe $version into $gobin" >&2
+  go install "github.com/grpc-ecosystem/grpc-health-probe@$version"
+fi
+
+"$here/jaeger/build.sh" >/dev/null
