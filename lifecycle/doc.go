@@ -12,8 +12,9 @@
 // The lifecycle moves through
 //
 //	created → starting → serving → draining → stopped
+//	          starting → draining              (a drain during the start)
 //	          starting → failed → stopped
-//	                     serving → failed   (a fatal fault, see [Lifecycle.Fail])
+//	                     serving → failed      (a fatal fault, see [Lifecycle.Fail])
 //
 // and each phase through
 //

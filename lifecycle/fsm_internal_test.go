@@ -30,6 +30,7 @@ func TestOnlyDeclaredTransitionsHappen(t *testing.T) {
 				{"created", evStart, "starting"},
 				{"starting", evServe, "serving"},
 				{"starting", evFail, "failed"},
+				{"starting", evDrain, "draining"},
 				{"serving", evDrain, "draining"},
 				{"serving", evFail, "failed"},
 				{"draining", evStop, "stopped"},

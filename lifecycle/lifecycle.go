@@ -15,7 +15,7 @@ import (
 )
 
 // errDrainDuringStart is the cause given to a start that a drain cancelled.
-var errDrainDuringStart = errors.New("drain requested")
+var errDrainDuringStart = fmt.Errorf("%w during the start", ErrClosed)
 
 // Lifecycle runs a validated set of phases. Create one with [New]; all its
 // methods are safe for concurrent use.
@@ -31,6 +31,7 @@ type Lifecycle struct {
 	fsm          *fsm.FSM
 	since        time.Time
 	history      []Transition // every state entered after created, in order
+	warnings     []Warning    // by name, in the order first set
 	started      time.Time
 	err          error
 	degraded     bool
@@ -141,7 +142,8 @@ func (l *Lifecycle) State() State {
 //
 // Calling Start again, or concurrently, waits for and returns the outcome of
 // the first call. Once [Lifecycle.Drain] was called, Start returns
-// [ErrClosed], except to callers already waiting for a start in progress.
+// [ErrClosed]; a start that a drain cancelled returns an error wrapping
+// [ErrClosed] too, and the lifecycle is then draining, not failed.
 func (l *Lifecycle) Start(ctx context.Context) error {
 	l.mu.Lock()
 	if l.closed && State(l.fsm.Current()) != StateStarting {
@@ -196,9 +198,10 @@ func (l *Lifecycle) Fail(cause error) error {
 // Drain shuts the lifecycle down: it goes to draining, background tasks are
 // cancelled, the stop functions of the phases that succeeded run in reverse
 // dependency order, each under its own timeout, and the lifecycle ends
-// stopped. A drain that arrives while starting cancels the start first (the
-// lifecycle then passes through failed). Drain before Start only makes the
-// lifecycle refuse to start.
+// stopped. A drain that arrives while starting goes to draining at once and
+// cancels the start: running phases are cancelled, pending ones skipped, and
+// the stops of those that succeeded run as part of the drain. Drain before
+// Start only makes the lifecycle refuse to start.
 //
 // Drain returns the stop functions' errors, joined, or ctx's cause if ctx ends
 // first; ending ctx also cancels the stop functions still running. Calling
@@ -211,6 +214,9 @@ func (l *Lifecycle) Drain(ctx context.Context) error {
 		l.mu.Unlock()
 		return nil
 	case StateStarting:
+		// Draining from now on, whatever the phases still do: checkers
+		// must read an orderly stop, not a failed start.
+		l.transitionLocked(evDrain)
 		l.cancelStart(errDrainDuringStart)
 		l.mu.Unlock()
 		select {

@@ -284,3 +284,38 @@ func TestProgressIsThrottledButTheLastReportArrives(t *testing.T) {
 		}
 	}
 }
+
+func TestWarningsAreSetReplacedAndCleared(t *testing.T) {
+	lc, err := lifecycle.New([]lifecycle.Phase{{Name: "only", Run: func(context.Context, *lifecycle.Progress) error { return nil }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func() []string {
+		var out []string
+		for _, w := range lc.Snapshot().Warnings {
+			out = append(out, w.Name+"="+w.Message)
+		}
+		return out
+	}
+	lc.Warn("egress", "ip_forward is 0")
+	lc.Warn("leases", "2 lost")
+	seq := lc.Snapshot().Seq
+	lc.Warn("egress", "ip_forward is 0") // same message: no change published
+	if got := lc.Snapshot().Seq; got != seq {
+		t.Errorf("the same warning again published a change (seq %d -> %d)", seq, got)
+	}
+	held := lc.Snapshot()
+	lc.Warn("egress", "FORWARD policy drop")
+	lc.Warn("", "ignored")
+	if got, want := names(), []string{"egress=FORWARD policy drop", "leases=2 lost"}; !slices.Equal(got, want) {
+		t.Fatalf("warnings %v, want %v", got, want)
+	}
+	if held.Warnings[0].Message != "ip_forward is 0" {
+		t.Fatalf("a snapshot taken earlier changed: %v", held.Warnings)
+	}
+	lc.ClearWarning("egress")
+	lc.ClearWarning("absent")
+	if got, want := names(), []string{"leases=2 lost"}; !slices.Equal(got, want) {
+		t.Fatalf("after clearing: %v, want %v", got, want)
+	}
+}

@@ -79,7 +79,8 @@ func (l *Lifecycle) run(ctx context.Context) error {
 	}
 
 	l.mu.Lock()
-	if failure == nil {
+	draining := State(l.fsm.Current()) == StateDraining
+	if failure == nil && !draining {
 		l.transitionLocked(evServe)
 		l.mu.Unlock()
 		span.SetAttributes(attrOutcome.String(string(StateServing)))
@@ -89,6 +90,16 @@ func (l *Lifecycle) run(ctx context.Context) error {
 		if State(r.fsm.Current()) == State(PhasePending) {
 			l.phaseEventLocked(r, evSkip)
 		}
+	}
+	if draining {
+		// A drain cancelled the start: the lifecycle is draining, and the
+		// drain runs the stops of the phases that succeeded.
+		l.mu.Unlock()
+		span.SetAttributes(attrOutcome.String(string(StateDraining)))
+		if failure == nil || errors.Is(failure, ErrClosed) {
+			return errDrainDuringStart
+		}
+		return errors.Join(errDrainDuringStart, failure) // a phase had failed first
 	}
 	l.err = failure
 	l.transitionLocked(evFail)

@@ -22,6 +22,9 @@ type Snapshot struct {
 	Err error
 	// Degraded is true once a background task failed.
 	Degraded bool
+	// Warnings are the conditions set with [Lifecycle.Warn] and not
+	// cleared, in the order they were first set.
+	Warnings []Warning
 	// Phases lists every phase in declaration order.
 	Phases []PhaseSnapshot
 	// Tasks lists background tasks in the order they were started.

@@ -64,13 +64,13 @@ const (
 	evSkip   = "skip"
 )
 
-// lifecycleEvents is the only set of transitions a lifecycle can take.
-// Draining is entered only from serving: a drain that arrives while starting
-// cancels the start, which then fails and is stopped.
+// lifecycleEvents is the only set of transitions a lifecycle can take. A
+// drain that arrives while starting moves the lifecycle to draining at once
+// and cancels the start: an orderly stop, not a failure.
 var lifecycleEvents = fsm.Events{
 	{Name: evStart, Src: []string{string(StateCreated)}, Dst: string(StateStarting)},
 	{Name: evServe, Src: []string{string(StateStarting)}, Dst: string(StateServing)},
-	{Name: evDrain, Src: []string{string(StateServing)}, Dst: string(StateDraining)},
+	{Name: evDrain, Src: []string{string(StateStarting), string(StateServing)}, Dst: string(StateDraining)},
 	{Name: evFail, Src: []string{string(StateStarting), string(StateServing)}, Dst: string(StateFailed)},
 	{Name: evStop, Src: []string{string(StateDraining), string(StateFailed)}, Dst: string(StateStopped)},
 }

@@ -65,6 +65,7 @@ func (l *Lifecycle) snapshotLocked() Snapshot {
 		Started:  l.started,
 		Err:      l.err,
 		Degraded: l.degraded,
+		Warnings: l.warnings,
 		Phases:   make([]PhaseSnapshot, len(l.phases)),
 	}
 	for i, r := range l.phases {
