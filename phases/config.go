@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
 // ErrConfig is wrapped by every error [Config.Validate] returns: the daemon
@@ -25,8 +26,11 @@ var ErrConfig = errors.New("configuration")
 type Config struct {
 	// Listen is the TCP address of the one port (gRPC and HTTP).
 	Listen string
-	// StateDir holds the lock file; created 0700 if missing.
+	// StateDir holds the daemon's state; created 0700 if missing.
 	StateDir string
+	// LockDir holds the slot locks (see [lockfile.SlotsPath]); every
+	// phasegate on a host must use the same one, so it is no flag.
+	LockDir string
 	// LockWait is how long to wait for a lock held by another instance;
 	// zero fails at once.
 	LockWait time.Duration
@@ -85,6 +89,7 @@ func DefaultConfig() Config {
 	return Config{
 		Listen:            "127.0.0.1:5008",
 		StateDir:          "/run/phasegate",
+		LockDir:           lockfile.DefaultDir,
 		Slots:             slot.DefaultConfig(),
 		ReclaimWorkers:    slot.DefaultWorkers,
 		PoolSize:          16,
@@ -162,6 +167,35 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// LockPath is the lock file that guards this configuration's slots: the
+// same for every daemon and every `phasegate reclaim` that works on the
+// same prefix in the same netns directory, whatever their state
+// directories.
+func (c Config) LockPath() (string, error) {
+	return lockfile.SlotsPath(c.LockDir, c.Slots.NetnsDir, c.Slots.Prefix)
+}
+
+// HeldError wraps a lock held by another process with what it guards.
+func (c Config) HeldError(held *lockfile.HeldError) *SlotsHeldError {
+	return &SlotsHeldError{Prefix: c.Slots.Prefix, NetnsDir: c.Slots.NetnsDir, Lock: held}
+}
+
+// SlotsHeldError reports that another process holds the slots of a prefix
+// in a netns directory: a second daemon, or `phasegate reclaim`, beside a
+// running one.
+type SlotsHeldError struct {
+	Prefix, NetnsDir string
+	Lock             *lockfile.HeldError
+}
+
+func (e *SlotsHeldError) Error() string {
+	return fmt.Sprintf("another phasegate (%s) holds the slots of prefix %q in %s (lock %s)",
+		e.Lock.Holder(), e.Prefix, e.NetnsDir, e.Lock.Path)
+}
+
+// Unwrap returns the lock's own error.
+func (e *SlotsHeldError) Unwrap() error { return e.Lock }
 
 // ListenIsLoopback reports whether addr listens on loopback only.
 func ListenIsLoopback(addr string) bool {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -31,9 +30,6 @@ const (
 	PhaseRegister = "register"
 	PhaseServe    = "serve"
 )
-
-// LockFileName is the lock file's name inside the state directory.
-const LockFileName = "phasegate.lock"
 
 // Daemon is the phasegate node daemon: a lifecycle running the seven phases
 // and what they build. Create it with [New], then Start and Drain its
@@ -154,10 +150,17 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	if err := lockfile.EnsureDir(d.cfg.StateDir); err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if d.cfg.LockWait > 0 {
-		p.SetMessage("waiting up to " + d.cfg.LockWait.String() + " for " + filepath.Join(d.cfg.StateDir, LockFileName))
+	path, err := d.cfg.LockPath()
+	if err != nil {
+		return lifecycle.Permanent(err)
 	}
-	l, err := lockfile.Acquire(ctx, filepath.Join(d.cfg.StateDir, LockFileName), d.cfg.LockWait)
+	if d.cfg.LockWait > 0 {
+		p.SetMessage("waiting up to " + d.cfg.LockWait.String() + " for " + path)
+	}
+	l, err := lockfile.Acquire(ctx, path, d.cfg.LockWait)
+	if held := (*lockfile.HeldError)(nil); errors.As(err, &held) {
+		return lifecycle.Permanent(d.cfg.HeldError(held))
+	}
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}

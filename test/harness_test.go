@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/network/nft"
+	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
 // binary is the phasegate binary built for this test run.
@@ -108,6 +109,9 @@ func (h *host) sweep(prefix string) {
 		_ = exec.Command("ip", "link", "del", l).Run()
 	}
 	_ = exec.Command("nft", "delete", "table", "inet", nft.TableName(prefix)).Run()
+	if lock, err := lockfile.SlotsPath(lockfile.DefaultDir, h.netnsDir, prefix); err == nil {
+		_ = os.Remove(lock)
+	}
 }
 
 // links lists host links whose name starts with prefix.

@@ -2,6 +2,7 @@ package test
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,5 +83,47 @@ func TestLockRace(t *testing.T) {
 	next.signal(syscall.SIGTERM)
 	if code := next.wait(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
+	}
+}
+
+// TestLockGuardsTheSlotsNotTheStateDir: a second daemon with another state
+// directory but the same netns directory and prefix must not start beside
+// the first (it would reclaim the first one's live slots), and neither may
+// `phasegate reclaim`. Before, the lock lived in the state directory and
+// both daemons served.
+func TestLockGuardsTheSlotsNotTheStateDir(t *testing.T) {
+	h := newHost(t)
+	first := start(t, nil, h.args(freePort(t), "--slots=64")...)
+	first.waitServing(time.Minute)
+	pid := "pid " + strconv.Itoa(first.cmd.Process.Pid)
+
+	otherState := filepath.Join(t.TempDir(), "other-state")
+	args := h.args(freePort(t), "--slots=64", "--state-dir="+otherState)
+	second := start(t, nil, args...)
+	if code := second.wait(30 * time.Second); code != 1 {
+		t.Fatalf("second daemon exited %d, want 1:\n%s", code, second.logs.String())
+	}
+	if out := second.logs.String(); !strings.Contains(out, pid) || !strings.Contains(out, h.prefix) {
+		t.Errorf("second daemon does not name %s and the prefix %s:\n%s", pid, h.prefix, out)
+	}
+
+	out, err := runBinary("reclaim", "--netns-dir="+h.netnsDir, "--slot-prefix="+h.prefix, "--slots=64", "--state-dir="+otherState)
+	if err == nil || !strings.Contains(out, pid) {
+		t.Errorf("reclaim beside a daemon: err %v, output:\n%s", err, out)
+	}
+
+	// Another prefix in the same directory is another set of slots.
+	h2 := *h
+	h2.prefix = h.prefix[:len(h.prefix)-1] + "x-"
+	t.Cleanup(func() { h2.sweep(h2.prefix) })
+	beside := start(t, nil, h2.args(freePort(t), "--slots=64", "--state-dir="+otherState)...)
+	beside.waitServing(time.Minute)
+	first.signal(syscall.SIGTERM)
+	beside.signal(syscall.SIGTERM)
+	if code := first.wait(30 * time.Second); code != 0 {
+		t.Errorf("first daemon exited %d", code)
+	}
+	if code := beside.wait(30 * time.Second); code != 0 {
+		t.Errorf("daemon beside it exited %d", code)
 	}
 }

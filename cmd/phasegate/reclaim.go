@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"path/filepath"
 
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
@@ -35,12 +34,16 @@ func reclaimCmd(ctx context.Context, e env) int {
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %s\n", oneLine(err))
 		return exitUsage
 	}
-	lockPath := filepath.Join(cfg.StateDir, phases.LockFileName)
-	if held, pid, err := lockfile.Probe(lockPath); err != nil {
+	lockPath, err := cfg.LockPath()
+	if err != nil {
+		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
+		return exitUsage
+	}
+	if held, pid, err := lockfile.Probe(ctx, lockPath); err != nil {
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
 		return exitUsage
 	} else if held {
-		fmt.Fprintf(e.stderr, "phasegate reclaim: a phasegate daemon (pid %d) holds %s; it reclaims by itself\n", pid, lockPath)
+		fmt.Fprintf(e.stderr, "phasegate reclaim: %v; a daemon reclaims by itself\n", cfg.HeldError(&lockfile.HeldError{Path: lockPath, PID: pid}))
 		return exitFailed
 	}
 	log := lf.logger(e.stderr)
@@ -52,6 +55,10 @@ func reclaimCmd(ctx context.Context, e env) int {
 		return exitUsage
 	}
 	lock, err := lockfile.Acquire(ctx, lockPath, 0)
+	if held := (*lockfile.HeldError)(nil); errors.As(err, &held) {
+		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", cfg.HeldError(held))
+		return exitFailed
+	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
 		return exitFailed

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"strings"
 
 	"github.com/phasegate/phasegate/phases"
@@ -103,11 +102,16 @@ func serveCmd(ctx context.Context, e env) int {
 	}
 	// Checks that change nothing, so that a second instance or a taken port
 	// is reported before anything is created.
-	if held, pid, err := lockfile.Probe(filepath.Join(cfg.StateDir, phases.LockFileName)); err != nil {
+	lockPath, err := cfg.LockPath()
+	if err != nil {
+		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
+		return exitUsage
+	}
+	if held, pid, err := lockfile.Probe(ctx, lockPath); err != nil {
 		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
 		return exitUsage
 	} else if held {
-		fmt.Fprintf(e.stderr, "phasegate serve: another phasegate (pid %d) holds %s\n", pid, filepath.Join(cfg.StateDir, phases.LockFileName))
+		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", cfg.HeldError(&lockfile.HeldError{Path: lockPath, PID: pid}))
 		return exitFailed
 	}
 	if err := portFree(cfg.Listen); err != nil {

@@ -1,7 +1,13 @@
 // Package lockfile is a single-instance guard: an exclusive flock(2) on a
 // file that also records the holder's pid.
 //
+// The daemon locks what it owns, the slots of one prefix in one netns
+// directory ([SlotsPath], in [DefaultDir]), not its state directory: two
+// daemons with different state directories but the same slots must never
+// both run, and `phasegate reclaim` takes the same lock.
+//
 // The kernel releases a flock when its holder dies, however it dies, so a
-// lock file left behind by a killed daemon never blocks the next one; the pid
-// in the file only names the holder in the error a second instance reports.
+// lock file left behind by a killed daemon never blocks the next one. The
+// holder is named from the kernel's lock table, which has no window between
+// the flock and the pid written into the file; the file is the fallback.
 package lockfile

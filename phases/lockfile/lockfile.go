@@ -1,9 +1,13 @@
 package lockfile
 
 import (
+	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,20 +17,37 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// DefaultDir is where the slot locks live. It is one directory for the
+// whole host, whatever each daemon's state directory: what must be
+// exclusive is what reclaim mutates, the slots of one prefix in one netns
+// directory, and two daemons that disagree on where their state lives must
+// still find each other's lock. /run/lock is the FHS place for lock files,
+// on tmpfs, so a reboot clears it with the namespaces.
+const DefaultDir = "/run/lock/phasegate"
+
 // HeldError reports a lock held by another process.
 type HeldError struct {
 	// Path is the lock file.
 	Path string
-	// PID is the holder's pid as recorded in the file; 0 if it could not be
-	// read (the holder may not have written it yet).
+	// PID is the holder's pid; 0 when it could not be found (the holder
+	// may have died a moment ago, or not have written it yet).
 	PID int
 }
 
 func (e *HeldError) Error() string {
 	if e.PID == 0 {
-		return fmt.Sprintf("%s is locked by another process", e.Path)
+		return fmt.Sprintf("%s is locked by another process (pid unknown)", e.Path)
 	}
 	return fmt.Sprintf("%s is locked by pid %d", e.Path, e.PID)
+}
+
+// Holder describes the holder for a message: "pid 1234" or "a process
+// whose pid is unknown".
+func (e *HeldError) Holder() string {
+	if e.PID == 0 {
+		return "a process whose pid is unknown"
+	}
+	return "pid " + strconv.Itoa(e.PID)
 }
 
 // Lock is a held lock. Release it with Unlock.
@@ -38,11 +59,59 @@ type Lock struct {
 // be interrupted by a ctx, so waiting is done by polling.
 const pollInterval = 50 * time.Millisecond
 
-// Acquire takes an exclusive lock on path, creating the file (mode 0600) if
-// needed, and writes the caller's pid into it. With wait 0 a held lock fails
-// at once with a *[HeldError]; otherwise Acquire retries until wait has passed
-// or ctx ends.
+// SlotsPath returns the lock file that guards the slots named with prefix
+// in netnsDir, in lockDir. The netns directory is resolved through
+// symlinks first (/var/run/netns and /run/netns are one directory on
+// Debian), so every spelling of one directory maps to one lock. The name
+// is the escaped directory and the prefix; one too long for a file name is
+// hashed.
+func SlotsPath(lockDir, netnsDir, prefix string) (string, error) {
+	if !filepath.IsAbs(lockDir) {
+		return "", fmt.Errorf("lockfile: lock directory %q is not absolute", lockDir)
+	}
+	dir, err := resolve(netnsDir)
+	if err != nil {
+		return "", err
+	}
+	name := "slots" + url.PathEscape(dir) + "@" + url.PathEscape(prefix) + ".lock"
+	if len(name) > 255 {
+		sum := sha256.Sum256([]byte(dir + "\x00" + prefix))
+		name = "slots-" + hex.EncodeToString(sum[:]) + ".lock"
+	}
+	return filepath.Join(lockDir, name), nil
+}
+
+// resolve returns dir with symlinks resolved; a directory that does not
+// exist yet is resolved through its nearest existing parent.
+func resolve(dir string) (string, error) {
+	if !filepath.IsAbs(dir) {
+		return "", fmt.Errorf("lockfile: directory %q is not absolute", dir)
+	}
+	var rest []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		r, err := filepath.EvalSymlinks(d)
+		if err == nil {
+			return filepath.Join(append([]string{r}, rest...)...), nil
+		}
+		if !errors.Is(err, os.ErrNotExist) || d == "/" {
+			return "", fmt.Errorf("lockfile: resolve %s: %w", dir, err)
+		}
+		rest = append([]string{filepath.Base(d)}, rest...)
+	}
+}
+
+// Acquire takes an exclusive lock on path, creating the file (mode 0600)
+// and its directory (mode 0755) if needed, and writes the caller's pid into
+// it. With wait 0 a held lock fails at once with a *[HeldError]; otherwise
+// Acquire retries until wait has passed or ctx ends.
+//
+// The lock is a flock(2) on the file's open file description: it survives
+// an execve of the process as long as the descriptor stays open (see
+// [Lock.File]), and the kernel drops it when the holder dies.
 func Acquire(ctx context.Context, path string, wait time.Duration) (*Lock, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("lockfile: %w", err)
+	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lockfile: open %s: %w", path, err)
@@ -63,21 +132,55 @@ func Acquire(ctx context.Context, path string, wait time.Duration) (*Lock, error
 			return nil, fmt.Errorf("lockfile: flock %s: %w", path, err)
 		}
 		if !time.Now().Before(deadline) {
+			held := &HeldError{Path: path, PID: holderPID(ctx, f)}
 			f.Close()
-			return nil, &HeldError{Path: path, PID: holderPID(ctx, path)}
+			return nil, held
 		}
 		t := time.NewTimer(min(pollInterval, time.Until(deadline)))
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+			held := &HeldError{Path: path, PID: holderPID(context.WithoutCancel(ctx), f)}
 			f.Close()
-			return nil, fmt.Errorf("lockfile: waiting for %s (held by pid %d): %w", path, readPID(path), context.Cause(ctx))
+			return nil, fmt.Errorf("lockfile: waiting for %s (held by %s): %w", path, held.Holder(), context.Cause(ctx))
 		}
 	}
 	if err := writePID(f); err != nil {
 		f.Close() // closing releases the flock
 		return nil, fmt.Errorf("lockfile: write pid to %s: %w", path, err)
+	}
+	return &Lock{f: f}, nil
+}
+
+// Adopt takes over a lock whose descriptor this process inherited across
+// an execve (the old image passed it on). It checks that fd is path and
+// that the lock is still ours to hold, and records our pid (unchanged by
+// an exec, but the file may have been truncated).
+func Adopt(fd uintptr, path string) (*Lock, error) {
+	f := os.NewFile(fd, path)
+	if f == nil {
+		return nil, fmt.Errorf("lockfile: adopt %s: bad descriptor %d", path, fd)
+	}
+	var byFD, byPath unix.Stat_t
+	if err := unix.Fstat(int(fd), &byFD); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lockfile: adopt %s: fstat %d: %w", path, fd, err)
+	}
+	if err := unix.Stat(path, &byPath); err != nil || byFD.Dev != byPath.Dev || byFD.Ino != byPath.Ino {
+		f.Close()
+		return nil, fmt.Errorf("lockfile: adopt %s: descriptor %d is another file", path, fd)
+	}
+	// Taking a flock we already hold through this open file description
+	// succeeds at once; one held elsewhere fails.
+	if err := unix.Flock(int(fd), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lockfile: adopt %s: flock: %w", path, err)
+	}
+	unix.CloseOnExec(int(fd))
+	if err := writePID(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lockfile: adopt %s: write pid: %w", path, err)
 	}
 	return &Lock{f: f}, nil
 }
@@ -90,18 +193,54 @@ func writePID(f *os.File) error {
 	return err
 }
 
-// holderPID reads the holder's pid. A holder writes it right after it
-// locks, so a lock taken a moment ago may not show it yet: wait briefly
-// rather than report an anonymous holder.
-func holderPID(ctx context.Context, path string) int {
-	for range 20 {
-		if pid := readPID(path); pid != 0 {
+// holderPID finds the holder of the lock on f's file. The kernel's lock
+// table (/proc/locks) names the process that took a flock, with no window:
+// the pid the holder writes into the file comes a moment after its flock,
+// so a loser reading the file at once may find it empty. The file is the
+// fallback, waited for briefly; 0 means not known.
+func holderPID(ctx context.Context, f *os.File) int {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err == nil {
+		if pid := flockHolder("/proc/locks", st); pid > 0 {
 			return pid
 		}
+	}
+	deadline := time.Now().Add(time.Second)
+	for {
+		if pid := readPID(f.Name()); pid != 0 {
+			return pid
+		}
+		if time.Now().After(deadline) {
+			return 0
+		}
 		select {
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		case <-ctx.Done():
 			return 0
+		}
+	}
+}
+
+// flockHolder returns the pid of the process holding a granted FLOCK on
+// the file st describes, from a /proc/locks table, or 0.
+//
+//	1: FLOCK  ADVISORY  WRITE 1234 00:1a:56789 0 EOF
+//	1: -> FLOCK  ADVISORY  WRITE 1235 00:1a:56789 0 EOF   (a waiter)
+func flockHolder(table string, st unix.Stat_t) int {
+	f, err := os.Open(table)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 6 || fields[1] != "FLOCK" || fields[5] != want {
+			continue // another kind, a waiter ("->"), or another file
+		}
+		if pid, err := strconv.Atoi(fields[4]); err == nil && pid > 0 {
+			return pid
 		}
 	}
 	return 0
@@ -122,6 +261,11 @@ func readPID(path string) int {
 
 // Path returns the lock file's path.
 func (l *Lock) Path() string { return l.f.Name() }
+
+// File returns the descriptor that holds the lock, for handing it to a new
+// image of this process across an execve (clear its close-on-exec flag
+// first). The Lock still owns it.
+func (l *Lock) File() *os.File { return l.f }
 
 // Unlock clears the recorded pid and releases the lock. The file stays:
 // removing it would let a waiter lock a file that a newcomer then replaces.
@@ -166,9 +310,10 @@ func EnsureDir(dir string) error {
 }
 
 // Probe reports whether another process holds the lock on path, and its
-// pid, without creating anything: a missing file is not held. It lets a
-// command refuse to run beside a daemon before it changes anything.
-func Probe(path string) (held bool, pid int, err error) {
+// pid (0 when unknown), without creating anything: a missing file is not
+// held. It lets a command refuse to run beside a daemon before it changes
+// anything.
+func Probe(ctx context.Context, path string) (held bool, pid int, err error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, 0, nil
@@ -181,7 +326,7 @@ func Probe(path string) (held bool, pid int, err error) {
 	case err == nil:
 		return false, 0, nil // closing f releases it again
 	case errors.Is(err, unix.EWOULDBLOCK):
-		return true, readPID(path), nil
+		return true, holderPID(ctx, f), nil
 	default:
 		return false, 0, fmt.Errorf("lockfile: flock %s: %w", path, err)
 	}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
@@ -21,7 +23,18 @@ func TestHelperHoldLock(t *testing.T) {
 	if path == "" {
 		t.Skip("helper process only")
 	}
-	if _, err := lockfile.Acquire(context.Background(), path, 0); err != nil {
+	if os.Getenv("LOCKFILE_HELPER_SILENT") != "" {
+		// A holder caught between its flock and writing its pid: the
+		// moment a racing second instance may look at the file.
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err == nil {
+			err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		}
+		if err != nil {
+			os.Stdout.WriteString("error: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+	} else if _, err := lockfile.Acquire(context.Background(), path, 0); err != nil {
 		os.Stdout.WriteString("error: " + err.Error() + "\n")
 		os.Exit(1)
 	}
@@ -31,10 +44,10 @@ func TestHelperHoldLock(t *testing.T) {
 
 // holdInChild starts a process that holds the lock and returns it once it
 // does.
-func holdInChild(t *testing.T, path string) *exec.Cmd {
+func holdInChild(t *testing.T, path string, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHoldLock$")
-	cmd.Env = append(os.Environ(), "LOCKFILE_HELPER_PATH="+path)
+	cmd.Env = append(append(os.Environ(), "LOCKFILE_HELPER_PATH="+path), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -153,20 +166,99 @@ func TestEnsureDir(t *testing.T) {
 func TestProbe(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "phasegate.lock")
-	if held, _, err := lockfile.Probe(path); held || err != nil {
+	if held, _, err := lockfile.Probe(context.Background(), path); held || err != nil {
 		t.Fatalf("missing file: held %v err %v", held, err)
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("Probe created the lock file")
 	}
 	child := holdInChild(t, path)
-	held, pid, err := lockfile.Probe(path)
+	held, pid, err := lockfile.Probe(context.Background(), path)
 	if !held || pid != child.Process.Pid || err != nil {
 		t.Fatalf("held %v pid %d err %v, want held by %d", held, pid, err, child.Process.Pid)
 	}
 	_ = child.Process.Kill()
 	_ = child.Wait()
-	if held, _, err := lockfile.Probe(path); held || err != nil {
+	if held, _, err := lockfile.Probe(context.Background(), path); held || err != nil {
 		t.Fatalf("after the holder died: held %v err %v", held, err)
+	}
+}
+
+// A holder that has its flock but has not written its pid yet is still
+// named: the kernel's lock table says who holds it. Before, a racing second
+// daemon printed "another phasegate (pid 0)".
+func TestHolderNamedBeforeItWritesItsPID(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "phasegate.lock")
+	child := holdInChild(t, path, "LOCKFILE_HELPER_SILENT=1")
+	if b, _ := os.ReadFile(path); len(b) != 0 {
+		t.Fatalf("the silent holder wrote %q", b)
+	}
+	_, err := lockfile.Acquire(context.Background(), path, 0)
+	var held *lockfile.HeldError
+	if !errors.As(err, &held) || held.PID != child.Process.Pid {
+		t.Fatalf("err = %v, want HeldError naming pid %d", err, child.Process.Pid)
+	}
+	if held, pid, err := lockfile.Probe(context.Background(), path); !held || pid != child.Process.Pid || err != nil {
+		t.Fatalf("Probe: held %v pid %d err %v, want pid %d", held, pid, err, child.Process.Pid)
+	}
+	if strings.Contains(err.Error(), "pid 0") {
+		t.Fatalf("error says pid 0: %v", err)
+	}
+}
+
+func TestUnknownHolderIsNeverPIDZero(t *testing.T) {
+	err := &lockfile.HeldError{Path: "/run/lock/x.lock"}
+	if strings.Contains(err.Error(), "pid 0") || !strings.Contains(err.Error(), "pid unknown") {
+		t.Fatalf("%q", err.Error())
+	}
+	if got := err.Holder(); got != "a process whose pid is unknown" {
+		t.Fatalf("Holder() = %q", got)
+	}
+}
+
+func TestSlotsPath(t *testing.T) {
+	base := t.TempDir()
+	real := filepath.Join(base, "run", "netns")
+	if err := os.MkdirAll(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(base, "run"), filepath.Join(base, "varrun")); err != nil {
+		t.Fatal(err)
+	}
+	path := func(dir, prefix string) string {
+		t.Helper()
+		p, err := lockfile.SlotsPath("/run/lock/phasegate", dir, prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	canonical := path(real, "pg-")
+	if filepath.Dir(canonical) != "/run/lock/phasegate" {
+		t.Fatalf("lock %s is not in the lock directory", canonical)
+	}
+	for _, tc := range []struct {
+		name, dir, prefix string
+		same              bool
+	}{
+		{"the same directory through a symlinked parent", filepath.Join(base, "varrun", "netns"), "pg-", true},
+		{"the same directory with a trailing slash", real + "/", "pg-", true},
+		{"another prefix", real, "pgx-", false},
+		{"another directory", filepath.Join(base, "other"), "pg-", false},
+		{"a directory that does not exist yet, under the symlink", filepath.Join(base, "varrun", "netns", "sub"), "pg-", false},
+	} {
+		if got := path(tc.dir, tc.prefix); (got == canonical) != tc.same {
+			t.Errorf("%s: %s vs %s, want same=%v", tc.name, got, canonical, tc.same)
+		}
+	}
+	if a, b := path(filepath.Join(base, "varrun", "netns", "sub"), "pg-"), path(filepath.Join(real, "sub"), "pg-"); a != b {
+		t.Errorf("a missing directory resolves through its parent: %s vs %s", a, b)
+	}
+	long := path(filepath.Join(base, strings.Repeat("d", 250)), "pg-")
+	if len(filepath.Base(long)) > 255 {
+		t.Errorf("name %d bytes long", len(filepath.Base(long)))
+	}
+	if _, err := lockfile.SlotsPath("relative", real, "pg-"); err == nil {
+		t.Error("a relative lock directory was accepted")
 	}
 }
