@@ -241,3 +241,15 @@ func unjoin(err error) []error {
 	}
 	return []error{err}
 }
+
+// DefaultExpected are the durations after which a phase still running is
+// logged as slow, with its progress: far above what a healthy host takes
+// (docs/BENCHMARKS.md: thousands of namespaces reclaimed in seconds, a
+// warm slot in milliseconds), well below what an orchestrator's start
+// budget allows.
+func DefaultExpected() map[string]time.Duration {
+	return map[string]time.Duration{
+		PhaseReclaim:  time.Minute,
+		PhasePopulate: 30 * time.Second,
+	}
+}

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
@@ -17,49 +17,42 @@ import (
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/network/storage"
 	"github.com/phasegate/phasegate/phases/lockfile"
-	"github.com/phasegate/phasegate/server"
 )
 
-// Phase names, in the order of DESIGN.md section 3.
+// Phase names, in the order of DESIGN.md section 3. Listen and serve are
+// the App's own phases.
 const (
 	PhaseLock     = "lock"
-	PhaseListen   = "listen"
+	PhaseListen   = app.PhaseListen
 	PhaseReclaim  = "reclaim"
 	PhaseStorage  = "storage"
 	PhasePopulate = "populate"
 	PhaseRegister = "register"
-	PhaseServe    = "serve"
+	PhaseServe    = app.PhaseServe
 )
 
-// Daemon is the phasegate node daemon: a lifecycle running the seven phases
-// and what they build. Create it with [New], then Start and Drain its
-// [Daemon.Lifecycle].
+// Daemon is the phasegate node daemon: an [app.App] running the phases
+// and what they build. Create it with [New] and [Daemon.Run] it.
 type Daemon struct {
-	cfg      Config
-	log      *slog.Logger
-	lc       *lifecycle.Lifecycle
-	checker  *health.Checker
-	notifier *health.Notifier
-	obs      *observer // metrics, /debug/startup, slow-phase warnings
+	cfg Config
+	log *slog.Logger
+	app *app.App
+	lc  *lifecycle.Lifecycle
+	obs *observer // the daemon's own metrics
 
 	// Built by the phases, each written once by its phase before any
 	// dependent phase reads it: the lifecycle's ordering is the
 	// synchronisation.
 	lock   *lockfile.Lock
-	srv    *server.Server
 	mgr    *slot.Manager
 	report *reclaim.Report
 	store  *storage.Storage
 	pool   *pool.Pool
 	slots  *slotsService
-
-	mu     sync.Mutex
-	addrCh chan struct{} // closed once the port is bound
-	addr   string
 }
 
-// New validates cfg and declares the daemon's phases. Nothing on the host
-// is created or changed until the lifecycle starts.
+// New validates cfg and declares the daemon's phases, its port and its
+// API. Nothing on the host is created or changed until it runs.
 func New(cfg Config) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -68,72 +61,63 @@ func New(cfg Config) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	d := &Daemon{cfg: cfg, log: log, addrCh: make(chan struct{})}
-	opts := []lifecycle.Option{
-		// A stop function's budget: the server's drain delay plus its own
-		// graceful-stop bound, and a margin for closing the pool.
-		lifecycle.WithStopTimeout(cfg.DrainDelay + 2*cfg.StopTimeout),
-		lifecycle.WithProgressInterval(100 * time.Millisecond),
+	d := &Daemon{cfg: cfg, log: log, obs: &observer{}}
+	listenAfter := PhaseLock
+	if cfg.SerialBaseline {
+		listenAfter = PhasePopulate // the serial orchestrator's order: the port binds last
 	}
-	if cfg.TracerProvider != nil {
-		opts = append(opts, lifecycle.WithTracerProvider(cfg.TracerProvider))
+	expected := cfg.Expected
+	if expected == nil {
+		expected = DefaultExpected()
 	}
-	lc, err := lifecycle.New(d.graph(), opts...)
+	a, err := app.New(app.Config{
+		Name:              "phasegate",
+		Version:           cfg.Version,
+		Description:       "phasegate node daemon",
+		Listen:            cfg.Listen,
+		ListenAfter:       []string{listenAfter},
+		TLS:               cfg.TLS,
+		RequireClientCert: cfg.RequireClientCert,
+		GRPCOptions:       d.obs.grpcOptions(),
+		DrainDelay:        cfg.DrainDelay,
+		StopTimeout:       cfg.StopTimeout,
+		Expected:          expected,
+		Logger:            log,
+		TracerProvider:    cfg.TracerProvider,
+	}, d.graph()...)
 	if err != nil {
-		return nil, fmt.Errorf("phases: %w", err) // a bug in graph, not in cfg
+		return nil, fmt.Errorf("phases: %w", err) // the config was validated: a bug in the graph
 	}
-	d.lc = lc
-	if d.obs, err = newObserver(cfg, lc, log); err != nil {
+	d.app, d.lc = a, a.Lifecycle()
+	fail := func(err error) (*Daemon, error) {
+		_ = a.Stop(context.Background()) // nothing started: releases the observers
 		return nil, err
 	}
-	d.checker = health.New(lc, health.Options{
-		Version:     cfg.Version,
-		ServiceID:   "phasegate",
-		Description: "phasegate node daemon",
-		OnHTTPCheck: d.obs.httpCheck,
-	})
-	d.notifier, err = health.NewNotifier(lc, health.NotifierOptions{})
-	if err != nil {
-		d.obs.close()
-		d.checker.Close()
-		return nil, fmt.Errorf("sd_notify: %w", err)
+	if err := d.obs.init(a.MeterProvider()); err != nil {
+		return fail(err)
+	}
+	if err := a.Server().Declare(slotsServiceDesc()); err != nil {
+		return fail(err)
 	}
 	return d, nil
 }
 
+// App returns the App that runs the daemon.
+func (d *Daemon) App() *app.App { return d.app }
+
 // Lifecycle returns the lifecycle that runs the phases.
 func (d *Daemon) Lifecycle() *lifecycle.Lifecycle { return d.lc }
 
-// Addr waits until the port is bound and returns its address, or returns ""
-// when ctx ends first.
-func (d *Daemon) Addr(ctx context.Context) string {
-	select {
-	case <-d.addrCh:
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		return d.addr
-	case <-ctx.Done():
-		return ""
-	}
+// Run runs the daemon until a signal or a failure; see [app.App.Run].
+func (d *Daemon) Run(ctx context.Context) error {
+	defer d.obs.close()
+	return d.app.Run(ctx)
 }
 
-// Close releases what New made (health observers, the sd_notify loop). Call
-// it after the lifecycle drained.
-func (d *Daemon) Close() {
-	d.notifier.Close()
-	d.checker.Close()
-	d.obs.close()
-}
-
-// graph declares the seven phases; see the package documentation.
+// graph declares the daemon's phases; the App adds listen and serve.
 func (d *Daemon) graph() []lifecycle.Phase {
-	listenAfter := PhaseLock
-	if d.cfg.SerialBaseline {
-		listenAfter = PhasePopulate // the seed's order: the port binds last
-	}
 	return []lifecycle.Phase{
 		{Name: PhaseLock, Run: d.runLock, Stop: d.stopLock},
-		{Name: PhaseListen, DependsOn: []string{listenAfter}, Run: d.runListen, Stop: d.stopServer},
 		{Name: PhaseReclaim, DependsOn: []string{PhaseLock}, Run: d.runReclaim, Stop: d.stopFirewall},
 		{Name: PhaseStorage, DependsOn: []string{PhaseReclaim}, Run: d.runStorage},
 		{Name: PhasePopulate, DependsOn: []string{PhaseStorage}, Run: d.runPopulate, Stop: d.stopPool,
@@ -141,8 +125,7 @@ func (d *Daemon) graph() []lifecycle.Phase {
 			// the cause may be transient (a busy netlink socket, a slow
 			// kernel worker).
 			Retry: lifecycle.RetryPolicy{Attempts: 3, Backoff: time.Second, Jitter: 0.2}},
-		{Name: PhaseRegister, DependsOn: []string{PhaseListen, PhasePopulate}, Run: d.runRegister},
-		{Name: PhaseServe, DependsOn: []string{PhaseRegister}, Run: d.runServe, Stop: d.stopServer},
+		{Name: PhaseRegister, DependsOn: []string{app.PhaseListen, PhasePopulate}, Run: d.runRegister},
 	}
 }
 
@@ -169,48 +152,6 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 }
 
 func (d *Daemon) stopLock(context.Context) error { return d.lock.Unlock() }
-
-func (d *Daemon) runListen(ctx context.Context, _ *lifecycle.Progress) error {
-	srv, err := server.New(server.Config{
-		Addr:              d.cfg.Listen,
-		DrainDelay:        d.cfg.DrainDelay,
-		StopTimeout:       d.cfg.StopTimeout,
-		Health:            d.checker,
-		Gate:              server.LifecycleGate(d.lc),
-		TLS:               d.cfg.TLS,
-		RequireClientCert: d.cfg.RequireClientCert,
-		GRPCOptions:       d.obs.grpcOptions(d.cfg.TracerProvider),
-	})
-	if err != nil {
-		return lifecycle.Permanent(err)
-	}
-	if err := srv.Declare(slotsServiceDesc()); err != nil {
-		return lifecycle.Permanent(err)
-	}
-	if err := srv.Handle("GET /debug/lifecycle", viewHandler(d.lc)); err != nil {
-		return lifecycle.Permanent(err)
-	}
-	if err := d.obs.mount(srv, d.lc); err != nil {
-		return lifecycle.Permanent(err)
-	}
-	if err := srv.Serve(ctx); err != nil {
-		return lifecycle.Permanent(fmt.Errorf("listen on %s: %w", d.cfg.Listen, err))
-	}
-	d.srv = srv
-	d.mu.Lock()
-	d.addr = srv.Addr().String()
-	d.mu.Unlock()
-	close(d.addrCh)
-	d.log.Info("listening", "addr", d.addr)
-	return nil
-}
-
-// stopServer drains the port. Both serve and listen stop with it: serve's
-// stop runs first on a drain, so the port stops taking work before the pool
-// is closed; listen's covers a start that failed before serve.
-func (d *Daemon) stopServer(ctx context.Context) error {
-	return d.srv.Drain(ctx)
-}
 
 func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if d.mgr == nil {
@@ -393,16 +334,12 @@ func (d *Daemon) stopPool(ctx context.Context) error {
 }
 
 func (d *Daemon) runRegister(context.Context, *lifecycle.Progress) error {
-	if err := d.srv.Bind(slotsServiceName, d.slots); err != nil {
+	srv := d.app.Server()
+	if err := srv.Bind(slotsServiceName, d.slots); err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if err := d.srv.Handle("GET /debug/slots", d.slots.debugHandler()); err != nil {
+	if err := srv.Handle("GET /debug/slots", d.slots.debugHandler()); err != nil {
 		return lifecycle.Permanent(err)
 	}
 	return nil
 }
-
-// runServe has nothing left to do: the lifecycle turns serving when it
-// returns, which opens the gate for application calls, turns health
-// SERVING and sends READY=1.
-func (d *Daemon) runServe(context.Context, *lifecycle.Progress) error { return nil }

@@ -15,8 +15,8 @@ import (
 
 	"github.com/creack/pty"
 
+	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/lifecycle"
-	"github.com/phasegate/phasegate/phases"
 )
 
 // fakeDaemon serves /debug/lifecycle from a script of views: a start whose
@@ -25,14 +25,14 @@ func fakeDaemon(t *testing.T) *httptest.Server {
 	t.Helper()
 	t0 := time.Now().Add(-time.Second)
 	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
-	phase := func(name, state string, started, ended time.Time, deps ...string) phases.PhaseView {
-		p := phases.PhaseView{Name: name, State: state, DependsOn: deps, Started: started, Ended: ended, Attempts: 1}
+	phase := func(name, state string, started, ended time.Time, deps ...string) app.PhaseView {
+		p := app.PhaseView{Name: name, State: state, DependsOn: deps, Started: started, Ended: ended, Attempts: 1}
 		if !started.IsZero() && !ended.IsZero() {
 			p.Duration = ended.Sub(started)
 		}
 		return p
 	}
-	var script []phases.View
+	var script []app.View
 	for k := 0; k <= 10; k++ {
 		reclaim := phase("reclaim", "running", ms(2), time.Time{}, "lock")
 		reclaim.Duration = time.Duration(k*100) * time.Millisecond
@@ -40,7 +40,7 @@ func fakeDaemon(t *testing.T) *httptest.Server {
 		if k >= 2 {
 			reclaim.Rate, reclaim.ETA = 4000, time.Duration(10-k)*100*time.Millisecond
 		}
-		script = append(script, phases.View{State: lifecycle.StateStarting, Since: t0, Started: t0, Phases: []phases.PhaseView{
+		script = append(script, app.View{State: lifecycle.StateStarting, Since: t0, Started: t0, Phases: []app.PhaseView{
 			phase("lock", "succeeded", ms(0), ms(2)),
 			phase("listen", "succeeded", ms(2), ms(5), "lock"),
 			reclaim,
@@ -48,13 +48,13 @@ func fakeDaemon(t *testing.T) *httptest.Server {
 			phase("serve", "pending", time.Time{}, time.Time{}, "storage", "listen"),
 		}})
 	}
-	served := phases.View{State: lifecycle.StateServing, Since: ms(1100), Started: t0, Phases: []phases.PhaseView{
+	served := app.View{State: lifecycle.StateServing, Since: ms(1100), Started: t0, Phases: []app.PhaseView{
 		phase("lock", "succeeded", ms(0), ms(2)),
 		phase("listen", "succeeded", ms(2), ms(5), "lock"),
 		phase("reclaim", "succeeded", ms(2), ms(1050), "lock"),
 		phase("storage", "succeeded", ms(1050), ms(1060), "reclaim"),
 		phase("serve", "succeeded", ms(1060), ms(1100), "storage", "listen"),
-	}, Tasks: []phases.PhaseView{phase("fill", "succeeded", ms(1100), ms(1300))}}
+	}, Tasks: []app.PhaseView{phase("fill", "succeeded", ms(1100), ms(1300))}}
 	served.Phases[2].Progress = lifecycle.ProgressSnapshot{Done: 4000, Total: 4000, Unit: "namespaces"}
 	served.Phases[2].Rate = 3816
 	script = append(script, served)

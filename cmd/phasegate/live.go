@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/lifecycle"
-	"github.com/phasegate/phasegate/phases"
 )
 
 // liveView draws `status --watch` on a terminal: a frame of one line per
@@ -61,7 +61,7 @@ var stateColours = map[string]string{
 	string(lifecycle.PhaseFailed):    "\x1b[31m",
 }
 
-func (l *liveView) draw(v phases.View) {
+func (l *liveView) draw(v app.View) {
 	frame := renderFrame(v, l.width, time.Now())
 	var b strings.Builder
 	if !l.hidden {
@@ -90,7 +90,7 @@ func (l *liveView) close() {
 }
 
 // renderFrame is the live view of v, each line at most width columns.
-func renderFrame(v phases.View, width int, now time.Time) []string {
+func renderFrame(v app.View, width int, now time.Time) []string {
 	head := "phasegate " + string(v.State)
 	if !v.Started.IsZero() {
 		end := now
@@ -111,10 +111,10 @@ func renderFrame(v phases.View, width int, now time.Time) []string {
 	}
 	out := []string{"\x1b[1m" + clip(head, width) + "\x1b[0m"}
 	nameW := 8
-	for _, p := range append(append([]phases.PhaseView{}, v.Phases...), v.Tasks...) {
+	for _, p := range append(append([]app.PhaseView{}, v.Phases...), v.Tasks...) {
 		nameW = max(nameW, utf8.RuneCountInString(p.Name)+5)
 	}
-	row := func(p phases.PhaseView, task bool) string {
+	row := func(p app.PhaseView, task bool) string {
 		name := p.Name
 		if task {
 			name = "task " + p.Name

@@ -137,10 +137,6 @@ func serveCmd(ctx context.Context, e env) int {
 		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
 		return exitUsage
 	}
-	defer d.Close()
-	lc := d.Lifecycle()
-	stopLogs := phases.LogTransitions(lc, log)
-	defer stopLogs()
 	log.Info("phasegate starting", "version", version, "listen", cfg.Listen, "tls", cfg.TLS != nil,
 		"client_certs", cfg.RequireClientCert, "netns_dir", cfg.Slots.NetnsDir,
 		"prefix", cfg.Slots.Prefix, "slots", cfg.Slots.Slots, "traces", tp.Exporter)
@@ -148,52 +144,9 @@ func serveCmd(ctx context.Context, e env) int {
 		log.Warn("INSECURE: serving the Slots API in plain text on a non-loopback address (--insecure); anyone who can reach "+
 			cfg.Listen+" can acquire and release network slots", "listen", cfg.Listen)
 	}
-
-	startErr := make(chan error, 1)
-	go func() { startErr <- lc.Start(ctx) }()
-	signalled := false
-	var failed error
-	select {
-	case err := <-startErr:
-		if err != nil {
-			failed = err
-			log.Error("startup failed", "error", err)
-		} else {
-			log.Info("serving", "addr", d.Addr(ctx))
-			sig := <-e.signals
-			signalled = true
-			log.Info("draining", "signal", sig.String())
-		}
-	case sig := <-e.signals:
-		signalled = true
-		log.Info("draining during startup", "signal", sig.String())
-	}
-
-	// A second signal cuts the drain short.
-	drainCtx, cutShort := context.WithCancel(context.WithoutCancel(ctx))
-	defer cutShort()
-	go func() {
-		select {
-		case sig := <-e.signals:
-			log.Warn("second signal: stopping now", "signal", sig.String())
-			cutShort()
-		case <-drainCtx.Done():
-		}
-	}()
-	drainErr := lc.Drain(drainCtx)
-	cutShort()
-	if drainErr != nil {
-		log.Error("drain", "error", drainErr)
-	}
-	if failed != nil && !signalled {
-		// Start returned before any signal: a real startup failure. A
-		// signal during startup is an orderly stop.
+	if err := d.Run(ctx); err != nil {
 		return exitFailed
 	}
-	if drainErr != nil {
-		return exitFailed
-	}
-	log.Info("stopped")
 	return exitOK
 }
 

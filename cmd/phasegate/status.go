@@ -12,8 +12,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/lifecycle"
-	"github.com/phasegate/phasegate/phases"
 )
 
 func statusCmd(ctx context.Context, e env) int {
@@ -51,8 +51,8 @@ func statusCmd(ctx context.Context, e env) int {
 	return watchStatus(ctx, e, client, url, *interval)
 }
 
-func fetchView(ctx context.Context, c *http.Client, url string) (phases.View, []byte, error) {
-	var v phases.View
+func fetchView(ctx context.Context, c *http.Client, url string) (app.View, []byte, error) {
+	var v app.View
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return v, nil, err
@@ -76,7 +76,7 @@ func fetchView(ctx context.Context, c *http.Client, url string) (phases.View, []
 }
 
 // renderTable writes the phases and background tasks as a table.
-func renderTable(w io.Writer, v phases.View) {
+func renderTable(w io.Writer, v app.View) {
 	fmt.Fprintf(w, "lifecycle %s since %s", v.State, v.Since.Format(time.RFC3339))
 	if v.Degraded {
 		fmt.Fprint(w, " (degraded)")
@@ -96,14 +96,14 @@ func renderTable(w io.Writer, v phases.View) {
 	_ = tw.Flush()
 }
 
-func fmtDuration(p phases.PhaseView) string {
+func fmtDuration(p app.PhaseView) string {
 	if p.Started.IsZero() {
 		return "-"
 	}
 	return p.Duration.Round(time.Millisecond).String()
 }
 
-func fmtProgress(p phases.PhaseView) string {
+func fmtProgress(p app.PhaseView) string {
 	s := p.Progress.String()
 	if p.Error != "" && (p.State == string(lifecycle.PhaseFailed) || p.State == string(lifecycle.PhaseRetrying)) {
 		if s != "" {
@@ -174,7 +174,7 @@ func watchStatus(ctx context.Context, e env, c *http.Client, url string, every t
 
 // plainLine summarises a View on one line: the state and every phase that
 // is not pending; with figures, a running phase's rate and time left too.
-func plainLine(v phases.View, figures bool) string {
+func plainLine(v app.View, figures bool) string {
 	parts := []string{string(v.State)}
 	for _, p := range v.Phases {
 		if p.State == string(lifecycle.PhasePending) {
@@ -200,6 +200,6 @@ func plainLine(v phases.View, figures bool) string {
 	return strings.Join(parts, " ")
 }
 
-func viewEstimate(p phases.PhaseView) lifecycle.Estimate {
+func viewEstimate(p app.PhaseView) lifecycle.Estimate {
 	return lifecycle.Estimate{Rate: p.Rate, Remaining: p.ETA, OK: p.ETA > 0}
 }

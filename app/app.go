@@ -1,0 +1,477 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+
+	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/server"
+	"github.com/phasegate/phasegate/timeline"
+	"github.com/phasegate/phasegate/tracing"
+)
+
+// PhaseServe is the name of the phase the App adds after every other one.
+// Its success is the lifecycle turning serving (health SERVING, READY=1,
+// declared services dispatched); its stop drains the port first of all, so
+// the port stops taking work before any phase is undone.
+const PhaseServe = "serve"
+
+// HTTP paths the App serves besides the health endpoints.
+const (
+	// PathMetrics serves every metric in the Prometheus text format.
+	PathMetrics = "/metrics"
+	// PathStartup serves the start as a timeline (HTML, SVG, no script).
+	PathStartup = "/debug/startup"
+	// PathLifecycle serves the lifecycle as JSON ([View]); `phasegate
+	// status --addr` reads it.
+	PathLifecycle = "/debug/lifecycle"
+)
+
+// App runs a service whose startup is a lifecycle of phases, on one port
+// for gRPC and HTTP, with health in every dialect (grpc.health.v1, HTTP for
+// Nomad, Consul and Kubernetes, systemd's sd_notify), a span per phase,
+// metrics, and signals. Create it with [New], declare what the port serves
+// on [App.Server], then [App.Run] it (or [App.Start] and [App.Stop] it from
+// a test).
+type App struct {
+	cfg      Config
+	log      *slog.Logger
+	lc       *lifecycle.Lifecycle
+	srv      *server.Server
+	checker  *health.Checker
+	notifier *health.Notifier
+	metrics  *metrics.Provider
+	tracer   trace.TracerProvider
+	ownTP    *tracing.Provider // built by New from the environment; flushed at the end
+	inherit  *inherited
+	stops    []func() // observers, stopped in reverse at close
+
+	addrCh chan struct{} // closed once the port is bound
+
+	mu        sync.Mutex
+	addr      net.Addr
+	quit      chan struct{} // closed by Shutdown
+	quitOnce  sync.Once
+	closeOnce sync.Once
+}
+
+// New checks cfg and the phases and returns an App that has touched
+// nothing yet: the port is bound by its listen phase. It adds two phases to
+// yours: [PhaseListen] (depending on cfg.ListenAfter) and [PhaseServe]
+// (depending on every phase nothing else depends on). Every error wraps
+// [ErrConfig].
+func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	a := &App{cfg: cfg, log: cfg.Logger, addrCh: make(chan struct{}), quit: make(chan struct{})}
+	if a.log == nil {
+		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	a.inherit = inheritFiles()
+	var err error
+	fail := func(err error) (*App, error) {
+		a.close()
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	a.tracer = cfg.TracerProvider
+	if a.tracer == nil {
+		tp, err := tracing.Setup(context.Background(), tracing.WithServiceName(cfg.Name), tracing.WithVersion(cfg.Version))
+		if err != nil {
+			return fail(err)
+		}
+		a.ownTP, a.tracer = tp, tp
+	}
+
+	graph := a.graph(phases)
+	opts := []lifecycle.Option{
+		lifecycle.WithTracerProvider(a.tracer),
+		lifecycle.WithProgressInterval(100 * time.Millisecond),
+	}
+	if cfg.StopTimeout > 0 {
+		opts = append(opts, lifecycle.WithStopTimeout(cfg.StopTimeout))
+	}
+	if a.lc, err = lifecycle.New(graph, append(opts, cfg.LifecycleOptions...)...); err != nil {
+		return fail(err)
+	}
+
+	if a.metrics, err = metrics.Setup(context.Background(), metrics.WithServiceName(cfg.Name), metrics.WithVersion(cfg.Version)); err != nil {
+		return fail(err)
+	}
+	checks, err := metrics.NewHealthChecks(a.metrics)
+	if err != nil {
+		return fail(err)
+	}
+	stop, err := metrics.ObserveLifecycle(a.lc, a.metrics)
+	if err != nil {
+		return fail(err)
+	}
+	a.stops = append(a.stops, stop,
+		LogTransitions(a.lc, a.log),
+		WarnSlowPhases(a.lc, a.log, cfg.Expected))
+
+	a.checker = health.New(a.lc, health.Options{
+		Version: cfg.Version, ServiceID: cfg.Name, Description: cfg.Description,
+		OnHTTPCheck: checks.HTTP,
+	})
+	a.stops = append(a.stops, a.checker.Close)
+	if a.notifier, err = health.NewNotifier(a.lc, health.NotifierOptions{}); err != nil {
+		return fail(err)
+	}
+	a.stops = append(a.stops, a.notifier.Close)
+
+	lis, err := a.listener()
+	if err != nil {
+		return fail(err)
+	}
+	grpcOpts := append([]grpc.ServerOption{
+		tracing.GRPCServerOption(a.tracer, a.metrics),
+		grpc.ChainUnaryInterceptor(checks.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(checks.StreamServerInterceptor()),
+	}, cfg.GRPCOptions...)
+	a.srv, err = server.New(server.Config{
+		Addr:              cfg.Listen,
+		Listener:          lis,
+		DrainDelay:        cfg.DrainDelay,
+		StopTimeout:       cfg.StopTimeout,
+		Health:            a.checker,
+		Gate:              server.LifecycleGate(a.lc),
+		TLS:               cfg.TLS,
+		RequireClientCert: cfg.RequireClientCert,
+		GRPCOptions:       grpcOpts,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	for pattern, h := range map[string]http.Handler{
+		"GET " + PathMetrics:   a.metrics.Handler(),
+		"GET " + PathLifecycle: viewHandler(a.lc),
+		"GET " + PathStartup: timeline.Handler(a.lc, timeline.Options{
+			Title: cfg.Name,
+			Links: []timeline.Link{
+				{Text: "/health", Href: "/health?pretty"},
+				{Text: "/readyz?verbose", Href: "/readyz?verbose"},
+				{Text: PathLifecycle, Href: PathLifecycle},
+				{Text: PathMetrics, Href: PathMetrics},
+			},
+		}),
+	} {
+		if err := a.srv.Handle(pattern, h); err != nil {
+			return fail(err)
+		}
+	}
+	return a, nil
+}
+
+// graph returns the phases with the App's own: listen, after ListenAfter,
+// and serve, after every phase that nothing depends on.
+func (a *App) graph(phases []lifecycle.Phase) []lifecycle.Phase {
+	depended := map[string]bool{}
+	for _, p := range phases {
+		for _, d := range p.DependsOn {
+			depended[d] = true
+		}
+	}
+	serveAfter := []string{PhaseListen}
+	for _, p := range phases {
+		if !depended[p.Name] && p.Name != PhaseListen {
+			serveAfter = append(serveAfter, p.Name)
+		}
+	}
+	budget := a.cfg.StopBudget()
+	out := slices.Clone(phases)
+	return append(out,
+		// The listen phase's stop drains the port when the start fails
+		// before serve; after serve, serve's stop has done it already.
+		lifecycle.Phase{Name: PhaseListen, DependsOn: a.cfg.ListenAfter, Run: a.runListen, Stop: a.stopServer, StopTimeout: budget},
+		lifecycle.Phase{Name: PhaseServe, DependsOn: serveAfter, Run: runServe, Stop: a.stopServer, StopTimeout: budget},
+	)
+}
+
+func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
+	if err := a.srv.Serve(ctx); err != nil {
+		return lifecycle.Permanent(fmt.Errorf("listen on %s: %w", a.cfg.Listen, err))
+	}
+	a.mu.Lock()
+	a.addr = a.srv.Addr()
+	a.mu.Unlock()
+	close(a.addrCh)
+	a.log.Info("listening", "addr", a.addr.String(), "tls", a.cfg.TLS != nil)
+	return nil
+}
+
+// runServe has nothing left to do: the lifecycle turns serving when it
+// returns, which opens the gate for application calls, turns health
+// SERVING and sends READY=1.
+func runServe(context.Context, *lifecycle.Progress) error { return nil }
+
+func (a *App) stopServer(ctx context.Context) error { return a.srv.Drain(ctx) }
+
+// Server returns the server of the port: declare gRPC services and gated
+// HTTP routes on it before the App starts, bind them from the phases that
+// make them ready, add HTTP handlers at any time.
+func (a *App) Server() *server.Server { return a.srv }
+
+// Lifecycle returns the lifecycle that runs the phases.
+func (a *App) Lifecycle() *lifecycle.Lifecycle { return a.lc }
+
+// MeterProvider returns the meter provider whose metrics /metrics serves
+// (and OTLP pushes, when OTEL_METRICS_EXPORTER says so).
+func (a *App) MeterProvider() metric.MeterProvider { return a.metrics }
+
+// TracerProvider returns the tracer provider the phases' spans go to.
+func (a *App) TracerProvider() trace.TracerProvider { return a.tracer }
+
+// Logger returns the App's logger.
+func (a *App) Logger() *slog.Logger { return a.log }
+
+// Addr waits until the port is bound and returns its address, or nil when
+// ctx ends first.
+func (a *App) Addr(ctx context.Context) net.Addr {
+	select {
+	case <-a.addrCh:
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.addr
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+// Start runs the phases and returns once the App serves, or the start
+// failed (the phases that had succeeded are then stopped already). It
+// returns a *[StartError] when the start did not finish within
+// Config.StartTimeout. Call [App.Stop] in either case.
+func (a *App) Start(ctx context.Context) error {
+	if a.cfg.StartTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, a.cfg.StartTimeout, errStartTimeout)
+		defer cancel()
+	}
+	err := a.lc.Start(ctx)
+	if err != nil && errors.Is(context.Cause(ctx), errStartTimeout) {
+		return &StartError{Timeout: a.cfg.StartTimeout, Snapshot: a.lc.Snapshot(), Err: err}
+	}
+	return err
+}
+
+// Stop drains the App: the port first (health NOT_SERVING, the drain
+// delay, a graceful stop), then the phases' Stop functions in reverse
+// order, then the observers. Ending ctx cuts the waits short. It returns
+// the stops' errors, joined; calling it again returns the first result.
+func (a *App) Stop(ctx context.Context) error {
+	err := a.lc.Drain(ctx)
+	a.close()
+	return err
+}
+
+// Shutdown asks a running [App.Run] for an orderly stop, as a SIGTERM
+// would. It does not wait; calling it again does nothing.
+func (a *App) Shutdown() {
+	a.quitOnce.Do(func() { close(a.quit) })
+}
+
+// close stops the observers and flushes telemetry; idempotent.
+func (a *App) close() {
+	a.closeOnce.Do(func() {
+		for i := len(a.stops) - 1; i >= 0; i-- {
+			a.stops[i]()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if a.metrics != nil {
+			if err := a.metrics.Shutdown(ctx); err != nil {
+				a.log.Warn("flushing metrics", "error", err)
+			}
+		}
+		if a.ownTP != nil {
+			if err := a.ownTP.Shutdown(ctx); err != nil {
+				a.log.Warn("flushing traces", "error", err)
+			}
+		}
+		a.inherit.close()
+	})
+}
+
+// Run starts the App and blocks until it is told to stop, then stops it:
+//
+//   - SIGINT, SIGTERM or SIGHUP, or [App.Shutdown], or ctx ending: an
+//     orderly drain; Run returns nil when it completes;
+//   - a second signal during the drain: the waits are cut short;
+//   - a start that fails: Run returns its error after the rollback;
+//   - a failure after serving (the port's listener dies, or
+//     [lifecycle.Lifecycle.Fail]): the lifecycle turns failed, health says
+//     so, the App drains and Run returns the cause, so that the process
+//     exits non-zero and its supervisor restarts it.
+func (a *App) Run(ctx context.Context) error {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	return a.run(ctx, sigs)
+}
+
+// Main runs the App on the process's signals and returns the exit code:
+// 0 after an orderly stop, 1 after a failure.
+func (a *App) Main() int {
+	if err := a.Run(context.Background()); err != nil {
+		a.log.Error("exiting after a failure", "error", err)
+		return 1
+	}
+	return 0
+}
+
+func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {
+	defer a.close()
+	started := make(chan error, 1)
+	go func() { started <- a.Start(ctx) }()
+
+	var cause error // why the App stops: nil for an orderly stop
+	startReturned := false
+	select {
+	case err := <-started:
+		startReturned = true
+		if err != nil {
+			cause = err
+			a.log.Error("startup failed", "error", err)
+			break
+		}
+		a.log.Info("serving", "addr", addrString(a.Addr(ctx)), "startup", time.Since(a.lc.Snapshot().Started).Round(time.Millisecond).String())
+		cause = a.serving(ctx, sigs)
+	case sig := <-sigs:
+		a.log.Info("draining during startup", "signal", sig.String())
+	case <-a.quit:
+		a.log.Info("draining during startup", "reason", "shutdown requested")
+	case <-ctx.Done():
+		a.log.Info("draining during startup", "reason", context.Cause(ctx).Error())
+	}
+
+	// A second signal cuts the drain short: every wait of the stop
+	// functions sees this ctx end.
+	drainCtx, cutShort := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cutShort(nil)
+	go func() {
+		select {
+		case sig := <-sigs:
+			a.log.Warn("second signal: stopping now", "signal", sig.String())
+			cutShort(fmt.Errorf("second signal %s", sig))
+		case <-drainCtx.Done():
+		}
+	}()
+	drainErr := a.lc.Drain(drainCtx)
+	cutShort(nil)
+	if !startReturned {
+		<-started // returns at once: Drain waited for the start to end
+	}
+	if drainErr != nil {
+		a.log.Error("drain", "error", drainErr)
+	}
+	if cause == nil && drainErr != nil {
+		cause = fmt.Errorf("drain: %w", drainErr)
+	}
+	if cause == nil {
+		a.log.Info("stopped")
+	}
+	return cause
+}
+
+// serving waits, while the App serves, for a reason to stop, and returns
+// the failure when that reason is one.
+func (a *App) serving(ctx context.Context, sigs <-chan os.Signal) error {
+	failed, stopWatch := watchFailed(a.lc)
+	defer stopWatch()
+	select {
+	case sig := <-sigs:
+		a.log.Info("draining", "signal", sig.String())
+		return nil
+	case <-a.quit:
+		a.log.Info("draining", "reason", "shutdown requested")
+		return nil
+	case <-ctx.Done():
+		a.log.Info("draining", "reason", context.Cause(ctx).Error())
+		return nil
+	case <-a.srv.Done():
+		err := a.srv.Err()
+		if err == nil {
+			err = errors.New("the server stopped serving")
+		}
+		if ferr := a.lc.Fail(err); ferr != nil {
+			a.log.Warn("marking the lifecycle failed", "error", ferr)
+		}
+		a.log.Error("failure after serving: draining", "error", err)
+		return err
+	case err := <-failed:
+		a.log.Error("failure after serving: draining", "error", err)
+		return err
+	}
+}
+
+// watchFailed reports the cause once lc fails, until stop is called.
+func watchFailed(lc *lifecycle.Lifecycle) (<-chan error, func()) {
+	out := make(chan error, 1)
+	ch, cancel := lc.Subscribe()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for s := range ch {
+			if s.State == lifecycle.StateFailed {
+				err := s.Err
+				if err == nil {
+					err = errors.New("lifecycle failed")
+				}
+				out <- err
+				return
+			}
+		}
+	})
+	return out, func() { cancel(); wg.Wait() }
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+// errStartTimeout is the cause of a start that ran out of time.
+var errStartTimeout = errors.New("start timeout")
+
+// StartError is returned by [App.Start] when the start did not finish
+// within Config.StartTimeout. It names every phase still running and how
+// far along it was.
+type StartError struct {
+	Timeout  time.Duration
+	Snapshot lifecycle.Snapshot
+	Err      error
+}
+
+func (e *StartError) Error() string {
+	msg := fmt.Sprintf("start timed out after %v", e.Timeout)
+	for _, p := range e.Snapshot.Phases {
+		if p.State == lifecycle.PhaseCancelled || p.State == lifecycle.PhaseRunning || p.State == lifecycle.PhaseRetrying {
+			msg += fmt.Sprintf("; phase %s was running for %v", p.Name, p.Duration().Round(time.Millisecond))
+			if prog := p.Progress.String(); prog != "" {
+				msg += " at " + prog
+			}
+		}
+	}
+	return msg
+}
+
+func (e *StartError) Unwrap() error { return e.Err }

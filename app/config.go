@@ -1,0 +1,122 @@
+package app
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// PhaseListen is the name of the phase the App adds to bind its port. A
+// phase that needs the port, or that binds services on it, depends on it.
+const PhaseListen = "listen"
+
+// Config configures an [App]. Durations mean what they say: a zero
+// DrainDelay is no delay, a zero StopTimeout or StartTimeout no bound.
+// [DefaultConfig] holds the recommended values.
+type Config struct {
+	// Name names the service: the /health body's serviceId, the timeline's
+	// title and service.name of traces and metrics (unless
+	// OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES say otherwise).
+	// Required.
+	Name string
+	// Version is reported by /health and in traces and metrics.
+	Version string
+	// Description is the /health body's description.
+	Description string
+
+	// Listen is the TCP address of the one port that serves gRPC and
+	// HTTP, such as "127.0.0.1:7000" or ":7000". It is not used when the
+	// process was handed a listening socket by systemd socket activation
+	// (LISTEN_FDS) or Listener is set.
+	Listen string
+	// Listener, when set, is the port instead of binding Listen.
+	Listener net.Listener
+	// ListenAfter names phases the port waits for. Binding early is the
+	// point, so usually none: a daemon that must hold a lock before it
+	// answers names its lock phase here.
+	ListenAfter []string
+	// TLS secures the port (gRPC and HTTP alike); RequireClientCert makes
+	// declared gRPC services accept only verified client certificates.
+	TLS               *tls.Config
+	RequireClientCert bool
+	// GRPCOptions are added to the gRPC server's options, after the App's
+	// own (tracing, health-check metrics).
+	GRPCOptions []grpc.ServerOption
+
+	// StartTimeout bounds the whole start; zero means no bound.
+	StartTimeout time.Duration
+	// DrainDelay is the time between health turning NOT_SERVING and the
+	// servers stopping: for checkers to notice and in-flight calls to end.
+	DrainDelay time.Duration
+	// StopTimeout bounds the graceful stop of the servers after the delay,
+	// and each phase's Stop that sets no StopTimeout; zero means no bound.
+	StopTimeout time.Duration
+	// Expected maps a phase to the time after which, still running, it is
+	// logged as slow with its progress (and again each time that passes).
+	Expected map[string]time.Duration
+
+	// Logger receives the App's logs: every transition, slow phases,
+	// signals. Nil discards them.
+	Logger *slog.Logger
+	// TracerProvider receives the spans of the phases and of gRPC calls.
+	// Nil builds one from the OTEL_* environment (none unless
+	// OTEL_TRACES_EXPORTER says otherwise) and flushes it at the end.
+	TracerProvider trace.TracerProvider
+	// LifecycleOptions are passed to lifecycle.New after the App's own.
+	LifecycleOptions []lifecycle.Option
+}
+
+// DefaultConfig returns the recommended settings for a service called
+// name listening on addr: a 10-minute start bound, a 5-second drain delay
+// and a 10-second stop bound.
+func DefaultConfig(name, addr string) Config {
+	return Config{
+		Name:         name,
+		Listen:       addr,
+		StartTimeout: 10 * time.Minute,
+		DrainDelay:   5 * time.Second,
+		StopTimeout:  10 * time.Second,
+	}
+}
+
+// ErrConfig is wrapped by every error [New] returns for a bad Config or a
+// bad phase graph.
+var ErrConfig = errors.New("app: configuration")
+
+func (c Config) validate() error {
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...))
+	}
+	if c.Name == "" {
+		bad("Name is required")
+	}
+	if c.Listen == "" && c.Listener == nil {
+		bad("Listen or Listener is required")
+	}
+	for name, d := range map[string]time.Duration{"StartTimeout": c.StartTimeout, "DrainDelay": c.DrainDelay, "StopTimeout": c.StopTimeout} {
+		if d < 0 {
+			bad("%s is %v, must not be negative", name, d)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// StopBudget is the longest an orderly stop of the port can take with
+// these settings: the drain delay, the graceful stop and, for handlers
+// that ignore their cancelled context, one more stop timeout. Zero means
+// unbounded (no StopTimeout).
+func (c Config) StopBudget() time.Duration {
+	if c.StopTimeout == 0 {
+		return 0
+	}
+	return c.DrainDelay + 2*c.StopTimeout
+}
