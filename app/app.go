@@ -63,7 +63,8 @@ type App struct {
 	inherit  *inherited
 	stops    []func() // observers, stopped in reverse at close
 
-	addrCh chan struct{} // closed once the port is bound
+	addrCh     chan struct{} // closed once the port is bound
+	stopBudget time.Duration // see StopBudget
 
 	mu        sync.Mutex
 	addr      net.Addr
@@ -101,6 +102,7 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	}
 
 	graph := a.graph(phases)
+	a.stopBudget = stopBudget(graph, cfg)
 	opts := []lifecycle.Option{
 		lifecycle.WithTracerProvider(a.tracer),
 		lifecycle.WithProgressInterval(100 * time.Millisecond),
@@ -224,6 +226,37 @@ func runServe(context.Context, *lifecycle.Progress) error { return nil }
 
 func (a *App) stopServer(ctx context.Context) error { return a.srv.Drain(ctx) }
 
+// stopBudget is the longest the stops can take: they run one after the
+// other, each within its own bound (the phase's StopTimeout, else
+// Config.StopTimeout); the port's drain, a stop of both listen and serve,
+// runs once; and background tasks get one more StopTimeout to return. Zero
+// when any stop is unbounded.
+func stopBudget(graph []lifecycle.Phase, cfg Config) time.Duration {
+	if cfg.StopTimeout == 0 {
+		return 0
+	}
+	total := cfg.StopBudget() + cfg.StopTimeout // the port, once; the tasks
+	for _, p := range graph {
+		if p.Stop == nil || p.Name == PhaseListen || p.Name == PhaseServe {
+			continue
+		}
+		d := p.StopTimeout
+		if d == 0 {
+			d = cfg.StopTimeout
+		}
+		total += d
+	}
+	return total
+}
+
+// StopBudget is the longest an orderly stop can take: the drain delay, the
+// port's graceful stop, every phase's Stop in turn and the background
+// tasks, each within its bound. [App.Run] enforces it; a supervisor's kill
+// timeout (Nomad's kill_timeout, systemd's TimeoutStopSec, Kubernetes'
+// terminationGracePeriodSeconds) must exceed it. Zero means unbounded
+// (Config.StopTimeout is zero).
+func (a *App) StopBudget() time.Duration { return a.stopBudget }
+
 // Server returns the server of the port: declare gRPC services and gated
 // HTTP routes on it before the App starts, bind them from the phases that
 // make them ready, add HTTP handlers at any time.
@@ -314,7 +347,8 @@ func (a *App) close() {
 //
 //   - SIGINT, SIGTERM or SIGHUP, or [App.Shutdown], or ctx ending: an
 //     orderly drain; Run returns nil when it completes;
-//   - a second signal during the drain: the waits are cut short;
+//   - a second signal during the drain: the waits are cut short, and so
+//     they are when the drain outlasts [App.StopBudget];
 //   - a start that fails: Run returns its error after the rollback;
 //   - a failure after serving (the port's listener dies, or
 //     [lifecycle.Lifecycle.Fail]): the lifecycle turns failed, health says
@@ -363,9 +397,15 @@ func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {
 	}
 
 	// A second signal cuts the drain short: every wait of the stop
-	// functions sees this ctx end.
+	// functions sees this ctx end. So does the stop budget running out.
 	drainCtx, cutShort := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cutShort(nil)
+	if a.stopBudget > 0 {
+		var cancel context.CancelFunc
+		drainCtx, cancel = context.WithTimeoutCause(drainCtx, a.stopBudget,
+			fmt.Errorf("stop budget of %v spent", a.stopBudget))
+		defer cancel()
+	}
 	go func() {
 		select {
 		case sig := <-sigs:

@@ -110,10 +110,10 @@ func (c Config) validate() error {
 	return errors.Join(errs...)
 }
 
-// StopBudget is the longest an orderly stop of the port can take with
-// these settings: the drain delay, the graceful stop and, for handlers
+// StopBudget is the longest an orderly stop of the port alone can take
+// with these settings: the drain delay, the graceful stop and, for handlers
 // that ignore their cancelled context, one more stop timeout. Zero means
-// unbounded (no StopTimeout).
+// unbounded (no StopTimeout). [App.StopBudget] adds the phases' stops.
 func (c Config) StopBudget() time.Duration {
 	if c.StopTimeout == 0 {
 		return 0

@@ -52,6 +52,13 @@ type Config struct {
 	PoolMinReady int
 	// PoolGrace is how long an idle slot above PoolSize is kept.
 	PoolGrace time.Duration
+	// PopulateTimeout bounds each attempt of the populate phase (three
+	// attempts); zero means no bound.
+	PopulateTimeout time.Duration
+	// StartTimeout bounds the whole start; zero means no bound. A start
+	// that outlives it fails, naming the phase and its progress, and the
+	// daemon exits 1.
+	StartTimeout time.Duration
 	// ReconcileInterval is the background reconciler's period.
 	ReconcileInterval time.Duration
 	// DrainDelay is the time between health turning NOT_SERVING and the
@@ -95,6 +102,8 @@ func DefaultConfig() Config {
 		PoolSize:          16,
 		PoolMinReady:      1,
 		PoolGrace:         5 * time.Minute,
+		PopulateTimeout:   time.Minute,
+		StartTimeout:      5 * time.Minute,
 		ReconcileInterval: 30 * time.Second,
 		DrainDelay:        5 * time.Second,
 		StopTimeout:       10 * time.Second,
@@ -141,6 +150,8 @@ func (c Config) Validate() error {
 	nonNegative("--lock-wait", c.LockWait)
 	nonNegative("--reclaim-budget", c.ReclaimBudget)
 	nonNegative("--drain-delay", c.DrainDelay)
+	nonNegative("--start-timeout", c.StartTimeout)
+	nonNegative("--populate-timeout", c.PopulateTimeout)
 	if c.ReclaimWorkers < 1 {
 		bad("--reclaim-workers is %d, want at least 1", c.ReclaimWorkers)
 	}

@@ -79,6 +79,7 @@ func New(cfg Config) (*Daemon, error) {
 		TLS:               cfg.TLS,
 		RequireClientCert: cfg.RequireClientCert,
 		GRPCOptions:       d.obs.grpcOptions(),
+		StartTimeout:      cfg.StartTimeout,
 		DrainDelay:        cfg.DrainDelay,
 		StopTimeout:       cfg.StopTimeout,
 		Expected:          expected,
@@ -114,20 +115,34 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return d.app.Run(ctx)
 }
 
-// graph declares the daemon's phases; the App adds listen and serve.
+// quickPhase bounds a phase that does no real work on the host: only a
+// bug or a wedged kernel call can make it take seconds.
+const quickPhase = 30 * time.Second
+
+// graph declares the daemon's phases; the App adds listen and serve. Every
+// phase is bounded: the lock by --lock-wait, populate's attempts by
+// --populate-timeout, reclaim by its budget (what is left is deferred, not
+// failed), the others by quickPhase; and the whole start by
+// --start-timeout.
 func (d *Daemon) graph() []lifecycle.Phase {
 	return []lifecycle.Phase{
-		{Name: PhaseLock, Run: d.runLock, Stop: d.stopLock},
+		{Name: PhaseLock, Run: d.runLock, Stop: d.stopLock, Timeout: d.cfg.LockWait + quickPhase},
 		{Name: PhaseReclaim, DependsOn: []string{PhaseLock}, Run: d.runReclaim, Stop: d.stopFirewall},
-		{Name: PhaseStorage, DependsOn: []string{PhaseReclaim}, Run: d.runStorage},
+		{Name: PhaseStorage, DependsOn: []string{PhaseReclaim}, Run: d.runStorage, Timeout: quickPhase},
 		{Name: PhasePopulate, DependsOn: []string{PhaseStorage}, Run: d.runPopulate, Stop: d.stopPool,
+			Timeout: d.cfg.PopulateTimeout,
 			// A fill that cannot make a single slot is worth a few tries:
 			// the cause may be transient (a busy netlink socket, a slow
 			// kernel worker).
 			Retry: lifecycle.RetryPolicy{Attempts: 3, Backoff: time.Second, Jitter: 0.2}},
-		{Name: PhaseRegister, DependsOn: []string{app.PhaseListen, PhasePopulate}, Run: d.runRegister},
+		{Name: PhaseRegister, DependsOn: []string{app.PhaseListen, PhasePopulate}, Run: d.runRegister, Timeout: quickPhase},
 	}
 }
+
+// StopBudget is the longest the daemon's orderly stop can take with this
+// configuration (see [app.App.StopBudget]); supervisors' kill timeouts must
+// exceed it.
+func (d *Daemon) StopBudget() time.Duration { return d.app.StopBudget() }
 
 func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	if err := lockfile.EnsureDir(d.cfg.StateDir); err != nil {

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +25,8 @@ func TestServeFlagsAndEnvironment(t *testing.T) {
 		{
 			name: "defaults",
 			check: func(t *testing.T, e env) {
-				cfg, lf, err := serveFlags(e)
+				cfg, opts, err := serveFlags(e)
+				lf := opts.log
 				if err != nil || cfg.Listen != "127.0.0.1:5008" || cfg.Slots.Prefix != "pg-" || cfg.Slots.Slots != 1024 ||
 					cfg.Slots.CIDR.String() != "169.254.0.0/17" || cfg.PoolSize != 16 || cfg.PoolMinReady != 1 ||
 					cfg.DrainDelay != 5*time.Second || cfg.StopTimeout != 10*time.Second || lf.format != "text" {
@@ -103,5 +106,38 @@ func TestVersionAndHelp(t *testing.T) {
 	out.Reset()
 	if code := run(context.Background(), env{args: []string{"serve", "-h"}, lookupEnv: envFrom(nil), stdout: &out, stderr: &out}); code != 0 || !strings.Contains(out.String(), "--pool-min-ready") || !strings.Contains(out.String(), "PHASEGATE_") {
 		t.Fatalf("serve -h: %d %q", code, out.String())
+	}
+}
+
+// serve --check prints the configuration resolved from flags and
+// environment, with the worst-case stop time, and changes nothing.
+func TestServeCheckPrintsTheStopBudget(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args   []string
+		env    map[string]string
+		budget float64
+	}{
+		// drain 5 + 2 × stop for the port, one stop for the background
+		// tasks, one for each of lock, reclaim and populate.
+		{[]string{"--drain-delay=5s", "--stop-timeout=3s"}, nil, 5 + 6*3},
+		{[]string{"--drain-delay=0s", "--stop-timeout=2s"}, nil, 12},
+		{nil, map[string]string{"PHASEGATE_DRAIN_DELAY": "1s", "PHASEGATE_STOP_TIMEOUT": "1s"}, 7},
+	} {
+		args := append([]string{"serve", "--check", "--state-dir=" + dir + "/state", "--netns-dir=" + dir + "/netns"}, tc.args...)
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), env{args: args, lookupEnv: envFrom(tc.env), stdout: &stdout, stderr: &stderr}); code != exitOK {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr.String())
+		}
+		var got resolvedConfig
+		if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, stdout.String())
+		}
+		if got.StopBudgetSeconds != tc.budget {
+			t.Errorf("%v %v: stop budget %vs, want %vs", args, tc.env, got.StopBudgetSeconds, tc.budget)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("--check made %v", entries)
 	}
 }

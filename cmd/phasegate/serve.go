@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,11 +50,18 @@ func slotFlags(fs *flag.FlagSet, cfg *phases.Config) {
 	fs.BoolVar(&cfg.ReclaimKillOrphans, "reclaim-kill-orphans", cfg.ReclaimKillOrphans, "kill processes found inside leaked namespaces (otherwise they are reported and cut off)")
 }
 
+// serveOptions are serve's settings that are not the daemon's Config.
+type serveOptions struct {
+	log   logFlags
+	check bool // print the resolved configuration and exit
+}
+
 // serveFlags parses serve's command line and environment into a Config.
-func serveFlags(e env) (phases.Config, logFlags, error) {
+func serveFlags(e env) (phases.Config, serveOptions, error) {
 	cfg := phases.DefaultConfig()
 	cfg.Version = version
-	var lf logFlags
+	var opts serveOptions
+	lf := &opts.log
 	var tf tlsFlags
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address of the one port for gRPC and HTTP")
@@ -62,24 +70,27 @@ func serveFlags(e env) (phases.Config, logFlags, error) {
 	fs.IntVar(&cfg.PoolSize, "pool-size", cfg.PoolSize, "warm slots kept ready")
 	fs.IntVar(&cfg.PoolMinReady, "pool-min-ready", cfg.PoolMinReady, "warm slots needed before serving; the rest fills in the background")
 	fs.DurationVar(&cfg.PoolGrace, "pool-grace", cfg.PoolGrace, "how long an idle slot above --pool-size is kept")
+	fs.DurationVar(&cfg.PopulateTimeout, "populate-timeout", cfg.PopulateTimeout, "bound on each of populate's 3 attempts to make --pool-min-ready warm slots (0: none)")
+	fs.DurationVar(&cfg.StartTimeout, "start-timeout", cfg.StartTimeout, "bound on the whole start; past it the daemon exits 1 naming the phase (0: none)")
 	fs.DurationVar(&cfg.DrainDelay, "drain-delay", cfg.DrainDelay, "time between health turning NOT_SERVING and the servers stopping")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "bound on the graceful stop of the servers")
 	tf.register(fs)
 	fs.Var(expectValue{&cfg.Expected}, "expect", "phase=duration,…: log a warning, with the progress, when a phase runs longer")
-	fs.BoolVar(&cfg.SerialBaseline, "serial-baseline", false, "benchmarks only: start the way the seed's orchestrator did (serial reclaim, port bound last)")
+	fs.BoolVar(&cfg.SerialBaseline, "serial-baseline", false, "benchmarks only: start the way E2B's orchestrator did (serial reclaim, port bound last)")
+	fs.BoolVar(&opts.check, "check", false, "check the configuration, print it resolved with the worst-case stop time, and exit (0 valid, 2 not)")
 	lf.register(fs)
 	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			usage(e.stdout, fs, "serve [flags]")
 		}
-		return cfg, lf, err
+		return cfg, opts, err
 	}
 	tc, err := tf.config()
 	if err != nil {
-		return cfg, lf, err
+		return cfg, opts, err
 	}
 	cfg.TLS, cfg.RequireClientCert, cfg.Insecure = tc, tf.clientCA != "", tf.insecure
-	return cfg, lf, nil
+	return cfg, opts, nil
 }
 
 // oneLine joins a multi-line error (errors.Join) for a one-line report.
@@ -88,7 +99,8 @@ func oneLine(err error) string {
 }
 
 func serveCmd(ctx context.Context, e env) int {
-	cfg, lf, err := serveFlags(e)
+	cfg, opts, err := serveFlags(e)
+	lf := opts.log
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
@@ -99,6 +111,9 @@ func serveCmd(ctx context.Context, e env) int {
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
 		return exitUsage
+	}
+	if opts.check {
+		return checkConfig(ctx, e, cfg)
 	}
 	// Checks that change nothing, so that a second instance or a taken port
 	// is reported before anything is created.
@@ -164,4 +179,57 @@ func portFree(addr string) error {
 		return err
 	}
 	return l.Close()
+}
+
+// resolvedConfig is what `serve --check` prints: the settings that decide
+// what the daemon touches and how long it may take to start and stop.
+type resolvedConfig struct {
+	Listen          string `json:"listen"`
+	TLS             bool   `json:"tls"`
+	ClientCerts     bool   `json:"client_certs"`
+	StateDir        string `json:"state_dir"`
+	Lock            string `json:"lock"`
+	NetnsDir        string `json:"netns_dir"`
+	Prefix          string `json:"slot_prefix"`
+	Slots           int    `json:"slots"`
+	SlotCIDR        string `json:"slot_cidr"`
+	PoolSize        int    `json:"pool_size"`
+	PoolMinReady    int    `json:"pool_min_ready"`
+	StartTimeout    string `json:"start_timeout"`
+	PopulateTimeout string `json:"populate_timeout"`
+	DrainDelay      string `json:"drain_delay"`
+	StopTimeout     string `json:"stop_timeout"`
+	// StopBudget is the worst-case time of an orderly stop; a supervisor's
+	// kill timeout must exceed it.
+	StopBudget        string  `json:"stop_budget"`
+	StopBudgetSeconds float64 `json:"stop_budget_seconds"`
+}
+
+// checkConfig prints the resolved configuration as JSON. It builds the
+// daemon, which touches nothing on the host until it runs, to compute the
+// stop budget from the same phases the daemon would run.
+func checkConfig(ctx context.Context, e env, cfg phases.Config) int {
+	d, err := phases.New(cfg)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
+		return exitUsage
+	}
+	defer func() { _ = d.App().Stop(ctx) }()
+	lock, err := cfg.LockPath()
+	if err != nil {
+		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
+		return exitUsage
+	}
+	budget := d.StopBudget()
+	out, _ := json.MarshalIndent(resolvedConfig{
+		Listen: cfg.Listen, TLS: cfg.TLS != nil, ClientCerts: cfg.RequireClientCert,
+		StateDir: cfg.StateDir, Lock: lock, NetnsDir: cfg.Slots.NetnsDir, Prefix: cfg.Slots.Prefix,
+		Slots: cfg.Slots.Slots, SlotCIDR: cfg.Slots.CIDR.String(),
+		PoolSize: cfg.PoolSize, PoolMinReady: cfg.PoolMinReady,
+		StartTimeout: cfg.StartTimeout.String(), PopulateTimeout: cfg.PopulateTimeout.String(),
+		DrainDelay: cfg.DrainDelay.String(), StopTimeout: cfg.StopTimeout.String(),
+		StopBudget: budget.String(), StopBudgetSeconds: budget.Seconds(),
+	}, "", "  ")
+	fmt.Fprintln(e.stdout, string(out))
+	return exitOK
 }
