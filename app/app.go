@@ -65,12 +65,15 @@ type App struct {
 
 	addrCh     chan struct{} // closed once the port is bound
 	stopBudget time.Duration // see StopBudget
+	execPath   string        // the binary an upgrade executes
 
 	mu        sync.Mutex
 	addr      net.Addr
 	quit      chan struct{} // closed by Shutdown
 	quitOnce  sync.Once
 	closeOnce sync.Once
+	upgrading bool                // draining for an in-place upgrade
+	handover  map[string]*os.File // passed to the new image
 }
 
 // New checks cfg and the phases and returns an App that has touched
@@ -86,8 +89,18 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	a.inherit = inheritFiles()
 	var err error
+	if a.inherit, err = inheritFiles(); err != nil {
+		a.inherit.close()
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if cfg.UpgradeOnHangup {
+		// The binary at this path now; an upgrade execs what is there then.
+		if a.execPath, err = os.Executable(); err != nil {
+			a.inherit.close()
+			return nil, fmt.Errorf("%w: upgrade on SIGHUP: %w", ErrConfig, err)
+		}
+	}
 	fail := func(err error) (*App, error) {
 		a.close()
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
@@ -378,24 +391,42 @@ func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {
 
 	var cause error // why the App stops: nil for an orderly stop
 	startReturned := false
-	select {
-	case err := <-started:
-		startReturned = true
-		if err != nil {
-			cause = err
-			a.log.Error("startup failed", "error", err)
-			break
+wait:
+	for {
+		select {
+		case err := <-started:
+			startReturned = true
+			if err != nil {
+				cause = err
+				a.log.Error("startup failed", "error", err)
+				break wait
+			}
+			a.log.Info("serving", "addr", addrString(a.Addr(ctx)), "startup", time.Since(a.lc.Snapshot().Started).Round(time.Millisecond).String())
+			cause = a.serving(ctx, sigs)
+			break wait
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP && a.cfg.UpgradeOnHangup {
+				a.log.Warn("SIGHUP during the start: upgrade refused; send it again once serving")
+				continue
+			}
+			a.log.Info("draining during startup", "signal", sig.String())
+			break wait
+		case <-a.quit:
+			a.log.Info("draining during startup", "reason", "shutdown requested")
+			break wait
+		case <-ctx.Done():
+			a.log.Info("draining during startup", "reason", context.Cause(ctx).Error())
+			break wait
 		}
-		a.log.Info("serving", "addr", addrString(a.Addr(ctx)), "startup", time.Since(a.lc.Snapshot().Started).Round(time.Millisecond).String())
-		cause = a.serving(ctx, sigs)
-	case sig := <-sigs:
-		a.log.Info("draining during startup", "signal", sig.String())
-	case <-a.quit:
-		a.log.Info("draining during startup", "reason", "shutdown requested")
-	case <-ctx.Done():
-		a.log.Info("draining during startup", "reason", context.Cause(ctx).Error())
 	}
 
+	upgrade := errors.Is(cause, errUpgrade)
+	if upgrade {
+		cause = nil
+		a.mu.Lock()
+		a.upgrading = true
+		a.mu.Unlock()
+	}
 	// A second signal cuts the drain short: every wait of the stop
 	// functions sees this ctx end. So does the stop budget running out.
 	drainCtx, cutShort := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -407,20 +438,38 @@ func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {
 		defer cancel()
 	}
 	go func() {
-		select {
-		case sig := <-sigs:
-			a.log.Warn("second signal: stopping now", "signal", sig.String())
-			cutShort(fmt.Errorf("second signal %s", sig))
-		case <-drainCtx.Done():
+		for {
+			select {
+			case sig := <-sigs:
+				if sig == syscall.SIGHUP && a.cfg.UpgradeOnHangup {
+					a.log.Warn("SIGHUP during a drain or an upgrade: refused")
+					continue
+				}
+				a.log.Warn("second signal: stopping now", "signal", sig.String())
+				cutShort(fmt.Errorf("second signal %s", sig))
+				return
+			case <-drainCtx.Done():
+				return
+			}
 		}
 	}()
 	drainErr := a.lc.Drain(drainCtx)
+	interrupted := context.Cause(drainCtx)
 	cutShort(nil)
 	if !startReturned {
 		<-started // returns at once: Drain waited for the start to end
 	}
 	if drainErr != nil {
 		a.log.Error("drain", "error", drainErr)
+	}
+	if upgrade && interrupted == nil {
+		// The drain's errors do not stop an upgrade: what the new image
+		// needs is durable, and it reclaims whatever was left.
+		a.close()
+		return a.execUpgrade(a.execPath)
+	}
+	if upgrade {
+		a.log.Warn("upgrade abandoned: the drain was cut short", "cause", interrupted.Error())
 	}
 	if cause == nil && drainErr != nil {
 		cause = fmt.Errorf("drain: %w", drainErr)
@@ -432,33 +481,51 @@ func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {
 }
 
 // serving waits, while the App serves, for a reason to stop, and returns
-// the failure when that reason is one.
+// the failure when that reason is one ([errUpgrade] for an upgrade).
 func (a *App) serving(ctx context.Context, sigs <-chan os.Signal) error {
 	failed, stopWatch := watchFailed(a.lc)
 	defer stopWatch()
-	select {
-	case sig := <-sigs:
-		a.log.Info("draining", "signal", sig.String())
-		return nil
-	case <-a.quit:
-		a.log.Info("draining", "reason", "shutdown requested")
-		return nil
-	case <-ctx.Done():
-		a.log.Info("draining", "reason", context.Cause(ctx).Error())
-		return nil
-	case <-a.srv.Done():
-		err := a.srv.Err()
-		if err == nil {
-			err = errors.New("the server stopped serving")
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP && a.cfg.UpgradeOnHangup {
+				if err := a.preflight(ctx, a.execPath); err != nil {
+					a.log.Error("SIGHUP: upgrade refused, the new binary failed its check; still serving", "binary", a.execPath, "error", err)
+					continue
+				}
+				// The port's socket, kept open across the drain: its
+				// backlog holds the connections that arrive meanwhile.
+				f, err := a.srv.ListenerFile()
+				if err != nil {
+					a.log.Error("SIGHUP: upgrade refused; still serving", "error", err)
+					continue
+				}
+				a.HandOver(ListenFDName, f)
+				a.log.Info("SIGHUP: upgrading in place", "binary", a.execPath)
+				return errUpgrade
+			}
+			a.log.Info("draining", "signal", sig.String())
+			return nil
+		case <-a.quit:
+			a.log.Info("draining", "reason", "shutdown requested")
+			return nil
+		case <-ctx.Done():
+			a.log.Info("draining", "reason", context.Cause(ctx).Error())
+			return nil
+		case <-a.srv.Done():
+			err := a.srv.Err()
+			if err == nil {
+				err = errors.New("the server stopped serving")
+			}
+			if ferr := a.lc.Fail(err); ferr != nil {
+				a.log.Warn("marking the lifecycle failed", "error", ferr)
+			}
+			a.log.Error("failure after serving: draining", "error", err)
+			return err
+		case err := <-failed:
+			a.log.Error("failure after serving: draining", "error", err)
+			return err
 		}
-		if ferr := a.lc.Fail(err); ferr != nil {
-			a.log.Warn("marking the lifecycle failed", "error", ferr)
-		}
-		a.log.Error("failure after serving: draining", "error", err)
-		return err
-	case err := <-failed:
-		a.log.Error("failure after serving: draining", "error", err)
-		return err
 	}
 }
 

@@ -72,6 +72,21 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	// LifecycleOptions are passed to lifecycle.New after the App's own.
 	LifecycleOptions []lifecycle.Option
+
+	// UpgradeOnHangup makes SIGHUP an in-place upgrade instead of a stop:
+	// the App checks the binary at its path (UpgradePreflight), turns
+	// NOT_SERVING and drains, keeping its listening socket and what was
+	// registered with [App.HandOver] open, and executes that binary with
+	// the same arguments, as the same process. Clients that connect
+	// meanwhile wait in the socket's backlog. A binary that fails the
+	// check leaves the App serving, and says why in the log; one whose
+	// exec fails is replaced by the image that was running. A SIGHUP
+	// during an upgrade or a start is refused, with a log line.
+	UpgradeOnHangup bool
+	// UpgradePreflight are the arguments the new binary is run with, as a
+	// child process, before anything is stopped; it must exit 0. Empty
+	// means only that the file must exist.
+	UpgradePreflight []string
 }
 
 // DefaultConfig returns the recommended settings for a service called

@@ -26,9 +26,10 @@ type inherited struct {
 	files map[string]*os.File // by name; taken ones are removed
 }
 
-// inheritFiles takes the descriptors from the environment, unsetting the
-// LISTEN_* variables so that child processes do not see them.
-func inheritFiles() *inherited {
+// inheritFiles takes the descriptors from the environment (systemd's, and
+// those of an in-place upgrade, see [UpgradeFDsEnv]), unsetting the
+// variables so that child processes do not see them.
+func inheritFiles() (*inherited, error) {
 	in := &inherited{files: map[string]*os.File{}}
 	for i, f := range activation.Files(true) {
 		name := f.Name()
@@ -40,7 +41,7 @@ func inheritFiles() *inherited {
 		}
 		in.files[name] = f
 	}
-	return in
+	return in, upgradeFiles(in)
 }
 
 // take removes and returns the named descriptor.

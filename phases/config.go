@@ -78,8 +78,16 @@ type Config struct {
 	// logged as slow with its progress; nil means [DefaultExpected], a
 	// zero duration never warns.
 	Expected map[string]time.Duration
-	// SerialBaseline reproduces the startup of the seed report's
-	// orchestrator, for benchmarks only: reclaim one slot at a time with the
+	// UpgradeOnHangup makes SIGHUP an in-place upgrade (see
+	// [app.Config.UpgradeOnHangup]): the binary at the daemon's path is
+	// checked with UpgradePreflight, the daemon drains keeping its slots,
+	// its port and its lock, and executes it as the same process.
+	UpgradeOnHangup bool
+	// UpgradePreflight are the arguments the new binary is checked with
+	// (the daemon's own with --check).
+	UpgradePreflight []string
+	// SerialBaseline reproduces the startup of E2B's orchestrator before
+	// its fix, for benchmarks only: reclaim one slot at a time with the
 	// serial reference strategy, and bind the port only after the pool is
 	// populated. It exists to be measured against, never to be run.
 	SerialBaseline bool
@@ -104,6 +112,7 @@ func DefaultConfig() Config {
 		PoolGrace:         5 * time.Minute,
 		PopulateTimeout:   time.Minute,
 		StartTimeout:      5 * time.Minute,
+		UpgradeOnHangup:   true,
 		ReconcileInterval: 30 * time.Second,
 		DrainDelay:        5 * time.Second,
 		StopTimeout:       10 * time.Second,

@@ -85,6 +85,8 @@ func New(cfg Config) (*Daemon, error) {
 		Expected:          expected,
 		Logger:            log,
 		TracerProvider:    cfg.TracerProvider,
+		UpgradeOnHangup:   cfg.UpgradeOnHangup,
+		UpgradePreflight:  cfg.UpgradePreflight,
 	}, d.graph()...)
 	if err != nil {
 		return nil, fmt.Errorf("phases: %w", err) // the config was validated: a bug in the graph
@@ -152,6 +154,18 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
+	if f := d.app.Inherited(lockHandover); f != nil {
+		// An in-place upgrade: the old image kept the lock for us.
+		l, err := lockfile.Adopt(f.Fd(), path)
+		if err != nil {
+			f.Close()
+			return lifecycle.Permanent(fmt.Errorf("the lock handed over by the previous image: %w", err))
+		}
+		d.lock = l
+		d.app.HandOver(lockHandover, l.File())
+		p.SetMessage("kept across the upgrade")
+		return nil
+	}
 	if d.cfg.LockWait > 0 {
 		p.SetMessage("waiting up to " + d.cfg.LockWait.String() + " for " + path)
 	}
@@ -163,10 +177,21 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 		return lifecycle.Permanent(err)
 	}
 	d.lock = l
+	d.app.HandOver(lockHandover, l.File())
 	return nil
 }
 
-func (d *Daemon) stopLock(context.Context) error { return d.lock.Unlock() }
+// lockHandover names the lock's descriptor across an in-place upgrade.
+const lockHandover = "lock"
+
+// stopLock releases the lock, except for an upgrade: the new image takes
+// the descriptor over, so no other daemon can slip in between.
+func (d *Daemon) stopLock(context.Context) error {
+	if d.app.Upgrading() {
+		return nil
+	}
+	return d.lock.Unlock()
+}
 
 func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if d.mgr == nil {

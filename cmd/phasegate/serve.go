@@ -9,8 +9,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 
+	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/phases"
 	"github.com/phasegate/phasegate/phases/lockfile"
 	"github.com/phasegate/phasegate/tracing"
@@ -77,6 +80,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	tf.register(fs)
 	fs.Var(expectValue{&cfg.Expected}, "expect", "phase=duration,…: log a warning, with the progress, when a phase runs longer")
 	fs.BoolVar(&cfg.SerialBaseline, "serial-baseline", false, "benchmarks only: start the way E2B's orchestrator did (serial reclaim, port bound last)")
+	fs.BoolVar(&cfg.UpgradeOnHangup, "upgrade-on-hup", cfg.UpgradeOnHangup, "SIGHUP upgrades in place: check the binary at this path, drain keeping slots, port and lock, exec it (false: SIGHUP stops)")
 	fs.BoolVar(&opts.check, "check", false, "check the configuration, print it resolved with the worst-case stop time, and exit (0 valid, 2 not)")
 	lf.register(fs)
 	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
@@ -115,8 +119,15 @@ func serveCmd(ctx context.Context, e env) int {
 	if opts.check {
 		return checkConfig(ctx, e, cfg)
 	}
+	// The new binary of an upgrade is checked with our own arguments.
+	cfg.UpgradePreflight = append(append([]string{"serve"}, e.args...), "--check")
 	// Checks that change nothing, so that a second instance or a taken port
-	// is reported before anything is created.
+	// is reported before anything is created. An image started by an
+	// in-place upgrade holds the lock and the port already, and one
+	// started by systemd socket activation the port.
+	if _, upgraded := e.lookupEnv(app.UpgradeFDsEnv); upgraded {
+		return runDaemon(ctx, e, cfg, lf)
+	}
 	lockPath, err := cfg.LockPath()
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
@@ -129,11 +140,17 @@ func serveCmd(ctx context.Context, e env) int {
 		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", cfg.HeldError(&lockfile.HeldError{Path: lockPath, PID: pid}))
 		return exitFailed
 	}
-	if err := portFree(cfg.Listen); err != nil {
-		fmt.Fprintf(e.stderr, "phasegate serve: --listen %s: %v\n", cfg.Listen, err)
-		return exitUsage
+	if pid, ok := e.lookupEnv("LISTEN_PID"); !ok || pid != strconv.Itoa(os.Getpid()) {
+		if err := portFree(cfg.Listen); err != nil {
+			fmt.Fprintf(e.stderr, "phasegate serve: --listen %s: %v\n", cfg.Listen, err)
+			return exitUsage
+		}
 	}
+	return runDaemon(ctx, e, cfg, lf)
+}
 
+// runDaemon runs the daemon until it stops and returns the exit code.
+func runDaemon(ctx context.Context, e env, cfg phases.Config, lf logFlags) int {
 	log := lf.logger(e.stderr)
 	tp, err := tracing.Setup(ctx, tracing.WithVersion(version))
 	if err != nil {
