@@ -156,9 +156,8 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	if f := d.app.Inherited(lockHandover); f != nil {
 		// An in-place upgrade: the old image kept the lock for us.
-		l, err := lockfile.Adopt(f.Fd(), path)
+		l, err := lockfile.Adopt(f, path)
 		if err != nil {
-			f.Close()
 			return lifecycle.Permanent(fmt.Errorf("the lock handed over by the previous image: %w", err))
 		}
 		d.lock = l

@@ -154,14 +154,12 @@ func Acquire(ctx context.Context, path string, wait time.Duration) (*Lock, error
 }
 
 // Adopt takes over a lock whose descriptor this process inherited across
-// an execve (the old image passed it on). It checks that fd is path and
-// that the lock is still ours to hold, and records our pid (unchanged by
-// an exec, but the file may have been truncated).
-func Adopt(fd uintptr, path string) (*Lock, error) {
-	f := os.NewFile(fd, path)
-	if f == nil {
-		return nil, fmt.Errorf("lockfile: adopt %s: bad descriptor %d", path, fd)
-	}
+// an execve (the old image passed it on), and f with it: the Lock owns f
+// from now on, and closes it on failure. It checks that f is path and that
+// the lock is still ours to hold, and records our pid (unchanged by an
+// exec, but the file may have been truncated).
+func Adopt(f *os.File, path string) (*Lock, error) {
+	fd := f.Fd()
 	var byFD, byPath unix.Stat_t
 	if err := unix.Fstat(int(fd), &byFD); err != nil {
 		f.Close()

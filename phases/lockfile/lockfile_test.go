@@ -262,3 +262,45 @@ func TestSlotsPath(t *testing.T) {
 		t.Error("a relative lock directory was accepted")
 	}
 }
+
+// A lock handed over across an exec is adopted as it is: the same open file
+// description still holds the flock, so nobody can take it in between.
+func TestAdoptAHandedOverLock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "phasegate.lock")
+	l, err := lockfile.Acquire(context.Background(), path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the new image gets: another *os.File on the same description.
+	fd, err := unix.Dup(int(l.File().Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopted, err := lockfile.Adopt(os.NewFile(uintptr(fd), path), path)
+	if err != nil {
+		t.Fatalf("adopt: %v", err)
+	}
+	if held, _, err := lockfile.Probe(context.Background(), path); !held || err != nil {
+		t.Fatalf("the adopted lock is not held: %v %v", held, err)
+	}
+	other := filepath.Join(t.TempDir(), "other.lock")
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd2, _ := unix.Dup(int(l.File().Fd()))
+	if _, err := lockfile.Adopt(os.NewFile(uintptr(fd2), other), other); err == nil {
+		t.Fatal("a descriptor of another file was adopted")
+	}
+	if err := l.Unlock(); err != nil { // the old image's copy goes
+		t.Fatal(err)
+	}
+	if held, _, _ := lockfile.Probe(context.Background(), path); !held {
+		t.Fatal("closing the old image's descriptor released the adopted lock")
+	}
+	if err := adopted.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if held, _, _ := lockfile.Probe(context.Background(), path); held {
+		t.Fatal("still held after the adopted lock was released")
+	}
+}
