@@ -83,8 +83,8 @@ func open(path string, opts Options, migs []migration) (*Store, error) {
 
 // openBolt runs bolt.Open with its faults contained: bbolt reads the meta
 // and freelist pages while opening, and a damaged or missing page can make
-// it panic or fault, leaving its file (and lock) open; the file is closed
-// here then.
+// it panic or fault, leaving its file (and lock) open; the lock is released
+// and the file closed here then.
 func openBolt(path string, opts Options) (db *bolt.DB, err error) {
 	timeout := opts.LockTimeout
 	if timeout == 0 {
@@ -105,6 +105,10 @@ func openBolt(path string, opts Options) (db *bolt.DB, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			if file != nil {
+				// bbolt's mapping of the file keeps the open file alive
+				// past Close, and the flock with it: unlock explicitly.
+				// The mapping itself is lost until the process exits.
+				unix.Flock(int(file.Fd()), unix.LOCK_UN)
 				file.Close()
 			}
 			db, err = nil, &CorruptError{Path: path, Err: fmt.Errorf("bbolt: %v", p)}

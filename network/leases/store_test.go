@@ -219,8 +219,13 @@ func TestByRequestIsIdempotentAndUnique(t *testing.T) {
 	checkIndex(t, s)
 }
 
-// checkIndex proves the request index is exactly what the records say.
-func checkIndex(t *testing.T, s *Store) {
+// checkIndex proves the request index is exactly what the records say, and
+// that no two records hold one request.
+func checkIndex(t *testing.T, s *Store) { checkIndexOf(t, s, false) }
+
+// checkIndexOf with legacy allows what a schema 1 file may hold: records
+// sharing a request, the lowest index holding it.
+func checkIndexOf(t *testing.T, s *Store, legacy bool) {
 	t.Helper()
 	recs, err := s.Load()
 	if err != nil {
@@ -229,6 +234,12 @@ func checkIndex(t *testing.T, s *Store) {
 	want := map[string]int{}
 	for _, r := range recs {
 		if k := requestKeyOf(&r); k != nil {
+			if holder, dup := want[string(k)]; dup {
+				if !legacy {
+					t.Fatalf("slots %d and %d hold request %q", holder, r.Index, r.RequestID)
+				}
+				continue
+			}
 			want[string(k)] = r.Index
 		}
 	}
