@@ -210,6 +210,15 @@ func (s *Store) Put(ctx context.Context, recs ...Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
+	apply, err := putTx(recs)
+	if err != nil {
+		return err
+	}
+	return s.write(apply)
+}
+
+// putTx checks recs and returns the transaction body that stores them.
+func putTx(recs []Record) (func(tx *bolt.Tx) error, error) {
 	type prepared struct {
 		index            int
 		owner, requestID string
@@ -221,26 +230,26 @@ func (s *Store) Put(ctx context.Context, recs ...Record) error {
 	for n := range recs {
 		r := &recs[n]
 		if err := r.validate(); err != nil {
-			return err
+			return nil, err
 		}
 		if indices[r.Index] {
-			return fmt.Errorf("%w: slot %d given twice", ErrInvalid, r.Index)
+			return nil, fmt.Errorf("%w: slot %d given twice", ErrInvalid, r.Index)
 		}
 		indices[r.Index] = true
 		rk := requestKeyOf(r)
 		if rk != nil {
 			if j, dup := reqs[string(rk)]; dup {
-				return fmt.Errorf("%w: request %q of owner %q given for slots %d and %d", ErrInvalid, r.RequestID, r.Owner, j, r.Index)
+				return nil, fmt.Errorf("%w: request %q of owner %q given for slots %d and %d", ErrInvalid, r.RequestID, r.Owner, j, r.Index)
 			}
 			reqs[string(rk)] = r.Index
 		}
 		v, err := encode(r)
 		if err != nil {
-			return fmt.Errorf("leases: encode slot %d: %w", r.Index, err)
+			return nil, fmt.Errorf("leases: encode slot %d: %w", r.Index, err)
 		}
 		ps[n] = prepared{index: r.Index, owner: r.Owner, requestID: r.RequestID, key: slotKey(r.Index), val: v, reqKey: rk}
 	}
-	return s.write(func(tx *bolt.Tx) error {
+	return func(tx *bolt.Tx) error {
 		slots, index := tx.Bucket(bucketSlots), tx.Bucket(bucketRequests)
 		// Check every conflict before the first change, so that a refusal
 		// leaves the transaction untouched.
@@ -272,7 +281,7 @@ func (s *Store) Put(ctx context.Context, recs ...Record) error {
 			}
 		}
 		return nil
-	})
+	}, nil
 }
 
 // unindex removes the request index entry of the record stored under key,
