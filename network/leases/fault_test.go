@@ -359,6 +359,15 @@ func TestOneDamagedMetaFallsBackToThePreviousCommit(t *testing.T) {
 	}
 }
 
+func TestOpenInAMissingDirectoryIsNotCorrupt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "missing", "leases.db")
+	_, err := Open(path, Options{})
+	var ce *CorruptError
+	if !errors.Is(err, fs.ErrNotExist) || errors.As(err, &ce) {
+		t.Fatalf("Open in a missing directory: %T %v, want ENOENT, not *CorruptError", err, err)
+	}
+}
+
 func TestUndecodableRecordIsReportedNotFatal(t *testing.T) {
 	path, recs := validStore(t, 50)
 	// Slot 20's owner is field 2: tag byte 0x12, then its length. Field
@@ -397,7 +406,7 @@ func TestUndecodableRecordIsReportedNotFatal(t *testing.T) {
 	if _, err := s.Load(); err != nil {
 		t.Fatal(err)
 	}
-	checkIndex(t, s)
+	checkRequestIndex(t, s)
 }
 
 func TestUnreadableFileGivesAccessError(t *testing.T) {
@@ -574,7 +583,7 @@ func TestFullFilesystem(t *testing.T) {
 	}
 	defer s.Close()
 	checkExactly(t, s, committed)
-	checkIndex(t, s)
+	checkRequestIndex(t, s)
 }
 
 func checkExactly(t *testing.T, s *Store, want map[int]bool) {

@@ -124,11 +124,15 @@ func openBolt(path string, opts Options) (db *bolt.DB, err error) {
 		return nil, &AccessError{Path: path, Err: err}
 	case isNoSpace(err):
 		return nil, &noSpace{fmt.Errorf("leases: create %s: %w", path, err)}
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
+		errors.Is(err, berrors.ErrVersionMismatch), strings.Contains(err.Error(), "file size too small"):
+		// Bad meta pages, no page size to be found, a file too small to
+		// be a bbolt file: what the file holds.
+		return nil, &CorruptError{Path: path, Err: err}
 	}
-	// Everything else bolt.Open returns after it got the file and its lock
-	// is about what the file holds: bad meta pages, a page size it cannot
-	// find, a file too small to be a bbolt file.
-	return nil, &CorruptError{Path: path, Err: err}
+	// The rest is about where the file is (a missing directory) or the
+	// system (mmap refused): not the file's fault.
+	return nil, fmt.Errorf("leases: open %s: %w", path, err)
 }
 
 // MoveAside renames the store's file at path to path.corrupt-<UTC time>,

@@ -85,8 +85,8 @@ func (r *Record) validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: slot %d: %s", ErrInvalid, r.Index, fmt.Sprintf(format, a...))
 	}
-	if r.Index < 1 || r.Index > math.MaxUint32 {
-		return fmt.Errorf("%w: index %d outside [1, %d]", ErrInvalid, r.Index, uint32(math.MaxUint32))
+	if err := checkIndex(r.Index); err != nil {
+		return err
 	}
 	if len(r.Owner) > MaxIDLen || len(r.LeaseID) > MaxIDLen || len(r.RequestID) > MaxIDLen {
 		return bad("owner, lease id and request id are limited to %d bytes", MaxIDLen)
@@ -114,6 +114,15 @@ func (r *Record) validate() error {
 		}
 	default:
 		return bad("state %v is neither idle nor leased", r.State)
+	}
+	return nil
+}
+
+// checkIndex refuses an index that cannot be a slot's: slots count from 1,
+// and keys hold 32 bits.
+func checkIndex(i int) error {
+	if i < 1 || uint64(i) > math.MaxUint32 {
+		return fmt.Errorf("%w: index %d outside [1, %d]", ErrInvalid, i, uint32(math.MaxUint32))
 	}
 	return nil
 }

@@ -104,8 +104,8 @@ func (s *Store) Get(index int) (rec Record, ok bool, err error) {
 }
 
 func (s *Store) get(tx *bolt.Tx, index int) (Record, bool, error) {
-	if index < 1 || uint64(index) > 1<<32-1 {
-		return Record{}, false, fmt.Errorf("%w: index %d", ErrInvalid, index)
+	if err := checkIndex(index); err != nil {
+		return Record{}, false, err
 	}
 	v := tx.Bucket(bucketSlots).Get(slotKey(index))
 	if v == nil {
@@ -338,8 +338,8 @@ func (s *Store) Delete(ctx context.Context, indices ...int) error {
 	}
 	keys := make([][]byte, 0, len(indices))
 	for _, i := range indices {
-		if i < 1 || uint64(i) > 1<<32-1 {
-			return fmt.Errorf("%w: index %d", ErrInvalid, i)
+		if err := checkIndex(i); err != nil {
+			return err
 		}
 		keys = append(keys, slotKey(i))
 	}
@@ -365,8 +365,9 @@ func (s *Store) Delete(ctx context.Context, indices ...int) error {
 // a copy; if it returns an error, nothing is written and Update returns
 // that error as it is; if it returns ErrRemove, the record is deleted. fn
 // runs inside the commit and may run more than once (when a transaction it
-// shares is retried), so it must do nothing but change the record. It must
-// not change Index.
+// shares is retried), so it must do nothing but change the record: no side
+// effects, no calls to the Store (they would deadlock). It must not change
+// Index.
 //
 // Update returns the record as written (the zero Record when removed). It
 // keeps fields a newer writer added that this build does not know. It
@@ -380,8 +381,8 @@ func (s *Store) Update(ctx context.Context, index int, fn func(*Record) error) (
 	if err := ctx.Err(); err != nil {
 		return Record{}, err
 	}
-	if index < 1 || uint64(index) > 1<<32-1 {
-		return Record{}, fmt.Errorf("%w: index %d", ErrInvalid, index)
+	if err := checkIndex(index); err != nil {
+		return Record{}, err
 	}
 	key := slotKey(index)
 	var out Record

@@ -216,12 +216,12 @@ func TestByRequestIsIdempotentAndUnique(t *testing.T) {
 	if got, _, _ := s.ByRequest("ci", "mv"); got.Index != 11 {
 		t.Fatalf("moved request found at slot %d, want 11", got.Index)
 	}
-	checkIndex(t, s)
+	checkRequestIndex(t, s)
 }
 
-// checkIndex proves the request index is exactly what the records say, and
+// checkRequestIndex proves the request index is exactly what the records say, and
 // that no two records hold one request.
-func checkIndex(t *testing.T, s *Store) { checkIndexOf(t, s, false) }
+func checkRequestIndex(t *testing.T, s *Store) { checkIndexOf(t, s, false) }
 
 // checkIndexOf with legacy allows what a schema 1 file may hold: records
 // sharing a request, the lowest index holding it.
@@ -315,7 +315,7 @@ func TestUpdateIsCompareAndSet(t *testing.T) {
 	if _, ok, _ := s.Get(2); ok {
 		t.Fatal("ErrRemove left the record")
 	}
-	checkIndex(t, s)
+	checkRequestIndex(t, s)
 }
 
 func TestCanceledContextWritesNothing(t *testing.T) {
@@ -377,7 +377,7 @@ func TestConcurrentWritersShareCommits(t *testing.T) {
 			t.Fatalf("slot %d: Put returned %v but record present = %v", i, err, ok)
 		}
 	}
-	checkIndex(t, s)
+	checkRequestIndex(t, s)
 	txs := s.txs.Load() - before
 	t.Logf("%d writes in %d transactions", writers*each, txs)
 	if txs >= writers*each {
