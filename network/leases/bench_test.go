@@ -107,6 +107,10 @@ func benchWrite(b *testing.B, parent string, writers int, path string) {
 		return s.db.Update(apply)
 	}
 
+	var txs0 uint64
+	if s != nil {
+		txs0 = s.txs.Load()
+	}
 	lat := make([]time.Duration, b.N)
 	var wg sync.WaitGroup
 	b.ResetTimer()
@@ -129,7 +133,10 @@ func benchWrite(b *testing.B, parent string, writers int, path string) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
 	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
-	b.ReportMetric(0, "ns/op") // ops/s says it better for concurrent writers
+	b.ReportMetric(0, "ns/op")
+	if s != nil {
+		b.ReportMetric(float64(b.N)/float64(s.txs.Load()-txs0), "writes/tx")
+	} // ops/s says it better for concurrent writers
 }
 
 // storeOf writes n leased records to a new store in dir and closes it.
