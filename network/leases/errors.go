@@ -108,9 +108,11 @@ func (e *DuplicateRequestError) Error() string {
 
 // RecordsError is returned by Load, beside every record that could be read,
 // when some records could not: their bytes do not decode, or decode to
-// something no writer of this schema writes (an unknown State). Their slots
-// can be told neither leased nor idle: quarantine them, never reclaim or
-// hand them out, until an operator decides.
+// something no writer of this schema writes (an unknown State). Get and
+// Update return it for the one record they read. Such slots can be told
+// neither leased nor idle: quarantine them, never reclaim or hand them out,
+// until an operator decides (a Put or Delete of the index replaces the
+// record).
 type RecordsError struct {
 	Path string
 	Bad  map[int]error // by slot index
