@@ -1,0 +1,131 @@
+// Package leases is the durable record of phasegate's network slots, so
+// that a restart of the daemon (an upgrade, a crash, kill -9) can tell the
+// slots it handed out from the ones it leaked, and leave the first untouched
+// (DESIGN.md, section 5b). Nomad's client keeps its allocations across
+// restarts the same way (client/state.db) and containerd its sandboxes
+// (meta.db, with the record written before the namespace: containerd/cri#568);
+// E2B's orchestrator cannot (e2b-dev/infra#1215).
+//
+// # What is recorded
+//
+// One Record per slot index: Idle (warm in the pool) or Leased (owner,
+// lease id, the client's request id, when acquired, TTL and expiry), the
+// kernel identity of its objects (the netns file's device and inode, the
+// host veth's ifindex), so that a namespace recreated under the same name is
+// never taken for the recorded one, and when the slot was made. The file
+// lives in the daemon's state directory, on tmpfs (/run) by default: the
+// records vanish at a reboot exactly when the namespaces do.
+//
+// # Layout
+//
+// One bbolt file (go.etcd.io/bbolt), schema 2:
+//
+//	meta/
+//	    schema   -> "2"                       ASCII decimal
+//	    created  -> RFC 3339                  when the file was made
+//	    upgraded -> "1 -> 2 at <RFC 3339>"    the last upgrade, if any
+//	slots/
+//	    <index: uint32 big-endian> -> Record (protobuf, internal/recordpb)
+//	requests/
+//	    <len(owner): uint16 BE><owner><request id> -> <index: uint32 BE>
+//
+// Slot keys sort in index order, so Load returns records by index. The
+// requests bucket is a secondary index over the leased records that carry a
+// request id: ByRequest is one B+tree lookup (O(log n)), and a request can
+// be held by one slot only (*DuplicateRequestError), which makes a retried
+// Acquire find the slot its first attempt got. Every write keeps the index
+// and the records in step, in the same transaction.
+//
+// Records are protobuf (record.proto): fields are only ever added, a reader
+// skips fields it does not know, and Update writes them back untouched, so
+// a newer minor version and an older one can share a file. A change an
+// older reader would misread (a new State, a new meaning) is a new schema.
+//
+// # Schema and upgrades
+//
+// meta/schema holds the layout's version. Schema 1 had meta and slots only
+// (a lookup by request scanned the slots, and did not keep requests
+// unique); schema 2 adds the requests index. Open reads the version and:
+//
+//   - no buckets at all (a new or empty file): writes schema 2 (Fresh);
+//   - current: checks the file and opens it;
+//   - older: checks it, copies it to <path>.schema<N>.bak (fsynced), then
+//     runs every migration from N in one transaction that ends by writing
+//     the new version: the file is upgraded whole or not at all. 1 -> 2
+//     builds the index; where two records hold one request, the lower index
+//     keeps it (what schema 1's scan answered);
+//   - newer: refuses with *SchemaError, which names the path, the version
+//     found and the version supported, in one line, and changes nothing.
+//
+// # Writes: durability, order, batching
+//
+// Put, Delete and Update return only once their transaction is committed
+// and fsynced (bbolt writes the pages, fdatasyncs, writes the meta page,
+// fdatasyncs again). The daemon writes a slot's Leased record before it
+// replies to Acquire, and deletes or idles it only after the slot is back
+// (Release) or gone, so a crash at any instruction may leave a record for a
+// slot never handed out (reclaim finds it unowned later), never a handed-out
+// slot without its record.
+//
+// Concurrent writes share transactions (group commit): the first writer
+// commits at once; writers that arrive during that fsync are committed
+// together by the next one. A lone writer pays one fsync and no timer
+// (bbolt's DB.Batch waits up to 10 ms to gather a batch); 32 writers on
+// tmpfs commit several times faster than one transaction each (see
+// BenchmarkWrite). Within a shared transaction:
+//
+//   - a write refused on its own merits (invalid, duplicate request, an
+//     Update function's error) changes nothing and fails alone;
+//   - a write that fails after changing the transaction is taken out, and
+//     the transaction is run again without it;
+//   - when the commit itself fails (a full filesystem, an I/O error), every
+//     write in it fails with that error and none of them is applied: the
+//     file holds exactly what it held before.
+//
+// ctx is consulted before a write is queued, not after: once queued, a
+// write's outcome is always reported truthfully.
+//
+// # Faults
+//
+//	fault                              Open / write returns            and then
+//	not a bbolt file, random bytes     *CorruptError                   MoveAside, start fresh (below)
+//	truncated, garbage in a page       *CorruptError                   same
+//	bbolt panics or faults on a page   *CorruptError (recovered)       same
+//	one record's bytes do not decode   Load: the rest + *RecordsError  quarantine that slot
+//	newest meta page torn or damaged   opens as of the commit before   that commit never returned
+//	unreadable (permissions, EROFS)    *AccessError                    fix, or MoveAside
+//	newer schema                       *SchemaError                    exit 2 with its one line
+//	another process holds the file     *LockedError (with its pid)     exit: one daemon per store
+//	filesystem full                    matches ErrNoSpace and ENOSPC   reads work; writes once space is back
+//	Close twice, calls after Close     nil, ErrClosed
+//
+// Open walks every page of the file, then runs bbolt's consistency check
+// (tx.Check), with panics recovered and memory faults on the mapping turned
+// into panics (runtime/debug.SetPanicOnFault). For 10,000 records the walk
+// takes 0.3-0.5 ms and the check 0.9-1.6 ms; all of Open 4-11 ms, on a
+// busy 2-core machine (BenchmarkOpen, BenchmarkCheck). An empty (0-byte) file is a new store: bbolt cannot tell it from
+// a file made by a process that died before its first write. When bbolt
+// panics inside bolt.Open itself, its mapping of the file cannot be
+// released; it stays until the process exits.
+//
+// After a *CorruptError or an *AccessError the records are lost to the
+// daemon. It cannot tell the slots it finds on the host leased from leaked,
+// so the safe default is to move the file aside (MoveAside names the copy
+// path.corrupt-<UTC time>), open a fresh store, and quarantine every slot it
+// finds (report them, touch none) rather than reclaim them as leaks. The
+// same holds for a Fresh store next to existing slots.
+//
+// # Use by the daemon
+//
+// At start, after the lock: Open, Load, classify every slot found against
+// its record, then Put the restored leases with a fresh full TTL (one
+// transaction). Acquire: ByRequest(owner, request id) first; if found,
+// return that slot; otherwise take a slot and Put its Leased record (a
+// *DuplicateRequestError means a concurrent retry won: return its slot and
+// give this one back). KeepAlive: Update comparing the lease id and setting
+// Expires. Release: Update comparing the lease id and returning ErrRemove,
+// then reset the slot, then Put it Idle: a crash in between leaves a slot
+// without a record (reclaimed at the next start), never an Idle record for
+// a slot still holding its last tenant's state, nor a lease its owner gave
+// back.
+package leases

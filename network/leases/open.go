@@ -1,0 +1,210 @@
+package leases
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+	"golang.org/x/sys/unix"
+)
+
+// Open opens the store at path, creating it (mode 0600) if there is no
+// file; the directory must exist. It takes the file's lock (see
+// Options.LockTimeout), checks the whole file and upgrades an older schema.
+//
+// Open never panics on what it reads. Its typed errors: *LockedError (held
+// by another process), *CorruptError (not a usable lease store: MoveAside
+// it), *AccessError (cannot be read or written), *SchemaError (written by a
+// newer build), and an error matching ErrNoSpace (no room to create or
+// upgrade it). A file Open creates and cannot finish is removed again.
+func Open(path string, opts Options) (*Store, error) {
+	return open(path, opts, migrations)
+}
+
+func open(path string, opts Options, migs []migration) (*Store, error) {
+	if opts.LockTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative lock timeout %v", ErrInvalid, opts.LockTimeout)
+	}
+	existed, empty := true, false
+	switch st, err := os.Stat(path); {
+	case errors.Is(err, fs.ErrNotExist):
+		existed = false
+	case err != nil && isAccess(err):
+		return nil, &AccessError{Path: path, Err: err}
+	case err != nil:
+		return nil, fmt.Errorf("leases: %w", err)
+	case !st.Mode().IsRegular():
+		return nil, &CorruptError{Path: path, Err: fmt.Errorf("not a regular file (%v)", st.Mode().Type())}
+	default:
+		empty = st.Size() == 0
+	}
+	// undo removes what a failed Open wrote into a file it made, or into an
+	// empty one (which it treats as new).
+	undo := func() {
+		if !existed {
+			os.Remove(path)
+		} else if empty {
+			os.Truncate(path, 0)
+		}
+	}
+
+	db, err := openBolt(path, opts)
+	if err != nil {
+		var locked *LockedError
+		if !errors.As(err, &locked) {
+			undo()
+		}
+		return nil, err
+	}
+	s := &Store{path: path, db: db}
+	if err := s.prepare(migs); err != nil {
+		undo() // while the lock is still ours
+		db.Close()
+		return nil, err
+	}
+	if !existed {
+		// The file's directory entry must outlive a crash too.
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("leases: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// openBolt runs bolt.Open with its faults contained: bbolt reads the meta
+// and freelist pages while opening, and a damaged or missing page can make
+// it panic or fault, leaving its file (and lock) open; the lock is released
+// and the file closed here then.
+func openBolt(path string, opts Options) (db *bolt.DB, err error) {
+	timeout := opts.LockTimeout
+	if timeout == 0 {
+		// bbolt waits forever on 0; any positive timeout shorter than its
+		// 50 ms retry fails after the first try.
+		timeout = time.Nanosecond
+	}
+	var file *os.File
+	bopts := &bolt.Options{
+		Timeout: timeout,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, perm)
+			file = f
+			return f, err
+		},
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			if file != nil {
+				// bbolt's mapping of the file keeps the open file alive
+				// past Close, and the flock with it: unlock explicitly.
+				// The mapping itself is lost until the process exits.
+				unix.Flock(int(file.Fd()), unix.LOCK_UN)
+				file.Close()
+			}
+			db, err = nil, &CorruptError{Path: path, Err: fmt.Errorf("bbolt: %v", p)}
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, bopts)
+	switch {
+	case err == nil:
+		return db, nil
+	case errors.Is(err, berrors.ErrTimeout):
+		return nil, &LockedError{Path: path, PID: lockHolder(path)}
+	case isAccess(err):
+		return nil, &AccessError{Path: path, Err: err}
+	case isNoSpace(err):
+		return nil, &noSpace{fmt.Errorf("leases: create %s: %w", path, err)}
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
+		errors.Is(err, berrors.ErrVersionMismatch), strings.Contains(err.Error(), "file size too small"):
+		// Bad meta pages, no page size to be found, a file too small to
+		// be a bbolt file: what the file holds.
+		return nil, &CorruptError{Path: path, Err: err}
+	}
+	// The rest is about where the file is (a missing directory) or the
+	// system (mmap refused): not the file's fault.
+	return nil, fmt.Errorf("leases: open %s: %w", path, err)
+}
+
+// MoveAside renames the store's file at path to path.corrupt-<UTC time>,
+// for inspection, so that Open can start a new store. It refuses while a
+// process holds the file (*LockedError), never replaces an existing file,
+// and returns the new name.
+//
+// After a *CorruptError or *AccessError the records are gone for the
+// daemon: it cannot tell the slots it finds leased from leaked, so its safe
+// default is to touch none of them (quarantine and report) rather than
+// reclaim them as it would with a readable store.
+func MoveAside(path string) (string, error) {
+	f, err := os.Open(path)
+	switch {
+	case err == nil:
+		defer f.Close()
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
+			return "", &LockedError{Path: path, PID: lockHolder(path)}
+		} else if err != nil {
+			return "", fmt.Errorf("leases: flock %s: %w", path, err)
+		}
+	case isAccess(err):
+		// Unreadable: no process of ours can be using it either.
+	default:
+		return "", fmt.Errorf("leases: %w", err)
+	}
+	dst := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+		return "", fmt.Errorf("leases: rename %s to %s: %w", path, dst, err)
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return dst, fmt.Errorf("leases: %w", err)
+	}
+	return dst, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// lockHolder finds the pid holding a flock on path in /proc/locks, whose
+// lines read "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (pid, then
+// device major:minor in hex and inode). 0 when not found.
+func lockHolder(path string) int {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0
+	}
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	f, err := os.Open("/proc/locks")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		// A waiter's line has "->" after the number; skip it.
+		if len(fields) < 6 || fields[1] != "FLOCK" || fields[5] != want {
+			continue
+		}
+		if pid, err := strconv.Atoi(fields[4]); err == nil && pid > 0 {
+			return pid
+		}
+	}
+	return 0
+}

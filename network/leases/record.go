@@ -1,0 +1,251 @@
+package leases
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/phasegate/phasegate/network/leases/internal/recordpb"
+	"github.com/phasegate/phasegate/network/netns"
+)
+
+// State is what a recorded slot is doing. The zero State is invalid, so a
+// record whose State was never set is refused rather than stored.
+type State uint8
+
+const (
+	// Idle: the slot is made and warm in the pool, without an owner. At a
+	// restart an intact idle slot is adopted into the pool.
+	Idle State = 1
+	// Leased: the slot is handed to Owner under LeaseID. At a restart an
+	// intact leased slot is kept for its owner, untouched.
+	Leased State = 2
+)
+
+func (s State) String() string {
+	switch s {
+	case Idle:
+		return "idle"
+	case Leased:
+		return "leased"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// MaxIDLen bounds Owner, LeaseID and RequestID (bytes), so that the
+// request index's keys stay far below bbolt's key size limit.
+const MaxIDLen = 1024
+
+// Record is the durable record of one slot. The store keeps at most one
+// per Index.
+type Record struct {
+	// Index is the slot's index, at least 1.
+	Index int
+	// State is Idle or Leased.
+	State State
+
+	// Owner, LeaseID and RequestID are set only when Leased (Owner and
+	// LeaseID non-empty). RequestID is the client's id for the Acquire
+	// that took the slot; empty means the client sent none, and the record
+	// is then not in the request index (ByRequest cannot find it).
+	Owner, LeaseID, RequestID string
+	// Acquired is when the lease was granted; zero when Idle.
+	Acquired time.Time
+	// TTL is the lease's time to live. Zero means held until released
+	// (Expires is then zero too); it is zero when Idle.
+	TTL time.Duration
+	// Expires is when the lease lapses unless kept alive: KeepAlive sets it
+	// to now+TTL. Zero exactly when TTL is zero.
+	Expires time.Time
+
+	// Netns is the kernel identity (device, inode) of the slot's netns file
+	// and HostIfindex the interface index of its host-side veth, as they
+	// were when the slot was made. A namespace or link recreated under the
+	// same name has another identity, so it is never taken for this slot.
+	// Zero values never match a live object.
+	Netns       netns.ID
+	HostIfindex int
+	// Created is when the slot's kernel objects were made.
+	Created time.Time
+}
+
+// Expired reports whether a lease with a TTL has lapsed at now. A record
+// with a zero Expires (Idle, or TTL 0) never expires.
+func (r Record) Expired(now time.Time) bool {
+	return !r.Expires.IsZero() && !now.Before(r.Expires)
+}
+
+// validate checks what no writer may store. It never looks at the store.
+func (r *Record) validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: slot %d: %s", ErrInvalid, r.Index, fmt.Sprintf(format, a...))
+	}
+	if err := checkIndex(r.Index); err != nil {
+		return err
+	}
+	if len(r.Owner) > MaxIDLen || len(r.LeaseID) > MaxIDLen || len(r.RequestID) > MaxIDLen {
+		return bad("owner, lease id and request id are limited to %d bytes", MaxIDLen)
+	}
+	if r.HostIfindex < 0 || r.HostIfindex > math.MaxInt32 {
+		return bad("host ifindex %d out of range", r.HostIfindex)
+	}
+	if r.TTL < 0 {
+		return bad("negative TTL %v", r.TTL)
+	}
+	switch r.State {
+	case Idle:
+		if r.Owner != "" || r.LeaseID != "" || r.RequestID != "" || !r.Acquired.IsZero() || r.TTL != 0 || !r.Expires.IsZero() {
+			return bad("an idle record has no owner, lease, request, acquisition time, TTL or expiry")
+		}
+	case Leased:
+		if r.Owner == "" || r.LeaseID == "" {
+			return bad("a leased record needs an owner and a lease id")
+		}
+		if r.Acquired.IsZero() {
+			return bad("a leased record needs its acquisition time")
+		}
+		if (r.TTL == 0) != r.Expires.IsZero() {
+			return bad("expiry must be set exactly when the TTL is not zero (TTL %v, expires %v)", r.TTL, r.Expires)
+		}
+	default:
+		return bad("state %v is neither idle nor leased", r.State)
+	}
+	return nil
+}
+
+// checkIndex refuses an index that cannot be a slot's: slots count from 1,
+// and keys hold 32 bits.
+func checkIndex(i int) error {
+	if i < 1 || uint64(i) > math.MaxUint32 {
+		return fmt.Errorf("%w: index %d outside [1, %d]", ErrInvalid, i, uint32(math.MaxUint32))
+	}
+	return nil
+}
+
+// NewLeaseID returns a fresh lease id: 128 random bits from crypto/rand, as
+// 32 lowercase hex digits. crypto/rand cannot fail on Linux (Go ends the
+// program rather than return short), so there is no error.
+func NewLeaseID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Keys. A slot's key is its index as 4 big-endian bytes, so a cursor walks
+// the slots in index order. A request key is the owner's length (2 bytes,
+// big-endian), the owner, then the request id: unambiguous whatever bytes
+// the two hold.
+
+func slotKey(i int) []byte {
+	return binary.BigEndian.AppendUint32(make([]byte, 0, 4), uint32(i))
+}
+
+func parseSlotKey(k []byte) (int, error) {
+	if len(k) != 4 {
+		return 0, fmt.Errorf("slot key %x is not 4 bytes", k)
+	}
+	i := int(binary.BigEndian.Uint32(k))
+	if i == 0 {
+		return 0, fmt.Errorf("slot key %x is index 0", k)
+	}
+	return i, nil
+}
+
+func requestKey(owner, requestID string) []byte {
+	k := make([]byte, 0, 2+len(owner)+len(requestID))
+	k = binary.BigEndian.AppendUint16(k, uint16(len(owner)))
+	return append(append(k, owner...), requestID...)
+}
+
+// requestKeyOf is nil for a record that is not in the request index.
+func requestKeyOf(r *Record) []byte {
+	if r.State != Leased || r.RequestID == "" {
+		return nil
+	}
+	return requestKey(r.Owner, r.RequestID)
+}
+
+// Encoding: the protobuf message of record.proto. Protobuf over JSON
+// because it decodes several times faster (Load at every start), and
+// because a message read and written back keeps the fields its reader does
+// not know, so an older binary's Update does not strip what a newer one
+// recorded.
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// fill copies r into m, leaving m's unknown fields as they are.
+func fill(m *recordpb.Record, r *Record) {
+	switch r.State {
+	case Idle:
+		m.State = recordpb.State_STATE_IDLE
+	case Leased:
+		m.State = recordpb.State_STATE_LEASED
+	}
+	m.Owner, m.LeaseId, m.RequestId = r.Owner, r.LeaseID, r.RequestID
+	m.AcquiredUnixNano = unixNano(r.Acquired)
+	m.TtlNanos = int64(r.TTL)
+	m.ExpiresUnixNano = unixNano(r.Expires)
+	m.NetnsDev, m.NetnsIno = r.Netns.Dev, r.Netns.Ino
+	m.HostIfindex = int32(r.HostIfindex)
+	m.CreatedUnixNano = unixNano(r.Created)
+}
+
+func encode(r *Record) ([]byte, error) {
+	var m recordpb.Record
+	fill(&m, r)
+	return marshal(&m)
+}
+
+func marshal(m *recordpb.Record) ([]byte, error) {
+	return proto.MarshalOptions{Deterministic: true}.Marshal(m)
+}
+
+// decode parses the value stored under index i. The message is returned
+// too, for a caller that writes it back with its unknown fields.
+func decode(i int, v []byte) (Record, *recordpb.Record, error) {
+	var m recordpb.Record
+	if err := proto.Unmarshal(v, &m); err != nil {
+		return Record{}, nil, err
+	}
+	r := Record{
+		Index:       i,
+		Owner:       m.Owner,
+		LeaseID:     m.LeaseId,
+		RequestID:   m.RequestId,
+		Acquired:    fromUnixNano(m.AcquiredUnixNano),
+		TTL:         time.Duration(m.TtlNanos),
+		Expires:     fromUnixNano(m.ExpiresUnixNano),
+		Netns:       netns.ID{Dev: m.NetnsDev, Ino: m.NetnsIno},
+		HostIfindex: int(m.HostIfindex),
+		Created:     fromUnixNano(m.CreatedUnixNano),
+	}
+	switch m.State {
+	case recordpb.State_STATE_IDLE:
+		r.State = Idle
+	case recordpb.State_STATE_LEASED:
+		r.State = Leased
+	default:
+		return Record{}, nil, fmt.Errorf("unknown state %d", m.State)
+	}
+	if err := r.validate(); err != nil {
+		return Record{}, nil, err
+	}
+	return r, &m, nil
+}

@@ -1,0 +1,259 @@
+package leases
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// SchemaVersion is the layout this build reads and writes. Open upgrades a
+// file of an older layout and refuses a newer one (*SchemaError).
+//
+//	1  meta{schema, created}, slots{index -> record}
+//	2  adds requests{owner, request id -> index}, built from slots on upgrade
+const SchemaVersion = 2
+
+var (
+	bucketMeta     = []byte("meta")
+	bucketSlots    = []byte("slots")
+	bucketRequests = []byte("requests")
+
+	// In meta. Values are plain ASCII, readable with bbolt's command line
+	// tool, and independent of the record encoding.
+	keySchema   = []byte("schema")   // decimal version
+	keyCreated  = []byte("created")  // RFC 3339, when the file was made
+	keyUpgraded = []byte("upgraded") // "<from> -> <to> at <RFC 3339>", the last upgrade
+)
+
+// migration upgrades a file from schema to-1 to schema to, inside the one
+// transaction that runs every step needed and then writes the new version:
+// either the file reaches SchemaVersion or it is left as it was.
+type migration struct {
+	to   int
+	what string
+	run  func(tx *bolt.Tx) error
+}
+
+// migrations, in order; the last one's to is SchemaVersion. A migration
+// must be tested with a file of the layout it starts from.
+var migrations = []migration{
+	{to: 2, what: "build the request index", run: buildRequestIndex},
+}
+
+// required lists the buckets each schema has besides meta.
+func required(version int) [][]byte {
+	if version >= 2 {
+		return [][]byte{bucketSlots, bucketRequests}
+	}
+	return [][]byte{bucketSlots}
+}
+
+// buildRequestIndex indexes every leased record that has a request id.
+// Schema 1 did not keep requests unique: where two records hold one
+// request, the lower index gets it, which is what schema 1's lookup (a scan
+// in index order) answered. Records that do not decode are not indexed;
+// Load reports them.
+func buildRequestIndex(tx *bolt.Tx) error {
+	index, err := tx.CreateBucket(bucketRequests)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", bucketRequests, err)
+	}
+	return tx.Bucket(bucketSlots).ForEach(func(k, v []byte) error {
+		i, err := parseSlotKey(k)
+		if err != nil {
+			return err
+		}
+		r, _, err := decode(i, v)
+		if err != nil {
+			return nil
+		}
+		rk := requestKeyOf(&r)
+		if rk == nil || index.Get(rk) != nil {
+			return nil
+		}
+		return index.Put(rk, slotKey(i))
+	})
+}
+
+// readSchema returns the file's schema version, 0 for a file without any
+// bucket (new, or made by a process that died before writing its first
+// transaction).
+func readSchema(tx *bolt.Tx) (int, error) {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		var names []string
+		_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+			names = append(names, strconv.Quote(string(name)))
+			return nil
+		})
+		if len(names) == 0 {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("no %q bucket (buckets %v): not a lease store", bucketMeta, names)
+	}
+	raw := meta.Get(keySchema)
+	v, err := strconv.Atoi(string(raw))
+	if err != nil || v < 1 {
+		return 0, fmt.Errorf("schema version %q is not a positive number", raw)
+	}
+	return v, nil
+}
+
+// prepare makes the file current: it initialises a new one, checks an
+// existing one, and upgrades an older schema after a backup.
+func (s *Store) prepare(migs []migration) error {
+	var version int
+	if err := s.view(func(tx *bolt.Tx) error {
+		var err error
+		if version, err = readSchema(tx); err != nil {
+			return &CorruptError{Path: s.path, Err: err}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if version == 0 {
+		s.opened.Fresh = true
+		return s.update(func(tx *bolt.Tx) error {
+			meta, err := tx.CreateBucket(bucketMeta)
+			if err != nil {
+				return err
+			}
+			for _, b := range required(SchemaVersion) {
+				if _, err := tx.CreateBucket(b); err != nil {
+					return err
+				}
+			}
+			if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
+				return err
+			}
+			return meta.Put(keyCreated, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
+		})
+	}
+	if version > SchemaVersion {
+		return &SchemaError{Path: s.path, Found: version, Supported: SchemaVersion}
+	}
+	if err := s.verify(version); err != nil {
+		return err
+	}
+	if version == SchemaVersion {
+		return nil
+	}
+
+	backup, err := s.backup(version)
+	if err != nil {
+		return err
+	}
+	s.opened.UpgradedFrom, s.opened.Backup = version, backup
+	return s.update(func(tx *bolt.Tx) error {
+		for _, m := range migs {
+			if m.to <= version {
+				continue
+			}
+			if err := m.run(tx); err != nil {
+				return fmt.Errorf("upgrade to schema %d (%s): %w", m.to, m.what, err)
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
+			return err
+		}
+		note := fmt.Sprintf("%d -> %d at %s", version, SchemaVersion, time.Now().UTC().Format(time.RFC3339Nano))
+		return meta.Put(keyUpgraded, []byte(note))
+	})
+}
+
+// verify reads every page of the file once, under the fault containment
+// of view, and then runs bbolt's consistency check. The walk comes first
+// because tx.Check runs on a goroutine of its own, where a page pointer
+// outside the file would be a fatal fault rather than an error; after the
+// walk every reachable page is known to be readable.
+func (s *Store) verify(version int) error {
+	st, err := os.Stat(s.path)
+	if err != nil {
+		return fmt.Errorf("leases: %w", err)
+	}
+	return s.view(func(tx *bolt.Tx) error {
+		if tx.Size() > st.Size() {
+			return &CorruptError{Path: s.path, Err: fmt.Errorf("file is %d bytes but its pages reach %d: truncated", st.Size(), tx.Size())}
+		}
+		for _, b := range required(version) {
+			if tx.Bucket(b) == nil {
+				return &CorruptError{Path: s.path, Err: fmt.Errorf("schema %d without bucket %q", version, b)}
+			}
+		}
+		if err := tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			return walk(b)
+		}); err != nil {
+			return &CorruptError{Path: s.path, Err: err}
+		}
+		var errs []error
+		for err := range tx.Check() {
+			if len(errs) < 5 {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) > 0 {
+			return &CorruptError{Path: s.path, Err: fmt.Errorf("bbolt check: %w", errors.Join(errs...))}
+		}
+		return nil
+	})
+}
+
+// walk touches every key and value of b and its nested buckets.
+func walk(b *bolt.Bucket) error {
+	var prev []byte
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if prev != nil && bytes.Compare(prev, k) >= 0 {
+			return fmt.Errorf("keys out of order: %x after %x", k, prev)
+		}
+		prev = k
+		if v == nil {
+			if nb := b.Bucket(k); nb != nil {
+				if err := walk(nb); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// backup copies the file, as of now, to <path>.schema<version>.bak before
+// an upgrade (the file is locked: nothing changes it meanwhile).
+func (s *Store) backup(version int) (string, error) {
+	dst := fmt.Sprintf("%s.schema%d.bak", s.path, version)
+	tmp := dst + ".tmp"
+	err := s.view(func(tx *bolt.Tx) error {
+		f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = tx.WriteTo(f)
+		if serr := f.Sync(); err == nil {
+			err = serr
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		return os.Rename(tmp, dst)
+	})
+	if err == nil {
+		err = syncDir(filepath.Dir(dst))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("leases: back up %s before upgrading it from schema %d: %w", s.path, version, err)
+	}
+	return dst, nil
+}

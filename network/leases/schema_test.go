@@ -1,0 +1,283 @@
+package leases
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// writeSchema1 writes, with bbolt alone, a file of schema 1: meta and
+// slots, no request index, and two records holding one request (schema 1
+// did not keep requests unique).
+func writeSchema1(t *testing.T, path string, recs ...Record) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucket([]byte("meta"))
+		if err != nil {
+			return err
+		}
+		if err := meta.Put([]byte("schema"), []byte("1")); err != nil {
+			return err
+		}
+		if err := meta.Put([]byte("created"), []byte("2026-11-01T00:00:00Z")); err != nil {
+			return err
+		}
+		slots, err := tx.CreateBucket([]byte("slots"))
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			v, err := encode(&r)
+			if err != nil {
+				return err
+			}
+			if err := slots.Put(slotKey(r.Index), v); err != nil {
+				return err
+			}
+		}
+		// A record schema 1 could hold but that no longer decodes: the
+		// upgrade must not fail on it.
+		return slots.Put(slotKey(999), []byte{0xff, 0xff})
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestOpenUpgradesSchema1(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	dupLow, dupHigh := leased(5, "ci", "dup"), leased(8, "ci", "dup")
+	recs := []Record{leased(2, "ci", "a"), idle(3), dupHigh, dupLow, leased(9, "ci", "")}
+	writeSchema1(t, path, recs...)
+	origSlots := dumpSlots(t, path)
+
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	o := s.Opened()
+	if o.Fresh || o.UpgradedFrom != 1 || o.Backup != path+".schema1.bak" {
+		t.Fatalf("Opened() = %+v", o)
+	}
+	// The backup is the schema 1 file (as a copy: bbolt rewrites its meta
+	// pages, so it is compared by content, not bytes).
+	if got := dumpSlots(t, o.Backup); got != origSlots {
+		t.Fatal("the backup's slots differ from the file's before the upgrade")
+	}
+	bdb, err := bolt.Open(o.Backup, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bdb.View(func(tx *bolt.Tx) error {
+		if v, err := readSchema(tx); v != 1 || err != nil || tx.Bucket(bucketRequests) != nil {
+			t.Errorf("backup: schema %d (%v), request index %v; want schema 1 without index", v, err, tx.Bucket(bucketRequests) != nil)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	bdb.Close()
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if v := string(meta.Get(keySchema)); v != "2" {
+			t.Errorf("schema after upgrade = %q", v)
+		}
+		if v := string(meta.Get(keyUpgraded)); !strings.HasPrefix(v, "1 -> 2 at ") {
+			t.Errorf("upgraded = %q", v)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []Record{recs[0], dupLow} {
+		got, ok, err := s.ByRequest(r.Owner, r.RequestID)
+		if err != nil || !ok {
+			t.Fatalf("ByRequest(%q) after upgrade = %v, %v", r.RequestID, ok, err)
+		}
+		sameRecord(t, got, r)
+	}
+	loaded, err := s.Load()
+	var re *RecordsError
+	if !errors.As(err, &re) || len(re.Bad) != 1 || re.Bad[999] == nil {
+		t.Fatalf("Load: %v, want a *RecordsError naming slot 999", err)
+	}
+	if len(loaded) != len(recs) {
+		t.Fatalf("Load after upgrade: %d records, want %d", len(loaded), len(recs))
+	}
+	checkIndexIgnoringBad(t, s)
+	s.Close()
+
+	// The upgrade is done once.
+	s, err = Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Opened() != (Opened{}) {
+		t.Fatalf("second Open after the upgrade: %+v", s.Opened())
+	}
+}
+
+// dumpSlots returns the slots bucket of the bbolt file at path as text.
+func dumpSlots(t *testing.T, path string) string {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var b strings.Builder
+	if err := db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSlots).ForEach(func(k, v []byte) error {
+			fmt.Fprintf(&b, "%x=%x\n", k, v)
+			return nil
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+func checkIndexIgnoringBad(t *testing.T, s *Store) {
+	t.Helper()
+	if err := s.Delete(context.Background(), 999); err != nil {
+		t.Fatal(err)
+	}
+	checkIndexOf(t, s, true)
+}
+
+// TestFailedUpgradeChangesNothing runs the real migration followed by one
+// that fails, in the one upgrade transaction: the file must stay schema 1,
+// byte for byte.
+func TestFailedUpgradeChangesNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	writeSchema1(t, path, leased(2, "ci", "a"))
+	orig := readFile(t, path)
+	boom := errors.New("boom")
+	migs := append(append([]migration(nil), migrations...), migration{to: SchemaVersion + 1, what: "fail", run: func(*bolt.Tx) error { return boom }})
+	if _, err := open(path, Options{}, migs); !errors.Is(err, boom) {
+		t.Fatalf("open with a failing migration: %v", err)
+	}
+	if !bytes.Equal(readFile(t, path), orig) {
+		t.Fatal("a failed upgrade changed the file")
+	}
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Opened().UpgradedFrom != 1 {
+		t.Fatalf("after a failed upgrade the file is not schema 1 any more: %+v", s.Opened())
+	}
+}
+
+func TestOpenRefusesNewerSchema(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keySchema, []byte("3"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	orig := readFile(t, path)
+	_, err = Open(path, Options{})
+	var se *SchemaError
+	if !errors.As(err, &se) || se.Found != 3 || se.Supported != SchemaVersion || se.Path != path {
+		t.Fatalf("Open of a schema 3 file: %v, want *SchemaError{Found: 3, Supported: 2}", err)
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "\n") || !strings.Contains(msg, "3") || !strings.Contains(msg, "(2)") || !strings.Contains(msg, path) {
+		t.Fatalf("message is not one line naming path, found and supported versions: %q", msg)
+	}
+	if !bytes.Equal(readFile(t, path), orig) {
+		t.Fatal("refusing a newer schema changed the file")
+	}
+}
+
+func TestOpenRefusesForeignLayouts(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		build func(tx *bolt.Tx) error
+	}{
+		{"buckets without meta", func(tx *bolt.Tx) error {
+			_, err := tx.CreateBucket([]byte("allocations"))
+			return err
+		}},
+		{"schema not a number", func(tx *bolt.Tx) error {
+			b, err := tx.CreateBucket(bucketMeta)
+			if err != nil {
+				return err
+			}
+			return b.Put(keySchema, []byte("two"))
+		}},
+		{"schema 2 without the request index", func(tx *bolt.Tx) error {
+			b, err := tx.CreateBucket(bucketMeta)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(bucketSlots); err != nil {
+				return err
+			}
+			return b.Put(keySchema, []byte("2"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "leases.db")
+			db, err := bolt.Open(path, 0o600, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Update(tc.build); err != nil {
+				t.Fatal(err)
+			}
+			db.Close()
+			_, err = Open(path, Options{})
+			var ce *CorruptError
+			if !errors.As(err, &ce) || ce.Path != path {
+				t.Fatalf("Open: %v, want *CorruptError", err)
+			}
+		})
+	}
+}
+
+func TestEmptyBoltFileIsFresh(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	db, err := bolt.Open(path, 0o600, nil) // a process that died before its first transaction
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !s.Opened().Fresh {
+		t.Fatal("a bbolt file without buckets is not reported Fresh")
+	}
+}

@@ -1,0 +1,495 @@
+package leases
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// Options configure Open. The zero value is usable.
+type Options struct {
+	// LockTimeout is how long Open waits for another process to let go of
+	// the file. Zero means do not wait: fail at once with *LockedError.
+	LockTimeout time.Duration
+}
+
+// Opened says what Open found.
+type Opened struct {
+	// Fresh: Open made the store, from no file or an empty one. A fresh
+	// store next to slots on the host means their records are gone: the
+	// caller cannot tell leased slots from leaked ones.
+	Fresh bool
+	// UpgradedFrom is the schema version the file had before Open upgraded
+	// it; 0 when it was current (or Fresh).
+	UpgradedFrom int
+	// Backup is the copy of the file taken before that upgrade; "" if none.
+	Backup string
+}
+
+// Store is the durable record of every slot: one bbolt file, opened by one
+// process at a time. Its methods are safe for concurrent use. Writes return
+// once their transaction is committed and fsynced; concurrent writes share
+// transactions (group commit).
+type Store struct {
+	path   string
+	db     *bolt.DB
+	opened Opened
+
+	// life is held shared by every call and exclusively by Close, so Close
+	// waits for calls under way and later calls see closed.
+	life   sync.RWMutex
+	closed bool
+
+	mu      sync.Mutex // guards queue and leading
+	queue   []*op
+	leading bool
+	// txs counts write transactions run, committed or not (tests).
+	txs atomic.Uint64
+}
+
+// Path returns the store's file.
+func (s *Store) Path() string { return s.path }
+
+// Opened says what Open found: a fresh store, an upgrade and its backup.
+func (s *Store) Opened() Opened { return s.opened }
+
+// Close closes the file and lets go of its lock, after the calls under way
+// have returned. Calls after Close return ErrClosed; Close again returns
+// nil.
+func (s *Store) Close() error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("leases: close %s: %w", s.path, err)
+	}
+	return nil
+}
+
+func (s *Store) enter() error {
+	s.life.RLock()
+	if s.closed {
+		s.life.RUnlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+func (s *Store) leave() { s.life.RUnlock() }
+
+// Get returns the record of slot index; ok is false when there is none.
+func (s *Store) Get(index int) (rec Record, ok bool, err error) {
+	if err := s.enter(); err != nil {
+		return Record{}, false, err
+	}
+	defer s.leave()
+	err = s.view(func(tx *bolt.Tx) error {
+		rec, ok, err = s.get(tx, index)
+		return err
+	})
+	return rec, ok, err
+}
+
+func (s *Store) get(tx *bolt.Tx, index int) (Record, bool, error) {
+	if err := checkIndex(index); err != nil {
+		return Record{}, false, err
+	}
+	v := tx.Bucket(bucketSlots).Get(slotKey(index))
+	if v == nil {
+		return Record{}, false, nil
+	}
+	r, _, err := decode(index, v)
+	if err != nil {
+		return Record{}, false, &RecordsError{Path: s.path, Bad: map[int]error{index: err}}
+	}
+	return r, true, nil
+}
+
+// ByRequest returns the leased record that (owner, requestID) took, found
+// through the request index in O(log n); ok is false when there is none. An
+// empty requestID is never found: a request without an id is not
+// idempotent.
+func (s *Store) ByRequest(owner, requestID string) (rec Record, ok bool, err error) {
+	if err := s.enter(); err != nil {
+		return Record{}, false, err
+	}
+	defer s.leave()
+	if owner == "" || requestID == "" {
+		return Record{}, false, nil
+	}
+	err = s.view(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketRequests).Get(requestKey(owner, requestID))
+		if v == nil {
+			return nil
+		}
+		if len(v) != 4 {
+			return &CorruptError{Path: s.path, Err: fmt.Errorf("request index entry for %q/%q is %d bytes, not 4", owner, requestID, len(v))}
+		}
+		i := int(binary.BigEndian.Uint32(v))
+		rec, ok, err = s.get(tx, i)
+		if err == nil && (!ok || rec.Owner != owner || rec.RequestID != requestID) {
+			return &CorruptError{Path: s.path, Err: fmt.Errorf("request index points %q/%q at slot %d, whose record does not hold it", owner, requestID, i)}
+		}
+		return err
+	})
+	return rec, ok, err
+}
+
+// Load returns every record, in index order. Records that cannot be read
+// are left out and named in a *RecordsError, returned with the rest.
+func (s *Store) Load() ([]Record, error) {
+	if err := s.enter(); err != nil {
+		return nil, err
+	}
+	defer s.leave()
+	var (
+		recs []Record
+		bad  map[int]error
+	)
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSlots).ForEach(func(k, v []byte) error {
+			i, err := parseSlotKey(k)
+			if err != nil {
+				return &CorruptError{Path: s.path, Err: err}
+			}
+			r, _, err := decode(i, v)
+			if err != nil {
+				if bad == nil {
+					bad = map[int]error{}
+				}
+				bad[i] = err
+				return nil
+			}
+			recs = append(recs, r)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	if bad != nil {
+		return recs, &RecordsError{Path: s.path, Bad: bad}
+	}
+	return recs, nil
+}
+
+// Put stores recs atomically, each replacing the record of its index: all
+// of them are committed and fsynced when Put returns nil, none of them
+// otherwise. Put replaces whole records: fields that a newer writer added
+// are dropped (Update keeps them).
+//
+// ctx is consulted only before the write is queued. Once queued, Put waits
+// for the commit (one fsync), so that its result is always the truth: a
+// caller never has to guess whether a record it was told failed is there.
+//
+// Put refuses, writing nothing: an invalid record (ErrInvalid), two
+// records for one index or one request, and a request (Owner, RequestID)
+// that another slot's record already holds (*DuplicateRequestError). A
+// full filesystem fails it with an error matching ErrNoSpace.
+func (s *Store) Put(ctx context.Context, recs ...Record) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.leave()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	apply, err := putTx(recs)
+	if err != nil {
+		return err
+	}
+	return s.write(apply)
+}
+
+// putTx checks recs and returns the transaction body that stores them.
+func putTx(recs []Record) (func(tx *bolt.Tx) error, error) {
+	type prepared struct {
+		index            int
+		owner, requestID string
+		key, val, reqKey []byte
+	}
+	ps := make([]prepared, len(recs))
+	indices := make(map[int]bool, len(recs))
+	reqs := make(map[string]int, len(recs))
+	for n := range recs {
+		r := &recs[n]
+		if err := r.validate(); err != nil {
+			return nil, err
+		}
+		if indices[r.Index] {
+			return nil, fmt.Errorf("%w: slot %d given twice", ErrInvalid, r.Index)
+		}
+		indices[r.Index] = true
+		rk := requestKeyOf(r)
+		if rk != nil {
+			if j, dup := reqs[string(rk)]; dup {
+				return nil, fmt.Errorf("%w: request %q of owner %q given for slots %d and %d", ErrInvalid, r.RequestID, r.Owner, j, r.Index)
+			}
+			reqs[string(rk)] = r.Index
+		}
+		v, err := encode(r)
+		if err != nil {
+			return nil, fmt.Errorf("leases: encode slot %d: %w", r.Index, err)
+		}
+		ps[n] = prepared{index: r.Index, owner: r.Owner, requestID: r.RequestID, key: slotKey(r.Index), val: v, reqKey: rk}
+	}
+	return func(tx *bolt.Tx) error {
+		slots, index := tx.Bucket(bucketSlots), tx.Bucket(bucketRequests)
+		// Check every conflict before the first change, so that a refusal
+		// leaves the transaction untouched.
+		for _, p := range ps {
+			if p.reqKey == nil {
+				continue
+			}
+			if v := index.Get(p.reqKey); v != nil {
+				holder := int(binary.BigEndian.Uint32(v))
+				if holder != p.index && !indices[holder] {
+					return reject(&DuplicateRequestError{Owner: p.owner, RequestID: p.requestID, Index: holder})
+				}
+			}
+		}
+		// Unindex what the replaced records held, then write.
+		for _, p := range ps {
+			if err := unindex(slots, index, p.key, p.reqKey); err != nil {
+				return err
+			}
+		}
+		for _, p := range ps {
+			if err := slots.Put(p.key, p.val); err != nil {
+				return err
+			}
+			if p.reqKey != nil {
+				if err := index.Put(p.reqKey, p.key); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}, nil
+}
+
+// unindex removes the request index entry of the record stored under key,
+// unless it is keep (the entry the new record keeps).
+func unindex(slots, index *bolt.Bucket, key, keep []byte) error {
+	old := slots.Get(key)
+	if old == nil {
+		return nil
+	}
+	i, _ := parseSlotKey(key)
+	r, _, err := decode(i, old)
+	if err != nil {
+		// An unreadable record is being replaced or removed: its index
+		// entry, if any, cannot be found from it. It is found by value.
+		return unindexValue(index, key)
+	}
+	if rk := requestKeyOf(&r); rk != nil && !bytes.Equal(rk, keep) {
+		if v := index.Get(rk); bytes.Equal(v, key) {
+			return index.Delete(rk)
+		}
+	}
+	return nil
+}
+
+// unindexValue deletes every index entry pointing at key: O(n), only for
+// records that no longer decode.
+func unindexValue(index *bolt.Bucket, key []byte) error {
+	var stale [][]byte
+	if err := index.ForEach(func(k, v []byte) error {
+		if bytes.Equal(v, key) {
+			stale = append(stale, slices.Clone(k))
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := index.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Delete removes the records of indices, atomically; an index without a
+// record is not an error. ctx is consulted as by Put.
+func (s *Store) Delete(ctx context.Context, indices ...int) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.leave()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	keys := make([][]byte, 0, len(indices))
+	for _, i := range indices {
+		if err := checkIndex(i); err != nil {
+			return err
+		}
+		keys = append(keys, slotKey(i))
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	return s.write(func(tx *bolt.Tx) error {
+		slots, index := tx.Bucket(bucketSlots), tx.Bucket(bucketRequests)
+		for _, k := range keys {
+			if err := unindex(slots, index, k, nil); err != nil {
+				return err
+			}
+			if err := slots.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Update reads the record of index, lets fn change it, and writes it back,
+// in one transaction: a compare-and-set for KeepAlive and Release. fn gets
+// a copy; if it returns an error, nothing is written and Update returns
+// that error as it is; if it returns ErrRemove, the record is deleted. fn
+// runs inside the commit and may run more than once (when a transaction it
+// shares is retried), so it must do nothing but change the record: no side
+// effects, no calls to the Store (they would deadlock). It must not change
+// Index.
+//
+// Update returns the record as written (the zero Record when removed). It
+// keeps fields a newer writer added that this build does not know. It
+// refuses with ErrNotFound when index has no record, *RecordsError when
+// that record cannot be read, and as Put for the record fn leaves.
+func (s *Store) Update(ctx context.Context, index int, fn func(*Record) error) (Record, error) {
+	if err := s.enter(); err != nil {
+		return Record{}, err
+	}
+	defer s.leave()
+	if err := ctx.Err(); err != nil {
+		return Record{}, err
+	}
+	if err := checkIndex(index); err != nil {
+		return Record{}, err
+	}
+	key := slotKey(index)
+	var out Record
+	err := s.write(func(tx *bolt.Tx) error {
+		slots, idx := tx.Bucket(bucketSlots), tx.Bucket(bucketRequests)
+		v := slots.Get(key)
+		if v == nil {
+			return reject(fmt.Errorf("%w for slot %d", ErrNotFound, index))
+		}
+		old, msg, err := decode(index, v)
+		if err != nil {
+			return reject(&RecordsError{Path: s.path, Bad: map[int]error{index: err}})
+		}
+		r := old
+		if err := callUpdate(fn, &r); errors.Is(err, ErrRemove) {
+			out = Record{}
+			if err := unindex(slots, idx, key, nil); err != nil {
+				return err
+			}
+			return slots.Delete(key)
+		} else if err != nil {
+			return reject(err)
+		}
+		if r.Index != index {
+			return reject(fmt.Errorf("%w: the update function changed slot %d's index to %d", ErrInvalid, index, r.Index))
+		}
+		if err := r.validate(); err != nil {
+			return reject(err)
+		}
+		rk := requestKeyOf(&r)
+		if rk != nil {
+			if hv := idx.Get(rk); hv != nil && !bytes.Equal(hv, key) {
+				return reject(&DuplicateRequestError{Owner: r.Owner, RequestID: r.RequestID, Index: int(binary.BigEndian.Uint32(hv))})
+			}
+		}
+		fill(msg, &r) // keeps msg's unknown fields
+		nv, err := marshal(msg)
+		if err != nil {
+			return reject(fmt.Errorf("leases: encode slot %d: %w", index, err))
+		}
+		if err := unindex(slots, idx, key, rk); err != nil {
+			return err
+		}
+		if err := slots.Put(key, nv); err != nil {
+			return err
+		}
+		if rk != nil {
+			if err := idx.Put(rk, key); err != nil {
+				return err
+			}
+		}
+		out = r
+		return nil
+	})
+	if err != nil {
+		return Record{}, err
+	}
+	return out, nil
+}
+
+func callUpdate(fn func(*Record) error, r *Record) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("leases: update function panicked: %v", p)
+		}
+	}()
+	return fn(r)
+}
+
+// view and update run a bbolt transaction with faults contained: a panic
+// inside bbolt (a corrupt page) or a memory fault on the mapped file (a
+// file truncated under us) becomes a *CorruptError instead of the end of
+// the process, and a full filesystem an error matching ErrNoSpace.
+func (s *Store) view(fn func(*bolt.Tx) error) error {
+	return s.contain(func() error { return s.db.View(fn) })
+}
+
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	return s.contain(func() error { return s.db.Update(fn) })
+}
+
+func (s *Store) contain(fn func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			err = &CorruptError{Path: s.path, Err: fmt.Errorf("bbolt: %v", p)}
+		}
+	}()
+	return classify(s.path, fn())
+}
+
+func classify(path string, err error) error {
+	var (
+		ce *CorruptError
+		r  *RecordsError
+		d  *DuplicateRequestError
+	)
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ce), errors.As(err, &r), errors.As(err, &d),
+		errors.Is(err, ErrInvalid), errors.Is(err, ErrNotFound):
+		return err
+	case errors.Is(err, berrors.ErrDatabaseNotOpen):
+		return ErrClosed
+	case isNoSpace(err):
+		return &noSpace{fmt.Errorf("leases: %s: %w", path, err)}
+	}
+	return fmt.Errorf("leases: %s: %w", path, err)
+}
