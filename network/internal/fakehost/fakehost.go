@@ -19,6 +19,7 @@ import (
 	"os"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
@@ -255,4 +256,35 @@ func Route(path string, dst netip.Prefix, gw netip.Addr) error {
 		return fmt.Errorf("fakehost: route %s via %s in %s: %w", dst, gw, path, err)
 	}
 	return nil
+}
+
+// UDPReaches sends datagrams from the namespace at from to the listener ln
+// (bound in another namespace of the fake network) until one arrives or
+// wait passes, and returns the source address the listener saw. Use it for
+// a path expected to work, or with a short wait next to a positive control.
+func UDPReaches(from string, ln *net.UDPConn, wait time.Duration) (netip.Addr, bool, error) {
+	to := ln.LocalAddr().(*net.UDPAddr).AddrPort()
+	c, err := DialUDP(from, to)
+	if err != nil {
+		return netip.Addr{}, false, err
+	}
+	defer c.Close()
+	msg := fmt.Sprintf("probe %d", time.Now().UnixNano())
+	buf := make([]byte, 64)
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); {
+		if _, err := c.Write([]byte(msg)); err != nil {
+			return netip.Addr{}, false, err
+		}
+		_ = ln.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		for {
+			n, src, err := ln.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				break
+			}
+			if string(buf[:n]) == msg {
+				return src.Addr().Unmap(), true, nil
+			}
+		}
+	}
+	return netip.Addr{}, false, nil
 }
