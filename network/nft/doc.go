@@ -60,8 +60,8 @@
 //     (the host end of its veth: `fib daddr . iif type local`), never at
 //     another address of the host. Everything else is dropped: an sshd, a
 //     metrics endpoint or the daemon's own API listening on all addresses
-//     is not the tenants' business. IPv6 from a slot to the host is dropped
-//     too: slots are IPv4 (their eth0 has only an IPv6 link-local address).
+//     is not the tenants' business. The same rules apply to IPv6 (a slot's
+//     eth0 has only a link-local IPv6 address; the ping rule is IPv4 only).
 //
 // Drops are silent (no ICMP reject): a tenant probing the host or its
 // neighbours learns nothing, at the price of a connect timeout instead of a
