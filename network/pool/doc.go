@@ -37,12 +37,16 @@
 // carry traffic.
 //
 // The price is kernel work: a namespace and a veth pair made and destroyed
-// per release instead of a few netlink calls (docs/benchmarks/recycle.md
-// measures both side by side). Put pays only the teardown, and concurrent
-// Puts share one batched teardown; the replacement is made in the
-// background with the fill's concurrency, so Get still takes a warm slot.
-// Replacements count like the slots they replace: the idle stack can grow
-// above the target after a burst and is trimmed after the grace period, as
+// per release instead of a few netlink calls in place. Measured side by
+// side (docs/benchmarks/recycle.md), it is about what an in-place reset
+// that covers only the sysctls already costs: reading and comparing the
+// ~700 sysctls of a namespace takes longer than making a new one. Put
+// returns once its slot is torn down and its replacement is on top of the
+// idle stack (usually at the same index: the allocator hands out the index
+// freed last), so the next Get hands out the index just given back, as
+// before, and concurrent Puts share one batched teardown. Replacements
+// count like the slots they replace: the idle stack can grow above the
+// target after a burst and is trimmed after the grace period, as
 // buildkit's is.
 //
 // Slots are never destroyed while the pool's lock is held. Every goroutine

@@ -118,7 +118,6 @@ type Pool struct {
 	creating  map[int]bool
 	retireQ   []*retirement // given back, not yet taken by the retire loop
 	retiring  map[int]bool  // given back, until their teardown is over
-	owed      int           // replacements for retired slots not yet started
 	filling   int
 	closed    bool
 	changed   chan struct{} // closed and replaced on every change
@@ -173,17 +172,11 @@ func (p *Pool) broadcast() {
 	p.changed = make(chan struct{})
 }
 
-// kick starts fill workers for the replacements the pool owes for retired
-// slots, then while the pool is below target. Call with p.mu held.
+// kick starts fill workers while the pool is below target. Call with p.mu
+// held.
 func (p *Pool) kick() {
-	for !p.closed && p.retry == nil && p.filling < p.opts.FillConcurrency {
-		switch {
-		case p.owed > 0:
-			p.owed--
-		case len(p.idle)+p.filling < p.opts.Target:
-		default:
-			return
-		}
+	for !p.closed && p.retry == nil && p.filling < p.opts.FillConcurrency &&
+		len(p.idle)+p.filling < p.opts.Target {
 		p.filling++
 		p.wg.Add(1)
 		go p.fillOne()
@@ -192,12 +185,18 @@ func (p *Pool) kick() {
 
 func (p *Pool) fillOne() {
 	defer p.wg.Done()
+	p.make()
+}
+
+// make creates a slot and puts it on top of the idle stack, for a fill
+// worker or a replacement (the caller counted it in p.filling). A failure
+// arms the fill's backoff.
+func (p *Pool) make() {
 	s, err := p.create(p.ctx)
 	p.mu.Lock()
 	p.filling--
 	if err != nil {
 		p.lastErr = err
-		p.owed = 0 // replacements are not retried after a failure; the target is
 		if p.retry == nil && !p.closed {
 			d := p.backoff
 			p.backoff = min(2*p.backoff, p.opts.MaxBackoff)
@@ -343,11 +342,13 @@ func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
 // Put gives back a slot handed out by Get. The slot is never handed out
 // again: Put tears it down (namespace, veth pair, set element; a process
 // the tenant left inside is killed or cut off, see Options.Teardown) and
-// the pool makes a fresh slot in its place in the background, which goes on
-// top of the idle stack. Concurrent Puts are torn down together in one
-// batch. Put returns once its slot is gone, with the teardown's error (the
-// index is then quarantined); if ctx ends first, Put returns ctx's error
-// and the teardown still finishes. After Close, Put only destroys the slot.
+// makes a fresh slot in its place on top of the idle stack, usually at the
+// same index, so the next Get hands out the index just given back, as
+// before. Concurrent Puts are torn down together in one batch. Put returns
+// once its slot is gone and its replacement made, with the teardown's
+// error (the index is then quarantined; a failed replacement is the fill's
+// LastError, not Put's); if ctx ends first, Put returns ctx's error and the
+// work still finishes. After Close, Put only destroys the slot.
 func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
 	if s == nil {
 		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
@@ -408,7 +409,8 @@ func (p *Pool) retireLoop() {
 }
 
 // retire tears a batch down, gives the indices back (or quarantines them),
-// owes the pool a replacement for each, and reports to each Put.
+// makes a fresh slot for each slot torn down (FillConcurrency at a time),
+// and then reports to each Put.
 func (p *Pool) retire(batch []*retirement) {
 	idx := make([]int, 0, len(batch))
 	for _, r := range batch {
@@ -423,10 +425,13 @@ func (p *Pool) retire(batch []*retirement) {
 	for _, i := range res.Deferred {
 		errs[i] = fmt.Errorf("pool: put slot %d: teardown deferred by the teardown budget", i)
 	}
+	replace := 0
 	for _, i := range res.Reclaimed {
 		if err := p.idx.Release(i); err != nil {
 			errs[i] = err
+			continue
 		}
+		replace++
 	}
 	for i := range errs {
 		if err := p.idx.Quarantine(i); err != nil {
@@ -437,12 +442,26 @@ func (p *Pool) retire(batch []*retirement) {
 	for _, i := range idx {
 		delete(p.retiring, i)
 	}
-	if !p.closed {
-		p.owed += len(batch)
-		p.kick()
+	if p.closed {
+		replace = 0
 	}
+	p.filling += replace // counted toward the target: kick makes no extra
 	p.broadcast()
 	p.mu.Unlock()
+	// The replacements, made here so that a Put returns with its fresh
+	// slot on top of the idle stack (usually at the same index: the
+	// allocator hands out the index freed last). A failure is the fill's
+	// business (LastError, backoff), not the Put's: its slot is gone.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, p.opts.FillConcurrency)
+	for range replace {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			p.make()
+		})
+	}
+	wg.Wait()
 	for _, r := range batch {
 		r.done <- errs[r.s.Index]
 	}
@@ -546,7 +565,6 @@ func (p *Pool) Close(ctx context.Context) error {
 		victims = append(victims, e.s)
 	}
 	p.idle = nil
-	p.owed = 0
 	p.broadcast()
 	p.mu.Unlock()
 	p.poke() // the retire loop finishes what is queued, then ends

@@ -12,8 +12,7 @@ package main
 //     iptables-legacy rules, XFRM state, qdiscs, or processes and
 //     descriptors that keep the namespace, which no reset can take back.
 //   - recreate: tear the slot down and make a fresh one at the index
-//     (what pool.Put does now), split into the teardown (Put's latency) and
-//     the creation (done by the pool in the background).
+//     (what pool.Put does now), timed as two parts.
 //   - the pool itself: Get+Put cycles on a warm pool, with Put recreating.
 //
 //	go run ./network/cmd/netbench recycle -cycles 200 -out docs/benchmarks/recycle.md
@@ -121,8 +120,8 @@ func (a cpu) sub(b cpu) cpu { return cpu{a.self - b.self, a.machine - b.machine}
 
 type strategy struct {
 	name    string
-	lat     []time.Duration // per cycle: the part the releasing caller waits for
-	bg      []time.Duration // per cycle: work done in the background (recreate)
+	lat     []time.Duration // per cycle: the reset, the teardown, or pool.Put
+	bg      []time.Duration // per cycle: the creation (recreate only)
 	wall    time.Duration
 	cpu     cpu
 	comment string
@@ -190,8 +189,7 @@ func runRecycle(ctx context.Context, m *slot.Manager, r *recycleResults) error {
 		resets = append(resets, st)
 	}
 
-	// 2. Recreate at the same index, slot 2: teardown (what Put waits for),
-	//    then creation (what the pool does in the background).
+	// 2. Recreate at the same index, slot 2: teardown, then creation.
 	fmt.Fprintln(os.Stderr, "recreate...")
 	if _, err := m.Create(ctx, 2); err != nil {
 		return err
@@ -212,7 +210,7 @@ func runRecycle(ctx context.Context, m *slot.Manager, r *recycleResults) error {
 		rec.bg = append(rec.bg, time.Since(t))
 	}
 	rec.wall, rec.cpu = time.Since(t0), cpuNow().sub(c0)
-	rec.comment = "Put waits for the teardown; the creation runs in the background"
+	rec.comment = "the kernel work of one release; pool.Put waits for both parts"
 	if res := m.Teardown(ctx, slot.Assume(1, 2), slot.TeardownOptions{}); res.Err() != nil {
 		return res.Err()
 	}
@@ -252,7 +250,7 @@ func runRecycle(ctx context.Context, m *slot.Manager, r *recycleResults) error {
 		time.Sleep(time.Millisecond)
 	}
 	cyc.wall, cyc.cpu = time.Since(t0), cpuNow().sub(c0)
-	cyc.comment = fmt.Sprintf("Get p50 %s, p99 %s", us(pct(gets, 0.5)), us(pct(gets, 0.99)))
+	cyc.comment = fmt.Sprintf("Put = teardown + replacement; Get p50 %s, p99 %s", us(pct(gets, 0.5)), us(pct(gets, 0.99)))
 	r.getP50, r.getP99 = pct(gets, 0.5), pct(gets, 0.99)
 	r.strategies = append(resets, rec, cyc)
 	return p.Close(ctx)
@@ -454,7 +452,7 @@ func (r *recycleResults) markdown() string {
 	fmt.Fprintf(&b, "`%s`\n\n", r.cmd)
 	fmt.Fprintf(&b, "Kernel %s, %s; load average %s at the start, %s at the end. %d cycles per strategy, in one run. A namespace has %d readable sysctls under /proc/sys/net.\n\n",
 		r.kernel, r.cpus, r.load[0], r.load[1], r.cycles, r.sysctls)
-	fmt.Fprintf(&b, "| strategy | caller waits p50 | p99 | background p50 | cycles/s | CPU per cycle: this process | whole machine | note |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| strategy | reset / teardown / Put p50 | p99 | create p50 | cycles/s | CPU per cycle: this process | whole machine | note |\n|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.strategies {
 		bg := "–"
 		if len(s.bg) > 0 {
