@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -367,5 +368,32 @@ func TestEnsureChangesPolicy(t *testing.T) {
 	}
 	if _, err := nft.New("x", nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{0}})); err == nil {
 		t.Errorf("port 0 accepted")
+	}
+}
+
+// A port the operator publishes with a DNAT rule of their own reaches the
+// slot from outside, although inbound traffic to slots is dropped.
+func TestPublishedPort(t *testing.T) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("nft not installed (tools/deps.sh installs it)")
+	}
+	h := fakehost.New(t, 1, true)
+	tbl := install(t, h, nft.Policy{})
+	s1 := h.Slots[0]
+	listenTCP(t, s1.NetnsPath, netip.AddrPortFrom(s1.InsideAddr.Addr(), portSlot))
+	rule := fmt.Sprintf("nft add table ip pub && nft add chain ip pub pre '{ type nat hook prerouting priority dstnat; }' && "+
+		"nft add rule ip pub pre iifname up0 tcp dport 8080 dnat to %s:%d", s1.InsideAddr.Addr(), portSlot)
+	if out, err := exec.Command("nsenter", "--net="+h.Path, "sh", "-c", rule).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", rule, err, out)
+	}
+	if !tcpConnects(t, tbl, h.Outside, netip.AddrPortFrom(fakehost.HostUplink.Addr(), 8080), inbound) {
+		t.Errorf("the published port does not reach the slot")
+	}
+	// Without the DNAT, the same service is not reachable from outside.
+	if err := fakehost.Route(h.Outside, h.Config.CIDR, fakehost.HostUplink.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	if tcpConnects(t, tbl, h.Outside, netip.AddrPortFrom(s1.InsideAddr.Addr(), portSlot), inbound) {
+		t.Errorf("a slot's service is reachable from outside without a DNAT")
 	}
 }
