@@ -185,13 +185,13 @@ func (p *Pool) kick() {
 
 func (p *Pool) fillOne() {
 	defer p.wg.Done()
-	p.make()
+	p.makeIdle()
 }
 
-// make creates a slot and puts it on top of the idle stack, for a fill
+// makeIdle creates a slot and puts it on top of the idle stack, for a fill
 // worker or a replacement (the caller counted it in p.filling). A failure
 // arms the fill's backoff.
-func (p *Pool) make() {
+func (p *Pool) makeIdle() {
 	s, err := p.create(p.ctx)
 	p.mu.Lock()
 	p.filling--
@@ -458,7 +458,7 @@ func (p *Pool) retire(batch []*retirement) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			p.make()
+			p.makeIdle()
 		})
 	}
 	wg.Wait()

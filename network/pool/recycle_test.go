@@ -366,16 +366,18 @@ func TestReleasedSlotIsClean(t *testing.T) {
 	defer tx.Close()
 	buf := make([]byte, 16)
 	got := false
-	for range 50 {
-		_, _ = tx.Write([]byte("for next"))
+	var werr error
+	for deadline := time.Now().Add(20 * time.Second); !got && time.Now().Before(deadline); {
+		if _, err := tx.Write([]byte("for next")); err != nil {
+			werr = err // an ICMP error from an earlier datagram; send again
+		}
 		_ = ln.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 		if n, _, err := ln.ReadFromUDP(buf); err == nil && string(buf[:n]) == "for next" {
 			got = true
-			break
 		}
 	}
 	if !got {
-		t.Fatalf("the next owner did not get the datagram")
+		t.Fatalf("the next owner did not get the datagram (last send error: %v)", werr)
 	}
 	_ = old.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 	if n, _, err := old.ReadFromUDP(buf); err == nil {
