@@ -7,7 +7,9 @@
 //
 //	netns     create/delete/list named network namespaces the way iproute2 does
 //	nft       the per-prefix inet table, its ifname set and its rules
-//	slot      configuration, addressing, Create/Destroy/Reset of one slot,
+//	          (tenant isolation: what slots may reach)
+//	egress    a start-up check of what the slots' egress needs from the host
+//	slot      configuration, addressing, Create/Destroy of one slot,
 //	          scans and the batched teardown used by everything below
 //	reclaim   find slots leaked by an earlier run and tear them down
 //	storage   the slot-index allocator with quarantine
@@ -15,7 +17,7 @@
 //	reconcile a background loop that finishes quarantined slots and sweeps strays
 //
 // A daemon calls, in this order: slot.Config.Validate, slot.NewManager,
-// reclaim.Run, storage.New (quarantining Report.Quarantine()), pool.New,
+// egress.Check (logging its problems), reclaim.Run, storage.New (quarantining Report.Quarantine()), pool.New,
 // Pool.WaitReady, Pool.Get/Put, a reconcile.Reconciler's Run loop and, at
 // shutdown, Pool.Close. Nothing here knows about phases, gRPC or health.
 //

@@ -1,21 +1,89 @@
 // Package nft manages the host firewall state of network slots: one nftables
 // table per slot prefix (family inet) holding a set of interface names and a
-// fixed handful of rules that forward and masquerade by set lookup. Adding or
-// removing a slot is one set-element change; the rule count never grows with
-// the number of slots.
+// fixed handful of rules that forward, filter and masquerade by set lookup.
+// Adding or removing a slot is one set-element change; the rule count never
+// grows with the number of slots.
 //
-// The table looks like this in `nft list table inet <name>`:
+// The table looks like this in `nft list table inet <name>` (default Policy):
 //
 //	table inet <name> {
 //		set slots { type ifname }
+//		set host_tcp { type inet_service }
+//		set host_udp { type inet_service }
 //		chain forward { type filter hook forward priority filter; policy accept;
+//			iifname @slots oifname @slots counter drop comment "slot-to-slot"
 //			iifname @slots accept
-//			oifname @slots ct state established,related accept }
+//			oifname @slots ct state established,related accept
+//			oifname @slots ct status dnat accept
+//			oifname @slots counter drop comment "inbound"
+//		}
+//		chain input { type filter hook input priority filter; policy accept;
+//			iifname @slots ct state established,related accept
+//			iifname @slots icmp type echo-request fib daddr . iif type local accept
+//			iifname @slots tcp dport @host_tcp fib daddr . iif type local accept
+//			iifname @slots udp dport @host_udp fib daddr . iif type local accept
+//			iifname @slots counter drop comment "to-host"
+//		}
 //		chain postrouting { type nat hook postrouting priority srcnat; policy accept;
-//			iifname @slots oifname != @slots masquerade }
+//			iifname @slots oifname != @slots masquerade
+//		}
 //	}
+//
+// # What a slot may reach, and why
+//
+// Slots are tenants of one another. A host that runs sandboxes with network
+// access forwards packets (net.ipv4.ip_forward=1), and the kernel routes one
+// slot's packet to another slot's inside address straight across the host:
+// without a rule against it, every tenant can reach every other tenant's
+// listening sockets. So:
+//
+//   - Slot to slot (forward, in and out interfaces both slots): dropped.
+//     Policy.AllowSlotToSlot turns the verdict into accept, for an operator
+//     whose tenants are one party. The rule is kept either way, so the rule
+//     count does not depend on the policy.
+//   - Slot to anywhere else (forward, in interface a slot): accepted, and
+//     masqueraded behind the host's address on the way out.
+//   - Anywhere else to a slot (forward, out interface a slot): only replies
+//     and related ICMP errors of connections the slot opened, and connections
+//     the operator published with a DNAT rule of their own (ct status dnat);
+//     everything else is dropped. The host itself reaches a slot through
+//     its output path, which this table leaves alone, so an orchestrator on
+//     the host can still connect into its sandboxes.
+//   - Slot to the host itself (input: any address of the host, including the
+//     host ends of other slots' veths and the host's own uplink address):
+//     replies and related packets of connections the host opened (which is
+//     also how ICMP errors such as "fragmentation needed" for path MTU
+//     discovery get through), ping of the slot's own gateway, and the TCP
+//     and UDP ports of Policy.HostTCPPorts and Policy.HostUDPPorts, which an
+//     operator lists for services offered to tenants (a DNS resolver on the
+//     host, say). Both are accepted only at the slot's own gateway address
+//     (the host end of its veth: `fib daddr . iif type local`), never at
+//     another address of the host. Everything else is dropped: an sshd, a
+//     metrics endpoint or the daemon's own API listening on all addresses
+//     is not the tenants' business. The same rules apply to IPv6 (a slot's
+//     eth0 has only a link-local IPv6 address; the ping rule is IPv4 only).
+//
+// Drops are silent (no ICMP reject): a tenant probing the host or its
+// neighbours learns nothing, at the price of a connect timeout instead of a
+// refusal. Each drop rule has a counter, which Table.Drops reads.
+//
+// Rules in this table cannot override a drop in another table at the same
+// hook: nftables runs every base chain registered at a hook, and an accept
+// ends only the chain it is in. A forward chain with policy drop elsewhere
+// (Docker's `ip filter FORWARD` through iptables-nft is the common one)
+// silently breaks slot egress; package egress detects it.
+//
+// Ensure writes the whole ruleset in one transaction and can be called on a
+// table made by an earlier run (or an earlier version): chains are flushed
+// and their rules rewritten atomically, the port sets are replaced, and the
+// slots set keeps its elements, so the slots of a running workload never
+// lose their connectivity while the daemon restarts with another policy.
 //
 // Element changes are batched: Add and Remove send all their elements in one
 // nftables transaction (one netlink batch, split into several messages only
 // because a netlink attribute is limited to 64 KiB).
+//
+// A Table works in the network namespace of the calling process, or in the
+// one given by WithNetNS (tests use it to install the ruleset in a namespace
+// that plays the host).
 package nft

@@ -33,8 +33,9 @@ func TestTable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, err := tbl.RuleCount(ctx); err != nil || n != 3 {
-		t.Fatalf("RuleCount = %d, %v", n, err)
+	rules, err := tbl.RuleCount(ctx)
+	if err != nil || rules != 11 {
+		t.Fatalf("RuleCount = %d, %v; want 11", rules, err)
 	}
 	// Thousands of elements in one transaction.
 	var names []string
@@ -51,7 +52,7 @@ func TestTable(t *testing.T) {
 	if err != nil || len(got) != 3000 {
 		t.Fatalf("List = %d elements, %v", len(got), err)
 	}
-	if n, _ := tbl.RuleCount(ctx); n != 3 {
+	if n, _ := tbl.RuleCount(ctx); n != rules {
 		t.Errorf("rule count grew with elements: %d", n)
 	}
 	// Remove a mix of present and absent names, then a single absent one.

@@ -16,10 +16,15 @@ type fakeSlots struct {
 	mu       sync.Mutex
 	live     map[int]bool
 	created  []int
-	resets   int
+	batches  [][]int       // the indices of each Teardown call
 	gate     chan struct{} // if non-nil, Create waits on it (or ctx)
 	started  chan int      // if non-nil, Create reports its index here
 	failNext int           // fail this many Creates
+	// tdGate, if non-nil, holds every Teardown until it is closed;
+	// tdStarted, if non-nil, gets the indices of each Teardown as it starts.
+	tdGate    chan struct{}
+	tdStarted chan []int
+	failTd    map[int]bool // Teardown fails these indices
 }
 
 func newFake() *fakeSlots { return &fakeSlots{live: map[int]bool{}} }
@@ -47,22 +52,36 @@ func (f *fakeSlots) Create(ctx context.Context, i int) (*slot.Slot, error) {
 	return &slot.Slot{Index: i}, nil
 }
 
-func (f *fakeSlots) Reset(ctx context.Context, s *slot.Slot) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.resets++
-	return nil
-}
-
 func (f *fakeSlots) Teardown(ctx context.Context, inv slot.Inventory, _ slot.TeardownOptions) *slot.TeardownResult {
 	f.mu.Lock()
+	gate, started := f.tdGate, f.tdStarted
+	f.mu.Unlock()
+	if started != nil {
+		started <- inv.Indices()
+	}
+	if gate != nil {
+		<-gate
+	}
+	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.batches = append(f.batches, inv.Indices())
 	res := &slot.TeardownResult{}
 	for _, i := range inv.Indices() {
+		if f.failTd[i] {
+			res.Failed = append(res.Failed, slot.Failure{Index: i, Err: errors.New("injected teardown failure")})
+			continue
+		}
 		delete(f.live, i)
 		res.Reclaimed = append(res.Reclaimed, i)
 	}
 	return res
+}
+
+// tornDown returns every index given to Teardown, in call order.
+func (f *fakeSlots) tornDown() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Concat(f.batches...)
 }
 
 func (f *fakeSlots) liveIndices() []int {

@@ -84,14 +84,37 @@ func TestPoolOnKernel(t *testing.T) {
 		}
 		got = append(got, s)
 	}
+	// A slot given back is replaced by a fresh one at its index: what the
+	// tenant added is gone with the namespace it was in.
 	a := got[0]
 	addAddrInside(t, a)
+	rest := func() bool { s := p.Snapshot(); return s.Filling == 0 && len(s.Creating) == 0 }
+	waitUntil(t, "the refill to target", rest)
 	if err := p.Put(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	if n := addrsInside(t, a); n != 1 {
-		t.Errorf("Put did not reset addresses: %d", n)
+	waitUntil(t, "the replacement", rest)
+	if top := p.Snapshot().Idle[0]; top != a.Index {
+		t.Fatalf("top of the idle stack is %d, want the replacement at %d", top, a.Index)
 	}
+	b, err := p.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The kernel reuses a freed namespace's inode at once; the host
+	// ifindex is what tells the two apart.
+	if b.Index != a.Index || b.HostIfIndex == a.HostIfIndex {
+		t.Errorf("replacement %+v, given back %+v: want the same index and a new veth", b, a)
+	}
+	if n := addrsInside(t, b); n != 1 {
+		t.Errorf("replacement has %d addresses, want 1", n)
+	}
+	got[0] = b
+	// Close leaves the three handed out; give one back first.
+	if err := p.Put(ctx, got[0]); err != nil {
+		t.Fatal(err)
+	}
+	got = got[1:]
 	if err := p.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -100,10 +123,10 @@ func TestPoolOnKernel(t *testing.T) {
 	}
 	// Only the two still handed out are left; Put destroys them.
 	inv, _ := m.Scan(ctx)
-	if len(inv) != 2 || inv[got[1].Index] != slot.All || inv[got[2].Index] != slot.All {
+	if len(inv) != 2 || inv[got[0].Index] != slot.All || inv[got[1].Index] != slot.All {
 		t.Errorf("after Close: %v", inv)
 	}
-	for _, s := range got[1:] {
+	for _, s := range got {
 		if err := p.Put(ctx, s); err != nil {
 			t.Fatal(err)
 		}

@@ -34,7 +34,6 @@ var (
 // Slots is the kernel side the pool drives; *slot.Manager implements it.
 type Slots interface {
 	Create(ctx context.Context, index int) (*slot.Slot, error)
-	Reset(ctx context.Context, s *slot.Slot) error
 	Teardown(ctx context.Context, inv slot.Inventory, opts slot.TeardownOptions) *slot.TeardownResult
 }
 
@@ -63,20 +62,27 @@ type realClock struct{}
 func (realClock) Now() time.Time                            { return time.Now() }
 func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
-// Options configure a Pool.
+// Options configure a Pool. A zero Target or Grace means zero; the other
+// fields have no meaningful zero and take their defaults when zero.
 type Options struct {
-	// Target is the number of idle slots the pool keeps warm.
+	// Target is the number of idle slots the pool keeps warm. Zero keeps
+	// none: every Get creates a slot, and returned slots are kept only for
+	// the grace period.
 	Target int
-	// FillConcurrency bounds concurrent background creations
-	// (default DefaultFillConcurrency).
+	// FillConcurrency bounds concurrent background creations; 0 means
+	// DefaultFillConcurrency (a pool that never fills has Target 0).
 	FillConcurrency int
 	// Grace is how long an idle slot above target is kept before being
-	// destroyed (default DefaultGrace).
+	// destroyed. Zero destroys slots above target as soon as they are
+	// idle; the daemon's default is DefaultGrace.
 	Grace time.Duration
-	// MinBackoff and MaxBackoff bound the wait after a failed fill
-	// (defaults DefaultMinBackoff, DefaultMaxBackoff).
+	// MinBackoff and MaxBackoff bound the wait after a failed fill; 0 means
+	// DefaultMinBackoff and DefaultMaxBackoff (no wait at all would retry a
+	// failing kernel in a busy loop).
 	MinBackoff, MaxBackoff time.Duration
-	// Teardown tunes how slots are destroyed.
+	// Teardown tunes how slots are destroyed, released ones included
+	// (KillOrphans decides what happens to a process a tenant left
+	// running: killed, or cut off with its namespace).
 	Teardown slot.TeardownOptions
 	// Clock is for tests (default: real time).
 	Clock Clock
@@ -85,6 +91,12 @@ type Options struct {
 type idleSlot struct {
 	s     *slot.Slot
 	since time.Time
+}
+
+// retirement is a slot given back with Put, waiting to be torn down.
+type retirement struct {
+	s    *slot.Slot
+	done chan error // 1-buffered: the teardown's outcome for this slot
 }
 
 // Pool is a LIFO pool of warm slots. Create one with New; it is safe for
@@ -98,10 +110,14 @@ type Pool struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // every goroutine and every in-flight Get/Put/destroy
 
+	wake chan struct{} // 1-buffered: the retire loop has work (or the pool closed)
+
 	mu        sync.Mutex
 	idle      []idleSlot // stack: oldest at 0, next Get at the end
 	inUse     map[int]*slot.Slot
 	creating  map[int]bool
+	retireQ   []*retirement // given back, not yet taken by the retire loop
+	retiring  map[int]bool  // given back, until their teardown is over
 	filling   int
 	closed    bool
 	changed   chan struct{} // closed and replaced on every change
@@ -117,27 +133,33 @@ func New(slots Slots, idx Indices, opts Options) (*Pool, error) {
 	if opts.Target < 0 {
 		return nil, fmt.Errorf("pool: negative target %d", opts.Target)
 	}
-	if opts.FillConcurrency <= 0 {
+	if opts.FillConcurrency == 0 {
 		opts.FillConcurrency = DefaultFillConcurrency
 	}
-	if opts.Grace <= 0 {
-		opts.Grace = DefaultGrace
+	if opts.Grace < 0 {
+		return nil, fmt.Errorf("pool: negative grace %v", opts.Grace)
 	}
-	if opts.MinBackoff <= 0 {
+	if opts.FillConcurrency < 0 || opts.MinBackoff < 0 || opts.MaxBackoff < 0 {
+		return nil, fmt.Errorf("pool: negative option in %+v", opts)
+	}
+	if opts.MinBackoff == 0 {
 		opts.MinBackoff = DefaultMinBackoff
 	}
-	if opts.MaxBackoff < opts.MinBackoff {
-		opts.MaxBackoff = max(DefaultMaxBackoff, opts.MinBackoff)
+	if opts.MaxBackoff == 0 {
+		opts.MaxBackoff = DefaultMaxBackoff
 	}
+	opts.MaxBackoff = max(opts.MaxBackoff, opts.MinBackoff)
 	if opts.Clock == nil {
 		opts.Clock = realClock{}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Pool{
 		slots: slots, idx: idx, opts: opts, ctx: ctx, cancel: cancel,
-		inUse: map[int]*slot.Slot{}, creating: map[int]bool{},
-		changed: make(chan struct{}), backoff: opts.MinBackoff,
+		inUse: map[int]*slot.Slot{}, creating: map[int]bool{}, retiring: map[int]bool{},
+		wake: make(chan struct{}, 1), changed: make(chan struct{}), backoff: opts.MinBackoff,
 	}
+	p.wg.Add(1)
+	go p.retireLoop()
 	p.mu.Lock()
 	p.kick()
 	p.mu.Unlock()
@@ -163,6 +185,13 @@ func (p *Pool) kick() {
 
 func (p *Pool) fillOne() {
 	defer p.wg.Done()
+	p.makeIdle()
+}
+
+// makeIdle creates a slot and puts it on top of the idle stack, for a fill
+// worker or a replacement (the caller counted it in p.filling). A failure
+// arms the fill's backoff.
+func (p *Pool) makeIdle() {
 	s, err := p.create(p.ctx)
 	p.mu.Lock()
 	p.filling--
@@ -189,6 +218,7 @@ func (p *Pool) fillOne() {
 	}
 	p.backoff = p.opts.MinBackoff
 	p.idle = append(p.idle, idleSlot{s: s, since: p.opts.Clock.Now()})
+	p.scheduleTrim()
 	p.broadcast()
 	p.kick()
 	p.mu.Unlock()
@@ -309,10 +339,16 @@ func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
 	return s, nil
 }
 
-// Put returns a slot handed out by Get. The slot is reset first; a slot that
-// cannot be reset is destroyed and the error returned. After Close, Put
-// destroys the slot. Above target, idle slots older than the grace period
-// are destroyed later, oldest first.
+// Put gives back a slot handed out by Get. The slot is never handed out
+// again: Put tears it down (namespace, veth pair, set element; a process
+// the tenant left inside is killed or cut off, see Options.Teardown) and
+// makes a fresh slot in its place on top of the idle stack, usually at the
+// same index, so the next Get hands out the index just given back, as
+// before. Concurrent Puts are torn down together in one batch. Put returns
+// once its slot is gone and its replacement made, with the teardown's
+// error (the index is then quarantined; a failed replacement is the fill's
+// LastError, not Put's); if ctx ends first, Put returns ctx's error and the
+// work still finishes. After Close, Put only destroys the slot.
 func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
 	if s == nil {
 		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
@@ -327,27 +363,108 @@ func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
 		p.mu.Unlock()
 		return p.destroy(context.WithoutCancel(ctx), s)
 	}
-	p.wg.Add(1)
-	defer p.wg.Done()
+	r := &retirement{s: s, done: make(chan error, 1)}
+	p.retireQ = append(p.retireQ, r)
+	p.retiring[s.Index] = true
 	p.mu.Unlock()
+	p.poke()
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("pool: put slot %d: %w (its teardown goes on)", s.Index, ctx.Err())
+	}
+}
 
-	if err := p.slots.Reset(ctx, s); err != nil {
-		derr := p.destroy(context.WithoutCancel(ctx), s)
+// poke wakes the retire loop.
+func (p *Pool) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// retireLoop tears down the slots given back, all those queued at once in
+// one Teardown (one /proc scan, one nftables transaction, the kernel's
+// batched namespace clean-up), until the pool is closed and nothing is
+// queued.
+func (p *Pool) retireLoop() {
+	defer p.wg.Done()
+	for {
 		p.mu.Lock()
-		p.kick()
+		for len(p.retireQ) == 0 {
+			if p.closed {
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+			<-p.wake
+			p.mu.Lock()
+		}
+		batch := p.retireQ
+		p.retireQ = nil
 		p.mu.Unlock()
-		return errors.Join(fmt.Errorf("pool: put slot %d: destroyed after failed reset: %w", s.Index, err), derr)
+		p.retire(batch)
+	}
+}
+
+// retire tears a batch down, gives the indices back (or quarantines them),
+// makes a fresh slot for each slot torn down (FillConcurrency at a time),
+// and then reports to each Put.
+func (p *Pool) retire(batch []*retirement) {
+	idx := make([]int, 0, len(batch))
+	for _, r := range batch {
+		idx = append(idx, r.s.Index)
+	}
+	// Not p.ctx: Close waits for the teardown rather than aborting it.
+	res := p.slots.Teardown(context.Background(), slot.Assume(idx...), p.opts.Teardown)
+	errs := map[int]error{}
+	for _, f := range res.Failed {
+		errs[f.Index] = fmt.Errorf("pool: put slot %d: teardown: %w", f.Index, f.Err)
+	}
+	for _, i := range res.Deferred {
+		errs[i] = fmt.Errorf("pool: put slot %d: teardown deferred by the teardown budget", i)
+	}
+	replace := 0
+	for _, i := range res.Reclaimed {
+		if err := p.idx.Release(i); err != nil {
+			errs[i] = err
+			continue
+		}
+		replace++
+	}
+	for i := range errs {
+		if err := p.idx.Quarantine(i); err != nil {
+			errs[i] = errors.Join(errs[i], err)
+		}
 	}
 	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return p.destroy(context.WithoutCancel(ctx), s)
+	for _, i := range idx {
+		delete(p.retiring, i)
 	}
-	p.idle = append(p.idle, idleSlot{s: s, since: p.opts.Clock.Now()})
-	p.scheduleTrim()
+	if p.closed {
+		replace = 0
+	}
+	p.filling += replace // counted toward the target: kick makes no extra
 	p.broadcast()
 	p.mu.Unlock()
-	return nil
+	// The replacements, made here so that a Put returns with its fresh
+	// slot on top of the idle stack (usually at the same index: the
+	// allocator hands out the index freed last). A failure is the fill's
+	// business (LastError, backoff), not the Put's: its slot is gone.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, p.opts.FillConcurrency)
+	for range replace {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			p.makeIdle()
+		})
+	}
+	wg.Wait()
+	for _, r := range batch {
+		r.done <- errs[r.s.Index]
+	}
 }
 
 // scheduleTrim arms the trim timer for when the oldest idle slot above
@@ -422,9 +539,9 @@ func (p *Pool) WaitReady(ctx context.Context, n int) error {
 }
 
 // Close stops filling, destroys every idle slot and every slot being
-// created, waits for in-flight work (or until ctx ends) and returns the
-// joined errors. Slots handed out and not yet returned are not touched;
-// Put destroys them later. If ctx ends first, Close returns ctx's error and
+// created, finishes the teardown of slots already given back, waits for
+// in-flight work (or until ctx ends) and returns the joined errors. Slots
+// handed out and not yet returned are not touched; Put destroys them later. If ctx ends first, Close returns ctx's error and
 // the in-flight work still finishes (and cleans up) on its own. Close is
 // idempotent; later calls return nil.
 func (p *Pool) Close(ctx context.Context) error {
@@ -450,6 +567,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	p.idle = nil
 	p.broadcast()
 	p.mu.Unlock()
+	p.poke() // the retire loop finishes what is queued, then ends
 
 	errs := []error{p.destroy(ctx, victims...)}
 	done := make(chan struct{})
@@ -479,6 +597,12 @@ type Snapshot struct {
 	InUse []int
 	// Creating are the indices being created, ascending.
 	Creating []int
+	// Retiring are the indices given back with Put whose teardown is not
+	// over yet, ascending.
+	Retiring []int
+	// Filling is the number of background creations under way (their
+	// index may not be acquired yet, so Creating can be shorter).
+	Filling int
 	// Closed is true after Close.
 	Closed bool
 	// LastError is the last fill or trim error (nil if none).
@@ -489,7 +613,7 @@ type Snapshot struct {
 func (p *Pool) Snapshot() Snapshot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := Snapshot{Target: p.opts.Target, Closed: p.closed, LastError: p.lastErr}
+	s := Snapshot{Target: p.opts.Target, Closed: p.closed, LastError: p.lastErr, Filling: p.filling}
 	for k := len(p.idle) - 1; k >= 0; k-- {
 		s.Idle = append(s.Idle, p.idle[k].s.Index)
 	}
@@ -499,7 +623,11 @@ func (p *Pool) Snapshot() Snapshot {
 	for i := range p.creating {
 		s.Creating = append(s.Creating, i)
 	}
+	for i := range p.retiring {
+		s.Retiring = append(s.Retiring, i)
+	}
 	slices.Sort(s.InUse)
 	slices.Sort(s.Creating)
+	slices.Sort(s.Retiring)
 	return s
 }

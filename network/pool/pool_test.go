@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,9 +30,25 @@ func newPool(t *testing.T, f *fakeSlots, n int, opts Options) (*Pool, *storage.S
 	return p, st
 }
 
+// waitRest waits until the pool makes and tears down nothing.
+func waitRest(t *testing.T, p *Pool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := p.Snapshot()
+		if s.Filling == 0 && len(s.Creating) == 0 && len(s.Retiring) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool never came to rest: %+v", s)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func TestLIFOAndOnDemand(t *testing.T) {
 	f := newFake()
-	p, st := newPool(t, f, 10, Options{Target: 3})
+	p, st := newPool(t, f, 10, Options{Target: 3, Grace: time.Hour})
 	ctx := context.Background()
 	if err := p.WaitReady(ctx, 3); err != nil {
 		t.Fatal(err)
@@ -47,7 +64,11 @@ func TestLIFOAndOnDemand(t *testing.T) {
 		}
 		got = append(got, s)
 	}
-	// Put two back; the last one put is the first one out.
+	// Give two back: each is torn down and replaced by a fresh slot on top
+	// of the idle stack. (The refill to target first: a replacement landing
+	// while it runs would count toward the target, like a slot given back
+	// always did.)
+	waitRest(t, p)
 	if err := p.Put(ctx, got[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -60,26 +81,23 @@ func TestLIFOAndOnDemand(t *testing.T) {
 	if err := p.Put(ctx, &slot.Slot{Index: 9}); !errors.Is(err, ErrNotFromPool) {
 		t.Errorf("foreign Put = %v", err)
 	}
-	// Creations started while the pool was empty may still land: wait until
-	// the fill is at rest, so that the top cannot change under the Get.
-	if err := p.WaitReady(ctx, 3); err != nil {
-		t.Fatal(err)
+	if torn := f.tornDown(); !slices.Equal(torn, []int{got[0].Index, got[1].Index}) {
+		t.Errorf("torn down = %v, want %d %d", torn, got[0].Index, got[1].Index)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(p.Snapshot().Creating) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the fill never came to rest")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitRest(t, p)
 	snap := p.Snapshot()
+	if len(snap.Idle) != 5 {
+		t.Errorf("idle = %v, want target 3 + 2 replacements", snap.Idle)
+	}
 	top := snap.Idle[0]
 	s, err := p.Get(ctx)
 	if err != nil || s.Index != top {
 		t.Fatalf("Get = %v, %v; want top %d", s, err, top)
 	}
-	if f.resets != 2 {
-		t.Errorf("resets = %d, want 2", f.resets)
+	for _, g := range got {
+		if s == g {
+			t.Errorf("Get handed out a slot given back (%d) instead of a fresh one", g.Index)
+		}
 	}
 
 	// Empty pool and no fill (target 0): Get creates on demand.
@@ -111,7 +129,7 @@ func TestLIFOAndOnDemand(t *testing.T) {
 // Strict LIFO without a background fill in the way.
 func TestLIFOOrder(t *testing.T) {
 	f := newFake()
-	p, _ := newPool(t, f, 10, Options{Target: 0, Grace: time.Hour, Clock: newClock()})
+	p, _ := newPool(t, f, 10, Options{Target: 0, Grace: time.Hour, FillConcurrency: 1, Clock: newClock()})
 	ctx := context.Background()
 	var ss []*slot.Slot
 	for range 4 {
@@ -125,7 +143,10 @@ func TestLIFOOrder(t *testing.T) {
 		if err := p.Put(ctx, ss[k]); err != nil {
 			t.Fatal(err)
 		}
+		waitRest(t, p) // replacements land in Put order
 	}
+	// The allocator hands out the index freed last, so each replacement
+	// has the index of the slot it replaces; the last made is on top.
 	want := []int{ss[1].Index, ss[3].Index, ss[0].Index, ss[2].Index}
 	if got := p.Snapshot().Idle; !slices.Equal(got, want) {
 		t.Errorf("idle order = %v, want %v", got, want)
@@ -135,10 +156,13 @@ func TestLIFOOrder(t *testing.T) {
 		if s.Index != w {
 			t.Errorf("Get = %d, want %d", s.Index, w)
 		}
-		_ = p.Put(ctx, s) // back on top
+		if err := p.Put(ctx, s); err != nil { // replaced, on top
+			t.Fatal(err)
+		}
+		waitRest(t, p)
 		s2, _ := p.Get(ctx)
-		if s2 != s {
-			t.Errorf("Get after Put returned %d, want the same slot %d", s2.Index, s.Index)
+		if s2 == s || s2.Index != s.Index {
+			t.Errorf("Get after Put returned %p (%d), want a fresh slot at %d", s2, s2.Index, s.Index)
 		}
 	}
 	_ = p.Close(ctx)
@@ -164,11 +188,12 @@ func TestTrimAfterGrace(t *testing.T) {
 	if err := p.WaitReady(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	// Return them a minute apart: idle = 1 warm + 4, target 1.
+	// Return them a minute apart: idle = 1 warm + 4 replacements, target 1.
 	for _, s := range ss {
 		if err := p.Put(ctx, s); err != nil {
 			t.Fatal(err)
 		}
+		waitRest(t, p)
 		clk.Advance(time.Minute)
 	}
 	if n := len(p.Snapshot().Idle); n != 5 {
@@ -300,5 +325,98 @@ func TestConcurrentGetPutClose(t *testing.T) {
 	}
 	if snap := st.Snapshot(); snap.Free != 64 {
 		t.Errorf("storage after: %+v", snap)
+	}
+}
+
+// Puts that arrive while a teardown runs are torn down together in the next
+// one; a failed teardown is Put's error and quarantines the index.
+func TestPutBatches(t *testing.T) {
+	f := newFake()
+	f.tdGate = make(chan struct{})
+	f.tdStarted = make(chan []int, 4)
+	p, st := newPool(t, f, 10, Options{Target: 0, Grace: time.Hour, FillConcurrency: 1})
+	ctx := context.Background()
+	var ss []*slot.Slot
+	for range 4 {
+		s, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss = append(ss, s)
+	}
+	errc := make(chan error, 4)
+	put := func(s *slot.Slot) { errc <- p.Put(ctx, s) }
+	go put(ss[0])
+	if got := <-f.tdStarted; !slices.Equal(got, []int{ss[0].Index}) {
+		t.Fatalf("first teardown = %v", got)
+	}
+	for _, s := range ss[1:] {
+		go put(s)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(p.Snapshot().Retiring) < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Puts not queued: %+v", p.Snapshot())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	f.mu.Lock()
+	f.failTd = map[int]bool{ss[3].Index: true}
+	f.mu.Unlock()
+	close(f.tdGate)
+	var failed int
+	for range 4 {
+		if err := <-errc; err != nil {
+			failed++
+			if !strings.Contains(err.Error(), "injected teardown failure") {
+				t.Errorf("Put error = %v", err)
+			}
+		}
+	}
+	if failed != 1 {
+		t.Errorf("%d Puts failed, want 1", failed)
+	}
+	if got := <-f.tdStarted; len(got) != 3 {
+		t.Errorf("second teardown = %v, want the 3 Puts queued meanwhile", got)
+	}
+	if snap := st.Snapshot(); snap.States[ss[3].Index-1] != storage.Quarantined {
+		t.Errorf("index %d after a failed teardown: %v", ss[3].Index, snap.States[ss[3].Index-1])
+	}
+	waitRest(t, p)
+	if idle := p.Snapshot().Idle; len(idle) != 3 {
+		t.Errorf("idle = %v, want 3 replacements (none for the slot whose teardown failed)", idle)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A zero grace means zero: a replacement above target goes at once.
+func TestZeroGrace(t *testing.T) {
+	f := newFake()
+	clk := newClock()
+	p, _ := newPool(t, f, 10, Options{Target: 1, Grace: 0, Clock: clk})
+	ctx := context.Background()
+	if err := p.WaitReady(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := p.Get(ctx)
+	b, _ := p.Get(ctx)
+	waitRest(t, p)
+	if err := p.Put(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	waitRest(t, p)
+	clk.Advance(0)
+	if idle := p.Snapshot().Idle; len(idle) != 1 {
+		t.Errorf("idle = %v with grace 0, want the target 1", idle)
+	}
+	_ = p.Put(ctx, b)
+	_ = p.Close(ctx)
+
+	for _, o := range []Options{{Target: -1}, {Grace: -1}, {FillConcurrency: -1}, {MinBackoff: -1}} {
+		if _, err := New(f, nil, o); err == nil {
+			t.Errorf("New(%+v) accepted", o)
+		}
 	}
 }

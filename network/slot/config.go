@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
 )
 
@@ -204,4 +205,10 @@ type Slot struct {
 	HostIf, InsideIf string
 	// HostAddr and InsideAddr are the two addresses of the slot's /31.
 	HostAddr, InsideAddr netip.Prefix
+	// NetnsID and HostIfIndex are the kernel identity of the objects
+	// Manager.Create made, zero in a Slot from Config.Slot. Compare both:
+	// the kernel hands a freed namespace's inode to the next namespace at
+	// once, while host ifindexes are not reused until they wrap.
+	NetnsID     netns.ID
+	HostIfIndex int
 }

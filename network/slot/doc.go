@@ -1,6 +1,6 @@
 // Package slot defines a network slot and does the kernel work for one:
-// configuration and its validation, naming and addressing, Create, Destroy
-// and Reset of a slot, a scan of what exists on the host, and the batched
+// configuration and its validation, naming and addressing, Create and
+// Destroy of a slot, a scan of what exists on the host, and the batched
 // teardown that reclaim, the pool and the reconciler share.
 //
 // Slot i (1 ≤ i ≤ Config.Slots) is:

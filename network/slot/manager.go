@@ -16,20 +16,33 @@ import (
 	"github.com/phasegate/phasegate/network/nft"
 )
 
-// DefaultHostGoneTimeout is how long Destroy waits for the kernel to remove a
-// slot's host link after its namespace file is gone before deleting the link
-// itself.
+// DefaultHostGoneTimeout is the recommended Options.HostGoneTimeout: how long
+// Destroy waits for the kernel to remove a slot's host link after its
+// namespace file is gone before deleting the link itself.
 const DefaultHostGoneTimeout = 2 * time.Second
 
 // ErrIndex is wrapped by errors about an index outside [1, Config.Slots].
 var ErrIndex = errors.New("slot index out of range")
 
-// Options tune a Manager. The zero value is the default.
+// Options tune a Manager. Every zero value means zero; DefaultOptions
+// returns the recommended values.
 type Options struct {
 	// HostGoneTimeout bounds Destroy's wait for the host link to vanish
-	// (default DefaultHostGoneTimeout). A link still there afterwards
-	// belongs to a namespace something keeps alive, and is deleted.
+	// with its namespace. A link still there afterwards belongs to a
+	// namespace something keeps alive, and is deleted. Zero means no wait:
+	// Destroy deletes a host link it finds itself, which is correct but
+	// costs an RCU grace period under the networking lock per link instead
+	// of letting the kernel batch it. Negative is invalid.
 	HostGoneTimeout time.Duration
+	// Firewall is what the slot table's rules let slots reach (see package
+	// nft). The zero value isolates slots from one another and from the
+	// host's services.
+	Firewall nft.Policy
+}
+
+// DefaultOptions returns the recommended options.
+func DefaultOptions() Options {
+	return Options{HostGoneTimeout: DefaultHostGoneTimeout}
 }
 
 // Manager does the kernel work for the slots of one Config. It holds no
@@ -41,13 +54,17 @@ type Manager struct {
 	hostGone time.Duration
 }
 
-// NewManager validates cfg, prepares the netns directory and makes sure the
-// nftables table exists.
+// NewManager validates cfg and opts, prepares the netns directory and writes
+// the nftables table's rules for opts.Firewall (keeping the elements of a
+// table an earlier run made).
 func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	fw, err := nft.New(cfg.TableName())
+	if opts.HostGoneTimeout < 0 {
+		return nil, fmt.Errorf("slot: negative HostGoneTimeout %v", opts.HostGoneTimeout)
+	}
+	fw, err := nft.New(cfg.TableName(), nft.WithPolicy(opts.Firewall))
 	if err != nil {
 		return nil, err
 	}
@@ -57,11 +74,7 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 	if err := fw.Ensure(ctx); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout}
-	if m.hostGone <= 0 {
-		m.hostGone = DefaultHostGoneTimeout
-	}
-	return m, nil
+	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout}, nil
 }
 
 // Config returns the manager's configuration.
@@ -82,9 +95,14 @@ func ipNet(p netip.Prefix) *net.IPNet {
 }
 
 // Create makes slot i: netns, veth pair, addresses, links up, default route
-// inside and the set element. A leftover with the same index (netns file or
-// host link) is destroyed first. On failure everything made is removed and
-// the error says which step failed.
+// inside and the set element, and fills the slot's kernel identity (NetnsID,
+// HostIfIndex). A leftover with the same index (netns file or host link) is
+// destroyed first, and the host's conntrack entries for the slot's inside
+// address are flushed before the slot is reachable, so a slot never inherits
+// flows of an earlier slot at its index (a reply to the earlier tenant's
+// connection would otherwise be translated and delivered to the new one).
+// On failure everything made is removed and the error says which step
+// failed.
 func (m *Manager) Create(ctx context.Context, i int) (*Slot, error) {
 	if err := m.checkIndex(i); err != nil {
 		return nil, err
@@ -115,8 +133,15 @@ func (m *Manager) Create(ctx context.Context, i int) (*Slot, error) {
 }
 
 func (m *Manager) create(ctx context.Context, s *Slot) error {
+	// Before the veth exists nothing can refresh an entry for the address.
+	if err := flushHostConntrack(s.InsideAddr.Addr()); err != nil && !ignorableConntrack(err) {
+		return fmt.Errorf("flush host conntrack for %s: %w", s.InsideAddr.Addr(), err)
+	}
 	path, err := netns.Create(ctx, m.cfg.NetnsDir, s.NetnsName)
 	if err != nil {
+		return err
+	}
+	if s.NetnsID, err = netns.Stat(path); err != nil {
 		return err
 	}
 	fd, err := netns.Open(path)
@@ -137,6 +162,7 @@ func (m *Manager) create(ctx context.Context, s *Slot) error {
 	if err != nil {
 		return fmt.Errorf("find %s: %w", s.HostIf, err)
 	}
+	s.HostIfIndex = host.Attrs().Index
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil {
 		return fmt.Errorf("address %s on %s: %w", s.HostAddr, s.HostIf, err)
 	}
@@ -259,90 +285,6 @@ func waitLinksGone(ctx context.Context, p *linkProbe, links []hostLink, deadline
 		}
 		delay = min(2*delay, 20*time.Millisecond)
 	}
-}
-
-// Reset undoes what a user of slot s could have changed inside its
-// namespace: links other than lo and eth0 are deleted, eth0 keeps only the
-// slot's IPv4 address, the main routing table keeps only the connected /31
-// and the default route, lo and eth0 are up, and the conntrack entries of the
-// slot (inside, and for its address on the host) are flushed.
-func (m *Manager) Reset(ctx context.Context, s *Slot) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("slot: reset %d: %w", s.Index, err)
-	}
-	fd, err := netns.Open(s.NetnsPath)
-	if err != nil {
-		return fmt.Errorf("slot: reset %d: %w", s.Index, err)
-	}
-	defer unix.Close(fd)
-	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
-	if err != nil {
-		return fmt.Errorf("slot: reset %d: netlink handle: %w", s.Index, err)
-	}
-	defer h.Close()
-	wrap := func(step string, err error) error {
-		return fmt.Errorf("slot: reset %d: %s: %w", s.Index, step, err)
-	}
-	links, err := h.LinkList()
-	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-		return wrap("list links", err)
-	}
-	var in netlink.Link
-	for _, l := range links {
-		switch l.Attrs().Name {
-		case "lo":
-		case s.InsideIf:
-			in = l
-		default:
-			if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-				return wrap("delete link "+l.Attrs().Name, err)
-			}
-		}
-	}
-	if in == nil {
-		return wrap("find "+s.InsideIf, unix.ENODEV)
-	}
-	addrs, err := h.AddrList(in, netlink.FAMILY_V4)
-	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-		return wrap("list addresses", err)
-	}
-	want := ipNet(s.InsideAddr)
-	for _, a := range addrs {
-		if a.IPNet.String() == want.String() {
-			continue
-		}
-		if err := h.AddrDel(in, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-			return wrap("delete address "+a.IPNet.String(), err)
-		}
-	}
-	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-		return wrap("list routes", err)
-	}
-	conn := s.InsideAddr.Masked().String()
-	for _, r := range routes {
-		isDefault := r.Dst == nil || r.Dst.String() == "0.0.0.0/0"
-		if isDefault && r.LinkIndex == in.Attrs().Index && r.Gw.Equal(s.HostAddr.Addr().AsSlice()) {
-			continue
-		}
-		if !isDefault && r.Dst.String() == conn && r.LinkIndex == in.Attrs().Index {
-			continue
-		}
-		if err := h.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
-			return wrap("delete route "+r.String(), err)
-		}
-	}
-	if err := m.configureInside(fd, s); err != nil {
-		return wrap("configure", err)
-	}
-	// Conntrack inside the namespace: everything; on the host: the slot's flows.
-	if err := h.ConntrackTableFlush(netlink.ConntrackTable); err != nil && !ignorableConntrack(err) {
-		return wrap("flush conntrack inside", err)
-	}
-	if err := flushHostConntrack(s.InsideAddr.Addr()); err != nil && !ignorableConntrack(err) {
-		return wrap("flush host conntrack", err)
-	}
-	return nil
 }
 
 // ignorableConntrack: no conntrack in this namespace (module not loaded).

@@ -43,6 +43,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "recycle" { // see recycle.go
+		os.Exit(recycleMain(os.Args[2:]))
+	}
 	var (
 		slots   = flag.Int("slots", 5000, "leaked slots per reclaim round, and slots managed by the pool")
 		serialN = flag.Int("serial", 300, "leaked slots for the serial reference strategy")

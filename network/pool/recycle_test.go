@@ -1,0 +1,393 @@
+package pool_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/fakehost"
+	"github.com/phasegate/phasegate/network/internal/nettest"
+	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/network/storage"
+)
+
+// state is what a tenant can change in a slot's namespace, by category,
+// with the slot's own addresses and the veth's MAC-derived values replaced
+// by placeholders so that slots at different indices compare equal.
+type state map[string][]string
+
+// describe reads the state of the namespace of slot s (or, if nsPath is
+// set, of that namespace file instead). With skipSysctls it does not read
+// the sysctls, the slow part.
+func describe(t *testing.T, s *slot.Slot, nsPath string, skipSysctls ...bool) state {
+	t.Helper()
+	if nsPath == "" {
+		nsPath = s.NetnsPath
+	}
+	norm := strings.NewReplacer(
+		s.InsideAddr.Addr().String(), "INSIDE", s.HostAddr.Addr().String(), "GATEWAY",
+		s.InsideAddr.Masked().String(), "SLOTNET")
+	st := state{}
+	add := func(cat, format string, a ...any) {
+		st[cat] = append(st[cat], norm.Replace(fmt.Sprintf(format, a...)))
+	}
+	fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		a := l.Attrs()
+		names[a.Index] = a.Name
+		add("links", "%s %s up=%v mtu=%d", a.Name, l.Type(), a.Flags&net.FlagUp != 0, a.MTU)
+		addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ad := range addrs {
+			if ad.IP.IsLinkLocalUnicast() && ad.IP.To4() == nil {
+				add("addrs", "%s LINKLOCAL6", a.Name) // derived from the veth's random MAC
+				continue
+			}
+			add("addrs", "%s %s", a.Name, ad.IPNet)
+		}
+	}
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range routes {
+		dst := "default"
+		if r.Dst != nil {
+			dst = r.Dst.String()
+		}
+		if r.Dst != nil && r.Dst.IP.IsLinkLocalUnicast() && r.Dst.IP.To4() == nil && r.Table == unix.RT_TABLE_LOCAL {
+			dst = "LINKLOCAL6" // the local route of eth0's link-local address
+		}
+		add("routes", "table %d %s via %v dev %s type %d", r.Table, dst, r.Gw, names[r.LinkIndex], r.Type)
+	}
+	rules, err := h.RuleList(netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rules {
+		add("rules", "family %d pref %d table %d", r.Family, r.Priority, r.Table)
+	}
+	neigh, err := h.NeighList(0, netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range neigh {
+		if n.IP.IsMulticast() {
+			continue // the kernel's own, for IPv6 multicast listener reports
+		}
+		add("neighbours", "%s dev %s state %#x", n.IP, names[n.LinkIndex], n.State)
+	}
+	flows, err := h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		t.Fatal(err)
+	}
+	for _, f := range flows {
+		add("conntrack", "%s", f)
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range tables {
+		add("nftables", "%d %s", tb.Family, tb.Name)
+	}
+	procs, err := netns.ScanProcesses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id netns.ID
+	var sb unix.Stat_t
+	if err := unix.Fstat(fd, &sb); err != nil {
+		t.Fatal(err)
+	}
+	id = netns.ID{Dev: sb.Dev, Ino: sb.Ino}
+	for _, pid := range procs[id] {
+		add("processes", "%s", netns.Comm(pid))
+	}
+	// x_tables (iptables-legacy) tables and every sysctl under /proc/sys/net,
+	// read from a thread inside the namespace.
+	err = fakehost.Do(nsPath, func() error {
+		if b, err := os.ReadFile("/proc/thread-self/net/ip_tables_names"); err == nil {
+			for _, n := range strings.Fields(string(b)) {
+				add("xtables", "%s", n)
+			}
+		}
+		if len(skipSysctls) > 0 && skipSysctls[0] {
+			return nil
+		}
+		return filepath.WalkDir("/proc/sys/net", func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return nil // write-only or unreadable (stable_secret)
+			}
+			add("sysctls", "%s = %s", strings.TrimPrefix(p, "/proc/sys/"), strings.Join(strings.Fields(string(b)), " "))
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range st {
+		slices.Sort(st[k])
+	}
+	return st
+}
+
+// settled describes slot s once the kernel has given eth0 its IPv6
+// link-local address, which it does asynchronously after the link comes up.
+func settled(t *testing.T, s *slot.Slot) state {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := describe(t, s, "", true)
+		if slices.Contains(st["addrs"], "eth0 LINKLOCAL6") {
+			return describe(t, s, "")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot %d: eth0 has no IPv6 link-local address: %v", s.Index, st["addrs"])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// diff returns the categories in which a and b differ, with the lines.
+func diff(a, b state) []string {
+	var out []string
+	keys := map[string]bool{}
+	for k := range a {
+		keys[k] = true
+	}
+	for k := range b {
+		keys[k] = true
+	}
+	for k := range keys {
+		if !slices.Equal(a[k], b[k]) {
+			var only []string
+			for _, l := range a[k] {
+				if !slices.Contains(b[k], l) {
+					only = append(only, "-"+l)
+				}
+			}
+			for _, l := range b[k] {
+				if !slices.Contains(a[k], l) {
+					only = append(only, "+"+l)
+				}
+			}
+			out = append(out, fmt.Sprintf("%s: %v", k, only))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// within runs a shell command inside the namespace at path.
+func within(t *testing.T, path, cmd string) {
+	t.Helper()
+	out, err := exec.Command("nsenter", "--net="+path, "sh", "-c", cmd).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", cmd, err, out)
+	}
+}
+
+func requireTools(t *testing.T, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (tools/deps.sh installs it)", tool)
+		}
+	}
+}
+
+// The outside review's defect B: a slot given back kept its tenant's state
+// (net.ipv4.conf.all.forwarding=1, net.ipv6.conf.all.disable_ipv6=1) for the
+// next owner. Here a tenant dirties its slot every way it can, leaves a
+// process and a listening socket inside, and gives the slot back: the next
+// slot handed out at that index must equal a freshly made slot in every
+// category, and the lingering process must be cut off.
+func TestReleasedSlotIsClean(t *testing.T) {
+	requireTools(t, "ip", "nsenter", "sysctl", "nft", "iptables", "iptables-legacy", "sleep")
+	env := nettest.New(t, 8)
+	m := env.Manager(t)
+	ctx := context.Background()
+	st, err := storage.New(7, nil) // index 8 is the fresh reference, outside the pool
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pool.New(m, st, pool.Options{Target: 1, Grace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	if err := p.WaitReady(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := m.Create(ctx, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := settled(t, fresh)
+	s, err := p.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := diff(settled(t, s), want); len(d) != 0 {
+		t.Fatalf("a warm slot differs from a fresh one before any tenant: %v", d)
+	}
+
+	// The tenant at work. Each step must show in describe, so the final
+	// comparison cannot pass because a category is blind.
+	steps := []struct{ cat, cmd string }{
+		{"addrs", "ip addr add 192.0.2.7/24 dev eth0 && ip -6 addr add 2001:db8::7/64 dev eth0 nodad"},
+		{"links", "ip link add junk0 type veth peer name junk1 && ip link set junk0 up"},
+		{"routes", "ip route add 198.51.100.0/24 via " + s.HostAddr.Addr().String() + " table 100 && ip route add 203.0.113.0/24 dev eth0"},
+		{"rules", "ip rule add from all lookup 100 pref 100"},
+		{"neighbours", "ip neigh add 192.0.2.99 lladdr 02:00:00:00:00:01 dev eth0 nud permanent"},
+		{"nftables", "nft add table inet tenant && nft add chain inet tenant out '{ type filter hook output priority 0; }' && nft add rule inet tenant out ct state new accept && iptables -A OUTPUT -j ACCEPT"},
+		{"xtables", "iptables-legacy -A INPUT -j ACCEPT"},
+		{"sysctls", "sysctl -qw net.ipv4.conf.all.forwarding=1 net.ipv4.ip_default_ttl=7 net.core.somaxconn=7 net.ipv6.conf.all.disable_ipv6=1"},
+	}
+	for _, step := range steps {
+		quick := step.cat != "sysctls"
+		before := describe(t, s, "", quick)
+		within(t, s.NetnsPath, step.cmd)
+		if slices.Equal(before[step.cat], describe(t, s, "", quick)[step.cat]) {
+			t.Fatalf("%q did not show in %s", step.cmd, step.cat)
+		}
+	}
+	// Conntrack entries inside (the tenant's ruleset turned conntrack on).
+	c, err := fakehost.DialUDP(s.NetnsPath, netip.AddrPortFrom(s.HostAddr.Addr(), 9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = c.Write([]byte("x"))
+	c.Close()
+	// A process left running, and a socket listening inside.
+	lingering := nettest.StartInside(t, s.NetnsPath)
+	old, err := fakehost.ListenUDP(s.NetnsPath, netip.AddrPortFrom(netip.IPv4Unspecified(), 7300))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	dirty := describe(t, s, "", true)
+	for _, cat := range []string{"conntrack", "processes"} {
+		if slices.Equal(dirty[cat], want[cat]) {
+			t.Fatalf("the tenant's %s did not show: %v", cat, dirty[cat])
+		}
+	}
+
+	t0 := time.Now()
+	if err := p.Put(ctx, s); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	t.Logf("Put of the dirty slot took %v", time.Since(t0))
+	waitUntil(t, "the replacement", func() bool { sn := p.Snapshot(); return sn.Filling == 0 && len(sn.Creating) == 0 })
+	next, err := p.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Index != s.Index {
+		t.Fatalf("next slot is %d, want the replacement at %d", next.Index, s.Index)
+	}
+	if d := diff(settled(t, next), want); len(d) != 0 {
+		t.Errorf("the next slot at index %d differs from a fresh slot:\n%s", s.Index, strings.Join(d, "\n"))
+	}
+
+	// The lingering process still runs, in the old namespace, which has no
+	// way out: its veth is gone, so it sees nothing of the next owner's
+	// traffic. A datagram from the host to the next owner's address reaches
+	// the next owner's socket and never the old one.
+	oldNS := fmt.Sprintf("/proc/%d/ns/net", lingering.Process.Pid)
+	var sb unix.Stat_t
+	if err := unix.Stat(oldNS, &sb); err != nil {
+		t.Fatalf("lingering process: %v", err)
+	}
+	oldID := netns.ID{Dev: sb.Dev, Ino: sb.Ino}
+	if oldID == next.NetnsID {
+		t.Fatalf("the lingering process is in the next owner's namespace")
+	}
+	for _, l := range describe(t, s, oldNS, true)["links"] {
+		if !strings.HasPrefix(l, "junk") && !strings.HasPrefix(l, "lo ") {
+			t.Errorf("link left to the lingering process: %s (want only lo and its own junk pair)", l)
+		}
+	}
+	if _, err := netlink.LinkByIndex(s.HostIfIndex); err == nil {
+		t.Errorf("host link %d of the released slot still exists", s.HostIfIndex)
+	}
+	ln, err := fakehost.ListenUDP(next.NetnsPath, netip.AddrPortFrom(netip.IPv4Unspecified(), 7300))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(next.InsideAddr.Addr(), 7300))
+	tx, err := net.DialUDP("udp4", nil, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	buf := make([]byte, 16)
+	got := false
+	var werr error
+	for deadline := time.Now().Add(20 * time.Second); !got && time.Now().Before(deadline); {
+		if _, err := tx.Write([]byte("for next")); err != nil {
+			werr = err // an ICMP error from an earlier datagram; send again
+		}
+		_ = ln.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if n, _, err := ln.ReadFromUDP(buf); err == nil && string(buf[:n]) == "for next" {
+			got = true
+		}
+	}
+	if !got {
+		t.Fatalf("the next owner did not get the datagram (last send error: %v)", werr)
+	}
+	_ = old.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if n, _, err := old.ReadFromUDP(buf); err == nil {
+		t.Errorf("the lingering socket got %q meant for the next owner", buf[:n])
+	}
+	// A socket open in a namespace keeps it alive without a process in it,
+	// which Teardown cannot see in /proc: it would wait out its timeout
+	// before cutting the slot off. Close ours first.
+	ln.Close()
+	if err := p.Put(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+}
