@@ -86,6 +86,22 @@ type Options struct {
 	Teardown slot.TeardownOptions
 	// Clock is for tests (default: real time).
 	Clock Clock
+
+	// Idle are slots made earlier (adopted at a restart) that start on the
+	// idle stack, the last one on top; InUse are slots handed out earlier
+	// (restored leases), so that Put takes them back. Their indices must be
+	// acquired in the allocator already.
+	Idle, InUse []*slot.Slot
+	// OnMade, when set, is called with every slot the pool makes (a fill,
+	// a replacement, a Get on an empty pool) before anyone can have it;
+	// an error destroys the slot and counts as a failed creation. The
+	// daemon records the slot there.
+	OnMade func(ctx context.Context, s *slot.Slot) error
+	// OnGone, when set, is called with the indices of slots the pool tore
+	// down (a trim, Close, a failed creation, a Put), whatever the
+	// teardown's outcome: the slots are no longer the pool's. It is not
+	// called for slots Stop keeps.
+	OnGone func(indices []int)
 }
 
 type idleSlot struct {
@@ -120,6 +136,7 @@ type Pool struct {
 	retiring  map[int]bool  // given back, until their teardown is over
 	filling   int
 	closed    bool
+	keep      bool // closed by Stop: slots made from now on are kept, not destroyed
 	changed   chan struct{} // closed and replaced on every change
 	backoff   time.Duration
 	retry     Timer
@@ -158,10 +175,20 @@ func New(slots Slots, idx Indices, opts Options) (*Pool, error) {
 		inUse: map[int]*slot.Slot{}, creating: map[int]bool{}, retiring: map[int]bool{},
 		wake: make(chan struct{}, 1), changed: make(chan struct{}), backoff: opts.MinBackoff,
 	}
+	now := opts.Clock.Now()
+	for _, s := range opts.Idle {
+		p.idle = append(p.idle, idleSlot{s: s, since: now})
+	}
+	for _, s := range opts.InUse {
+		p.inUse[s.Index] = s
+	}
+	opts.Idle, opts.InUse = nil, nil // not kept: the pool owns them now
+	p.opts = opts
 	p.wg.Add(1)
 	go p.retireLoop()
 	p.mu.Lock()
 	p.kick()
+	p.scheduleTrim()
 	p.mu.Unlock()
 	return p, nil
 }
@@ -211,7 +238,7 @@ func (p *Pool) makeIdle() {
 		p.mu.Unlock()
 		return
 	}
-	if p.closed {
+	if p.closed && !p.keep {
 		p.mu.Unlock()
 		p.addCloseErr(p.destroy(context.Background(), s))
 		return
@@ -249,6 +276,11 @@ func (p *Pool) create(ctx context.Context) (*slot.Slot, error) {
 		p.mu.Unlock()
 	}()
 	s, err := p.slots.Create(ctx, i)
+	if err == nil && p.opts.OnMade != nil {
+		if err = p.opts.OnMade(ctx, s); err != nil {
+			err = fmt.Errorf("record: %w", err)
+		}
+	}
 	if err != nil {
 		// Create cleans up after itself; make sure, and keep the index
 		// only if nothing is left.
@@ -274,6 +306,7 @@ func (p *Pool) destroyIndices(ctx context.Context, idx []int) error {
 		return nil
 	}
 	res := p.slots.Teardown(ctx, slot.Assume(idx...), p.opts.Teardown)
+	p.gone(idx)
 	var errs []error
 	for _, i := range res.Reclaimed {
 		if err := p.idx.Release(i); err != nil {
@@ -418,6 +451,7 @@ func (p *Pool) retire(batch []*retirement) {
 	}
 	// Not p.ctx: Close waits for the teardown rather than aborting it.
 	res := p.slots.Teardown(context.Background(), slot.Assume(idx...), p.opts.Teardown)
+	p.gone(idx)
 	errs := map[int]error{}
 	for _, f := range res.Failed {
 		errs[f.Index] = fmt.Errorf("pool: put slot %d: teardown: %w", f.Index, f.Err)
@@ -464,6 +498,13 @@ func (p *Pool) retire(batch []*retirement) {
 	wg.Wait()
 	for _, r := range batch {
 		r.done <- errs[r.s.Index]
+	}
+}
+
+// gone reports torn-down indices to OnGone.
+func (p *Pool) gone(indices []int) {
+	if p.opts.OnGone != nil && len(indices) > 0 {
+		p.opts.OnGone(indices)
 	}
 }
 
@@ -545,12 +586,27 @@ func (p *Pool) WaitReady(ctx context.Context, n int) error {
 // the in-flight work still finishes (and cleans up) on its own. Close is
 // idempotent; later calls return nil.
 func (p *Pool) Close(ctx context.Context) error {
+	_, err := p.close(ctx, false)
+	return err
+}
+
+// Stop stops the pool without destroying its warm slots: filling stops,
+// slots being created are destroyed unless they are made by then (they are
+// then kept, OnMade having recorded them), slots given back are torn down,
+// and Stop waits for that (or until ctx ends). It returns the slots kept
+// idle; slots handed out are not touched either. A daemon that restarts
+// adopts them (Options.Idle). After Stop the pool behaves as after Close.
+func (p *Pool) Stop(ctx context.Context) ([]*slot.Slot, error) {
+	return p.close(ctx, true)
+}
+
+func (p *Pool) close(ctx context.Context, keep bool) ([]*slot.Slot, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil
+		return nil, nil
 	}
-	p.closed = true
+	p.closed, p.keep = true, keep
 	p.cancel()
 	if p.retry != nil {
 		p.retry.Stop()
@@ -560,11 +616,13 @@ func (p *Pool) Close(ctx context.Context) error {
 		p.trimTimer.Stop()
 		p.trimTimer = nil
 	}
-	victims := make([]*slot.Slot, 0, len(p.idle))
-	for _, e := range p.idle {
-		victims = append(victims, e.s)
+	var victims []*slot.Slot
+	if !keep {
+		for _, e := range p.idle {
+			victims = append(victims, e.s)
+		}
+		p.idle = nil
 	}
-	p.idle = nil
 	p.broadcast()
 	p.mu.Unlock()
 	p.poke() // the retire loop finishes what is queued, then ends
@@ -583,8 +641,15 @@ func (p *Pool) Close(ctx context.Context) error {
 	p.mu.Lock()
 	errs = append(errs, p.closeErrs...)
 	p.closeErrs = nil
+	var kept []*slot.Slot
+	if keep {
+		for _, e := range p.idle {
+			kept = append(kept, e.s)
+		}
+		p.idle = nil
+	}
 	p.mu.Unlock()
-	return errors.Join(errs...)
+	return kept, errors.Join(errs...)
 }
 
 // Snapshot is a consistent view of the pool for an API that lists slots.
