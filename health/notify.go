@@ -1,6 +1,7 @@
 package health
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -13,27 +14,46 @@ import (
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
-// NotifierOptions configure a [Notifier]. The zero value uses the defaults.
+// NotifierOptions configure a [Notifier]. Zero durations mean what they
+// say (no limit, no extension) and negative ones are refused by
+// [NewNotifier]; [DefaultNotifierOptions] has the recommended values.
 type NotifierOptions struct {
 	// StatusInterval is the least time between two STATUS= lines that only
 	// report progress; the latest one is sent when it ends. State changes
-	// are sent at once. Default 1s.
+	// are sent at once. Zero means no limit: every progress report the
+	// notifier sees is sent. Recommended: 1s.
 	StatusInterval time.Duration
 	// ExtendTimeout is the time asked for with EXTEND_TIMEOUT_USEC= while
 	// starting. It is asked for again every third of it, so a long start
 	// is not killed by TimeoutStartSec while phases make their way; what
-	// bounds a stuck start is then the phases' own timeouts. Default 30s.
+	// bounds a stuck start is then the phases' own timeouts. Zero means
+	// never to ask: systemd's TimeoutStartSec alone bounds the start.
+	// Recommended: 30s.
 	ExtendTimeout time.Duration
 }
 
-func (o NotifierOptions) withDefaults() NotifierOptions {
-	if o.StatusInterval <= 0 {
-		o.StatusInterval = time.Second
+// DefaultNotifierOptions returns the recommended options.
+func DefaultNotifierOptions() NotifierOptions {
+	return NotifierOptions{
+		StatusInterval: time.Second,
+		ExtendTimeout:  30 * time.Second,
 	}
-	if o.ExtendTimeout <= 0 {
-		o.ExtendTimeout = 30 * time.Second
+}
+
+func (o NotifierOptions) validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"StatusInterval", o.StatusInterval},
+		{"ExtendTimeout", o.ExtendTimeout},
+	} {
+		if f.d < 0 {
+			errs = append(errs, fmt.Errorf("health: NotifierOptions.%s is %v, must not be negative (zero means none)", f.name, f.d))
+		}
 	}
-	return o
+	return errors.Join(errs...)
 }
 
 // Notifier tells systemd how a lifecycle is doing, over the sd_notify
@@ -61,10 +81,13 @@ type Notifier struct {
 }
 
 // NewNotifier starts notifying systemd about lc, when NOTIFY_SOCKET is set.
-// The goroutine it starts is stopped by [Notifier.Close]. It fails only when
-// WATCHDOG_USEC or WATCHDOG_PID cannot be parsed.
+// The goroutine it starts is stopped by [Notifier.Close]. It fails when opts
+// are invalid or WATCHDOG_USEC or WATCHDOG_PID cannot be parsed.
 func NewNotifier(lc *lifecycle.Lifecycle, opts NotifierOptions) (*Notifier, error) {
-	n := &Notifier{opts: opts.withDefaults(), done: make(chan struct{})}
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	n := &Notifier{opts: opts, done: make(chan struct{})}
 	if os.Getenv("NOTIFY_SOCKET") == "" {
 		n.stop = func() {}
 		close(n.done)
@@ -130,8 +153,15 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 	limit := time.NewTimer(time.Hour)
 	limit.Stop()
 	defer limit.Stop()
-	extend := time.NewTicker(n.opts.ExtendTimeout / 3)
-	defer extend.Stop()
+	var (
+		extend  *time.Ticker
+		extendC <-chan time.Time
+	)
+	if n.opts.ExtendTimeout > 0 {
+		extend = time.NewTicker(n.opts.ExtendTimeout / 3)
+		defer extend.Stop()
+		extendC = extend.C
+	}
 	var watchdog <-chan time.Time
 	if n.watchdog > 0 {
 		t := time.NewTicker(n.watchdog / 2)
@@ -139,7 +169,7 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 		watchdog = t.C
 		n.send(daemon.SdNotifyWatchdog)
 	}
-	eta := lifecycle.NewEstimator(0, 0)
+	eta := lifecycle.NewEstimator(lifecycle.DefaultETAWindow, lifecycle.DefaultETAMinSpan)
 	setStatus := func(s string) {
 		status, statusAt, pending = s, time.Now(), ""
 		limit.Stop()
@@ -165,7 +195,7 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 					}
 				}
 				lines = append(lines, "STATUS="+desc)
-				if s.State == lifecycle.StateStarting {
+				if s.State == lifecycle.StateStarting && extend != nil {
 					lines = append(lines, n.extendLine())
 					extend.Reset(n.opts.ExtendTimeout / 3)
 				}
@@ -190,7 +220,7 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 				n.send("STATUS=" + pending)
 				setStatus(pending)
 			}
-		case <-extend.C:
+		case <-extendC:
 			if state == lifecycle.StateStarting {
 				n.send(n.extendLine())
 			}

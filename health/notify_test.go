@@ -3,6 +3,7 @@ package health_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -228,5 +229,104 @@ func TestNotifierBadWatchdog(t *testing.T) {
 	var numErr *strconv.NumError
 	if !errors.As(err, &numErr) {
 		t.Errorf("error %v does not wrap the parse error", err)
+	}
+}
+
+// An explicit zero StatusInterval is no rate limit: each progress report
+// is sent as it comes. The phase waits for each line before the next
+// report; a limit of a second per line, what a zero once meant, would make
+// the 15 reports outlast the test's 10 s bound.
+func TestNotifierZeroStatusIntervalSendsEveryReport(t *testing.T) {
+	ns := listenNotify(t)
+	const steps = 15
+	step := make(chan int)
+	lc, err := lifecycle.New([]lifecycle.Phase{{
+		Name: "reclaim",
+		Run: func(ctx context.Context, p *lifecycle.Progress) error {
+			p.SetTotal(steps, "namespaces")
+			for {
+				select {
+				case n, ok := <-step:
+					if !ok {
+						return nil
+					}
+					p.SetDone(int64(n))
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		},
+	}}, lifecycle.WithProgressInterval(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := health.NewNotifier(lc, health.NotifierOptions{StatusInterval: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	started := make(chan error, 1)
+	go func() { started <- lc.Start(context.Background()) }()
+	deadline := time.Now().Add(wait)
+	for i := 1; i <= steps; i++ {
+		step <- i
+		want := fmt.Sprintf("STATUS=starting: phase reclaim %d/%d namespaces", i, steps)
+		// The phase's rate may follow: "(2/s, ~6.5s left)".
+		for !slices.ContainsFunc(ns.snapshot(), func(l string) bool { return l == want || strings.HasPrefix(l, want+" (") }) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q within %v of the first report: is the STATUS rate still limited? got %q", want, wait, ns.snapshot())
+			}
+			select {
+			case <-ns.got:
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	close(step)
+	if err := recv(t, started, "start"); err != nil {
+		t.Fatal(err)
+	}
+	_ = lc.Drain(context.Background())
+}
+
+// A zero ExtendTimeout never asks systemd for more time.
+func TestNotifierZeroExtendTimeoutNeverExtends(t *testing.T) {
+	ns := listenNotify(t)
+	r := newRig(t, false)
+	n, err := health.NewNotifier(r.lc, health.NotifierOptions{ExtendTimeout: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	r.start(t)
+	// EXTEND_TIMEOUT_USEC would come in the datagram that says starting.
+	ns.waitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
+	if err := r.serve(t); err != nil {
+		t.Fatal(err)
+	}
+	ns.waitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
+	for _, l := range ns.snapshot() {
+		if strings.HasPrefix(l, "EXTEND_TIMEOUT_USEC=") {
+			t.Errorf("%s sent with ExtendTimeout 0", l)
+		}
+	}
+}
+
+func TestNotifierOptionsRejectNegatives(t *testing.T) {
+	r := newRig(t, false)
+	for _, tt := range []struct {
+		field string
+		opts  health.NotifierOptions
+	}{
+		{"StatusInterval", health.NotifierOptions{StatusInterval: -time.Second}},
+		{"ExtendTimeout", health.NotifierOptions{ExtendTimeout: -time.Second}},
+	} {
+		n, err := health.NewNotifier(r.lc, tt.opts)
+		if err == nil || !strings.Contains(err.Error(), tt.field) {
+			t.Errorf("NewNotifier with a negative %s: %v, want an error naming it", tt.field, err)
+		}
+		if n != nil {
+			n.Close()
+		}
 	}
 }

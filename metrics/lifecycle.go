@@ -85,7 +85,7 @@ func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop fu
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
 	}
-	est := lifecycle.NewEstimator(0, 0)
+	est := lifecycle.NewEstimator(lifecycle.DefaultETAWindow, lifecycle.DefaultETAMinSpan)
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := lc.Snapshot()
 		now := time.Now()

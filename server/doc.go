@@ -6,7 +6,7 @@
 // private to this package): HTTP/2 connections whose first request has
 // content-type application/grpc go to the gRPC server, everything else to
 // the HTTP server. Connections that send nothing are dropped after
-// [Config.SniffTimeout] and never hold up a drain.
+// [Config.SniffTimeout], when it is set, and never hold up a drain.
 //
 // grpc-go forbids registering a service once it serves (the process dies),
 // so services are late-bound: [Server.Declare] every service before
