@@ -15,13 +15,18 @@ type view struct {
 	shutdown bool
 }
 
-// state is the lifecycle state as checks should see it: a serving lifecycle
-// whose checker was shut down is already draining.
+// state is the lifecycle state as checks should see it: a checker shut down
+// ahead of its lifecycle (a server draining) reads as draining whatever the
+// lifecycle still does, unless it already failed or stopped.
 func (v view) state() lifecycle.State {
-	if v.shutdown && v.snap.State == lifecycle.StateServing {
+	switch s := v.snap.State; {
+	case !v.shutdown:
+		return s
+	case s == lifecycle.StateCreated, s == lifecycle.StateStarting, s == lifecycle.StateServing:
 		return lifecycle.StateDraining
+	default:
+		return s
 	}
-	return v.snap.State
 }
 
 // ready reports whether the daemon takes work.
@@ -30,13 +35,18 @@ func (v view) ready() bool { return v.state() == lifecycle.StateServing }
 // live reports whether the daemon is alive: anything but failed.
 func (v view) live() bool { return v.state() != lifecycle.StateFailed }
 
-// startedUp reports whether startup completed, draining included.
+// startedUp reports whether startup completed: serving, or draining and
+// stopped after having served without a failure. A lifecycle drained during
+// its start never completed it, so its /startupz stays 503: a startup probe
+// that turned 200 then would tell Kubernetes the container started (and
+// begin liveness probes) for a process that is on its way out, and would
+// flip back to 503 once stopped.
 func (v view) startedUp() bool {
 	switch v.state() {
-	case lifecycle.StateServing, lifecycle.StateDraining:
+	case lifecycle.StateServing:
 		return true
-	case lifecycle.StateStopped:
-		return v.snap.Err == nil && allSucceeded(v.snap)
+	case lifecycle.StateDraining, lifecycle.StateStopped:
+		return v.snap.Err == nil && served(v.snap)
 	}
 	return false
 }
@@ -47,13 +57,14 @@ func (v view) describe() string {
 	return Describe(s)
 }
 
-func allSucceeded(s lifecycle.Snapshot) bool {
-	for _, p := range s.Phases {
-		if p.State != lifecycle.PhaseSucceeded {
-			return false
+// served reports whether the lifecycle ever reached serving.
+func served(s lifecycle.Snapshot) bool {
+	for _, t := range s.History {
+		if t.State == lifecycle.StateServing {
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // Describe says in one line what a lifecycle is doing and, when it is not

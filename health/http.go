@@ -208,7 +208,7 @@ func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, str
 	}
 	est := h.c.estimates(s)
 	for _, p := range s.Phases {
-		c := phaseCheck(p, now)
+		c := phaseCheck(p, s.Err != nil, now)
 		c.estimate(est.Phase(p.Name))
 		b.Checks["phase:"+p.Name] = []checkResult{c}
 	}
@@ -228,10 +228,10 @@ func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, str
 	return code, ctype, buf.Bytes()
 }
 
-func phaseCheck(p lifecycle.PhaseSnapshot, now time.Time) checkResult {
+func phaseCheck(p lifecycle.PhaseSnapshot, lifecycleFailed bool, now time.Time) checkResult {
 	c := checkResult{
 		ComponentType: "phase",
-		Status:        phaseStatus(p.State),
+		Status:        phaseStatus(p.State, lifecycleFailed),
 		Time:          readingTime(p.Ended, now),
 		State:         string(p.State),
 		Attempts:      p.Attempts,
@@ -289,12 +289,19 @@ func readingTime(ended, now time.Time) time.Time {
 	return now.UTC()
 }
 
-func phaseStatus(s lifecycle.PhaseState) string {
+// phaseStatus is a phase's draft status. A phase cancelled or skipped
+// because the start failed is part of that failure; one cancelled or
+// skipped by a drain during the start is only unfinished.
+func phaseStatus(s lifecycle.PhaseState, lifecycleFailed bool) string {
 	switch s {
 	case lifecycle.PhaseSucceeded:
 		return statusPass
-	case lifecycle.PhaseFailed, lifecycle.PhaseCancelled, lifecycle.PhaseSkipped:
+	case lifecycle.PhaseFailed:
 		return statusFail
+	case lifecycle.PhaseCancelled, lifecycle.PhaseSkipped:
+		if lifecycleFailed {
+			return statusFail
+		}
 	}
 	return statusWarn // pending, running, retrying: not done yet
 }
