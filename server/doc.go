@@ -17,6 +17,13 @@
 // call is dispatched by grpc-go as usual: interceptors, stats handlers,
 // GetServiceInfo and server reflection all see it.
 //
+// HTTP routes of the application are gated the same way, by choice:
+// [Server.DeclareHTTP] a route early and [Server.BindHTTP] its handler when
+// the phase that makes it ready has run. Until the route is bound and the
+// gate open, and while draining, a request gets 503 with Retry-After and
+// the same words a gRPC caller gets. Routes added with [Server.Handle]
+// (health, metrics, debug) answer whatever the state.
+//
 // [Server.Drain] shuts down in order: health NOT_SERVING first, a drain
 // delay, GracefulStop bounded by a stop timeout and then Stop, HTTP
 // Shutdown, the listener closed.

@@ -74,8 +74,9 @@ type Config struct {
 	// services are reported through it, and Drain shuts it down first and
 	// closes it (ending Watch streams) before stopping gRPC.
 	Health *health.Checker
-	// Gate decides whether calls to declared services may be dispatched;
-	// usually [LifecycleGate]. Nil means open once bound.
+	// Gate decides whether calls to declared services and requests to
+	// declared HTTP routes may be dispatched; usually [LifecycleGate]. Nil
+	// means open once bound.
 	Gate Gate
 	// DisableReflection leaves gRPC server reflection out.
 	DisableReflection bool
@@ -84,10 +85,11 @@ type Config struct {
 	// the multiplexer, so gRPC and HTTP share the certificate and the port;
 	// ALPN gives gRPC clients h2 and everyone else http/1.1.
 	TLS *tls.Config
-	// RequireClientCert makes declared services accept only calls that
-	// presented a client certificate verified against TLS.ClientCAs
-	// (codes.Unauthenticated otherwise). Health, reflection and the HTTP
-	// endpoints stay open to checkers, which present none.
+	// RequireClientCert makes declared services and declared HTTP routes
+	// accept only calls that presented a client certificate verified
+	// against TLS.ClientCAs (codes.Unauthenticated, or HTTP 403, otherwise).
+	// Health, reflection and the other HTTP endpoints stay open to
+	// checkers, which present none.
 	RequireClientCert bool
 }
 
@@ -156,6 +158,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	services  map[string]*service
+	routes    map[string]*route // declared HTTP routes, by pattern
 	lis       *trackingListener // nil before Listen
 	cm        cmux.CMux
 	serving   bool
@@ -191,6 +194,7 @@ func New(cfg Config) (*Server, error) {
 		grpc:     grpc.NewServer(opts...),
 		mux:      http.NewServeMux(),
 		services: make(map[string]*service),
+		routes:   make(map[string]*route),
 		done:     make(chan struct{}),
 	}
 	s.http = &http.Server{
@@ -199,6 +203,9 @@ func New(cfg Config) (*Server, error) {
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       noBound(cfg.IdleTimeout),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
 	}
 	if cfg.Health != nil {
 		cfg.Health.Register(s.grpc)
@@ -213,11 +220,20 @@ func New(cfg Config) (*Server, error) {
 // Handle registers an HTTP handler for pattern (http.ServeMux syntax). It
 // may be called at any time, also while serving. It fails, instead of
 // panicking like ServeMux, on an invalid pattern or one that conflicts
-// with a registered one, such as the health endpoints.
-func (s *Server) Handle(pattern string, h http.Handler) (err error) {
+// with a registered one, such as the health endpoints. The route is not
+// gated: see [Server.DeclareHTTP] for routes that must wait for the daemon.
+func (s *Server) Handle(pattern string, h http.Handler) error {
+	if err := s.handle(pattern, h); err != nil {
+		return fmt.Errorf("server: Handle %q: %w", pattern, err)
+	}
+	return nil
+}
+
+// handle is mux.Handle with its panics turned into errors.
+func (s *Server) handle(pattern string, h http.Handler) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("server: Handle %q: %v", pattern, v)
+			err = fmt.Errorf("%v", v)
 		}
 	}()
 	s.mux.Handle(pattern, h)
