@@ -51,10 +51,12 @@ func (v view) startedUp() bool {
 	return false
 }
 
-func (v view) describe() string {
+func (v view) describe() string { return v.describeWithETA(lifecycle.Estimates{}) }
+
+func (v view) describeWithETA(est lifecycle.Estimates) string {
 	s := v.snap
 	s.State = v.state()
-	return Describe(s)
+	return DescribeWithETA(s, est)
 }
 
 // served reports whether the lifecycle ever reached serving.
@@ -70,16 +72,20 @@ func served(s lifecycle.Snapshot) bool {
 // Describe says in one line what a lifecycle is doing and, when it is not
 // serving, why not: "starting: phase reclaim 1200/5000 namespaces",
 // "serving", "draining", "failed: phase \"storage\" failed after 1 attempt:
-// …". Health endpoints, sd_notify STATUS lines and the Unavailable errors of
-// not-yet-served calls all use it, so an operator reads the same words
-// everywhere.
+// …". Warnings follow while created, starting or serving: "serving; 2
+// warnings: egress: net.ipv4.ip_forward is 0; reclaim-dead: 3000 dead slots
+// left (1200/3000 namespaces)", the progress being that of the background
+// task named like the warning, while it runs. Health endpoints, sd_notify
+// STATUS lines and the Unavailable errors of not-yet-served calls all use
+// it, so an operator reads the same words everywhere.
 func Describe(s lifecycle.Snapshot) string {
 	return DescribeWithETA(s, lifecycle.Estimates{})
 }
 
-// DescribeWithETA is [Describe] with each running phase's rate and time
-// left from est, where known: "starting: phase reclaim 1200/5000
-// namespaces (812/s, ~4.7s left)". sd_notify STATUS lines use it.
+// DescribeWithETA is [Describe] with the rate and time left from est of each
+// running phase, and of each background task named like a warning, where
+// known: "starting: phase reclaim 1200/5000 namespaces (812/s, ~4.7s left)".
+// sd_notify STATUS lines use it.
 func DescribeWithETA(s lifecycle.Snapshot, est lifecycle.Estimates) string {
 	var b strings.Builder
 	b.WriteString(string(s.State))
@@ -120,7 +126,59 @@ func DescribeWithETA(s lifecycle.Snapshot, est lifecycle.Estimates) string {
 			}
 		}
 	}
+	switch s.State {
+	case lifecycle.StateCreated, lifecycle.StateStarting, lifecycle.StateServing:
+		if n := len(s.Warnings); n > 0 {
+			b.WriteString("; ")
+			b.WriteString(strconv.Itoa(n))
+			if n == 1 {
+				b.WriteString(" warning: ")
+			} else {
+				b.WriteString(" warnings: ")
+			}
+			for i, w := range s.Warnings {
+				if i > 0 {
+					b.WriteString("; ")
+				}
+				b.WriteString(w.Name)
+				b.WriteString(": ")
+				b.WriteString(warningDetail(w, s, est))
+			}
+		}
+	}
 	return oneLine(b.String())
+}
+
+// warningTask returns the running background task named like w, if any:
+// the work that will clear the condition, such as reclaiming dead slots.
+func warningTask(w lifecycle.Warning, s lifecycle.Snapshot) (lifecycle.TaskSnapshot, bool) {
+	for i := len(s.Tasks) - 1; i >= 0; i-- {
+		if t := s.Tasks[i]; t.Name == w.Name && t.State == lifecycle.TaskRunning {
+			return t, true
+		}
+	}
+	return lifecycle.TaskSnapshot{}, false
+}
+
+// warningDetail is a warning's message and, while the task named like it
+// runs, the task's progress, rate and time left: "3000 dead slots left
+// (1200/3000 namespaces, 812/s, ~1.5s left)".
+func warningDetail(w lifecycle.Warning, s lifecycle.Snapshot, est lifecycle.Estimates) string {
+	t, ok := warningTask(w, s)
+	if !ok {
+		return w.Message
+	}
+	var parts []string
+	if p := t.Progress.String(); p != "" {
+		parts = append(parts, p)
+	}
+	if e := est.Task(t.Name).String(); e != "" {
+		parts = append(parts, e)
+	}
+	if len(parts) == 0 {
+		return w.Message
+	}
+	return w.Message + " (" + strings.Join(parts, ", ") + ")"
 }
 
 // phaseDetail is what a running or retrying phase is doing:
