@@ -1,6 +1,7 @@
 package health
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -30,6 +31,18 @@ type NotifierOptions struct {
 	// never to ask: systemd's TimeoutStartSec alone bounds the start.
 	// Recommended: 30s.
 	ExtendTimeout time.Duration
+
+	// Alive, when set, is the daemon's proof of life, checked before each
+	// WATCHDOG=1: a self-probe such as its own port answering /livez. It is
+	// called every half of systemd's WatchdogSec with a ctx whose deadline
+	// is a quarter of it, and must return by then; WATCHDOG=1 is sent only
+	// when it returned nil in time. Before it, the notifier checks that the
+	// lifecycle answers (its lock is not stuck). Unused without a watchdog.
+	Alive func(ctx context.Context) error
+	// OnAliveError, when set, is called with each failed check's error,
+	// from the notifier's watchdog goroutine: the daemon logs it. systemd
+	// acts on the missing WATCHDOG=1 by itself.
+	OnAliveError func(err error)
 }
 
 // DefaultNotifierOptions returns the recommended options.
@@ -65,19 +78,30 @@ func (o NotifierOptions) validate() error {
 //	serving   READY=1, STATUS=serving
 //	draining  STOPPING=1, STATUS=draining
 //	failed    STATUS=failed: …
-//	always    WATCHDOG=1 every half of WATCHDOG_USEC, unless failed
+//	always    WATCHDOG=1 every half of WATCHDOG_USEC while the liveness check
+//	          passes, unless failed
+//
+// WATCHDOG=1 is sent only on evidence: the lifecycle answered and
+// [NotifierOptions.Alive] passed within a quarter of WatchdogSec. A daemon
+// whose checks fail, or hang, stops sending it and systemd restarts it.
+// With checks every half period, each bounded by a quarter, two pings are
+// never more than three quarters of WatchdogSec apart while the checks
+// pass.
 //
 // The socket and the watchdog come from the environment (NOTIFY_SOCKET,
 // WATCHDOG_USEC, WATCHDOG_PID) as systemd sets it. Without NOTIFY_SOCKET a
 // Notifier does nothing and runs no goroutine.
 type Notifier struct {
+	lc       *lifecycle.Lifecycle
 	opts     NotifierOptions
 	watchdog time.Duration
-	stop     func()
-	done     chan struct{}
+	stop     func()         // ends the subscription and the watchdog's checks
+	wg       sync.WaitGroup // the notifier's goroutines
+	done     chan struct{}  // closed once they returned
 
-	mu  sync.Mutex
-	err error
+	mu       sync.Mutex
+	err      error
+	aliveErr error
 }
 
 // NewNotifier starts notifying systemd about lc, when NOTIFY_SOCKET is set.
@@ -87,7 +111,7 @@ func NewNotifier(lc *lifecycle.Lifecycle, opts NotifierOptions) (*Notifier, erro
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	n := &Notifier{opts: opts, done: make(chan struct{})}
+	n := &Notifier{lc: lc, opts: opts, done: make(chan struct{})}
 	if os.Getenv("NOTIFY_SOCKET") == "" {
 		n.stop = func() {}
 		close(n.done)
@@ -98,9 +122,20 @@ func NewNotifier(lc *lifecycle.Lifecycle, opts NotifierOptions) (*Notifier, erro
 		return nil, fmt.Errorf("health: sd_notify watchdog: %w", err)
 	}
 	n.watchdog = wd
-	ch, cancel := lc.Subscribe()
-	n.stop = cancel
-	go n.run(ch)
+	ch, unsubscribe := lc.Subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stop = func() {
+		cancel()
+		unsubscribe()
+	}
+	n.wg.Go(func() { n.run(ch) })
+	if wd > 0 {
+		n.wg.Go(func() { n.watch(ctx) })
+	}
+	go func() {
+		n.wg.Wait()
+		close(n.done)
+	}()
 	return n, nil
 }
 
@@ -122,7 +157,15 @@ func (n *Notifier) Err() error {
 	return n.err
 }
 
-// Close stops the notifier and waits for its goroutine. It is idempotent.
+// AliveErr returns the error of the latest liveness check, or nil when it
+// passed or none ran yet.
+func (n *Notifier) AliveErr() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.aliveErr
+}
+
+// Close stops the notifier and waits for its goroutines. It is idempotent.
 func (n *Notifier) Close() {
 	n.stop()
 	<-n.done
@@ -141,7 +184,6 @@ func (n *Notifier) extendLine() string {
 }
 
 func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
-	defer close(n.done)
 
 	var (
 		state        lifecycle.State // last state notified; "" before the first
@@ -161,13 +203,6 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 		extend = time.NewTicker(n.opts.ExtendTimeout / 3)
 		defer extend.Stop()
 		extendC = extend.C
-	}
-	var watchdog <-chan time.Time
-	if n.watchdog > 0 {
-		t := time.NewTicker(n.watchdog / 2)
-		defer t.Stop()
-		watchdog = t.C
-		n.send(daemon.SdNotifyWatchdog)
 	}
 	eta := lifecycle.NewEstimator(lifecycle.DefaultETAWindow, lifecycle.DefaultETAMinSpan)
 	setStatus := func(s string) {
@@ -224,10 +259,61 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 			if state == lifecycle.StateStarting {
 				n.send(n.extendLine())
 			}
-		case <-watchdog:
-			if state != lifecycle.StateFailed {
-				n.send(daemon.SdNotifyWatchdog)
-			}
 		}
 	}
+}
+
+// watch checks liveness every half watchdog period, from the start, and
+// sends WATCHDOG=1 after each check that passed.
+func (n *Notifier) watch(ctx context.Context) {
+	t := time.NewTicker(n.watchdog / 2)
+	defer t.Stop()
+	for {
+		failed, err := n.checkAlive(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		n.mu.Lock()
+		n.aliveErr = err
+		n.mu.Unlock()
+		switch {
+		case err != nil:
+			if f := n.opts.OnAliveError; f != nil {
+				f(err)
+			}
+		case !failed:
+			n.send(daemon.SdNotifyWatchdog)
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// checkAlive runs one liveness check: the lifecycle answers, and Alive
+// passes within a quarter of the watchdog period. A failed lifecycle is not
+// a failed check, but gets no WATCHDOG=1 either: it has nothing left to
+// prove alive.
+func (n *Notifier) checkAlive(ctx context.Context) (failed bool, err error) {
+	// State takes the lifecycle's lock: a deadlocked lifecycle blocks here,
+	// and so no WATCHDOG=1 is sent.
+	if n.lc.State() == lifecycle.StateFailed {
+		return true, nil
+	}
+	if n.opts.Alive == nil {
+		return false, nil
+	}
+	budget := n.watchdog / 4
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	err = n.opts.Alive(ctx)
+	if err == nil && ctx.Err() != nil {
+		err = fmt.Errorf("took longer than %v", budget)
+	}
+	if err != nil {
+		return false, fmt.Errorf("health: liveness check: %w", err)
+	}
+	return false, nil
 }

@@ -21,9 +21,11 @@ import (
 // notifySocket listens on a unixgram socket the way systemd does, sets
 // NOTIFY_SOCKET to it and collects every line received.
 type notifySocket struct {
+	path  string
 	mu    sync.Mutex
 	lines []string
 	got   chan struct{} // signalled after each datagram
+	marks int
 }
 
 func listenNotify(t *testing.T) *notifySocket {
@@ -34,7 +36,7 @@ func listenNotify(t *testing.T) *notifySocket {
 		t.Fatal(err)
 	}
 	t.Setenv("NOTIFY_SOCKET", path)
-	ns := &notifySocket{got: make(chan struct{}, 1)}
+	ns := &notifySocket{path: path, got: make(chan struct{}, 1)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -64,6 +66,25 @@ func (ns *notifySocket) snapshot() []string {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	return slices.Clone(ns.lines)
+}
+
+// mark sends a line of its own to the socket and waits for it: every
+// datagram sent before mark was called has then been received, so the
+// lines before the mark are all there are.
+func (ns *notifySocket) mark(t *testing.T) int {
+	t.Helper()
+	ns.marks++
+	line := fmt.Sprintf("MARK=%d", ns.marks)
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: ns.path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(line)); err != nil {
+		t.Fatal(err)
+	}
+	ns.waitLine(t, line, func(l string) bool { return l == line })
+	return slices.Index(ns.snapshot(), line)
 }
 
 // waitLine waits until a line for which match holds has arrived.
@@ -119,6 +140,9 @@ func TestNotifierSequence(t *testing.T) {
 	n.Close()
 	if err := n.Err(); err != nil {
 		t.Errorf("Err() = %v", err)
+	}
+	if err := n.AliveErr(); err != nil {
+		t.Errorf("AliveErr() = %v without a check", err)
 	}
 
 	lines := ns.snapshot()
@@ -328,5 +352,109 @@ func TestNotifierOptionsRejectNegatives(t *testing.T) {
 		if n != nil {
 			n.Close()
 		}
+	}
+}
+
+// WATCHDOG=1 is sent only while the liveness check passes within its
+// deadline, which is shorter than the half period between checks.
+func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
+	ns := listenNotify(t)
+	const watchdog = 100 * time.Millisecond
+	t.Setenv("WATCHDOG_USEC", strconv.FormatInt(watchdog.Microseconds(), 10))
+	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+	r := newRig(t, false)
+	errStuck := errors.New("port 5008 does not answer /livez")
+	var (
+		mu        sync.Mutex
+		failing   = true
+		hang      = false
+		checks    int // failed checks, counted as they return
+		passed    int
+		deadlines []time.Duration // time left to each check's deadline
+		reported  []error
+	)
+	counts := func() (failed, ok int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return checks, passed
+	}
+	n, err := health.NewNotifier(r.lc, health.NotifierOptions{
+		Alive: func(ctx context.Context) error {
+			mu.Lock()
+			dl, ok := ctx.Deadline()
+			if ok {
+				deadlines = append(deadlines, time.Until(dl))
+			} else {
+				deadlines = append(deadlines, -1)
+			}
+			f, h := failing, hang
+			mu.Unlock()
+			if h {
+				<-ctx.Done() // a check that hangs until its deadline, then says nothing is wrong
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if f || h {
+				checks++
+				if h {
+					return nil
+				}
+				return errStuck
+			}
+			passed++
+			return nil
+		},
+		OnAliveError: func(err error) {
+			mu.Lock()
+			reported = append(reported, err)
+			mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	watchdogs := func(lines []string) int {
+		return len(slices.DeleteFunc(lines, func(l string) bool { return l != "WATCHDOG=1" }))
+	}
+
+	// Failing from the first check: not one WATCHDOG=1.
+	eventually(t, "three failed checks", func() bool { f, _ := counts(); return f >= 3 })
+	if k := watchdogs(ns.snapshot()[:ns.mark(t)]); k != 0 {
+		t.Fatalf("%d WATCHDOG=1 while the check failed", k)
+	}
+	if err := n.AliveErr(); !errors.Is(err, errStuck) {
+		t.Errorf("AliveErr() = %v, want it to wrap the check's error", err)
+	}
+	mu.Lock()
+	if len(reported) < 3 || !errors.Is(reported[0], errStuck) {
+		t.Errorf("OnAliveError got %v", reported)
+	}
+	for _, d := range deadlines {
+		if d <= 0 || d > watchdog/2 {
+			t.Errorf("a check's deadline was %v away, want within half the watchdog period (%v)", d, watchdog/2)
+		}
+	}
+	failing = false
+	mu.Unlock()
+
+	// Passing: WATCHDOG=1 resumes.
+	ns.waitLine(t, "WATCHDOG=1 once the check passes", func(l string) bool { return l == "WATCHDOG=1" })
+	eventually(t, "AliveErr to clear", func() bool { return n.AliveErr() == nil })
+
+	// A check that overruns its deadline fails, whatever it returns.
+	mu.Lock()
+	hang = true
+	mu.Unlock()
+	f0, _ := counts()
+	eventually(t, "two checks to overrun", func() bool { f, _ := counts(); return f >= f0+2 })
+	from := ns.mark(t) // after it, only checks that began hanging
+	eventually(t, "two more checks to overrun", func() bool { f, _ := counts(); return f >= f0+4 })
+	lines := ns.snapshot()
+	if k := watchdogs(lines[from:ns.mark(t)]); k != 0 {
+		t.Errorf("%d WATCHDOG=1 while the check overran its deadline", k)
+	}
+	if err := n.AliveErr(); err == nil || !strings.Contains(err.Error(), "took longer than") {
+		t.Errorf("AliveErr() = %v, want the overrun", err)
 	}
 }
