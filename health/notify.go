@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,13 +25,24 @@ type NotifierOptions struct {
 	// are sent at once. Zero means no limit: every progress report the
 	// notifier sees is sent. Recommended: 1s.
 	StatusInterval time.Duration
-	// ExtendTimeout is the time asked for with EXTEND_TIMEOUT_USEC= while
-	// starting. It is asked for again every third of it, so a long start
-	// is not killed by TimeoutStartSec while phases make their way; what
-	// bounds a stuck start is then the phases' own timeouts. Zero means
-	// never to ask: systemd's TimeoutStartSec alone bounds the start.
-	// Recommended: 30s.
+	// ExtendTimeout is the time EXTEND_TIMEOUT_USEC= asks for while
+	// starting, each time the start made progress: when the lifecycle
+	// starts, and again, at most every third of it, once a phase changed
+	// state or its progress moved since the last request. A long start
+	// that makes its way is not killed by TimeoutStartSec; a start stuck
+	// for longer than ExtendTimeout asks no more, and systemd ends it once
+	// it has also run longer than TimeoutStartSec. Zero means never to ask:
+	// TimeoutStartSec alone bounds the start. Ignored when StartBudget is
+	// set. Recommended: 30s.
 	ExtendTimeout time.Duration
+	// StartBudget, when positive, is how long the daemon lets its start
+	// take: its own start timeout plus what a rollback after it may take.
+	// One EXTEND_TIMEOUT_USEC= when the lifecycle starts asks for exactly
+	// what is left of it, progress or not, and none other is sent, so
+	// systemd steps in only if the daemon's own bound did not end the
+	// start; its bound is then the larger of TimeoutStartSec and the
+	// budget. Zero means no budget: ExtendTimeout's progress rule applies.
+	StartBudget time.Duration
 
 	// Alive, when set, is the daemon's proof of life, checked before each
 	// WATCHDOG=1: a self-probe such as its own port answering /livez. It is
@@ -61,6 +73,7 @@ func (o NotifierOptions) validate() error {
 	}{
 		{"StatusInterval", o.StatusInterval},
 		{"ExtendTimeout", o.ExtendTimeout},
+		{"StartBudget", o.StartBudget},
 	} {
 		if f.d < 0 {
 			errs = append(errs, fmt.Errorf("health: NotifierOptions.%s is %v, must not be negative (zero means none)", f.name, f.d))
@@ -74,7 +87,8 @@ func (o NotifierOptions) validate() error {
 //
 //	starting  STATUS=starting: phase reclaim 1200/5000 namespaces   (rate-limited;
 //	          with "(812/s, ~4.7s left)" once the phase's rate is known)
-//	          EXTEND_TIMEOUT_USEC=…                                  (re-sent while starting)
+//	          EXTEND_TIMEOUT_USEC=…                                  (re-sent while the start
+//	          makes progress, or once for a start budget)
 //	serving   READY=1, STATUS=serving
 //	draining  STOPPING=1, STATUS=draining
 //	failed    STATUS=failed: …
@@ -179,10 +193,6 @@ func (n *Notifier) send(lines ...string) {
 	}
 }
 
-func (n *Notifier) extendLine() string {
-	return "EXTEND_TIMEOUT_USEC=" + strconv.FormatInt(n.opts.ExtendTimeout.Microseconds(), 10)
-}
-
 func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 
 	var (
@@ -195,15 +205,8 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 	limit := time.NewTimer(time.Hour)
 	limit.Stop()
 	defer limit.Stop()
-	var (
-		extend  *time.Ticker
-		extendC <-chan time.Time
-	)
-	if n.opts.ExtendTimeout > 0 {
-		extend = time.NewTicker(n.opts.ExtendTimeout / 3)
-		defer extend.Stop()
-		extendC = extend.C
-	}
+	ext := newExtender(n.opts)
+	defer ext.timer.Stop()
 	eta := lifecycle.NewEstimator(lifecycle.DefaultETAWindow, lifecycle.DefaultETAMinSpan)
 	setStatus := func(s string) {
 		status, statusAt, pending = s, time.Now(), ""
@@ -216,7 +219,8 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 			if !ok {
 				return
 			}
-			desc := DescribeWithETA(s, eta.Observe(s, time.Now()))
+			now := time.Now()
+			desc := DescribeWithETA(s, eta.Observe(s, now))
 			if s.State != state {
 				state = s.State
 				var lines []string
@@ -230,13 +234,21 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 					}
 				}
 				lines = append(lines, "STATUS="+desc)
-				if s.State == lifecycle.StateStarting && extend != nil {
-					lines = append(lines, n.extendLine())
-					extend.Reset(n.opts.ExtendTimeout / 3)
+				if s.State == lifecycle.StateStarting {
+					if l, ok := ext.start(s, now); ok {
+						lines = append(lines, l)
+					}
+				} else {
+					ext.stop()
 				}
 				n.send(lines...)
 				setStatus(desc)
 				continue
+			}
+			if s.State == lifecycle.StateStarting {
+				if l, ok := ext.observe(s, now); ok {
+					n.send(l)
+				}
 			}
 			if desc == status {
 				continue
@@ -255,9 +267,9 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 				n.send("STATUS=" + pending)
 				setStatus(pending)
 			}
-		case <-extendC:
-			if state == lifecycle.StateStarting {
-				n.send(n.extendLine())
+		case <-ext.timer.C:
+			if l, ok := ext.fire(time.Now()); ok && state == lifecycle.StateStarting {
+				n.send(l)
 			}
 		}
 	}
@@ -316,4 +328,103 @@ func (n *Notifier) checkAlive(ctx context.Context) (failed bool, err error) {
 		return false, fmt.Errorf("health: liveness check: %w", err)
 	}
 	return false, nil
+}
+
+// extender decides when to send EXTEND_TIMEOUT_USEC= while starting: under
+// a start budget, once, for what is left of it; otherwise each time the
+// start made progress, at most every third of ExtendTimeout.
+type extender struct {
+	every  time.Duration // ExtendTimeout; 0: never
+	budget time.Duration // StartBudget; 0: none
+
+	last       time.Time   // when the last extension was sent
+	marks      []phaseMark // the progress seen last
+	progressed bool        // marks moved since the last extension
+	timer      *time.Timer // fires every/3 after the last extension, when progressed
+}
+
+// phaseMark is what counts as progress in a phase: its state, its attempt
+// and its reported progress.
+type phaseMark struct {
+	state    lifecycle.PhaseState
+	attempts int
+	progress lifecycle.ProgressSnapshot
+}
+
+func newExtender(o NotifierOptions) *extender {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &extender{every: o.ExtendTimeout, budget: o.StartBudget, timer: t}
+}
+
+func extendLine(d time.Duration) string {
+	return "EXTEND_TIMEOUT_USEC=" + strconv.FormatInt(d.Microseconds(), 10)
+}
+
+// start is the lifecycle entering starting: the first extension.
+func (e *extender) start(s lifecycle.Snapshot, now time.Time) (string, bool) {
+	if e.budget > 0 {
+		left := s.Started.Add(e.budget).Sub(now)
+		if s.Started.IsZero() || left <= 0 {
+			return "", false
+		}
+		return extendLine(left), true
+	}
+	if e.every <= 0 {
+		return "", false
+	}
+	e.marks = marksOf(s, e.marks[:0])
+	return e.extend(now), true
+}
+
+// observe is a snapshot while starting: it extends at once when the start
+// progressed and the last extension is a third of ExtendTimeout old, and
+// otherwise sets the timer for then.
+func (e *extender) observe(s lifecycle.Snapshot, now time.Time) (string, bool) {
+	if e.budget > 0 || e.every <= 0 {
+		return "", false
+	}
+	marks := marksOf(s, nil)
+	if slices.Equal(marks, e.marks) {
+		return "", false
+	}
+	e.marks = marks
+	if !e.progressed {
+		e.progressed = true
+		if wait := e.last.Add(e.every / 3).Sub(now); wait > 0 {
+			e.timer.Reset(wait)
+			return "", false
+		}
+	}
+	if now.Sub(e.last) < e.every/3 {
+		return "", false // the timer is set
+	}
+	return e.extend(now), true
+}
+
+// fire is the timer: the start progressed since the last extension.
+func (e *extender) fire(now time.Time) (string, bool) {
+	if !e.progressed {
+		return "", false
+	}
+	return e.extend(now), true
+}
+
+func (e *extender) extend(now time.Time) string {
+	e.last, e.progressed = now, false
+	e.timer.Stop()
+	return extendLine(e.every)
+}
+
+// stop is the lifecycle leaving starting.
+func (e *extender) stop() {
+	e.progressed = false
+	e.timer.Stop()
+}
+
+func marksOf(s lifecycle.Snapshot, buf []phaseMark) []phaseMark {
+	for _, p := range s.Phases {
+		buf = append(buf, phaseMark{p.State, p.Attempts, p.Progress})
+	}
+	return buf
 }

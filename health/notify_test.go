@@ -110,7 +110,7 @@ func TestNotifierSequence(t *testing.T) {
 	r := newRig(t, false)
 	n, err := health.NewNotifier(r.lc, health.NotifierOptions{
 		StatusInterval: time.Millisecond,
-		ExtendTimeout:  300 * time.Millisecond, // re-sent every 100ms
+		ExtendTimeout:  300 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -124,11 +124,9 @@ func TestNotifierSequence(t *testing.T) {
 	ns.waitLine(t, "naming the phase", func(l string) bool {
 		return l == "STATUS=starting: phase reclaim 1200/5000 namespaces"
 	})
-	// EXTEND_TIMEOUT_USEC is sent at once and again while starting.
-	extends := func() int {
-		return len(slices.DeleteFunc(ns.snapshot(), func(l string) bool { return l != "EXTEND_TIMEOUT_USEC=300000" }))
-	}
-	ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(string) bool { return extends() >= 2 })
+	// EXTEND_TIMEOUT_USEC is sent at once (and again as the start
+	// progresses: TestNotifierExtendsOnlyWhileStartProgresses).
+	ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return l == "EXTEND_TIMEOUT_USEC=300000" })
 	ns.waitLine(t, "WATCHDOG=1", func(l string) bool { return l == "WATCHDOG=1" })
 
 	if err := r.serve(t); err != nil {
@@ -344,6 +342,7 @@ func TestNotifierOptionsRejectNegatives(t *testing.T) {
 	}{
 		{"StatusInterval", health.NotifierOptions{StatusInterval: -time.Second}},
 		{"ExtendTimeout", health.NotifierOptions{ExtendTimeout: -time.Second}},
+		{"StartBudget", health.NotifierOptions{StartBudget: -time.Second}},
 	} {
 		n, err := health.NewNotifier(r.lc, tt.opts)
 		if err == nil || !strings.Contains(err.Error(), tt.field) {
@@ -457,4 +456,116 @@ func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
 	if err := n.AliveErr(); err == nil || !strings.Contains(err.Error(), "took longer than") {
 		t.Errorf("AliveErr() = %v, want the overrun", err)
 	}
+}
+
+// stepper is a lifecycle whose one phase, reclaim, counts one namespace
+// each time the test sends on step, and reports nothing in between.
+func stepper(t *testing.T) (lc *lifecycle.Lifecycle, step chan<- struct{}) {
+	t.Helper()
+	steps := make(chan struct{})
+	lc, err := lifecycle.New([]lifecycle.Phase{{
+		Name: "reclaim",
+		Run: func(ctx context.Context, p *lifecycle.Progress) error {
+			p.SetTotal(1000, "namespaces")
+			for {
+				select {
+				case <-steps:
+					p.Add(1)
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		},
+	}}, lifecycle.WithProgressInterval(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lc.Drain(context.Background()) })
+	return lc, steps
+}
+
+func extendLines(lines []string) []string {
+	return slices.DeleteFunc(lines, func(l string) bool { return !strings.HasPrefix(l, "EXTEND_TIMEOUT_USEC=") })
+}
+
+// EXTEND_TIMEOUT_USEC follows progress: a start stuck for longer than the
+// extension stops asking, so systemd's TimeoutStartSec can end it; the
+// asking resumes with the progress.
+func TestNotifierExtendsOnlyWhileStartProgresses(t *testing.T) {
+	ns := listenNotify(t)
+	const extend = 60 * time.Millisecond // asked again at most every 20 ms
+	lc, step := stepper(t)
+	n, err := health.NewNotifier(lc, health.NotifierOptions{ExtendTimeout: extend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	go func() { _ = lc.Start(context.Background()) }()
+	ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return l == "EXTEND_TIMEOUT_USEC=60000" })
+
+	// Stuck for 20 extensions: a timer would have asked 60 times more. The
+	// start itself (starting, reclaim running, its total) is at most 3
+	// changes, so at most 3 extensions.
+	time.Sleep(20 * extend)
+	stuck := extendLines(ns.snapshot()[:ns.mark(t)])
+	if len(stuck) > 3 {
+		t.Fatalf("%d extensions while the start made no progress for %v: %q", len(stuck), 20*extend, stuck)
+	}
+
+	// Progress: asked again.
+	step <- struct{}{}
+	ns.waitLine(t, "an extension after progress", func(string) bool { return len(extendLines(ns.snapshot())) > len(stuck) })
+	// And stuck again: at most one more for that step.
+	time.Sleep(20 * extend)
+	if again := extendLines(ns.snapshot()[:ns.mark(t)]); len(again) > len(stuck)+1 {
+		t.Errorf("%d extensions after one step and a stuck start, want at most %d: %q", len(again), len(stuck)+1, again)
+	}
+}
+
+// With a start budget, one EXTEND_TIMEOUT_USEC asks for exactly what is
+// left of it, whatever the progress, and nothing beyond it is ever asked.
+func TestNotifierStartBudget(t *testing.T) {
+	t.Run("budget left", func(t *testing.T) {
+		ns := listenNotify(t)
+		const budget = time.Hour
+		lc, step := stepper(t)
+		n, err := health.NewNotifier(lc, health.NotifierOptions{ExtendTimeout: 60 * time.Millisecond, StartBudget: budget})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		before := time.Now()
+		go func() { _ = lc.Start(context.Background()) }()
+		ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return strings.HasPrefix(l, "EXTEND_TIMEOUT_USEC=") })
+		elapsed := time.Since(before)
+		for range 5 {
+			step <- struct{}{}
+		}
+		time.Sleep(300 * time.Millisecond) // five extension periods of 60 ms
+		lines := extendLines(ns.snapshot()[:ns.mark(t)])
+		if len(lines) != 1 {
+			t.Fatalf("extensions %q, want exactly one", lines)
+		}
+		usec, err := strconv.ParseInt(strings.TrimPrefix(lines[0], "EXTEND_TIMEOUT_USEC="), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Duration(usec) * time.Microsecond; got > budget || got < budget-elapsed {
+			t.Errorf("asked for %v, want what is left of %v after at most %v: in [%v, %v]", got, budget, elapsed, budget-elapsed, budget)
+		}
+	})
+	t.Run("budget spent", func(t *testing.T) {
+		ns := listenNotify(t)
+		lc, _ := stepper(t)
+		n, err := health.NewNotifier(lc, health.NotifierOptions{ExtendTimeout: time.Minute, StartBudget: time.Nanosecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		go func() { _ = lc.Start(context.Background()) }()
+		ns.waitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
+		if lines := extendLines(ns.snapshot()[:ns.mark(t)]); len(lines) != 0 {
+			t.Errorf("asked for %q beyond a spent budget", lines)
+		}
+	})
 }
