@@ -714,3 +714,61 @@ func TestDefaultConfig(t *testing.T) {
 		t.Errorf("DefaultConfig() = %+v", got)
 	}
 }
+
+// Alive probes the port itself: nil before Serve, nil while the port
+// answers /livez, an error naming the answer once /livez fails (a failed
+// lifecycle) or the port is gone from under the server, nil again once the
+// server drains.
+func TestAlive(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	st := newStack(t, server.Config{})
+	if err := st.srv.Alive(ctx); err != nil {
+		t.Errorf("Alive before Serve: %v", err)
+	}
+	st.start(t)
+	if err := st.srv.Alive(ctx); err != nil {
+		t.Errorf("Alive while starting: %v", err)
+	}
+	st.serve(t)
+	if err := st.lc.Fail(errors.New("reconciler died")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.srv.Alive(ctx); err == nil || !strings.Contains(err.Error(), "503") {
+		t.Errorf("Alive with a failed lifecycle: %v, want the 503 of /livez", err)
+	}
+	if err := st.srv.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.srv.Alive(ctx); err != nil {
+		t.Errorf("Alive once drained: %v", err)
+	}
+
+	// A listener that dies under a serving server.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc, err := lifecycle.New([]lifecycle.Phase{{Name: "x", Run: func(context.Context, *lifecycle.Progress) error { return nil }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := health.New(lc, health.Options{})
+	defer hc.Close()
+	srv, err := server.New(server.Config{Listener: l, Health: hc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Drain(ctx) }()
+	if err := srv.Serve(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Alive(ctx); err != nil {
+		t.Errorf("Alive on a fresh port: %v", err)
+	}
+	_ = l.Close()
+	recv(t, srv.Done(), "Done after the listener failed")
+	if err := srv.Alive(ctx); err == nil {
+		t.Error("Alive with the listener gone: nil")
+	}
+}

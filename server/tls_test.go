@@ -103,6 +103,12 @@ func TestTLSOnOnePortWithClientCertificatesForAppServices(t *testing.T) {
 		}
 	}
 
+	// The self-probe speaks TLS to its own port, without a client
+	// certificate: /livez is open to checkers.
+	if err := st.srv.Alive(ctx); err != nil {
+		t.Errorf("Alive over TLS: %v", err)
+	}
+
 	// Plain text on the TLS port gets nowhere and does not hang.
 	c, err := net.Dial("tcp", st.addr())
 	if err != nil {
