@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -106,12 +107,14 @@ func (o NotifierOptions) validate() error {
 // WATCHDOG_USEC, WATCHDOG_PID) as systemd sets it. Without NOTIFY_SOCKET a
 // Notifier does nothing and runs no goroutine.
 type Notifier struct {
-	lc       *lifecycle.Lifecycle
-	opts     NotifierOptions
-	watchdog time.Duration
-	stop     func()         // ends the subscription and the watchdog's checks
-	wg       sync.WaitGroup // the notifier's goroutines
-	done     chan struct{}  // closed once they returned
+	lc        *lifecycle.Lifecycle
+	opts      NotifierOptions
+	watchdog  time.Duration
+	enabled   bool
+	stop      func()         // ends the subscription and the watchdog's checks
+	wg        sync.WaitGroup // the notifier's goroutines
+	closeOnce sync.Once
+	closed    atomic.Bool
 
 	mu       sync.Mutex
 	err      error
@@ -119,23 +122,23 @@ type Notifier struct {
 }
 
 // NewNotifier starts notifying systemd about lc, when NOTIFY_SOCKET is set.
-// The goroutine it starts is stopped by [Notifier.Close]. It fails when opts
-// are invalid or WATCHDOG_USEC or WATCHDOG_PID cannot be parsed.
+// The goroutines it starts, one for the lifecycle's changes and one for the
+// watchdog when systemd asked for one, are stopped by [Notifier.Close]. It
+// fails when opts are invalid or WATCHDOG_USEC or WATCHDOG_PID cannot be
+// parsed.
 func NewNotifier(lc *lifecycle.Lifecycle, opts NotifierOptions) (*Notifier, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	n := &Notifier{lc: lc, opts: opts, done: make(chan struct{})}
+	n := &Notifier{lc: lc, opts: opts, stop: func() {}}
 	if os.Getenv("NOTIFY_SOCKET") == "" {
-		n.stop = func() {}
-		close(n.done)
 		return n, nil
 	}
 	wd, err := daemon.SdWatchdogEnabled(false)
 	if err != nil {
 		return nil, fmt.Errorf("health: sd_notify watchdog: %w", err)
 	}
-	n.watchdog = wd
+	n.watchdog, n.enabled = wd, true
 	ch, unsubscribe := lc.Subscribe()
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stop = func() {
@@ -146,22 +149,12 @@ func NewNotifier(lc *lifecycle.Lifecycle, opts NotifierOptions) (*Notifier, erro
 	if wd > 0 {
 		n.wg.Go(func() { n.watch(ctx) })
 	}
-	go func() {
-		n.wg.Wait()
-		close(n.done)
-	}()
 	return n, nil
 }
 
-// Enabled reports whether the notifier talks to systemd.
-func (n *Notifier) Enabled() bool {
-	select {
-	case <-n.done:
-		return false
-	default:
-		return true
-	}
-}
+// Enabled reports whether the notifier talks to systemd: NOTIFY_SOCKET is
+// set and the notifier was not closed.
+func (n *Notifier) Enabled() bool { return n.enabled && !n.closed.Load() }
 
 // Err returns the last error met sending a notification, if any. Sending
 // is best effort: an error never stops the notifier.
@@ -181,8 +174,11 @@ func (n *Notifier) AliveErr() error {
 
 // Close stops the notifier and waits for its goroutines. It is idempotent.
 func (n *Notifier) Close() {
-	n.stop()
-	<-n.done
+	n.closeOnce.Do(func() {
+		n.stop()
+		n.wg.Wait()
+		n.closed.Store(true)
+	})
 }
 
 func (n *Notifier) send(lines ...string) {
@@ -194,7 +190,6 @@ func (n *Notifier) send(lines ...string) {
 }
 
 func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
-
 	var (
 		state        lifecycle.State // last state notified; "" before the first
 		status       string          // last STATUS sent
