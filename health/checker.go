@@ -87,7 +87,7 @@ func New(lc *lifecycle.Lifecycle, opts Options) *Checker {
 		srv:         grpchealth.NewServer(),
 		closing:     ctx,
 		closeCancel: cancel,
-		eta:         lifecycle.NewEstimator(0, 0),
+		eta:         lifecycle.NewEstimator(lifecycle.DefaultETAWindow, lifecycle.DefaultETAMinSpan),
 		done:        make(chan struct{}),
 		ready:       make(map[string]bool),
 		applied:     make(map[string]healthpb.HealthCheckResponse_ServingStatus),

@@ -14,41 +14,67 @@ import (
 type check struct {
 	name   string
 	ok     bool
-	detail string // why not, when !ok
+	warn   bool   // ok, but worth a look: a lifecycle warning
+	detail string // why not, when !ok; what is wrong, when warn
 }
 
 // checkLifecycle is the name of the check that reads the lifecycle state.
 const checkLifecycle = "lifecycle"
 
 // checksFor lists an endpoint's checks against v.
-func checksFor(endpoint string, v view) []check {
+func checksFor(endpoint string, v view, est lifecycle.Estimates) []check {
 	var ok bool
 	switch endpoint {
 	case PathLivez:
-		return []check{{checkLifecycle, v.live(), v.describe()}}
+		return appendWarnings([]check{{name: checkLifecycle, ok: v.live(), detail: v.describe()}}, v, est)
 	case PathReadyz:
 		ok = v.ready()
 	case PathStartupz:
 		ok = v.startedUp()
 	}
-	out := make([]check, 0, 1+len(v.snap.Phases))
-	out = append(out, check{checkLifecycle, ok, v.describe()})
+	out := make([]check, 0, 1+len(v.snap.Phases)+len(v.snap.Warnings))
+	out = append(out, check{name: checkLifecycle, ok: ok, detail: v.describe()})
 	for _, p := range v.snap.Phases {
-		out = append(out, check{"phase/" + p.Name, p.State == lifecycle.PhaseSucceeded, checkDetail(p)})
+		out = append(out, check{name: "phase/" + p.Name, ok: p.State == lifecycle.PhaseSucceeded, detail: checkDetail(p)})
+	}
+	if endpoint == PathReadyz {
+		out = appendWarnings(out, v, est)
 	}
 	return out
 }
 
+// appendWarnings adds a check that never fails for each warning.
+func appendWarnings(out []check, v view, est lifecycle.Estimates) []check {
+	for _, w := range v.snap.Warnings {
+		out = append(out, check{name: "warning/" + w.Name, ok: true, warn: true, detail: oneLine(warningDetail(w, v.snap, est))})
+	}
+	return out
+}
+
+// warningsHaveTasks reports whether a background task named like a warning
+// runs, whose rate a check line would show.
+func warningsHaveTasks(s lifecycle.Snapshot) bool {
+	for _, w := range s.Warnings {
+		if _, ok := warningTask(w, s); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // renderChecks answers /livez, /readyz and /startupz the way kube-apiserver
 // does, with 503 instead of 500 for a failure.
-func renderChecks(endpoint, only string, v view, q url.Values) (int, []byte) {
-	checks := checksFor(endpoint, v)
+func renderChecks(endpoint, only string, v view, est lifecycle.Estimates, q url.Values) (int, []byte) {
+	checks := checksFor(endpoint, v, est)
 	name := strings.TrimPrefix(endpoint, "/")
 
 	if only != "" {
 		for _, c := range checks {
 			if c.name != only {
 				continue
+			}
+			if c.warn {
+				return http.StatusOK, fmt.Appendf(nil, "warn: %s\n", c.detail)
 			}
 			if c.ok {
 				return http.StatusOK, []byte("ok")
@@ -83,6 +109,8 @@ func renderChecks(endpoint, only string, v view, q url.Values) (int, []byte) {
 		switch _, ex := excluded[c.name]; {
 		case ex:
 			fmt.Fprintf(&b, "[+]%s excluded: ok\n", c.name)
+		case c.warn:
+			fmt.Fprintf(&b, "[+]%s warn: %s\n", c.name, c.detail)
 		case c.ok:
 			fmt.Fprintf(&b, "[+]%s ok\n", c.name)
 		default:

@@ -15,13 +15,18 @@ type view struct {
 	shutdown bool
 }
 
-// state is the lifecycle state as checks should see it: a serving lifecycle
-// whose checker was shut down is already draining.
+// state is the lifecycle state as checks should see it: a checker shut down
+// ahead of its lifecycle (a server draining) reads as draining whatever the
+// lifecycle still does, unless it already failed or stopped.
 func (v view) state() lifecycle.State {
-	if v.shutdown && v.snap.State == lifecycle.StateServing {
+	switch s := v.snap.State; {
+	case !v.shutdown:
+		return s
+	case s == lifecycle.StateCreated, s == lifecycle.StateStarting, s == lifecycle.StateServing:
 		return lifecycle.StateDraining
+	default:
+		return s
 	}
-	return v.snap.State
 }
 
 // ready reports whether the daemon takes work.
@@ -30,45 +35,57 @@ func (v view) ready() bool { return v.state() == lifecycle.StateServing }
 // live reports whether the daemon is alive: anything but failed.
 func (v view) live() bool { return v.state() != lifecycle.StateFailed }
 
-// startedUp reports whether startup completed, draining included.
+// startedUp reports whether startup completed: serving, or draining and
+// stopped after having served without a failure. A lifecycle drained during
+// its start never completed it, so its /startupz stays 503: a startup probe
+// that turned 200 then would tell Kubernetes the container started (and
+// begin liveness probes) for a process that is on its way out, and would
+// flip back to 503 once stopped.
 func (v view) startedUp() bool {
 	switch v.state() {
-	case lifecycle.StateServing, lifecycle.StateDraining:
+	case lifecycle.StateServing:
 		return true
-	case lifecycle.StateStopped:
-		return v.snap.Err == nil && allSucceeded(v.snap)
+	case lifecycle.StateDraining, lifecycle.StateStopped:
+		return v.snap.Err == nil && served(v.snap)
 	}
 	return false
 }
 
-func (v view) describe() string {
+func (v view) describe() string { return v.describeWithETA(lifecycle.Estimates{}) }
+
+func (v view) describeWithETA(est lifecycle.Estimates) string {
 	s := v.snap
 	s.State = v.state()
-	return Describe(s)
+	return DescribeWithETA(s, est)
 }
 
-func allSucceeded(s lifecycle.Snapshot) bool {
-	for _, p := range s.Phases {
-		if p.State != lifecycle.PhaseSucceeded {
-			return false
+// served reports whether the lifecycle ever reached serving.
+func served(s lifecycle.Snapshot) bool {
+	for _, t := range s.History {
+		if t.State == lifecycle.StateServing {
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // Describe says in one line what a lifecycle is doing and, when it is not
 // serving, why not: "starting: phase reclaim 1200/5000 namespaces",
 // "serving", "draining", "failed: phase \"storage\" failed after 1 attempt:
-// …". Health endpoints, sd_notify STATUS lines and the Unavailable errors of
-// not-yet-served calls all use it, so an operator reads the same words
-// everywhere.
+// …". Warnings follow while created, starting or serving: "serving; 2
+// warnings: egress: net.ipv4.ip_forward is 0; reclaim-dead: 3000 dead slots
+// left (1200/3000 namespaces)", the progress being that of the background
+// task named like the warning, while it runs. Health endpoints, sd_notify
+// STATUS lines and the Unavailable errors of not-yet-served calls all use
+// it, so an operator reads the same words everywhere.
 func Describe(s lifecycle.Snapshot) string {
 	return DescribeWithETA(s, lifecycle.Estimates{})
 }
 
-// DescribeWithETA is [Describe] with each running phase's rate and time
-// left from est, where known: "starting: phase reclaim 1200/5000
-// namespaces (812/s, ~4.7s left)". sd_notify STATUS lines use it.
+// DescribeWithETA is [Describe] with the rate and time left from est of each
+// running phase, and of each background task named like a warning, where
+// known: "starting: phase reclaim 1200/5000 namespaces (812/s, ~4.7s left)".
+// sd_notify STATUS lines use it.
 func DescribeWithETA(s lifecycle.Snapshot, est lifecycle.Estimates) string {
 	var b strings.Builder
 	b.WriteString(string(s.State))
@@ -109,7 +126,59 @@ func DescribeWithETA(s lifecycle.Snapshot, est lifecycle.Estimates) string {
 			}
 		}
 	}
+	switch s.State {
+	case lifecycle.StateCreated, lifecycle.StateStarting, lifecycle.StateServing:
+		if n := len(s.Warnings); n > 0 {
+			b.WriteString("; ")
+			b.WriteString(strconv.Itoa(n))
+			if n == 1 {
+				b.WriteString(" warning: ")
+			} else {
+				b.WriteString(" warnings: ")
+			}
+			for i, w := range s.Warnings {
+				if i > 0 {
+					b.WriteString("; ")
+				}
+				b.WriteString(w.Name)
+				b.WriteString(": ")
+				b.WriteString(warningDetail(w, s, est))
+			}
+		}
+	}
 	return oneLine(b.String())
+}
+
+// warningTask returns the running background task named like w, if any:
+// the work that will clear the condition, such as reclaiming dead slots.
+func warningTask(w lifecycle.Warning, s lifecycle.Snapshot) (lifecycle.TaskSnapshot, bool) {
+	for i := len(s.Tasks) - 1; i >= 0; i-- {
+		if t := s.Tasks[i]; t.Name == w.Name && t.State == lifecycle.TaskRunning {
+			return t, true
+		}
+	}
+	return lifecycle.TaskSnapshot{}, false
+}
+
+// warningDetail is a warning's message and, while the task named like it
+// runs, the task's progress, rate and time left: "3000 dead slots left
+// (1200/3000 namespaces, 812/s, ~1.5s left)".
+func warningDetail(w lifecycle.Warning, s lifecycle.Snapshot, est lifecycle.Estimates) string {
+	t, ok := warningTask(w, s)
+	if !ok {
+		return w.Message
+	}
+	var parts []string
+	if p := t.Progress.String(); p != "" {
+		parts = append(parts, p)
+	}
+	if e := est.Task(t.Name).String(); e != "" {
+		parts = append(parts, e)
+	}
+	if len(parts) == 0 {
+		return w.Message
+	}
+	return w.Message + " (" + strings.Join(parts, ", ") + ")"
 }
 
 // phaseDetail is what a running or retrying phase is doing:

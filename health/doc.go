@@ -19,8 +19,22 @@
 //	created   NOT_SERVING  503      503      200     503        STATUS
 //	starting  NOT_SERVING  503      503      200     503        STATUS, EXTEND_TIMEOUT_USEC
 //	serving   SERVING      200      200      200     200        READY=1
-//	draining  NOT_SERVING  503      503      200     200        STOPPING=1
+//	draining  NOT_SERVING  503      503      200     200 (1)    STOPPING=1, STATUS=draining
+//	stopped   NOT_SERVING  503      503      200     200 (1)    STATUS=stopped
 //	failed    NOT_SERVING  503      503      503     503        STATUS=failed: …
+//
+// (1) 503 when the lifecycle never served: a drain that arrives during the
+// start reads as draining and then stopped everywhere, never failed, but
+// the start did not complete. A checker shut down by a draining server
+// reads as draining whatever its lifecycle still does.
+//
+// Warnings ([lifecycle.Lifecycle.Warn]: egress prerequisites missing,
+// leases lost across a restart, dead slots still being reclaimed) leave a
+// serving daemon serving in every dialect and say so: /health is 200 with
+// status "warn" and a check "warning:<name>" each; /livez and /readyz pass
+// and list them with ?verbose; gRPC stays SERVING; STATUS reads "serving; 2
+// warnings: …". A warning named like a running background task shows that
+// task's progress, rate and time left.
 //
 // "Not ready" is always 503, never 429: Consul reads 429 as a warning and
 // Nomad as a failure.

@@ -30,14 +30,19 @@ const (
 //   - /health: status 200 when serving and 503 otherwise (never 429), with a
 //     body in the IETF health-check format (draft-inadarei-api-health-check,
 //     media type application/health+json; compact, "?pretty" indents it):
-//     status pass, warn (serving but a background task failed) or fail;
-//     version; output saying why the daemon is not ready ("starting: phase
-//     reclaim 1200/5000 namespaces"); checks keyed "phase:<name>" and
-//     "task:<name>"; the lifecycle state and since when.
+//     status pass, warn (serving, still 200, but a background task failed
+//     or a warning is set) or fail; version; output saying why the daemon is
+//     not ready ("starting: phase reclaim 1200/5000 namespaces (812/s, ~4.7s
+//     left)", in the words of [DescribeWithETA]) or what it warns of
+//     ("serving; 1 warning: egress: net.ipv4.ip_forward is 0");
+//     checks keyed "phase:<name>", "task:<name>" and "warning:<name>"; the
+//     lifecycle state and since when.
 //   - /livez, /readyz, /startupz: kube-apiserver semantics. The checks are
-//     "lifecycle" and, for /readyz and /startupz, "phase/<name>" per phase.
-//     "?verbose" lists them ("[+]phase/lock ok", "[-]phase/reclaim running:
-//     1200/5000 namespaces"), a failure always does; "?exclude=<check>"
+//     "lifecycle" and, for /readyz and /startupz, "phase/<name>" per phase;
+//     /livez and /readyz add "warning/<name>" per warning, which never
+//     fails. "?verbose" lists them ("[+]phase/lock ok", "[-]phase/reclaim
+//     running: 1200/5000 namespaces", "[+]warning/egress warn:
+//     net.ipv4.ip_forward is 0"), a failure always does; "?exclude=<check>"
 //     (repeatable) leaves a check out; "/readyz/<check>" runs one check.
 //
 // Only GET and HEAD are allowed (405 otherwise); other paths are 404; every
@@ -108,7 +113,11 @@ func (h *Handler) render(endpoint, check string, r *http.Request) (code int, cty
 		_, pretty := r.URL.Query()["pretty"]
 		return h.renderHealthJSON(v, time.Now(), pretty)
 	}
-	code, body = renderChecks(endpoint, check, v, r.URL.Query())
+	var est lifecycle.Estimates
+	if warningsHaveTasks(v.snap) {
+		est = h.c.estimates(v.snap)
+	}
+	code, body = renderChecks(endpoint, check, v, est, r.URL.Query())
 	return code, "text/plain; charset=utf-8", body
 }
 
@@ -142,7 +151,9 @@ type healthBody struct {
 }
 
 // checkResult is one entry of "checks". The draft's fields come first;
-// state, attempts, duration and observedTotal are this package's own.
+// state, attempts, duration and observedTotal are this package's own. A
+// warning has no state; while the background task named like it runs, its
+// observed values, rate and time left are the task's.
 type checkResult struct {
 	ComponentType string    `json:"componentType"`
 	Status        string    `json:"status"`
@@ -150,7 +161,7 @@ type checkResult struct {
 	ObservedValue *int64    `json:"observedValue,omitempty"`
 	ObservedUnit  string    `json:"observedUnit,omitempty"`
 	Output        string    `json:"output,omitempty"`
-	State         string    `json:"state"`
+	State         string    `json:"state,omitempty"`
 	Attempts      int       `json:"attempts,omitempty"`
 	Duration      string    `json:"duration,omitempty"`
 	ObservedTotal int64     `json:"observedTotal,omitempty"`
@@ -193,22 +204,25 @@ func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, str
 		Description: h.c.opts.Description,
 		State:       v.state(),
 		Since:       s.Since.UTC(),
-		Checks:      make(map[string][]checkResult, len(s.Phases)+len(s.Tasks)),
+		Checks:      make(map[string][]checkResult, len(s.Phases)+len(s.Tasks)+len(s.Warnings)),
 	}
 	code := http.StatusServiceUnavailable
 	if v.ready() {
+		// A warning is 200 all the same: Nomad and Kubernetes pass it, and
+		// Consul would turn a 429, its one warning code, into a warning
+		// without telling why; the body's status says it.
 		code = http.StatusOK
 		b.Status = statusPass
-		if s.Degraded {
+		if s.Degraded || len(s.Warnings) > 0 {
 			b.Status = statusWarn
 		}
 	}
-	if b.Status != statusPass {
-		b.Output = v.describe()
-	}
 	est := h.c.estimates(s)
+	if b.Status != statusPass {
+		b.Output = v.describeWithETA(est)
+	}
 	for _, p := range s.Phases {
-		c := phaseCheck(p, now)
+		c := phaseCheck(p, s.Err != nil, now)
 		c.estimate(est.Phase(p.Name))
 		b.Checks["phase:"+p.Name] = []checkResult{c}
 	}
@@ -216,6 +230,19 @@ func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, str
 		c := taskCheck(t, now)
 		c.estimate(est.Task(t.Name))
 		b.Checks["task:"+t.Name] = []checkResult{c}
+	}
+	for _, w := range s.Warnings {
+		c := checkResult{
+			ComponentType: "warning",
+			Status:        statusWarn,
+			Time:          w.Since.UTC(),
+			Output:        oneLine(w.Message),
+		}
+		if t, ok := warningTask(w, s); ok {
+			observe(&c, t.Progress)
+			c.estimate(est.Task(t.Name))
+		}
+		b.Checks["warning:"+w.Name] = []checkResult{c}
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -228,10 +255,10 @@ func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, str
 	return code, ctype, buf.Bytes()
 }
 
-func phaseCheck(p lifecycle.PhaseSnapshot, now time.Time) checkResult {
+func phaseCheck(p lifecycle.PhaseSnapshot, lifecycleFailed bool, now time.Time) checkResult {
 	c := checkResult{
 		ComponentType: "phase",
-		Status:        phaseStatus(p.State),
+		Status:        phaseStatus(p.State, lifecycleFailed),
 		Time:          readingTime(p.Ended, now),
 		State:         string(p.State),
 		Attempts:      p.Attempts,
@@ -289,12 +316,19 @@ func readingTime(ended, now time.Time) time.Time {
 	return now.UTC()
 }
 
-func phaseStatus(s lifecycle.PhaseState) string {
+// phaseStatus is a phase's draft status. A phase cancelled or skipped
+// because the start failed is part of that failure; one cancelled or
+// skipped by a drain during the start is only unfinished.
+func phaseStatus(s lifecycle.PhaseState, lifecycleFailed bool) string {
 	switch s {
 	case lifecycle.PhaseSucceeded:
 		return statusPass
-	case lifecycle.PhaseFailed, lifecycle.PhaseCancelled, lifecycle.PhaseSkipped:
+	case lifecycle.PhaseFailed:
 		return statusFail
+	case lifecycle.PhaseCancelled, lifecycle.PhaseSkipped:
+		if lifecycleFailed {
+			return statusFail
+		}
 	}
 	return statusWarn // pending, running, retrying: not done yet
 }

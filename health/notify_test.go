@@ -3,6 +3,7 @@ package health_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -20,9 +21,11 @@ import (
 // notifySocket listens on a unixgram socket the way systemd does, sets
 // NOTIFY_SOCKET to it and collects every line received.
 type notifySocket struct {
+	path  string
 	mu    sync.Mutex
 	lines []string
 	got   chan struct{} // signalled after each datagram
+	marks int
 }
 
 func listenNotify(t *testing.T) *notifySocket {
@@ -33,7 +36,7 @@ func listenNotify(t *testing.T) *notifySocket {
 		t.Fatal(err)
 	}
 	t.Setenv("NOTIFY_SOCKET", path)
-	ns := &notifySocket{got: make(chan struct{}, 1)}
+	ns := &notifySocket{path: path, got: make(chan struct{}, 1)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -65,6 +68,25 @@ func (ns *notifySocket) snapshot() []string {
 	return slices.Clone(ns.lines)
 }
 
+// mark sends a line of its own to the socket and waits for it: every
+// datagram sent before mark was called has then been received, so the
+// lines before the mark are all there are.
+func (ns *notifySocket) mark(t *testing.T) int {
+	t.Helper()
+	ns.marks++
+	line := fmt.Sprintf("MARK=%d", ns.marks)
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: ns.path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(line)); err != nil {
+		t.Fatal(err)
+	}
+	ns.waitLine(t, line, func(l string) bool { return l == line })
+	return slices.Index(ns.snapshot(), line)
+}
+
 // waitLine waits until a line for which match holds has arrived.
 func (ns *notifySocket) waitLine(t *testing.T, what string, match func(string) bool) {
 	t.Helper()
@@ -88,7 +110,7 @@ func TestNotifierSequence(t *testing.T) {
 	r := newRig(t, false)
 	n, err := health.NewNotifier(r.lc, health.NotifierOptions{
 		StatusInterval: time.Millisecond,
-		ExtendTimeout:  300 * time.Millisecond, // re-sent every 100ms
+		ExtendTimeout:  300 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -102,11 +124,9 @@ func TestNotifierSequence(t *testing.T) {
 	ns.waitLine(t, "naming the phase", func(l string) bool {
 		return l == "STATUS=starting: phase reclaim 1200/5000 namespaces"
 	})
-	// EXTEND_TIMEOUT_USEC is sent at once and again while starting.
-	extends := func() int {
-		return len(slices.DeleteFunc(ns.snapshot(), func(l string) bool { return l != "EXTEND_TIMEOUT_USEC=300000" }))
-	}
-	ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(string) bool { return extends() >= 2 })
+	// EXTEND_TIMEOUT_USEC is sent at once (and again as the start
+	// progresses: TestNotifierExtendsOnlyWhileStartProgresses).
+	ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return l == "EXTEND_TIMEOUT_USEC=300000" })
 	ns.waitLine(t, "WATCHDOG=1", func(l string) bool { return l == "WATCHDOG=1" })
 
 	if err := r.serve(t); err != nil {
@@ -118,6 +138,9 @@ func TestNotifierSequence(t *testing.T) {
 	n.Close()
 	if err := n.Err(); err != nil {
 		t.Errorf("Err() = %v", err)
+	}
+	if err := n.AliveErr(); err != nil {
+		t.Errorf("AliveErr() = %v without a check", err)
 	}
 
 	lines := ns.snapshot()
@@ -229,4 +252,320 @@ func TestNotifierBadWatchdog(t *testing.T) {
 	if !errors.As(err, &numErr) {
 		t.Errorf("error %v does not wrap the parse error", err)
 	}
+}
+
+// An explicit zero StatusInterval is no rate limit: each progress report
+// is sent as it comes. The phase waits for each line before the next
+// report; a limit of a second per line, what a zero once meant, would make
+// the 15 reports outlast the test's 10 s bound.
+func TestNotifierZeroStatusIntervalSendsEveryReport(t *testing.T) {
+	ns := listenNotify(t)
+	const steps = 15
+	step := make(chan int)
+	lc, err := lifecycle.New([]lifecycle.Phase{{
+		Name: "reclaim",
+		Run: func(ctx context.Context, p *lifecycle.Progress) error {
+			p.SetTotal(steps, "namespaces")
+			for {
+				select {
+				case n, ok := <-step:
+					if !ok {
+						return nil
+					}
+					p.SetDone(int64(n))
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		},
+	}}, lifecycle.WithProgressInterval(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := health.NewNotifier(lc, health.NotifierOptions{StatusInterval: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	started := make(chan error, 1)
+	go func() { started <- lc.Start(context.Background()) }()
+	deadline := time.Now().Add(wait)
+	for i := 1; i <= steps; i++ {
+		step <- i
+		want := fmt.Sprintf("STATUS=starting: phase reclaim %d/%d namespaces", i, steps)
+		// The phase's rate may follow: "(2/s, ~6.5s left)".
+		for !slices.ContainsFunc(ns.snapshot(), func(l string) bool { return l == want || strings.HasPrefix(l, want+" (") }) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q within %v of the first report: is the STATUS rate still limited? got %q", want, wait, ns.snapshot())
+			}
+			select {
+			case <-ns.got:
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	close(step)
+	if err := recv(t, started, "start"); err != nil {
+		t.Fatal(err)
+	}
+	_ = lc.Drain(context.Background())
+}
+
+// A zero ExtendTimeout never asks systemd for more time.
+func TestNotifierZeroExtendTimeoutNeverExtends(t *testing.T) {
+	ns := listenNotify(t)
+	r := newRig(t, false)
+	n, err := health.NewNotifier(r.lc, health.NotifierOptions{ExtendTimeout: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	r.start(t)
+	// EXTEND_TIMEOUT_USEC would come in the datagram that says starting.
+	ns.waitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
+	if err := r.serve(t); err != nil {
+		t.Fatal(err)
+	}
+	ns.waitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
+	for _, l := range ns.snapshot() {
+		if strings.HasPrefix(l, "EXTEND_TIMEOUT_USEC=") {
+			t.Errorf("%s sent with ExtendTimeout 0", l)
+		}
+	}
+}
+
+func TestNotifierOptionsRejectNegatives(t *testing.T) {
+	r := newRig(t, false)
+	for _, tt := range []struct {
+		field string
+		opts  health.NotifierOptions
+	}{
+		{"StatusInterval", health.NotifierOptions{StatusInterval: -time.Second}},
+		{"ExtendTimeout", health.NotifierOptions{ExtendTimeout: -time.Second}},
+		{"StartBudget", health.NotifierOptions{StartBudget: -time.Second}},
+	} {
+		n, err := health.NewNotifier(r.lc, tt.opts)
+		if err == nil || !strings.Contains(err.Error(), tt.field) {
+			t.Errorf("NewNotifier with a negative %s: %v, want an error naming it", tt.field, err)
+		}
+		if n != nil {
+			n.Close()
+		}
+	}
+}
+
+// WATCHDOG=1 is sent only while the liveness check passes within its
+// deadline, which is shorter than the half period between checks.
+func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
+	ns := listenNotify(t)
+	const watchdog = 100 * time.Millisecond
+	t.Setenv("WATCHDOG_USEC", strconv.FormatInt(watchdog.Microseconds(), 10))
+	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+	r := newRig(t, false)
+	errStuck := errors.New("port 5008 does not answer /livez")
+	var (
+		mu        sync.Mutex
+		failing   = true
+		hang      = false
+		checks    int // failed checks, counted as they return
+		passed    int
+		deadlines []time.Duration // time left to each check's deadline
+		reported  []error
+	)
+	counts := func() (failed, ok int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return checks, passed
+	}
+	n, err := health.NewNotifier(r.lc, health.NotifierOptions{
+		Alive: func(ctx context.Context) error {
+			mu.Lock()
+			dl, ok := ctx.Deadline()
+			if ok {
+				deadlines = append(deadlines, time.Until(dl))
+			} else {
+				deadlines = append(deadlines, -1)
+			}
+			f, h := failing, hang
+			mu.Unlock()
+			if h {
+				<-ctx.Done() // a check that hangs until its deadline, then says nothing is wrong
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if f || h {
+				checks++
+				if h {
+					return nil
+				}
+				return errStuck
+			}
+			passed++
+			return nil
+		},
+		OnAliveError: func(err error) {
+			mu.Lock()
+			reported = append(reported, err)
+			mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	watchdogs := func(lines []string) int {
+		return len(slices.DeleteFunc(lines, func(l string) bool { return l != "WATCHDOG=1" }))
+	}
+
+	// Failing from the first check: not one WATCHDOG=1.
+	eventually(t, "three failed checks", func() bool { f, _ := counts(); return f >= 3 })
+	if k := watchdogs(ns.snapshot()[:ns.mark(t)]); k != 0 {
+		t.Fatalf("%d WATCHDOG=1 while the check failed", k)
+	}
+	if err := n.AliveErr(); !errors.Is(err, errStuck) {
+		t.Errorf("AliveErr() = %v, want it to wrap the check's error", err)
+	}
+	mu.Lock()
+	if len(reported) < 3 || !errors.Is(reported[0], errStuck) {
+		t.Errorf("OnAliveError got %v", reported)
+	}
+	for _, d := range deadlines {
+		if d <= 0 || d > watchdog/2 {
+			t.Errorf("a check's deadline was %v away, want within half the watchdog period (%v)", d, watchdog/2)
+		}
+	}
+	failing = false
+	mu.Unlock()
+
+	// Passing: WATCHDOG=1 resumes.
+	ns.waitLine(t, "WATCHDOG=1 once the check passes", func(l string) bool { return l == "WATCHDOG=1" })
+	eventually(t, "AliveErr to clear", func() bool { return n.AliveErr() == nil })
+
+	// A check that overruns its deadline fails, whatever it returns.
+	mu.Lock()
+	hang = true
+	mu.Unlock()
+	f0, _ := counts()
+	eventually(t, "two checks to overrun", func() bool { f, _ := counts(); return f >= f0+2 })
+	from := ns.mark(t) // after it, only checks that began hanging
+	eventually(t, "two more checks to overrun", func() bool { f, _ := counts(); return f >= f0+4 })
+	lines := ns.snapshot()
+	if k := watchdogs(lines[from:ns.mark(t)]); k != 0 {
+		t.Errorf("%d WATCHDOG=1 while the check overran its deadline", k)
+	}
+	if err := n.AliveErr(); err == nil || !strings.Contains(err.Error(), "took longer than") {
+		t.Errorf("AliveErr() = %v, want the overrun", err)
+	}
+}
+
+// stepper is a lifecycle whose one phase, reclaim, counts one namespace
+// each time the test sends on step, and reports nothing in between.
+func stepper(t *testing.T) (lc *lifecycle.Lifecycle, step chan<- struct{}) {
+	t.Helper()
+	steps := make(chan struct{})
+	lc, err := lifecycle.New([]lifecycle.Phase{{
+		Name: "reclaim",
+		Run: func(ctx context.Context, p *lifecycle.Progress) error {
+			p.SetTotal(1000, "namespaces")
+			for {
+				select {
+				case <-steps:
+					p.Add(1)
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		},
+	}}, lifecycle.WithProgressInterval(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lc.Drain(context.Background()) })
+	return lc, steps
+}
+
+func extendLines(lines []string) []string {
+	return slices.DeleteFunc(lines, func(l string) bool { return !strings.HasPrefix(l, "EXTEND_TIMEOUT_USEC=") })
+}
+
+// EXTEND_TIMEOUT_USEC follows progress: a start stuck for longer than the
+// extension stops asking, so systemd's TimeoutStartSec can end it; the
+// asking resumes with the progress.
+func TestNotifierExtendsOnlyWhileStartProgresses(t *testing.T) {
+	ns := listenNotify(t)
+	const extend = 60 * time.Millisecond // asked again at most every 20 ms
+	lc, step := stepper(t)
+	n, err := health.NewNotifier(lc, health.NotifierOptions{ExtendTimeout: extend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	go func() { _ = lc.Start(context.Background()) }()
+	ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return l == "EXTEND_TIMEOUT_USEC=60000" })
+
+	// Stuck for 20 extensions: a timer would have asked 60 times more. The
+	// start itself (starting, reclaim running, its total) is at most 3
+	// changes, so at most 3 extensions.
+	time.Sleep(20 * extend)
+	stuck := extendLines(ns.snapshot()[:ns.mark(t)])
+	if len(stuck) > 3 {
+		t.Fatalf("%d extensions while the start made no progress for %v: %q", len(stuck), 20*extend, stuck)
+	}
+
+	// Progress: asked again.
+	step <- struct{}{}
+	ns.waitLine(t, "an extension after progress", func(string) bool { return len(extendLines(ns.snapshot())) > len(stuck) })
+	// And stuck again: at most one more for that step.
+	time.Sleep(20 * extend)
+	if again := extendLines(ns.snapshot()[:ns.mark(t)]); len(again) > len(stuck)+1 {
+		t.Errorf("%d extensions after one step and a stuck start, want at most %d: %q", len(again), len(stuck)+1, again)
+	}
+}
+
+// With a start budget, one EXTEND_TIMEOUT_USEC asks for exactly what is
+// left of it, whatever the progress, and nothing beyond it is ever asked.
+func TestNotifierStartBudget(t *testing.T) {
+	t.Run("budget left", func(t *testing.T) {
+		ns := listenNotify(t)
+		const budget = time.Hour
+		lc, step := stepper(t)
+		n, err := health.NewNotifier(lc, health.NotifierOptions{ExtendTimeout: 60 * time.Millisecond, StartBudget: budget})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		before := time.Now()
+		go func() { _ = lc.Start(context.Background()) }()
+		ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return strings.HasPrefix(l, "EXTEND_TIMEOUT_USEC=") })
+		elapsed := time.Since(before)
+		for range 5 {
+			step <- struct{}{}
+		}
+		time.Sleep(300 * time.Millisecond) // five extension periods of 60 ms
+		lines := extendLines(ns.snapshot()[:ns.mark(t)])
+		if len(lines) != 1 {
+			t.Fatalf("extensions %q, want exactly one", lines)
+		}
+		usec, err := strconv.ParseInt(strings.TrimPrefix(lines[0], "EXTEND_TIMEOUT_USEC="), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Duration(usec) * time.Microsecond; got > budget || got < budget-elapsed {
+			t.Errorf("asked for %v, want what is left of %v after at most %v: in [%v, %v]", got, budget, elapsed, budget-elapsed, budget)
+		}
+	})
+	t.Run("budget spent", func(t *testing.T) {
+		ns := listenNotify(t)
+		lc, _ := stepper(t)
+		n, err := health.NewNotifier(lc, health.NotifierOptions{ExtendTimeout: time.Minute, StartBudget: time.Nanosecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		go func() { _ = lc.Start(context.Background()) }()
+		ns.waitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
+		if lines := extendLines(ns.snapshot()[:ns.mark(t)]); len(lines) != 0 {
+			t.Errorf("asked for %q beyond a spent budget", lines)
+		}
+	})
 }

@@ -24,8 +24,11 @@ func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 const wait = 10 * time.Second
 
 // rig is a lifecycle whose phase reclaim holds startup open at
-// 1200/5000 namespaces until the test releases it, and whose phase serve
-// holds the drain open until the test lets it finish.
+// 1200/5000 namespaces until the test releases it, and whose phases serve
+// and listen hold the drain open in their Stop until the test lets it
+// finish (serve's stops first after a start; listen's when a drain cut the
+// start short, before serve succeeded). A rig made to fail does not hold
+// listen's Stop: the rollback of its start runs it.
 //
 //	lock ──► listen ──────────► serve
 //	   └───► reclaim ─────────┘
@@ -34,11 +37,12 @@ type rig struct {
 	reclaiming chan struct{} // closed once reclaim reported its progress
 	release    chan struct{} // closing it lets reclaim finish
 	fail       bool          // reclaim fails when released
-	stopping   chan struct{} // closed when serve's Stop runs
-	stopDone   chan struct{} // closing it lets serve's Stop return
+	stopping   chan struct{} // closed when the first held Stop runs
+	stopDone   chan struct{} // closing it lets the held Stops return
 	startErr   chan error
 	drainErr   chan error
 	once       sync.Once
+	stopOnce   sync.Once
 }
 
 func newRig(t *testing.T, fail bool) *rig {
@@ -53,9 +57,21 @@ func newRig(t *testing.T, fail bool) *rig {
 		drainErr:   make(chan error, 1),
 	}
 	noop := func(context.Context, *lifecycle.Progress) error { return nil }
+	hold := func(ctx context.Context) error {
+		r.stopOnce.Do(func() { close(r.stopping) })
+		select {
+		case <-r.stopDone:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	listenStop := hold
+	if fail {
+		listenStop = nil // the rollback of a failed start is not held
+	}
 	lc, err := lifecycle.New([]lifecycle.Phase{
 		{Name: "lock", Run: noop},
-		{Name: "listen", DependsOn: []string{"lock"}, Run: noop},
+		{Name: "listen", DependsOn: []string{"lock"}, Run: noop, Stop: listenStop},
 		{Name: "reclaim", DependsOn: []string{"lock"}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
 			p.SetTotal(5000, "namespaces")
 			p.SetDone(1200)
@@ -71,14 +87,7 @@ func newRig(t *testing.T, fail bool) *rig {
 			p.SetDone(5000)
 			return nil
 		}},
-		{Name: "serve", DependsOn: []string{"listen", "reclaim"}, Run: noop, Stop: func(ctx context.Context) error {
-			close(r.stopping)
-			select {
-			case <-r.stopDone:
-			case <-ctx.Done():
-			}
-			return nil
-		}},
+		{Name: "serve", DependsOn: []string{"listen", "reclaim"}, Run: noop, Stop: hold},
 	}, lifecycle.WithProgressInterval(time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +122,7 @@ func (r *rig) serve(t *testing.T) error {
 	}
 }
 
-// drain starts a drain and returns while it is held in serve's Stop.
+// drain starts a drain and returns while it is held in a Stop.
 func (r *rig) drain(t *testing.T) {
 	t.Helper()
 	go func() { r.drainErr <- r.lc.Drain(context.Background()) }()
@@ -123,14 +132,19 @@ func (r *rig) drain(t *testing.T) {
 // shutdown releases everything the rig holds and drains the lifecycle.
 func (r *rig) shutdown(t *testing.T) {
 	r.once.Do(func() { close(r.release) })
+	r.finishDrain()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_ = r.lc.Drain(ctx)
+}
+
+// finishDrain lets the held Stops return.
+func (r *rig) finishDrain() {
 	select {
 	case <-r.stopDone:
 	default:
 		close(r.stopDone)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	_ = r.lc.Drain(ctx)
 }
 
 func recv[T any](t *testing.T, c <-chan T, what string) T {

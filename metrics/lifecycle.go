@@ -26,6 +26,7 @@ const (
 	KeyTask    = attribute.Key("task")
 	KeyOutcome = attribute.Key("outcome")
 	KeyState   = attribute.Key("state")
+	KeyWarning = attribute.Key("warning")
 )
 
 var lifecycleStates = []lifecycle.State{
@@ -40,6 +41,7 @@ var lifecycleStates = []lifecycle.State{
 //	phasegate.task.duration           histogram, s   task, outcome    each background task, once it ended
 //	phasegate.lifecycle.state         gauge          state            1 for the current state, 0 for the others
 //	phasegate.lifecycle.degraded      gauge                           1 once a background task failed
+//	phasegate.lifecycle.warnings      gauge          warning          1 for each warning set (lifecycle.Warn), absent once cleared
 //	phasegate.lifecycle.since_start   gauge, s                        time since Start was called
 //	phasegate.lifecycle.startup       gauge, s                        how long the start took, once serving
 //	phasegate.phase.progress.done     gauge          phase            progress of each running phase
@@ -80,12 +82,14 @@ func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop fu
 		metric.WithDescription("Recent units of work per second of each running phase."))
 	eta, err8 := m.Float64ObservableGauge("phasegate.phase.eta", metric.WithUnit("s"),
 		metric.WithDescription("Estimated time left of each running phase."))
-	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8} {
+	warnings, err9 := m.Int64ObservableGauge("phasegate.lifecycle.warnings",
+		metric.WithDescription("1 for each warning the lifecycle carries: a condition that leaves it serving but needs an operator."))
+	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8, err9} {
 		if err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
 	}
-	est := lifecycle.NewEstimator(0, 0)
+	est := lifecycle.NewEstimator(lifecycle.DefaultETAWindow, lifecycle.DefaultETAMinSpan)
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := lc.Snapshot()
 		now := time.Now()
@@ -101,6 +105,9 @@ func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop fu
 			d = 1
 		}
 		o.ObserveInt64(degraded, d)
+		for _, w := range s.Warnings {
+			o.ObserveInt64(warnings, 1, metric.WithAttributes(KeyWarning.String(w.Name)))
+		}
 		if !s.Started.IsZero() {
 			o.ObserveFloat64(since, now.Sub(s.Started).Seconds())
 		}
@@ -125,7 +132,7 @@ func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop fu
 			}
 		}
 		return nil
-	}, state, degraded, since, startup, done, total, rate, eta)
+	}, state, degraded, warnings, since, startup, done, total, rate, eta)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}

@@ -184,6 +184,17 @@ func TestLifecycleMetrics(t *testing.T) {
 	if fam["go_goroutines"] == nil || fam["process_cpu_seconds_total"] == nil {
 		t.Error("no Go runtime or process metrics")
 	}
+
+	lc.Warn("egress", "net.ipv4.ip_forward is 0")
+	fam = scrape(t, p.Handler())
+	if v := value(sample(fam, "phasegate_lifecycle_warnings", map[string]string{"warning": "egress"})); v != 1 {
+		t.Errorf("warning egress = %v, want 1", v)
+	}
+	lc.ClearWarning("egress")
+	fam = scrape(t, p.Handler())
+	if m := sample(fam, "phasegate_lifecycle_warnings", map[string]string{"warning": "egress"}); m != nil {
+		t.Errorf("a cleared warning is still reported: %v", m)
+	}
 	_ = lc.Drain(context.Background())
 }
 

@@ -68,6 +68,14 @@ func run(b *testing.B, n int, op func(context.Context) error) ([]time.Duration, 
 	return slices.Concat(lat...), elapsed
 }
 
+// benchConfig is the recommended configuration without the drain delay,
+// which benchmarks have no checker to wait for.
+func benchConfig(addr string, hc *health.Checker, lc *lifecycle.Lifecycle) server.Config {
+	cfg := server.DefaultConfig()
+	cfg.Addr, cfg.Health, cfg.Gate, cfg.DrainDelay = addr, hc, server.LifecycleGate(lc), 0
+	return cfg
+}
+
 // variant is one side of a side-by-side benchmark.
 type variant struct {
 	name    string
@@ -152,7 +160,7 @@ func servingStack(b *testing.B, declare bool) (*server.Server, *lifecycle.Lifecy
 		b.Fatal(err)
 	}
 	hc := health.New(lc, health.Options{})
-	srv, err = server.New(server.Config{Addr: "127.0.0.1:0", Health: hc, Gate: server.LifecycleGate(lc), DrainDelay: -1})
+	srv, err = server.New(benchConfig("127.0.0.1:0", hc, lc))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -274,7 +282,7 @@ func BenchmarkUnavailableBeforeBind(b *testing.B) {
 		b.Fatal(err)
 	}
 	hc := health.New(lc, health.Options{})
-	srv, err = server.New(server.Config{Addr: "127.0.0.1:0", Health: hc, Gate: server.LifecycleGate(lc), DrainDelay: -1})
+	srv, err = server.New(benchConfig("127.0.0.1:0", hc, lc))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -350,7 +358,7 @@ func BenchmarkStartToAccepting(b *testing.B) {
 			b.Fatal(err)
 		}
 		hc := health.New(lc, health.Options{})
-		srv, err = server.New(server.Config{Addr: addr, Health: hc, Gate: server.LifecycleGate(lc), DrainDelay: -1})
+		srv, err = server.New(benchConfig(addr, hc, lc))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -6,7 +6,7 @@
 // private to this package): HTTP/2 connections whose first request has
 // content-type application/grpc go to the gRPC server, everything else to
 // the HTTP server. Connections that send nothing are dropped after
-// [Config.SniffTimeout] and never hold up a drain.
+// [Config.SniffTimeout], when it is set, and never hold up a drain.
 //
 // grpc-go forbids registering a service once it serves (the process dies),
 // so services are late-bound: [Server.Declare] every service before
@@ -16,6 +16,13 @@
 // its progress — never a hang, never Unimplemented. Once bound and open, a
 // call is dispatched by grpc-go as usual: interceptors, stats handlers,
 // GetServiceInfo and server reflection all see it.
+//
+// HTTP routes of the application are gated the same way, by choice:
+// [Server.DeclareHTTP] a route early and [Server.BindHTTP] its handler when
+// the phase that makes it ready has run. Until the route is bound and the
+// gate open, and while draining, a request gets 503 with Retry-After and
+// the same words a gRPC caller gets. Routes added with [Server.Handle]
+// (health, metrics, debug) answer whatever the state.
 //
 // [Server.Drain] shuts down in order: health NOT_SERVING first, a drain
 // delay, GracefulStop bounded by a stop timeout and then Stop, HTTP

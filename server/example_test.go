@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -75,4 +76,65 @@ func Example() {
 	// Output:
 	// serving 200
 	// <nil> stopped
+}
+
+// An HTTP route of the application waits for the daemon the way a gRPC
+// service does: declared early, bound by the phase that makes it ready,
+// 503 with the reason until the lifecycle serves.
+func ExampleServer_DeclareHTTP() {
+	reported, release := make(chan struct{}), make(chan struct{})
+	var srv *server.Server
+	lc, err := lifecycle.New([]lifecycle.Phase{
+		{Name: "listen", Run: func(ctx context.Context, _ *lifecycle.Progress) error { return srv.Serve(ctx) }},
+		{Name: "populate", DependsOn: []string{"listen"}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
+			p.SetTotal(16, "slots")
+			p.SetDone(3)
+			close(reported)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			p.SetDone(16)
+			return srv.BindHTTP("GET /v1/slots", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				fmt.Fprintln(w, "16 slots")
+			}))
+		}},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	srv, err = server.New(server.Config{Addr: "127.0.0.1:0", Gate: server.LifecycleGate(lc)})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := srv.DeclareHTTP("GET /v1/slots"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	started := make(chan error, 1)
+	go func() { started <- lc.Start(context.Background()) }()
+	get := func() {
+		resp, err := http.Get("http://" + srv.Addr().String() + "/v1/slots")
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		fmt.Printf("%d Retry-After=%q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	<-reported
+	get()
+	close(release)
+	<-started
+	get()
+	_ = lc.Drain(context.Background())
+	_ = srv.Drain(context.Background())
+	http.DefaultClient.CloseIdleConnections()
+	// Output:
+	// 503 Retry-After="1" GET /v1/slots unavailable: starting: phase populate 3/16 slots
+	// 200 Retry-After="" 16 slots
 }

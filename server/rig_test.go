@@ -163,12 +163,6 @@ func newStack(t *testing.T, cfg server.Config) *stack {
 	cfg.Health = st.hc
 	cfg.Gate = server.LifecycleGate(lc)
 	cfg.GRPCOptions = append(cfg.GRPCOptions, grpc.UnaryInterceptor(st.obs.unary), grpc.StatsHandler(st.obs))
-	if cfg.DrainDelay == 0 {
-		cfg.DrainDelay = -1
-	}
-	if cfg.StopTimeout == 0 {
-		cfg.StopTimeout = 5 * time.Second
-	}
 	st.srv, err = server.New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -28,7 +28,9 @@ var ErrServing = errors.New("server already serving")
 // [Server.Drain].
 var ErrClosed = errors.New("server: drained")
 
-// Config configures a [Server]. Zero durations take the defaults below.
+// Config configures a [Server]. Every duration means what it says: zero is
+// no delay or no bound, like net/http's timeouts, and a negative one is
+// refused by [New]. [DefaultConfig] has the recommended values.
 type Config struct {
 	// Addr is the TCP address to listen on, such as "127.0.0.1:0" or
 	// ":7000". Ignored when Listener is set.
@@ -39,10 +41,14 @@ type Config struct {
 
 	// SniffTimeout bounds how long a new connection may take to show
 	// whether it speaks gRPC; a client that sends nothing is dropped after
-	// it. Default 5s.
+	// it. Zero means no bound: a silent client keeps its connection (and a
+	// goroutine) until it closes it or the server drains — a drain never
+	// waits for it either way. Recommended: 5s.
 	SniffTimeout time.Duration
 	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout are the
-	// HTTP server's. Defaults 5s, 30s, 60s and 2m.
+	// HTTP server's (see net/http.Server). Zero means no bound; unlike
+	// net/http, a zero ReadHeaderTimeout or IdleTimeout does not fall back
+	// to ReadTimeout. Recommended: 5s, 30s, 60s and 2m.
 	ReadHeaderTimeout time.Duration
 	ReadTimeout       time.Duration
 	WriteTimeout      time.Duration
@@ -51,10 +57,13 @@ type Config struct {
 	// DrainDelay is how long Drain waits, with health already NOT_SERVING
 	// and new application calls refused, before it stops the servers: time
 	// for in-flight calls to finish and for checkers to see the change.
-	// Default 5s; a negative value means no delay.
+	// Zero means no delay. Recommended: 5s, or a little more than the
+	// interval of the slowest checker.
 	DrainDelay time.Duration
 	// StopTimeout bounds the graceful stop of the gRPC and HTTP servers
-	// after the delay; what is left then is closed. Default 10s.
+	// after the delay; what is left then is closed. Zero means no bound of
+	// the server's own: the graceful stop lasts until it ends or the ctx
+	// given to Drain does. Recommended: 10s.
 	StopTimeout time.Duration
 
 	// GRPCOptions are passed to grpc.NewServer: interceptors, stats
@@ -65,8 +74,9 @@ type Config struct {
 	// services are reported through it, and Drain shuts it down first and
 	// closes it (ending Watch streams) before stopping gRPC.
 	Health *health.Checker
-	// Gate decides whether calls to declared services may be dispatched;
-	// usually [LifecycleGate]. Nil means open once bound.
+	// Gate decides whether calls to declared services and requests to
+	// declared HTTP routes may be dispatched; usually [LifecycleGate]. Nil
+	// means open once bound.
 	Gate Gate
 	// DisableReflection leaves gRPC server reflection out.
 	DisableReflection bool
@@ -75,30 +85,62 @@ type Config struct {
 	// the multiplexer, so gRPC and HTTP share the certificate and the port;
 	// ALPN gives gRPC clients h2 and everyone else http/1.1.
 	TLS *tls.Config
-	// RequireClientCert makes declared services accept only calls that
-	// presented a client certificate verified against TLS.ClientCAs
-	// (codes.Unauthenticated otherwise). Health, reflection and the HTTP
-	// endpoints stay open to checkers, which present none.
+	// RequireClientCert makes declared services and declared HTTP routes
+	// accept only calls that presented a client certificate verified
+	// against TLS.ClientCAs (codes.Unauthenticated, or HTTP 403, otherwise).
+	// Health, reflection and the other HTTP endpoints stay open to
+	// checkers, which present none.
 	RequireClientCert bool
 }
 
-func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
+// DefaultConfig returns the recommended bounds and delays, without an
+// address: a daemon starts from it, sets Addr or Listener and overrides
+// what its flags say.
+func DefaultConfig() Config {
+	return Config{
+		SniffTimeout:      5 * time.Second,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		DrainDelay:        5 * time.Second,
+		StopTimeout:       10 * time.Second,
+	}
+}
+
+// validate reports every field that cannot be used, joined.
+func (c Config) validate() error {
+	var errs []error
+	if c.Addr == "" && c.Listener == nil {
+		errs = append(errs, errors.New("server: Config needs an Addr or a Listener"))
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"SniffTimeout", c.SniffTimeout},
+		{"ReadHeaderTimeout", c.ReadHeaderTimeout},
+		{"ReadTimeout", c.ReadTimeout},
+		{"WriteTimeout", c.WriteTimeout},
+		{"IdleTimeout", c.IdleTimeout},
+		{"DrainDelay", c.DrainDelay},
+		{"StopTimeout", c.StopTimeout},
+	} {
+		if f.d < 0 {
+			errs = append(errs, fmt.Errorf("server: Config.%s is %v, must not be negative (zero means none)", f.name, f.d))
 		}
 	}
-	def(&c.SniffTimeout, 5*time.Second)
-	def(&c.ReadHeaderTimeout, 5*time.Second)
-	def(&c.ReadTimeout, 30*time.Second)
-	def(&c.WriteTimeout, 60*time.Second)
-	def(&c.IdleTimeout, 2*time.Minute)
-	def(&c.DrainDelay, 5*time.Second)
-	def(&c.StopTimeout, 10*time.Second)
-	if c.DrainDelay < 0 {
-		c.DrainDelay = 0
+	return errors.Join(errs...)
+}
+
+// noBound turns this package's "zero is no bound" into net/http's, where a
+// zero ReadHeaderTimeout or IdleTimeout falls back to ReadTimeout and only a
+// negative one is no bound.
+func noBound(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
 	}
-	return c
+	return d
 }
 
 // Server is a gRPC server and an HTTP server on one port. Create it with
@@ -116,6 +158,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	services  map[string]*service
+	routes    map[string]*route // declared HTTP routes, by pattern
 	lis       *trackingListener // nil before Listen
 	cm        cmux.CMux
 	serving   bool
@@ -133,10 +176,9 @@ type Server struct {
 // service (when [Config.Health] is set) and server reflection on the gRPC
 // server, and mounts the health endpoints on the HTTP server.
 func New(cfg Config) (*Server, error) {
-	if cfg.Addr == "" && cfg.Listener == nil {
-		return nil, errors.New("server: Config needs an Addr or a Listener")
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
-	cfg = cfg.withDefaults()
 	tc, err := tlsConfig(cfg.TLS, cfg.RequireClientCert)
 	if err != nil {
 		return nil, err
@@ -152,14 +194,18 @@ func New(cfg Config) (*Server, error) {
 		grpc:     grpc.NewServer(opts...),
 		mux:      http.NewServeMux(),
 		services: make(map[string]*service),
+		routes:   make(map[string]*route),
 		done:     make(chan struct{}),
 	}
 	s.http = &http.Server{
 		Handler:           s.mux,
-		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadHeaderTimeout: noBound(cfg.ReadHeaderTimeout),
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
-		IdleTimeout:       cfg.IdleTimeout,
+		IdleTimeout:       noBound(cfg.IdleTimeout),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
 	}
 	if cfg.Health != nil {
 		cfg.Health.Register(s.grpc)
@@ -174,11 +220,20 @@ func New(cfg Config) (*Server, error) {
 // Handle registers an HTTP handler for pattern (http.ServeMux syntax). It
 // may be called at any time, also while serving. It fails, instead of
 // panicking like ServeMux, on an invalid pattern or one that conflicts
-// with a registered one, such as the health endpoints.
-func (s *Server) Handle(pattern string, h http.Handler) (err error) {
+// with a registered one, such as the health endpoints. The route is not
+// gated: see [Server.DeclareHTTP] for routes that must wait for the daemon.
+func (s *Server) Handle(pattern string, h http.Handler) error {
+	if err := s.handle(pattern, h); err != nil {
+		return fmt.Errorf("server: Handle %q: %w", pattern, err)
+	}
+	return nil
+}
+
+// handle is mux.Handle with its panics turned into errors.
+func (s *Server) handle(pattern string, h http.Handler) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("server: Handle %q: %v", pattern, v)
+			err = fmt.Errorf("%v", v)
 		}
 	}()
 	s.mux.Handle(pattern, h)
@@ -375,7 +430,10 @@ func (s *Server) drain(ctx context.Context) error {
 	_ = lis.Close()
 	lis.closeConns(false)
 
-	stopCtx, cancel := context.WithTimeout(s.hurry, s.cfg.StopTimeout)
+	stopCtx, cancel := context.WithCancel(s.hurry)
+	if s.cfg.StopTimeout > 0 {
+		stopCtx, cancel = context.WithTimeout(s.hurry, s.cfg.StopTimeout)
+	}
 	defer cancel()
 
 	graceful := make(chan struct{})
@@ -421,24 +479,29 @@ func (s *Server) drain(ctx context.Context) error {
 	return fmt.Errorf("server: %s not finished (%s); connections closed", strings.Join(cut, ", "), reason)
 }
 
-// waitFor waits until c is closed or d passed, unless the drain is
-// hurried. With a nil c it waits for d; it reports whether the wait ended
-// without being hurried or timing out on c.
+// waitFor waits until c is closed or, when d is positive, d passed, unless
+// the drain is hurried. With a nil c it waits for d alone, which is no wait
+// at all for a zero d. It reports whether the wait ended without being
+// hurried or timing out on c.
 func (s *Server) waitFor(c <-chan struct{}, d time.Duration) bool {
 	select {
 	case <-c:
 		return true
 	default:
 	}
-	if d <= 0 {
-		d = time.Nanosecond
+	if c == nil && d <= 0 {
+		return true
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
 	select {
 	case <-c:
 		return true
-	case <-t.C:
+	case <-timeout:
 		return c == nil
 	case <-s.hurry.Done():
 		return false

@@ -376,9 +376,17 @@ func TestDrainLetsInFlightCallsFinish(t *testing.T) {
 }
 
 // A connection that sends nothing, or half a preface, does not hold up the
-// drain, however long the sniff timeout.
+// drain, however long the sniff timeout, and also without one.
 func TestSilentConnectionsDoNotDelayDrain(t *testing.T) {
-	st := newStack(t, server.Config{SniffTimeout: time.Hour, StopTimeout: 500 * time.Millisecond})
+	for _, sniff := range []time.Duration{time.Hour, 0} {
+		t.Run(fmt.Sprintf("SniffTimeout=%v", sniff), func(t *testing.T) {
+			testSilentConnectionsDoNotDelayDrain(t, sniff)
+		})
+	}
+}
+
+func testSilentConnectionsDoNotDelayDrain(t *testing.T, sniff time.Duration) {
+	st := newStack(t, server.Config{SniffTimeout: sniff, StopTimeout: 500 * time.Millisecond})
 	st.start(t)
 	st.serve(t)
 	silent := dialRaw(t, st.addr())
@@ -572,7 +580,7 @@ func TestServeFailureIsReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Listener: l, DrainDelay: -1})
+	srv, err := server.New(server.Config{Listener: l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -638,5 +646,129 @@ func TestSilentConnectionIsDropped(t *testing.T) {
 	_ = c.SetReadDeadline(time.Now().Add(wait))
 	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Errorf("silent connection: read %v, want it closed by the server", err)
+	}
+}
+
+// An explicit zero drain delay is no delay: the drain of an idle server does
+// not wait the 5 s that a zero once stood for. The ctx bound is a generous
+// sanity bound below those 5 s; a delay still waited for would be cut short
+// by it and reported.
+func TestZeroDrainDelayMeansNone(t *testing.T) {
+	srv, err := server.New(server.Config{Addr: "127.0.0.1:0", DrainDelay: 0, StopTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Serve(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	if err := srv.Drain(ctx); err != nil {
+		t.Errorf("Drain with DrainDelay 0: %v", err)
+	}
+}
+
+// A negative duration means nothing: New says which field, instead of
+// reading it as "no delay" or "the default".
+func TestConfigRejectsNegativeDurations(t *testing.T) {
+	for _, tt := range []struct {
+		field string
+		set   func(*server.Config)
+	}{
+		{"SniffTimeout", func(c *server.Config) { c.SniffTimeout = -time.Second }},
+		{"ReadHeaderTimeout", func(c *server.Config) { c.ReadHeaderTimeout = -time.Second }},
+		{"ReadTimeout", func(c *server.Config) { c.ReadTimeout = -time.Second }},
+		{"WriteTimeout", func(c *server.Config) { c.WriteTimeout = -time.Second }},
+		{"IdleTimeout", func(c *server.Config) { c.IdleTimeout = -time.Second }},
+		{"DrainDelay", func(c *server.Config) { c.DrainDelay = -1 }},
+		{"StopTimeout", func(c *server.Config) { c.StopTimeout = -time.Second }},
+	} {
+		t.Run(tt.field, func(t *testing.T) {
+			cfg := server.DefaultConfig()
+			cfg.Addr = "127.0.0.1:0"
+			tt.set(&cfg)
+			_, err := server.New(cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.field) {
+				t.Errorf("New with a negative %s: %v, want an error naming the field", tt.field, err)
+			}
+		})
+	}
+}
+
+// DefaultConfig carries the recommended bounds that a zero once stood for;
+// a zero in a field now means no bound.
+func TestDefaultConfig(t *testing.T) {
+	got := server.DefaultConfig()
+	want := server.Config{
+		SniffTimeout:      5 * time.Second,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		DrainDelay:        5 * time.Second,
+		StopTimeout:       10 * time.Second,
+	}
+	if got.SniffTimeout != want.SniffTimeout || got.ReadHeaderTimeout != want.ReadHeaderTimeout ||
+		got.ReadTimeout != want.ReadTimeout || got.WriteTimeout != want.WriteTimeout ||
+		got.IdleTimeout != want.IdleTimeout || got.DrainDelay != want.DrainDelay || got.StopTimeout != want.StopTimeout {
+		t.Errorf("DefaultConfig() = %+v", got)
+	}
+}
+
+// Alive probes the port itself: nil before Serve, nil while the port
+// answers /livez, an error naming the answer once /livez fails (a failed
+// lifecycle) or the port is gone from under the server, nil again once the
+// server drains.
+func TestAlive(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	st := newStack(t, server.Config{})
+	if err := st.srv.Alive(ctx); err != nil {
+		t.Errorf("Alive before Serve: %v", err)
+	}
+	st.start(t)
+	if err := st.srv.Alive(ctx); err != nil {
+		t.Errorf("Alive while starting: %v", err)
+	}
+	st.serve(t)
+	if err := st.lc.Fail(errors.New("reconciler died")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.srv.Alive(ctx); err == nil || !strings.Contains(err.Error(), "503") {
+		t.Errorf("Alive with a failed lifecycle: %v, want the 503 of /livez", err)
+	}
+	if err := st.srv.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.srv.Alive(ctx); err != nil {
+		t.Errorf("Alive once drained: %v", err)
+	}
+
+	// A listener that dies under a serving server.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc, err := lifecycle.New([]lifecycle.Phase{{Name: "x", Run: func(context.Context, *lifecycle.Progress) error { return nil }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := health.New(lc, health.Options{})
+	defer hc.Close()
+	srv, err := server.New(server.Config{Listener: l, Health: hc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Drain(ctx) }()
+	if err := srv.Serve(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Alive(ctx); err != nil {
+		t.Errorf("Alive on a fresh port: %v", err)
+	}
+	_ = l.Close()
+	recv(t, srv.Done(), "Done after the listener failed")
+	if err := srv.Alive(ctx); err == nil {
+		t.Error("Alive with the listener gone: nil")
 	}
 }

@@ -144,7 +144,7 @@ func (s *Server) admit(ctx context.Context, svc *service) (any, error) {
 		}
 	}
 	if s.draining.Load() {
-		return nil, status.Errorf(codes.Unavailable, "%s unavailable: draining", svc.name)
+		return nil, status.Errorf(codes.Unavailable, "%s unavailable: %v", svc.name, errDraining)
 	}
 	if s.gate != nil {
 		if err := s.gate.Allow(); err != nil {

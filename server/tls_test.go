@@ -29,6 +29,14 @@ func TestTLSOnOnePortWithClientCertificatesForAppServices(t *testing.T) {
 		TLS:               &tls.Config{Certificates: []tls.Certificate{certs.Server}, ClientCAs: certs.CAPool},
 		RequireClientCert: true,
 	})
+	if err := st.srv.DeclareHTTP("GET /v1/hello"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.srv.BindHTTP("GET /v1/hello", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "hello")
+	})); err != nil {
+		t.Fatal(err)
+	}
 	st.start(t)
 	st.serve(t)
 
@@ -73,6 +81,32 @@ func TestTLSOnOnePortWithClientCertificatesForAppServices(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || resp.ProtoMajor != 1 {
 		t.Fatalf("HTTPS /readyz: %s over %s", resp.Status, resp.Proto)
+	}
+	// A gated HTTP route is application API: no client certificate, 403;
+	// with one, its handler.
+	for _, withCert := range []bool{false, true} {
+		cfg := &tls.Config{RootCAs: certs.CAPool}
+		want := http.StatusForbidden
+		if withCert {
+			cfg.Certificates, want = []tls.Certificate{certs.Client}, http.StatusOK
+		}
+		tr := &http.Transport{TLSClientConfig: cfg}
+		resp, err := (&http.Client{Transport: tr, Timeout: wait}).Get("https://" + st.addr() + "/v1/hello")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		tr.CloseIdleConnections()
+		if resp.StatusCode != want {
+			t.Errorf("HTTPS /v1/hello with a client certificate %v: %s %q, want %d", withCert, resp.Status, body, want)
+		}
+	}
+
+	// The self-probe speaks TLS to its own port, without a client
+	// certificate: /livez is open to checkers.
+	if err := st.srv.Alive(ctx); err != nil {
+		t.Errorf("Alive over TLS: %v", err)
 	}
 
 	// Plain text on the TLS port gets nowhere and does not hang.
