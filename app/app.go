@@ -147,10 +147,6 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 		OnHTTPCheck: checks.HTTP,
 	})
 	a.stops = append(a.stops, a.checker.Close)
-	if a.notifier, err = health.NewNotifier(a.lc, health.NotifierOptions{}); err != nil {
-		return fail(err)
-	}
-	a.stops = append(a.stops, a.notifier.Close)
 
 	lis, err := a.listener()
 	if err != nil {
@@ -161,20 +157,30 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 		grpc.ChainUnaryInterceptor(checks.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(checks.StreamServerInterceptor()),
 	}, cfg.GRPCOptions...)
-	a.srv, err = server.New(server.Config{
-		Addr:              cfg.Listen,
-		Listener:          lis,
-		DrainDelay:        cfg.DrainDelay,
-		StopTimeout:       cfg.StopTimeout,
-		Health:            a.checker,
-		Gate:              server.LifecycleGate(a.lc),
-		TLS:               cfg.TLS,
-		RequireClientCert: cfg.RequireClientCert,
-		GRPCOptions:       grpcOpts,
-	})
-	if err != nil {
+	sc := server.DefaultConfig()
+	sc.Addr, sc.Listener = cfg.Listen, lis
+	sc.DrainDelay, sc.StopTimeout = cfg.DrainDelay, cfg.StopTimeout
+	sc.Health, sc.Gate = a.checker, server.LifecycleGate(a.lc)
+	sc.TLS, sc.RequireClientCert = cfg.TLS, cfg.RequireClientCert
+	sc.GRPCOptions = grpcOpts
+	if a.srv, err = server.New(sc); err != nil {
 		return fail(err)
 	}
+
+	// systemd: STATUS, READY=1, STOPPING=1; EXTEND_TIMEOUT_USEC for the
+	// start's own budget (and what its rollback may take), never more; and
+	// WATCHDOG=1 only while the lifecycle answers and the port serves its
+	// own /livez.
+	no := health.DefaultNotifierOptions()
+	if cfg.StartTimeout > 0 {
+		no.StartBudget = cfg.StartTimeout + a.stopBudget
+	}
+	no.Alive = a.srv.Alive
+	no.OnAliveError = func(err error) { a.log.Error("liveness self-check failed: no WATCHDOG=1 sent", "error", err) }
+	if a.notifier, err = health.NewNotifier(a.lc, no); err != nil {
+		return fail(err)
+	}
+	a.stops = append(a.stops, a.notifier.Close)
 	for pattern, h := range map[string]http.Handler{
 		"GET " + PathMetrics:   a.metrics.Handler(),
 		"GET " + PathLifecycle: viewHandler(a.lc),
