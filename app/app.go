@@ -217,13 +217,19 @@ func (a *App) graph(phases []lifecycle.Phase) []lifecycle.Phase {
 		}
 	}
 	budget := a.cfg.StopBudget()
-	out := slices.Clone(phases)
-	return append(out,
-		// The listen phase's stop drains the port when the start fails
-		// before serve; after serve, serve's stop has done it already.
-		lifecycle.Phase{Name: PhaseListen, DependsOn: a.cfg.ListenAfter, Run: a.runListen, Stop: a.stopServer, StopTimeout: budget},
-		lifecycle.Phase{Name: PhaseServe, DependsOn: serveAfter, Run: runServe, Stop: a.stopServer, StopTimeout: budget},
-	)
+	// The listen phase's stop drains the port when the start fails before
+	// serve; after serve, serve's stop has done it already.
+	listen := lifecycle.Phase{Name: PhaseListen, DependsOn: a.cfg.ListenAfter, Run: a.runListen, Stop: a.stopServer, StopTimeout: budget}
+	// Declared right after the phases it waits for, so that views that
+	// list phases in declaration order read in the order things happen.
+	at := 0
+	for i, p := range phases {
+		if slices.Contains(a.cfg.ListenAfter, p.Name) {
+			at = i + 1
+		}
+	}
+	out := slices.Insert(slices.Clone(phases), at, listen)
+	return append(out, lifecycle.Phase{Name: PhaseServe, DependsOn: serveAfter, Run: runServe, Stop: a.stopServer, StopTimeout: budget})
 }
 
 func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {

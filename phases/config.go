@@ -13,8 +13,15 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/phases/lockfile"
+)
+
+// Reclaim modes (Config.ReclaimMode).
+const (
+	ReclaimBackground = "background"
+	ReclaimForeground = "foreground"
 )
 
 // ErrConfig is wrapped by every error [Config.Validate] returns: the daemon
@@ -45,6 +52,15 @@ type Config struct {
 	// ReclaimKillOrphans ends processes found inside leaked namespaces;
 	// without it they are reported and cut off.
 	ReclaimKillOrphans bool
+	// ReclaimMode says when dead slots (leaked by an earlier run) are torn
+	// down: ReclaimBackground after the daemon serves (the default: a
+	// restart serves in the time of a scan, whatever the host's state), or
+	// ReclaimForeground before the warm slots are made.
+	ReclaimMode string
+	// Firewall is what slots may reach: each other (off by default) and
+	// the host's own services (none by default, bar replies and ping of
+	// their own gateway).
+	Firewall nft.Policy
 	// PoolSize is how many warm slots the pool keeps.
 	PoolSize int
 	// PoolMinReady is how many warm slots the populate phase waits for;
@@ -107,6 +123,7 @@ func DefaultConfig() Config {
 		LockDir:           lockfile.DefaultDir,
 		Slots:             slot.DefaultConfig(),
 		ReclaimWorkers:    slot.DefaultWorkers,
+		ReclaimMode:       ReclaimBackground,
 		PoolSize:          16,
 		PoolMinReady:      1,
 		PoolGrace:         5 * time.Minute,
@@ -161,6 +178,12 @@ func (c Config) Validate() error {
 	nonNegative("--drain-delay", c.DrainDelay)
 	nonNegative("--start-timeout", c.StartTimeout)
 	nonNegative("--populate-timeout", c.PopulateTimeout)
+	if c.ReclaimMode != ReclaimBackground && c.ReclaimMode != ReclaimForeground {
+		bad("--reclaim %q: want %s or %s", c.ReclaimMode, ReclaimBackground, ReclaimForeground)
+	}
+	if err := c.Firewall.Validate(); err != nil {
+		bad("firewall policy: %v", err)
+	}
 	if c.ReclaimWorkers < 1 {
 		bad("--reclaim-workers is %d, want at least 1", c.ReclaimWorkers)
 	}
@@ -186,6 +209,12 @@ func (c Config) Validate() error {
 		bad("--stop-timeout is %v, must be positive", c.StopTimeout)
 	}
 	return errors.Join(errs...)
+}
+
+// reclaimInForeground: dead slots are torn down before the warm slots are
+// made, as the serial baseline does too.
+func (c Config) reclaimInForeground() bool {
+	return c.ReclaimMode == ReclaimForeground || c.SerialBaseline
 }
 
 // LockPath is the lock file that guards this configuration's slots: the

@@ -6,11 +6,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/network/egress"
+	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/reconcile"
@@ -43,12 +50,17 @@ type Daemon struct {
 	// Built by the phases, each written once by its phase before any
 	// dependent phase reads it: the lifecycle's ordering is the
 	// synchronisation.
-	lock   *lockfile.Lock
-	mgr    *slot.Manager
-	report *reclaim.Report
-	store  *storage.Storage
-	pool   *pool.Pool
-	slots  *slotsService
+	lock      *lockfile.Lock
+	store     *leases.Store // the durable records (lock phase)
+	safeMode  bool          // records lost: keep every slot something lives in
+	stateLost string        // why, for the health warning
+	mgr       *slot.Manager
+	plan      *restorePlan    // what the restore decided (reclaim phase)
+	report    *reclaim.Report // the foreground reclaim's, when there is one
+	idx       *storage.Storage
+	pool      *pool.Pool
+	slots     *slotsService
+	deadDone  chan struct{} // closed when the dead slots are reclaimed
 }
 
 // New validates cfg and declares the daemon's phases, its port and its
@@ -163,7 +175,7 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 		d.lock = l
 		d.app.HandOver(lockHandover, l.File())
 		p.SetMessage("kept across the upgrade")
-		return nil
+		return d.openStore()
 	}
 	if d.cfg.LockWait > 0 {
 		p.SetMessage("waiting up to " + d.cfg.LockWait.String() + " for " + path)
@@ -177,55 +189,171 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	d.lock = l
 	d.app.HandOver(lockHandover, l.File())
+	return d.openStore()
+}
+
+// openStore opens the records once the lock is held: only the holder of
+// the slots may read and change what they are.
+func (d *Daemon) openStore() error {
+	st, err := d.openState()
+	if err != nil {
+		return lifecycle.Permanent(err)
+	}
+	d.store = st
+	if d.stateLost != "" {
+		d.lc.Warn(warnStateLost, d.stateLost+"; slots something lives in are kept and quarantined")
+	}
 	return nil
 }
 
 // lockHandover names the lock's descriptor across an in-place upgrade.
 const lockHandover = "lock"
 
-// stopLock releases the lock, except for an upgrade: the new image takes
-// the descriptor over, so no other daemon can slip in between.
+// stopLock closes the records and releases the lock, except for an
+// upgrade: the new image takes the lock's descriptor over, so no other
+// daemon can slip in between.
 func (d *Daemon) stopLock(context.Context) error {
-	if d.app.Upgrading() {
-		return nil
+	var err error
+	if d.store != nil {
+		err = d.store.Close()
 	}
-	return d.lock.Unlock()
+	if d.app.Upgrading() {
+		return err
+	}
+	return errors.Join(err, d.lock.Unlock())
 }
 
+// Names of the daemon's health warnings and background tasks. A warning
+// named like a running task is shown with the task's progress.
+const (
+	warnStateLost  = "state-lost"
+	warnLeasesLost = "leases-lost"
+	warnEgress     = "egress"
+	taskReclaim    = "reclaim-dead"
+	taskReconcile  = "reconcile"
+	taskFill       = "fill"
+	taskLeases     = "leases"
+)
+
+// slotOptions are the slot manager's settings.
+func (d *Daemon) slotOptions() slot.Options {
+	o := slot.DefaultOptions()
+	o.Firewall = d.cfg.Firewall
+	return o
+}
+
+// teardownOptions are the settings of every teardown but the start's.
+func (d *Daemon) teardownOptions() slot.TeardownOptions {
+	return slot.TeardownOptions{Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReclaimKillOrphans}
+}
+
+// runReclaim is the critical path of a restart: scan what is on the host,
+// match it with the records, restore the leases whose slots are intact
+// (touching nothing inside them), adopt the idle ones, and decide what is
+// dead. The dead are reclaimed here only with --reclaim=foreground (and in
+// the serial baseline); by default they are reclaimed in the background
+// once the warm slots are made, so that serving never waits on the
+// kernel's clean-up of the dead.
 func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if d.mgr == nil {
-		mgr, err := slot.NewManager(ctx, d.cfg.Slots, slot.Options{})
+		mgr, err := slot.NewManager(ctx, d.cfg.Slots, d.slotOptions())
 		if err != nil {
 			return err
 		}
 		d.mgr = mgr
+		d.checkEgress(ctx)
 	}
-	p.SetTotal(0, "namespaces")
+	start := time.Now()
+	p.SetMessage("scanning")
+	inv, err := d.mgr.Scan(ctx)
+	if err != nil {
+		return fmt.Errorf("scan: %w", err)
+	}
+	scanned := time.Since(start)
+	recs, err := d.store.Load()
+	var bad []int
+	if re := (*leases.RecordsError)(nil); errors.As(err, &re) {
+		for i := range re.Bad {
+			bad = append(bad, i)
+		}
+		slices.Sort(bad)
+	} else if err != nil {
+		return lifecycle.Permanent(fmt.Errorf("load the records: %w", err))
+	}
+	now := time.Now()
+	plan, err := d.classify(ctx, recs, bad, inv, now)
+	if err != nil {
+		return err
+	}
+	if err := d.restoreLeases(ctx, plan, inv, now); err != nil {
+		return err
+	}
+	d.plan = plan
+	d.logPlan(plan)
+	d.obs.restored(plan)
+	trace.SpanFromContext(ctx).SetAttributes(
+		attribute.Int("phasegate.restore.leases", len(plan.restored)),
+		attribute.Int("phasegate.restore.adopted", len(plan.adopted)),
+		attribute.Int("phasegate.restore.reclaim", len(plan.dead)),
+		attribute.Int("phasegate.restore.lost", len(plan.lost)),
+		attribute.Int("phasegate.restore.held", len(plan.held)),
+		attribute.String("phasegate.restore.scan", scanned.String()),
+	)
+	if n := len(plan.lost); n > 0 {
+		var slots []int
+		for _, l := range plan.lost {
+			slots = append(slots, l.rec.Index)
+		}
+		d.lc.Warn(warnLeasesLost, fmt.Sprintf("%d leases lost across the restart (slots %v): their namespace or host link was gone or made again; owners see why in Get", n, slots))
+	}
+
+	if !d.cfg.reclaimInForeground() || len(plan.dead) == 0 {
+		p.SetMessage(plan.String())
+		return nil
+	}
+	p.SetTotal(int64(len(plan.dead)), "namespaces")
 	opts := reclaim.Options{
 		Strategy:    reclaim.Batched,
 		Workers:     d.cfg.ReclaimWorkers,
 		Budget:      d.cfg.ReclaimBudget,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
 		Progress: func(done, total int) {
-			if done == 0 || done == total || done%64 == 0 {
-				p.SetTotal(int64(total), "namespaces")
-			}
 			p.SetDone(int64(done))
 		},
 	}
 	if d.cfg.SerialBaseline {
 		opts.Strategy = reclaim.Serial
 	}
-	rep, err := reclaim.Run(ctx, d.mgr, opts)
+	rep, err := reclaim.Slots(ctx, d.mgr, plan.dead, opts)
 	if err != nil {
 		return err
 	}
-	p.SetTotal(int64(rep.Found), "namespaces")
+	rep.Scan = scanned
 	p.SetDone(int64(len(rep.Reclaimed)))
 	d.report = rep
 	d.obs.reclaimed(rep)
 	d.logReport(rep)
 	return nil
+}
+
+// checkEgress says what the slots' traffic to the outside needs and the
+// host does not give: a log line each and a health warning.
+func (d *Daemon) checkEgress(ctx context.Context) {
+	rep := egress.Check(ctx, egress.Config{Table: d.mgr.Firewall().Name(), HostIfPrefix: d.cfg.Slots.Prefix + "h"})
+	var warn []string
+	for _, pr := range rep.Problems {
+		if pr.Kind == egress.Unverifiable {
+			d.log.Info("egress check: cannot verify", "problem", pr.Message)
+			continue
+		}
+		d.log.Warn("egress check: slots cannot reach the outside", "kind", pr.Kind.String(), "problem", pr.Message)
+		warn = append(warn, pr.Message)
+	}
+	if len(warn) > 0 {
+		d.lc.Warn(warnEgress, strings.Join(warn, "; "))
+	} else {
+		d.lc.ClearWarning(warnEgress)
+	}
 }
 
 // stopFirewall removes the daemon's nftables table once no slot is left in
@@ -279,45 +407,75 @@ func (d *Daemon) logReport(rep *reclaim.Report) {
 	}
 }
 
+// runStorage builds the allocator from what the restore decided: the
+// indices of restored leases, lost leases and adopted slots are taken,
+// those of dead slots still to reclaim (in the background) and of slots
+// kept in safe mode are quarantined, so that no index is ever handed out
+// while something of another slot is still there.
 func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
-	store, err := storage.New(d.cfg.Slots.Slots, d.report.Quarantine())
+	n := d.cfg.Slots.Slots
+	var quarantine []int
+	if d.report != nil {
+		quarantine = d.report.Quarantine()
+	}
+	if !d.cfg.reclaimInForeground() {
+		for i := range d.plan.dead {
+			quarantine = append(quarantine, i)
+		}
+	}
+	quarantine = append(append(quarantine, d.plan.held...), d.plan.bad...)
+	quarantine = slices.DeleteFunc(quarantine, func(i int) bool { return i > n })
+	idx, err := storage.New(n, quarantine)
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
-	d.store = store
-	if q := store.Quarantined(); len(q) > 0 {
-		p.SetMessage(fmt.Sprintf("%d slots quarantined for the reconciler", len(q)))
-	}
-	rec := reconcile.New(d.mgr, store, reconcile.Options{
-		Interval: d.cfg.ReconcileInterval,
-		Teardown: slot.TeardownOptions{Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReclaimKillOrphans},
-		OnPass: func(pass reconcile.Pass) {
-			d.log.Debug("reconcile pass", "pass", fmt.Sprintf("%+v", pass))
-		},
-	})
-	p.Defer("reconcile", func(ctx context.Context, _ *lifecycle.Progress) error {
-		err := rec.Run(ctx)
-		if ctx.Err() != nil {
-			return ctx.Err() // stopped by the drain: not a fault
+	for _, l := range append(slices.Clone(d.plan.restored), d.plan.lost...) {
+		if l.rec.Index <= n {
+			if err := idx.Claim(l.rec.Index); err != nil {
+				return lifecycle.Permanent(fmt.Errorf("lease of slot %d: %w", l.rec.Index, err))
+			}
 		}
-		return err
-	})
+	}
+	for _, s := range d.plan.adopted {
+		if err := idx.Claim(s.Index); err != nil {
+			return lifecycle.Permanent(fmt.Errorf("idle slot %d: %w", s.Index, err))
+		}
+	}
+	d.idx = idx
+	if q := idx.Quarantined(); len(q) > 0 {
+		p.SetMessage(fmt.Sprintf("%d slots quarantined until reclaimed", len(q)))
+	}
 	return nil
 }
 
+// runPopulate makes the pool, with the adopted slots warm and the restored
+// leases handed out, and waits for --pool-min-ready warm slots, made from
+// free indices before any dead slot is reclaimed: making a slot then never
+// waits on the kernel's clean-up of the dead. The reclaim of the dead, the
+// rest of the fill and the reconciler go on in the background.
 func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 	if d.pool == nil {
-		pl, err := pool.New(d.mgr, d.store, pool.Options{
+		var inUse []*slot.Slot
+		for _, l := range d.plan.restored {
+			inUse = append(inUse, l.slot)
+		}
+		pl, err := pool.New(d.mgr, d.idx, pool.Options{
 			Target:   d.cfg.PoolSize,
 			Grace:    d.cfg.PoolGrace,
-			Teardown: slot.TeardownOptions{Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReclaimKillOrphans},
+			Teardown: d.teardownOptions(),
+			Idle:     d.plan.adopted,
+			InUse:    inUse,
+			OnMade:   d.recordIdle,
+			OnGone:   d.forget,
 		})
 		if err != nil {
 			return lifecycle.Permanent(err)
 		}
 		d.pool = pl
 		d.obs.setPool(pl)
-		d.slots = newSlotsService(d.cfg.Slots, d.store, pl, d.log)
+		d.slots = newSlotsService(d.cfg.Slots, d.idx, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
+			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent)
+		d.obs.setLeases(d.slots)
 	}
 	p.SetTotal(int64(d.cfg.PoolMinReady), "warm slots")
 	stopWatch := watchPool(d.pool, p)
@@ -327,8 +485,19 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		return fmt.Errorf("wait for %d warm slots: %w (last pool error: %v)", d.cfg.PoolMinReady, err, d.pool.Snapshot().LastError)
 	}
 	p.SetDone(int64(d.cfg.PoolMinReady))
+
+	d.deadDone = make(chan struct{})
+	if dead := d.deadToReclaim(); len(dead) > 0 {
+		p.Defer(taskReclaim, func(ctx context.Context, tp *lifecycle.Progress) error {
+			defer close(d.deadDone)
+			return d.reclaimDead(ctx, tp, dead)
+		})
+	} else {
+		close(d.deadDone)
+	}
+	p.Defer(taskReconcile, d.runReconciler)
 	if d.cfg.PoolSize > d.cfg.PoolMinReady {
-		p.Defer("fill", func(ctx context.Context, tp *lifecycle.Progress) error {
+		p.Defer(taskFill, func(ctx context.Context, tp *lifecycle.Progress) error {
 			tp.SetTotal(int64(d.cfg.PoolSize), "warm slots")
 			stop := watchPool(d.pool, tp)
 			defer stop()
@@ -340,6 +509,97 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		})
 	}
 	return nil
+}
+
+// deadToReclaim is what the background reclaim has to do: the dead slots,
+// unless the reclaim phase did them.
+func (d *Daemon) deadToReclaim() slot.Inventory {
+	if d.cfg.reclaimInForeground() {
+		return nil
+	}
+	return d.plan.dead
+}
+
+// reclaimDead tears the dead slots down in the background, paced so that
+// health checks and Acquire stay fast, and frees their indices as they go.
+// While it runs /health says warn, with its progress, rate and time left.
+func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead slot.Inventory) error {
+	d.lc.Warn(taskReclaim, fmt.Sprintf("reclaiming %d dead slots in the background", len(dead)))
+	defer d.lc.ClearWarning(taskReclaim)
+	p.SetTotal(int64(len(dead)), "namespaces")
+	rep, err := reclaim.Slots(ctx, d.mgr, dead, reclaim.Options{
+		Strategy:    reclaim.Batched,
+		Workers:     d.cfg.ReclaimWorkers,
+		KillOrphans: d.cfg.ReclaimKillOrphans,
+		Progress:    func(done, _ int) { p.SetDone(int64(done)) },
+	})
+	n := d.cfg.Slots.Slots
+	for _, i := range rep.Reclaimed {
+		if i > n {
+			continue
+		}
+		if ferr := d.idx.Free(i); ferr != nil {
+			d.log.Warn("reclaimed slot's index could not be freed", "slot", i, "error", ferr)
+		}
+	}
+	d.report = rep
+	d.obs.reclaimed(rep)
+	d.logReport(rep)
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err() // the drain: what is left waits for the next start
+	}
+	return err
+}
+
+// runReconciler sweeps quarantined and stray slots every interval, once
+// the background reclaim of the dead is over (they would fight over the
+// same indices). Its passes are logged when they do something or fail, and
+// counted.
+func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error {
+	select {
+	case <-d.deadDone:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	rec := reconcile.New(d.mgr, d.idx, reconcile.Options{
+		Interval: d.cfg.ReconcileInterval,
+		Teardown: d.teardownOptions(),
+		OnPass:   d.reconciled,
+	})
+	err := rec.Run(ctx)
+	if ctx.Err() != nil {
+		return ctx.Err() // stopped by the drain: not a fault
+	}
+	return err
+}
+
+// reconciled logs and counts a reconcile pass: at info when it freed or
+// claimed slots, at warn when it failed, and not at all when it found
+// nothing to do.
+func (d *Daemon) reconciled(pass reconcile.Pass) {
+	d.obs.reconciled(pass)
+	switch {
+	case pass.Err != nil:
+		d.log.Warn("reconcile pass failed", "error", pass.Err, "claimed", len(pass.Claimed), "freed", len(pass.Freed))
+	case len(pass.Claimed) > 0 || len(pass.Freed) > 0:
+		d.log.Info("reconcile pass", "claimed", len(pass.Claimed), "freed", len(pass.Freed))
+	}
+}
+
+// recordIdle records a slot the pool made (pool.Options.OnMade), so that a
+// restart adopts it.
+func (d *Daemon) recordIdle(ctx context.Context, s *slot.Slot) error {
+	now := time.Now()
+	return d.store.Put(ctx, leases.Record{Index: s.Index, State: leases.Idle, Netns: s.NetnsID, HostIfindex: s.HostIfIndex, Created: now})
+}
+
+// forget deletes the records of slots the pool tore down
+// (pool.Options.OnGone). A record left behind would only be found stale at
+// the next start.
+func (d *Daemon) forget(indices []int) {
+	if err := d.store.Delete(context.Background(), indices...); err != nil {
+		d.log.Warn("records of slots torn down could not be deleted", "slots", fmt.Sprint(indices), "error", err)
+	}
 }
 
 // watchPool reports the pool's warm count into p until stopped.
@@ -361,18 +621,18 @@ func watchPool(pl *pool.Pool, p *lifecycle.Progress) (stop func()) {
 	return func() { close(done); wg.Wait() }
 }
 
-// stopPool destroys every slot this run made: the idle and half-made ones
-// through Close, then those still acquired, which Put destroys once the
-// pool is closed.
+// stopPool stops the pool and keeps its warm slots, recorded, for the
+// next start to adopt; leased slots are not touched: a restart, an upgrade
+// or a stop never cuts a workload off. `phasegate decommission` destroys
+// everything.
 func (d *Daemon) stopPool(ctx context.Context) error {
-	err := d.pool.Close(ctx)
-	for _, s := range d.slots.takeAll() {
-		err = errors.Join(err, d.pool.Put(ctx, s))
-	}
+	kept, err := d.pool.Stop(ctx)
+	held, lost := d.slots.counts()
+	d.log.Info("pool stopped: slots kept for the next start", "warm", len(kept), "leased", held-lost, "lost_leases", lost)
 	return err
 }
 
-func (d *Daemon) runRegister(context.Context, *lifecycle.Progress) error {
+func (d *Daemon) runRegister(_ context.Context, p *lifecycle.Progress) error {
 	srv := d.app.Server()
 	if err := srv.Bind(slotsServiceName, d.slots); err != nil {
 		return lifecycle.Permanent(err)
@@ -380,5 +640,11 @@ func (d *Daemon) runRegister(context.Context, *lifecycle.Progress) error {
 	if err := srv.Handle("GET /debug/slots", d.slots.debugHandler()); err != nil {
 		return lifecycle.Permanent(err)
 	}
+	p.Defer(taskLeases, func(ctx context.Context, _ *lifecycle.Progress) error {
+		if err := d.slots.runExpiry(ctx, time.Second); ctx.Err() == nil {
+			return err
+		}
+		return ctx.Err()
+	})
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
+	"github.com/phasegate/phasegate/network/reconcile"
 )
 
 // meterScope is the instrumentation scope of the daemon's own instruments.
@@ -25,13 +26,23 @@ const meterScope = "github.com/phasegate/phasegate/phases"
 //	phasegate.reclaim.slots           counter        result   found, reclaimed, failed, deferred
 //	phasegate.pool.size               gauge                   the target number of warm slots
 //	phasegate.pool.slots              gauge          state    idle, acquired, creating
+//	phasegate.restore.slots           counter        result   restored, adopted, lost, held (each start)
+//	phasegate.lease.events            counter        event    acquired, released, expired
+//	phasegate.leases                  gauge          state    held, lost
+//	phasegate.reconcile.passes        counter        result   ok, failed
+//	phasegate.reconcile.slots         counter        result   claimed, freed
 type observer struct {
-	meter   metric.Meter
-	acquire metric.Float64Histogram
-	reclaim metric.Int64Counter
+	meter     metric.Meter
+	acquire   metric.Float64Histogram
+	reclaim   metric.Int64Counter
+	restore   metric.Int64Counter
+	leaseEv   metric.Int64Counter
+	passes    metric.Int64Counter
+	reconcile metric.Int64Counter
 
-	mu      sync.Mutex
-	poolReg metric.Registration
+	mu       sync.Mutex
+	poolReg  metric.Registration
+	leaseReg metric.Registration
 }
 
 // init makes the instruments on mp. The observer exists before (its
@@ -49,7 +60,70 @@ func (o *observer) init(mp metric.MeterProvider) error {
 		metric.WithDescription("Leaked slots found by reclaim, and how many were reclaimed, failed or deferred to the reconciler.")); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
+	if o.restore, err = o.meter.Int64Counter("phasegate.restore.slots",
+		metric.WithDescription("Slots found at a start: leases restored, idle slots adopted, leases lost, unknown slots held in safe mode.")); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	if o.leaseEv, err = o.meter.Int64Counter("phasegate.lease.events",
+		metric.WithDescription("Leases acquired, released and expired.")); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	if o.passes, err = o.meter.Int64Counter("phasegate.reconcile.passes",
+		metric.WithDescription("Reconciler passes, by result (ok, failed): alert on failed.")); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	if o.reconcile, err = o.meter.Int64Counter("phasegate.reconcile.slots",
+		metric.WithDescription("Slots the reconciler claimed (strays found) and freed.")); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	return nil
+}
+
+func (o *observer) add(c metric.Int64Counter, key, value string, n int) {
+	if c != nil && n > 0 {
+		c.Add(context.Background(), int64(n), metric.WithAttributes(attribute.String(key, value)))
+	}
+}
+
+// restored counts what a start found.
+func (o *observer) restored(p *restorePlan) {
+	o.add(o.restore, "result", "restored", len(p.restored))
+	o.add(o.restore, "result", "adopted", len(p.adopted))
+	o.add(o.restore, "result", "lost", len(p.lost))
+	o.add(o.restore, "result", "held", len(p.held))
+}
+
+// leaseEvent counts a lease event (slotsService's leaseEvents).
+func (o *observer) leaseEvent(event string, n int) { o.add(o.leaseEv, "event", event, n) }
+
+// reconciled counts a reconcile pass.
+func (o *observer) reconciled(p reconcile.Pass) {
+	result := "ok"
+	if p.Err != nil {
+		result = "failed"
+	}
+	o.add(o.passes, "result", result, 1)
+	o.add(o.reconcile, "result", "claimed", len(p.Claimed))
+	o.add(o.reconcile, "result", "freed", len(p.Freed))
+}
+
+// setLeases starts reporting the lease gauge.
+func (o *observer) setLeases(s *slotsService) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.leaseReg != nil {
+		return
+	}
+	g, err := o.meter.Int64ObservableGauge("phasegate.leases", metric.WithDescription("Leases held now, and how many of them were lost across a restart."))
+	if err != nil {
+		return
+	}
+	o.leaseReg, _ = o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
+		held, lost := s.counts()
+		ob.ObserveInt64(g, int64(held-lost), metric.WithAttributes(attribute.String("state", "held")))
+		ob.ObserveInt64(g, int64(lost), metric.WithAttributes(attribute.String("state", "lost")))
+		return nil
+	}, g)
 }
 
 // grpcOptions time Acquire calls.
@@ -111,8 +185,10 @@ func (o *observer) setPool(p *pool.Pool) {
 func (o *observer) close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.poolReg != nil {
-		_ = o.poolReg.Unregister()
-		o.poolReg = nil
+	for _, r := range []*metric.Registration{&o.poolReg, &o.leaseReg} {
+		if *r != nil {
+			_ = (*r).Unregister()
+			*r = nil
+		}
 	}
 }

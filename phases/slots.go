@@ -10,13 +10,18 @@ import (
 	"time"
 	"unicode"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/network/storage"
@@ -25,45 +30,70 @@ import (
 // slotsServiceName is the Slots API's full gRPC name.
 const slotsServiceName = "phasegate.v1.Slots"
 
-// maxOwnerLen bounds Acquire's owner: it is logged and listed.
-const maxOwnerLen = 256
+// maxIDLen bounds Acquire's owner and request id: they are logged, listed
+// and recorded.
+const maxIDLen = 256
 
 func slotsServiceDesc() *grpc.ServiceDesc { return &phasegatev1.Slots_ServiceDesc }
 
-// slotsService implements phasegate.v1.Slots over the pool and storage.
+// lease is a slot leased to an owner, as recorded. A lost lease has no
+// slot: its objects were gone when the daemon restarted.
+type lease struct {
+	rec        leases.Record
+	slot       *slot.Slot
+	lostReason string
+}
+
+// slotsService implements phasegate.v1.Slots over the pool, the allocator
+// and the durable records. Every lease is recorded before Acquire replies;
+// Release and KeepAlive compare the lease id in the same transaction that
+// changes the record.
 type slotsService struct {
 	phasegatev1.UnimplementedSlotsServer
 
-	cfg   slot.Config
-	store *storage.Storage
-	pool  *pool.Pool
-	log   *slog.Logger
+	cfg    slot.Config
+	idx    *storage.Storage
+	pool   *pool.Pool
+	store  *leases.Store
+	log    *slog.Logger
+	tracer trace.Tracer
+	events leaseEvents
 
-	mu       sync.Mutex
-	acquired map[int]*lease
+	acquiring singleflight.Group // one Acquire per owner and request id at a time
+
+	mu     sync.Mutex
+	leased map[int]*lease // by index, lost ones included
 }
 
-// lease is a slot handed to an owner.
-type lease struct {
-	slot  *slot.Slot
-	owner string
-	since time.Time
-}
+// leaseEvents counts what happens to leases (the daemon's metrics); nil
+// functions count nothing.
+type leaseEvents func(event string, n int)
 
-func newSlotsService(cfg slot.Config, store *storage.Storage, pl *pool.Pool, log *slog.Logger) *slotsService {
-	return &slotsService{cfg: cfg, store: store, pool: pl, log: log, acquired: map[int]*lease{}}
-}
-
-func validOwner(owner string) error {
-	switch {
-	case owner == "":
-		return errors.New("owner is required")
-	case len(owner) > maxOwnerLen:
-		return fmt.Errorf("owner is %d bytes, at most %d", len(owner), maxOwnerLen)
+func newSlotsService(cfg slot.Config, idx *storage.Storage, pl *pool.Pool, store *leases.Store, restored []*lease,
+	log *slog.Logger, tracer trace.Tracer, events leaseEvents) *slotsService {
+	s := &slotsService{cfg: cfg, idx: idx, pool: pl, store: store, log: log, tracer: tracer, events: events, leased: map[int]*lease{}}
+	for _, l := range restored {
+		s.leased[l.rec.Index] = l
 	}
-	for _, r := range owner {
+	return s
+}
+
+func (s *slotsService) count(event string) {
+	if s.events != nil {
+		s.events(event, 1)
+	}
+}
+
+func validID(what, id string, required bool) error {
+	switch {
+	case id == "" && required:
+		return fmt.Errorf("%s is required", what)
+	case len(id) > maxIDLen:
+		return fmt.Errorf("%s is %d bytes, at most %d", what, len(id), maxIDLen)
+	}
+	for _, r := range id {
 		if !unicode.IsPrint(r) || r == unicode.ReplacementChar {
-			return errors.New("owner must be printable UTF-8")
+			return fmt.Errorf("%s must be printable UTF-8", what)
 		}
 	}
 	return nil
@@ -81,28 +111,171 @@ func (s *slotsService) checkIndex(i uint32) error {
 	return nil
 }
 
+// acquired is Acquire's answer: the lease, and whether it existed already
+// (a retry).
+type acquired struct {
+	l     *lease
+	retry bool
+}
+
 // Acquire implements phasegate.v1.Slots.
 func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequest) (*phasegatev1.AcquireResponse, error) {
-	if err := validOwner(req.GetOwner()); err != nil {
+	if err := validID("owner", req.GetOwner(), true); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := validID("request_id", req.GetRequestId(), false); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	ttl := req.GetTtl().AsDuration()
+	if req.GetTtl() != nil && (!req.GetTtl().IsValid() || ttl < 0) {
+		return nil, status.Error(codes.InvalidArgument, "ttl must be a non-negative duration")
+	}
+	var (
+		a   acquired
+		err error
+	)
+	if req.GetRequestId() == "" {
+		a, err = s.acquire(ctx, req.GetOwner(), "", ttl)
+	} else {
+		// Concurrent retries of one request wait for the first: they must
+		// get its slot, not one each.
+		key := req.GetOwner() + "\x00" + req.GetRequestId()
+		var v any
+		v, err, _ = s.acquiring.Do(key, func() (any, error) {
+			a, err := s.acquire(ctx, req.GetOwner(), req.GetRequestId(), ttl)
+			return a, err
+		})
+		if err == nil {
+			a = v.(acquired)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	st := phasegatev1.SlotState_SLOT_STATE_ACQUIRED
+	if a.l.slot == nil {
+		st = phasegatev1.SlotState_SLOT_STATE_LOST
+	}
+	return &phasegatev1.AcquireResponse{Slot: s.describe(a.l.rec.Index, st, a.l), LeaseId: a.l.rec.LeaseID}, nil
+}
+
+func (s *slotsService) acquire(ctx context.Context, owner, requestID string, ttl time.Duration) (acquired, error) {
+	if requestID != "" {
+		if l, ok, err := s.byRequest(owner, requestID); err != nil {
+			return acquired{}, err
+		} else if ok {
+			s.log.Info("slot acquire retried: same lease", "slot", l.rec.Index, "owner", owner, "request_id", requestID)
+			return acquired{l: l, retry: true}, nil
+		}
 	}
 	sl, err := s.pool.Get(ctx)
 	switch {
 	case errors.Is(err, pool.ErrClosed):
-		return nil, status.Error(codes.Unavailable, "draining: the slot pool is closed")
+		return acquired{}, status.Error(codes.Unavailable, "draining: the slot pool is closed")
 	case errors.Is(err, storage.ErrExhausted):
-		return nil, status.Errorf(codes.ResourceExhausted, "all %d slots are in use or quarantined", s.cfg.Slots)
-	case ctx.Err() != nil:
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return acquired{}, status.Errorf(codes.ResourceExhausted, "all %d slots are leased or quarantined", s.cfg.Slots)
+	case ctx.Err() != nil && err != nil:
+		return acquired{}, status.FromContextError(ctx.Err()).Err()
 	case err != nil:
-		return nil, status.Errorf(codes.Internal, "make a slot: %v", err)
+		return acquired{}, status.Errorf(codes.Internal, "make a slot: %v", err)
 	}
-	l := &lease{slot: sl, owner: req.GetOwner(), since: time.Now()}
+	now := time.Now()
+	rec := leases.Record{
+		Index: sl.Index, State: leases.Leased,
+		Owner: owner, LeaseID: leases.NewLeaseID(), RequestID: requestID,
+		Acquired: now, TTL: ttl,
+		Netns: sl.NetnsID, HostIfindex: sl.HostIfIndex, Created: now,
+	}
+	if ttl > 0 {
+		rec.Expires = now.Add(ttl)
+	}
+	// The record first, the reply after: a lease the client hears of is a
+	// lease a restart restores. If the record cannot be written, or the
+	// caller left before it was, the slot goes back to the pool unused.
+	if err := s.store.Put(ctx, rec); err != nil {
+		if rerr := s.pool.Return(sl); rerr != nil {
+			s.log.Warn("slot not leased could not go back to the pool", "slot", sl.Index, "error", rerr)
+		}
+		var dup *leases.DuplicateRequestError
+		switch {
+		case errors.As(err, &dup):
+			// A retry on another daemon image's connection won the race.
+			if l, ok, lerr := s.byRequest(owner, requestID); lerr == nil && ok {
+				return acquired{l: l, retry: true}, nil
+			}
+			return acquired{}, status.Errorf(codes.Aborted, "request %q of %q is being served: retry", requestID, owner)
+		case errors.Is(err, leases.ErrNoSpace):
+			s.log.Error("lease not recorded: the state filesystem is full; nothing handed out", "slot", sl.Index, "owner", owner, "error", err)
+			return acquired{}, status.Errorf(codes.ResourceExhausted, "cannot record the lease: the daemon's state filesystem is full")
+		case ctx.Err() != nil:
+			return acquired{}, status.FromContextError(ctx.Err()).Err()
+		}
+		return acquired{}, status.Errorf(codes.Internal, "record the lease: %v", err)
+	}
+	l := &lease{rec: rec, slot: sl}
 	s.mu.Lock()
-	s.acquired[sl.Index] = l
+	s.leased[sl.Index] = l
 	s.mu.Unlock()
-	s.log.Info("slot acquired", "slot", sl.Index, "owner", l.owner)
-	return &phasegatev1.AcquireResponse{Slot: s.describe(sl.Index, phasegatev1.SlotState_SLOT_STATE_ACQUIRED, l)}, nil
+	s.count("acquired")
+	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "ttl", ttl.String())
+	return acquired{l: l}, nil
+}
+
+// byRequest finds the lease an earlier Acquire of this request recorded.
+func (s *slotsService) byRequest(owner, requestID string) (*lease, bool, error) {
+	rec, ok, err := s.store.ByRequest(owner, requestID)
+	if err != nil {
+		return nil, false, status.Errorf(codes.Internal, "look the request up: %v", err)
+	}
+	if !ok || rec.State != leases.Leased {
+		return nil, false, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.leased[rec.Index]
+	if !ok || l.rec.LeaseID != rec.LeaseID {
+		return nil, false, status.Errorf(codes.Internal, "slot %d is recorded leased to %q but not held", rec.Index, owner)
+	}
+	return l, true, nil
+}
+
+// errWrongLease refuses a lease id that is not the slot's lease.
+var errWrongLease = errors.New("wrong lease id")
+
+// endLease removes the slot's lease record if leaseID is its lease (any
+// lease when leaseID is ""), and forgets the lease. The caller gives the
+// slot back.
+func (s *slotsService) endLease(ctx context.Context, i int, leaseID string) (*lease, error) {
+	_, err := s.store.Update(ctx, i, func(r *leases.Record) error {
+		if r.State != leases.Leased {
+			return leases.ErrNotFound
+		}
+		if leaseID != "" && r.LeaseID != leaseID {
+			return errWrongLease
+		}
+		return leases.ErrRemove
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	l := s.leased[i]
+	delete(s.leased, i)
+	s.mu.Unlock()
+	return l, nil
+}
+
+// leaseError maps a lease check to the status Release and KeepAlive answer.
+func leaseError(i int, err error) error {
+	switch {
+	case errors.Is(err, leases.ErrNotFound):
+		return status.Errorf(codes.FailedPrecondition, "slot %d is not leased", i)
+	case errors.Is(err, errWrongLease):
+		return status.Errorf(codes.PermissionDenied, "slot %d: lease_id is not this slot's lease", i)
+	case errors.Is(err, leases.ErrNoSpace):
+		return status.Errorf(codes.ResourceExhausted, "slot %d: cannot record the change: the daemon's state filesystem is full", i)
+	}
+	return status.Errorf(codes.Internal, "slot %d: %v", i, err)
 }
 
 // Release implements phasegate.v1.Slots.
@@ -111,20 +284,118 @@ func (s *slotsService) Release(ctx context.Context, req *phasegatev1.ReleaseRequ
 		return nil, err
 	}
 	i := int(req.GetIndex())
-	s.mu.Lock()
-	l, ok := s.acquired[i]
-	delete(s.acquired, i) // taken under the lock: a concurrent double release fails
-	s.mu.Unlock()
-	if !ok {
-		return nil, status.Errorf(codes.FailedPrecondition, "slot %d is not acquired", i)
+	if req.GetLeaseId() == "" {
+		return nil, status.Errorf(codes.PermissionDenied, "slot %d: lease_id is required", i)
 	}
-	// Put resets the slot for its next owner, or destroys it when it cannot:
-	// either way the caller no longer has it.
-	if err := s.pool.Put(context.WithoutCancel(ctx), l.slot); err != nil {
-		s.log.Warn("released slot could not be reset; destroyed", "slot", i, "owner", l.owner, "error", err)
+	l, err := s.endLease(ctx, i, req.GetLeaseId())
+	if err != nil {
+		return nil, leaseError(i, err)
 	}
-	s.log.Info("slot released", "slot", i, "owner", l.owner, "held", time.Since(l.since).Round(time.Millisecond).String())
+	s.giveBack(context.WithoutCancel(ctx), l)
+	s.count("released")
+	s.log.Info("slot released", "slot", i, "owner", l.rec.Owner, "held", time.Since(l.rec.Acquired).Round(time.Millisecond).String())
 	return &phasegatev1.ReleaseResponse{}, nil
+}
+
+// giveBack returns the slot of an ended lease to the pool, which tears it
+// down and makes a fresh one in its place; a lost lease's index, which no
+// slot occupies, goes back to the allocator.
+func (s *slotsService) giveBack(ctx context.Context, l *lease) {
+	if l == nil {
+		return
+	}
+	if l.slot == nil {
+		if err := s.idx.Release(l.rec.Index); err != nil {
+			s.log.Warn("index of a lost lease could not be freed", "slot", l.rec.Index, "error", err)
+		}
+		return
+	}
+	if err := s.pool.Put(ctx, l.slot); err != nil {
+		s.log.Warn("released slot: teardown failed; the index stays quarantined for the reconciler", "slot", l.rec.Index, "error", err)
+	}
+}
+
+// KeepAlive implements phasegate.v1.Slots.
+func (s *slotsService) KeepAlive(ctx context.Context, req *phasegatev1.KeepAliveRequest) (*phasegatev1.KeepAliveResponse, error) {
+	if err := s.checkIndex(req.GetIndex()); err != nil {
+		return nil, err
+	}
+	i := int(req.GetIndex())
+	if req.GetLeaseId() == "" {
+		return nil, status.Errorf(codes.PermissionDenied, "slot %d: lease_id is required", i)
+	}
+	now := time.Now()
+	rec, err := s.store.Update(ctx, i, func(r *leases.Record) error {
+		if r.State != leases.Leased {
+			return leases.ErrNotFound
+		}
+		if r.LeaseID != req.GetLeaseId() {
+			return errWrongLease
+		}
+		if r.TTL > 0 {
+			r.Expires = now.Add(r.TTL)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, leaseError(i, err)
+	}
+	s.mu.Lock()
+	if l := s.leased[i]; l != nil {
+		l.rec = rec
+	}
+	s.mu.Unlock()
+	resp := &phasegatev1.KeepAliveResponse{Ttl: durationpb.New(rec.TTL)}
+	if !rec.Expires.IsZero() {
+		resp.ExpiresAt = timestamppb.New(rec.Expires)
+	}
+	return resp, nil
+}
+
+// expire ends every lease whose TTL ran out: logged, counted, traced, and
+// its slot reclaimed. It returns how many it ended.
+func (s *slotsService) expire(ctx context.Context, now time.Time) int {
+	s.mu.Lock()
+	var due []*lease
+	for _, l := range s.leased {
+		if l.rec.Expired(now) {
+			due = append(due, l)
+		}
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, l := range due {
+		_, span := s.tracer.Start(ctx, "lease expired", trace.WithAttributes(
+			attribute.Int("phasegate.slot", l.rec.Index), attribute.String("phasegate.owner", l.rec.Owner),
+			attribute.String("phasegate.ttl", l.rec.TTL.String())))
+		ended, err := s.endLease(ctx, l.rec.Index, l.rec.LeaseID)
+		if err != nil {
+			// Released or renewed meanwhile.
+			span.End()
+			continue
+		}
+		s.giveBack(ctx, ended)
+		span.End()
+		n++
+		s.count("expired")
+		s.log.Warn("lease expired: not kept alive within its TTL; slot reclaimed", "slot", l.rec.Index, "owner", l.rec.Owner,
+			"ttl", l.rec.TTL.String(), "expired", now.Sub(l.rec.Expires).Round(time.Millisecond).String()+" ago")
+	}
+	return n
+}
+
+// runExpiry ends expired leases every interval until ctx ends.
+func (s *slotsService) runExpiry(ctx context.Context, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			s.expire(ctx, now)
+		}
+	}
 }
 
 // Get implements phasegate.v1.Slots.
@@ -145,11 +416,12 @@ func (s *slotsService) List(_ context.Context, req *phasegatev1.ListRequest) (*p
 // not free.
 func (s *slotsService) states(includeFree bool) []*phasegatev1.Slot {
 	ps := s.pool.Snapshot()
-	ss := s.store.Snapshot()
+	ss := s.idx.Snapshot()
 	s.mu.Lock()
-	leases := make(map[int]*lease, len(s.acquired))
-	for i, l := range s.acquired {
-		leases[i] = l
+	held := make(map[int]*lease, len(s.leased))
+	for i, l := range s.leased {
+		c := *l
+		held[i] = &c
 	}
 	s.mu.Unlock()
 
@@ -161,20 +433,23 @@ func (s *slotsService) states(includeFree bool) []*phasegatev1.Slot {
 	var out []*phasegatev1.Slot
 	for i := 1; i <= ss.N; i++ {
 		st := phasegatev1.SlotState_SLOT_STATE_FREE
+		l := held[i]
 		switch {
-		case leases[i] != nil:
+		case l != nil && l.slot == nil:
+			st = phasegatev1.SlotState_SLOT_STATE_LOST
+		case l != nil:
 			st = phasegatev1.SlotState_SLOT_STATE_ACQUIRED
 		case idle[i]:
 			st = phasegatev1.SlotState_SLOT_STATE_WARM
 		case ss.States[i-1] == storage.Quarantined:
 			st = phasegatev1.SlotState_SLOT_STATE_QUARANTINED
 		case ss.States[i-1] != storage.Free:
-			st = phasegatev1.SlotState_SLOT_STATE_BUSY // being made, reset or destroyed
+			st = phasegatev1.SlotState_SLOT_STATE_BUSY // being made or torn down
 		}
 		if st == phasegatev1.SlotState_SLOT_STATE_FREE && !includeFree {
 			continue
 		}
-		out = append(out, s.describe(i, st, leases[i]))
+		out = append(out, s.describe(i, st, l))
 	}
 	return out
 }
@@ -192,22 +467,28 @@ func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease) *phas
 		InsideAddress:   sl.InsideAddr.String(),
 	}
 	if l != nil {
-		out.Owner = l.owner
-		out.AcquiredAt = timestamppb.New(l.since)
+		out.Owner = l.rec.Owner
+		out.AcquiredAt = timestamppb.New(l.rec.Acquired)
+		out.RequestId = l.rec.RequestID
+		out.Ttl = durationpb.New(l.rec.TTL)
+		if !l.rec.Expires.IsZero() {
+			out.ExpiresAt = timestamppb.New(l.rec.Expires)
+		}
+		out.LostReason = l.lostReason
 	}
 	return out
 }
 
-// takeAll removes and returns every acquired slot, for the drain.
-func (s *slotsService) takeAll() []*slot.Slot {
+// counts returns how many leases are held and how many of them are lost.
+func (s *slotsService) counts() (held, lost int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []*slot.Slot
-	for i, l := range s.acquired {
-		out = append(out, l.slot)
-		delete(s.acquired, i)
+	for _, l := range s.leased {
+		if l.slot == nil {
+			lost++
+		}
 	}
-	return out
+	return len(s.leased), lost
 }
 
 // debugHandler serves List as JSON at /debug/slots (?all=1 adds free ones).

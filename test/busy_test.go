@@ -76,7 +76,7 @@ func TestBusyNamespacesAtShutdown(t *testing.T) {
 	if took > 15*time.Second {
 		t.Errorf("drain took %v", took)
 	}
-	h.assertClean(h.prefix, nil)
+	h.stoppedCleanly(h.prefix, nil)
 	if !alive(inside) || !alive(holder) {
 		t.Error("the daemon killed processes of its users at shutdown; it should only cut them off")
 	}
@@ -118,7 +118,7 @@ func TestBusyNamespacesAtReclaim(t *testing.T) {
 			if code := d.wait(30 * time.Second); code != 0 {
 				t.Fatalf("exit %d", code)
 			}
-			h.assertClean(h.prefix, nil)
+			h.stoppedCleanly(h.prefix, nil)
 			writeReport(t, "busy-reclaim-"+name+".txt", report+"\n")
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +21,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/phases"
 )
 
 // phaseDeps is the daemon's graph (DESIGN.md section 3).
@@ -209,7 +212,7 @@ func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 	if code := d.wait(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d after SIGTERM, want 0", code)
 	}
-	h.assertClean(h.prefix, want)
+	h.stoppedCleanly(h.prefix, want)
 
 	checkTrace(t, jaeger, service, began)
 }
@@ -281,7 +284,83 @@ func (h *host) assertClean(prefix string, allowed []string) {
 	if l := h.links(prefix + "h"); len(l) > 0 {
 		h.t.Errorf("%d host links left: %v", len(l), l[:min(5, len(l))])
 	}
-	if out, _ := exec.Command("nft", "list", "tables").Output(); strings.Contains(string(out), tableOf(prefix)) {
+	if h.hasTable(prefix) {
 		h.t.Errorf("nftables table %s left", tableOf(prefix))
 	}
+}
+
+// hasTable reports whether the nftables table of prefix exists. A check
+// that cannot run fails the test: "nothing left" must never pass because
+// nft is missing.
+func (h *host) hasTable(prefix string) bool {
+	h.t.Helper()
+	out, err := exec.Command("nft", "list", "tables").CombinedOutput()
+	if err != nil {
+		h.t.Fatalf("nft list tables: %v\n%s", err, out)
+	}
+	return strings.Contains(string(out), tableOf(prefix))
+}
+
+// stopped is what a clean stop leaves: the slots the records name (leased
+// ones and warm ones, kept for the next start), and nothing else. It
+// returns the records.
+func (h *host) assertOnlyRecorded(prefix string) []leases.Record {
+	h.t.Helper()
+	st, err := leases.Open(filepath.Join(h.stateDir, phases.StateFileName), leases.Options{})
+	if err != nil {
+		h.t.Fatalf("open the records: %v", err)
+	}
+	defer st.Close()
+	recs, err := st.Load()
+	if err != nil {
+		h.t.Fatalf("load the records: %v", err)
+	}
+	recorded := map[string]bool{}
+	for _, r := range recs {
+		recorded[fmt.Sprintf("%s%d", prefix, r.Index)] = true
+		recorded[fmt.Sprintf("%sh%d", prefix, r.Index)] = true
+	}
+	for _, f := range h.netnsFiles(prefix) {
+		if !recorded[f] {
+			h.t.Errorf("netns file %s left, not recorded", f)
+		}
+	}
+	for _, l := range h.links(prefix + "h") {
+		if !recorded[l] {
+			h.t.Errorf("host link %s left, not recorded", l)
+		}
+	}
+	files := map[string]bool{}
+	for _, f := range h.netnsFiles(prefix) {
+		files[f] = true
+	}
+	for _, r := range recs {
+		if name := fmt.Sprintf("%s%d", prefix, r.Index); !files[name] {
+			h.t.Errorf("slot %d is recorded %s but its namespace %s is gone", r.Index, r.State, name)
+		}
+	}
+	if len(recs) > 0 && !h.hasTable(prefix) {
+		h.t.Errorf("slots are kept but the firewall table %s is gone", tableOf(prefix))
+	}
+	return recs
+}
+
+// decommission destroys what a clean stop keeps, with the command an
+// operator runs for a host that leaves service.
+func (h *host) decommission(prefix string) {
+	h.t.Helper()
+	out, err := exec.Command(binary, "decommission", "--destroy-leased-slots", "--netns-dir="+h.netnsDir,
+		"--slot-prefix="+prefix, "--slots=4000", "--state-dir="+h.stateDir).CombinedOutput()
+	if err != nil {
+		h.t.Fatalf("decommission: %v\n%s", err, out)
+	}
+}
+
+// stoppedCleanly checks what a clean stop leaves (only recorded slots),
+// then decommissions and checks that nothing at all is left.
+func (h *host) stoppedCleanly(prefix string, allowed []string) {
+	h.t.Helper()
+	h.assertOnlyRecorded(prefix)
+	h.decommission(prefix)
+	h.assertClean(prefix, allowed)
 }

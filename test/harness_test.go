@@ -26,6 +26,9 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(workloadEnv); addr != "" {
+		os.Exit(runWorkload(addr))
+	}
 	os.Exit(runMain(m))
 }
 
@@ -61,6 +64,11 @@ type host struct {
 	prefix   string
 	netnsDir string
 	stateDir string
+	// cidr is the host's own slot network: a random /19 of 100.64.0.0/10,
+	// so that slots of tests (and of other test packages) running at the
+	// same time never share an address, as they would in the default
+	// link-local /17, and traffic to a slot reaches that slot.
+	cidr string
 }
 
 func newHost(t *testing.T) *host {
@@ -71,11 +79,13 @@ func newHost(t *testing.T) *host {
 		p = append(p, letters[rand.IntN(len(letters))])
 	}
 	base := t.TempDir()
+	block := rand.IntN(128) // 128 /19s in 100.64.0.0/10
 	h := &host{
 		t:        t,
 		prefix:   string(p) + "-",
 		netnsDir: filepath.Join(base, "netns"),
 		stateDir: filepath.Join(base, "state"),
+		cidr:     fmt.Sprintf("100.%d.%d.0/19", 64+block/8, (block%8)*32),
 	}
 	// Registered after TempDir, so it runs before TempDir's removal.
 	t.Cleanup(func() { h.sweep(h.prefix) })
@@ -240,6 +250,7 @@ func (h *host) args(addr string, extra ...string) []string {
 		"--state-dir=" + h.stateDir,
 		"--netns-dir=" + h.netnsDir,
 		"--slot-prefix=" + h.prefix,
+		"--slot-cidr=" + h.cidr,
 		"--slots=4000",
 		"--pool-size=4",
 		"--drain-delay=200ms",

@@ -123,7 +123,7 @@ func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
 	if code := d.wait(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	h.assertClean(h.prefix, nil)
+	h.stoppedCleanly(h.prefix, nil)
 }
 
 // rss is the daemon's resident set size in KiB.

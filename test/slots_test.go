@@ -131,7 +131,7 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	if code := d2.wait(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d after SIGTERM, want 0", code)
 	}
-	h.assertClean(h.prefix, nil)
+	h.stoppedCleanly(h.prefix, nil)
 }
 
 func TestSIGTERMDuringStartupStopsCleanly(t *testing.T) {
@@ -152,7 +152,7 @@ func TestSIGTERMDuringStartupStopsCleanly(t *testing.T) {
 	if code := d2.wait(30 * time.Second); code != 0 {
 		t.Fatalf("second run exit %d", code)
 	}
-	h.assertClean(h.prefix, nil)
+	h.stoppedCleanly(h.prefix, nil)
 }
 
 // TestSerialBaselineBindsLast checks the benchmark baseline really is the
@@ -182,5 +182,5 @@ func TestSerialBaselineBindsLast(t *testing.T) {
 	if code := d.wait(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	h.assertClean(h.prefix, nil)
+	h.stoppedCleanly(h.prefix, nil)
 }

@@ -86,5 +86,5 @@ func TestMutualTLS(t *testing.T) {
 	if code := d.wait(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	h.assertClean(h.prefix, nil)
+	h.stoppedCleanly(h.prefix, nil)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
@@ -99,4 +100,34 @@ func usage(w io.Writer, fs *flag.FlagSet, synopsis string) {
 		}
 		fmt.Fprintf(w, "  --%-22s %s%s\n", f.Name, f.Usage, def)
 	})
+}
+
+// portsValue is a flag.Value for a comma-separated list of ports.
+type portsValue struct{ p *[]uint16 }
+
+func (v portsValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	parts := make([]string, len(*v.p))
+	for i, p := range *v.p {
+		parts[i] = strconv.Itoa(int(p))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (v portsValue) Set(s string) error {
+	var out []uint16
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(f, 10, 16)
+		if err != nil || n == 0 {
+			return fmt.Errorf("%q is not a port (1-65535)", f)
+		}
+		out = append(out, uint16(n))
+	}
+	*v.p = out
+	return nil
 }

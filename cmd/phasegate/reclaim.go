@@ -5,8 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 
-	"github.com/phasegate/phasegate/network/reclaim"
+	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/phases"
 	"github.com/phasegate/phasegate/phases/lockfile"
@@ -50,57 +51,64 @@ func reclaimCmd(ctx context.Context, e env) int {
 	if *dryRun {
 		return reclaimDryRun(ctx, e, cfg)
 	}
-	if err := lockfile.EnsureDir(cfg.StateDir); err != nil {
+	summary, rep, err := phases.Reclaim(ctx, cfg, log)
+	var held *phases.SlotsHeldError
+	switch {
+	case errors.As(err, &held):
+		fmt.Fprintf(e.stderr, "phasegate reclaim: %v; a daemon reclaims by itself\n", err)
+		return exitFailed
+	case errors.Is(err, phases.ErrConfig):
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
 		return exitUsage
-	}
-	lock, err := lockfile.Acquire(ctx, lockPath, 0)
-	if held := (*lockfile.HeldError)(nil); errors.As(err, &held) {
-		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", cfg.HeldError(held))
-		return exitFailed
-	}
-	if err != nil {
+	case err != nil && rep == nil:
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
 		return exitFailed
 	}
-	defer lock.Unlock()
-	mgr, err := slot.NewManager(ctx, cfg.Slots, slot.Options{})
-	if err != nil {
-		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
-		return exitFailed
-	}
-	rep, err := reclaim.Run(ctx, mgr, reclaim.Options{
-		Workers:     cfg.ReclaimWorkers,
-		Budget:      cfg.ReclaimBudget,
-		KillOrphans: cfg.ReclaimKillOrphans,
-	})
-	if err != nil {
-		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
-		return exitFailed
-	}
-	if kept, err := phases.DropEmptyFirewall(ctx, mgr); err != nil {
-		log.Warn("removing the firewall table", "error", err)
-	} else if kept > 0 {
-		log.Warn("firewall table kept: slots still listed", "slots", kept)
-	}
+	fmt.Fprintln(e.stdout, summary)
 	fmt.Fprintln(e.stdout, rep.String())
-	if len(rep.Failed) > 0 || len(rep.Deferred) > 0 {
+	if err != nil || len(rep.Failed) > 0 || len(rep.Deferred) > 0 {
 		return exitFailed
 	}
 	return exitOK
 }
 
-// reclaimDryRun lists leaked slots without creating the netns directory or
-// the firewall table, so it changes nothing on the host.
+// reclaimDryRun lists the slots found and what a reclaim would do with
+// each, without creating the netns directory, the firewall table or the
+// state file, so it changes nothing on the host. A slot with a record is
+// kept (a reclaim checks further that its objects are the recorded ones).
 func reclaimDryRun(ctx context.Context, e env, cfg phases.Config) int {
 	inv, err := slot.Scan(ctx, cfg.Slots)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
 		return exitFailed
 	}
-	for _, i := range inv.Indices() {
-		fmt.Fprintf(e.stdout, "%d\t%s\t%s\n", i, cfg.Slots.NetnsName(i), inv[i])
+	recorded := map[int]leases.State{}
+	if _, err := os.Stat(cfg.StatePath()); err == nil {
+		st, err := leases.Open(cfg.StatePath(), leases.Options{})
+		if err != nil {
+			fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
+			return exitFailed
+		}
+		recs, lerr := st.Load()
+		_ = st.Close()
+		if lerr != nil {
+			fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", lerr)
+			return exitFailed
+		}
+		for _, r := range recs {
+			recorded[r.Index] = r.State
+		}
 	}
-	fmt.Fprintf(e.stdout, "%d leaked slots would be reclaimed\n", len(inv))
+	leaked := 0
+	for _, i := range inv.Indices() {
+		what := "leaked: would be reclaimed"
+		if st, ok := recorded[i]; ok {
+			what = "recorded " + st.String() + ": kept"
+		} else {
+			leaked++
+		}
+		fmt.Fprintf(e.stdout, "%d\t%s\t%s\t%s\n", i, cfg.Slots.NetnsName(i), inv[i], what)
+	}
+	fmt.Fprintf(e.stdout, "%d leaked slots would be reclaimed, %d recorded ones kept\n", leaked, len(inv)-leaked)
 	return exitOK
 }

@@ -43,7 +43,7 @@ func (l *logFlags) logger(w io.Writer) *slog.Logger {
 // slotFlags registers the flags that say where slots live and how they are
 // reclaimed: shared by serve and reclaim.
 func slotFlags(fs *flag.FlagSet, cfg *phases.Config) {
-	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the lock file (created 0700)")
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the slots' durable records, "+phases.StateFileName+" (created 0700; tmpfs, so they vanish at reboot with the namespaces)")
 	fs.StringVar(&cfg.Slots.NetnsDir, "netns-dir", cfg.Slots.NetnsDir, "directory of the network namespace files")
 	fs.StringVar(&cfg.Slots.Prefix, "slot-prefix", cfg.Slots.Prefix, "prefix of every name this daemon owns (netns <prefix><i>, host veth <prefix>h<i>)")
 	fs.IntVar(&cfg.Slots.Slots, "slots", cfg.Slots.Slots, "number of slot indices, 1..N")
@@ -51,6 +51,11 @@ func slotFlags(fs *flag.FlagSet, cfg *phases.Config) {
 	fs.IntVar(&cfg.ReclaimWorkers, "reclaim-workers", cfg.ReclaimWorkers, "concurrent namespace teardowns during reclaim")
 	fs.DurationVar(&cfg.ReclaimBudget, "reclaim-budget", cfg.ReclaimBudget, "time reclaim may take before the rest is deferred to the background (0: reclaim everything first)")
 	fs.BoolVar(&cfg.ReclaimKillOrphans, "reclaim-kill-orphans", cfg.ReclaimKillOrphans, "kill processes found inside leaked namespaces (otherwise they are reported and cut off)")
+	fs.Var(choiceValue{&cfg.ReclaimMode, []string{phases.ReclaimBackground, phases.ReclaimForeground}}, "reclaim",
+		"when leaked slots are torn down: background (after serving) or foreground (before the warm slots are made)")
+	fs.BoolVar(&cfg.Firewall.AllowSlotToSlot, "allow-slot-to-slot", cfg.Firewall.AllowSlotToSlot, "let slots reach each other (dropped by default: slots are tenants)")
+	fs.Var(portsValue{&cfg.Firewall.HostTCPPorts}, "slot-host-tcp-ports", "TCP ports of the host that slots may reach at their gateway, comma-separated (none by default)")
+	fs.Var(portsValue{&cfg.Firewall.HostUDPPorts}, "slot-host-udp-ports", "UDP ports of the host that slots may reach at their gateway, comma-separated (none by default)")
 }
 
 // serveOptions are serve's settings that are not the daemon's Config.

@@ -136,7 +136,7 @@ type Pool struct {
 	retiring  map[int]bool  // given back, until their teardown is over
 	filling   int
 	closed    bool
-	keep      bool // closed by Stop: slots made from now on are kept, not destroyed
+	keep      bool          // closed by Stop: slots made from now on are kept, not destroyed
 	changed   chan struct{} // closed and replaced on every change
 	backoff   time.Duration
 	retry     Timer
@@ -370,6 +370,31 @@ func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
 	p.inUse[s.Index] = s
 	p.mu.Unlock()
 	return s, nil
+}
+
+// Return puts a slot handed out by Get back on top of the idle stack as it
+// is: for a caller that could not hand it on (its own record failed, its
+// client left), so no tenant ever had it. After Close or Stop the slot is
+// destroyed, or kept with the idle ones by Stop.
+func (p *Pool) Return(s *slot.Slot) error {
+	if s == nil {
+		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
+	}
+	p.mu.Lock()
+	if p.inUse[s.Index] != s {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
+	}
+	delete(p.inUse, s.Index)
+	if p.closed && !p.keep {
+		p.mu.Unlock()
+		return p.destroy(context.Background(), s)
+	}
+	p.idle = append(p.idle, idleSlot{s: s, since: p.opts.Clock.Now()})
+	p.scheduleTrim()
+	p.broadcast()
+	p.mu.Unlock()
+	return nil
 }
 
 // Put gives back a slot handed out by Get. The slot is never handed out

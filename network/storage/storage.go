@@ -244,3 +244,21 @@ func (s *Storage) Snapshot() Snapshot {
 		States: slices.Clone(s.state[1:]),
 	}
 }
+
+// Claim marks a free index acquired without handing it out through
+// Acquire: for slots that exist already, such as leases restored and idle
+// slots adopted at a restart. Claiming an index that is not free fails.
+func (s *Storage) Claim(i int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(i); err != nil {
+		return err
+	}
+	if s.state[i] != Free {
+		return fmt.Errorf("storage: claim %d: it is %s", i, s.state[i])
+	}
+	s.remove(i)
+	s.state[i] = Acquired
+	s.acq++
+	return nil
+}

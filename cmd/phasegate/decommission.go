@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+
+	"github.com/phasegate/phasegate/phases"
+)
+
+// decommissionCmd destroys every slot of a configuration, leased ones
+// included, with their records and the firewall table: for a host that
+// leaves service. A restart or an upgrade never does this; only this
+// command does, and it refuses while slots are leased unless told
+// --destroy-leased-slots.
+func decommissionCmd(ctx context.Context, e env) int {
+	cfg := phases.DefaultConfig()
+	var lf logFlags
+	fs := flag.NewFlagSet("decommission", flag.ContinueOnError)
+	slotFlags(fs, &cfg)
+	destroy := fs.Bool("destroy-leased-slots", false, "also destroy leased slots, cutting their workloads off (required while any slot is leased)")
+	lf.register(fs)
+	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(e.stdout, fs, "decommission [flags]")
+			return exitOK
+		}
+		fmt.Fprintf(e.stderr, "phasegate decommission: %s\n", oneLine(err))
+		return exitUsage
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(e.stderr, "phasegate decommission: %s\n", oneLine(err))
+		return exitUsage
+	}
+	res, err := phases.Decommission(ctx, cfg, *destroy, lf.logger(e.stderr))
+	var leased *phases.LeasesExistError
+	var held *phases.SlotsHeldError
+	switch {
+	case errors.As(err, &leased):
+		fmt.Fprintf(e.stderr, "phasegate decommission: refused: %v\n", err)
+		return exitFailed
+	case errors.As(err, &held):
+		fmt.Fprintf(e.stderr, "phasegate decommission: %v; stop it first\n", err)
+		return exitFailed
+	case errors.Is(err, phases.ErrConfig):
+		fmt.Fprintf(e.stderr, "phasegate decommission: %v\n", err)
+		return exitUsage
+	case err != nil:
+		if res != nil {
+			fmt.Fprintln(e.stdout, res.String())
+		}
+		fmt.Fprintf(e.stderr, "phasegate decommission: %v\n", err)
+		return exitFailed
+	}
+	fmt.Fprintf(e.stdout, "decommissioned: %s; records and firewall table removed\n", res.String())
+	return exitOK
+}

@@ -1,0 +1,41 @@
+package reclaim
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// Slots tears down the slots of inv, which the caller found and decided
+// are leaked (a daemon that matched the host with its records), and
+// reports what happened like [Run]; Report.Scan is zero, since inv came
+// from the caller. Options.Budget counts from the call.
+func Slots(ctx context.Context, m *slot.Manager, inv slot.Inventory, opts Options) (*Report, error) {
+	start := time.Now()
+	rep := &Report{Strategy: opts.Strategy, Found: len(inv)}
+	defer func() { rep.Duration = time.Since(start) }()
+	var deadline time.Time
+	if opts.Budget > 0 {
+		deadline = start.Add(opts.Budget)
+	}
+	var res *slot.TeardownResult
+	switch opts.Strategy {
+	case Batched:
+		res = m.Teardown(ctx, inv, slot.TeardownOptions{
+			Workers: opts.Workers, MaxSlots: opts.MaxSlots, Deadline: deadline,
+			KillOrphans: opts.KillOrphans, HostGoneTimeout: opts.HostGoneTimeout, Progress: opts.Progress,
+		})
+	case Serial:
+		res = serial(ctx, m, inv, opts.MaxSlots, deadline, opts.Progress)
+	default:
+		return rep, fmt.Errorf("reclaim: unknown strategy %v", opts.Strategy)
+	}
+	rep.Reclaimed, rep.Failed, rep.Deferred = res.Reclaimed, res.Failed, res.Deferred
+	rep.Orphans, rep.Holders, rep.CutOff, rep.Timings = res.Orphans, res.Holders, res.CutOff, res.Timings
+	if err := ctx.Err(); err != nil && len(rep.Deferred) > 0 {
+		return rep, fmt.Errorf("reclaim: %d slot(s) deferred: %w", len(rep.Deferred), err)
+	}
+	return rep, nil
+}

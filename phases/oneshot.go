@@ -1,0 +1,162 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/reclaim"
+	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lockfile"
+)
+
+// oneShot is a daemon that runs no phases: what `phasegate reclaim` and
+// `phasegate decommission` need, under the same lock and records as the
+// daemon.
+func oneShot(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, func(), error) {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if err := lockfile.EnsureDir(cfg.StateDir); err != nil {
+		return nil, nil, err
+	}
+	path, err := cfg.LockPath()
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := lockfile.Acquire(ctx, path, 0)
+	if held := (*lockfile.HeldError)(nil); errors.As(err, &held) {
+		return nil, nil, cfg.HeldError(held)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	d := &Daemon{cfg: cfg, log: log, lock: l}
+	if d.store, err = d.openState(); err != nil {
+		_ = l.Unlock()
+		return nil, nil, err
+	}
+	if d.mgr, err = slot.NewManager(ctx, cfg.Slots, d.slotOptions()); err != nil {
+		_ = d.store.Close()
+		_ = l.Unlock()
+		return nil, nil, err
+	}
+	return d, func() {
+		_ = d.store.Close()
+		_ = l.Unlock()
+	}, nil
+}
+
+// Reclaim tears down, once and without a daemon, the slots no record
+// accounts for: leaked by a run that was killed. Leased and recorded idle
+// slots are left as they are, exactly as a daemon's start would; in safe
+// mode (records lost) so are slots something lives in. It takes the
+// daemon's lock, so it refuses to run beside one. The summary says what it
+// found; the report what it tore down.
+func Reclaim(ctx context.Context, cfg Config, log *slog.Logger) (summary string, rep *reclaim.Report, err error) {
+	d, done, err := oneShot(ctx, cfg, log)
+	if err != nil {
+		return "", nil, err
+	}
+	defer done()
+	inv, err := d.mgr.Scan(ctx)
+	if err != nil {
+		return "", nil, fmt.Errorf("scan: %w", err)
+	}
+	recs, err := d.store.Load()
+	var bad []int
+	if re := (*leases.RecordsError)(nil); errors.As(err, &re) {
+		for i := range re.Bad {
+			bad = append(bad, i)
+		}
+	} else if err != nil {
+		return "", nil, err
+	}
+	plan, err := d.classify(ctx, recs, bad, inv, time.Now())
+	if err != nil {
+		return "", nil, err
+	}
+	rep, err = reclaim.Slots(ctx, d.mgr, plan.dead, reclaim.Options{
+		Workers: cfg.ReclaimWorkers, Budget: cfg.ReclaimBudget, KillOrphans: cfg.ReclaimKillOrphans,
+	})
+	summary = fmt.Sprintf("%d leased and %d idle slots recorded, left as they are; %d leases lost; %d unknown slots with processes kept",
+		len(plan.restored), len(plan.adopted), len(plan.lost), len(plan.held))
+	if len(plan.restored)+len(plan.adopted) == 0 {
+		if kept, ferr := DropEmptyFirewall(ctx, d.mgr); ferr != nil {
+			d.log.Warn("removing the firewall table", "error", ferr)
+		} else if kept > 0 {
+			d.log.Warn("firewall table kept: slots still listed", "slots", kept)
+		}
+	}
+	return summary, rep, err
+}
+
+// LeasesExistError refuses to decommission a host whose slots are leased
+// without the confirmation that their workloads may be cut off.
+type LeasesExistError struct {
+	// Leases names them: "slot 3 (owner sandbox-a)".
+	Leases []string
+}
+
+func (e *LeasesExistError) Error() string {
+	return fmt.Sprintf("%d slots are leased (%s): decommissioning cuts their workloads off; confirm with --destroy-leased-slots",
+		len(e.Leases), strings.Join(e.Leases, ", "))
+}
+
+// Decommission destroys every slot of the configuration, leased ones
+// included, the records and the firewall table: for a host that leaves
+// service. It takes the daemon's lock, so it refuses to run beside one,
+// and refuses with a *[LeasesExistError] while leases exist unless
+// destroyLeased confirms it.
+func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog.Logger) (*slot.TeardownResult, error) {
+	d, done, err := oneShot(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	recs, err := d.store.Load()
+	var re *leases.RecordsError
+	if err != nil && !errors.As(err, &re) {
+		return nil, err
+	}
+	var leased []string
+	for _, r := range recs {
+		if r.State == leases.Leased {
+			leased = append(leased, fmt.Sprintf("slot %d (owner %s)", r.Index, r.Owner))
+		}
+	}
+	if len(leased) > 0 && !destroyLeased {
+		return nil, &LeasesExistError{Leases: leased}
+	}
+	inv, err := d.mgr.Scan(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("scan: %w", err)
+	}
+	opts := d.teardownOptions()
+	opts.KillOrphans = destroyLeased || cfg.ReclaimKillOrphans
+	res := d.mgr.Teardown(ctx, inv, opts)
+	if err := res.Err(); err != nil {
+		return res, fmt.Errorf("decommission: %w", err)
+	}
+	var all []int
+	for _, r := range recs {
+		all = append(all, r.Index)
+	}
+	if re != nil {
+		for i := range re.Bad {
+			all = append(all, i)
+		}
+	}
+	if err := d.store.Delete(ctx, all...); err != nil {
+		return res, fmt.Errorf("decommission: delete the records: %w", err)
+	}
+	if err := d.mgr.Firewall().Delete(ctx); err != nil {
+		return res, fmt.Errorf("decommission: %w", err)
+	}
+	return res, nil
+}

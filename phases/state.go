@@ -1,0 +1,66 @@
+package phases
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/phasegate/phasegate/network/leases"
+)
+
+// StateFileName is the durable record of the slots (network/leases), in the
+// state directory.
+const StateFileName = "slots.db"
+
+// StatePath is the state file of this configuration.
+func (c Config) StatePath() string { return filepath.Join(c.StateDir, StateFileName) }
+
+// openState opens the durable records after the lock is taken. A file that
+// is corrupt or unreadable is moved aside for inspection and replaced by a
+// fresh one, and the daemon restores in safe mode: it cannot tell leased
+// slots from leaked ones, so it destroys none that something lives in. A
+// file of a newer schema is a configuration error (exit 2): starting would
+// lose what the newer daemon recorded.
+func (d *Daemon) openState() (*leases.Store, error) {
+	path := d.cfg.StatePath()
+	st, err := leases.Open(path, leases.Options{})
+	var corrupt *leases.CorruptError
+	var access *leases.AccessError
+	var schema *leases.SchemaError
+	var locked *leases.LockedError
+	switch {
+	case err == nil:
+		if st.Opened().UpgradedFrom != 0 {
+			d.log.Info("state file upgraded", "path", path, "from_schema", st.Opened().UpgradedFrom,
+				"to_schema", leases.SchemaVersion, "backup", st.Opened().Backup)
+		}
+		d.safeMode = st.Opened().Fresh
+		return st, nil
+	case errors.As(err, &schema):
+		return nil, fmt.Errorf("%w: %v (a newer phasegate wrote it; run that version, or move the file away to start without its leases)", ErrConfig, err)
+	case errors.As(err, &locked):
+		return nil, fmt.Errorf("state file %s is open in another process (%s): two daemons must never share a state directory: %w", path, holder(locked.PID), err)
+	case errors.As(err, &corrupt), errors.As(err, &access):
+		aside, merr := leases.MoveAside(path)
+		if merr != nil {
+			return nil, fmt.Errorf("state file %s: %w; and it could not be moved aside: %w", path, err, merr)
+		}
+		d.log.Error("state file unusable: moved aside for inspection; restoring in safe mode (no slot with a process inside is destroyed)",
+			"error", err, "moved_to", aside)
+		d.stateLost = fmt.Sprintf("state file unusable (%v), moved to %s", err, aside)
+		if st, err = leases.Open(path, leases.Options{}); err != nil {
+			return nil, fmt.Errorf("state file %s after moving the unusable one aside: %w", path, err)
+		}
+		d.safeMode = true
+		return st, nil
+	default:
+		return nil, fmt.Errorf("state file %s: %w", path, err)
+	}
+}
+
+func holder(pid int) string {
+	if pid == 0 {
+		return "pid unknown"
+	}
+	return fmt.Sprintf("pid %d", pid)
+}
