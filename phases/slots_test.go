@@ -1,0 +1,158 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.opentelemetry.io/otel/trace/noop"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/network/storage"
+)
+
+// slotsRig is a Slots service over a real pool of real slots, in a netns
+// directory and with a prefix of its own, swept at the end.
+type slotsRig struct {
+	svc   *slotsService
+	pool  *pool.Pool
+	store *leases.Store
+}
+
+func newSlotsRig(t *testing.T, n, target int) *slotsRig {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces)")
+	}
+	prefix := "ph"
+	for range 4 {
+		prefix += string(rune('a' + rand.IntN(26)))
+	}
+	cfg := slot.Config{
+		Prefix: prefix + "-", NetnsDir: filepath.Join(t.TempDir(), "netns"), Slots: n,
+		CIDR: netip.MustParsePrefix(fmt.Sprintf("100.%d.%d.0/24", 64+rand.IntN(64), rand.IntN(256))),
+	}
+	ctx := context.Background()
+	mgr, err := slot.NewManager(ctx, cfg, slot.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if inv, err := mgr.Scan(ctx); err == nil {
+			if res := mgr.Teardown(ctx, inv, slot.TeardownOptions{}); res.Err() != nil {
+				t.Errorf("sweep: %v", res.Err())
+			}
+		} else {
+			t.Errorf("sweep: %v", err)
+		}
+		if err := mgr.Firewall().Delete(ctx); err != nil {
+			t.Errorf("sweep: %v", err)
+		}
+		for unix.Unmount(cfg.NetnsDir, unix.MNT_DETACH) == nil {
+		}
+	})
+	store, err := leases.Open(filepath.Join(t.TempDir(), StateFileName), leases.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	idx, err := storage.New(n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := pool.New(mgr, idx, pool.Options{Target: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pl.Close(context.Background()) })
+	if err := pl.WaitReady(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return &slotsRig{svc: newSlotsService(cfg, idx, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil), pool: pl, store: store}
+}
+
+// A caller whose deadline ends as its slot is taken from the pool gets an
+// error, and the slot goes back to the pool: before, it stayed handed out,
+// unrecorded and unreleasable until a restart.
+func TestAcquireWhoseCallerLeftLeaksNothing(t *testing.T) {
+	r := newSlotsRig(t, 4, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the caller is gone by the time the slot would be recorded
+	_, err := r.svc.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "late", RequestId: "r1"})
+	if status.Code(err) != codes.Canceled {
+		t.Fatalf("Acquire = %v, want Canceled", err)
+	}
+	s := r.pool.Snapshot()
+	if len(s.InUse) != 0 || len(s.Idle) != 1 {
+		t.Fatalf("pool after an abandoned Acquire: in use %v, idle %v; want the slot back idle", s.InUse, s.Idle)
+	}
+	if recs, err := r.store.Load(); err != nil || len(recs) != 0 {
+		t.Fatalf("records after an abandoned Acquire: %v %v", recs, err)
+	}
+	// The slot is leasable again, by a caller that stays.
+	resp, err := r.svc.Acquire(context.Background(), &phasegatev1.AcquireRequest{Owner: "next", RequestId: "r2"})
+	if err != nil || resp.GetSlot().GetIndex() != uint32(s.Idle[0]) {
+		t.Fatalf("Acquire after it: %v %v", resp, err)
+	}
+}
+
+// A lease that cannot be recorded (the state filesystem is full) is not
+// handed out: ResourceExhausted, and the slot goes back to the pool.
+func TestAcquireOnAFullStateFilesystem(t *testing.T) {
+	r := newSlotsRig(t, 32, 1)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatalf("mount a small tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	store, err := leases.Open(filepath.Join(dir, StateFileName), leases.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	r.svc.store = store
+	// Fill the filesystem.
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := f.Write(make([]byte, 4096)); err != nil {
+			if !errors.Is(err, unix.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	f.Close()
+	// bbolt reuses the pages it has: leases with long owners and request
+	// ids soon need pages the filesystem cannot give.
+	long := strings.Repeat("x", 250)
+	for i := range 32 {
+		_, err = r.svc.Acquire(context.Background(), &phasegatev1.AcquireRequest{Owner: long, RequestId: fmt.Sprint(long[:240], i)})
+		if err != nil {
+			break
+		}
+	}
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Acquire on a full filesystem: %v, want ResourceExhausted", err)
+	}
+	if s := r.pool.Snapshot(); len(s.InUse) != len(r.svc.leased) {
+		t.Fatalf("a slot is handed out unrecorded: pool in use %v, leases %d", s.InUse, len(r.svc.leased))
+	}
+}
