@@ -29,6 +29,7 @@ type Lifecycle struct {
 
 	mu           sync.Mutex
 	fsm          *fsm.FSM
+	state        State // fsm's state, mirrored for the event log's From
 	since        time.Time
 	history      []Transition // every state entered after created, in order
 	warnings     []Warning    // by name, in the order first set
@@ -72,6 +73,7 @@ type phaseRun struct {
 	progress   Progress
 
 	fsm      *fsm.FSM
+	state    PhaseState // fsm's state, mirrored for the event log's From
 	attempts int
 	started  time.Time
 	attempt  time.Time // when the current attempt began
@@ -108,6 +110,7 @@ func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
 		tracer:    tp.Tracer("github.com/phasegate/phasegate/lifecycle"),
 		phases:    make([]*phaseRun, len(phases)),
 		fsm:       newLifecycleFSM(),
+		state:     StateCreated,
 		since:     time.Now(),
 		startDone: make(chan struct{}),
 		done:      make(chan struct{}),
@@ -123,7 +126,7 @@ func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
 		// Our own copy: the graph must not change under the runner if the
 		// caller reuses its slice.
 		p.DependsOn = slices.Clip(slices.Clone(p.DependsOn))
-		r := &phaseRun{Phase: p, index: i, fsm: newPhaseFSM()}
+		r := &phaseRun{Phase: p, index: i, fsm: newPhaseFSM(), state: PhasePending}
 		r.progress.lc, r.progress.phase = l, r
 		for _, d := range p.DependsOn {
 			r.deps = append(r.deps, index[d])
@@ -437,14 +440,15 @@ func (l *Lifecycle) stopPhase(ctx context.Context, r *phaseRun) (err error) {
 // transitionLocked fires a lifecycle event. The events are fired only where
 // the current state allows them, so a refusal is a bug in this package.
 func (l *Lifecycle) transitionLocked(event string) {
-	from := l.fsm.Current()
+	from := l.state
 	if err := l.fsm.Event(context.Background(), event); err != nil {
 		panic(fmt.Sprintf("lifecycle: event %q refused in state %q: %v", event, from, err))
 	}
 	to := State(l.fsm.Current())
+	l.state = to
 	l.since = time.Now()
 	l.history = append(l.history, Transition{State: to, At: l.since})
-	e := Event{Time: l.since, Kind: EventLifecycle, From: from, To: string(to)}
+	e := Event{Time: l.since, Kind: EventLifecycle, From: string(from), To: string(to)}
 	if to == StateFailed && l.err != nil {
 		e.Err = l.err.Error()
 	}
@@ -458,16 +462,17 @@ func (l *Lifecycle) transitionLocked(event string) {
 // phaseEventLocked fires a phase event at time at; err, when not nil, is
 // the failure the event records. See transitionLocked.
 func (l *Lifecycle) phaseEventLocked(r *phaseRun, event string, at time.Time, err error) {
-	from := r.fsm.Current()
+	from := r.state
 	if err := r.fsm.Event(context.Background(), event); err != nil {
 		panic(fmt.Sprintf("lifecycle: phase %q: event %q refused in state %q: %v", r.Name, event, from, err))
 	}
+	r.state = PhaseState(r.fsm.Current())
 	e := Event{
 		Time:      at,
 		Kind:      EventPhase,
 		Name:      r.Name,
-		From:      from,
-		To:        r.fsm.Current(),
+		From:      string(from),
+		To:        string(r.state),
 		Attempt:   r.attempts,
 		DependsOn: r.DependsOn,
 	}
