@@ -140,7 +140,7 @@ func (l *Lifecycle) finishEventsLocked() {
 
 // deliverEvents hands the events the hook has not seen to it, one at a time
 // and in order, until it has seen them all; recordLocked starts it when
-// none is running. Only one runs at a time, so each event is handed over
+// none is running, so the goroutine lives only while events wait. Only one runs at a time, so each event is handed over
 // exactly once. It never holds the lock while the hook runs.
 func (l *Lifecycle) deliverEvents() {
 	l.mu.Lock()
@@ -160,9 +160,9 @@ func (l *Lifecycle) deliverEvents() {
 // has returned, the log holds every event they caused.
 //
 // The log is kept for the lifecycle's life. Its length is bounded by the
-// declaration: at most 4 lifecycle events, 2×attempts+1 per phase, 2 per
-// background task, plus one per Warn that changed a warning and one per
-// ClearWarning that cleared one — about 200 bytes each, so a seven-phase
+// declaration: at most 4 lifecycle events, 2 per attempt of a phase (1 for a
+// phase skipped), 2 per background task, plus one per Warn that changed a
+// warning and one per ClearWarning that cleared one — about 200 bytes each, so a seven-phase
 // start with a few retries is a few kilobytes. Only warnings can grow it
 // after the start: a daemon that sets and clears a warning every minute adds
 // about 0.6 MB a day.

@@ -119,10 +119,11 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // slows a start or a drain; it falls behind, and the events it has yet to see
 // wait in the lifecycle's log (see [Lifecycle.Events]), which is kept for the
 // lifecycle's life anyway, so falling behind costs no memory and loses
-// nothing. When Start or Drain returns, the hook may still be catching up: a
-// hook that must see the end before the process exits waits for the final
-// event itself (see [Event.Final]), or the program reads the log, which is
-// complete when they return.
+// nothing. When Start or Drain returns, the hook may still be catching up,
+// while the log already holds every event they caused: a program that must
+// not exit before its hook has seen the end (a logger) has the hook signal
+// when it is handed the final event (see [Event.Final] and
+// ExampleWithEventHook).
 //
 // A panic in hook is not recovered: like any goroutine's, it ends the
 // program.
