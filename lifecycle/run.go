@@ -96,7 +96,7 @@ func (l *Lifecycle) run(ctx context.Context) error {
 	}
 	now := time.Now()
 	for _, r := range l.phases {
-		if PhaseState(r.fsm.Current()) == PhasePending {
+		if r.state == PhasePending {
 			l.phaseEventLocked(r, evSkip, now, nil)
 		}
 	}
