@@ -25,11 +25,30 @@
 // Both machines are github.com/looplab/fsm instances; no other transition can
 // happen.
 //
-// Everything the engine knows is observable: [Lifecycle.Snapshot] returns an
-// immutable copy, and [Lifecycle.Subscribe] delivers every change to an
-// observer that keeps up and the latest state to one that does not, without
-// ever blocking the runner. Health endpoints, progress views and tests are all
-// built on these two calls.
+// Everything the engine knows is observable, in two ways that answer two
+// different questions:
+//
+//   - What is the state now? [Lifecycle.Snapshot] returns an immutable copy,
+//     and [Lifecycle.Subscribe] hands an observer the latest snapshot after
+//     each change, latest-wins: it never blocks the runner and may skip
+//     intermediate states. Health endpoints and progress views are built on
+//     these.
+//   - What happened, in which order? Every transition of the lifecycle, of a
+//     phase, of a background task and of a warning is recorded once as an
+//     [Event] with a dense sequence number, in a log kept for the lifecycle's
+//     life. [Lifecycle.Events] reads it, [Lifecycle.WatchEvents] follows it
+//     without ever dropping an event, and [WithEventHook] hands each event
+//     to a function, in order, exactly once. Tests that assert phase order
+//     and operators who want the whole story use these; the eventstream
+//     package serves them over HTTP and the phasetest package asserts on
+//     them.
+//
+// A program that serves until a signal or until it can no longer serve
+// selects on [Lifecycle.Done]; [Lifecycle.Err] says why it failed, if it did.
+//
+// Panics in Run, Stop and background tasks are recovered as a [*PanicError]
+// carrying the stack. [WithStartTimeout] bounds a whole start and names the
+// phases that were still running when it passed.
 //
 // The package knows nothing of gRPC, HTTP or network namespaces. Tracing goes
 // through the OpenTelemetry API: a root span "startup", a child span per phase,

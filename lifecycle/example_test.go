@@ -2,7 +2,10 @@ package lifecycle_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/phasegate/phasegate/lifecycle"
 )
@@ -70,4 +73,126 @@ func ExampleNew() {
 	// phase "populate" depends on itself
 	// phase "populate" depends on unknown phase "network"
 	// dependency cycle: reclaim -> storage -> reclaim
+}
+
+// A hook sees every transition once, in order, whatever its speed: here it
+// logs them. It runs on a goroutine of the lifecycle's, so it may lag; this
+// one says when it has seen the final event.
+func ExampleWithEventHook() {
+	noop := func(context.Context, *lifecycle.Progress) error { return nil }
+	seenAll := make(chan struct{})
+	lc, err := lifecycle.New([]lifecycle.Phase{
+		{Name: "lock", Run: noop},
+		{Name: "storage", DependsOn: []string{"lock"}, Retry: lifecycle.RetryPolicy{Attempts: 2},
+			Run: flakyOnce(errors.New("device busy"))},
+	}, lifecycle.WithEventHook(func(e lifecycle.Event) {
+		fmt.Println(e)
+		if e.Final() {
+			close(seenAll)
+		}
+	}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = lc.Start(context.Background())
+	_ = lc.Drain(context.Background())
+	<-seenAll
+	// Output:
+	// #1 lifecycle created→starting
+	// #2 phase lock pending→running (attempt 1)
+	// #3 phase lock running→succeeded (attempt 1)
+	// #4 phase storage pending→running (attempt 1)
+	// #5 phase storage running→retrying (attempt 1): device busy
+	// #6 phase storage retrying→running (attempt 2)
+	// #7 phase storage running→succeeded (attempt 2)
+	// #8 lifecycle starting→serving
+	// #9 lifecycle serving→draining
+	// #10 lifecycle draining→stopped
+}
+
+// flakyOnce returns a Run function that fails its first attempt with err.
+func flakyOnce(err error) func(context.Context, *lifecycle.Progress) error {
+	failed := false
+	return func(context.Context, *lifecycle.Progress) error {
+		if !failed {
+			failed = true
+			return err
+		}
+		return nil
+	}
+}
+
+// WatchEvents follows the log from any position: history first, then live,
+// never dropping an event. A snapshot's EventSeq is where to resume so that
+// snapshot and events together see everything once.
+func ExampleLifecycle_WatchEvents() {
+	noop := func(context.Context, *lifecycle.Progress) error { return nil }
+	lc, err := lifecycle.New([]lifecycle.Phase{{Name: "lock", Run: noop}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = lc.Start(context.Background())
+	snap := lc.Snapshot()
+	fmt.Println("snapshot:", snap.State, "after event", snap.EventSeq)
+
+	events := lc.WatchEvents(context.Background(), snap.EventSeq)
+	lc.Warn("egress", "net.ipv4.ip_forward is 0")
+	_ = lc.Drain(context.Background())
+	for e := range events { // closed after the final event
+		fmt.Println(e)
+	}
+	// Output:
+	// snapshot: serving after event 4
+	// #5 warning-set egress: net.ipv4.ip_forward is 0
+	// #6 lifecycle serving→draining
+	// #7 lifecycle draining→stopped
+}
+
+// Events are JSON with stable field names; fields that do not apply to an
+// event's kind are left out.
+func ExampleEvent() {
+	e := lifecycle.Event{
+		Seq:       5,
+		Time:      time.Date(2026, 11, 30, 9, 14, 2, 0, time.UTC),
+		Kind:      lifecycle.EventPhase,
+		Name:      "storage",
+		From:      string(lifecycle.PhaseRunning),
+		To:        string(lifecycle.PhaseRetrying),
+		Attempt:   1,
+		Err:       "device busy",
+		DependsOn: []string{"reclaim"},
+	}
+	b, _ := json.Marshal(e)
+	fmt.Println(string(b))
+	// Output:
+	// {"seq":5,"time":"2026-11-30T09:14:02Z","kind":"phase","name":"storage","from":"running","to":"retrying","attempt":1,"error":"device busy","depends_on":["reclaim"]}
+}
+
+// A program serves until a signal or until the lifecycle can no longer
+// serve, then drains; Err says why it failed, if it did.
+func ExampleLifecycle_Done() {
+	noop := func(context.Context, *lifecycle.Progress) error { return nil }
+	lc, err := lifecycle.New([]lifecycle.Phase{{Name: "lock", Run: noop}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := lc.Start(context.Background()); err != nil {
+		fmt.Println(err)
+		return
+	}
+	signal := make(chan struct{}) // os/signal.NotifyContext in a real main
+	go func() { _ = lc.Fail(errors.New("reconciler died")) }()
+
+	select {
+	case <-signal:
+	case <-lc.Done():
+	}
+	fmt.Println(lc.State(), lc.Err())
+	fmt.Println(lc.Drain(context.Background()), lc.State(), lc.Err())
+	// Output:
+	// failed reconciler died
+	// <nil> stopped reconciler died
 }

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -102,7 +103,10 @@ func TestRetryDelay(t *testing.T) {
 		policy RetryPolicy
 		want   []time.Duration // after attempts 1, 2, 3, ...
 	}{
-		{"defaults", RetryPolicy{}, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}},
+		{"zero backoff retries at once", RetryPolicy{}, []time.Duration{0, 0, 0}},
+		{"zero multiplier doubles", RetryPolicy{Backoff: 100 * time.Millisecond}, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}},
+		{"multiplier one is constant", RetryPolicy{Backoff: 5 * time.Millisecond, Multiplier: 1}, []time.Duration{5 * time.Millisecond, 5 * time.Millisecond, 5 * time.Millisecond}},
+		{"no cap never overflows", RetryPolicy{Backoff: time.Hour, Multiplier: 1e6}, []time.Duration{time.Hour, time.Duration(1e6) * time.Hour, math.MaxInt64, math.MaxInt64}},
 		{"multiplier", RetryPolicy{Backoff: 10 * time.Millisecond, Multiplier: 3}, []time.Duration{10 * time.Millisecond, 30 * time.Millisecond, 90 * time.Millisecond}},
 		{"capped", RetryPolicy{Backoff: time.Second, MaxBackoff: 3 * time.Second}, []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second}},
 	}

@@ -29,6 +29,7 @@ type Lifecycle struct {
 
 	mu           sync.Mutex
 	fsm          *fsm.FSM
+	state        State // fsm's state, mirrored for the event log's From
 	since        time.Time
 	history      []Transition // every state entered after created, in order
 	warnings     []Warning    // by name, in the order first set
@@ -48,8 +49,18 @@ type Lifecycle struct {
 	taskWG       sync.WaitGroup
 	startDone    chan struct{} // closed when Start's outcome is known
 	startErr     error
+	startTimer   *time.Timer   // WithStartTimeout's; nil without it
 	drainDone    chan struct{} // closed when Drain finished; nil before
 	drainErr     error
+	done         chan struct{} // closed when failed or finished; see Done
+	doneClosed   bool
+
+	// The event log (event.go).
+	events     []Event
+	eventsDone bool          // the final event is in: nothing more is recorded
+	eventWake  chan struct{} // closed at the next event; nil while nobody waits
+	delivered  int           // how many events the hook has been handed
+	delivering bool          // a goroutine is handing events to the hook
 }
 
 // phaseRun is a phase and what the runner knows about it. Fields below the
@@ -62,6 +73,7 @@ type phaseRun struct {
 	progress   Progress
 
 	fsm      *fsm.FSM
+	state    PhaseState // fsm's state, mirrored for the event log's From
 	attempts int
 	started  time.Time
 	attempt  time.Time // when the current attempt began
@@ -77,17 +89,17 @@ type deferredTask struct {
 }
 
 // New validates phases and returns a lifecycle ready to [Lifecycle.Start].
-// Every problem in the declaration is reported at once, joined with
-// errors.Join; each is one of [EmptyNameError], [DuplicateNameError],
-// [UnknownDependencyError], [SelfDependencyError], [CycleError] or
-// [InvalidPhaseError].
+// Every problem in the declaration and the options is reported at once,
+// joined with errors.Join; each is one of [EmptyNameError],
+// [DuplicateNameError], [UnknownDependencyError], [SelfDependencyError],
+// [CycleError], [InvalidPhaseError] or [InvalidOptionError].
 func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
-	if err := validate(phases); err != nil {
-		return nil, err
-	}
 	o := defaultOptions()
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if err := errors.Join(append(validate(phases), o.errs...)...); err != nil {
+		return nil, err
 	}
 	tp := o.tracerProvider
 	if tp == nil {
@@ -98,8 +110,13 @@ func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
 		tracer:    tp.Tracer("github.com/phasegate/phasegate/lifecycle"),
 		phases:    make([]*phaseRun, len(phases)),
 		fsm:       newLifecycleFSM(),
+		state:     StateCreated,
 		since:     time.Now(),
 		startDone: make(chan struct{}),
+		done:      make(chan struct{}),
+		// Room for a start without retries and its drain: the log then
+		// never grows on the way.
+		events: make([]Event, 0, 2*len(phases)+4),
 	}
 	index := make(map[string]int, len(phases))
 	for i, p := range phases {
@@ -109,7 +126,7 @@ func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
 		// Our own copy: the graph must not change under the runner if the
 		// caller reuses its slice.
 		p.DependsOn = slices.Clip(slices.Clone(p.DependsOn))
-		r := &phaseRun{Phase: p, index: i, fsm: newPhaseFSM()}
+		r := &phaseRun{Phase: p, index: i, fsm: newPhaseFSM(), state: PhasePending}
 		r.progress.lc, r.progress.phase = l, r
 		for _, d := range p.DependsOn {
 			r.deps = append(r.deps, index[d])
@@ -138,7 +155,9 @@ func (l *Lifecycle) State() State {
 // is then serving and Start returns nil) or until startup failed. On failure
 // the lifecycle is left in state failed, after the stop functions of the
 // phases that had succeeded ran; the error is a *[PhaseError] when a phase
-// failed for good, or wraps ctx's cause when ctx ended first.
+// failed for good, a *[StartTimeoutError] when [WithStartTimeout] passed, or
+// wraps ctx's cause when ctx ended first. Errors of the rollback's stop
+// functions are joined to it.
 //
 // Calling Start again, or concurrently, waits for and returns the outcome of
 // the first call. Once [Lifecycle.Drain] was called, Start returns
@@ -163,6 +182,9 @@ func (l *Lifecycle) Start(ctx context.Context) error {
 	l.cancelStart = cancel
 	l.tasksCtx, l.cancelTasks = context.WithCancel(context.WithoutCancel(ctx))
 	l.started = time.Now()
+	if d := l.opts.startTimeout; d > 0 {
+		l.startTimer = time.AfterFunc(d, l.startTimedOut)
+	}
 	l.transitionLocked(evStart)
 	l.mu.Unlock()
 
@@ -170,10 +192,79 @@ func (l *Lifecycle) Start(ctx context.Context) error {
 	cancel(nil)
 
 	l.mu.Lock()
+	if l.startTimer != nil {
+		l.startTimer.Stop()
+	}
 	l.startErr = err
 	l.mu.Unlock()
 	close(l.startDone)
 	return err
+}
+
+// startTimedOut ends a start that ran past WithStartTimeout, naming the
+// phases that were still running.
+func (l *Lifecycle) startTimedOut() {
+	l.mu.Lock()
+	if State(l.fsm.Current()) != StateStarting {
+		l.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	err := &StartTimeoutError{Timeout: l.opts.startTimeout}
+	for _, r := range l.phases {
+		if s := PhaseState(r.fsm.Current()); s == PhaseRunning || s == PhaseRetrying {
+			err.Running = append(err.Running, RunningPhase{
+				Name:     r.Name,
+				State:    s,
+				Attempt:  r.attempts,
+				For:      now.Sub(r.started),
+				Progress: r.progress.Snapshot(),
+			})
+		}
+	}
+	cancel := l.cancelStart
+	l.mu.Unlock()
+	cancel(err)
+}
+
+// Done returns a channel that is closed when the lifecycle can no longer
+// serve: when it enters failed (a start that failed or timed out, or
+// [Lifecycle.Fail]), when it enters stopped, or when Drain was called before
+// Start (the lifecycle then stays created and never starts). A drain, during
+// the start or after it, closes Done when the lifecycle is stopped, once the
+// stop functions ran. A program that serves until a signal or until it
+// cannot serve selects on Done and the signal, then drains.
+func (l *Lifecycle) Done() <-chan struct{} { return l.done }
+
+// Err returns why the lifecycle failed: the start's failure (a *PhaseError,
+// a *StartTimeoutError, ctx's cause) or the cause given to Fail. It is nil
+// while the lifecycle has not failed, which includes every orderly end: a
+// drain after serving, a drain that cancelled the start, a drain before the
+// start. Errors of stop functions are not failures of the lifecycle; Drain
+// and Start return them.
+func (l *Lifecycle) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Wait blocks until [Lifecycle.Done] is closed and returns [Lifecycle.Err],
+// or returns ctx's cause if ctx ends first.
+func (l *Lifecycle) Wait(ctx context.Context) error {
+	select {
+	case <-l.done:
+		return l.Err()
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// closeDoneLocked closes Done once.
+func (l *Lifecycle) closeDoneLocked() {
+	if !l.doneClosed {
+		l.doneClosed = true
+		close(l.done)
+	}
 }
 
 // Fail moves a serving lifecycle to failed for a fatal fault found after
@@ -211,6 +302,9 @@ func (l *Lifecycle) Drain(ctx context.Context) error {
 	l.closed = true
 	switch State(l.fsm.Current()) {
 	case StateCreated:
+		// It will never start: nothing can happen to it any more.
+		l.finishEventsLocked()
+		l.closeDoneLocked()
 		l.mu.Unlock()
 		return nil
 	case StateStarting:
@@ -218,6 +312,11 @@ func (l *Lifecycle) Drain(ctx context.Context) error {
 		// must read an orderly stop, not a failed start.
 		l.transitionLocked(evDrain)
 		l.cancelStart(errDrainDuringStart)
+	}
+	if !isClosed(l.startDone) {
+		// The start is still running, or rolling back after a failure:
+		// its rollback and the drain must not pop stops concurrently,
+		// which would stop a dependency before its dependent.
 		l.mu.Unlock()
 		select {
 		case <-l.startDone:
@@ -252,6 +351,7 @@ func (l *Lifecycle) Drain(ctx context.Context) error {
 
 	l.mu.Lock()
 	l.transitionLocked(evStop)
+	l.finishEventsLocked()
 	if l.progressTmr != nil {
 		l.progressTmr.Stop()
 	}
@@ -259,6 +359,15 @@ func (l *Lifecycle) Drain(ctx context.Context) error {
 	close(l.drainDone)
 	l.mu.Unlock()
 	return err
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func (l *Lifecycle) drainResult() error {
@@ -319,7 +428,7 @@ func (l *Lifecycle) stopPhase(ctx context.Context, r *phaseRun) (err error) {
 	}()
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("phase %q: stop panicked: %v", r.Name, v)
+			err = fmt.Errorf("phase %q: stop: %w", r.Name, recovered(v))
 		}
 	}()
 	if err := r.Stop(ctx); err != nil {
@@ -331,18 +440,45 @@ func (l *Lifecycle) stopPhase(ctx context.Context, r *phaseRun) (err error) {
 // transitionLocked fires a lifecycle event. The events are fired only where
 // the current state allows them, so a refusal is a bug in this package.
 func (l *Lifecycle) transitionLocked(event string) {
+	from := l.state
 	if err := l.fsm.Event(context.Background(), event); err != nil {
-		panic(fmt.Sprintf("lifecycle: event %q refused in state %q: %v", event, l.fsm.Current(), err))
+		panic(fmt.Sprintf("lifecycle: event %q refused in state %q: %v", event, from, err))
 	}
+	to := State(l.fsm.Current())
+	l.state = to
 	l.since = time.Now()
-	l.history = append(l.history, Transition{State: State(l.fsm.Current()), At: l.since})
+	l.history = append(l.history, Transition{State: to, At: l.since})
+	e := Event{Time: l.since, Kind: EventLifecycle, From: string(from), To: string(to)}
+	if to == StateFailed && l.err != nil {
+		e.Err = l.err.Error()
+	}
+	l.recordLocked(e)
+	if to == StateFailed || to == StateStopped {
+		l.closeDoneLocked()
+	}
 	l.publishLocked()
 }
 
-// phaseEventLocked fires a phase event; see transitionLocked.
-func (l *Lifecycle) phaseEventLocked(r *phaseRun, event string) {
+// phaseEventLocked fires a phase event at time at; err, when not nil, is
+// the failure the event records. See transitionLocked.
+func (l *Lifecycle) phaseEventLocked(r *phaseRun, event string, at time.Time, err error) {
+	from := r.state
 	if err := r.fsm.Event(context.Background(), event); err != nil {
-		panic(fmt.Sprintf("lifecycle: phase %q: event %q refused in state %q: %v", r.Name, event, r.fsm.Current(), err))
+		panic(fmt.Sprintf("lifecycle: phase %q: event %q refused in state %q: %v", r.Name, event, from, err))
 	}
+	r.state = PhaseState(r.fsm.Current())
+	e := Event{
+		Time:      at,
+		Kind:      EventPhase,
+		Name:      r.Name,
+		From:      string(from),
+		To:        string(r.state),
+		Attempt:   r.attempts,
+		DependsOn: r.DependsOn,
+	}
+	if err != nil {
+		e.Err = err.Error()
+	}
+	l.recordLocked(e)
 	l.publishLocked()
 }

@@ -1,57 +1,132 @@
 package lifecycle
 
 import (
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 )
 
-// An Option configures a [Lifecycle].
+// An Option configures a [Lifecycle]. A value an option cannot use makes
+// [New] fail with an [*InvalidOptionError]; no option silently replaces a
+// value it was given, and an explicit zero means zero wherever zero means
+// something (each option says what its zero does).
 type Option func(*options)
 
 type options struct {
 	maxParallel      int
 	stopTimeout      time.Duration
+	startTimeout     time.Duration // zero: no bound
 	progressInterval time.Duration
 	tracerProvider   trace.TracerProvider
+	hook             func(Event)
+	errs             []error
 }
+
+// Defaults of the options not given to [New].
+const (
+	// DefaultStopTimeout bounds a stop function when neither its Phase nor
+	// [WithStopTimeout] says otherwise.
+	DefaultStopTimeout = 30 * time.Second
+	// DefaultProgressInterval is how often at most progress reports reach
+	// [Lifecycle.Subscribe] observers without [WithProgressInterval].
+	DefaultProgressInterval = 100 * time.Millisecond
+)
 
 func defaultOptions() options {
 	return options{
-		stopTimeout:      30 * time.Second,
-		progressInterval: 100 * time.Millisecond,
+		stopTimeout:      DefaultStopTimeout,
+		progressInterval: DefaultProgressInterval,
 	}
 }
 
+func (o *options) invalid(option, format string, args ...any) {
+	o.errs = append(o.errs, &InvalidOptionError{Option: option, Reason: fmt.Sprintf(format, args...)})
+}
+
 // WithMaxParallel bounds how many phases run at once. Zero or less means no
-// bound.
+// bound: a bound of zero phases could never start anything.
 func WithMaxParallel(n int) Option {
 	return func(o *options) { o.maxParallel = n }
 }
 
 // WithStopTimeout sets how long a stop function may run when its phase sets
-// no StopTimeout of its own. The default is 30 seconds.
+// no StopTimeout of its own; without it the bound is [DefaultStopTimeout].
+// Zero means no grace: stop functions are called with a context that is
+// already done, so one that honours it shuts down at once (a server closes
+// its connections instead of draining them). The bound is the stop
+// function's context's deadline; the lifecycle still waits for the function
+// to return. A negative duration is an error.
 func WithStopTimeout(d time.Duration) Option {
 	return func(o *options) {
-		if d > 0 {
-			o.stopTimeout = d
+		if d < 0 {
+			o.invalid("WithStopTimeout", "negative duration %s", d)
+			return
 		}
+		o.stopTimeout = d
+	}
+}
+
+// WithStartTimeout bounds the whole start, from Start until every phase has
+// succeeded. When it passes, the start fails as if a phase had failed:
+// running phases are cancelled, pending ones skipped, succeeded ones rolled
+// back, and Start returns a [*StartTimeoutError] that names each phase still
+// running and its progress. Without this option, or with zero, the start has
+// no bound of its own (a start that must end at once cannot succeed, so zero
+// cannot mean that); the ctx given to Start can still end it. A negative
+// duration is an error.
+func WithStartTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d < 0 {
+			o.invalid("WithStartTimeout", "negative duration %s", d)
+			return
+		}
+		o.startTimeout = d
 	}
 }
 
 // WithProgressInterval sets how often at most progress reports are published
-// to observers. State changes are always published at once. The default is
-// 100ms.
+// to [Lifecycle.Subscribe] observers; without it the interval is
+// [DefaultProgressInterval]. Zero publishes every report at once, which
+// costs a lock and a snapshot per report while someone subscribes. State
+// changes are always published at once. A negative duration is an error.
 func WithProgressInterval(d time.Duration) Option {
 	return func(o *options) {
-		if d > 0 {
-			o.progressInterval = d
+		if d < 0 {
+			o.invalid("WithProgressInterval", "negative duration %s", d)
+			return
 		}
+		o.progressInterval = d
 	}
 }
 
-// WithTracerProvider makes the lifecycle emit spans through tp. Without it no
-// spans are recorded.
+// WithTracerProvider makes the lifecycle emit spans through tp. Without it,
+// or with nil, no spans are recorded.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) { o.tracerProvider = tp }
+}
+
+// WithEventHook hands every [Event] to hook: each exactly once, in sequence
+// order, one call at a time, none dropped, whatever hook's speed. It is the
+// in-process way to log or record a lifecycle's transitions; nil means no
+// hook.
+//
+// The hook runs on a goroutine of the lifecycle's own, never on the one that
+// made the transition and never under the lifecycle's lock, so it may call
+// back into the Lifecycle: Snapshot, Events, Warn and Fail, and also Drain or
+// Wait, which wait for the runner, the phases or the stop functions — which
+// is why none of those ever waits for the hook. A slow hook therefore never
+// slows a start or a drain; it falls behind, and the events it has yet to see
+// wait in the lifecycle's log (see [Lifecycle.Events]), which is kept for the
+// lifecycle's life anyway, so falling behind costs no memory and loses
+// nothing. When Start or Drain returns, the hook may still be catching up,
+// while the log already holds every event they caused: a program that must
+// not exit before its hook has seen the end (a logger) has the hook signal
+// when it is handed the final event (see [Event.Final] and
+// ExampleWithEventHook).
+//
+// A panic in hook is not recovered: like any goroutine's, it ends the
+// program.
+func WithEventHook(hook func(Event)) Option {
+	return func(o *options) { o.hook = hook }
 }

@@ -3,11 +3,17 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"time"
 )
 
 // A Phase is one named step of a startup.
+//
+// Its zero-valued fields have the meaning each documents; a field cannot tell
+// an explicit zero from an unset one, so a zero means "not bounded" or "the
+// lifecycle's setting" only where a literal zero could not work (a Timeout
+// of zero would fail every attempt at once).
 //
 // Run does the work and reports how far along it is through the [Progress]
 // it is given. Run's ctx is cancelled when the attempt times out, when a
@@ -28,10 +34,13 @@ type Phase struct {
 	Run func(ctx context.Context, p *Progress) error
 	// Stop undoes Run. Optional.
 	Stop func(ctx context.Context) error
-	// Timeout bounds each attempt of Run. Zero means no limit.
+	// Timeout bounds each attempt of Run; an attempt that runs past it
+	// fails with an [*AttemptTimeoutError] and may be retried. Zero means
+	// no bound (the whole start can still be bounded with
+	// [WithStartTimeout]).
 	Timeout time.Duration
-	// StopTimeout bounds Stop. Zero means the lifecycle's default
-	// (see [WithStopTimeout]).
+	// StopTimeout bounds Stop. Zero means the lifecycle's bound, set with
+	// [WithStopTimeout] (which can be zero: no grace).
 	StopTimeout time.Duration
 	// Retry says whether and how a failed attempt is retried. The zero
 	// value runs the phase once.
@@ -39,38 +48,36 @@ type Phase struct {
 }
 
 // RetryPolicy is a bounded exponential backoff with jitter. The zero value
-// makes a single attempt.
+// makes a single attempt. [New] rejects a negative or out-of-range field
+// with an [*InvalidPhaseError] rather than correcting it.
 type RetryPolicy struct {
-	// Attempts is the total number of attempts, the first included.
-	// Values below 1 mean 1.
+	// Attempts is the total number of attempts, the first included. Zero
+	// means 1: a phase always runs at least once.
 	Attempts int
-	// Backoff is the wait before the second attempt. Zero means 100ms.
+	// Backoff is the wait before the second attempt. Zero means none: a
+	// failed attempt is retried at once.
 	Backoff time.Duration
-	// MaxBackoff caps the wait between attempts. Zero means no cap.
+	// MaxBackoff caps the wait between attempts. Zero means no cap (a cap
+	// of zero is Backoff zero).
 	MaxBackoff time.Duration
-	// Multiplier grows the wait after each attempt. Values below 1 mean 2.
+	// Multiplier grows the wait after each attempt. Zero means 2; 1 keeps
+	// the wait constant; values between 0 and 1 are rejected.
 	Multiplier float64
 	// Jitter spreads each wait uniformly over ±Jitter of its length, so that
-	// many daemons restarting together do not retry in step. It is clamped
-	// to [0, 1].
+	// many daemons restarting together do not retry in step. It must be in
+	// [0, 1]; zero means no jitter.
 	Jitter float64
 }
 
 func (r RetryPolicy) attempts() int {
-	if r.Attempts < 1 {
-		return 1
-	}
-	return r.Attempts
+	return max(r.Attempts, 1)
 }
 
 // delay returns the wait after the given failed attempt (1-based).
 func (r RetryPolicy) delay(attempt int) time.Duration {
 	d := float64(r.Backoff)
-	if d <= 0 {
-		d = float64(100 * time.Millisecond)
-	}
 	m := r.Multiplier
-	if m < 1 {
+	if m == 0 {
 		m = 2
 	}
 	for i := 1; i < attempt; i++ {
@@ -82,8 +89,11 @@ func (r RetryPolicy) delay(attempt int) time.Duration {
 	if r.MaxBackoff > 0 && d > float64(r.MaxBackoff) {
 		d = float64(r.MaxBackoff)
 	}
-	if j := min(max(r.Jitter, 0), 1); j > 0 {
+	if j := r.Jitter; j > 0 {
 		d *= 1 + j*(2*rand.Float64()-1)
+	}
+	if d >= math.MaxInt64 {
+		return math.MaxInt64
 	}
 	return time.Duration(d)
 }

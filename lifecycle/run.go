@@ -36,7 +36,7 @@ func (l *Lifecycle) run(ctx context.Context) error {
 		}
 	}
 	results := make(chan phaseResult, len(l.phases))
-	running := 0
+	running, succeeded := 0, 0
 	var failure error
 	for {
 		for failure == nil && runCtx.Err() == nil && len(ready) > 0 &&
@@ -68,14 +68,22 @@ func (l *Lifecycle) run(ctx context.Context) error {
 			}
 			continue
 		}
+		succeeded++
 		for _, d := range l.phases[res.index].dependents {
 			if waiting[d]--; waiting[d] == 0 {
 				ready = insertSorted(ready, d)
 			}
 		}
 	}
-	if failure == nil && ctx.Err() != nil {
-		failure = fmt.Errorf("lifecycle: start cancelled: %w", context.Cause(ctx))
+	if failure == nil && succeeded < len(l.phases) {
+		// The loop ended early: ctx ended before every phase could run.
+		// A ctx that ends after the last phase succeeded ended nothing.
+		var timeout *StartTimeoutError
+		if cause := context.Cause(ctx); errors.As(cause, &timeout) {
+			failure = timeout
+		} else {
+			failure = fmt.Errorf("lifecycle: start cancelled: %w", cause)
+		}
 	}
 
 	l.mu.Lock()
@@ -86,9 +94,10 @@ func (l *Lifecycle) run(ctx context.Context) error {
 		span.SetAttributes(attrOutcome.String(string(StateServing)))
 		return nil
 	}
+	now := time.Now()
 	for _, r := range l.phases {
-		if State(r.fsm.Current()) == State(PhasePending) {
-			l.phaseEventLocked(r, evSkip)
+		if r.state == PhasePending {
+			l.phaseEventLocked(r, evSkip, now, nil)
 		}
 	}
 	if draining {
@@ -152,7 +161,7 @@ func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- ph
 	outcome := PhaseSucceeded
 	switch {
 	case err == nil:
-		l.phaseEventLocked(r, evOK)
+		l.phaseEventLocked(r, evOK, r.ended, nil)
 		l.completed = append(l.completed, r.index)
 		for _, t := range r.deferred {
 			l.startTaskLocked(r, t)
@@ -161,10 +170,10 @@ func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- ph
 		// Cancelled from outside: a sibling failed or the start was
 		// cancelled. The cause, not this phase, explains the failure.
 		outcome = PhaseCancelled
-		l.phaseEventLocked(r, evCancel)
+		l.phaseEventLocked(r, evCancel, r.ended, err)
 	default:
 		outcome = PhaseFailed
-		l.phaseEventLocked(r, evFail)
+		l.phaseEventLocked(r, evFail, r.ended, err)
 	}
 	r.deferred = nil
 	attempts := r.attempts
@@ -210,7 +219,7 @@ func (l *Lifecycle) attempts(ctx context.Context, r *phaseRun, span trace.Span) 
 			r.started = r.attempt
 		}
 		r.progress.reset()
-		l.phaseEventLocked(r, evRun)
+		l.phaseEventLocked(r, evRun, r.attempt, nil)
 		l.mu.Unlock()
 
 		err := l.attempt(ctx, r, attempt)
@@ -234,7 +243,7 @@ func (l *Lifecycle) attempts(ctx context.Context, r *phaseRun, span trace.Span) 
 			attrBackoff.String(delay.String()),
 		))
 		l.mu.Lock()
-		l.phaseEventLocked(r, evRetry)
+		l.phaseEventLocked(r, evRetry, time.Now(), err)
 		l.mu.Unlock()
 		t := time.NewTimer(delay)
 		select {
@@ -255,8 +264,8 @@ func ctxErr(ctx context.Context, last error) error {
 	return fmt.Errorf("%w (last error: %v)", cause, last)
 }
 
-// attempt calls Run once under the phase's timeout, turning a panic into an
-// error and an expired timeout into an *AttemptTimeoutError.
+// attempt calls Run once under the phase's timeout, turning a panic into a
+// *PanicError and an expired timeout into an *AttemptTimeoutError.
 func (l *Lifecycle) attempt(ctx context.Context, r *phaseRun, n int) (err error) {
 	actx := ctx
 	if r.Timeout > 0 {
@@ -266,7 +275,7 @@ func (l *Lifecycle) attempt(ctx context.Context, r *phaseRun, n int) (err error)
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("panic: %v", v)
+			err = recovered(v)
 		}
 		if err != nil && r.Timeout > 0 && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
 			err = &AttemptTimeoutError{Phase: r.Name, Attempt: n, Timeout: r.Timeout}

@@ -5,9 +5,14 @@ import "time"
 // Snapshot is an immutable copy of a lifecycle's state. Its slices are shared
 // between the copies handed out and must not be modified.
 type Snapshot struct {
-	// Seq increases with every change published; observers can use it to
-	// tell whether anything happened in between.
+	// Seq increases with every change published, progress reports
+	// included; observers can use it to tell whether anything happened in
+	// between.
 	Seq uint64
+	// EventSeq is the Seq of the last [Event] recorded when the snapshot
+	// was taken, zero before the first: the snapshot reflects exactly the
+	// events up to it, and [Lifecycle.WatchEvents] after it yields the rest.
+	EventSeq uint64
 	// State is the lifecycle's state, Since when it entered it.
 	State State
 	Since time.Time

@@ -2,7 +2,6 @@ package lifecycle
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -26,6 +25,7 @@ func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
 	t := &task{name: d.name, phase: r.Name, state: TaskRunning, started: time.Now()}
 	t.progress.lc = l
 	l.tasks = append(l.tasks, t)
+	l.recordLocked(Event{Time: t.started, Kind: EventTask, Name: t.name, To: string(TaskRunning), Phase: t.phase})
 	l.publishLocked()
 
 	// A task outlives the startup trace, so it is a root span of its own,
@@ -54,6 +54,14 @@ func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
 		}
 		state := t.state
 		prog := t.progress.Snapshot()
+		e := Event{Time: t.ended, Kind: EventTask, Name: t.name, From: string(TaskRunning), To: string(state), Phase: t.phase}
+		if err != nil {
+			e.Err = err.Error()
+		}
+		// After a drain that gave up waiting for it (its ctx ended), the
+		// lifecycle has stopped and records nothing more: the task's end
+		// shows in snapshots only.
+		l.recordLocked(e)
 		l.publishLocked()
 		l.mu.Unlock()
 
@@ -72,7 +80,7 @@ func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
 func runTask(ctx context.Context, fn func(context.Context, *Progress) error, p *Progress) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("panic: %v", v)
+			err = recovered(v)
 		}
 	}()
 	return fn(ctx, p)

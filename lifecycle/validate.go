@@ -1,13 +1,13 @@
 package lifecycle
 
 import (
-	"errors"
+	"math"
 	"slices"
 	"strings"
 )
 
-// validate checks a declaration and returns every problem found, joined.
-func validate(phases []Phase) error {
+// validate checks a declaration and returns every problem found.
+func validate(phases []Phase) []error {
 	var errs []error
 	index := make(map[string]int, len(phases))
 	for i, p := range phases {
@@ -40,6 +40,15 @@ func validate(phases []Phase) error {
 		if p.Retry.Backoff < 0 || p.Retry.MaxBackoff < 0 {
 			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "negative retry backoff"})
 		}
+		if p.Retry.Attempts < 0 {
+			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "negative retry attempts"})
+		}
+		if m := p.Retry.Multiplier; m != 0 && !(m >= 1 && !math.IsInf(m, 1)) { // also NaN
+			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "retry multiplier below 1 or not finite"})
+		}
+		if j := p.Retry.Jitter; !(j >= 0 && j <= 1) {
+			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "retry jitter outside [0, 1]"})
+		}
 		seen := make(map[string]bool, len(p.DependsOn))
 		for _, d := range p.DependsOn {
 			switch _, known := index[d]; {
@@ -56,7 +65,7 @@ func validate(phases []Phase) error {
 	for _, c := range findCycles(phases, index) {
 		errs = append(errs, &CycleError{Path: c})
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // findCycles returns one path per cycle reachable by depth-first search over

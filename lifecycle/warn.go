@@ -18,14 +18,19 @@ type Warning struct {
 	Since time.Time
 }
 
-// Warn sets the named warning, or replaces its message. Setting the same
-// message again changes nothing. An empty name is ignored.
+// Warn sets the named warning, or replaces its message, and records an
+// [EventWarningSet]. Setting the same message again changes nothing. An
+// empty name is ignored, and so is every warning once the lifecycle has
+// stopped or was drained before it started: nothing is left to warn about.
 func (l *Lifecycle) Warn(name, message string) {
 	if name == "" {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.eventsDone {
+		return
+	}
 	i := slices.IndexFunc(l.warnings, func(w Warning) bool { return w.Name == name })
 	if i >= 0 && l.warnings[i].Message == message {
 		return
@@ -39,17 +44,22 @@ func (l *Lifecycle) Warn(name, message string) {
 		ws = append(ws, w)
 	}
 	l.warnings = ws
+	l.recordLocked(Event{Time: w.Since, Kind: EventWarningSet, Name: name, Message: message})
 	l.publishLocked()
 }
 
-// ClearWarning removes the named warning, if set.
+// ClearWarning removes the named warning, if set, and records an
+// [EventWarningCleared]. Like Warn, it is ignored once the lifecycle has
+// stopped.
 func (l *Lifecycle) ClearWarning(name string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	i := slices.IndexFunc(l.warnings, func(w Warning) bool { return w.Name == name })
-	if i < 0 {
+	if i < 0 || l.eventsDone {
 		return
 	}
+	cleared := l.warnings[i]
 	l.warnings = slices.Delete(slices.Clone(l.warnings), i, i+1)
+	l.recordLocked(Event{Time: time.Now(), Kind: EventWarningCleared, Name: name, Message: cleared.Message})
 	l.publishLocked()
 }

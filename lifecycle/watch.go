@@ -22,11 +22,19 @@ func (w *watcher) offer(s Snapshot) {
 	}
 }
 
-// Subscribe returns a channel that receives the current snapshot at once and
-// then one snapshot after every change: every change, in order, while the
-// observer keeps up; the latest one when it falls behind. The channel is
-// never closed by the lifecycle; cancel stops the delivery and closes it.
-// cancel is idempotent.
+// Subscribe returns a channel that holds the lifecycle's latest snapshot: the
+// current one at once, then a new one after every change, progress reports
+// included. It is latest-wins, like grpc-go's health Watch: a new snapshot
+// replaces one the observer has not taken yet, so the runner never waits for
+// an observer, and an observer always reads the present state soon after it
+// changes — but it may miss intermediate states however fast it reads,
+// since the lifecycle can change several times between two receives. That is
+// what a health check or a progress view wants. To see every transition
+// exactly once and in order, use [Lifecycle.WatchEvents] or
+// [WithEventHook] instead.
+//
+// The channel is never closed by the lifecycle; cancel stops the delivery and
+// closes it. cancel is idempotent.
 func (l *Lifecycle) Subscribe() (<-chan Snapshot, func()) {
 	w := &watcher{ch: make(chan Snapshot, 1)}
 	l.mu.Lock()
@@ -59,6 +67,7 @@ func (l *Lifecycle) Snapshot() Snapshot {
 func (l *Lifecycle) snapshotLocked() Snapshot {
 	s := Snapshot{
 		Seq:      l.seq,
+		EventSeq: uint64(len(l.events)),
 		State:    State(l.fsm.Current()),
 		Since:    l.since,
 		History:  l.history[:len(l.history):len(l.history)],

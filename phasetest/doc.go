@@ -1,0 +1,35 @@
+// Package phasetest helps test programs whose startup is a
+// [lifecycle.Lifecycle]: start and stop tied to the test, a recorder of
+// events, assertions on the order phases ran in, and waits with deadlines
+// and failure messages that say what happened instead. The same assertions
+// and waits work in process and against a running process's port, through
+// its event stream (package eventstream). Every helper takes a testing.TB,
+// so benchmarks can use them too.
+//
+// In process, a phase-order assertion:
+//
+//	func TestStartupOrder(t *testing.T) {
+//		h := phasetest.New(t, app.Phases()).RequireStart()
+//		phasetest.AssertOrder(t, h.Events(0), "lock", "reclaim", "storage", "serve")
+//		phasetest.AssertRespectsDependencies(t, h.Events(0))
+//	}
+//
+// and against a running process, black-box:
+//
+//	func TestDaemonStartupOrder(t *testing.T) {
+//		s := phasetest.Follow(t, "http://127.0.0.1:7000/debug/events")
+//		phasetest.WaitState(t, s, lifecycle.StateServing, time.Minute)
+//		phasetest.AssertOrder(t, s.Events(0), "lock", "listen", "serve")
+//	}
+//
+// The assertions read a lifecycle's event log, which records every
+// transition once and in order; they do not sample states, so they neither
+// miss a phase that ran quickly nor depend on timing. [AssertOrder] checks
+// that named phases ran one after another; [AssertRespectsDependencies]
+// checks every phase against the DependsOn its events carry;
+// [AssertConsistent] checks that the log itself is whole. [WaitState] and
+// [WaitPhase] replay the log from its start, so they see states already
+// passed, and fail fast when what they wait for can no longer happen.
+//
+// The file adopter_test.go in this package is a complete example to copy.
+package phasetest

@@ -1,0 +1,122 @@
+package phasetest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// DefaultTimeout bounds [Harness.RequireStart] and [Harness.RequireStop]
+// unless the Harness's Timeout says otherwise: far longer than any unit
+// test's start should take, short enough that a hung one fails the test
+// instead of the whole binary.
+const DefaultTimeout = time.Minute
+
+// Harness is a lifecycle under test. It embeds the *lifecycle.Lifecycle, so
+// every method of it is at hand (h.Events(0), h.Snapshot(), h.Warn, …), and
+// ties the lifecycle's end to the test's: the drain is registered with
+// t.Cleanup when the Harness is made, so a test that fails half-way still
+// stops every phase and background task it started. When the test has
+// failed, the cleanup logs the event log.
+type Harness struct {
+	*lifecycle.Lifecycle
+	// Timeout bounds RequireStart and RequireStop, and the drain at
+	// cleanup. New sets it to DefaultTimeout; zero means no bound.
+	Timeout time.Duration
+
+	t       testing.TB
+	stopped bool
+}
+
+// New makes a lifecycle of phases with opts, failing the test at once if
+// the declaration is invalid, and registers its drain with t.Cleanup.
+func New(t testing.TB, phases []lifecycle.Phase, opts ...lifecycle.Option) *Harness {
+	t.Helper()
+	lc, err := lifecycle.New(phases, opts...)
+	if err != nil {
+		t.Fatalf("phasetest: lifecycle.New: %v", err)
+	}
+	h := &Harness{Lifecycle: lc, Timeout: DefaultTimeout, t: t}
+	t.Cleanup(h.cleanup)
+	return h
+}
+
+// RequireStart starts the lifecycle and fails the test with t.Fatalf if the
+// start fails or does not end within the Timeout, saying which phases were
+// still running and listing the events. It returns h, so that
+//
+//	h := phasetest.New(t, phases).RequireStart()
+//
+// reads as one step.
+func (h *Harness) RequireStart() *Harness {
+	h.t.Helper()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	if h.Timeout > 0 {
+		// Name what hangs while it still runs: once the start is
+		// cancelled, nothing is running any more.
+		timer := time.AfterFunc(h.Timeout, func() {
+			cancel(fmt.Errorf("phasetest: start did not end within %s%s", h.Timeout, running(h.Snapshot())))
+		})
+		defer timer.Stop()
+	}
+	if err := h.Start(ctx); err != nil {
+		h.t.Fatalf("phasetest: start failed: %v\n%s", err, formatLog(h.Events(0)))
+	}
+	return h
+}
+
+// RequireStop drains the lifecycle and fails the test with t.Fatalf if the
+// drain returns an error (a stop function failed) or does not end within
+// the Timeout. The cleanup then has nothing left to do.
+func (h *Harness) RequireStop() {
+	h.t.Helper()
+	h.stopped = true
+	ctx, cancel := h.context()
+	defer cancel()
+	if err := h.Drain(ctx); err != nil {
+		h.t.Fatalf("phasetest: stop failed: %v\n%s", err, formatLog(h.Events(0)))
+	}
+}
+
+func (h *Harness) cleanup() {
+	if !h.stopped {
+		ctx, cancel := h.context()
+		defer cancel()
+		if err := h.Drain(ctx); err != nil {
+			h.t.Errorf("phasetest: drain at cleanup: %v", err)
+		}
+	}
+	if h.t.Failed() {
+		h.t.Logf("phasetest: %s", formatLog(h.Events(0)))
+	}
+}
+
+func (h *Harness) context() (context.Context, context.CancelFunc) {
+	if h.Timeout <= 0 {
+		return context.WithCancel(context.Background())
+	}
+	return context.WithTimeoutCause(context.Background(), h.Timeout,
+		fmt.Errorf("phasetest: Harness.Timeout of %s passed", h.Timeout))
+}
+
+// running names the phases a snapshot shows running, for a start that
+// failed or hung.
+func running(s lifecycle.Snapshot) string {
+	cur := s.Current()
+	if len(cur) == 0 {
+		return ""
+	}
+	parts := make([]string, len(cur))
+	for i, p := range cur {
+		parts[i] = fmt.Sprintf("%s %s for %s", p.Name, p.State, p.Duration().Round(time.Millisecond))
+		if pr := p.Progress.String(); pr != "" {
+			parts[i] += " at " + pr
+		}
+	}
+	return ": still running: " + strings.Join(parts, "; ")
+}

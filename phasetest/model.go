@@ -1,0 +1,223 @@
+package phasetest
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// The transitions the engine can take, as the lifecycle package documents
+// them. A log in which any other appears was not written by a lifecycle, or
+// lost an event.
+var (
+	lifecycleEdges = map[[2]lifecycle.State]bool{
+		{lifecycle.StateCreated, lifecycle.StateStarting}:  true,
+		{lifecycle.StateStarting, lifecycle.StateServing}:  true,
+		{lifecycle.StateStarting, lifecycle.StateDraining}: true,
+		{lifecycle.StateStarting, lifecycle.StateFailed}:   true,
+		{lifecycle.StateServing, lifecycle.StateDraining}:  true,
+		{lifecycle.StateServing, lifecycle.StateFailed}:    true,
+		{lifecycle.StateDraining, lifecycle.StateStopped}:  true,
+		{lifecycle.StateFailed, lifecycle.StateStopped}:    true,
+	}
+	phaseEdges = map[[2]lifecycle.PhaseState]bool{
+		{lifecycle.PhasePending, lifecycle.PhaseRunning}:    true,
+		{lifecycle.PhasePending, lifecycle.PhaseSkipped}:    true,
+		{lifecycle.PhaseRunning, lifecycle.PhaseRetrying}:   true,
+		{lifecycle.PhaseRunning, lifecycle.PhaseSucceeded}:  true,
+		{lifecycle.PhaseRunning, lifecycle.PhaseFailed}:     true,
+		{lifecycle.PhaseRunning, lifecycle.PhaseCancelled}:  true,
+		{lifecycle.PhaseRetrying, lifecycle.PhaseRunning}:   true,
+		{lifecycle.PhaseRetrying, lifecycle.PhaseFailed}:    true,
+		{lifecycle.PhaseRetrying, lifecycle.PhaseCancelled}: true,
+	}
+	taskEdges = map[[2]lifecycle.TaskState]bool{
+		{"", lifecycle.TaskRunning}:                      true,
+		{lifecycle.TaskRunning, lifecycle.TaskSucceeded}: true,
+		{lifecycle.TaskRunning, lifecycle.TaskFailed}:    true,
+		{lifecycle.TaskRunning, lifecycle.TaskCancelled}: true,
+	}
+)
+
+// reachable reports whether a lifecycle in state from can still enter to.
+func reachable(from, to lifecycle.State) bool {
+	seen := map[lifecycle.State]bool{from: true}
+	queue := []lifecycle.State{from}
+	for len(queue) > 0 {
+		s := queue[0]
+		queue = queue[1:]
+		for e := range lifecycleEdges {
+			if e[0] == s && !seen[e[1]] {
+				if e[1] == to {
+					return true
+				}
+				seen[e[1]] = true
+				queue = append(queue, e[1])
+			}
+		}
+	}
+	return false
+}
+
+// phaseModel is what the events say about one phase.
+type phaseModel struct {
+	state     lifecycle.PhaseState
+	attempt   int
+	err       string
+	dependsOn []string
+	started   uint64 // Seq of the first running event, 0 before
+	succeeded uint64 // Seq of the succeeded event, 0 before
+}
+
+// model replays a log and checks, event by event, that it is one a
+// lifecycle writes: numbered densely from 1, every transition one the
+// engine can take and starting where the previous one of the same thing
+// ended, nothing after the final event. A log that lost or repeated a
+// transition fails one of these.
+type model struct {
+	next     uint64 // the Seq expected next
+	state    lifecycle.State
+	path     []lifecycle.State // every state entered, created first
+	err      string            // the failure's text, once failed
+	final    bool
+	phases   map[string]*phaseModel
+	order    []string // phases in the order they first appeared
+	tasks    map[string]lifecycle.TaskState
+	warnings map[string]string
+}
+
+func newModel() *model {
+	return &model{
+		next:     1,
+		state:    lifecycle.StateCreated,
+		path:     []lifecycle.State{lifecycle.StateCreated},
+		phases:   map[string]*phaseModel{},
+		tasks:    map[string]lifecycle.TaskState{},
+		warnings: map[string]string{},
+	}
+}
+
+// apply takes the next event and returns what is wrong with it, if
+// anything. It applies the event either way, so that one problem does not
+// hide the rest.
+func (m *model) apply(e lifecycle.Event) error {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	switch {
+	case e.Seq == m.next+1:
+		bad("event %d is missing", m.next)
+	case e.Seq > m.next:
+		bad("events %d to %d are missing", m.next, e.Seq-1)
+	case e.Seq < m.next:
+		bad("event %d is repeated or out of order (want %d)", e.Seq, m.next)
+	}
+	m.next = e.Seq + 1
+	if m.final {
+		bad("recorded after the final event")
+	}
+	switch e.Kind {
+	case lifecycle.EventLifecycle:
+		from, to := lifecycle.State(e.From), lifecycle.State(e.To)
+		if from != m.state {
+			bad("the lifecycle leaves %s but was %s", from, m.state)
+		}
+		if !lifecycleEdges[[2]lifecycle.State{from, to}] {
+			bad("%s→%s is not a lifecycle transition", from, to)
+		}
+		m.state = to
+		m.path = append(m.path, to)
+		if to == lifecycle.StateFailed {
+			m.err = e.Err
+		}
+		m.final = e.Final()
+	case lifecycle.EventPhase:
+		p := m.phases[e.Name]
+		if p == nil {
+			p = &phaseModel{state: lifecycle.PhasePending, dependsOn: e.DependsOn}
+			m.phases[e.Name] = p
+			m.order = append(m.order, e.Name)
+		}
+		from, to := lifecycle.PhaseState(e.From), lifecycle.PhaseState(e.To)
+		if from != p.state {
+			bad("phase %s leaves %s but was %s", e.Name, from, p.state)
+		}
+		if !phaseEdges[[2]lifecycle.PhaseState{from, to}] {
+			bad("%s→%s is not a phase transition", from, to)
+		}
+		if m.state != lifecycle.StateStarting && m.state != lifecycle.StateDraining {
+			bad("a phase moves while the lifecycle is %s", m.state)
+		}
+		if !slices.Equal(e.DependsOn, p.dependsOn) {
+			bad("phase %s depends on %v here and on %v before", e.Name, e.DependsOn, p.dependsOn)
+		}
+		p.state, p.attempt, p.err = to, e.Attempt, e.Err
+		switch {
+		case to == lifecycle.PhaseRunning && p.started == 0:
+			p.started = e.Seq
+		case to == lifecycle.PhaseSucceeded:
+			p.succeeded = e.Seq
+		}
+	case lifecycle.EventTask:
+		from, to := lifecycle.TaskState(e.From), lifecycle.TaskState(e.To)
+		if cur := m.tasks[e.Name]; from != cur {
+			bad("task %s leaves %q but was %q", e.Name, from, cur)
+		}
+		if !taskEdges[[2]lifecycle.TaskState{from, to}] {
+			bad("%q→%q is not a task transition", from, to)
+		}
+		m.tasks[e.Name] = to
+	case lifecycle.EventWarningSet:
+		if old, set := m.warnings[e.Name]; set && old == e.Message {
+			bad("warning %s set again to the same message", e.Name)
+		}
+		m.warnings[e.Name] = e.Message
+	case lifecycle.EventWarningCleared:
+		if _, set := m.warnings[e.Name]; !set {
+			bad("warning %s cleared but not set", e.Name)
+		}
+		delete(m.warnings, e.Name)
+	default:
+		bad("unknown kind %q", e.Kind)
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%v: %s", e, strings.Join(problems, "; "))
+}
+
+// summary says where the lifecycle and each phase got to, for a failure
+// message: what was seen instead of what a test waited for.
+func (m *model) summary() string {
+	var b strings.Builder
+	b.WriteString("lifecycle ")
+	for i, s := range m.path {
+		if i > 0 {
+			b.WriteString("→")
+		}
+		b.WriteString(string(s))
+	}
+	if m.err != "" {
+		fmt.Fprintf(&b, " (%s)", m.err)
+	}
+	if len(m.order) == 0 {
+		b.WriteString("; no phase has moved")
+	}
+	for i, name := range m.order {
+		p := m.phases[name]
+		if i == 0 {
+			b.WriteString("; phases: ")
+		} else {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %s", name, p.state)
+		if p.attempt > 1 {
+			fmt.Fprintf(&b, " (attempt %d)", p.attempt)
+		}
+		if p.err != "" && p.state != lifecycle.PhaseSucceeded {
+			fmt.Fprintf(&b, " [%s]", p.err)
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,359 @@
+package phasetest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/phasegate/phasegate/internal/leakcheck"
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/phasetest"
+)
+
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
+
+// spyTB stands in for a test whose failures are themselves under test. It
+// embeds the real one for the methods it does not replace.
+type spyTB struct {
+	testing.TB
+	mu       sync.Mutex
+	errors   []string
+	fatal    string
+	logs     []string
+	cleanups []func()
+}
+
+func newSpy(t *testing.T) *spyTB { return &spyTB{TB: t} }
+
+func (s *spyTB) Helper() {}
+
+func (s *spyTB) Errorf(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.errors = append(s.errors, fmt.Sprintf(format, args...))
+}
+
+func (s *spyTB) Fatalf(format string, args ...any) {
+	s.mu.Lock()
+	s.fatal = fmt.Sprintf(format, args...)
+	s.mu.Unlock()
+	runtime.Goexit() // as testing does: the rest of the test does not run
+}
+
+func (s *spyTB) Logf(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.logs = append(s.logs, fmt.Sprintf(format, args...))
+}
+
+func (s *spyTB) Failed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.errors) > 0 || s.fatal != ""
+}
+
+func (s *spyTB) Cleanup(f func()) { s.cleanups = append(s.cleanups, f) }
+
+// run runs f on a goroutine of its own, as testing runs a test, so that
+// Fatalf can end it, then runs the cleanups it registered.
+func (s *spyTB) run(f func(t testing.TB)) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(s)
+	}()
+	<-done
+	for i := len(s.cleanups) - 1; i >= 0; i-- {
+		s.cleanups[i]()
+	}
+}
+
+func nop(context.Context, *lifecycle.Progress) error { return nil }
+
+func ev(seq uint64, kind lifecycle.EventKind, name, from, to string, deps ...string) lifecycle.Event {
+	e := lifecycle.Event{Seq: seq, Kind: kind, Name: name, From: from, To: to, DependsOn: deps}
+	if kind == lifecycle.EventPhase {
+		e.Attempt = 1
+	}
+	return e
+}
+
+// goodLog is lock, then listen and reclaim side by side, then serve.
+func goodLog() []lifecycle.Event {
+	L, P := lifecycle.EventLifecycle, lifecycle.EventPhase
+	return []lifecycle.Event{
+		ev(1, L, "", "created", "starting"),
+		ev(2, P, "lock", "pending", "running"),
+		ev(3, P, "lock", "running", "succeeded"),
+		ev(4, P, "reclaim", "pending", "running", "lock"),
+		ev(5, P, "listen", "pending", "running", "lock"),
+		ev(6, P, "listen", "running", "succeeded", "lock"),
+		ev(7, P, "reclaim", "running", "succeeded", "lock"),
+		ev(8, P, "serve", "pending", "running", "listen", "reclaim"),
+		ev(9, P, "serve", "running", "succeeded", "listen", "reclaim"),
+		ev(10, L, "", "starting", "serving"),
+	}
+}
+
+func TestAssertions(t *testing.T) {
+	drop := func(log []lifecycle.Event, seq uint64) []lifecycle.Event {
+		var out []lifecycle.Event
+		for _, e := range log {
+			if e.Seq != seq {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	tests := []struct {
+		name   string
+		log    func() []lifecycle.Event
+		assert func(t testing.TB, log []lifecycle.Event) bool
+		want   []string // substrings of the failure; none: it passes
+	}{
+		{
+			name:   "a whole log is consistent",
+			log:    goodLog,
+			assert: phasetest.AssertConsistent,
+		},
+		{
+			name:   "a lost transition breaks the chain and the numbering",
+			log:    func() []lifecycle.Event { return drop(goodLog(), 6) },
+			assert: phasetest.AssertConsistent,
+			want:   []string{"the event log is not consistent", "#7 phase reclaim running→succeeded (attempt 1): event 6 is missing"},
+		},
+		{
+			name: "a repeated transition",
+			log: func() []lifecycle.Event {
+				l := goodLog()
+				return append(l[:4:4], append([]lifecycle.Event{l[3]}, l[4:]...)...)
+			},
+			assert: phasetest.AssertConsistent,
+			want:   []string{"event 4 is repeated or out of order (want 5)", "phase reclaim leaves pending but was running"},
+		},
+		{
+			name: "a transition the engine cannot take",
+			log: func() []lifecycle.Event {
+				l := goodLog()
+				l[9].From, l[9].To = "starting", "stopped"
+				return l
+			},
+			assert: phasetest.AssertConsistent,
+			want:   []string{"starting→stopped is not a lifecycle transition"},
+		},
+		{
+			name: "phases in order",
+			log:  goodLog,
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertOrder(t, l, "lock", "reclaim", "serve")
+			},
+		},
+		{
+			name: "phases that overlapped are not in order",
+			log:  goodLog,
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertOrder(t, l, "lock", "reclaim", "listen")
+			},
+			want: []string{"phase listen started (event 5) before reclaim succeeded (event 7)"},
+		},
+		{
+			name: "a phase that never ran",
+			log:  goodLog,
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertOrder(t, l, "lock", "register")
+			},
+			want: []string{"phase register never started: it has no event", "#10 lifecycle starting→serving"},
+		},
+		{
+			name:   "dependencies respected",
+			log:    goodLog,
+			assert: phasetest.AssertRespectsDependencies,
+		},
+		{
+			name: "a phase that started before its dependency succeeded",
+			log: func() []lifecycle.Event {
+				l := goodLog()
+				l[7].Seq, l[6].Seq = 7, 8 // serve starts before reclaim succeeded
+				l[6], l[7] = l[7], l[6]
+				return l
+			},
+			assert: phasetest.AssertRespectsDependencies,
+			want:   []string{"phase serve started attempt 1 (event 7) before its dependency reclaim succeeded"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			spy := newSpy(t)
+			var ok bool
+			spy.run(func(tb testing.TB) { ok = tc.assert(tb, tc.log()) })
+			if ok != (len(tc.want) == 0) || ok != (len(spy.errors) == 0) {
+				t.Fatalf("returned %v with errors %q", ok, spy.errors)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(strings.Join(spy.errors, "\n"), w) {
+					t.Errorf("failure does not say %q:\n%s", w, strings.Join(spy.errors, "\n"))
+				}
+			}
+		})
+	}
+}
+
+func TestWaitsFailWithWhatHappenedInstead(t *testing.T) {
+	failing := []lifecycle.Phase{
+		{Name: "lock", Run: nop},
+		{Name: "reclaim", DependsOn: []string{"lock"}, Run: func(context.Context, *lifecycle.Progress) error {
+			return lifecycle.Permanent(errors.New("unmount: EBUSY"))
+		}},
+		{Name: "serve", DependsOn: []string{"reclaim"}, Run: nop},
+	}
+	tests := []struct {
+		name string
+		wait func(t testing.TB, lc *lifecycle.Lifecycle)
+		want []string
+	}{
+		{
+			name: "serving after a failed start",
+			wait: func(t testing.TB, lc *lifecycle.Lifecycle) {
+				phasetest.WaitState(t, lc, lifecycle.StateServing, time.Minute)
+			},
+			want: []string{
+				"waiting for the lifecycle to enter serving: it is failed and can no longer enter serving",
+				`lifecycle created→starting→failed (phase "reclaim" failed after 1 attempt: unmount: EBUSY); phases: lock succeeded, reclaim failed [unmount: EBUSY], serve skipped`,
+			},
+		},
+		{
+			name: "a phase that was skipped",
+			wait: func(t testing.TB, lc *lifecycle.Lifecycle) {
+				phasetest.WaitPhase(t, lc, "serve", lifecycle.PhaseSucceeded, time.Minute)
+			},
+			want: []string{"waiting for phase serve to enter succeeded: phase serve ended skipped"},
+		},
+		{
+			name: "a phase that does not exist, until the deadline",
+			wait: func(t testing.TB, lc *lifecycle.Lifecycle) {
+				phasetest.WaitPhase(t, lc, "register", lifecycle.PhaseRunning, 50*time.Millisecond)
+			},
+			want: []string{"waiting for phase register to enter running: not within 50ms", "#7 lifecycle starting→failed"},
+		},
+		{
+			name: "created",
+			wait: func(t testing.TB, lc *lifecycle.Lifecycle) {
+				phasetest.WaitState(t, lc, lifecycle.StateCreated, time.Minute)
+			},
+			want: []string{"a lifecycle begins in created and never enters it"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			lc, err := lifecycle.New(failing)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = lc.Start(context.Background())
+			spy := newSpy(t)
+			spy.run(func(tb testing.TB) { tc.wait(tb, lc) })
+			for _, w := range tc.want {
+				if !strings.Contains(spy.fatal, w) {
+					t.Errorf("failure does not say %q:\n%s", w, spy.fatal)
+				}
+			}
+			_ = lc.Drain(context.Background())
+		})
+	}
+	t.Run("a state already passed is found", func(t *testing.T) {
+		h := phasetest.New(t, []lifecycle.Phase{{Name: "lock", Run: nop}}).RequireStart()
+		h.RequireStop()
+		if e := phasetest.WaitState(t, h, lifecycle.StateServing, time.Minute); e.To != "serving" {
+			t.Fatalf("returned %v", e)
+		}
+		if e := phasetest.WaitPhase(t, h, "lock", lifecycle.PhaseRunning, time.Minute); e.Attempt != 1 {
+			t.Fatalf("returned %v", e)
+		}
+	})
+}
+
+func TestHarness(t *testing.T) {
+	t.Run("a hung start fails naming what runs, and the cleanup stops it", func(t *testing.T) {
+		var stopped, cancelled bool
+		spy := newSpy(t)
+		var h *phasetest.Harness
+		spy.run(func(tb testing.TB) {
+			h = phasetest.New(tb, []lifecycle.Phase{
+				{Name: "lock", Run: nop, Stop: func(context.Context) error { stopped = true; return nil }},
+				{Name: "reclaim", DependsOn: []string{"lock"}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
+					p.SetTotal(10, "namespaces")
+					p.Add(3)
+					<-ctx.Done()
+					cancelled = true
+					return ctx.Err()
+				}},
+			})
+			h.Timeout = 50 * time.Millisecond
+			h.RequireStart()
+			t.Error("RequireStart returned after a failed start")
+		})
+		for _, w := range []string{
+			"phasetest: start failed: lifecycle: start cancelled: phasetest: start did not end within 50ms: still running: reclaim running for ",
+			" at 3/10 namespaces",
+			"#3 phase lock running→succeeded",
+		} {
+			if !strings.Contains(spy.fatal, w) {
+				t.Errorf("failure does not say %q:\n%s", w, spy.fatal)
+			}
+		}
+		if !stopped || !cancelled || h.State() != lifecycle.StateStopped {
+			t.Fatalf("after cleanup: lock stopped %v, reclaim cancelled %v, state %s", stopped, cancelled, h.State())
+		}
+		if len(spy.logs) != 1 || !strings.Contains(spy.logs[0], "#7 lifecycle failed→stopped") {
+			t.Fatalf("a failed test's cleanup logged %q, want the event log", spy.logs)
+		}
+	})
+	t.Run("a test that forgets to stop still stops", func(t *testing.T) {
+		spy := newSpy(t)
+		var h *phasetest.Harness
+		spy.run(func(tb testing.TB) {
+			h = phasetest.New(tb, []lifecycle.Phase{{Name: "lock", Run: nop}}).RequireStart()
+		})
+		if h.State() != lifecycle.StateStopped || spy.Failed() || len(spy.logs) != 0 {
+			t.Fatalf("state %s, errors %q, logs %q", h.State(), spy.errors, spy.logs)
+		}
+	})
+	t.Run("a failing stop fails RequireStop", func(t *testing.T) {
+		spy := newSpy(t)
+		spy.run(func(tb testing.TB) {
+			h := phasetest.New(tb, []lifecycle.Phase{{Name: "listen", Run: nop,
+				Stop: func(context.Context) error { return errors.New("port still bound") }}}).RequireStart()
+			h.RequireStop()
+		})
+		if !strings.Contains(spy.fatal, `phasetest: stop failed: phase "listen": stop: port still bound`) {
+			t.Fatalf("failure %q", spy.fatal)
+		}
+	})
+	t.Run("an invalid declaration fails at once", func(t *testing.T) {
+		spy := newSpy(t)
+		spy.run(func(tb testing.TB) {
+			phasetest.New(tb, []lifecycle.Phase{{Name: "a", DependsOn: []string{"b"}, Run: nop}})
+		})
+		if !strings.Contains(spy.fatal, `phasetest: lifecycle.New: phase "a" depends on unknown phase "b"`) {
+			t.Fatalf("failure %q", spy.fatal)
+		}
+	})
+}
+
+func TestRecorderNotesEventsOutOfSequence(t *testing.T) {
+	var r phasetest.Recorder
+	log := goodLog()
+	r.Record(log[0])
+	r.Record(log[2])
+	if err := r.Err(); err == nil || err.Error() != "phasetest: recorded event 3 where 2 was due" {
+		t.Fatalf("Err = %v", err)
+	}
+	if got := r.Events(0); len(got) != 2 {
+		t.Fatalf("Events = %v", got)
+	}
+}
