@@ -16,7 +16,7 @@
 // only with Options.KillOrphans.
 //
 // Serial is the reference strategy that does, strictly one slot after the
-// other, what the orchestrator of the seed report did: delete the host
+// other, what E2B's orchestrator did before it bound its port: delete the host
 // firewall state, delete the host veth with netlink (the kernel waits out an
 // RCU grace period for each), delete the netns. It exists to be the baseline
 // the benchmarks compare against; do not use it in production.

@@ -180,7 +180,7 @@ func TestCreateCleansLeftover(t *testing.T) {
 	_ = holder
 }
 
-// The Nomad seed at slot level: a process holds a descriptor on the netns
+// hashicorp/nomad PR #25714 at slot level: a process holds a descriptor on the netns
 // file, another lives inside; Destroy succeeds, leaves no mount, no file and
 // no host end.
 func TestDestroyWhileHeld(t *testing.T) {

@@ -225,7 +225,7 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 					}
 					or := Orphan{Index: i, PID: pid, Comm: netns.Comm(pid)}
 					if opts.KillOrphans {
-						if err := netns.Kill(pid); err == nil {
+						if killed, err := netns.KillIn(pid, id); err == nil && killed {
 							or.Killed = true
 						}
 					}
