@@ -270,8 +270,9 @@ func TestScanIgnoresForeign(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(inv) != 1 || inv[5] != slot.All {
-		t.Errorf("Scan = %v, want only slot 5", inv)
+	// <prefix>21 is beyond Slots but canonical: ours (see TestSurveyBeyondSlots).
+	if len(inv) != 2 || inv[5] != slot.All || inv[21] != slot.HasNetns {
+		t.Errorf("Scan = %v, want only slots 5 and 21", inv)
 	}
 	t.Cleanup(func() { _ = nettest.Sweep(slot.Config{Prefix: other, NetnsDir: c.NetnsDir, Slots: 1, CIDR: c.CIDR}) })
 }
