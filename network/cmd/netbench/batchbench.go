@@ -167,7 +167,7 @@ type batchRow struct {
 
 // batchBench leaks n slots and tears them down with each batch size in
 // turn (0: all at once), while the workload runs; first the workload alone.
-func (b *bench) batchBench(n int, batches []int, pause time.Duration, reps int) (idle batchRow, rows []batchRow, err error) {
+func (b *bench) batchBench(n int, batches []batchSpec, reps int) (idle batchRow, rows []batchRow, err error) {
 	w, err := newWorkload(b.dir)
 	if err != nil {
 		return idle, nil, err
@@ -201,8 +201,9 @@ func (b *bench) batchBench(n int, batches []int, pause time.Duration, reps int) 
 		return idle, nil, err
 	}
 	for rep := range reps {
-		for _, k := range batches {
-			fmt.Fprintf(os.Stderr, "batches: rep %d, leak %d for batch %d...\n", rep+1, n, k)
+		for _, spec := range batches {
+			k, pause := spec.k, spec.pause
+			fmt.Fprintf(os.Stderr, "batches: rep %d, leak %d for batch %d, pause %v...\n", rep+1, n, k, pause)
 			if _, err := b.leak(n); err != nil {
 				return idle, rows, err
 			}

@@ -63,8 +63,8 @@ func main() {
 		gets    = flag.Int("gets", 1000, "Get/Put cycles for the warm-pool Get latency (each Put resets the slot)")
 		sizes   = flag.String("sizes", "1000,5000,10000", "scan: slot counts to scan at, ascending")
 		reps    = flag.Int("reps", 5, "scan: scans of each kind per size; batches: rounds over -batches")
-		batches = flag.String("batches", "0,1000,250,64", "batches: batch sizes to compare (0: all at once)")
-		pause   = flag.Duration("pause", 0, "batches: pause between two batches")
+		batches = flag.String("batches", "0,1000,250,64", "batches: batch sizes to compare (0: all at once), each optionally with its own pause between batches, as 64+250ms")
+		pause   = flag.Duration("pause", 0, "batches: pause between two batches where -batches gives none")
 		out     = flag.String("out", "", "write the Markdown report here (default: stdout only)")
 	)
 	flag.Parse()
@@ -112,9 +112,9 @@ func main() {
 		}
 		md = r.scanMarkdown(rows, *reps)
 	case "batches":
-		ks, err := ints(*batches)
+		ks, err := batchSpecs(*batches, *pause)
 		if err != nil || len(ks) == 0 {
-			fail(fmt.Errorf("-batches %q: want batch sizes", *batches))
+			fail(fmt.Errorf("-batches %q: want batch sizes (%v)", *batches, err))
 		}
 		b, err := newBench(*slots)
 		if err != nil {
@@ -124,7 +124,7 @@ func main() {
 		r := &results{cmd: fmt.Sprintf("go run ./network/cmd/netbench -mode batches -slots %d -batches %s -pause %v -reps %d",
 			*slots, *batches, *pause, *reps)}
 		r.machine()
-		idle, rows, err := b.batchBench(*slots, ks, *pause, *reps)
+		idle, rows, err := b.batchBench(*slots, ks, *reps)
 		r.loadEnd = loadavg()
 		if err != nil {
 			b.sweep()
@@ -140,6 +140,32 @@ func main() {
 			fail(err)
 		}
 	}
+}
+
+// batchSpec is a batch size and the pause between two batches.
+type batchSpec struct {
+	k     int
+	pause time.Duration
+}
+
+func batchSpecs(s string, pause time.Duration) ([]batchSpec, error) {
+	var out []batchSpec
+	for _, f := range strings.Split(s, ",") {
+		k, p, ok := strings.Cut(strings.TrimSpace(f), "+")
+		spec := batchSpec{pause: pause}
+		v, err := strconv.Atoi(k)
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("%q is not a batch size", k)
+		}
+		spec.k = v
+		if ok {
+			if spec.pause, err = time.ParseDuration(p); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, spec)
+	}
+	return out, nil
 }
 
 func ints(s string) ([]int, error) {
