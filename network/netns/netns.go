@@ -301,7 +301,7 @@ func deletePath(ctx context.Context, path string) error {
 		state, _, err := inspectFD(fd, path)
 		if err == nil && state == Bound {
 			if uerr := unix.Unmount(fdPath(fd), unix.MNT_DETACH); uerr != nil && !errors.Is(uerr, unix.EINVAL) {
-				err = fmt.Errorf("netns: delete: %w", pathErr("umount2", path, uerr))
+				err = pathErr("umount2", path, uerr)
 			}
 		}
 		unix.Close(fd)

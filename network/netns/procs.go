@@ -33,6 +33,9 @@ type IncompleteError struct {
 
 // Error implements error.
 func (e *IncompleteError) Error() string {
+	if len(e.Failed) == 0 {
+		return "netns: scan " + e.Scan + ": incomplete"
+	}
 	return fmt.Sprintf("netns: scan %s: %d process(es) could not be read, first pid %d: %v",
 		e.Scan, len(e.Failed), e.Failed[0].PID, e.Failed[0].Err)
 }

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"net/netip"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 

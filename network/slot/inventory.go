@@ -140,6 +140,9 @@ type UnreadableError struct {
 
 // Error implements error.
 func (e *UnreadableError) Error() string {
+	if len(e.Entries) == 0 {
+		return "slot: scan: unreadable netns entries"
+	}
 	return fmt.Sprintf("slot: scan: %d netns entr(ies) could not be inspected, first %s: %v",
 		len(e.Entries), e.Entries[0].Name, e.Entries[0].Err)
 }
