@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -125,7 +126,16 @@ func PrepareDir(dir string) error {
 // Create makes a new network namespace and binds it to dir/name, the way
 // `ip netns add` does, and returns the file's path. The directory is
 // prepared with PrepareDir. It fails with an error wrapping fs.ErrExist when
-// the file already exists. On failure nothing is left behind.
+// the name already exists (whatever it is). On failure nothing is left
+// behind.
+//
+// The placeholder is made with O_CREAT|O_EXCL|O_NOFOLLOW relative to a
+// descriptor of the directory, and the namespace is bind-mounted onto
+// /proc/self/fd/N of that placeholder's descriptor, not onto the path: a
+// symlink or another file renamed over the name meanwhile cannot redirect
+// the mount outside the directory (a mount onto a placeholder that was
+// replaced fails, the kernel refusing to mount on an unlinked file). Once
+// mounted, the name is checked to show the new namespace.
 //
 // The namespace is made on a fresh goroutine whose OS thread is locked and
 // never unlocked: the thread exits with the goroutine, so no thread that Go
@@ -141,22 +151,41 @@ func Create(ctx context.Context, dir, name string) (string, error) {
 		return "", err
 	}
 	path := filepath.Join(dir, name)
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	dirfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("netns: create: %w", pathErr("open", dir, err))
+	}
+	defer unix.Close(dirfd)
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", fmt.Errorf("netns: create placeholder: %w", pathErr("open", path, err))
 	}
-	unix.Close(fd)
+	var placeholder unix.Stat_t
+	if err := unix.Fstat(fd, &placeholder); err != nil {
+		unix.Close(fd)
+		// Unstat-able: leave it for Delete's checks rather than unlink blind.
+		return "", errors.Join(fmt.Errorf("netns: create placeholder: %w", pathErr("fstat", path, err)),
+			Delete(context.WithoutCancel(ctx), dir, name))
+	}
 
-	errc := make(chan error, 1)
-	go createOnOwnThread(path, errc)
-	if err := <-errc; err != nil {
-		// Nothing was mounted or the mount failed: remove the placeholder.
-		if derr := Delete(context.WithoutCancel(ctx), dir, name); derr != nil {
-			return "", errors.Join(err, derr)
-		}
-		return "", err
+	res := make(chan created, 1)
+	go createOnOwnThread(fdPath(fd), path, res)
+	c := <-res
+	unix.Close(fd)
+	if c.err == nil {
+		c.err = checkBound(path, c.id)
+	}
+	if c.err != nil {
+		return "", errors.Join(c.err, removePlaceholder(dirfd, name, path, placeholder))
 	}
 	return path, nil
+}
+
+// created is what the creating thread reports: the new namespace's ID, or
+// why it failed.
+type created struct {
+	id  ID
+	err error
 }
 
 // createOnOwnThread locks the goroutine to its thread and never unlocks it,
@@ -164,35 +193,84 @@ func Create(ctx context.Context, dir, name string) (string, error) {
 // The main thread cannot exit (the runtime parks it forever instead): if the
 // goroutine landed there, it keeps the main thread busy and does the work on
 // a nested goroutine, which then cannot run on the main thread.
-func createOnOwnThread(path string, errc chan<- error) {
+func createOnOwnThread(target, path string, res chan<- created) {
 	runtime.LockOSThread()
 	if unix.Gettid() == unix.Getpid() {
-		nested := make(chan error, 1)
-		go createOnOwnThread(path, nested)
-		errc <- <-nested
+		nested := make(chan created, 1)
+		go createOnOwnThread(target, path, nested)
+		res <- <-nested
 		runtime.UnlockOSThread() // the main thread never changed namespace
 		return
 	}
 	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		errc <- fmt.Errorf("netns: create %s: unshare(CLONE_NEWNET): %w", path, err)
+		res <- created{err: fmt.Errorf("netns: create %s: unshare(CLONE_NEWNET): %w", path, err)}
 		return
 	}
-	if err := unix.Mount("/proc/thread-self/ns/net", path, "none", unix.MS_BIND, ""); err != nil {
-		errc <- fmt.Errorf("netns: create: bind /proc/thread-self/ns/net: %w", pathErr("mount", path, err))
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		res <- created{err: fmt.Errorf("netns: create %s: %w", path, pathErr("stat", "/proc/thread-self/ns/net", err))}
 		return
 	}
-	errc <- nil
+	if err := unix.Mount("/proc/thread-self/ns/net", target, "none", unix.MS_BIND, ""); err != nil {
+		res <- created{err: fmt.Errorf("netns: create: bind /proc/thread-self/ns/net onto the placeholder: %w", pathErr("mount", path, err))}
+		return
+	}
+	res <- created{id: ID{Dev: st.Dev, Ino: st.Ino}}
+}
+
+// checkBound makes sure the namespace id is what path shows. If it is not,
+// the placeholder was moved between its creation and the mount, and the
+// mount went with it: it is found by its root in mountinfo and detached, so
+// the namespace does not live on at a name nobody knows.
+func checkBound(path string, id ID) error {
+	got, err := Stat(path)
+	if err == nil && got == id {
+		return nil
+	}
+	if err == nil {
+		err = fmt.Errorf("%s shows namespace %d, not the new one %d", path, got.Ino, id.Ino)
+	}
+	err = fmt.Errorf("netns: create: the placeholder moved while the namespace was bound: %w", err)
+	if derr := detachByRoot(id); derr != nil {
+		return errors.Join(err, derr)
+	}
+	return err
+}
+
+// removePlaceholder unlinks dir/name only if it is still the placeholder
+// Create made (same inode, nothing mounted on it): a failed Create never
+// removes what someone else put at the name.
+func removePlaceholder(dirfd int, name, path string, made unix.Stat_t) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("netns: remove placeholder: %w", pathErr("fstatat", path, err))
+	}
+	if st.Dev != made.Dev || st.Ino != made.Ino {
+		return nil // not ours any more (or something is mounted on it): leave it
+	}
+	if err := unix.Unlinkat(dirfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("netns: remove placeholder: %w", pathErr("unlink", path, err))
+	}
+	return nil
 }
 
 // Delete removes the namespace file dir/name. It is idempotent: a missing
-// file is success. It detaches the mount (MNT_DETACH, never following a
-// symlink; EINVAL means the file is not a mount point), then unlinks the file,
-// retrying EBUSY with a bounded exponential backoff (about a second in all,
-// shorter if ctx ends). A file that still cannot be removed is reported as a
-// *BusyError. A placeholder (see Inspect) is unlinked. Anything else —
-// symlinks, directories, files with content, mounts of something other than
-// a namespace — is never touched: it gives an error wrapping
-// ErrNotNamespace.
+// file is success. It opens the name with O_PATH|O_NOFOLLOW, inspects that
+// descriptor (see Inspect) and detaches exactly the mount it shows
+// (MNT_DETACH through /proc/self/fd/N, so a path swapped meanwhile cannot
+// redirect the unmount), then unlinks the name, retrying EBUSY (stacked
+// mounts) with a bounded exponential backoff (about a second in all, shorter
+// if ctx ends). A file that still cannot be removed is reported as a
+// *BusyError. A placeholder is unlinked. Anything else — symlinks,
+// directories, files with content, mounts of something other than a network
+// namespace — is never touched: it gives an error wrapping ErrNotNamespace.
+//
+// Unlinking has no descriptor-based form: between the detach and the unlink
+// (one system call) the name is not re-inspected. Nothing is ever followed,
+// so the unlink can only remove an entry of the directory.
 //
 // Deleting the file does not kill the namespace if a process lives in it or
 // holds a descriptor to it: the kernel object, and any veth in it, live on
@@ -211,39 +289,35 @@ const (
 )
 
 func deletePath(ctx context.Context, path string) error {
-	state, err := Inspect(path)
-	if err != nil {
-		return fmt.Errorf("netns: delete: %w", err)
-	}
-	switch state {
-	case Missing:
-		return nil
-	case Placeholder:
-		if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("netns: delete placeholder: %w", pathErr("unlink", path, err))
-		}
-		return nil
-	}
 	delay := deleteFirstDelay
 	for attempt := 1; ; attempt++ {
-		if err := unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil &&
-			!errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			if errors.Is(err, unix.EBUSY) {
-				// Cannot happen with MNT_DETACH, but treat it like a busy unlink.
-				if attempt >= deleteAttempts {
-					return &BusyError{Path: path, Call: "umount2", Attempts: attempt, Err: err}
-				}
-			} else {
-				return fmt.Errorf("netns: delete: %w", pathErr("umount2", path, err))
+		fd, err := openPath(path)
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("netns: delete: %w", err)
+		}
+		state, _, err := inspectFD(fd, path)
+		if err == nil && state == Bound {
+			if uerr := unix.Unmount(fdPath(fd), unix.MNT_DETACH); uerr != nil && !errors.Is(uerr, unix.EINVAL) {
+				err = pathErr("umount2", path, uerr)
 			}
 		}
-		err := unix.Unlink(path)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("netns: delete: %w", err)
+		}
+		err = unix.Unlink(path)
 		if err == nil || errors.Is(err, unix.ENOENT) {
 			return nil
 		}
 		if !errors.Is(err, unix.EBUSY) {
 			return fmt.Errorf("netns: delete: %w", pathErr("unlink", path, err))
 		}
+		// Still a mount point: another namespace was stacked on the
+		// same file. Look again (it must be a namespace too) after a
+		// pause.
 		if attempt >= deleteAttempts {
 			return &BusyError{Path: path, Call: "unlink", Attempts: attempt, Err: err}
 		}
@@ -255,19 +329,6 @@ func deletePath(ctx context.Context, path string) error {
 		case <-t.C:
 		}
 		delay = min(2*delay, deleteMaxDelay)
-		// Something is still mounted there (stacked mounts): unmount it
-		// only if it is a namespace too.
-		switch state, err := Inspect(path); {
-		case err != nil:
-			return fmt.Errorf("netns: delete: %w", err)
-		case state == Missing:
-			return nil
-		case state == Placeholder:
-			if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("netns: delete: %w", pathErr("unlink", path, err))
-			}
-			return nil
-		}
 	}
 }
 
@@ -278,7 +339,8 @@ type State uint8
 const (
 	// Missing: nothing is there.
 	Missing State = iota
-	// Bound: a network namespace is bound there (an nsfs mount).
+	// Bound: a network namespace is bound there (an nsfs mount of a
+	// network namespace).
 	Bound
 	// Placeholder: an empty regular file that nothing is mounted on. Create
 	// and iproute2 make one (mode 0) before binding, containerd-style code
@@ -289,10 +351,28 @@ const (
 	Placeholder
 )
 
-// Inspect says what is at path without following a symlink. Anything that
-// is neither a bound namespace nor a placeholder — a symlink, a directory,
-// a file with content, a mount of something else — gives an error wrapping
-// ErrNotNamespace: it is foreign and must not be touched.
+// String returns the state's name.
+func (s State) String() string {
+	switch s {
+	case Missing:
+		return "missing"
+	case Bound:
+		return "bound"
+	case Placeholder:
+		return "placeholder"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Inspect says what is at path. It opens path once with
+// O_PATH|O_NOFOLLOW|O_CLOEXEC and asks everything of that descriptor
+// (fstat, fstatfs, statx for the mount root, the namespace type), so a
+// symlink or another file swapped in between two checks cannot be
+// half-inspected. Anything that is neither a bound network namespace nor a
+// placeholder — a symlink, a directory, a file with content, a mount of
+// something else (another file system, or a namespace of another type) —
+// gives an error wrapping ErrNotNamespace: it is foreign and must not be
+// touched. Any other error means path could not be inspected.
 //
 // A placeholder's mode is not checked: requiring mode 0 left for ever the
 // file of any namespace made with a mode-0644 file (containerd, `touch`)
@@ -300,46 +380,108 @@ const (
 // would remove it. The name (prefix and index, checked by the caller) is
 // what says the file is ours; emptiness says it holds nothing.
 func Inspect(path string) (State, error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return Missing, nil
-		}
-		return Missing, pathErr("lstat", path, err)
+	fd, err := openPath(path)
+	if errors.Is(err, unix.ENOENT) {
+		return Missing, nil
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return Missing, fmt.Errorf("%s is a %s: %w", path, fileType(st.Mode), ErrNotNamespace)
+	if err != nil {
+		return Missing, err
 	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err != nil {
-		return Missing, pathErr("statfs", path, err)
-	}
-	if fs.Type == unix.NSFS_MAGIC {
-		return Bound, nil
-	}
-	if mountRoot(path) {
-		return Missing, fmt.Errorf("%s is a mount of something else: %w", path, ErrNotNamespace)
-	}
-	if st.Size != 0 {
-		return Missing, fmt.Errorf("%s is a file with content (size %d): %w", path, st.Size, ErrNotNamespace)
-	}
-	return Placeholder, nil
+	defer unix.Close(fd)
+	st, _, err := inspectFD(fd, path)
+	return st, err
 }
 
-// mountRoot reports whether path is the root of a mount (statx
-// STATX_ATTR_MOUNT_ROOT, Linux 5.8+; before that, a device different from
-// the parent directory's).
-func mountRoot(path string) bool {
+// openPath opens path as an O_PATH descriptor of the file itself: a symlink
+// in the last component is opened, not followed; a mount on it is crossed,
+// as any lookup does.
+func openPath(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, pathErr("open", path, err)
+	}
+	return fd, nil
+}
+
+// fdPath is the /proc path of a descriptor of ours: opening or mounting on
+// it reaches exactly the file the descriptor refers to.
+func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
+// inspectFD classifies the file that fd (from openPath) refers to.
+func inspectFD(fd int, path string) (State, unix.Stat_t, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return Missing, st, pathErr("fstat", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return Missing, st, fmt.Errorf("%s is a %s: %w", path, fileType(st.Mode), ErrNotNamespace)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return Missing, st, pathErr("fstatfs", path, err)
+	}
+	if fs.Type == unix.NSFS_MAGIC {
+		if err := checkNetType(fd, path); err != nil {
+			return Missing, st, err
+		}
+		return Bound, st, nil
+	}
+	root, err := mountRoot(fd, path)
+	if err != nil {
+		return Missing, st, err
+	}
+	if root {
+		return Missing, st, fmt.Errorf("%s is a mount of something else: %w", path, ErrNotNamespace)
+	}
+	if st.Size != 0 {
+		return Missing, st, fmt.Errorf("%s is a file with content (size %d): %w", path, st.Size, ErrNotNamespace)
+	}
+	return Placeholder, st, nil
+}
+
+// checkNetType makes sure the nsfs file fd refers to is a network
+// namespace: a mount, UTS or other namespace bound at one of our names is
+// someone else's. Kernels before 4.11 lack NS_GET_NSTYPE: there any nsfs
+// file passes, as it did before this check existed.
+func checkNetType(fd int, path string) error {
+	nfd, err := unix.Open(fdPath(fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return pathErr("open", path, err)
+	}
+	defer unix.Close(nfd)
+	t, err := unix.IoctlRetInt(nfd, unix.NS_GET_NSTYPE)
+	switch {
+	case errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EINVAL):
+		return nil
+	case err != nil:
+		return pathErr("ioctl(NS_GET_NSTYPE)", path, err)
+	case t != unix.CLONE_NEWNET:
+		return fmt.Errorf("%s is a bound namespace of another type (%#x): %w", path, t, ErrNotNamespace)
+	}
+	return nil
+}
+
+// mountRoot reports whether fd is the root of a mount (statx
+// STATX_ATTR_MOUNT_ROOT on the descriptor, Linux 5.8+; before that, a
+// device different from the parent directory's, which misses a bind mount
+// from the same file system).
+func mountRoot(fd int, path string) (bool, error) {
 	var stx unix.Statx_t
-	err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, unix.STATX_BASIC_STATS, &stx)
+	err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_BASIC_STATS, &stx)
+	if err != nil && !errors.Is(err, unix.ENOSYS) {
+		return false, pathErr("statx", path, err)
+	}
 	if err == nil && stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
 	}
 	var st, parent unix.Stat_t
-	if unix.Lstat(path, &st) != nil || unix.Stat(filepath.Dir(path), &parent) != nil {
-		return false
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false, pathErr("fstat", path, err)
 	}
-	return st.Dev != parent.Dev
+	if err := unix.Stat(filepath.Dir(path), &parent); err != nil {
+		return false, pathErr("stat", filepath.Dir(path), err)
+	}
+	return st.Dev != parent.Dev, nil
 }
 
 func fileType(mode uint32) string {
@@ -417,43 +559,54 @@ func List(dir, prefix string) ([]Entry, error) {
 	return out, nil
 }
 
-// Stat returns the ID of the namespace bound at path. It does not follow a
-// symlink at path. A file that is not a bound namespace (a placeholder)
-// gives an error wrapping ErrNotNamespace.
+// Stat returns the ID of the network namespace bound at path, inspected
+// through one O_PATH|O_NOFOLLOW descriptor like Inspect. Anything but a bound
+// network namespace (a placeholder, a look-alike) gives an error wrapping
+// ErrNotNamespace.
 func Stat(path string) (ID, error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		return ID{}, fmt.Errorf("netns: %w", pathErr("lstat", path, err))
+	fd, err := openPath(path)
+	if err != nil {
+		return ID{}, fmt.Errorf("netns: %w", err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return ID{}, fmt.Errorf("netns: %s: %w", path, ErrNotNamespace)
+	defer unix.Close(fd)
+	state, st, err := inspectFD(fd, path)
+	if err != nil {
+		return ID{}, fmt.Errorf("netns: %w", err)
 	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err != nil {
-		return ID{}, fmt.Errorf("netns: %w", pathErr("statfs", path, err))
-	}
-	if fs.Type != unix.NSFS_MAGIC {
+	if state != Bound {
 		return ID{}, fmt.Errorf("netns: %s is not mounted: %w", path, ErrNotNamespace)
 	}
 	return ID{Dev: st.Dev, Ino: st.Ino}, nil
 }
 
-// IsMounted reports whether path is a bound namespace (a nsfs file).
+// IsMounted reports whether path is a bound network namespace.
 func IsMounted(path string) bool {
 	_, err := Stat(path)
 	return err == nil
 }
 
-// Open returns a read-only, close-on-exec descriptor of the namespace bound
-// at path, usable with setns(2) or netlink.NewHandleAt. The caller closes it
-// as soon as it is done.
+// Open returns a read-only, close-on-exec descriptor of the network
+// namespace bound at path, usable with setns(2) or netlink.NewHandleAt. The
+// name is opened once with O_PATH|O_NOFOLLOW, inspected through that
+// descriptor, and the namespace is opened through /proc/self/fd/N of it, so
+// what is returned is what was inspected, whatever happens to the name
+// meanwhile. The caller closes it as soon as it is done.
 func Open(path string) (int, error) {
-	if _, err := Stat(path); err != nil {
-		return -1, err
+	fd, err := openPath(path)
+	if err != nil {
+		return -1, fmt.Errorf("netns: %w", err)
 	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	defer unix.Close(fd)
+	state, _, err := inspectFD(fd, path)
+	if err != nil {
+		return -1, fmt.Errorf("netns: %w", err)
+	}
+	if state != Bound {
+		return -1, fmt.Errorf("netns: %s is not mounted: %w", path, ErrNotNamespace)
+	}
+	nfd, err := unix.Open(fdPath(fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("netns: %w", pathErr("open", path, err))
 	}
-	return fd, nil
+	return nfd, nil
 }

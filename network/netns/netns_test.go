@@ -26,6 +26,20 @@ func setup(t *testing.T) (dir, prefix string) {
 	return env.Config.NetnsDir, env.Config.Prefix
 }
 
+// scanProcesses is netns.ScanProcesses for tests: processes this test may
+// not read (a sandbox's init, say) are logged, not fatal; the rest of the
+// map is right.
+func scanProcesses(t *testing.T) (netns.Processes, error) {
+	t.Helper()
+	procs, err := netns.ScanProcesses()
+	var inc *netns.IncompleteError
+	if errors.As(err, &inc) {
+		t.Logf("scan: %v", err)
+		return procs, nil
+	}
+	return procs, err
+}
+
 func assertGone(t *testing.T, dir, name string) {
 	t.Helper()
 	if _, err := os.Lstat(filepath.Join(dir, name)); !errors.Is(err, fs.ErrNotExist) {
@@ -76,7 +90,7 @@ func TestCreateDelete(t *testing.T) {
 	// The creating thread exits with its goroutine (asynchronously): soon
 	// no thread of this process may be left inside the new namespace.
 	for try := 0; ; try++ {
-		procs, err := netns.ScanProcesses()
+		procs, err := scanProcesses(t)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,8 +207,9 @@ func TestDeleteRetriesBusy(t *testing.T) {
 	assertGone(t, dir, prefix+"1")
 }
 
-// The Nomad seed: one process holds a descriptor on the netns file, another
-// lives inside the namespace, and the namespace is deleted.
+// What hashicorp/nomad PR #25714 fixed: one process holds a descriptor on
+// the netns file, another lives inside the namespace, and the namespace is
+// deleted.
 func TestDeleteWhileHeld(t *testing.T) {
 	dir, prefix := setup(t)
 	ctx := context.Background()
@@ -205,7 +220,7 @@ func TestDeleteWhileHeld(t *testing.T) {
 	id, _ := netns.Stat(path)
 	holder := nettest.StartHolder(t, path)
 	inside := nettest.StartInside(t, path)
-	procs, err := netns.ScanProcesses()
+	procs, err := scanProcesses(t)
 	if err != nil {
 		t.Fatal(err)
 	}

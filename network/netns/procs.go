@@ -14,10 +14,44 @@ import (
 // thread inside it.
 type Processes map[ID][]int
 
+// ProcError is a process that a /proc scan could not read.
+type ProcError struct {
+	PID int
+	Err error
+}
+
+// IncompleteError reports the processes a /proc scan could not read for a
+// reason other than their exit while it ran. The Processes returned with it
+// are right for every other process: a caller can use them and must treat
+// the namespaces it asked about as possibly held by the processes listed.
+type IncompleteError struct {
+	// Scan is "processes" or "holders".
+	Scan string
+	// Failed are the processes that could not be read, with the reason.
+	Failed []ProcError
+}
+
+// Error implements error.
+func (e *IncompleteError) Error() string {
+	if len(e.Failed) == 0 {
+		return "netns: scan " + e.Scan + ": incomplete"
+	}
+	return fmt.Sprintf("netns: scan %s: %d process(es) could not be read, first pid %d: %v",
+		e.Scan, len(e.Failed), e.Failed[0].PID, e.Failed[0].Err)
+}
+
+// vanished reports an error that only says the process or thread exited
+// while it was being read.
+func vanished(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH)
+}
+
 // ScanProcesses reads /proc once and returns which processes live in which
 // network namespace, looking at every thread (a Go program may have moved a
-// single locked thread). Processes that vanish or cannot be read while
-// scanning are skipped.
+// single locked thread). Processes that exit while being scanned are
+// skipped. If /proc cannot be listed, the error says so and the map is nil;
+// if some processes cannot be read, the map holds all the others and the
+// error is an *IncompleteError naming them.
 func ScanProcesses() (Processes, error) {
 	return scanProcesses("/proc")
 }
@@ -33,43 +67,62 @@ func scanProcesses(procRoot string) (Processes, error) {
 		return nil, fmt.Errorf("netns: scan processes: %w", err)
 	}
 	out := make(Processes)
+	var failed []ProcError
 	for _, n := range names {
 		pid, err := strconv.Atoi(n)
 		if err != nil || pid <= 0 {
 			continue
 		}
 		seen := map[ID]bool{}
-		if id, ok := nsOf(procRoot + "/" + n + "/ns/net"); ok {
+		if id, err := nsOf(procRoot + "/" + n + "/ns/net"); err == nil {
 			seen[id] = true
+		} else if !vanished(err) {
+			failed = append(failed, ProcError{PID: pid, Err: err})
+			continue
 		}
 		// Threads can be in other namespaces than the leader. Our own
 		// process is scanned too: a thread of ours inside would keep a
 		// namespace alive just the same.
-		if td, err := os.Open(procRoot + "/" + n + "/task"); err == nil {
-			tids, _ := td.Readdirnames(-1)
-			td.Close()
-			for _, tid := range tids {
-				if tid == n {
-					continue
-				}
-				if id, ok := nsOf(procRoot + "/" + n + "/task/" + tid + "/ns/net"); ok {
-					seen[id] = true
-				}
+		tids, err := readNames(procRoot + "/" + n + "/task")
+		if err != nil && !vanished(err) {
+			failed = append(failed, ProcError{PID: pid, Err: err})
+		}
+		for _, tid := range tids {
+			if tid == n {
+				continue
+			}
+			if id, err := nsOf(procRoot + "/" + n + "/task/" + tid + "/ns/net"); err == nil {
+				seen[id] = true
+			} else if !vanished(err) {
+				failed = append(failed, ProcError{PID: pid, Err: err})
+				break
 			}
 		}
 		for id := range seen {
 			out[id] = append(out[id], pid)
 		}
 	}
+	if len(failed) > 0 {
+		return out, &IncompleteError{Scan: "processes", Failed: failed}
+	}
 	return out, nil
 }
 
-func nsOf(link string) (ID, bool) {
+func readNames(dir string) ([]string, error) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.Readdirnames(-1)
+}
+
+func nsOf(link string) (ID, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(link, &st); err != nil {
-		return ID{}, false
+		return ID{}, pathErr("stat", link, err)
 	}
-	return ID{Dev: st.Dev, Ino: st.Ino}, true
+	return ID{Dev: st.Dev, Ino: st.Ino}, nil
 }
 
 // Comm returns the command name of a process ("" if it is gone).
@@ -81,19 +134,124 @@ func Comm(pid int) string {
 	return strings.TrimSpace(string(b))
 }
 
-// Kill sends SIGKILL to pid. A process that is already gone is not an error.
-func Kill(pid int) error {
-	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("netns: kill %d: %w", pid, err)
+// KillIn sends SIGKILL to process pid only if it still has a thread in
+// the network namespace id, and reports whether it did. A process found by
+// an earlier scan may have left the namespace since, or exited and had its
+// pid reused by a stranger: neither is signalled (false, nil).
+//
+// The process is pinned with pidfd_open(2) first, so everything after
+// concerns that one process: its namespace is read through the pidfd
+// (ioctl PIDFD_GET_NET_NAMESPACE, Linux 6.11+), or else from
+// /proc/<pid>/ns/net and its threads' links, confirmed afterwards with
+// pidfd_send_signal(pidfd, 0) — if the pinned process has not been reaped
+// by then, the pid could not have been reused in between, so /proc spoke
+// of it. The signal goes through the pidfd too. Without pidfds (Linux
+// before 5.3) nothing is signalled: the error wraps ErrNoPidfd.
+func KillIn(pid int, id ID) (bool, error) {
+	return killIn(pid, id, true)
+}
+
+// ErrNoPidfd is wrapped by KillIn's error on a kernel without pidfd_open.
+var ErrNoPidfd = errors.New("netns: pidfd_open is not supported: cannot signal a process safely")
+
+func killIn(pid int, id ID, useIoctl bool) (bool, error) {
+	if pid <= 0 {
+		return false, fmt.Errorf("netns: kill: invalid pid %d", pid)
 	}
-	return nil
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		return false, nil
+	case errors.Is(err, unix.ENOSYS):
+		return false, fmt.Errorf("netns: kill %d: %w", pid, ErrNoPidfd)
+	case err != nil:
+		return false, fmt.Errorf("netns: kill %d: pidfd_open: %w", pid, err)
+	}
+	defer unix.Close(pidfd)
+	in, err := inNamespace(pidfd, pid, id, useIoctl)
+	if err != nil || !in {
+		return false, err
+	}
+	if err := unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return false, nil
+		}
+		return false, fmt.Errorf("netns: kill %d: pidfd_send_signal: %w", pid, err)
+	}
+	return true, nil
+}
+
+// inNamespace reports whether the process pinned by pidfd has a thread in
+// namespace id.
+func inNamespace(pidfd, pid int, id ID, useIoctl bool) (bool, error) {
+	if useIoctl {
+		nsfd, err := unix.IoctlRetInt(pidfd, unix.PIDFD_GET_NET_NAMESPACE)
+		switch {
+		case err == nil:
+			var st unix.Stat_t
+			serr := unix.Fstat(nsfd, &st)
+			unix.Close(nsfd)
+			if serr != nil {
+				return false, fmt.Errorf("netns: kill %d: fstat of its namespace: %w", pid, serr)
+			}
+			if (ID{Dev: st.Dev, Ino: st.Ino}) == id {
+				return true, nil
+			}
+			// The leader is elsewhere; a thread may still be inside.
+		case errors.Is(err, unix.ESRCH):
+			return false, nil
+		case errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP):
+			// Before Linux 6.11: read /proc, below.
+		default:
+			return false, fmt.Errorf("netns: kill %d: ioctl(PIDFD_GET_NET_NAMESPACE): %w", pid, err)
+		}
+	}
+	in, err := procInNamespace(pid, id)
+	if err != nil {
+		return false, fmt.Errorf("netns: kill %d: %w", pid, err)
+	}
+	// Still the same process? Then /proc/<pid> was about it.
+	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return false, nil
+		}
+		return false, fmt.Errorf("netns: kill %d: pidfd_send_signal(0): %w", pid, err)
+	}
+	return in, nil
+}
+
+// procInNamespace reads /proc/<pid>/ns/net and the links of its threads.
+func procInNamespace(pid int, id ID) (bool, error) {
+	dir := "/proc/" + strconv.Itoa(pid)
+	if got, err := nsOf(dir + "/ns/net"); err == nil && got == id {
+		return true, nil
+	} else if err != nil && !vanished(err) {
+		return false, err
+	}
+	tids, err := readNames(dir + "/task")
+	if err != nil {
+		if vanished(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	for _, tid := range tids {
+		got, err := nsOf(dir + "/task/" + tid + "/ns/net")
+		if err == nil && got == id {
+			return true, nil
+		}
+		if err != nil && !vanished(err) {
+			return false, err
+		}
+	}
+	return false, nil
 }
 
 // ScanHolders reads /proc once and returns which processes hold a
 // descriptor on which network namespace (a namespace file they opened, as
-// the Nomad seed's leaked descriptor did). Such a process keeps the
-// namespace, and the veth in it, alive after its file is deleted, without
-// living in it.
+// the descriptor leaked in hashicorp/nomad PR #25714 was). Such a process
+// keeps the namespace, and the veth in it, alive after its file is deleted,
+// without living in it. Errors are reported as by ScanProcesses.
 func ScanHolders() (Processes, error) {
 	return scanHolders("/proc")
 }
@@ -109,28 +267,31 @@ func scanHolders(procRoot string) (Processes, error) {
 		return nil, fmt.Errorf("netns: scan holders: %w", err)
 	}
 	out := make(Processes)
+	var failed []ProcError
 	for _, n := range names {
 		pid, err := strconv.Atoi(n)
 		if err != nil || pid <= 0 {
 			continue
 		}
 		fdDir := procRoot + "/" + n + "/fd/"
-		fd, err := os.Open(fdDir)
+		fds, err := readNames(fdDir)
 		if err != nil {
+			if !vanished(err) {
+				failed = append(failed, ProcError{PID: pid, Err: err})
+			}
 			continue
 		}
-		fds, _ := fd.Readdirnames(-1)
-		fd.Close()
 		var seen map[ID]bool
 		for _, f := range fds {
+			// A descriptor closed while we look is not an error.
 			target, err := os.Readlink(fdDir + f)
 			if err != nil || !strings.HasPrefix(target, "net:[") && !strings.HasPrefix(target, "/") {
 				continue
 			}
 			// A namespace opened through its bind mount reads as the
 			// file's path; one opened through /proc as net:[inode].
-			id, ok := nsOf(fdDir + f)
-			if !ok || (!strings.HasPrefix(target, "net:[") && !isNsfs(fdDir+f)) {
+			id, err := nsOf(fdDir + f)
+			if err != nil || (!strings.HasPrefix(target, "net:[") && !isNsfs(fdDir+f)) {
 				continue
 			}
 			if seen == nil {
@@ -141,6 +302,9 @@ func scanHolders(procRoot string) (Processes, error) {
 				out[id] = append(out[id], pid)
 			}
 		}
+	}
+	if len(failed) > 0 {
+		return out, &IncompleteError{Scan: "holders", Failed: failed}
 	}
 	return out, nil
 }

@@ -3,25 +3,37 @@
 // built.
 //
 // A slot is leaked when any of its resources exists: a netns file
-// <prefix><i> with i in [1, N] (regular files only: symlinks, directories
-// and other names are foreign and untouched), a host link <prefix>h<i>
-// (whose namespace file may be gone), or a set element naming one.
+// <prefix><i> (a bound network namespace or an empty regular file:
+// symlinks, directories, files with content, foreign mounts and other names
+// are look-alikes and untouched), a host link <prefix>h<i> (whose namespace
+// file may be gone), or a set element naming one. The index i is written
+// canonically and may be beyond N: a run with a larger --slots left it; it
+// is reclaimed and listed in Report.Beyond, never quarantined (the
+// allocator covers [1, N] only). Entries that cannot be inspected are
+// reported (Report.Unreadable), never touched, and quarantined.
 //
 // The default strategy, Batched, tears them down at kernel speed (see
 // slot.Manager.Teardown): netns files are detached and unlinked by bounded
 // workers so the kernel destroys namespaces and veth pairs in batches, the
 // host ends are awaited with a deadline, and all stale set elements go in one
-// nftables transaction. Veths are deleted one by one only when something
-// keeps their namespace alive; processes found inside are reported and ended
-// only with Options.KillOrphans.
+// nftables transaction. Options.Batch hands the kernel the dead a batch at a
+// time, for a reclaim that runs while slots are being created. Veths are
+// deleted one by one only when something keeps their namespace alive;
+// processes found inside are reported and ended only with
+// Options.KillOrphans, each through a pidfd and only if it is still inside
+// (netns.KillIn).
 //
 // Serial is the reference strategy that does, strictly one slot after the
-// other, what the orchestrator of the seed report did: delete the host
+// other, what E2B's orchestrator did before it bound its port: delete the host
 // firewall state, delete the host veth with netlink (the kernel waits out an
 // RCU grace period for each), delete the netns. It exists to be the baseline
 // the benchmarks compare against; do not use it in production.
 //
 // A budget (time and/or count) bounds the work; the remainder is returned as
 // Deferred for the background reconciler, and must be quarantined in the
-// allocator (Report.Quarantine).
+// allocator (Report.Quarantine, which leaves out indices beyond N).
+//
+// Nothing Run could not read or do is dropped: Report.Unreadable (entries
+// not inspected), Failed (per slot), ProcScan (an incomplete /proc scan) and
+// WaitErr say it, for the caller to log and count.
 package reclaim

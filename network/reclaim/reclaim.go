@@ -57,6 +57,11 @@ type Options struct {
 	// HostGoneTimeout bounds the wait for host links to vanish (see
 	// slot.TeardownOptions).
 	HostGoneTimeout time.Duration
+	// Batch and BatchPause hand the kernel the dead namespaces a batch at
+	// a time (see slot.TeardownOptions). Zero: all at once, no pause.
+	// Ignored by Serial.
+	Batch      int
+	BatchPause time.Duration
 	// Progress, if set, is called after each slot with the count so far
 	// and the number found. Calls are serialized.
 	Progress func(done, total int)
@@ -66,8 +71,20 @@ type Options struct {
 type Report struct {
 	// Strategy is the strategy used.
 	Strategy Strategy
-	// Found is the number of leaked slots found.
+	// Slots is the configuration's number of slots: Quarantine covers
+	// [1, Slots].
+	Slots int
+	// Found is the number of leaked slots found, beyond Slots included.
 	Found int
+	// Beyond are the found indices greater than Slots, ascending: a run
+	// with a larger --slots left them. They are torn down and counted in
+	// Reclaimed, Failed or Deferred like the others, but never quarantined
+	// (the allocator does not cover them): the reconciler sweeps those
+	// left.
+	Beyond []int
+	// Unreadable are the netns entries at our names that could not be
+	// inspected: never torn down; those in [1, Slots] are quarantined.
+	Unreadable []slot.Unreadable
 	// Reclaimed slots are completely gone; their indices are free.
 	Reclaimed []int
 	// Failed slots still have something left, with the reason.
@@ -82,6 +99,15 @@ type Report struct {
 	// CutOff slots had their host veth deleted because their namespace
 	// outlived its file.
 	CutOff []int
+	// ProcScan is why the /proc scan for processes inside the leaked
+	// namespaces failed or was incomplete (see
+	// slot.TeardownResult.ProcScan); nil when it read everything.
+	ProcScan error
+	// WaitErr ended a wait for host links early (see
+	// slot.TeardownResult.WaitErr).
+	WaitErr error
+	// Batches is how many batches the slots were handed to the kernel in.
+	Batches int
 	// Duration is the wall time of Run, scan included.
 	Duration time.Duration
 	// Scan is the time spent listing what exists; Timings splits the rest
@@ -90,12 +116,23 @@ type Report struct {
 	Timings slot.Timings
 }
 
-// Quarantine returns the indices the allocator must quarantine: failed and
-// deferred slots, ascending.
+// Quarantine returns the indices in [1, Slots] the allocator must
+// quarantine, ascending: failed and deferred slots, and unreadable entries.
 func (r *Report) Quarantine() []int {
-	out := slices.Clone(r.Deferred)
+	var out []int
+	add := func(i int) {
+		if i >= 1 && i <= r.Slots {
+			out = append(out, i)
+		}
+	}
+	for _, i := range r.Deferred {
+		add(i)
+	}
 	for _, f := range r.Failed {
-		out = append(out, f.Index)
+		add(f.Index)
+	}
+	for _, u := range r.Unreadable {
+		add(u.Index)
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
@@ -103,26 +140,29 @@ func (r *Report) Quarantine() []int {
 
 // String summarizes the report in one line.
 func (r *Report) String() string {
-	return fmt.Sprintf("reclaim (%s): found %d, reclaimed %d, failed %d, deferred %d, orphans %d, holders %d, cut off %d in %v"+
-		" (scan %v, procs %v, unlink %v, wait %v, firewall %v)",
-		r.Strategy, r.Found, len(r.Reclaimed), len(r.Failed), len(r.Deferred), len(r.Orphans), len(r.Holders), len(r.CutOff),
+	return fmt.Sprintf("reclaim (%s): found %d (beyond slots %d), reclaimed %d, failed %d, deferred %d, unreadable %d, orphans %d, holders %d, cut off %d in %v"+
+		" (scan %v, procs %v, unlink %v, wait %v, firewall %v, %d batch(es))",
+		r.Strategy, r.Found, len(r.Beyond), len(r.Reclaimed), len(r.Failed), len(r.Deferred), len(r.Unreadable), len(r.Orphans), len(r.Holders), len(r.CutOff),
 		r.Duration.Round(time.Millisecond), r.Scan.Round(time.Millisecond), r.Timings.Procs.Round(time.Millisecond),
-		r.Timings.Unlink.Round(time.Millisecond), r.Timings.Wait.Round(time.Millisecond), r.Timings.Firewall.Round(time.Millisecond))
+		r.Timings.Unlink.Round(time.Millisecond), r.Timings.Wait.Round(time.Millisecond), r.Timings.Firewall.Round(time.Millisecond), r.Batches)
 }
 
-// Run scans the host for slots leaked under m's configuration and tears them
-// down. It always returns a report; the error is non-nil when the scan
-// failed (nothing was touched) or ctx ended before everything was started
-// (the rest is in Report.Deferred).
+// Run scans the host for slots leaked under m's configuration (indices
+// beyond Slots included) and tears them down. It always returns a report;
+// the error is non-nil when the scan failed (nothing was touched) or ctx
+// ended before everything was started (the rest is in Report.Deferred).
+// What Run could not read or do is in the report, not in the error:
+// Unreadable, Failed, ProcScan, WaitErr.
 func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
 	start := time.Now()
-	rep := &Report{Strategy: opts.Strategy}
+	rep := &Report{Strategy: opts.Strategy, Slots: m.Config().Slots}
 	defer func() { rep.Duration = time.Since(start) }()
-	inv, err := m.Scan(ctx)
+	sr, err := m.Survey(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("reclaim: scan: %w", err)
 	}
-	rep.Found = len(inv)
+	inv := sr.Inventory
+	rep.Found, rep.Beyond, rep.Unreadable = len(inv), sr.Beyond, sr.Unreadable
 	rep.Scan = time.Since(start)
 	var deadline time.Time
 	if opts.Budget > 0 {
@@ -134,6 +174,7 @@ func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
 		res = m.Teardown(ctx, inv, slot.TeardownOptions{
 			Workers: opts.Workers, MaxSlots: opts.MaxSlots, Deadline: deadline,
 			KillOrphans: opts.KillOrphans, HostGoneTimeout: opts.HostGoneTimeout, Progress: opts.Progress,
+			Batch: opts.Batch, BatchPause: opts.BatchPause,
 		})
 	case Serial:
 		res = serial(ctx, m, inv, opts.MaxSlots, deadline, opts.Progress)
@@ -142,6 +183,7 @@ func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
 	}
 	rep.Reclaimed, rep.Failed, rep.Deferred = res.Reclaimed, res.Failed, res.Deferred
 	rep.Orphans, rep.Holders, rep.CutOff, rep.Timings = res.Orphans, res.Holders, res.CutOff, res.Timings
+	rep.ProcScan, rep.WaitErr, rep.Batches = res.ProcScan, res.WaitErr, res.Batches
 	if err := ctx.Err(); err != nil && len(rep.Deferred) > 0 {
 		return rep, fmt.Errorf("reclaim: %d slot(s) deferred: %w", len(rep.Deferred), err)
 	}
@@ -161,12 +203,14 @@ func serial(ctx context.Context, m *slot.Manager, inv slot.Inventory, maxSlots i
 			break
 		}
 		var errs []error
-		if err := m.Firewall().Remove(ctx, cfg.HostIfName(i)); err != nil {
-			errs = append(errs, err)
-		}
-		if l, err := netlink.LinkByName(cfg.HostIfName(i)); err == nil {
-			if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-				errs = append(errs, fmt.Errorf("delete link %s: %w", cfg.HostIfName(i), err))
+		if cfg.HostIfFits(i) { // else no link nor element can exist
+			if err := m.Firewall().Remove(ctx, cfg.HostIfName(i)); err != nil {
+				errs = append(errs, err)
+			}
+			if l, err := netlink.LinkByName(cfg.HostIfName(i)); err == nil {
+				if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+					errs = append(errs, fmt.Errorf("delete link %s: %w", cfg.HostIfName(i), err))
+				}
 			}
 		}
 		if err := netns.Delete(ctx, cfg.NetnsDir, cfg.NetnsName(i)); err != nil {

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -39,7 +39,6 @@ type foreign struct {
 	paths       map[string]bool // path -> must be a mounted namespace
 	symlink     string
 	dir         string
-	outOfRange  string
 	foreignLink string
 }
 
@@ -63,19 +62,14 @@ func makeForeign(t *testing.T, m *slot.Manager) *foreign {
 	if f.otherSlot, err = other.Create(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	// Names with our prefix that are not ours.
-	for _, n := range []string{c.Prefix + "abc", c.Prefix + "0", c.Prefix + "007"} {
+	// Names with our prefix that are not ours (beyond Slots too).
+	for _, n := range []string{c.Prefix + "abc", c.Prefix + "0", c.Prefix + "007", c.Prefix + "0" + strconv.Itoa(c.Slots+1)} {
 		p, err := netns.Create(ctx, c.NetnsDir, n)
 		if err != nil {
 			t.Fatal(err)
 		}
 		f.paths[p] = true
 	}
-	f.outOfRange = c.NetnsPath(c.Slots + 1)
-	if _, err := netns.Create(ctx, c.NetnsDir, filepath.Base(f.outOfRange)); err != nil {
-		t.Fatal(err)
-	}
-	f.paths[f.outOfRange] = true
 	f.symlink = c.NetnsPath(c.Slots - 1)
 	if err := os.Symlink(f.otherSlot.NetnsPath, f.symlink); err != nil {
 		t.Fatal(err)
@@ -293,5 +287,71 @@ func TestReclaimSerial(t *testing.T) {
 	rep, err = reclaim.Run(ctx, m, reclaim.Options{Budget: 1}) // 1 ns: nothing starts
 	if err != nil || len(rep.Deferred) != 3 || len(rep.Reclaimed) != 0 {
 		t.Errorf("time budget: %v, %v", rep, err)
+	}
+}
+
+// Slots left by a run with a larger --slots are reclaimed and listed in
+// Beyond; those deferred are never quarantined (the allocator covers
+// [1, N] only, and storage.New refuses an index beyond it) and the
+// reconciler sweeps them. Before, names beyond N were foreign and kept for
+// ever.
+func TestReclaimBeyondSlots(t *testing.T) {
+	const n = 8
+	env := nettest.New(t, n)
+	m := env.Manager(t)
+	ctx := context.Background()
+	bigCfg := m.Config()
+	bigCfg.Slots = 2 * n
+	big, err := slot.NewManager(ctx, bigCfg, slot.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nettest.Leak(t, big, []int{3, 12, 16})
+	rep, err := reclaim.Run(ctx, m, reclaim.Options{MaxSlots: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Found != 3 || !slices.Equal(rep.Beyond, []int{12, 16}) || !slices.Equal(rep.Reclaimed, []int{3}) ||
+		!slices.Equal(rep.Deferred, []int{12, 16}) || len(rep.Quarantine()) != 0 {
+		t.Fatalf("report: %v beyond %v deferred %v quarantine %v", rep, rep.Beyond, rep.Deferred, rep.Quarantine())
+	}
+	st, err := storage.New(n, rep.Quarantine())
+	if err != nil {
+		t.Fatalf("storage.New with the report's quarantine: %v", err)
+	}
+	pass, err := reconcile.New(m, st, reconcile.Options{}).Once(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(pass.Beyond, []int{12, 16}) || len(pass.Failed) != 0 || pass.Teardown == nil ||
+		!slices.Equal(pass.Teardown.Reclaimed, []int{12, 16}) {
+		t.Errorf("pass: %+v", pass)
+	}
+	for _, i := range []int{3, 12, 16} {
+		if netns.IsMounted(bigCfg.NetnsPath(i)) {
+			t.Errorf("slot %d left", i)
+		}
+	}
+	if links := nettest.HostLinks(t, bigCfg.Prefix+"h"); len(links) != 0 {
+		t.Errorf("host links left: %v", links)
+	}
+	if els, _ := m.Firewall().List(ctx); len(els) != 0 {
+		t.Errorf("elements left: %v", els)
+	}
+	rep, err = reclaim.Run(ctx, m, reclaim.Options{})
+	if err != nil || rep.Found != 0 {
+		t.Errorf("second run: %v, %v", rep, err)
+	}
+}
+
+func TestQuarantine(t *testing.T) {
+	rep := &reclaim.Report{
+		Slots:      10,
+		Deferred:   []int{9, 12},
+		Failed:     []slot.Failure{{Index: 4}, {Index: 11}, {Index: 9}},
+		Unreadable: []slot.Unreadable{{Index: 2}, {Index: 30}},
+	}
+	if q := rep.Quarantine(); !slices.Equal(q, []int{2, 4, 9}) {
+		t.Errorf("Quarantine() = %v, want [2 4 9]", q)
 	}
 }

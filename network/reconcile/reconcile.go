@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/phasegate/phasegate/network/slot"
@@ -17,26 +18,49 @@ const DefaultInterval = 30 * time.Second
 type Options struct {
 	// Interval between passes (default DefaultInterval).
 	Interval time.Duration
-	// Teardown tunes each pass's teardown (workers, budget, orphans).
-	// Deadline is taken as relative to the pass start when MaxPassTime is set.
+	// Teardown tunes each pass's teardown (workers, budget, orphans,
+	// batches). Deadline is taken as relative to the pass start when
+	// MaxPassTime is set.
 	Teardown slot.TeardownOptions
 	// MaxPassTime is a time budget per pass; the rest waits for the next
 	// pass. 0 means none.
 	MaxPassTime time.Duration
-	// OnPass, if set, is called after each pass of Run.
+	// OnPass, if set, is called after each pass of Run, failed ones
+	// included, from Run's goroutine.
 	OnPass func(Pass)
 }
 
-// Pass reports one reconciliation pass.
+// Pass reports one reconciliation pass. Everything a pass could not read
+// or do is in it, by slot where there is one, for the caller to log and
+// count (see the package doc).
 type Pass struct {
-	// Claimed are free indices on which stray resources were found; they
-	// were quarantined before being torn down.
+	// Start is when the pass began; Duration how long it took.
+	Start    time.Time
+	Duration time.Duration
+	// Claimed are free indices on which stray resources (or entries that
+	// could not be inspected) were found; they were quarantined before
+	// anything was torn down.
 	Claimed []int
 	// Freed are quarantined indices returned to the allocator.
 	Freed []int
-	// Teardown is what happened to the slots torn down (nil if none).
+	// Beyond are indices greater than the configured slots that the pass
+	// tore down (or tried to): slots a run with a larger --slots left.
+	Beyond []int
+	// Failed are the slots the pass could not finish (teardown failures,
+	// and indices the allocator refused to free). Those in range stay
+	// quarantined; the next pass retries them all.
+	Failed []slot.Failure
+	// Unreadable are netns entries that could not be inspected. They are
+	// never torn down, and their indices stay quarantined.
+	Unreadable []slot.Unreadable
+	// Teardown is what happened to the slots torn down (nil if none); its
+	// ProcScan and WaitErr say what the teardown could not see.
 	Teardown *slot.TeardownResult
-	// Err is the pass's error, if any (also returned by Once).
+	// Scan is the scan's error when the pass could not scan the host;
+	// then nothing else was done.
+	Scan error
+	// Err is nil when the pass did everything it set out to do; otherwise
+	// it joins Scan, Failed and Unreadable (also returned by Once).
 	Err error
 }
 
@@ -46,6 +70,10 @@ type Reconciler struct {
 	m    *slot.Manager
 	s    *storage.Storage
 	opts Options
+
+	mu      sync.Mutex
+	last    Pass
+	hasLast bool
 }
 
 // New returns a reconciler for the slots of m and the indices of s.
@@ -57,13 +85,13 @@ func New(m *slot.Manager, s *storage.Storage, opts Options) *Reconciler {
 }
 
 // Run makes a pass at once and then every Interval until ctx ends; it
-// returns nil when ctx ends. Errors of a pass are reported through OnPass
-// and do not stop the loop.
+// returns nil when ctx ends. A pass that fails does not stop the loop: it
+// is reported through OnPass and Last.
 func (r *Reconciler) Run(ctx context.Context) error {
 	t := time.NewTicker(r.opts.Interval)
 	defer t.Stop()
 	for {
-		p, _ := r.Once(ctx)
+		p, _ := r.Once(ctx) // the error is p.Err
 		if r.opts.OnPass != nil && ctx.Err() == nil {
 			r.opts.OnPass(p)
 		}
@@ -75,21 +103,55 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// Once makes one pass.
+// Last returns the latest pass made by Run or Once, and false before the
+// first.
+func (r *Reconciler) Last() (Pass, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last, r.hasLast
+}
+
+// Once makes one pass. Its error is the pass's Err.
 func (r *Reconciler) Once(ctx context.Context) (Pass, error) {
-	var p Pass
+	p := r.once(ctx)
+	p.Duration = time.Since(p.Start)
+	r.mu.Lock()
+	r.last, r.hasLast = p, true
+	r.mu.Unlock()
+	return p, p.Err
+}
+
+func (r *Reconciler) once(ctx context.Context) Pass {
+	p := Pass{Start: time.Now()}
+	n := r.m.Config().Slots
 	// Read before the scan: an index quarantined before it and absent from
 	// it is clean (nothing makes resources for a quarantined index).
 	before := r.s.Quarantined()
-	inv, err := r.m.Scan(ctx)
+	sr, err := r.m.Survey(ctx)
 	if err != nil {
-		p.Err = fmt.Errorf("reconcile: scan: %w", err)
-		return p, p.Err
+		p.Scan = fmt.Errorf("reconcile: scan: %w", err)
+		p.Err = p.Scan
+		return p
+	}
+	inv := sr.Inventory
+	p.Unreadable = sr.Unreadable
+	unreadable := map[int]bool{}
+	for _, u := range sr.Unreadable {
+		unreadable[u.Index] = true
+		if u.Index <= n && r.s.QuarantineIfFree(u.Index) {
+			p.Claimed = append(p.Claimed, u.Index)
+		}
 	}
 	targets := slot.Inventory{}
 	for _, i := range inv.Indices() {
+		if i > n {
+			targets[i] = inv[i]
+			p.Beyond = append(p.Beyond, i)
+			continue
+		}
 		st, err := r.s.State(i)
 		if err != nil {
+			p.Failed = append(p.Failed, slot.Failure{Index: i, Err: err})
 			continue
 		}
 		switch st {
@@ -103,12 +165,9 @@ func (r *Reconciler) Once(ctx context.Context) (Pass, error) {
 		}
 	}
 	// Quarantined indices with nothing left on the host are free at once.
-	var errs []error
 	for _, i := range before {
-		if _, ok := inv[i]; !ok {
-			if err := r.s.Free(i); err == nil {
-				p.Freed = append(p.Freed, i)
-			}
+		if _, ok := inv[i]; !ok && !unreadable[i] {
+			p.free(r.s, i)
 		}
 	}
 	if len(targets) > 0 {
@@ -119,18 +178,30 @@ func (r *Reconciler) Once(ctx context.Context) (Pass, error) {
 		res := r.m.Teardown(ctx, targets, opts)
 		p.Teardown = res
 		for _, i := range res.Reclaimed {
-			if err := r.s.Free(i); err != nil {
-				errs = append(errs, err)
-				continue
+			if i <= n {
+				p.free(r.s, i)
 			}
-			p.Freed = append(p.Freed, i)
 		}
-		if err := res.Err(); err != nil {
-			errs = append(errs, err)
-		}
+		p.Failed = append(p.Failed, res.Failed...)
+	}
+	var errs []error
+	for _, f := range p.Failed {
+		errs = append(errs, fmt.Errorf("slot %d: %w", f.Index, f.Err))
+	}
+	for _, u := range p.Unreadable {
+		errs = append(errs, fmt.Errorf("slot %d: %w", u.Index, u.Err))
 	}
 	if len(errs) > 0 {
 		p.Err = fmt.Errorf("reconcile: %w", errors.Join(errs...))
 	}
-	return p, p.Err
+	return p
+}
+
+// free returns i to the allocator, or records why it could not.
+func (p *Pass) free(s *storage.Storage, i int) {
+	if err := s.Free(i); err != nil {
+		p.Failed = append(p.Failed, slot.Failure{Index: i, Err: err})
+		return
+	}
+	p.Freed = append(p.Freed, i)
 }

@@ -2,9 +2,14 @@ package reconcile_test
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/network/internal/nettest"
@@ -68,5 +73,57 @@ func TestRunFreesQuarantinedAndSweepsStrays(t *testing.T) {
 	inv, _ := m.Scan(ctx)
 	if !slices.Equal(inv.Indices(), []int{live.Index}) {
 		t.Errorf("inventory: %v", inv)
+	}
+}
+
+// A slot the pass cannot finish is in Pass.Failed with its index and
+// error, stays quarantined, and Last reports the pass; before, the failure
+// only reached OnPass folded into one joined error.
+func TestPassCarriesFailures(t *testing.T) {
+	env := nettest.New(t, 4)
+	m := env.Manager(t)
+	ctx := context.Background()
+	c := m.Config()
+	// Slot 2's name: a foreign bind mount with a namespace bound over it.
+	// The namespace is ours and is detached; the mount below is not ours,
+	// so the name cannot be removed.
+	src := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(src, []byte("someone else's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := c.NetnsPath(2)
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []string{src, "/proc/self/ns/net"} {
+		if err := unix.Mount(from, path, "none", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for unix.Unmount(path, unix.MNT_DETACH) == nil {
+		}
+	})
+	st, err := storage.New(4, []int{2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reconcile.New(m, st, reconcile.Options{})
+	if _, ok := r.Last(); ok {
+		t.Errorf("Last before any pass")
+	}
+	p, err := r.Once(ctx)
+	if err == nil || p.Err == nil || len(p.Failed) != 1 || p.Failed[0].Index != 2 || !errors.Is(p.Failed[0].Err, netns.ErrNotNamespace) {
+		t.Fatalf("pass: %+v, %v; want slot 2 failed with ErrNotNamespace", p, err)
+	}
+	if s, _ := st.State(2); s != storage.Quarantined || len(p.Freed) != 0 {
+		t.Errorf("slot 2 is %v, freed %v; want it quarantined", s, p.Freed)
+	}
+	last, ok := r.Last()
+	if !ok || len(last.Failed) != 1 || last.Start != p.Start || last.Duration <= 0 {
+		t.Errorf("Last = %+v, %v", last, ok)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "someone else's" {
+		t.Errorf("the foreign mount changed: %q %v", b, err)
 	}
 }

@@ -142,32 +142,65 @@ func (c Config) NetnsPath(i int) string { return filepath.Join(c.NetnsDir, c.Net
 // HostIfName is the root-namespace end of slot i's veth pair.
 func (c Config) HostIfName(i int) string { return c.Prefix + "h" + strconv.Itoa(i) }
 
+// MaxIndex is the largest index a slot name can carry: a /0 holds 2^31
+// /31s, so no valid Config has more slots (2^31 itself is left out so that
+// an index fits an int32 everywhere).
+const MaxIndex = 1<<31 - 1
+
 // ParseNetnsName returns the index of a netns name <Prefix><i> with i in
 // [1, Slots] written canonically; ok is false for any other name.
 func (c Config) ParseNetnsName(name string) (int, bool) {
-	s, ok := strings.CutPrefix(name, c.Prefix)
-	if !ok {
-		return 0, false
+	if i, ok := c.CanonicalNetnsIndex(name); ok && i <= c.Slots {
+		return i, true
 	}
-	return c.parseIndex(s)
+	return 0, false
 }
 
 // ParseHostIfName returns the index of a host link name <Prefix>h<i> with i
 // in [1, Slots]; ok is false for any other name.
 func (c Config) ParseHostIfName(name string) (int, bool) {
+	if i, ok := c.CanonicalHostIfIndex(name); ok && i <= c.Slots {
+		return i, true
+	}
+	return 0, false
+}
+
+// CanonicalNetnsIndex returns the index of a netns name <Prefix><i> whose
+// index is written canonically (decimal, no sign, no leading zero) with
+// 1 <= i <= MaxIndex, whether or not i <= Slots: a name beyond Slots was
+// left by a run with a larger --slots and is ours all the same. ok is false
+// for any other name (a look-alike such as <Prefix>007).
+func (c Config) CanonicalNetnsIndex(name string) (int, bool) {
+	s, ok := strings.CutPrefix(name, c.Prefix)
+	if !ok {
+		return 0, false
+	}
+	return parseIndex(s)
+}
+
+// CanonicalHostIfIndex is CanonicalNetnsIndex for a host link name
+// <Prefix>h<i>. (No such name is longer than IFNAMSIZ-1 bytes: see
+// HostIfFits.)
+func (c Config) CanonicalHostIfIndex(name string) (int, bool) {
 	s, ok := strings.CutPrefix(name, c.Prefix+"h")
 	if !ok {
 		return 0, false
 	}
-	return c.parseIndex(s)
+	return parseIndex(s)
 }
 
-func (c Config) parseIndex(s string) (int, bool) {
-	if s == "" || len(s) > 9 || s[0] == '0' {
+// HostIfFits reports whether slot i's host link name fits in IFNAMSIZ. An
+// index for which it does not (beyond Slots, for a long prefix) can have a
+// netns file but never a host link nor a set element, so none is looked
+// for.
+func (c Config) HostIfFits(i int) bool { return len(c.HostIfName(i)) <= maxIfName }
+
+func parseIndex(s string) (int, bool) {
+	if s == "" || len(s) > 10 || s[0] < '1' || s[0] > '9' {
 		return 0, false
 	}
 	i, err := strconv.Atoi(s)
-	if err != nil || i < 1 || i > c.Slots || strconv.Itoa(i) != s {
+	if err != nil || i < 1 || i > MaxIndex || strconv.Itoa(i) != s {
 		return 0, false
 	}
 	return i, true

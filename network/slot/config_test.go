@@ -82,6 +82,28 @@ func TestNamesAndAddresses(t *testing.T) {
 			t.Errorf("ParseHostIfName(%q) = %d, %v; want %d", name, got, ok, want)
 		}
 	}
+	// Canonical indices beyond Slots are ours too; look-alikes are not.
+	for name, want := range map[string]int{"pg-301": 301, "pg-2147483647": 2147483647, "pg-1": 1,
+		"pg-2147483648": 0, "pg-0301": 0, "pg-0": 0, "pg-+301": 0, "pg- 301": 0, "pg-301 ": 0, "pg-h301": 0} {
+		got, ok := c.CanonicalNetnsIndex(name)
+		if (want != 0) != ok || got != want {
+			t.Errorf("CanonicalNetnsIndex(%q) = %d, %v; want %d", name, got, ok, want)
+		}
+	}
+	for name, want := range map[string]int{"pg-h301": 301, "pg-h0301": 0, "pg-301": 0} {
+		got, ok := c.CanonicalHostIfIndex(name)
+		if (want != 0) != ok || got != want {
+			t.Errorf("CanonicalHostIfIndex(%q) = %d, %v; want %d", name, got, ok, want)
+		}
+	}
+	// "pg-h" + 11 digits is 15 bytes; 12 digits do not fit.
+	if !c.HostIfFits(99999999999) || c.HostIfFits(999999999999) || !c.HostIfFits(MaxIndex) {
+		t.Errorf("HostIfFits")
+	}
+	long := Config{Prefix: "abcdefghijk", Slots: 999}
+	if !long.HostIfFits(999) || long.HostIfFits(1000) {
+		t.Errorf("HostIfFits for a 11-byte prefix")
+	}
 	if c.TableName() != "phasegate_pg_" {
 		t.Errorf("TableName = %q", c.TableName())
 	}

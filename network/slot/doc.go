@@ -1,6 +1,6 @@
 // Package slot defines a network slot and does the kernel work for one:
 // configuration and its validation, naming and addressing, Create and
-// Destroy of a slot, a scan of what exists on the host, and the batched
+// Destroy of a slot, a survey of what exists on the host, and the batched
 // teardown that reclaim, the pool and the reconciler share.
 //
 // Slot i (1 ≤ i ≤ Config.Slots) is:
@@ -14,4 +14,22 @@
 //
 // An index is free only when its netns file, its host link and its set
 // element are all gone.
+//
+// What is ours is decided by name and kind. A name is ours when it is the
+// prefix and an index written canonically (no sign, no leading zero), in
+// [1, Slots] or beyond it: a run with a larger --slots left those, and they
+// are reclaimed and reported (ScanResult.Beyond), never handed out. A netns
+// entry is ours only if it is a bound network namespace or an empty regular
+// file; everything else at our names is a look-alike and never touched.
+//
+// Manager.Survey costs time linear in what it finds: one read of the netns
+// directory and of mountinfo, one read of /proc/net/dev (an RTM_GETLINK dump
+// costs O(N²) with N slots: the kernel looks up each veth peer's nsid with a
+// linear walk), one dump of the set. Entries it cannot inspect are reported
+// (ScanResult.Unreadable) and never torn down.
+//
+// Manager.Teardown hands the kernel the dead namespaces all at once or in
+// batches (TeardownOptions.Batch, BatchPause): the kernel's clean-up holds
+// the networking lock while it destroys a batch, so smaller batches keep a
+// concurrent Create from stalling, at some cost in total time.
 package slot

@@ -2,12 +2,12 @@ package slot
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -98,51 +98,72 @@ type hostLink struct {
 	name  string
 }
 
-// listLinks returns all root-namespace links (index and name) with one
-// RTM_GETLINK dump, parsing only the index and IFLA_IFNAME (the library's
-// LinkList decodes every attribute, which costs more than the dump itself
-// with thousands of links). A dump the kernel reports as interrupted (links
-// changed meanwhile) is retried once, then taken as it is: callers treat the
-// listing as a hint (Teardown looks up what it misses; the reconciler's next
-// pass sees what a scan missed).
-func listLinks() ([]hostLink, error) {
-	var (
-		msgs [][]byte
-		err  error
-	)
-	for range 2 {
-		req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_DUMP)
-		req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
-		msgs, err = req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
-	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+// listLinkNames returns the names of the links in the calling thread's
+// network namespace (the root namespace: no thread that runs Go code ever
+// changes namespace) from /proc/thread-self/net/dev.
+//
+// Not from an RTM_GETLINK dump: for every veth whose peer is in another
+// namespace, the kernel puts IFLA_LINK_NETNSID in the dump, and looks that id
+// up with a linear walk of the root namespace's nsid table, which holds one
+// entry per slot. A dump of N slots' links cost O(N²): 17 ms at 1,000 slots,
+// 317 ms at 4,000 on the 2-core test machine. /proc/net/dev walks the
+// devices by ifindex and prints counters only: linear.
+//
+// Like any listing it is a snapshot, and callers treat it as a hint
+// (Teardown probes each link it acts on; the reconciler's next pass sees
+// what a scan missed).
+func listLinkNames() ([]string, error) {
+	b, err := readProc("/proc/thread-self/net/dev")
+	if err != nil {
 		return nil, fmt.Errorf("slot: list links: %w", err)
 	}
-	out := make([]hostLink, 0, len(msgs))
-	for _, m := range msgs {
-		if len(m) < unix.SizeofIfInfomsg {
-			continue
+	return parseNetDev(b)
+}
+
+// parseNetDev parses /proc/net/dev: two header lines, then one line per
+// device, "<spaces><name>: <counters>". A name cannot hold ':' nor spaces.
+func parseNetDev(b []byte) ([]string, error) {
+	out := make([]string, 0, bytes.Count(b, []byte{'\n'}))
+	for n := 0; len(b) > 0; n++ {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
 		}
-		index := int(int32(binary.NativeEndian.Uint32(m[4:8])))
-		for b := m[unix.SizeofIfInfomsg:]; len(b) >= unix.SizeofRtAttr; {
-			l := int(binary.NativeEndian.Uint16(b[0:2]))
-			t := binary.NativeEndian.Uint16(b[2:4])
-			if l < unix.SizeofRtAttr || l > len(b) {
-				break
-			}
-			if t == unix.IFLA_IFNAME {
-				name := b[unix.SizeofRtAttr:l]
-				if i := bytes.IndexByte(name, 0); i >= 0 {
-					name = name[:i]
-				}
-				out = append(out, hostLink{index: index, name: string(name)})
-				break
-			}
-			b = b[min((l+unix.RTA_ALIGNTO-1)&^(unix.RTA_ALIGNTO-1), len(b)):]
+		if n < 2 || len(line) == 0 {
+			continue // headers
 		}
+		i := bytes.IndexByte(line, ':')
+		name := bytes.TrimSpace(line[:max(i, 0)])
+		if i < 0 || len(name) == 0 {
+			return nil, fmt.Errorf("slot: list links: malformed /proc/net/dev line %q", line)
+		}
+		out = append(out, string(name))
 	}
 	return out, nil
+}
+
+// readProc reads a /proc file in large chunks (proc files report size 0,
+// and os.ReadFile would start with 512 bytes and grow).
+func readProc(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, 0, 256<<10)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := f.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }

@@ -182,7 +182,7 @@ func TestCreateCleansLeftover(t *testing.T) {
 	_ = holder
 }
 
-// The Nomad seed at slot level: a process holds a descriptor on the netns
+// hashicorp/nomad PR #25714 at slot level: a process holds a descriptor on the netns
 // file, another lives inside; Destroy succeeds, leaves no mount, no file and
 // no host end.
 func TestDestroyWhileHeld(t *testing.T) {
@@ -231,8 +231,9 @@ func TestScanIgnoresForeign(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(inv) != 1 || inv[5] != slot.All {
-		t.Errorf("Scan = %v, want only slot 5", inv)
+	// <prefix>21 is beyond Slots but canonical: ours (see TestSurveyBeyondSlots).
+	if len(inv) != 2 || inv[5] != slot.All || inv[21] != slot.HasNetns {
+		t.Errorf("Scan = %v, want only slots 5 and 21", inv)
 	}
 	t.Cleanup(func() { _ = nettest.Sweep(slot.Config{Prefix: other, NetnsDir: c.NetnsDir, Slots: 1, CIDR: c.CIDR}) })
 }

@@ -1,5 +1,6 @@
 // Command netbench measures phasegate's network layer on the real kernel and
-// writes the results as Markdown (docs/benchmarks/network.md):
+// writes the results as Markdown. Its default mode writes
+// docs/benchmarks/network.md:
 //
 //   - reclaim of N leaked slots (netns + veth + set element) with phasegate's
 //     batched strategy, against the kernel floor (raw detach+unlink of the
@@ -10,10 +11,19 @@
 //   - pool Get from a warm pool (p50, p99), pool fill and Close times;
 //   - RSS with N slots managed by a warm pool.
 //
+// -mode scan times the scan of the previous design (per-entry lstat+statfs,
+// an RTM_GETLINK dump) against slot.Manager.Survey at each of -sizes slots,
+// made once and grown (docs/benchmarks/scan.md); -mode batches tears N
+// leaked slots down with each of -batches batch sizes while a workload
+// creates a slot every 250 ms and sends a loopback HTTP request every 10 ms
+// (docs/benchmarks/batches.md).
+//
 // It needs root, uses its own random prefix, a temporary netns directory
 // and a link-local CIDR, and sweeps everything it made before it exits.
 //
 //	go run ./network/cmd/netbench -slots 5000 -serial 300 -out docs/benchmarks/network.md
+//	go run ./network/cmd/netbench -mode scan -sizes 1000,5000,10000 -out docs/benchmarks/scan.md
+//	go run ./network/cmd/netbench -mode batches -slots 5000 -batches 0,1000,250,64 -out docs/benchmarks/batches.md
 package main
 
 import (
@@ -47,12 +57,17 @@ func main() {
 		os.Exit(recycleMain(os.Args[2:]))
 	}
 	var (
-		slots   = flag.Int("slots", 5000, "leaked slots per reclaim round, and slots managed by the pool")
+		mode    = flag.String("mode", "report", "report: the full network report; scan: old vs new scan at -sizes; batches: teardown in batches beside a workload")
+		slots   = flag.Int("slots", 5000, "leaked slots per reclaim round, and slots managed by the pool (report, batches)")
 		serialN = flag.Int("serial", 300, "leaked slots for the serial reference strategy")
 		workers = flag.Int("workers", slot.DefaultWorkers, "detach+unlink workers (phasegate and floor)")
 		rounds  = flag.Int("rounds", 2, "rounds of phasegate vs floor (interleaved)")
 		creates = flag.Int("creates", 300, "sequential creates for the create latency")
 		gets    = flag.Int("gets", 1000, "Get/Put cycles for the warm-pool Get latency (each Put resets the slot)")
+		sizes   = flag.String("sizes", "1000,5000,10000", "scan: slot counts to scan at, ascending")
+		reps    = flag.Int("reps", 5, "scan: scans of each kind per size; batches: rounds over -batches")
+		batches = flag.String("batches", "0,1000,250,64", "batches: batch sizes to compare (0: all at once), each optionally with its own pause between batches, as 64+250ms")
+		pause   = flag.Duration("pause", 0, "batches: pause between two batches where -batches gives none")
 		out     = flag.String("out", "", "write the Markdown report here (default: stdout only)")
 	)
 	flag.Parse()
@@ -60,28 +75,112 @@ func main() {
 		fmt.Fprintln(os.Stderr, "netbench: needs root")
 		os.Exit(2)
 	}
-	b, err := newBench(*slots)
-	if err != nil {
+	fail := func(err error) {
 		fmt.Fprintln(os.Stderr, "netbench:", err)
 		os.Exit(1)
 	}
-	defer b.sweep()
-	r := &results{slots: *slots, serialN: *serialN, workers: *workers,
-		cmd: fmt.Sprintf("go run ./network/cmd/netbench -slots %d -serial %d -workers %d -rounds %d -creates %d -gets %d -out docs/benchmarks/network.md",
-			*slots, *serialN, *workers, *rounds, *creates, *gets)}
-	if err := b.run(r, *serialN, *workers, *rounds, *creates, *gets); err != nil {
-		fmt.Fprintln(os.Stderr, "netbench:", err)
-		b.sweep()
-		os.Exit(1)
+	var md string
+	switch *mode {
+	case "report":
+		b, err := newBench(*slots + spare)
+		if err != nil {
+			fail(err)
+		}
+		defer b.sweep()
+		r := &results{slots: *slots, serialN: *serialN, workers: *workers,
+			cmd: fmt.Sprintf("go run ./network/cmd/netbench -slots %d -serial %d -workers %d -rounds %d -creates %d -gets %d -out docs/benchmarks/network.md",
+				*slots, *serialN, *workers, *rounds, *creates, *gets)}
+		if err := b.run(r, *serialN, *workers, *rounds, *creates, *gets); err != nil {
+			b.sweep()
+			fail(err)
+		}
+		md = r.markdown()
+	case "scan":
+		ns, err := ints(*sizes)
+		if err != nil || len(ns) == 0 || !slices.IsSorted(ns) {
+			fail(fmt.Errorf("-sizes %q: want ascending slot counts", *sizes))
+		}
+		b, err := newBench(ns[len(ns)-1])
+		if err != nil {
+			fail(err)
+		}
+		defer b.sweep()
+		r := &results{cmd: fmt.Sprintf("go run ./network/cmd/netbench -mode scan -sizes %s -reps %d", *sizes, *reps)}
+		r.machine()
+		rows, err := b.scanBench(ns, *reps)
+		r.loadEnd = loadavg()
+		if err != nil {
+			b.sweep()
+			fail(err)
+		}
+		md = r.scanMarkdown(rows, *reps)
+	case "batches":
+		ks, err := batchSpecs(*batches, *pause)
+		if err != nil || len(ks) == 0 {
+			fail(fmt.Errorf("-batches %q: want batch sizes (%v)", *batches, err))
+		}
+		b, err := newBench(*slots)
+		if err != nil {
+			fail(err)
+		}
+		defer b.sweep()
+		r := &results{cmd: fmt.Sprintf("go run ./network/cmd/netbench -mode batches -slots %d -batches %s -pause %v -reps %d",
+			*slots, *batches, *pause, *reps)}
+		r.machine()
+		idle, rows, err := b.batchBench(*slots, ks, *reps)
+		r.loadEnd = loadavg()
+		if err != nil {
+			b.sweep()
+			fail(err)
+		}
+		md = r.batchMarkdown(*slots, idle, rows)
+	default:
+		fail(fmt.Errorf("unknown -mode %q", *mode))
 	}
-	md := r.markdown()
 	fmt.Print(md)
 	if *out != "" {
 		if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
-			fmt.Fprintln(os.Stderr, "netbench:", err)
-			os.Exit(1)
+			fail(err)
 		}
 	}
+}
+
+// batchSpec is a batch size and the pause between two batches.
+type batchSpec struct {
+	k     int
+	pause time.Duration
+}
+
+func batchSpecs(s string, pause time.Duration) ([]batchSpec, error) {
+	var out []batchSpec
+	for _, f := range strings.Split(s, ",") {
+		k, p, ok := strings.Cut(strings.TrimSpace(f), "+")
+		spec := batchSpec{pause: pause}
+		v, err := strconv.Atoi(k)
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("%q is not a batch size", k)
+		}
+		spec.k = v
+		if ok {
+			if spec.pause, err = time.ParseDuration(p); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, spec)
+	}
+	return out, nil
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("%q is not a count", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 // spare indices beyond the N managed slots, for the pool's refills while
@@ -94,6 +193,8 @@ type bench struct {
 	m   *slot.Manager
 }
 
+// newBench makes a manager for slots 1..n in a directory and prefix of the
+// benchmark's own.
 func newBench(n int) (*bench, error) {
 	dir, err := os.MkdirTemp("", "netbench")
 	if err != nil {
@@ -102,7 +203,7 @@ func newBench(n int) (*bench, error) {
 	cfg := slot.Config{
 		Prefix:   "pb" + nettest.RandomPrefix()[2:],
 		NetnsDir: dir,
-		Slots:    n + spare,
+		Slots:    n,
 		CIDR:     netip.MustParsePrefix("169.254.0.0/17"),
 	}
 	m, err := slot.NewManager(context.Background(), cfg, slot.Options{})
@@ -123,6 +224,12 @@ func (b *bench) sweep() {
 // leak makes slots 1..n with 4 workers and forgets them.
 func (b *bench) leak(n int) (time.Duration, error) {
 	start := time.Now()
+	err := b.leakRange(1, n)
+	return time.Since(start), err
+}
+
+// leakRange makes slots from..to with 4 workers and forgets them.
+func (b *bench) leakRange(from, to int) error {
 	ch := make(chan int)
 	var (
 		wg   sync.WaitGroup
@@ -140,12 +247,12 @@ func (b *bench) leak(n int) (time.Duration, error) {
 			}
 		})
 	}
-	for i := 1; i <= n; i++ {
+	for i := from; i <= to; i++ {
 		ch <- i
 	}
 	close(ch)
 	wg.Wait()
-	return time.Since(start), errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // settle waits until nothing of ours is left and the kernel's namespace
@@ -292,8 +399,8 @@ func rss() int64 {
 	return 0
 }
 
-func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) error {
-	ctx := context.Background()
+// machine records the kernel, CPU, Go version and load at the start.
+func (r *results) machine() {
 	var u unix.Utsname
 	_ = unix.Uname(&u)
 	r.kernel = unix.ByteSliceToString(u.Release[:])
@@ -303,6 +410,11 @@ func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) err
 	}
 	r.goVersion = runtime.Version()
 	r.loadStart = loadavg()
+}
+
+func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) error {
+	ctx := context.Background()
+	r.machine()
 	defer func() { r.loadEnd = loadavg() }()
 	runtime.GC()
 	r.rssBase = rss()
@@ -491,7 +603,7 @@ func (r *results) markdown() string {
 	w("Each round leaks %d slots (netns + veth pair + set element, made by `slot.Manager.Create` with 4 workers) and then tears them down.\n\n", r.slots)
 	w("- **phasegate**: `reclaim.Run` with the batched strategy and %d workers, scan of the netns directory, links and set included: detach+unlink by the workers, wait for the host ends, one nftables transaction for all elements.\n", r.workers)
 	w("- **kernel floor**: the same netns files, raw `umount2(MNT_DETACH)` + `unlink` with %d workers, then wait until every host end is gone (no scan, no firewall work).\n", r.workers)
-	w("- **serial reference**: `reclaim.Run` with `reclaim.Serial`, what the seed's orchestrator did per slot: delete the set element, delete the host veth with netlink, delete the netns. It costs tens of ms per slot, so it is measured on a **subset**: %d slots are leaked, the serial strategy reclaims the first %d (count budget; its scan is not counted) and the comparison is **per slot**; the batched strategy then reclaims the remaining %d.\n\n", r.slots, r.serialN, r.slots-r.serialN)
+	w("- **serial reference**: `reclaim.Run` with `reclaim.Serial`, what E2B's orchestrator did per slot: delete the set element, delete the host veth with netlink, delete the netns. It costs tens of ms per slot, so it is measured on a **subset**: %d slots are leaked, the serial strategy reclaims the first %d (count budget; its scan is not counted) and the comparison is **per slot**; the batched strategy then reclaims the remaining %d.\n\n", r.slots, r.serialN, r.slots-r.serialN)
 	w("| run | slots | wall time | per slot |\n|---|---|---|---|\n")
 	for k := range r.phasegate {
 		w("| phasegate, round %d | %d | %s | %.3f ms |\n", k+1, r.slots, ms(r.phasegate[k]), float64(r.phasegate[k].Microseconds())/1000/float64(r.slots))
