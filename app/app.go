@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
+	"github.com/phasegate/phasegate/eventstream"
 	"github.com/phasegate/phasegate/health"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/metrics"
@@ -42,6 +43,11 @@ const (
 	// PathLifecycle serves the lifecycle as JSON ([View]); `phasegate
 	// status --addr` reads it.
 	PathLifecycle = "/debug/lifecycle"
+	// PathEvents serves every transition of the lifecycle, in order, as a
+	// resumable Server-Sent Events stream (package eventstream); a test
+	// asserts phase order against a running process with it (package
+	// phasetest).
+	PathEvents = "/debug/events"
 )
 
 // App runs a service whose startup is a lifecycle of phases, on one port
@@ -64,6 +70,7 @@ type App struct {
 	stops    []func() // observers, stopped in reverse at close
 
 	addrCh     chan struct{} // closed once the port is bound
+	logged     chan struct{} // closed once the logger saw the final event
 	stopBudget time.Duration // see StopBudget
 	execPath   string        // the binary an upgrade executes
 
@@ -85,7 +92,7 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	a := &App{cfg: cfg, log: cfg.Logger, addrCh: make(chan struct{}), quit: make(chan struct{})}
+	a := &App{cfg: cfg, log: cfg.Logger, addrCh: make(chan struct{}), logged: make(chan struct{}), quit: make(chan struct{})}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -116,9 +123,17 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 
 	graph := a.graph(phases)
 	a.stopBudget = stopBudget(graph, cfg)
+	logEvent, setLC := EventLogger(a.log)
 	opts := []lifecycle.Option{
 		lifecycle.WithTracerProvider(a.tracer),
 		lifecycle.WithProgressInterval(100 * time.Millisecond),
+		lifecycle.WithStartTimeout(cfg.StartTimeout),
+		lifecycle.WithEventHook(func(e lifecycle.Event) {
+			logEvent(e)
+			if e.Final() {
+				close(a.logged)
+			}
+		}),
 	}
 	if cfg.StopTimeout > 0 {
 		opts = append(opts, lifecycle.WithStopTimeout(cfg.StopTimeout))
@@ -126,6 +141,7 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	if a.lc, err = lifecycle.New(graph, append(opts, cfg.LifecycleOptions...)...); err != nil {
 		return fail(err)
 	}
+	setLC(a.lc)
 
 	if a.metrics, err = metrics.Setup(context.Background(), metrics.WithServiceName(cfg.Name), metrics.WithVersion(cfg.Version)); err != nil {
 		return fail(err)
@@ -138,9 +154,7 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	if err != nil {
 		return fail(err)
 	}
-	a.stops = append(a.stops, stop,
-		LogTransitions(a.lc, a.log),
-		WarnSlowPhases(a.lc, a.log, cfg.Expected))
+	a.stops = append(a.stops, stop, WarnSlowPhases(a.lc, a.log, cfg.Expected))
 
 	a.checker = health.New(a.lc, health.Options{
 		Version: cfg.Version, ServiceID: cfg.Name, Description: cfg.Description,
@@ -184,6 +198,7 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	for pattern, h := range map[string]http.Handler{
 		"GET " + PathMetrics:   a.metrics.Handler(),
 		"GET " + PathLifecycle: viewHandler(a.lc),
+		"GET " + PathEvents:    eventstream.NewHandler(a.lc),
 		"GET " + PathStartup: timeline.Handler(a.lc, timeline.Options{
 			Title: cfg.Name,
 			Links: []timeline.Link{
@@ -314,21 +329,11 @@ func (a *App) Addr(ctx context.Context) net.Addr {
 }
 
 // Start runs the phases and returns once the App serves, or the start
-// failed (the phases that had succeeded are then stopped already). It
-// returns a *[StartError] when the start did not finish within
-// Config.StartTimeout. Call [App.Stop] in either case.
-func (a *App) Start(ctx context.Context) error {
-	if a.cfg.StartTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, a.cfg.StartTimeout, errStartTimeout)
-		defer cancel()
-	}
-	err := a.lc.Start(ctx)
-	if err != nil && errors.Is(context.Cause(ctx), errStartTimeout) {
-		return &StartError{Timeout: a.cfg.StartTimeout, Snapshot: a.lc.Snapshot(), Err: err}
-	}
-	return err
-}
+// failed (the phases that had succeeded are then stopped already). A
+// start that did not finish within Config.StartTimeout fails with a
+// *lifecycle.StartTimeoutError naming the phases still running and how far
+// they got. Call [App.Stop] in either case.
+func (a *App) Start(ctx context.Context) error { return a.lc.Start(ctx) }
 
 // Stop drains the App: the port first (health NOT_SERVING, the drain
 // delay, a graceful stop), then the phases' Stop functions in reverse
@@ -351,6 +356,14 @@ func (a *App) close() {
 	a.closeOnce.Do(func() {
 		for i := len(a.stops) - 1; i >= 0; i-- {
 			a.stops[i]()
+		}
+		// The log's last lines: the hook may still be catching up with
+		// the drain.
+		if s := a.lc; s != nil && s.State() == lifecycle.StateStopped {
+			select {
+			case <-a.logged:
+			case <-time.After(2 * time.Second):
+			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -495,8 +508,6 @@ wait:
 // serving waits, while the App serves, for a reason to stop, and returns
 // the failure when that reason is one ([errUpgrade] for an upgrade).
 func (a *App) serving(ctx context.Context, sigs <-chan os.Signal) error {
-	failed, stopWatch := watchFailed(a.lc)
-	defer stopWatch()
 	for {
 		select {
 		case sig := <-sigs:
@@ -534,31 +545,15 @@ func (a *App) serving(ctx context.Context, sigs <-chan os.Signal) error {
 			}
 			a.log.Error("failure after serving: draining", "error", err)
 			return err
-		case err := <-failed:
+		case <-a.lc.Done(): // serving ends here only by a failure
+			err := a.lc.Err()
+			if err == nil {
+				err = errors.New("lifecycle failed")
+			}
 			a.log.Error("failure after serving: draining", "error", err)
 			return err
 		}
 	}
-}
-
-// watchFailed reports the cause once lc fails, until stop is called.
-func watchFailed(lc *lifecycle.Lifecycle) (<-chan error, func()) {
-	out := make(chan error, 1)
-	ch, cancel := lc.Subscribe()
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for s := range ch {
-			if s.State == lifecycle.StateFailed {
-				err := s.Err
-				if err == nil {
-					err = errors.New("lifecycle failed")
-				}
-				out <- err
-				return
-			}
-		}
-	})
-	return out, func() { cancel(); wg.Wait() }
 }
 
 func addrString(a net.Addr) string {
@@ -567,30 +562,3 @@ func addrString(a net.Addr) string {
 	}
 	return a.String()
 }
-
-// errStartTimeout is the cause of a start that ran out of time.
-var errStartTimeout = errors.New("start timeout")
-
-// StartError is returned by [App.Start] when the start did not finish
-// within Config.StartTimeout. It names every phase still running and how
-// far along it was.
-type StartError struct {
-	Timeout  time.Duration
-	Snapshot lifecycle.Snapshot
-	Err      error
-}
-
-func (e *StartError) Error() string {
-	msg := fmt.Sprintf("start timed out after %v", e.Timeout)
-	for _, p := range e.Snapshot.Phases {
-		if p.State == lifecycle.PhaseCancelled || p.State == lifecycle.PhaseRunning || p.State == lifecycle.PhaseRetrying {
-			msg += fmt.Sprintf("; phase %s was running for %v", p.Name, p.Duration().Round(time.Millisecond))
-			if prog := p.Progress.String(); prog != "" {
-				msg += " at " + prog
-			}
-		}
-	}
-	return msg
-}
-
-func (e *StartError) Unwrap() error { return e.Err }

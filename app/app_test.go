@@ -18,6 +18,7 @@ import (
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/phasetest"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -256,9 +257,9 @@ func TestStartTimeoutNamesThePhase(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = a.Start(context.Background())
-	var se *StartError
-	if !errors.As(err, &se) || !strings.Contains(err.Error(), "phase reclaim") || !strings.Contains(err.Error(), "1200/5000 namespaces") {
-		t.Fatalf("Start = %v, want a StartError naming reclaim at 1200/5000", err)
+	var se *lifecycle.StartTimeoutError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "reclaim") || !strings.Contains(err.Error(), "1200/5000 namespaces") {
+		t.Fatalf("Start = %v, want a StartTimeoutError naming reclaim at 1200/5000", err)
 	}
 	if err := a.Stop(context.Background()); err != nil {
 		t.Fatal(err)
@@ -299,4 +300,26 @@ func waitState(a *App, state lifecycle.State) error {
 			return errors.New("timed out waiting for " + string(state))
 		}
 	}
+}
+
+// The order the phases ran in, asserted against the port as a test of a
+// separate process would, from the App's event stream.
+func TestPhaseOrderOverThePort(t *testing.T) {
+	a, err := New(testConfig(),
+		lifecycle.Phase{Name: "config", Run: nop},
+		lifecycle.Phase{Name: "migrate", DependsOn: []string{"config"}, Run: nop},
+		lifecycle.Phase{Name: "register", DependsOn: []string{"migrate", PhaseListen}, Run: nop},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+
+	s := phasetest.Follow(t, "http://"+a.Addr(context.Background()).String()+PathEvents)
+	phasetest.WaitState(t, s, lifecycle.StateServing, wait)
+	phasetest.AssertOrder(t, s.Events(0), "config", "migrate", "register", "serve")
+	phasetest.AssertRespectsDependencies(t, s.Events(0))
 }

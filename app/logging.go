@@ -8,92 +8,99 @@ import (
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
-// LogTransitions logs every lifecycle transition and every phase's and
-// background task's start and end (with duration and progress) until stop is
-// called. It compares consecutive snapshots, so even when it falls behind it
-// logs each start and end once, with the times the snapshot recorded.
-func LogTransitions(lc *lifecycle.Lifecycle, log *slog.Logger) (stop func()) {
-	ch, cancel := lc.Subscribe()
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		var prev lifecycle.Snapshot
-		first := true
-		for s := range ch {
-			logDiff(log, prev, s, first)
-			prev, first = s, false
+// EventLogger logs a lifecycle's events, one line each, for
+// lifecycle.WithEventHook: every lifecycle transition, every phase's and
+// background task's start and end (with how long it ran and how far it
+// got, read from the lifecycle when lc is set), retries with their error,
+// warnings set and cleared. The hook sees every event exactly once and in
+// order, so the log does too, however far behind it runs.
+//
+// The lifecycle must exist before its hook can ask it anything, so the
+// returned setter gives the logger its lifecycle once lifecycle.New has
+// returned; until then (and with none) lines carry no duration or progress.
+func EventLogger(log *slog.Logger) (hook func(lifecycle.Event), setLifecycle func(*lifecycle.Lifecycle)) {
+	var mu sync.Mutex
+	var lc *lifecycle.Lifecycle
+	return func(e lifecycle.Event) {
+			mu.Lock()
+			l := lc
+			mu.Unlock()
+			logEvent(log, l, e)
+		}, func(l *lifecycle.Lifecycle) {
+			mu.Lock()
+			lc = l
+			mu.Unlock()
 		}
-	})
-	return func() { cancel(); wg.Wait() }
 }
 
-func logDiff(log *slog.Logger, prev, s lifecycle.Snapshot, first bool) {
-	for i, p := range s.Phases {
-		var old lifecycle.PhaseSnapshot
-		if !first && i < len(prev.Phases) {
-			old = prev.Phases[i]
-		}
-		if old.Started.IsZero() && !p.Started.IsZero() {
-			log.Info("phase started", "phase", p.Name)
-		}
-		if p.Attempts > old.Attempts && p.Attempts > 1 {
-			log.Warn("phase retrying", "phase", p.Name, "attempt", p.Attempts, "last_error", errString(p.Err))
-		}
-		if !old.State.Done() && p.State.Done() && p.State != old.State {
-			attrs := []any{"phase", p.Name, "state", string(p.State), "duration", p.Duration().Round(time.Microsecond).String()}
-			if prog := p.Progress.String(); prog != "" {
-				attrs = append(attrs, "progress", prog)
+func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
+	switch e.Kind {
+	case lifecycle.EventLifecycle:
+		attrs := []any{"state", e.To, "from", e.From}
+		if e.To == string(lifecycle.StateServing) && lc != nil {
+			if s := lc.Snapshot(); !s.Started.IsZero() {
+				attrs = append(attrs, "startup", e.Time.Sub(s.Started).Round(time.Millisecond).String())
 			}
-			if p.Err != nil && p.State != lifecycle.PhaseSucceeded {
-				attrs = append(attrs, "error", p.Err.Error())
+		}
+		if e.Err != "" {
+			attrs = append(attrs, "error", e.Err)
+			log.Error("lifecycle", attrs...)
+			return
+		}
+		log.Info("lifecycle", attrs...)
+	case lifecycle.EventPhase:
+		switch lifecycle.PhaseState(e.To) {
+		case lifecycle.PhaseRunning:
+			if e.Attempt <= 1 {
+				log.Info("phase started", "phase", e.Name)
 			}
-			switch p.State {
+		case lifecycle.PhaseRetrying:
+			log.Warn("phase retrying", "phase", e.Name, "attempt", e.Attempt, "last_error", e.Err)
+		default:
+			attrs := []any{"phase", e.Name, "state", e.To}
+			if lc != nil {
+				if p, ok := lc.Snapshot().Phase(e.Name); ok {
+					attrs = append(attrs, "duration", p.Duration().Round(time.Microsecond).String())
+					if prog := p.Progress.String(); prog != "" {
+						attrs = append(attrs, "progress", prog)
+					}
+				}
+			}
+			if e.Err != "" {
+				attrs = append(attrs, "error", e.Err)
+			}
+			switch lifecycle.PhaseState(e.To) {
 			case lifecycle.PhaseSucceeded, lifecycle.PhaseSkipped:
 				log.Info("phase ended", attrs...)
 			default:
 				log.Error("phase ended", attrs...)
 			}
 		}
-	}
-	for i, t := range s.Tasks {
-		if i >= len(prev.Tasks) {
-			log.Info("background task started", "task", t.Name, "phase", t.Phase)
+	case lifecycle.EventTask:
+		if e.To == string(lifecycle.TaskRunning) {
+			log.Info("background task started", "task", e.Name, "phase", e.Phase)
+			return
 		}
-		if t.State != lifecycle.TaskRunning && (i >= len(prev.Tasks) || prev.Tasks[i].State == lifecycle.TaskRunning) {
-			attrs := []any{"task", t.Name, "state", string(t.State), "duration", t.Duration().Round(time.Millisecond).String()}
-			if prog := t.Progress.String(); prog != "" {
-				attrs = append(attrs, "progress", prog)
+		attrs := []any{"task", e.Name, "state", e.To}
+		if lc != nil {
+			for _, t := range lc.Snapshot().Tasks {
+				if t.Name == e.Name {
+					attrs = append(attrs, "duration", t.Duration().Round(time.Millisecond).String())
+					if prog := t.Progress.String(); prog != "" {
+						attrs = append(attrs, "progress", prog)
+					}
+				}
 			}
-			if t.State == lifecycle.TaskFailed {
-				log.Error("background task ended", append(attrs, "error", errString(t.Err))...)
-			} else {
-				log.Info("background task ended", attrs...)
-			}
 		}
-	}
-	// Every transition is logged once, from the history, even those an
-	// observer that fell behind never saw as a state of its own.
-	from := lifecycle.StateCreated
-	if n := len(prev.History); n > 0 && !first {
-		from = prev.History[n-1].State
-	}
-	seen := len(prev.History)
-	if first {
-		seen = 0
-		log.Info("lifecycle", "state", string(lifecycle.StateCreated))
-	}
-	for _, tr := range s.History[seen:] {
-		attrs := []any{"state", string(tr.State), "from", string(from)}
-		if tr.State == lifecycle.StateServing && !s.Started.IsZero() {
-			attrs = append(attrs, "startup", tr.At.Sub(s.Started).Round(time.Millisecond).String())
+		if e.To == string(lifecycle.TaskFailed) {
+			log.Error("background task ended", append(attrs, "error", e.Err)...)
+			return
 		}
-		if s.Err != nil && tr.State == lifecycle.StateFailed {
-			attrs = append(attrs, "error", s.Err.Error())
-		}
-		log.Info("lifecycle", attrs...)
-		from = tr.State
-	}
-	if s.Degraded && !prev.Degraded {
-		log.Warn("lifecycle degraded: a background task failed")
+		log.Info("background task ended", attrs...)
+	case lifecycle.EventWarningSet:
+		log.Warn("warning", "name", e.Name, "message", e.Message)
+	case lifecycle.EventWarningCleared:
+		log.Info("warning cleared", "name", e.Name)
 	}
 }
 

@@ -10,7 +10,10 @@ import (
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
-func TestLogTransitionsLogsEveryPhaseOnce(t *testing.T) {
+func TestEventLoggerLogsEveryPhaseOnce(t *testing.T) {
+	var buf lockedBuffer
+	hook, setLC := EventLogger(slog.New(slog.NewTextHandler(&buf, nil)))
+	logged := make(chan struct{})
 	lc, err := lifecycle.New([]lifecycle.Phase{
 		{Name: "lock", Run: func(context.Context, *lifecycle.Progress) error { return nil }},
 		{Name: "reclaim", DependsOn: []string{"lock"}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
@@ -20,19 +23,23 @@ func TestLogTransitionsLogsEveryPhaseOnce(t *testing.T) {
 			return nil
 		}},
 		{Name: "serve", DependsOn: []string{"reclaim"}, Run: func(context.Context, *lifecycle.Progress) error { return nil }},
-	})
+	}, lifecycle.WithEventHook(func(e lifecycle.Event) {
+		hook(e)
+		if e.Final() {
+			close(logged)
+		}
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf lockedBuffer
-	stop := LogTransitions(lc, slog.New(slog.NewTextHandler(&buf, nil)))
+	setLC(lc)
 	if err := lc.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if err := lc.Drain(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	stop()
+	<-logged
 	out := buf.String()
 	for _, want := range []string{
 		`msg="phase started" phase=lock`,

@@ -50,17 +50,25 @@ type Daemon struct {
 	// Built by the phases, each written once by its phase before any
 	// dependent phase reads it: the lifecycle's ordering is the
 	// synchronisation.
-	lock      *lockfile.Lock
-	store     *leases.Store // the durable records (lock phase)
-	safeMode  bool          // records lost: keep every slot something lives in
-	stateLost string        // why, for the health warning
-	mgr       *slot.Manager
-	plan      *restorePlan    // what the restore decided (reclaim phase)
-	report    *reclaim.Report // the foreground reclaim's, when there is one
-	idx       *storage.Storage
-	pool      *pool.Pool
-	slots     *slotsService
-	deadDone  chan struct{} // closed when the dead slots are reclaimed
+	lock       *lockfile.Lock
+	store      *leases.Store // the durable records (lock phase)
+	safeMode   bool          // records lost: keep every slot something lives in
+	stateLost  string        // why, for the health warning
+	mgr        *slot.Manager
+	plan       *restorePlan    // what the restore decided (reclaim phase)
+	report     *reclaim.Report // the foreground reclaim's, when there is one
+	unreadable []slot.Unreadable
+	idx        *storage.Storage
+	pool       *pool.Pool
+	slots      *slotsService
+	deadDone   chan struct{} // closed when the dead slots are reclaimed
+	// The background reclaim's own context: a drain does not end it (the
+	// pool's stop waits for it), its stop timeout or an upgrade does.
+	reclaimCtx    context.Context
+	cancelReclaim context.CancelFunc
+
+	mu           sync.Mutex
+	procScanSeen map[string]bool // /proc scan errors logged already
 }
 
 // New validates cfg and declares the daemon's phases, its port and its
@@ -175,7 +183,7 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 		d.lock = l
 		d.app.HandOver(lockHandover, l.File())
 		p.SetMessage("kept across the upgrade")
-		return d.openStore()
+		return nil
 	}
 	if d.cfg.LockWait > 0 {
 		p.SetMessage("waiting up to " + d.cfg.LockWait.String() + " for " + path)
@@ -189,11 +197,13 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	d.lock = l
 	d.app.HandOver(lockHandover, l.File())
-	return d.openStore()
+	return nil
 }
 
 // openStore opens the records once the lock is held: only the holder of
-// the slots may read and change what they are.
+// the slots may read and change what they are. It is the reclaim phase's
+// first step rather than the lock's, so that the port binds while the
+// file is opened and checked.
 func (d *Daemon) openStore() error {
 	st, err := d.openState()
 	if err != nil {
@@ -235,6 +245,10 @@ const (
 	taskLeases     = "leases"
 )
 
+// backgroundBatch is how many dead namespaces the background reclaim hands
+// the kernel at a time.
+const backgroundBatch = 64
+
 // slotOptions are the slot manager's settings.
 func (d *Daemon) slotOptions() slot.Options {
 	o := slot.DefaultOptions()
@@ -255,6 +269,12 @@ func (d *Daemon) teardownOptions() slot.TeardownOptions {
 // once the warm slots are made, so that serving never waits on the
 // kernel's clean-up of the dead.
 func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
+	if d.store == nil {
+		p.SetMessage("opening the records")
+		if err := d.openStore(); err != nil {
+			return err
+		}
+	}
 	if d.mgr == nil {
 		mgr, err := slot.NewManager(ctx, d.cfg.Slots, d.slotOptions())
 		if err != nil {
@@ -265,11 +285,20 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	start := time.Now()
 	p.SetMessage("scanning")
-	inv, err := d.mgr.Scan(ctx)
+	sr, err := d.mgr.Survey(ctx)
 	if err != nil {
 		return fmt.Errorf("scan: %w", err)
 	}
+	inv := sr.Inventory
 	scanned := time.Since(start)
+	d.unreadable = sr.Unreadable
+	for _, u := range sr.Unreadable {
+		d.log.Warn("netns entry could not be inspected: neither reclaimed nor handed out, quarantined", "slot", u.Index, "name", u.Name, "error", u.Err)
+	}
+	d.obs.unreadable(len(sr.Unreadable))
+	if len(sr.Beyond) > 0 {
+		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
+	}
 	recs, err := d.store.Load()
 	var bad []int
 	if re := (*leases.RecordsError)(nil); errors.As(err, &re) {
@@ -328,7 +357,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if err != nil {
 		return err
 	}
-	rep.Scan = scanned
+	rep.Scan, rep.Unreadable = scanned, sr.Unreadable
 	p.SetDone(int64(len(rep.Reclaimed)))
 	d.report = rep
 	d.obs.reclaimed(rep)
@@ -398,12 +427,49 @@ func (d *Daemon) logReport(rep *reclaim.Report) {
 	if rep.Duration > 0 && len(rep.Reclaimed) > 0 {
 		attrs = append(attrs, "rate_per_s", int(float64(len(rep.Reclaimed))/rep.Duration.Seconds()))
 	}
-	d.log.Info("reclaim report", attrs...)
-	for _, f := range rep.Failed {
-		d.log.Warn("reclaim failed for a slot; quarantined for the reconciler", "slot", f.Index, "error", f.Err)
+	if len(rep.Beyond) > 0 {
+		attrs = append(attrs, "beyond", len(rep.Beyond))
 	}
-	for _, o := range rep.Orphans {
-		d.log.Warn("process inside a leaked namespace", "orphan", fmt.Sprintf("%+v", o))
+	if rep.Batches > 1 {
+		attrs = append(attrs, "batches", rep.Batches)
+	}
+	d.log.Info("reclaim report", attrs...)
+	d.logTeardownProblems(rep.Failed, rep.Orphans, rep.ProcScan, rep.WaitErr)
+}
+
+// logTeardownProblems logs what a teardown could not do or see: each
+// failed slot, each process found inside a leaked namespace, and what kept
+// the teardown from seeing everything (a /proc scan that could not read
+// every process, a failed wait for the kernel).
+func (d *Daemon) logTeardownProblems(failed []slot.Failure, orphans []slot.Orphan, procScan, waitErr error) {
+	for _, f := range failed {
+		d.log.Warn("slot teardown failed; quarantined for the reconciler", "slot", f.Index, "error", f.Err)
+	}
+	for _, o := range orphans {
+		attrs := []any{"slot", o.Index, "pid", o.PID, "comm", o.Comm, "killed", o.Killed}
+		if o.Gone {
+			attrs = append(attrs, "gone", true)
+		}
+		if o.Err != nil {
+			attrs = append(attrs, "error", o.Err)
+		}
+		d.log.Warn("process inside a leaked namespace", attrs...)
+	}
+	if procScan != nil {
+		msg := procScan.Error()
+		d.mu.Lock()
+		seen := d.procScanSeen[msg]
+		if d.procScanSeen == nil {
+			d.procScanSeen = map[string]bool{}
+		}
+		d.procScanSeen[msg] = true
+		d.mu.Unlock()
+		if !seen { // the same process is unreadable at every pass
+			d.log.Warn("process scan incomplete: namespaces of the processes it could not read are treated as held", "error", msg)
+		}
+	}
+	if waitErr != nil {
+		d.log.Warn("waiting for the kernel to remove host links failed; the links left were deleted", "error", waitErr)
 	}
 }
 
@@ -424,6 +490,9 @@ func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
 		}
 	}
 	quarantine = append(append(quarantine, d.plan.held...), d.plan.bad...)
+	for _, u := range d.unreadable {
+		quarantine = append(quarantine, u.Index)
+	}
 	quarantine = slices.DeleteFunc(quarantine, func(i int) bool { return i > n })
 	idx, err := storage.New(n, quarantine)
 	if err != nil {
@@ -487,6 +556,7 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 	p.SetDone(int64(d.cfg.PoolMinReady))
 
 	d.deadDone = make(chan struct{})
+	d.reclaimCtx, d.cancelReclaim = context.WithCancel(context.Background())
 	if dead := d.deadToReclaim(); len(dead) > 0 {
 		p.Defer(taskReclaim, func(ctx context.Context, tp *lifecycle.Progress) error {
 			defer close(d.deadDone)
@@ -523,15 +593,33 @@ func (d *Daemon) deadToReclaim() slot.Inventory {
 // reclaimDead tears the dead slots down in the background, paced so that
 // health checks and Acquire stay fast, and frees their indices as they go.
 // While it runs /health says warn, with its progress, rate and time left.
+//
+// A stop does not cut it short at once: the pool's stop waits for it
+// (within its stop timeout; see stopPool), so that a stopped daemon
+// leaves nothing its records do not name. An upgrade does: the new image
+// reclaims what is left.
 func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead slot.Inventory) error {
 	d.lc.Warn(taskReclaim, fmt.Sprintf("reclaiming %d dead slots in the background", len(dead)))
 	defer d.lc.ClearWarning(taskReclaim)
 	p.SetTotal(int64(len(dead)), "namespaces")
+	stop := context.AfterFunc(ctx, func() {
+		if d.app.Upgrading() {
+			d.cancelReclaim()
+		}
+	})
+	defer stop()
+	ctx = d.reclaimCtx
 	rep, err := reclaim.Slots(ctx, d.mgr, dead, reclaim.Options{
 		Strategy:    reclaim.Batched,
 		Workers:     d.cfg.ReclaimWorkers,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
-		Progress:    func(done, _ int) { p.SetDone(int64(done)) },
+		// Small batches: the kernel holds its networking lock while it
+		// destroys a batch, and a slot made meanwhile (an Acquire on an
+		// empty pool, the fill) waits for it. docs/benchmarks/batches.md:
+		// batches of 64 bound that wait to about a second for 1.2-1.7x
+		// the total time.
+		Batch:    backgroundBatch,
+		Progress: func(done, _ int) { p.SetDone(int64(done)) },
 	})
 	n := d.cfg.Slots.Slots
 	for _, i := range rep.Reclaimed {
@@ -578,11 +666,22 @@ func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error
 // nothing to do.
 func (d *Daemon) reconciled(pass reconcile.Pass) {
 	d.obs.reconciled(pass)
-	switch {
-	case pass.Err != nil:
-		d.log.Warn("reconcile pass failed", "error", pass.Err, "claimed", len(pass.Claimed), "freed", len(pass.Freed))
-	case len(pass.Claimed) > 0 || len(pass.Freed) > 0:
-		d.log.Info("reconcile pass", "claimed", len(pass.Claimed), "freed", len(pass.Freed))
+	if pass.Scan != nil {
+		d.log.Warn("reconcile pass could not scan the host", "error", pass.Scan)
+		return
+	}
+	for _, u := range pass.Unreadable {
+		d.log.Warn("netns entry could not be inspected: left alone, quarantined", "slot", u.Index, "name", u.Name, "error", u.Err)
+	}
+	var orphans []slot.Orphan
+	var procScan, waitErr error
+	if t := pass.Teardown; t != nil {
+		orphans, procScan, waitErr = t.Orphans, t.ProcScan, t.WaitErr
+	}
+	d.logTeardownProblems(pass.Failed, orphans, procScan, waitErr)
+	if len(pass.Claimed) > 0 || len(pass.Freed) > 0 || len(pass.Beyond) > 0 {
+		d.log.Info("reconcile pass", "claimed", fmt.Sprint(pass.Claimed), "freed", len(pass.Freed), "beyond", fmt.Sprint(pass.Beyond),
+			"failed", len(pass.Failed), "duration", pass.Duration.Round(time.Millisecond).String())
 	}
 }
 
@@ -621,11 +720,19 @@ func watchPool(pl *pool.Pool, p *lifecycle.Progress) (stop func()) {
 	return func() { close(done); wg.Wait() }
 }
 
-// stopPool stops the pool and keeps its warm slots, recorded, for the
-// next start to adopt; leased slots are not touched: a restart, an upgrade
+// stopPool waits for the background reclaim of dead slots to end, then
+// stops the pool and keeps its warm slots, recorded, for the next start to
+// adopt; leased slots are not touched: a restart, an upgrade
 // or a stop never cuts a workload off. `phasegate decommission` destroys
 // everything.
 func (d *Daemon) stopPool(ctx context.Context) error {
+	select {
+	case <-d.deadDone:
+	case <-ctx.Done():
+		d.cancelReclaim()
+		<-d.deadDone
+		d.log.Warn("stop: the background reclaim was cut short; the next start reclaims the rest")
+	}
 	kept, err := d.pool.Stop(ctx)
 	held, lost := d.slots.counts()
 	d.log.Info("pool stopped: slots kept for the next start", "warm", len(kept), "leased", held-lost, "lost_leases", lost)

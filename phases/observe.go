@@ -85,6 +85,9 @@ func (o *observer) add(c metric.Int64Counter, key, value string, n int) {
 	}
 }
 
+// unreadable counts netns entries a start could not inspect.
+func (o *observer) unreadable(n int) { o.add(o.reclaim, "result", "unreadable", n) }
+
 // restored counts what a start found.
 func (o *observer) restored(p *restorePlan) {
 	o.add(o.restore, "result", "restored", len(p.restored))
@@ -105,6 +108,9 @@ func (o *observer) reconciled(p reconcile.Pass) {
 	o.add(o.passes, "result", result, 1)
 	o.add(o.reconcile, "result", "claimed", len(p.Claimed))
 	o.add(o.reconcile, "result", "freed", len(p.Freed))
+	o.add(o.reconcile, "result", "failed", len(p.Failed))
+	o.add(o.reconcile, "result", "unreadable", len(p.Unreadable))
+	o.add(o.reconcile, "result", "beyond", len(p.Beyond))
 }
 
 // setLeases starts reporting the lease gauge.
@@ -157,6 +163,7 @@ func (o *observer) reclaimed(rep *reclaim.Report) {
 	add("reclaimed", len(rep.Reclaimed))
 	add("failed", len(rep.Failed))
 	add("deferred", len(rep.Deferred))
+	add("beyond", len(rep.Beyond))
 }
 
 // setPool starts reporting the pool's gauges.

@@ -137,9 +137,9 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 	if err != nil {
 		return nil, fmt.Errorf("scan: %w", err)
 	}
-	opts := d.teardownOptions()
-	opts.KillOrphans = destroyLeased || cfg.ReclaimKillOrphans
-	res := d.mgr.Teardown(ctx, inv, opts)
+	// Processes inside are cut off, not killed (unless
+	// --reclaim-kill-orphans): they belong to the workloads, not to us.
+	res := d.mgr.Teardown(ctx, inv, d.teardownOptions())
 	if err := res.Err(); err != nil {
 		return res, fmt.Errorf("decommission: %w", err)
 	}

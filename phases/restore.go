@@ -122,12 +122,16 @@ func (d *Daemon) classify(ctx context.Context, recs []leases.Record, bad []int, 
 // inhabited returns the slots of inv whose namespace a process lives in or
 // holds a descriptor on, from one scan of /proc.
 func inhabited(inv slot.Inventory, cfg slot.Config) ([]int, error) {
+	// A scan that could not read some processes (pid 1 in some
+	// sandboxes) still says where the others live; what it could not read
+	// is reported by the teardown that follows.
+	var incomplete *netns.IncompleteError
 	procs, err := netns.ScanProcesses()
-	if err != nil {
+	if err != nil && !errors.As(err, &incomplete) {
 		return nil, fmt.Errorf("safe mode: scan processes: %w", err)
 	}
 	holders, err := netns.ScanHolders()
-	if err != nil {
+	if err != nil && !errors.As(err, &incomplete) {
 		return nil, fmt.Errorf("safe mode: scan descriptor holders: %w", err)
 	}
 	var out []int

@@ -34,7 +34,11 @@ func (d *Daemon) openState() (*leases.Store, error) {
 			d.log.Info("state file upgraded", "path", path, "from_schema", st.Opened().UpgradedFrom,
 				"to_schema", leases.SchemaVersion, "backup", st.Opened().Backup)
 		}
-		d.safeMode = st.Opened().Fresh
+		// A fresh store is a first start with this state directory (the
+		// records live on tmpfs and vanish at a reboot with the
+		// namespaces): what is on the host was left by a run that kept no
+		// records, and is reclaimed as leaked. Only records that existed
+		// and are lost put the daemon in safe mode.
 		return st, nil
 	case errors.As(err, &schema):
 		return nil, fmt.Errorf("%w: %v (a newer phasegate wrote it; run that version, or move the file away to start without its leases)", ErrConfig, err)

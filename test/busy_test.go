@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -56,7 +57,7 @@ func TestBusyNamespacesAtShutdown(t *testing.T) {
 	defer cancel()
 	var paths []string
 	for _, owner := range []string{"sandbox-live", "sandbox-fd"} {
-		resp, err := phasegatev1.NewSlotsClient(conn).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner})
+		resp, err := phasegatev1.NewSlotsClient(conn).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: owner})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,11 +77,26 @@ func TestBusyNamespacesAtShutdown(t *testing.T) {
 	if took > 15*time.Second {
 		t.Errorf("drain took %v", took)
 	}
-	h.stoppedCleanly(h.prefix, nil)
+	// A stop keeps leased slots as they are: the workloads live on.
+	recs := h.assertOnlyRecorded(h.prefix)
 	if !alive(inside) || !alive(holder) {
-		t.Error("the daemon killed processes of its users at shutdown; it should only cut them off")
+		t.Error("the daemon killed processes of its users at shutdown")
 	}
-	writeReport(t, "busy-shutdown.txt", "drain with a live process in one acquired slot and an open fd on another: exit 0 in "+took.Round(time.Millisecond).String()+", nothing left\n")
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("a leased slot's namespace is gone after a stop: %v", err)
+		}
+	}
+	// Decommissioning destroys the slots and cuts the processes off; it
+	// does not kill them (they are the workloads', not ours).
+	h.decommission(h.prefix)
+	h.assertClean(h.prefix, nil)
+	if !alive(inside) || !alive(holder) {
+		t.Error("decommission killed processes of its users; it should only cut them off")
+	}
+	writeReport(t, "busy-shutdown.txt", fmt.Sprintf("drain with a live process in one leased slot and an open fd on another: exit 0 in %v; "+
+		"the %d recorded slots kept and the processes untouched; decommission then removed everything and cut the processes off without killing them\n",
+		took.Round(time.Millisecond), len(recs)))
 }
 
 func TestBusyNamespacesAtReclaim(t *testing.T) {
@@ -100,7 +116,7 @@ func TestBusyNamespacesAtReclaim(t *testing.T) {
 				args = append(args, "--reclaim-kill-orphans")
 			}
 			d := start(t, nil, args...)
-			d.waitServing(time.Minute)
+			d.waitReclaimed(time.Minute)
 			report := grepLines(d.logs.String(), "reclaim report")
 			if !strings.Contains(report, "found=10") || !strings.Contains(report, "orphans=1") || !strings.Contains(report, "failed=0") {
 				t.Errorf("reclaim report %q, want found=10 orphans=1 failed=0", report)

@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -382,4 +383,32 @@ func lines(s string) []string {
 		}
 	}
 	return out
+}
+
+// waitReclaimed waits until the daemon serves and its background reclaim
+// of dead slots, if it had any, has ended: what a test that counts what is
+// left on the host must wait for, now that serving no longer waits for it.
+func (d *daemon) waitReclaimed(timeout time.Duration) {
+	d.t.Helper()
+	d.waitServing(timeout)
+	waitFor(d.t, timeout, "the background reclaim to end", func() bool {
+		_, body, err := d.get("/debug/lifecycle")
+		if err != nil {
+			return false
+		}
+		var v struct {
+			Tasks []struct{ Name, State string }
+		}
+		if json.Unmarshal([]byte(body), &v) != nil {
+			return false
+		}
+		for _, t := range v.Tasks {
+			if t.Name == "reclaim-dead" && t.State == "running" {
+				return false
+			}
+		}
+		// The task is there from the moment populate ends, if there is
+		// one; the restore line says whether there is anything to do.
+		return strings.Contains(d.logs.String(), "msg=\"restore:")
+	})
 }

@@ -77,10 +77,14 @@ func reclaimCmd(ctx context.Context, e env) int {
 // state file, so it changes nothing on the host. A slot with a record is
 // kept (a reclaim checks further that its objects are the recorded ones).
 func reclaimDryRun(ctx context.Context, e env, cfg phases.Config) int {
-	inv, err := slot.Scan(ctx, cfg.Slots)
+	sr, err := slot.Survey(ctx, cfg.Slots)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
 		return exitFailed
+	}
+	inv := sr.Inventory
+	for _, u := range sr.Unreadable {
+		fmt.Fprintf(e.stdout, "%d\t%s\tunreadable (%v): left alone\n", u.Index, u.Name, u.Err)
 	}
 	recorded := map[int]leases.State{}
 	if _, err := os.Stat(cfg.StatePath()); err == nil {

@@ -10,11 +10,12 @@ import (
 
 // Slots tears down the slots of inv, which the caller found and decided
 // are leaked (a daemon that matched the host with its records), and
-// reports what happened like [Run]; Report.Scan is zero, since inv came
-// from the caller. Options.Budget counts from the call.
+// reports what happened like [Run]; Report.Scan, Beyond and Unreadable
+// are the caller's, since inv came from the caller's survey.
+// Options.Budget counts from the call.
 func Slots(ctx context.Context, m *slot.Manager, inv slot.Inventory, opts Options) (*Report, error) {
 	start := time.Now()
-	rep := &Report{Strategy: opts.Strategy, Found: len(inv)}
+	rep := &Report{Strategy: opts.Strategy, Slots: m.Config().Slots, Found: len(inv)}
 	defer func() { rep.Duration = time.Since(start) }()
 	var deadline time.Time
 	if opts.Budget > 0 {
@@ -26,6 +27,7 @@ func Slots(ctx context.Context, m *slot.Manager, inv slot.Inventory, opts Option
 		res = m.Teardown(ctx, inv, slot.TeardownOptions{
 			Workers: opts.Workers, MaxSlots: opts.MaxSlots, Deadline: deadline,
 			KillOrphans: opts.KillOrphans, HostGoneTimeout: opts.HostGoneTimeout, Progress: opts.Progress,
+			Batch: opts.Batch, BatchPause: opts.BatchPause,
 		})
 	case Serial:
 		res = serial(ctx, m, inv, opts.MaxSlots, deadline, opts.Progress)
@@ -34,6 +36,7 @@ func Slots(ctx context.Context, m *slot.Manager, inv slot.Inventory, opts Option
 	}
 	rep.Reclaimed, rep.Failed, rep.Deferred = res.Reclaimed, res.Failed, res.Deferred
 	rep.Orphans, rep.Holders, rep.CutOff, rep.Timings = res.Orphans, res.Holders, res.CutOff, res.Timings
+	rep.ProcScan, rep.WaitErr, rep.Batches = res.ProcScan, res.WaitErr, res.Batches
 	if err := ctx.Err(); err != nil && len(rep.Deferred) > 0 {
 		return rep, fmt.Errorf("reclaim: %d slot(s) deferred: %w", len(rep.Deferred), err)
 	}

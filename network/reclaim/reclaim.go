@@ -155,39 +155,16 @@ func (r *Report) String() string {
 // Unreadable, Failed, ProcScan, WaitErr.
 func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
 	start := time.Now()
-	rep := &Report{Strategy: opts.Strategy, Slots: m.Config().Slots}
-	defer func() { rep.Duration = time.Since(start) }()
 	sr, err := m.Survey(ctx)
 	if err != nil {
+		rep := &Report{Strategy: opts.Strategy, Slots: m.Config().Slots, Duration: time.Since(start)}
 		return rep, fmt.Errorf("reclaim: scan: %w", err)
 	}
-	inv := sr.Inventory
-	rep.Found, rep.Beyond, rep.Unreadable = len(inv), sr.Beyond, sr.Unreadable
-	rep.Scan = time.Since(start)
-	var deadline time.Time
-	if opts.Budget > 0 {
-		deadline = start.Add(opts.Budget)
-	}
-	var res *slot.TeardownResult
-	switch opts.Strategy {
-	case Batched:
-		res = m.Teardown(ctx, inv, slot.TeardownOptions{
-			Workers: opts.Workers, MaxSlots: opts.MaxSlots, Deadline: deadline,
-			KillOrphans: opts.KillOrphans, HostGoneTimeout: opts.HostGoneTimeout, Progress: opts.Progress,
-			Batch: opts.Batch, BatchPause: opts.BatchPause,
-		})
-	case Serial:
-		res = serial(ctx, m, inv, opts.MaxSlots, deadline, opts.Progress)
-	default:
-		return rep, fmt.Errorf("reclaim: unknown strategy %v", opts.Strategy)
-	}
-	rep.Reclaimed, rep.Failed, rep.Deferred = res.Reclaimed, res.Failed, res.Deferred
-	rep.Orphans, rep.Holders, rep.CutOff, rep.Timings = res.Orphans, res.Holders, res.CutOff, res.Timings
-	rep.ProcScan, rep.WaitErr, rep.Batches = res.ProcScan, res.WaitErr, res.Batches
-	if err := ctx.Err(); err != nil && len(rep.Deferred) > 0 {
-		return rep, fmt.Errorf("reclaim: %d slot(s) deferred: %w", len(rep.Deferred), err)
-	}
-	return rep, nil
+	rep, err := Slots(ctx, m, sr.Inventory, opts)
+	rep.Beyond, rep.Unreadable = sr.Beyond, sr.Unreadable
+	rep.Scan = time.Since(start) - rep.Duration
+	rep.Duration = time.Since(start)
+	return rep, err
 }
 
 // serial is the reference strategy: per slot, in order, firewall element,
