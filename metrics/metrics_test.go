@@ -292,7 +292,7 @@ type otlpCollector struct {
 	posts int
 }
 
-func newOTLPCollector(t *testing.T) *otlpCollector {
+func newOTLPCollector(t testing.TB) *otlpCollector {
 	t.Helper()
 	c := &otlpCollector{got: make(chan struct{}, 1), names: map[string]bool{}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
