@@ -1,12 +1,33 @@
 // Package metrics exports a daemon's metrics through the OpenTelemetry
 // metrics SDK: always to a Prometheus registry that [Provider.Handler]
-// serves (GET /metrics, text exposition format), and also over OTLP when
-// OTEL_METRICS_EXPORTER asks for it.
+// serves (GET /metrics, text exposition format, on whatever port the
+// daemon mounts it), and also to the push exporters OTEL_METRICS_EXPORTER
+// lists.
 //
-// One SDK behind both exporters means every instrument is declared once,
+// OTEL_METRICS_EXPORTER is a comma-separated list (case-insensitive;
+// repeats count once) of:
+//   - "otlp": push over OTLP, by gRPC or HTTP/protobuf as
+//     OTEL_EXPORTER_OTLP_METRICS_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL
+//     says (default http/protobuf), every OTEL_METRIC_EXPORT_INTERVAL;
+//   - "console": write JSON to a writer, stderr by default, as often;
+//   - "prometheus": the in-process registry, which is there anyway. It
+//     starts no HTTP server of its own: OTEL_EXPORTER_PROMETHEUS_HOST and
+//     OTEL_EXPORTER_PROMETHEUS_PORT are ignored, because a second port with
+//     a second registry (what contrib's autoexport does for this name)
+//     would split the daemon's metrics in two places;
+//   - "none", or nothing: no push exporter.
+//
+// OTEL_SDK_DISABLED=true turns metrics off: a no-op meter provider and an
+// empty /metrics. An unknown exporter or protocol, or an OTEL_SDK_DISABLED
+// that is neither true nor false, is an error naming the variable, so a
+// typo does not silently drop metrics.
+//
+// One SDK behind every exporter means every instrument is declared once,
 // with the OpenTelemetry API that the rest of the project (tracing,
 // otelgrpc) already uses, and pulled by Prometheus or pushed to a
-// collector without a second instrumentation.
+// collector without a second instrumentation. The resource follows the
+// tracing package's rule: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+// win over the name given to [Setup].
 //
 // [ObserveLifecycle] instruments a [lifecycle.Lifecycle]: the duration of
 // each phase and background task by outcome, the lifecycle state, the time

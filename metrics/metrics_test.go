@@ -1,11 +1,14 @@
 package metrics_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -81,9 +84,21 @@ func value(m *dto.Metric) float64 {
 	return -1
 }
 
+// clearEnv makes a test independent of the caller's OTEL_* variables.
+func clearEnv(t *testing.T) {
+	for _, k := range []string{
+		"OTEL_SDK_DISABLED", "OTEL_METRICS_EXPORTER", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
+		"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+		"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+		"OTEL_METRIC_EXPORT_INTERVAL", "OTEL_EXPORTER_PROMETHEUS_HOST", "OTEL_EXPORTER_PROMETHEUS_PORT",
+	} {
+		t.Setenv(k, "")
+	}
+}
+
 func setup(t *testing.T) *metrics.Provider {
 	t.Helper()
-	t.Setenv("OTEL_METRICS_EXPORTER", "")
+	clearEnv(t)
 	p, err := metrics.Setup(context.Background(), metrics.WithVersion("test"))
 	if err != nil {
 		t.Fatal(err)
@@ -267,37 +282,79 @@ func TestHealthChecksCounted(t *testing.T) {
 	}
 }
 
-// With OTEL_METRICS_EXPORTER=otlp the same instruments are pushed to an
-// OTLP/HTTP endpoint.
-func TestOTLPExport(t *testing.T) {
-	var mu sync.Mutex
-	names := map[string]bool{}
-	got := make(chan struct{}, 1)
-	col := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// otlpCollector is an OTLP/HTTP metrics receiver on loopback that
+// remembers the names of the metrics pushed to it.
+type otlpCollector struct {
+	URL   string
+	got   chan struct{} // a push arrived
+	mu    sync.Mutex
+	names map[string]bool
+	posts int
+}
+
+func newOTLPCollector(t testing.TB) *otlpCollector {
+	t.Helper()
+	c := &otlpCollector{got: make(chan struct{}, 1), names: map[string]bool{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var req colmetricpb.ExportMetricsServiceRequest
 		if r.URL.Path != "/v1/metrics" || proto.Unmarshal(body, &req) != nil {
 			http.Error(w, "bad request", http.StatusBadRequest)
 			return
 		}
-		mu.Lock()
+		c.mu.Lock()
+		c.posts++
 		for _, rm := range req.GetResourceMetrics() {
 			for _, sm := range rm.GetScopeMetrics() {
 				for _, m := range sm.GetMetrics() {
-					names[m.GetName()] = true
+					c.names[m.GetName()] = true
 				}
 			}
 		}
-		mu.Unlock()
+		c.mu.Unlock()
 		select {
-		case got <- struct{}{}:
+		case c.got <- struct{}{}:
 		default:
 		}
 		w.Header().Set("Content-Type", "application/x-protobuf")
 		b, _ := proto.Marshal(&colmetricpb.ExportMetricsServiceResponse{})
 		_, _ = w.Write(b)
 	}))
-	defer col.Close()
+	t.Cleanup(srv.Close)
+	c.URL = srv.URL
+	return c
+}
+
+func (c *otlpCollector) has(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.names[name]
+}
+
+func (c *otlpCollector) pushes() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.posts
+}
+
+// waitFor waits until a push carried the metric name.
+func (c *otlpCollector) waitFor(t *testing.T, name string) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for !c.has(name) {
+		select {
+		case <-c.got:
+		case <-deadline:
+			t.Fatalf("%s never pushed over OTLP", name)
+		}
+	}
+}
+
+// With OTEL_METRICS_EXPORTER=otlp the same instruments are pushed to an
+// OTLP/HTTP endpoint.
+func TestOTLPExport(t *testing.T) {
+	clearEnv(t)
+	col := newOTLPCollector(t)
 	t.Setenv("OTEL_METRICS_EXPORTER", "otlp")
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
@@ -314,33 +371,164 @@ func TestOTLPExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	hc.HTTP("/health", http.StatusOK)
-	deadline := time.After(20 * time.Second)
-	for {
-		mu.Lock()
-		ok := names["phasegate.health.checks"]
-		mu.Unlock()
-		if ok {
-			break
-		}
-		select {
-		case <-got:
-		case <-deadline:
-			t.Fatal("phasegate.health.checks never pushed over OTLP")
-		}
-	}
+	col.waitFor(t, "phasegate.health.checks")
 	if err := p.Shutdown(context.Background()); err != nil {
 		t.Error(err)
 	}
 }
 
-func TestSetupRejectsUnknownExporter(t *testing.T) {
-	t.Setenv("OTEL_METRICS_EXPORTER", "prometheus,statsd")
-	if _, err := metrics.Setup(context.Background()); err == nil || !strings.Contains(err.Error(), "statsd") {
-		t.Errorf("err = %v, want one naming statsd", err)
+// syncBuffer is a bytes.Buffer that the console exporter's goroutine and
+// the test may share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// OTEL_METRICS_EXPORTER is a list: "otlp,console,prometheus" pushes to the
+// collector and writes to the console, and /metrics serves the same
+// instrument all along.
+func TestSetupExporterList(t *testing.T) {
+	clearEnv(t)
+	col := newOTLPCollector(t)
+	t.Setenv("OTEL_METRICS_EXPORTER", "otlp, Console ,prometheus,otlp")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
+	var console syncBuffer
+	p, err := metrics.Setup(context.Background(), metrics.WithConsoleWriter(&console))
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Setenv("OTEL_METRICS_EXPORTER", "otlp")
-	t.Setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "carrier-pigeon")
-	if _, err := metrics.Setup(context.Background()); err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {
-		t.Errorf("err = %v, want one naming the protocol", err)
+	if want := []string{"otlp", "console", "prometheus"}; !slices.Equal(p.Exporters, want) || !p.OTLP || p.Protocol != "http/protobuf" {
+		t.Fatalf("Exporters %q OTLP %v Protocol %q, want %q over http/protobuf", p.Exporters, p.OTLP, p.Protocol, want)
+	}
+	hc, err := metrics.NewHealthChecks(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.HTTP("/readyz", http.StatusOK)
+	if v := value(sample(scrape(t, p.Handler()), "phasegate_health_checks_total", map[string]string{"dialect": "readyz"})); v != 1 {
+		t.Errorf("/metrics: readyz checks = %v, want 1", v)
+	}
+	// Shutdown pushes to every exporter once more, whatever the interval.
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !col.has("phasegate.health.checks") {
+		t.Error("phasegate.health.checks not pushed over OTLP")
+	}
+	if !strings.Contains(console.String(), `"Name":"phasegate.health.checks"`) {
+		t.Errorf("phasegate.health.checks not on the console:\n%s", console.String())
+	}
+}
+
+// OTEL_SDK_DISABLED=true: no exporter, no metric, and /metrics still
+// answers (empty) so a scraper does not see a broken target.
+func TestSetupSDKDisabled(t *testing.T) {
+	clearEnv(t)
+	col := newOTLPCollector(t)
+	t.Setenv("OTEL_SDK_DISABLED", "TRUE")
+	t.Setenv("OTEL_METRICS_EXPORTER", "otlp,console")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
+	var console syncBuffer
+	p, err := metrics.Setup(context.Background(), metrics.WithConsoleWriter(&console))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Disabled || p.OTLP || len(p.Exporters) != 0 {
+		t.Fatalf("Disabled %v OTLP %v Exporters %q, want disabled and nothing", p.Disabled, p.OTLP, p.Exporters)
+	}
+	hc, err := metrics.NewHealthChecks(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.HTTP("/health", http.StatusOK)
+	if fams := scrape(t, p.Handler()); len(fams) != 0 {
+		t.Errorf("/metrics of a disabled provider serves %d families", len(fams))
+	}
+	// A provider with exporters would push once more here.
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := col.pushes(); n != 0 || console.String() != "" {
+		t.Errorf("disabled, yet %d OTLP pushes and console %q", n, console.String())
+	}
+}
+
+// "prometheus" in OTEL_METRICS_EXPORTER names the in-process registry: it
+// opens no second port, even where OTEL_EXPORTER_PROMETHEUS_HOST and _PORT
+// point (contrib's autoexport would listen there, with a registry of its
+// own that the daemon's /metrics would not show).
+func TestPrometheusExporterOpensNoPort(t *testing.T) {
+	clearEnv(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().(*net.TCPAddr)
+	_ = lis.Close()
+	t.Setenv("OTEL_METRICS_EXPORTER", "prometheus")
+	t.Setenv("OTEL_EXPORTER_PROMETHEUS_HOST", addr.IP.String())
+	t.Setenv("OTEL_EXPORTER_PROMETHEUS_PORT", strconv.Itoa(addr.Port))
+	p, err := metrics.Setup(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Shutdown(context.Background()) }()
+	if !slices.Equal(p.Exporters, []string{"prometheus"}) || p.OTLP {
+		t.Errorf("Exporters %q OTLP %v", p.Exporters, p.OTLP)
+	}
+	again, err := net.Listen("tcp", addr.String())
+	if err != nil {
+		t.Fatalf("%s is taken after Setup: %v", addr, err)
+	}
+	_ = again.Close()
+	hc, err := metrics.NewHealthChecks(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.HTTP("/livez", http.StatusOK)
+	if v := value(sample(scrape(t, p.Handler()), "phasegate_health_checks_total", map[string]string{"dialect": "livez"})); v != 1 {
+		t.Errorf("the handler's registry lacks the instrument: livez checks = %v", v)
+	}
+}
+
+// A value Setup does not know is an error naming it, never a quiet
+// fallback that would drop metrics.
+func TestSetupRejectsUnknownExporter(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"unknown exporter in a list", map[string]string{"OTEL_METRICS_EXPORTER": "prometheus,statsd"}, `unknown exporter "statsd"`},
+		{"none beside an exporter", map[string]string{"OTEL_METRICS_EXPORTER": "otlp,none"}, `"none" cannot be listed`},
+		{"unknown metrics protocol", map[string]string{"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "carrier-pigeon"},
+			`OTEL_EXPORTER_OTLP_METRICS_PROTOCOL="carrier-pigeon"`},
+		{"unknown protocol", map[string]string{"OTEL_METRICS_EXPORTER": "console,otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+			`unsupported OTLP protocol "http/json"`},
+		{"SDK_DISABLED not a boolean", map[string]string{"OTEL_SDK_DISABLED": "1"}, `OTEL_SDK_DISABLED="1"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clearEnv(t)
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			p, err := metrics.Setup(context.Background())
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				_ = p.Shutdown(context.Background())
+				t.Fatalf("err = %v, want it to contain %q", err, tc.want)
+			}
+		})
 	}
 }

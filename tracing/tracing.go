@@ -2,25 +2,26 @@ package tracing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
-	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/phasegate/phasegate/internal/otelenv"
 )
 
-// Exporter names accepted in OTEL_TRACES_EXPORTER.
+// Exporter names accepted in OTEL_TRACES_EXPORTER, a comma-separated list.
 const (
-	ExporterNone    = "none"
+	ExporterNone    = otelenv.None
 	ExporterOTLP    = "otlp"
 	ExporterConsole = "console"
 )
@@ -28,17 +29,23 @@ const (
 // Provider is a tracer provider built by [Setup] and the means to flush it.
 type Provider struct {
 	trace.TracerProvider
-	// Exporter is the exporter in use: "none", "otlp" or "console".
+	// Exporter is "none" when no span is exported, else the exporters in
+	// use joined by commas: "otlp", "console", "otlp,console".
 	Exporter string
+	// Exporters lists the exporters in use, in the order
+	// OTEL_TRACES_EXPORTER gave them; empty when Exporter is "none".
+	Exporters []string
 	// Protocol is the OTLP protocol, "grpc" or "http/protobuf"; empty
-	// unless Exporter is "otlp".
+	// unless Exporters holds "otlp".
 	Protocol string
+	// Disabled is true when OTEL_SDK_DISABLED=true turned tracing off.
+	Disabled bool
 
 	sdk *sdktrace.TracerProvider // nil when Exporter is "none"
 }
 
-// Shutdown flushes buffered spans and stops the exporter. It is safe to call
-// on a provider whose exporter is "none", and more than once.
+// Shutdown flushes buffered spans and stops the exporters. It is safe to
+// call on a provider whose exporter is "none", and more than once.
 func (p *Provider) Shutdown(ctx context.Context) error {
 	if p == nil || p.sdk == nil {
 		return nil
@@ -70,98 +77,80 @@ func WithVersion(v string) Option { return func(c *config) { c.version = v } }
 func WithConsoleWriter(w io.Writer) Option { return func(c *config) { c.console = w } }
 
 // WithProviderOptions passes extra options to the SDK tracer provider, after
-// Setup's own (a sampler, a span processor for tests).
+// Setup's own (a sampler, a span processor for tests). They are unused when
+// no exporter is configured: the provider is then a no-op.
 func WithProviderOptions(opts ...sdktrace.TracerProviderOption) Option {
 	return func(c *config) { c.spanOpts = append(c.spanOpts, opts...) }
 }
 
-// Setup returns a tracer provider configured from the environment. With
-// OTEL_TRACES_EXPORTER unset or "none" it returns a no-op provider and makes
-// no connection. An unknown exporter or protocol is an error, so that a typo
-// does not silently turn tracing off.
+// Setup returns a tracer provider configured from the environment.
+//
+// OTEL_SDK_DISABLED=true returns a no-op provider and reads nothing else.
+// Otherwise OTEL_TRACES_EXPORTER is a comma-separated list of "otlp" and
+// "console"; unset, empty or "none" returns a no-op provider that makes no
+// connection. Each exporter gets its own batch processor, so a collector
+// that is slow or down does not hold up the others. An unknown exporter or
+// protocol is an error, so that a typo does not silently turn tracing off.
 func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 	c := config{serviceName: "phasegate", console: os.Stderr}
 	for _, o := range opts {
 		o(&c)
 	}
-	exporter := strings.ToLower(strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")))
-	if exporter == "" {
-		exporter = ExporterNone
-	}
-	if strings.Contains(exporter, ",") {
-		return nil, fmt.Errorf("tracing: OTEL_TRACES_EXPORTER=%q: only one exporter is supported", exporter)
-	}
-	p := &Provider{Exporter: exporter}
-	var exp sdktrace.SpanExporter
-	var err error
-	switch exporter {
-	case ExporterNone:
-		p.TracerProvider = noop.NewTracerProvider()
-		return p, nil
-	case ExporterConsole:
-		exp, err = stdouttrace.New(stdouttrace.WithWriter(c.console))
-	case ExporterOTLP:
-		p.Protocol = otlpProtocol()
-		exp, err = newOTLP(ctx, p.Protocol)
-	default:
-		return nil, fmt.Errorf("tracing: OTEL_TRACES_EXPORTER=%q: want otlp, console or none", exporter)
-	}
+	disabled, err := otelenv.Disabled()
 	if err != nil {
-		return nil, fmt.Errorf("tracing: %s exporter: %w", exporter, err)
+		return nil, fmt.Errorf("tracing: %w", err)
 	}
-	res, err := newResource(ctx, c)
+	if disabled {
+		return &Provider{TracerProvider: noop.NewTracerProvider(), Exporter: ExporterNone, Disabled: true}, nil
+	}
+	names, err := otelenv.Exporters("OTEL_TRACES_EXPORTER", ExporterOTLP, ExporterConsole)
 	if err != nil {
-		_ = exp.Shutdown(ctx)
-		return nil, err
+		return nil, fmt.Errorf("tracing: %w", err)
 	}
-	p.sdk = sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{
-		sdktrace.WithBatcher(exp),
-		sdktrace.WithResource(res),
-	}, c.spanOpts...)...)
+	if len(names) == 0 {
+		return &Provider{TracerProvider: noop.NewTracerProvider(), Exporter: ExporterNone}, nil
+	}
+	p := &Provider{Exporter: strings.Join(names, ","), Exporters: names}
+	if slices.Contains(names, ExporterOTLP) {
+		if p.Protocol, err = otelenv.Protocol("TRACES"); err != nil {
+			return nil, fmt.Errorf("tracing: %w", err)
+		}
+	}
+	res, err := otelenv.Resource(ctx, c.serviceName, c.version)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	spOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	var made []sdktrace.SpanExporter
+	for _, name := range names {
+		exp, err := newExporter(ctx, name, p.Protocol, c.console)
+		if err != nil {
+			for _, e := range made {
+				err = errors.Join(err, e.Shutdown(ctx))
+			}
+			return nil, fmt.Errorf("tracing: %s exporter: %w", name, err)
+		}
+		made = append(made, exp)
+		spOpts = append(spOpts, sdktrace.WithBatcher(exp))
+	}
+	p.sdk = sdktrace.NewTracerProvider(append(spOpts, c.spanOpts...)...)
 	p.TracerProvider = p.sdk
 	return p, nil
 }
 
-// otlpProtocol applies the spec's precedence: the signal-specific variable,
-// then the general one, then the default http/protobuf.
-func otlpProtocol() string {
-	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
-		if v := strings.TrimSpace(os.Getenv(k)); v != "" {
-			return v
+func newExporter(ctx context.Context, name, protocol string, console io.Writer) (sdktrace.SpanExporter, error) {
+	switch name {
+	case ExporterConsole:
+		return stdouttrace.New(stdouttrace.WithWriter(console))
+	case ExporterOTLP:
+		// The exporters read OTEL_EXPORTER_OTLP_ENDPOINT, _HEADERS,
+		// _TIMEOUT, _INSECURE and the certificate variables themselves.
+		// Neither dials before the first export, so a collector that is
+		// down does not delay startup.
+		if protocol == otelenv.ProtocolGRPC {
+			return otlptracegrpc.New(ctx)
 		}
-	}
-	return "http/protobuf"
-}
-
-func newOTLP(ctx context.Context, protocol string) (*otlptrace.Exporter, error) {
-	// The exporters read OTEL_EXPORTER_OTLP_ENDPOINT, _HEADERS, _TIMEOUT,
-	// _INSECURE and the certificate variables themselves. Neither dials
-	// before the first export, so a collector that is down does not delay
-	// startup.
-	switch protocol {
-	case "grpc":
-		return otlptracegrpc.New(ctx)
-	case "http/protobuf":
 		return otlptracehttp.New(ctx)
 	}
-	return nil, fmt.Errorf("OTLP protocol %q: want grpc or http/protobuf", protocol)
-}
-
-// newResource builds the resource with the environment applied last, so it
-// overrides the defaults instead of the other way round.
-func newResource(ctx context.Context, c config) (*resource.Resource, error) {
-	attrs := resource.WithAttributes(semconv.ServiceName(c.serviceName))
-	if c.version != "" {
-		attrs = resource.WithAttributes(semconv.ServiceName(c.serviceName), semconv.ServiceVersion(c.version))
-	}
-	r, err := resource.New(ctx,
-		resource.WithTelemetrySDK(),
-		resource.WithHost(),
-		attrs,
-		resource.WithFromEnv(),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("tracing: resource: %w", err)
-	}
-	return r, nil
+	return nil, fmt.Errorf("no exporter named %q", name) // otelenv.Exporters lets only known names through
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -25,7 +26,7 @@ func clearEnv(t *testing.T) {
 		"OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
 		"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
 		"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_TRACES_SAMPLER",
+		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_TRACES_SAMPLER", "OTEL_SDK_DISABLED",
 	} {
 		t.Setenv(k, "")
 	}
@@ -50,28 +51,40 @@ func TestSetupNoneByDefault(t *testing.T) {
 	}
 }
 
+// A value Setup does not know is an error naming it, never a quiet
+// fallback that would drop spans.
 func TestSetupRejectsUnknownSettings(t *testing.T) {
 	tests := []struct {
-		name, exporter, protocol, want string
+		name string
+		env  map[string]string
+		want string
 	}{
-		{"unknown exporter", "zipkin", "", `OTEL_TRACES_EXPORTER="zipkin"`},
-		{"two exporters", "otlp,console", "", "only one exporter"},
-		{"unknown protocol", "otlp", "http/json", `protocol "http/json"`},
+		{"unknown exporter", map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, `OTEL_TRACES_EXPORTER="zipkin"`},
+		{"unknown exporter in a list", map[string]string{"OTEL_TRACES_EXPORTER": "otlp,jaeger"}, `unknown exporter "jaeger"`},
+		{"prometheus is no trace exporter", map[string]string{"OTEL_TRACES_EXPORTER": "prometheus"}, `unknown exporter "prometheus"`},
+		{"none beside an exporter", map[string]string{"OTEL_TRACES_EXPORTER": "none,console"}, `"none" cannot be listed`},
+		{"unknown protocol", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+			`OTEL_EXPORTER_OTLP_PROTOCOL="http/json": unsupported OTLP protocol "http/json"`},
+		{"unknown traces protocol", map[string]string{"OTEL_TRACES_EXPORTER": "console,otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+			"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grcp"}, `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="grcp"`},
+		{"SDK_DISABLED not a boolean", map[string]string{"OTEL_SDK_DISABLED": "yes", "OTEL_TRACES_EXPORTER": "otlp"}, `OTEL_SDK_DISABLED="yes"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			clearEnv(t)
-			t.Setenv("OTEL_TRACES_EXPORTER", tc.exporter)
-			t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", tc.protocol)
-			_, err := tracing.Setup(context.Background())
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			p, err := tracing.Setup(context.Background())
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				_ = p.Shutdown(context.Background())
 				t.Fatalf("err = %v, want it to contain %q", err, tc.want)
 			}
 		})
 	}
 }
 
-// consoleServiceName sets up the console exporter, records one span and
+// consoleOutput sets up the console exporter, records one span and
 // returns what the exporter wrote.
 func consoleOutput(t *testing.T, opts ...tracing.Option) string {
 	t.Helper()
@@ -144,10 +157,16 @@ func exportedSpans(reqs []*collectortrace.ExportTraceServiceRequest) (names []st
 	return names, service
 }
 
-func TestOTLPHTTPExportsToCollector(t *testing.T) {
-	clearEnv(t)
-	var mu sync.Mutex
-	var got []*collectortrace.ExportTraceServiceRequest
+// httpCollector is an OTLP/HTTP trace receiver on loopback.
+type httpCollector struct {
+	URL string
+	mu  sync.Mutex
+	got []*collectortrace.ExportTraceServiceRequest
+}
+
+func newHTTPCollector(t *testing.T) *httpCollector {
+	t.Helper()
+	c := &httpCollector{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		req := &collectortrace.ExportTraceServiceRequest{}
@@ -155,24 +174,34 @@ func TestOTLPHTTPExportsToCollector(t *testing.T) {
 			http.Error(w, "bad request", http.StatusBadRequest)
 			return
 		}
-		mu.Lock()
-		got = append(got, req)
-		mu.Unlock()
+		c.mu.Lock()
+		c.got = append(c.got, req)
+		c.mu.Unlock()
 		w.Header().Set("Content-Type", "application/x-protobuf")
 		out, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
 		_, _ = w.Write(out)
 	}))
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	c.URL = srv.URL
+	return c
+}
 
+func (c *httpCollector) spans() (names []string, service string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return exportedSpans(c.got)
+}
+
+func TestOTLPHTTPExportsToCollector(t *testing.T) {
+	clearEnv(t)
+	col := newHTTPCollector(t)
 	t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
 	t.Setenv("OTEL_SERVICE_NAME", "otlp-http-test")
 	exportOne(t, "http/protobuf")
 
-	mu.Lock()
-	defer mu.Unlock()
-	names, service := exportedSpans(got)
+	names, service := col.spans()
 	if len(names) != 1 || names[0] != "startup" || service != "otlp-http-test" {
 		t.Fatalf("collector got spans %v from service %q", names, service)
 	}
@@ -191,29 +220,44 @@ func (c *traceCollector) Export(_ context.Context, req *collectortrace.ExportTra
 	return &collectortrace.ExportTraceServiceResponse{}, nil
 }
 
+// The signal's own protocol variable beats the general one, and protocol
+// names are case-insensitive.
 func TestOTLPGRPCExportsToCollector(t *testing.T) {
-	clearEnv(t)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	col := &traceCollector{}
-	gs := grpc.NewServer()
-	collectortrace.RegisterTraceServiceServer(gs, col)
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+	}{
+		{"OTEL_EXPORTER_OTLP_PROTOCOL", map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}},
+		{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL wins", map[string]string{
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": " GRPC"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clearEnv(t)
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			col := &traceCollector{}
+			gs := grpc.NewServer()
+			collectortrace.RegisterTraceServiceServer(gs, col)
+			go func() { _ = gs.Serve(lis) }()
+			defer gs.Stop()
 
-	t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
-	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+lis.Addr().String())
-	t.Setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-	exportOne(t, "grpc")
+			t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+lis.Addr().String())
+			t.Setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+			exportOne(t, "grpc")
 
-	col.mu.Lock()
-	defer col.mu.Unlock()
-	names, service := exportedSpans(col.got)
-	if len(names) != 1 || names[0] != "startup" || service != "phasegate" {
-		t.Fatalf("collector got spans %v from service %q", names, service)
+			col.mu.Lock()
+			defer col.mu.Unlock()
+			names, service := exportedSpans(col.got)
+			if len(names) != 1 || names[0] != "startup" || service != "phasegate" {
+				t.Fatalf("collector got spans %v from service %q", names, service)
+			}
+		})
 	}
 }
 
@@ -233,4 +277,82 @@ func exportOne(t *testing.T, protocol string) {
 	if err := p.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown (flush): %v", err)
 	}
+}
+
+// OTEL_TRACES_EXPORTER is a list: every span goes to each exporter named,
+// once, whatever the case, spacing or repeats.
+func TestSetupExporterList(t *testing.T) {
+	clearEnv(t)
+	col := newHTTPCollector(t)
+	t.Setenv("OTEL_TRACES_EXPORTER", " OTLP, console,,otlp ")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
+	var console bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := tracing.Setup(ctx, tracing.WithConsoleWriter(&console))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Exporter != "otlp,console" || !slices.Equal(p.Exporters, []string{"otlp", "console"}) || p.Protocol != "http/protobuf" {
+		t.Fatalf("Exporter %q Exporters %q Protocol %q, want otlp,console over http/protobuf", p.Exporter, p.Exporters, p.Protocol)
+	}
+	_, span := p.Tracer("t").Start(ctx, "populate")
+	span.End()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if names, _ := col.spans(); !slices.Equal(names, []string{"populate"}) {
+		t.Errorf("OTLP collector got %q, want [populate]", names)
+	}
+	if n := strings.Count(console.String(), `"Name":"populate"`); n != 1 {
+		t.Errorf("console has the span %d times, want once:\n%s", n, console.String())
+	}
+}
+
+// OTEL_SDK_DISABLED=true wins over every other setting: no span is
+// recorded or sent, and no other variable is read (a bad exporter name
+// is not an error then).
+func TestSetupSDKDisabled(t *testing.T) {
+	for _, tc := range []struct{ disabled, exporter string }{
+		{"true", "otlp,console"},
+		{" TRUE ", "otlp"},
+		{"True", "zipkin"},
+	} {
+		t.Run(tc.disabled+"/"+tc.exporter, func(t *testing.T) {
+			clearEnv(t)
+			col := newHTTPCollector(t)
+			t.Setenv("OTEL_SDK_DISABLED", tc.disabled)
+			t.Setenv("OTEL_TRACES_EXPORTER", tc.exporter)
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
+			var console bytes.Buffer
+			p, err := tracing.Setup(context.Background(), tracing.WithConsoleWriter(&console))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !p.Disabled || p.Exporter != tracing.ExporterNone || len(p.Exporters) != 0 {
+				t.Fatalf("Disabled %v Exporter %q Exporters %q, want disabled and none", p.Disabled, p.Exporter, p.Exporters)
+			}
+			_, span := p.Tracer("t").Start(context.Background(), "lock")
+			if span.SpanContext().IsValid() || span.IsRecording() {
+				t.Error("a disabled provider recorded a span")
+			}
+			span.End()
+			// Shutdown flushes every exporter there is; with none, the
+			// collector and the console stay empty.
+			if err := p.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if names, _ := col.spans(); len(names) != 0 || console.Len() != 0 {
+				t.Errorf("disabled, yet the collector got %q and the console %q", names, console.String())
+			}
+		})
+	}
+	t.Run("false keeps the SDK on", func(t *testing.T) {
+		clearEnv(t)
+		t.Setenv("OTEL_SDK_DISABLED", "false")
+		t.Setenv("OTEL_TRACES_EXPORTER", "console")
+		if out := consoleOutput(t); !strings.Contains(out, `"Name":"phase lock"`) {
+			t.Errorf("no span on the console with OTEL_SDK_DISABLED=false:\n%s", out)
+		}
+	})
 }

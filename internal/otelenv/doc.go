@@ -1,0 +1,18 @@
+// Package otelenv reads the OTEL_* variables that the tracing and metrics
+// packages share: OTEL_SDK_DISABLED, the exporter lists in
+// OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER, the OTLP protocol, and
+// the resource.
+//
+// It is stricter than the specification asks: a value it does not know is
+// an error naming the variable, never a warning followed by a default, so a
+// typo cannot silently turn telemetry off (or on). Names and protocols are
+// case-insensitive and may be padded with spaces.
+//
+// The contrib package go.opentelemetry.io/contrib/exporters/autoexport
+// (v0.72.0) was measured as a replacement and left out: it takes
+// OTEL_*_EXPORTER as one name, so "otlp,console" is an unknown exporter
+// (open-telemetry/opentelemetry-go-contrib#4471), it ignores
+// OTEL_SDK_DISABLED, its console exporters write to stdout only, and its
+// "prometheus" reader serves a second registry on a port of its own.
+// tracing/internal/autoexportcmp holds the comparison.
+package otelenv
