@@ -9,7 +9,7 @@ GRPC_HEALTH_PROBE_VERSION := v0.4.62
 # The library is the root module; the end-to-end tests and the benchmark
 # program are the module in test/, so that their heavy dependencies never
 # reach an adopter's go.mod.
-MODULES   := . test
+MODULES   := . test tracing/internal/autoexportcmp
 
 .PHONY: bench-smoke bench-report reliability help demo run build test unit deps tools bench vet generate fuzz screenshot
 
@@ -45,6 +45,7 @@ test: deps vet
 		$(GO) test -race -count=1 -timeout 40m ./...
 	cd test && PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(../tools/jaeger/build.sh) \
 		$(GO) test -race -count=1 -timeout 40m ./...
+	cd tracing/internal/autoexportcmp && $(GO) test -count=1 ./...
 	$(MAKE) bench-smoke
 
 ## deps: Debian packages (as root), grpc-health-probe and the cached Jaeger build.
