@@ -524,6 +524,7 @@ func (a *App) serving(ctx context.Context, sigs <-chan os.Signal) error {
 					continue
 				}
 				a.HandOver(ListenFDName, f)
+				a.srv.DrainForHandover()
 				a.log.Info("SIGHUP: upgrading in place", "binary", a.execPath)
 				return errUpgrade
 			}

@@ -4,6 +4,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // trackingListener remembers the connections it accepted until they are
@@ -12,18 +13,34 @@ import (
 type trackingListener struct {
 	net.Listener
 
+	// stopped: Accept takes no more connections, so that those still
+	// queued in the backlog are left to whoever holds the socket next (an
+	// in-place upgrade's new image). It blocks until Close instead of
+	// failing: cmux, once its Accept fails, closes every connection it is
+	// still sniffing or has not handed over yet.
+	stopped  atomic.Bool
+	released chan struct{} // closed by Close: a stopped Accept returns
+
 	mu     sync.Mutex
 	conns  map[*trackedConn]struct{}
 	closed bool
 }
 
 func newTrackingListener(l net.Listener) *trackingListener {
-	return &trackingListener{Listener: l, conns: make(map[*trackedConn]struct{})}
+	return &trackingListener{Listener: l, conns: make(map[*trackedConn]struct{}), released: make(chan struct{})}
 }
 
 func (l *trackingListener) Accept() (net.Conn, error) {
+	if l.stopped.Load() {
+		<-l.released
+		return nil, net.ErrClosed
+	}
 	c, err := l.Listener.Accept()
 	if err != nil {
+		if l.stopped.Load() { // woken by stopAccepting's deadline
+			<-l.released
+			return nil, net.ErrClosed
+		}
 		return nil, err
 	}
 	tc := &trackedConn{Conn: c, l: l}
@@ -38,11 +55,40 @@ func (l *trackingListener) Accept() (net.Conn, error) {
 	return tc, nil
 }
 
+// stopAccepting makes Accept stop taking connections without taking one
+// more: a connection accepted meanwhile is returned and served; those
+// still in the backlog stay there. It wakes an Accept blocked in the
+// poller with a deadline, which, unlike Close, never races with an accept4
+// that already took a connection off the queue.
+func (l *trackingListener) stopAccepting() {
+	l.stopped.Store(true)
+	if dl, ok := l.Listener.(interface{ SetDeadline(time.Time) error }); ok {
+		_ = dl.SetDeadline(time.Now())
+	}
+}
+
 func (l *trackingListener) Close() error {
 	l.mu.Lock()
+	if !l.closed {
+		close(l.released)
+	}
 	l.closed = true
 	l.mu.Unlock()
 	return l.Listener.Close()
+}
+
+// sniffing counts the connections taken but not yet handed to the gRPC or
+// HTTP server.
+func (l *trackingListener) sniffing() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for c := range l.conns {
+		if !c.handedOver.Load() {
+			n++
+		}
+	}
+	return n
 }
 
 // closeConns closes the tracked connections: all of them, or only those

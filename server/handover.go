@@ -29,3 +29,11 @@ func (s *Server) ListenerFile() (*os.File, error) {
 	}
 	return f, nil
 }
+
+// DrainForHandover makes the next [Server.Drain] hand the port over
+// instead of closing it: the server stops accepting without dropping a
+// connection it already took (a close of the listening socket can race
+// with the kernel handing one over), finishes every connection it took,
+// and leaves those still queued in the socket's backlog to the holder of
+// the descriptor from [Server.ListenerFile]. Call it before Drain.
+func (s *Server) DrainForHandover() { s.handover.Store(true) }

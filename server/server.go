@@ -155,6 +155,7 @@ type Server struct {
 	mux  *http.ServeMux
 
 	draining atomic.Bool // new application calls are refused
+	handover atomic.Bool // see DrainForHandover
 
 	mu        sync.Mutex
 	services  map[string]*service
@@ -425,6 +426,17 @@ func (s *Server) drain(ctx context.Context) error {
 	if hc != nil {
 		hc.Close()
 	}
+	if s.handover.Load() {
+		// The socket lives on in the new image, which serves the
+		// connections queued in its backlog: stop taking them without
+		// dropping one already taken, and let the multiplexer hand the
+		// ones it is still sniffing to the servers (a silent one for at
+		// most SniffTimeout), which finish them below.
+		lis.stopAccepting()
+		if !s.waitSniffed(lis) {
+			cut = append(cut, "sniffing connections")
+		}
+	}
 	// Nobody will serve a connection that is still being sniffed; cmux
 	// would otherwise wait for it until its read deadline.
 	_ = lis.Close()
@@ -477,6 +489,26 @@ func (s *Server) drain(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("server: %s not finished (%s); connections closed", strings.Join(cut, ", "), reason)
+}
+
+// waitSniffed waits until no connection is being sniffed any more, for at
+// most SniffTimeout (StopTimeout when that is zero; no bound when both are),
+// unless hurried.
+func (s *Server) waitSniffed(lis *trackingListener) bool {
+	bound := s.cfg.SniffTimeout
+	if bound == 0 {
+		bound = s.cfg.StopTimeout
+	}
+	deadline := time.Now().Add(bound)
+	for lis.sniffing() > 0 {
+		if bound > 0 && time.Now().After(deadline) {
+			return false
+		}
+		if !s.waitFor(nil, 5*time.Millisecond) {
+			return false
+		}
+	}
+	return true
 }
 
 // waitFor waits until c is closed or, when d is positive, d passed, unless

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/phasegate/phasegate/phases"
 )
 
 func TestBadConfigurationExitsTwoAndTouchesNothing(t *testing.T) {
@@ -78,7 +80,7 @@ func TestSecondFlagSourceFlagsWinOverEnvironment(t *testing.T) {
 	if !strings.HasPrefix(strings.TrimSpace(d.logs.String()), "{") {
 		t.Errorf("PHASEGATE_LOG_FORMAT=json not applied: %.200s", d.logs.String())
 	}
-	if _, err := os.Stat(filepath.Join(h.stateDir, "phasegate.lock")); err != nil {
-		t.Errorf("lock file: %v", err)
+	if _, err := os.Stat(filepath.Join(h.stateDir, phases.StateFileName)); err != nil {
+		t.Errorf("records in the state dir: %v", err)
 	}
 }

@@ -78,7 +78,7 @@ func TestOperatorMetricsAndTimeline(t *testing.T) {
 	h := newHost(t)
 	h.leak(h.prefix, 1, leaked)
 	d := start(t, nil, h.args(freePort(t))...)
-	d.waitServing(2 * time.Minute)
+	d.waitReclaimed(2 * time.Minute)
 
 	conn := dial(t, d.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -87,7 +87,7 @@ func TestOperatorMetricsAndTimeline(t *testing.T) {
 		t.Fatal(err)
 	}
 	slots := phasegatev1.NewSlotsClient(conn)
-	got, err := slots.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "metrics-test"})
+	got, err := slots.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "metrics-test", RequestId: "m1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestOperatorMetricsAndTimeline(t *testing.T) {
 	if v := metricValue(fams, "rpc_server_call_duration_seconds", "rpc_method", "grpc.health.v1.Health/Check"); v != -1 {
 		t.Errorf("health checks measured by otelgrpc: %v", v)
 	}
-	if _, err := slots.Release(ctx, &phasegatev1.ReleaseRequest{Index: got.GetSlot().GetIndex()}); err != nil {
+	if _, err := slots.Release(ctx, &phasegatev1.ReleaseRequest{Index: got.GetSlot().GetIndex(), LeaseId: got.GetLeaseId()}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -332,12 +332,14 @@ wait:
 		t.Fatal("demo did not exit after Ctrl-C")
 	}
 	o := out.String()
-	for _, want := range []string{"1. Leaking 40 slots", "\nserving lock=succeeded", " 503 fail: starting", " 200 pass", "cleaned up: the daemon stopped"} {
+	for _, want := range []string{"1. Leaking 40 slots", "\nserving lock=succeeded", " 503 fail: starting", " 200 ", "cleaned up: the daemon stopped"} {
 		if !strings.Contains(o, want) {
 			t.Errorf("demo output lacks %q", want)
 		}
 	}
-	if i, j := strings.Index(o, " 503 fail"), strings.Index(o, " 200 pass"); i < 0 || j < i {
+	// 200 pass, or 200 warn while it reclaims the dead in the background
+	// (or egress needs ip_forward on this host).
+	if i, j := strings.Index(o, " 503 fail"), strings.Index(o, " 200 "); i < 0 || j < i {
 		t.Errorf("health answers not 503 then 200")
 	}
 	// Nothing left: no link, no netns file or mount, no nftables table.

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
@@ -40,9 +41,23 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 			_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "a\x00b"})
 			return err
 		}, codes.InvalidArgument},
+		{"acquire with a negative ttl", func() error {
+			_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "o", Ttl: durationpb.New(-time.Second)})
+			return err
+		}, codes.InvalidArgument},
 		{"release index 0", func() error { _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{}); return err }, codes.InvalidArgument},
-		{"release unknown index", func() error { _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: 65}); return err }, codes.NotFound},
-		{"release a free slot", func() error { _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: 60}); return err }, codes.FailedPrecondition},
+		{"release unknown index", func() error {
+			_, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: 65, LeaseId: "x"})
+			return err
+		}, codes.NotFound},
+		{"release a free slot", func() error {
+			_, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: 60, LeaseId: "x"})
+			return err
+		}, codes.FailedPrecondition},
+		{"keepalive a free slot", func() error {
+			_, err := c.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: 60, LeaseId: "x"})
+			return err
+		}, codes.FailedPrecondition},
 		{"get index 0", func() error { _, err := c.Get(ctx, &phasegatev1.GetRequest{}); return err }, codes.InvalidArgument},
 		{"get unknown index", func() error { _, err := c.Get(ctx, &phasegatev1.GetRequest{Index: 1 << 30}); return err }, codes.NotFound},
 	}
@@ -57,11 +72,13 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 
 	// Acquire two slots and look at them on the host.
 	var held []*phasegatev1.Slot
+	var leaseIDs []string
 	for _, owner := range []string{"sandbox-a", "sandbox-b"} {
-		resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner})
+		resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: owner + "-1"})
 		if err != nil {
 			t.Fatalf("Acquire(%s): %v", owner, err)
 		}
+		leaseIDs = append(leaseIDs, resp.GetLeaseId())
 		s := resp.GetSlot()
 		if s.GetState() != phasegatev1.SlotState_SLOT_STATE_ACQUIRED || s.GetOwner() != owner || s.GetAcquiredAt() == nil {
 			t.Fatalf("acquired slot %v", s)
@@ -84,13 +101,13 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	if err != nil || got.GetSlot().GetOwner() != "sandbox-a" {
 		t.Fatalf("Get = %v, %v", got, err)
 	}
-	if _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: held[1].GetIndex()}); err != nil {
+	if _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: held[1].GetIndex(), LeaseId: leaseIDs[1]}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: held[1].GetIndex()}); status.Code(err) != codes.FailedPrecondition {
+	if _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: held[1].GetIndex(), LeaseId: leaseIDs[1]}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("double release: %v, want FailedPrecondition", err)
 	}
-	resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "sandbox-c"})
+	resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "sandbox-c", RequestId: "c-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,24 +125,29 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 		t.Errorf("second daemon said %q, want it to name %s", second.logs.String(), want)
 	}
 
-	// kill -9 with slots acquired and warm: everything leaks...
+	// kill -9 with slots leased and warm, and a leak of an earlier run: the
+	// next start restores the leases to their owners, adopts the warm slots
+	// and reclaims the leak, and serves again.
+	h.leak(h.prefix, 51, 5)
 	d.signal(syscall.SIGKILL)
 	d.wait(10 * time.Second)
-	leaked := len(h.netnsFiles(h.prefix))
-	if leaked < 2 {
-		t.Fatalf("only %d netns files after kill -9; expected the acquired and warm slots to leak", leaked)
-	}
-	// ...and the next start reclaims it all and serves again.
 	d2 := start(t, nil, h.args(addr, "--slots=64")...)
-	d2.waitServing(time.Minute)
-	if !strings.Contains(d2.logs.String(), "found="+strconv.Itoa(leaked)) {
-		t.Errorf("restart did not report the %d leaked slots:\n%s", leaked, grepLines(d2.logs.String(), "reclaim report"))
+	d2.waitReclaimed(time.Minute)
+	if !strings.Contains(d2.logs.String(), "restored 2 leases") || !strings.Contains(d2.logs.String(), "reclaimed 5") {
+		t.Errorf("restart does not report 2 leases restored and 5 slots reclaimed:\n%s", grepLines(d2.logs.String(), "restore"))
 	}
 	conn2 := dial(t, addr)
+	owners := map[uint32]string{}
 	for _, s := range listSlots(t, conn2, false) {
-		if s.GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED || s.GetState() == phasegatev1.SlotState_SLOT_STATE_QUARANTINED {
+		switch s.GetState() {
+		case phasegatev1.SlotState_SLOT_STATE_ACQUIRED:
+			owners[s.GetIndex()] = s.GetOwner()
+		case phasegatev1.SlotState_SLOT_STATE_QUARANTINED, phasegatev1.SlotState_SLOT_STATE_LOST:
 			t.Errorf("after restart slot %d is %v", s.GetIndex(), s.GetState())
 		}
+	}
+	if owners[held[0].GetIndex()] != "sandbox-a" || owners[resp.GetSlot().GetIndex()] != "sandbox-c" || len(owners) != 2 {
+		t.Errorf("leases after kill -9 and restart: %v, want slot %d sandbox-a and %d sandbox-c", owners, held[0].GetIndex(), resp.GetSlot().GetIndex())
 	}
 	d2.signal(syscall.SIGTERM)
 	if code := d2.wait(30 * time.Second); code != 0 {

@@ -75,11 +75,11 @@ func TestMutualTLS(t *testing.T) {
 	if _, err := dialTLS(false).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "anon"}); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("Acquire without a client certificate: %v, want Unauthenticated", err)
 	}
-	resp, err := dialTLS(true).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "scheduler"})
+	resp, err := dialTLS(true).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "scheduler", RequestId: "s1"})
 	if err != nil {
 		t.Fatalf("Acquire with a client certificate: %v", err)
 	}
-	if _, err := dialTLS(true).Release(ctx, &phasegatev1.ReleaseRequest{Index: resp.GetSlot().GetIndex()}); err != nil {
+	if _, err := dialTLS(true).Release(ctx, &phasegatev1.ReleaseRequest{Index: resp.GetSlot().GetIndex(), LeaseId: resp.GetLeaseId()}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	d.signal(syscall.SIGTERM)

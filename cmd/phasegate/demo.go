@@ -25,6 +25,7 @@ import (
 
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases"
 	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
@@ -180,7 +181,8 @@ func (d *demo) run(ctx context.Context, leaked int, listen string, hold bool) in
 		return exitOK
 	}
 	d.say("")
-	d.say("3. What a health checker (Nomad, Consul, Kubernetes) saw at GET /health meanwhile:")
+	d.say("3. What a health checker (Nomad, Consul, Kubernetes) saw at GET /health meanwhile")
+	d.say("   (200 warn: serving, with something to look at, such as dead slots still being reclaimed):")
 	for _, a := range answers() {
 		d.say("   %s", a)
 	}
@@ -407,7 +409,19 @@ func (d *demo) cleanup() error {
 			<-d.exited
 		}
 	}
-	n, err := d.sweep()
+	// A stopped daemon keeps its warm slots (and leased ones) for its next
+	// start; the demo is over, so it decommissions them as an operator
+	// would, and only then sweeps, counting what was really left over.
+	var err error
+	if d.child != nil {
+		cfg := phases.DefaultConfig()
+		cfg.StateDir, cfg.Slots = filepath.Join(d.dir, "state"), d.cfg
+		if _, derr := phases.Decommission(context.Background(), cfg, true, nil); derr != nil {
+			err = fmt.Errorf("decommission: %w", derr)
+		}
+	}
+	n, serr := d.sweep()
+	err = errors.Join(err, serr)
 	if err == nil {
 		// Check, rather than trust, that nothing is left.
 		if left, lerr := d.leftovers(); lerr != nil {
