@@ -19,6 +19,7 @@ type trackingListener struct {
 	// failing: cmux, once its Accept fails, closes every connection it is
 	// still sniffing or has not handed over yet.
 	stopped  atomic.Bool
+	parked   atomic.Bool   // a stopped Accept waits for Close: no connection is on its way in
 	released chan struct{} // closed by Close: a stopped Accept returns
 
 	mu     sync.Mutex
@@ -32,14 +33,12 @@ func newTrackingListener(l net.Listener) *trackingListener {
 
 func (l *trackingListener) Accept() (net.Conn, error) {
 	if l.stopped.Load() {
-		<-l.released
-		return nil, net.ErrClosed
+		return nil, l.park()
 	}
 	c, err := l.Listener.Accept()
 	if err != nil {
 		if l.stopped.Load() { // woken by stopAccepting's deadline
-			<-l.released
-			return nil, net.ErrClosed
+			return nil, l.park()
 		}
 		return nil, err
 	}
@@ -75,6 +74,15 @@ func (l *trackingListener) Close() error {
 	l.closed = true
 	l.mu.Unlock()
 	return l.Listener.Close()
+}
+
+// park waits, after stopAccepting, until Close. A connection the caller
+// (cmux) took before is tracked by then: cmux only calls Accept again once
+// it has handed the previous one to its sniffing goroutine.
+func (l *trackingListener) park() error {
+	l.parked.Store(true)
+	<-l.released
+	return net.ErrClosed
 }
 
 // sniffing counts the connections taken but not yet handed to the gRPC or

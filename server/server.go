@@ -500,7 +500,7 @@ func (s *Server) waitSniffed(lis *trackingListener) bool {
 		bound = s.cfg.StopTimeout
 	}
 	deadline := time.Now().Add(bound)
-	for lis.sniffing() > 0 {
+	for !lis.parked.Load() || lis.sniffing() > 0 {
 		if bound > 0 && time.Now().After(deadline) {
 			return false
 		}
