@@ -273,6 +273,10 @@ func testNomadJob(t *testing.T, file string) {
 		t.Errorf("kill_timeout %v exceeds Nomad's default max_kill_timeout %v, which caps it: lower --drain-delay/--stop-timeout or document the client setting", killTimeout, nomadMaxKillTimeout)
 	}
 
+	if _, ok := task.Attributes["shutdown_delay"]; ok && len(blocks(group, "service")) > 0 {
+		t.Error("shutdown_delay on the task: Nomad deregisters the group's services before a kill only for the group's shutdown_delay")
+	}
+
 	// The service checks, as their provider runs them.
 	var checks []nomadCheck
 	for _, svc := range blocks(group, "service") {
