@@ -265,7 +265,7 @@ func (n *node) peerCertificate(addr string) (*x509.Certificate, error) {
 // client that checks identity gets SERVING. testcerts' server certificate
 // names localhost, hence the server name.
 func (n *node) verifiedProbe(addr string, certs *testcerts.Set) (string, error) {
-	out, err := n.command(os.Environ(), binary, "probe", "--addr="+addr, "--tls-ca="+certs.CAFile, "--tls-server-name=localhost").CombinedOutput()
+	out, err := n.command(baseEnv(), binary, "probe", "--addr="+addr, "--tls-ca="+certs.CAFile, "--tls-server-name=localhost").CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
 
