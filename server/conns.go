@@ -42,7 +42,7 @@ func (l *trackingListener) Accept() (net.Conn, error) {
 		}
 		return nil, err
 	}
-	tc := &trackedConn{Conn: c, l: l}
+	tc := &trackedConn{Conn: c, l: l, accepted: time.Now()}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -85,6 +85,19 @@ func (l *trackingListener) park() error {
 	return net.ErrClosed
 }
 
+// openSince counts the connections taken at or after t and not closed yet.
+func (l *trackingListener) openSince(t time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for c := range l.conns {
+		if !c.accepted.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
 // sniffing counts the connections taken but not yet handed to the gRPC or
 // HTTP server.
 func (l *trackingListener) sniffing() int {
@@ -118,6 +131,7 @@ func (l *trackingListener) closeConns(all bool) {
 type trackedConn struct {
 	net.Conn
 	l          *trackingListener
+	accepted   time.Time
 	handedOver atomic.Bool
 	closeOnce  sync.Once
 }

@@ -426,27 +426,36 @@ func (s *Server) drain(ctx context.Context) error {
 	if hc != nil {
 		hc.Close()
 	}
-	if s.handover.Load() {
-		// The socket lives on in the new image, which serves the
-		// connections queued in its backlog: stop taking them without
-		// dropping one already taken, and let the multiplexer hand the
-		// ones it is still sniffing to the servers (a silent one for at
-		// most SniffTimeout), which finish them below.
-		lis.stopAccepting()
-		if !s.waitSniffed(lis) {
-			cut = append(cut, "sniffing connections")
-		}
-	}
-	// Nobody will serve a connection that is still being sniffed; cmux
-	// would otherwise wait for it until its read deadline.
-	_ = lis.Close()
-	lis.closeConns(false)
-
 	stopCtx, cancel := context.WithCancel(s.hurry)
 	if s.cfg.StopTimeout > 0 {
 		stopCtx, cancel = context.WithTimeout(s.hurry, s.cfg.StopTimeout)
 	}
 	defer cancel()
+
+	if s.handover.Load() {
+		// The socket lives on in the new image, which serves the
+		// connections queued in its backlog: stop taking them without
+		// dropping one already taken, and let the multiplexer hand the
+		// ones it is still sniffing to the servers (a silent one for at
+		// most SniffTimeout).
+		lis.stopAccepting()
+		if !s.waitSniffed(lis) {
+			cut = append(cut, "sniffing connections")
+		}
+		// Then let the clients of fresh connections close them: a
+		// checker's connection carries one call and is closed by the
+		// checker a moment after the answer. A server that closes first
+		// (a graceful stop ends a connection once its calls are done) has
+		// the client's last frames unread in its socket, and the kernel
+		// answers with a reset that can cost the client the answer. Older
+		// connections, long-lived clients', are stopped gracefully below:
+		// they see GOAWAY and reconnect, to the backlog.
+		waitFresh(stopCtx, lis, freshConn)
+	}
+	// Nobody will serve a connection that is still being sniffed; cmux
+	// would otherwise wait for it until its read deadline.
+	_ = lis.Close()
+	lis.closeConns(false)
 
 	graceful := make(chan struct{})
 	go func() {
@@ -489,6 +498,27 @@ func (s *Server) drain(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("server: %s not finished (%s); connections closed", strings.Join(cut, ", "), reason)
+}
+
+// freshConn is how young a connection is that a handover waits for its
+// client to close, and for how long at most.
+const freshConn = time.Second
+
+// waitFresh waits until every connection lis took in the last age is
+// closed, for at most age, or until ctx ends.
+func waitFresh(ctx context.Context, lis *trackingListener, age time.Duration) {
+	now := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, age)
+	defer cancel()
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for lis.openSince(now.Add(-age)) > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // waitSniffed waits until no connection is being sniffed any more, for at
