@@ -3,11 +3,14 @@ package test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -15,15 +18,45 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
 
-// killPoints are the moments a round may kill -9 the daemon at.
-var killPoints = []string{"mid-reclaim", "mid-fill", "serving-with-acquired", "mid-drain"}
+// killPoints are the moments a round may kill -9 the daemon at, and
+// "sigterm", a clean restart.
+var killPoints = []string{"mid-restore", "mid-reclaim", "mid-fill", "mid-acquire-burst", "mid-drain", "sigterm"}
+
+// ledger is what the clients were told: every lease an Acquire answered,
+// and the requests whose answer never came (the daemon died first).
+type ledger struct {
+	mu      sync.Mutex
+	told    map[string]held // by request id
+	pending map[string]string
+}
+
+func (l *ledger) add(h held) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.told[h.requestID] = h
+	delete(l.pending, h.requestID)
+}
+
+func (l *ledger) all() []held {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []held
+	for _, h := range l.told {
+		out = append(out, h)
+	}
+	return out
+}
 
 // TestCrashAnywhereRestartClean kills the daemon with SIGKILL at a random
 // point of its life, round after round, over a random number of leaked
-// slots; every restart must reach serving and, after the last graceful stop,
-// nothing with the prefix may remain. PHASEGATE_CRASH_ROUNDS sets the number
-// of rounds (default 6; the long run uses 20) and PHASEGATE_CRASH_SEED the
-// seed.
+// slots, with leases held by several owners and workloads running in some
+// of their slots. After every restart every lease a client was told about
+// is back with its owner, a request whose answer was lost gets its slot on
+// a retry, no index is held twice, and the workloads answer throughout,
+// the daemon being down included; after the last graceful stop the host
+// holds only what the records name, and nothing once decommissioned.
+// PHASEGATE_CRASH_ROUNDS sets the number of rounds (default 6; the long
+// run uses 20) and PHASEGATE_CRASH_SEED the seed.
 func TestCrashAnywhereRestartClean(t *testing.T) {
 	rounds := envInt("PHASEGATE_CRASH_ROUNDS", 6)
 	seed := uint64(envInt("PHASEGATE_CRASH_SEED", int(time.Now().UnixNano()%1e6)))
@@ -34,73 +67,151 @@ func TestCrashAnywhereRestartClean(t *testing.T) {
 	addr := freePort(t)
 	const slots = 3000
 	args := h.args(addr, "--slots="+strconv.Itoa(slots), "--pool-size=24", "--pool-min-ready=1", "--drain-delay=300ms")
+	book := &ledger{told: map[string]held{}, pending: map[string]string{}}
+
+	// Leases with workloads, probed from the host for the whole test.
+	d := start(t, nil, args...)
+	d.waitServing(2 * time.Minute)
+	c := phasegatev1.NewSlotsClient(dial(t, addr))
+	var work []*workload
+	for i := range 3 {
+		l := acquire(t, c, fmt.Sprint("sandbox-", i), fmt.Sprint("w", i), 0)
+		book.add(l)
+		inside, _, _ := strings.Cut(l.slot.GetInsideAddress(), "/")
+		work = append(work, startWorkload(t, l.slot.GetIndex(), l.slot.GetNetnsPath(), inside))
+	}
+	d.signal(syscall.SIGKILL)
+	d.wait(10 * time.Second)
+
 	var report []string
-	nextLeak := 1001 // leaked slots get fresh indices above what the pool uses
+	nextLeak := 1001 // leaked slots get indices above what the pool uses
 	for round := 1; round <= rounds; round++ {
 		n := r.IntN(800)
 		if nextLeak+n > slots {
-			nextLeak, n = 1001, min(n, slots-1001)
+			nextLeak = 1001
 		}
-		h.leak(h.prefix, nextLeak, n)
+		made := h.leak(h.prefix, nextLeak, n)
 		nextLeak += n
 		point := killPoints[r.IntN(len(killPoints))]
-		before := len(h.netnsFiles(h.prefix))
 
 		d := start(t, nil, args...)
-		found := reachKillPoint(t, d, point, r)
-		d.signal(syscall.SIGKILL)
-		d.wait(10 * time.Second)
-		report = append(report, fmt.Sprintf("round %2d: %4d leaked made, %4d netns files before start, killed %-22s %s",
-			round, n, before, point, found))
+		found := reachKillPoint(t, d, point, r, book)
+		if point == "sigterm" {
+			d.signal(syscall.SIGTERM)
+			if code := d.wait(time.Minute); code != 0 {
+				t.Fatalf("round %d: exit %d after SIGTERM", round, code)
+			}
+		} else {
+			d.signal(syscall.SIGKILL)
+			d.wait(10 * time.Second)
+		}
+		report = append(report, fmt.Sprintf("round %2d: %4d leaked made, killed %-18s %s", round, made, point, found))
 	}
-	// The last start must clean up everything every crash left.
-	leftover := len(h.netnsFiles(h.prefix))
-	d := start(t, nil, args...)
-	d.waitServing(2 * time.Minute)
+
+	// The last start: every lease the clients were told about, and those
+	// whose answer was lost once retried; then a clean stop.
+	d = start(t, nil, args...)
+	d.waitReclaimed(2 * time.Minute)
+	c = phasegatev1.NewSlotsClient(dial(t, addr))
+	retryPending(t, c, book)
+	checkLeases(t, c, book.all(), "after the last restart")
+	for _, w := range work {
+		ok, failed, last := w.finish()
+		report = append(report, fmt.Sprintf("workload in slot %d: %d probes answered, %d failed", w.slot, ok, failed))
+		if failed != 0 || ok == 0 {
+			t.Errorf("workload in slot %d lost its network: %d probes failed (last: %v)", w.slot, failed, last)
+		}
+	}
 	d.signal(syscall.SIGTERM)
 	if code := d.wait(time.Minute); code != 0 {
 		t.Fatalf("final stop: exit %d", code)
 	}
-	report = append(report, fmt.Sprintf("final: %d netns files left by the crashes, %s", leftover, reclaimLine(d.logs.String())))
+	report = append(report, fmt.Sprintf("final: %d leases held by their owners, %s", len(book.all()), reclaimLine(d.logs.String())))
 	h.stoppedCleanly(h.prefix, nil)
 	t.Logf("crash rounds (seed %d):\n%s", seed, strings.Join(report, "\n"))
 	writeReport(t, "crash.txt", fmt.Sprintf("seed %d\n%s\n", seed, strings.Join(report, "\n")))
 }
 
-// reachKillPoint waits until d is at point and says what it saw.
-func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand) string {
+// retryPending retries every Acquire whose answer was lost, with its
+// request id: it must get a slot (the one the daemon recorded, if it did),
+// and from then on the client holds it.
+func retryPending(t *testing.T, c phasegatev1.SlotsClient, book *ledger) {
+	t.Helper()
+	book.mu.Lock()
+	pending := maps.Clone(book.pending)
+	book.mu.Unlock()
+	for req, owner := range pending {
+		book.add(acquire(t, c, owner, req, 0))
+	}
+}
+
+// reachKillPoint starts d, checks that the leases are back, waits until d
+// is at point and says what it saw.
+func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand, book *ledger) string {
 	t.Helper()
 	waitFor(t, 30*time.Second, "the port", func() bool { _, _, err := d.get("/livez"); return err == nil })
+	if point == "mid-restore" {
+		time.Sleep(time.Duration(r.IntN(30)) * time.Millisecond)
+		_, body, _ := d.get("/health")
+		if strings.Contains(body, "starting") {
+			return "(starting)"
+		}
+		return "(serving already)"
+	}
+	d.waitServing(2 * time.Minute)
+	c := phasegatev1.NewSlotsClient(dial(t, d.addr))
+	retryPending(t, c, book)
+	checkLeases(t, c, book.all(), "after a restart")
 	switch point {
 	case "mid-reclaim":
-		// Kill while reclaim runs if it still does; a small leak may be
-		// done before the first look.
-		time.Sleep(time.Duration(r.IntN(50)) * time.Millisecond)
 		_, body, _ := d.get("/health")
-		if strings.Contains(body, "starting: phase reclaim") {
-			return "(reclaim was running)"
+		time.Sleep(time.Duration(r.IntN(100)) * time.Millisecond)
+		if strings.Contains(body, "reclaim-dead") {
+			return "(reclaiming dead slots in the background)"
 		}
-		return "(reclaim had finished)"
+		return "(nothing left to reclaim)"
 	case "mid-fill":
-		d.waitServing(2 * time.Minute)
 		return "(fill " + fillProgress(d) + ")"
-	case "serving-with-acquired":
-		d.waitServing(2 * time.Minute)
-		conn := dial(t, d.addr)
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		n := 1 + r.IntN(4)
-		for i := range n {
-			if _, err := phasegatev1.NewSlotsClient(conn).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "crash-" + strconv.Itoa(i)}); err != nil {
-				t.Fatalf("Acquire: %v", err)
-			}
+	case "mid-acquire-burst":
+		// Owners acquire and release at once; the kill lands among them.
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		var n atomic.Int64
+		for w := range 4 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					owner := fmt.Sprintf("burst-%d", w)
+					req := fmt.Sprintf("%s-%d-%d", owner, time.Now().UnixNano(), i)
+					book.mu.Lock()
+					book.pending[req] = owner
+					book.mu.Unlock()
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: req})
+					cancel()
+					if err != nil {
+						return // the daemon is gone: the request stays pending
+					}
+					book.add(held{owner: owner, requestID: req, leaseID: resp.GetLeaseId(), slot: resp.GetSlot()})
+					n.Add(1)
+				}
+			})
 		}
-		return fmt.Sprintf("(%d acquired)", n)
+		time.Sleep(time.Duration(50+r.IntN(300)) * time.Millisecond)
+		d.signal(syscall.SIGKILL)
+		close(stop)
+		wg.Wait()
+		return fmt.Sprintf("(%d acquired in the burst)", n.Load())
 	case "mid-drain":
-		d.waitServing(2 * time.Minute)
 		d.signal(syscall.SIGTERM)
 		time.Sleep(time.Duration(100+r.IntN(300)) * time.Millisecond)
 		return "(draining)"
+	case "sigterm":
+		return "(clean restart)"
 	}
 	t.Fatalf("unknown kill point %s", point)
 	return ""

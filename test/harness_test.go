@@ -183,24 +183,40 @@ func (h *host) prepareDir() {
 	run(h.t, "mount", "--make-shared", h.netnsDir)
 }
 
-// leak makes n leaked slots the way a killed daemon leaves them: netns
-// files <prefix><i> (by unshare) with a veth pair whose host end is
-// <prefix>h<i> (by ip), for i in [from, from+n).
-func (h *host) leak(prefix string, from, n int) {
+// leak makes leaked slots the way a killed daemon leaves them: netns files
+// <prefix><i> (by unshare) with a veth pair whose host end is <prefix>h<i>
+// (by ip), for the free i in [from, from+n), and returns how many.
+func (h *host) leak(prefix string, from, n int) int {
 	h.t.Helper()
 	h.prepareDir()
+	// Indices whose name is taken (a slot a daemon made, a leak not yet
+	// reclaimed) are skipped: touching a name a namespace is bound at
+	// fails, and the fixture must only ever add leaks.
+	links := map[string]bool{}
+	for _, l := range h.links(prefix + "h") {
+		links[l] = true
+	}
 	var batch bytes.Buffer
+	var idx []string
 	for i := from; i < from+n; i++ {
 		p := filepath.Join(h.netnsDir, fmt.Sprintf("%s%d", prefix, i))
+		if _, err := os.Lstat(p); err == nil || links[fmt.Sprintf("%sh%d", prefix, i)] {
+			continue
+		}
+		idx = append(idx, fmt.Sprint(i))
 		fmt.Fprintf(&batch, "link add %sh%d type veth peer name eth0 netns %s\n", prefix, i, p)
 	}
-	run(h.t, "bash", "-c", `for i in $(seq "$2" "$3"); do p="$1$i"; touch "$p" && unshare --net="$p" true || exit 1; done`,
-		"leak", filepath.Join(h.netnsDir, prefix), fmt.Sprint(from), fmt.Sprint(from+n-1))
+	if len(idx) == 0 {
+		return 0
+	}
+	run(h.t, "bash", append([]string{"-c", `p="$1"; shift; for i in "$@"; do touch "$p$i" && unshare --net="$p$i" true || exit 1; done`,
+		"leak", filepath.Join(h.netnsDir, prefix)}, idx...)...)
 	bf := filepath.Join(h.t.TempDir(), "batch")
 	if err := os.WriteFile(bf, batch.Bytes(), 0o600); err != nil {
 		h.t.Fatal(err)
 	}
 	run(h.t, "ip", "-batch", bf)
+	return len(idx)
 }
 
 // freePort returns a loopback address with a port nobody listens on now.
