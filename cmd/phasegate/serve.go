@@ -182,6 +182,12 @@ func runDaemon(ctx context.Context, e env, cfg phases.Config, lf logFlags) int {
 			cfg.Listen+" can acquire and release network slots", "listen", cfg.Listen)
 	}
 	if err := d.Run(ctx); err != nil {
+		// The log said it all; this is the one line a supervisor's
+		// journal shows last.
+		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
+		if errors.Is(err, phases.ErrConfig) {
+			return exitUsage
+		}
 		return exitFailed
 	}
 	return exitOK

@@ -1,0 +1,149 @@
+package test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/phases"
+)
+
+// A state file that is not a usable store is moved aside for inspection,
+// said in one line, and the daemon starts in safe mode: a slot something
+// lives in (it may be leased) is kept and quarantined, never destroyed,
+// and its workload keeps its network; the rest is reclaimed.
+func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T) {
+	h := newHost(t)
+	addr := freePort(t)
+	args := h.args(addr, "--slots=64")
+	d := start(t, nil, args...)
+	d.waitServing(time.Minute)
+	c := phasegatev1.NewSlotsClient(dial(t, addr))
+	busy := acquire(t, c, "sandbox-busy", "b1", 0)
+	idle := acquire(t, c, "sandbox-idle", "i1", 0)
+	inside, _, _ := strings.Cut(busy.slot.GetInsideAddress(), "/")
+	w := startWorkload(t, busy.slot.GetIndex(), busy.slot.GetNetnsPath(), inside)
+	d.signal(syscall.SIGKILL)
+	d.wait(10 * time.Second)
+
+	state := filepath.Join(h.stateDir, phases.StateFileName)
+	if err := os.WriteFile(state, []byte(strings.Repeat("not a database\n", 1000)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d = start(t, nil, args...)
+	d.waitReclaimed(time.Minute)
+	logs := d.logs.String()
+	if n := strings.Count(logs, "state file unusable: moved aside"); n != 1 {
+		t.Errorf("%d log lines about the unusable state file, want 1:\n%s", n, grepLines(logs, "state file"))
+	}
+	aside, _ := filepath.Glob(state + ".corrupt-*")
+	if len(aside) != 1 {
+		t.Fatalf("the unusable file was not kept aside: %v", aside)
+	}
+	if b, err := os.ReadFile(aside[0]); err != nil || !strings.HasPrefix(string(b), "not a database") {
+		t.Errorf("the file kept aside is not the unusable one: %v", err)
+	}
+	_, body, _ := d.get("/health")
+	if !strings.Contains(body, `"status":"warn"`) || !strings.Contains(body, "state-lost") {
+		t.Errorf("/health does not warn that the records were lost: %s", body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	got, err := c2(t, addr).Get(ctx, &phasegatev1.GetRequest{Index: busy.slot.GetIndex()})
+	if err != nil || got.GetSlot().GetState() != phasegatev1.SlotState_SLOT_STATE_QUARANTINED {
+		t.Errorf("the inhabited slot: %v %v, want it quarantined", got, err)
+	}
+	if _, err := os.Stat(busy.slot.GetNetnsPath()); err != nil {
+		t.Errorf("the inhabited slot's namespace was destroyed: %v", err)
+	}
+	if _, err := os.Stat(idle.slot.GetNetnsPath()); err == nil {
+		if got, _ := c2(t, addr).Get(ctx, &phasegatev1.GetRequest{Index: idle.slot.GetIndex()}); got.GetSlot().GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED {
+			t.Errorf("a slot nothing lives in is leased without a record")
+		}
+	}
+	ok, failed, last := w.finish()
+	if failed != 0 || ok == 0 {
+		t.Errorf("the workload lost its network: %d probes failed (last %v), %d answered", failed, last, ok)
+	}
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	h.decommission(h.prefix)
+	h.assertClean(h.prefix, nil)
+}
+
+func c2(t *testing.T, addr string) phasegatev1.SlotsClient {
+	return phasegatev1.NewSlotsClient(dial(t, addr))
+}
+
+// A state file of a newer schema: the daemon refuses to start, exit 2, and
+// says so in its last line; the file is left as it was.
+func TestNewerStateSchemaRefusesToStart(t *testing.T) {
+	h := newHost(t)
+	if err := os.MkdirAll(h.stateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(h.stateDir, phases.StateFileName)
+	db, err := bolt.Open(state, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for _, b := range []string{"slots", "requests"} {
+			if _, err := tx.CreateBucket([]byte(b)); err != nil {
+				return err
+			}
+		}
+		meta, err := tx.CreateBucket([]byte("meta"))
+		if err != nil {
+			return err
+		}
+		return meta.Put([]byte("schema"), []byte("99"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	before, _ := os.ReadFile(state)
+
+	d := start(t, nil, h.args(freePort(t), "--slots=64")...)
+	if code := d.wait(time.Minute); code != 2 {
+		t.Fatalf("exit %d, want 2:\n%s", code, d.logs.String())
+	}
+	last := lines(d.logs.String())
+	if l := last[len(last)-1]; !strings.HasPrefix(l, "phasegate serve:") || !strings.Contains(l, "schema 99") {
+		t.Errorf("last line %q, want one saying the schema is newer", l)
+	}
+	if after, _ := os.ReadFile(state); string(after) != string(before) {
+		t.Error("the newer file was changed")
+	}
+}
+
+// Two daemons never share a state file, even when they manage different
+// slots.
+func TestTwoDaemonsNeverShareAStateFile(t *testing.T) {
+	h := newHost(t)
+	first := start(t, nil, h.args(freePort(t), "--slots=64")...)
+	first.waitServing(time.Minute)
+
+	h2 := newHost(t)
+	args := h2.args(freePort(t), "--slots=64", "--state-dir="+h.stateDir)
+	second := start(t, nil, args...)
+	if code := second.wait(time.Minute); code != 1 {
+		t.Fatalf("second daemon on the same state file: exit %d, want 1", code)
+	}
+	if l := second.logs.String(); !strings.Contains(l, "open in another process") {
+		t.Errorf("second daemon does not say the state file is taken:\n%s", grepLines(l, "state file"))
+	}
+	first.signal(syscall.SIGTERM)
+	if code := first.wait(time.Minute); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
