@@ -3,6 +3,7 @@ package test
 import (
 	"encoding/json"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -81,6 +82,32 @@ func TestProbeStatusAndReclaimCommands(t *testing.T) {
 	}
 	if out, code := cli(t, "status", "--watch", "--addr="+addr); code != 0 || !strings.HasPrefix(out, "serving") {
 		t.Errorf("status --watch on a serving daemon: exit %d\n%s", code, out)
+	}
+
+	// The Slots API from the command line, as the README shows it.
+	out, code = cli(t, "slots", "acquire", "sandbox-42", "--request-id=req-1", "--ttl=10m", "--addr="+addr)
+	var acq struct {
+		Slot struct {
+			Index int    `json:"index"`
+			Owner string `json:"owner"`
+		} `json:"slot"`
+		LeaseID string `json:"lease_id"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &acq) != nil || acq.LeaseID == "" || acq.Slot.Owner != "sandbox-42" {
+		t.Fatalf("slots acquire: exit %d\n%s", code, out)
+	}
+	idx := strconv.Itoa(acq.Slot.Index)
+	if out, code := cli(t, "slots", "list", "--addr="+addr); code != 0 || !strings.Contains(out, `"owner": "sandbox-42"`) {
+		t.Errorf("slots list: exit %d\n%s", code, out)
+	}
+	if out, code := cli(t, "slots", "keepalive", idx, acq.LeaseID, "--addr="+addr); code != 0 || !strings.Contains(out, "expires_at") {
+		t.Errorf("slots keepalive: exit %d\n%s", code, out)
+	}
+	if out, code := cli(t, "slots", "release", idx, "wrong-lease", "--addr="+addr); code != 1 || !strings.Contains(out, "PermissionDenied") {
+		t.Errorf("slots release with a wrong lease: exit %d\n%s", code, out)
+	}
+	if out, code := cli(t, "slots", "release", idx, acq.LeaseID, "--addr="+addr); code != 0 {
+		t.Errorf("slots release: exit %d\n%s", code, out)
 	}
 
 	// While draining, probe says "not serving".

@@ -20,12 +20,21 @@ func envName(flagName string) string {
 // from its PHASEGATE_* variable: flags win over the environment. Every bad
 // value is reported, joined.
 func parseFlags(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, bool)) error {
-	fs.SetOutput(io.Discard) // errors are returned and printed as one line
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlagsKeepArgs(fs, args, lookupEnv); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return nil
+}
+
+// parseFlagsKeepArgs is parseFlags for a command that takes arguments
+// after its flags: they are left in fs.Args().
+func parseFlagsKeepArgs(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, bool)) error {
+	fs.SetOutput(io.Discard) // errors are returned and printed as one line
+	if err := fs.Parse(args); err != nil {
+		return err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

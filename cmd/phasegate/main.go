@@ -3,6 +3,7 @@
 //	phasegate serve     run the daemon
 //	phasegate status    show the phases of a running daemon
 //	phasegate probe     exit 0 when a daemon serves (for scripts and exec checks)
+//	phasegate slots     a client of the Slots API (acquire, release, keepalive, get, list)
 //	phasegate reclaim   one-shot clean-up of leaked slots, without a daemon
 //	phasegate decommission  destroy every slot, leased ones included, and the records
 //	phasegate demo      the whole story on this host, in one command (root)
@@ -63,6 +64,7 @@ commands:
   serve     run the daemon (binds its port at once, reclaims leaked slots, serves)
   status    show a daemon's phases: state, duration, progress (--watch to follow)
   probe     exit 0 when a daemon serves, 1 when not, 2 when it cannot ask
+  slots     lease, release, renew and list slots on a daemon (acquire, release, keepalive, get, list)
   reclaim   one-shot reclaim of leaked slots (leased ones are kept); refuses while a daemon runs
   decommission  destroy every slot, leased ones too (--destroy-leased-slots), for a host leaving service
   demo      leak slots, start a daemon, watch it start and serve, clean up (root)
@@ -89,6 +91,8 @@ func run(ctx context.Context, e env) int {
 		return reclaimCmd(ctx, e)
 	case "decommission":
 		return decommissionCmd(ctx, e)
+	case "slots":
+		return slotsCmd(ctx, e)
 	case "demo":
 		return demoCmd(ctx, e)
 	case "version", "--version", "-version":
