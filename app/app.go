@@ -73,6 +73,7 @@ type App struct {
 	logged     chan struct{} // closed once the logger saw the final event
 	stopBudget time.Duration // see StopBudget
 	execPath   string        // the binary an upgrade executes
+	handedAddr net.Addr      // the address of a socket handed over, not bound by the App
 
 	mu        sync.Mutex
 	addr      net.Addr
@@ -165,6 +166,9 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	lis, err := a.listener()
 	if err != nil {
 		return fail(err)
+	}
+	if lis != nil {
+		a.handedAddr = lis.Addr()
 	}
 	grpcOpts := append([]grpc.ServerOption{
 		tracing.GRPCServerOption(a.tracer, a.metrics),
@@ -296,6 +300,13 @@ func stopBudget(graph []lifecycle.Phase, cfg Config) time.Duration {
 // terminationGracePeriodSeconds) must exceed it. Zero means unbounded
 // (Config.StopTimeout is zero).
 func (a *App) StopBudget() time.Duration { return a.stopBudget }
+
+// HandedAddr returns the address of the listening socket the App was
+// handed (Config.Listener, systemd socket activation, an upgrade's earlier
+// image), or nil when it binds Config.Listen itself. The handed socket is
+// the one served, whatever Config.Listen says: a caller that judges the
+// address (is it loopback?) must judge this one.
+func (a *App) HandedAddr() net.Addr { return a.handedAddr }
 
 // Server returns the server of the port: declare gRPC services and gated
 // HTTP routes on it before the App starts, bind them from the phases that

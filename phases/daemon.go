@@ -116,6 +116,11 @@ func New(cfg Config) (*Daemon, error) {
 		_ = a.Stop(context.Background()) // nothing started: releases the observers
 		return nil, err
 	}
+	// A socket handed over (systemd, an upgrade) is served whatever
+	// --listen says: the plain-text check applies to its address.
+	if addr := a.HandedAddr(); addr != nil && !ListenIsLoopback(addr.String()) && cfg.TLS == nil && !cfg.Insecure {
+		return fail(fmt.Errorf("%w: the listening socket handed over is %s, not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", ErrConfig, addr))
+	}
 	if err := d.obs.init(a.MeterProvider()); err != nil {
 		return fail(err)
 	}

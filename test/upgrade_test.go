@@ -310,3 +310,31 @@ func TestSocketActivation(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 }
+
+// A socket handed over is served whatever --listen says, so the plain-text
+// rule applies to its address: a non-loopback socket without TLS is
+// refused (exit 2), as a non-loopback --listen is.
+func TestSocketActivationRefusesPlainTextOffLoopback(t *testing.T) {
+	activate := lookTool(t, "systemd-socket-activate", "apt-get install systemd")
+	h := newHost(t)
+	n := newNode(t)
+	addr := n.ip.String() + ":5008"
+	args := append([]string{"-l", addr, "--fdname=listen", binary}, h.args("127.0.0.1:5008", "--slots=64")...)
+	d := n.start(addr, n.command(os.Environ(), append([]string{activate}, args...)...))
+	// The socket is there before the daemon: the first connection starts it.
+	waitFor(t, 30*time.Second, "the activation socket", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		c, err := n.dial(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	if code := d.wait(time.Minute); code != 2 {
+		t.Fatalf("exit %d for a plain-text socket off loopback, want 2:\n%s", code, d.logs.String())
+	}
+	if l := d.logs.String(); !strings.Contains(l, "handed over is "+addr+", not a loopback address") {
+		t.Errorf("the refusal does not name the socket:\n%s", l)
+	}
+}
