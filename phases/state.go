@@ -41,7 +41,7 @@ func (d *Daemon) openState() (*leases.Store, error) {
 		// and are lost put the daemon in safe mode.
 		return st, nil
 	case errors.As(err, &schema):
-		return nil, fmt.Errorf("%w: %v (a newer phasegate wrote it; run that version, or move the file away to start without its leases)", ErrConfig, err)
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	case errors.As(err, &locked):
 		return nil, fmt.Errorf("state file %s is open in another process (%s): two daemons must never share a state directory: %w", path, holder(locked.PID), err)
 	case errors.As(err, &corrupt), errors.As(err, &access):

@@ -118,7 +118,7 @@ func TestNewerStateSchemaRefusesToStart(t *testing.T) {
 		t.Fatalf("exit %d, want 2:\n%s", code, d.logs.String())
 	}
 	last := lines(d.logs.String())
-	if l := last[len(last)-1]; !strings.HasPrefix(l, "phasegate serve:") || !strings.Contains(l, "schema 99") {
+	if l := last[len(last)-1]; !strings.HasPrefix(l, "phasegate serve:") || !strings.Contains(l, "schema version 99") {
 		t.Errorf("last line %q, want one saying the schema is newer", l)
 	}
 	if after, _ := os.ReadFile(state); string(after) != string(before) {
