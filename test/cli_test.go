@@ -3,6 +3,7 @@ package test
 import (
 	"encoding/json"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -97,7 +98,19 @@ func TestProbeStatusAndReclaimCommands(t *testing.T) {
 		t.Fatalf("slots acquire: exit %d\n%s", code, out)
 	}
 	idx := strconv.Itoa(acq.Slot.Index)
-	if out, code := cli(t, "slots", "list", "--addr="+addr); code != 0 || !strings.Contains(out, `"owner": "sandbox-42"`) {
+	out, code = cli(t, "slots", "list", "--addr="+addr)
+	var list struct {
+		Slots []struct {
+			Index int    `json:"index"`
+			Owner string `json:"owner"`
+		} `json:"slots"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || !slices.ContainsFunc(list.Slots, func(s struct {
+		Index int    `json:"index"`
+		Owner string `json:"owner"`
+	}) bool {
+		return s.Index == acq.Slot.Index && s.Owner == "sandbox-42"
+	}) {
 		t.Errorf("slots list: exit %d\n%s", code, out)
 	}
 	if out, code := cli(t, "slots", "keepalive", idx, acq.LeaseID, "--addr="+addr); code != 0 || !strings.Contains(out, "expires_at") {
