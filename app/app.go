@@ -496,7 +496,11 @@ wait:
 		<-started // returns at once: Drain waited for the start to end
 	}
 	if drainErr != nil {
-		a.log.Error("drain", "error", drainErr)
+		attrs := []any{"error", drainErr}
+		if stack := PanicStack(drainErr); stack != "" {
+			attrs = append(attrs, "stack", stack)
+		}
+		a.log.Error("drain", attrs...)
 	}
 	if upgrade && interrupted == nil {
 		// The drain's errors do not stop an upgrade: what the new image

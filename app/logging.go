@@ -1,6 +1,7 @@
 package app
 
 import (
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -58,16 +59,21 @@ func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
 			log.Warn("phase retrying", "phase", e.Name, "attempt", e.Attempt, "last_error", e.Err)
 		default:
 			attrs := []any{"phase", e.Name, "state", e.To}
+			var err error
 			if lc != nil {
 				if p, ok := lc.Snapshot().Phase(e.Name); ok {
 					attrs = append(attrs, "duration", p.Duration().Round(time.Microsecond).String())
 					if prog := p.Progress.String(); prog != "" {
 						attrs = append(attrs, "progress", prog)
 					}
+					err = p.Err
 				}
 			}
 			if e.Err != "" {
 				attrs = append(attrs, "error", e.Err)
+			}
+			if stack := PanicStack(err); stack != "" {
+				attrs = append(attrs, "stack", stack)
 			}
 			switch lifecycle.PhaseState(e.To) {
 			case lifecycle.PhaseSucceeded, lifecycle.PhaseSkipped:
@@ -82,6 +88,7 @@ func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
 			return
 		}
 		attrs := []any{"task", e.Name, "state", e.To}
+		var err error
 		if lc != nil {
 			for _, t := range lc.Snapshot().Tasks {
 				if t.Name == e.Name {
@@ -89,11 +96,16 @@ func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
 					if prog := t.Progress.String(); prog != "" {
 						attrs = append(attrs, "progress", prog)
 					}
+					err = t.Err
 				}
 			}
 		}
 		if e.To == string(lifecycle.TaskFailed) {
-			log.Error("background task ended", append(attrs, "error", e.Err)...)
+			attrs = append(attrs, "error", e.Err)
+			if stack := PanicStack(err); stack != "" {
+				attrs = append(attrs, "stack", stack)
+			}
+			log.Error("background task ended", attrs...)
 			return
 		}
 		log.Info("background task ended", attrs...)
@@ -102,6 +114,16 @@ func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
 	case lifecycle.EventWarningCleared:
 		log.Info("warning cleared", "name", e.Name)
 	}
+}
+
+// PanicStack returns the stack of a panic that err records (a
+// *lifecycle.PanicError anywhere in its chain), or "".
+func PanicStack(err error) string {
+	var p *lifecycle.PanicError
+	if errors.As(err, &p) {
+		return string(p.Stack)
+	}
+	return ""
 }
 
 func errString(err error) string {

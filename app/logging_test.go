@@ -58,3 +58,33 @@ func TestEventLoggerLogsEveryPhaseOnce(t *testing.T) {
 		}
 	}
 }
+
+// A phase that panics is logged with the panic's stack.
+func TestEventLoggerLogsAPanicsStack(t *testing.T) {
+	var buf lockedBuffer
+	hook, setLC := EventLogger(slog.New(slog.NewTextHandler(&buf, nil)))
+	logged := make(chan struct{})
+	lc, err := lifecycle.New([]lifecycle.Phase{
+		{Name: "migrate", Run: func(context.Context, *lifecycle.Progress) error { panic("schema drift") }},
+	}, lifecycle.WithEventHook(func(e lifecycle.Event) {
+		hook(e)
+		if e.Final() {
+			close(logged)
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	setLC(lc)
+	if err := lc.Start(context.Background()); err == nil {
+		t.Fatal("a panicking phase started")
+	}
+	if err := lc.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-logged
+	out := buf.String()
+	if !strings.Contains(out, "panic: schema drift") || !strings.Contains(out, "stack=") || !strings.Contains(out, "logging_test.go") {
+		t.Fatalf("the panic is logged without its stack:\n%s", out)
+	}
+}

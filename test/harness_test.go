@@ -111,23 +111,40 @@ func (h *host) sweep(prefix string) {
 	entries, _ := os.ReadDir(h.netnsDir)
 	for _, e := range entries {
 		p := filepath.Join(h.netnsDir, e.Name())
-		_ = syscall.Unmount(p, syscall.MNT_DETACH)
-		_ = os.RemoveAll(p)
+		for syscall.Unmount(p, syscall.MNT_DETACH) == nil {
+		}
+		if err := os.RemoveAll(p); err != nil {
+			h.t.Errorf("sweep: %v", err)
+		}
 	}
 	for syscall.Unmount(h.netnsDir, syscall.MNT_DETACH) == nil {
 	}
 	for _, l := range h.links(prefix) {
-		_ = exec.Command("ip", "link", "del", l).Run()
+		if out, err := exec.Command("ip", "link", "del", l).CombinedOutput(); err != nil && len(h.links(l)) > 0 {
+			h.t.Errorf("sweep: ip link del %s: %v: %s", l, err, out)
+		}
 	}
-	_ = exec.Command("nft", "delete", "table", "inet", nft.TableName(prefix)).Run()
+	// Every table is checked and deleted by name: a sweep that cannot run
+	// nft fails the test instead of leaving tables behind unnoticed.
+	if h.hasTable(prefix) {
+		if out, err := exec.Command("nft", "delete", "table", "inet", nft.TableName(prefix)).CombinedOutput(); err != nil {
+			h.t.Errorf("sweep: nft delete table inet %s: %v: %s", nft.TableName(prefix), err, out)
+		}
+	}
 	if lock, err := lockfile.SlotsPath(lockfile.DefaultDir, h.netnsDir, prefix); err == nil {
-		_ = os.Remove(lock)
+		if err := os.Remove(lock); err != nil && !os.IsNotExist(err) {
+			h.t.Errorf("sweep: %v", err)
+		}
 	}
 }
 
-// links lists host links whose name starts with prefix.
+// links lists host links whose name starts with prefix. A listing that
+// cannot run fails the test: "no link left" must mean none.
 func (h *host) links(prefix string) []string {
-	out, _ := exec.Command("ip", "-o", "link", "show").Output()
+	out, err := exec.Command("ip", "-o", "link", "show").Output()
+	if err != nil {
+		h.t.Fatalf("ip -o link show: %v", err)
+	}
 	var names []string
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
