@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -351,4 +352,54 @@ func TestScanSeesHostLinks(t *testing.T) {
 		t.Errorf("teardown of a lone host link: %v", res)
 	}
 	checkGone(t, m, 2)
+}
+
+// A teardown's wait for the kernel ends when its ctx does (a second
+// signal): the slots whose links are still there are reported failed, to be
+// quarantined, instead of the wait running to its deadline. The namespace
+// here is kept alive by a socket made inside it and held outside, which no
+// /proc scan sees (the descriptor reads socket:[…], not net:[…]), so the
+// teardown waits for its link.
+func TestTeardownWaitEndsWithCtx(t *testing.T) {
+	env := nettest.New(t, 4)
+	m := env.Manager(t)
+	c := m.Config()
+	nettest.Leak(t, m, []int{1})
+	sock := make(chan int, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		fd, err := unix.Open(c.NetnsPath(1), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			err = unix.Setns(fd, unix.CLONE_NEWNET)
+			unix.Close(fd)
+		}
+		s := -1
+		if err == nil {
+			s, _ = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		}
+		sock <- s
+	}()
+	s := <-sock
+	if s < 0 {
+		t.Fatal("could not make a socket in the namespace")
+	}
+	t.Cleanup(func() { unix.Close(s) })
+	inv, err := m.Scan(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	began := time.Now()
+	res := m.Teardown(ctx, inv, slot.TeardownOptions{HostGoneTimeout: 90 * time.Second})
+	took := time.Since(began)
+	if len(res.Failed) != 1 || res.Failed[0].Index != 1 || !errors.Is(res.Failed[0].Err, context.Canceled) {
+		t.Fatalf("result %v (%v), want slot 1 failed, cut short", res, res.Err())
+	}
+	if took > 60*time.Second { // without the fix it waits out the 90 s deadline
+		t.Fatalf("the wait took %v after its ctx ended", took)
+	}
+	if _, err := os.Stat(c.NetnsPath(1)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the namespace file is still there: %v", err)
+	}
 }

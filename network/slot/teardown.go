@@ -420,7 +420,7 @@ func (m *Manager) finishBatch(ctx context.Context, outcomes []outcome, probe *li
 	}
 	stuck := map[int]bool{}
 	if len(waitFor) > 0 {
-		left, err := awaitLinksGone(context.WithoutCancel(ctx), probe, waitFor, time.Now().Add(timeout))
+		left, err := awaitLinksGone(ctx, probe, waitFor, time.Now().Add(timeout))
 		if err != nil {
 			// The links left are cut off below, which is safe.
 			res.WaitErr = errors.Join(res.WaitErr, err)
@@ -429,9 +429,18 @@ func (m *Manager) finishBatch(ctx context.Context, outcomes []outcome, probe *li
 			stuck[l.index] = true
 		}
 	}
+	// ctx ended (a second signal): the wait is cut short. The namespaces
+	// are unlinked and the kernel removes their links on its own; the
+	// slots are reported failed (quarantined) rather than cut off one by
+	// one, which would take longer than the wait.
+	cut := context.Cause(ctx)
 	for k := range outcomes {
 		o := &outcomes[k]
 		if !o.started || o.err != nil || !o.wait || !stuck[o.link.index] {
+			continue
+		}
+		if cut != nil {
+			o.err = fmt.Errorf("waiting for the kernel to remove %s: cut short: %w", o.link.name, cut)
 			continue
 		}
 		if err := deleteLink(probe, o.link.index, o.link.name); err != nil {
