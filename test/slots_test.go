@@ -178,7 +178,8 @@ func TestSIGTERMDuringStartupStopsCleanly(t *testing.T) {
 }
 
 // TestSerialBaselineBindsLast checks the benchmark baseline really is the
-// seed's order: no answer on the port until reclaim and populate are done.
+// order of E2B's orchestrator before its fix: no answer on the port until
+// reclaim and populate are done.
 func TestSerialBaselineBindsLast(t *testing.T) {
 	h := newHost(t)
 	h.leak(h.prefix, 1, 40)
