@@ -1,14 +1,19 @@
-// Package phases is the phasegate daemon: its seven startup phases, their
-// dependencies, and what each builds and tears down.
+// Package phases is the phasegate daemon: its phases, their dependencies,
+// what each builds and what each stop keeps, and the Slots API over the
+// pool and the durable records.
 //
 //	lock ──► listen ─────────────────────────────► register ──► serve
 //	   \                                             ▲
 //	    └──► reclaim ──► storage ──► populate ───────┘
+//	                                    └─► background: reclaim-dead, reconcile, fill, leases
 //
-// listen and reclaim both wait only for lock: the port answers health checks
-// within milliseconds while reclaim cleans the host, however long that takes.
-// [Graph] declares the phases for the generic [lifecycle] engine; [Daemon]
-// holds what they build (the lock, the server, the slot manager, storage,
-// pool and reconciler) so that the stop functions can take it down in
-// reverse order on drain.
+// listen and serve are the [app.App]'s own phases; listen waits only for
+// lock, so the port answers health checks within milliseconds while the
+// host is restored. reclaim matches what is on the host with the records
+// (network/leases): leased slots are restored to their owners untouched,
+// recorded idle slots adopted, the rest reclaimed — in the background after
+// serving by default. A stop keeps leased and warm slots, recorded; an
+// upgrade (SIGHUP) hands the port and the lock to the new image.
+// [Reclaim] and [Decommission] are the one-shot commands, under the same
+// lock and records.
 package phases
