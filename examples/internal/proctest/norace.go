@@ -1,0 +1,5 @@
+//go:build !race
+
+package proctest
+
+const raceEnabled = false
