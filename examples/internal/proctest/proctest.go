@@ -189,3 +189,18 @@ func (s *syncBuffer) changed() <-chan struct{} {
 	}
 	return s.wake
 }
+
+// Pid is the process's id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// WaitState waits for the process to end, however it ended, and returns
+// its state; it fails the test if timeout passes first.
+func (p *Process) WaitState(timeout time.Duration) *os.ProcessState {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.t.Fatalf("the process did not end within %s", timeout)
+	}
+	return p.cmd.ProcessState
+}
