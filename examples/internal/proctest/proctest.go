@@ -46,7 +46,7 @@ func Build(t testing.TB, pkg string) string {
 			b.path = filepath.Join(dir, "main")
 		}
 		args := []string{"build", "-o", b.path}
-		if raceEnabled {
+		if Race {
 			args = append(args, "-race")
 		}
 		out, err := exec.Command("go", append(args, pkg)...).CombinedOutput()

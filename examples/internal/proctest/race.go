@@ -2,4 +2,6 @@
 
 package proctest
 
-const raceEnabled = true
+// Race reports whether the test binary, and so the binaries Build makes,
+// has the race detector.
+const Race = true
