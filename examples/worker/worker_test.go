@@ -124,6 +124,29 @@ func TestWarnsWhileTheQueueIsGone(t *testing.T) {
 	waitFor(t, a.Lifecycle(), "the warning cleared", func(s lifecycle.Snapshot) bool { return len(s.Warnings) == 0 })
 }
 
+// A stop while a job is in hand lets the job finish and its result be
+// recorded before the worker stops.
+func TestStopFinishesTheJobInHand(t *testing.T) {
+	q := startQueue(t, 1)
+	inHand, release := make(chan struct{}), make(chan struct{})
+	q.mu.Lock()
+	q.beforeResult = func() {
+		close(inHand)
+		<-release
+	}
+	q.mu.Unlock()
+	a := startWorker(t, q.url)
+	<-inHand
+	stopped := make(chan error, 1)
+	go func() { stopped <- a.Stop(context.Background()) }()
+	waitFor(t, a.Lifecycle(), "the drain", func(s lifecycle.Snapshot) bool { return s.State == lifecycle.StateDraining })
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	q.waitResults(t, 1)
+}
+
 // startWorker starts a worker in process and stops it when the test ends.
 func startWorker(t *testing.T, queue string) *app.App {
 	t.Helper()
@@ -157,6 +180,10 @@ type queue struct {
 	want    map[string]Result
 	got     map[string]Result
 	wake    chan struct{} // closed at each result
+
+	// beforeResult, when set, runs as the first result arrives, before
+	// it is recorded.
+	beforeResult func()
 }
 
 // startQueue serves a queue of n jobs on a new loopback port.
@@ -210,6 +237,13 @@ func (q *queue) result(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
+	q.mu.Lock()
+	f := q.beforeResult
+	q.beforeResult = nil
+	q.mu.Unlock()
+	if f != nil {
+		f()
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if want, ok := q.want[id]; !ok || res != want {
