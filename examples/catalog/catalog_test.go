@@ -32,6 +32,8 @@ import (
 
 // wait bounds every wait for a condition: they hold within milliseconds;
 // the bound only keeps a broken test from hanging.
+func TestMain(m *testing.M) { os.Exit(proctest.Main(m)) }
+
 const wait = time.Minute
 
 // The phases ran in the declared order, in process: five lines.

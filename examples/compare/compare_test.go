@@ -25,6 +25,8 @@ import (
 	"github.com/phasegate/phasegate/examples/internal/proctest"
 )
 
+func TestMain(m *testing.M) { os.Exit(proctest.Main(m)) }
+
 const wait = time.Minute
 
 // wirings are the three programs: the same work, wired three ways.

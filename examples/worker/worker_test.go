@@ -25,6 +25,8 @@ import (
 
 // wait bounds every wait for a condition: they hold within milliseconds;
 // the bound only keeps a broken test from hanging.
+func TestMain(m *testing.M) { os.Exit(proctest.Main(m)) }
+
 const wait = time.Minute
 
 // In process: the worker waits for the queue, then consumes, then serves.

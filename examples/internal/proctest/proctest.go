@@ -20,6 +20,21 @@ import (
 
 var builds sync.Map // package path → *build
 
+// Main runs the tests and then removes the binaries Build made. A test
+// package that uses Build calls it from TestMain:
+//
+//	func TestMain(m *testing.M) { os.Exit(proctest.Main(m)) }
+func Main(m *testing.M) int {
+	code := m.Run()
+	builds.Range(func(_, v any) bool {
+		if b := v.(*build); b.path != "" {
+			_ = os.RemoveAll(filepath.Dir(b.path))
+		}
+		return true
+	})
+	return code
+}
+
 type build struct {
 	once sync.Once
 	path string
@@ -28,7 +43,8 @@ type build struct {
 
 // Build builds the main package pkg (a path such as "." or
 // "github.com/…/catalog") once per test binary, with the race detector when
-// the test has it, and returns the binary's path.
+// the test has it, and returns the binary's path. The test package's
+// TestMain calls [Main], which removes it at the end.
 func Build(t testing.TB, pkg string) string {
 	t.Helper()
 	v, _ := builds.LoadOrStore(pkg, &build{})
@@ -39,8 +55,7 @@ func Build(t testing.TB, pkg string) string {
 			b.err = err
 			return
 		}
-		// Left for the OS to clean: other tests of this binary may
-		// still run it.
+		// Removed by Main once every test of this binary ran.
 		b.path = filepath.Join(dir, filepath.Base(pkg))
 		if pkg == "." {
 			b.path = filepath.Join(dir, "main")
