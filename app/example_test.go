@@ -1,0 +1,105 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/phasegate/phasegate/app"
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// A service declares its phases; the App adds listen, which binds the port
+// at once, and serve, after everything else. Until serve, the port answers
+// with the phase the service is in and how far it got; a route declared
+// before the start and bound by a phase answers once the service serves.
+// A program calls a.Main() instead of Start and Stop: it runs until a
+// signal and returns the exit code.
+func Example() {
+	migrating, migrated := make(chan struct{}), make(chan struct{})
+	var a *app.App // the phases run after New returned it
+	cfg := app.DefaultConfig("catalog", "127.0.0.1:0")
+	cfg.DrainDelay = 0 // no checker to wait for here
+	a, err := app.New(cfg,
+		lifecycle.Phase{Name: "config", Run: func(context.Context, *lifecycle.Progress) error { return nil }},
+		lifecycle.Phase{Name: "migrate", DependsOn: []string{"config"}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
+			p.SetTotal(20, "migrations")
+			p.SetDone(7)
+			close(migrating)
+			select {
+			case <-migrated:
+				p.SetDone(20)
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}},
+		lifecycle.Phase{Name: "register", DependsOn: []string{"migrate", app.PhaseListen}, Run: func(context.Context, *lifecycle.Progress) error {
+			return a.Server().BindHTTP("GET /v1/hello", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				fmt.Fprintln(w, "hello")
+			}))
+		}},
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := a.Server().DeclareHTTP("GET /v1/hello"); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	ctx := context.Background()
+	started := make(chan error, 1)
+	go func() { started <- a.Start(ctx) }()
+	c := &http.Client{Timeout: 10 * time.Second}
+	defer c.CloseIdleConnections()
+	get := func(path string) {
+		resp, err := c.Get("http://" + a.Addr(ctx).String() + path)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		fmt.Printf("%s %d %s", path, resp.StatusCode, body)
+	}
+	<-migrating
+	get("/v1/hello")
+	close(migrated)
+	if err := <-started; err != nil {
+		fmt.Println(err)
+		return
+	}
+	get("/v1/hello")
+	fmt.Println(a.Stop(ctx), a.Lifecycle().State())
+	// Output:
+	// /v1/hello 503 GET /v1/hello unavailable: starting: phase migrate 7/20 migrations
+	// /v1/hello 200 hello
+	// <nil> stopped
+}
+
+// A supervisor's kill timeout (systemd's TimeoutStopSec, Nomad's
+// kill_timeout, Kubernetes' terminationGracePeriodSeconds) must exceed the
+// longest orderly stop: the drain delay, the port's graceful stop, each
+// phase's Stop and the background tasks, each within its bound.
+func ExampleApp_StopBudget() {
+	cfg := app.DefaultConfig("catalog", "127.0.0.1:0")
+	fmt.Println("the port alone:", cfg.StopBudget())
+	nop := func(context.Context, *lifecycle.Progress) error { return nil }
+	a, err := app.New(cfg,
+		lifecycle.Phase{Name: "store", Run: nop, Stop: func(context.Context) error { return nil }, StopTimeout: 30 * time.Second},
+		lifecycle.Phase{Name: "cache", DependsOn: []string{"store"}, Run: nop, Stop: func(context.Context) error { return nil }},
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer a.Stop(context.Background()) // New started the health observers
+	fmt.Println("the whole stop:", a.StopBudget())
+	// Output:
+	// the port alone: 25s
+	// the whole stop: 1m15s
+}
