@@ -7,11 +7,12 @@ export PATH := $(GOBIN):$(PATH)
 GRPC_HEALTH_PROBE_VERSION := v0.4.62
 
 # The library is the root module; the end-to-end tests and the benchmark
-# program are the module in test/, so that their heavy dependencies never
-# reach an adopter's go.mod.
-MODULES   := . test tracing/internal/autoexportcmp
+# program are the module in test/, and the example services (with their
+# uber-go/fx and oklog/run comparisons) the module in examples/, so that
+# their heavy dependencies never reach an adopter's go.mod.
+MODULES   := . test examples tracing/internal/autoexportcmp
 
-.PHONY: bench-smoke bench-report reliability help demo run build test unit deps tools bench vet generate fuzz screenshot
+.PHONY: bench-compare bench-smoke bench-report reliability help demo run build test unit deps tools bench vet generate fuzz screenshot
 
 help:
 	@echo "make demo     the whole story: leaked slots, a daemon starting, health 503 -> 200 (as root)"
@@ -22,6 +23,7 @@ help:
 	@echo "make bench-report  phasegate vs serial startup vs kernel floor at N up to 10,000 (as root)"
 	@echo "make deps     install what the tests need: Debian packages (root), grpc-health-probe, Jaeger"
 	@echo "make reliability  long crash/load/hostile-input runs; figures to docs/reliability/"
+	@echo "make bench-compare  phasegate beside uber-go/fx and oklog/run (docs/FRAMEWORK.md)"
 	@echo "make fuzz     run each fuzz target for FUZZTIME (default 1m)"
 
 build:
@@ -45,6 +47,7 @@ test: deps vet
 		$(GO) test -race -count=1 -timeout 40m ./...
 	cd test && PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(../tools/jaeger/build.sh) \
 		$(GO) test -race -count=1 -timeout 40m ./...
+	cd examples && $(GO) test -race -count=1 -timeout 20m ./...
 	cd tracing/internal/autoexportcmp && $(GO) test -count=1 ./...
 	$(MAKE) bench-smoke
 
@@ -61,7 +64,12 @@ bench-report:
 	cd test && $(GO) run ./bench -n 0,1000,5000,10000 -reps 3 -out ../docs/bench -doc ../docs/BENCHMARKS.md
 
 unit:
-	$(GO) test -race -count=1 ./lifecycle/... ./tracing/... ./health/... ./server/... ./metrics/... ./timeline/... ./phases/... ./cmd/...
+	$(GO) test -race -count=1 ./lifecycle/... ./app/... ./eventstream/... ./tracing/... ./health/... ./server/... ./metrics/... ./timeline/... ./phases/... ./cmd/...
+	cd examples && $(GO) test -race -count=1 -timeout 20m ./...
+
+## bench-compare: seven no-op steps on phasegate, uber-go/fx and oklog/run (docs/FRAMEWORK.md).
+bench-compare:
+	cd examples && $(GO) test -run '^$$' -bench 'SevenSteps|AppStartStop' -benchmem -count 5 ./compare/
 
 ## screenshot: refresh docs/startup-timeline.png from a real start in headless Chromium (root).
 screenshot:

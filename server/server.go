@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -153,6 +154,8 @@ type Server struct {
 	grpc *grpc.Server
 	http *http.Server
 	mux  *http.ServeMux
+	// httpConns follows the HTTP connections for the drain.
+	httpConns httpConns
 
 	draining atomic.Bool // new application calls are refused
 	handover atomic.Bool // see DrainForHandover
@@ -199,7 +202,13 @@ func New(cfg Config) (*Server, error) {
 		done:     make(chan struct{}),
 	}
 	s.http = &http.Server{
-		Handler:           s.mux,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+				s.httpConns.handling(c)
+			}
+			s.mux.ServeHTTP(w, r)
+		}),
+		ConnState:         s.httpConns.track,
 		ReadHeaderTimeout: noBound(cfg.ReadHeaderTimeout),
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
@@ -310,7 +319,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	// gRPC clients wait for the server's SETTINGS frame before they send
 	// their headers, so the matcher must send it.
 	grpcL := handoffListener{m.MatchWithWriters(cmux.HTTP2MatchHeaderFieldSendSettings("content-type", "application/grpc"))}
-	httpL := handoffListener{m.Match(cmux.Any())}
+	httpL := handoffListener{m.Match(sentSomething)}
 	s.cm = m
 
 	s.wg.Add(3)
@@ -463,13 +472,15 @@ func (s *Server) drain(ctx context.Context) error {
 		close(graceful)
 	}()
 	httpErr := make(chan error, 1)
-	go func() { httpErr <- s.http.Shutdown(stopCtx) }()
+	go func() { httpErr <- s.shutdownHTTP(stopCtx) }()
 
 	select {
 	case <-graceful:
 	case <-stopCtx.Done():
-		cut = append(cut, "gRPC graceful stop")
-		s.grpc.Stop()
+		if !closedWithin(graceful, hurriedGrace) {
+			cut = append(cut, "gRPC graceful stop")
+			s.grpc.Stop()
+		}
 	}
 	// Shutdown also reports closing the listener, which the drain closed
 	// already: only its ctx ending means connections were left.
@@ -498,6 +509,36 @@ func (s *Server) drain(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("server: %s not finished (%s); connections closed", strings.Join(cut, ", "), reason)
+}
+
+// shutdownHTTP is http.Server.Shutdown, which waits for every connection
+// that read a byte of a request, closing meanwhile those whose request
+// never came whole (see stalledRequest).
+func (s *Server) shutdownHTTP(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- s.http.Shutdown(ctx) }()
+	t := time.NewTicker(stalledRequest / 5)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-t.C:
+			s.httpConns.closeStalled(stalledRequest)
+		}
+	}
+}
+
+// sentSomething matches every connection that sent at least one byte
+// within the sniff timeout: the HTTP server answers what is not HTTP with
+// 400. One that sent nothing matches no listener, and the multiplexer
+// closes it. cmux.Any would hand it to the HTTP server, whose Shutdown takes
+// a connection that never sent a byte for an active one during its first 5 s
+// and so waits for it for up to the whole stop timeout.
+func sentSomething(r io.Reader) bool {
+	var b [1]byte
+	n, _ := r.Read(b[:])
+	return n > 0
 }
 
 // freshConn is how young a connection is that a handover waits for its
@@ -566,6 +607,26 @@ func (s *Server) waitFor(c <-chan struct{}, d time.Duration) bool {
 	case <-timeout:
 		return c == nil
 	case <-s.hurry.Done():
+	}
+	// What c waits for may be ending at this moment: after grpc's Stop,
+	// GracefulStop returns as soon as its handlers, whose contexts are
+	// cancelled, did. A hurried drain gives it a moment, so that a stop
+	// with nothing left to wait for is not reported as cut short.
+	return c != nil && closedWithin(c, hurriedGrace)
+}
+
+// hurriedGrace is how long a hurried drain still waits for what it was
+// waiting for to end by itself.
+const hurriedGrace = 50 * time.Millisecond
+
+// closedWithin reports whether c is closed within d.
+func closedWithin(c <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-c:
+		return true
+	case <-t.C:
 		return false
 	}
 }

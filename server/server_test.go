@@ -376,9 +376,14 @@ func TestDrainLetsInFlightCallsFinish(t *testing.T) {
 }
 
 // A connection that sends nothing, or half a preface, does not hold up the
-// drain, however long the sniff timeout, and also without one.
+// drain, however long the sniff timeout, and also without one. With a short
+// one the silent connection's sniff is over before the drain: it used to be
+// handed to the HTTP server, whose Shutdown waited for it to the end of the
+// stop timeout (it takes a connection that never sent a byte for an active
+// one during its first 5 s), and the half preface, a request begun and never
+// finished, was waited for the same way.
 func TestSilentConnectionsDoNotDelayDrain(t *testing.T) {
-	for _, sniff := range []time.Duration{time.Hour, 0} {
+	for _, sniff := range []time.Duration{time.Hour, 0, 50 * time.Millisecond} {
 		t.Run(fmt.Sprintf("SniffTimeout=%v", sniff), func(t *testing.T) {
 			testSilentConnectionsDoNotDelayDrain(t, sniff)
 		})
@@ -402,6 +407,9 @@ func testSilentConnectionsDoNotDelayDrain(t *testing.T, sniff time.Duration) {
 		resp.Body.Close()
 	}
 	_ = checkHealth(t, st.grpcConn(t), "")
+	if sniff > 0 && sniff < time.Second {
+		time.Sleep(4 * sniff) // the silent connection's sniff times out
+	}
 
 	begin := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -770,5 +778,26 @@ func TestAlive(t *testing.T) {
 	recv(t, srv.Done(), "Done after the listener failed")
 	if err := srv.Alive(ctx); err == nil {
 		t.Error("Alive with the listener gone: nil")
+	}
+}
+
+// A drain hurried from its start (a second signal) with nothing in flight
+// has nothing to cut short, and says so: it used to report "gRPC graceful
+// stop" or "gRPC handlers" not finished when a select picked the hurry over
+// a graceful stop that was ending at the same moment.
+func TestHurriedDrainWithNothingInFlightReportsNothing(t *testing.T) {
+	for i := range 50 {
+		srv, err := server.New(server.Config{Addr: "127.0.0.1:0", StopTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Serve(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := srv.Drain(ctx); err != nil {
+			t.Fatalf("drain %d, hurried, nothing in flight: %v", i, err)
+		}
 	}
 }
