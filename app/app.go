@@ -199,10 +199,14 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 		return fail(err)
 	}
 	a.stops = append(a.stops, a.notifier.Close)
+	events := eventstream.NewHandler(a.lc)
+	// A follower's stream would otherwise last until the lifecycle's
+	// final event, after the port's drain, which would wait for it.
+	a.srv.OnShutdown(events.Close)
 	for pattern, h := range map[string]http.Handler{
 		"GET " + PathMetrics:   a.metrics.Handler(),
 		"GET " + PathLifecycle: viewHandler(a.lc),
-		"GET " + PathEvents:    eventstream.NewHandler(a.lc),
+		"GET " + PathEvents:    events,
 		"GET " + PathStartup: timeline.Handler(a.lc, timeline.Options{
 			Title: cfg.Name,
 			Links: []timeline.Link{

@@ -323,3 +323,29 @@ func TestPhaseOrderOverThePort(t *testing.T) {
 	phasetest.AssertOrder(t, s.Events(0), "config", "migrate", "register", "serve")
 	phasetest.AssertRespectsDependencies(t, s.Events(0))
 }
+
+// A client following /debug/events does not hold up the stop: its stream
+// ends as the port stops taking requests, with every event until then and
+// no error for the follower. Before, the stream lasted until the
+// lifecycle's final event, which comes after the port's drain, so the drain
+// waited out its stop timeout and Stop failed ("HTTP shutdown not
+// finished").
+func TestStopWhileFollowed(t *testing.T) {
+	a, err := New(testConfig(), lifecycle.Phase{Name: "config", Run: nop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s := phasetest.Follow(t, "http://"+a.Addr(context.Background()).String()+PathEvents)
+	phasetest.WaitState(t, s, lifecycle.StateServing, wait)
+	if err := a.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop while a client follows the events: %v", err)
+	}
+	phasetest.WaitState(t, s, lifecycle.StateDraining, wait)
+	s.Close()
+	if err := s.Err(); err != nil {
+		t.Errorf("the follower: %v", err)
+	}
+}

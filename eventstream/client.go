@@ -22,6 +22,13 @@ import (
 // without its final event.
 var ErrStreamChanged = errors.New("eventstream: the stream changed between connections: the serving process restarted")
 
+// ErrClosed is returned by [Client.Follow] when the serving process closed
+// the stream before the lifecycle's final event (a [ClosedEvent]): it is
+// stopping, or handing its port to a new process, and its port closes
+// before the rest of the log can be sent. Every event recorded until then
+// was given to fn.
+var ErrClosed = errors.New("eventstream: the serving process closed the stream before the lifecycle's final event: it is stopping")
+
 // SequenceError reports an event whose sequence number is not the one after
 // the last event received: events were lost (Got > Want) or repeated
 // (Got < Want). [Client.Follow] never skips over either.
@@ -90,7 +97,8 @@ func Follow(ctx context.Context, url string, after uint64, fn func(lifecycle.Eve
 // [*SequenceError].
 //
 // Follow returns nil once the stream has ended after the lifecycle's final
-// event; fn's error if fn returns one (Follow then stops); [ErrStreamChanged]
+// event; fn's error if fn returns one (Follow then stops); [ErrClosed] if
+// the serving process closed the stream as it stopped; [ErrStreamChanged]
 // if the serving process restarted; a [*StatusError] for an answer retrying
 // will not change; or, when ctx ends first, an error wrapping ctx's cause
 // that also says why the last failed connection failed, if one did.
@@ -233,6 +241,8 @@ func (f *follower) dispatch(m *message) (done bool, err error) {
 	switch {
 	case m.event == EndEvent:
 		return true, nil
+	case m.event == ClosedEvent:
+		return false, ErrClosed
 	case m.id == "" || !m.hasData:
 		return false, nil // not an event of the log: the retry hint, say
 	}

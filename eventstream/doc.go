@@ -20,9 +20,17 @@
 // sequence numbers go up by one: a gap or a repeat is an error, never
 // skipped, so a caller that gets nil back saw every event exactly once.
 //
+// A draining server closes the handler ([Handler.Close]) as it stops
+// taking requests: each stream is sent the events recorded so far and a
+// "closed" message, and [Client.Follow] returns [ErrClosed]. Without it a
+// stream would last until the lifecycle's final event, which comes after
+// the port is gone, and the drain would wait for it.
+//
 // Mount the handler wherever the program serves debug endpoints:
 //
-//	mux.Handle("GET /debug/events", eventstream.NewHandler(lc))
+//	h := eventstream.NewHandler(lc)
+//	mux.Handle("GET /debug/events", h)
+//	srv.RegisterOnShutdown(h.Close) // an *http.Server; app.App does this for you
 //
 // and follow it with
 //

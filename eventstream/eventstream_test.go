@@ -418,3 +418,93 @@ func same(a, b []lifecycle.Event) bool {
 	}
 	return reflect.DeepEqual(norm(a), norm(b))
 }
+
+// Close ends the streams of a lifecycle that has not ended: a follower gets
+// every event recorded until then, then ErrClosed, at once (before, it
+// waited for the final event, which comes after a draining server's port is
+// gone, and held the drain up); a request after Close is answered 503.
+func TestCloseEndsStreamsBeforeTheFinalEvent(t *testing.T) {
+	lc := serving(t)
+	h := eventstream.NewHandler(lc)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	got := make(chan []lifecycle.Event, 1)
+	errc := make(chan error, 1)
+	first := make(chan struct{})
+	var once atomic.Bool
+	go func() {
+		var events []lifecycle.Event
+		err := (&eventstream.Client{}).Follow(context.Background(), srv.URL, 0, func(e lifecycle.Event) error {
+			events = append(events, e)
+			if once.CompareAndSwap(false, true) {
+				close(first)
+			}
+			return nil
+		})
+		got <- events
+		errc <- err
+	}()
+	<-first
+	lc.Warn("disk", "a warning recorded just before the close") // must still reach the follower
+	h.Close()
+	h.Close() // idempotent
+
+	select {
+	case err := <-errc:
+		if !errors.Is(err, eventstream.ErrClosed) {
+			t.Fatalf("Follow after Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Follow still running after Close: the stream waits for the final event")
+	}
+	events := <-got
+	if want := lc.Events(0); !same(events, want) {
+		t.Errorf("followed %d events, want the %d recorded before the close:\n%v\n%v", len(events), len(want), events, want)
+	}
+
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("a request after Close: %d (Retry-After %q), want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// A stream whose lifecycle ends as the handler closes still ends with the
+// final event and the end message, whichever the handler sees first, and
+// Follow returns nil.
+func TestCloseAsTheLifecycleEnds(t *testing.T) {
+	for i := range 20 {
+		lc := serving(t)
+		h := eventstream.NewHandler(lc)
+		srv := httptest.NewServer(h)
+		first := make(chan struct{})
+		var once atomic.Bool
+		errc := make(chan error, 1)
+		var events []lifecycle.Event
+		go func() {
+			errc <- (&eventstream.Client{}).Follow(context.Background(), srv.URL, 0, func(e lifecycle.Event) error {
+				events = append(events, e)
+				if once.CompareAndSwap(false, true) {
+					close(first)
+				}
+				return nil
+			})
+		}()
+		<-first
+		if err := lc.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		h.Close()
+		if err := <-errc; err != nil {
+			t.Fatalf("round %d: Follow: %v, want nil (the final event was recorded before the close); got %v of %v", i, err, events, lc.Events(0))
+		}
+		if want := lc.Events(0); !same(events, want) {
+			t.Fatalf("round %d: followed %d events, want %d", i, len(events), len(want))
+		}
+		srv.Close()
+	}
+}

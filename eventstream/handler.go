@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/phasegate/phasegate/lifecycle"
@@ -34,6 +35,13 @@ const StreamHeader = "Phasegate-Stream"
 // answered 204 No Content, which tells an EventSource to stop.
 const EndEvent = "end"
 
+// ClosedEvent is the SSE event type of the message a [Handler] sends when
+// it is closed before the lifecycle's last event: the process is stopping
+// (or handing its port to a new one) and the port closes before the rest of
+// the log is written. The events recorded until then were sent first. A
+// [Client] that gets it returns [ErrClosed].
+const ClosedEvent = "closed"
+
 // Defaults of a [Handler].
 const (
 	// DefaultHeartbeat is how often an idle stream gets a comment line, so
@@ -57,6 +65,8 @@ type Handler struct {
 	src       Source
 	heartbeat time.Duration
 	stream    string
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // An Option configures a [Handler].
@@ -70,12 +80,20 @@ func WithHeartbeat(d time.Duration) Option {
 
 // NewHandler returns a handler that serves src's events.
 func NewHandler(src Source, opts ...Option) *Handler {
-	h := &Handler{src: src, heartbeat: DefaultHeartbeat, stream: rand.Text()}
+	h := &Handler{src: src, heartbeat: DefaultHeartbeat, stream: rand.Text(), closing: make(chan struct{})}
 	for _, opt := range opts {
 		opt(h)
 	}
 	return h
 }
+
+// Close ends every stream: each is sent the events recorded so far and
+// then a [ClosedEvent] message. Requests after Close are answered 503. A
+// server that drains calls it as it stops taking requests (server.Server's
+// OnShutdown), since a stream otherwise lasts until the lifecycle's final
+// event, which comes after the port is gone: the drain would wait for it
+// to the end of its stop timeout. Close is idempotent.
+func (h *Handler) Close() { h.closeOnce.Do(func() { close(h.closing) }) }
 
 // ServeHTTP streams the events numbered after the request's Last-Event-ID
 // header or, without one, its after query parameter (zero: the whole log).
@@ -92,6 +110,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
+	}
+	select {
+	case <-h.closing:
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "the process is stopping", http.StatusServiceUnavailable)
+		return
+	default:
 	}
 	hdr := w.Header()
 	hdr.Set("Cache-Control", "no-store")
@@ -143,13 +168,28 @@ func (h *Handler) serve(ctx context.Context, w http.ResponseWriter, after uint64
 		return
 	}
 	buf := make([]byte, 0, 512)
+	sent, final := after, false // the last event written, and whether it was the final one
 	for {
 		select {
+		case <-h.closing:
+			// What the log holds now, then the close: the channel may
+			// not have yielded the latest events yet.
+			for _, e := range h.src.Events(sent) {
+				if final || !write(appendEvent(buf[:0], e)) {
+					break
+				}
+				sent, final = e.Seq, e.Final()
+			}
+			if final {
+				write([]byte(endMessage))
+			} else {
+				write([]byte(closedMessage))
+			}
+			return
 		case e, ok := <-events:
 			if !ok {
 				if ctx.Err() == nil { // the log ended, not the client
-					// Browsers dispatch only messages with data.
-					write([]byte("event: " + EndEvent + "\ndata: {}\n\n"))
+					write([]byte(endMessage))
 				}
 				return
 			}
@@ -157,6 +197,7 @@ func (h *Handler) serve(ctx context.Context, w http.ResponseWriter, after uint64
 			if !write(buf) {
 				return
 			}
+			sent, final = e.Seq, e.Final()
 		case <-tick:
 			if !write([]byte(": heartbeat\n\n")) {
 				return
@@ -164,6 +205,13 @@ func (h *Handler) serve(ctx context.Context, w http.ResponseWriter, after uint64
 		}
 	}
 }
+
+// The messages that end a stream. Browsers dispatch only messages with
+// data.
+const (
+	endMessage    = "event: " + EndEvent + "\ndata: {}\n\n"
+	closedMessage = "event: " + ClosedEvent + "\ndata: {}\n\n"
+)
 
 // appendEvent appends e as one SSE message. JSON has no raw newlines, so the
 // data is a single line.

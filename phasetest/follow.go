@@ -32,9 +32,15 @@ func WithHTTPClient(c *http.Client) FollowOption {
 // Follow starts following the event stream at url, from its first event,
 // in the background: it reconnects and resumes whenever the connection drops
 // or cannot be made yet (a process still binding its port), until the
-// lifecycle's final event or the end of the test. A gap or a repeat in the
-// stream, or an answer that is not a stream, ends the following; the
-// waits then fail saying so, and so does the test at cleanup.
+// lifecycle's final event, [Stream.Close] or the end of the test. A gap or a
+// repeat in the stream, or an answer that is not a stream, ends the
+// following; the waits then fail saying so, and so does the test at cleanup.
+//
+// A process that drains closes its stream as its port stops taking requests
+// ([eventstream.ErrClosed]): the following then ends, not as a failure, with
+// the events up to the port's drain; what happens after (the other phases'
+// stops) cannot reach the test through the port. Wait for the process to
+// exit instead.
 func Follow(t testing.TB, url string, opts ...FollowOption) *Stream {
 	t.Helper()
 	var c eventstream.Client
@@ -49,19 +55,30 @@ func Follow(t testing.TB, url string, opts ...FollowOption) *Stream {
 			s.rec.Record(e)
 			return nil
 		})
-		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-			err = nil // the test is over: not a failure of the stream
+		switch {
+		case errors.Is(err, eventstream.ErrClosed):
+			s.rec.endBecause("the process closed its event stream as it stopped")
+			return
+		case ctx.Err() != nil && errors.Is(err, context.Canceled):
+			err = nil // the test is over, or Close: not a failure of the stream
 		}
 		s.rec.end(err)
 	}()
 	t.Cleanup(func() {
-		cancel()
-		<-s.done
+		s.Close()
 		if err := s.rec.Err(); err != nil {
 			t.Errorf("phasetest: following %s: %v", url, err)
 		}
 	})
 	return s
+}
+
+// Close stops following and returns once it has; the events received stay
+// for the assertions and waits, which see the log end there. Close is
+// idempotent; the test's end calls it.
+func (s *Stream) Close() {
+	s.cancel()
+	<-s.done
 }
 
 // Events returns a copy of the events received after the one numbered

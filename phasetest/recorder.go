@@ -26,6 +26,7 @@ type Recorder struct {
 	events []lifecycle.Event
 	err    error         // the first event out of sequence, or why recording ended
 	ended  bool          // no event will follow
+	reason string        // why recording ended without the final event, when it ended well
 	wake   chan struct{} // closed at the next change; nil while nobody waits
 }
 
@@ -50,6 +51,16 @@ func (r *Recorder) end(err error) {
 	if r.err == nil {
 		r.err = err
 	}
+	r.ended = true
+	r.wakeLocked()
+}
+
+// endBecause marks the recording over before the final event for a reason
+// that is not a failure, which waits that cannot be met report.
+func (r *Recorder) endBecause(reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reason = reason
 	r.ended = true
 	r.wakeLocked()
 }

@@ -86,9 +86,15 @@ func wait(t testing.TB, src Source, what string, timeout time.Duration, match fu
 		why = "the lifecycle stopped"
 	}
 	if r, ok := src.(interface{ recording() *Recorder }); ok {
-		if err := r.recording().Err(); err != nil {
+		rec := r.recording()
+		if err := rec.Err(); err != nil {
 			why += "; the recording broke: " + err.Error()
 		}
+		rec.mu.Lock()
+		if rec.reason != "" {
+			why += "; " + rec.reason
+		}
+		rec.mu.Unlock()
 	}
 	t.Fatalf("phasetest: waiting for %s: %s\n%s\n%s", what, why, m.summary(), formatLog(log))
 	return lifecycle.Event{}

@@ -227,6 +227,13 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// OnShutdown registers f to be called, in a goroutine of its own, when the
+// drain stops taking requests (after the drain delay). A handler that
+// streams until something else ends (an event stream, a long poll) ends
+// there: the drain waits for every handler to return, up to its stop
+// timeout. Register before the drain begins.
+func (s *Server) OnShutdown(f func()) { s.http.RegisterOnShutdown(f) }
+
 // Handle registers an HTTP handler for pattern (http.ServeMux syntax). It
 // may be called at any time, also while serving. It fails, instead of
 // panicking like ServeMux, on an invalid pattern or one that conflicts

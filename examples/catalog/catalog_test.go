@@ -172,13 +172,8 @@ func TestProcessServesTracesAndStops(t *testing.T) {
 	p := proctest.Start(t, proctest.Build(t, "."), []string{"OTEL_TRACES_EXPORTER=console"},
 		"-listen", "127.0.0.1:0", "-config", cfgFile)
 	addr := p.Addr(wait)
-	// Followed in a subtest, which stops following when it ends: a client
-	// still on the event stream would hold up the drain (see
-	// TestProcessStopsWhileFollowed).
-	t.Run("serving", func(t *testing.T) {
-		s := phasetest.Follow(t, "http://"+addr+app.PathEvents)
-		phasetest.WaitState(t, s, lifecycle.StateServing, wait)
-	})
+	s := phasetest.Follow(t, "http://"+addr+app.PathEvents)
+	phasetest.WaitState(t, s, lifecycle.StateServing, wait)
 	if code, body := get(t, addr, "/v1/products/"+catalogdb.SKU(42)); code != http.StatusOK || !strings.Contains(body, `"price_cents":4242`) {
 		t.Errorf("GET a product: %d %s", code, body)
 	}
@@ -264,15 +259,11 @@ func TestProcessStopsWhileWaitingForTheLock(t *testing.T) {
 }
 
 // A client following the event stream when the process is told to stop
-// should not hold the stop up. It does: the stream ends only at the
-// lifecycle's final event, which comes after the port's drain, so the
-// drain waits for the stream until its stop timeout (10 s) and the process
-// exits 1 ("HTTP shutdown not finished"). A library bug, reported; the
-// test runs with PHASEGATE_KNOWN_BUGS=1.
+// does not hold the stop up: the stream ends, with every event until then,
+// as the port stops taking requests, and the process exits 0. (It used to
+// last until the lifecycle's final event, after the port's drain, so the
+// drain waited out its stop timeout and the process exited 1.)
 func TestProcessStopsWhileFollowed(t *testing.T) {
-	if os.Getenv("PHASEGATE_KNOWN_BUGS") != "1" {
-		t.Skip("known library bug: an open /debug/events stream holds the drain; PHASEGATE_KNOWN_BUGS=1 runs it")
-	}
 	cfgFile, _ := writeConfig(t, 10)
 	p := proctest.Start(t, proctest.Build(t, "."), nil, "-listen", "127.0.0.1:0", "-config", cfgFile)
 	s := phasetest.Follow(t, "http://"+p.Addr(wait)+app.PathEvents)
@@ -281,6 +272,7 @@ func TestProcessStopsWhileFollowed(t *testing.T) {
 	if code := p.Wait(wait); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM with a follower, want 0", code)
 	}
+	phasetest.WaitState(t, s, lifecycle.StateDraining, wait)
 }
 
 // requireLines fails the test unless out has each line fragment, in order.

@@ -56,9 +56,7 @@ func TestProcessWaitsForTheQueue(t *testing.T) {
 	p := proctest.Start(t, proctest.Build(t, "."), nil, "-listen", "127.0.0.1:0", "-queue", queueURL)
 	workerAddr := p.Addr(wait)
 
-	// Followed in subtests, which stop following when they end: a client
-	// still on the event stream would hold up the drain (a library bug,
-	// see the catalog's TestProcessStopsWhileFollowed).
+	// Each stage in a subtest of its own, so that a failure names it.
 	t.Run("waits", func(t *testing.T) {
 		s := phasetest.Follow(t, "http://"+workerAddr+app.PathEvents)
 		phasetest.WaitPhase(t, s, "queue", lifecycle.PhaseRetrying, wait)
