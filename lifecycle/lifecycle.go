@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,7 +47,6 @@ type Lifecycle struct {
 	cancelStart  context.CancelCauseFunc
 	tasksCtx     context.Context
 	cancelTasks  context.CancelFunc
-	taskWG       sync.WaitGroup
 	startDone    chan struct{} // closed when Start's outcome is known
 	startErr     error
 	startTimer   *time.Timer   // WithStartTimeout's; nil without it
@@ -288,8 +288,9 @@ func (l *Lifecycle) Fail(cause error) error {
 
 // Drain shuts the lifecycle down: it goes to draining, background tasks are
 // cancelled, the stop functions of the phases that succeeded run in reverse
-// dependency order, each under its own timeout, and the lifecycle ends
-// stopped. A drain that arrives while starting goes to draining at once and
+// dependency order, each under its own timeout and each after the tasks its
+// phase deferred have returned (the tasks have one stop timeout in all),
+// and the lifecycle ends stopped. A drain that arrives while starting goes to draining at once and
 // cancels the start: running phases are cancelled, pending ones skipped, and
 // the stops of those that succeeded run as part of the drain. Drain before
 // Start only makes the lifecycle refuse to start.
@@ -344,8 +345,6 @@ func (l *Lifecycle) Drain(ctx context.Context) error {
 
 	ctx, span := l.tracer.Start(ctx, "drain")
 	err := l.stopCompleted(ctx)
-	waitErr := l.waitTasks(ctx)
-	err = errors.Join(err, waitErr)
 	recordOutcome(span, err)
 	span.End()
 
@@ -376,25 +375,21 @@ func (l *Lifecycle) drainResult() error {
 	return l.drainErr
 }
 
-// waitTasks waits for cancelled background tasks to return.
-func (l *Lifecycle) waitTasks(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		l.taskWG.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("lifecycle: background tasks still running: %w", context.Cause(ctx))
-	}
-}
-
 // stopCompleted runs the stop functions of succeeded phases, latest
 // completion first, which is a reverse dependency order: a phase completes
 // only after all its dependencies did. Each stop runs once, whoever calls.
+//
+// Before a phase's Stop, the background tasks it deferred (cancelled
+// already) are waited for: a task uses what its phase made, which the Stop
+// closes. The tasks get one stop timeout in all, from here, to return,
+// besides ctx; a phase whose tasks are still running then is stopped
+// anyway, and the error names them.
 func (l *Lifecycle) stopCompleted(ctx context.Context) error {
+	tasksCtx, cancel := ctx, context.CancelFunc(func() {})
+	if d := l.opts.stopTimeout; d > 0 {
+		tasksCtx, cancel = context.WithTimeoutCause(ctx, d, fmt.Errorf("stop timeout %s passed", d))
+	}
+	defer cancel()
 	var errs []error
 	for {
 		l.mu.Lock()
@@ -405,6 +400,9 @@ func (l *Lifecycle) stopCompleted(ctx context.Context) error {
 		r := l.phases[l.completed[len(l.completed)-1]]
 		l.completed = l.completed[:len(l.completed)-1]
 		l.mu.Unlock()
+		if err := l.waitTasks(tasksCtx, r.Name); err != nil {
+			errs = append(errs, err)
+		}
 		if r.Stop == nil {
 			continue
 		}
@@ -414,13 +412,57 @@ func (l *Lifecycle) stopCompleted(ctx context.Context) error {
 	}
 }
 
+// hurriedGrace is how long waitTasks still waits, once its ctx has ended,
+// for tasks to return by themselves.
+const hurriedGrace = 50 * time.Millisecond
+
+// waitTasks waits until the tasks phase deferred have returned, or ctx
+// ends; it then names those still running.
+func (l *Lifecycle) waitTasks(ctx context.Context, phase string) error {
+	l.mu.Lock()
+	var tasks []*task
+	for _, t := range l.tasks {
+		if t.phase == phase {
+			tasks = append(tasks, t)
+		}
+	}
+	l.mu.Unlock()
+	var running []string
+	var grace <-chan time.Time
+	for _, t := range tasks {
+		select {
+		case <-t.done:
+			continue
+		case <-ctx.Done():
+		}
+		// A task whose ctx was cancelled a moment ago may be returning
+		// now: a hurried drain gives it that moment, so that a task that
+		// honours cancellation is not reported as left running.
+		if grace == nil {
+			tm := time.NewTimer(hurriedGrace)
+			defer tm.Stop()
+			grace = tm.C
+		}
+		select {
+		case <-t.done:
+		case <-grace:
+			running = append(running, t.name)
+		}
+	}
+	if len(running) == 0 {
+		return nil
+	}
+	return fmt.Errorf("lifecycle: phase %q: background task(s) %s still running: %w",
+		phase, strings.Join(running, ", "), context.Cause(ctx))
+}
+
 func (l *Lifecycle) stopPhase(ctx context.Context, r *phaseRun) (err error) {
 	timeout := r.StopTimeout
 	if timeout == 0 {
 		timeout = l.opts.stopTimeout
 	}
 	ctx, span := l.tracer.Start(ctx, "stop "+r.Name, trace.WithAttributes(attrPhase.String(r.Name)))
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("stop timeout %s passed", timeout))
 	defer func() {
 		cancel()
 		recordOutcome(span, err)
@@ -432,6 +474,10 @@ func (l *Lifecycle) stopPhase(ctx context.Context, r *phaseRun) (err error) {
 		}
 	}()
 	if err := r.Stop(ctx); err != nil {
+		if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() && errors.Is(err, ctx.Err()) {
+			// "context canceled" alone does not say by what.
+			return fmt.Errorf("phase %q: stop: %w (%v)", r.Name, err, cause)
+		}
 		return fmt.Errorf("phase %q: stop: %w", r.Name, err)
 	}
 	return nil

@@ -17,12 +17,13 @@ type task struct {
 	ended    time.Time
 	err      error
 	progress Progress
+	done     chan struct{} // closed when the task has returned and its end is recorded
 }
 
-// startTaskLocked launches a deferred task; the lifecycle owns its goroutine
-// through taskWG and cancels it through tasksCtx.
+// startTaskLocked launches a deferred task; the lifecycle owns its goroutine,
+// cancels it through tasksCtx and waits for it through done.
 func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
-	t := &task{name: d.name, phase: r.Name, state: TaskRunning, started: time.Now()}
+	t := &task{name: d.name, phase: r.Name, state: TaskRunning, started: time.Now(), done: make(chan struct{})}
 	t.progress.lc = l
 	l.tasks = append(l.tasks, t)
 	l.recordLocked(Event{Time: t.started, Kind: EventTask, Name: t.name, To: string(TaskRunning), Phase: t.phase})
@@ -35,9 +36,8 @@ func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
 		trace.WithLinks(trace.Link{SpanContext: r.spanCtx}),
 		trace.WithAttributes(attrTask.String(d.name), attrPhase.String(r.Name)),
 	)
-	l.taskWG.Add(1)
 	go func() {
-		defer l.taskWG.Done()
+		defer close(t.done)
 		err := runTask(ctx, d.fn, &t.progress)
 
 		l.mu.Lock()

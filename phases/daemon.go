@@ -599,22 +599,25 @@ func (d *Daemon) deadToReclaim() slot.Inventory {
 // health checks and Acquire stay fast, and frees their indices as they go.
 // While it runs /health says warn, with its progress, rate and time left.
 //
-// A stop does not cut it short at once: the pool's stop waits for it
-// (within its stop timeout; see stopPool), so that a stopped daemon
-// leaves nothing its records do not name. An upgrade does: the new image
-// reclaims what is left.
+// A stop halts it at the end of the batch in hand (about a second): the
+// slots started are finished whole, the rest is left for the next start,
+// which reclaims it in the background again; the lifecycle waits for the
+// task before the pool's stop. An upgrade cuts it short at once: the new
+// image reclaims what is left.
 func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead slot.Inventory) error {
 	d.lc.Warn(taskReclaim, fmt.Sprintf("reclaiming %d dead slots in the background", len(dead)))
 	defer d.lc.ClearWarning(taskReclaim)
 	p.SetTotal(int64(len(dead)), "namespaces")
+	halt := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		if d.app.Upgrading() {
 			d.cancelReclaim()
 		}
+		close(halt)
 	})
 	defer stop()
-	ctx = d.reclaimCtx
-	rep, err := reclaim.Slots(ctx, d.mgr, dead, reclaim.Options{
+	rep, err := reclaim.Slots(d.reclaimCtx, d.mgr, dead, reclaim.Options{
+		Halt:        halt,
 		Strategy:    reclaim.Batched,
 		Workers:     d.cfg.ReclaimWorkers,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
@@ -638,7 +641,7 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 	d.report = rep
 	d.obs.reclaimed(rep)
 	d.logReport(rep)
-	if err != nil && ctx.Err() != nil {
+	if ctx.Err() != nil {
 		return ctx.Err() // the drain: what is left waits for the next start
 	}
 	return err

@@ -27,10 +27,10 @@ func Slots(ctx context.Context, m *slot.Manager, inv slot.Inventory, opts Option
 		res = m.Teardown(ctx, inv, slot.TeardownOptions{
 			Workers: opts.Workers, MaxSlots: opts.MaxSlots, Deadline: deadline,
 			KillOrphans: opts.KillOrphans, HostGoneTimeout: opts.HostGoneTimeout, Progress: opts.Progress,
-			Batch: opts.Batch, BatchPause: opts.BatchPause,
+			Batch: opts.Batch, BatchPause: opts.BatchPause, Halt: opts.Halt,
 		})
 	case Serial:
-		res = serial(ctx, m, inv, opts.MaxSlots, deadline, opts.Progress)
+		res = serial(ctx, m, inv, opts.MaxSlots, deadline, opts.Halt, opts.Progress)
 	default:
 		return rep, fmt.Errorf("reclaim: unknown strategy %v", opts.Strategy)
 	}

@@ -51,6 +51,10 @@ type Options struct {
 	// MaxSlots is a count budget: at most this many slots are torn down;
 	// the remainder is deferred. 0 means none.
 	MaxSlots int
+	// Halt, once closed, starts no more slots and defers the rest, but
+	// finishes those started (see slot.TeardownOptions); cancelling ctx
+	// cuts their waits short too. The error is nil after a halt.
+	Halt <-chan struct{}
 	// KillOrphans ends (SIGKILL) processes found inside leaked namespaces.
 	// Without it they are reported and cut off (their host veth deleted).
 	KillOrphans bool
@@ -170,12 +174,12 @@ func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
 // serial is the reference strategy: per slot, in order, firewall element,
 // host veth through netlink, netns.
 func serial(ctx context.Context, m *slot.Manager, inv slot.Inventory, maxSlots int, deadline time.Time,
-	progress func(done, total int)) *slot.TeardownResult {
+	halt <-chan struct{}, progress func(done, total int)) *slot.TeardownResult {
 	res := &slot.TeardownResult{}
 	indices := inv.Indices()
 	cfg := m.Config()
 	for k, i := range indices {
-		if ctx.Err() != nil || (maxSlots > 0 && k >= maxSlots) || (!deadline.IsZero() && !time.Now().Before(deadline)) {
+		if ctx.Err() != nil || halted(halt) || (maxSlots > 0 && k >= maxSlots) || (!deadline.IsZero() && !time.Now().Before(deadline)) {
 			res.Deferred = append(res.Deferred, indices[k:]...)
 			break
 		}
@@ -203,4 +207,14 @@ func serial(ctx context.Context, m *slot.Manager, inv slot.Inventory, maxSlots i
 		}
 	}
 	return res
+}
+
+// halted reports whether halt is closed; a nil halt never is.
+func halted(halt <-chan struct{}) bool {
+	select {
+	case <-halt:
+		return true
+	default:
+		return false
+	}
 }

@@ -132,3 +132,43 @@ func TestTeardownBatches(t *testing.T) {
 		t.Errorf("host links left: %v", links)
 	}
 }
+
+// Halt stops a teardown at the end of the batch in hand: the slots started
+// are finished whole (namespace, host link, firewall element), the rest is
+// deferred untouched and nothing fails. A drain halts a background reclaim
+// this way; cancelling ctx instead would cut the batch's wait short.
+func TestTeardownHaltFinishesTheBatchInHand(t *testing.T) {
+	env := nettest.New(t, 16)
+	m := env.Manager(t)
+	ctx := context.Background()
+	nettest.Leak(t, m, []int{1, 2, 3, 4, 5, 6, 7, 8})
+	inv, err := m.Scan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	halt := make(chan struct{})
+	res := m.Teardown(ctx, inv, slot.TeardownOptions{Batch: 3, Workers: 1, Halt: halt,
+		Progress: func(done, _ int) {
+			if done == 2 { // in the middle of the first batch
+				close(halt)
+			}
+		}})
+	if len(res.Failed) != 0 || res.Batches != 1 || !slices.Equal(res.Reclaimed, []int{1, 2}) || !slices.Equal(res.Deferred, []int{3, 4, 5, 6, 7, 8}) {
+		t.Fatalf("halted after 2: %v, %d batches, reclaimed %v deferred %v failed %v", res, res.Batches, res.Reclaimed, res.Deferred, res.Failed)
+	}
+	for _, i := range res.Reclaimed {
+		checkGone(t, m, i)
+	}
+	left, err := m.Scan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := left.Indices(); !slices.Equal(got, res.Deferred) {
+		t.Errorf("left on the host: %v, want the deferred %v whole", got, res.Deferred)
+	}
+	for _, i := range res.Deferred {
+		if left[i] != inv[i] {
+			t.Errorf("slot %d: %v after the halt, %v before: a deferred slot was touched", i, left[i], inv[i])
+		}
+	}
+}

@@ -30,6 +30,12 @@ type TeardownOptions struct {
 	// Deadline is a time budget: no slot is started after it; the rest is
 	// deferred. The zero time means no limit.
 	Deadline time.Time
+	// Halt, once closed, stops the teardown as a passed Deadline does: no
+	// slot is started after it, and the rest is deferred. Unlike
+	// cancelling ctx, it lets the slots already started finish: their
+	// host links are awaited (or cut off) and their firewall elements
+	// removed, so nothing is left half done. Nil never halts.
+	Halt <-chan struct{}
 	// KillOrphans sends SIGKILL to processes found inside a slot's
 	// namespace, each only if it is still inside when it is signalled
 	// (netns.KillIn). Without it the processes are left alone and the
@@ -226,7 +232,7 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 	)
 	// budgetLeft reports whether slot k may start (mu held).
 	budgetLeft := func(k int) bool {
-		return ctx.Err() == nil && (opts.MaxSlots <= 0 || k < opts.MaxSlots) &&
+		return ctx.Err() == nil && !closed(opts.Halt) && (opts.MaxSlots <= 0 || k < opts.MaxSlots) &&
 			(opts.Deadline.IsZero() || time.Now().Before(opts.Deadline))
 	}
 	take := func(end int) (int, bool) {
@@ -262,6 +268,7 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 			t := time.NewTimer(opts.BatchPause)
 			select {
 			case <-ctx.Done():
+			case <-opts.Halt:
 			case <-t.C:
 			}
 			t.Stop()
@@ -295,7 +302,7 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 		start = next
 		mu.Unlock()
 		if stopped {
-			break // budget or ctx: the rest is deferred
+			break // budget, halt or ctx: the rest is deferred
 		}
 	}
 
@@ -536,4 +543,14 @@ func (r *TeardownResult) Err() error {
 		errs = append(errs, fmt.Errorf("slot %d: %w", f.Index, f.Err))
 	}
 	return errors.Join(errs...)
+}
+
+// closed reports whether c is closed; a nil c never is.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
