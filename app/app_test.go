@@ -349,3 +349,25 @@ func TestStopWhileFollowed(t *testing.T) {
 		t.Errorf("the follower: %v", err)
 	}
 }
+
+// phasetest.Wrap drives an App as phasetest.New does a lifecycle: the
+// start through the App (its port), the stop at the test's end.
+func TestWrappedForATest(t *testing.T) {
+	a, err := New(testConfig(),
+		lifecycle.Phase{Name: "config", Run: nop},
+		lifecycle.Phase{Name: "migrate", DependsOn: []string{"config"}, Run: nop},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := phasetest.Wrap(t, a).RequireStart()
+	phasetest.AssertOrder(t, h.Events(0), "config", "migrate", "serve")
+	if code, body := get(t, a.Addr(context.Background()), "/health"); code != http.StatusOK {
+		t.Errorf("/health after RequireStart: %d %s", code, body)
+	}
+	addr := a.Addr(context.Background()).String()
+	h.RequireStop()
+	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		t.Error("the port still accepts after RequireStop")
+	}
+}

@@ -30,6 +30,17 @@ type Harness struct {
 
 	t       testing.TB
 	stopped bool
+	start   func(context.Context) error // the lifecycle's Start, or a Runner's
+	stop    func(context.Context) error // the lifecycle's Drain, or a Runner's Stop
+}
+
+// Runner is a program built on a lifecycle that starts and stops as a
+// whole, such as an *app.App: its Start runs the phases (and binds its
+// port), its Stop drains the port and then the lifecycle.
+type Runner interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
+	Lifecycle() *lifecycle.Lifecycle
 }
 
 // New makes a lifecycle of phases with opts, failing the test at once if
@@ -40,7 +51,23 @@ func New(t testing.TB, phases []lifecycle.Phase, opts ...lifecycle.Option) *Harn
 	if err != nil {
 		t.Fatalf("phasetest: lifecycle.New: %v", err)
 	}
-	h := &Harness{Lifecycle: lc, Timeout: DefaultTimeout, t: t}
+	h := &Harness{Lifecycle: lc, Timeout: DefaultTimeout, t: t, start: lc.Start, stop: lc.Drain}
+	t.Cleanup(h.cleanup)
+	return h
+}
+
+// Wrap ties r to the test as [New] does a lifecycle: r's Stop is registered
+// with t.Cleanup at once, [Harness.RequireStart] and [Harness.RequireStop]
+// call r's Start and Stop, and the embedded Lifecycle is r's, for the
+// waits and assertions:
+//
+//	a, err := app.New(cfg, phases...)
+//	…
+//	h := phasetest.Wrap(t, a).RequireStart()
+//	phasetest.AssertOrder(t, h.Events(0), "config", "migrate", "serve")
+func Wrap(t testing.TB, r Runner) *Harness {
+	t.Helper()
+	h := &Harness{Lifecycle: r.Lifecycle(), Timeout: DefaultTimeout, t: t, start: r.Start, stop: r.Stop}
 	t.Cleanup(h.cleanup)
 	return h
 }
@@ -64,7 +91,7 @@ func (h *Harness) RequireStart() *Harness {
 		})
 		defer timer.Stop()
 	}
-	if err := h.Start(ctx); err != nil {
+	if err := h.start(ctx); err != nil {
 		h.t.Fatalf("phasetest: start failed: %v\n%s", err, formatLog(h.Events(0)))
 	}
 	return h
@@ -78,7 +105,7 @@ func (h *Harness) RequireStop() {
 	h.stopped = true
 	ctx, cancel := h.context()
 	defer cancel()
-	if err := h.Drain(ctx); err != nil {
+	if err := h.stop(ctx); err != nil {
 		h.t.Fatalf("phasetest: stop failed: %v\n%s", err, formatLog(h.Events(0)))
 	}
 }
@@ -87,8 +114,8 @@ func (h *Harness) cleanup() {
 	if !h.stopped {
 		ctx, cancel := h.context()
 		defer cancel()
-		if err := h.Drain(ctx); err != nil {
-			h.t.Errorf("phasetest: drain at cleanup: %v", err)
+		if err := h.stop(ctx); err != nil {
+			h.t.Errorf("phasetest: stop at cleanup: %v", err)
 		}
 	}
 	if h.t.Failed() {

@@ -341,14 +341,7 @@ func startCatalog(t *testing.T, cfg app.Config, cfgFile string) *app.App {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := a.Stop(context.Background()); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	phasetest.Wrap(t, a).RequireStart()
 	return a
 }
 
