@@ -67,22 +67,16 @@ func (m *Manager) RepairHost(s *Slot) (repaired []string, err error) {
 		}
 		repaired = append(repaired, "link up")
 	}
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
-	if err != nil {
-		return repaired, fmt.Errorf("slot %d: list addresses of %s: %w", s.Index, s.HostIf, err)
-	}
-	want := ipNet(s.HostAddr).String()
-	found := false
-	for _, a := range addrs {
-		if a.IPNet != nil && a.IPNet.String() == want {
-			found = true
-		}
-	}
-	if !found {
-		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil && !errors.Is(err, unix.EEXIST) {
-			return repaired, fmt.Errorf("slot %d: address %s on %s: %w", s.Index, s.HostAddr, s.HostIf, err)
-		}
+	// Adding the address is how to find out whether it is there: EEXIST
+	// says it is. Listing first would dump every IPv4 address of the
+	// host, for each slot restored (quadratic in the slots), and a dump
+	// is interrupted whenever addresses change elsewhere, which on a busy
+	// host they do.
+	switch err := netlink.AddrAdd(link, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); {
+	case err == nil:
 		repaired = append(repaired, "address "+s.HostAddr.String())
+	case !errors.Is(err, unix.EEXIST):
+		return repaired, fmt.Errorf("slot %d: address %s on %s: %w", s.Index, s.HostAddr, s.HostIf, err)
 	}
 	return repaired, nil
 }

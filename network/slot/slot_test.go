@@ -403,3 +403,43 @@ func TestTeardownWaitEndsWithCtx(t *testing.T) {
 		t.Errorf("the namespace file is still there: %v", err)
 	}
 }
+
+// RepairHost finds a slot as it was left and touches nothing; one whose
+// host link was set down and lost its address gets both back, its
+// namespace untouched. It no longer lists the host's addresses (a dump that
+// a busy host interrupts, and quadratic over a restore): adding the address
+// says whether it was there.
+func TestRepairHost(t *testing.T) {
+	env := nettest.New(t, 4)
+	m := env.Manager(t)
+	ctx := context.Background()
+	if _, err := m.Create(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	s, err := m.Lookup(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if repaired, err := m.RepairHost(s); err != nil || len(repaired) != 0 {
+		t.Fatalf("RepairHost of an intact slot: %v, %v; want nothing repaired", repaired, err)
+	}
+	link, err := netlink.LinkByName(s.HostIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	if err != nil || len(addrs) != 1 {
+		t.Fatalf("addresses of %s: %v, %v", s.HostIf, addrs, err)
+	}
+	if err := netlink.AddrDel(link, &addrs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetDown(link); err != nil {
+		t.Fatal(err)
+	}
+	repaired, err := m.RepairHost(s)
+	if err != nil || !slices.Equal(repaired, []string{"link up", "address " + s.HostAddr.String()}) {
+		t.Fatalf("RepairHost of a slot down without its address: %v, %v", repaired, err)
+	}
+	checkSlot(t, m, s)
+}
