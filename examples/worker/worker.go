@@ -58,10 +58,15 @@ func (w *worker) waitForQueue(ctx context.Context, p *lifecycle.Progress) error 
 // to return; and binds the stats route.
 func (w *worker) consume(_ context.Context, p *lifecycle.Progress) error {
 	p.Defer("jobs", w.processJobs)
-	return w.srv.BindHTTP(RouteStats, http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+	return w.srv.BindHTTP(RouteStats, w.statsHandler())
+}
+
+// statsHandler serves the worker's counters.
+func (w *worker) statsHandler() http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(rw).Encode(map[string]int64{"processed": w.processed.Load()})
-	}))
+	})
 }
 
 // processJobs takes jobs until ctx ends. A job it took is finished and
