@@ -195,8 +195,10 @@ func (d *demo) run(ctx context.Context, leaked int, listen string, hold bool) in
 	d.say("   the start as a timeline:   http://%s/debug/startup   (a browser; ssh -L %s:%s for a remote host)", addr, portOf(addr), addr)
 	d.say("   health:                    curl -s http://%s/health", addr)
 	d.say("   metrics:                   curl -s http://%s/metrics | grep ^phasegate_", addr)
-	d.say("   phases:                    phasegate status --addr %s", addr)
-	d.say("   a slot:                    grpcurl -plaintext -d '{\"owner\":\"me\"}' %s phasegate.v1.Slots/Acquire", addr)
+	self := invokedAs()
+	d.say("   phases:                    %s status --watch --addr %s", self, addr)
+	d.say("   a slot:                    %s slots acquire me --addr %s", self, addr)
+	d.say("   the slots:                 %s slots list --addr %s", self, addr)
 	if !hold {
 		return exitOK
 	}
@@ -280,6 +282,15 @@ func pickAddr(listen string) (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
+}
+
+// invokedAs is how the operator ran this binary, for commands to copy:
+// "bin/phasegate" after `make demo`, "phasegate" when it is on PATH.
+func invokedAs() string {
+	if len(os.Args) > 0 && strings.Contains(os.Args[0], "/") && !filepath.IsAbs(os.Args[0]) {
+		return os.Args[0]
+	}
+	return "phasegate"
 }
 
 func portOf(addr string) string {
