@@ -39,6 +39,74 @@ func RequireRoot(t testing.TB) {
 	}
 }
 
+// cidrSpace is where playgrounds take their slot networks: the link-local
+// /17 below the metadata address's block, which no real network routes.
+var cidrSpace = netip.MustParsePrefix("169.254.0.0/17")
+
+// reserveCIDR returns a block of cidrSpace big enough for n /31s that no other
+// playground on this machine holds while t runs. Test packages run as
+// separate processes at the same time; two playgrounds with the same block
+// put the same inside address behind two host links, and a datagram meant
+// for one slot reaches the other (seen in CI: "connection refused" from a
+// slot of another package). A random pick among a few blocks is not enough,
+// so each block is claimed with a lock file held until the test ends.
+func reserveCIDR(t testing.TB, n int) netip.Prefix {
+	t.Helper()
+	bits := 28 // 8 slots at least: small blocks, many of them
+	for bits > cidrSpace.Bits() && 1<<(32-bits) < 2*n {
+		bits--
+	}
+	if 1<<(32-bits) < 2*n {
+		t.Fatalf("nettest: %d slots do not fit in %s", n, cidrSpace)
+	}
+	dir := filepath.Join(os.TempDir(), "phasegate-nettest-cidr")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("nettest: %v", err)
+	}
+	blocks := 1 << (bits - cidrSpace.Bits())
+	base := cidrSpace.Addr().As4()
+	start := rand.IntN(blocks)
+	for i := range blocks {
+		off := uint32((start+i)%blocks) << (32 - bits)
+		a := netip.AddrFrom4([4]byte{base[0], base[1], base[2] + byte(off>>8), base[3] + byte(off)})
+		p := netip.PrefixFrom(a, bits)
+		// One lock file per /28 the block covers, so blocks of different
+		// sizes that overlap cannot both be held.
+		var held []*os.File
+		ok := true
+		for sub := range 1 << (28 - bits) {
+			so := off + uint32(sub)<<4
+			name := filepath.Join(dir, fmt.Sprintf("169.254.%d.%d", base[2]+byte(so>>8), byte(so)))
+			f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o644)
+			if err != nil {
+				t.Fatalf("nettest: %v", err)
+			}
+			if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+				f.Close()
+				ok = false
+				break
+			}
+			held = append(held, f)
+		}
+		if !ok {
+			for _, f := range held {
+				f.Close()
+			}
+			continue
+		}
+		// Registered before the sweep's cleanup, so it runs after it: the
+		// block is free only when nothing of this playground is left.
+		t.Cleanup(func() {
+			for _, f := range held {
+				f.Close()
+			}
+		})
+		return p
+	}
+	t.Fatalf("nettest: every /%d of %s is held by another playground", bits, cidrSpace)
+	return netip.Prefix{}
+}
+
 // RandomPrefix returns "pt" and four random lowercase letters.
 func RandomPrefix() string {
 	b := []byte("pt")
@@ -55,14 +123,12 @@ func New(t testing.TB, n int) *Env {
 	RequireRoot(t)
 	dir := t.TempDir()
 	prefix := RandomPrefix()
-	// A random /18 of 169.254.0.0/16 below the metadata address's block:
-	// 169.254.0.0, .64.0 or .128.0 (n <= 8192).
-	base := [4]byte{169, 254, byte(64 * rand.IntN(2)), 0}
+	cidr := reserveCIDR(t, n)
 	cfg := slot.Config{
 		Prefix:   prefix,
 		NetnsDir: dir,
 		Slots:    n,
-		CIDR:     netip.PrefixFrom(netip.AddrFrom4(base), 18),
+		CIDR:     cidr,
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("nettest config: %v", err)
