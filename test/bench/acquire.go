@@ -70,12 +70,10 @@ func (r *runner) acquireRun(ctx context.Context, side string, rep int) (AcquireR
 	fillTimeout := time.Minute + time.Duration(n)*200*time.Millisecond
 	var d *daemon
 	if side == sideDurable {
-		if d, err = r.start(daemonArgs(r.h, addr, r.o, modeBackground, n), nil); err != nil {
+		if d, _, _, err = r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, n), nil, startTimeout(0, modeBackground)); err != nil {
 			return run, nil, err
 		}
-		if _, err = d.measureStartup(ctx, startTimeout(0, modeBackground)); err == nil {
-			_, err = d.waitPoolFilled(ctx, fillTimeout)
-		}
+		_, err = d.waitPoolFilled(ctx, fillTimeout)
 	} else {
 		if d, err = r.startMemSlots(addr, n); err != nil {
 			return run, nil, err

@@ -107,11 +107,12 @@ func (r *runner) deadRun(ctx context.Context, n int, mode string) (Run, error) {
 	if err != nil {
 		return run, err
 	}
-	d, err := r.start(daemonArgs(r.h, addr, r.o, mode, r.o.poolSize), nil)
+	d, su, failures, err := r.startServing(ctx, daemonArgs(r.h, addr, r.o, mode, r.o.poolSize), nil, startTimeout(n, mode))
 	if err != nil {
 		return run, err
 	}
-	run, err = r.observeDead(ctx, d, n, mode)
+	run, err = r.observeDead(ctx, d, su, n)
+	run.FailedStarts = failures
 	if err != nil {
 		d.kill()
 		return run, err
@@ -122,13 +123,9 @@ func (r *runner) deadRun(ctx context.Context, n int, mode string) (Run, error) {
 	return run, r.reset(ctx)
 }
 
-// observeDead measures a daemon started on n dead slots.
-func (r *runner) observeDead(ctx context.Context, d *daemon, n int, mode string) (Run, error) {
+// observeDead measures a daemon started on n dead slots that serves.
+func (r *runner) observeDead(ctx context.Context, d *daemon, su startup, n int) (Run, error) {
 	var run Run
-	su, err := d.measureStartup(ctx, startTimeout(n, mode))
-	if err != nil {
-		return run, err
-	}
 	run.FirstAnswerMs, run.FirstStatus = ms(su.FirstAnswer), su.FirstStatus
 	run.FirstGRPCMs, run.FirstGRPC = ms(su.FirstGRPC), su.FirstGRPCSt
 	run.ServingMs = ms(su.Serving)
@@ -140,7 +137,7 @@ func (r *runner) observeDead(ctx context.Context, d *daemon, n int, mode string)
 		return run, fmt.Errorf("restore line %+v: want %d dead and nothing restored\n%s", rl, n, d.logs)
 	}
 	if n > 0 {
-		rep, err := d.reclaimReport(ctx, 0, startTimeout(n, mode))
+		rep, err := d.reclaimReport(ctx, 0, startTimeout(n, modeSerial))
 		if err != nil {
 			return run, err
 		}
@@ -149,7 +146,7 @@ func (r *runner) observeDead(ctx context.Context, d *daemon, n int, mode string)
 				rep.Found, rep.Reclaimed, rep.Failed, n, d.logs)
 		}
 		run.Reclaimed, run.ReclaimMs, run.CutOff = rep.Reclaimed, ms(rep.Duration), rep.CutOff
-		run.DeadGoneMs = ms(rep.At.Sub(d.began))
+		run.DeadGoneMs = ms(rep.At.Sub(su.Exec))
 		if rep.Duration > 0 {
 			run.RatePerS = float64(n) / rep.Duration.Seconds()
 		}
@@ -161,7 +158,7 @@ func (r *runner) observeDead(ctx context.Context, d *daemon, n int, mode string)
 	if err != nil {
 		return run, err
 	}
-	run.Phases = phaseSpans(v, d.began)
+	run.Phases = phaseSpans(v, su.Exec)
 	rss, hwm, err := d.memory()
 	if err != nil {
 		return run, err

@@ -33,6 +33,7 @@ const (
 	goalLoadN             = 5000
 	goalSerialN           = 1000
 	goalMaxServingN       = 10000
+	defaultStartTimeoutMs = 5 * 60 * 1000.0 // the daemon's --start-timeout default
 	noteNeeds10k          = "N=10000 not run (-skip-10k or -n)"
 	noteNotMeasuredInPart = "part %s not run"
 )
@@ -115,6 +116,9 @@ func servingGoal(r *Results) Goal {
 	if len(parts) > 0 {
 		parts = append(parts, "slowest single run "+fmtMs(worst))
 	}
+	if worst > defaultStartTimeoutMs {
+		over = append(over, fmt.Sprintf("a start took %s: with the daemon's default --start-timeout of 5 min it would have failed (the benchmark runs with --start-timeout 0)", fmtMs(worst)))
+	}
 	g.Measured = strings.Join(parts, ", ")
 	verdict(&g, len(parts) > 0, over)
 	return g
@@ -185,6 +189,9 @@ func restoreGoal(r *Results) Goal {
 		}
 		if maxDestroyed > 0 {
 			misses = append(misses, fmt.Sprintf("%s: %d leased slots destroyed", s, maxDestroyed))
+		}
+		if f := failedStarts(p); len(f) > 0 {
+			misses = append(misses, fmt.Sprintf("%s: %d starts failed and were started again (first: %s)", s, len(f), f[0]))
 		}
 	}
 	if fg, fl := r.find(stratForeground, n), r.find(stratFloor, n); any && fg.measured() && fl.measured() {
@@ -370,6 +377,15 @@ func rssGoal(r *Results) Goal {
 	return g
 }
 
+// failedStarts lists why starts of the point's runs failed.
+func failedStarts(p *Point) []string {
+	var out []string
+	for _, r := range p.Runs {
+		out = append(out, r.FailedStarts...)
+	}
+	return out
+}
+
 // notes lists what the reader must know: skipped points, extrapolations,
 // parts that did not finish.
 func notes(r *Results) []string {
@@ -381,11 +397,28 @@ func notes(r *Results) []string {
 		if p.Skipped == "" {
 			continue
 		}
+		if p.measured() {
+			out = append(out, fmt.Sprintf("%s at N=%d: %d run(s) only, %s.", p.Strategy, p.N, len(p.Runs), p.Skipped))
+			continue
+		}
 		s := fmt.Sprintf("%s at N=%d not run (%s)", p.Strategy, p.N, p.Skipped)
 		if p.Extrapolated != nil {
 			s += fmt.Sprintf("; extrapolated, NOT measured: ~%s to SERVING, %s", fmtMs(p.Extrapolated.ServingMs), p.Extrapolated.Basis)
 		}
 		out = append(out, s+".")
+	}
+	for _, p := range r.Points {
+		if f := failedStarts(p); len(f) > 0 {
+			out = append(out, fmt.Sprintf("%s at N=%d: %d start(s) failed — the daemon exited and was started again, as a supervisor would; "+
+				"the times include it. First: `%s`.", p.Strategy, p.N, len(f), f[0]))
+		}
+	}
+	if r.Upgrade != nil {
+		for _, s := range r.Upgrade.Scenarios {
+			if len(s.FailedStarts) > 0 {
+				out = append(out, fmt.Sprintf("%s: %d start(s) failed and were started again. First: `%s`.", s.Name, len(s.FailedStarts), s.FailedStarts[0]))
+			}
+		}
 	}
 	for _, name := range allParts {
 		if p := r.Parts[name]; p != nil && p.Incomplete != "" {

@@ -324,12 +324,19 @@ func (h *host) sweep() error {
 	}
 	for unix.Unmount(h.cfg.NetnsDir, unix.MNT_DETACH) == nil {
 	}
-	names, err := h.hostLinks()
+	// The kernel removes a veth pair with its namespace, in the
+	// background: delete only what is still there after a while (a pair
+	// whose namespace something keeps alive).
+	links, err := h.hostLinkIndices()
+	if err == nil && len(links) > 0 {
+		_ = waitLinksGone(context.Background(), links, 30*time.Second)
+		links, err = linksPresent(links)
+	}
 	errs = append(errs, err)
-	for _, n := range names {
-		if err := netlink.LinkDel(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: n}}); err != nil &&
+	for _, l := range links {
+		if err := netlink.LinkDel(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: l.index}}); err != nil &&
 			!errors.Is(err, unix.ENODEV) {
-			errs = append(errs, fmt.Errorf("delete link %s: %w", n, err))
+			errs = append(errs, fmt.Errorf("delete link %s (index %d): %w", l.name, l.index, err))
 		}
 	}
 	errs = append(errs, h.dropTable(context.Background()))

@@ -94,11 +94,14 @@ func (r *runner) loadDuringReclaim(ctx context.Context, run *LoadRun) ([]sample,
 	if err != nil {
 		return nil, 0, err
 	}
-	d, err := r.start(daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil)
+	d, su, failures, err := r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil, startTimeout(r.o.loadN, modeBackground))
 	if err != nil {
 		return nil, 0, err
 	}
-	samples, window, err := r.collectDuringReclaim(ctx, d, g, run)
+	if len(failures) > 0 {
+		return nil, 0, fmt.Errorf("the daemon failed its start %d times (%s): the load measured would not be the reclaim's", len(failures), failures[0])
+	}
+	samples, window, err := r.collectDuringReclaim(ctx, d, su, g, run)
 	if err != nil {
 		d.kill()
 		return nil, 0, err
@@ -109,11 +112,7 @@ func (r *runner) loadDuringReclaim(ctx context.Context, run *LoadRun) ([]sample,
 	return samples, window, r.reset(ctx)
 }
 
-func (r *runner) collectDuringReclaim(ctx context.Context, d *daemon, g loadgens, run *LoadRun) ([]sample, time.Duration, error) {
-	su, err := d.measureStartup(ctx, startTimeout(r.o.loadN, modeBackground))
-	if err != nil {
-		return nil, 0, err
-	}
+func (r *runner) collectDuringReclaim(ctx context.Context, d *daemon, su startup, g loadgens, run *LoadRun) ([]sample, time.Duration, error) {
 	rep, err := d.reclaimReport(ctx, 0, startTimeout(r.o.loadN, modeBackground))
 	if err != nil {
 		return nil, 0, err
@@ -165,11 +164,14 @@ func (r *runner) loadAfterStart(ctx context.Context, window time.Duration) (star
 	if err != nil {
 		return nil, nil, err
 	}
-	d, err := r.start(daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil)
+	d, su, failures, err := r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil, startTimeout(0, modeBackground))
 	if err != nil {
 		return nil, nil, err
 	}
-	started, idle, err = r.collectAfterStart(ctx, d, g, window)
+	if len(failures) > 0 {
+		return nil, nil, fmt.Errorf("the daemon failed its start %d times (%s)", len(failures), failures[0])
+	}
+	started, idle, err = r.collectAfterStart(ctx, d, su, g, window)
 	if err != nil {
 		d.kill()
 		return nil, nil, err
@@ -180,11 +182,7 @@ func (r *runner) loadAfterStart(ctx context.Context, window time.Duration) (star
 	return started, idle, r.reset(ctx)
 }
 
-func (r *runner) collectAfterStart(ctx context.Context, d *daemon, g loadgens, window time.Duration) (started, idle []sample, err error) {
-	su, err := d.measureStartup(ctx, startTimeout(0, modeBackground))
-	if err != nil {
-		return nil, nil, err
-	}
+func (r *runner) collectAfterStart(ctx context.Context, d *daemon, su startup, g loadgens, window time.Duration) (started, idle []sample, err error) {
 	if err := sleep(ctx, window); err != nil {
 		return nil, nil, err
 	}

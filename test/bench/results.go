@@ -159,6 +159,9 @@ type Run struct {
 	Destroyed int `json:"destroyed"`
 	// Listed counts the slots the API lists ACQUIRED by the leases' owner.
 	Listed int `json:"listed,omitempty"`
+	// FailedStarts says why a start failed before the one measured (the
+	// daemon exited and was started again; the times include it).
+	FailedStarts []string `json:"failedStarts,omitempty"`
 }
 
 // PhaseSpan is one phase (or background task) of a start, in ms from the
@@ -301,6 +304,9 @@ type Scenario struct {
 	// Destroyed the leased slots whose kernel identity changed.
 	Restored  int `json:"restoredMin"`
 	Destroyed int `json:"destroyed"`
+	// FailedStarts says why a start of the scenario failed before the
+	// one that served (the supervisor's restart counted in the gap).
+	FailedStarts []string `json:"failedStarts,omitempty"`
 	// Series is the probes in 100 ms buckets from the scenario's start.
 	Series []Bucket `json:"series"`
 	// EventsMs are the signals, in ms from the scenario's start.

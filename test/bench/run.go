@@ -126,6 +126,44 @@ func (r *runner) start(args []string, held *heldSocket) (*daemon, error) {
 	return d, nil
 }
 
+// maxStartAttempts is how many times a start is tried: a daemon that exits
+// during its start is started again, as a supervisor would
+// (Restart=on-failure), and the failure is counted, not fatal.
+const maxStartAttempts = 3
+
+// startServing starts a daemon and waits until it serves, starting it again
+// when it exits during its start. The times are from the first exec; the
+// failures say why the earlier attempts exited.
+func (r *runner) startServing(ctx context.Context, args []string, held *heldSocket, timeout time.Duration) (*daemon, startup, []string, error) {
+	var (
+		first    time.Time
+		failures []string
+	)
+	for attempt := 1; ; attempt++ {
+		d, err := r.start(args, held)
+		if err != nil {
+			return nil, startup{}, failures, err
+		}
+		if first.IsZero() {
+			first = d.began
+		}
+		su, err := d.measureStartup(ctx, timeout)
+		if err == nil {
+			shift := d.began.Sub(first)
+			su.FirstAnswer, su.FirstGRPC, su.Serving = su.FirstAnswer+shift, su.FirstGRPC+shift, su.Serving+shift
+			su.Exec = first
+			return d, su, failures, nil
+		}
+		if !d.exited() || attempt == maxStartAttempts || ctx.Err() != nil {
+			d.kill()
+			return d, su, failures, err
+		}
+		why := d.lastLine()
+		failures = append(failures, why)
+		r.logf("phasegate exited during its start (%s); starting it again", why)
+	}
+}
+
 // logf prints a progress line with the time.
 func (r *runner) logf(format string, args ...any) {
 	fmt.Fprintf(r.log, "%s  %s\n", time.Now().Format(time.TimeOnly), fmt.Sprintf(format, args...))

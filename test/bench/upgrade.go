@@ -65,13 +65,10 @@ func (r *runner) measureUpgrade(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d, err := r.start(daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil)
-	if err != nil {
-		return err
-	}
 	// d changes at every restart; the runner ends whichever runs at a
 	// failure.
-	if _, err := d.measureStartup(ctx, startTimeout(0, modeBackground)); err != nil {
+	d, _, _, err := r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil, startTimeout(0, modeBackground))
+	if err != nil {
 		return err
 	}
 	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
@@ -114,11 +111,11 @@ func (r *runner) measureUpgrade(ctx context.Context) error {
 			if _, err := d.stop(); err != nil {
 				return e, err
 			}
-			var err error
-			if d, err = r.start(daemonArgs(r.h, d.addr, r.o, modeBackground, r.o.poolSize), held); err != nil {
-				return e, err
-			}
-			su, err := d.measureStartup(ctx, startTimeout(r.o.upLeases, modeBackground))
+			var (
+				su  startup
+				err error
+			)
+			d, su, e.failures, err = r.startServing(ctx, daemonArgs(r.h, d.addr, r.o, modeBackground, r.o.poolSize), held, startTimeout(r.o.upLeases, modeBackground))
 			if err != nil {
 				return e, err
 			}
@@ -156,10 +153,7 @@ func (r *runner) measureUpgrade(ctx context.Context) error {
 	if _, err := d.stop(); err != nil {
 		return err
 	}
-	if d, err = r.start(daemonArgs(r.h, held.addr, r.o, modeBackground, r.o.poolSize), held); err != nil {
-		return err
-	}
-	if _, err := d.measureStartup(ctx, startTimeout(r.o.upLeases, modeBackground)); err != nil {
+	if d, _, _, err = r.startServing(ctx, daemonArgs(r.h, held.addr, r.o, modeBackground, r.o.poolSize), held, startTimeout(r.o.upLeases, modeBackground)); err != nil {
 		return err
 	}
 	sc, err := r.scenario(ctx, scenRestartFDs, held.addr, r.o.restarts, restart(held))
@@ -181,6 +175,7 @@ func (r *runner) measureUpgrade(ctx context.Context) error {
 type event struct {
 	at, serving time.Time
 	restored    int
+	failures    []string // starts that failed before the one that served
 }
 
 // scenario runs the probe generator against addr across events steps, a
@@ -204,6 +199,7 @@ func (r *runner) scenario(ctx context.Context, name, addr string, events int, st
 			return sc, fmt.Errorf("event %d: %w", k+1, err)
 		}
 		gaps = append(gaps, ms(e.serving.Sub(e.at)))
+		sc.FailedStarts = append(sc.FailedStarts, e.failures...)
 		sc.EventsMs = append(sc.EventsMs, ms(e.at.Sub(t0)))
 		if sc.Restored < 0 || e.restored < sc.Restored {
 			sc.Restored = e.restored
