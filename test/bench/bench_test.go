@@ -227,8 +227,8 @@ func TestClassify(t *testing.T) {
 	if fmt.Sprint(sc.Series) != fmt.Sprint(want) {
 		t.Errorf("series = %+v, want %+v", sc.Series, want)
 	}
-	if sc.FirstError == "" {
-		t.Error("no first error kept")
+	if sc.FirstError != "context deadline exceeded" {
+		t.Errorf("first error %q, want the first failure that is not a refusal", sc.FirstError)
 	}
 }
 

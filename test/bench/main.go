@@ -38,9 +38,9 @@
 // directories, sends traffic only to 127.0.0.1, and removes everything it
 // made on exit, on failure and on SIGINT/SIGTERM.
 //
-//	sudo go run ./test/bench -out docs/bench -doc docs/BENCHMARKS.md
-//	sudo go run ./test/bench -parts load -merge -out docs/bench -doc docs/BENCHMARKS.md
-//	sudo go run ./test/bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out /tmp/bench   # smoke, < 2 min
+//	cd test && sudo go run ./bench -out ../docs/bench -doc ../docs/BENCHMARKS.md
+//	cd test && sudo go run ./bench -parts load -merge -out ../docs/bench -doc ../docs/BENCHMARKS.md
+//	cd test && sudo go run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out /tmp/bench   # smoke, < 2 min
 package main
 
 import (

@@ -443,7 +443,7 @@ func markdownUpgrade(b *bytes.Buffer, u *UpgradeResult, img string) {
 	}
 	for _, s := range u.Scenarios {
 		if s.FirstError != "" {
-			fmt.Fprintf(b, "\nFirst error, %s: `%s`\n", s.Name, s.FirstError)
+			fmt.Fprintf(b, "\nFirst failure (not a refusal), %s: `%s`\n", s.Name, s.FirstError)
 		}
 	}
 	fmt.Fprintf(b, "\n![connections across upgrades and restarts](%supgrade.png)\n\n", img)

@@ -294,6 +294,7 @@ type Scenario struct {
 	NotServing int    `json:"notServing"`
 	Refused    int    `json:"refused"`
 	Failed     int    `json:"failed"`
+	// FirstError is the first failure's error (refusals are not kept).
 	FirstError string `json:"firstError,omitempty"`
 	// GapMs is, per event, the signal → SERVING again on a new connection.
 	GapMs Summary `json:"gapMs"`
@@ -482,7 +483,7 @@ func commandLine(args []string) string {
 		}
 		q = append(q, a)
 	}
-	return strings.TrimSpace("sudo go run ./test/bench " + strings.Join(q, " "))
+	return strings.TrimSpace("cd test && sudo go run ./bench " + strings.Join(q, " "))
 }
 
 // gitRevision returns the checkout's short commit, or "".

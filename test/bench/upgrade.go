@@ -249,7 +249,7 @@ func classify(sc *Scenario, samples []sample, t0 time.Time) {
 			sc.NotServing++
 			b.NotServing++
 		}
-		if s.Err != "" && sc.FirstError == "" {
+		if s.Err != "" && s.Out != outRefused && sc.FirstError == "" {
 			sc.FirstError = s.Err
 		}
 		if s.Err == "" {
