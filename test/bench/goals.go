@@ -103,6 +103,12 @@ func servingGoal(r *Results) Goal {
 		Target: fmt.Sprintf("≤ %.0f ms", goalServingMs)}
 	var parts, over []string
 	worst := 0.0
+	for _, p := range r.Points {
+		if slices.Contains(restoreStrategies, p.Strategy) && p.noStarts() > 0 && p.N <= goalMaxServingN {
+			parts = append(parts, fmt.Sprintf("%s N=%d: never served (%d starts in a row failed)", p.Strategy, p.N, maxStartAttempts))
+			over = append(over, fmt.Sprintf("%s N=%d never served", p.Strategy, p.N))
+		}
+	}
 	for _, p := range r.points(stratBackground, stratRestoreTerm, stratRestoreKill) {
 		if p.N > goalMaxServingN {
 			continue
@@ -170,12 +176,22 @@ func restoreGoal(r *Results) Goal {
 	any := false
 	for _, s := range restoreStrategies {
 		p := r.find(s, n)
+		if p != nil && p.noStarts() > 0 {
+			any = true
+			misses = append(misses, fmt.Sprintf("%s: in %d of %d restarts the daemon never served (%d starts in a row failed; first: %s)",
+				s, p.noStarts(), len(p.Runs), maxStartAttempts, firstOr(failedStarts(p), "?")))
+			parts = append(parts, fmt.Sprintf("%s: no start", s))
+		}
 		if !p.measured() {
 			continue
 		}
 		any = true
 		minRestored, maxDestroyed, maxLost, minListed := n, 0, 0, n
 		for _, run := range p.Runs {
+			if run.NoStart {
+				maxDestroyed = max(maxDestroyed, run.Destroyed)
+				continue
+			}
 			minRestored, maxDestroyed = min(minRestored, run.Restored), max(maxDestroyed, run.Destroyed)
 			maxLost, minListed = max(maxLost, run.Lost), min(minListed, run.Listed)
 		}
@@ -377,6 +393,14 @@ func rssGoal(r *Results) Goal {
 	return g
 }
 
+// firstOr returns the first of xs, or def.
+func firstOr(xs []string, def string) string {
+	if len(xs) == 0 {
+		return def
+	}
+	return xs[0]
+}
+
 // failedStarts lists why starts of the point's runs failed.
 func failedStarts(p *Point) []string {
 	var out []string
@@ -408,9 +432,21 @@ func notes(r *Results) []string {
 		out = append(out, s+".")
 	}
 	for _, p := range r.Points {
-		if f := failedStarts(p); len(f) > 0 {
+		var served, never []string
+		for _, run := range p.Runs {
+			if run.NoStart {
+				never = append(never, run.FailedStarts...)
+			} else {
+				served = append(served, run.FailedStarts...)
+			}
+		}
+		if len(served) > 0 {
 			out = append(out, fmt.Sprintf("%s at N=%d: %d start(s) failed — the daemon exited and was started again, as a supervisor would; "+
-				"the times include it. First: `%s`.", p.Strategy, p.N, len(f), f[0]))
+				"the times include it. First: `%s`.", p.Strategy, p.N, len(served), served[0]))
+		}
+		if len(never) > 0 {
+			out = append(out, fmt.Sprintf("%s at N=%d: the daemon never served: %d starts in a row exited (systemd's default StartLimitBurst "+
+				"is 5); the benchmark then removed the slots and went on. First: `%s`.", p.Strategy, p.N, len(never), never[0]))
 		}
 	}
 	if r.Upgrade != nil {

@@ -104,6 +104,9 @@ func printTable(w io.Writer, res *Results) {
 		for _, n := range ns {
 			for _, s := range restoreStrategies {
 				p := res.find(s, n)
+				if p != nil && p.noStarts() > 0 {
+					fmt.Fprintf(tw, "%d\t%s\t%d\tnever served: %d starts in a row failed\t\t\t\t\t\t\n", n, s, p.noStarts(), maxStartAttempts)
+				}
 				if !p.measured() {
 					continue
 				}
@@ -171,6 +174,9 @@ func printTable(w io.Writer, res *Results) {
 func worstRestore(p *Point) Run {
 	w := Run{Restored: p.N, Listed: p.N}
 	for _, r := range p.Runs {
+		if r.NoStart {
+			continue
+		}
 		w.Restored, w.Listed = min(w.Restored, r.Restored), min(w.Listed, r.Listed)
 		w.Lost, w.Destroyed = max(w.Lost, r.Lost), max(w.Destroyed, r.Destroyed)
 		w.Adopted = max(w.Adopted, r.Adopted)
@@ -330,6 +336,10 @@ func markdownRestore(b *bytes.Buffer, res *Results) {
 		}
 		for _, st := range restoreStrategies {
 			p := res.find(st, n)
+			if p != nil && p.noStarts() > 0 {
+				fmt.Fprintf(b, "| %d | %s | %s | **never served: %d starts in a row failed** (%d of %d restarts) | | | | | | | %s | %s | |\n", n, leasing,
+					map[string]string{stratRestoreTerm: "SIGTERM", stratRestoreKill: "kill -9"}[st], maxStartAttempts, p.noStarts(), len(p.Runs), fgs, fls)
+			}
 			if !p.measured() {
 				continue
 			}

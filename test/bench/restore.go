@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -78,10 +79,19 @@ func (r *runner) measureRestoreN(ctx context.Context, n int) error {
 			r.sampleLoad()
 			var run Run
 			run, d, err = r.restart(ctx, d, end, n, indices, before)
+			p := r.res.point(map[string]string{endTerm: stratRestoreTerm, endKill: stratRestoreKill}[end], n)
+			if errors.Is(err, errNoStart) {
+				// The daemon cannot come back on this host now: record it,
+				// clear the host and go on with the next N.
+				run.NoStart = true
+				p.Runs = append(p.Runs, run)
+				r.logf("N=%d rep %d %s + start: NO START: %d attempts failed (first: %s); %d leased slots destroyed meanwhile",
+					n, rep+1, end, len(run.FailedStarts), run.FailedStarts[0], run.Destroyed)
+				return r.reset(ctx)
+			}
 			if err != nil {
 				return fmt.Errorf("restart after %s: %w", end, err)
 			}
-			p := r.res.point(map[string]string{endTerm: stratRestoreTerm, endKill: stratRestoreKill}[end], n)
 			p.Runs = append(p.Runs, run)
 			slowest = max(slowest, time.Duration(run.ServingMs*float64(time.Millisecond)))
 			r.logf("N=%d rep %d %s + start: SERVING %s (first answer %s); restored %d, adopted %d, dead %d, lost %d; destroyed %d, listed %d; RSS %.1f MiB",
@@ -118,6 +128,15 @@ func (r *runner) restart(ctx context.Context, d *daemon, end string, n int, indi
 	}
 	d, su, failures, err := r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil, startTimeout(n, modeBackground))
 	run.FailedStarts = failures
+	if errors.Is(err, errNoStart) {
+		// Did the failed starts leave the leased slots alone?
+		now, ierr := r.h.identities(indices)
+		if ierr != nil {
+			return run, d, ierr
+		}
+		run.Destroyed = changed(before, now)
+		return run, d, err
+	}
 	if err != nil {
 		return run, d, err
 	}

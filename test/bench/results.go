@@ -162,6 +162,8 @@ type Run struct {
 	// FailedStarts says why a start failed before the one measured (the
 	// daemon exited and was started again; the times include it).
 	FailedStarts []string `json:"failedStarts,omitempty"`
+	// NoStart: every start attempt failed; the run has no times.
+	NoStart bool `json:"noStart,omitempty"`
 }
 
 // PhaseSpan is one phase (or background task) of a start, in ms from the
@@ -289,11 +291,11 @@ type Scenario struct {
 	// Probes are the connection attempts sent while the scenario ran, by
 	// outcome: answered SERVING/200, answered NOT_SERVING/503, refused,
 	// failed otherwise (reset, timeout, any error that is not an answer).
-	Probes     int    `json:"probes"`
-	Serving    int    `json:"serving"`
-	NotServing int    `json:"notServing"`
-	Refused    int    `json:"refused"`
-	Failed     int    `json:"failed"`
+	Probes     int `json:"probes"`
+	Serving    int `json:"serving"`
+	NotServing int `json:"notServing"`
+	Refused    int `json:"refused"`
+	Failed     int `json:"failed"`
 	// FirstError is the first failure's error (refusals are not kept).
 	FirstError string `json:"firstError,omitempty"`
 	// GapMs is, per event, the signal → SERVING again on a new connection.
@@ -398,7 +400,9 @@ func (p *Point) summarizeRuns() {
 	pick := func(f func(Run) float64) Summary {
 		var xs []float64
 		for _, r := range p.Runs {
-			xs = append(xs, f(r))
+			if !r.NoStart {
+				xs = append(xs, f(r))
+			}
 		}
 		return summarize(xs)
 	}
@@ -414,8 +418,21 @@ func (p *Point) summarizeRuns() {
 	p.HWMMiB = pick(func(r Run) float64 { return r.HWMMiB })
 }
 
-// measured reports whether the point has runs.
-func (p *Point) measured() bool { return p != nil && len(p.Runs) > 0 }
+// measured reports whether the point has runs with times.
+func (p *Point) measured() bool {
+	return p != nil && slices.ContainsFunc(p.Runs, func(r Run) bool { return !r.NoStart })
+}
+
+// noStarts counts the point's runs in which the daemon never served.
+func (p *Point) noStarts() int {
+	n := 0
+	for _, r := range p.Runs {
+		if r.NoStart {
+			n++
+		}
+	}
+	return n
+}
 
 // describeMachine reads the machine's facts.
 func describeMachine(stateDir string) Machine {

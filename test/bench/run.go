@@ -128,8 +128,13 @@ func (r *runner) start(args []string, held *heldSocket) (*daemon, error) {
 
 // maxStartAttempts is how many times a start is tried: a daemon that exits
 // during its start is started again, as a supervisor would
-// (Restart=on-failure), and the failure is counted, not fatal.
-const maxStartAttempts = 3
+// (Restart=on-failure; 5 is systemd's default StartLimitBurst), and the
+// failure is counted, not fatal.
+const maxStartAttempts = 5
+
+// errNoStart is wrapped by startServing's error when every attempt exited
+// during its start.
+var errNoStart = errors.New("the daemon exited during every start")
 
 // startServing starts a daemon and waits until it serves, starting it again
 // when it exits during its start. The times are from the first exec; the
@@ -154,12 +159,15 @@ func (r *runner) startServing(ctx context.Context, args []string, held *heldSock
 			su.Exec = first
 			return d, su, failures, nil
 		}
-		if !d.exited() || attempt == maxStartAttempts || ctx.Err() != nil {
+		if !d.exited() || ctx.Err() != nil {
 			d.kill()
 			return d, su, failures, err
 		}
 		why := d.lastLine()
 		failures = append(failures, why)
+		if attempt == maxStartAttempts {
+			return d, su, failures, fmt.Errorf("%w (%d attempts; last: %s)", errNoStart, attempt, why)
+		}
 		r.logf("phasegate exited during its start (%s); starting it again", why)
 	}
 }
