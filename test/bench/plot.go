@@ -221,7 +221,7 @@ func servingPlot(res *Results) (*plot.Plot, error) {
 	if len(ns) > 1 {
 		goal = plotter.XYs{{X: float64(ns[0]), Y: goalServingMs}, {X: float64(ns[len(ns)-1]), Y: goalServingMs}}
 	}
-	return versusN(res, "exec → SERVING after a restart (median, min–max bars)", "slots on the host N (dead, or leased)", []seriesSpec{
+	p, err := versusN(res, "exec → SERVING after a restart (median, min–max bars)", "slots on the host N (dead, or leased)", []seriesSpec{
 		{"N dead, background reclaim (default)", stratBackground, serving, nil, colorBackground},
 		{"N leased, SIGTERM + start", stratRestoreTerm, serving, nil, colorTerm},
 		{"N leased, kill -9 + start", stratRestoreKill, serving, nil, colorKill},
@@ -229,6 +229,21 @@ func servingPlot(res *Results) (*plot.Plot, error) {
 		{"N dead, serial baseline", stratSerial, serving, func(e *Extrapolation) float64 { return e.ServingMs }, colorSerial},
 		{"kernel floor: removing N (no daemon)", stratFloor, serving, nil, colorFloor},
 	}, []reference{{fmt.Sprintf("goal: %.0f ms", goalServingMs), goal, nil}})
+	if err == nil {
+		roomBelow(p)
+	}
+	return p, err
+}
+
+// roomBelow moves a log-scale plot's legend to the bottom right and
+// extends the axis down to 1 ms, where no series of these plots goes, so
+// that the legend covers none.
+func roomBelow(p *plot.Plot) {
+	if _, ok := p.Y.Scale.(plot.LogScale); !ok {
+		return
+	}
+	p.Legend.Top, p.Legend.Left = false, false
+	p.Y.Min = 1
 }
 
 func reclaimPlot(res *Results) (*plot.Plot, error) {
@@ -238,12 +253,16 @@ func reclaimPlot(res *Results) (*plot.Plot, error) {
 			twice = append(twice, plotter.XY{X: float64(n), Y: goalGoneVsFloor * p.ServingMs.Median})
 		}
 	}
-	return versusN(res, "dead slots all gone (median, min–max bars)", "dead slots N", []seriesSpec{
+	p, err := versusN(res, "dead slots all gone (median, min–max bars)", "dead slots N", []seriesSpec{
 		{"background: from exec", stratBackground, func(p *Point) Summary { return p.DeadGoneMs }, nil, colorBackground},
 		{"background: from SERVING", stratBackground, func(p *Point) Summary { return p.AfterServingMs }, nil, colorAfter},
 		{"foreground: from exec (before SERVING)", stratForeground, func(p *Point) Summary { return p.DeadGoneMs }, nil, colorForeground},
 		{"kernel floor", stratFloor, func(p *Point) Summary { return p.ServingMs }, nil, colorFloor},
 	}, []reference{{fmt.Sprintf("goal: %.0f× the floor, from SERVING", goalGoneVsFloor), twice, nil}})
+	if err == nil {
+		roomBelow(p)
+	}
+	return p, err
 }
 
 // timelineRun picks the run whose phases the timeline shows: at the largest
@@ -292,6 +311,9 @@ func timelinePlot(res *Results, strategy string) (*plot.Plot, error) {
 	p.X.Label.Text = unit + " from exec"
 	spans := make([]PhaseSpan, len(run.Phases))
 	for i, s := range run.Phases {
+		if s.Task && s.State == "running" && s.EndMs == 0 {
+			s.EndMs, s.Name = end, s.Name+" (runs on)"
+		}
 		s.StartMs, s.EndMs = s.StartMs/div, s.EndMs/div
 		if s.Task {
 			s.Name = "task: " + s.Name

@@ -141,7 +141,7 @@ var errNoStart = errors.New("the daemon exited during every start")
 // failures say why the earlier attempts exited.
 func (r *runner) startServing(ctx context.Context, args []string, held *heldSocket, timeout time.Duration) (*daemon, startup, []string, error) {
 	var (
-		first    time.Time
+		first    startup // of the first attempt: its exec, its first answers
 		failures []string
 	)
 	for attempt := 1; ; attempt++ {
@@ -149,14 +149,28 @@ func (r *runner) startServing(ctx context.Context, args []string, held *heldSock
 		if err != nil {
 			return nil, startup{}, failures, err
 		}
-		if first.IsZero() {
-			first = d.began
-		}
 		su, err := d.measureStartup(ctx, timeout)
+		if attempt == 1 {
+			first = su
+		}
 		if err == nil {
-			shift := d.began.Sub(first)
-			su.FirstAnswer, su.FirstGRPC, su.Serving = su.FirstAnswer+shift, su.FirstGRPC+shift, su.Serving+shift
-			su.Exec = first
+			// The port answered from the first attempt on, if that
+			// attempt got as far; SERVING is this attempt's.
+			shift := d.began.Sub(first.Exec)
+			su.Serving += shift
+			if attempt > 1 {
+				if first.FirstStatus != 0 {
+					su.FirstAnswer, su.FirstStatus = first.FirstAnswer, first.FirstStatus
+				} else {
+					su.FirstAnswer += shift
+				}
+				if first.FirstGRPCSt != "" {
+					su.FirstGRPC, su.FirstGRPCSt = first.FirstGRPC, first.FirstGRPCSt
+				} else {
+					su.FirstGRPC += shift
+				}
+			}
+			su.Exec = first.Exec
 			return d, su, failures, nil
 		}
 		if !d.exited() || ctx.Err() != nil {
