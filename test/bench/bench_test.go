@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"image/png"
 	"os"
@@ -12,11 +11,12 @@ import (
 	"time"
 )
 
-// TestSmoke builds the benchmark, runs it as a user would with a tiny N
-// (one rep, every strategy, the latency measurement) and checks what it
-// writes: the JSON has the three strategies with measured points, and the
-// PNGs decode. It asserts no timing: the figures of a 20-slot run on a
-// shared machine mean nothing.
+// TestSmoke builds the benchmark, runs every part as a user would with
+// tiny sizes (one rep) and checks what it writes: every strategy measured
+// with the counts it must have (the dead reclaimed, the leases restored
+// and listed, none destroyed), the latency, Acquire and upgrade parts
+// filled in, the PNGs decodable and the -doc section replaced. It asserts
+// no timing: the figures of a 20-slot run on a shared machine mean nothing.
 func TestSmoke(t *testing.T) {
 	if os.Geteuid() != 0 {
 		if os.Getenv("PHASEGATE_REQUIRE_TOOLS") == "1" {
@@ -35,7 +35,8 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-n", "0,20", "-reps", "1", "-load-n", "20", "-load-reps", "1",
-		"-idle-duration", "500ms", "-settle", "200ms", "-out", out, "-doc", doc)
+		"-idle-duration", "500ms", "-settle", "200ms", "-acquire-n", "40", "-upgrades", "2", "-restarts", "1",
+		"-upgrade-leases", "4", "-out", out, "-doc", doc)
 	start := time.Now()
 	stdout, err := cmd.Output()
 	if err != nil {
@@ -47,8 +48,11 @@ func TestSmoke(t *testing.T) {
 	}
 	t.Logf("bench ran in %v:\n%s", time.Since(start).Round(time.Second), stdout)
 
-	res := readResults(t, filepath.Join(out, "results.json"))
-	for _, s := range []string{stratPhasegate, stratSerial, stratFloor} {
+	res, err := readResults(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range deadStrategies {
 		for _, n := range []int{0, 20} {
 			p := res.find(s, n)
 			if !p.measured() {
@@ -61,15 +65,55 @@ func TestSmoke(t *testing.T) {
 			if s != stratFloor && (p.ServingMs.Median <= 0 || p.FirstAnswerMs.Median <= 0) {
 				t.Errorf("%s at N=%d: no times: %+v", s, n, p.Runs[0])
 			}
+			if s == stratBackground && n == 20 && p.Runs[0].DeadGoneMs <= 0 {
+				t.Errorf("background at N=20: no time until the dead were gone: %+v", p.Runs[0])
+			}
 		}
 	}
-	if res.Load == nil || res.Load.Idle[kindGRPC].Requests == 0 || res.Load.Idle[kindHTTP].Requests == 0 {
-		t.Errorf("results.json: no idle latency samples: %+v", res.Load)
+	for _, s := range restoreStrategies {
+		p := res.find(s, 20)
+		if !p.measured() {
+			t.Errorf("results.json: no runs of %s at N=20", s)
+			continue
+		}
+		if r := p.Runs[0]; r.Restored != 20 || r.Listed != 20 || r.Destroyed != 0 || r.ServingMs <= 0 {
+			t.Errorf("%s at N=20: %+v, want 20 restored and listed, 0 destroyed", s, r)
+		}
 	}
-	if len(res.Goals) == 0 {
-		t.Error("results.json: no goals evaluated")
+	if l := res.Load; l == nil || len(l.Runs) != 1 || len(l.Runs[0].Series) == 0 {
+		t.Errorf("results.json: load part: %+v", res.Load)
+	} else {
+		for _, m := range []map[string]LatencyStats{l.Start, l.Idle} {
+			for _, k := range []string{kindGRPC, kindHTTP, kindAcquire} {
+				if m[k].Requests == 0 {
+					t.Errorf("results.json: no %s samples after a start or idle: %+v", k, l)
+				}
+			}
+		}
 	}
-	for _, name := range []string{"answer.png", "serving.png", "timeline.png", "timeline-serial.png"} {
+	if len(res.ExecMs) != 1 {
+		t.Errorf("results.json: exec floor %v, want one per rep", res.ExecMs)
+	}
+	if a := res.Acquire; a == nil || len(a.Durable.Runs) != 1 || len(a.Memory.Runs) != 1 ||
+		a.Durable.Latency.Requests != 40 || a.Memory.Latency.Requests != 40 {
+		t.Errorf("results.json: Acquire comparison: %+v", res.Acquire)
+	}
+	if u := res.Upgrade; u == nil || len(u.Scenarios) != 3 {
+		t.Errorf("results.json: upgrade scenarios: %+v", res.Upgrade)
+	} else {
+		for _, s := range u.Scenarios {
+			if s.Probes == 0 || s.Probes != s.Serving+s.NotServing+s.Refused+s.Failed || len(s.Series) == 0 {
+				t.Errorf("scenario %q: probes not all classified: %+v", s.Name, s)
+			}
+			if s.Restored != 4 || s.Destroyed != 0 {
+				t.Errorf("scenario %q: %d leases restored, %d destroyed; want 4 and 0", s.Name, s.Restored, s.Destroyed)
+			}
+		}
+	}
+	if len(res.Goals) == 0 || len(res.Parts) != len(allParts) {
+		t.Errorf("results.json: %d goals, parts %v", len(res.Goals), res.Parts)
+	}
+	for _, name := range []string{"serving.png", "reclaim.png", "timeline.png", "timeline-serial.png", "latency.png", "latency-series.png", "acquire.png", "upgrade.png"} {
 		checkPNG(t, filepath.Join(out, name))
 	}
 	b, err := os.ReadFile(doc)
@@ -80,19 +124,6 @@ func TestSmoke(t *testing.T) {
 		!strings.HasPrefix(s, "# B\n\nbefore\n") || !strings.HasSuffix(s, docEnd+"\nafter\n") {
 		t.Errorf("-doc section not replaced as expected:\n%s", s)
 	}
-}
-
-func readResults(t *testing.T, file string) *Results {
-	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var res Results
-	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatalf("%s: %v", file, err)
-	}
-	return &res
 }
 
 func checkPNG(t *testing.T, file string) {
@@ -162,15 +193,68 @@ func TestSummaryAndPercentile(t *testing.T) {
 // TestGoalsNeverMeasuredFromExtrapolation: a serial point that was skipped
 // and extrapolated never yields met or missed.
 func TestGoalsNeverMeasuredFromExtrapolation(t *testing.T) {
-	res := &Results{Settings: Settings{Ns: []int{5000}, PoolSize: 16}}
-	pg := res.point(stratPhasegate, 5000)
-	pg.Runs = []Run{{ServingMs: 2000}}
-	pg.summarizeRuns()
+	res := &Results{}
+	bg := res.point(stratBackground, 5000)
+	bg.Runs = []Run{{ServingMs: 200}}
 	se := res.point(stratSerial, 5000)
 	se.Skipped = "N > -serial-max 1000"
 	se.Extrapolated = &Extrapolation{ServingMs: 270000}
-	g := serialSpeedupGoal(res)
-	if g.Status != goalNotMeasured || !strings.Contains(g.Note, "not a measurement") {
+	res.evaluate()
+	if g := serialGoal(res); g.Status != goalNotMeasured {
 		t.Errorf("goal from an extrapolation = %+v", g)
+	}
+}
+
+// TestClassify checks how probes are counted: every probe in exactly one
+// outcome, refused apart from other failures, and in its 100 ms bucket.
+func TestClassify(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) int64 { return t0.Add(d).UnixNano() }
+	samples := []sample{
+		{Kind: kindHTTP, At: at(10 * time.Millisecond), Answer: "200", Latency: int64(time.Millisecond)},
+		{Kind: kindGRPC, At: at(20 * time.Millisecond), Answer: "SERVING", Latency: int64(2 * time.Millisecond)},
+		{Kind: kindGRPC, At: at(150 * time.Millisecond), Answer: "NOT_SERVING", Latency: int64(time.Millisecond)},
+		{Kind: kindHTTP, At: at(160 * time.Millisecond), Answer: "503", Latency: int64(time.Millisecond)},
+		{Kind: kindHTTP, At: at(250 * time.Millisecond), Err: "dial tcp: connect: connection refused", Out: outRefused},
+		{Kind: kindGRPC, At: at(260 * time.Millisecond), Err: "context deadline exceeded", Out: outFailed},
+	}
+	var sc Scenario
+	classify(&sc, samples, t0)
+	if sc.Probes != 6 || sc.Serving != 2 || sc.NotServing != 2 || sc.Refused != 1 || sc.Failed != 1 {
+		t.Errorf("totals: %+v", sc)
+	}
+	want := []Bucket{{Serving: 2, MaxMs: 2}, {NotServing: 2, MaxMs: 1}, {Refused: 1, Failed: 1}}
+	if fmt.Sprint(sc.Series) != fmt.Sprint(want) {
+		t.Errorf("series = %+v, want %+v", sc.Series, want)
+	}
+	if sc.FirstError != "context deadline exceeded" {
+		t.Errorf("first error %q, want the first failure that is not a refusal", sc.FirstError)
+	}
+}
+
+// TestParseParts keeps the running order whatever the order asked, and
+// refuses unknown parts.
+func TestParseParts(t *testing.T) {
+	got, err := parseParts("upgrade, dead")
+	if err != nil || fmt.Sprint(got) != "[dead upgrade]" {
+		t.Errorf("parseParts = %v, %v", got, err)
+	}
+	if _, err := parseParts("dead,nope"); err == nil {
+		t.Error("parseParts accepted an unknown part")
+	}
+}
+
+// TestDropPart: measuring a part again replaces what it measured and
+// nothing else.
+func TestDropPart(t *testing.T) {
+	res := &Results{Parts: map[string]*Part{partDead: {}, partRestore: {}}, Load: &LoadResult{}}
+	res.point(stratBackground, 10).Runs = []Run{{}}
+	res.point(stratRestoreKill, 10).Runs = []Run{{}}
+	res.dropPart(partDead)
+	if res.find(stratBackground, 10) != nil || !res.find(stratRestoreKill, 10).measured() || res.Load == nil {
+		t.Errorf("after dropping part dead: %+v", res.Points)
+	}
+	if _, ok := res.Parts[partDead]; ok || res.Parts[partRestore] == nil {
+		t.Errorf("parts after the drop: %v", res.Parts)
 	}
 }

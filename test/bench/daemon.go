@@ -43,7 +43,51 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-// daemon is a running phasegate process.
+// Reclaim modes of a daemon run.
+const (
+	modeBackground = "background" // the default: dead slots reclaimed after SERVING
+	modeForeground = "foreground" // --reclaim=foreground: before the warm slots
+	modeSerial     = "serial"     // --serial-baseline: the E2B orchestrator's start
+)
+
+// slotArgs are the flags confining a daemon (or decommission) to h.
+func slotArgs(h *host, o options) []string {
+	return []string{
+		"--state-dir=" + h.stateDir,
+		"--netns-dir=" + h.cfg.NetnsDir,
+		"--slot-prefix=" + h.cfg.Prefix,
+		"--slots=" + strconv.Itoa(h.cfg.Slots),
+		"--slot-cidr=" + h.cfg.CIDR.String(),
+		"--reclaim-workers=" + strconv.Itoa(o.workers),
+	}
+}
+
+// daemonArgs returns the serve flags of a daemon confined to h, with a warm
+// pool of poolSize.
+func daemonArgs(h *host, addr string, o options, mode string, poolSize int) []string {
+	args := append([]string{"serve", "--listen=" + addr}, slotArgs(h, o)...)
+	args = append(args,
+		"--pool-size="+strconv.Itoa(poolSize),
+		"--pool-min-ready=1",
+		"--drain-delay=20ms",
+		"--stop-timeout=5s",
+		// A slow start is measured, not cut off at the default 5 min; the
+		// report says when a start took longer than that default.
+		"--start-timeout=0",
+		"--log-format=json",
+	)
+	switch mode {
+	case modeForeground:
+		args = append(args, "--reclaim=foreground")
+	case modeSerial:
+		args = append(args, "--serial-baseline")
+	}
+	return args
+}
+
+// daemon is a running phasegate process (the same process across in-place
+// upgrades: an upgrade executes a new image with the same pid and the same
+// output pipe).
 type daemon struct {
 	cmd   *exec.Cmd
 	addr  string
@@ -53,35 +97,24 @@ type daemon struct {
 	logs  *logTail
 }
 
-// daemonArgs returns the serve flags confining a daemon to h.
-func daemonArgs(h *host, addr string, o options, serial bool) []string {
-	args := []string{
-		"serve",
-		"--listen=" + addr,
-		"--state-dir=" + h.stateDir,
-		"--netns-dir=" + h.cfg.NetnsDir,
-		"--slot-prefix=" + h.cfg.Prefix,
-		"--slots=" + strconv.Itoa(h.cfg.Slots),
-		"--slot-cidr=" + h.cfg.CIDR.String(),
-		"--reclaim-workers=" + strconv.Itoa(o.workers),
-		"--pool-size=" + strconv.Itoa(o.poolSize),
-		"--pool-min-ready=1",
-		"--drain-delay=20ms",
-		"--stop-timeout=5s",
-		"--log-format=json",
-	}
-	if serial {
-		args = append(args, "--serial-baseline")
-	}
-	return args
-}
+// heldSocketScript hands the inherited descriptor 3 to the daemon the way
+// systemd's socket activation does: LISTEN_PID must be the daemon's own
+// pid, known only after the fork, so a shell exports its own pid and then
+// executes the daemon in its place.
+const heldSocketScript = `export LISTEN_PID=$$; exec "$0" "$@"`
 
 // startDaemon execs bin with args; began is taken right before the exec.
-func startDaemon(bin string, args []string) (*daemon, error) {
-	d := &daemon{
-		cmd:  exec.Command(bin, args...),
-		done: make(chan struct{}),
-		logs: newLogTail(200),
+// With held, the daemon gets that listening socket as systemd socket
+// activation gives it (LISTEN_FDS=1, descriptor 3) instead of binding its
+// port.
+func startDaemon(bin string, args []string, held *os.File) (*daemon, error) {
+	d := &daemon{done: make(chan struct{}), logs: newLogTail(200)}
+	if held == nil {
+		d.cmd = exec.Command(bin, args...)
+	} else {
+		d.cmd = exec.Command("/bin/sh", append([]string{"-c", heldSocketScript, bin}, args...)...)
+		d.cmd.ExtraFiles = []*os.File{held}
+		d.cmd.Env = append(os.Environ(), "LISTEN_FDS=1", "LISTEN_FDNAMES=listen")
 	}
 	for _, a := range args {
 		if v, ok := strings.CutPrefix(a, "--listen="); ok {
@@ -100,32 +133,52 @@ func startDaemon(bin string, args []string) (*daemon, error) {
 	return d, nil
 }
 
-// stop sends SIGTERM (the daemon drains and destroys its pool) and waits up
-// to 30 s before killing it. It returns an error when the daemon did not
-// exit cleanly.
-func (d *daemon) stop() error {
+// stop sends SIGTERM (the daemon drains and keeps its slots, recorded) and
+// waits up to 30 s before killing it. It returns how long the process took
+// to exit, and an error when it did not exit cleanly.
+func (d *daemon) stop() (time.Duration, error) {
 	select {
 	case <-d.done:
-		return d.exitErr("exited before it was stopped")
+		return 0, d.exitErr("exited before it was stopped")
 	default:
 	}
+	t0 := time.Now()
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	t := time.NewTimer(30 * time.Second)
 	defer t.Stop()
 	select {
 	case <-d.done:
-		return d.exitErr("drain")
+		return time.Since(t0), d.exitErr("drain")
 	case <-t.C:
 		_ = d.cmd.Process.Kill()
 		<-d.done
-		return fmt.Errorf("phasegate did not stop within 30 s of SIGTERM; killed\n%s", d.logs)
+		return time.Since(t0), fmt.Errorf("phasegate did not stop within 30 s of SIGTERM; killed\n%s", d.logs)
 	}
 }
 
-// kill ends the process at once (used on the error path) and waits for it.
+// kill ends the process at once (SIGKILL) and waits for it. Harmless on a
+// process that has exited.
 func (d *daemon) kill() {
 	_ = d.cmd.Process.Kill()
 	<-d.done
+}
+
+// exited reports whether the process has exited.
+func (d *daemon) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// signal sends sig to the daemon.
+func (d *daemon) signal(sig os.Signal) error {
+	if err := d.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("signal %v to phasegate: %w", sig, err)
+	}
+	return nil
 }
 
 func (d *daemon) exitErr(what string) error {
@@ -145,6 +198,9 @@ type startup struct {
 	FirstGRPC   time.Duration // exec → first message on the health Watch stream
 	FirstGRPCSt string        // that message's status
 	Serving     time.Duration // exec → SERVING on the Watch stream
+	ServingAt   time.Time     // when SERVING arrived
+	// Exec is when the (first) exec happened: the times above are from it.
+	Exec time.Time
 }
 
 // measureStartup waits until the daemon serves (or exits, or timeout) and
@@ -161,7 +217,7 @@ func (d *daemon) measureStartup(ctx context.Context, timeout time.Duration) (sta
 		}
 	}()
 	var (
-		su      startup
+		su      = startup{Exec: d.began}
 		wg      sync.WaitGroup
 		httpErr error
 		grpcErr error
@@ -172,15 +228,13 @@ func (d *daemon) measureStartup(ctx context.Context, timeout time.Duration) (sta
 		su.FirstAnswer = at.Sub(d.began)
 	})
 	wg.Go(func() {
-		var first, serving time.Time
-		su.FirstGRPCSt, first, serving, grpcErr = watchUntilServing(ctx, d.addr)
-		su.FirstGRPC, su.Serving = first.Sub(d.began), serving.Sub(d.began)
+		var first time.Time
+		su.FirstGRPCSt, first, su.ServingAt, grpcErr = watchUntilServing(ctx, d.addr)
+		su.FirstGRPC, su.Serving = first.Sub(d.began), su.ServingAt.Sub(d.began)
 	})
 	wg.Wait()
-	select {
-	case <-d.done:
+	if d.exited() {
 		return su, d.exitErr("exited during startup")
-	default:
 	}
 	if err := errors.Join(httpErr, grpcErr); err != nil {
 		return su, fmt.Errorf("waiting for phasegate to serve: %w\n%s", err, d.logs)
@@ -277,6 +331,16 @@ type phaseView struct {
 	Ended   time.Time `json:"ended"`
 }
 
+// task returns the background task named name, if the view has it.
+func (v lifecycleView) task(name string) (phaseView, bool) {
+	for _, t := range v.Tasks {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return phaseView{}, false
+}
+
 // lifecycle fetches GET /debug/lifecycle.
 func (d *daemon) lifecycle(ctx context.Context) (lifecycleView, error) {
 	var v lifecycleView
@@ -297,31 +361,38 @@ func (d *daemon) lifecycle(ctx context.Context) (lifecycleView, error) {
 	return v, nil
 }
 
-// waitPoolFilled polls the lifecycle until the background pool fill is no
-// longer running (up to a minute) and returns the last view.
-func (d *daemon) waitPoolFilled(ctx context.Context) (lifecycleView, error) {
-	deadline := time.Now().Add(time.Minute)
+// Background tasks of the daemon the benchmark waits for.
+const (
+	taskFill        = "fill"
+	taskReclaimDead = "reclaim-dead"
+)
+
+// waitTaskDone polls the lifecycle until the named background task is no
+// longer pending or running (up to timeout) and returns the last view. A
+// task the daemon never deferred counts as done.
+func (d *daemon) waitTaskDone(ctx context.Context, name string, timeout time.Duration) (lifecycleView, error) {
+	deadline := time.Now().Add(timeout)
 	for {
 		v, err := d.lifecycle(ctx)
 		if err != nil {
 			return v, err
 		}
-		filling := false
-		for _, t := range v.Tasks {
-			if t.Name == "fill" && (t.State == "running" || t.State == "pending") {
-				filling = true
-			}
-		}
-		if !filling {
+		t, ok := v.task(name)
+		if !ok || (t.State != "running" && t.State != "pending") {
 			return v, nil
 		}
 		if time.Now().After(deadline) {
-			return v, errors.New("the pool did not fill within a minute")
+			return v, fmt.Errorf("background task %s still %s after %v", name, t.State, timeout)
 		}
 		if err := sleep(ctx, 50*time.Millisecond); err != nil {
 			return v, err
 		}
 	}
+}
+
+// waitPoolFilled waits until the background pool fill has ended.
+func (d *daemon) waitPoolFilled(ctx context.Context, timeout time.Duration) (lifecycleView, error) {
+	return d.waitTaskDone(ctx, taskFill, timeout)
 }
 
 // memory reads the process's VmRSS and VmHWM (peak RSS) in bytes.
@@ -346,50 +417,104 @@ func (d *daemon) memory() (rss, hwm int64, err error) {
 	return rss, hwm, err
 }
 
+// Log messages of the daemon the benchmark follows.
+const (
+	msgStarting      = "phasegate starting"
+	msgServing       = "serving"
+	msgReclaimReport = "reclaim report"
+	msgRestorePrefix = "restore: "
+	msgRestore       = "restore" // the key under which restore lines are kept
+	msgUpgrading     = "SIGHUP: upgrading in place"
+)
+
 // reclaimReport is the daemon's "reclaim report" log line.
 type reclaimReport struct {
 	Found     int           `json:"found"`
 	Reclaimed int           `json:"reclaimed"`
 	Failed    int           `json:"failed"`
 	CutOff    int           `json:"cut_off"`
-	Duration  time.Duration `json:"-"`
 	RawDur    string        `json:"duration"`
+	Duration  time.Duration `json:"-"`
+	// At is when the line reached the benchmark.
+	At time.Time `json:"-"`
 }
 
-// reclaimReport finds and parses the daemon's reclaim report in its JSON log.
-func (d *daemon) reclaimReport() (reclaimReport, error) {
-	for _, line := range d.logs.lines() {
-		var r struct {
-			Msg string `json:"msg"`
-			reclaimReport
-		}
-		if json.Unmarshal([]byte(line), &r) != nil || r.Msg != "reclaim report" {
-			continue
-		}
-		dur, err := time.ParseDuration(r.RawDur)
-		if err != nil {
-			return r.reclaimReport, fmt.Errorf("reclaim report duration %q: %w", r.RawDur, err)
-		}
-		r.Duration = dur
-		return r.reclaimReport, nil
+// reclaimReport returns the daemon's k-th reclaim report (0-based) in its
+// JSON log, waiting for it up to timeout.
+func (d *daemon) reclaimReport(ctx context.Context, k int, timeout time.Duration) (reclaimReport, error) {
+	var r reclaimReport
+	ev, err := d.logs.wait(ctx, msgReclaimReport, k, timeout, d.done)
+	if err != nil {
+		return r, fmt.Errorf("reclaim report: %w\n%s", err, d.logs)
 	}
-	return reclaimReport{}, fmt.Errorf("no reclaim report in the log\n%s", d.logs)
+	if err := json.Unmarshal([]byte(ev.line), &r); err != nil {
+		return r, fmt.Errorf("reclaim report %q: %w", ev.line, err)
+	}
+	if r.Duration, err = time.ParseDuration(r.RawDur); err != nil {
+		return r, fmt.Errorf("reclaim report duration %q: %w", r.RawDur, err)
+	}
+	r.At = ev.at
+	return r, nil
 }
 
-// logTail keeps the reclaim report lines and the last n lines of a
-// process's output.
+// restoreLine is the daemon's "restore: …" log line: what the start found.
+type restoreLine struct {
+	Restored int `json:"restored"`
+	Adopted  int `json:"adopted"`
+	Reclaim  int `json:"reclaim"`
+	Lost     int `json:"lost"`
+}
+
+// restoreLine returns the daemon's k-th restore line (0-based; one per
+// start, upgrades included).
+func (d *daemon) restoreLine(ctx context.Context, k int) (restoreLine, error) {
+	var r restoreLine
+	ev, err := d.logs.wait(ctx, msgRestore, k, 10*time.Second, d.done)
+	if err != nil {
+		return r, fmt.Errorf("restore line: %w\n%s", err, d.logs)
+	}
+	if err := json.Unmarshal([]byte(ev.line), &r); err != nil {
+		return r, fmt.Errorf("restore line %q: %w", ev.line, err)
+	}
+	return r, nil
+}
+
+// logEvent is a log line the benchmark follows, with when it arrived.
+type logEvent struct {
+	at   time.Time
+	line string
+}
+
+// logTail keeps the last n lines of a process's output and, with their
+// arrival times, every line whose message the benchmark follows.
 type logTail struct {
 	mu      sync.Mutex
 	partial []byte
-	kept    []string
+	events  map[string][]logEvent
+	changed chan struct{} // closed and replaced at every event
 	last    []string
 	n       int
 }
 
-func newLogTail(n int) *logTail { return &logTail{n: n} }
+func newLogTail(n int) *logTail {
+	return &logTail{n: n, events: map[string][]logEvent{}, changed: make(chan struct{})}
+}
+
+// followed returns the key under which a line with message msg is kept, or
+// "".
+func followed(msg string) string {
+	switch {
+	case strings.HasPrefix(msg, msgRestorePrefix):
+		return msgRestore
+	case msg == msgStarting, msg == msgServing, msg == msgReclaimReport, msg == msgUpgrading, msg == msgPoolReady:
+		return msg
+	}
+	return ""
+}
 
 // Write implements io.Writer.
 func (l *logTail) Write(p []byte) (int, error) {
+	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.partial = append(l.partial, p...)
@@ -397,9 +522,16 @@ func (l *logTail) Write(p []byte) (int, error) {
 	if complete < 0 {
 		return len(p), nil
 	}
+	notify := false
 	for _, line := range strings.Split(string(l.partial[:complete]), "\n") {
-		if strings.Contains(line, `"reclaim report"`) {
-			l.kept = append(l.kept, line)
+		var m struct {
+			Msg string `json:"msg"`
+		}
+		if strings.HasPrefix(line, "{") && json.Unmarshal([]byte(line), &m) == nil {
+			if key := followed(m.Msg); key != "" {
+				l.events[key] = append(l.events[key], logEvent{at: now, line: line})
+				notify = true
+			}
 		}
 		l.last = append(l.last, line)
 		if len(l.last) > l.n {
@@ -407,14 +539,55 @@ func (l *logTail) Write(p []byte) (int, error) {
 		}
 	}
 	l.partial = append(l.partial[:0], l.partial[complete+1:]...)
+	if notify {
+		close(l.changed)
+		l.changed = make(chan struct{})
+	}
 	return len(p), nil
 }
 
-// lines returns the kept lines followed by the last lines.
-func (l *logTail) lines() []string {
+// count returns how many lines with key arrived so far.
+func (l *logTail) count(key string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append(append([]string(nil), l.kept...), l.last...)
+	return len(l.events[key])
+}
+
+// wait returns the k-th (0-based) line kept under key, waiting up to
+// timeout for it, or until exited is closed.
+func (l *logTail) wait(ctx context.Context, key string, k int, timeout time.Duration, exited <-chan struct{}) (logEvent, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		l.mu.Lock()
+		evs, changed := l.events[key], l.changed
+		l.mu.Unlock()
+		if len(evs) > k {
+			return evs[k], nil
+		}
+		select {
+		case <-changed:
+		case <-exited:
+			// The last lines may still be on their way through the pipe.
+			exited = nil
+			t.Reset(100 * time.Millisecond)
+		case <-t.C:
+			return logEvent{}, fmt.Errorf("no %q line #%d after %v", key, k+1, timeout)
+		case <-ctx.Done():
+			return logEvent{}, ctx.Err()
+		}
+	}
+}
+
+// lastLine returns the last line the daemon wrote: after a failed start,
+// the cause.
+func (d *daemon) lastLine() string {
+	d.logs.mu.Lock()
+	defer d.logs.mu.Unlock()
+	if len(d.logs.last) == 0 {
+		return d.exitErr("exited").Error()
+	}
+	return d.logs.last[len(d.logs.last)-1]
 }
 
 // String returns the last lines, for error messages.

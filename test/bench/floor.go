@@ -34,10 +34,7 @@ type floorResult struct {
 // in one transaction, timed apart.
 func kernelFloor(ctx context.Context, h *host, n, workers int) (floorResult, error) {
 	var r floorResult
-	links, err := h.hostLinkIndices()
-	if err != nil {
-		return r, fmt.Errorf("floor: %w", err)
-	}
+	links := h.leaked
 	if len(links) != n {
 		return r, fmt.Errorf("floor: %d host ends, want %d", len(links), n)
 	}
@@ -85,30 +82,17 @@ func kernelFloor(ctx context.Context, h *host, n, workers int) (floorResult, err
 	return r, nil
 }
 
-// waitLinksGone polls (SIOCGIFNAME by index, from 1 ms backing off to 20 ms)
-// until none of the links exists under its name.
+// waitLinksGone polls (from 1 ms backing off to 20 ms) until none of the
+// links exists under its name.
 func waitLinksGone(ctx context.Context, links []hostLink, timeout time.Duration) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("socket: %w", err)
-	}
-	defer unix.Close(fd)
-	left := append([]hostLink(nil), links...)
+	left := links
 	delay := time.Millisecond
 	deadline := time.Now().Add(timeout)
 	for {
-		keep := left[:0]
-		for _, l := range left {
-			ifr, err := unix.NewIfreq("")
-			if err != nil {
-				return err
-			}
-			ifr.SetUint32(uint32(l.index))
-			if unix.IoctlIfreq(fd, unix.SIOCGIFNAME, ifr) == nil && ifr.Name() == l.name {
-				keep = append(keep, l)
-			}
+		var err error
+		if left, err = linksPresent(left); err != nil {
+			return err
 		}
-		left = keep
 		if len(left) == 0 {
 			return nil
 		}
@@ -120,4 +104,27 @@ func waitLinksGone(ctx context.Context, links []hostLink, timeout time.Duration)
 		}
 		delay = min(2*delay, 20*time.Millisecond)
 	}
+}
+
+// linksPresent returns the links that exist, by index and name
+// (SIOCGIFNAME: a lookup by name would make the kernel try to load a
+// module for every vanished link).
+func linksPresent(links []hostLink) ([]hostLink, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	var out []hostLink
+	for _, l := range links {
+		ifr, err := unix.NewIfreq("")
+		if err != nil {
+			return nil, err
+		}
+		ifr.SetUint32(uint32(l.index))
+		if unix.IoctlIfreq(fd, unix.SIOCGIFNAME, ifr) == nil && ifr.Name() == l.name {
+			out = append(out, l)
+		}
+	}
+	return out, nil
 }

@@ -20,13 +20,15 @@ import (
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
-// maxSlots bounds N: the slot CIDR's /31s and the daemon's --slots.
-const maxSlots = 16000
+// maxSlots bounds N: with spareSlots, the default slot CIDR's 16,384 /31s.
+const maxSlots = 15000
 
-// spareSlots are indices beyond the largest N, for the daemon's warm pool.
-const spareSlots = 64
+// spareSlots are indices beyond the most any part leaks or leases at once:
+// the warm pool, its refills, the slots Acquires make during a reclaim.
+const spareSlots = 512
 
 // leakWorkers is the number of goroutines that make namespaces for a leak.
 const leakWorkers = 8
@@ -37,7 +39,10 @@ const leakWorkers = 8
 type host struct {
 	cfg      slot.Config
 	base     string
-	stateDir string
+	stateDir string // on tmpfs, as /run is on a systemd host
+	lockPath string // the daemon's lock file for our slots (outside base)
+	// leaked are the host ends of the last leaked set.
+	leaked []hostLink
 }
 
 // randomPrefix returns "bz", four random lowercase letters and "-".
@@ -49,9 +54,9 @@ func randomPrefix() string {
 	return string(b) + "-"
 }
 
-// newHost makes the temporary directories and a slot configuration for up
-// to slots indices.
-func newHost(slots int, cidr string) (*host, error) {
+// newHost makes the temporary directories (the state directory under
+// stateParent) and a slot configuration for up to slots indices.
+func newHost(slots int, cidr, stateParent string) (*host, error) {
 	p, err := netip.ParsePrefix(cidr)
 	if err != nil {
 		return nil, fmt.Errorf("-cidr: %w", err)
@@ -59,6 +64,11 @@ func newHost(slots int, cidr string) (*host, error) {
 	base, err := os.MkdirTemp("", "phasegate-bench-")
 	if err != nil {
 		return nil, fmt.Errorf("temp dir: %w", err)
+	}
+	state, err := os.MkdirTemp(stateParent, "phasegate-bench-state-")
+	if err != nil {
+		os.RemoveAll(base)
+		return nil, fmt.Errorf("-state-parent: %w", err)
 	}
 	h := &host{
 		cfg: slot.Config{
@@ -68,15 +78,21 @@ func newHost(slots int, cidr string) (*host, error) {
 			CIDR:     p,
 		},
 		base:     base,
-		stateDir: filepath.Join(base, "state"),
+		stateDir: state,
+	}
+	fail := func(err error) (*host, error) {
+		os.RemoveAll(base)
+		os.RemoveAll(state)
+		return nil, err
 	}
 	if err := h.cfg.Validate(); err != nil {
-		os.RemoveAll(base)
-		return nil, fmt.Errorf("slot config: %w", err)
+		return fail(fmt.Errorf("slot config: %w", err))
+	}
+	if h.lockPath, err = lockfile.SlotsPath(lockfile.DefaultDir, h.cfg.NetnsDir, h.cfg.Prefix); err != nil {
+		return fail(err)
 	}
 	if err := netns.PrepareDir(h.cfg.NetnsDir); err != nil {
-		os.RemoveAll(base)
-		return nil, err
+		return fail(err)
 	}
 	return h, nil
 }
@@ -113,6 +129,12 @@ func (h *host) leak(ctx context.Context, n int) error {
 	}
 	if err := tbl.Add(ctx, names...); err != nil {
 		return fmt.Errorf("leak: set elements: %w", err)
+	}
+	if h.leaked, err = h.hostLinkIndices(); err != nil {
+		return fmt.Errorf("leak: %w", err)
+	}
+	if len(h.leaked) != n {
+		return fmt.Errorf("leak: %d host ends, want %d", len(h.leaked), n)
 	}
 	return nil
 }
@@ -302,19 +324,70 @@ func (h *host) sweep() error {
 	}
 	for unix.Unmount(h.cfg.NetnsDir, unix.MNT_DETACH) == nil {
 	}
-	names, err := h.hostLinks()
+	// The kernel removes a veth pair with its namespace, in the
+	// background: delete only what is still there after a while (a pair
+	// whose namespace something keeps alive).
+	links, err := h.hostLinkIndices()
+	if err == nil && len(links) > 0 {
+		_ = waitLinksGone(context.Background(), links, 30*time.Second)
+		links, err = linksPresent(links)
+	}
 	errs = append(errs, err)
-	for _, n := range names {
-		if err := netlink.LinkDel(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: n}}); err != nil &&
+	for _, l := range links {
+		if err := netlink.LinkDel(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: l.index}}); err != nil &&
 			!errors.Is(err, unix.ENODEV) {
-			errs = append(errs, fmt.Errorf("delete link %s: %w", n, err))
+			errs = append(errs, fmt.Errorf("delete link %s (index %d): %w", l.name, l.index, err))
 		}
 	}
 	errs = append(errs, h.dropTable(context.Background()))
-	if err := os.RemoveAll(h.base); err != nil {
-		errs = append(errs, err)
+	for _, p := range []string{h.base, h.stateDir, h.lockPath} {
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// slotID is the kernel identity of a slot's objects: its netns file's
+// inode and its host veth's ifindex. A slot destroyed and made again under
+// the same name has another (the inode may be reused at once, the ifindex
+// is not).
+type slotID struct {
+	netns   netns.ID
+	ifindex int
+}
+
+// identities returns the identity of each of indices that exists now.
+func (h *host) identities(indices []int) (map[int]slotID, error) {
+	links, err := h.hostLinkIndices()
+	if err != nil {
+		return nil, err
+	}
+	byName := make(map[string]int, len(links))
+	for _, l := range links {
+		byName[l.name] = l.index
+	}
+	out := make(map[int]slotID, len(indices))
+	for _, i := range indices {
+		id, err := netns.Stat(h.cfg.NetnsPath(i))
+		ifindex, ok := byName[h.cfg.HostIfName(i)]
+		if err != nil || !ok {
+			continue
+		}
+		out[i] = slotID{netns: id, ifindex: ifindex}
+	}
+	return out, nil
+}
+
+// changed counts the slots of before that are gone or not the same now.
+func changed(before, now map[int]slotID) int {
+	n := 0
+	for i, id := range before {
+		if now[i] != id {
+			n++
+		}
+	}
+	return n
 }
 
 // sleep waits d or until ctx ends.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -19,17 +20,38 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
 
 // Request kinds of the load generator.
 const (
-	kindGRPC = "grpc"
-	kindHTTP = "http"
+	kindGRPC    = "grpc"
+	kindHTTP    = "http"
+	kindAcquire = "acquire"
+)
+
+// Load generator modes.
+const (
+	// genHealth alternates gRPC Check and HTTP GET /health, on one gRPC
+	// connection and keep-alive HTTP connections: a health checker's load.
+	genHealth = "health"
+	// genAcquire calls Slots.Acquire, each with its own request id.
+	genAcquire = "acquire"
+	// genProbe alternates HTTP GET /health and gRPC Check, each on a new
+	// TCP connection: what an orchestrator's checks and new clients see.
+	genProbe = "probe"
+)
+
+// Outcomes of a probe beyond an answer.
+const (
+	outRefused = "refused"
+	outFailed  = "failed"
 )
 
 // maxInFlight bounds the load generator's outstanding requests; a request
 // due while that many are outstanding is counted as an error ("dropped").
-// Every request also has a 2 s timeout, as a health checker would, so the
+// Every request also has a timeout, as a health checker would, so the
 // bound is set above rate × timeout at the rates used (5,000/s): a check
 // then fails only when the daemon does not answer it in time, not because
 // a short stall filled an arbitrary queue on the client's side.
@@ -40,21 +62,30 @@ type sample struct {
 	Kind string `json:"k"`
 	// At is when the request was sent (Unix ns).
 	At int64 `json:"at"`
+	// Lag is how late it was sent after its due time (ns): a generator
+	// starved of CPU sends late, and then in bursts.
+	Lag int64 `json:"lag,omitempty"`
 	// Latency is from send to the complete answer (ns).
 	Latency int64 `json:"lat"`
-	// Err is empty for an answer (gRPC SERVING/NOT_SERVING, HTTP 200/503).
+	// Answer is the status answered: SERVING, NOT_SERVING, 200, 503, OK
+	// (an Acquire).
+	Answer string `json:"a,omitempty"`
+	// Err is empty for an answer; Out classifies an error of a probe:
+	// refused (ECONNREFUSED) or failed (anything else).
 	Err string `json:"err,omitempty"`
+	Out string `json:"out,omitempty"`
 }
 
 // loadgenMain is the `loadgen` subcommand: it waits for the port, then
-// sends gRPC Check and HTTP GET /health alternately at a fixed rate to
-// 127.0.0.1 until -duration has passed or it receives SIGINT/SIGTERM, waits
-// for the outstanding requests and writes the samples as JSON to -out.
+// sends requests of its mode at a fixed rate to 127.0.0.1 until -duration
+// has passed or it receives SIGINT/SIGTERM, waits for the outstanding
+// requests and writes the samples as JSON to -out.
 func loadgenMain(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "", "127.0.0.1:port of the daemon")
-	rate := fs.Int("rate", 2000, "requests per second (both kinds together)")
+	mode := fs.String("mode", genHealth, "health, acquire or probe")
+	rate := fs.Int("rate", 2000, "requests per second")
 	duration := fs.Duration("duration", 10*time.Second, "longest run once the port answers")
 	wait := fs.Duration("wait", 30*time.Second, "longest wait for the port")
 	out := fs.String("out", "", "file for the samples (JSON)")
@@ -62,8 +93,9 @@ func loadgenMain(args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	host, _, err := net.SplitHostPort(*addr)
-	if err != nil || host != "127.0.0.1" || *out == "" || *rate < 1 || *duration <= 0 || *duration > 5*time.Minute {
-		fmt.Fprintln(stderr, "loadgen: need -addr 127.0.0.1:port, -out, a rate ≥ 1 and a duration in (0, 5m]")
+	if err != nil || host != "127.0.0.1" || *out == "" || *rate < 1 || *duration <= 0 || *duration > 10*time.Minute ||
+		(*mode != genHealth && *mode != genAcquire && *mode != genProbe) {
+		fmt.Fprintln(stderr, "loadgen: need -addr 127.0.0.1:port, -out, -mode health|acquire|probe, a rate ≥ 1 and a duration in (0, 10m]")
 		return exitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -72,7 +104,7 @@ func loadgenMain(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "loadgen:", err)
 		return exitError
 	}
-	samples, err := generate(ctx, *addr, *rate, *duration)
+	samples, err := generate(ctx, *addr, *mode, *rate, *duration)
 	if err != nil {
 		fmt.Fprintln(stderr, "loadgen:", err)
 		return exitError
@@ -106,20 +138,12 @@ func waitPort(ctx context.Context, addr string, timeout time.Duration) error {
 // generate sends requests on a fixed schedule (open loop: a slow answer does
 // not delay the next request) until duration has passed or ctx ends, then
 // waits for the outstanding ones.
-func generate(ctx context.Context, addr string, rate int, duration time.Duration) ([]sample, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func generate(ctx context.Context, addr, mode string, rate int, duration time.Duration) ([]sample, error) {
+	send, closeAll, err := sender(addr, mode)
 	if err != nil {
-		return nil, fmt.Errorf("grpc client: %w", err)
+		return nil, err
 	}
-	defer conn.Close()
-	health := healthpb.NewHealthClient(conn)
-	httpClient := &http.Client{
-		Timeout:   2 * time.Second,
-		Transport: &http.Transport{MaxIdleConnsPerHost: maxInFlight},
-	}
-	defer httpClient.CloseIdleConnections()
-	url := "http://" + addr + "/health"
-
+	defer closeAll()
 	var (
 		mu      sync.Mutex
 		samples = make([]sample, 0, int(float64(rate)*duration.Seconds())+1)
@@ -148,27 +172,63 @@ func generate(ctx context.Context, addr string, rate int, duration time.Duration
 		if ctx.Err() != nil {
 			break
 		}
-		kind := kindGRPC
-		if k%2 == 1 {
-			kind = kindHTTP
-		}
 		select {
 		case slots <- struct{}{}:
 		default:
-			record(sample{Kind: kind, At: time.Now().UnixNano(), Err: "dropped: too many outstanding"})
+			record(sample{Kind: mode, At: time.Now().UnixNano(), Err: "dropped: too many outstanding", Out: outFailed})
 			continue
 		}
+		lag := int64(time.Since(due))
 		wg.Go(func() {
 			defer func() { <-slots }()
-			if kind == kindGRPC {
-				record(checkGRPC(health))
-			} else {
-				record(getHTTP(httpClient, url))
-			}
+			s := send(k)
+			s.Lag = lag
+			record(s)
 		})
 	}
 	wg.Wait()
 	return samples, nil
+}
+
+// sender returns the function that sends the k-th request of mode, and
+// what closes its connections.
+func sender(addr, mode string) (func(k int) sample, func(), error) {
+	switch mode {
+	case genProbe:
+		return func(k int) sample {
+			if k%2 == 0 {
+				return probeHTTP(addr)
+			}
+			return probeGRPC(addr)
+		}, func() {}, nil
+	case genAcquire:
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, nil, fmt.Errorf("grpc client: %w", err)
+		}
+		slots := phasegatev1.NewSlotsClient(conn)
+		prefix := fmt.Sprintf("load-%d", os.Getpid())
+		return func(k int) sample { return acquireOne(slots, fmt.Sprintf("%s-%d", prefix, k)) }, func() { conn.Close() }, nil
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("grpc client: %w", err)
+	}
+	health := healthpb.NewHealthClient(conn)
+	httpClient := &http.Client{
+		Timeout:   2 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: maxInFlight},
+	}
+	url := "http://" + addr + "/health"
+	return func(k int) sample {
+			if k%2 == 0 {
+				return checkGRPC(health)
+			}
+			return getHTTP(httpClient, url)
+		}, func() {
+			httpClient.CloseIdleConnections()
+			conn.Close()
+		}, nil
 }
 
 // checkGRPC does one grpc.health.v1 Check of service "".
@@ -180,10 +240,12 @@ func checkGRPC(health healthpb.HealthClient) sample {
 	s := sample{Kind: kindGRPC, At: t0.UnixNano(), Latency: int64(time.Since(t0))}
 	switch {
 	case err != nil:
-		s.Err = err.Error()
+		s.Err, s.Out = err.Error(), outFailed
 	case resp.GetStatus() != healthpb.HealthCheckResponse_SERVING &&
 		resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING:
-		s.Err = "status " + resp.GetStatus().String()
+		s.Err, s.Out = "status "+resp.GetStatus().String(), outFailed
+	default:
+		s.Answer = resp.GetStatus().String()
 	}
 	return s
 }
@@ -200,11 +262,61 @@ func getHTTP(client *http.Client, url string) sample {
 	s.Latency = int64(time.Since(t0))
 	switch {
 	case err != nil:
-		s.Err = err.Error()
+		s.Err, s.Out = err.Error(), outFailed
 	case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusServiceUnavailable:
-		s.Err = "status " + resp.Status
+		s.Err, s.Out = "status "+resp.Status, outFailed
+	default:
+		s.Answer = fmt.Sprint(resp.StatusCode)
 	}
 	return s
+}
+
+// acquireOne calls Slots.Acquire once with its own request id.
+func acquireOne(slots phasegatev1.SlotsClient, requestID string) sample {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	_, err := slots.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "bench-load", RequestId: requestID})
+	s := sample{Kind: kindAcquire, At: t0.UnixNano(), Latency: int64(time.Since(t0))}
+	if err != nil {
+		s.Err, s.Out = err.Error(), outFailed
+	} else {
+		s.Answer = "OK"
+	}
+	return s
+}
+
+// probeHTTP does one GET /health on a new connection.
+func probeHTTP(addr string) sample {
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	s := getHTTP(&http.Client{Timeout: 2 * time.Second, Transport: tr}, "http://"+addr+"/health")
+	if s.Err != "" && isRefused(s.Err) {
+		s.Out = outRefused
+	}
+	return s
+}
+
+// probeGRPC does one grpc.health.v1 Check on a new connection, without
+// waiting for the connection to become ready: a refused connection fails
+// the call at once, as it does for a checker.
+func probeGRPC(addr string) sample {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return sample{Kind: kindGRPC, At: time.Now().UnixNano(), Err: err.Error(), Out: outFailed}
+	}
+	defer conn.Close()
+	s := checkGRPC(healthpb.NewHealthClient(conn))
+	if s.Err != "" && isRefused(s.Err) {
+		s.Out = outRefused
+	}
+	return s
+}
+
+// isRefused reports whether an error says the connection was refused.
+// gRPC reports the dial error in its status message only.
+func isRefused(msg string) bool {
+	return strings.Contains(msg, syscall.ECONNREFUSED.Error())
 }
 
 // loadgen is a running load-generator process.
@@ -216,19 +328,20 @@ type loadgen struct {
 	logs *logTail
 }
 
-// startLoadgen re-execs this binary as `loadgen` against addr.
-func startLoadgen(dir, addr string, rate int, duration time.Duration) (*loadgen, error) {
+// startLoadgen re-execs this binary as `loadgen` in mode against addr and
+// tracks it.
+func (r *runner) startLoadgen(addr, mode string, rate int, duration time.Duration) (*loadgen, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
-	f, err := os.CreateTemp(dir, "load-*.json")
+	f, err := os.CreateTemp(r.h.base, "load-*.json")
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
 	f.Close()
 	g := &loadgen{out: f.Name(), done: make(chan struct{}), logs: newLogTail(50)}
-	g.cmd = exec.Command(self, "loadgen", "-addr", addr, "-rate", fmt.Sprint(rate),
+	g.cmd = exec.Command(self, "loadgen", "-mode", mode, "-addr", addr, "-rate", fmt.Sprint(rate),
 		"-duration", duration.String(), "-out", g.out)
 	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
 	if err := g.cmd.Start(); err != nil {
@@ -238,6 +351,7 @@ func startLoadgen(dir, addr string, rate int, duration time.Duration) (*loadgen,
 		g.err = g.cmd.Wait()
 		close(g.done)
 	}()
+	r.track(g.kill)
 	return g, nil
 }
 

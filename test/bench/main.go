@@ -1,38 +1,46 @@
-// Command bench measures how fast phasegate starts on a host with N leaked
-// network slots, side by side in one run with two baselines:
+// Command bench measures how fast phasegate starts and restarts, and what
+// its clients see meanwhile, each figure beside its baseline in the same
+// run. Its parts (-parts):
 //
-//   - phasegate: the real binary (`phasegate serve`) is exec'd; the program
-//     measures exec → first HTTP answer on /health (503 while starting),
-//     exec → first gRPC health answer (NOT_SERVING) and exec → SERVING on a
-//     grpc.health.v1 Watch stream, the reclaim report from the daemon's log
-//     (slots/s) and the daemon's RSS once its warm pool is full;
-//   - serial: the same binary with --serial-baseline, which starts the way
-//     the seed report's orchestrator did (serial per-slot reclaim, then
-//     storage and pool, and only then the port);
-//   - floor: no daemon, the same leaked set removed by the bare minimum the
-//     kernel needs (detach+unlink of the netns files with bounded workers,
-//     then a wait until the host ends of the veth pairs are gone).
-//
-// For every N it leaks N slots (netns file + veth pair with an address on
-// the host end + nftables set element) under a unique prefix in a temporary
-// netns directory, runs each strategy on its own freshly leaked set, and
-// repeats; it reports median and spread (min–max). A second part measures
-// gRPC Check and HTTP /health latency from a separate load-generator process
-// (this binary re-exec'd as `bench loadgen`) at a fixed rate, while the
-// daemon reclaims and while it is idle.
+//   - dead: a host with N dead slots (leaked by a killed run, unrecorded).
+//     The daemon is exec'd with the default --reclaim=background (dead slots
+//     torn down after SERVING), with --reclaim=foreground (before the warm
+//     slots: the start of every release before live restore), and with
+//     --serial-baseline (the E2B orchestrator's start: serial reclaim, port
+//     bound last); the kernel floor is the same set removed by the bare
+//     minimum the kernel needs, no daemon. Measured: exec → first HTTP
+//     answer, first gRPC health answer, SERVING (Watch stream), and exec →
+//     the dead all gone (the daemon's reclaim report).
+//   - restore: N slots leased through the API, then the daemon stopped
+//     (SIGTERM) or killed (kill -9) and started again: exec → SERVING, and
+//     N/N leases restored with the kernel identity of every leased
+//     namespace and veth unchanged (0 destroyed).
+//   - load: health checks (gRPC Check and HTTP /health) from a separate
+//     load-generator process and Acquire calls from another, while the
+//     daemon reclaims dead slots in the background, and against an idle
+//     daemon.
+//   - acquire: Acquire throughput and latency over gRPC on loopback with the
+//     durable lease record (the daemon) beside the same service over the
+//     same pool with the record kept in a map (`bench memslots`).
+//   - upgrade: new connections at a fixed rate (HTTP /health and gRPC Check,
+//     a new TCP connection each) across SIGHUP in-place upgrades, and across
+//     SIGTERM + start pairs with the port closed between them and with the
+//     socket held (systemd socket activation).
 //
 // Output: a table on stdout, results.json, report.md and PNG plots in -out.
-// With -doc FILE the section between the markers
-// "<!-- bench:start -->" and "<!-- bench:end -->" of FILE is replaced by
-// report.md. Timing goals are evaluated and reported, never asserted: the
-// program exits non-zero only on real errors.
+// With -doc FILE the section between the markers "<!-- bench:start -->"
+// and "<!-- bench:end -->" of FILE is replaced by report.md. With -merge,
+// the parts not run are kept from -out/results.json, so that one part can
+// be measured again. Timing goals are evaluated and reported, never
+// asserted: the program exits non-zero only on real errors.
 //
 // It needs root. It touches nothing outside its own prefix and temporary
 // directories, sends traffic only to 127.0.0.1, and removes everything it
 // made on exit, on failure and on SIGINT/SIGTERM.
 //
-//	sudo go run ./test/bench -n 0,1000,5000,10000 -reps 3 -out docs/bench -doc docs/BENCHMARKS.md
-//	sudo go run ./test/bench -n 0,200 -reps 1 -load-n 200 -out /tmp/bench   # smoke, < 2 min
+//	cd test && sudo go run ./bench -out ../docs/bench -doc ../docs/BENCHMARKS.md
+//	cd test && sudo go run ./bench -parts load -merge -out ../docs/bench -doc ../docs/BENCHMARKS.md
+//	cd test && sudo go run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out /tmp/bench   # smoke, < 2 min
 package main
 
 import (
@@ -44,6 +52,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,22 +70,48 @@ const (
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "loadgen" {
-		os.Exit(loadgenMain(os.Args[2:], os.Stderr))
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "loadgen":
+			os.Exit(loadgenMain(os.Args[2:], os.Stderr))
+		case "memslots":
+			os.Exit(memslotsMain(os.Args[2:], os.Stderr))
+		}
 	}
 	os.Exit(benchMain(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// Parts of the benchmark, in the order they run.
+const (
+	partDead    = "dead"
+	partRestore = "restore"
+	partLoad    = "load"
+	partAcquire = "acquire"
+	partUpgrade = "upgrade"
+)
+
+var allParts = []string{partDead, partRestore, partLoad, partAcquire, partUpgrade}
+
 // options are the benchmark's settings, from its flags.
 type options struct {
+	parts        []string
+	merge        bool
 	ns           []int
 	reps         int
 	serialReps   int
 	serialMax    int
+	leaseClients int
 	loadN        int
 	loadReps     int
 	rate         int
+	acquireRate  int
 	idleDuration time.Duration
+	acquireN     int
+	acquireConc  int
+	upgrades     int
+	restarts     int
+	probeRate    int
+	upLeases     int
 	workers      int
 	poolSize     int
 	settle       time.Duration
@@ -86,27 +121,42 @@ type options struct {
 	breakdown    bool
 	from         string
 	cidr         string
+	stateParent  string
 	args         []string
 }
+
+// has reports whether part is to be run.
+func (o options) has(part string) bool { return slices.Contains(o.parts, part) }
 
 // parseOptions parses the command line.
 func parseOptions(args []string, stderr io.Writer) (options, error) {
 	var (
 		o       options
 		nList   string
+		parts   string
 		skip10k bool
 	)
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&nList, "n", "0,1000,5000,10000", "comma-separated numbers of leaked slots")
+	fs.StringVar(&parts, "parts", strings.Join(allParts, ","), "parts to run: "+strings.Join(allParts, ", "))
+	fs.BoolVar(&o.merge, "merge", false, "keep the parts not run from -out/results.json (to measure one part again)")
+	fs.StringVar(&nList, "n", "0,1000,5000,10000", "comma-separated numbers of dead slots (part dead) and of leased slots (part restore)")
 	fs.BoolVar(&skip10k, "skip-10k", false, "leave out N ≥ 10,000 (small machines); the report says so")
-	fs.IntVar(&o.reps, "reps", 3, "repetitions of phasegate and floor at each N")
-	fs.IntVar(&o.serialReps, "serial-reps", 1, "repetitions of the serial baseline at each N (it costs ~54 ms per slot)")
-	fs.IntVar(&o.serialMax, "serial-max", 5000, "largest N at which the serial baseline is run; above it, it is reported as skipped with an extrapolation, marked as such")
-	fs.IntVar(&o.loadN, "load-n", 5000, "leaked slots for the latency-under-reclaim measurement (0: skip it)")
-	fs.IntVar(&o.loadReps, "load-reps", 0, "repetitions of the latency measurement (default: -reps)")
-	fs.IntVar(&o.rate, "rate", 2000, "load generator requests per second, split evenly between gRPC Check and HTTP /health")
-	fs.DurationVar(&o.idleDuration, "idle-duration", 3*time.Second, "length of the latency measurement against the idle daemon")
+	fs.IntVar(&o.reps, "reps", 3, "repetitions at each N: of each dead-slot strategy, and of each kind of restart")
+	fs.IntVar(&o.serialReps, "serial-reps", 1, "repetitions of the serial baseline at each N (it costs ~35-55 ms per slot)")
+	fs.IntVar(&o.serialMax, "serial-max", 1000, "largest N at which the serial baseline is run; above it, it is reported as skipped with an extrapolation, marked as such")
+	fs.IntVar(&o.leaseClients, "lease-clients", 32, "concurrent Acquire calls that lease the N slots of the restore part")
+	fs.IntVar(&o.loadN, "load-n", 5000, "dead slots reclaimed in the background while the load runs (0: skip the load part)")
+	fs.IntVar(&o.loadReps, "load-reps", 0, "repetitions of the load part (default: -reps)")
+	fs.IntVar(&o.rate, "rate", 2000, "health checks per second from the load generator, half gRPC Check, half HTTP /health")
+	fs.IntVar(&o.acquireRate, "acquire-rate", 10, "Acquire calls per second from a second load generator during the load part (0: none)")
+	fs.DurationVar(&o.idleDuration, "idle-duration", 3*time.Second, "length of the load against the idle daemon")
+	fs.IntVar(&o.acquireN, "acquire-n", -1, "Acquire calls per repetition of the throughput part, each from a warm pool of that size (default: the largest -n, within [100, 1000]; 0: skip the part)")
+	fs.IntVar(&o.acquireConc, "acquire-clients", 16, "concurrent callers of the throughput part, over one connection")
+	fs.IntVar(&o.upgrades, "upgrades", 20, "SIGHUP in-place upgrades in a row (0: skip the upgrade part)")
+	fs.IntVar(&o.restarts, "restarts", 3, "SIGTERM + start pairs, with the port closed and with the socket held")
+	fs.IntVar(&o.probeRate, "probe-rate", 500, "new connections per second across upgrades and restarts, half HTTP /health, half gRPC Check")
+	fs.IntVar(&o.upLeases, "upgrade-leases", 64, "slots leased before the upgrades, checked after each")
 	fs.IntVar(&o.workers, "workers", slot.DefaultWorkers, "reclaim workers for phasegate (--reclaim-workers; default the daemon's) and the kernel floor")
 	fs.IntVar(&o.poolSize, "pool-size", 16, "daemon --pool-size (warm slots; --pool-min-ready stays 1)")
 	fs.DurationVar(&o.settle, "settle", 2*time.Second, "pause after each run so the kernel's namespace clean-up does not overlap the next")
@@ -114,8 +164,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.out, "out", "docs/bench", "directory for results.json, report.md and the PNG plots")
 	fs.StringVar(&o.doc, "doc", "", "Markdown file whose bench:start/bench:end section is replaced by report.md")
 	fs.StringVar(&o.from, "from", "", "measure nothing: re-render the table, report, plots and -doc from this results.json")
-	fs.BoolVar(&o.breakdown, "breakdown", true, "also run reclaim.Run in process once per N, for where its time goes")
-	fs.StringVar(&o.cidr, "cidr", "169.254.0.0/17", "daemon --slot-cidr (must hold 2 × (max N + 64) addresses)")
+	fs.BoolVar(&o.breakdown, "breakdown", false, "also run reclaim.Run in process once per N, for where its time goes")
+	fs.StringVar(&o.cidr, "cidr", "169.254.0.0/17", "daemon --slot-cidr (must hold 2 × (max N + 512) addresses)")
+	fs.StringVar(&o.stateParent, "state-parent", "/dev/shm", "where the daemon's temporary --state-dir is made (tmpfs, as /run is under systemd)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -127,21 +178,51 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	o.ns = ns
+	if o.parts, err = parseParts(parts); err != nil {
+		return o, err
+	}
 	if o.loadReps == 0 {
 		o.loadReps = o.reps
+	}
+	if o.acquireN < 0 {
+		o.acquireN = min(max(slices.Max(ns), 100), 1000)
+	}
+	if o.loadN == 0 {
+		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partLoad })
+	}
+	if o.acquireN == 0 {
+		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partAcquire })
+	}
+	if o.upgrades == 0 {
+		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partUpgrade })
 	}
 	switch {
 	case o.reps < 1, o.serialReps < 0, o.loadReps < 1:
 		return o, errors.New("-reps and -load-reps must be ≥ 1, -serial-reps ≥ 0")
-	case o.rate < 2 || o.rate > 20000:
-		return o, errors.New("-rate must be in [2, 20000]")
-	case o.workers < 1, o.poolSize < 1:
-		return o, errors.New("-workers and -pool-size must be ≥ 1")
-	case o.loadN < 0:
-		return o, errors.New("-load-n must be ≥ 0")
+	case o.rate < 2 || o.rate > 20000, o.probeRate < 2 || o.probeRate > 5000, o.acquireRate < 0 || o.acquireRate > 1000:
+		return o, errors.New("-rate must be in [2, 20000], -probe-rate in [2, 5000], -acquire-rate in [0, 1000]")
+	case o.workers < 1, o.poolSize < 1, o.leaseClients < 1, o.acquireConc < 1:
+		return o, errors.New("-workers, -pool-size, -lease-clients and -acquire-clients must be ≥ 1")
+	case o.loadN < 0 || o.loadN > maxSlots, o.acquireN > maxSlots/2, o.upLeases < 0 || o.upLeases > maxSlots:
+		return o, fmt.Errorf("-load-n and -upgrade-leases must be in [0, %d], -acquire-n at most %d", maxSlots, maxSlots/2)
+	case o.upgrades < 0, o.restarts < 0:
+		return o, errors.New("-upgrades and -restarts must be ≥ 0")
 	}
 	o.args = args
 	return o, nil
+}
+
+// parseParts parses "dead,load" into parts in their running order.
+func parseParts(s string) ([]string, error) {
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if !slices.Contains(allParts, f) {
+			return nil, fmt.Errorf("-parts: %q is not one of %s", f, strings.Join(allParts, ", "))
+		}
+		out = append(out, f)
+	}
+	return slices.DeleteFunc(slices.Clone(allParts), func(p string) bool { return !slices.Contains(out, p) }), nil
 }
 
 // parseNs parses "0,1000,5000" into sorted, distinct counts.
@@ -188,13 +269,19 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 	// After the first signal, the default disposition is back: a second
 	// one kills at once.
 	context.AfterFunc(ctx, stop)
-	res, runErr := run(ctx, o, stderr)
+	var prev *Results
+	if o.merge {
+		if prev, err = readResults(filepath.Join(o.out, "results.json")); err != nil {
+			fmt.Fprintln(stderr, "bench: -merge:", err)
+			return exitUsage
+		}
+	}
+	res, runErr := run(ctx, o, prev, stderr)
 	if res == nil {
 		fmt.Fprintln(stderr, "bench:", runErr)
 		return exitError
 	}
 	if runErr != nil {
-		res.Notes = append(res.Notes, "INCOMPLETE: the run failed: "+oneLine(runErr))
 		if o.doc != "" {
 			fmt.Fprintf(stderr, "bench: %s left as it was: the run is incomplete\n", o.doc)
 			o.doc = ""
@@ -215,20 +302,30 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 
 // render re-renders the outputs of an earlier run from its results.json.
 func render(o options, stdout, stderr io.Writer) int {
-	b, err := os.ReadFile(o.from)
-	var res Results
+	res, err := readResults(o.from)
 	if err == nil {
-		err = json.Unmarshal(b, &res)
-	}
-	if err == nil {
-		printTable(stdout, &res)
-		err = writeOutputs(&res, o)
+		res.evaluate()
+		printTable(stdout, res)
+		err = writeOutputs(res, o)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
 		return exitError
 	}
 	return exitOK
+}
+
+// readResults reads a results.json.
+func readResults(file string) (*Results, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var res Results
+	if err := json.Unmarshal(b, &res); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return &res, nil
 }
 
 // oneLine keeps the first line of an error (the rest is usually a log).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 
@@ -11,55 +12,80 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
-// Colors of the strategies and markers.
+// Colors of the series.
 var (
-	colorPhasegate = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}
-	colorGRPC      = color.RGBA{R: 0x17, G: 0xbe, B: 0xcf, A: 0xff}
-	colorSerial    = color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}
-	colorFloor     = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
-	colorServing   = color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}
-	colorBar       = color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff}
+	colorBackground = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}
+	colorForeground = color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}
+	colorSerial     = color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}
+	colorFloor      = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
+	colorTerm       = color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}
+	colorKill       = color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff}
+	colorAfter      = color.RGBA{R: 0x17, G: 0xbe, B: 0xcf, A: 0xff}
+	colorGoal       = color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff}
+	colorBar        = color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff}
+	colorTask       = color.RGBA{R: 0xbc, G: 0xbd, B: 0x22, A: 0xff}
+	colorFailed     = color.RGBA{A: 0xff}
 )
 
 // minLogMs is the floor of the log-scale axes (a zero cannot be drawn).
 const minLogMs = 0.1
 
-// writePlots writes answer.png, serving.png, timeline.png and, when the
-// serial baseline ran, timeline-serial.png into dir.
+// Plot sizes.
+const (
+	plotW = 16 * vg.Centimeter
+	plotH = 11 * vg.Centimeter
+)
+
+// writePlots writes the PNGs of the parts the results have into dir, and
+// removes those of parts they have not, so that no stale figure stays
+// beside the report.
 func writePlots(res *Results, dir string) error {
-	answer, err := versusN(res, "Time to first health answer", []seriesSpec{
-		{"phasegate: first HTTP answer", stratPhasegate, func(p *Point) Summary { return p.FirstAnswerMs }, nil, colorPhasegate},
-		{"phasegate: first gRPC answer", stratPhasegate, func(p *Point) Summary { return p.FirstGRPCMs }, nil, colorGRPC},
-		{"serial baseline: port answers", stratSerial, func(p *Point) Summary { return p.FirstAnswerMs },
-			func(e *Extrapolation) float64 { return e.FirstAnswerMs }, colorSerial},
-	})
-	if err != nil {
-		return err
+	type figure struct {
+		file string
+		has  bool
+		make func() (*plot.Plot, error)
 	}
-	if err := answer.Save(16*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, "answer.png")); err != nil {
-		return err
+	dead, restore := len(res.ns(deadStrategies)) > 0, len(res.ns(restoreStrategies)) > 0
+	figs := []figure{
+		{"serving.png", dead || restore, func() (*plot.Plot, error) { return servingPlot(res) }},
+		{"reclaim.png", dead, func() (*plot.Plot, error) { return reclaimPlot(res) }},
+		{"timeline.png", hasTimeline(res, stratBackground), func() (*plot.Plot, error) { return timelinePlot(res, stratBackground) }},
+		{"timeline-serial.png", hasTimeline(res, stratSerial), func() (*plot.Plot, error) { return timelinePlot(res, stratSerial) }},
+		{"latency.png", res.Load != nil, func() (*plot.Plot, error) { return latencyPlot(res.Load) }},
+		{"latency-series.png", res.Load != nil && len(res.Load.Runs) > 0, func() (*plot.Plot, error) { return latencySeriesPlot(res.Load) }},
+		{"acquire.png", res.Acquire != nil, func() (*plot.Plot, error) { return acquirePlot(res.Acquire) }},
 	}
-	serving, err := versusN(res, "Time to SERVING", []seriesSpec{
-		{"phasegate", stratPhasegate, func(p *Point) Summary { return p.ServingMs }, nil, colorPhasegate},
-		{"kernel floor (no daemon)", stratFloor, func(p *Point) Summary { return p.ServingMs }, nil, colorFloor},
-		{"serial baseline", stratSerial, func(p *Point) Summary { return p.ServingMs },
-			func(e *Extrapolation) float64 { return e.ServingMs }, colorSerial},
-	})
-	if err != nil {
-		return err
+	for _, f := range figs {
+		path := filepath.Join(dir, f.file)
+		if !f.has {
+			if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+				return err
+			}
+			continue
+		}
+		p, err := f.make()
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.file, err)
+		}
+		h := plotH
+		if f.file == "timeline.png" || f.file == "timeline-serial.png" {
+			h = 10 * vg.Centimeter
+		}
+		if err := p.Save(plotW, h, path); err != nil {
+			return fmt.Errorf("%s: %w", f.file, err)
+		}
 	}
-	if err := serving.Save(16*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, "serving.png")); err != nil {
-		return err
+	path := filepath.Join(dir, "upgrade.png")
+	if res.Upgrade == nil || len(res.Upgrade.Scenarios) == 0 {
+		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		return nil
 	}
-	if err := saveTimeline(res, stratPhasegate, filepath.Join(dir, "timeline.png")); err != nil {
-		return err
-	}
-	if hasSerialTimeline(res) {
-		return saveTimeline(res, stratSerial, filepath.Join(dir, "timeline-serial.png"))
-	}
-	return nil
+	return saveUpgradePlot(res.Upgrade, path)
 }
 
 // seriesSpec is one line of a versus-N plot.
@@ -79,37 +105,73 @@ type errorPoints struct {
 }
 
 // versusN plots each series against N on a log-scale time axis, the
-// median with min–max bars.
-func versusN(res *Results, title string, specs []seriesSpec) (*plot.Plot, error) {
+// median with min–max bars, and dashed reference lines.
+func versusN(res *Results, title, xLabel string, specs []seriesSpec, refs []reference) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s (median, min–max bars) — %d CPUs, load avg %.1f–%.1f",
-		title, res.Machine.NumCPU, res.Machine.LoadMin, res.Machine.LoadMax)
-	p.X.Label.Text = "leaked slots N"
-	p.Y.Label.Text = "ms from exec (log scale)"
+	p.Title.Text = title
+	p.X.Label.Text = xLabel
+	p.Y.Label.Text = "ms (log scale)"
 	p.Y.Scale = plot.LogScale{}
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Add(plotter.NewGrid())
+	drawn := 0
 	for _, s := range specs {
-		if err := addSeries(p, res, s); err != nil {
+		n, err := addSeries(p, res, s)
+		if err != nil {
+			return nil, err
+		}
+		drawn += n
+	}
+	if drawn == 0 {
+		p.Y.Scale, p.Y.Tick.Marker = plot.LinearScale{}, plot.DefaultTicks{}
+		p.Title.Text += ": nothing measured"
+		return p, nil
+	}
+	for _, ref := range refs {
+		if err := addReference(p, ref); err != nil {
 			return nil, err
 		}
 	}
 	return p, nil
 }
 
+// reference is a dashed line: a goal, a multiple of a baseline, a moment.
+type reference struct {
+	label string
+	xys   plotter.XYs
+	color color.Color // gray when nil
+}
+
+func addReference(p *plot.Plot, ref reference) error {
+	if len(ref.xys) < 2 {
+		return nil
+	}
+	line, err := plotter.NewLine(ref.xys)
+	if err != nil {
+		return err
+	}
+	line.Color, line.Dashes = colorGoal, []vg.Length{vg.Points(2), vg.Points(2)}
+	if ref.color != nil {
+		line.Color, line.Width = ref.color, vg.Points(1.5)
+	}
+	p.Add(line)
+	p.Legend.Add(ref.label, line)
+	return nil
+}
+
 // addSeries adds a measured line with error bars and, if any, a dashed
-// extrapolated line.
-func addSeries(p *plot.Plot, res *Results, s seriesSpec) error {
+// extrapolated line; it returns how many points it drew.
+func addSeries(p *plot.Plot, res *Results, s seriesSpec) (int, error) {
 	var pts errorPoints
 	var est plotter.XYs
-	for _, n := range res.Settings.Ns {
+	for _, n := range res.ns([]string{s.strategy}) {
 		pt := res.find(s.strategy, n)
 		switch {
 		case pt.measured():
 			v := s.value(pt)
 			if v.Median <= 0 {
-				continue // N=0 of the floor: nothing to draw on a log axis
+				continue // nothing to draw on a log axis
 			}
 			y := max(v.Median, minLogMs)
 			pts.XYs = append(pts.XYs, plotter.XY{X: float64(n), Y: y})
@@ -122,13 +184,13 @@ func addSeries(p *plot.Plot, res *Results, s seriesSpec) error {
 	if len(pts.XYs) > 0 {
 		line, scatter, err := plotter.NewLinePoints(pts.XYs)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		line.Color, scatter.Color = s.color, s.color
 		line.Width = vg.Points(1.5)
 		bars, err := plotter.NewYErrorBars(pts)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		bars.Color = s.color
 		p.Add(line, scatter, bars)
@@ -140,19 +202,73 @@ func addSeries(p *plot.Plot, res *Results, s seriesSpec) error {
 	if len(est) > 1 {
 		line, err := plotter.NewLine(est)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		line.Color, line.Dashes = s.color, []vg.Length{vg.Points(4), vg.Points(3)}
 		p.Add(line)
 		p.Legend.Add(s.label+" — extrapolated, not measured", line)
 	}
-	return nil
+	return len(pts.XYs), nil
+}
+
+func servingPlot(res *Results) (*plot.Plot, error) {
+	serving := func(p *Point) Summary { return p.ServingMs }
+	var ns []int
+	for _, n := range res.ns(append(slices.Clone(deadStrategies), restoreStrategies...)) {
+		ns = append(ns, n)
+	}
+	var goal plotter.XYs
+	if len(ns) > 1 {
+		goal = plotter.XYs{{X: float64(ns[0]), Y: goalServingMs}, {X: float64(ns[len(ns)-1]), Y: goalServingMs}}
+	}
+	p, err := versusN(res, "exec → SERVING after a restart (median, min–max bars)", "slots on the host N (dead, or leased)", []seriesSpec{
+		{"N dead, background reclaim (default)", stratBackground, serving, nil, colorBackground},
+		{"N leased, SIGTERM + start", stratRestoreTerm, serving, nil, colorTerm},
+		{"N leased, kill -9 + start", stratRestoreKill, serving, nil, colorKill},
+		{"N dead, --reclaim=foreground (before live restore)", stratForeground, serving, nil, colorForeground},
+		{"N dead, serial baseline", stratSerial, serving, func(e *Extrapolation) float64 { return e.ServingMs }, colorSerial},
+		{"kernel floor: removing N (no daemon)", stratFloor, serving, nil, colorFloor},
+	}, []reference{{fmt.Sprintf("goal: %.0f ms", goalServingMs), goal, nil}})
+	if err == nil {
+		roomBelow(p)
+	}
+	return p, err
+}
+
+// roomBelow moves a log-scale plot's legend to the bottom right and
+// extends the axis down to 1 ms, where no series of these plots goes, so
+// that the legend covers none.
+func roomBelow(p *plot.Plot) {
+	if _, ok := p.Y.Scale.(plot.LogScale); !ok {
+		return
+	}
+	p.Legend.Top, p.Legend.Left = false, false
+	p.Y.Min = 1
+}
+
+func reclaimPlot(res *Results) (*plot.Plot, error) {
+	var twice plotter.XYs
+	for _, n := range res.ns([]string{stratFloor}) {
+		if p := res.find(stratFloor, n); p.measured() && n > 0 {
+			twice = append(twice, plotter.XY{X: float64(n), Y: goalGoneVsFloor * p.ServingMs.Median})
+		}
+	}
+	p, err := versusN(res, "dead slots all gone (median, min–max bars)", "dead slots N", []seriesSpec{
+		{"background: from exec", stratBackground, func(p *Point) Summary { return p.DeadGoneMs }, nil, colorBackground},
+		{"background: from SERVING", stratBackground, func(p *Point) Summary { return p.AfterServingMs }, nil, colorAfter},
+		{"foreground: from exec (before SERVING)", stratForeground, func(p *Point) Summary { return p.DeadGoneMs }, nil, colorForeground},
+		{"kernel floor", stratFloor, func(p *Point) Summary { return p.ServingMs }, nil, colorFloor},
+	}, []reference{{fmt.Sprintf("goal: %.0f× the floor, from SERVING", goalGoneVsFloor), twice, nil}})
+	if err == nil {
+		roomBelow(p)
+	}
+	return p, err
 }
 
 // timelineRun picks the run whose phases the timeline shows: at the largest
 // N the strategy measured, the run with the median time to SERVING.
 func timelineRun(res *Results, strategy string) (*Point, *Run) {
-	for _, n := range slices.Backward(res.Settings.Ns) {
+	for _, n := range slices.Backward(res.ns([]string{strategy})) {
 		p := res.find(strategy, n)
 		if !p.measured() {
 			continue
@@ -174,23 +290,20 @@ func timelineRun(res *Results, strategy string) (*Point, *Run) {
 	return nil, nil
 }
 
-func hasSerialTimeline(res *Results) bool {
-	p, _ := timelineRun(res, stratSerial)
+func hasTimeline(res *Results, strategy string) bool {
+	p, _ := timelineRun(res, strategy)
 	return p != nil
 }
 
-// saveTimeline draws one bar per phase of one start, with markers at the
-// first answer and at SERVING.
-func saveTimeline(res *Results, strategy, file string) error {
+// timelinePlot draws one bar per phase and background task of one start,
+// with markers at the first answer, at SERVING and, for the background
+// reclaim, when the dead were all gone.
+func timelinePlot(res *Results, strategy string) (*plot.Plot, error) {
 	pt, run := timelineRun(res, strategy)
 	p := plot.New()
-	if pt == nil {
-		p.Title.Text = "startup timeline: no run"
-		return p.Save(16*vg.Centimeter, 8*vg.Centimeter, file)
-	}
-	name := map[string]string{stratPhasegate: "phasegate", stratSerial: "serial baseline (--serial-baseline)"}[strategy]
-	p.Title.Text = fmt.Sprintf("%s startup with %d leaked slots (the median run)", name, pt.N)
-	end := math.Max(run.ServingMs, lastEnd(run.Phases))
+	name := map[string]string{stratBackground: "phasegate (background reclaim)", stratSerial: "serial baseline (--serial-baseline)"}[strategy]
+	p.Title.Text = fmt.Sprintf("%s start with %d dead slots (the median run)", name, pt.N)
+	end := math.Max(math.Max(run.ServingMs, run.DeadGoneMs), lastEnd(run.Phases))
 	unit, div := "ms", 1.0
 	if end >= 10_000 {
 		unit, div = "s", 1000
@@ -198,7 +311,13 @@ func saveTimeline(res *Results, strategy, file string) error {
 	p.X.Label.Text = unit + " from exec"
 	spans := make([]PhaseSpan, len(run.Phases))
 	for i, s := range run.Phases {
+		if s.Task && s.State == "running" && s.EndMs == 0 {
+			s.EndMs, s.Name = end, s.Name+" (runs on)"
+		}
 		s.StartMs, s.EndMs = s.StartMs/div, s.EndMs/div
+		if s.Task {
+			s.Name = "task: " + s.Name
+		}
 		spans[len(spans)-1-i] = s // the first phase at the top
 	}
 	names := make([]string, len(spans))
@@ -206,19 +325,27 @@ func saveTimeline(res *Results, strategy, file string) error {
 		names[i] = s.Name
 	}
 	p.Add(plotter.NewGrid())
-	p.Add(&gantt{spans: spans, color: colorBar})
+	p.Add(&gantt{spans: spans})
 	top := float64(len(spans)) - 0.5
-	for _, m := range []struct {
+	marks := []struct {
 		label string
 		x     float64
 		color color.Color
 	}{
-		{"first HTTP answer " + fmtMs(run.FirstAnswerMs), run.FirstAnswerMs / div, colorPhasegate},
-		{"SERVING " + fmtMs(run.ServingMs), run.ServingMs / div, colorServing},
-	} {
+		{"first HTTP answer " + fmtMs(run.FirstAnswerMs), run.FirstAnswerMs / div, colorBackground},
+		{"SERVING " + fmtMs(run.ServingMs), run.ServingMs / div, colorTerm},
+	}
+	if run.DeadGoneMs > 0 {
+		marks = append(marks, struct {
+			label string
+			x     float64
+			color color.Color
+		}{"dead all gone " + fmtMs(run.DeadGoneMs), run.DeadGoneMs / div, colorFloor})
+	}
+	for _, m := range marks {
 		line, err := plotter.NewLine(plotter.XYs{{X: m.x, Y: -0.5}, {X: m.x, Y: top}})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		line.Color, line.Width, line.Dashes = m.color, vg.Points(1.5), []vg.Length{vg.Points(4), vg.Points(2)}
 		p.Add(line)
@@ -226,10 +353,10 @@ func saveTimeline(res *Results, strategy, file string) error {
 	}
 	p.Legend.Top = true
 	p.NominalY(names...)
-	p.Y.Max = top + 1.2 // room for the legend above the first phase
+	p.Y.Max = top + 1.6 // room for the legend above the first phase
 	p.X.Min = 0
 	p.X.Max = 1.05 * end / div
-	return p.Save(16*vg.Centimeter, 9*vg.Centimeter, file)
+	return p, nil
 }
 
 // lastEnd returns the latest end of the spans.
@@ -242,10 +369,9 @@ func lastEnd(spans []PhaseSpan) float64 {
 }
 
 // gantt draws horizontal bars from each span's start to its end, at the
-// span's index on the y axis.
+// span's index on the y axis; background tasks in their own color.
 type gantt struct {
 	spans []PhaseSpan
-	color color.Color
 }
 
 // Plot implements plot.Plotter.
@@ -259,7 +385,11 @@ func (g *gantt) Plot(c draw.Canvas, p *plot.Plot) {
 			x1 = x0 + vg.Points(1.5) // a sub-millisecond phase stays visible
 		}
 		box := []vg.Point{{X: x0, Y: y - half}, {X: x1, Y: y - half}, {X: x1, Y: y + half}, {X: x0, Y: y + half}}
-		c.FillPolygon(g.color, c.ClipPolygonXY(box))
+		col := color.Color(colorBar)
+		if s.Task {
+			col = colorTask
+		}
+		c.FillPolygon(col, c.ClipPolygonXY(box))
 	}
 }
 
@@ -269,4 +399,234 @@ func (g *gantt) DataRange() (xmin, xmax, ymin, ymax float64) {
 		xmax = math.Max(xmax, math.Max(s.EndMs, s.StartMs))
 	}
 	return 0, xmax, -0.5, float64(len(g.spans)) - 0.5
+}
+
+// latencyPlot shows p50 and p99 of each request kind during the
+// background reclaim and idle.
+func latencyPlot(l *LoadResult) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("latency during the background reclaim of %d dead vs idle", l.N)
+	p.Y.Label.Text = "ms (log scale)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Add(plotter.NewGrid())
+	var names []string
+	for _, k := range []string{kindGRPC, kindHTTP, kindAcquire} {
+		if _, ok := l.Idle[k]; ok {
+			names = append(names, k+" p50", k+" p99", k+" max")
+		}
+	}
+	windows := []struct {
+		label string
+		m     map[string]LatencyStats
+		color color.Color
+	}{{"during the reclaim", l.Reclaim, colorForeground}, {"after a start, nothing to reclaim", l.Start, colorTerm}, {"idle", l.Idle, colorBackground}}
+	for i, c := range windows {
+		var xys plotter.XYs
+		for j, name := range names {
+			st := c.m[name[:len(name)-4]]
+			v := map[string]float64{"p50": st.P50Ms, "p99": st.P99Ms, "max": st.MaxMs}[name[len(name)-3:]]
+			xys = append(xys, plotter.XY{X: float64(j) + 0.2*float64(i-1), Y: max(v, minLogMs)})
+		}
+		sc, err := plotter.NewScatter(xys)
+		if err != nil {
+			return nil, err
+		}
+		sc.Color, sc.Radius = c.color, vg.Points(4)
+		sc.Shape = draw.CircleGlyph{}
+		p.Add(sc)
+		p.Legend.Add(c.label, sc)
+	}
+	goals := []reference{{fmt.Sprintf("goal: health p99 %.0f ms", goalLoadP99Ms), plotter.XYs{{X: -0.5, Y: goalLoadP99Ms}, {X: float64(len(names)) - 0.5, Y: goalLoadP99Ms}}, nil}}
+	if _, ok := l.Idle[kindAcquire]; ok {
+		goals = append(goals, reference{fmt.Sprintf("goal: Acquire p99 %.0f ms", goalAcquireLoadP99Ms),
+			plotter.XYs{{X: float64(len(names)) - 3.5, Y: goalAcquireLoadP99Ms}, {X: float64(len(names)) - 0.5, Y: goalAcquireLoadP99Ms}}, nil})
+	}
+	for _, g := range goals {
+		if err := addReference(p, g); err != nil {
+			return nil, err
+		}
+	}
+	p.NominalX(names...)
+	p.Legend.Top = true
+	return p, nil
+}
+
+// latencySeriesPlot draws, for each rep of the load part, the health
+// checks' p99 and the slowest Acquire per 250 ms from the reclaiming
+// daemon's exec, with the first rep's SERVING, end of the pool fill and
+// end of the reclaim marked.
+func latencySeriesPlot(l *LoadResult) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("during the reclaim of %d: latency per 250 ms, by rep", l.N)
+	p.X.Label.Text = "s from the exec of the daemon"
+	p.Y.Label.Text = "ms (log scale)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Add(plotter.NewGrid())
+	colors := []color.Color{colorBackground, colorTerm, colorKill, colorAfter, colorSerial}
+	ymax := 1.0
+	for i, run := range l.Runs {
+		var health, acquire plotter.XYs
+		for k, b := range run.Series {
+			x := (float64(k) + 0.5) * seriesBucket.Seconds()
+			if b.Health > 0 {
+				health = append(health, plotter.XY{X: x, Y: max(b.HealthP99, minLogMs)})
+				ymax = max(ymax, b.HealthP99)
+			}
+			if b.Acquires > 0 {
+				acquire = append(acquire, plotter.XY{X: x, Y: max(b.AcquireMax, minLogMs)})
+				ymax = max(ymax, b.AcquireMax)
+			}
+		}
+		col := colors[i%len(colors)]
+		if len(health) > 0 {
+			line, err := plotter.NewLine(health)
+			if err != nil {
+				return nil, err
+			}
+			line.Color = col
+			p.Add(line)
+			p.Legend.Add(fmt.Sprintf("rep %d: health p99", i+1), line)
+		}
+		if len(acquire) > 0 {
+			sc, err := plotter.NewScatter(acquire)
+			if err != nil {
+				return nil, err
+			}
+			sc.Color, sc.Shape = col, draw.CrossGlyph{}
+			p.Add(sc)
+			p.Legend.Add(fmt.Sprintf("rep %d: slowest Acquire", i+1), sc)
+		}
+	}
+	if len(l.Runs) > 0 {
+		r0 := l.Runs[0]
+		for _, m := range []struct {
+			label string
+			ms    float64
+			color color.Color
+		}{{"rep 1: SERVING", r0.ServingMs, colorTerm}, {"rep 1: pool full", r0.FillEndMs, colorForeground}, {"rep 1: reclaim over", r0.ReclaimEndMs, colorFloor}} {
+			if m.ms <= 0 {
+				continue
+			}
+			if err := addReference(p, reference{m.label, plotter.XYs{{X: m.ms / 1000, Y: minLogMs}, {X: m.ms / 1000, Y: ymax}}, m.color}); err != nil {
+				return nil, err
+			}
+		}
+	}
+	p.Legend.Top = true
+	return p, nil
+}
+
+// acquirePlot shows each burst's throughput and the pooled p99 of each side.
+func acquirePlot(a *AcquireResult) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("Acquire over gRPC, %d callers, bursts of %d from a warm pool", a.Clients, a.Calls)
+	p.Y.Label.Text = "calls/s (bars: median; dots: each burst)"
+	p.Add(plotter.NewGrid())
+	sides := []struct {
+		label string
+		sd    AcquireSide
+		color color.Color
+	}{
+		{fmt.Sprintf("durable record (p99 %s)", fmtMs(a.Durable.Latency.P99Ms)), a.Durable, colorBackground},
+		{fmt.Sprintf("in-memory map (p99 %s)", fmtMs(a.Memory.Latency.P99Ms)), a.Memory, colorForeground},
+	}
+	for i, s := range sides {
+		bars, err := plotter.NewBarChart(plotter.Values{s.sd.PerS.Median}, vg.Points(60))
+		if err != nil {
+			return nil, err
+		}
+		bars.XMin, bars.Color, bars.LineStyle.Width = float64(i), s.color, 0
+		p.Add(bars)
+		var dots plotter.XYs
+		for _, r := range s.sd.Runs {
+			dots = append(dots, plotter.XY{X: float64(i), Y: r.PerS})
+		}
+		if len(dots) > 0 {
+			sc, err := plotter.NewScatter(dots)
+			if err != nil {
+				return nil, err
+			}
+			sc.Color = colorFailed
+			p.Add(sc)
+		}
+	}
+	p.NominalX(sides[0].label, sides[1].label)
+	p.Y.Min = 0
+	return p, nil
+}
+
+// saveUpgradePlot draws, per scenario, the probes per 100 ms by outcome,
+// with the signals marked.
+func saveUpgradePlot(u *UpgradeResult, file string) error {
+	rows := len(u.Scenarios)
+	plots := make([][]*plot.Plot, rows)
+	for i, s := range u.Scenarios {
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("%s ×%d: %d refused, %d failed, %d NOT_SERVING of %d", s.Name, s.Events, s.Refused, s.Failed, s.NotServing, s.Probes)
+		p.X.Label.Text = "s from the start of the series"
+		p.Y.Label.Text = "probes / 100 ms"
+		p.Add(plotter.NewGrid())
+		ymax := 1.0
+		for _, c := range []struct {
+			label string
+			get   func(Bucket) int
+			color color.Color
+		}{
+			{"SERVING / 200", func(b Bucket) int { return b.Serving }, colorFloor},
+			{"NOT_SERVING / 503", func(b Bucket) int { return b.NotServing }, colorForeground},
+			{"refused", func(b Bucket) int { return b.Refused }, colorSerial},
+			{"failed", func(b Bucket) int { return b.Failed }, colorFailed},
+		} {
+			xys := make(plotter.XYs, len(s.Series))
+			total := 0
+			for k, b := range s.Series {
+				xys[k] = plotter.XY{X: float64(k) * bucketWidth.Seconds(), Y: float64(c.get(b))}
+				total += c.get(b)
+				ymax = max(ymax, float64(c.get(b)))
+			}
+			if total == 0 && c.label != "SERVING / 200" {
+				continue
+			}
+			if len(xys) == 0 {
+				continue
+			}
+			line, err := plotter.NewLine(xys)
+			if err != nil {
+				return err
+			}
+			line.Color = c.color
+			p.Add(line)
+			p.Legend.Add(c.label, line)
+		}
+		for _, e := range s.EventsMs {
+			x := e / 1000
+			line, err := plotter.NewLine(plotter.XYs{{X: x, Y: 0}, {X: x, Y: ymax}})
+			if err != nil {
+				return err
+			}
+			line.Color, line.Dashes = colorGoal, []vg.Length{vg.Points(2), vg.Points(2)}
+			p.Add(line)
+		}
+		p.Legend.Top, p.Legend.Left = true, true
+		p.Y.Min = 0
+		plots[i] = []*plot.Plot{p}
+	}
+	img := vgimg.New(plotW, vg.Length(rows)*7*vg.Centimeter)
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: rows, Cols: 1, PadTop: vg.Points(4), PadBottom: vg.Points(4), PadX: vg.Points(4), PadY: vg.Points(8)}
+	canvases := plot.Align(plots, tiles, dc)
+	for i := range plots {
+		plots[i][0].Draw(canvases[i][0])
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

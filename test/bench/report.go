@@ -63,58 +63,92 @@ func replaceSection(file, body string) error {
 
 // printTable writes the human-readable summary.
 func printTable(w io.Writer, res *Results) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "N\tstrategy\truns\tfirst HTTP answer\tfirst gRPC answer\tSERVING\treclaim\tslots/s\tRSS MiB")
-	for _, n := range res.Settings.Ns {
-		for _, s := range res.Strategies {
-			p := res.find(s, n)
-			if p == nil {
-				continue
-			}
-			if !p.measured() {
-				est := ""
-				if p.Extrapolated != nil {
-					est = fmt.Sprintf("extrapolated, not measured: ~%s to SERVING", fmtMs(p.Extrapolated.ServingMs))
+	if ns := res.ns(deadStrategies); len(ns) > 0 {
+		fmt.Fprintln(w, "restart with N dead slots (median [min–max]):")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "N\tstrategy\truns\tfirst HTTP answer\tSERVING\tdead gone (exec →)\tgone after SERVING\tRSS MiB")
+		for _, n := range ns {
+			for _, s := range deadStrategies {
+				p := res.find(s, n)
+				if p == nil {
+					continue
 				}
-				fmt.Fprintf(tw, "%d\t%s\t0\tnot run: %s\t%s\t\t\t\t\n", n, s, orDash(p.Skipped), est)
-				continue
-			}
-			answer, grpcAnswer, rate, rss := "—", "—", "—", "—"
-			if s != stratFloor {
-				answer, grpcAnswer = fmtSummary(p.FirstAnswerMs), fmtSummary(p.FirstGRPCMs)
-				rss = fmt.Sprintf("%.1f", p.RSSMiB.Median)
-			}
-			if n > 0 {
-				rate = fmt.Sprintf("%.0f", p.RatePerS.Median)
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", n, s, len(p.Runs), answer, grpcAnswer,
-				fmtSummary(p.ServingMs), fmtSummary(p.ReclaimMs), rate, rss)
-		}
-	}
-	tw.Flush()
-	if len(res.Breakdowns) > 0 {
-		fmt.Fprintln(w, "\nreclaim.Run in process (diagnostic, one run per N):")
-		for _, x := range res.Breakdowns {
-			fmt.Fprintf(w, "  N=%d: %s = scan %s + /proc %s + unlink %s + wait %s + set %s (%d veths cut off)\n", x.N,
-				fmtMs(x.TotalMs), fmtMs(x.ScanMs), fmtMs(x.ProcsMs), fmtMs(x.UnlinkMs), fmtMs(x.WaitMs), fmtMs(x.FirewallMs), x.CutOff)
-		}
-	}
-	if l := res.Load; l != nil {
-		fmt.Fprintf(w, "\nhealth latency at %d req/s (half gRPC Check, half HTTP /health), %d reps:\n", l.Rate, l.Reps)
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "\tkind\trequests\terrors\tp50\tp99\tmax")
-		for _, c := range []struct {
-			name string
-			m    map[string]LatencyStats
-		}{{fmt.Sprintf("reclaiming %d", l.N), l.Reclaim}, {"idle", l.Idle}} {
-			for _, k := range []string{kindGRPC, kindHTTP} {
-				st := c.m[k]
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", c.name, k, st.Requests, st.Errors, fmtMs(st.P50Ms), fmtMs(st.P99Ms), fmtMs(st.MaxMs))
+				if !p.measured() {
+					est := ""
+					if p.Extrapolated != nil {
+						est = fmt.Sprintf("extrapolated, not measured: ~%s to SERVING", fmtMs(p.Extrapolated.ServingMs))
+					}
+					fmt.Fprintf(tw, "%d\t%s\t0\tnot run: %s\t%s\t\t\t\n", n, s, orDash(p.Skipped), est)
+					continue
+				}
+				answer, after, rss := "—", "—", "—"
+				if s != stratFloor {
+					answer, rss = fmtSummary(p.FirstAnswerMs), fmt.Sprintf("%.1f", p.RSSMiB.Median)
+				}
+				if s == stratBackground && n > 0 {
+					after = fmtSummary(p.AfterServingMs)
+				}
+				gone := "—"
+				if n > 0 {
+					gone = fmtSummary(p.DeadGoneMs)
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", n, s, len(p.Runs), answer, fmtSummary(p.ServingMs), gone, after, rss)
 			}
 		}
 		tw.Flush()
 	}
-	fmt.Fprintln(w, "\ngoals (figures of this run; never asserted):")
+	if ns := res.ns(restoreStrategies); len(ns) > 0 {
+		fmt.Fprintln(w, "\nrestart with N leased slots (median [min–max]; restored/listed/destroyed: worst run):")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "N\trestart\truns\tfirst HTTP answer\tSERVING\trestored\tlisted\tlost\tdestroyed\tRSS MiB")
+		for _, n := range ns {
+			for _, s := range restoreStrategies {
+				p := res.find(s, n)
+				if p != nil && p.noStarts() > 0 {
+					fmt.Fprintf(tw, "%d\t%s\t%d\tnever served: %d starts in a row failed\t\t\t\t\t\t\n", n, s, p.noStarts(), maxStartAttempts)
+				}
+				if !p.measured() {
+					continue
+				}
+				w := worstRestore(p)
+				fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%.1f\n", n, s, len(p.Runs), fmtSummary(p.FirstAnswerMs),
+					fmtSummary(p.ServingMs), w.Restored, w.Listed, w.Lost, w.Destroyed, p.RSSMiB.Median)
+			}
+		}
+		tw.Flush()
+	}
+	if l := res.Load; l != nil {
+		fmt.Fprintf(w, "\nlatency at %d health checks/s and %d Acquire/s, %d reps:\n", l.Rate, l.AcquireRate, l.Reps)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "\tkind\trequests\terrors\tp50\tp99\tmax\tp99 per rep\tgenerator lag p99")
+		for _, c := range loadWindows(l) {
+			for _, k := range []string{kindGRPC, kindHTTP, kindAcquire} {
+				if st, ok := c.m[k]; ok {
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", c.name, k, st.Requests, st.Errors, fmtMs(st.P50Ms),
+						fmtMs(st.P99Ms), fmtMs(st.MaxMs), perRepP99(l, c.pick, k), fmtMs(st.LagP99Ms))
+				}
+			}
+		}
+		tw.Flush()
+	}
+	if a := res.Acquire; a != nil {
+		fmt.Fprintf(w, "\nAcquire, %d calls per burst, %d callers, %d bursts per side:\n", a.Calls, a.Clients, a.Reps)
+		for _, s := range []struct {
+			name string
+			sd   AcquireSide
+		}{{sideDurable, a.Durable}, {sideMemory, a.Memory}} {
+			fmt.Fprintf(w, "  %-8s %s calls/s, p50 %s, p99 %s, max %s, %d errors\n", s.name, fmtRate(s.sd.PerS),
+				fmtMs(s.sd.Latency.P50Ms), fmtMs(s.sd.Latency.P99Ms), fmtMs(s.sd.Latency.MaxMs), s.sd.Latency.Errors)
+		}
+	}
+	if u := res.Upgrade; u != nil {
+		fmt.Fprintf(w, "\nnew connections at %d/s, %d leases held:\n", u.Rate, u.Leases)
+		for _, s := range u.Scenarios {
+			fmt.Fprintf(w, "  %s ×%d: signal → SERVING %s; %d probes: %d SERVING, %d NOT_SERVING, %d refused, %d failed; leases restored ≥ %d, destroyed %d\n",
+				s.Name, s.Events, fmtSummary(s.GapMs), s.Probes, s.Serving, s.NotServing, s.Refused, s.Failed, s.Restored, s.Destroyed)
+		}
+	}
+	fmt.Fprintln(w, "\ngoals (never asserted):")
 	for _, g := range res.Goals {
 		fmt.Fprintf(w, "  [%s] %s %s: %s", g.Status, g.Name, g.Target, g.Measured)
 		if g.Note != "" {
@@ -126,37 +160,63 @@ func printTable(w io.Writer, res *Results) {
 		fmt.Fprintln(w, "note:", n)
 	}
 	m := res.Machine
-	fmt.Fprintf(w, "\nmachine: %d CPUs (%s), Linux %s, %s; load average %.2f at start, %.2f at end (min %.2f, max %.2f)\n",
-		m.NumCPU, m.CPU, m.Kernel, m.Go, m.LoadStart, m.LoadEnd, m.LoadMin, m.LoadMax)
+	fmt.Fprintf(w, "\nmachine: %d CPUs (%s), Linux %s, %s, state dir on %s\n", m.NumCPU, m.CPU, m.Kernel, m.Go, m.StateFS)
+	for _, name := range allParts {
+		if p := res.Parts[name]; p != nil {
+			fmt.Fprintf(w, "  part %-8s %s, %.0f min, load average %.2f–%.2f (min %.2f, max %.2f)\n", name,
+				p.Started.UTC().Format("2006-01-02 15:04 UTC"), p.Finished.Sub(p.Started).Minutes(), p.Load.Start, p.Load.End, p.Load.Min, p.Load.Max)
+		}
+	}
+}
+
+// worstRestore returns, over a restore point's runs, the fewest restored
+// and listed and the most lost and destroyed.
+func worstRestore(p *Point) Run {
+	w := Run{Restored: p.N, Listed: p.N}
+	for _, r := range p.Runs {
+		if r.NoStart {
+			continue
+		}
+		w.Restored, w.Listed = min(w.Restored, r.Restored), min(w.Listed, r.Listed)
+		w.Lost, w.Destroyed = max(w.Lost, r.Lost), max(w.Destroyed, r.Destroyed)
+		w.Adopted = max(w.Adopted, r.Adopted)
+	}
+	return w
+}
+
+// fmtRate formats a throughput summary.
+func fmtRate(s Summary) string {
+	if s.Count == 0 {
+		return "—"
+	}
+	if s.Count == 1 {
+		return fmt.Sprintf("%.0f", s.Median)
+	}
+	return fmt.Sprintf("%.0f [%.0f–%.0f]", s.Median, s.Min, s.Max)
 }
 
 // markdown renders the report; img prefixes the PNG file names.
 func markdown(res *Results, img string) string {
 	var b bytes.Buffer
-	m, s := res.Machine, res.Settings
-	fmt.Fprintf(&b, "Last run: %s–%s UTC (%.0f min)%s.\n\n", res.Started.UTC().Format("2006-01-02 15:04"),
-		res.Finished.UTC().Format("15:04"), res.Finished.Sub(res.Started).Minutes(), revisionNote(res.Commit))
-	fmt.Fprintf(&b, "Machine: %d CPUs (`nproc`), %s, %d MiB RAM, Linux %s, %s. Load average (1 min) %.2f at the start, "+
-		"%.2f at the end, between %.2f and %.2f while it ran: the machine is shared with other builds and tests.\n\n",
-		m.NumCPU, m.CPU, m.MemTotalMiB, m.Kernel, m.Go, m.LoadStart, m.LoadEnd, m.LoadMin, m.LoadMax)
-	fmt.Fprintf(&b, "Reproduce (root):\n\n```sh\n%s\n```\n\n", res.Command)
-	fmt.Fprintf(&b, "Settings: %d reps of phasegate and of the floor at each N, %d of the serial baseline (up to N=%d); "+
-		"`--reclaim-workers %d`, `--pool-size %d --pool-min-ready 1`, `--slots %d`; %s pause after each run.\n\n",
-		s.Reps, s.SerialReps, s.SerialMax, s.Workers, s.PoolSize, s.SlotIndices, fmtMs(s.SettleMs))
-
-	b.WriteString("### Time to answer and time to SERVING (median [min–max] over the runs)\n\n")
-	b.WriteString("| N leaked | phasegate: first HTTP answer | first gRPC answer | SERVING | kernel floor | SERVING / floor | serial: port answers | serial: SERVING | serial / phasegate | reclaim rate | RSS |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, n := range s.Ns {
-		b.WriteString(markdownRow(res, n))
+	m := res.Machine
+	fmt.Fprintf(&b, "Machine: %d CPUs (`nproc`), %s, %d MiB RAM, Linux %s, %s; the daemon's `--state-dir` on %s. "+
+		"The machine is shared with other builds and tests: each part gives the load average (1 min) while it ran.\n\n",
+		m.NumCPU, m.CPU, m.MemTotalMiB, m.Kernel, m.Go, orDash(m.StateFS))
+	b.WriteString("| part | measured (UTC) | load average: start–end (min–max) | commit | reproduce (root) |\n|---|---|---|---|---|\n")
+	for _, name := range allParts {
+		p := res.Parts[name]
+		if p == nil {
+			continue
+		}
+		inc := ""
+		if p.Incomplete != "" {
+			inc = " **incomplete**"
+		}
+		fmt.Fprintf(&b, "| %s%s | %s–%s (%.0f min) | %.2f–%.2f (%.2f–%.2f) | %s | `%s` |\n", name, inc,
+			p.Started.UTC().Format("2006-01-02 15:04"), p.Finished.UTC().Format("15:04"), p.Finished.Sub(p.Started).Minutes(),
+			p.Load.Start, p.Load.End, p.Load.Min, p.Load.Max, orDash(p.Commit), strings.ReplaceAll(p.Command, "|", `\|`))
 	}
-	b.WriteString("\nphasegate and serial: exec of the binary → first answer (HTTP `GET /health`, 503 while starting; " +
-		"gRPC `Watch` of service `\"\"`, NOT_SERVING) → SERVING on the Watch stream. Kernel floor: detach+unlink " +
-		"of the netns files with the same number of workers until the host ends of the veths are gone (their " +
-		"indices resolved before the clock starts; the set elements removed after, timed apart in results.json). Reclaim rate: the daemon's own `reclaim report`. RSS: the daemon's " +
-		"VmRSS once the pool is full.\n\n")
-
-	b.WriteString("### Goals\n\n| goal | target | measured | status |\n|---|---|---|---|\n")
+	b.WriteString("\n### Goals\n\n| goal | target | measured | status |\n|---|---|---|---|\n")
 	for _, g := range res.Goals {
 		st := "**" + g.Status + "**"
 		if g.Note != "" {
@@ -165,89 +225,244 @@ func markdown(res *Results, img string) string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", g.Name, g.Target, orDash(g.Measured), st)
 	}
 	b.WriteString("\n")
-	if len(res.Breakdowns) > 0 {
-		markdownBreakdowns(&b, res.Breakdowns)
+	if len(res.ns(deadStrategies)) > 0 {
+		markdownDead(&b, res, img)
+	}
+	if len(res.ns(restoreStrategies)) > 0 {
+		markdownRestore(&b, res)
 	}
 	if l := res.Load; l != nil {
-		markdownLoad(&b, l)
+		markdownLoad(&b, l, img)
+	}
+	if a := res.Acquire; a != nil {
+		markdownAcquire(&b, a, img)
+	}
+	if u := res.Upgrade; u != nil {
+		markdownUpgrade(&b, u, img)
+	}
+	if len(res.Breakdowns) > 0 {
+		markdownBreakdowns(&b, res.Breakdowns)
 	}
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
-	if len(res.Notes) > 0 {
-		b.WriteString("\n")
-	}
-	fmt.Fprintf(&b, "![time to first answer vs N](%sanswer.png)\n![time to SERVING vs N](%sserving.png)\n\n", img, img)
-	fmt.Fprintf(&b, "![startup timeline](%stimeline.png)\n", img)
-	if hasSerialTimeline(res) {
-		fmt.Fprintf(&b, "![serial baseline timeline](%stimeline-serial.png)\n", img)
-	}
 	return b.String()
 }
 
-// markdownRow renders one N of the main table.
-func markdownRow(res *Results, n int) string {
-	pg, fl, se := res.find(stratPhasegate, n), res.find(stratFloor, n), res.find(stratSerial, n)
-	cells := []string{fmt.Sprintf("%d", n), "—", "—", "—", "—", "—", "—", "—", "—", "—", "—"}
-	if pg.measured() {
-		cells[1], cells[2], cells[3] = fmtSummary(pg.FirstAnswerMs), fmtSummary(pg.FirstGRPCMs), fmtSummary(pg.ServingMs)
-		cells[10] = fmt.Sprintf("%.1f MiB", pg.RSSMiB.Median)
-		if n > 0 {
-			cells[9] = fmt.Sprintf("%.0f/s", pg.RatePerS.Median)
-		}
+func markdownDead(b *bytes.Buffer, res *Results, img string) {
+	s := res.Parts[partDead]
+	b.WriteString("### Restart with N dead slots: background reclaim vs foreground vs serial vs the kernel floor\n\n")
+	if s != nil {
+		fmt.Fprintf(b, "%d reps of each strategy at each N (the serial baseline %d, up to N=%d), interleaved; `--reclaim-workers %d`, "+
+			"`--pool-size %d --pool-min-ready 1`, `--slots %d`; median [min–max].\n\n",
+			s.Settings.Reps, s.Settings.SerialReps, s.Settings.SerialMax, s.Settings.Workers, s.Settings.PoolSize, s.Settings.SlotIndices)
 	}
-	if fl.measured() && n > 0 {
-		cells[4] = fmtSummary(fl.ServingMs)
-		if pg.measured() {
-			cells[5] = fmt.Sprintf("%.2f×", pg.ServingMs.Median/fl.ServingMs.Median)
+	b.WriteString("| N dead | first HTTP answer | SERVING (background) | dead gone, from exec | dead gone, from SERVING | foreground: SERVING | serial: SERVING | kernel floor | floor / SERVING | gone after SERVING / floor | RSS |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, n := range res.ns(deadStrategies) {
+		bg, fg, se, fl := res.find(stratBackground, n), res.find(stratForeground, n), res.find(stratSerial, n), res.find(stratFloor, n)
+		c := []string{fmt.Sprint(n), "—", "—", "—", "—", "—", "—", "—", "—", "—", "—"}
+		if bg.measured() {
+			c[1], c[2] = fmtSummary(bg.FirstAnswerMs), fmtSummary(bg.ServingMs)
+			c[10] = fmt.Sprintf("%.1f MiB", bg.RSSMiB.Median)
+			if n > 0 {
+				c[3], c[4] = fmtSummary(bg.DeadGoneMs), fmtSummary(bg.AfterServingMs)
+			}
 		}
+		if fg.measured() {
+			c[5] = fmtSummary(fg.ServingMs)
+		}
+		switch {
+		case se.measured():
+			c[6] = fmtSummary(se.ServingMs)
+		case se != nil && se.Extrapolated != nil:
+			c[6] = fmt.Sprintf("~%s *extrapolated*", fmtMs(se.Extrapolated.ServingMs))
+		case se != nil:
+			c[6] = "not run"
+		}
+		if fl.measured() && n > 0 {
+			c[7] = fmtSummary(fl.ServingMs)
+			if bg.measured() {
+				c[8] = fmt.Sprintf("%.1f×", fl.ServingMs.Median/bg.ServingMs.Median)
+				c[9] = fmt.Sprintf("%.2f×", bg.AfterServingMs.Median/fl.ServingMs.Median)
+			}
+		}
+		b.WriteString("| " + strings.Join(c, " | ") + " |\n")
 	}
-	switch {
-	case se.measured():
-		cells[6], cells[7] = fmtSummary(se.FirstAnswerMs), fmtSummary(se.ServingMs)
-		if pg.measured() {
-			cells[8] = fmt.Sprintf("%.0f×", se.ServingMs.Median/pg.ServingMs.Median)
-		}
-	case se != nil && se.Extrapolated != nil:
-		cells[6] = "not run"
-		cells[7] = fmt.Sprintf("~%s *extrapolated*", fmtMs(se.Extrapolated.ServingMs))
-		if pg.measured() {
-			cells[8] = fmt.Sprintf("~%.0f× *extrapolated*", se.Extrapolated.ServingMs/pg.ServingMs.Median)
-		}
-	case se != nil:
-		cells[6], cells[7] = "not run", "not run"
+	b.WriteString("\nEach strategy gets its own freshly leaked set: N netns files, each with a veth pair (host end up with " +
+		"its /31) and an nftables set element, unrecorded — what a killed run leaves. *background* is the daemon's " +
+		"default (`--reclaim=background`), *foreground* `--reclaim=foreground` (dead slots torn down before the warm " +
+		"slots: the start before live restore), *serial* `--serial-baseline` (E2B's orchestrator: serial per-slot " +
+		"reclaim, port bound last). Times from the exec of the binary: first HTTP answer on `/health` (503 while " +
+		"starting), SERVING on a grpc.health.v1 `Watch`, dead gone when the daemon's `reclaim report` line reaches " +
+		"the benchmark (it is logged once every namespace, veth and set element of the dead is gone; the benchmark " +
+		"then checks that none of the leaked host veths is left). Kernel floor: no daemon, detach+unlink of the " +
+		"netns files with as many workers, until the host veths are gone (set elements removed after, timed apart " +
+		"in results.json). RSS: the daemon's VmRSS once its pool is full.\n\n")
+	fmt.Fprintf(b, "![time to SERVING vs N](%sserving.png)\n![dead slots gone vs N](%sreclaim.png)\n\n", img, img)
+	fmt.Fprintf(b, "![startup timeline](%stimeline.png)\n", img)
+	if hasTimeline(res, stratSerial) {
+		fmt.Fprintf(b, "![serial baseline timeline](%stimeline-serial.png)\n", img)
 	}
-	return "| " + strings.Join(cells, " | ") + " |\n"
+	b.WriteString("\n")
 }
 
-// markdownLoad renders the latency table.
-func markdownLoad(b *bytes.Buffer, l *LoadResult) {
-	fmt.Fprintf(b, "### Health latency while reclaiming %d slots vs idle\n\n", l.N)
-	fmt.Fprintf(b, "A separate load-generator process sends %d requests/s to 127.0.0.1 (half gRPC `Check`, half "+
-		"HTTP `GET /health`, open loop, one gRPC connection, keep-alive HTTP), %d reps; \"during reclaim\" counts "+
-		"the requests sent while the daemon's reclaim phase ran (%s per rep), \"idle\" a serving daemon with "+
-		"nothing to reclaim.\n\n", l.Rate, l.Reps, windowList(l.WindowMs))
-	b.WriteString("| | kind | requests | errors | p50 | p99 | max |\n|---|---|---:|---:|---:|---:|---:|\n")
-	for _, c := range []struct {
-		name string
-		m    map[string]LatencyStats
-	}{{"during reclaim", l.Reclaim}, {"idle", l.Idle}} {
-		for _, k := range []string{kindGRPC, kindHTTP} {
-			st := c.m[k]
-			fmt.Fprintf(b, "| %s | %s | %d | %d | %s | %s | %s |\n", c.name, k, st.Requests, st.Errors,
-				fmtMs(st.P50Ms), fmtMs(st.P99Ms), fmtMs(st.MaxMs))
+func markdownRestore(b *bytes.Buffer, res *Results) {
+	s := res.Parts[partRestore]
+	b.WriteString("### Restart with N leased slots (live restore)\n\n")
+	if s != nil {
+		fmt.Fprintf(b, "N slots leased through the API (`Acquire` with request ids, %d concurrent callers), then %d restarts "+
+			"after a SIGTERM and %d after a kill -9, alternately, on the same leased set. Restored, adopted and lost are the "+
+			"start's own `restore:` line; *listed* counts the slots `List` shows ACQUIRED by their owner after the restart; "+
+			"*destroyed* counts leased slots whose netns inode or host veth ifindex changed or vanished (checked by the "+
+			"benchmark on the host). Median [min–max]; the counts are the worst run.\n\n", s.Settings.LeaseClients, s.Settings.Reps, s.Settings.Reps)
+	}
+	b.WriteString("| N leased | leasing them (API) | restart | first HTTP answer | SERVING | restored | listed | lost | destroyed | SIGTERM → exit | before live restore: SERVING (foreground, destroys them) | kernel floor | RSS |\n")
+	b.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, n := range res.ns(restoreStrategies) {
+		leasing := "—"
+		for _, l := range res.Leasing {
+			if l.N == n {
+				leasing = fmt.Sprintf("%s (%.0f/s)", fmtMs(l.Ms), l.PerS)
+			}
+		}
+		fg, fl := res.find(stratForeground, n), res.find(stratFloor, n)
+		fgs, fls := "—", "—"
+		if fg.measured() {
+			fgs = fmtSummary(fg.ServingMs)
+		}
+		if fl.measured() && n > 0 {
+			fls = fmtSummary(fl.ServingMs)
+		}
+		for _, st := range restoreStrategies {
+			p := res.find(st, n)
+			if p != nil && p.noStarts() > 0 {
+				fmt.Fprintf(b, "| %d | %s | %s | **never served: %d starts in a row failed** (%d of %d restarts) | | | | | | | %s | %s | |\n", n, leasing,
+					map[string]string{stratRestoreTerm: "SIGTERM", stratRestoreKill: "kill -9"}[st], maxStartAttempts, p.noStarts(), len(p.Runs), fgs, fls)
+			}
+			if !p.measured() {
+				continue
+			}
+			w := worstRestore(p)
+			stop := "—"
+			if st == stratRestoreTerm {
+				stop = fmtSummary(p.StopMs)
+			}
+			fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %s | %.1f MiB |\n", n, leasing,
+				map[string]string{stratRestoreTerm: "SIGTERM", stratRestoreKill: "kill -9"}[st],
+				fmtSummary(p.FirstAnswerMs), fmtSummary(p.ServingMs), w.Restored, n, w.Listed, w.Lost, w.Destroyed, stop, fgs, fls, p.RSSMiB.Median)
 		}
 	}
 	b.WriteString("\n")
 }
 
+// loadWindow is one of the load part's windows.
+type loadWindow struct {
+	name string
+	m    map[string]LatencyStats
+	pick func(LoadRun) map[string]LatencyStats
+}
+
+func loadWindows(l *LoadResult) []loadWindow {
+	return []loadWindow{
+		{fmt.Sprintf("during the reclaim of %d", l.N), l.Reclaim, func(r LoadRun) map[string]LatencyStats { return r.Reclaim }},
+		{"after a start, nothing to reclaim", l.Start, func(r LoadRun) map[string]LatencyStats { return r.Start }},
+		{"idle", l.Idle, func(r LoadRun) map[string]LatencyStats { return r.Idle }},
+	}
+}
+
+// perRepP99 lists each rep's p99 of kind in a window.
+func perRepP99(l *LoadResult, pick func(LoadRun) map[string]LatencyStats, kind string) string {
+	var parts []string
+	for _, r := range l.Runs {
+		if st, ok := pick(r)[kind]; ok {
+			parts = append(parts, fmtMs(st.P99Ms))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func markdownLoad(b *bytes.Buffer, l *LoadResult, img string) {
+	fmt.Fprintf(b, "### Health and Acquire latency during the background reclaim of %d dead slots\n\n", l.N)
+	fmt.Fprintf(b, "A load-generator process sends %d health checks/s to 127.0.0.1 (half gRPC `Check` on one connection, half "+
+		"HTTP `GET /health` on keep-alive connections, open loop, 2 s timeout); a second one calls `Acquire` (each with "+
+		"its own request id, 10 s timeout) at %d/s. Both run before the daemon starts. %d reps, each of three windows: "+
+		"*during the reclaim*: a start on %d dead slots, the requests sent from SERVING to the end of the daemon's "+
+		"`reclaim-dead` task (%s per rep); *after a start, nothing to reclaim*: a start on a clean host, the same length "+
+		"of time from SERVING (what the start itself costs: the same-run baseline that isolates the reclaim); *idle*: that "+
+		"daemon %s after a second past its full pool. An error is a request without an answer (NOT_SERVING and 503 are "+
+		"answers). *Generator lag*: how late the generator sent (p99); tens of ms or more mean the machine starved the "+
+		"client too, and that it then sent in bursts.\n\n",
+		l.Rate, l.AcquireRate, l.Reps, l.N, windowList(l.WindowMs), fmtMs(idleMs(l)))
+	b.WriteString("| window | kind | requests | errors | p50 | p99 | max | p99 of each rep | generator lag p99 |\n|---|---|---:|---:|---:|---:|---:|---|---:|\n")
+	for _, c := range loadWindows(l) {
+		for _, k := range []string{kindGRPC, kindHTTP, kindAcquire} {
+			if st, ok := c.m[k]; ok {
+				fmt.Fprintf(b, "| %s | %s | %d | %d | %s | %s | %s | %s | %s |\n", c.name, k, st.Requests, st.Errors,
+					fmtMs(st.P50Ms), fmtMs(st.P99Ms), fmtMs(st.MaxMs), perRepP99(l, c.pick, k), fmtMs(st.LagP99Ms))
+			}
+		}
+	}
+	fmt.Fprintf(b, "\n![latency during the reclaim, after a start, idle](%slatency.png)\n![latency over time during the reclaim](%slatency-series.png)\n\n", img, img)
+}
+
+// idleMs is how long the idle window lasted, from its sample count.
+func idleMs(l *LoadResult) float64 {
+	st := l.Idle[kindGRPC]
+	if l.Reps == 0 || l.Rate == 0 {
+		return 0
+	}
+	return 1000 * float64(2*st.Requests) / float64(l.Rate*l.Reps)
+}
+
+func markdownAcquire(b *bytes.Buffer, a *AcquireResult, img string) {
+	b.WriteString("### Acquire over gRPC: durable record vs in-memory map\n\n")
+	fmt.Fprintf(b, "Each side serves `phasegate.v1.Slots` on loopback with a warm pool of %d slots and answers a burst of %d "+
+		"`Acquire` calls (own request id each) from %d concurrent callers on one connection, so no call waits for a slot "+
+		"to be made; %d bursts per side, the order alternating. *durable*: the daemon, which writes the lease's record "+
+		"(bbolt, fsync, group commit) before it replies, and an idle record for every slot its pool makes. *in-memory*: "+
+		"`bench memslots`, the same service on the same one-port server (package `server`), over the same pool, allocator "+
+		"and slot manager, with the same checks, idempotent retries and log line, keeping the lease in a map under a mutex "+
+		"— the daemon's Acquire before live restore; it lacks the daemon's metric interceptors. Both pools refill in the "+
+		"background during the burst.\n\n", a.Calls, a.Calls, a.Clients, a.Reps)
+	b.WriteString("| side | calls/s (median [min–max] over bursts) | p50 | p99 | max | errors |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, s := range []struct {
+		name string
+		sd   AcquireSide
+	}{{"durable (daemon)", a.Durable}, {"in-memory (baseline)", a.Memory}} {
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d |\n", s.name, fmtRate(s.sd.PerS), fmtMs(s.sd.Latency.P50Ms),
+			fmtMs(s.sd.Latency.P99Ms), fmtMs(s.sd.Latency.MaxMs), s.sd.Latency.Errors)
+	}
+	fmt.Fprintf(b, "\n![Acquire throughput and latency](%sacquire.png)\n\n", img)
+}
+
+func markdownUpgrade(b *bytes.Buffer, u *UpgradeResult, img string) {
+	b.WriteString("### New connections across upgrades and restarts\n\n")
+	fmt.Fprintf(b, "A load-generator process opens %d new TCP connections/s to the daemon's port (alternately HTTP `GET /health` "+
+		"and gRPC `Check`, one request each, 2 s timeout) while the benchmark upgrades the daemon in place (SIGHUP: "+
+		"same pid, the socket and the lock handed over across an exec of the binary) and while it stops it (SIGTERM) "+
+		"and starts it again, first with the port closed between the two, then with the socket held by the benchmark "+
+		"and handed to each start as systemd's socket activation does (`LISTEN_FDS`). %d slots stay leased throughout. "+
+		"*refused*: ECONNREFUSED; *failed*: any other error (reset, timeout); NOT_SERVING/503 are answers. "+
+		"Signal → SERVING: until the new image logs `serving`.\n\n", u.Rate, u.Leases)
+	b.WriteString("| scenario | events | signal → SERVING | probes | SERVING/200 | NOT_SERVING/503 | refused | failed | answer p99 | leases restored (fewest) | destroyed |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, s := range u.Scenarios {
+		fmt.Fprintf(b, "| %s | %d | %s | %d | %d | %d | %d | %d | %s | %d/%d | %d |\n", s.Name, s.Events, fmtSummary(s.GapMs),
+			s.Probes, s.Serving, s.NotServing, s.Refused, s.Failed, fmtMs(s.LatencyP99Ms), s.Restored, u.Leases, s.Destroyed)
+	}
+	for _, s := range u.Scenarios {
+		if s.FirstError != "" {
+			fmt.Fprintf(b, "\nFirst failure (not a refusal), %s: `%s`\n", s.Name, s.FirstError)
+		}
+	}
+	fmt.Fprintf(b, "\n![connections across upgrades and restarts](%supgrade.png)\n\n", img)
+}
+
 // markdownBreakdowns renders where the in-process reclaim spent its time.
 func markdownBreakdowns(b *bytes.Buffer, bs []Breakdown) {
-	b.WriteString("### Where phasegate's reclaim time goes (diagnostic)\n\n")
-	b.WriteString("`reclaim.Run` (the code of the daemon's reclaim phase) run in process once per N on a freshly " +
-		"leaked set, with the report's own split: scan (netns directory, link dump, set listing), /proc scan for " +
-		"processes inside the namespaces, detach+unlink (workers), wait until the host ends are gone, one nftables " +
-		"transaction.\n\n")
+	b.WriteString("### Where the reclaim's time goes (diagnostic, -breakdown)\n\n")
+	b.WriteString("`reclaim.Run` run in process once per N on a freshly leaked set, with the report's own split.\n\n")
 	b.WriteString("| N | total | scan | /proc | detach+unlink | wait | set elements | veths cut off |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, x := range bs {
 		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %s | %d |\n", x.N, fmtMs(x.TotalMs), fmtMs(x.ScanMs),
@@ -269,12 +484,4 @@ func orDash(s string) string {
 		return "—"
 	}
 	return s
-}
-
-// revisionNote names the commit the run measured, if known.
-func revisionNote(commit string) string {
-	if commit == "" {
-		return ""
-	}
-	return ", commit " + commit
 }

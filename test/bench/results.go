@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,57 +13,93 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Strategy names in the results.
+// Strategies (Point.Strategy). The first four are the dead-slot part's, the
+// last two the restore part's.
 const (
-	stratPhasegate = "phasegate"
-	stratSerial    = "serial"
-	stratFloor     = "floor"
+	stratBackground  = "background"   // phasegate's default: dead reclaimed after SERVING
+	stratForeground  = "foreground"   // --reclaim=foreground: the start before live restore
+	stratSerial      = "serial"       // --serial-baseline
+	stratFloor       = "floor"        // no daemon: detach+unlink, wait for the veths
+	stratRestoreTerm = "restore-term" // N leases, SIGTERM, start again
+	stratRestoreKill = "restore-kill" // N leases, kill -9, start again
 )
 
-// Results is everything one benchmark run measured; it is written as
-// results.json.
+var deadStrategies = []string{stratBackground, stratForeground, stratSerial, stratFloor}
+
+var restoreStrategies = []string{stratRestoreTerm, stratRestoreKill}
+
+// Results is everything the benchmark measured; it is written as
+// results.json. Parts measured in different runs (-merge) each say when
+// and how they were measured.
 type Results struct {
-	Started    time.Time   `json:"started"`
-	Finished   time.Time   `json:"finished"`
-	Command    string      `json:"command"`
-	Commit     string      `json:"commit,omitempty"`
-	Machine    Machine     `json:"machine"`
-	Settings   Settings    `json:"settings"`
-	Strategies []string    `json:"strategies"`
-	Points     []*Point    `json:"points"`
-	Load       *LoadResult `json:"load,omitempty"`
-	Breakdowns []Breakdown `json:"reclaimBreakdowns,omitempty"`
-	Goals      []Goal      `json:"goals"`
-	Notes      []string    `json:"notes,omitempty"`
+	Machine Machine          `json:"machine"`
+	Parts   map[string]*Part `json:"parts"`
+	Points  []*Point         `json:"points"`
+	Leasing []LeaseSetup     `json:"leasing,omitempty"`
+	// ExecMs is exec → exit of `phasegate version`, once per rep of the
+	// dead part: what starting the binary costs before it does anything.
+	ExecMs     []float64      `json:"execVersionMs,omitempty"`
+	Breakdowns []Breakdown    `json:"reclaimBreakdowns,omitempty"`
+	Load       *LoadResult    `json:"load,omitempty"`
+	Acquire    *AcquireResult `json:"acquire,omitempty"`
+	Upgrade    *UpgradeResult `json:"upgrade,omitempty"`
+	Goals      []Goal         `json:"goals"`
+	Notes      []string       `json:"notes,omitempty"`
 }
 
 // Machine describes where the benchmark ran.
 type Machine struct {
-	NumCPU      int     `json:"numCPU"`
-	CPU         string  `json:"cpu"`
-	Kernel      string  `json:"kernel"`
-	Go          string  `json:"go"`
-	MemTotalMiB int     `json:"memTotalMiB"`
-	LoadStart   float64 `json:"loadavg1Start"`
-	LoadEnd     float64 `json:"loadavg1End"`
-	LoadMin     float64 `json:"loadavg1Min"`
-	LoadMax     float64 `json:"loadavg1Max"`
+	NumCPU      int    `json:"numCPU"`
+	CPU         string `json:"cpu"`
+	Kernel      string `json:"kernel"`
+	Go          string `json:"go"`
+	MemTotalMiB int    `json:"memTotalMiB"`
+	// StateFS is the file system type of the daemon's --state-dir.
+	StateFS string `json:"stateFS"`
 }
 
-// Settings are the options the run used.
+// Part is when and how one part was measured.
+type Part struct {
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Command  string    `json:"command"`
+	Commit   string    `json:"commit,omitempty"`
+	Settings Settings  `json:"settings"`
+	// Load is the 1-minute load average while the part ran.
+	Load LoadAvg `json:"loadavg1"`
+	// Incomplete says why the part stopped before its end, if it did.
+	Incomplete string `json:"incomplete,omitempty"`
+}
+
+// LoadAvg is the 1-minute load average at the start and end of a part and
+// its extremes, sampled between runs.
+type LoadAvg struct {
+	Start float64 `json:"start"`
+	End   float64 `json:"end"`
+	Min   float64 `json:"min"`
+	Max   float64 `json:"max"`
+}
+
+// sample folds the current load average in.
+func (l *LoadAvg) sample() {
+	v := loadAvg()
+	if l.Start == 0 && l.Min == 0 && l.Max == 0 {
+		l.Start, l.Min, l.Max = v, v, v
+	}
+	l.Min, l.Max, l.End = min(l.Min, v), max(l.Max, v), v
+}
+
+// Settings are the options a part ran with.
 type Settings struct {
-	Ns          []int   `json:"ns"`
-	Skipped10k  bool    `json:"skipped10k"`
-	Reps        int     `json:"reps"`
-	SerialReps  int     `json:"serialReps"`
-	SerialMax   int     `json:"serialMax"`
-	LoadN       int     `json:"loadN"`
-	LoadReps    int     `json:"loadReps"`
-	Rate        int     `json:"ratePerS"`
-	Workers     int     `json:"workers"`
-	PoolSize    int     `json:"poolSize"`
-	SlotIndices int     `json:"slotIndices"`
-	SettleMs    float64 `json:"settleMs"`
+	Ns           []int   `json:"ns"`
+	Reps         int     `json:"reps"`
+	SerialReps   int     `json:"serialReps"`
+	SerialMax    int     `json:"serialMax"`
+	LeaseClients int     `json:"leaseClients"`
+	Workers      int     `json:"workers"`
+	PoolSize     int     `json:"poolSize"`
+	SlotIndices  int     `json:"slotIndices"`
+	SettleMs     float64 `json:"settleMs"`
 }
 
 // Point is one strategy at one N: its runs and their summaries.
@@ -76,37 +113,65 @@ type Point struct {
 	// measurement.
 	Extrapolated *Extrapolation `json:"extrapolated,omitempty"`
 
-	FirstAnswerMs Summary `json:"firstAnswerMs"`
-	FirstGRPCMs   Summary `json:"firstGrpcMs"`
-	ServingMs     Summary `json:"servingMs"`
-	ReclaimMs     Summary `json:"reclaimMs"`
-	RatePerS      Summary `json:"reclaimRatePerS"`
-	RSSMiB        Summary `json:"rssMiB"`
-	HWMMiB        Summary `json:"peakRssMiB"`
+	FirstAnswerMs  Summary `json:"firstAnswerMs"`
+	FirstGRPCMs    Summary `json:"firstGrpcMs"`
+	ServingMs      Summary `json:"servingMs"`
+	DeadGoneMs     Summary `json:"deadGoneMs"`
+	AfterServingMs Summary `json:"deadGoneAfterServingMs"`
+	ReclaimMs      Summary `json:"reclaimMs"`
+	RatePerS       Summary `json:"reclaimRatePerS"`
+	StopMs         Summary `json:"stopMs"`
+	RSSMiB         Summary `json:"rssMiB"`
+	HWMMiB         Summary `json:"peakRssMiB"`
 }
 
-// Run is one measured start (phasegate, serial) or one floor removal.
+// Run is one measured start (a daemon strategy) or one floor removal.
 type Run struct {
-	FirstAnswerMs float64     `json:"firstAnswerMs,omitempty"`
-	FirstStatus   int         `json:"firstStatus,omitempty"`
-	FirstGRPCMs   float64     `json:"firstGrpcMs,omitempty"`
-	FirstGRPC     string      `json:"firstGrpcStatus,omitempty"`
-	ServingMs     float64     `json:"servingMs"`
-	ReclaimMs     float64     `json:"reclaimMs"`
-	Reclaimed     int         `json:"reclaimed"`
-	CutOff        int         `json:"cutOff,omitempty"`
-	RatePerS      float64     `json:"reclaimRatePerS,omitempty"`
-	RSSMiB        float64     `json:"rssMiB,omitempty"`
-	HWMMiB        float64     `json:"peakRssMiB,omitempty"`
-	UnlinkMs      float64     `json:"unlinkMs,omitempty"`
-	FirewallMs    float64     `json:"firewallMs,omitempty"`
-	Phases        []PhaseSpan `json:"phases,omitempty"`
+	FirstAnswerMs float64 `json:"firstAnswerMs,omitempty"`
+	FirstStatus   int     `json:"firstStatus,omitempty"`
+	FirstGRPCMs   float64 `json:"firstGrpcMs,omitempty"`
+	FirstGRPC     string  `json:"firstGrpcStatus,omitempty"`
+	ServingMs     float64 `json:"servingMs"`
+	// DeadGoneMs is exec → the dead slots all gone: the daemon's reclaim
+	// report reaching the benchmark (the floor: its own duration).
+	DeadGoneMs float64 `json:"deadGoneMs,omitempty"`
+	// ReclaimMs is the reclaim report's own duration.
+	ReclaimMs  float64     `json:"reclaimMs,omitempty"`
+	Reclaimed  int         `json:"reclaimed"`
+	CutOff     int         `json:"cutOff,omitempty"`
+	RatePerS   float64     `json:"reclaimRatePerS,omitempty"`
+	RSSMiB     float64     `json:"rssMiB,omitempty"`
+	HWMMiB     float64     `json:"peakRssMiB,omitempty"`
+	UnlinkMs   float64     `json:"unlinkMs,omitempty"`
+	FirewallMs float64     `json:"firewallMs,omitempty"`
+	Phases     []PhaseSpan `json:"phases,omitempty"`
+
+	// The restore part: how the previous daemon ended (SIGTERM: how long
+	// it took to exit), what the start's restore line says, and what the
+	// benchmark checked itself.
+	StopMs   float64 `json:"stopMs,omitempty"`
+	Restored int     `json:"restored,omitempty"`
+	Adopted  int     `json:"adopted,omitempty"`
+	Dead     int     `json:"deadFound,omitempty"`
+	Lost     int     `json:"lost,omitempty"`
+	// Destroyed counts leased slots whose netns inode or host veth
+	// ifindex changed or vanished across the restart.
+	Destroyed int `json:"destroyed"`
+	// Listed counts the slots the API lists ACQUIRED by the leases' owner.
+	Listed int `json:"listed,omitempty"`
+	// FailedStarts says why a start failed before the one measured (the
+	// daemon exited and was started again; the times include it).
+	FailedStarts []string `json:"failedStarts,omitempty"`
+	// NoStart: every start attempt failed; the run has no times.
+	NoStart bool `json:"noStart,omitempty"`
 }
 
-// PhaseSpan is one phase of a start, in ms from the exec.
+// PhaseSpan is one phase (or background task) of a start, in ms from the
+// exec.
 type PhaseSpan struct {
 	Name    string  `json:"name"`
 	State   string  `json:"state"`
+	Task    bool    `json:"task,omitempty"`
 	StartMs float64 `json:"startMs"`
 	EndMs   float64 `json:"endMs"`
 }
@@ -118,15 +183,56 @@ type Extrapolation struct {
 	Basis         string  `json:"basis"`
 }
 
-// LoadResult is the latency of health checks from a separate load
-// generator, while the daemon reclaims and while it is idle.
+// LeaseSetup is how the restore part leased N slots through the API.
+type LeaseSetup struct {
+	N       int     `json:"n"`
+	Clients int     `json:"clients"`
+	Ms      float64 `json:"ms"`
+	PerS    float64 `json:"perS"`
+}
+
+// LoadResult is the latency of health checks and Acquire calls from
+// separate load generators after a start with dead slots to reclaim in the
+// background (from SERVING to the end of the reclaim), after a start with
+// none (the same length of time from SERVING), and against a daemon that
+// has been serving a while, idle. Stats are pooled over the reps; Runs
+// has each rep's.
 type LoadResult struct {
-	N        int                     `json:"n"`
-	Rate     int                     `json:"ratePerS"`
-	Reps     int                     `json:"reps"`
-	WindowMs []float64               `json:"reclaimWindowsMs"`
-	Reclaim  map[string]LatencyStats `json:"duringReclaim"`
-	Idle     map[string]LatencyStats `json:"idle"`
+	N           int                     `json:"n"`
+	Rate        int                     `json:"ratePerS"`
+	AcquireRate int                     `json:"acquireRatePerS"`
+	Reps        int                     `json:"reps"`
+	WindowMs    []float64               `json:"reclaimWindowsMs"`
+	Reclaim     map[string]LatencyStats `json:"duringReclaim"`
+	Start       map[string]LatencyStats `json:"afterStartNothingToReclaim"`
+	Idle        map[string]LatencyStats `json:"idle"`
+	Runs        []LoadRun               `json:"runs"`
+}
+
+// LoadRun is one rep of the load part.
+type LoadRun struct {
+	Reclaim map[string]LatencyStats `json:"duringReclaim"`
+	Start   map[string]LatencyStats `json:"afterStartNothingToReclaim"`
+	Idle    map[string]LatencyStats `json:"idle"`
+	// Times from the exec of the reclaiming daemon.
+	ServingMs    float64 `json:"servingMs"`
+	FillEndMs    float64 `json:"fillEndMs"`
+	ReclaimEndMs float64 `json:"reclaimEndMs"`
+	// Series is the reclaiming start's requests in 250 ms buckets from its
+	// exec.
+	Series []LatencyBucket `json:"series"`
+}
+
+// LatencyBucket summarizes the requests sent in one bucket of time.
+type LatencyBucket struct {
+	Health     int     `json:"health"`
+	HealthP50  float64 `json:"healthP50Ms"`
+	HealthP99  float64 `json:"healthP99Ms"`
+	HealthMax  float64 `json:"healthMaxMs"`
+	Errors     int     `json:"errors,omitempty"`
+	Acquires   int     `json:"acquires,omitempty"`
+	AcquireMax float64 `json:"acquireMaxMs,omitempty"`
+	LagMax     float64 `json:"lagMaxMs"`
 }
 
 // LatencyStats summarizes one kind of request.
@@ -137,9 +243,89 @@ type LatencyStats struct {
 	P99Ms      float64 `json:"p99Ms"`
 	MaxMs      float64 `json:"maxMs"`
 	FirstError string  `json:"firstError,omitempty"`
+	// LagP99Ms is the 99th percentile of how late the generator sent
+	// (see sample.Lag): tens of ms and more mean it was starved itself.
+	LagP99Ms float64 `json:"lagP99Ms"`
 }
 
-// Goal is one of the issue's goals and whether this run met it.
+// AcquireResult compares Acquire with the durable record (the daemon) and
+// with the record in a map (the in-memory baseline, `bench memslots`).
+type AcquireResult struct {
+	Calls   int `json:"callsPerRep"`
+	Clients int `json:"clients"`
+	Reps    int `json:"reps"`
+	// Durable and Memory are by side; each run is one burst of Calls.
+	Durable AcquireSide `json:"durable"`
+	Memory  AcquireSide `json:"memory"`
+}
+
+// AcquireSide is one side of the Acquire comparison.
+type AcquireSide struct {
+	Runs []AcquireRun `json:"runs"`
+	// PerS is the throughput over the runs; Latency pools every call.
+	PerS    Summary      `json:"callsPerS"`
+	Latency LatencyStats `json:"latency"`
+}
+
+// AcquireRun is one burst of Acquire calls.
+type AcquireRun struct {
+	PerS   float64 `json:"callsPerS"`
+	P50Ms  float64 `json:"p50Ms"`
+	P99Ms  float64 `json:"p99Ms"`
+	MaxMs  float64 `json:"maxMs"`
+	Errors int     `json:"errors"`
+}
+
+// UpgradeResult is what new connections saw across upgrades and restarts.
+type UpgradeResult struct {
+	Rate      int        `json:"probesPerS"`
+	Leases    int        `json:"leases"`
+	Scenarios []Scenario `json:"scenarios"`
+}
+
+// Scenario is one series of upgrades or restarts under a steady stream of
+// new connections.
+type Scenario struct {
+	Name   string `json:"name"`
+	Events int    `json:"events"`
+	// Probes are the connection attempts sent while the scenario ran, by
+	// outcome: answered SERVING/200, answered NOT_SERVING/503, refused,
+	// failed otherwise (reset, timeout, any error that is not an answer).
+	Probes     int `json:"probes"`
+	Serving    int `json:"serving"`
+	NotServing int `json:"notServing"`
+	Refused    int `json:"refused"`
+	Failed     int `json:"failed"`
+	// FirstError is the first failure's error (refusals are not kept).
+	FirstError string `json:"firstError,omitempty"`
+	// GapMs is, per event, the signal → SERVING again on a new connection.
+	GapMs Summary `json:"gapMs"`
+	// LatencyP99Ms and MaxMs are over the answered probes.
+	LatencyP99Ms float64 `json:"latencyP99Ms"`
+	LatencyMaxMs float64 `json:"latencyMaxMs"`
+	// Restored is the fewest leases a start of the scenario restored, and
+	// Destroyed the leased slots whose kernel identity changed.
+	Restored  int `json:"restoredMin"`
+	Destroyed int `json:"destroyed"`
+	// FailedStarts says why a start of the scenario failed before the
+	// one that served (the supervisor's restart counted in the gap).
+	FailedStarts []string `json:"failedStarts,omitempty"`
+	// Series is the probes in 100 ms buckets from the scenario's start.
+	Series []Bucket `json:"series"`
+	// EventsMs are the signals, in ms from the scenario's start.
+	EventsMs []float64 `json:"eventsMs"`
+}
+
+// Bucket counts the probes sent in 100 ms.
+type Bucket struct {
+	Serving    int     `json:"s,omitempty"`
+	NotServing int     `json:"n,omitempty"`
+	Refused    int     `json:"r,omitempty"`
+	Failed     int     `json:"f,omitempty"`
+	MaxMs      float64 `json:"max,omitempty"`
+}
+
+// Goal is one of the issue's goals and whether the results meet it.
 type Goal struct {
 	Name     string `json:"name"`
 	Target   string `json:"target"`
@@ -151,10 +337,8 @@ type Goal struct {
 
 // point returns the results' point for strategy and n, adding it if new.
 func (r *Results) point(strategy string, n int) *Point {
-	for _, p := range r.Points {
-		if p.Strategy == strategy && p.N == n {
-			return p
-		}
+	if p := r.find(strategy, n); p != nil {
+		return p
 	}
 	p := &Point{Strategy: strategy, N: n}
 	r.Points = append(r.Points, p)
@@ -171,30 +355,88 @@ func (r *Results) find(strategy string, n int) *Point {
 	return nil
 }
 
+// ns returns the Ns that points of the given strategies have, ascending.
+func (r *Results) ns(strategies []string) []int {
+	var out []int
+	for _, p := range r.Points {
+		if slices.Contains(strategies, p.Strategy) && !slices.Contains(out, p.N) {
+			out = append(out, p.N)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// dropPart removes what a part measured, before it is measured again.
+func (r *Results) dropPart(part string) {
+	switch part {
+	case partDead:
+		r.Points = slices.DeleteFunc(r.Points, func(p *Point) bool { return slices.Contains(deadStrategies, p.Strategy) })
+		r.Breakdowns, r.ExecMs = nil, nil
+	case partRestore:
+		r.Points = slices.DeleteFunc(r.Points, func(p *Point) bool { return slices.Contains(restoreStrategies, p.Strategy) })
+		r.Leasing = nil
+	case partLoad:
+		r.Load = nil
+	case partAcquire:
+		r.Acquire = nil
+	case partUpgrade:
+		r.Upgrade = nil
+	}
+	delete(r.Parts, part)
+}
+
+// evaluate summarizes every point and (re)computes goals and notes.
+func (r *Results) evaluate() {
+	for _, p := range r.Points {
+		p.summarizeRuns()
+	}
+	r.Goals = evaluateGoals(r)
+	r.Notes = notes(r)
+}
+
 // summarizeRuns fills the point's summaries from its runs.
 func (p *Point) summarizeRuns() {
 	pick := func(f func(Run) float64) Summary {
 		var xs []float64
 		for _, r := range p.Runs {
-			xs = append(xs, f(r))
+			if !r.NoStart {
+				xs = append(xs, f(r))
+			}
 		}
 		return summarize(xs)
 	}
 	p.FirstAnswerMs = pick(func(r Run) float64 { return r.FirstAnswerMs })
 	p.FirstGRPCMs = pick(func(r Run) float64 { return r.FirstGRPCMs })
 	p.ServingMs = pick(func(r Run) float64 { return r.ServingMs })
+	p.DeadGoneMs = pick(func(r Run) float64 { return r.DeadGoneMs })
+	p.AfterServingMs = pick(func(r Run) float64 { return max(r.DeadGoneMs-r.ServingMs, 0) })
 	p.ReclaimMs = pick(func(r Run) float64 { return r.ReclaimMs })
 	p.RatePerS = pick(func(r Run) float64 { return r.RatePerS })
+	p.StopMs = pick(func(r Run) float64 { return r.StopMs })
 	p.RSSMiB = pick(func(r Run) float64 { return r.RSSMiB })
 	p.HWMMiB = pick(func(r Run) float64 { return r.HWMMiB })
 }
 
-// measured reports whether the point has runs.
-func (p *Point) measured() bool { return p != nil && len(p.Runs) > 0 }
+// measured reports whether the point has runs with times.
+func (p *Point) measured() bool {
+	return p != nil && slices.ContainsFunc(p.Runs, func(r Run) bool { return !r.NoStart })
+}
+
+// noStarts counts the point's runs in which the daemon never served.
+func (p *Point) noStarts() int {
+	n := 0
+	for _, r := range p.Runs {
+		if r.NoStart {
+			n++
+		}
+	}
+	return n
+}
 
 // describeMachine reads the machine's facts.
-func describeMachine() Machine {
-	m := Machine{NumCPU: runtime.NumCPU(), Go: runtime.Version()}
+func describeMachine(stateDir string) Machine {
+	m := Machine{NumCPU: runtime.NumCPU(), Go: runtime.Version(), StateFS: fsType(stateDir)}
 	var u unix.Utsname
 	if unix.Uname(&u) == nil {
 		m.Kernel = unix.ByteSliceToString(u.Release[:])
@@ -211,16 +453,28 @@ func describeMachine() Machine {
 	if unix.Sysinfo(&si) == nil {
 		m.MemTotalMiB = int(uint64(si.Totalram) * uint64(si.Unit) >> 20)
 	}
-	m.LoadStart = loadAvg()
-	m.LoadMin, m.LoadMax = m.LoadStart, m.LoadStart
 	return m
 }
 
-// sampleLoad folds the current 1-minute load average into min/max.
-func (m *Machine) sampleLoad() {
-	l := loadAvg()
-	m.LoadMin, m.LoadMax = min(m.LoadMin, l), max(m.LoadMax, l)
-	m.LoadEnd = l
+// fsType names the file system dir is on ("tmpfs", "ext4", …) from
+// /proc/self/mounts: the longest mount point that contains dir.
+func fsType(dir string) string {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return ""
+	}
+	best, typ := "", ""
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			continue
+		}
+		mp := f[1]
+		if (dir == mp || strings.HasPrefix(dir, strings.TrimSuffix(mp, "/")+"/")) && len(mp) >= len(best) {
+			best, typ = mp, f[2]
+		}
+	}
+	return typ
 }
 
 // loadAvg returns the 1-minute load average.
@@ -246,7 +500,7 @@ func commandLine(args []string) string {
 		}
 		q = append(q, a)
 	}
-	return strings.TrimSpace("sudo go run ./test/bench " + strings.Join(q, " "))
+	return strings.TrimSpace("cd test && sudo go run ./bench " + strings.Join(q, " "))
 }
 
 // gitRevision returns the checkout's short commit, or "".
