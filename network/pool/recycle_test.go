@@ -234,6 +234,27 @@ func within(t *testing.T, path, cmd string) {
 	}
 }
 
+// whereTo says where a datagram to next's inside address goes: the host's
+// route and the links holding the slot's addresses, the sockets and
+// addresses inside next, the lingering process's namespace, and the host's
+// ruleset. A failure to deliver is otherwise a bare "connection refused".
+func whereTo(next *slot.Slot, lingering int) string {
+	var b strings.Builder
+	show := func(title string, name string, args ...string) {
+		out, err := exec.Command(name, args...).CombinedOutput()
+		fmt.Fprintf(&b, "--- %s (%s %s): err=%v\n%s", title, name, strings.Join(args, " "), err, out)
+	}
+	in := next.InsideAddr.Addr().String()
+	show("host route", "ip", "-4", "route", "get", in)
+	show("host links with the slot's /31", "ip", "-4", "-o", "addr", "show", "to", next.InsideAddr.Masked().String())
+	show("host neighbours", "ip", "-4", "neigh", "show", "to", in)
+	show("inside next: addresses", "nsenter", "--net="+next.NetnsPath, "ip", "-4", "-o", "addr")
+	show("inside next: sockets", "nsenter", "--net="+next.NetnsPath, "ss", "-uan")
+	show("lingering process: addresses", "nsenter", "--net="+fmt.Sprintf("/proc/%d/ns/net", lingering), "ip", "-4", "-o", "addr")
+	show("host ruleset", "nft", "list", "ruleset")
+	return b.String()
+}
+
 func requireTools(t *testing.T, tools ...string) {
 	t.Helper()
 	for _, tool := range tools {
@@ -382,7 +403,8 @@ func TestReleasedSlotIsClean(t *testing.T) {
 		}
 	}
 	if !got {
-		t.Fatalf("the next owner did not get the datagram (last send error: %v)", werr)
+		t.Fatalf("the next owner did not get the datagram (last send error: %v)\n%s", werr,
+			whereTo(next, lingering.Process.Pid))
 	}
 	_ = old.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 	if n, _, err := old.ReadFromUDP(buf); err == nil {

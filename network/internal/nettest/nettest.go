@@ -52,7 +52,11 @@ var cidrSpace = netip.MustParsePrefix("169.254.0.0/17")
 // so each block is claimed with a lock file held until the test ends.
 func reserveCIDR(t testing.TB, n int) netip.Prefix {
 	t.Helper()
-	bits := 28 // 8 slots at least: small blocks, many of them
+	// The room n slots need, and a /24 at least: tests that
+	// survey names beyond the configured slots raise Config.Slots after
+	// New. 128 blocks of the /24 size, many more than test packages run at
+	// once.
+	bits := 24
 	for bits > cidrSpace.Bits() && 1<<(32-bits) < 2*n {
 		bits--
 	}
@@ -70,12 +74,12 @@ func reserveCIDR(t testing.TB, n int) netip.Prefix {
 		off := uint32((start+i)%blocks) << (32 - bits)
 		a := netip.AddrFrom4([4]byte{base[0], base[1], base[2] + byte(off>>8), base[3] + byte(off)})
 		p := netip.PrefixFrom(a, bits)
-		// One lock file per /28 the block covers, so blocks of different
+		// One lock file per /24 the block covers, so blocks of different
 		// sizes that overlap cannot both be held.
 		var held []*os.File
 		ok := true
-		for sub := range 1 << (28 - bits) {
-			so := off + uint32(sub)<<4
+		for sub := range 1 << (24 - bits) {
+			so := off + uint32(sub)<<8
 			name := filepath.Join(dir, fmt.Sprintf("169.254.%d.%d", base[2]+byte(so>>8), byte(so)))
 			f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o644)
 			if err != nil {
