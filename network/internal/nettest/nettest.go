@@ -92,6 +92,9 @@ func reserveCIDR(t testing.TB, n int) netip.Prefix {
 			}
 			held = append(held, f)
 		}
+		if ok && hostUses(t, p) {
+			ok = false // a daemon's slots, or what a killed run left
+		}
 		if !ok {
 			for _, f := range held {
 				f.Close()
@@ -109,6 +112,38 @@ func reserveCIDR(t testing.TB, n int) netip.Prefix {
 	}
 	t.Fatalf("nettest: every /%d of %s is held by another playground", bits, cidrSpace)
 	return netip.Prefix{}
+}
+
+// hostUses reports whether an address or a route of the host falls in p.
+// Slots that are not a playground's (a daemon's, a benchmark's, a killed
+// run's) hold no lock file, and their addresses take a datagram meant for
+// the playground's slot of the same address.
+func hostUses(t testing.TB, p netip.Prefix) bool {
+	t.Helper()
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatalf("nettest: list host addresses: %v", err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && p.Contains(ip) {
+			return true
+		}
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		t.Fatalf("nettest: list host routes: %v", err)
+	}
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue // a default route overlaps everything and takes nothing from a slot
+		}
+		ip, _ := netip.AddrFromSlice(r.Dst.IP.To4())
+		ones, _ := r.Dst.Mask.Size()
+		if ones > 0 && netip.PrefixFrom(ip, ones).Overlaps(p) {
+			return true
+		}
+	}
+	return false
 }
 
 // RandomPrefix returns "pt" and four random lowercase letters.
