@@ -66,18 +66,14 @@ func (d *Daemon) classify(ctx context.Context, recs []leases.Record, bad []int, 
 			}
 			continue
 		}
-		sl, err := d.mgr.Lookup(rec.Index)
-		same := err == nil && sl.NetnsID == rec.Netns && sl.HostIfIndex == rec.HostIfindex
+		sl, err := d.mgr.Identify(rec.Index, rec.Netns, rec.HostIfindex)
+		same := err == nil
 		var why string
 		switch {
 		case errors.Is(err, slot.ErrGone):
 			why = err.Error()
 		case err != nil:
 			return nil, err
-		case sl.NetnsID != rec.Netns:
-			why = fmt.Sprintf("slot %d: the namespace at %s is not the one recorded (made again since)", rec.Index, sl.NetnsPath)
-		case sl.HostIfIndex != rec.HostIfindex:
-			why = fmt.Sprintf("slot %d: the host link %s is not the one recorded (index %d, recorded %d)", rec.Index, sl.HostIf, sl.HostIfIndex, rec.HostIfindex)
 		}
 		switch {
 		case rec.State == leases.Leased && same:

@@ -65,6 +65,19 @@ func (p *linkProbe) exists(index int, name string) (bool, error) {
 	return ifr.Name() == name, nil
 }
 
+// up reports whether the link name is administratively up, with
+// ioctl(SIOCGIFFLAGS). Like index, only for a name known to exist.
+func (p *linkProbe) up(name string) (bool, error) {
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return false, fmt.Errorf("slot: link %q: %w", name, err)
+	}
+	if err := unix.IoctlIfreq(p.fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return false, fmt.Errorf("slot: ioctl(SIOCGIFFLAGS) %s: %w", name, err)
+	}
+	return ifr.Uint16()&unix.IFF_UP != 0, nil
+}
+
 // linkIndex returns the index of the root-namespace link name, 0 if there
 // is none.
 func linkIndex(name string) (int, error) {

@@ -3,7 +3,6 @@ package slot
 import (
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -13,7 +12,8 @@ import (
 
 // ErrGone is wrapped by [Manager.Lookup] when a slot's objects are not all
 // on the host: its namespace file is missing or holds no namespace, or its
-// host link is missing.
+// host link is missing; and by [Manager.Identify] when they are not the
+// ones it was given either (made again under the same names).
 var ErrGone = errors.New("slot objects gone")
 
 // Lookup describes slot i as it is on the host now, with the identity of
@@ -47,6 +47,59 @@ func (m *Manager) Lookup(i int) (*Slot, error) {
 	return &s, nil
 }
 
+// Identify returns slot i, as [Manager.Lookup] does, if its objects on the
+// host are the ones with the given identity: the namespace bound at its
+// netns file is ns, and its host link still has index hostIfIndex.
+// Otherwise the error wraps [ErrGone] and says what is missing or differs.
+// It only reads.
+//
+// It is what a restore calls for every recorded slot. Lookup asks for the
+// host link by name over netlink, and the kernel's answer about a veth whose
+// peer is in another namespace carries the peer's namespace id, found by a
+// walk of the root namespace's id table, which holds an entry per slot: a
+// restore of N slots through Lookup is quadratic. Identify asks by the
+// recorded index with ioctl(SIOCGIFNAME), one lookup that never loads a
+// module, and goes to netlink only to say why a link is not the one recorded.
+func (m *Manager) Identify(i int, ns netns.ID, hostIfIndex int) (*Slot, error) {
+	if err := m.checkIndex(i); err != nil {
+		return nil, err
+	}
+	s := m.cfg.Slot(i)
+	id, err := netns.Stat(s.NetnsPath)
+	switch {
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, netns.ErrNotNamespace):
+		return nil, fmt.Errorf("slot %d: namespace %s: %w", i, s.NetnsPath, ErrGone)
+	case err != nil:
+		return nil, fmt.Errorf("slot %d: %w", i, err)
+	case id != ns:
+		return nil, fmt.Errorf("slot %d: the namespace at %s is not the one recorded (made again since): %w", i, s.NetnsPath, ErrGone)
+	}
+	s.NetnsID = id
+	p, err := newLinkProbe()
+	if err != nil {
+		return nil, err
+	}
+	defer p.close()
+	ok, err := p.exists(hostIfIndex, s.HostIf)
+	if err != nil {
+		return nil, fmt.Errorf("slot %d: %w", i, err)
+	}
+	if !ok {
+		idx, err := linkIndex(s.HostIf)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("slot %d: %w", i, err)
+		case idx == 0:
+			return nil, fmt.Errorf("slot %d: host link %s: %w", i, s.HostIf, ErrGone)
+		default:
+			return nil, fmt.Errorf("slot %d: the host link %s is not the one recorded (index %d, recorded %d): %w",
+				i, s.HostIf, idx, hostIfIndex, ErrGone)
+		}
+	}
+	s.HostIfIndex = hostIfIndex
+	return &s, nil
+}
+
 // RepairHost puts back what the host link of slot s needs to carry traffic,
 // touching nothing inside its namespace: the link up and its address. It
 // returns what it had to repair (nothing, for a slot found as it was
@@ -54,14 +107,24 @@ func (m *Manager) Lookup(i int) (*Slot, error) {
 // element is the caller's: one [nft.Table.Add] for all the slots it
 // restores.
 func (m *Manager) RepairHost(s *Slot) (repaired []string, err error) {
-	link, err := netlink.LinkByIndex(s.HostIfIndex)
+	// By index with ioctls, not netlink: see Identify.
+	p, err := newLinkProbe()
 	if err != nil {
-		return nil, fmt.Errorf("slot %d: host link %s (index %d): %w", s.Index, s.HostIf, s.HostIfIndex, err)
+		return nil, err
 	}
-	if link.Attrs().Name != s.HostIf {
-		return nil, fmt.Errorf("slot %d: link index %d is %s, not %s: %w", s.Index, s.HostIfIndex, link.Attrs().Name, s.HostIf, ErrGone)
+	defer p.close()
+	switch ok, err := p.exists(s.HostIfIndex, s.HostIf); {
+	case err != nil:
+		return nil, fmt.Errorf("slot %d: %w", s.Index, err)
+	case !ok:
+		return nil, fmt.Errorf("slot %d: link index %d is not %s: %w", s.Index, s.HostIfIndex, s.HostIf, ErrGone)
 	}
-	if link.Attrs().Flags&net.FlagUp == 0 {
+	up, err := p.up(s.HostIf)
+	if err != nil {
+		return nil, fmt.Errorf("slot %d: %w", s.Index, err)
+	}
+	link := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: s.HostIfIndex, Name: s.HostIf}}
+	if !up {
 		if err := netlink.LinkSetUp(link); err != nil {
 			return repaired, fmt.Errorf("slot %d: set %s up: %w", s.Index, s.HostIf, err)
 		}

@@ -3,6 +3,7 @@ package slot_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"slices"
@@ -442,4 +443,55 @@ func TestRepairHost(t *testing.T) {
 		t.Fatalf("RepairHost of a slot down without its address: %v, %v", repaired, err)
 	}
 	checkSlot(t, m, s)
+}
+
+// Identify says a slot is the recorded one only when both its namespace
+// and its host link have the recorded identity, and says which differs
+// otherwise, without touching anything.
+func TestIdentify(t *testing.T) {
+	env := nettest.New(t, 4)
+	m := env.Manager(t)
+	ctx := context.Background()
+	s, err := m.Create(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := netns.ID{Dev: s.NetnsID.Dev, Ino: s.NetnsID.Ino + 1}
+	tests := []struct {
+		name    string
+		ns      netns.ID
+		ifindex int
+		index   int
+		want    string // "" for the slot; else a part of the ErrGone message
+	}{
+		{"as recorded", s.NetnsID, s.HostIfIndex, 3, ""},
+		{"namespace made again", other, s.HostIfIndex, 3, "not the one recorded (made again since)"},
+		{"host link made again", s.NetnsID, s.HostIfIndex + 100000, 3, fmt.Sprintf("host link %s is not the one recorded (index %d", s.HostIf, s.HostIfIndex)},
+		{"never made", s.NetnsID, s.HostIfIndex, 4, "namespace"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := m.Identify(tt.index, tt.ns, tt.ifindex)
+			if tt.want == "" {
+				if err != nil || got.NetnsID != s.NetnsID || got.HostIfIndex != s.HostIfIndex || got.HostIf != s.HostIf {
+					t.Fatalf("Identify = %+v, %v; want slot %d as created", got, err, s.Index)
+				}
+				return
+			}
+			if !errors.Is(err, slot.ErrGone) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Identify = %+v, %v; want ErrGone saying %q", got, err, tt.want)
+			}
+		})
+	}
+	// Its host link deleted: gone, whatever the namespace says.
+	link, err := netlink.LinkByIndex(s.HostIfIndex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkDel(link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Identify(3, s.NetnsID, s.HostIfIndex); !errors.Is(err, slot.ErrGone) || !strings.Contains(err.Error(), "host link "+s.HostIf) {
+		t.Fatalf("Identify after the host link was deleted: %v; want ErrGone naming the link", err)
+	}
 }
