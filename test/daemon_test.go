@@ -21,8 +21,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/app"
+	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/phases"
+	"github.com/phasegate/phasegate/phasetest"
 )
 
 // phaseDeps is the daemon's graph (DESIGN.md section 3).
@@ -133,6 +136,10 @@ func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + jaeger.otlpHTTP,
 		"OTEL_SERVICE_NAME=" + service,
 	}, h.args(addr, "--slots=2000")...)
+	// The same order, black-box, as an adopter's test would check it: the
+	// daemon's own event log over its port (/debug/events), every
+	// transition in order from the first.
+	events := phasetest.Follow(t, "http://"+addr+app.PathEvents)
 
 	// The port answers, with 503 naming the phase, long before reclaim is
 	// done.
@@ -168,6 +175,12 @@ func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 	if problems := waitPhases(); len(problems) > 0 {
 		t.Errorf("phase order seen through Watch: %v", problems)
 	}
+	phasetest.WaitState(t, events, lifecycle.StateServing, 10*time.Second)
+	seen := events.Events(0)
+	phasetest.AssertConsistent(t, seen)
+	phasetest.AssertRespectsDependencies(t, seen)
+	phasetest.AssertOrder(t, seen, "lock", "reclaim", "storage", "populate", "register", "serve")
+	phasetest.AssertOrder(t, seen, "lock", "listen", "register")
 
 	// Every leaked slot is gone; every foreign name is untouched.
 	waitFor(t, time.Minute, "the pool to fill to 4", func() bool {
