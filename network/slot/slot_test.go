@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
@@ -493,5 +494,42 @@ func TestIdentify(t *testing.T) {
 	}
 	if _, err := m.Identify(3, s.NetnsID, s.HostIfIndex); !errors.Is(err, slot.ErrGone) || !strings.Contains(err.Error(), "host link "+s.HostIf) {
 		t.Fatalf("Identify after the host link was deleted: %v; want ErrGone naming the link", err)
+	}
+}
+
+// The host end of a slot has no IPv6 address and no IPv6 route: each one
+// would make every slot's neighbour and multicast traffic cost a walk over
+// all the slots' routes (see quietIPv6). The inside end keeps IPv6.
+func TestHostEndHasNoIPv6(t *testing.T) {
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		t.Skip("no IPv6 in this kernel")
+	}
+	env := nettest.New(t, 2)
+	m := env.Manager(t)
+	s, err := m.Create(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := netlink.LinkByIndex(s.HostIfIndex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Duplicate address detection would add the link-local address within
+	// a second of the link coming up; give it that second.
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if addrs, err := netlink.AddrList(host, netlink.FAMILY_V6); err != nil || len(addrs) > 0 {
+			t.Fatalf("IPv6 addresses on the host end %s: %v, %v", s.HostIf, addrs, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{LinkIndex: s.HostIfIndex, Table: unix.RT_TABLE_MAIN},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+	if err != nil || len(routes) > 0 {
+		t.Errorf("IPv6 routes through the host end %s: %v, %v", s.HostIf, routes, err)
+	}
+	out, err := exec.Command("nsenter", "--net="+s.NetnsPath, "ip", "-6", "addr", "show", "dev", slot.InsideIfName).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "fe80::") {
+		t.Errorf("the inside end has no IPv6 link-local address: %v\n%s", err, out)
 	}
 }
