@@ -120,8 +120,19 @@ func reserveCIDR(t testing.TB, n int) netip.Prefix {
 // the playground's slot of the same address.
 func hostUses(t testing.TB, p netip.Prefix) bool {
 	t.Helper()
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
-	if err != nil {
+	// A dump is interrupted whenever links change elsewhere, as they do
+	// while other test packages run: try again, and take what an
+	// interrupted dump gave at last. What is looked for here (slots no
+	// playground holds) does not change meanwhile; what does is other
+	// playgrounds', which their lock files keep apart.
+	var addrs []netlink.Addr
+	var err error
+	for range 5 {
+		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		t.Fatalf("nettest: list host addresses: %v", err)
 	}
 	for _, a := range addrs {
@@ -129,8 +140,14 @@ func hostUses(t testing.TB, p netip.Prefix) bool {
 			return true
 		}
 	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-	if err != nil {
+	var routes []netlink.Route
+	for range 5 {
+		routes, err = netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		t.Fatalf("nettest: list host routes: %v", err)
 	}
 	for _, r := range routes {
