@@ -657,10 +657,19 @@ func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	// Slots kept in safe mode, and those whose record cannot be read, may
+	// be somebody's workload: quarantined, never torn down by a pass.
+	keep := map[int]bool{}
+	if d.plan != nil {
+		for _, i := range slices.Concat(d.plan.held, d.plan.bad) {
+			keep[i] = true
+		}
+	}
 	rec := reconcile.New(d.mgr, d.idx, reconcile.Options{
 		Interval: d.cfg.ReconcileInterval,
 		Teardown: d.teardownOptions(),
 		OnPass:   d.reconciled,
+		Keep:     func(i int) bool { return keep[i] },
 	})
 	err := rec.Run(ctx)
 	if ctx.Err() != nil {

@@ -39,6 +39,15 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	}
 	d = start(t, nil, args...)
 	d.waitReclaimed(time.Minute)
+	// The reconciler's first pass follows the reclaim, and the quarantined
+	// slot is in reach of it: a pass once tore the kept slot down, after
+	// this test had looked.
+	waitFor(t, time.Minute, "a reconcile pass", func() bool {
+		fams := scrapeMetrics(t, d)
+		ok := metricValue(fams, "phasegate_reconcile_passes_total", "result", "ok")
+		failed := metricValue(fams, "phasegate_reconcile_passes_total", "result", "failed")
+		return ok > 0 || failed > 0
+	})
 	logs := d.logs.String()
 	if n := strings.Count(logs, "state file unusable: moved aside"); n != 1 {
 		t.Errorf("%d log lines about the unusable state file, want 1:\n%s", n, grepLines(logs, "state file"))

@@ -28,6 +28,12 @@ type Options struct {
 	// OnPass, if set, is called after each pass of Run, failed ones
 	// included, from Run's goroutine.
 	OnPass func(Pass)
+	// Keep, if set, names quarantined indices whose slots a pass must
+	// never tear down, whatever it finds of them: slots that may belong to
+	// somebody though no record says so (a start that lost its records
+	// keeps the slots something lives in). Such an index is freed only once
+	// nothing of it is left on the host.
+	Keep func(index int) bool
 }
 
 // Pass reports one reconciliation pass. Everything a pass could not read
@@ -156,6 +162,9 @@ func (r *Reconciler) once(ctx context.Context) Pass {
 		}
 		switch st {
 		case storage.Quarantined:
+			if r.opts.Keep != nil && r.opts.Keep(i) {
+				continue
+			}
 			targets[i] = inv[i]
 		case storage.Free:
 			if r.s.QuarantineIfFree(i) {

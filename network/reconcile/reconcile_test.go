@@ -127,3 +127,37 @@ func TestPassCarriesFailures(t *testing.T) {
 		t.Errorf("the foreign mount changed: %q %v", b, err)
 	}
 }
+
+// A quarantined index the caller keeps is never torn down, whatever a pass
+// finds of it (a slot kept in safe mode: something lives in it and no
+// record says whose); the other quarantined ones are, and a kept index
+// whose slot is gone is freed.
+func TestKeptSlotsAreNeverTornDown(t *testing.T) {
+	env := nettest.New(t, 8)
+	m := env.Manager(t)
+	ctx := context.Background()
+	nettest.Leak(t, m, []int{2, 3})
+	st, err := storage.New(8, []int{2, 3, 4}) // 4 kept, and nothing of it on the host
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := map[int]bool{2: true, 4: true}
+	r := reconcile.New(m, st, reconcile.Options{Keep: func(i int) bool { return kept[i] }})
+	p, err := r.Once(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(p.Freed)
+	if !slices.Equal(p.Freed, []int{3, 4}) {
+		t.Errorf("freed %v, want [3 4]: the torn-down slot and the kept index with nothing left", p.Freed)
+	}
+	if !netns.IsMounted(m.Config().NetnsPath(2)) {
+		t.Fatalf("the kept slot 2 was torn down")
+	}
+	if s, _ := st.State(2); s != storage.Quarantined {
+		t.Errorf("the kept slot 2 is %v, want quarantined", s)
+	}
+	if netns.IsMounted(m.Config().NetnsPath(3)) {
+		t.Errorf("the quarantined slot 3 was not torn down")
+	}
+}
