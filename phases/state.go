@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 
 	"github.com/phasegate/phasegate/network/leases"
 )
@@ -38,7 +39,17 @@ func (d *Daemon) openState() (*leases.Store, error) {
 		// records live on tmpfs and vanish at a reboot with the
 		// namespaces): what is on the host was left by a run that kept no
 		// records, and is reclaimed as leaked. Only records that existed
-		// and are lost put the daemon in safe mode.
+		// and are lost put the daemon in safe mode, and it stays there
+		// while the unusable file is kept aside: the slots kept at the
+		// start that lost them still have no record, and a later start
+		// must not take them for leaked. Removing the file (once
+		// inspected) ends safe mode at the next start.
+		if aside := keptAside(path); aside != "" {
+			d.stateLost = fmt.Sprintf("an unusable state file is kept aside at %s: safe mode until it is removed", aside)
+			d.log.Warn("restoring in safe mode (no slot with a process inside is destroyed) while an unusable state file is kept aside; remove it to end safe mode",
+				"kept_aside", aside)
+			d.safeMode = true
+		}
 		return st, nil
 	case errors.As(err, &schema):
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
@@ -60,6 +71,16 @@ func (d *Daemon) openState() (*leases.Store, error) {
 	default:
 		return nil, fmt.Errorf("state file %s: %w", path, err)
 	}
+}
+
+// keptAside returns the newest unusable state file moved aside next to
+// path (leases.MoveAside), or "" when there is none.
+func keptAside(path string) string {
+	aside, _ := filepath.Glob(path + ".corrupt-*") // the pattern is valid: only a malformed one errs
+	if len(aside) == 0 {
+		return ""
+	}
+	return slices.Max(aside) // the names end with the UTC time they were moved
 }
 
 func holder(pid int) string {

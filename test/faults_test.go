@@ -77,6 +77,27 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 			t.Errorf("a slot nothing lives in is leased without a record")
 		}
 	}
+	// A second start with the unusable file still kept aside: safe mode
+	// again, and the inhabited slot, which still has no record, is kept
+	// again instead of being taken for leaked.
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	d = start(t, nil, args...)
+	d.waitReclaimed(time.Minute)
+	waitFor(t, time.Minute, "a reconcile pass after the second start", func() bool {
+		fams := scrapeMetrics(t, d)
+		ok := metricValue(fams, "phasegate_reconcile_passes_total", "result", "ok")
+		failed := metricValue(fams, "phasegate_reconcile_passes_total", "result", "failed")
+		return ok > 0 || failed > 0
+	})
+	if _, err := os.Stat(busy.slot.GetNetnsPath()); err != nil {
+		t.Errorf("after a second start, the inhabited slot's namespace was destroyed: %v", err)
+	}
+	if _, body, _ := d.get("/health"); !strings.Contains(body, "kept aside") {
+		t.Errorf("/health after a second start does not say the unusable file is kept aside: %s", body)
+	}
 	ok, failed, last := w.finish()
 	if failed != 0 || ok == 0 {
 		t.Errorf("the workload lost its network: %d probes failed (last %v), %d answered", failed, last, ok)

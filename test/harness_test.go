@@ -65,7 +65,8 @@ type host struct {
 	prefix   string
 	netnsDir string
 	stateDir string
-	// cidr is the host's own slot network: a random /19 of 100.64.0.0/10,
+	// cidr is the host's own slot network: a random /18 of 100.64.0.0/10
+	// (8,192 slots, what the long load test leaks),
 	// so that slots of tests (and of other test packages) running at the
 	// same time never share an address, as they would in the default
 	// link-local /17, and traffic to a slot reaches that slot.
@@ -80,13 +81,13 @@ func newHost(t *testing.T) *host {
 		p = append(p, letters[rand.IntN(len(letters))])
 	}
 	base := t.TempDir()
-	block := rand.IntN(128) // 128 /19s in 100.64.0.0/10
+	block := rand.IntN(256) // 256 /18s in 100.64.0.0/10
 	h := &host{
 		t:        t,
 		prefix:   string(p) + "-",
 		netnsDir: filepath.Join(base, "netns"),
 		stateDir: filepath.Join(base, "state"),
-		cidr:     fmt.Sprintf("100.%d.%d.0/19", 64+block/8, (block%8)*32),
+		cidr:     fmt.Sprintf("100.%d.%d.0/18", 64+block/4, (block%4)*64),
 	}
 	// Registered after TempDir, so it runs before TempDir's removal.
 	t.Cleanup(func() { h.sweep(h.prefix) })
