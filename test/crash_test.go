@@ -56,7 +56,7 @@ func (l *ledger) all() []held {
 // the daemon being down included; after the last graceful stop the host
 // holds only what the records name, and nothing once decommissioned.
 // PHASEGATE_CRASH_ROUNDS sets the number of rounds (default 6; the long
-// run uses 20) and PHASEGATE_CRASH_SEED the seed.
+// run uses 20) and PHASEGATE_CRASH_SEED the random seed of the rounds.
 func TestCrashAnywhereRestartClean(t *testing.T) {
 	rounds := envInt("PHASEGATE_CRASH_ROUNDS", 6)
 	seed := uint64(envInt("PHASEGATE_CRASH_SEED", int(time.Now().UnixNano()%1e6)))

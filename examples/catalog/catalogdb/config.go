@@ -13,7 +13,7 @@ import (
 type Config struct {
 	// DB is the bbolt file. Required.
 	DB string `json:"db"`
-	// Products is how many demo products the seeding migration writes
+	// Products is how many demo products the migration writes
 	// into a new store; zero writes none.
 	Products int `json:"products"`
 }
