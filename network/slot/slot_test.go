@@ -37,7 +37,7 @@ func checkSlot(t *testing.T, m *slot.Manager, s *slot.Slot) {
 	if host.Attrs().Flags&1 == 0 { // net.FlagUp
 		t.Errorf("host link down")
 	}
-	addrs, _ := netlink.AddrList(host, netlink.FAMILY_V4)
+	addrs := hostAddrs(t, host, netlink.FAMILY_V4)
 	if len(addrs) != 1 || addrs[0].IPNet.String() != s.HostAddr.String() {
 		t.Errorf("host addrs = %v, want %s", addrs, s.HostAddr)
 	}
@@ -429,9 +429,9 @@ func TestRepairHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
-	if err != nil || len(addrs) != 1 {
-		t.Fatalf("addresses of %s: %v, %v", s.HostIf, addrs, err)
+	addrs := hostAddrs(t, link, netlink.FAMILY_V4)
+	if len(addrs) != 1 {
+		t.Fatalf("addresses of %s: %v", s.HostIf, addrs)
 	}
 	if err := netlink.AddrDel(link, &addrs[0]); err != nil {
 		t.Fatal(err)
@@ -519,20 +519,52 @@ func TestHostEndHasNoIPv6(t *testing.T) {
 	// a second of the link coming up; give it that second.
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
-		if addrs, err := netlink.AddrList(host, netlink.FAMILY_V6); err != nil || len(addrs) > 0 {
-			t.Fatalf("IPv6 addresses on the host end %s: %v, %v", s.HostIf, addrs, err)
+		if addrs := hostAddrs(t, host, netlink.FAMILY_V6); len(addrs) > 0 {
+			t.Fatalf("IPv6 addresses on the host end %s: %v", s.HostIf, addrs)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	// In every table: the per-device multicast route (ff00::/8, table
 	// local) costs as much as the link-local one.
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{LinkIndex: s.HostIfIndex, Table: unix.RT_TABLE_UNSPEC},
-		netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
-	if err != nil || len(routes) > 0 {
-		t.Errorf("IPv6 routes through the host end %s: %v, %v", s.HostIf, routes, err)
+	var routes []netlink.Route
+	hostDump(t, "IPv6 routes", func() (err error) {
+		routes, err = netlink.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{LinkIndex: s.HostIfIndex, Table: unix.RT_TABLE_UNSPEC},
+			netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+		return err
+	})
+	if len(routes) > 0 {
+		t.Errorf("IPv6 routes through the host end %s: %v", s.HostIf, routes)
 	}
 	out, err := exec.Command("nsenter", "--net="+s.NetnsPath, "ip", "-6", "addr", "show", "dev", slot.InsideIfName).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "fe80::") {
 		t.Errorf("the inside end has no IPv6 link-local address: %v\n%s", err, out)
 	}
+}
+
+// hostDump runs a dump of the host's netlink tables until the kernel does
+// not interrupt it: links and addresses change all the time on the host
+// while other test packages run, and an interrupted dump may miss entries
+// (a fresh-clone run failed TestRepairHost on one).
+func hostDump(t *testing.T, what string, dump func() error) {
+	t.Helper()
+	var err error
+	for range 20 {
+		if err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("list %s on the host: %v", what, err)
+	}
+}
+
+// hostAddrs lists the addresses of a host link (see hostDump).
+func hostAddrs(t *testing.T, link netlink.Link, family int) []netlink.Addr {
+	t.Helper()
+	var addrs []netlink.Addr
+	hostDump(t, "addresses of "+link.Attrs().Name, func() (err error) {
+		addrs, err = netlink.AddrList(link, family)
+		return err
+	})
+	return addrs
 }
