@@ -24,6 +24,24 @@ var ErrGone = errors.New("slot objects gone")
 // objects are not all there gives an error wrapping [ErrGone] that says
 // which is missing.
 func (m *Manager) Lookup(i int) (*Slot, error) {
+	s, err := m.boundSlot(i)
+	if err != nil {
+		return nil, err
+	}
+	idx, err := linkIndex(s.HostIf)
+	if err != nil {
+		return nil, fmt.Errorf("slot %d: %w", i, err)
+	}
+	if idx == 0 {
+		return nil, fmt.Errorf("slot %d: host link %s: %w", i, s.HostIf, ErrGone)
+	}
+	s.HostIfIndex = idx
+	return s, nil
+}
+
+// boundSlot returns slot i with the identity of the namespace bound at its
+// netns file, or an error wrapping [ErrGone] when none is bound there.
+func (m *Manager) boundSlot(i int) (*Slot, error) {
 	if err := m.checkIndex(i); err != nil {
 		return nil, err
 	}
@@ -36,14 +54,6 @@ func (m *Manager) Lookup(i int) (*Slot, error) {
 		return nil, fmt.Errorf("slot %d: %w", i, err)
 	}
 	s.NetnsID = id
-	idx, err := linkIndex(s.HostIf)
-	if err != nil {
-		return nil, fmt.Errorf("slot %d: %w", i, err)
-	}
-	if idx == 0 {
-		return nil, fmt.Errorf("slot %d: host link %s: %w", i, s.HostIf, ErrGone)
-	}
-	s.HostIfIndex = idx
 	return &s, nil
 }
 
@@ -61,20 +71,13 @@ func (m *Manager) Lookup(i int) (*Slot, error) {
 // recorded index with ioctl(SIOCGIFNAME), one lookup that never loads a
 // module, and goes to netlink only to say why a link is not the one recorded.
 func (m *Manager) Identify(i int, ns netns.ID, hostIfIndex int) (*Slot, error) {
-	if err := m.checkIndex(i); err != nil {
+	s, err := m.boundSlot(i)
+	if err != nil {
 		return nil, err
 	}
-	s := m.cfg.Slot(i)
-	id, err := netns.Stat(s.NetnsPath)
-	switch {
-	case errors.Is(err, unix.ENOENT) || errors.Is(err, netns.ErrNotNamespace):
-		return nil, fmt.Errorf("slot %d: namespace %s: %w", i, s.NetnsPath, ErrGone)
-	case err != nil:
-		return nil, fmt.Errorf("slot %d: %w", i, err)
-	case id != ns:
+	if s.NetnsID != ns {
 		return nil, fmt.Errorf("slot %d: the namespace at %s is not the one recorded (made again since): %w", i, s.NetnsPath, ErrGone)
 	}
-	s.NetnsID = id
 	p, err := newLinkProbe()
 	if err != nil {
 		return nil, err
@@ -97,7 +100,7 @@ func (m *Manager) Identify(i int, ns netns.ID, hostIfIndex int) (*Slot, error) {
 		}
 	}
 	s.HostIfIndex = hostIfIndex
-	return &s, nil
+	return s, nil
 }
 
 // RepairHost puts back what the host link of slot s needs to carry traffic,
