@@ -30,6 +30,8 @@
 // [AssertConsistent] checks that the log itself is whole. [WaitState] and
 // [WaitPhase] replay the log from its start, so they see states already
 // passed, and fail fast when what they wait for can no longer happen.
+// [WaitSnapshot] waits for what the log does not name in one event (a
+// warning raised or cleared, a task's progress) on the latest snapshots.
 //
 // The file adopter_test.go in this package is a complete example to copy.
 package phasetest

@@ -357,3 +357,30 @@ func TestRecorderNotesEventsOutOfSequence(t *testing.T) {
 		t.Fatalf("Events = %v", got)
 	}
 }
+
+// WaitSnapshot finds a condition that already holds, one that comes later
+// (a warning raised after the wait began), and fails with the last
+// snapshot when the condition never comes.
+func TestWaitSnapshot(t *testing.T) {
+	h := phasetest.New(t, []lifecycle.Phase{{Name: "lock", Run: nop}}).RequireStart()
+	lc := h.Lifecycle
+	serving := func(s lifecycle.Snapshot) bool { return s.State == lifecycle.StateServing }
+	if s := phasetest.WaitSnapshot(t, lc, "serving", time.Minute, serving); s.State != lifecycle.StateServing {
+		t.Fatalf("returned %v", s)
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		lc.Warn("queue", "queue unreachable")
+	}()
+	warned := phasetest.WaitSnapshot(t, lc, "the warning", time.Minute, func(s lifecycle.Snapshot) bool { return len(s.Warnings) > 0 })
+	if len(warned.Warnings) != 1 || warned.Warnings[0].Name != "queue" {
+		t.Fatalf("returned warnings %v", warned.Warnings)
+	}
+	spy := newSpy(t)
+	spy.run(func(tb testing.TB) {
+		phasetest.WaitSnapshot(tb, lc, "a drain", 50*time.Millisecond, func(s lifecycle.Snapshot) bool { return s.State == lifecycle.StateDraining })
+	})
+	if !strings.Contains(spy.fatal, "no a drain within 50ms; last snapshot:") {
+		t.Errorf("failure does not say what it waited for: %s", spy.fatal)
+	}
+}

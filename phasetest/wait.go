@@ -99,3 +99,32 @@ func wait(t testing.TB, src Source, what string, timeout time.Duration, match fu
 	t.Fatalf("phasetest: waiting for %s: %s\n%s\n%s", what, why, m.summary(), formatLog(log))
 	return lifecycle.Event{}
 }
+
+// WaitSnapshot waits until a snapshot of lc satisfies ok — a warning
+// raised or cleared, a task's progress, anything the event log does not
+// say in so many words — and returns it. Snapshots are the latest-wins
+// kind (see [lifecycle.Lifecycle.Subscribe]): a condition that holds only
+// between two of them can be missed, so ok should describe a state that
+// lasts. It fails the test with the last snapshot when timeout passes
+// first; what names the condition in that message.
+func WaitSnapshot(t testing.TB, lc *lifecycle.Lifecycle, what string, timeout time.Duration, ok func(lifecycle.Snapshot) bool) lifecycle.Snapshot {
+	t.Helper()
+	ch, stop := lc.Subscribe()
+	defer stop()
+	if s := lc.Snapshot(); ok(s) {
+		return s
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		select {
+		case s := <-ch:
+			if ok(s) {
+				return s
+			}
+		case <-deadline.C:
+			t.Fatalf("phasetest: no %s within %s; last snapshot: %v", what, timeout, lc.Snapshot())
+			return lifecycle.Snapshot{}
+		}
+	}
+}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -136,7 +135,7 @@ func TestWaitsForTheStoreLock(t *testing.T) {
 	started := make(chan error, 1)
 	go func() { started <- a.Start(context.Background()) }()
 
-	waitFor(t, a.Lifecycle(), "migrate waiting for the lock", func(s lifecycle.Snapshot) bool {
+	phasetest.WaitSnapshot(t, a.Lifecycle(), "migrate waiting for the lock", wait, func(s lifecycle.Snapshot) bool {
 		p, _ := s.Phase("migrate")
 		return strings.Contains(p.Progress.Message, "waiting for the lock")
 	})
@@ -343,24 +342,6 @@ func startCatalog(t *testing.T, cfg app.Config, cfgFile string) *app.App {
 	}
 	phasetest.Wrap(t, a).RequireStart()
 	return a
-}
-
-// waitFor waits until a snapshot of lc satisfies ok.
-func waitFor(t *testing.T, lc *lifecycle.Lifecycle, what string, ok func(lifecycle.Snapshot) bool) {
-	t.Helper()
-	ch, stop := lc.Subscribe()
-	defer stop()
-	timeout := time.After(wait)
-	for {
-		select {
-		case s := <-ch:
-			if ok(s) {
-				return
-			}
-		case <-timeout:
-			t.Fatalf("no %s within %s: %s", what, wait, fmt.Sprint(lc.Snapshot()))
-		}
-	}
 }
 
 // eventually polls cond until it holds, for what only an outside client

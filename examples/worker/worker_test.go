@@ -109,7 +109,7 @@ func TestWarnsWhileTheQueueIsGone(t *testing.T) {
 	q.waitResults(t, 3)
 
 	q.close()
-	waitFor(t, a.Lifecycle(), "the queue warning", func(s lifecycle.Snapshot) bool { return len(s.Warnings) > 0 })
+	phasetest.WaitSnapshot(t, a.Lifecycle(), "the queue warning", wait, func(s lifecycle.Snapshot) bool { return len(s.Warnings) > 0 })
 	code, body := get(t, addr, "/health")
 	if code != http.StatusOK || !strings.Contains(body, `"status":"warn"`) || !strings.Contains(body, "serving; 1 warning: queue: cannot reach "+q.url) {
 		t.Errorf("/health without the queue: %d %s", code, body)
@@ -121,7 +121,7 @@ func TestWarnsWhileTheQueueIsGone(t *testing.T) {
 	}
 	q2 := serveQueue(t, l, 2)
 	q2.waitResults(t, 2)
-	waitFor(t, a.Lifecycle(), "the warning cleared", func(s lifecycle.Snapshot) bool { return len(s.Warnings) == 0 })
+	phasetest.WaitSnapshot(t, a.Lifecycle(), "the warning cleared", wait, func(s lifecycle.Snapshot) bool { return len(s.Warnings) == 0 })
 }
 
 // A stop while a job is in hand lets the job finish and its result be
@@ -139,7 +139,7 @@ func TestStopFinishesTheJobInHand(t *testing.T) {
 	<-inHand
 	stopped := make(chan error, 1)
 	go func() { stopped <- a.Stop(context.Background()) }()
-	waitFor(t, a.Lifecycle(), "the drain", func(s lifecycle.Snapshot) bool { return s.State == lifecycle.StateDraining })
+	phasetest.WaitSnapshot(t, a.Lifecycle(), "the drain", wait, func(s lifecycle.Snapshot) bool { return s.State == lifecycle.StateDraining })
 	close(release)
 	if err := <-stopped; err != nil {
 		t.Fatalf("stop: %v", err)
@@ -306,24 +306,6 @@ func reservePort(t *testing.T) (addr string, listen func() net.Listener) {
 			t.Fatal(err)
 		}
 		return l
-	}
-}
-
-// waitFor waits until a snapshot of lc satisfies ok.
-func waitFor(t *testing.T, lc *lifecycle.Lifecycle, what string, ok func(lifecycle.Snapshot) bool) {
-	t.Helper()
-	ch, stop := lc.Subscribe()
-	defer stop()
-	timeout := time.After(wait)
-	for {
-		select {
-		case s := <-ch:
-			if ok(s) {
-				return
-			}
-		case <-timeout:
-			t.Fatalf("no %s within %s", what, wait)
-		}
 	}
 }
 
