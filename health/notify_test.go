@@ -68,6 +68,16 @@ func (ns *notifySocket) snapshot() []string {
 	return slices.Clone(ns.lines)
 }
 
+// beforeMark returns every line received before a new mark. Not
+// snapshot()[:mark(t)]: operands are evaluated left to right, so that
+// snapshot is taken before the mark arrives and can be shorter than it
+// (a panic seen in CI).
+func (ns *notifySocket) beforeMark(t *testing.T) []string {
+	t.Helper()
+	m := ns.mark(t)
+	return ns.snapshot()[:m]
+}
+
 // mark sends a line of its own to the socket and waits for it: every
 // datagram sent before mark was called has then been received, so the
 // lines before the mark are all there are.
@@ -419,7 +429,7 @@ func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
 
 	// Failing from the first check: not one WATCHDOG=1.
 	eventually(t, "three failed checks", func() bool { f, _ := counts(); return f >= 3 })
-	if k := watchdogs(ns.snapshot()[:ns.mark(t)]); k != 0 {
+	if k := watchdogs(ns.beforeMark(t)); k != 0 {
 		t.Fatalf("%d WATCHDOG=1 while the check failed", k)
 	}
 	if err := n.AliveErr(); !errors.Is(err, errStuck) {
@@ -507,7 +517,7 @@ func TestNotifierExtendsOnlyWhileStartProgresses(t *testing.T) {
 	// start itself (starting, reclaim running, its total) is at most 3
 	// changes, so at most 3 extensions.
 	time.Sleep(20 * extend)
-	stuck := extendLines(ns.snapshot()[:ns.mark(t)])
+	stuck := extendLines(ns.beforeMark(t))
 	if len(stuck) > 3 {
 		t.Fatalf("%d extensions while the start made no progress for %v: %q", len(stuck), 20*extend, stuck)
 	}
@@ -517,7 +527,7 @@ func TestNotifierExtendsOnlyWhileStartProgresses(t *testing.T) {
 	ns.waitLine(t, "an extension after progress", func(string) bool { return len(extendLines(ns.snapshot())) > len(stuck) })
 	// And stuck again: at most one more for that step.
 	time.Sleep(20 * extend)
-	if again := extendLines(ns.snapshot()[:ns.mark(t)]); len(again) > len(stuck)+1 {
+	if again := extendLines(ns.beforeMark(t)); len(again) > len(stuck)+1 {
 		t.Errorf("%d extensions after one step and a stuck start, want at most %d: %q", len(again), len(stuck)+1, again)
 	}
 }
@@ -542,7 +552,7 @@ func TestNotifierStartBudget(t *testing.T) {
 			step <- struct{}{}
 		}
 		time.Sleep(300 * time.Millisecond) // five extension periods of 60 ms
-		lines := extendLines(ns.snapshot()[:ns.mark(t)])
+		lines := extendLines(ns.beforeMark(t))
 		if len(lines) != 1 {
 			t.Fatalf("extensions %q, want exactly one", lines)
 		}
@@ -564,7 +574,7 @@ func TestNotifierStartBudget(t *testing.T) {
 		defer n.Close()
 		go func() { _ = lc.Start(context.Background()) }()
 		ns.waitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
-		if lines := extendLines(ns.snapshot()[:ns.mark(t)]); len(lines) != 0 {
+		if lines := extendLines(ns.beforeMark(t)); len(lines) != 0 {
 			t.Errorf("asked for %q beyond a spent budget", lines)
 		}
 	})

@@ -144,6 +144,11 @@ func describe(t *testing.T, s *slot.Slot, nsPath string, skipSysctls ...bool) st
 	}
 	id = netns.ID{Dev: sb.Dev, Ino: sb.Ino}
 	for _, pid := range procs[id] {
+		if pid == os.Getpid() {
+			// This test's own threads enter namespaces to read them
+			// (here, and the pool's fill); they are never the tenant's.
+			continue
+		}
 		add("processes", "%s", netns.Comm(pid))
 	}
 	// x_tables (iptables-legacy) tables and every sysctl under /proc/sys/net,
