@@ -252,7 +252,7 @@ func loadTimeline(t *testing.T, chrome, url, shotDir string) (int, string) {
 func TestDemo(t *testing.T) {
 	h := newHost(t)
 	dir := filepath.Join(t.TempDir(), "demo")
-	cmd := exec.Command(binary, "demo", "--leaked=40", "--prefix="+h.prefix, "--dir="+dir, "--listen="+freePort(t))
+	cmd := exec.Command(binary, "demo", "--leaked=400", "--prefix="+h.prefix, "--dir="+dir, "--listen="+freePort(t))
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -332,7 +332,7 @@ wait:
 		t.Fatal("demo did not exit after Ctrl-C")
 	}
 	o := out.String()
-	for _, want := range []string{"1. Leaking 40 slots", "\nserving lock=succeeded", " 503 fail: starting", " 200 ", "cleaned up: the daemon stopped"} {
+	for _, want := range []string{"1. Leaking 400 slots", "\nserving lock=succeeded", " 503 fail: starting", " 200 ", "cleaned up: the daemon stopped"} {
 		if !strings.Contains(o, want) {
 			t.Errorf("demo output lacks %q", want)
 		}
