@@ -90,6 +90,9 @@ type Config struct {
 	RequireClientCert bool
 	// Insecure allows a non-loopback Listen without TLS.
 	Insecure bool
+	// Control is the control surface: the socket the Slots API is served
+	// on, and who may do what there.
+	Control ControlConfig
 	// Expected maps a phase to the time after which, still running, it is
 	// logged as slow with its progress; nil means [DefaultExpected], a
 	// zero duration never warns.
@@ -122,6 +125,7 @@ func DefaultConfig() Config {
 		StateDir:          "/run/phasegate",
 		LockDir:           lockfile.DefaultDir,
 		Slots:             slot.DefaultConfig(),
+		Control:           ControlConfig{GID: -1},
 		ReclaimWorkers:    slot.DefaultWorkers,
 		ReclaimMode:       ReclaimBackground,
 		PoolSize:          16,
@@ -158,6 +162,8 @@ func (c Config) Validate() error {
 		bad("--tls-client-ca needs --tls-cert and --tls-key")
 	}
 	if err := checkDir("--state-dir", c.StateDir); err != nil {
+		bad("%v", err)
+	} else if err := c.validateControl(); err != nil {
 		bad("%v", err)
 	}
 	if err := checkDir("--netns-dir", c.Slots.NetnsDir); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +15,10 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"google.golang.org/grpc"
+
 	"github.com/phasegate/phasegate/app"
+	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
@@ -24,6 +28,7 @@ import (
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/network/storage"
 	"github.com/phasegate/phasegate/phases/lockfile"
+	"github.com/phasegate/phasegate/server"
 )
 
 // Phase names, in the order of DESIGN.md section 3. Listen and serve are
@@ -61,7 +66,11 @@ type Daemon struct {
 	idx        *storage.Storage
 	pool       *pool.Pool
 	slots      *slotsService
-	deadDone   chan struct{} // closed when the dead slots are reclaimed
+	tcpGuard   *control.Guard  // the Slots API's on the port (New)
+	ctl        *server.Server  // the control socket's server (lock phase)
+	ctlSocket  *control.Socket // its path, removed at an orderly stop
+	ctlFile    *os.File        // its descriptor, for an upgrade
+	deadDone   chan struct{}   // closed when the dead slots are reclaimed
 	// The background reclaim's own context: a drain does not end it (the
 	// pool's stop waits for it), its stop timeout or an upgrade does.
 	reclaimCtx    context.Context
@@ -98,15 +107,20 @@ func New(cfg Config) (*Daemon, error) {
 		ListenAfter:       []string{listenAfter},
 		TLS:               cfg.TLS,
 		RequireClientCert: cfg.RequireClientCert,
-		GRPCOptions:       d.obs.grpcOptions(),
-		StartTimeout:      cfg.StartTimeout,
-		DrainDelay:        cfg.DrainDelay,
-		StopTimeout:       cfg.StopTimeout,
-		Expected:          expected,
-		Logger:            log,
-		TracerProvider:    cfg.TracerProvider,
-		UpgradeOnHangup:   cfg.UpgradeOnHangup,
-		UpgradePreflight:  cfg.UpgradePreflight,
+		// The guard is made once the App gives its meter; the port
+		// serves nothing before that.
+		GRPCOptions: append(d.obs.grpcOptions(), grpc.ChainUnaryInterceptor(
+			func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				return d.tcpGuard.Intercept(ctx, req, info, h)
+			})),
+		StartTimeout:     cfg.StartTimeout,
+		DrainDelay:       cfg.DrainDelay,
+		StopTimeout:      cfg.StopTimeout,
+		Expected:         expected,
+		Logger:           log,
+		TracerProvider:   cfg.TracerProvider,
+		UpgradeOnHangup:  cfg.UpgradeOnHangup,
+		UpgradePreflight: cfg.UpgradePreflight,
 	}, d.graph()...)
 	if err != nil {
 		return nil, fmt.Errorf("phases: %w", err) // the config was validated: a bug in the graph
@@ -122,6 +136,9 @@ func New(cfg Config) (*Daemon, error) {
 		return fail(fmt.Errorf("%w: the listening socket handed over is %s, not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", ErrConfig, addr))
 	}
 	if err := d.obs.init(a.MeterProvider()); err != nil {
+		return fail(err)
+	}
+	if d.tcpGuard, err = d.newGuard("tcp"); err != nil {
 		return fail(err)
 	}
 	if err := a.Server().Declare(slotsServiceDesc()); err != nil {
@@ -188,7 +205,7 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 		d.lock = l
 		d.app.HandOver(lockHandover, l.File())
 		p.SetMessage("kept across the upgrade")
-		return nil
+		return lifecycle.Permanent(d.openControl(ctx))
 	}
 	if d.cfg.LockWait > 0 {
 		p.SetMessage("waiting up to " + d.cfg.LockWait.String() + " for " + path)
@@ -202,7 +219,17 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	d.lock = l
 	d.app.HandOver(lockHandover, l.File())
+	if err := d.openControl(ctx); err != nil {
+		return lifecycle.Permanent(errors.Join(err, d.unlock()))
+	}
 	return nil
+}
+
+// unlock releases the lock of a start that cannot go on.
+func (d *Daemon) unlock() error {
+	err := d.lock.Unlock()
+	d.lock = nil
+	return err
 }
 
 // openStore opens the records once the lock is held: only the holder of
@@ -227,12 +254,12 @@ const lockHandover = "lock"
 // stopLock closes the records and releases the lock, except for an
 // upgrade: the new image takes the lock's descriptor over, so no other
 // daemon can slip in between.
-func (d *Daemon) stopLock(context.Context) error {
-	var err error
+func (d *Daemon) stopLock(ctx context.Context) error {
+	err := d.closeControl(ctx)
 	if d.store != nil {
-		err = d.store.Close()
+		err = errors.Join(err, d.store.Close())
 	}
-	if d.app.Upgrading() {
+	if d.app.Upgrading() || d.lock == nil {
 		return err
 	}
 	return errors.Join(err, d.lock.Unlock())
@@ -757,11 +784,16 @@ func (d *Daemon) stopPool(ctx context.Context) error {
 }
 
 func (d *Daemon) runRegister(_ context.Context, p *lifecycle.Progress) error {
-	srv := d.app.Server()
-	if err := srv.Bind(slotsServiceName, d.slots); err != nil {
+	// The port serves the Slots API only to clients with a verified
+	// certificate (the guard refuses the others); the control socket to
+	// whom the kernel names.
+	if err := d.app.Server().Bind(slotsServiceName, d.slots); err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if err := srv.Handle("GET /debug/slots", d.slots.debugHandler()); err != nil {
+	if err := d.ctl.Bind(slotsServiceName, d.slots); err != nil {
+		return lifecycle.Permanent(err)
+	}
+	if err := d.ctl.BindHTTP(pathDebugSlots, d.slots.debugHandler(d.cfg.controlPolicy())); err != nil {
 		return lifecycle.Permanent(err)
 	}
 	p.Defer(taskLeases, func(ctx context.Context, _ *lifecycle.Progress) error {

@@ -2,6 +2,7 @@ package phases
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -48,6 +50,10 @@ type lease struct {
 // and the durable records. Every lease is recorded before Acquire replies;
 // Release and KeepAlive compare the lease id in the same transaction that
 // changes the record.
+//
+// Every call is authorized against its caller ([control.CallerFrom], put
+// there by the control surface's guard): a call without one is refused.
+// A lease is bound to the principal that took it.
 type slotsService struct {
 	phasegatev1.UnimplementedSlotsServer
 
@@ -61,8 +67,9 @@ type slotsService struct {
 
 	acquiring singleflight.Group // one Acquire per owner and request id at a time
 
-	mu     sync.Mutex
-	leased map[int]*lease // by index, lost ones included
+	mu      sync.Mutex
+	leased  map[int]*lease // by index, lost ones included
+	pending map[string]int // Acquires under way, by principal: counted against its quota
 }
 
 // leaseEvents counts what happens to leases (the daemon's metrics); nil
@@ -71,7 +78,8 @@ type leaseEvents func(event string, n int)
 
 func newSlotsService(cfg slot.Config, idx *storage.Storage, pl *pool.Pool, store *leases.Store, restored []*lease,
 	log *slog.Logger, tracer trace.Tracer, events leaseEvents) *slotsService {
-	s := &slotsService{cfg: cfg, idx: idx, pool: pl, store: store, log: log, tracer: tracer, events: events, leased: map[int]*lease{}}
+	s := &slotsService{cfg: cfg, idx: idx, pool: pl, store: store, log: log, tracer: tracer, events: events,
+		leased: map[int]*lease{}, pending: map[string]int{}}
 	for _, l := range restored {
 		s.leased[l.rec.Index] = l
 	}
@@ -111,6 +119,22 @@ func (s *slotsService) checkIndex(i uint32) error {
 	return nil
 }
 
+// callerOf returns who makes the call. The control surface's guard puts
+// the caller in every call it admits; a call without one came some other
+// way and is refused.
+func callerOf(ctx context.Context) (control.Caller, error) {
+	c, ok := control.CallerFrom(ctx)
+	if !ok {
+		return control.Caller{}, status.Error(codes.Unauthenticated, "the Slots API is served only on the control surface")
+	}
+	return c, nil
+}
+
+// sameLease compares lease ids in constant time: a lease id is a
+// capability, and the time a comparison takes must not tell how much of a
+// guess was right.
+func sameLease(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
 // acquired is Acquire's answer: the lease, and whether it existed already
 // (a retry).
 type acquired struct {
@@ -130,19 +154,26 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	if req.GetTtl() != nil && (!req.GetTtl().IsValid() || ttl < 0) {
 		return nil, status.Error(codes.InvalidArgument, "ttl must be a non-negative duration")
 	}
-	var (
-		a   acquired
-		err error
-	)
+	c, err := callerOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	owner := req.GetOwner()
+	control.Note(ctx, "owner", owner, "request_id", req.GetRequestId())
+	if !c.Grant.MayLease(owner) {
+		return nil, status.Errorf(codes.PermissionDenied, "%s may not lease slots for owner %q (the control policy grants it no such owner)", c.Principal, owner)
+	}
+	var a acquired
 	if req.GetRequestId() == "" {
-		a, err = s.acquire(ctx, req.GetOwner(), "", ttl)
+		a, err = s.acquire(ctx, c, owner, "", ttl)
 	} else {
 		// Concurrent retries of one request wait for the first: they must
-		// get its slot, not one each.
-		key := req.GetOwner() + "\x00" + req.GetRequestId()
+		// get its slot, not one each. The key holds the principal: a
+		// retry by anyone else must not share the first call's answer.
+		key := c.Principal.String() + "\x00" + owner + "\x00" + req.GetRequestId()
 		var v any
 		v, err, _ = s.acquiring.Do(key, func() (any, error) {
-			a, err := s.acquire(ctx, req.GetOwner(), req.GetRequestId(), ttl)
+			a, err := s.acquire(ctx, c, owner, req.GetRequestId(), ttl)
 			return a, err
 		})
 		if err == nil {
@@ -152,6 +183,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	if err != nil {
 		return nil, err
 	}
+	control.Note(ctx, "slot", a.l.rec.Index, "retry", a.retry)
 	st := phasegatev1.SlotState_SLOT_STATE_ACQUIRED
 	if a.l.slot == nil {
 		st = phasegatev1.SlotState_SLOT_STATE_LOST
@@ -159,15 +191,24 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	return &phasegatev1.AcquireResponse{Slot: s.describe(a.l.rec.Index, st, a.l), LeaseId: a.l.rec.LeaseID}, nil
 }
 
-func (s *slotsService) acquire(ctx context.Context, owner, requestID string, ttl time.Duration) (acquired, error) {
+func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration) (acquired, error) {
+	principal := c.Principal.String()
 	if requestID != "" {
 		if l, ok, err := s.byRequest(owner, requestID); err != nil {
 			return acquired{}, err
 		} else if ok {
+			if err := retriedBy(l, principal); err != nil {
+				return acquired{}, err
+			}
 			s.log.Info("slot acquire retried: same lease", "slot", l.rec.Index, "owner", owner, "request_id", requestID)
 			return acquired{l: l, retry: true}, nil
 		}
 	}
+	done, err := s.reserve(principal, c.Grant.MaxLeases)
+	if err != nil {
+		return acquired{}, err
+	}
+	defer done()
 	sl, err := s.pool.Get(ctx)
 	switch {
 	case errors.Is(err, pool.ErrClosed):
@@ -182,7 +223,7 @@ func (s *slotsService) acquire(ctx context.Context, owner, requestID string, ttl
 	now := time.Now()
 	rec := leases.Record{
 		Index: sl.Index, State: leases.Leased,
-		Owner: owner, LeaseID: leases.NewLeaseID(), RequestID: requestID,
+		Owner: owner, LeaseID: leases.NewLeaseID(), RequestID: requestID, Principal: principal,
 		Acquired: now, TTL: ttl,
 		Netns: sl.NetnsID, HostIfindex: sl.HostIfIndex, Created: now,
 	}
@@ -201,6 +242,9 @@ func (s *slotsService) acquire(ctx context.Context, owner, requestID string, ttl
 		case errors.As(err, &dup):
 			// A retry on another daemon image's connection won the race.
 			if l, ok, lerr := s.byRequest(owner, requestID); lerr == nil && ok {
+				if err := retriedBy(l, principal); err != nil {
+					return acquired{}, err
+				}
 				return acquired{l: l, retry: true}, nil
 			}
 			return acquired{}, status.Errorf(codes.Aborted, "request %q of %q is being served: retry", requestID, owner)
@@ -217,8 +261,45 @@ func (s *slotsService) acquire(ctx context.Context, owner, requestID string, ttl
 	s.leased[sl.Index] = l
 	s.mu.Unlock()
 	s.count("acquired")
-	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "ttl", ttl.String())
+	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "principal", principal, "ttl", ttl.String())
 	return acquired{l: l}, nil
+}
+
+// retriedBy refuses a retried Acquire whose caller is not the principal
+// that took the lease: the lease id goes only to its principal.
+func retriedBy(l *lease, principal string) error {
+	if l.rec.Principal == principal {
+		return nil
+	}
+	return status.Errorf(codes.AlreadyExists, "request %q of owner %q was made by another principal: its lease is not yours (choose another request id)",
+		l.rec.RequestID, l.rec.Owner)
+}
+
+// reserve counts an Acquire under way against its principal's quota of
+// leases (0: none), with the leases it holds; done ends the reservation,
+// once the lease is held or the Acquire failed.
+func (s *slotsService) reserve(principal string, quota int) (done func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if quota > 0 {
+		held := s.pending[principal]
+		for _, l := range s.leased {
+			if l.rec.Principal == principal {
+				held++
+			}
+		}
+		if held >= quota {
+			return nil, status.Errorf(codes.ResourceExhausted, "%s holds %d leases, its quota (--max-leases, or max_leases in the control policy): release one first", principal, held)
+		}
+	}
+	s.pending[principal]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.pending[principal]--; s.pending[principal] == 0 {
+			delete(s.pending, principal)
+		}
+	}, nil
 }
 
 // byRequest finds the lease an earlier Acquire of this request recorded.
@@ -250,7 +331,7 @@ func (s *slotsService) endLease(ctx context.Context, i int, leaseID string) (*le
 		if r.State != leases.Leased {
 			return leases.ErrNotFound
 		}
-		if leaseID != "" && r.LeaseID != leaseID {
+		if leaseID != "" && !sameLease(r.LeaseID, leaseID) {
 			return errWrongLease
 		}
 		return leases.ErrRemove
@@ -278,14 +359,40 @@ func leaseError(i int, err error) error {
 	return status.Errorf(codes.Internal, "slot %d: %v", i, err)
 }
 
+// mayChange refuses a Release or KeepAlive of slot i by a caller that is
+// neither the principal of its lease nor one the policy lets act for the
+// lease's owner. A slot that is not leased is left for the lease check to
+// answer, the same for every caller.
+func (s *slotsService) mayChange(ctx context.Context, c control.Caller, i int) error {
+	s.mu.Lock()
+	l := s.leased[i]
+	s.mu.Unlock()
+	if l == nil {
+		return nil
+	}
+	control.Note(ctx, "owner", l.rec.Owner)
+	if l.rec.Principal == c.Principal.String() || c.Grant.MayLease(l.rec.Owner) {
+		return nil
+	}
+	return status.Errorf(codes.PermissionDenied, "slot %d: %s may not act for the owner of its lease", i, c.Principal)
+}
+
 // Release implements phasegate.v1.Slots.
 func (s *slotsService) Release(ctx context.Context, req *phasegatev1.ReleaseRequest) (*phasegatev1.ReleaseResponse, error) {
+	c, err := callerOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.checkIndex(req.GetIndex()); err != nil {
 		return nil, err
 	}
 	i := int(req.GetIndex())
+	control.Note(ctx, "slot", i)
 	if req.GetLeaseId() == "" {
 		return nil, status.Errorf(codes.PermissionDenied, "slot %d: lease_id is required", i)
+	}
+	if err := s.mayChange(ctx, c, i); err != nil {
+		return nil, err
 	}
 	l, err := s.endLease(ctx, i, req.GetLeaseId())
 	if err != nil {
@@ -293,7 +400,7 @@ func (s *slotsService) Release(ctx context.Context, req *phasegatev1.ReleaseRequ
 	}
 	s.giveBack(context.WithoutCancel(ctx), l)
 	s.count("released")
-	s.log.Info("slot released", "slot", i, "owner", l.rec.Owner, "held", time.Since(l.rec.Acquired).Round(time.Millisecond).String())
+	s.log.Info("slot released", "slot", i, "owner", l.rec.Owner, "principal", c.Principal.String(), "held", time.Since(l.rec.Acquired).Round(time.Millisecond).String())
 	return &phasegatev1.ReleaseResponse{}, nil
 }
 
@@ -317,19 +424,27 @@ func (s *slotsService) giveBack(ctx context.Context, l *lease) {
 
 // KeepAlive implements phasegate.v1.Slots.
 func (s *slotsService) KeepAlive(ctx context.Context, req *phasegatev1.KeepAliveRequest) (*phasegatev1.KeepAliveResponse, error) {
+	c, err := callerOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.checkIndex(req.GetIndex()); err != nil {
 		return nil, err
 	}
 	i := int(req.GetIndex())
+	control.Note(ctx, "slot", i)
 	if req.GetLeaseId() == "" {
 		return nil, status.Errorf(codes.PermissionDenied, "slot %d: lease_id is required", i)
+	}
+	if err := s.mayChange(ctx, c, i); err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	rec, err := s.store.Update(ctx, i, func(r *leases.Record) error {
 		if r.State != leases.Leased {
 			return leases.ErrNotFound
 		}
-		if r.LeaseID != req.GetLeaseId() {
+		if !sameLease(r.LeaseID, req.GetLeaseId()) {
 			return errWrongLease
 		}
 		if r.TTL > 0 {
@@ -399,22 +514,34 @@ func (s *slotsService) runExpiry(ctx context.Context, interval time.Duration) er
 }
 
 // Get implements phasegate.v1.Slots.
-func (s *slotsService) Get(_ context.Context, req *phasegatev1.GetRequest) (*phasegatev1.GetResponse, error) {
+func (s *slotsService) Get(ctx context.Context, req *phasegatev1.GetRequest) (*phasegatev1.GetResponse, error) {
+	c, err := callerOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.checkIndex(req.GetIndex()); err != nil {
 		return nil, err
 	}
-	all := s.states(true)
-	return &phasegatev1.GetResponse{Slot: all[req.GetIndex()-1]}, nil
+	all := s.states(true, func(string) bool { return true })
+	sl := all[req.GetIndex()-1]
+	if sl.GetOwner() != "" && !c.Grant.MayRead(sl.GetOwner()) {
+		return nil, status.Errorf(codes.PermissionDenied, "slot %d is leased to an owner %s may not see", req.GetIndex(), c.Principal)
+	}
+	return &phasegatev1.GetResponse{Slot: sl}, nil
 }
 
 // List implements phasegate.v1.Slots.
-func (s *slotsService) List(_ context.Context, req *phasegatev1.ListRequest) (*phasegatev1.ListResponse, error) {
-	return &phasegatev1.ListResponse{Slots: s.states(req.GetIncludeFree())}, nil
+func (s *slotsService) List(ctx context.Context, req *phasegatev1.ListRequest) (*phasegatev1.ListResponse, error) {
+	c, err := callerOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &phasegatev1.ListResponse{Slots: s.states(req.GetIncludeFree(), c.Grant.MayRead)}, nil
 }
 
 // states describes every slot (indices 1..N in order), or every slot that is
-// not free.
-func (s *slotsService) states(includeFree bool) []*phasegatev1.Slot {
+// not free, leaving out the leases of owners mayRead refuses.
+func (s *slotsService) states(includeFree bool, mayRead func(owner string) bool) []*phasegatev1.Slot {
 	ps := s.pool.Snapshot()
 	ss := s.idx.Snapshot()
 	s.mu.Lock()
@@ -446,7 +573,7 @@ func (s *slotsService) states(includeFree bool) []*phasegatev1.Slot {
 		case ss.States[i-1] != storage.Free:
 			st = phasegatev1.SlotState_SLOT_STATE_BUSY // being made or torn down
 		}
-		if st == phasegatev1.SlotState_SLOT_STATE_FREE && !includeFree {
+		if st == phasegatev1.SlotState_SLOT_STATE_FREE && !includeFree || l != nil && !mayRead(l.rec.Owner) {
 			continue
 		}
 		out = append(out, s.describe(i, st, l))
@@ -475,6 +602,7 @@ func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease) *phas
 			out.ExpiresAt = timestamppb.New(l.rec.Expires)
 		}
 		out.LostReason = l.lostReason
+		out.Principal = l.rec.Principal
 	}
 	return out
 }
@@ -491,10 +619,22 @@ func (s *slotsService) counts() (held, lost int) {
 	return len(s.leased), lost
 }
 
-// debugHandler serves List as JSON at /debug/slots (?all=1 adds free ones).
-func (s *slotsService) debugHandler() http.Handler {
+// debugHandler serves List as JSON at /debug/slots (?all=1 adds free ones)
+// on the control surface, to the callers policy grants something, each
+// seeing what List shows it.
+func (s *slotsService) debugHandler(policy *control.Policy) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		list := &phasegatev1.ListResponse{Slots: s.states(r.URL.Query().Has("all"))}
+		pr, err := control.IdentifyRequest(r)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		g := policy.Grant(pr)
+		if g.Empty() {
+			http.Error(w, pr.String()+" may do nothing on the control surface: no rule of the daemon's control policy grants it anything", http.StatusForbidden)
+			return
+		}
+		list := &phasegatev1.ListResponse{Slots: s.states(r.URL.Query().Has("all"), g.MayRead)}
 		b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(list)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -86,6 +87,22 @@ func newSlotsRig(t *testing.T, n, target int) *slotsRig {
 	return &slotsRig{svc: newSlotsService(cfg, idx, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil), pool: pl, store: store}
 }
 
+// Principals of the tests: root on the socket, and two unprivileged users.
+var (
+	root   = control.Principal{Kind: control.Unix}
+	alice  = control.Principal{Kind: control.Unix, UID: 1001, GID: 1001}
+	mallet = control.Principal{Kind: control.Unix, UID: 65534, GID: 65534}
+)
+
+// as returns ctx as the guard leaves it for a call of pr under policy p
+// (nil: no rule, root alone may act).
+func as(ctx context.Context, pr control.Principal, p *control.Policy) context.Context {
+	if p == nil {
+		p = &control.Policy{}
+	}
+	return control.WithCaller(ctx, control.Caller{Principal: pr, Grant: p.Grant(pr)})
+}
+
 // A caller whose deadline ends as its slot is taken from the pool gets an
 // error, and the slot goes back to the pool: before, it stayed handed out,
 // unrecorded and unreleasable until a restart.
@@ -93,7 +110,7 @@ func TestAcquireWhoseCallerLeftLeaksNothing(t *testing.T) {
 	r := newSlotsRig(t, 4, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the caller is gone by the time the slot would be recorded
-	_, err := r.svc.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "late", RequestId: "r1"})
+	_, err := r.svc.Acquire(as(ctx, root, nil), &phasegatev1.AcquireRequest{Owner: "late", RequestId: "r1"})
 	if status.Code(err) != codes.Canceled {
 		t.Fatalf("Acquire = %v, want Canceled", err)
 	}
@@ -105,7 +122,7 @@ func TestAcquireWhoseCallerLeftLeaksNothing(t *testing.T) {
 		t.Fatalf("records after an abandoned Acquire: %v %v", recs, err)
 	}
 	// The slot is leasable again, by a caller that stays.
-	resp, err := r.svc.Acquire(context.Background(), &phasegatev1.AcquireRequest{Owner: "next", RequestId: "r2"})
+	resp, err := r.svc.Acquire(as(context.Background(), root, nil), &phasegatev1.AcquireRequest{Owner: "next", RequestId: "r2"})
 	if err != nil || resp.GetSlot().GetIndex() != uint32(s.Idle[0]) {
 		t.Fatalf("Acquire after it: %v %v", resp, err)
 	}
@@ -144,7 +161,7 @@ func TestAcquireOnAFullStateFilesystem(t *testing.T) {
 	// ids soon need pages the filesystem cannot give.
 	long := strings.Repeat("x", 250)
 	for i := range 32 {
-		_, err = r.svc.Acquire(context.Background(), &phasegatev1.AcquireRequest{Owner: long, RequestId: fmt.Sprint(long[:240], i)})
+		_, err = r.svc.Acquire(as(context.Background(), root, nil), &phasegatev1.AcquireRequest{Owner: long, RequestId: fmt.Sprint(long[:240], i)})
 		if err != nil {
 			break
 		}

@@ -43,6 +43,15 @@ func (l *trackingListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	tc := &trackedConn{Conn: c, l: l, accepted: time.Now()}
+	if uc, ok := c.(*net.UnixConn); ok {
+		// The kernel keeps what the peer was at connect time. Without it
+		// (an error here), peer stays nil and every call on the
+		// connection is refused as unauthenticated: an error from Accept
+		// would end the multiplexer.
+		if pc, err := readPeerCred(uc); err == nil {
+			tc.peer = &pc
+		}
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -132,6 +141,7 @@ type trackedConn struct {
 	net.Conn
 	l          *trackingListener
 	accepted   time.Time
+	peer       *PeerCred // who connected, on a Unix socket
 	handedOver atomic.Bool
 	closeOnce  sync.Once
 }

@@ -37,7 +37,10 @@ type Config struct {
 	// ":7000". Ignored when Listener is set.
 	Addr string
 	// Listener, when set, is used instead of binding Addr (for example a
-	// socket handed over by systemd). The server closes it at Drain.
+	// socket handed over by systemd). The server closes it at Drain. On a
+	// Unix socket every connection carries its peer's credentials, read
+	// from the kernel: [PeerCredFromContext] returns them to gRPC
+	// interceptors, services and HTTP handlers.
 	Listener net.Listener
 
 	// SniffTimeout bounds how long a new connection may take to show
@@ -189,8 +192,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	cfg.TLS = tc
 	opts := cfg.GRPCOptions
-	if tc != nil {
+	switch {
+	case tc != nil:
 		opts = append(slices.Clip(opts), grpc.Creds(terminatedTLS{}))
+	case isUnix(cfg.Listener):
+		opts = append(slices.Clip(opts), grpc.Creds(unixCreds{}))
 	}
 	s := &Server{
 		cfg:      cfg,

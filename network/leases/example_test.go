@@ -48,7 +48,7 @@ func Example() {
 		}
 		rec := leases.Record{
 			Index: 7, State: leases.Leased,
-			Owner: owner, LeaseID: leases.NewLeaseID(), RequestID: request,
+			Owner: owner, LeaseID: leases.NewLeaseID(), RequestID: request, Principal: "uid:1000",
 			Acquired: now, TTL: 30 * time.Second, Expires: now.Add(30 * time.Second),
 			Netns:       netns.ID{Dev: 4, Ino: 4026532871}, // netns.Stat of the slot's file
 			HostIfindex: 412,

@@ -54,6 +54,11 @@ type Record struct {
 	// that took the slot; empty means the client sent none, and the record
 	// is then not in the request index (ByRequest cannot find it).
 	Owner, LeaseID, RequestID string
+	// Principal is who took the lease, as the control surface identified
+	// it ("uid:1000", "x509:spiffe://…"): only it, or a principal the
+	// policy lets act for Owner, may renew or release the lease, and only
+	// it gets the lease back from a retried Acquire. Set only when Leased.
+	Principal string
 	// Acquired is when the lease was granted; zero when Idle.
 	Acquired time.Time
 	// TTL is the lease's time to live. Zero means held until released
@@ -88,8 +93,8 @@ func (r *Record) validate() error {
 	if err := checkIndex(r.Index); err != nil {
 		return err
 	}
-	if len(r.Owner) > MaxIDLen || len(r.LeaseID) > MaxIDLen || len(r.RequestID) > MaxIDLen {
-		return bad("owner, lease id and request id are limited to %d bytes", MaxIDLen)
+	if len(r.Owner) > MaxIDLen || len(r.LeaseID) > MaxIDLen || len(r.RequestID) > MaxIDLen || len(r.Principal) > MaxIDLen {
+		return bad("owner, lease id, request id and principal are limited to %d bytes", MaxIDLen)
 	}
 	if r.HostIfindex < 0 || r.HostIfindex > math.MaxInt32 {
 		return bad("host ifindex %d out of range", r.HostIfindex)
@@ -99,12 +104,12 @@ func (r *Record) validate() error {
 	}
 	switch r.State {
 	case Idle:
-		if r.Owner != "" || r.LeaseID != "" || r.RequestID != "" || !r.Acquired.IsZero() || r.TTL != 0 || !r.Expires.IsZero() {
-			return bad("an idle record has no owner, lease, request, acquisition time, TTL or expiry")
+		if r.Owner != "" || r.LeaseID != "" || r.RequestID != "" || r.Principal != "" || !r.Acquired.IsZero() || r.TTL != 0 || !r.Expires.IsZero() {
+			return bad("an idle record has no owner, lease, request, principal, acquisition time, TTL or expiry")
 		}
 	case Leased:
-		if r.Owner == "" || r.LeaseID == "" {
-			return bad("a leased record needs an owner and a lease id")
+		if r.Owner == "" || r.LeaseID == "" || r.Principal == "" {
+			return bad("a leased record needs an owner, a lease id and a principal")
 		}
 		if r.Acquired.IsZero() {
 			return bad("a leased record needs its acquisition time")
@@ -198,7 +203,7 @@ func fill(m *recordpb.Record, r *Record) {
 	case Leased:
 		m.State = recordpb.State_STATE_LEASED
 	}
-	m.Owner, m.LeaseId, m.RequestId = r.Owner, r.LeaseID, r.RequestID
+	m.Owner, m.LeaseId, m.RequestId, m.Principal = r.Owner, r.LeaseID, r.RequestID, r.Principal
 	m.AcquiredUnixNano = unixNano(r.Acquired)
 	m.TtlNanos = int64(r.TTL)
 	m.ExpiresUnixNano = unixNano(r.Expires)
@@ -224,11 +229,18 @@ func decode(i int, v []byte) (Record, *recordpb.Record, error) {
 	if err := proto.Unmarshal(v, &m); err != nil {
 		return Record{}, nil, err
 	}
+	r, err := fromMessage(i, &m)
+	return r, &m, err
+}
+
+// fromMessage converts and checks a decoded message.
+func fromMessage(i int, m *recordpb.Record) (Record, error) {
 	r := Record{
 		Index:       i,
 		Owner:       m.Owner,
 		LeaseID:     m.LeaseId,
 		RequestID:   m.RequestId,
+		Principal:   m.Principal,
 		Acquired:    fromUnixNano(m.AcquiredUnixNano),
 		TTL:         time.Duration(m.TtlNanos),
 		Expires:     fromUnixNano(m.ExpiresUnixNano),
@@ -242,10 +254,10 @@ func decode(i int, v []byte) (Record, *recordpb.Record, error) {
 	case recordpb.State_STATE_LEASED:
 		r.State = Leased
 	default:
-		return Record{}, nil, fmt.Errorf("unknown state %d", m.State)
+		return Record{}, fmt.Errorf("unknown state %d", m.State)
 	}
 	if err := r.validate(); err != nil {
-		return Record{}, nil, err
+		return Record{}, err
 	}
-	return r, &m, nil
+	return r, nil
 }

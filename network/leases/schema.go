@@ -10,6 +10,9 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/phasegate/phasegate/network/leases/internal/recordpb"
 )
 
 // SchemaVersion is the layout this build reads and writes. Open upgrades a
@@ -17,7 +20,8 @@ import (
 //
 //	1  meta{schema, created}, slots{index -> record}
 //	2  adds requests{owner, request id -> index}, built from slots on upgrade
-const SchemaVersion = 2
+//	3  a leased record names its principal; those recorded before are root's
+const SchemaVersion = 3
 
 var (
 	bucketMeta     = []byte("meta")
@@ -44,6 +48,61 @@ type migration struct {
 // must be tested with a file of the layout it starts from.
 var migrations = []migration{
 	{to: 2, what: "build the request index", run: buildRequestIndex},
+	{to: 3, what: "name the principal of earlier leases", run: nameLegacyPrincipals},
+}
+
+// LegacyPrincipal is the principal schema 3 gives the leases recorded
+// before principals were: root on the control socket, the one principal
+// that may act for every owner without a policy, so that their owners'
+// tools running as root keep renewing and releasing them.
+const LegacyPrincipal = "uid:0"
+
+// nameLegacy gives a lease recorded without a principal
+// [LegacyPrincipal], and reports whether it did.
+func nameLegacy(m *recordpb.Record) bool {
+	if m.State != recordpb.State_STATE_LEASED || m.Principal != "" {
+		return false
+	}
+	m.Principal = LegacyPrincipal
+	return true
+}
+
+// nameLegacyPrincipals sets [LegacyPrincipal] on every leased record
+// without a principal, keeping each record's other fields, unknown ones
+// included. Records that do not decode are left for Load to report.
+func nameLegacyPrincipals(tx *bolt.Tx) error {
+	slots := tx.Bucket(bucketSlots)
+	type fix struct {
+		k, v []byte
+	}
+	var fixes []fix
+	if err := slots.ForEach(func(k, v []byte) error {
+		i, err := parseSlotKey(k)
+		if err != nil {
+			return err
+		}
+		var m recordpb.Record
+		if proto.Unmarshal(v, &m) != nil || !nameLegacy(&m) {
+			return nil
+		}
+		if _, err := fromMessage(i, &m); err != nil {
+			return nil // invalid for another reason: Load reports it
+		}
+		b, err := marshal(&m)
+		if err != nil {
+			return err
+		}
+		fixes = append(fixes, fix{append([]byte(nil), k...), b})
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, f := range fixes {
+		if err := slots.Put(f.k, f.v); err != nil {
+			return fmt.Errorf("slot %x: %w", f.k, err)
+		}
+	}
+	return nil
 }
 
 // required lists the buckets each schema has besides meta.
@@ -69,7 +128,14 @@ func buildRequestIndex(tx *bolt.Tx) error {
 		if err != nil {
 			return err
 		}
-		r, _, err := decode(i, v)
+		// Read as schema 3 reads it: the principal step comes after this
+		// one, and decode wants every lease to name one.
+		var m recordpb.Record
+		if proto.Unmarshal(v, &m) != nil {
+			return nil
+		}
+		nameLegacy(&m)
+		r, err := fromMessage(i, &m)
 		if err != nil {
 			return nil
 		}

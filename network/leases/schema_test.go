@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // writeSchema1 writes, with bbolt alone, a file of schema 1: meta and
@@ -68,7 +70,18 @@ func TestOpenUpgradesSchema1(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "leases.db")
 	dupLow, dupHigh := leased(5, "ci", "dup"), leased(8, "ci", "dup")
 	recs := []Record{leased(2, "ci", "a"), idle(3), dupHigh, dupLow, leased(9, "ci", "")}
-	writeSchema1(t, path, recs...)
+	// Schema 1 and 2 recorded no principal; schema 3 gives those leases
+	// root's.
+	var old []Record
+	for i := range recs {
+		r := recs[i]
+		r.Principal = ""
+		old = append(old, r)
+		if r.State == Leased {
+			recs[i].Principal = LegacyPrincipal
+		}
+	}
+	writeSchema1(t, path, old...)
 	origSlots := dumpSlots(t, path)
 
 	s, err := Open(path, Options{})
@@ -100,10 +113,10 @@ func TestOpenUpgradesSchema1(t *testing.T) {
 	bdb.Close()
 	if err := s.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
-		if v := string(meta.Get(keySchema)); v != "2" {
+		if v := string(meta.Get(keySchema)); v != strconv.Itoa(SchemaVersion) {
 			t.Errorf("schema after upgrade = %q", v)
 		}
-		if v := string(meta.Get(keyUpgraded)); !strings.HasPrefix(v, "1 -> 2 at ") {
+		if v := string(meta.Get(keyUpgraded)); !strings.HasPrefix(v, fmt.Sprintf("1 -> %d at ", SchemaVersion)) {
 			t.Errorf("upgraded = %q", v)
 		}
 		return nil
@@ -199,7 +212,7 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketMeta).Put(keySchema, []byte("3"))
+		return tx.Bucket(bucketMeta).Put(keySchema, []byte(strconv.Itoa(SchemaVersion+1)))
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -207,11 +220,11 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	orig := readFile(t, path)
 	_, err = Open(path, Options{})
 	var se *SchemaError
-	if !errors.As(err, &se) || se.Found != 3 || se.Supported != SchemaVersion || se.Path != path {
-		t.Fatalf("Open of a schema 3 file: %v, want *SchemaError{Found: 3, Supported: 2}", err)
+	if !errors.As(err, &se) || se.Found != SchemaVersion+1 || se.Supported != SchemaVersion || se.Path != path {
+		t.Fatalf("Open of a schema %d file: %v, want *SchemaError{Found: %d, Supported: %d}", SchemaVersion+1, err, SchemaVersion+1, SchemaVersion)
 	}
 	msg := err.Error()
-	if strings.Contains(msg, "\n") || !strings.Contains(msg, "3") || !strings.Contains(msg, "(2)") || !strings.Contains(msg, path) {
+	if strings.Contains(msg, "\n") || !strings.Contains(msg, strconv.Itoa(SchemaVersion+1)) || !strings.Contains(msg, fmt.Sprintf("(%d)", SchemaVersion)) || !strings.Contains(msg, path) {
 		t.Fatalf("message is not one line naming path, found and supported versions: %q", msg)
 	}
 	if !bytes.Equal(readFile(t, path), orig) {
@@ -279,5 +292,54 @@ func TestEmptyBoltFileIsFresh(t *testing.T) {
 	defer s.Close()
 	if !s.Opened().Fresh {
 		t.Fatal("a bbolt file without buckets is not reported Fresh")
+	}
+}
+
+// A schema 2 file's leases name no principal: the upgrade gives them
+// root's, keeping every other field, those it does not know included.
+func TestOpenUpgradesSchema2NamesPrincipals(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := leased(4, "ci", "q")
+	before.Principal = ""
+	v, err := encode(&before)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = protowire.AppendTag(v, 99, protowire.BytesType)
+	v = protowire.AppendString(v, "from the future")
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketSlots).Put(slotKey(4), v); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketRequests).Put(requestKeyOf(&before), slotKey(4)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketMeta).Put(keySchema, []byte("2"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	s, err = Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if o := s.Opened(); o.UpgradedFrom != 2 || o.Backup != path+".schema2.bak" {
+		t.Fatalf("Opened() = %+v, want an upgrade from 2 with a backup", o)
+	}
+	got, ok, err := s.ByRequest("ci", "q")
+	if err != nil || !ok {
+		t.Fatalf("ByRequest after upgrade = %v, %v", ok, err)
+	}
+	want := before
+	want.Principal = LegacyPrincipal
+	sameRecord(t, got, want)
+	if !hasField99(t, s, 4) {
+		t.Fatal("the upgrade dropped a field it does not know")
 	}
 }

@@ -23,7 +23,7 @@ var t0 = time.Date(2026, 12, 1, 10, 0, 0, 123456789, time.UTC)
 func leased(i int, owner, req string) Record {
 	return Record{
 		Index: i, State: Leased,
-		Owner: owner, LeaseID: NewLeaseID(), RequestID: req,
+		Owner: owner, LeaseID: NewLeaseID(), RequestID: req, Principal: "uid:1000",
 		Acquired: t0, TTL: 30 * time.Second, Expires: t0.Add(30 * time.Second),
 		Netns: netns.ID{Dev: 4, Ino: uint64(4026532000 + i)}, HostIfindex: 100 + i,
 		Created: t0.Add(-time.Minute),
@@ -65,7 +65,7 @@ func TestPutGetLoadSurviveReopen(t *testing.T) {
 	}
 	ctx := context.Background()
 	want := []Record{leased(1, "ci", "r1"), idle(2), leased(7, "ci", ""), {
-		Index: 300, State: Leased, Owner: "sandbox", LeaseID: NewLeaseID(), Acquired: t0, // TTL 0: held until released
+		Index: 300, State: Leased, Owner: "sandbox", LeaseID: NewLeaseID(), Principal: "uid:0", Acquired: t0, // TTL 0: held until released
 	}}
 	if err := s.Put(ctx, want...); err != nil {
 		t.Fatal(err)

@@ -120,7 +120,12 @@ type Slot struct {
 	Ttl       *durationpb.Duration   `protobuf:"bytes,12,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// Why the lease was lost; set only when LOST.
-	LostReason    string `protobuf:"bytes,14,opt,name=lost_reason,json=lostReason,proto3" json:"lost_reason,omitempty"`
+	LostReason string `protobuf:"bytes,14,opt,name=lost_reason,json=lostReason,proto3" json:"lost_reason,omitempty"`
+	// Who took the lease, as the control surface identified it: "uid:1000"
+	// on the control socket, "x509:<identity>" over mutual TLS. Only it, or
+	// a principal the daemon's policy lets act for the owner, may renew or
+	// release the lease. Set only when ACQUIRED or LOST.
+	Principal     string `protobuf:"bytes,15,opt,name=principal,proto3" json:"principal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -249,6 +254,13 @@ func (x *Slot) GetExpiresAt() *timestamppb.Timestamp {
 func (x *Slot) GetLostReason() string {
 	if x != nil {
 		return x.LostReason
+	}
+	return ""
+}
+
+func (x *Slot) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
 	}
 	return ""
 }
@@ -746,7 +758,7 @@ var File_slots_proto protoreflect.FileDescriptor
 
 const file_slots_proto_rawDesc = "" +
 	"\n" +
-	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\x04\n" +
+	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x04\n" +
 	"\x04Slot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12-\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x17.phasegate.v1.SlotStateR\x05state\x12\x1d\n" +
@@ -768,7 +780,8 @@ const file_slots_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1f\n" +
 	"\vlost_reason\x18\x0e \x01(\tR\n" +
-	"lostReason\"r\n" +
+	"lostReason\x12\x1c\n" +
+	"\tprincipal\x18\x0f \x01(\tR\tprincipal\"r\n" +
 	"\x0eAcquireRequest\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x1d\n" +
 	"\n" +

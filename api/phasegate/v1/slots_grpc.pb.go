@@ -36,6 +36,14 @@ const (
 // Slots leases network slots. Until the daemon is serving, and while it
 // drains, every call fails with UNAVAILABLE naming the startup phase.
 //
+// The service is served on the daemon's control surface: its Unix socket
+// (the caller named by the kernel), or its TCP port with mutual TLS (the
+// caller named by its client certificate). Every call is authorized by the
+// daemon's control policy: UNAUTHENTICATED without credentials (TCP
+// without a client certificate), PERMISSION_DENIED for a principal the
+// policy grants nothing or not this owner, RESOURCE_EXHAUSTED past the
+// principal's rate limit or quota of leases.
+//
 // A lease is durable: it is recorded before Acquire replies, survives
 // restarts and upgrades of the daemon (the slot and everything running in
 // it are left untouched), and ends only with Release, with its TTL running
@@ -44,7 +52,10 @@ type SlotsClient interface {
 	// Acquire leases a warm slot from the pool (or makes one) to owner.
 	// A retry with the same owner and request_id returns the same slot and
 	// lease, so a client that timed out and retries neither leaks a slot nor
-	// gets two.
+	// gets two. Only to the principal that took it: anyone else's retry gets
+	// ALREADY_EXISTS, never the lease id.
+	// PERMISSION_DENIED: the caller may not lease for owner.
+	// RESOURCE_EXHAUSTED also: the caller holds its quota of leases.
 	// INVALID_ARGUMENT: owner empty, longer than 256 bytes or not printable;
 	// request_id longer than 256 bytes or not printable; ttl negative.
 	// RESOURCE_EXHAUSTED: every slot index is in use or quarantined, or the
@@ -55,8 +66,9 @@ type SlotsClient interface {
 	// place in the pool, so the next owner never sees this one's state.
 	// INVALID_ARGUMENT: index 0. NOT_FOUND: index outside [1, slots].
 	// FAILED_PRECONDITION: the slot is not leased (e.g. released twice).
-	// PERMISSION_DENIED: lease_id missing or not the slot's lease. A refused
-	// Release changes nothing.
+	// PERMISSION_DENIED: lease_id missing or not the slot's lease, or the
+	// caller is neither the lease's principal nor one the policy lets act for
+	// its owner. A refused Release changes nothing.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// KeepAlive renews a lease with a TTL for another TTL from now. A lease
 	// whose TTL runs out is ended and its slot reclaimed. After a restart of
@@ -64,10 +76,12 @@ type SlotsClient interface {
 	// reconnect. Errors as for Release; a lease without TTL needs none.
 	KeepAlive(ctx context.Context, in *KeepAliveRequest, opts ...grpc.CallOption) (*KeepAliveResponse, error)
 	// Get describes one slot. INVALID_ARGUMENT: index 0. NOT_FOUND: index
-	// outside [1, slots].
+	// outside [1, slots]. PERMISSION_DENIED: the slot is leased to an owner
+	// the caller may not see.
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
 	// List describes every slot that is not free: warm in the pool, leased
-	// (and to whom), lost or quarantined; free ones too when asked.
+	// (and to whom), lost or quarantined; free ones too when asked. A caller
+	// sees only the leases of owners the policy lets it see.
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 }
 
@@ -136,6 +150,14 @@ func (c *slotsClient) List(ctx context.Context, in *ListRequest, opts ...grpc.Ca
 // Slots leases network slots. Until the daemon is serving, and while it
 // drains, every call fails with UNAVAILABLE naming the startup phase.
 //
+// The service is served on the daemon's control surface: its Unix socket
+// (the caller named by the kernel), or its TCP port with mutual TLS (the
+// caller named by its client certificate). Every call is authorized by the
+// daemon's control policy: UNAUTHENTICATED without credentials (TCP
+// without a client certificate), PERMISSION_DENIED for a principal the
+// policy grants nothing or not this owner, RESOURCE_EXHAUSTED past the
+// principal's rate limit or quota of leases.
+//
 // A lease is durable: it is recorded before Acquire replies, survives
 // restarts and upgrades of the daemon (the slot and everything running in
 // it are left untouched), and ends only with Release, with its TTL running
@@ -144,7 +166,10 @@ type SlotsServer interface {
 	// Acquire leases a warm slot from the pool (or makes one) to owner.
 	// A retry with the same owner and request_id returns the same slot and
 	// lease, so a client that timed out and retries neither leaks a slot nor
-	// gets two.
+	// gets two. Only to the principal that took it: anyone else's retry gets
+	// ALREADY_EXISTS, never the lease id.
+	// PERMISSION_DENIED: the caller may not lease for owner.
+	// RESOURCE_EXHAUSTED also: the caller holds its quota of leases.
 	// INVALID_ARGUMENT: owner empty, longer than 256 bytes or not printable;
 	// request_id longer than 256 bytes or not printable; ttl negative.
 	// RESOURCE_EXHAUSTED: every slot index is in use or quarantined, or the
@@ -155,8 +180,9 @@ type SlotsServer interface {
 	// place in the pool, so the next owner never sees this one's state.
 	// INVALID_ARGUMENT: index 0. NOT_FOUND: index outside [1, slots].
 	// FAILED_PRECONDITION: the slot is not leased (e.g. released twice).
-	// PERMISSION_DENIED: lease_id missing or not the slot's lease. A refused
-	// Release changes nothing.
+	// PERMISSION_DENIED: lease_id missing or not the slot's lease, or the
+	// caller is neither the lease's principal nor one the policy lets act for
+	// its owner. A refused Release changes nothing.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// KeepAlive renews a lease with a TTL for another TTL from now. A lease
 	// whose TTL runs out is ended and its slot reclaimed. After a restart of
@@ -164,10 +190,12 @@ type SlotsServer interface {
 	// reconnect. Errors as for Release; a lease without TTL needs none.
 	KeepAlive(context.Context, *KeepAliveRequest) (*KeepAliveResponse, error)
 	// Get describes one slot. INVALID_ARGUMENT: index 0. NOT_FOUND: index
-	// outside [1, slots].
+	// outside [1, slots]. PERMISSION_DENIED: the slot is leased to an owner
+	// the caller may not see.
 	Get(context.Context, *GetRequest) (*GetResponse, error)
 	// List describes every slot that is not free: warm in the pool, leased
-	// (and to whom), lost or quarantined; free ones too when asked.
+	// (and to whom), lost or quarantined; free ones too when asked. A caller
+	// sees only the leases of owners the policy lets it see.
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	mustEmbedUnimplementedSlotsServer()
 }

@@ -97,8 +97,13 @@ type Record struct {
 	NetnsIno        uint64 `protobuf:"varint,9,opt,name=netns_ino,json=netnsIno,proto3" json:"netns_ino,omitempty"`
 	HostIfindex     int32  `protobuf:"varint,10,opt,name=host_ifindex,json=hostIfindex,proto3" json:"host_ifindex,omitempty"`
 	CreatedUnixNano int64  `protobuf:"varint,11,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Who took the lease, as the control surface identified it ("uid:1000",
+	// "x509:spiffe://…"); set only when LEASED. Schema 3 filled it for the
+	// leases recorded before it with "uid:0": root was the only principal
+	// that could have taken them under a policy.
+	Principal     string `protobuf:"bytes,12,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Record) Reset() {
@@ -208,11 +213,18 @@ func (x *Record) GetCreatedUnixNano() int64 {
 	return 0
 }
 
+func (x *Record) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
 var File_record_proto protoreflect.FileDescriptor
 
 const file_record_proto_rawDesc = "" +
 	"\n" +
-	"\frecord.proto\x12\x13phasegate.leases.v1\"\x8a\x03\n" +
+	"\frecord.proto\x12\x13phasegate.leases.v1\"\xa8\x03\n" +
 	"\x06Record\x120\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1a.phasegate.leases.v1.StateR\x05state\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x19\n" +
@@ -226,7 +238,8 @@ const file_record_proto_rawDesc = "" +
 	"\tnetns_ino\x18\t \x01(\x04R\bnetnsIno\x12!\n" +
 	"\fhost_ifindex\x18\n" +
 	" \x01(\x05R\vhostIfindex\x12*\n" +
-	"\x11created_unix_nano\x18\v \x01(\x03R\x0fcreatedUnixNano*@\n" +
+	"\x11created_unix_nano\x18\v \x01(\x03R\x0fcreatedUnixNano\x12\x1c\n" +
+	"\tprincipal\x18\f \x01(\tR\tprincipal*@\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +

@@ -1,0 +1,289 @@
+package control
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+)
+
+// Policy says what each principal may do on the control surface. Root on
+// the Unix socket may do everything; any other principal may do what the
+// rules that select it grant, together, and nothing if none does.
+//
+// As a file (JSON, unknown fields refused):
+//
+//	{
+//	  "max_leases": 64,
+//	  "rate": 50,
+//	  "principals": [
+//	    {"user": "orchestrator", "owners": ["sandbox-*"], "max_leases": 1000},
+//	    {"group": "phasegate-read", "owners": ["*"], "read_only": true},
+//	    {"identity": "spiffe://example.org/ns/ci/sa/builder", "owners": ["ci-*"]}
+//	  ]
+//	}
+type Policy struct {
+	// MaxLeases is how many leases one principal may hold at once unless
+	// its rule says otherwise; 0 is no limit of its own (the daemon's
+	// slots are).
+	MaxLeases int `json:"max_leases,omitempty"`
+	// Rate is how many calls a second one principal may make, in bursts
+	// of up to twice as many; 0 is no limit.
+	Rate float64 `json:"rate,omitempty"`
+	// Rules are the grants, each to the principals it selects.
+	Rules []Rule `json:"principals"`
+}
+
+// Rule grants the principals it selects the right to act for Owners:
+// exact names, or prefixes written with a trailing "*" ("sandbox-*"; "*"
+// alone is every owner). A rule selects by exactly one of UID, User, GID,
+// Group or Identity.
+type Rule struct {
+	UID *uint32 `json:"uid,omitempty"`
+	// User is a user name, resolved to its uid when the policy is loaded.
+	User string `json:"user,omitempty"`
+	// GID selects the peers in the group, primary or supplementary.
+	GID *uint32 `json:"gid,omitempty"`
+	// Group is a group name, resolved to its gid when the policy is loaded.
+	Group string `json:"group,omitempty"`
+	// Identity selects TLS clients by their certificate's identity (see
+	// [Principal]): exact, or a prefix with a trailing "*".
+	Identity string `json:"identity,omitempty"`
+
+	Owners []string `json:"owners"`
+	// ReadOnly grants Get and List of these owners' leases, nothing more.
+	ReadOnly bool `json:"read_only,omitempty"`
+	// MaxLeases overrides the policy's quota for the selected principals.
+	MaxLeases *int `json:"max_leases,omitempty"`
+}
+
+// ErrPolicy is wrapped by every error of a policy that cannot be used.
+var ErrPolicy = errors.New("control policy")
+
+// LoadPolicy reads a policy file, resolves its user and group names and
+// checks it.
+func LoadPolicy(path string) (*Policy, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+	}
+	p, err := ParsePolicy(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return p, nil
+}
+
+// ParsePolicy parses a policy in its JSON form; see [LoadPolicy].
+func ParsePolicy(r io.Reader) (*Policy, error) {
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	var p Policy
+	if err := dec.Decode(&p); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: more than one JSON value", ErrPolicy)
+	}
+	if err := p.Resolve(); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// ParseRule parses the command-line form of a rule, "SELECTOR=OWNER,…"
+// with SELECTOR one of uid:N, user:NAME, gid:N, group:NAME or id:IDENTITY:
+// "uid:1000=sandbox-*", "group:ci=ci-*,build-*".
+func ParseRule(s string, readOnly bool) (Rule, error) {
+	sel, owners, ok := strings.Cut(s, "=")
+	kind, val, ok2 := strings.Cut(sel, ":")
+	if !ok || !ok2 || val == "" || owners == "" {
+		return Rule{}, fmt.Errorf("%w: %q: want SELECTOR=OWNER,… with SELECTOR uid:N, user:NAME, gid:N, group:NAME or id:IDENTITY", ErrPolicy, s)
+	}
+	r := Rule{Owners: strings.Split(owners, ","), ReadOnly: readOnly}
+	num := func() (*uint32, error) {
+		n, err := strconv.ParseUint(val, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %q: %s %q is not a number", ErrPolicy, s, kind, val)
+		}
+		v := uint32(n)
+		return &v, nil
+	}
+	var err error
+	switch kind {
+	case "uid":
+		r.UID, err = num()
+	case "gid":
+		r.GID, err = num()
+	case "user":
+		r.User = val
+	case "group":
+		r.Group = val
+	case "id":
+		r.Identity = val
+	default:
+		err = fmt.Errorf("%w: %q: unknown selector %q (uid, user, gid, group or id)", ErrPolicy, s, kind)
+	}
+	if err != nil {
+		return Rule{}, err
+	}
+	if err := r.resolve(); err != nil {
+		return Rule{}, fmt.Errorf("%q: %w", s, err)
+	}
+	return r, nil
+}
+
+// Resolve turns the rules' user and group names into ids and checks every
+// field: a policy that names an unknown user, an owner pattern with "*"
+// inside it or a negative quota is refused whole.
+func (p *Policy) Resolve() error {
+	var errs []error
+	if p.MaxLeases < 0 {
+		errs = append(errs, fmt.Errorf("%w: max_leases %d is negative", ErrPolicy, p.MaxLeases))
+	}
+	if p.Rate < 0 {
+		errs = append(errs, fmt.Errorf("%w: rate %v is negative", ErrPolicy, p.Rate))
+	}
+	for i := range p.Rules {
+		if err := p.Rules[i].resolve(); err != nil {
+			errs = append(errs, fmt.Errorf("principals[%d]: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Rule) resolve() error {
+	n := 0
+	for _, set := range []bool{r.UID != nil, r.User != "", r.GID != nil, r.Group != "", r.Identity != ""} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return fmt.Errorf("%w: a rule selects by exactly one of uid, user, gid, group or identity (this one by %d)", ErrPolicy, n)
+	}
+	if r.User != "" && r.UID == nil {
+		u, err := user.Lookup(r.User)
+		if err != nil {
+			return fmt.Errorf("%w: user %q: %w", ErrPolicy, r.User, err)
+		}
+		id, _ := strconv.ParseUint(u.Uid, 10, 32)
+		v := uint32(id)
+		r.UID, r.User = &v, ""
+	}
+	if r.Group != "" && r.GID == nil {
+		g, err := user.LookupGroup(r.Group)
+		if err != nil {
+			return fmt.Errorf("%w: group %q: %w", ErrPolicy, r.Group, err)
+		}
+		id, _ := strconv.ParseUint(g.Gid, 10, 32)
+		v := uint32(id)
+		r.GID, r.Group = &v, ""
+	}
+	if err := checkPattern("identity", r.Identity); r.Identity != "" && err != nil {
+		return err
+	}
+	if len(r.Owners) == 0 {
+		return fmt.Errorf("%w: a rule needs owners (\"*\" for every owner)", ErrPolicy)
+	}
+	for _, o := range r.Owners {
+		if err := checkPattern("owner", o); err != nil {
+			return err
+		}
+	}
+	if r.MaxLeases != nil && *r.MaxLeases < 0 {
+		return fmt.Errorf("%w: max_leases %d is negative", ErrPolicy, *r.MaxLeases)
+	}
+	return nil
+}
+
+func checkPattern(what, p string) error {
+	if p == "" {
+		return fmt.Errorf("%w: empty %s pattern", ErrPolicy, what)
+	}
+	if i := strings.IndexByte(p, '*'); i >= 0 && i != len(p)-1 {
+		return fmt.Errorf("%w: %s pattern %q: \"*\" may only end a pattern (a prefix)", ErrPolicy, what, p)
+	}
+	return nil
+}
+
+// matchPattern reports whether s is p, or starts with p's prefix when p
+// ends in "*".
+func matchPattern(p, s string) bool {
+	if prefix, ok := strings.CutSuffix(p, "*"); ok {
+		return strings.HasPrefix(s, prefix)
+	}
+	return p == s
+}
+
+// selects reports whether r applies to principal pr.
+func (r *Rule) selects(pr Principal) bool {
+	switch {
+	case r.UID != nil:
+		return pr.Kind == Unix && pr.UID == *r.UID
+	case r.GID != nil:
+		return pr.inGroup(*r.GID)
+	case r.Identity != "":
+		return pr.Kind == Certificate && matchPattern(r.Identity, pr.Identity)
+	}
+	return false
+}
+
+// Grant is what one principal may do: computed once per call from the
+// policy.
+type Grant struct {
+	lease, read []string // owner patterns
+	// MaxLeases is the principal's quota of leases held at once; 0 is none.
+	MaxLeases int
+}
+
+// Grant returns what p may do.
+func (p *Policy) Grant(pr Principal) Grant {
+	g := Grant{MaxLeases: p.MaxLeases}
+	if pr.IsRoot() {
+		g.lease = []string{"*"}
+	}
+	quotaSet := false
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if !r.selects(pr) {
+			continue
+		}
+		if r.ReadOnly {
+			g.read = append(g.read, r.Owners...)
+		} else {
+			g.lease = append(g.lease, r.Owners...)
+		}
+		if r.MaxLeases != nil && !quotaSet {
+			g.MaxLeases, quotaSet = *r.MaxLeases, true
+		}
+	}
+	return g
+}
+
+// Empty reports whether the grant allows nothing at all.
+func (g Grant) Empty() bool { return len(g.lease) == 0 && len(g.read) == 0 }
+
+// MayLease reports whether the principal may acquire, renew and release
+// leases for owner.
+func (g Grant) MayLease(owner string) bool { return matchAny(g.lease, owner) }
+
+// MayRead reports whether the principal may see owner's leases.
+func (g Grant) MayRead(owner string) bool { return matchAny(g.lease, owner) || matchAny(g.read, owner) }
+
+// ReadOnly reports whether the principal may read but lease for no owner.
+func (g Grant) ReadOnly() bool { return len(g.lease) == 0 }
+
+func matchAny(patterns []string, s string) bool {
+	for _, p := range patterns {
+		if matchPattern(p, s) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,178 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/grpc"
+
+	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/server"
+	"github.com/phasegate/phasegate/tracing"
+)
+
+// ControlSocketName is the control socket's name in the state directory,
+// where it is unless [ControlConfig.Socket] says otherwise.
+const ControlSocketName = "control.sock"
+
+// pathDebugSlots lists the slots as JSON on the control surface.
+const pathDebugSlots = "GET /debug/slots"
+
+// ControlConfig says where the daemon's control surface is and who may use
+// it (docs/SECURITY.md). The Slots API and /debug/slots are served there:
+// on the Unix socket, and over TCP on the port only to clients with a
+// certificate that --tls-client-ca verifies.
+type ControlConfig struct {
+	// Socket is the control socket's path; empty is
+	// <StateDir>/control.sock.
+	Socket string
+	// GID is the socket's group, whose members may connect (mode 0660);
+	// -1 leaves the socket to root alone. When the socket is in the state
+	// directory, the directory is made 0710 with this group, so that the
+	// group can reach the socket and nothing else there.
+	GID int
+	// Policy says what each principal may do; nil lets root on the socket
+	// do everything and nobody else anything.
+	Policy *control.Policy
+}
+
+// ControlSocket returns the control socket's path.
+func (c Config) ControlSocket() string {
+	if c.Control.Socket != "" {
+		return c.Control.Socket
+	}
+	return filepath.Join(c.StateDir, ControlSocketName)
+}
+
+// controlPolicy is the policy in force.
+func (c Config) controlPolicy() *control.Policy {
+	if c.Control.Policy == nil {
+		return &control.Policy{}
+	}
+	return c.Control.Policy
+}
+
+// validateControl checks the control surface's settings without touching
+// anything: the socket path must be a socket or nothing, in a directory
+// that exists or is the state directory (made by the lock phase).
+func (c Config) validateControl() error {
+	path := c.ControlSocket()
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("--control-socket %q must be an absolute path", path)
+	}
+	if dir := filepath.Dir(path); dir == filepath.Clean(c.StateDir) {
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+	}
+	return control.CheckPath(path)
+}
+
+// mutatingSlotsMethods are the Slots API's calls that change something:
+// every one is audited, allowed or refused.
+var mutatingSlotsMethods = []string{"Acquire", "Release", "KeepAlive"}
+
+// newGuard returns the guard of the Slots API on one surface.
+func (d *Daemon) newGuard(surface string) (*control.Guard, error) {
+	return control.NewGuard(d.cfg.controlPolicy(), control.GuardOptions{
+		Service:       slotsServiceName,
+		Mutating:      mutatingSlotsMethods,
+		Surface:       surface,
+		Logger:        d.log.With("audit", true),
+		MeterProvider: d.app.MeterProvider(),
+	})
+}
+
+// controlHandover names the control socket's descriptor across an
+// in-place upgrade.
+const controlHandover = "control"
+
+// openControl binds the control socket — or takes the one the previous
+// image handed over — and serves it at once: until the daemon serves,
+// calls get Unavailable naming the phase, as on the port. It runs in the
+// lock phase, right after the lock: only the lock's holder may replace a
+// stale socket, and the socket lives as long as the lock.
+func (d *Daemon) openControl(ctx context.Context) error {
+	path := d.cfg.ControlSocket()
+	var (
+		l    *net.UnixListener
+		sock *control.Socket
+		err  error
+	)
+	if f := d.app.Inherited(controlHandover); f != nil {
+		l, sock, err = control.Adopt(f, path)
+		_ = f.Close() // Adopt made its own descriptor
+	} else {
+		if gid := d.cfg.Control.GID; gid >= 0 && filepath.Dir(path) == filepath.Clean(d.cfg.StateDir) {
+			if err := control.OpenDir(d.cfg.StateDir, gid); err != nil {
+				return fmt.Errorf("%w: %w", ErrConfig, err)
+			}
+		}
+		l, sock, err = control.Listen(ctx, path, control.SocketOptions{GID: d.cfg.Control.GID})
+	}
+	if err != nil {
+		if errors.Is(err, control.ErrSocket) {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		return err
+	}
+	f, err := l.File()
+	if err != nil {
+		_ = l.Close()
+		return fmt.Errorf("control socket %s: duplicate for handover: %w", path, err)
+	}
+	guard, err := d.newGuard("socket")
+	if err != nil {
+		_ = l.Close()
+		_ = f.Close()
+		return err
+	}
+	sc := server.DefaultConfig()
+	sc.Listener = l
+	// The lifecycle's drain has closed the gate already when this one
+	// drains: no delay is needed for calls to see it.
+	sc.DrainDelay, sc.StopTimeout = 0, d.cfg.StopTimeout
+	sc.Gate = server.LifecycleGate(d.lc)
+	sc.DisableReflection = true
+	sc.GRPCOptions = []grpc.ServerOption{
+		tracing.GRPCServerOption(d.app.TracerProvider(), d.app.MeterProvider()),
+		grpc.ChainUnaryInterceptor(d.obs.timeAcquire, guard.Intercept),
+	}
+	srv, err := server.New(sc)
+	if err == nil {
+		err = srv.Declare(slotsServiceDesc())
+	}
+	if err == nil {
+		err = srv.DeclareHTTP(pathDebugSlots)
+	}
+	if err == nil {
+		err = srv.Serve(ctx)
+	}
+	if err != nil {
+		_ = l.Close()
+		_ = f.Close()
+		return fmt.Errorf("control socket %s: %w", path, err)
+	}
+	d.ctl, d.ctlSocket, d.ctlFile = srv, sock, f
+	d.app.HandOver(controlHandover, f)
+	d.log.Info("control socket", "path", path, "gid", d.cfg.Control.GID, "mode", control.SocketMode.String())
+	return nil
+}
+
+// closeControl drains the control socket. An upgrade hands it on, open,
+// to the new image; any other stop removes it.
+func (d *Daemon) closeControl(ctx context.Context) error {
+	if d.ctl == nil {
+		return nil
+	}
+	if d.app.Upgrading() {
+		d.ctl.DrainForHandover()
+		return d.ctl.Drain(ctx)
+	}
+	err := d.ctl.Drain(ctx)
+	return errors.Join(err, d.ctlSocket.Remove(), d.ctlFile.Close())
+}
