@@ -73,7 +73,7 @@ func (a *App) listener() (net.Listener, error) {
 	a.inherit.mu.Lock()
 	var names []string
 	for name, f := range a.inherit.files {
-		if isListeningSocket(f) {
+		if isListeningSocket(f) && isInetSocket(f) {
 			names = append(names, name)
 		}
 	}
@@ -128,6 +128,21 @@ func isListeningSocket(f *os.File) bool {
 // as a lock. It returns nil when there is none.
 func (a *App) Inherited(name string) *os.File {
 	return a.inherit.take(name)
+}
+
+// isInetSocket reports whether f is an IPv4 or IPv6 socket: a listening
+// Unix socket handed over (a daemon's control socket) is not the port.
+func isInetSocket(f *os.File) bool {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	inet := false
+	_ = sc.Control(func(fd uintptr) {
+		d, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+		inet = err == nil && (d == unix.AF_INET || d == unix.AF_INET6)
+	})
+	return inet
 }
 
 func getsockoptInt(fd int) (int, error) {

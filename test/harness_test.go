@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/phases/lockfile"
 )
@@ -253,7 +254,10 @@ type daemon struct {
 	t    *testing.T
 	cmd  *exec.Cmd
 	addr string
-	logs *syncBuffer
+	// control is the path of the daemon's control socket, from its
+	// --control-socket or --state-dir.
+	control string
+	logs    *syncBuffer
 	done chan struct{}
 	err  error
 	// began and exited are when the process was started and when it ended.
@@ -294,6 +298,16 @@ func (h *host) args(addr string, extra ...string) []string {
 	}, extra...)
 }
 
+// slots returns a client of the daemon's Slots API on its control socket,
+// as root (this process).
+func (d *daemon) slots() phasegatev1.SlotsClient {
+	d.t.Helper()
+	if d.control == "" {
+		d.t.Fatal("the daemon was started without --state-dir or --control-socket: where is its control socket?")
+	}
+	return phasegatev1.NewSlotsClient(dial(d.t, "unix://"+d.control))
+}
+
 // start execs the binary with args and env and returns at once.
 func start(t *testing.T, env []string, args ...string) *daemon {
 	t.Helper()
@@ -309,6 +323,14 @@ func startBinary(t *testing.T, bin string, env []string, args ...string) *daemon
 	for _, a := range args {
 		if v, ok := strings.CutPrefix(a, "--listen="); ok {
 			d.addr = v
+		}
+		if v, ok := strings.CutPrefix(a, "--state-dir="); ok && d.control == "" {
+			d.control = filepath.Join(v, "control.sock")
+		}
+	}
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--control-socket="); ok {
+			d.control = v
 		}
 	}
 	cmd.Stdout, cmd.Stderr = d.logs, d.logs

@@ -10,10 +10,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/phasegate/phasegate/app"
+	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/phases"
 	"github.com/phasegate/phasegate/phases/lockfile"
 	"github.com/phasegate/phasegate/tracing"
@@ -71,6 +73,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	var opts serveOptions
 	lf := &opts.log
 	var tf tlsFlags
+	var cf controlFlags
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address of the one port for gRPC and HTTP")
 	fs.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long to wait for a lock held by another instance (0: fail at once)")
@@ -83,6 +86,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	fs.DurationVar(&cfg.DrainDelay, "drain-delay", cfg.DrainDelay, "time between health turning NOT_SERVING and the servers stopping")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "bound on the graceful stop of the servers")
 	tf.register(fs)
+	cf.register(fs)
 	fs.Var(expectValue{&cfg.Expected}, "expect", "phase=duration,…: log a warning, with the progress, when a phase runs longer")
 	fs.BoolVar(&cfg.SerialBaseline, "serial-baseline", false, "benchmarks only: start the way E2B's orchestrator did (serial reclaim, port bound last)")
 	fs.BoolVar(&cfg.UpgradeOnHangup, "upgrade-on-hup", cfg.UpgradeOnHangup, "SIGHUP upgrades in place: check the binary at this path, drain keeping slots, port and lock, exec it (false: SIGHUP stops)")
@@ -99,6 +103,9 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 		return cfg, opts, err
 	}
 	cfg.TLS, cfg.RequireClientCert, cfg.Insecure = tc, tf.clientCA != "", tf.insecure
+	if cfg.Control, err = cf.config(fs); err != nil {
+		return cfg, opts, err
+	}
 	return cfg, opts, nil
 }
 
@@ -145,6 +152,10 @@ func serveCmd(ctx context.Context, e env) int {
 		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", cfg.HeldError(&lockfile.HeldError{Path: lockPath, PID: pid}))
 		return exitFailed
 	}
+	if err := checkControlSocket(ctx, cfg); err != nil {
+		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
+		return exitUsage
+	}
 	if pid, ok := e.lookupEnv("LISTEN_PID"); !ok || pid != strconv.Itoa(os.Getpid()) {
 		if err := portFree(cfg.Listen); err != nil {
 			fmt.Fprintf(e.stderr, "phasegate serve: --listen %s: %v\n", cfg.Listen, err)
@@ -178,8 +189,7 @@ func runDaemon(ctx context.Context, e env, cfg phases.Config, lf logFlags) int {
 		"client_certs", cfg.RequireClientCert, "netns_dir", cfg.Slots.NetnsDir,
 		"prefix", cfg.Slots.Prefix, "slots", cfg.Slots.Slots, "traces", tp.Exporter)
 	if cfg.TLS == nil && !phases.ListenIsLoopback(cfg.Listen) {
-		log.Warn("INSECURE: serving the Slots API in plain text on a non-loopback address (--insecure); anyone who can reach "+
-			cfg.Listen+" can acquire and release network slots", "listen", cfg.Listen)
+		log.Warn("INSECURE: serving health and metrics in plain text on a non-loopback address (--insecure); the Slots API is served there to nobody without mutual TLS", "listen", cfg.Listen)
 	}
 	if err := d.Run(ctx); err != nil {
 		// The log said it all; this is the one line a supervisor's
@@ -191,6 +201,17 @@ func runDaemon(ctx context.Context, e env, cfg phases.Config, lf logFlags) int {
 		return exitFailed
 	}
 	return exitOK
+}
+
+// checkControlSocket refuses, before anything is created, a control socket
+// path a live process answers on (Validate refused what is not a socket).
+// A state directory still to be made holds no socket.
+func checkControlSocket(ctx context.Context, cfg phases.Config) error {
+	path := cfg.ControlSocket()
+	if _, err := os.Stat(filepath.Dir(path)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return control.CheckSocket(ctx, path)
 }
 
 // portFree reports whether addr can be bound now. Port 0 always can.
@@ -212,21 +233,26 @@ func portFree(addr string) error {
 // resolvedConfig is what `serve --check` prints: the settings that decide
 // what the daemon touches and how long it may take to start and stop.
 type resolvedConfig struct {
-	Listen          string `json:"listen"`
-	TLS             bool   `json:"tls"`
-	ClientCerts     bool   `json:"client_certs"`
-	StateDir        string `json:"state_dir"`
-	Lock            string `json:"lock"`
-	NetnsDir        string `json:"netns_dir"`
-	Prefix          string `json:"slot_prefix"`
-	Slots           int    `json:"slots"`
-	SlotCIDR        string `json:"slot_cidr"`
-	PoolSize        int    `json:"pool_size"`
-	PoolMinReady    int    `json:"pool_min_ready"`
-	StartTimeout    string `json:"start_timeout"`
-	PopulateTimeout string `json:"populate_timeout"`
-	DrainDelay      string `json:"drain_delay"`
-	StopTimeout     string `json:"stop_timeout"`
+	Listen          string  `json:"listen"`
+	TLS             bool    `json:"tls"`
+	ClientCerts     bool    `json:"client_certs"`
+	StateDir        string  `json:"state_dir"`
+	ControlSocket   string  `json:"control_socket"`
+	ControlGID      int     `json:"control_gid"`
+	ControlRules    int     `json:"control_rules"`
+	MaxLeases       int     `json:"max_leases"`
+	ControlRate     float64 `json:"control_rate"`
+	Lock            string  `json:"lock"`
+	NetnsDir        string  `json:"netns_dir"`
+	Prefix          string  `json:"slot_prefix"`
+	Slots           int     `json:"slots"`
+	SlotCIDR        string  `json:"slot_cidr"`
+	PoolSize        int     `json:"pool_size"`
+	PoolMinReady    int     `json:"pool_min_ready"`
+	StartTimeout    string  `json:"start_timeout"`
+	PopulateTimeout string  `json:"populate_timeout"`
+	DrainDelay      string  `json:"drain_delay"`
+	StopTimeout     string  `json:"stop_timeout"`
 	// StopBudget is the worst-case time of an orderly stop; a supervisor's
 	// kill timeout must exceed it.
 	StopBudget        string  `json:"stop_budget"`
@@ -251,7 +277,9 @@ func checkConfig(ctx context.Context, e env, cfg phases.Config) int {
 	budget := d.StopBudget()
 	out, _ := json.MarshalIndent(resolvedConfig{
 		Listen: cfg.Listen, TLS: cfg.TLS != nil, ClientCerts: cfg.RequireClientCert,
-		StateDir: cfg.StateDir, Lock: lock, NetnsDir: cfg.Slots.NetnsDir, Prefix: cfg.Slots.Prefix,
+		StateDir: cfg.StateDir, Lock: lock,
+		ControlSocket: cfg.ControlSocket(), ControlGID: cfg.Control.GID,
+		ControlRules: len(cfg.Control.Policy.Rules), MaxLeases: cfg.Control.Policy.MaxLeases, ControlRate: cfg.Control.Policy.Rate, NetnsDir: cfg.Slots.NetnsDir, Prefix: cfg.Slots.Prefix,
 		Slots: cfg.Slots.Slots, SlotCIDR: cfg.Slots.CIDR.String(),
 		PoolSize: cfg.PoolSize, PoolMinReady: cfg.PoolMinReady,
 		StartTimeout: cfg.StartTimeout.String(), PopulateTimeout: cfg.PopulateTimeout.String(),

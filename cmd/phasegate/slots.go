@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/phases"
 )
 
 const slotsUsage = `slots <acquire|release|keepalive|get|list> [flags] [args]
@@ -25,13 +26,18 @@ const slotsUsage = `slots <acquire|release|keepalive|get|list> [flags] [args]
   release INDEX LEASE_ID                      end a lease
   keepalive INDEX LEASE_ID                    renew a lease with a TTL
   get INDEX                                   one slot
-  list [--all]                                the slots that are not free (--all: every one)`
+  list [--all]                                the slots that are not free (--all: every one)
+
+The Slots API is on the daemon's control socket (--socket; root, or a
+member of its --control-group, as the daemon's policy allows), or on its
+TCP port with mutual TLS (--addr with --tls-ca, --tls-cert, --tls-key).`
 
 // slotsCmd is a client of the Slots API on a running daemon, printing its
 // answers as JSON: what an operator or a script needs without grpcurl.
 func slotsCmd(ctx context.Context, e env) int {
 	fs := flag.NewFlagSet("slots", flag.ContinueOnError)
-	addr := fs.String("addr", "127.0.0.1:5008", "daemon address")
+	socket := fs.String("socket", phases.DefaultConfig().ControlSocket(), "the daemon's control socket")
+	addr := fs.String("addr", "", "the daemon's TCP address instead of its socket: needs mutual TLS (--tls-ca, --tls-cert, --tls-key)")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for an answer")
 	requestID := fs.String("request-id", "", "acquire: the request's id, so that a retry gets the same slot")
 	ttl := fs.Duration("ttl", 0, "acquire: the lease's time to live, renewed with keepalive (0: held until released)")
@@ -41,6 +47,11 @@ func slotsCmd(ctx context.Context, e env) int {
 	if len(e.args) == 0 {
 		fmt.Fprintf(e.stderr, "usage: phasegate %s\n", slotsUsage)
 		return exitUsage
+	}
+	switch e.args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(e.stdout, fs, slotsUsage)
+		return exitOK
 	}
 	verb, rest := e.args[0], e.args[1:]
 	// Flags may come before or after the positional arguments.
@@ -77,11 +88,18 @@ func slotsCmd(ctx context.Context, e env) int {
 		fmt.Fprintf(e.stderr, "phasegate slots: %v\n", err)
 		return exitUsage
 	}
+	target := "unix://" + *socket
 	creds := insecure.NewCredentials()
-	if tc != nil {
-		creds = credentials.NewTLS(tc)
+	if *addr != "" {
+		target = *addr
+		if tc != nil {
+			creds = credentials.NewTLS(tc)
+		}
+	} else if tc != nil {
+		fmt.Fprintf(e.stderr, "phasegate slots: --tls-ca and --tls-cert are for --addr: the control socket needs none\n")
+		return exitUsage
 	}
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate slots: %v\n", err)
 		return exitUsage
