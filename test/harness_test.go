@@ -258,8 +258,8 @@ type daemon struct {
 	// --control-socket or --state-dir.
 	control string
 	logs    *syncBuffer
-	done chan struct{}
-	err  error
+	done    chan struct{}
+	err     error
 	// began and exited are when the process was started and when it ended.
 	began, exited time.Time
 }
