@@ -1,0 +1,125 @@
+package control_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/phasegate/phasegate/control"
+)
+
+func TestParsePolicyRefusesWhatCannotBeUsed(t *testing.T) {
+	for _, tc := range []struct {
+		name, json, want string
+	}{
+		{"unknown field", `{"principals": [{"uid": 1, "owners": ["*"], "owner": "x"}]}`, `unknown field "owner"`},
+		{"not JSON", `principals: []`, "invalid character"},
+		{"two values", `{} {}`, "more than one JSON value"},
+		{"no selector", `{"principals": [{"owners": ["*"]}]}`, "exactly one of"},
+		{"two selectors", `{"principals": [{"uid": 1, "gid": 2, "owners": ["*"]}]}`, "exactly one of"},
+		{"no owners", `{"principals": [{"uid": 1}]}`, "needs owners"},
+		{"star inside", `{"principals": [{"uid": 1, "owners": ["a*b"]}]}`, `"*" may only end`},
+		{"unknown user", `{"principals": [{"user": "no-such-user-phasegate", "owners": ["*"]}]}`, "no-such-user-phasegate"},
+		{"unknown group", `{"principals": [{"group": "no-such-group-phasegate", "owners": ["*"]}]}`, "no-such-group-phasegate"},
+		{"negative quota", `{"max_leases": -1, "principals": []}`, "negative"},
+		{"negative rule quota", `{"principals": [{"uid": 1, "owners": ["*"], "max_leases": -2}]}`, "negative"},
+		{"negative rate", `{"rate": -1, "principals": []}`, "negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := control.ParsePolicy(strings.NewReader(tc.json))
+			if !errors.Is(err, control.ErrPolicy) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("ParsePolicy: %v, want an ErrPolicy naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestLoadPolicyNamesTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.json")
+	if err := os.WriteFile(path, []byte(`{"principals": [{"uid": 1, "owners": []}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := control.LoadPolicy(path); err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("LoadPolicy: %v, want an error naming %s", err, path)
+	}
+	if _, err := control.LoadPolicy(filepath.Join(t.TempDir(), "missing.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("LoadPolicy of a missing file: %v", err)
+	}
+}
+
+func TestParseRule(t *testing.T) {
+	for _, tc := range []struct {
+		in, err string
+	}{
+		{"uid:1000=sandbox-*", ""},
+		{"gid:27=a,b,c-*", ""},
+		{"group:root=*", ""},
+		{"user:root=*", ""},
+		{"id:spiffe://example.org/ns/ci/*=ci-*", ""},
+		{"uid:x=*", "not a number"},
+		{"uid:1000", "want SELECTOR=OWNER"},
+		{"pid:1=*", "unknown selector"},
+		{"uid:1=a*b", `"*" may only end`},
+	} {
+		_, err := control.ParseRule(tc.in, false)
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("ParseRule(%q): %v", tc.in, err)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("ParseRule(%q): %v, want an error with %q", tc.in, err, tc.err)
+		}
+	}
+}
+
+func TestGrant(t *testing.T) {
+	p, err := control.ParsePolicy(strings.NewReader(`{
+	  "max_leases": 8,
+	  "principals": [
+	    {"uid": 1000, "owners": ["sandbox-*"], "max_leases": 100},
+	    {"gid": 2000, "owners": ["*"], "read_only": true},
+	    {"identity": "spiffe://example.org/ns/ci/*", "owners": ["ci-*", "build"]}
+	  ]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		root     = control.Principal{Kind: control.Unix}
+		orch     = control.Principal{Kind: control.Unix, UID: 1000, GID: 1000}
+		reader   = control.Principal{Kind: control.Unix, UID: 1500, GID: 100, Groups: []uint32{2000}}
+		nobody   = control.Principal{Kind: control.Unix, UID: 65534, GID: 65534}
+		ci       = control.Principal{Kind: control.Certificate, Identity: "spiffe://example.org/ns/ci/sa/builder"}
+		other    = control.Principal{Kind: control.Certificate, Identity: "spiffe://example.org/ns/web/sa/x"}
+		uid0cert = control.Principal{Kind: control.Certificate, Identity: "root"}
+	)
+	for _, tc := range []struct {
+		who         control.Principal
+		owner       string
+		lease, read bool
+		empty       bool
+		quota       int
+		stringForm  string
+	}{
+		{root, "anything", true, true, false, 8, "uid:0"},
+		{orch, "sandbox-42", true, true, false, 100, "uid:1000"},
+		{orch, "ci-1", false, false, false, 100, "uid:1000"},
+		{reader, "sandbox-42", false, true, false, 8, "uid:1500"},
+		{nobody, "sandbox-42", false, false, true, 8, "uid:65534"},
+		{ci, "ci-7", true, true, false, 8, "x509:spiffe://example.org/ns/ci/sa/builder"},
+		{ci, "build", true, true, false, 8, "x509:spiffe://example.org/ns/ci/sa/builder"},
+		{ci, "builder", false, false, false, 8, "x509:spiffe://example.org/ns/ci/sa/builder"},
+		{other, "ci-7", false, false, true, 8, "x509:spiffe://example.org/ns/web/sa/x"},
+		// A certificate is never root, whatever it is called.
+		{uid0cert, "x", false, false, true, 8, "x509:root"},
+	} {
+		g := p.Grant(tc.who)
+		if g.MayLease(tc.owner) != tc.lease || g.MayRead(tc.owner) != tc.read || g.Empty() != tc.empty || g.MaxLeases != tc.quota {
+			t.Errorf("%s for %q: lease %v read %v empty %v quota %d; want %v %v %v %d", tc.who, tc.owner,
+				g.MayLease(tc.owner), g.MayRead(tc.owner), g.Empty(), g.MaxLeases, tc.lease, tc.read, tc.empty, tc.quota)
+		}
+		if tc.who.String() != tc.stringForm {
+			t.Errorf("String() = %q, want %q", tc.who.String(), tc.stringForm)
+		}
+	}
+}
