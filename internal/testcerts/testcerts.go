@@ -29,6 +29,10 @@ type Set struct {
 	CAFile, ServerCert, ServerKey, ClientCert, ClientKey string
 
 	caPEM, serverPEM, serverKeyPEM, clientPEM, clientKeyPEM []byte
+
+	caCert *x509.Certificate
+	caKey  *ecdsa.PrivateKey
+	serial int64
 }
 
 // New makes a fresh CA and certificates valid for an hour.
@@ -55,28 +59,13 @@ func New() (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Set{CAPool: x509.NewCertPool(), caPEM: pemBlock("CERTIFICATE", caDER)}
+	s := &Set{CAPool: x509.NewCertPool(), caPEM: pemBlock("CERTIFICATE", caDER), caCert: caCert, caKey: caKey, serial: 3}
 	s.CAPool.AddCert(caCert)
 
 	issue := func(serial int64, tmpl *x509.Certificate) (tls.Certificate, []byte, []byte, error) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			return tls.Certificate{}, nil, nil, err
-		}
 		tmpl.SerialNumber = big.NewInt(serial)
 		tmpl.NotBefore, tmpl.NotAfter = now.Add(-time.Minute), now.Add(time.Hour)
-		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-		if err != nil {
-			return tls.Certificate{}, nil, nil, err
-		}
-		keyDER, err := x509.MarshalECPrivateKey(key)
-		if err != nil {
-			return tls.Certificate{}, nil, nil, err
-		}
-		certPEM, keyPEM := pemBlock("CERTIFICATE", der), pemBlock("EC PRIVATE KEY", keyDER)
-		c, err := tls.X509KeyPair(certPEM, keyPEM)
-		return c, certPEM, keyPEM, err
+		return s.sign(tmpl)
 	}
 	s.Server, s.serverPEM, s.serverKeyPEM, err = issue(2, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "phasegate"},
@@ -95,6 +84,53 @@ func New() (*Set, error) {
 		return nil, fmt.Errorf("client certificate: %w", err)
 	}
 	return s, nil
+}
+
+// Issue signs a client certificate from tmpl (its subject, SANs and
+// validity; a zero validity is the next hour) with the set's CA and writes
+// its certificate and key as name.pem and name-key.pem into dir. It is
+// for tests of which identities a server accepts: a SPIFFE ID, an expired
+// certificate, one that names nobody.
+func (s *Set) Issue(dir, name string, tmpl *x509.Certificate) (cert tls.Certificate, certFile, keyFile string, err error) {
+	s.serial++
+	tmpl.SerialNumber = big.NewInt(s.serial)
+	if tmpl.NotAfter.IsZero() {
+		tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Minute), time.Now().Add(time.Hour)
+	}
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	c, certPEM, keyPEM, err := s.sign(tmpl)
+	if err != nil {
+		return tls.Certificate{}, "", "", err
+	}
+	certFile, keyFile = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		return tls.Certificate{}, "", "", err
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		return tls.Certificate{}, "", "", err
+	}
+	return c, certFile, keyFile, nil
+}
+
+// sign makes a fresh key and a certificate of it from tmpl, signed by the
+// CA.
+func (s *Set) sign(tmpl *x509.Certificate) (tls.Certificate, []byte, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, nil, nil, err
+	}
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, s.caCert, &key.PublicKey, s.caKey)
+	if err != nil {
+		return tls.Certificate{}, nil, nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return tls.Certificate{}, nil, nil, err
+	}
+	certPEM, keyPEM := pemBlock("CERTIFICATE", der), pemBlock("EC PRIVATE KEY", keyDER)
+	c, err := tls.X509KeyPair(certPEM, keyPEM)
+	return c, certPEM, keyPEM, err
 }
 
 // WriteFiles writes the CA, server and client PEM files into dir and
