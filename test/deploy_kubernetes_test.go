@@ -127,6 +127,7 @@ func TestDeployKubernetes(t *testing.T) {
 	if out, err := n.verifiedProbe(addr, certs); err != nil || out != "SERVING" {
 		t.Errorf("a client verifying the certificate against the CA: %v: %s", err, out)
 	}
+	assertControlGuarded(t, n, d, h, certs)
 
 	stop := syscall.SIGTERM
 	if c.Lifecycle != nil && c.Lifecycle.StopSignal != nil {

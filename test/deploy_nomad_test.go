@@ -243,6 +243,7 @@ func testNomadJob(t *testing.T, file string) {
 	if out, err := n.verifiedProbe(addr, certs); err != nil || out != "SERVING" {
 		t.Errorf("a client verifying the certificate against the CA: %v: %s", err, out)
 	}
+	assertControlGuarded(t, n, d, h, certs)
 
 	// A renewed certificate: the template re-renders and signals.
 	for _, tm := range templates {

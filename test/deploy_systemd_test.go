@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/app"
 )
 
@@ -124,6 +126,7 @@ func readSystemdUnits(t *testing.T) systemdService {
 		t.Fatalf("ExecStart %q: the test runs the binary under test in place of %s", exec, productionBinary)
 	}
 	s.args = exec[1:]
+	installSysusers(t) // --control-group names the group it declares
 	for _, e := range s.svc["Service"]["Environment"] {
 		s.env = append(s.env, words(t, e)...)
 	}
@@ -280,6 +283,14 @@ func TestDeploySystemd(t *testing.T) {
 	if strings.Contains(d.logs.String(), "address already in use") {
 		t.Errorf("the daemon bound its own socket:\n%s", d.logs.String())
 	}
+	assertControlGuarded(t, n, d, h, nil)
+	// A member of the socket's group (the orchestrator's user, as the
+	// unit's comments say to set it up) uses the Slots API.
+	reachable(t, h.stateDir)
+	member := exec.Command("runuser", "-u", "nobody", "-g", "phasegate", "--", newPublicDir(t).binary, "slots", "list", "--socket="+d.control)
+	if out, err := member.CombinedOutput(); err != nil || !strings.Contains(string(out), `"slots"`) {
+		t.Errorf("a member of group phasegate on the control socket: %v %s", err, out)
+	}
 	notify.next(t, 0, "WATCHDOG", watchdog)
 
 	// systemctl reload: ExecReload with $MAINPID, the daemon's pid.
@@ -295,6 +306,11 @@ func TestDeploySystemd(t *testing.T) {
 	}
 	if !d.running() || d.cmd.Process.Pid != pid {
 		t.Fatalf("the reload did not keep the process: %v", d.err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := d.slots().List(ctx, &phasegatev1.ListRequest{}); err != nil {
+		t.Errorf("the control socket after the reload (handed to the new image): %v", err)
 	}
 	// The gap systemd's watchdog sees: from the old image's last WATCHDOG=1
 	// before the SIGHUP to the new image's first.

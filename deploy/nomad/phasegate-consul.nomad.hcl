@@ -2,7 +2,9 @@
 # check: Nomad's native provider cannot run grpc checks, Consul's can.
 # grpc_service = "" asks for the daemon's overall readiness.
 #
-# Everything else is as in phasegate.nomad.hcl, which explains it: TLS from
+# Everything else is as in phasegate.nomad.hcl, which explains it: the two
+# surfaces (health on the port for the checks, the Slots API on the control
+# socket /run/phasegate/control.sock for the node's orchestrator), TLS from
 # Vault's pki secrets engine through the template (renewal = SIGHUP, an
 # in-place upgrade that keeps the port and the slots), kill_timeout above
 # the daemon's stop budget (20s with these flags) and under Nomad's default

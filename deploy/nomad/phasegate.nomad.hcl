@@ -5,6 +5,18 @@
 # classifies and reclaims slots and fills its pool, so the check says
 # "starting", never "connection refused".
 #
+# Two surfaces (docs/SECURITY.md). The port, on the node's address, serves
+# health, metrics and the phase views to Nomad's checks and anyone else:
+# nothing there names a tenant or changes anything. The Slots API is on the
+# control socket, /run/phasegate/control.sock on the client (mode 0660,
+# root's): the node's orchestrator, a raw_exec task running as root like this
+# one, uses it directly (`phasegate slots list` finds it); a task of another
+# driver mounts a client host_volume of /run/phasegate. Over the port the
+# Slots API answers only clients with a certificate that --tls-client-ca
+# verifies (add it, and --allow=id:<identity>=<owners> for each client,
+# for an orchestrator off the node); without it, as here, every TCP client is
+# refused: no host that reaches port 5008 can touch a slot.
+#
 # TLS. The daemon listens on the node's address, and it refuses to start on
 # a non-loopback address without a certificate. The template below asks
 # Vault's pki secrets engine for one, valid for this node's IP, and renders
