@@ -137,7 +137,6 @@ func (d *Daemon) openControl(ctx context.Context) error {
 	// drains: no delay is needed for calls to see it.
 	sc.DrainDelay, sc.StopTimeout = 0, d.cfg.StopTimeout
 	sc.Gate = server.LifecycleGate(d.lc)
-	sc.DisableReflection = true
 	sc.GRPCOptions = []grpc.ServerOption{
 		tracing.GRPCServerOption(d.app.TracerProvider(), d.app.MeterProvider()),
 		grpc.ChainUnaryInterceptor(d.obs.timeAcquire, guard.Intercept),

@@ -298,6 +298,7 @@ func TestControlPlaneAttacks(t *testing.T) {
 	// Exhaustion: 70 Acquires as nobody on a daemon of 64 slots. Its quota
 	// of 3 holds, and root's next Acquire is served.
 	res := pub.flood(t, "nobody", sock, "acquire", 70)
+	t.Logf("70 Acquires as nobody (quota 3, 20 calls/s): %v", res)
 	if res["OK"] != 3 || res["ResourceExhausted"] != 67 {
 		t.Errorf("70 Acquires as nobody with a quota of 3: %v, want 3 OK and 67 ResourceExhausted", res)
 	}
@@ -305,11 +306,14 @@ func TestControlPlaneAttacks(t *testing.T) {
 		t.Errorf("root's Acquire after nobody's flood: %v", err)
 	}
 	// A flood of reads: the rate limit answers it, health does not notice.
+	floodAt := time.Now()
 	res = pub.flood(t, "nobody", sock, "list", 500)
+	t.Logf("500 Lists as nobody in %v: %v", time.Since(floodAt).Round(time.Millisecond), res)
 	if res["ResourceExhausted"] == 0 || res["OK"]+res["ResourceExhausted"] != 500 {
 		t.Errorf("500 Lists as nobody at 20 calls/s: %v, want OK or ResourceExhausted, many of them ResourceExhausted", res)
 	}
 	polls, failed := stopHealth()
+	t.Logf("health during the attacks: %d polls of /readyz, %d not 200", polls, failed)
 	if polls == 0 || failed != 0 {
 		t.Errorf("health during the attacks: %d of %d polls not 200", failed, polls)
 	}
@@ -533,4 +537,82 @@ func TestControlOverMutualTLS(t *testing.T) {
 		t.Fatalf("stop: exit %d", code)
 	}
 	h.decommission(h.prefix)
+}
+
+// Bad input on the control surface stops the start with exit 2 and one
+// line, before anything is created, and leaves the path as it was.
+func TestControlBadInputExitsTwoAndTouchesNothing(t *testing.T) {
+	dir := t.TempDir()
+	link := filepath.Join(dir, "link.sock")
+	if err := os.Symlink(filepath.Join(dir, "elsewhere"), link); err != nil {
+		t.Fatal(err)
+	}
+	live := filepath.Join(dir, "live.sock")
+	l, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	policy := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"socket path is a file", []string{"--control-socket=/etc/hostname"}, "/etc/hostname exists and is not a socket"},
+		{"socket path is a directory", []string{"--control-socket=" + dir}, "is a directory"},
+		{"socket path is a symlink", []string{"--control-socket=" + link}, "is a symlink"},
+		{"socket held by a live process", []string{"--control-socket=" + live}, "a live process answers on it"},
+		{"relative socket path", []string{"--control-socket=control.sock"}, "must be an absolute path"},
+		{"socket in a missing directory", []string{"--control-socket=/nonexistent-phasegate/control.sock"}, "does not exist"},
+		{"unknown group", []string{"--control-group=no-such-group-phasegate"}, `group "no-such-group-phasegate"`},
+		{"policy that does not parse", []string{"--control-policy=" + policy("bad.json", "{")}, "bad.json"},
+		{"policy with an unknown field", []string{"--control-policy=" + policy("field.json", `{"principals": [{"uid": 1, "owners": ["*"], "ownres": []}]}`)}, `unknown field "ownres"`},
+		{"policy naming an unknown user", []string{"--control-policy=" + policy("user.json", `{"principals": [{"user": "no-such-user-phasegate", "owners": ["*"]}]}`)}, "no-such-user-phasegate"},
+		{"missing policy file", []string{"--control-policy=/nonexistent-phasegate/policy.json"}, "no such file"},
+		{"rule without owners", []string{"--allow=uid:1000"}, "want SELECTOR=OWNER"},
+		{"rule with an unknown selector", []string{"--allow=pid:1=*"}, "unknown selector"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHost(t)
+			var before os.FileInfo
+			for _, a := range tc.args {
+				if p, ok := strings.CutPrefix(a, "--control-socket="); ok && filepath.IsAbs(p) {
+					before, _ = os.Lstat(p)
+				}
+			}
+			d := start(t, nil, append(h.args(freePort(t)), tc.args...)...)
+			if code := d.wait(20 * time.Second); code != 2 {
+				t.Fatalf("exit %d, want 2; output:\n%s", code, d.logs.String())
+			}
+			out := lines(d.logs.String())
+			if len(out) != 1 || !strings.Contains(out[0], tc.want) {
+				t.Fatalf("output %q, want one line containing %q", out, tc.want)
+			}
+			for _, dir := range []string{h.stateDir, h.netnsDir} {
+				if _, err := os.Stat(dir); !os.IsNotExist(err) {
+					t.Errorf("%s was created", dir)
+				}
+			}
+			for _, a := range tc.args {
+				if p, ok := strings.CutPrefix(a, "--control-socket="); ok && before != nil {
+					if after, err := os.Lstat(p); err != nil || !os.SameFile(before, after) || after.Mode() != before.Mode() {
+						t.Errorf("%s changed: %v", p, err)
+					}
+				}
+			}
+		})
+	}
+	// The live socket still answers its owner.
+	c, err := net.Dial("unix", live)
+	if err != nil {
+		t.Fatalf("the live socket after the attempts: %v", err)
+	}
+	c.Close()
 }

@@ -197,8 +197,9 @@ func (d *demo) run(ctx context.Context, leaked int, listen string, hold bool) in
 	d.say("   metrics:                   curl -s http://%s/metrics | grep ^phasegate_", addr)
 	self := invokedAs()
 	d.say("   phases:                    %s status --watch --addr %s", self, addr)
-	d.say("   a slot:                    %s slots acquire me --addr %s", self, addr)
-	d.say("   the slots:                 %s slots list --addr %s", self, addr)
+	sock := filepath.Join(d.dir, "state", phases.ControlSocketName)
+	d.say("   a slot:                    %s slots acquire me --socket %s", self, sock)
+	d.say("   the slots:                 %s slots list --socket %s", self, sock)
 	if !hold {
 		return exitOK
 	}
