@@ -51,10 +51,10 @@ type Daemon struct {
 	// dependent phase reads it: the lifecycle's ordering is the
 	// synchronisation.
 	lock       *lockfile.Lock
-	cidrLock   *lockfile.Lock // the slot CIDR's (phases/cidr.go)
-	store      *leases.Store  // the durable records (lock phase)
-	safeMode   bool           // records lost: keep every slot something lives in
-	stateLost  string         // why, for the health warning
+	cidrLock   *lockfile.Lock
+	store      *leases.Store // the durable records (lock phase)
+	safeMode   bool          // records lost: keep every slot something lives in
+	stateLost  string        // why, for the health warning
 	mgr        *slot.Manager
 	plan       *restorePlan    // what the restore decided (reclaim phase)
 	report     *reclaim.Report // the foreground reclaim's, when there is one
