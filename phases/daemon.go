@@ -56,6 +56,7 @@ type Daemon struct {
 	// dependent phase reads it: the lifecycle's ordering is the
 	// synchronisation.
 	lock       *lockfile.Lock
+	cidrLock   *lockfile.Lock
 	store      *leases.Store // the durable records (lock phase)
 	safeMode   bool          // records lost: keep every slot something lives in
 	stateLost  string        // why, for the health warning
@@ -170,7 +171,7 @@ const quickPhase = 30 * time.Second
 // --start-timeout.
 func (d *Daemon) graph() []lifecycle.Phase {
 	return []lifecycle.Phase{
-		{Name: PhaseLock, Run: d.runLock, Stop: d.stopLock, Timeout: d.cfg.LockWait + quickPhase},
+		{Name: PhaseLock, Run: d.runLocks, Stop: d.stopLocks, Timeout: d.cfg.LockWait + quickPhase},
 		{Name: PhaseReclaim, DependsOn: []string{PhaseLock}, Run: d.runReclaim, Stop: d.stopFirewall},
 		{Name: PhaseStorage, DependsOn: []string{PhaseReclaim}, Run: d.runStorage, Timeout: quickPhase},
 		{Name: PhasePopulate, DependsOn: []string{PhaseStorage}, Run: d.runPopulate, Stop: d.stopPool,

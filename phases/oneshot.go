@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -108,12 +110,56 @@ func (e *LeasesExistError) Error() string {
 		len(e.Leases), strings.Join(e.Leases, ", "))
 }
 
+// DecommissionResult says what Decommission did: the teardown of the
+// slots, and what it removed from and left in the state directory.
+type DecommissionResult struct {
+	// Teardown is what the teardown of the slots did.
+	Teardown *slot.TeardownResult
+	// FirewallRemoved: the nftables table is gone.
+	FirewallRemoved bool
+	// Removed are the files removed from the state directory: the records
+	// (slots.db) and the copies taken before schema upgrades.
+	Removed []string
+	// KeptAside are unusable state files an earlier start moved aside for
+	// inspection: they are an operator's evidence, so they are kept (and
+	// while one is there a start in this state directory restores in safe
+	// mode; see the state file's doc).
+	KeptAside []string
+}
+
+// String is a one-line summary for the command's output.
+func (r *DecommissionResult) String() string {
+	var b strings.Builder
+	if r.Teardown != nil {
+		b.WriteString(r.Teardown.String())
+		b.WriteString("; ")
+	}
+	if r.FirewallRemoved {
+		b.WriteString("firewall table removed; ")
+	} else {
+		b.WriteString("firewall table kept; ")
+	}
+	if len(r.Removed) > 0 {
+		b.WriteString("removed " + strings.Join(r.Removed, ", "))
+	} else {
+		b.WriteString("records kept")
+	}
+	if len(r.KeptAside) > 0 {
+		b.WriteString("; kept for inspection, remove by hand: " + strings.Join(r.KeptAside, ", "))
+	}
+	return b.String()
+}
+
 // Decommission destroys every slot of the configuration, leased ones
-// included, the records and the firewall table: for a host that leaves
-// service. It takes the daemon's lock, so it refuses to run beside one,
-// and refuses with a *[LeasesExistError] while leases exist unless
-// destroyLeased confirms it.
-func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog.Logger) (*slot.TeardownResult, error) {
+// included, the firewall table and the records: the state file and its
+// pre-upgrade copies are removed, so that the state directory holds
+// nothing of this configuration but unusable files kept aside for
+// inspection (listed in the result). It takes the daemon's lock, so it
+// refuses to run beside one, and refuses with a *[LeasesExistError] while
+// leases exist unless destroyLeased confirms it. The lock file stays in
+// the lock directory, unlocked: removing it would let a waiter lock a file
+// a newcomer then replaces (see [lockfile.Lock.Unlock]).
+func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog.Logger) (*DecommissionResult, error) {
 	d, done, err := oneShot(ctx, cfg, log)
 	if err != nil {
 		return nil, err
@@ -139,24 +185,28 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 	}
 	// Processes inside are cut off, not killed (unless
 	// --reclaim-kill-orphans): they belong to the workloads, not to us.
-	res := d.mgr.Teardown(ctx, inv, d.teardownOptions())
-	if err := res.Err(); err != nil {
+	res := &DecommissionResult{Teardown: d.mgr.Teardown(ctx, inv, d.teardownOptions())}
+	if err := res.Teardown.Err(); err != nil {
+		// The records of what is left are kept: a later run finds it.
 		return res, fmt.Errorf("decommission: %w", err)
-	}
-	var all []int
-	for _, r := range recs {
-		all = append(all, r.Index)
-	}
-	if re != nil {
-		for i := range re.Bad {
-			all = append(all, i)
-		}
-	}
-	if err := d.store.Delete(ctx, all...); err != nil {
-		return res, fmt.Errorf("decommission: delete the records: %w", err)
 	}
 	if err := d.mgr.Firewall().Delete(ctx); err != nil {
 		return res, fmt.Errorf("decommission: %w", err)
 	}
+	res.FirewallRemoved = true
+	// The records go last, once nothing they describe is left; the lock
+	// is still held, so no daemon opens the file meanwhile.
+	if err := d.store.Close(); err != nil {
+		return res, fmt.Errorf("decommission: close the records: %w", err)
+	}
+	path := cfg.StatePath()
+	backups, _ := filepath.Glob(path + ".schema*.bak") // a valid pattern: only a malformed one errs
+	for _, p := range append([]string{path}, backups...) {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return res, fmt.Errorf("decommission: remove %s: %w", p, err)
+		}
+		res.Removed = append(res.Removed, p)
+	}
+	res.KeptAside, _ = filepath.Glob(path + ".corrupt-*")
 	return res, nil
 }

@@ -363,7 +363,7 @@ func (n *node) check(env []string, args []string) resolved {
 // line, after the file's own (the last of a repeated flag wins): the
 // test's own netns directory, slot prefix, state directory and slot
 // network. The files keep what production needs (/run/netns, pg-,
-// /run/phasegate, 169.254.0.0/17); a test must not touch the host's slots
+// /run/phasegate, 169.254.128.0/19); a test must not touch the host's slots
 // nor collide with another test's. Everything else — listen address, TLS,
 // drain and stop timeouts, start timeout, the port the checks probe — is
 // exactly the file's.

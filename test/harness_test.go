@@ -66,11 +66,10 @@ type host struct {
 	prefix   string
 	netnsDir string
 	stateDir string
-	// cidr is the host's own slot network: a random /18 of 100.64.0.0/10
-	// (8,192 slots, what the long load test leaks),
-	// so that slots of tests (and of other test packages) running at the
-	// same time never share an address, as they would in the default
-	// link-local /17, and traffic to a slot reaches that slot.
+	// cidr is the host's own slot network: a /18 of e2eSpace claimed for
+	// the test (claimCIDR), so that slots of tests (and of other test
+	// packages) running at the same time never share an address, and a
+	// daemon never refuses it for overlapping another's.
 	cidr string
 }
 
@@ -82,13 +81,14 @@ func newHost(t *testing.T) *host {
 		p = append(p, letters[rand.IntN(len(letters))])
 	}
 	base := t.TempDir()
-	block := rand.IntN(256) // 256 /18s in 100.64.0.0/10
+	// Claimed before the sweep is registered, so released after it.
+	cidr := claimCIDR(t, string(p)+"-")
 	h := &host{
 		t:        t,
 		prefix:   string(p) + "-",
 		netnsDir: filepath.Join(base, "netns"),
 		stateDir: filepath.Join(base, "state"),
-		cidr:     fmt.Sprintf("100.%d.%d.0/18", 64+block/4, (block%4)*64),
+		cidr:     cidr,
 	}
 	// Registered after TempDir, so it runs before TempDir's removal.
 	t.Cleanup(func() { h.sweep(h.prefix) })

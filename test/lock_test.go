@@ -110,9 +110,11 @@ func TestLockGuardsTheSlotsNotTheStateDir(t *testing.T) {
 		t.Errorf("reclaim beside a daemon: err %v, output:\n%s", err, out)
 	}
 
-	// Another prefix in the same directory is another set of slots.
+	// Another prefix in the same directory is another set of slots (with
+	// addresses of its own: a CIDR is one daemon's).
 	h2 := *h
 	h2.prefix = h.prefix[:len(h.prefix)-1] + "x-"
+	h2.cidr = claimCIDR(t, h2.prefix)
 	t.Cleanup(func() { h2.sweep(h2.prefix) })
 	beside := start(t, nil, h2.args(freePort(t), "--slots=64", "--state-dir="+otherState)...)
 	beside.waitServing(time.Minute)

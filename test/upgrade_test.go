@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -204,6 +205,11 @@ func TestUpgradeOnSIGHUPRefusesNoConnection(t *testing.T) {
 	if v := healthVersion(t, d); v != "v2-upgraded" {
 		t.Errorf("after upgrading to v2 /health says version %q", v)
 	}
+	// The CIDR lock went across the upgrades with the process: a daemon of
+	// another prefix on the same CIDR is refused, naming it.
+	other := newHost(t)
+	o := start(t, nil, other.args(freePort(t), "--slots=64", "--slot-cidr="+h.cidr)...)
+	refusedAtStart(t, o, other, "pid "+strconv.Itoa(pid))
 	d.signal(syscall.SIGTERM)
 	if code := d.wait(time.Minute); code != 0 {
 		t.Fatalf("exit %d after the upgrades", code)

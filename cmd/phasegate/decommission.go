@@ -10,8 +10,9 @@ import (
 )
 
 // decommissionCmd destroys every slot of a configuration, leased ones
-// included, with their records and the firewall table: for a host that
-// leaves service. A restart or an upgrade never does this; only this
+// included, with their records (the state file is removed) and the
+// firewall table: for a host that leaves service. Its last line says what
+// it removed and what it kept. A restart or an upgrade never does this; only this
 // command does, and it refuses while slots are leased unless told
 // --destroy-leased-slots.
 func decommissionCmd(ctx context.Context, e env) int {
@@ -53,6 +54,6 @@ func decommissionCmd(ctx context.Context, e env) int {
 		fmt.Fprintf(e.stderr, "phasegate decommission: %v\n", err)
 		return exitFailed
 	}
-	fmt.Fprintf(e.stdout, "decommissioned: %s; records and firewall table removed\n", res.String())
+	fmt.Fprintf(e.stdout, "decommissioned: %s\n", res.String())
 	return exitOK
 }

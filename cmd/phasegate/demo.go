@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,7 +104,7 @@ func (d *demo) setup(dir string, leaked int) error {
 		Prefix:   d.prefix,
 		NetnsDir: filepath.Join(dir, "netns"),
 		Slots:    leaked + demoPoolSize + 64,
-		CIDR:     netip.MustParsePrefix("169.254.0.0/17"),
+		CIDR:     slot.DefaultCIDR,
 	}
 	if err := d.cfg.Validate(); err != nil {
 		d.removeDir()

@@ -28,7 +28,7 @@ func TestServeFlagsAndEnvironment(t *testing.T) {
 				cfg, opts, err := serveFlags(e)
 				lf := opts.log
 				if err != nil || cfg.Listen != "127.0.0.1:5008" || cfg.Slots.Prefix != "pg-" || cfg.Slots.Slots != 1024 ||
-					cfg.Slots.CIDR.String() != "169.254.0.0/17" || cfg.PoolSize != 16 || cfg.PoolMinReady != 1 ||
+					cfg.Slots.CIDR.String() != "169.254.128.0/19" || cfg.PoolSize != 16 || cfg.PoolMinReady != 1 ||
 					cfg.DrainDelay != 5*time.Second || cfg.StopTimeout != 10*time.Second || lf.format != "text" {
 					t.Fatalf("defaults: %+v %+v %v", cfg, lf, err)
 				}

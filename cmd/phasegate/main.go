@@ -70,7 +70,7 @@ commands:
   demo      leak slots, start a daemon, watch it start and serve, clean up (root)
   version   print the version
 
-Run "phasegate <command> -h" for a command's flags.
+Run "phasegate <command> --help" (or "phasegate help <command>") for a command's flags.
 `
 
 func run(ctx context.Context, e env) int {
@@ -79,6 +79,16 @@ func run(ctx context.Context, e env) int {
 		return exitUsage
 	}
 	cmd, rest := e.args[0], e.args[1:]
+	if cmd == "help" && len(rest) > 0 {
+		// "phasegate help serve" is "phasegate serve --help".
+		cmd, rest = rest[0], []string{"--help"}
+	}
+	if cmd == "slots" && len(rest) > 0 && isHelp(rest[0]) {
+		// The slots client's flags are shared by its verbs, and its help
+		// (under any verb) lists them with the verbs: asked for before a
+		// verb, it is the same help.
+		rest = []string{"list", "--help"}
+	}
 	e.args = rest
 	switch cmd {
 	case "serve":
@@ -96,6 +106,10 @@ func run(ctx context.Context, e env) int {
 	case "demo":
 		return demoCmd(ctx, e)
 	case "version", "--version", "-version":
+		if len(rest) > 0 && isHelp(rest[0]) {
+			fmt.Fprint(e.stdout, "usage: phasegate version\n\nprints the version; no flags\n")
+			return exitOK
+		}
 		fmt.Fprintf(e.stdout, "phasegate %s\n", version)
 		return exitOK
 	case "help", "-h", "--help":
@@ -104,4 +118,14 @@ func run(ctx context.Context, e env) int {
 	}
 	fmt.Fprintf(e.stderr, "phasegate: unknown command %q\n\n%s", cmd, usageText)
 	return exitUsage
+}
+
+// isHelp reports whether arg asks for help, in any spelling the flag
+// package accepts (and the word itself).
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "--h", "help":
+		return true
+	}
+	return false
 }

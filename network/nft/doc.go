@@ -4,30 +4,55 @@
 // Adding or removing a slot is one set-element change; the rule count never
 // grows with the number of slots.
 //
-// The table looks like this in `nft list table inet <name>` (default Policy):
+// The table looks like this in `nft list table inet <name>` (nftables
+// 1.0.6; default Policy, two slots):
 //
 //	table inet <name> {
-//		set slots { type ifname }
-//		set host_tcp { type inet_service }
-//		set host_udp { type inet_service }
-//		chain forward { type filter hook forward priority filter; policy accept;
-//			iifname @slots oifname @slots counter drop comment "slot-to-slot"
+//		set host_tcp {
+//			type inet_service
+//		}
+//
+//		set host_udp {
+//			type inet_service
+//		}
+//
+//		set slots {
+//			type ifname
+//			elements = { "pg-h1",
+//				     "pg-h2" }
+//		}
+//
+//		chain forward {
+//			type filter hook forward priority filter; policy accept;
+//			iifname @slots oifname @slots counter packets 0 bytes 0 drop comment "slot-to-slot"
 //			iifname @slots accept
 //			oifname @slots ct state established,related accept
 //			oifname @slots ct status dnat accept
-//			oifname @slots counter drop comment "inbound"
+//			oifname @slots counter packets 0 bytes 0 drop comment "inbound"
 //		}
-//		chain input { type filter hook input priority filter; policy accept;
+//
+//		chain input {
+//			type filter hook input priority filter; policy accept;
 //			iifname @slots ct state established,related accept
 //			iifname @slots icmp type echo-request fib daddr . iif type local accept
 //			iifname @slots tcp dport @host_tcp fib daddr . iif type local accept
 //			iifname @slots udp dport @host_udp fib daddr . iif type local accept
-//			iifname @slots counter drop comment "to-host"
+//			iifname @slots counter packets 0 bytes 0 drop comment "to-host"
 //		}
-//		chain postrouting { type nat hook postrouting priority srcnat; policy accept;
+//
+//		chain postrouting {
+//			type nat hook postrouting priority srcnat; policy accept;
 //			iifname @slots oifname != @slots masquerade
 //		}
 //	}
+//
+// The slots set lists the host ends of the slots by name because its user
+// data carries the key's byte order, as nft itself writes it for `type
+// ifname`; the kernel ignores that data, and without it nft prints every
+// element as "" (the rules match all the same). A table made by an earlier
+// version, whose set lacks it, is made readable by Ensure in the transaction
+// that rewrites the rules (TestListingNamesEveryElement,
+// TestEnsureMakesAnOldSetReadable).
 //
 // # What a slot may reach, and why
 //

@@ -149,8 +149,13 @@ func (t *Table) table() *nftables.Table {
 
 // Fixed, non-zero set IDs keep the library from using its global counter;
 // they only matter within the transaction that creates the set.
+// The slots set carries its key's byte order (host, as for every string
+// type) in its user data, as nft writes it for `type ifname`: the kernel
+// ignores it, but without it nft and every tool that reads the ruleset
+// list each name as "" (see byteOrderHost).
 func (t *Table) set() *nftables.Set {
-	return &nftables.Set{Table: t.table(), Name: SetName, ID: 1, KeyType: nftables.TypeIFName}
+	return &nftables.Set{Table: t.table(), Name: SetName, ID: 1, KeyType: nftables.TypeIFName,
+		KeyByteOrder: binaryutil.NativeEndian}
 }
 
 func (t *Table) portSet(name string, id uint32) *nftables.Set {
@@ -207,8 +212,19 @@ func (t *Table) Exists(ctx context.Context) (bool, error) {
 // rules written anew, and the port sets are replaced. The slots set and its
 // elements are kept. Ensure is idempotent and safe on a table made by an
 // earlier run with another policy.
+//
+// A slots set made by an earlier version, without the key information nft
+// needs to print names (see byteOrderHost), is made again in the same
+// transaction, with the elements it had: the kernel swaps the rules and
+// the set at once, so no packet of a live slot ever meets a rule without
+// its set or a set without its element.
 func (t *Table) Ensure(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	readable, err := t.setKeyReadable(SetName)
+	missing := errors.Is(err, unix.ENOENT)
+	if err != nil && !missing {
 		return err
 	}
 	c, release, err := t.conn()
@@ -216,10 +232,21 @@ func (t *Table) Ensure(ctx context.Context) error {
 		return err
 	}
 	defer release()
-	tbl := c.AddTable(t.table())
 	slots := t.set()
+	var keep []nftables.SetElement
+	migrate := !missing && !readable
+	if migrate {
+		old, err := c.GetSetElements(slots)
+		if err != nil {
+			return fmt.Errorf("nft: list set %s/%s to make it again: %w", t.name, SetName, err)
+		}
+		for _, e := range old {
+			keep = append(keep, nftables.SetElement{Key: e.Key})
+		}
+	}
+	tbl := c.AddTable(t.table())
 	tcp, udp := t.portSet(SetHostTCP, 2), t.portSet(SetHostUDP, 3)
-	for _, s := range []*nftables.Set{slots, tcp, udp} {
+	for _, s := range []*nftables.Set{tcp, udp} {
 		if err := c.AddSet(s, nil); err != nil {
 			return fmt.Errorf("nft: add set %s: %w", s.Name, err)
 		}
@@ -250,6 +277,19 @@ func (t *Table) Ensure(ctx context.Context) error {
 		ch.Table, ch.Policy = tbl, accept
 		chains[ch.Name] = c.AddChain(ch)
 		c.FlushChain(ch)
+	}
+	// The rules that referred to an old slots set are gone (flushed
+	// above, in this transaction), so it can be deleted and made again.
+	if migrate {
+		c.DelSet(slots)
+	}
+	if err := c.AddSet(slots, nil); err != nil {
+		return fmt.Errorf("nft: add set %s: %w", slots.Name, err)
+	}
+	for chunk := range slices.Chunk(keep, elemsPerMessage) {
+		if err := c.SetAddElements(slots, chunk); err != nil {
+			return fmt.Errorf("nft: encode elements of %s: %w", slots.Name, err)
+		}
 	}
 	for _, r := range t.rules(slots, tcp, udp) {
 		r.Table, r.Chain = tbl, chains[r.Chain.Name]

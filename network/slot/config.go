@@ -28,9 +28,23 @@ const (
 	DefaultSlots = 1024
 )
 
-// DefaultCIDR is the default slot network: link-local, clear of
-// 169.254.169.254.
-var DefaultCIDR = netip.MustParsePrefix("169.254.0.0/17")
+// DefaultCIDR is the default slot network: a link-local /19 (4,096
+// slots; --slots defaults to 1,024), which no network routes beyond a
+// link — a slot's veth is one — clear of what hosts and guests commonly
+// use in 169.254.0.0/16: E2B's microVM guest network 169.254.0.20/30
+// (E2BGuestRange), Kubernetes' node-local DNS 169.254.20.10, the cloud
+// metadata, DNS and time services at 169.254.169.x, ECS's 169.254.170.2
+// and EKS's 169.254.172.0/22. A host with a route for all of
+// 169.254.0.0/16 (IPv4 link-local addressing on a LAN, as NetworkManager
+// sets up on desktops) is refused at start, naming that route: give such
+// a host another --slot-cidr.
+var DefaultCIDR = netip.MustParsePrefix("169.254.128.0/19")
+
+// E2BGuestRange is the fixed network of E2B's microVM guests (guest
+// 169.254.0.21, its tap 169.254.0.22), which every microVM slot repeats
+// inside its own namespace: a slot CIDR must not hold it (see
+// Config.GuestRanges).
+var E2BGuestRange = netip.MustParsePrefix("169.254.0.20/30")
 
 // metadataAddr is the cloud metadata address no slot may use.
 var metadataAddr = netip.MustParseAddr("169.254.169.254")
@@ -53,6 +67,12 @@ type Config struct {
 	CIDR netip.Prefix
 	// Table overrides the nftables table name (default nft.TableName(Prefix)).
 	Table string
+	// GuestRanges are networks that workloads inside every slot use for
+	// themselves (a microVM's guest network behind a tap, such as
+	// E2BGuestRange): the same addresses in every slot, so none may lie in
+	// CIDR, where an address means one slot on the host. Empty until
+	// microVM slots give it a flag.
+	GuestRanges []netip.Prefix
 }
 
 // DefaultConfig returns the daemon's defaults.
@@ -105,6 +125,12 @@ func (c Config) Validate() error {
 		if last := c.offset(c.Slots, 1); c.CIDR.Contains(metadataAddr) &&
 			addrLE(c.CIDR.Addr(), metadataAddr) && addrLE(metadataAddr, last) {
 			bad("slot CIDR %s with %d slots would use %s (cloud metadata)", c.CIDR, c.Slots, metadataAddr)
+		}
+	}
+	for _, g := range c.GuestRanges {
+		if c.CIDR.IsValid() && g.Overlaps(c.CIDR) {
+			bad("slot CIDR %s overlaps the guest range %s that every slot's workload uses inside: give a --slot-cidr clear of it (the default %s is)",
+				c.CIDR, g, DefaultCIDR)
 		}
 	}
 	if c.Table != "" && (len(c.Table) > 255 || strings.ContainsRune(c.Table, 0)) {

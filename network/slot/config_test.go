@@ -35,6 +35,9 @@ func TestValidate(t *testing.T) {
 		{"host bits", func(c *Config) { c.CIDR = netip.MustParsePrefix("169.254.0.1/17") }, "host bits"},
 		{"small", func(c *Config) { c.CIDR = netip.MustParsePrefix("169.254.0.0/24") }, "need 2000"},
 		{"metadata", func(c *Config) { c.CIDR = netip.MustParsePrefix("169.254.168.0/21") }, "metadata"},
+		{"guest range inside", func(c *Config) {
+			c.CIDR, c.GuestRanges = netip.MustParsePrefix("169.254.0.0/17"), []netip.Prefix{E2BGuestRange}
+		}, "overlaps the guest range 169.254.0.20/30"},
 	}
 	for _, tc := range cases {
 		c := good
@@ -62,11 +65,11 @@ func TestNamesAndAddresses(t *testing.T) {
 	if s.NetnsName != "pg-1" || s.NetnsPath != "/run/netns/pg-1" || s.HostIf != "pg-h1" || s.InsideIf != "eth0" {
 		t.Errorf("slot 1 = %+v", s)
 	}
-	if s.HostAddr.String() != "169.254.0.0/31" || s.InsideAddr.String() != "169.254.0.1/31" {
+	if s.HostAddr.String() != "169.254.128.0/31" || s.InsideAddr.String() != "169.254.128.1/31" {
 		t.Errorf("slot 1 addrs = %s %s", s.HostAddr, s.InsideAddr)
 	}
 	s = c.Slot(200)
-	if s.HostAddr.String() != "169.254.1.142/31" || s.InsideAddr.String() != "169.254.1.143/31" {
+	if s.HostAddr.String() != "169.254.129.142/31" || s.InsideAddr.String() != "169.254.129.143/31" {
 		t.Errorf("slot 200 addrs = %s %s", s.HostAddr, s.InsideAddr)
 	}
 	for name, want := range map[string]int{"pg-1": 1, "pg-300": 300, "pg-301": 0, "pg-0": 0, "pg-01": 0,
@@ -106,5 +109,28 @@ func TestNamesAndAddresses(t *testing.T) {
 	}
 	if c.TableName() != "phasegate_pg_" {
 		t.Errorf("TableName = %q", c.TableName())
+	}
+}
+
+// The default slot CIDR lies clear of the addresses hosts and guests
+// commonly use in link-local space, and of the guest range microVM slots
+// will add: a default configuration with that guest range is valid.
+func TestDefaultCIDRIsClear(t *testing.T) {
+	for _, used := range []string{
+		"169.254.0.20/30",  // E2B's microVM guests
+		"169.254.20.10/32", // Kubernetes node-local DNS
+		"169.254.169.0/24", // cloud metadata, DNS (.253), time (.123)
+		"169.254.170.2/32", // ECS task metadata
+		"169.254.172.0/22", // EKS
+		"169.254.0.0/17",   // the network tests' playgrounds (nettest)
+	} {
+		if p := netip.MustParsePrefix(used); p.Overlaps(DefaultCIDR) {
+			t.Errorf("DefaultCIDR %s overlaps %s", DefaultCIDR, p)
+		}
+	}
+	c := DefaultConfig()
+	c.GuestRanges = []netip.Prefix{E2BGuestRange}
+	if err := c.Validate(); err != nil {
+		t.Errorf("the defaults with E2B's guest range: %v", err)
 	}
 }

@@ -23,7 +23,7 @@ func ExampleConfig() {
 		fmt.Printf("%-8s in range: %-5v %d  ours: %-5v %d\n", name, ours, i, canonical, j)
 	}
 	// Output:
-	// /run/netns/pg-7 pg-h7 eth0 169.254.0.12/31 169.254.0.13/31 phasegate_pg_
+	// /run/netns/pg-7 pg-h7 eth0 169.254.128.12/31 169.254.128.13/31 phasegate_pg_
 	// pg-7     in range: true  7  ours: true  7
 	// pg-007   in range: false 0  ours: false 0
 	// pg-2048  in range: false 0  ours: true  2048

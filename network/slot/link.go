@@ -180,3 +180,17 @@ func readProc(path string) ([]byte, error) {
 		}
 	}
 }
+
+// name returns the name of the root-namespace link index, or
+// "ifindex <n>" when it cannot be read (gone meanwhile): for messages and
+// for telling our links from others, never for acting on one.
+func (p *linkProbe) name(index int) string {
+	ifr, err := unix.NewIfreq("")
+	if err == nil {
+		ifr.SetUint32(uint32(index))
+		if err = unix.IoctlIfreq(p.fd, unix.SIOCGIFNAME, ifr); err == nil {
+			return ifr.Name()
+		}
+	}
+	return fmt.Sprintf("ifindex %d", index)
+}

@@ -135,6 +135,14 @@ func (m *Manager) Create(ctx context.Context, i int) (*Slot, error) {
 }
 
 func (m *Manager) create(ctx context.Context, s *Slot) error {
+	// The leftover of this index is gone: a route that still reaches the
+	// slot's addresses is somebody else's, and the slot's own would
+	// duplicate it.
+	if r, err := routedAlready(s.HostAddr); err != nil {
+		return err
+	} else if r != nil {
+		return fmt.Errorf("%s is already routed by the host (%s): a slot there would duplicate it", s.HostAddr.Masked(), r)
+	}
 	// Before the veth exists nothing can refresh an entry for the address.
 	if err := flushHostConntrack(s.InsideAddr.Addr()); err != nil && !ignorableConntrack(err) {
 		return fmt.Errorf("flush host conntrack for %s: %w", s.InsideAddr.Addr(), err)

@@ -1,0 +1,132 @@
+package slot
+
+import (
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	vns "github.com/vishvananda/netns"
+)
+
+// inFreshNetns runs f on a thread of its own in a new network namespace,
+// which plays the host: nothing is added to the real host's interfaces.
+// The thread is never unlocked, so it exits with the namespace.
+func inFreshNetns(t *testing.T, f func()) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces)")
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		ns, err := vns.New()
+		if err != nil {
+			t.Errorf("new netns: %v", err)
+			return
+		}
+		defer ns.Close()
+		f()
+	}()
+	<-done
+}
+
+func TestForeignUses(t *testing.T) {
+	c := Config{Prefix: "fu-", NetnsDir: "/run/netns", Slots: 8, CIDR: netip.MustParsePrefix("10.90.0.0/24")}
+	for _, tc := range []struct {
+		name string
+		link string
+		addr string
+		want []string
+	}{
+		{"own slot", "fu-h1", "10.90.0.0/31", nil},
+		{"own slot beyond --slots", "fu-h40", "10.90.0.78/31", nil},
+		{"another daemon's slot", "xx-h1", "10.90.0.0/31", []string{"address 10.90.0.0/31 dev xx-h1", "route 10.90.0.0/31 dev xx-h1"}},
+		{"a host interface", "uplink0", "10.90.0.200/24", []string{"address 10.90.0.200/24 dev uplink0", "route 10.90.0.0/24 dev uplink0"}},
+		{"a host interface around it", "uplink0", "10.90.7.1/16", []string{"address 10.90.7.1/16 dev uplink0", "route 10.90.0.0/16 dev uplink0"}},
+		{"a host interface beside it", "uplink0", "10.91.0.1/24", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inFreshNetns(t, func() {
+				l := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: tc.link}, PeerName: "peer0"}
+				if err := netlink.LinkAdd(l); err != nil {
+					t.Errorf("add %s: %v", tc.link, err)
+					return
+				}
+				p := netip.MustParsePrefix(tc.addr)
+				if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(p)}); err != nil {
+					t.Errorf("address %s: %v", p, err)
+					return
+				}
+				if err := netlink.LinkSetUp(l); err != nil {
+					t.Errorf("up: %v", err)
+					return
+				}
+				uses, err := c.ForeignUses()
+				if err != nil {
+					t.Errorf("ForeignUses: %v", err)
+					return
+				}
+				var got []string
+				for _, u := range uses {
+					if u.Table == 255 {
+						continue // the local table's entries for the same address
+					}
+					got = append(got, u.String())
+				}
+				if !slices.Equal(got, tc.want) {
+					t.Errorf("ForeignUses = %q, want %q", got, tc.want)
+				}
+			})
+		})
+	}
+}
+
+// A slot's /31 that the host routes already (another daemon's slot) is
+// found before the slot is made, so Create never duplicates the route; a
+// default route is no such route.
+func TestRoutedAlready(t *testing.T) {
+	p := netip.MustParsePrefix("10.90.0.4/31")
+	inFreshNetns(t, func() {
+		l := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0"}, PeerName: "peer0"}
+		if err := netlink.LinkAdd(l); err != nil {
+			t.Errorf("add: %v", err)
+			return
+		}
+		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix("192.0.2.1/24"))}); err != nil {
+			t.Errorf("address: %v", err)
+			return
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Errorf("up: %v", err)
+			return
+		}
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: netip.MustParseAddr("192.0.2.2").AsSlice(), Flags: int(netlink.FLAG_ONLINK)}); err != nil {
+			t.Errorf("default route: %v", err)
+			return
+		}
+		if r, err := routedAlready(p); err != nil || r != nil {
+			t.Errorf("with only a default route: %v, %v; want none", r, err)
+		}
+		other := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "xx-h3"}, PeerName: "peer1"}
+		if err := netlink.LinkAdd(other); err != nil {
+			t.Errorf("add: %v", err)
+			return
+		}
+		if err := netlink.AddrAdd(other, &netlink.Addr{IPNet: ipNet(p)}); err != nil {
+			t.Errorf("address: %v", err)
+			return
+		}
+		if err := netlink.LinkSetUp(other); err != nil {
+			t.Errorf("up: %v", err)
+			return
+		}
+		r, err := routedAlready(p)
+		if err != nil || r == nil || r.Dev != "xx-h3" {
+			t.Errorf("with another daemon's slot there: %v, %v; want its route", r, err)
+		}
+	})
+}

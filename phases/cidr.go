@@ -1,0 +1,113 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lockfile"
+)
+
+// cidrHandover names the CIDR lock's descriptor across an in-place
+// upgrade, as lockHandover names the slots lock's.
+const cidrHandover = "cidr-lock"
+
+// runLocks is the lock phase: the slots of the prefix (runLock), then the
+// slot CIDR (claimCIDR). The prefix comes first, so that a second daemon
+// of the same prefix is still told that (exit 1, naming the holder).
+func (d *Daemon) runLocks(ctx context.Context, p *lifecycle.Progress) error {
+	if err := d.runLock(ctx, p); err != nil {
+		return err
+	}
+	if err := d.claimCIDR(ctx); err != nil {
+		// A failed phase is not stopped: let the slots lock go here.
+		_ = d.lock.Unlock()
+		return err
+	}
+	return nil
+}
+
+// stopLocks releases what runLocks took (both kept across an upgrade).
+func (d *Daemon) stopLocks(ctx context.Context) error {
+	var err error
+	if !d.app.Upgrading() {
+		err = d.cidrLock.Unlock()
+	}
+	return errors.Join(d.stopLock(ctx), err)
+}
+
+// CIDRInUseError refuses a slot CIDR that overlaps addresses or routes of
+// the host that are not the daemon's own slots.
+type CIDRInUseError struct {
+	// CIDR is the slot CIDR refused.
+	CIDR string
+	// Uses are what overlaps it, the most telling first.
+	Uses []slot.HostUse
+}
+
+func (e *CIDRInUseError) Error() string {
+	more := ""
+	if n := len(e.Uses) - 1; n > 0 {
+		more = fmt.Sprintf(" (and %d more)", n)
+	}
+	return fmt.Sprintf("%v: --slot-cidr %s overlaps what the host already uses: %s%s; give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)",
+		ErrConfig, e.CIDR, e.Uses[0], more)
+}
+
+// Unwrap makes the error a configuration error: the daemon exits 2.
+func (e *CIDRInUseError) Unwrap() error { return ErrConfig }
+
+// claimCIDR makes the slot CIDR the daemon's own on the host: it takes the
+// CIDR lock (refused while another daemon holds an equal or overlapping
+// CIDR), then refuses a CIDR that overlaps an address or a route of the
+// host other than its own slots'. The lock comes first, so two daemons
+// starting at the same instant cannot both pass the check; it is held
+// until the daemon stops, and handed over across an upgrade (whose new
+// image does not check the host again: what is there is its own).
+func (d *Daemon) claimCIDR(ctx context.Context) error {
+	scope, err := lockfile.NetNSScope()
+	if err != nil {
+		return lifecycle.Permanent(err)
+	}
+	path := lockfile.CIDRPath(d.cfg.LockDir, scope, d.cfg.Slots.CIDR)
+	if f := d.app.Inherited(cidrHandover); f != nil {
+		l, err := lockfile.Adopt(f, path)
+		if err != nil {
+			return lifecycle.Permanent(fmt.Errorf("the CIDR lock handed over by the previous image: %w", err))
+		}
+		d.cidrLock = l
+		d.app.HandOver(cidrHandover, l.File())
+		return nil
+	}
+	l, err := lockfile.AcquireCIDR(ctx, d.cfg.LockDir, scope, d.cfg.Slots.CIDR)
+	if held := (*lockfile.CIDRHeldError)(nil); errors.As(err, &held) {
+		return lifecycle.Permanent(fmt.Errorf("%w: %v: give each daemon on a host a --slot-cidr of its own (docs/DEPLOYING.md)", ErrConfig, held))
+	}
+	if err != nil {
+		return lifecycle.Permanent(err)
+	}
+	uses, err := d.cfg.Slots.ForeignUses()
+	if err == nil && len(uses) > 0 {
+		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
+		err = &CIDRInUseError{CIDR: d.cfg.Slots.CIDR.String(), Uses: uses}
+	}
+	if err != nil {
+		_ = l.Unlock()
+		return lifecycle.Permanent(err)
+	}
+	d.cidrLock = l
+	d.app.HandOver(cidrHandover, l.File())
+	return nil
+}
+
+// describeUses is the uses for a log line.
+func describeUses(uses []slot.HostUse) string {
+	s := make([]string, len(uses))
+	for i, u := range uses {
+		s[i] = u.String()
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,134 @@
+package lockfile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A daemon's slot CIDR is locked with a file of its own, named after the
+// network namespace it runs in and the CIDR
+// (cidr-net4026531840-169.254.64.0_18.lock: addresses are exclusive per
+// network namespace, and /run/lock is shared by all of them), flocked for as long as the daemon runs
+// (and across an in-place upgrade, like the slots lock). CIDRs of two
+// daemons can overlap without being equal, so one file per CIDR is not
+// enough by itself: a daemon takes its file under a guard
+// (cidrs.lock), after checking, still under the guard, that no file of
+// an overlapping CIDR is held. The names are the list of CIDRs; the
+// kernel's flocks say which are live, so nothing goes stale when a
+// holder dies. See docs/DESIGN.md, "Exclusive addresses".
+
+// cidrGuard is the file whose lock makes the check and the take of a CIDR
+// lock one step.
+const cidrGuard = "cidrs.lock"
+
+// guardWait bounds the wait for the guard: it is held only while a daemon
+// reads the lock directory.
+const guardWait = 10 * time.Second
+
+// NetNSScope names the network namespace the caller runs in, for
+// [CIDRPath]: "net" and the namespace's inode, stable while it lives (a
+// reused inode of a namespace gone can only meet a lock nobody holds).
+func NetNSScope() (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
+		return "", fmt.Errorf("lockfile: stat /proc/self/ns/net: %w", err)
+	}
+	return "net" + strconv.FormatUint(st.Ino, 10), nil
+}
+
+// CIDRPath is the lock file of cidr in lockDir, for the network namespace
+// scope names (see [NetNSScope]).
+func CIDRPath(lockDir, scope string, cidr netip.Prefix) string {
+	return filepath.Join(lockDir, "cidr-"+scope+"-"+cidr.Addr().String()+"_"+strconv.Itoa(cidr.Bits())+".lock")
+}
+
+// parseCIDRName returns the CIDR a lock file name of scope stands for.
+func parseCIDRName(name, scope string) (netip.Prefix, bool) {
+	s, ok := strings.CutPrefix(name, "cidr-"+scope+"-")
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	if s, ok = strings.CutSuffix(s, ".lock"); !ok {
+		return netip.Prefix{}, false
+	}
+	p, err := netip.ParsePrefix(strings.Replace(s, "_", "/", 1))
+	if err != nil || p != p.Masked() {
+		return netip.Prefix{}, false
+	}
+	return p, true
+}
+
+// CIDRHeldError reports that another process holds a CIDR that overlaps
+// the one asked for.
+type CIDRHeldError struct {
+	// Want is the CIDR asked for; Held the one held (equal or
+	// overlapping).
+	Want, Held netip.Prefix
+	// Lock is the holder's lock file and pid.
+	Lock *HeldError
+}
+
+func (e *CIDRHeldError) Error() string {
+	how := "overlaps"
+	if e.Want == e.Held {
+		how = "is"
+	}
+	return fmt.Sprintf("slot CIDR %s %s %s, held by another phasegate (%s; lock %s)", e.Want, how, e.Held, e.Lock.Holder(), e.Lock.Path)
+}
+
+// Unwrap returns the lock's own error.
+func (e *CIDRHeldError) Unwrap() error { return e.Lock }
+
+// AcquireCIDR locks cidr in lockDir for the caller, in the network
+// namespace scope names, or fails with a *[CIDRHeldError] naming a holder
+// of an equal or overlapping CIDR in it. It never waits for another
+// holder: two daemons whose slots would share addresses must not both
+// run, whichever started first.
+func AcquireCIDR(ctx context.Context, lockDir, scope string, cidr netip.Prefix) (*Lock, error) {
+	if !filepath.IsAbs(lockDir) {
+		return nil, fmt.Errorf("lockfile: lock directory %q is not absolute", lockDir)
+	}
+	if !cidr.IsValid() || cidr != cidr.Masked() {
+		return nil, fmt.Errorf("lockfile: CIDR %s is not a masked prefix", cidr)
+	}
+	guard, err := Acquire(ctx, filepath.Join(lockDir, cidrGuard), guardWait)
+	if err != nil {
+		return nil, fmt.Errorf("lockfile: the CIDR guard: %w", err)
+	}
+	defer guard.Unlock()
+	ents, err := os.ReadDir(lockDir)
+	if err != nil {
+		return nil, fmt.Errorf("lockfile: read %s: %w", lockDir, err)
+	}
+	own := CIDRPath(lockDir, scope, cidr)
+	for _, e := range ents {
+		held, ok := parseCIDRName(e.Name(), scope)
+		path := filepath.Join(lockDir, e.Name())
+		if !ok || path == own || !held.Overlaps(cidr) {
+			continue
+		}
+		// Every holder took its file under the guard we hold: what Probe
+		// finds cannot change before we take ours.
+		locked, pid, err := Probe(ctx, path)
+		if err != nil {
+			return nil, err
+		}
+		if locked {
+			return nil, &CIDRHeldError{Want: cidr, Held: held, Lock: &HeldError{Path: path, PID: pid}}
+		}
+	}
+	l, err := Acquire(ctx, own, 0)
+	if held := (*HeldError)(nil); errors.As(err, &held) {
+		return nil, &CIDRHeldError{Want: cidr, Held: cidr, Lock: held}
+	}
+	return l, err
+}
