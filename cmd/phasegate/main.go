@@ -83,12 +83,6 @@ func run(ctx context.Context, e env) int {
 		// "phasegate help serve" is "phasegate serve --help".
 		cmd, rest = rest[0], []string{"--help"}
 	}
-	if cmd == "slots" && len(rest) > 0 && isHelp(rest[0]) {
-		// The slots client's flags are shared by its verbs, and its help
-		// (under any verb) lists them with the verbs: asked for before a
-		// verb, it is the same help.
-		rest = []string{"list", "--help"}
-	}
 	e.args = rest
 	switch cmd {
 	case "serve":

@@ -48,8 +48,7 @@ func slotsCmd(ctx context.Context, e env) int {
 		fmt.Fprintf(e.stderr, "usage: phasegate %s\n", slotsUsage)
 		return exitUsage
 	}
-	switch e.args[0] {
-	case "-h", "-help", "--help", "help":
+	if isHelp(e.args[0]) {
 		usage(e.stdout, fs, slotsUsage)
 		return exitOK
 	}
