@@ -526,8 +526,13 @@ func TestControlOverMutualTLS(t *testing.T) {
 		wantRefused(t, tc.what, out, code, tc.code)
 	}
 	out, code := pub.as(t, "nobody", "", append([]string{"slots", "acquire", "tenant-ci-1", "--request-id=ci-1"}, tlsArgs(good)...)...)
-	if code != 0 || !strings.Contains(out, `"principal": "x509:`+orch.String()+`"`) {
-		t.Fatalf("acquire with the orchestrator's certificate: exit %d %s", code, out)
+	var acq struct {
+		Slot struct {
+			Principal string `json:"principal"`
+		} `json:"slot"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &acq) != nil || acq.Slot.Principal != "x509:"+orch.String() {
+		t.Fatalf("acquire with the orchestrator's certificate: exit %d %s, want principal x509:%s", code, out, orch)
 	}
 	out, code = pub.as(t, "nobody", "", append([]string{"slots", "acquire", "victim", "--request-id=sandbox-abc"}, tlsArgs(good)...)...)
 	wantRefused(t, "the orchestrator's certificate replaying root's request for an owner it is not granted", out, code, "PermissionDenied")
