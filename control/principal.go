@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -89,10 +90,8 @@ func IdentifyRequest(r *http.Request) (Principal, error) {
 }
 
 var (
-	errNoCredentials = errors.Join(ErrUnauthenticated,
-		errors.New("no credentials: over TCP the control surface needs a client certificate signed by the daemon's --tls-client-ca; on the host, use the control socket"))
-	errNoIdentity = errors.Join(ErrUnauthenticated,
-		errors.New("the client certificate names no identity (no URI SAN, DNS SAN or common name)"))
+	errNoCredentials = fmt.Errorf("%w: no credentials: over TCP the control surface needs a client certificate signed by the daemon's --tls-client-ca; on the host, use the control socket", ErrUnauthenticated)
+	errNoIdentity    = fmt.Errorf("%w: the client certificate names no identity (no URI SAN, DNS SAN or common name)", ErrUnauthenticated)
 )
 
 func fromPeerCred(pc server.PeerCred) Principal {

@@ -16,7 +16,7 @@ import (
 // command does, and it refuses while slots are leased unless told
 // --destroy-leased-slots.
 func decommissionCmd(ctx context.Context, e env) int {
-	cfg := phases.DefaultConfig()
+	cfg := oneShotConfig()
 	var lf logFlags
 	fs := flag.NewFlagSet("decommission", flag.ContinueOnError)
 	slotFlags(fs, &cfg)

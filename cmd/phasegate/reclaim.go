@@ -13,11 +13,20 @@ import (
 	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
+// oneShotConfig is the configuration of a command that runs once, without
+// a daemon (reclaim, decommission): the daemon's, without a pool, so that
+// --slots below the default pool size is valid.
+func oneShotConfig() phases.Config {
+	cfg := phases.DefaultConfig()
+	cfg.PoolSize, cfg.PoolMinReady = 0, 0
+	return cfg
+}
+
 // reclaimCmd tears down leaked slots once, without a daemon: for a host that
 // will not run phasegate again, or to measure a reclaim. It takes the
 // daemon's lock, so it refuses to run beside one.
 func reclaimCmd(ctx context.Context, e env) int {
-	cfg := phases.DefaultConfig()
+	cfg := oneShotConfig()
 	var lf logFlags
 	fs := flag.NewFlagSet("reclaim", flag.ContinueOnError)
 	slotFlags(fs, &cfg)
