@@ -331,6 +331,13 @@ func TestControlPlaneAttacks(t *testing.T) {
 	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
 		t.Errorf("the control socket is left after an orderly stop: %v", err)
 	}
+	// A lease id is a capability: never in the log, even at debug level.
+	if logs := d.logs.String(); strings.Contains(logs, victim.GetLeaseId()) || strings.Contains(logs, victim.GetLeaseId()[:16]) {
+		t.Error("the victim's lease id is in the daemon's log")
+	}
+	if !strings.Contains(d.logs.String(), `msg="control call refused" audit=true method=Release surface=socket principal=uid:65534`) {
+		t.Error("no audit line of nobody's refused Release")
+	}
 	st, err := leases.Open(filepath.Join(h.stateDir, "slots.db"), leases.Options{})
 	if err != nil {
 		t.Fatal(err)
