@@ -167,23 +167,31 @@ func (r *Rule) resolve() error {
 	if n != 1 {
 		return fmt.Errorf("%w: a rule selects by exactly one of uid, user, gid, group or identity (this one by %d)", ErrPolicy, n)
 	}
-	if r.User != "" && r.UID == nil {
-		u, err := user.Lookup(r.User)
+	if r.User != "" {
+		id, err := resolveName("user", r.User, func(n string) (string, error) {
+			u, err := user.Lookup(n)
+			if err != nil {
+				return "", err
+			}
+			return u.Uid, nil
+		})
 		if err != nil {
-			return fmt.Errorf("%w: user %q: %w", ErrPolicy, r.User, err)
+			return err
 		}
-		id, _ := strconv.ParseUint(u.Uid, 10, 32)
-		v := uint32(id)
-		r.UID, r.User = &v, ""
+		r.UID, r.User = id, ""
 	}
-	if r.Group != "" && r.GID == nil {
-		g, err := user.LookupGroup(r.Group)
+	if r.Group != "" {
+		id, err := resolveName("group", r.Group, func(n string) (string, error) {
+			g, err := user.LookupGroup(n)
+			if err != nil {
+				return "", err
+			}
+			return g.Gid, nil
+		})
 		if err != nil {
-			return fmt.Errorf("%w: group %q: %w", ErrPolicy, r.Group, err)
+			return err
 		}
-		id, _ := strconv.ParseUint(g.Gid, 10, 32)
-		v := uint32(id)
-		r.GID, r.Group = &v, ""
+		r.GID, r.Group = id, ""
 	}
 	if err := checkPattern("identity", r.Identity); r.Identity != "" && err != nil {
 		return err
@@ -200,6 +208,21 @@ func (r *Rule) resolve() error {
 		return fmt.Errorf("%w: max_leases %d is negative", ErrPolicy, *r.MaxLeases)
 	}
 	return nil
+}
+
+// resolveName returns the numeric id of a user or group name, as lookup
+// finds it: names are resolved once, when the policy is loaded.
+func resolveName(kind, name string, lookup func(string) (string, error)) (*uint32, error) {
+	s, err := lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s %q: %w", ErrPolicy, kind, name, err)
+	}
+	id, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s %q has id %q, not a number", ErrPolicy, kind, name, s)
+	}
+	v := uint32(id)
+	return &v, nil
 }
 
 func checkPattern(what, p string) error {
