@@ -25,7 +25,7 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	args := h.args(addr, "--slots=64")
 	d := start(t, nil, args...)
 	d.waitServing(time.Minute)
-	c := phasegatev1.NewSlotsClient(dial(t, addr))
+	c := d.slots()
 	busy := acquire(t, c, "sandbox-busy", "b1", 0)
 	idle := acquire(t, c, "sandbox-idle", "i1", 0)
 	inside, _, _ := strings.Cut(busy.slot.GetInsideAddress(), "/")
@@ -65,7 +65,7 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	got, err := c2(t, addr).Get(ctx, &phasegatev1.GetRequest{Index: busy.slot.GetIndex()})
+	got, err := d.slots().Get(ctx, &phasegatev1.GetRequest{Index: busy.slot.GetIndex()})
 	if err != nil || got.GetSlot().GetState() != phasegatev1.SlotState_SLOT_STATE_QUARANTINED {
 		t.Errorf("the inhabited slot: %v %v, want it quarantined", got, err)
 	}
@@ -73,7 +73,7 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 		t.Errorf("the inhabited slot's namespace was destroyed: %v", err)
 	}
 	if _, err := os.Stat(idle.slot.GetNetnsPath()); err == nil {
-		if got, _ := c2(t, addr).Get(ctx, &phasegatev1.GetRequest{Index: idle.slot.GetIndex()}); got.GetSlot().GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED {
+		if got, _ := d.slots().Get(ctx, &phasegatev1.GetRequest{Index: idle.slot.GetIndex()}); got.GetSlot().GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED {
 			t.Errorf("a slot nothing lives in is leased without a record")
 		}
 	}
@@ -108,10 +108,6 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	}
 	h.decommission(h.prefix)
 	h.assertClean(h.prefix, nil)
-}
-
-func c2(t *testing.T, addr string) phasegatev1.SlotsClient {
-	return phasegatev1.NewSlotsClient(dial(t, addr))
 }
 
 // A state file of a newer schema: the daemon refuses to start, exit 2, and
