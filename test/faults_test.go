@@ -2,6 +2,8 @@ package test
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -161,12 +163,32 @@ func TestTwoDaemonsNeverShareAStateFile(t *testing.T) {
 
 	h2 := newHost(t)
 	args := h2.args(freePort(t), "--slots=64", "--state-dir="+h.stateDir)
+	// The first daemon's control socket, in the state directory, is the
+	// first thing in the way: refused before anything is made, exit 2.
 	second := start(t, nil, args...)
+	if code := second.wait(time.Minute); code != 2 {
+		t.Fatalf("second daemon on the same state directory: exit %d, want 2", code)
+	}
+	if l := second.logs.String(); !strings.Contains(l, first.control) || !strings.Contains(l, "a live process answers on it") {
+		t.Errorf("second daemon does not say the control socket %s is live:\n%s", first.control, l)
+	}
+	// With a control socket of its own, it gets as far as the state file,
+	// which is taken.
+	second = start(t, nil, append(args, "--control-socket="+filepath.Join(t.TempDir(), "second.sock"))...)
 	if code := second.wait(time.Minute); code != 1 {
 		t.Fatalf("second daemon on the same state file: exit %d, want 1", code)
 	}
 	if l := second.logs.String(); !strings.Contains(l, "open in another process") {
 		t.Errorf("second daemon does not say the state file is taken:\n%s", grepLines(l, "state file"))
+	}
+	if _, err := os.Lstat(second.control); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the refused daemon left its control socket %s: %v", second.control, err)
+	}
+	// The first daemon's socket still answers.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := first.slots().List(ctx, &phasegatev1.ListRequest{}); err != nil {
+		t.Errorf("the first daemon's control socket after the refused starts: %v", err)
 	}
 	first.signal(syscall.SIGTERM)
 	if code := first.wait(time.Minute); code != 0 {

@@ -123,6 +123,9 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	if want := "pid " + strconv.Itoa(d.cmd.Process.Pid); !strings.Contains(second.logs.String(), want) {
 		t.Errorf("second daemon said %q, want it to name %s", second.logs.String(), want)
 	}
+	if _, err := c.Get(ctx, &phasegatev1.GetRequest{Index: held[0].GetIndex()}); err != nil {
+		t.Errorf("the first daemon's control socket after a second daemon was refused: %v", err)
+	}
 
 	// kill -9 with slots leased and warm, and a leak of an earlier run: the
 	// next start restores the leases to their owners, adopts the warm slots
