@@ -36,6 +36,10 @@ func (e *InUseError) Error() string {
 // Unwrap makes the error match [ErrSocket].
 func (e *InUseError) Unwrap() error { return ErrSocket }
 
+// maxPathLen is the longest path a Unix socket can be bound at and
+// connected to: sun_path's 108 bytes, less the terminating NUL.
+const maxPathLen = len(unix.RawSockaddrUnix{}.Path) - 1
+
 // probeTimeout bounds the connect that tells a live socket from a stale
 // one: a live daemon's kernel answers a Unix connect at once.
 const probeTimeout = time.Second
@@ -76,6 +80,9 @@ func CheckPath(path string) error {
 func checkPath(path string) (socket bool, err error) {
 	if !filepath.IsAbs(path) {
 		return false, fmt.Errorf("%w %q: must be an absolute path", ErrSocket, path)
+	}
+	if len(path) > maxPathLen {
+		return false, fmt.Errorf("%w %s: %d bytes, longer than a Unix socket address can be (%d): give a shorter --control-socket", ErrSocket, path, len(path), maxPathLen)
 	}
 	if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
 		return false, fmt.Errorf("%w %s: directory %s does not exist", ErrSocket, path, filepath.Dir(path))
@@ -122,9 +129,18 @@ func Listen(ctx context.Context, path string, opts SocketOptions) (*net.UnixList
 	if err := CheckSocket(ctx, path); err != nil {
 		return nil, nil, err
 	}
-	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".new-"+strconv.Itoa(os.Getpid()))
+	name := "." + filepath.Base(path) + ".new-" + strconv.Itoa(os.Getpid())
+	tmp := filepath.Join(filepath.Dir(path), name)
 	_ = os.Remove(tmp) // an earlier attempt of this pid's
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	// The temporary name is longer than path, which may itself be as long
+	// as a socket address can be: it is bound through a descriptor of the
+	// directory, so that its length is never what fails the bind.
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w %s: %w", ErrSocket, path, err)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: "/proc/self/fd/" + strconv.Itoa(int(dir.Fd())) + "/" + name, Net: "unix"})
+	_ = dir.Close()
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: bind %s: %w", ErrSocket, tmp, err)
 	}

@@ -52,12 +52,12 @@ func TestBusyNamespacesAtShutdown(t *testing.T) {
 	addr := freePort(t)
 	d := start(t, nil, h.args(addr, "--slots=64", "--stop-timeout=3s")...)
 	d.waitServing(time.Minute)
-	conn := dial(t, addr)
+	slots := d.slots()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var paths []string
 	for _, owner := range []string{"sandbox-live", "sandbox-fd"} {
-		resp, err := phasegatev1.NewSlotsClient(conn).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: owner})
+		resp, err := slots.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: owner})
 		if err != nil {
 			t.Fatal(err)
 		}

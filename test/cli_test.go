@@ -86,7 +86,7 @@ func TestProbeStatusAndReclaimCommands(t *testing.T) {
 	}
 
 	// The Slots API from the command line, as the README shows it.
-	out, code = cli(t, "slots", "acquire", "sandbox-42", "--request-id=req-1", "--ttl=10m", "--addr="+addr)
+	out, code = cli(t, "slots", "acquire", "sandbox-42", "--request-id=req-1", "--ttl=10m", "--socket="+d.control)
 	var acq struct {
 		Slot struct {
 			Index int    `json:"index"`
@@ -98,7 +98,7 @@ func TestProbeStatusAndReclaimCommands(t *testing.T) {
 		t.Fatalf("slots acquire: exit %d\n%s", code, out)
 	}
 	idx := strconv.Itoa(acq.Slot.Index)
-	out, code = cli(t, "slots", "list", "--addr="+addr)
+	out, code = cli(t, "slots", "list", "--socket="+d.control)
 	var list struct {
 		Slots []struct {
 			Index int    `json:"index"`
@@ -113,13 +113,13 @@ func TestProbeStatusAndReclaimCommands(t *testing.T) {
 	}) {
 		t.Errorf("slots list: exit %d\n%s", code, out)
 	}
-	if out, code := cli(t, "slots", "keepalive", idx, acq.LeaseID, "--addr="+addr); code != 0 || !strings.Contains(out, "expires_at") {
+	if out, code := cli(t, "slots", "keepalive", idx, acq.LeaseID, "--socket="+d.control); code != 0 || !strings.Contains(out, "expires_at") {
 		t.Errorf("slots keepalive: exit %d\n%s", code, out)
 	}
-	if out, code := cli(t, "slots", "release", idx, "wrong-lease", "--addr="+addr); code != 1 || !strings.Contains(out, "PermissionDenied") {
+	if out, code := cli(t, "slots", "release", idx, "wrong-lease", "--socket="+d.control); code != 1 || !strings.Contains(out, "PermissionDenied") {
 		t.Errorf("slots release with a wrong lease: exit %d\n%s", code, out)
 	}
-	if out, code := cli(t, "slots", "release", idx, acq.LeaseID, "--addr="+addr); code != 0 {
+	if out, code := cli(t, "slots", "release", idx, acq.LeaseID, "--socket="+d.control); code != 0 {
 		t.Errorf("slots release: exit %d\n%s", code, out)
 	}
 

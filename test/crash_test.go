@@ -72,7 +72,7 @@ func TestCrashAnywhereRestartClean(t *testing.T) {
 	// Leases with workloads, probed from the host for the whole test.
 	d := start(t, nil, args...)
 	d.waitServing(2 * time.Minute)
-	c := phasegatev1.NewSlotsClient(dial(t, addr))
+	c := d.slots()
 	var work []*workload
 	for i := range 3 {
 		l := acquire(t, c, fmt.Sprint("sandbox-", i), fmt.Sprint("w", i), 0)
@@ -112,7 +112,7 @@ func TestCrashAnywhereRestartClean(t *testing.T) {
 	// whose answer was lost once retried; then a clean stop.
 	d = start(t, nil, args...)
 	d.waitReclaimed(2 * time.Minute)
-	c = phasegatev1.NewSlotsClient(dial(t, addr))
+	c = d.slots()
 	retryPending(t, c, book)
 	checkLeases(t, c, book.all(), "after the last restart")
 	for _, w := range work {
@@ -159,7 +159,7 @@ func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand, book *l
 		return "(serving already)"
 	}
 	d.waitServing(2 * time.Minute)
-	c := phasegatev1.NewSlotsClient(dial(t, d.addr))
+	c := d.slots()
 	retryPending(t, c, book)
 	checkLeases(t, c, book.all(), "after a restart")
 	switch point {

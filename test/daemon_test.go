@@ -183,9 +183,10 @@ func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 	phasetest.AssertOrder(t, seen, "lock", "listen", "register")
 
 	// Every leaked slot is gone; every foreign name is untouched.
+	slots := d.slots()
 	waitFor(t, time.Minute, "the pool to fill to 4", func() bool {
 		n := 0
-		for _, s := range listSlots(t, conn, false) {
+		for _, s := range listSlots(t, slots, false) {
 			if s.GetState() == phasegatev1.SlotState_SLOT_STATE_WARM {
 				n++
 			}
@@ -197,7 +198,7 @@ func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 	var leftover []string
 	for _, f := range files {
 		if !slices.Contains(want, f) {
-			if i, err := strconv.Atoi(strings.TrimPrefix(f, h.prefix)); err != nil || !isWarm(listSlots(t, conn, false), i) {
+			if i, err := strconv.Atoi(strings.TrimPrefix(f, h.prefix)); err != nil || !isWarm(listSlots(t, slots, false), i) {
 				leftover = append(leftover, f)
 			}
 		}
@@ -262,11 +263,11 @@ func grepLines(s, substr string) string {
 	return strings.Join(out, "\n")
 }
 
-func listSlots(t *testing.T, conn *grpc.ClientConn, all bool) []*phasegatev1.Slot {
+func listSlots(t *testing.T, c phasegatev1.SlotsClient, all bool) []*phasegatev1.Slot {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := phasegatev1.NewSlotsClient(conn).List(ctx, &phasegatev1.ListRequest{IncludeFree: all})
+	resp, err := c.List(ctx, &phasegatev1.ListRequest{IncludeFree: all})
 	if err != nil {
 		t.Fatalf("List: %v", err)
 	}

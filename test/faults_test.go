@@ -2,6 +2,8 @@ package test
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,7 +27,7 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	args := h.args(addr, "--slots=64")
 	d := start(t, nil, args...)
 	d.waitServing(time.Minute)
-	c := phasegatev1.NewSlotsClient(dial(t, addr))
+	c := d.slots()
 	busy := acquire(t, c, "sandbox-busy", "b1", 0)
 	idle := acquire(t, c, "sandbox-idle", "i1", 0)
 	inside, _, _ := strings.Cut(busy.slot.GetInsideAddress(), "/")
@@ -65,7 +67,7 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	got, err := c2(t, addr).Get(ctx, &phasegatev1.GetRequest{Index: busy.slot.GetIndex()})
+	got, err := d.slots().Get(ctx, &phasegatev1.GetRequest{Index: busy.slot.GetIndex()})
 	if err != nil || got.GetSlot().GetState() != phasegatev1.SlotState_SLOT_STATE_QUARANTINED {
 		t.Errorf("the inhabited slot: %v %v, want it quarantined", got, err)
 	}
@@ -73,7 +75,7 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 		t.Errorf("the inhabited slot's namespace was destroyed: %v", err)
 	}
 	if _, err := os.Stat(idle.slot.GetNetnsPath()); err == nil {
-		if got, _ := c2(t, addr).Get(ctx, &phasegatev1.GetRequest{Index: idle.slot.GetIndex()}); got.GetSlot().GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED {
+		if got, _ := d.slots().Get(ctx, &phasegatev1.GetRequest{Index: idle.slot.GetIndex()}); got.GetSlot().GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED {
 			t.Errorf("a slot nothing lives in is leased without a record")
 		}
 	}
@@ -108,10 +110,6 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	}
 	h.decommission(h.prefix)
 	h.assertClean(h.prefix, nil)
-}
-
-func c2(t *testing.T, addr string) phasegatev1.SlotsClient {
-	return phasegatev1.NewSlotsClient(dial(t, addr))
 }
 
 // A state file of a newer schema: the daemon refuses to start, exit 2, and
@@ -165,12 +163,32 @@ func TestTwoDaemonsNeverShareAStateFile(t *testing.T) {
 
 	h2 := newHost(t)
 	args := h2.args(freePort(t), "--slots=64", "--state-dir="+h.stateDir)
+	// The first daemon's control socket, in the state directory, is the
+	// first thing in the way: refused before anything is made, exit 2.
 	second := start(t, nil, args...)
+	if code := second.wait(time.Minute); code != 2 {
+		t.Fatalf("second daemon on the same state directory: exit %d, want 2", code)
+	}
+	if l := second.logs.String(); !strings.Contains(l, first.control) || !strings.Contains(l, "a live process answers on it") {
+		t.Errorf("second daemon does not say the control socket %s is live:\n%s", first.control, l)
+	}
+	// With a control socket of its own, it gets as far as the state file,
+	// which is taken.
+	second = start(t, nil, append(args, "--control-socket="+filepath.Join(t.TempDir(), "second.sock"))...)
 	if code := second.wait(time.Minute); code != 1 {
 		t.Fatalf("second daemon on the same state file: exit %d, want 1", code)
 	}
 	if l := second.logs.String(); !strings.Contains(l, "open in another process") {
 		t.Errorf("second daemon does not say the state file is taken:\n%s", grepLines(l, "state file"))
+	}
+	if _, err := os.Lstat(second.control); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the refused daemon left its control socket %s: %v", second.control, err)
+	}
+	// The first daemon's socket still answers.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := first.slots().List(ctx, &phasegatev1.ListRequest{}); err != nil {
+		t.Errorf("the first daemon's control socket after the refused starts: %v", err)
 	}
 	first.signal(syscall.SIGTERM)
 	if code := first.wait(time.Minute); code != 0 {

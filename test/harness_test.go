@@ -320,18 +320,22 @@ func startBinary(t *testing.T, bin string, env []string, args ...string) *daemon
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	d := &daemon{t: t, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	var stateDir string
 	for _, a := range args {
 		if v, ok := strings.CutPrefix(a, "--listen="); ok {
 			d.addr = v
 		}
-		if v, ok := strings.CutPrefix(a, "--state-dir="); ok && d.control == "" {
-			d.control = filepath.Join(v, "control.sock")
+		// The last of a repeated flag counts, as in the daemon's flag
+		// parsing: a test may give --state-dir again after h.args'.
+		if v, ok := strings.CutPrefix(a, "--state-dir="); ok {
+			stateDir = v
 		}
-	}
-	for _, a := range args {
 		if v, ok := strings.CutPrefix(a, "--control-socket="); ok {
 			d.control = v
 		}
+	}
+	if d.control == "" && stateDir != "" {
+		d.control = filepath.Join(stateDir, "control.sock")
 	}
 	cmd.Stdout, cmd.Stderr = d.logs, d.logs
 	d.began = time.Now()

@@ -86,7 +86,7 @@ func TestOperatorMetricsAndTimeline(t *testing.T) {
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	slots := phasegatev1.NewSlotsClient(conn)
+	slots := d.slots()
 	got, err := slots.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "metrics-test", RequestId: "m1"})
 	if err != nil {
 		t.Fatal(err)

@@ -78,7 +78,7 @@ func TestLiveRestoreKeepsWorkloadsConnected(t *testing.T) {
 	args := h.args(addr, "--slots=64", "--drain-delay=100ms")
 	d := start(t, nil, args...)
 	d.waitServing(time.Minute)
-	c := phasegatev1.NewSlotsClient(dial(t, addr))
+	c := d.slots()
 
 	var leases []held
 	for i, owner := range []string{"sandbox-a", "sandbox-a", "sandbox-b", "ci-job-7", "ci-job-8", "sandbox-c"} {
@@ -101,7 +101,7 @@ func TestLiveRestoreKeepsWorkloadsConnected(t *testing.T) {
 		stop()
 		d = start(t, nil, args...)
 		d.waitServing(time.Minute)
-		c = phasegatev1.NewSlotsClient(dial(t, addr))
+		c = d.slots()
 		checkLeases(t, c, leases, "after "+name)
 		if !strings.Contains(d.logs.String(), fmt.Sprintf("restored %d leases", len(leases))) {
 			t.Errorf("after %s the start does not report %d restored leases:\n%s", name, len(leases), grepLines(d.logs.String(), "restore"))
@@ -125,7 +125,7 @@ func TestLiveRestoreKeepsWorkloadsConnected(t *testing.T) {
 		return strings.Count(d.logs.String(), "msg=serving ") > before
 	})
 	d.waitServing(time.Minute)
-	c = phasegatev1.NewSlotsClient(dial(t, addr))
+	c = d.slots()
 	checkLeases(t, c, leases, "after an upgrade")
 
 	// A retried request gets its slot and lease again, never a second one.
@@ -176,7 +176,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	addr := freePort(t)
 	d := start(t, nil, h.args(addr, "--slots=64")...)
 	d.waitServing(time.Minute)
-	c := phasegatev1.NewSlotsClient(dial(t, addr))
+	c := d.slots()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 

@@ -20,13 +20,12 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	addr := freePort(t)
 	d := start(t, nil, h.args(addr, "--slots=64")...)
 	d.waitServing(time.Minute)
-	conn := dial(t, addr)
-	c := phasegatev1.NewSlotsClient(conn)
+	c := d.slots()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	// Bad arguments leave the state unchanged.
-	before := listSlots(t, conn, true)
+	before := listSlots(t, c, true)
 	bad := []struct {
 		name string
 		call func() error
@@ -66,7 +65,7 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.code)
 		}
 	}
-	if after := listSlots(t, conn, true); len(after) != len(before) {
+	if after := listSlots(t, c, true); len(after) != len(before) {
 		t.Errorf("bad calls changed the slots: %d before, %d after", len(before), len(after))
 	}
 
@@ -124,6 +123,9 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	if want := "pid " + strconv.Itoa(d.cmd.Process.Pid); !strings.Contains(second.logs.String(), want) {
 		t.Errorf("second daemon said %q, want it to name %s", second.logs.String(), want)
 	}
+	if _, err := c.Get(ctx, &phasegatev1.GetRequest{Index: held[0].GetIndex()}); err != nil {
+		t.Errorf("the first daemon's control socket after a second daemon was refused: %v", err)
+	}
 
 	// kill -9 with slots leased and warm, and a leak of an earlier run: the
 	// next start restores the leases to their owners, adopts the warm slots
@@ -136,9 +138,8 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	if !strings.Contains(d2.logs.String(), "restored 2 leases") || !strings.Contains(d2.logs.String(), "reclaimed 5") {
 		t.Errorf("restart does not report 2 leases restored and 5 slots reclaimed:\n%s", grepLines(d2.logs.String(), "restore"))
 	}
-	conn2 := dial(t, addr)
 	owners := map[uint32]string{}
-	for _, s := range listSlots(t, conn2, false) {
+	for _, s := range listSlots(t, d2.slots(), false) {
 		switch s.GetState() {
 		case phasegatev1.SlotState_SLOT_STATE_ACQUIRED:
 			owners[s.GetIndex()] = s.GetOwner()

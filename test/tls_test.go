@@ -29,8 +29,11 @@ func TestMutualTLS(t *testing.T) {
 	}
 	h := newHost(t)
 	addr := freePort(t)
+	// The client certificate's identity (its CN, sandbox-scheduler: it has
+	// no SAN) may lease for the owner "scheduler" only.
 	d := start(t, nil, h.args(addr, "--slots=64",
-		"--tls-cert="+certs.ServerCert, "--tls-key="+certs.ServerKey, "--tls-client-ca="+certs.CAFile)...)
+		"--tls-cert="+certs.ServerCert, "--tls-key="+certs.ServerKey, "--tls-client-ca="+certs.CAFile,
+		"--allow=id:sandbox-scheduler=scheduler")...)
 
 	// Health is open to checkers, which have no client certificate.
 	https := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
@@ -57,7 +60,8 @@ func TestMutualTLS(t *testing.T) {
 		t.Error("plain HTTP was answered on the TLS port")
 	}
 
-	// The Slots API needs a client certificate.
+	// The Slots API on the port needs a client certificate, and a policy
+	// rule for its identity.
 	dialTLS := func(cert bool) phasegatev1.SlotsClient {
 		cfg := &tls.Config{RootCAs: certs.CAPool}
 		if cert {
@@ -78,6 +82,12 @@ func TestMutualTLS(t *testing.T) {
 	resp, err := dialTLS(true).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "scheduler", RequestId: "s1"})
 	if err != nil {
 		t.Fatalf("Acquire with a client certificate: %v", err)
+	}
+	if got := resp.GetSlot().GetPrincipal(); got != "x509:sandbox-scheduler" {
+		t.Errorf("the lease's principal is %q, want x509:sandbox-scheduler", got)
+	}
+	if _, err := dialTLS(true).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "someone-else", RequestId: "s2"}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("Acquire with a client certificate for an owner its rule does not name: %v, want PermissionDenied", err)
 	}
 	if _, err := dialTLS(true).Release(ctx, &phasegatev1.ReleaseRequest{Index: resp.GetSlot().GetIndex(), LeaseId: resp.GetLeaseId()}); err != nil {
 		t.Fatalf("Release: %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
@@ -18,9 +19,10 @@ const (
 // throughputOwner owns the slots the Acquire comparison leases.
 const throughputOwner = "bench-throughput"
 
-// measureAcquire compares Acquire throughput and latency over gRPC on
-// loopback with the durable record (the daemon) and with the record in a
-// map (`bench memslots`, the same service over the same pool). Each rep
+// measureAcquire compares Acquire throughput and latency over gRPC on a
+// Unix socket with the durable record (the daemon, on its control socket)
+// and with the record in a map (`bench memslots`, the same service over the
+// same pool, on a socket of its own). Each rep
 // starts each side with a warm pool of -acquire-n slots and makes
 // -acquire-n calls from -acquire-clients concurrent callers on one
 // connection, so that no call waits for a slot to be made; the order of
@@ -75,7 +77,7 @@ func (r *runner) acquireRun(ctx context.Context, side string, rep int) (AcquireR
 		}
 		_, err = d.waitPoolFilled(ctx, fillTimeout)
 	} else {
-		if d, err = r.startMemSlots(addr, n); err != nil {
+		if d, err = r.startMemSlots(n); err != nil {
 			return run, nil, err
 		}
 		_, err = d.logs.wait(ctx, msgPoolReady, 0, fillTimeout, d.done)
@@ -84,7 +86,7 @@ func (r *runner) acquireRun(ctx context.Context, side string, rep int) (AcquireR
 		d.kill()
 		return run, nil, fmt.Errorf("warm pool of %d: %w", n, err)
 	}
-	b, err := acquireBurst(ctx, addr, n, r.o.acquireConc, throughputOwner, fmt.Sprintf("%s-%d", side, rep), 0)
+	b, err := acquireBurst(ctx, d.slotsTarget(), n, r.o.acquireConc, throughputOwner, fmt.Sprintf("%s-%d", side, rep), 0)
 	if err != nil {
 		d.kill()
 		return run, nil, err
@@ -104,13 +106,14 @@ func (r *runner) acquireRun(ctx context.Context, side string, rep int) (AcquireR
 	return run, samples, r.reset(ctx)
 }
 
-// startMemSlots re-execs this binary as `memslots` on our slots.
-func (r *runner) startMemSlots(addr string, poolSize int) (*daemon, error) {
+// startMemSlots re-execs this binary as `memslots` on our slots, serving
+// on a socket in the host's directory.
+func (r *runner) startMemSlots(poolSize int) (*daemon, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("memslots: %w", err)
 	}
-	args := []string{"memslots", "--listen=" + addr,
+	args := []string{"memslots", "--control-socket=" + filepath.Join(r.h.base, "memslots.sock"),
 		"--netns-dir=" + r.h.cfg.NetnsDir, "--slot-prefix=" + r.h.cfg.Prefix,
 		"--slots=" + strconv.Itoa(r.h.cfg.Slots), "--slot-cidr=" + r.h.cfg.CIDR.String(),
 		"--pool-size=" + strconv.Itoa(poolSize), "--reclaim-workers=" + strconv.Itoa(r.o.workers)}

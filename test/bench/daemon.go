@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/phasegate/phasegate/phases"
 )
 
 // buildPhasegate builds ./cmd/phasegate (without -race) into dir.
@@ -74,6 +76,10 @@ func daemonArgs(h *host, addr string, o options, mode string, poolSize int) []st
 		// A slow start is measured, not cut off at the default 5 min; the
 		// report says when a start took longer than that default.
 		"--start-timeout=0",
+		// The Slots API's calls are measured, not the control surface's
+		// per-principal rate limit (default 100 calls/s): the benchmark
+		// calls as root, one principal, far faster than that.
+		"--control-rate=0",
 		"--log-format=json",
 	)
 	switch mode {
@@ -89,12 +95,15 @@ func daemonArgs(h *host, addr string, o options, mode string, poolSize int) []st
 // upgrades: an upgrade executes a new image with the same pid and the same
 // output pipe).
 type daemon struct {
-	cmd   *exec.Cmd
-	addr  string
-	began time.Time
-	done  chan struct{} // closed when the process has exited
-	err   error         // Wait's result, set before done is closed
-	logs  *logTail
+	cmd  *exec.Cmd
+	addr string
+	// control is the path of its control socket, where the Slots API is
+	// served: from --control-socket, else in --state-dir.
+	control string
+	began   time.Time
+	done    chan struct{} // closed when the process has exited
+	err     error         // Wait's result, set before done is closed
+	logs    *logTail
 }
 
 // heldSocketScript hands the inherited descriptor 3 to the daemon the way
@@ -109,6 +118,7 @@ const heldSocketScript = `export LISTEN_PID=$$; exec "$0" "$@"`
 // port.
 func startDaemon(bin string, args []string, held *os.File) (*daemon, error) {
 	d := &daemon{done: make(chan struct{}), logs: newLogTail(200)}
+	var stateDir string
 	if held == nil {
 		d.cmd = exec.Command(bin, args...)
 	} else {
@@ -120,6 +130,16 @@ func startDaemon(bin string, args []string, held *os.File) (*daemon, error) {
 		if v, ok := strings.CutPrefix(a, "--listen="); ok {
 			d.addr = v
 		}
+		// The last of a repeated flag counts, as in the daemon's.
+		if v, ok := strings.CutPrefix(a, "--state-dir="); ok {
+			stateDir = v
+		}
+		if v, ok := strings.CutPrefix(a, "--control-socket="); ok {
+			d.control = v
+		}
+	}
+	if d.control == "" && stateDir != "" {
+		d.control = filepath.Join(stateDir, phases.ControlSocketName)
 	}
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	d.began = time.Now()
@@ -131,6 +151,11 @@ func startDaemon(bin string, args []string, held *os.File) (*daemon, error) {
 		close(d.done)
 	}()
 	return d, nil
+}
+
+// slotsTarget is the gRPC target of its Slots API: its control socket.
+func (d *daemon) slotsTarget() string {
+	return "unix://" + d.control
 }
 
 // stop sends SIGTERM (the daemon drains and keeps its slots, recorded) and

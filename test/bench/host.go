@@ -20,6 +20,7 @@ import (
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases"
 	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
@@ -95,6 +96,12 @@ func newHost(slots int, cidr, stateParent string) (*host, error) {
 		return fail(err)
 	}
 	return h, nil
+}
+
+// controlSocket is the control socket of a daemon on h: in its state
+// directory, as daemonArgs leave it.
+func (h *host) controlSocket() string {
+	return filepath.Join(h.stateDir, phases.ControlSocketName)
 }
 
 // table returns the nftables table the daemon uses for this prefix.

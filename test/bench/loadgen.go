@@ -36,7 +36,8 @@ const (
 	// genHealth alternates gRPC Check and HTTP GET /health, on one gRPC
 	// connection and keep-alive HTTP connections: a health checker's load.
 	genHealth = "health"
-	// genAcquire calls Slots.Acquire, each with its own request id.
+	// genAcquire calls Slots.Acquire, each with its own request id, on the
+	// daemon's control socket (-control).
 	genAcquire = "acquire"
 	// genProbe alternates HTTP GET /health and gRPC Check, each on a new
 	// TCP connection: what an orchestrator's checks and new clients see.
@@ -84,6 +85,7 @@ func loadgenMain(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "", "127.0.0.1:port of the daemon")
+	control := fs.String("control", "", "the daemon's control socket, where -mode acquire calls the Slots API")
 	mode := fs.String("mode", genHealth, "health, acquire or probe")
 	rate := fs.Int("rate", 2000, "requests per second")
 	duration := fs.Duration("duration", 10*time.Second, "longest run once the port answers")
@@ -94,8 +96,8 @@ func loadgenMain(args []string, stderr io.Writer) int {
 	}
 	host, _, err := net.SplitHostPort(*addr)
 	if err != nil || host != "127.0.0.1" || *out == "" || *rate < 1 || *duration <= 0 || *duration > 10*time.Minute ||
-		(*mode != genHealth && *mode != genAcquire && *mode != genProbe) {
-		fmt.Fprintln(stderr, "loadgen: need -addr 127.0.0.1:port, -out, -mode health|acquire|probe, a rate ≥ 1 and a duration in (0, 10m]")
+		(*mode != genHealth && *mode != genAcquire && *mode != genProbe) || (*mode == genAcquire && *control == "") {
+		fmt.Fprintln(stderr, "loadgen: need -addr 127.0.0.1:port, -out, -mode health|acquire|probe (acquire with -control SOCKET), a rate ≥ 1 and a duration in (0, 10m]")
 		return exitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -104,7 +106,7 @@ func loadgenMain(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "loadgen:", err)
 		return exitError
 	}
-	samples, err := generate(ctx, *addr, *mode, *rate, *duration)
+	samples, err := generate(ctx, *addr, *control, *mode, *rate, *duration)
 	if err != nil {
 		fmt.Fprintln(stderr, "loadgen:", err)
 		return exitError
@@ -138,8 +140,8 @@ func waitPort(ctx context.Context, addr string, timeout time.Duration) error {
 // generate sends requests on a fixed schedule (open loop: a slow answer does
 // not delay the next request) until duration has passed or ctx ends, then
 // waits for the outstanding ones.
-func generate(ctx context.Context, addr, mode string, rate int, duration time.Duration) ([]sample, error) {
-	send, closeAll, err := sender(addr, mode)
+func generate(ctx context.Context, addr, control, mode string, rate int, duration time.Duration) ([]sample, error) {
+	send, closeAll, err := sender(addr, control, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -191,8 +193,10 @@ func generate(ctx context.Context, addr, mode string, rate int, duration time.Du
 }
 
 // sender returns the function that sends the k-th request of mode, and
-// what closes its connections.
-func sender(addr, mode string) (func(k int) sample, func(), error) {
+// what closes its connections. Acquire goes to the control socket at
+// control (the daemon binds it before its port, so it is there once the
+// port answers); the rest to addr.
+func sender(addr, control, mode string) (func(k int) sample, func(), error) {
 	switch mode {
 	case genProbe:
 		return func(k int) sample {
@@ -202,7 +206,7 @@ func sender(addr, mode string) (func(k int) sample, func(), error) {
 			return probeGRPC(addr)
 		}, func() {}, nil
 	case genAcquire:
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient("unix://"+control, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return nil, nil, fmt.Errorf("grpc client: %w", err)
 		}
@@ -328,8 +332,8 @@ type loadgen struct {
 	logs *logTail
 }
 
-// startLoadgen re-execs this binary as `loadgen` in mode against addr and
-// tracks it.
+// startLoadgen re-execs this binary as `loadgen` in mode against addr (and
+// the control socket of a daemon on r.h) and tracks it.
 func (r *runner) startLoadgen(addr, mode string, rate int, duration time.Duration) (*loadgen, error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -341,7 +345,7 @@ func (r *runner) startLoadgen(addr, mode string, rate int, duration time.Duratio
 	}
 	f.Close()
 	g := &loadgen{out: f.Name(), done: make(chan struct{}), logs: newLogTail(50)}
-	g.cmd = exec.Command(self, "loadgen", "-mode", mode, "-addr", addr, "-rate", fmt.Sprint(rate),
+	g.cmd = exec.Command(self, "loadgen", "-mode", mode, "-addr", addr, "-control", r.h.controlSocket(), "-rate", fmt.Sprint(rate),
 		"-duration", duration.String(), "-out", g.out)
 	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
 	if err := g.cmd.Start(); err != nil {

@@ -19,9 +19,10 @@
 //     load-generator process and Acquire calls from another, while the
 //     daemon reclaims dead slots in the background, and against an idle
 //     daemon.
-//   - acquire: Acquire throughput and latency over gRPC on loopback with the
-//     durable lease record (the daemon) beside the same service over the
-//     same pool with the record kept in a map (`bench memslots`).
+//   - acquire: Acquire throughput and latency over gRPC on a Unix socket
+//     with the durable lease record (the daemon, on its control socket)
+//     beside the same service over the same pool with the record kept in a
+//     map (`bench memslots`).
 //   - upgrade: new connections at a fixed rate (HTTP /health and gRPC Check,
 //     a new TCP connection each) across SIGHUP in-place upgrades, and across
 //     SIGTERM + start pairs with the port closed between them and with the

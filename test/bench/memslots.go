@@ -6,9 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"net"
 	"net/netip"
+	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -33,7 +37,8 @@ const msgPoolReady = "pool ready"
 
 // memslotsMain is the `memslots` subcommand: the in-memory baseline of the
 // Acquire comparison. It serves phasegate.v1.Slots the way the daemon does
-// — the same one-port server (package server: cmux, late-bound services),
+// — on a Unix socket, as the daemon serves it on its control socket, with
+// the same server (package server: cmux, late-bound services),
 // the same pool, allocator and slot manager, the same checks of owner and
 // request id, the same idempotent retries (one call per request at a time,
 // a retry answered with the first call's lease), the same log line per
@@ -41,7 +46,9 @@ const msgPoolReady = "pool ready"
 // its record to the durable store before replying. What the daemon has and
 // this has not: the lease record (a bbolt transaction with fsync, shared
 // by concurrent writers) on Acquire, the idle record of every slot its pool
-// makes, and the daemon's metric interceptors.
+// makes, the daemon's metric interceptors, and the control guard (the
+// caller's peer credentials, the policy, the audit line; the benchmark
+// turns the rate limit off).
 //
 // It logs (JSON) "pool ready" once -pool-size slots are warm, serves until
 // SIGINT/SIGTERM, then drains and closes the pool, which destroys the idle
@@ -50,7 +57,7 @@ func memslotsMain(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("memslots", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg slot.Config
-	listen := fs.String("listen", "", "127.0.0.1:port")
+	socket := fs.String("control-socket", "", "path of the Unix socket to serve on")
 	fs.StringVar(&cfg.NetnsDir, "netns-dir", "", "netns directory")
 	fs.StringVar(&cfg.Prefix, "slot-prefix", "", "slot prefix")
 	fs.IntVar(&cfg.Slots, "slots", 0, "slot indices")
@@ -58,6 +65,10 @@ func memslotsMain(args []string, stderr io.Writer) int {
 	poolSize := fs.Int("pool-size", 16, "warm slots")
 	workers := fs.Int("reclaim-workers", slot.DefaultWorkers, "teardown workers")
 	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if !filepath.IsAbs(*socket) {
+		fmt.Fprintln(stderr, "memslots: -control-socket: need an absolute path")
 		return exitUsage
 	}
 	p, err := netip.ParsePrefix(*cidr)
@@ -69,14 +80,14 @@ func memslotsMain(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := serveMemSlots(ctx, *listen, cfg, *poolSize, *workers, log); err != nil {
+	if err := serveMemSlots(ctx, *socket, cfg, *poolSize, *workers, log); err != nil {
 		log.Error("memslots", "error", err)
 		return exitError
 	}
 	return exitOK
 }
 
-func serveMemSlots(ctx context.Context, listen string, cfg slot.Config, poolSize, workers int, log *slog.Logger) error {
+func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize, workers int, log *slog.Logger) error {
 	mgr, err := slot.NewManager(ctx, cfg, slot.DefaultOptions())
 	if err != nil {
 		return err
@@ -98,8 +109,18 @@ func serveMemSlots(ctx context.Context, listen string, cfg slot.Config, poolSize
 			log.Warn("pool close", "error", err)
 		}
 	}()
+	// The path is this benchmark's own: a socket an earlier run killed
+	// left there is replaced.
+	if err := os.Remove(socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return err
+	}
+	defer l.Close() // unlinks the path, if the server has not closed it
 	sc := server.DefaultConfig()
-	sc.Addr, sc.DrainDelay, sc.StopTimeout = listen, 20*time.Millisecond, 5*time.Second
+	sc.Listener, sc.DrainDelay, sc.StopTimeout = l, 20*time.Millisecond, 5*time.Second
 	srv, err := server.New(sc)
 	if err != nil {
 		return err

@@ -45,7 +45,7 @@ func (r *runner) measureRestoreN(ctx context.Context, n int) error {
 	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
 		return err
 	}
-	indices, setup, err := r.leaseSlots(ctx, d.addr, n, leaseOwner)
+	indices, setup, err := r.leaseSlots(ctx, d.slotsTarget(), n, leaseOwner)
 	if err != nil {
 		return err
 	}
@@ -153,7 +153,7 @@ func (r *runner) restart(ctx context.Context, d *daemon, end string, n int, indi
 		return run, d, err
 	}
 	run.Destroyed = changed(before, now)
-	if run.Listed, err = listAcquired(ctx, d.addr, leaseOwner); err != nil {
+	if run.Listed, err = listAcquired(ctx, d.slotsTarget(), leaseOwner); err != nil {
 		return run, d, err
 	}
 	// What a kill -9 left half made (a slot of the fill) is reclaimed in

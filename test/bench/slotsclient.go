@@ -29,11 +29,12 @@ type burst struct {
 	firstErr string
 }
 
-// slotsConn opens a client connection to the Slots API at addr, connected
-// before it returns (a Get of slot 1, which answers whatever its state), so
-// that the connection is not part of what is measured next.
-func slotsConn(ctx context.Context, addr string) (*grpc.ClientConn, phasegatev1.SlotsClient, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+// slotsConn opens a client connection to the Slots API at target (a gRPC
+// target: unix:///path of a control socket), connected before it returns (a
+// Get of slot 1, which answers whatever its state), so that the connection
+// is not part of what is measured next.
+func slotsConn(ctx context.Context, target string) (*grpc.ClientConn, phasegatev1.SlotsClient, error) {
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
 		return nil, nil, fmt.Errorf("grpc client: %w", err)
@@ -43,18 +44,19 @@ func slotsConn(ctx context.Context, addr string) (*grpc.ClientConn, phasegatev1.
 	defer cancel()
 	if _, err := client.Get(cctx, &phasegatev1.GetRequest{Index: 1}, grpc.WaitForReady(true)); err != nil {
 		conn.Close()
-		return nil, nil, fmt.Errorf("Slots.Get on %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("Slots.Get on %s: %w", target, err)
 	}
 	return conn, client, nil
 }
 
-// acquireBurst makes n Acquire calls (owner, request ids reqPrefix-k) from
-// clients concurrent callers over one connection, as fast as they are
+// acquireBurst makes n Acquire calls (owner, request ids reqPrefix-k) to
+// the Slots API at target from clients concurrent callers over one
+// connection, as fast as they are
 // answered. A call that fails is retried with its request id up to retries
 // times (the API makes that idempotent) and otherwise counted as an error.
-func acquireBurst(ctx context.Context, addr string, n, clients int, owner, reqPrefix string, retries int) (burst, error) {
+func acquireBurst(ctx context.Context, target string, n, clients int, owner, reqPrefix string, retries int) (burst, error) {
 	var b burst
-	conn, client, err := slotsConn(ctx, addr)
+	conn, client, err := slotsConn(ctx, target)
 	if err != nil {
 		return b, err
 	}
@@ -110,9 +112,9 @@ func acquireBurst(ctx context.Context, addr string, n, clients int, owner, reqPr
 	return b, nil
 }
 
-// listAcquired counts the slots the API at addr lists ACQUIRED by owner.
-func listAcquired(ctx context.Context, addr, owner string) (int, error) {
-	conn, client, err := slotsConn(ctx, addr)
+// listAcquired counts the slots the API at target lists ACQUIRED by owner.
+func listAcquired(ctx context.Context, target, owner string) (int, error) {
+	conn, client, err := slotsConn(ctx, target)
 	if err != nil {
 		return 0, err
 	}
@@ -134,12 +136,12 @@ func listAcquired(ctx context.Context, addr, owner string) (int, error) {
 
 // leaseSlots leases n slots to owner with the restore part's concurrency
 // and retries; every call must succeed.
-func (r *runner) leaseSlots(ctx context.Context, addr string, n int, owner string) ([]int, LeaseSetup, error) {
+func (r *runner) leaseSlots(ctx context.Context, target string, n int, owner string) ([]int, LeaseSetup, error) {
 	setup := LeaseSetup{N: n, Clients: r.o.leaseClients}
 	if n == 0 {
 		return nil, setup, nil
 	}
-	b, err := acquireBurst(ctx, addr, n, r.o.leaseClients, owner, owner, 3)
+	b, err := acquireBurst(ctx, target, n, r.o.leaseClients, owner, owner, 3)
 	if err != nil {
 		return nil, setup, err
 	}

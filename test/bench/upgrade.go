@@ -74,7 +74,7 @@ func (r *runner) measureUpgrade(ctx context.Context) error {
 	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
 		return err
 	}
-	indices, _, err := r.leaseSlots(ctx, addr, r.o.upLeases, leaseOwner)
+	indices, _, err := r.leaseSlots(ctx, d.slotsTarget(), r.o.upLeases, leaseOwner)
 	if err != nil {
 		return err
 	}
