@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/phasegate/phasegate/control"
@@ -165,25 +166,39 @@ func TestGuardRefusesTCPWithoutCertificate(t *testing.T) {
 	}
 }
 
-// A principal past its rate gets ResourceExhausted naming the limit.
+// A principal past its rate gets ResourceExhausted naming the limit; root,
+// which may do everything, has no rate.
 func TestGuardRateLimit(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "control.sock")
-	lis, _, err := control.Listen(context.Background(), path, control.SocketOptions{GID: -1})
+	p := &control.Policy{Rate: 0.5, Rules: []control.Rule{}} // a burst of one, then one call every 2 s
+	for _, r := range []string{"uid:1000=*"} {
+		rule, err := control.ParseRule(r, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Rules = append(p.Rules, rule)
+	}
+	g, err := control.NewGuard(p, control.GuardOptions{Service: "grpc.testing.TestService", Surface: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rule, err := control.ParseRule(fmt.Sprintf("uid:%d=*", os.Getuid()), false)
-	if err != nil {
+	info := &grpc.UnaryServerInfo{FullMethod: "/grpc.testing.TestService/UnaryCall"}
+	call := func(uid uint32) error {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: server.PeerCred{UID: uid, GID: uid}})
+		_, err := g.Intercept(ctx, &testpb.SimpleRequest{}, info, func(ctx context.Context, req any) (any, error) {
+			return guarded{}.UnaryCall(ctx, req.(*testpb.SimpleRequest))
+		})
+		return err
+	}
+	if err := call(1000); err != nil {
 		t.Fatal(err)
 	}
-	// 0.5 calls a second: a burst of one, then nothing for two seconds.
-	c, _ := serveGuarded(t, lis, &control.Policy{Rate: 0.5, Rules: []control.Rule{rule}}, "unix://"+path)
-	ctx := context.Background()
-	if _, err := c.UnaryCall(ctx, &testpb.SimpleRequest{}); err != nil {
-		t.Fatal(err)
-	}
-	_, err = c.UnaryCall(ctx, &testpb.SimpleRequest{})
+	err = call(1000)
 	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "rate limit") {
 		t.Fatalf("second call within the burst's refill: %v, want ResourceExhausted naming the rate limit", err)
+	}
+	for range 5 {
+		if err := call(0); err != nil {
+			t.Fatalf("root past the rate: %v", err)
+		}
 	}
 }

@@ -13,7 +13,8 @@ import (
 )
 
 // Policy says what each principal may do on the control surface. Root on
-// the Unix socket may do everything; any other principal may do what the
+// the Unix socket may do everything, without quota or rate limit unless a
+// rule that selects it sets a quota; any other principal may do what the
 // rules that select it grant, together, and nothing if none does.
 //
 // As a file (JSON, unknown fields refused):
@@ -269,7 +270,9 @@ type Grant struct {
 func (p *Policy) Grant(pr Principal) Grant {
 	g := Grant{MaxLeases: p.MaxLeases}
 	if pr.IsRoot() {
-		g.lease = []string{"*"}
+		// Root may do everything: no owner it may not lease for, and no
+		// quota unless a rule that names it sets one.
+		g.lease, g.MaxLeases = []string{"*"}, 0
 	}
 	quotaSet := false
 	for i := range p.Rules {

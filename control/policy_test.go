@@ -101,7 +101,7 @@ func TestGrant(t *testing.T) {
 		quota       int
 		stringForm  string
 	}{
-		{root, "anything", true, true, false, 8, "uid:0"},
+		{root, "anything", true, true, false, 0, "uid:0"},
 		{orch, "sandbox-42", true, true, false, 100, "uid:1000"},
 		{orch, "ci-1", false, false, false, 100, "uid:1000"},
 		{reader, "sandbox-42", false, true, false, 8, "uid:1500"},
