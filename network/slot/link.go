@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/procfs"
 )
 
 // Looking a missing interface up by name with ioctl(SIOCGIFINDEX) makes the
@@ -126,7 +126,7 @@ type hostLink struct {
 // (Teardown probes each link it acts on; the reconciler's next pass sees
 // what a scan missed).
 func listLinkNames() ([]string, error) {
-	b, err := readProc("/proc/thread-self/net/dev")
+	b, err := procfs.ReadFile("/proc/thread-self/net/dev")
 	if err != nil {
 		return nil, fmt.Errorf("slot: list links: %w", err)
 	}
@@ -155,30 +155,6 @@ func parseNetDev(b []byte) ([]string, error) {
 		out = append(out, string(name))
 	}
 	return out, nil
-}
-
-// readProc reads a /proc file in large chunks (proc files report size 0,
-// and os.ReadFile would start with 512 bytes and grow).
-func readProc(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b := make([]byte, 0, 256<<10)
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := f.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
 }
 
 // name returns the name of the root-namespace link index, or
