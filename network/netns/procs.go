@@ -57,22 +57,14 @@ func ScanProcesses() (Processes, error) {
 }
 
 func scanProcesses(procRoot string) (Processes, error) {
-	d, err := os.Open(procRoot)
+	procs, err := listProcesses(procRoot, "processes")
 	if err != nil {
-		return nil, fmt.Errorf("netns: scan processes: %w", err)
-	}
-	names, err := d.Readdirnames(-1)
-	d.Close()
-	if err != nil {
-		return nil, fmt.Errorf("netns: scan processes: %w", err)
+		return nil, err
 	}
 	out := make(Processes)
 	var failed []ProcError
-	for _, n := range names {
-		pid, err := strconv.Atoi(n)
-		if err != nil || pid <= 0 {
-			continue
-		}
+	for _, p := range procs {
+		pid, n := p.pid, p.name
 		seen := map[ID]bool{}
 		if id, err := nsOf(procRoot + "/" + n + "/ns/net"); err == nil {
 			seen[id] = true
@@ -104,6 +96,29 @@ func scanProcesses(procRoot string) (Processes, error) {
 	}
 	if len(failed) > 0 {
 		return out, &IncompleteError{Scan: "processes", Failed: failed}
+	}
+	return out, nil
+}
+
+// procEntry is a process's directory in a /proc tree.
+type procEntry struct {
+	pid  int
+	name string // the directory's name: the pid in decimal
+}
+
+// listProcesses lists the processes of the /proc tree at procRoot: its
+// entries named by a positive pid (a thread group; threads are under
+// <pid>/task). An error is about the whole scan, which is named in it.
+func listProcesses(procRoot, scan string) ([]procEntry, error) {
+	names, err := readNames(procRoot)
+	if err != nil {
+		return nil, fmt.Errorf("netns: scan %s: %w", scan, err)
+	}
+	out := make([]procEntry, 0, len(names))
+	for _, n := range names {
+		if pid, err := strconv.Atoi(n); err == nil && pid > 0 {
+			out = append(out, procEntry{pid: pid, name: n})
+		}
 	}
 	return out, nil
 }
@@ -257,23 +272,15 @@ func ScanHolders() (Processes, error) {
 }
 
 func scanHolders(procRoot string) (Processes, error) {
-	d, err := os.Open(procRoot)
+	procs, err := listProcesses(procRoot, "holders")
 	if err != nil {
-		return nil, fmt.Errorf("netns: scan holders: %w", err)
-	}
-	names, err := d.Readdirnames(-1)
-	d.Close()
-	if err != nil {
-		return nil, fmt.Errorf("netns: scan holders: %w", err)
+		return nil, err
 	}
 	out := make(Processes)
 	var failed []ProcError
-	for _, n := range names {
-		pid, err := strconv.Atoi(n)
-		if err != nil || pid <= 0 {
-			continue
-		}
-		fdDir := procRoot + "/" + n + "/fd/"
+	for _, p := range procs {
+		pid := p.pid
+		fdDir := procRoot + "/" + p.name + "/fd/"
 		fds, err := readNames(fdDir)
 		if err != nil {
 			if !vanished(err) {
