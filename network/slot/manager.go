@@ -281,7 +281,7 @@ func (m *Manager) Destroy(ctx context.Context, i int) error {
 		}
 		defer p.close()
 		link := hostLink{index: hostIdx, name: s.HostIf}
-		stuck, err := waitLinksGone(ctx, p, []hostLink{link}, time.Now().Add(m.hostGone))
+		stuck, err := awaitLinksGone(ctx, p, []hostLink{link}, time.Now().Add(m.hostGone))
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -295,41 +295,6 @@ func (m *Manager) Destroy(ctx context.Context, i int) error {
 		return fmt.Errorf("slot: destroy %d: %w", i, errors.Join(errs...))
 	}
 	return nil
-}
-
-// waitLinksGone polls until every link is gone, the deadline passes or ctx
-// ends, and returns the links still there.
-func waitLinksGone(ctx context.Context, p *linkProbe, links []hostLink, deadline time.Time) ([]hostLink, error) {
-	left := append([]hostLink(nil), links...)
-	delay := time.Millisecond
-	for {
-		keep := left[:0]
-		for _, l := range left {
-			ok, err := p.exists(l.index, l.name)
-			if err != nil {
-				return left, err
-			}
-			if ok {
-				keep = append(keep, l)
-			}
-		}
-		left = keep
-		if len(left) == 0 {
-			return nil, nil
-		}
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			return left, nil
-		}
-		t := time.NewTimer(min(delay, wait))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return left, nil
-		case <-t.C:
-		}
-		delay = min(2*delay, 20*time.Millisecond)
-	}
 }
 
 // ignorableConntrack: no conntrack in this namespace (module not loaded).

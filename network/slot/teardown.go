@@ -480,12 +480,13 @@ func (m *Manager) removeElements(ctx context.Context, outcomes []outcome, res *T
 }
 
 // awaitLinksGone waits until every link is gone, the deadline passes or ctx
-// ends, and returns the links still there. The kernel destroys namespaces
-// in the order their last reference went, a batch at a time, so while the
-// first link still there stays, the others are not probed: one probe per
-// round instead of one per link (a full sweep every 20 ms kept a core busy
-// with 10,000 links, a core the kernel's clean-up worker needed). At the
-// end, the links left are found with one full sweep.
+// ends, and returns the links still there; Destroy awaits one link with it,
+// Teardown a batch's. The kernel destroys namespaces in the order their
+// last reference went, a batch at a time, so while the first link still
+// there stays, the others are not probed: one probe per round instead of
+// one per link (a full sweep every 20 ms kept a core busy with 10,000
+// links, a core the kernel's clean-up worker needed). At the end, the links
+// left are found with one full sweep.
 func awaitLinksGone(ctx context.Context, p *linkProbe, links []hostLink, deadline time.Time) ([]hostLink, error) {
 	left := links
 	delay := time.Millisecond
