@@ -32,9 +32,9 @@ type Found struct {
 // the directory, one read of /proc/thread-self/mountinfo to learn which
 // entries are mount points and of what, and one fstatat for each entry that
 // is not a mount point (a placeholder or a look-alike). Inspecting each
-// entry instead costs five system calls, and a scan of 10,000 slots must
-// stay within a few hundred milliseconds. A missing directory gives no
-// entries.
+// entry instead costs five system calls, too many for the directory of a
+// large pool that every start and reconcile pass scans (the goal:
+// docs/BENCHMARKS.md). A missing directory gives no entries.
 //
 // Like any listing it is a snapshot: a name can change right after it was
 // looked at. Delete and Open inspect the name again, through one

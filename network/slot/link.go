@@ -118,9 +118,9 @@ type hostLink struct {
 // Not from an RTM_GETLINK dump: for every veth whose peer is in another
 // namespace, the kernel puts IFLA_LINK_NETNSID in the dump, and looks that id
 // up with a linear walk of the root namespace's nsid table, which holds one
-// entry per slot. A dump of N slots' links cost O(N²): 17 ms at 1,000 slots,
-// 317 ms at 4,000 on the 2-core test machine. /proc/net/dev walks the
-// devices by ifindex and prints counters only: linear.
+// entry per slot, so a dump of N slots' links costs O(N²) (figures:
+// docs/BENCHMARKS.md). /proc/net/dev walks the devices by ifindex and
+// prints counters only: linear.
 //
 // Like any listing it is a snapshot, and callers treat it as a hint
 // (Teardown probes each link it acts on; the reconciler's next pass sees

@@ -14,8 +14,8 @@ import (
 
 // DefaultWorkers is the default number of concurrent detach+unlink workers.
 // Each lazy unmount waits out an RCU grace period after dropping the mount
-// lock, so more workers than cores overlap those waits (16 halved the
-// detach+unlink time of 4 on a 2-core machine).
+// lock, so more workers than cores overlap those waits (the measurement
+// behind 16 is in docs/BENCHMARKS.md, "Figures behind the network code").
 const DefaultWorkers = 16
 
 // TeardownOptions tune Manager.Teardown. The zero value is the default:
@@ -200,8 +200,9 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 	t.probe = probe
 	t.runBatches()
 	// One transaction for all the elements, after the last batch: one per
-	// batch cost a listing of the whole set each (nft.Table.Remove lists
-	// it to skip missing names), 3.6 s for 79 batches of 5,000 slots.
+	// batch costs a listing of the whole set each (nft.Table.Remove lists
+	// it to skip missing names), which adds up with small batches (figures:
+	// docs/BENCHMARKS.md).
 	m.removeElements(ctx, t.outcomes, t.res)
 	t.tally()
 	return t.res
@@ -575,9 +576,10 @@ func (m *Manager) removeElements(ctx context.Context, outcomes []outcome, res *T
 // Teardown a batch's. The kernel destroys namespaces in the order their
 // last reference went, a batch at a time, so while the first link still
 // there stays, the others are not probed: one probe per round instead of
-// one per link (a full sweep every 20 ms kept a core busy with 10,000
-// links, a core the kernel's clean-up worker needed). At the end, the links
-// left are found with one full sweep.
+// one per link, since a full sweep of a large batch at every round keeps a
+// core busy that the kernel's clean-up worker needs (figures:
+// docs/BENCHMARKS.md). At the end, the links left are found with one full
+// sweep.
 func awaitLinksGone(ctx context.Context, p *linkProbe, links []hostLink, deadline time.Time) ([]hostLink, error) {
 	left := links
 	delay := time.Millisecond
