@@ -422,6 +422,9 @@ func (s *Server) Drain(ctx context.Context) error {
 	return s.drainErr
 }
 
+// drain is the first Drain call's work (see Drain for the order). Each step
+// that is cut short, by its timeout or a hurried drain, is named in the
+// error.
 func (s *Server) drain(ctx context.Context) error {
 	hc := s.cfg.Health
 	if hc != nil {
@@ -431,12 +434,7 @@ func (s *Server) drain(ctx context.Context) error {
 	serving, lis := s.serving, s.lis
 	s.mu.Unlock()
 	if !serving {
-		if hc != nil {
-			hc.Close()
-		}
-		if lis != nil {
-			_ = lis.Close()
-		}
+		closeUnserved(hc, lis)
 		return nil
 	}
 
@@ -444,41 +442,67 @@ func (s *Server) drain(ctx context.Context) error {
 	if !s.waitFor(nil, s.cfg.DrainDelay) {
 		cut = append(cut, "drain delay")
 	}
-
 	if hc != nil {
 		hc.Close()
 	}
-	stopCtx, cancel := context.WithCancel(s.hurry)
-	if s.cfg.StopTimeout > 0 {
-		stopCtx, cancel = context.WithTimeout(s.hurry, s.cfg.StopTimeout)
-	}
+	stopCtx, cancel := s.stopContext()
 	defer cancel()
-
-	if s.handover.Load() {
-		// The socket lives on in the new image, which serves the
-		// connections queued in its backlog: stop taking them without
-		// dropping one already taken, and let the multiplexer hand the
-		// ones it is still sniffing to the servers (a silent one for at
-		// most SniffTimeout).
-		lis.stopAccepting()
-		if !s.waitSniffed(lis) {
-			cut = append(cut, "sniffing connections")
-		}
-		// Then let the clients of fresh connections close them: a
-		// checker's connection carries one call and is closed by the
-		// checker a moment after the answer. A server that closes first
-		// (a graceful stop ends a connection once its calls are done) has
-		// the client's last frames unread in its socket, and the kernel
-		// answers with a reset that can cost the client the answer. Older
-		// connections, long-lived clients', are stopped gracefully below:
-		// they see GOAWAY and reconnect, to the backlog.
-		waitFresh(stopCtx, lis, freshConn)
+	if s.handover.Load() && !s.handOver(stopCtx, lis) {
+		cut = append(cut, "sniffing connections")
 	}
 	// Nobody will serve a connection that is still being sniffed; cmux
 	// would otherwise wait for it until its read deadline.
 	_ = lis.Close()
 	lis.closeConns(false)
+	cut = append(cut, s.stopServers(stopCtx, lis)...)
+	return s.drainError(ctx, cut)
+}
 
+// closeUnserved ends a server drained before it served: the health checker
+// and the listener, if bound, are closed; there is nothing else to stop.
+func closeUnserved(hc *health.Checker, lis *trackingListener) {
+	if hc != nil {
+		hc.Close()
+	}
+	if lis != nil {
+		_ = lis.Close()
+	}
+}
+
+// stopContext returns the context of the servers' graceful stop: it ends
+// when the drain is hurried or, if there is one, after the stop timeout.
+func (s *Server) stopContext() (context.Context, context.CancelFunc) {
+	if s.cfg.StopTimeout > 0 {
+		return context.WithTimeout(s.hurry, s.cfg.StopTimeout)
+	}
+	return context.WithCancel(s.hurry)
+}
+
+// handOver lets the socket live on in the new image, which serves the
+// connections queued in its backlog: it stops taking them without dropping
+// one already taken, and lets the multiplexer hand the ones it is still
+// sniffing to the servers (a silent one for at most SniffTimeout). It
+// reports whether the sniffing ended in time.
+//
+// Then it lets the clients of fresh connections close them: a checker's
+// connection carries one call and is closed by the checker a moment after
+// the answer. A server that closes first (a graceful stop ends a connection
+// once its calls are done) has the client's last frames unread in its
+// socket, and the kernel answers with a reset that can cost the client the
+// answer. Older connections, long-lived clients', are stopped gracefully
+// afterwards: they see GOAWAY and reconnect, to the backlog.
+func (s *Server) handOver(stopCtx context.Context, lis *trackingListener) bool {
+	lis.stopAccepting()
+	sniffed := s.waitSniffed(lis)
+	waitFresh(stopCtx, lis, freshConn)
+	return sniffed
+}
+
+// stopServers stops gRPC gracefully and shuts HTTP down, both within
+// stopCtx, closes what is left then, and waits for the serving goroutines
+// and the gRPC handlers. It returns the steps that were cut short.
+func (s *Server) stopServers(stopCtx context.Context, lis *trackingListener) []string {
+	var cut []string
 	graceful := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()
@@ -510,7 +534,13 @@ func (s *Server) drain(ctx context.Context) error {
 	if !s.waitFor(graceful, s.cfg.StopTimeout) {
 		cut = append(cut, "gRPC handlers")
 	}
+	return cut
+}
 
+// drainError says which steps of the drain were cut short, and why: the
+// stop timeout, or a hurried drain and the cause of the ctx that hurried
+// it. Nothing cut short is nil.
+func (s *Server) drainError(ctx context.Context, cut []string) error {
 	if len(cut) == 0 {
 		return nil
 	}

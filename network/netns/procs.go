@@ -57,53 +57,93 @@ func ScanProcesses() (Processes, error) {
 }
 
 func scanProcesses(procRoot string) (Processes, error) {
-	d, err := os.Open(procRoot)
-	if err != nil {
-		return nil, fmt.Errorf("netns: scan processes: %w", err)
+	return scanProc(procRoot, "processes", func(p procEntry, fail func(error)) []ID {
+		return namespacesOf(procRoot+"/"+p.name, p.name, fail)
+	})
+}
+
+// namespacesOf returns the network namespaces that the threads of the
+// process at dir (named name in its /proc) are in. A process or thread
+// that exits meanwhile is no error; any other is passed to fail, and the
+// namespaces read despite it are returned, except when the leader's own
+// could not be read.
+func namespacesOf(dir, name string, fail func(error)) []ID {
+	seen := map[ID]bool{}
+	if id, err := nsOf(dir + "/ns/net"); err == nil {
+		seen[id] = true
+	} else if !vanished(err) {
+		fail(err)
+		return nil
 	}
-	names, err := d.Readdirnames(-1)
-	d.Close()
+	// Threads can be in other namespaces than the leader. Our own
+	// process is scanned too: a thread of ours inside would keep a
+	// namespace alive just the same.
+	tids, err := readNames(dir + "/task")
+	if err != nil && !vanished(err) {
+		fail(err)
+	}
+	for _, tid := range tids {
+		if tid == name {
+			continue
+		}
+		if id, err := nsOf(dir + "/task/" + tid + "/ns/net"); err == nil {
+			seen[id] = true
+		} else if !vanished(err) {
+			fail(err)
+			break
+		}
+	}
+	ids := make([]ID, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// scanProc runs visit on every process of the /proc tree at procRoot and
+// maps each namespace visit returns to the process. visit reports with
+// fail what it could not read (never a process's exit); those processes
+// are named in an *IncompleteError about scan, beside what was found.
+func scanProc(procRoot, scan string, visit func(p procEntry, fail func(error)) []ID) (Processes, error) {
+	procs, err := listProcesses(procRoot, scan)
 	if err != nil {
-		return nil, fmt.Errorf("netns: scan processes: %w", err)
+		return nil, err
 	}
 	out := make(Processes)
 	var failed []ProcError
-	for _, n := range names {
-		pid, err := strconv.Atoi(n)
-		if err != nil || pid <= 0 {
-			continue
-		}
-		seen := map[ID]bool{}
-		if id, err := nsOf(procRoot + "/" + n + "/ns/net"); err == nil {
-			seen[id] = true
-		} else if !vanished(err) {
-			failed = append(failed, ProcError{PID: pid, Err: err})
-			continue
-		}
-		// Threads can be in other namespaces than the leader. Our own
-		// process is scanned too: a thread of ours inside would keep a
-		// namespace alive just the same.
-		tids, err := readNames(procRoot + "/" + n + "/task")
-		if err != nil && !vanished(err) {
-			failed = append(failed, ProcError{PID: pid, Err: err})
-		}
-		for _, tid := range tids {
-			if tid == n {
-				continue
-			}
-			if id, err := nsOf(procRoot + "/" + n + "/task/" + tid + "/ns/net"); err == nil {
-				seen[id] = true
-			} else if !vanished(err) {
-				failed = append(failed, ProcError{PID: pid, Err: err})
-				break
-			}
-		}
-		for id := range seen {
-			out[id] = append(out[id], pid)
+	for _, p := range procs {
+		ids := visit(p, func(err error) {
+			failed = append(failed, ProcError{PID: p.pid, Err: err})
+		})
+		for _, id := range ids {
+			out[id] = append(out[id], p.pid)
 		}
 	}
 	if len(failed) > 0 {
-		return out, &IncompleteError{Scan: "processes", Failed: failed}
+		return out, &IncompleteError{Scan: scan, Failed: failed}
+	}
+	return out, nil
+}
+
+// procEntry is a process's directory in a /proc tree.
+type procEntry struct {
+	pid  int
+	name string // the directory's name: the pid in decimal
+}
+
+// listProcesses lists the processes of the /proc tree at procRoot: its
+// entries named by a positive pid (a thread group; threads are under
+// <pid>/task). An error is about the whole scan, which is named in it.
+func listProcesses(procRoot, scan string) ([]procEntry, error) {
+	names, err := readNames(procRoot)
+	if err != nil {
+		return nil, fmt.Errorf("netns: scan %s: %w", scan, err)
+	}
+	out := make([]procEntry, 0, len(names))
+	for _, n := range names {
+		if pid, err := strconv.Atoi(n); err == nil && pid > 0 {
+			out = append(out, procEntry{pid: pid, name: n})
+		}
 	}
 	return out, nil
 }
@@ -257,56 +297,46 @@ func ScanHolders() (Processes, error) {
 }
 
 func scanHolders(procRoot string) (Processes, error) {
-	d, err := os.Open(procRoot)
+	return scanProc(procRoot, "holders", func(p procEntry, fail func(error)) []ID {
+		return heldBy(procRoot+"/"+p.name+"/fd/", fail)
+	})
+}
+
+// heldBy returns the network namespaces that the descriptors in fdDir (a
+// process's /proc/<pid>/fd/) refer to, each once. A process that exits
+// meanwhile holds nothing, and a descriptor closed meanwhile is no error;
+// a directory that cannot be read is passed to fail.
+func heldBy(fdDir string, fail func(error)) []ID {
+	fds, err := readNames(fdDir)
 	if err != nil {
-		return nil, fmt.Errorf("netns: scan holders: %w", err)
+		if !vanished(err) {
+			fail(err)
+		}
+		return nil
 	}
-	names, err := d.Readdirnames(-1)
-	d.Close()
-	if err != nil {
-		return nil, fmt.Errorf("netns: scan holders: %w", err)
-	}
-	out := make(Processes)
-	var failed []ProcError
-	for _, n := range names {
-		pid, err := strconv.Atoi(n)
-		if err != nil || pid <= 0 {
+	var ids []ID
+	var seen map[ID]bool
+	for _, f := range fds {
+		// A descriptor closed while we look is not an error.
+		target, err := os.Readlink(fdDir + f)
+		if err != nil || !strings.HasPrefix(target, "net:[") && !strings.HasPrefix(target, "/") {
 			continue
 		}
-		fdDir := procRoot + "/" + n + "/fd/"
-		fds, err := readNames(fdDir)
-		if err != nil {
-			if !vanished(err) {
-				failed = append(failed, ProcError{PID: pid, Err: err})
-			}
+		// A namespace opened through its bind mount reads as the
+		// file's path; one opened through /proc as net:[inode].
+		id, err := nsOf(fdDir + f)
+		if err != nil || (!strings.HasPrefix(target, "net:[") && !isNsfs(fdDir+f)) {
 			continue
 		}
-		var seen map[ID]bool
-		for _, f := range fds {
-			// A descriptor closed while we look is not an error.
-			target, err := os.Readlink(fdDir + f)
-			if err != nil || !strings.HasPrefix(target, "net:[") && !strings.HasPrefix(target, "/") {
-				continue
-			}
-			// A namespace opened through its bind mount reads as the
-			// file's path; one opened through /proc as net:[inode].
-			id, err := nsOf(fdDir + f)
-			if err != nil || (!strings.HasPrefix(target, "net:[") && !isNsfs(fdDir+f)) {
-				continue
-			}
-			if seen == nil {
-				seen = map[ID]bool{}
-			}
-			if !seen[id] {
-				seen[id] = true
-				out[id] = append(out[id], pid)
-			}
+		if seen == nil {
+			seen = map[ID]bool{}
+		}
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
 		}
 	}
-	if len(failed) > 0 {
-		return out, &IncompleteError{Scan: "holders", Failed: failed}
-	}
-	return out, nil
+	return ids
 }
 
 func isNsfs(path string) bool {

@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/procfs"
 )
 
 // Found is one entry of a netns directory that Survey looked at.
@@ -31,9 +32,9 @@ type Found struct {
 // the directory, one read of /proc/thread-self/mountinfo to learn which
 // entries are mount points and of what, and one fstatat for each entry that
 // is not a mount point (a placeholder or a look-alike). Inspecting each
-// entry instead costs five system calls, and a scan of 10,000 slots must
-// stay within a few hundred milliseconds. A missing directory gives no
-// entries.
+// entry instead costs five system calls, too many for the directory of a
+// large pool that every start and reconcile pass scans (the goal:
+// docs/BENCHMARKS.md). A missing directory gives no entries.
 //
 // Like any listing it is a snapshot: a name can change right after it was
 // looked at. Delete and Open inspect the name again, through one
@@ -146,7 +147,7 @@ func mountsIn(dirfd int) (map[string]mount, error) {
 		stx.Mask&unix.STATX_MNT_ID != 0 {
 		base = int(stx.Mnt_id)
 	}
-	b, err := readAll("/proc/thread-self/mountinfo")
+	b, err := procfs.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
@@ -253,35 +254,11 @@ func unescapeOctal(s string) string {
 
 func isOctal(c byte) bool { return c >= '0' && c <= '7' }
 
-// readAll reads a /proc file in large chunks (proc files report size 0,
-// and os.ReadFile would start with 512 bytes).
-func readAll(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b := make([]byte, 0, 256<<10)
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := f.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-}
-
 // detachByRoot detaches every mount of the namespace id found in our
 // mountinfo (by its root, net:[inode]), wherever it is. Create uses it when
 // its placeholder was moved while being bound.
 func detachByRoot(id ID) error {
-	b, err := readAll("/proc/thread-self/mountinfo")
+	b, err := procfs.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return fmt.Errorf("netns: find the moved mount: %w", err)
 	}

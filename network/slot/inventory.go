@@ -213,9 +213,8 @@ type surveyFunc func(dir string, match func(name string) bool) ([]netns.Found, e
 
 // survey is Survey with fw nil when there is no table. The three listings
 // are independent and mostly kernel time, so they run at once: with an idle
-// core the scan costs about the longest of them rather than their sum (on
-// the loaded 2-core test machine the fastest of 20 scans of 10,000 went
-// from 75 to 63 ms; the median did not move).
+// core the scan costs about the longest of them rather than their sum
+// (figures: docs/BENCHMARKS.md).
 func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc) (*ScanResult, error) {
 	var (
 		wg              sync.WaitGroup

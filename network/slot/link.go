@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/procfs"
 )
 
 // Looking a missing interface up by name with ioctl(SIOCGIFINDEX) makes the
@@ -118,15 +118,15 @@ type hostLink struct {
 // Not from an RTM_GETLINK dump: for every veth whose peer is in another
 // namespace, the kernel puts IFLA_LINK_NETNSID in the dump, and looks that id
 // up with a linear walk of the root namespace's nsid table, which holds one
-// entry per slot. A dump of N slots' links cost O(N²): 17 ms at 1,000 slots,
-// 317 ms at 4,000 on the 2-core test machine. /proc/net/dev walks the
-// devices by ifindex and prints counters only: linear.
+// entry per slot, so a dump of N slots' links costs O(N²) (figures:
+// docs/BENCHMARKS.md). /proc/net/dev walks the devices by ifindex and
+// prints counters only: linear.
 //
 // Like any listing it is a snapshot, and callers treat it as a hint
 // (Teardown probes each link it acts on; the reconciler's next pass sees
 // what a scan missed).
 func listLinkNames() ([]string, error) {
-	b, err := readProc("/proc/thread-self/net/dev")
+	b, err := procfs.ReadFile("/proc/thread-self/net/dev")
 	if err != nil {
 		return nil, fmt.Errorf("slot: list links: %w", err)
 	}
@@ -155,30 +155,6 @@ func parseNetDev(b []byte) ([]string, error) {
 		out = append(out, string(name))
 	}
 	return out, nil
-}
-
-// readProc reads a /proc file in large chunks (proc files report size 0,
-// and os.ReadFile would start with 512 bytes and grow).
-func readProc(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b := make([]byte, 0, 256<<10)
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := f.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
 }
 
 // name returns the name of the root-namespace link index, or

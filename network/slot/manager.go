@@ -195,12 +195,13 @@ func (m *Manager) create(ctx context.Context, s *Slot) error {
 // per slot on the whole host: every host end's routes (fe80::/64, ff00::/8)
 // sit in the same nodes of the host's tables, and every neighbour
 // solicitation or MLD report sent or received on any host end picks its
-// route from those nodes by a linear walk (__find_rr_leaf). Measured with
-// 10,000 slots: the kernel's IPv6 workers held most of both cores and the
-// RTNL lock for seconds after the slots came up, and a restore over 10,000
-// leases took 3.7–7.9 s. Address generation off alone was not enough: the
-// multicast route stays and the insides' own DAD and MLD packets still
-// arrive. The inside end keeps IPv6 (its own namespace, its own tables).
+// route from those nodes by a linear walk (__find_rr_leaf). With many slots
+// the kernel's IPv6 workers then hold the CPUs and the RTNL lock that every
+// slot operation needs, and a restart's restore of the leases slows down
+// with them (figures: docs/BENCHMARKS.md). Address generation off alone
+// was not enough: the multicast route stays and the insides' own DAD and
+// MLD packets still arrive. The inside end keeps IPv6 (its own namespace,
+// its own tables).
 //
 // There is no netlink attribute for it: the per-device sysctl is written,
 // in this thread's namespace, the root (no goroutine changes namespace).
@@ -281,7 +282,7 @@ func (m *Manager) Destroy(ctx context.Context, i int) error {
 		}
 		defer p.close()
 		link := hostLink{index: hostIdx, name: s.HostIf}
-		stuck, err := waitLinksGone(ctx, p, []hostLink{link}, time.Now().Add(m.hostGone))
+		stuck, err := awaitLinksGone(ctx, p, []hostLink{link}, time.Now().Add(m.hostGone))
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -295,41 +296,6 @@ func (m *Manager) Destroy(ctx context.Context, i int) error {
 		return fmt.Errorf("slot: destroy %d: %w", i, errors.Join(errs...))
 	}
 	return nil
-}
-
-// waitLinksGone polls until every link is gone, the deadline passes or ctx
-// ends, and returns the links still there.
-func waitLinksGone(ctx context.Context, p *linkProbe, links []hostLink, deadline time.Time) ([]hostLink, error) {
-	left := append([]hostLink(nil), links...)
-	delay := time.Millisecond
-	for {
-		keep := left[:0]
-		for _, l := range left {
-			ok, err := p.exists(l.index, l.name)
-			if err != nil {
-				return left, err
-			}
-			if ok {
-				keep = append(keep, l)
-			}
-		}
-		left = keep
-		if len(left) == 0 {
-			return nil, nil
-		}
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			return left, nil
-		}
-		t := time.NewTimer(min(delay, wait))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return left, nil
-		case <-t.C:
-		}
-		delay = min(2*delay, 20*time.Millisecond)
-	}
 }
 
 // ignorableConntrack: no conntrack in this namespace (module not loaded).

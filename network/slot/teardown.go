@@ -14,8 +14,8 @@ import (
 
 // DefaultWorkers is the default number of concurrent detach+unlink workers.
 // Each lazy unmount waits out an RCU grace period after dropping the mount
-// lock, so more workers than cores overlap those waits (16 halved the
-// detach+unlink time of 4 on a 2-core machine).
+// lock, so more workers than cores overlap those waits (the measurement
+// behind 16 is in docs/BENCHMARKS.md, "Figures behind the network code").
 const DefaultWorkers = 16
 
 // TeardownOptions tune Manager.Teardown. The zero value is the default:
@@ -186,12 +186,55 @@ type outcome struct {
 // Teardown never returns an error of its own: every problem is attached to
 // the slot it concerns in Failed, or to the result (ProcScan, WaitErr).
 func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOptions) *TeardownResult {
-	res := &TeardownResult{}
+	t := m.newTeardown(ctx, inv, opts)
+	if len(t.indices) == 0 {
+		return t.res
+	}
+	t.scanProcesses()
+	probe, err := newLinkProbe()
+	if err != nil {
+		t.failAll(err)
+		return t.res
+	}
+	defer probe.close()
+	t.probe = probe
+	t.runBatches()
+	// One transaction for all the elements, after the last batch: one per
+	// batch costs a listing of the whole set each (nft.Table.Remove lists
+	// it to skip missing names), which adds up with small batches (figures:
+	// docs/BENCHMARKS.md).
+	m.removeElements(ctx, t.outcomes, t.res)
+	t.tally()
+	return t.res
+}
+
+// teardown is the state of one Manager.Teardown: its inputs, the /proc scans
+// and link probe shared by its workers, and each slot's outcome. mu guards
+// next and done, which the workers of a batch share.
+type teardown struct {
+	m       *Manager
+	ctx     context.Context
+	inv     Inventory
+	opts    TeardownOptions
+	indices []int
+	workers int
+	batch   int
+	self    int // our pid: never an orphan nor a holder
+
+	procs, holders netns.Processes
+	probe          *linkProbe
+
+	mu       sync.Mutex
+	next     int // the position in indices of the next slot to start
+	done     int // slots unlinked (or failed) so far, for Progress
+	outcomes []outcome
+	res      *TeardownResult
+}
+
+// newTeardown resolves opts' defaults for the slots of inv.
+func (m *Manager) newTeardown(ctx context.Context, inv Inventory, opts TeardownOptions) *teardown {
 	indices := inv.Indices()
 	total := len(indices)
-	if total == 0 {
-		return res
-	}
 	workers := opts.Workers
 	if workers <= 0 {
 		workers = DefaultWorkers
@@ -200,124 +243,170 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 	if batch <= 0 || batch > total {
 		batch = total
 	}
+	return &teardown{
+		m: m, ctx: ctx, inv: inv, opts: opts,
+		indices: indices, workers: workers, batch: batch, self: os.Getpid(),
+		outcomes: make([]outcome, total),
+		res:      &TeardownResult{},
+	}
+}
 
+// scanProcesses scans /proc, once, for the processes inside or holding the
+// namespaces, if any slot has one.
+func (t *teardown) scanProcesses() {
 	t0 := time.Now()
-	var procs, holders netns.Processes
-	for _, i := range indices {
-		if inv[i]&HasNetns != 0 {
-			scan := opts.scanProcs
+	for _, i := range t.indices {
+		if t.inv[i]&HasNetns != 0 {
+			scan := t.opts.scanProcs
 			if scan == nil {
 				scan = scanProcs
 			}
-			procs, holders, res.ProcScan = scan()
+			t.procs, t.holders, t.res.ProcScan = scan()
 			break
 		}
 	}
-	res.Timings.Procs = time.Since(t0)
+	t.res.Timings.Procs = time.Since(t0)
+}
 
-	probe, err := newLinkProbe()
-	if err != nil {
-		for _, i := range indices {
-			res.Failed = append(res.Failed, Failure{Index: i, Err: err})
-		}
-		return res
+// failAll reports every slot failed with err, none having been started.
+func (t *teardown) failAll(err error) {
+	for _, i := range t.indices {
+		t.res.Failed = append(t.res.Failed, Failure{Index: i, Err: err})
 	}
-	defer probe.close()
+}
 
-	var (
-		mu       sync.Mutex
-		next     int
-		done     int
-		outcomes = make([]outcome, total)
-	)
-	// budgetLeft reports whether slot k may start (mu held).
-	budgetLeft := func(k int) bool {
-		return ctx.Err() == nil && !closed(opts.Halt) && (opts.MaxSlots <= 0 || k < opts.MaxSlots) &&
-			(opts.Deadline.IsZero() || time.Now().Before(opts.Deadline))
-	}
-	take := func(end int) (int, bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		if next >= end || !budgetLeft(next) {
-			return 0, false
-		}
-		k := next
-		next++
-		return k, true
-	}
-	report := func() {
-		if opts.Progress == nil {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		done++
-		opts.Progress(done, total)
-	}
-	self := os.Getpid()
-	one := func(k int) {
-		o := m.unlinkOne(ctx, indices[k], inv[indices[k]], probe, procs, holders, self, opts.KillOrphans)
-		outcomes[k] = o
-		report()
-	}
-
+// runBatches hands the slots to the kernel a batch at a time, each unlinked
+// by the workers and then finished (its host links awaited or cut off),
+// until all are done or the budget, the halt or ctx defers the rest.
+func (t *teardown) runBatches() {
+	total := len(t.indices)
 	for start := 0; start < total; {
-		end := min(start+batch, total)
-		if start > 0 && opts.BatchPause > 0 {
-			p0 := time.Now()
-			t := time.NewTimer(opts.BatchPause)
-			select {
-			case <-ctx.Done():
-			case <-opts.Halt:
-			case <-t.C:
-			}
-			t.Stop()
-			res.Timings.Pause += time.Since(p0)
+		end := min(start+t.batch, total)
+		if start > 0 {
+			t.pause()
 		}
-		mu.Lock()
-		more := budgetLeft(start)
-		mu.Unlock()
-		if !more {
-			break // the rest is deferred
+		if !t.mayStart(start) {
+			return // the rest is deferred
 		}
-		t0 = time.Now()
-		var wg sync.WaitGroup
-		for range min(workers, end-start) {
-			wg.Go(func() {
-				for {
-					k, ok := take(end)
-					if !ok {
-						return
-					}
-					one(k)
-				}
-			})
-		}
-		wg.Wait()
-		res.Timings.Unlink += time.Since(t0)
-		m.finishBatch(ctx, outcomes[start:end], probe, opts.HostGoneTimeout, res)
-		res.Batches++
-		mu.Lock()
-		stopped := next < end
-		start = next
-		mu.Unlock()
+		t.unlinkBatch(start, end)
+		t.m.finishBatch(t.ctx, t.outcomes[start:end], t.probe, t.opts.HostGoneTimeout, t.res)
+		t.res.Batches++
+		next, stopped := t.position(end)
 		if stopped {
-			break // budget, halt or ctx: the rest is deferred
+			return // budget, halt or ctx: the rest is deferred
 		}
+		start = next
 	}
+}
 
-	// One transaction for all the elements, after the last batch: one per
-	// batch cost a listing of the whole set each (nft.Table.Remove lists
-	// it to skip missing names), 3.6 s for 79 batches of 5,000 slots.
-	m.removeElements(ctx, outcomes, res)
+// pause waits out BatchPause between two batches, or less if ctx ends or
+// the teardown halts.
+func (t *teardown) pause() {
+	if t.opts.BatchPause <= 0 {
+		return
+	}
+	p0 := time.Now()
+	tm := time.NewTimer(t.opts.BatchPause)
+	select {
+	case <-t.ctx.Done():
+	case <-t.opts.Halt:
+	case <-tm.C:
+	}
+	tm.Stop()
+	t.res.Timings.Pause += time.Since(p0)
+}
 
-	for _, o := range outcomes {
-		switch {
-		case !o.started:
+// unlinkBatch runs the workers over the slots from start up to end, each
+// taking the next one while the budget lasts.
+func (t *teardown) unlinkBatch(start, end int) {
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for range min(t.workers, end-start) {
+		wg.Go(func() {
+			for {
+				k, ok := t.take(end)
+				if !ok {
+					return
+				}
+				t.unlink(k)
+			}
+		})
+	}
+	wg.Wait()
+	t.res.Timings.Unlink += time.Since(t0)
+}
+
+// unlink tears down the k-th slot down to its host link and reports it.
+func (t *teardown) unlink(k int) {
+	i := t.indices[k]
+	t.outcomes[k] = t.m.unlinkOne(t.ctx, i, t.inv[i], t.probe, t.procs, t.holders, t.self, t.opts.KillOrphans)
+	t.report()
+}
+
+// take returns the position of the next slot to start before end, if the
+// budget lets it start.
+func (t *teardown) take(end int) (int, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.next >= end || !t.budgetLeft(t.next) {
+		return 0, false
+	}
+	k := t.next
+	t.next++
+	return k, true
+}
+
+// report calls Progress, serialized.
+func (t *teardown) report() {
+	if t.opts.Progress == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.done++
+	t.opts.Progress(t.done, len(t.indices))
+}
+
+// mayStart reports whether the k-th slot may start.
+func (t *teardown) mayStart(k int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.budgetLeft(k)
+}
+
+// position returns where the next batch starts, and whether the budget
+// stopped this one before end.
+func (t *teardown) position(end int) (next int, stopped bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.next, t.next < end
+}
+
+// budgetLeft reports whether the k-th slot may start (t.mu held): ctx has
+// not ended, the teardown has not halted, and neither the count nor the
+// time budget is spent.
+func (t *teardown) budgetLeft(k int) bool {
+	select {
+	case <-t.opts.Halt: // a nil Halt never is
+		return false
+	default:
+	}
+	return t.ctx.Err() == nil && (t.opts.MaxSlots <= 0 || k < t.opts.MaxSlots) &&
+		(t.opts.Deadline.IsZero() || time.Now().Before(t.opts.Deadline))
+}
+
+// tally sorts the outcomes into the result: each started slot reclaimed or
+// failed, with its orphans, holders and cut-off link; the others deferred.
+func (t *teardown) tally() {
+	res := t.res
+	for k, o := range t.outcomes {
+		if !o.started {
+			res.Deferred = append(res.Deferred, t.indices[k])
 			continue
-		case o.err != nil:
+		}
+		if o.err != nil {
 			res.Failed = append(res.Failed, Failure{Index: o.i, Err: o.err})
-		default:
+		} else {
 			res.Reclaimed = append(res.Reclaimed, o.i)
 		}
 		res.Orphans = append(res.Orphans, o.orphans...)
@@ -326,13 +415,7 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 			res.CutOff = append(res.CutOff, o.i)
 		}
 	}
-	for k, o := range outcomes {
-		if !o.started {
-			res.Deferred = append(res.Deferred, indices[k])
-		}
-	}
 	slices.Sort(res.Deferred)
-	return res
 }
 
 // scanProcs runs both /proc scans.
@@ -367,29 +450,7 @@ func (m *Manager) unlinkOne(ctx context.Context, i int, r Resources, probe *link
 	}
 	if r&HasNetns != 0 {
 		if id, err := netns.Stat(s.NetnsPath); err == nil {
-			for _, pid := range procs[id] {
-				if pid == self {
-					// A thread of ours that created the namespace and
-					// is still exiting; never signal ourselves.
-					continue
-				}
-				or := Orphan{Index: i, PID: pid, Comm: netns.Comm(pid)}
-				if kill {
-					or.Killed, or.Err = netns.KillIn(pid, id)
-					or.Gone = !or.Killed && or.Err == nil
-				}
-				if !or.Killed && !or.Gone {
-					held = true
-				}
-				o.orphans = append(o.orphans, or)
-			}
-			for _, pid := range holders[id] {
-				if pid == self {
-					continue // a descriptor of ours, open for a moment
-				}
-				held = true
-				o.holders = append(o.holders, Holder{Index: i, PID: pid, Comm: netns.Comm(pid)})
-			}
+			o.orphans, o.holders, held = processesOf(i, id, procs, holders, self, kill)
 		}
 		if err := netns.Delete(ctx, m.cfg.NetnsDir, s.NetnsName); err != nil {
 			o.err = err
@@ -410,6 +471,37 @@ func (m *Manager) unlinkOne(ctx context.Context, i int, r Resources, probe *link
 	}
 	o.wait = true
 	return o
+}
+
+// processesOf names the processes the scans found inside, or holding a
+// descriptor on, slot i's namespace id, and with kill sends SIGKILL to
+// those inside. held reports whether any of them may keep the namespace
+// alive after its file is gone: a holder, or an orphan not killed.
+func processesOf(i int, id netns.ID, procs, holders netns.Processes, self int, kill bool) (orphans []Orphan, hs []Holder, held bool) {
+	for _, pid := range procs[id] {
+		if pid == self {
+			// A thread of ours that created the namespace and is still
+			// exiting; never signal ourselves.
+			continue
+		}
+		or := Orphan{Index: i, PID: pid, Comm: netns.Comm(pid)}
+		if kill {
+			or.Killed, or.Err = netns.KillIn(pid, id)
+			or.Gone = !or.Killed && or.Err == nil
+		}
+		if !or.Killed && !or.Gone {
+			held = true
+		}
+		orphans = append(orphans, or)
+	}
+	for _, pid := range holders[id] {
+		if pid == self {
+			continue // a descriptor of ours, open for a moment
+		}
+		held = true
+		hs = append(hs, Holder{Index: i, PID: pid, Comm: netns.Comm(pid)})
+	}
+	return orphans, hs, held
 }
 
 // finishBatch waits for the kernel to remove the host links of a batch's
@@ -480,12 +572,14 @@ func (m *Manager) removeElements(ctx context.Context, outcomes []outcome, res *T
 }
 
 // awaitLinksGone waits until every link is gone, the deadline passes or ctx
-// ends, and returns the links still there. The kernel destroys namespaces
-// in the order their last reference went, a batch at a time, so while the
-// first link still there stays, the others are not probed: one probe per
-// round instead of one per link (a full sweep every 20 ms kept a core busy
-// with 10,000 links, a core the kernel's clean-up worker needed). At the
-// end, the links left are found with one full sweep.
+// ends, and returns the links still there; Destroy awaits one link with it,
+// Teardown a batch's. The kernel destroys namespaces in the order their
+// last reference went, a batch at a time, so while the first link still
+// there stays, the others are not probed: one probe per round instead of
+// one per link, since a full sweep of a large batch at every round keeps a
+// core busy that the kernel's clean-up worker needs (figures:
+// docs/BENCHMARKS.md). At the end, the links left are found with one full
+// sweep.
 func awaitLinksGone(ctx context.Context, p *linkProbe, links []hostLink, deadline time.Time) ([]hostLink, error) {
 	left := links
 	delay := time.Millisecond
@@ -543,14 +637,4 @@ func (r *TeardownResult) Err() error {
 		errs = append(errs, fmt.Errorf("slot %d: %w", f.Index, f.Err))
 	}
 	return errors.Join(errs...)
-}
-
-// closed reports whether c is closed; a nil c never is.
-func closed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }
