@@ -37,9 +37,10 @@ type Lifecycle struct {
 	started      time.Time
 	err          error
 	degraded     bool
-	closed       bool    // Drain was called
-	completed    []int   // succeeded phases whose Stop has not run, in completion order
-	tasks        []*task // background tasks, in start order
+	closed       bool      // Drain was called
+	completed    []int     // succeeded phases whose Stop has not run, in completion order
+	tasks        []*task   // background tasks, in start order
+	eta          estimator // fed every snapshot taken (eta.go)
 	watchers     map[*watcher]struct{}
 	seq          uint64
 	lastProgress time.Time   // last progress-only publish
@@ -112,6 +113,7 @@ func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
 		fsm:       newLifecycleFSM(),
 		state:     StateCreated,
 		since:     time.Now(),
+		eta:       newEstimator(etaWindow, etaMinSpan),
 		startDone: make(chan struct{}),
 		done:      make(chan struct{}),
 		// Room for a start without retries and its drain: the log then
