@@ -143,7 +143,6 @@ func WarnSlowPhases(lc *lifecycle.Lifecycle, log *slog.Logger, expected map[stri
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		est := lifecycle.NewEstimator(0, 0)
 		type key struct {
 			phase   string
 			attempt int
@@ -163,7 +162,6 @@ func WarnSlowPhases(lc *lifecycle.Lifecycle, log *slog.Logger, expected map[stri
 			default:
 				return
 			}
-			ests := est.Observe(s, time.Now())
 			for _, p := range s.Phases {
 				want := expected[p.Name]
 				if want <= 0 || (p.State != lifecycle.PhaseRunning && p.State != lifecycle.PhaseRetrying) {
@@ -179,15 +177,7 @@ func WarnSlowPhases(lc *lifecycle.Lifecycle, log *slog.Logger, expected map[stri
 				if prog := p.Progress.String(); prog != "" {
 					attrs = append(attrs, "progress", prog)
 				}
-				e := ests.Phase(p.Name)
-				if e.Rate <= 0 && p.Progress.Done > 0 && took > 0 {
-					// Not sampled long enough yet: the average so far.
-					e.Rate = float64(p.Progress.Done) / took.Seconds()
-					if left := p.Progress.Total - p.Progress.Done; left > 0 {
-						e.Remaining, e.OK = time.Duration(float64(left)/e.Rate*float64(time.Second)), true
-					}
-				}
-				if e.Rate > 0 {
+				if e := p.ETAOrAverage(); e.Rate > 0 {
 					attrs = append(attrs, "rate", lifecycle.FormatRate(e.Rate))
 					if e.OK {
 						attrs = append(attrs, "eta", lifecycle.FormatRemaining(e.Remaining))

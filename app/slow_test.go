@@ -87,15 +87,11 @@ func TestWarnSlowPhases(t *testing.T) {
 // phase.
 func TestViewWithETA(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	snap := func(done int64) lifecycle.Snapshot {
-		return lifecycle.Snapshot{State: lifecycle.StateStarting, Phases: []lifecycle.PhaseSnapshot{{
-			Name: "reclaim", State: lifecycle.PhaseRunning, Attempts: 1, Started: t0,
-			Progress: lifecycle.ProgressSnapshot{Done: done, Total: 1000, Unit: "namespaces"},
-		}}}
-	}
-	e := lifecycle.NewEstimator(0, 0)
-	e.Observe(snap(0), t0)
-	v := NewViewWithETA(snap(500), e.Observe(snap(500), t0.Add(time.Second)))
+	v := NewView(lifecycle.Snapshot{State: lifecycle.StateStarting, Phases: []lifecycle.PhaseSnapshot{{
+		Name: "reclaim", State: lifecycle.PhaseRunning, Attempts: 1, Started: t0,
+		Progress: lifecycle.ProgressSnapshot{Done: 500, Total: 1000, Unit: "namespaces"},
+		ETA:      lifecycle.Estimate{Rate: 500, Remaining: time.Second, OK: true},
+	}}})
 	if p := v.Phases[0]; p.Rate != 500 || p.ETA != time.Second {
 		t.Errorf("rate %v eta %v, want 500/s and 1s", p.Rate, p.ETA)
 	}

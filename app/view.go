@@ -40,27 +40,22 @@ type PhaseView struct {
 	Error string        `json:"error,omitempty"`
 }
 
-// NewView converts a snapshot.
+// NewView converts a snapshot, with the rates and times left it carries.
 func NewView(s lifecycle.Snapshot) View {
-	return NewViewWithETA(s, lifecycle.Estimates{})
-}
-
-// NewViewWithETA converts a snapshot, with the rates and times left in est.
-func NewViewWithETA(s lifecycle.Snapshot, est lifecycle.Estimates) View {
 	v := View{State: s.State, Since: s.Since, Started: s.Started, Degraded: s.Degraded, Error: errString(s.Err)}
 	for _, p := range s.Phases {
 		v.Phases = append(v.Phases, PhaseView{
 			Name: p.Name, DependsOn: p.DependsOn, State: string(p.State), Attempts: p.Attempts,
 			Started: p.Started, Ended: p.Ended, Duration: p.Duration(), Progress: p.Progress, Error: errString(p.Err),
 		})
-		v.Phases[len(v.Phases)-1].setEstimate(est.Phase(p.Name))
+		v.Phases[len(v.Phases)-1].setEstimate(p.ETA)
 	}
 	for _, t := range s.Tasks {
 		v.Tasks = append(v.Tasks, PhaseView{
 			Name: t.Name, Phase: t.Phase, State: string(t.State),
 			Started: t.Started, Ended: t.Ended, Duration: t.Duration(), Progress: t.Progress, Error: errString(t.Err),
 		})
-		v.Tasks[len(v.Tasks)-1].setEstimate(est.Task(t.Name))
+		v.Tasks[len(v.Tasks)-1].setEstimate(t.ETA)
 	}
 	return v
 }
@@ -72,16 +67,14 @@ func (p *PhaseView) setEstimate(e lifecycle.Estimate) {
 	}
 }
 
-// viewHandler serves the lifecycle's current View, with rates and times
-// left estimated from the snapshots its requests saw.
+// viewHandler serves the lifecycle's current View, with the rates and
+// times left its snapshot carries.
 func viewHandler(lc *lifecycle.Lifecycle) http.Handler {
-	est := lifecycle.NewEstimator(0, 0)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		s := lc.Snapshot()
-		_ = enc.Encode(NewViewWithETA(s, est.Observe(s, time.Now())))
+		_ = enc.Encode(NewView(lc.Snapshot()))
 	})
 }

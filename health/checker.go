@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -62,13 +61,10 @@ type Checker struct {
 	done        chan struct{} // closed when the follower goroutine returned
 	closeOnce   sync.Once
 
-	// shutdown and rates are read by every HTTP check without c.mu:
-	// under thousands of checks a second on a saturated host, a mutex on
-	// that path turns into a convoy (one preempted holder, all others
-	// queued behind it).
+	// shutdown is read by every HTTP check without c.mu: under thousands
+	// of checks a second on a saturated host, a mutex on that path turns
+	// into a convoy (one preempted holder, all others queued behind it).
 	shutdown atomic.Bool
-	eta      *lifecycle.Estimator                // fed by the follower only
-	rates    atomic.Pointer[lifecycle.Estimates] // of the latest snapshot followed
 
 	mu      sync.Mutex
 	snap    lifecycle.Snapshot
@@ -87,7 +83,6 @@ func New(lc *lifecycle.Lifecycle, opts Options) *Checker {
 		srv:         grpchealth.NewServer(),
 		closing:     ctx,
 		closeCancel: cancel,
-		eta:         lifecycle.NewEstimator(lifecycle.DefaultETAWindow, lifecycle.DefaultETAMinSpan),
 		done:        make(chan struct{}),
 		ready:       make(map[string]bool),
 		applied:     make(map[string]healthpb.HealthCheckResponse_ServingStatus),
@@ -100,7 +95,6 @@ func New(lc *lifecycle.Lifecycle, opts Options) *Checker {
 	// Subscribe hands over the current snapshot at once: apply it before
 	// returning so that "" is NOT_SERVING before anything can call Check.
 	s := <-ch
-	c.estimate(s)
 	c.mu.Lock()
 	c.snap = s
 	c.applyLocked()
@@ -113,7 +107,6 @@ func New(lc *lifecycle.Lifecycle, opts Options) *Checker {
 func (c *Checker) follow(ch <-chan lifecycle.Snapshot) {
 	defer close(c.done)
 	for s := range ch {
-		c.estimate(s)
 		c.mu.Lock()
 		if s.Seq >= c.snap.Seq {
 			c.snap = s
@@ -121,13 +114,6 @@ func (c *Checker) follow(ch <-chan lifecycle.Snapshot) {
 		}
 		c.mu.Unlock()
 	}
-}
-
-// estimate feeds s to the estimator, whose answers HTTP checks refresh for
-// their own snapshots. Only New and the follower call it, in order.
-func (c *Checker) estimate(s lifecycle.Snapshot) {
-	est := c.eta.Observe(s, time.Now())
-	c.rates.Store(&est)
 }
 
 // applyLocked sets every status from the current view, touching only the
@@ -161,12 +147,6 @@ func (c *Checker) applyLocked() {
 // answers never lag behind it. It takes no lock of the checker's.
 func (c *Checker) view() view {
 	return view{snap: c.lc.Snapshot(), shutdown: c.shutdown.Load()}
-}
-
-// estimates returns the estimates for s, from the rates seen by the
-// follower.
-func (c *Checker) estimates(s lifecycle.Snapshot) lifecycle.Estimates {
-	return c.rates.Load().Refresh(s)
 }
 
 // Ready reports whether the daemon takes work (the lifecycle serves and the

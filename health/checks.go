@@ -22,11 +22,11 @@ type check struct {
 const checkLifecycle = "lifecycle"
 
 // checksFor lists an endpoint's checks against v.
-func checksFor(endpoint string, v view, est lifecycle.Estimates) []check {
+func checksFor(endpoint string, v view) []check {
 	var ok bool
 	switch endpoint {
 	case PathLivez:
-		return appendWarnings([]check{{name: checkLifecycle, ok: v.live(), detail: v.describe()}}, v, est)
+		return appendWarnings([]check{{name: checkLifecycle, ok: v.live(), detail: v.describe()}}, v)
 	case PathReadyz:
 		ok = v.ready()
 	case PathStartupz:
@@ -38,34 +38,23 @@ func checksFor(endpoint string, v view, est lifecycle.Estimates) []check {
 		out = append(out, check{name: "phase/" + p.Name, ok: p.State == lifecycle.PhaseSucceeded, detail: checkDetail(p)})
 	}
 	if endpoint == PathReadyz {
-		out = appendWarnings(out, v, est)
+		out = appendWarnings(out, v)
 	}
 	return out
 }
 
 // appendWarnings adds a check that never fails for each warning.
-func appendWarnings(out []check, v view, est lifecycle.Estimates) []check {
+func appendWarnings(out []check, v view) []check {
 	for _, w := range v.snap.Warnings {
-		out = append(out, check{name: "warning/" + w.Name, ok: true, warn: true, detail: oneLine(warningDetail(w, v.snap, est))})
+		out = append(out, check{name: "warning/" + w.Name, ok: true, warn: true, detail: oneLine(warningDetail(w, v.snap, true))})
 	}
 	return out
 }
 
-// warningsHaveTasks reports whether a background task named like a warning
-// runs, whose rate a check line would show.
-func warningsHaveTasks(s lifecycle.Snapshot) bool {
-	for _, w := range s.Warnings {
-		if _, ok := warningTask(w, s); ok {
-			return true
-		}
-	}
-	return false
-}
-
 // renderChecks answers /livez, /readyz and /startupz the way kube-apiserver
 // does, with 503 instead of 500 for a failure.
-func renderChecks(endpoint, only string, v view, est lifecycle.Estimates, q url.Values) (int, []byte) {
-	checks := checksFor(endpoint, v, est)
+func renderChecks(endpoint, only string, v view, q url.Values) (int, []byte) {
+	checks := checksFor(endpoint, v)
 	name := strings.TrimPrefix(endpoint, "/")
 
 	if only != "" {

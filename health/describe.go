@@ -51,12 +51,15 @@ func (v view) startedUp() bool {
 	return false
 }
 
-func (v view) describe() string { return v.describeWithETA(lifecycle.Estimates{}) }
+func (v view) describe() string { return describe(v.shown(), false) }
 
-func (v view) describeWithETA(est lifecycle.Estimates) string {
+func (v view) describeWithETA() string { return describe(v.shown(), true) }
+
+// shown is the snapshot with the state checks should see.
+func (v view) shown() lifecycle.Snapshot {
 	s := v.snap
 	s.State = v.state()
-	return DescribeWithETA(s, est)
+	return s
 }
 
 // served reports whether the lifecycle ever reached serving.
@@ -78,15 +81,16 @@ func served(s lifecycle.Snapshot) bool {
 // task named like the warning, while it runs. Health endpoints, sd_notify
 // STATUS lines and the Unavailable errors of not-yet-served calls all use
 // it, so an operator reads the same words everywhere.
-func Describe(s lifecycle.Snapshot) string {
-	return DescribeWithETA(s, lifecycle.Estimates{})
-}
+func Describe(s lifecycle.Snapshot) string { return describe(s, false) }
 
-// DescribeWithETA is [Describe] with the rate and time left from est of each
-// running phase, and of each background task named like a warning, where
-// known: "starting: phase reclaim 1200/5000 namespaces (812/s, ~4.7s left)".
-// sd_notify STATUS lines use it.
-func DescribeWithETA(s lifecycle.Snapshot, est lifecycle.Estimates) string {
+// DescribeWithETA is [Describe] with the rate and time left that s carries
+// for each running phase, and for each background task named like a
+// warning, where known: "starting: phase reclaim 1200/5000 namespaces
+// (812/s, ~4.7s left)". sd_notify STATUS lines use it.
+func DescribeWithETA(s lifecycle.Snapshot) string { return describe(s, true) }
+
+// describe is [Describe], with the estimates s carries when withETA.
+func describe(s lifecycle.Snapshot, withETA bool) string {
 	var b strings.Builder
 	b.WriteString(string(s.State))
 	switch s.State {
@@ -103,8 +107,8 @@ func DescribeWithETA(s lifecycle.Snapshot, est lifecycle.Estimates) string {
 				b.WriteByte(' ')
 				b.WriteString(d)
 			}
-			if e := est.Phase(p.Name); e.OK && p.State == lifecycle.PhaseRunning {
-				b.WriteString(" (" + e.String() + ")")
+			if withETA && p.ETA.OK && p.State == lifecycle.PhaseRunning {
+				b.WriteString(" (" + p.ETA.String() + ")")
 			}
 		}
 	case lifecycle.StateFailed:
@@ -142,7 +146,7 @@ func DescribeWithETA(s lifecycle.Snapshot, est lifecycle.Estimates) string {
 				}
 				b.WriteString(w.Name)
 				b.WriteString(": ")
-				b.WriteString(warningDetail(w, s, est))
+				b.WriteString(warningDetail(w, s, withETA))
 			}
 		}
 	}
@@ -161,9 +165,9 @@ func warningTask(w lifecycle.Warning, s lifecycle.Snapshot) (lifecycle.TaskSnaps
 }
 
 // warningDetail is a warning's message and, while the task named like it
-// runs, the task's progress, rate and time left: "3000 dead slots left
-// (1200/3000 namespaces, 812/s, ~1.5s left)".
-func warningDetail(w lifecycle.Warning, s lifecycle.Snapshot, est lifecycle.Estimates) string {
+// runs, the task's progress and, when withETA, its rate and time left:
+// "3000 dead slots left (1200/3000 namespaces, 812/s, ~1.5s left)".
+func warningDetail(w lifecycle.Warning, s lifecycle.Snapshot, withETA bool) string {
 	t, ok := warningTask(w, s)
 	if !ok {
 		return w.Message
@@ -172,8 +176,10 @@ func warningDetail(w lifecycle.Warning, s lifecycle.Snapshot, est lifecycle.Esti
 	if p := t.Progress.String(); p != "" {
 		parts = append(parts, p)
 	}
-	if e := est.Task(t.Name).String(); e != "" {
-		parts = append(parts, e)
+	if withETA {
+		if e := t.ETA.String(); e != "" {
+			parts = append(parts, e)
+		}
 	}
 	if len(parts) == 0 {
 		return w.Message

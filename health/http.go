@@ -49,9 +49,9 @@ const (
 // answer carries Cache-Control: no-store. A Handler never answers 500 and
 // never panics: a failure to render is a 503.
 //
-// Rates and times left in /health come from the rates the checker measures
-// on every snapshot the lifecycle publishes, so they are there for the
-// first request and cost an answer no lock.
+// Rates and times left in /health are those the lifecycle's snapshot
+// carries, the same that STATUS=, the metrics, the log and the timeline
+// show.
 type Handler struct {
 	c *Checker
 }
@@ -113,11 +113,7 @@ func (h *Handler) render(endpoint, check string, r *http.Request) (code int, cty
 		_, pretty := r.URL.Query()["pretty"]
 		return h.renderHealthJSON(v, time.Now(), pretty)
 	}
-	var est lifecycle.Estimates
-	if warningsHaveTasks(v.snap) {
-		est = h.c.estimates(v.snap)
-	}
-	code, body = renderChecks(endpoint, check, v, est, r.URL.Query())
+	code, body = renderChecks(endpoint, check, v, r.URL.Query())
 	return code, "text/plain; charset=utf-8", body
 }
 
@@ -217,18 +213,17 @@ func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, str
 			b.Status = statusWarn
 		}
 	}
-	est := h.c.estimates(s)
 	if b.Status != statusPass {
-		b.Output = v.describeWithETA(est)
+		b.Output = v.describeWithETA()
 	}
 	for _, p := range s.Phases {
 		c := phaseCheck(p, s.Err != nil, now)
-		c.estimate(est.Phase(p.Name))
+		c.estimate(p.ETA)
 		b.Checks["phase:"+p.Name] = []checkResult{c}
 	}
 	for _, t := range s.Tasks {
 		c := taskCheck(t, now)
-		c.estimate(est.Task(t.Name))
+		c.estimate(t.ETA)
 		b.Checks["task:"+t.Name] = []checkResult{c}
 	}
 	for _, w := range s.Warnings {
@@ -240,7 +235,7 @@ func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, str
 		}
 		if t, ok := warningTask(w, s); ok {
 			observe(&c, t.Progress)
-			c.estimate(est.Task(t.Name))
+			c.estimate(t.ETA)
 		}
 		b.Checks["warning:"+w.Name] = []checkResult{c}
 	}

@@ -202,7 +202,6 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 	defer limit.Stop()
 	ext := newExtender(n.opts)
 	defer ext.timer.Stop()
-	eta := lifecycle.NewEstimator(lifecycle.DefaultETAWindow, lifecycle.DefaultETAMinSpan)
 	setStatus := func(s string) {
 		status, statusAt, pending = s, time.Now(), ""
 		limit.Stop()
@@ -215,7 +214,7 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 				return
 			}
 			now := time.Now()
-			desc := DescribeWithETA(s, eta.Observe(s, now))
+			desc := DescribeWithETA(s)
 			if s.State != state {
 				state = s.State
 				var lines []string

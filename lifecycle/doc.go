@@ -22,8 +22,10 @@
 //	          running → retrying → running
 //	pending → skipped
 //
-// Both machines are github.com/looplab/fsm instances; no other transition can
-// happen.
+// Both machines are github.com/looplab/fsm instances, built from the one
+// table of the package's transitions in state.go, which [Transitions]
+// returns (with the background tasks' machine beside them); no other
+// transition can happen.
 //
 // Everything the engine knows is observable, in two ways that answer two
 // different questions:

@@ -4,20 +4,19 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 )
 
-// Defaults of an [Estimator].
+// Parameters of the lifecycle's [estimator].
 const (
-	// DefaultETAWindow is how far back an Estimator looks for the rate.
-	DefaultETAWindow = 5 * time.Second
-	// DefaultETAMinSpan is how much time the samples must span before an
-	// Estimator states a rate: a phase that reported a burst of progress a
+	// etaWindow is how far back the estimator looks for the rate.
+	etaWindow = 5 * time.Second
+	// etaMinSpan is how much time the samples must span before the
+	// estimator states a rate: a phase that reported a burst of progress a
 	// moment ago has no rate yet.
-	DefaultETAMinSpan = 300 * time.Millisecond
+	etaMinSpan = 300 * time.Millisecond
 	// maxETASamples bounds the samples kept per phase or task, whatever
 	// the observation rate.
 	maxETASamples = 256
@@ -80,31 +79,34 @@ func FormatRemaining(d time.Duration) string {
 	return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
 }
 
-// Estimates are an [Estimator]'s answers for one snapshot.
-type Estimates struct {
-	phases map[string]Estimate
-	tasks  map[string]Estimate
+// ETAOrAverage is the phase's ETA or, while the estimator states no rate
+// yet (its samples span too little time), the average since the phase
+// started, with the time left at that rate: a slow phase's warning has a
+// rate to give even when it is logged before the estimator has one.
+func (p PhaseSnapshot) ETAOrAverage() Estimate {
+	if p.ETA.Rate > 0 {
+		return p.ETA
+	}
+	rate := averageRate(p.Progress.Done, p.Duration())
+	if rate <= 0 {
+		return p.ETA
+	}
+	return withRemaining(rate, p.Progress)
 }
 
-// Phase returns the named phase's estimate; the zero Estimate when nothing
-// is known.
-func (e Estimates) Phase(name string) Estimate { return e.phases[name] }
-
-// Task returns the named background task's estimate.
-func (e Estimates) Task(name string) Estimate { return e.tasks[name] }
-
-// Estimator turns successive snapshots into rates and times to finish. It
-// keeps, per running phase and task, the progress it saw over a recent
-// window and divides the progress made by the time it took; a retried
-// phase starts afresh. It is fed by whoever observes the lifecycle (a
-// health endpoint on each request, a notifier on each change), so its
-// estimates are only as fresh as its observations. The zero value is not
-// usable; create one with [NewEstimator]. It is safe for concurrent use.
-type Estimator struct {
+// estimator turns the lifecycle's successive snapshots into rates and
+// times to finish. It keeps, per running phase and task, the progress it saw
+// over a recent window and divides the progress made by the time it took; a
+// retried phase starts afresh. The lifecycle owns one, guarded by its
+// mutex, and feeds it every snapshot it takes, so that every reader of a
+// snapshot (health endpoints, STATUS= lines, metrics, logs, the timeline)
+// reads the same estimate.
+type estimator struct {
 	window, minSpan time.Duration
-
-	mu     sync.Mutex
-	series map[string]*etaSeries
+	// The series of the phases, by declaration index, and of the tasks, by
+	// start index: the lifecycle's own indices, so that observing costs no
+	// lookup.
+	phases, tasks []etaSeries
 }
 
 type etaSample struct {
@@ -114,82 +116,41 @@ type etaSample struct {
 
 // etaSeries is one item's samples since it started its current attempt.
 type etaSeries struct {
+	name    string
 	attempt int
 	started time.Time
 	samples []etaSample // ascending in time
-	seen    bool        // observed in the latest snapshot
 }
 
-// NewEstimator returns an estimator that computes rates over window
-// ([DefaultETAWindow] when zero or less) and states none until its samples
-// span at least minSpan ([DefaultETAMinSpan] when zero or less).
-func NewEstimator(window, minSpan time.Duration) *Estimator {
-	if window <= 0 {
-		window = DefaultETAWindow
-	}
-	if minSpan <= 0 {
-		minSpan = DefaultETAMinSpan
-	}
-	return &Estimator{window: window, minSpan: minSpan, series: make(map[string]*etaSeries)}
+// newEstimator returns an estimator that computes rates over window and
+// states none until its samples span at least minSpan.
+func newEstimator(window, minSpan time.Duration) estimator {
+	return estimator{window: window, minSpan: minSpan}
 }
 
-// Observe records s as seen at now and returns the estimates for every
-// phase and task in it. Observations must come in time order; one older
-// than the latest is used for its answer but not recorded.
-func (e *Estimator) Observe(s Snapshot, now time.Time) Estimates {
-	out := Estimates{phases: make(map[string]Estimate, len(s.Phases))}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, ser := range e.series {
-		ser.seen = false
+// observe sets the ETA of every phase and task of s, taken at now. s must
+// list the phases and tasks in the lifecycle's order, and observations must
+// come in time order; one older than the latest is used for its answer but
+// not recorded.
+func (e *estimator) observe(s *Snapshot, now time.Time) {
+	e.phases = grow(e.phases, len(s.Phases))
+	for i := range s.Phases {
+		p := &s.Phases[i]
+		p.ETA = e.observeItem(&e.phases[i], p.Name, p.State == PhaseRunning, p.Attempts, p.Started, p.Duration(), p.Progress, now)
 	}
-	for _, p := range s.Phases {
-		running := p.State == PhaseRunning
-		out.phases[p.Name] = e.observe("phase\x00"+p.Name, running, p.Attempts, p.Started, p.Duration(), p.Progress, now)
+	e.tasks = grow(e.tasks, len(s.Tasks))
+	for i := range s.Tasks {
+		t := &s.Tasks[i]
+		t.ETA = e.observeItem(&e.tasks[i], t.Name, t.State == TaskRunning, 1, t.Started, t.Duration(), t.Progress, now)
 	}
-	if len(s.Tasks) > 0 {
-		out.tasks = make(map[string]Estimate, len(s.Tasks))
-		for _, t := range s.Tasks {
-			running := t.State == TaskRunning
-			out.tasks[t.Name] = e.observe("task\x00"+t.Name, running, 1, t.Started, t.Duration(), t.Progress, now)
-		}
-	}
-	for k, ser := range e.series {
-		if !ser.seen {
-			delete(e.series, k)
-		}
-	}
-	return out
 }
 
-// Refresh returns the estimates for s, a later snapshot of the lifecycle
-// that e was computed for, without observing s: a phase or task still
-// running keeps e's rate and gets the time left from its current progress;
-// one that has ended gets its average rate. It lets many readers share one
-// Estimator: a single observer feeds it every published snapshot, and each
-// reader refreshes the latest Estimates for the snapshot it answers from,
-// taking no lock — a health endpoint checked thousands of times a second
-// must not serialize its answers on the Estimator's mutex.
-func (e Estimates) Refresh(s Snapshot) Estimates {
-	out := Estimates{phases: make(map[string]Estimate, len(s.Phases))}
-	for _, p := range s.Phases {
-		if p.State != PhaseRunning {
-			out.phases[p.Name] = finishedEstimate(p.Started, p.Duration(), p.Progress)
-			continue
-		}
-		out.phases[p.Name] = withRemaining(e.phases[p.Name].Rate, p.Progress)
+// grow returns series with room for n items.
+func grow(series []etaSeries, n int) []etaSeries {
+	if n > len(series) {
+		series = append(series, make([]etaSeries, n-len(series))...)
 	}
-	if len(s.Tasks) > 0 {
-		out.tasks = make(map[string]Estimate, len(s.Tasks))
-		for _, t := range s.Tasks {
-			if t.State != TaskRunning {
-				out.tasks[t.Name] = finishedEstimate(t.Started, t.Duration(), t.Progress)
-				continue
-			}
-			out.tasks[t.Name] = withRemaining(e.tasks[t.Name].Rate, t.Progress)
-		}
-	}
-	return out
+	return series
 }
 
 // finishedEstimate is the average rate over an ended (or not started)
@@ -212,30 +173,33 @@ func withRemaining(rate float64, p ProgressSnapshot) Estimate {
 	return est
 }
 
-func (e *Estimator) observe(key string, running bool, attempt int, started time.Time, took time.Duration, p ProgressSnapshot, now time.Time) Estimate {
+func (e *estimator) observeItem(ser *etaSeries, name string, running bool, attempt int, started time.Time, took time.Duration, p ProgressSnapshot, now time.Time) Estimate {
 	if !running {
-		// Finished (or not started): the average over the whole run.
+		// Finished (or not started): the average over the whole run. Its
+		// samples are of no more use.
+		*ser = etaSeries{}
 		return finishedEstimate(started, took, p)
 	}
-	ser := e.series[key]
-	if ser == nil || ser.attempt != attempt || !ser.started.Equal(started) {
-		ser = &etaSeries{attempt: attempt, started: started}
-		e.series[key] = ser
+	if ser.name != name || ser.attempt != attempt || !ser.started.Equal(started) {
+		*ser = etaSeries{name: name, attempt: attempt, started: started, samples: ser.samples[:0]}
 	}
-	ser.seen = true
 	e.record(ser, etaSample{now, p.Done})
-	return e.estimate(ser, p, now)
+	return e.estimate(ser, p)
 }
 
 // record appends a sample and forgets those that no longer matter: all but
 // the last one before the window, so that the samples kept span at least
-// the window once there is that much history.
-func (e *Estimator) record(ser *etaSeries, smp etaSample) {
+// the window once there is that much history. Samples denser than the
+// window needs replace the latest one instead: every snapshot is an
+// observation, and a health endpoint asked thousands of times a second must
+// not crowd the window into a span too short to state a rate.
+func (e *estimator) record(ser *etaSeries, smp etaSample) {
 	n := len(ser.samples)
 	switch {
 	case n > 0 && smp.at.Before(ser.samples[n-1].at):
 		return // out of order: not recorded
-	case n > 0 && smp.at.Equal(ser.samples[n-1].at):
+	case n > 0 && smp.at.Equal(ser.samples[n-1].at),
+		n > 1 && smp.at.Sub(ser.samples[n-2].at) < e.window/(maxETASamples/2):
 		ser.samples[n-1] = smp
 	default:
 		ser.samples = append(ser.samples, smp)
@@ -257,7 +221,7 @@ func (e *Estimator) record(ser *etaSeries, smp etaSample) {
 	}
 }
 
-func (e *Estimator) estimate(ser *etaSeries, p ProgressSnapshot, now time.Time) Estimate {
+func (e *estimator) estimate(ser *etaSeries, p ProgressSnapshot) Estimate {
 	first, last := ser.samples[0], ser.samples[len(ser.samples)-1]
 	span := last.at.Sub(first.at)
 	if span < e.minSpan || last.done <= first.done {

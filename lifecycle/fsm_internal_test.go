@@ -134,3 +134,14 @@ func TestRetryDelay(t *testing.T) {
 		}
 	})
 }
+
+// Transitions hands out a copy: changing it changes nothing the engine runs.
+func TestTransitionsIsACopy(t *testing.T) {
+	m := Transitions()
+	m.Lifecycle[0].From[0] = "elsewhere"
+	m.Phase[0].To = "elsewhere"
+	m.Task = m.Task[:0]
+	if transitions.Lifecycle[0].From[0] != StateCreated || transitions.Phase[0].To != PhaseRunning || len(transitions.Task) == 0 {
+		t.Errorf("changing the copy changed the table: %+v", transitions)
+	}
+}

@@ -29,17 +29,17 @@ type Lifecycle struct {
 	progressPending atomic.Bool
 
 	mu           sync.Mutex
-	fsm          *fsm.FSM
-	state        State // fsm's state, mirrored for the event log's From
+	fsm          *fsm.FSM // the lifecycle's state: the one copy, read with Current
 	since        time.Time
 	history      []Transition // every state entered after created, in order
 	warnings     []Warning    // by name, in the order first set
 	started      time.Time
 	err          error
 	degraded     bool
-	closed       bool    // Drain was called
-	completed    []int   // succeeded phases whose Stop has not run, in completion order
-	tasks        []*task // background tasks, in start order
+	closed       bool      // Drain was called
+	completed    []int     // succeeded phases whose Stop has not run, in completion order
+	tasks        []*task   // background tasks, in start order
+	eta          estimator // fed every snapshot taken (eta.go)
 	watchers     map[*watcher]struct{}
 	seq          uint64
 	lastProgress time.Time   // last progress-only publish
@@ -72,8 +72,7 @@ type phaseRun struct {
 	dependents []int
 	progress   Progress
 
-	fsm      *fsm.FSM
-	state    PhaseState // fsm's state, mirrored for the event log's From
+	fsm      *fsm.FSM // the phase's state: the one copy, read with Current
 	attempts int
 	started  time.Time
 	attempt  time.Time // when the current attempt began
@@ -110,8 +109,8 @@ func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
 		tracer:    tp.Tracer("github.com/phasegate/phasegate/lifecycle"),
 		phases:    make([]*phaseRun, len(phases)),
 		fsm:       newLifecycleFSM(),
-		state:     StateCreated,
 		since:     time.Now(),
+		eta:       newEstimator(etaWindow, etaMinSpan),
 		startDone: make(chan struct{}),
 		done:      make(chan struct{}),
 		// Room for a start without retries and its drain: the log then
@@ -126,7 +125,7 @@ func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
 		// Our own copy: the graph must not change under the runner if the
 		// caller reuses its slice.
 		p.DependsOn = slices.Clip(slices.Clone(p.DependsOn))
-		r := &phaseRun{Phase: p, index: i, fsm: newPhaseFSM(), state: PhasePending}
+		r := &phaseRun{Phase: p, index: i, fsm: newPhaseFSM()}
 		r.progress.lc, r.progress.phase = l, r
 		for _, d := range p.DependsOn {
 			r.deps = append(r.deps, index[d])
@@ -486,12 +485,11 @@ func (l *Lifecycle) stopPhase(ctx context.Context, r *phaseRun) (err error) {
 // transitionLocked fires a lifecycle event. The events are fired only where
 // the current state allows them, so a refusal is a bug in this package.
 func (l *Lifecycle) transitionLocked(event string) {
-	from := l.state
+	from := State(l.fsm.Current())
 	if err := l.fsm.Event(context.Background(), event); err != nil {
 		panic(fmt.Sprintf("lifecycle: event %q refused in state %q: %v", event, from, err))
 	}
 	to := State(l.fsm.Current())
-	l.state = to
 	l.since = time.Now()
 	l.history = append(l.history, Transition{State: to, At: l.since})
 	e := Event{Time: l.since, Kind: EventLifecycle, From: string(from), To: string(to)}
@@ -508,17 +506,17 @@ func (l *Lifecycle) transitionLocked(event string) {
 // phaseEventLocked fires a phase event at time at; err, when not nil, is
 // the failure the event records. See transitionLocked.
 func (l *Lifecycle) phaseEventLocked(r *phaseRun, event string, at time.Time, err error) {
-	from := r.state
+	from := PhaseState(r.fsm.Current())
 	if err := r.fsm.Event(context.Background(), event); err != nil {
 		panic(fmt.Sprintf("lifecycle: phase %q: event %q refused in state %q: %v", r.Name, event, from, err))
 	}
-	r.state = PhaseState(r.fsm.Current())
+	to := PhaseState(r.fsm.Current())
 	e := Event{
 		Time:      at,
 		Kind:      EventPhase,
 		Name:      r.Name,
 		From:      string(from),
-		To:        string(r.state),
+		To:        string(to),
 		Attempt:   r.attempts,
 		DependsOn: r.DependsOn,
 	}

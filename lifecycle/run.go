@@ -96,7 +96,7 @@ func (l *Lifecycle) run(ctx context.Context) error {
 	}
 	now := time.Now()
 	for _, r := range l.phases {
-		if r.state == PhasePending {
+		if PhaseState(r.fsm.Current()) == PhasePending {
 			l.phaseEventLocked(r, evSkip, now, nil)
 		}
 	}

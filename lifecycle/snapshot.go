@@ -54,6 +54,9 @@ type PhaseSnapshot struct {
 	Started, Ended time.Time
 	// Progress is the latest progress of the current or last attempt.
 	Progress ProgressSnapshot
+	// ETA is the phase's rate and, while it runs, its time left, as of
+	// when the snapshot was taken: the one estimate every view shows.
+	ETA Estimate
 	// Err is the last attempt's error, if it failed.
 	Err error
 }
@@ -72,7 +75,10 @@ type TaskSnapshot struct {
 	State          TaskState
 	Started, Ended time.Time
 	Progress       ProgressSnapshot
-	Err            error
+	// ETA is the task's rate and, while it runs, its time left; see
+	// [PhaseSnapshot].
+	ETA Estimate
+	Err error
 }
 
 // Duration is how long the task has run, up to now while it runs.

@@ -1,11 +1,15 @@
 package lifecycle
 
-import "github.com/looplab/fsm"
+import (
+	"slices"
+
+	"github.com/looplab/fsm"
+)
 
 // State is the state of a whole lifecycle.
 type State string
 
-// Lifecycle states. See the package documentation for the transitions.
+// Lifecycle states. See [Machines] for the transitions.
 const (
 	StateCreated  State = "created"
 	StateStarting State = "starting"
@@ -18,7 +22,7 @@ const (
 // PhaseState is the state of one phase.
 type PhaseState string
 
-// Phase states. See the package documentation for the transitions.
+// Phase states. See [Machines] for the transitions.
 const (
 	PhasePending   PhaseState = "pending"
 	PhaseRunning   PhaseState = "running"
@@ -42,7 +46,7 @@ func (s PhaseState) Done() bool {
 // [Progress.Defer].
 type TaskState string
 
-// Background task states.
+// Background task states. See [Machines] for the transitions.
 const (
 	TaskRunning   TaskState = "running"
 	TaskSucceeded TaskState = "succeeded"
@@ -64,23 +68,91 @@ const (
 	evSkip   = "skip"
 )
 
-// lifecycleEvents is the only set of transitions a lifecycle can take. A
-// drain that arrives while starting moves the lifecycle to draining at once
-// and cancels the start: an orderly stop, not a failure.
-var lifecycleEvents = fsm.Events{
-	{Name: evStart, Src: []string{string(StateCreated)}, Dst: string(StateStarting)},
-	{Name: evServe, Src: []string{string(StateStarting)}, Dst: string(StateServing)},
-	{Name: evDrain, Src: []string{string(StateStarting), string(StateServing)}, Dst: string(StateDraining)},
-	{Name: evFail, Src: []string{string(StateStarting), string(StateServing)}, Dst: string(StateFailed)},
-	{Name: evStop, Src: []string{string(StateDraining), string(StateFailed)}, Dst: string(StateStopped)},
+// Edge is one transition of a state machine of the package: Event, fired
+// in any of the states From, moves the machine to To.
+type Edge[S ~string] struct {
+	Event string
+	From  []S
+	To    S
 }
 
-// phaseEvents is the only set of transitions a phase can take.
-var phaseEvents = fsm.Events{
-	{Name: evRun, Src: []string{string(PhasePending), string(PhaseRetrying)}, Dst: string(PhaseRunning)},
-	{Name: evRetry, Src: []string{string(PhaseRunning)}, Dst: string(PhaseRetrying)},
-	{Name: evOK, Src: []string{string(PhaseRunning)}, Dst: string(PhaseSucceeded)},
-	{Name: evFail, Src: []string{string(PhaseRunning), string(PhaseRetrying)}, Dst: string(PhaseFailed)},
-	{Name: evCancel, Src: []string{string(PhaseRunning), string(PhaseRetrying)}, Dst: string(PhaseCancelled)},
-	{Name: evSkip, Src: []string{string(PhasePending)}, Dst: string(PhaseSkipped)},
+// Machines are the package's state machines as tables of their edges, and
+// no other transition can happen. They are declared once, below: the
+// looplab/fsm machines of the lifecycle and of each phase are built from
+// them, the event log records their transitions, and the phasetest
+// package's model of a log reads them through [Transitions].
+type Machines struct {
+	// Lifecycle is the whole lifecycle's machine, from [StateCreated].
+	Lifecycle []Edge[State]
+	// Phase is each phase's machine, from [PhasePending].
+	Phase []Edge[PhaseState]
+	// Task is each background task's, from "" (not started yet). Tasks
+	// take no fsm: task.go moves them along these edges only.
+	Task []Edge[TaskState]
 }
+
+// transitions is the one declaration of the state machines. A drain that
+// arrives while starting moves the lifecycle to draining at once and
+// cancels the start: an orderly stop, not a failure.
+var transitions = Machines{
+	Lifecycle: []Edge[State]{
+		{Event: evStart, From: []State{StateCreated}, To: StateStarting},
+		{Event: evServe, From: []State{StateStarting}, To: StateServing},
+		{Event: evDrain, From: []State{StateStarting, StateServing}, To: StateDraining},
+		{Event: evFail, From: []State{StateStarting, StateServing}, To: StateFailed},
+		{Event: evStop, From: []State{StateDraining, StateFailed}, To: StateStopped},
+	},
+	Phase: []Edge[PhaseState]{
+		{Event: evRun, From: []PhaseState{PhasePending, PhaseRetrying}, To: PhaseRunning},
+		{Event: evRetry, From: []PhaseState{PhaseRunning}, To: PhaseRetrying},
+		{Event: evOK, From: []PhaseState{PhaseRunning}, To: PhaseSucceeded},
+		{Event: evFail, From: []PhaseState{PhaseRunning, PhaseRetrying}, To: PhaseFailed},
+		{Event: evCancel, From: []PhaseState{PhaseRunning, PhaseRetrying}, To: PhaseCancelled},
+		{Event: evSkip, From: []PhaseState{PhasePending}, To: PhaseSkipped},
+	},
+	Task: []Edge[TaskState]{
+		{Event: evStart, From: []TaskState{""}, To: TaskRunning},
+		{Event: evOK, From: []TaskState{TaskRunning}, To: TaskSucceeded},
+		{Event: evFail, From: []TaskState{TaskRunning}, To: TaskFailed},
+		{Event: evCancel, From: []TaskState{TaskRunning}, To: TaskCancelled},
+	},
+}
+
+// Transitions returns a copy of the package's state machines, the table
+// the engine runs: a model of the event log checks each transition against
+// it rather than against a copy of its own.
+func Transitions() Machines {
+	return Machines{
+		Lifecycle: cloneEdges(transitions.Lifecycle),
+		Phase:     cloneEdges(transitions.Phase),
+		Task:      cloneEdges(transitions.Task),
+	}
+}
+
+func cloneEdges[S ~string](edges []Edge[S]) []Edge[S] {
+	out := make([]Edge[S], len(edges))
+	for i, e := range edges {
+		out[i] = Edge[S]{Event: e.Event, From: slices.Clone(e.From), To: e.To}
+	}
+	return out
+}
+
+// fsmEvents is a machine's table as looplab/fsm takes it.
+func fsmEvents[S ~string](edges []Edge[S]) fsm.Events {
+	out := make(fsm.Events, len(edges))
+	for i, e := range edges {
+		src := make([]string, len(e.From))
+		for j, s := range e.From {
+			src[j] = string(s)
+		}
+		out[i] = fsm.EventDesc{Name: e.Event, Src: src, Dst: string(e.To)}
+	}
+	return out
+}
+
+// The fsm tables, derived once from transitions and never changed: every
+// machine New builds shares them.
+var (
+	lifecycleEvents = fsmEvents(transitions.Lifecycle)
+	phaseEvents     = fsmEvents(transitions.Phase)
+)

@@ -103,6 +103,8 @@ func (l *Lifecycle) snapshotLocked() Snapshot {
 			}
 		}
 	}
+	// Under the mutex, so the estimator's observations come in time order.
+	l.eta.observe(&s, time.Now())
 	return s
 }
 

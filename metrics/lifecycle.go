@@ -89,7 +89,6 @@ func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop fu
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
 	}
-	est := lifecycle.NewEstimator(lifecycle.DefaultETAWindow, lifecycle.DefaultETAMinSpan)
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := lc.Snapshot()
 		now := time.Now()
@@ -114,7 +113,6 @@ func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop fu
 		if up, ok := startupDuration(s); ok {
 			o.ObserveFloat64(startup, up.Seconds())
 		}
-		ests := est.Observe(s, now)
 		for _, p := range s.Phases {
 			if p.State != lifecycle.PhaseRunning {
 				continue
@@ -124,7 +122,7 @@ func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop fu
 			if p.Progress.Total > 0 {
 				o.ObserveInt64(total, p.Progress.Total, attrs)
 			}
-			if e := ests.Phase(p.Name); e.Rate > 0 {
+			if e := p.ETA; e.Rate > 0 {
 				o.ObserveFloat64(rate, e.Rate, attrs)
 				if e.OK {
 					o.ObserveFloat64(eta, e.Remaining.Seconds(), attrs)

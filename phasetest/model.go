@@ -8,38 +8,25 @@ import (
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
-// The transitions the engine can take, as the lifecycle package documents
-// them. A log in which any other appears was not written by a lifecycle, or
-// lost an event.
+// The transitions the engine can take, read from the lifecycle's own table
+// ([lifecycle.Transitions]) and never changed. A log in which any other
+// appears was not written by a lifecycle, or lost an event.
 var (
-	lifecycleEdges = map[[2]lifecycle.State]bool{
-		{lifecycle.StateCreated, lifecycle.StateStarting}:  true,
-		{lifecycle.StateStarting, lifecycle.StateServing}:  true,
-		{lifecycle.StateStarting, lifecycle.StateDraining}: true,
-		{lifecycle.StateStarting, lifecycle.StateFailed}:   true,
-		{lifecycle.StateServing, lifecycle.StateDraining}:  true,
-		{lifecycle.StateServing, lifecycle.StateFailed}:    true,
-		{lifecycle.StateDraining, lifecycle.StateStopped}:  true,
-		{lifecycle.StateFailed, lifecycle.StateStopped}:    true,
-	}
-	phaseEdges = map[[2]lifecycle.PhaseState]bool{
-		{lifecycle.PhasePending, lifecycle.PhaseRunning}:    true,
-		{lifecycle.PhasePending, lifecycle.PhaseSkipped}:    true,
-		{lifecycle.PhaseRunning, lifecycle.PhaseRetrying}:   true,
-		{lifecycle.PhaseRunning, lifecycle.PhaseSucceeded}:  true,
-		{lifecycle.PhaseRunning, lifecycle.PhaseFailed}:     true,
-		{lifecycle.PhaseRunning, lifecycle.PhaseCancelled}:  true,
-		{lifecycle.PhaseRetrying, lifecycle.PhaseRunning}:   true,
-		{lifecycle.PhaseRetrying, lifecycle.PhaseFailed}:    true,
-		{lifecycle.PhaseRetrying, lifecycle.PhaseCancelled}: true,
-	}
-	taskEdges = map[[2]lifecycle.TaskState]bool{
-		{"", lifecycle.TaskRunning}:                      true,
-		{lifecycle.TaskRunning, lifecycle.TaskSucceeded}: true,
-		{lifecycle.TaskRunning, lifecycle.TaskFailed}:    true,
-		{lifecycle.TaskRunning, lifecycle.TaskCancelled}: true,
-	}
+	lifecycleEdges = edgeSet(lifecycle.Transitions().Lifecycle)
+	phaseEdges     = edgeSet(lifecycle.Transitions().Phase)
+	taskEdges      = edgeSet(lifecycle.Transitions().Task)
 )
+
+// edgeSet is a machine's table as the set of its (from, to) pairs.
+func edgeSet[S ~string](table []lifecycle.Edge[S]) map[[2]S]bool {
+	out := make(map[[2]S]bool)
+	for _, e := range table {
+		for _, from := range e.From {
+			out[[2]S{from, e.To}] = true
+		}
+	}
+	return out
+}
 
 // reachable reports whether a lifecycle in state from can still enter to.
 func reachable(from, to lifecycle.State) bool {

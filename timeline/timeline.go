@@ -41,16 +41,15 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Handler serves the page for lc's current snapshot. It keeps an
-// [lifecycle.Estimator] fed by its requests, so a page left open shows
-// rates and times left for the running phases.
+// Handler serves the page for lc's current snapshot, with the rates and
+// times left it carries: a page left open shows them for the running
+// phases.
 func Handler(lc *lifecycle.Lifecycle, opts Options) http.Handler {
-	est := lifecycle.NewEstimator(0, 0)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		s := lc.Snapshot()
 		var buf bytes.Buffer
-		if err := Render(&buf, s, est.Observe(s, now), now, opts); err != nil {
+		if err := Render(&buf, s, now, opts); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -153,17 +152,17 @@ type page struct {
 }
 
 // Render writes the page for snapshot s as of now, with the rates and
-// times left in est.
-func Render(w io.Writer, s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Options) error {
+// times left s carries.
+func Render(w io.Writer, s lifecycle.Snapshot, now time.Time, opts Options) error {
 	opts = opts.withDefaults()
-	p := build(s, est, now, opts)
+	p := build(s, now, opts)
 	if err := pageTemplate.Execute(w, p); err != nil {
 		return fmt.Errorf("timeline: %w", err)
 	}
 	return nil
 }
 
-func build(s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Options) page {
+func build(s lifecycle.Snapshot, now time.Time, opts Options) page {
 	p := page{
 		Title:      opts.Title + " — startup timeline",
 		Width:      chartWidth,
@@ -171,7 +170,7 @@ func build(s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Op
 		ChartRight: chartWidth - rightPad,
 		AxisY:      axisHeight,
 		Generated:  now.UTC().Format(time.RFC3339),
-		Status:     health.DescribeWithETA(s, est),
+		Status:     health.DescribeWithETA(s),
 		Links:      opts.Links,
 	}
 	switch s.State {
@@ -240,7 +239,7 @@ func build(s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Op
 			Colour: colours[string(ph.State)], Y: y, BarY: y + (rowHeight-barHeight)/2,
 			DependsOn: ph.DependsOn,
 		}
-		fill(&b, ph.Started, ph.Ended, ph.Progress, est.Phase(ph.Name), ph.Err, now, clip, xOf, right)
+		fill(&b, ph.Started, ph.Ended, ph.Progress, ph.ETA, ph.Err, now, clip, xOf, right)
 		if ph.Attempts > 1 {
 			b.Text += fmt.Sprintf(" · attempt %d", ph.Attempts)
 		}
@@ -258,7 +257,7 @@ func build(s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time, opts Op
 			Kind: "task", Name: t.Name, Label: "task " + t.Name, State: string(t.State), From: t.Phase,
 			Colour: colours[string(t.State)], Y: y, BarY: y + (rowHeight-barHeight)/2,
 		}
-		fill(&b, t.Started, t.Ended, t.Progress, est.Task(t.Name), t.Err, now, clip, xOf, right)
+		fill(&b, t.Started, t.Ended, t.Progress, t.ETA, t.Err, now, clip, xOf, right)
 		index["task\x00"+t.Name] = len(p.Bars)
 		p.Bars = append(p.Bars, b)
 		y += rowHeight

@@ -79,10 +79,10 @@ type svgDoc struct {
 }
 
 // render renders s and parses its SVG, which must be well-formed XML.
-func render(t *testing.T, s lifecycle.Snapshot, est lifecycle.Estimates, now time.Time) (string, svgDoc) {
+func render(t *testing.T, s lifecycle.Snapshot, now time.Time) (string, svgDoc) {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := timeline.Render(&buf, s, est, now, timeline.Options{Links: []timeline.Link{{Text: "/health", Href: "/health"}}}); err != nil {
+	if err := timeline.Render(&buf, s, now, timeline.Options{Links: []timeline.Link{{Text: "/health", Href: "/health"}}}); err != nil {
 		t.Fatal(err)
 	}
 	page := buf.String()
@@ -110,11 +110,9 @@ func bars(doc svgDoc, kind string) map[string]string {
 func TestRenderWhileStarting(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	s := startSnapshot(t0)
-	e := lifecycle.NewEstimator(0, 0)
-	e.Observe(s, t0.Add(1500*time.Millisecond))
 	s.Phases[2].Progress.Done = 1600
-	est := e.Observe(s, t0.Add(2500*time.Millisecond)) // 400/s, 3400 left: 8.5s
-	page, doc := render(t, s, est, t0.Add(2500*time.Millisecond))
+	s.Phases[2].ETA = lifecycle.Estimate{Rate: 400, Remaining: 8500 * time.Millisecond, OK: true} // 3400 left
+	page, doc := render(t, s, t0.Add(2500*time.Millisecond))
 
 	got := bars(doc, "phase")
 	want := map[string]string{"lock": "succeeded", "listen": "succeeded", "reclaim": "running",
@@ -158,7 +156,7 @@ func TestRenderWhileStarting(t *testing.T) {
 
 func TestRenderWhenServing(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	page, doc := render(t, servedSnapshot(t0), lifecycle.Estimates{}, t0.Add(5*time.Second))
+	page, doc := render(t, servedSnapshot(t0), t0.Add(5*time.Second))
 	if strings.Contains(page, `http-equiv="refresh"`) {
 		t.Error("a served start still refreshes")
 	}
@@ -203,7 +201,7 @@ func TestRenderEscapes(t *testing.T) {
 	s.Phases[2].State = lifecycle.PhaseFailed
 	s.Phases[2].Ended = t0.Add(time.Second)
 	s.Phases[2].Err = errors.New(`"><img src=x onerror=alert(1)>`)
-	page, _ := render(t, s, lifecycle.Estimates{}, t0.Add(time.Second))
+	page, _ := render(t, s, t0.Add(time.Second))
 	if strings.Contains(page, "<script>alert") || strings.Contains(page, "<img src=x") {
 		t.Errorf("unescaped input in the page:\n%s", page)
 	}
