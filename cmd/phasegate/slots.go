@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -32,112 +34,60 @@ The Slots API is on the daemon's control socket (--socket; root, or a
 member of its --control-group, as the daemon's policy allows), or on its
 TCP port with mutual TLS (--addr with --tls-ca, --tls-cert, --tls-key).`
 
+// slotsFlags are the slots client's flags, shared by its verbs.
+type slotsFlags struct {
+	socket, addr, requestID string
+	timeout, ttl            time.Duration
+	all                     bool
+	tls                     clientTLSFlags
+}
+
+func (f *slotsFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.socket, "socket", phases.DefaultConfig().ControlSocket(), "the daemon's control socket")
+	fs.StringVar(&f.addr, "addr", "", "the daemon's TCP address instead of its socket: needs mutual TLS (--tls-ca, --tls-cert, --tls-key)")
+	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "how long to wait for an answer")
+	fs.StringVar(&f.requestID, "request-id", "", "acquire: the request's id, so that a retry gets the same slot")
+	fs.DurationVar(&f.ttl, "ttl", 0, "acquire: the lease's time to live, renewed with keepalive (0: held until released)")
+	fs.BoolVar(&f.all, "all", false, "list: free slots too")
+	f.tls.register(fs)
+}
+
+// slotsVerbs are the client's verbs and how many arguments each takes.
+var slotsVerbs = map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "get": 1, "list": 0}
+
+// errShownHelp says the help was printed: exit 0.
+var errShownHelp = errors.New("help shown")
+
 // slotsCmd is a client of the Slots API on a running daemon, printing its
 // answers as JSON: what an operator or a script needs without grpcurl.
 func slotsCmd(ctx context.Context, e env) int {
 	fs := flag.NewFlagSet("slots", flag.ContinueOnError)
-	socket := fs.String("socket", phases.DefaultConfig().ControlSocket(), "the daemon's control socket")
-	addr := fs.String("addr", "", "the daemon's TCP address instead of its socket: needs mutual TLS (--tls-ca, --tls-cert, --tls-key)")
-	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for an answer")
-	requestID := fs.String("request-id", "", "acquire: the request's id, so that a retry gets the same slot")
-	ttl := fs.Duration("ttl", 0, "acquire: the lease's time to live, renewed with keepalive (0: held until released)")
-	all := fs.Bool("all", false, "list: free slots too")
-	var tf clientTLSFlags
-	tf.register(fs)
-	if len(e.args) == 0 {
-		fmt.Fprintf(e.stderr, "usage: phasegate %s\n", slotsUsage)
-		return exitUsage
-	}
-	if isHelp(e.args[0]) {
-		usage(e.stdout, fs, slotsUsage)
+	var f slotsFlags
+	f.register(fs)
+	verb, pos, err := parseSlotsArgs(fs, e)
+	switch {
+	case errors.Is(err, errShownHelp):
 		return exitOK
-	}
-	verb, rest := e.args[0], e.args[1:]
-	// Flags may come before or after the positional arguments.
-	var pos []string
-	for len(rest) > 0 {
-		if err := parseFlagsKeepArgs(fs, rest, e.lookupEnv); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				usage(e.stdout, fs, slotsUsage)
-				return exitOK
-			}
-			fmt.Fprintf(e.stderr, "phasegate slots: %s\n", oneLine(err))
-			return exitUsage
-		}
-		rest = fs.Args()
-		if len(rest) > 0 {
-			pos, rest = append(pos, rest[0]), rest[1:]
-		}
-	}
-	want := map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "get": 1, "list": 0}
-	n, ok := want[verb]
-	if !ok || len(pos) != n {
-		fmt.Fprintf(e.stderr, "usage: phasegate %s\n", slotsUsage)
+	case err != nil:
+		fmt.Fprintf(e.stderr, "%s\n", err)
 		return exitUsage
 	}
-	index := func(s string) (uint32, error) {
-		i, err := strconv.ParseUint(s, 10, 32)
-		if err != nil {
-			return 0, fmt.Errorf("index %q is not a number", s)
-		}
-		return uint32(i), nil
-	}
-	tc, err := tf.config()
-	if err != nil {
-		fmt.Fprintf(e.stderr, "phasegate slots: %v\n", err)
-		return exitUsage
-	}
-	target := "unix://" + *socket
-	creds := insecure.NewCredentials()
-	if *addr != "" {
-		target = *addr
-		if tc != nil {
-			creds = credentials.NewTLS(tc)
-		}
-	} else if tc != nil {
-		fmt.Fprintf(e.stderr, "phasegate slots: --tls-ca and --tls-cert are for --addr: the control socket needs none\n")
-		return exitUsage
-	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
+	conn, err := f.dial()
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate slots: %v\n", err)
 		return exitUsage
 	}
 	defer conn.Close()
-	c := phasegatev1.NewSlotsClient(conn)
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-
-	var resp proto.Message
-	switch verb {
-	case "acquire":
-		req := &phasegatev1.AcquireRequest{Owner: pos[0], RequestId: *requestID}
-		if *ttl > 0 {
-			req.Ttl = durationpb.New(*ttl)
-		}
-		resp, err = c.Acquire(ctx, req)
-	case "release", "keepalive":
-		var i uint32
-		if i, err = index(pos[0]); err != nil {
-			break
-		}
-		if verb == "release" {
-			resp, err = c.Release(ctx, &phasegatev1.ReleaseRequest{Index: i, LeaseId: pos[1]})
-		} else {
-			resp, err = c.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: i, LeaseId: pos[1]})
-		}
-	case "get":
-		var i uint32
-		if i, err = index(pos[0]); err != nil {
-			break
-		}
-		resp, err = c.Get(ctx, &phasegatev1.GetRequest{Index: i})
-	case "list":
-		resp, err = c.List(ctx, &phasegatev1.ListRequest{IncludeFree: *all})
-	}
+	resp, err := f.call(ctx, phasegatev1.NewSlotsClient(conn), verb, pos)
 	if err != nil {
 		if st, ok := status.FromError(err); ok {
-			fmt.Fprintf(e.stderr, "phasegate slots %s: %s: %s\n", verb, st.Code(), st.Message())
+			hint := ""
+			if f.addr == "" && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "permission denied") {
+				hint = " (the control socket admits root and the members of the daemon's --control-group)"
+			}
+			fmt.Fprintf(e.stderr, "phasegate slots %s: %s: %s%s\n", verb, st.Code(), st.Message(), hint)
 		} else {
 			fmt.Fprintf(e.stderr, "phasegate slots %s: %v\n", verb, err)
 		}
@@ -150,4 +100,80 @@ func slotsCmd(ctx context.Context, e env) int {
 	}
 	fmt.Fprintln(e.stdout, string(b))
 	return exitOK
+}
+
+// parseSlotsArgs reads the verb, its arguments and the flags, which may
+// come before or after the arguments. The error is the line to print;
+// errShownHelp when the help was printed.
+func parseSlotsArgs(fs *flag.FlagSet, e env) (verb string, pos []string, err error) {
+	badUsage := fmt.Errorf("usage: phasegate %s", slotsUsage)
+	if len(e.args) == 0 {
+		return "", nil, badUsage
+	}
+	if isHelp(e.args[0]) {
+		usage(e.stdout, fs, slotsUsage)
+		return "", nil, errShownHelp
+	}
+	verb, rest := e.args[0], e.args[1:]
+	for len(rest) > 0 {
+		if err := parseFlagsKeepArgs(fs, rest, e.lookupEnv); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				usage(e.stdout, fs, slotsUsage)
+				return "", nil, errShownHelp
+			}
+			return "", nil, fmt.Errorf("phasegate slots: %s", oneLine(err))
+		}
+		rest = fs.Args()
+		if len(rest) > 0 {
+			pos, rest = append(pos, rest[0]), rest[1:]
+		}
+	}
+	if n, ok := slotsVerbs[verb]; !ok || len(pos) != n {
+		return "", nil, badUsage
+	}
+	return verb, pos, nil
+}
+
+// dial connects to the control socket, or to --addr over TLS when given.
+func (f *slotsFlags) dial() (*grpc.ClientConn, error) {
+	tc, err := f.tls.config()
+	if err != nil {
+		return nil, err
+	}
+	target, creds := "unix://"+f.socket, insecure.NewCredentials()
+	switch {
+	case f.addr != "":
+		target = f.addr
+		if tc != nil {
+			creds = credentials.NewTLS(tc)
+		}
+	case tc != nil:
+		return nil, errors.New("--tls-ca and --tls-cert are for --addr: the control socket needs none")
+	}
+	return grpc.NewClient(target, grpc.WithTransportCredentials(creds))
+}
+
+// call makes the verb's call with its arguments.
+func (f *slotsFlags) call(ctx context.Context, c phasegatev1.SlotsClient, verb string, pos []string) (proto.Message, error) {
+	if verb == "acquire" {
+		req := &phasegatev1.AcquireRequest{Owner: pos[0], RequestId: f.requestID}
+		if f.ttl > 0 {
+			req.Ttl = durationpb.New(f.ttl)
+		}
+		return c.Acquire(ctx, req)
+	}
+	if verb == "list" {
+		return c.List(ctx, &phasegatev1.ListRequest{IncludeFree: f.all})
+	}
+	i, err := strconv.ParseUint(pos[0], 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("index %q is not a number", pos[0])
+	}
+	switch verb {
+	case "release":
+		return c.Release(ctx, &phasegatev1.ReleaseRequest{Index: uint32(i), LeaseId: pos[1]})
+	case "keepalive":
+		return c.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: uint32(i), LeaseId: pos[1]})
+	}
+	return c.Get(ctx, &phasegatev1.GetRequest{Index: uint32(i)})
 }
