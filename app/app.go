@@ -21,6 +21,7 @@ import (
 
 	"github.com/phasegate/phasegate/eventstream"
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/health/sdnotify"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/metrics"
 	"github.com/phasegate/phasegate/server"
@@ -62,7 +63,7 @@ type App struct {
 	lc       *lifecycle.Lifecycle
 	srv      *server.Server
 	checker  *health.Checker
-	notifier *health.Notifier
+	notifier *sdnotify.Notifier
 	metrics  *metrics.Provider
 	tracer   trace.TracerProvider
 	ownTP    *tracing.Provider // built by New from the environment; flushed at the end
@@ -189,13 +190,13 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	// start's own budget (and what its rollback may take), never more; and
 	// WATCHDOG=1 only while the lifecycle answers and the port serves its
 	// own /livez.
-	no := health.DefaultNotifierOptions()
+	no := sdnotify.DefaultOptions()
 	if cfg.StartTimeout > 0 {
 		no.StartBudget = cfg.StartTimeout + a.stopBudget
 	}
 	no.Alive = a.srv.Alive
 	no.OnAliveError = func(err error) { a.log.Error("liveness self-check failed: no WATCHDOG=1 sent", "error", err) }
-	if a.notifier, err = health.NewNotifier(a.lc, no); err != nil {
+	if a.notifier, err = sdnotify.New(a.lc, no); err != nil {
 		return fail(err)
 	}
 	a.stops = append(a.stops, a.notifier.Close)
