@@ -21,6 +21,7 @@ import (
 
 	"github.com/phasegate/phasegate/eventstream"
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/health/sdnotify"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/metrics"
 	"github.com/phasegate/phasegate/server"
@@ -62,7 +63,7 @@ type App struct {
 	lc       *lifecycle.Lifecycle
 	srv      *server.Server
 	checker  *health.Checker
-	notifier *health.Notifier
+	notifier *sdnotify.Notifier
 	metrics  *metrics.Provider
 	tracer   trace.TracerProvider
 	ownTP    *tracing.Provider // built by New from the environment; flushed at the end
@@ -90,6 +91,41 @@ type App struct {
 // (depending on every phase nothing else depends on). Every error wraps
 // [ErrConfig].
 func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
+	a, err := newApp(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.build(phases); err != nil {
+		a.close() // what the steps before the failed one built
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return a, nil
+}
+
+// build runs New's steps in order, each on what the ones before it built.
+func (a *App) build(phases []lifecycle.Phase) error {
+	if err := a.setupTracer(); err != nil {
+		return err
+	}
+	if err := a.setupLifecycle(phases); err != nil {
+		return err
+	}
+	checks, err := a.setupObservers()
+	if err != nil {
+		return err
+	}
+	if err := a.setupServer(checks); err != nil {
+		return err
+	}
+	if err := a.setupNotifier(); err != nil {
+		return err
+	}
+	return a.setupRoutes()
+}
+
+// newApp checks cfg and takes what the process was handed: the sockets of
+// a previous image, and the path an upgrade will execute.
+func newApp(cfg Config) (*App, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -109,19 +145,27 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 			return nil, fmt.Errorf("%w: upgrade on SIGHUP: %w", ErrConfig, err)
 		}
 	}
-	fail := func(err error) (*App, error) {
-		a.close()
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	a.tracer = cfg.TracerProvider
+	return a, nil
+}
+
+// setupTracer takes the configured tracer provider, or builds one from
+// the environment, which the App then flushes at its end.
+func (a *App) setupTracer() error {
+	a.tracer = a.cfg.TracerProvider
 	if a.tracer == nil {
-		tp, err := tracing.Setup(context.Background(), tracing.WithServiceName(cfg.Name), tracing.WithVersion(cfg.Version))
+		tp, err := tracing.Setup(context.Background(), tracing.WithServiceName(a.cfg.Name), tracing.WithVersion(a.cfg.Version))
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		a.ownTP, a.tracer = tp, tp
 	}
+	return nil
+}
 
+// setupLifecycle builds the lifecycle over the phases and the App's own,
+// traced, with its events logged.
+func (a *App) setupLifecycle(phases []lifecycle.Phase) error {
+	cfg := a.cfg
 	graph := a.graph(phases)
 	a.stopBudget = stopBudget(graph, cfg)
 	logEvent, setLC := EventLogger(a.log)
@@ -139,21 +183,30 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	if cfg.StopTimeout > 0 {
 		opts = append(opts, lifecycle.WithStopTimeout(cfg.StopTimeout))
 	}
+	var err error
 	if a.lc, err = lifecycle.New(graph, append(opts, cfg.LifecycleOptions...)...); err != nil {
-		return fail(err)
+		return err
 	}
 	setLC(a.lc)
+	return nil
+}
 
+// setupObservers builds what watches the lifecycle besides the log:
+// metrics, warnings of slow phases and the health checker. It returns the
+// health checks' metrics, which the server's interceptors count into.
+func (a *App) setupObservers() (*metrics.HealthChecks, error) {
+	cfg := a.cfg
+	var err error
 	if a.metrics, err = metrics.Setup(context.Background(), metrics.WithServiceName(cfg.Name), metrics.WithVersion(cfg.Version)); err != nil {
-		return fail(err)
+		return nil, err
 	}
 	checks, err := metrics.NewHealthChecks(a.metrics)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	stop, err := metrics.ObserveLifecycle(a.lc, a.metrics)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	a.stops = append(a.stops, stop, WarnSlowPhases(a.lc, a.log, cfg.Expected))
 
@@ -162,10 +215,17 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 		OnHTTPCheck: checks.HTTP,
 	})
 	a.stops = append(a.stops, a.checker.Close)
+	return checks, nil
+}
 
+// setupServer builds the port's server, on a socket handed over by a
+// previous image when there is one, with health, the lifecycle's gate and
+// gRPC traced and counted.
+func (a *App) setupServer(checks *metrics.HealthChecks) error {
+	cfg := a.cfg
 	lis, err := a.listener()
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	if lis != nil {
 		a.handedAddr = lis.Addr()
@@ -181,24 +241,32 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	sc.Health, sc.Gate = a.checker, server.LifecycleGate(a.lc)
 	sc.TLS, sc.RequireClientCert = cfg.TLS, cfg.RequireClientCert
 	sc.GRPCOptions = grpcOpts
-	if a.srv, err = server.New(sc); err != nil {
-		return fail(err)
-	}
+	a.srv, err = server.New(sc)
+	return err
+}
 
-	// systemd: STATUS, READY=1, STOPPING=1; EXTEND_TIMEOUT_USEC for the
-	// start's own budget (and what its rollback may take), never more; and
-	// WATCHDOG=1 only while the lifecycle answers and the port serves its
-	// own /livez.
-	no := health.DefaultNotifierOptions()
-	if cfg.StartTimeout > 0 {
-		no.StartBudget = cfg.StartTimeout + a.stopBudget
+// setupNotifier tells systemd: STATUS, READY=1, STOPPING=1;
+// EXTEND_TIMEOUT_USEC for the start's own budget (and what its rollback
+// may take), never more; and WATCHDOG=1 only while the lifecycle answers
+// and the port serves its own /livez.
+func (a *App) setupNotifier() error {
+	no := sdnotify.DefaultOptions()
+	if a.cfg.StartTimeout > 0 {
+		no.StartBudget = a.cfg.StartTimeout + a.stopBudget
 	}
 	no.Alive = a.srv.Alive
 	no.OnAliveError = func(err error) { a.log.Error("liveness self-check failed: no WATCHDOG=1 sent", "error", err) }
-	if a.notifier, err = health.NewNotifier(a.lc, no); err != nil {
-		return fail(err)
+	var err error
+	if a.notifier, err = sdnotify.New(a.lc, no); err != nil {
+		return err
 	}
 	a.stops = append(a.stops, a.notifier.Close)
+	return nil
+}
+
+// setupRoutes serves the App's own pages on the port: metrics, the
+// lifecycle's view, its events and the startup timeline.
+func (a *App) setupRoutes() error {
 	events := eventstream.NewHandler(a.lc)
 	// A follower's stream would otherwise last until the lifecycle's
 	// final event, after the port's drain, which would wait for it.
@@ -208,7 +276,7 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 		"GET " + PathLifecycle: viewHandler(a.lc),
 		"GET " + PathEvents:    events,
 		"GET " + PathStartup: timeline.Handler(a.lc, timeline.Options{
-			Title: cfg.Name,
+			Title: a.cfg.Name,
 			Links: []timeline.Link{
 				{Text: "/health", Href: "/health?pretty"},
 				{Text: "/readyz?verbose", Href: "/readyz?verbose"},
@@ -218,10 +286,10 @@ func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 		}),
 	} {
 		if err := a.srv.Handle(pattern, h); err != nil {
-			return fail(err)
+			return err
 		}
 	}
-	return a, nil
+	return nil
 }
 
 // graph returns the phases with the App's own: listen, after ListenAfter,

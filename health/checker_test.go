@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/health/internal/healthtest"
 )
 
 const (
@@ -19,7 +20,7 @@ const (
 
 func checkStatus(t *testing.T, cl healthpb.HealthClient, service string) healthpb.HealthCheckResponse_ServingStatus {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), healthtest.Wait)
 	defer cancel()
 	resp, err := cl.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
 	if err != nil {
@@ -67,14 +68,14 @@ func watch(t *testing.T, cl healthpb.HealthClient, service string) (<-chan healt
 
 func next(t *testing.T, c <-chan healthpb.HealthCheckResponse_ServingStatus, want healthpb.HealthCheckResponse_ServingStatus) {
 	t.Helper()
-	if got := recv(t, c, "a Watch update "+want.String()); got != want {
+	if got := healthtest.Recv(t, c, "a Watch update "+want.String()); got != want {
 		t.Fatalf("Watch sent %v, want %v", got, want)
 	}
 }
 
 func TestCheckerFollowsLifecycle(t *testing.T) {
-	r := newRig(t, false)
-	c := health.New(r.lc, health.Options{Services: []string{appService}})
+	r := healthtest.NewRig(t, false)
+	c := health.New(r.LC, health.Options{Services: []string{appService}})
 	t.Cleanup(c.Close)
 	cl := grpcHealth(t, c)
 
@@ -85,15 +86,15 @@ func TestCheckerFollowsLifecycle(t *testing.T) {
 	reclaim, _ := watch(t, cl, health.PhaseServicePrefix+"reclaim")
 	next(t, reclaim, notServing)
 
-	r.start(t)
-	eventually(t, "phase lock to be reported SERVING", func() bool {
+	r.Start(t)
+	healthtest.Eventually(t, "phase lock to be reported SERVING", func() bool {
 		return checkStatus(t, cl, health.PhaseServicePrefix+"lock") == serving
 	})
 	wantStatus(t, cl, "", notServing)
 	wantStatus(t, cl, health.PhaseServicePrefix+"reclaim", notServing)
 	wantStatus(t, cl, appService, notServing)
 
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), healthtest.Wait)
 	defer cancel()
 	list, err := cl.List(ctx, &healthpb.HealthListRequest{})
 	if err != nil {
@@ -108,7 +109,7 @@ func TestCheckerFollowsLifecycle(t *testing.T) {
 		t.Errorf("List has %d services, want 6", n)
 	}
 
-	if err := r.serve(t); err != nil {
+	if err := r.Serve(t); err != nil {
 		t.Fatal(err)
 	}
 	next(t, reclaim, serving)
@@ -121,7 +122,7 @@ func TestCheckerFollowsLifecycle(t *testing.T) {
 		t.Errorf("Ready() = %v, %q; want true, serving", ok, why)
 	}
 
-	r.drain(t)
+	r.Drain(t)
 	next(t, overall, notServing)
 	wantStatus(t, cl, appService, notServing)
 	// Phases that succeeded stay reported as such.
@@ -142,16 +143,16 @@ func TestCheckerFollowsLifecycle(t *testing.T) {
 }
 
 func TestCheckerShutdownComesFirst(t *testing.T) {
-	r := newRig(t, false)
-	c := health.New(r.lc, health.Options{Services: []string{appService}})
+	r := healthtest.NewRig(t, false)
+	c := health.New(r.LC, health.Options{Services: []string{appService}})
 	t.Cleanup(c.Close)
 	cl := grpcHealth(t, c)
-	r.start(t)
-	if err := r.serve(t); err != nil {
+	r.Start(t)
+	if err := r.Serve(t); err != nil {
 		t.Fatal(err)
 	}
 	c.SetServiceReady(appService, true)
-	eventually(t, `"" to be SERVING`, func() bool { return checkStatus(t, cl, "") == serving })
+	healthtest.Eventually(t, `"" to be SERVING`, func() bool { return checkStatus(t, cl, "") == serving })
 
 	// The lifecycle still serves; the checker says otherwise at once.
 	c.Shutdown()
@@ -167,17 +168,17 @@ func TestCheckerShutdownComesFirst(t *testing.T) {
 }
 
 func TestCheckerFailedStart(t *testing.T) {
-	r := newRig(t, true)
-	c := health.New(r.lc, health.Options{})
+	r := healthtest.NewRig(t, true)
+	c := health.New(r.LC, health.Options{})
 	t.Cleanup(c.Close)
 	cl := grpcHealth(t, c)
 	overall, _ := watch(t, cl, "")
 	next(t, overall, notServing)
-	r.start(t)
-	if err := r.serve(t); err == nil {
+	r.Start(t)
+	if err := r.Serve(t); err == nil {
 		t.Fatal("start succeeded, want the reclaim failure")
 	}
-	eventually(t, "phase lock to be SERVING", func() bool {
+	healthtest.Eventually(t, "phase lock to be SERVING", func() bool {
 		return checkStatus(t, cl, health.PhaseServicePrefix+"lock") == serving
 	})
 	wantStatus(t, cl, "", notServing)
@@ -195,20 +196,20 @@ func TestCheckerFailedStart(t *testing.T) {
 }
 
 func TestCheckerCloseEndsWatch(t *testing.T) {
-	r := newRig(t, false)
-	c := health.New(r.lc, health.Options{})
+	r := healthtest.NewRig(t, false)
+	c := health.New(r.LC, health.Options{})
 	cl := grpcHealth(t, c)
 	overall, end := watch(t, cl, "")
 	next(t, overall, notServing)
 
 	c.Close()
-	err := recv(t, end, "the Watch stream to end")
+	err := healthtest.Recv(t, end, "the Watch stream to end")
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("Watch ended with %v, want Unavailable", err)
 	}
 	// New Watch calls end at once; Check keeps answering.
 	_, end = watch(t, cl, "")
-	if err := recv(t, end, "a Watch after Close to end"); status.Code(err) != codes.Unavailable {
+	if err := healthtest.Recv(t, end, "a Watch after Close to end"); status.Code(err) != codes.Unavailable {
 		t.Errorf("Watch after Close: %v, want Unavailable", err)
 	}
 	wantStatus(t, cl, "", notServing)
@@ -216,11 +217,11 @@ func TestCheckerCloseEndsWatch(t *testing.T) {
 }
 
 func TestCheckerServiceReadiness(t *testing.T) {
-	r := newRig(t, false)
-	c := health.New(r.lc, health.Options{})
+	r := healthtest.NewRig(t, false)
+	c := health.New(r.LC, health.Options{})
 	t.Cleanup(c.Close)
 	cl := grpcHealth(t, c)
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), healthtest.Wait)
 	defer cancel()
 
 	// An unknown service appears when it is first marked.
@@ -229,11 +230,11 @@ func TestCheckerServiceReadiness(t *testing.T) {
 	}
 	c.SetServiceReady(appService, true)
 	wantStatus(t, cl, appService, notServing) // ready, but the lifecycle is not serving
-	r.start(t)
-	if err := r.serve(t); err != nil {
+	r.Start(t)
+	if err := r.Serve(t); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the service to be SERVING", func() bool { return checkStatus(t, cl, appService) == serving })
+	healthtest.Eventually(t, "the service to be SERVING", func() bool { return checkStatus(t, cl, appService) == serving })
 	c.SetServiceReady(appService, false)
 	wantStatus(t, cl, appService, notServing)
 	wantStatus(t, cl, "", serving)

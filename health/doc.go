@@ -11,7 +11,10 @@
 //     /startupz follow the kube-apiserver conventions (?verbose, ?exclude).
 //     See [Handler].
 //   - systemd's sd_notify protocol: STATUS, EXTEND_TIMEOUT_USEC, READY,
-//     STOPPING and WATCHDOG. See [Notifier].
+//     STOPPING and WATCHDOG, in package
+//     [github.com/phasegate/phasegate/health/sdnotify], which pushes to
+//     systemd rather than answering requests and shares this package's
+//     words ([Describe], [DescribeWithETA]).
 //
 // What each lifecycle state shows:
 //

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/health/internal/healthtest"
+	"github.com/phasegate/phasegate/health/sdnotify"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
@@ -16,13 +18,13 @@ import (
 // never completed), gRPC "" never leaves NOT_SERVING, and sd_notify sends
 // STOPPING=1 with STATUS=draining and no STATUS=failed.
 func TestDrainDuringStart(t *testing.T) {
-	ns := listenNotify(t)
-	r := newRig(t, false)
-	c := health.New(r.lc, health.Options{Version: "1.2.3"})
+	ns := healthtest.ListenNotify(t)
+	r := healthtest.NewRig(t, false)
+	c := health.New(r.LC, health.Options{Version: "1.2.3"})
 	t.Cleanup(c.Close)
 	cl := grpcHealth(t, c)
 	h := health.NewHandler(c)
-	n, err := health.NewNotifier(r.lc, health.NotifierOptions{})
+	n, err := sdnotify.New(r.LC, sdnotify.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,10 +32,10 @@ func TestDrainDuringStart(t *testing.T) {
 	overall, _ := watch(t, cl, "")
 	next(t, overall, notServing)
 
-	r.start(t)
-	ns.waitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
-	r.drain(t) // held in listen's Stop: reclaim was cancelled, serve skipped
-	if got := r.lc.State(); got != lifecycle.StateDraining {
+	r.Start(t)
+	ns.WaitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
+	r.Drain(t) // held in listen's Stop: reclaim was cancelled, serve skipped
+	if got := r.LC.State(); got != lifecycle.StateDraining {
 		t.Fatalf("lifecycle is %s, want draining", got)
 	}
 
@@ -78,20 +80,20 @@ func TestDrainDuringStart(t *testing.T) {
 		}
 	}
 	endpoints("draining", lifecycle.StateDraining)
-	ns.waitLine(t, "STOPPING=1", func(l string) bool { return l == "STOPPING=1" })
-	ns.waitLine(t, "STATUS=draining", func(l string) bool { return l == "STATUS=draining" })
+	ns.WaitLine(t, "STOPPING=1", func(l string) bool { return l == "STOPPING=1" })
+	ns.WaitLine(t, "STATUS=draining", func(l string) bool { return l == "STATUS=draining" })
 
-	r.finishDrain()
-	if err := recv(t, r.drainErr, "the drain"); err != nil {
+	r.FinishDrain()
+	if err := healthtest.Recv(t, r.DrainErr, "the drain"); err != nil {
 		t.Fatalf("Drain: %v", err)
 	}
-	if err := recv(t, r.startErr, "Start to return"); err == nil {
+	if err := healthtest.Recv(t, r.StartErr, "Start to return"); err == nil {
 		t.Error("Start returned nil after a drain cut it short")
 	}
 	endpoints("stopped", lifecycle.StateStopped)
-	ns.waitLine(t, "STATUS=stopped", func(l string) bool { return l == "STATUS=stopped" })
+	ns.WaitLine(t, "STATUS=stopped", func(l string) bool { return l == "STATUS=stopped" })
 
-	lines := ns.snapshot()
+	lines := ns.Snapshot()
 	if i, j := slices.Index(lines, "STOPPING=1"), slices.Index(lines, "STATUS=draining"); i < 0 || j < i {
 		t.Errorf("want STOPPING=1 with STATUS=draining; got %q", lines)
 	}
@@ -110,10 +112,10 @@ func TestDrainDuringStart(t *testing.T) {
 // A checker shut down while the lifecycle still starts (a server drained
 // ahead of its lifecycle) reads as draining at once.
 func TestCheckerShutdownWhileStarting(t *testing.T) {
-	r := newRig(t, false)
-	c := health.New(r.lc, health.Options{})
+	r := healthtest.NewRig(t, false)
+	c := health.New(r.LC, health.Options{})
 	t.Cleanup(c.Close)
-	r.start(t)
+	r.Start(t)
 	c.Shutdown()
 	if ok, why := c.Ready(); ok || why != "draining" {
 		t.Errorf("Ready() = %v, %q; want false, draining", ok, why)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/health/internal/healthtest"
+	"github.com/phasegate/phasegate/health/sdnotify"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
@@ -46,7 +48,7 @@ func steadyPhase(t *testing.T) (lc *lifecycle.Lifecycle, release func()) {
 	release = func() {
 		if once.CompareAndSwap(false, true) {
 			close(stop)
-			if err := recv(t, started, "start"); err != nil {
+			if err := healthtest.Recv(t, started, "start"); err != nil {
 				t.Error(err)
 			}
 			_ = lc.Drain(context.Background())
@@ -87,7 +89,7 @@ func TestHealthJSONHasETA(t *testing.T) {
 	defer c.Close()
 	h := health.NewHandler(c)
 	var last etaCheck
-	eventually(t, "a rate and an eta in phase:reclaim", func() bool {
+	healthtest.Eventually(t, "a rate and an eta in phase:reclaim", func() bool {
 		time.Sleep(20 * time.Millisecond)
 		last = decodeETA(t, get(h, http.MethodGet, "/health"))
 		return last.Rate > 0 && last.ETA != "" && last.ETASeconds > 0
@@ -106,14 +108,14 @@ func TestHealthJSONHasETA(t *testing.T) {
 
 // STATUS= lines carry the rate and time left once they are known.
 func TestNotifierStatusHasETA(t *testing.T) {
-	ns := listenNotify(t)
+	ns := healthtest.ListenNotify(t)
 	lc, release := steadyPhase(t)
-	n, err := health.NewNotifier(lc, health.NotifierOptions{StatusInterval: 20 * time.Millisecond})
+	n, err := sdnotify.New(lc, sdnotify.Options{StatusInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
 	re := regexp.MustCompile(`^STATUS=starting: phase reclaim \d+/100000 namespaces \([0-9.]+/s, ~[0-9.hms]+ left\)$`)
-	ns.waitLine(t, "with a rate and time left", re.MatchString)
+	ns.WaitLine(t, "with a rate and time left", re.MatchString)
 	release()
 }

@@ -3,17 +3,14 @@ package health_test
 import (
 	"context"
 	"fmt"
-	"log"
 	"net/http"
 	"net/http/httptest"
-	"sync/atomic"
-	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/health/sdnotify"
 	"github.com/phasegate/phasegate/lifecycle"
-	"github.com/phasegate/phasegate/server"
 )
 
 // A checker follows a lifecycle; its gRPC service, HTTP endpoints and
@@ -33,8 +30,8 @@ func Example() {
 	c := health.New(lc, health.Options{Version: "1.0.0"})
 	defer c.Close()
 	gs := grpc.NewServer()
-	c.Register(gs)                                           // before gs.Serve
-	n, _ := health.NewNotifier(lc, health.NotifierOptions{}) // inert without NOTIFY_SOCKET
+	c.Register(gs)                               // before gs.Serve
+	n, _ := sdnotify.New(lc, sdnotify.Options{}) // inert without NOTIFY_SOCKET
 	defer n.Close()
 
 	started := make(chan error)
@@ -70,48 +67,4 @@ func ExampleDescribe() {
 		}},
 	}))
 	// Output: starting: phase reclaim 1200/5000 namespaces
-}
-
-// A daemon under systemd (Type=notify, WatchdogSec=, TimeoutStartSec=)
-// starts from the recommended options, gives its start budget, and proves
-// itself alive through its own port once it serves.
-func ExampleNewNotifier() {
-	var srv atomic.Pointer[server.Server] // set by the listen phase
-	lc, err := lifecycle.New([]lifecycle.Phase{{
-		Name: "listen",
-		Run: func(ctx context.Context, _ *lifecycle.Progress) error {
-			s, err := server.New(server.Config{Addr: "127.0.0.1:0"})
-			if err != nil {
-				return err
-			}
-			srv.Store(s)
-			return s.Serve(ctx)
-		},
-		Stop: func(ctx context.Context) error { return srv.Load().Drain(ctx) },
-	}})
-	if err != nil {
-		log.Fatal(err)
-	}
-	const startTimeout, rollback = 10 * time.Minute, 30 * time.Second // --start-timeout, the stops' bound
-	opts := health.DefaultNotifierOptions()
-	opts.StartBudget = startTimeout + rollback
-	opts.Alive = func(ctx context.Context) error {
-		if s := srv.Load(); s != nil {
-			return s.Alive(ctx) // GET /livez on its own port while it serves
-		}
-		return nil // the lifecycle answering is all there is to prove yet
-	}
-	opts.OnAliveError = func(err error) { log.Print(err) }
-	n, err := health.NewNotifier(lc, opts) // inert without NOTIFY_SOCKET
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer n.Close()
-
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	if err := lc.Start(ctx); err != nil {
-		log.Print(err)
-	}
-	_ = lc.Drain(context.Background())
 }

@@ -187,9 +187,9 @@ const (
 
 // renderHealthJSON renders /health compact, or indented for ?pretty (the
 // convention of Consul's API). Compact is the default because checkers read
-// it thousands of times for every person who does: indenting doubled the
-// cost of an answer, and Consul keeps only the first 4 KiB of a check's
-// output.
+// it thousands of times for every person who does: indenting makes each
+// answer dearer (docs/BENCHMARKS.md, "server/ and health/", the handler
+// alone), and Consul keeps only the first 4 KiB of a check's output.
 func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, string, []byte) {
 	const ctype = "application/health+json"
 	s := v.snap

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/health/internal/healthtest"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
@@ -23,33 +24,33 @@ func get(h http.Handler, method, target string) *httptest.ResponseRecorder {
 
 // rigIn returns a rig driven to the named lifecycle state and a handler
 // for it.
-func rigIn(t *testing.T, state lifecycle.State) (*rig, *health.Checker, *health.Handler) {
+func rigIn(t *testing.T, state lifecycle.State) (*healthtest.Rig, *health.Checker, *health.Handler) {
 	t.Helper()
-	r := newRig(t, state == lifecycle.StateFailed)
-	c := health.New(r.lc, health.Options{Version: "1.2.3"})
+	r := healthtest.NewRig(t, state == lifecycle.StateFailed)
+	c := health.New(r.LC, health.Options{Version: "1.2.3"})
 	t.Cleanup(c.Close)
 	switch state {
 	case lifecycle.StateCreated:
 	case lifecycle.StateStarting:
-		r.start(t)
+		r.Start(t)
 	case lifecycle.StateServing:
-		r.start(t)
-		if err := r.serve(t); err != nil {
+		r.Start(t)
+		if err := r.Serve(t); err != nil {
 			t.Fatal(err)
 		}
 	case lifecycle.StateDraining:
-		r.start(t)
-		if err := r.serve(t); err != nil {
+		r.Start(t)
+		if err := r.Serve(t); err != nil {
 			t.Fatal(err)
 		}
-		r.drain(t)
+		r.Drain(t)
 	case lifecycle.StateFailed:
-		r.start(t)
-		if err := r.serve(t); err == nil {
+		r.Start(t)
+		if err := r.Serve(t); err == nil {
 			t.Fatal("start succeeded, want a failure")
 		}
 	}
-	if got := r.lc.State(); got != state {
+	if got := r.LC.State(); got != state {
 		t.Fatalf("lifecycle is %s, want %s", got, state)
 	}
 	return r, c, health.NewHandler(c)
@@ -199,7 +200,7 @@ func TestHandlerHealthJSONDegraded(t *testing.T) {
 	if err := lc.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the task to fail", func() bool { return lc.Snapshot().Degraded })
+	healthtest.Eventually(t, "the task to fail", func() bool { return lc.Snapshot().Degraded })
 	w := get(health.NewHandler(c), http.MethodGet, "/health")
 	doc := decodeHealth(t, w)
 	if w.Code != http.StatusOK || doc.Status != "warn" || doc.Output != "serving, degraded: task fill: pool full" {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/health/internal/healthtest"
+	"github.com/phasegate/phasegate/health/sdnotify"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
@@ -57,13 +59,13 @@ func warnRig(t *testing.T) *lifecycle.Lifecycle {
 // names them; the warning named like a running background task carries its
 // progress, rate and time left.
 func TestWarnings(t *testing.T) {
-	ns := listenNotify(t)
+	ns := healthtest.ListenNotify(t)
 	lc := warnRig(t)
 	c := health.New(lc, health.Options{})
 	t.Cleanup(c.Close)
 	cl := grpcHealth(t, c)
 	h := health.NewHandler(c)
-	n, err := health.NewNotifier(lc, health.NotifierOptions{StatusInterval: 20 * time.Millisecond})
+	n, err := sdnotify.New(lc, sdnotify.Options{StatusInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +73,7 @@ func TestWarnings(t *testing.T) {
 	if err := lc.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	ns.waitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
+	ns.WaitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
 
 	lc.Warn("egress", "net.ipv4.ip_forward is 0")
 	lc.Warn("reclaim-dead", "dead slots left from the last run")
@@ -82,7 +84,7 @@ func TestWarnings(t *testing.T) {
 	rated := regexp.MustCompile(`^reclaim-dead: dead slots left from the last run \(\d+/100000 namespaces, [0-9.]+/s, ~[0-9.hms]+ left\)$`)
 	var doc warnDoc
 	var code int
-	eventually(t, "a rate in the warning's check", func() bool {
+	healthtest.Eventually(t, "a rate in the warning's check", func() bool {
 		time.Sleep(20 * time.Millisecond)
 		w := get(h, http.MethodGet, health.PathHealth)
 		code, doc = w.Code, decodeWarnDoc(t, w)
@@ -140,14 +142,14 @@ func TestWarnings(t *testing.T) {
 
 	// STATUS names both, with the task's rate and time left.
 	status := regexp.MustCompile(`^STATUS=serving; 2 warnings: egress: net.ipv4.ip_forward is 0; reclaim-dead: dead slots left from the last run \(\d+/100000 namespaces, [0-9.]+/s, ~[0-9.hms]+ left\)$`)
-	ns.waitLine(t, "naming the warnings", status.MatchString)
+	ns.WaitLine(t, "naming the warnings", status.MatchString)
 	if !rated.MatchString(strings.SplitN(doc.Output, "; ", 3)[2]) {
 		t.Errorf("/health output %q: the task's part lacks its rate", doc.Output)
 	}
 
 	lc.ClearWarning("egress")
 	lc.ClearWarning("reclaim-dead")
-	ns.waitLine(t, "without warnings", func(l string) bool { return l == "STATUS=serving" })
+	ns.WaitLine(t, "without warnings", func(l string) bool { return l == "STATUS=serving" })
 	w := get(h, http.MethodGet, health.PathHealth)
 	if doc := decodeWarnDoc(t, w); w.Code != http.StatusOK || doc.Status != "pass" || doc.Output != "" || len(doc.Checks) != 2 {
 		t.Errorf("/health once cleared = %d %+v", w.Code, doc)

@@ -162,10 +162,10 @@ func (l *Lifecycle) deliverEvents() {
 // The log is kept for the lifecycle's life. Its length is bounded by the
 // declaration: at most 4 lifecycle events, 2 per attempt of a phase (1 for a
 // phase skipped), 2 per background task, plus one per Warn that changed a
-// warning and one per ClearWarning that cleared one — about 200 bytes each, so a seven-phase
-// start with a few retries is a few kilobytes. Only warnings can grow it
-// after the start: a daemon that sets and clears a warning every minute adds
-// about 0.6 MB a day.
+// warning and one per ClearWarning that cleared one. Only warnings can grow
+// it after the start, so a warning that comes and goes is what a
+// long-lived daemon pays for it (sizes: docs/BENCHMARKS.md, "Lifecycle
+// engine", the event log).
 func (l *Lifecycle) Events(after uint64) []Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()

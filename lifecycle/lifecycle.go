@@ -359,6 +359,9 @@ func (l *Lifecycle) Drain(ctx context.Context) error {
 	return err
 }
 
+// isClosed reports, without waiting, whether ch is closed: Drain asks it
+// of startDone to learn, under the lock, whether a start still runs. It is
+// the library's one copy of the idiom (network/slot's twin was removed).
 func isClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:

@@ -27,6 +27,20 @@ func (l *Lifecycle) run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
+	succeeded, failure := l.schedule(runCtx, cancel)
+	if failure == nil && succeeded < len(l.phases) {
+		// The schedule ended early: ctx ended before every phase could run.
+		// A ctx that ends after the last phase succeeded ended nothing.
+		failure = startEnded(ctx)
+	}
+	return l.settle(ctx, span, failure)
+}
+
+// schedule runs each phase once its dependencies succeeded, up to
+// maxParallel at a time, until every phase ran, one failed (cancel then
+// gives its error to the others' ctx as the cause) or ctx ended. It
+// returns how many phases succeeded and the first failure.
+func (l *Lifecycle) schedule(ctx context.Context, cancel context.CancelCauseFunc) (succeeded int, failure error) {
 	waiting := make([]int, len(l.phases))
 	var ready []int // declaration order: indices only ever grow within it
 	for i, r := range l.phases {
@@ -36,10 +50,9 @@ func (l *Lifecycle) run(ctx context.Context) error {
 		}
 	}
 	results := make(chan phaseResult, len(l.phases))
-	running, succeeded := 0, 0
-	var failure error
+	running := 0
 	for {
-		for failure == nil && runCtx.Err() == nil && len(ready) > 0 &&
+		for failure == nil && ctx.Err() == nil && len(ready) > 0 &&
 			(l.opts.maxParallel <= 0 || running < l.opts.maxParallel) {
 			i := ready[0]
 			ready = ready[1:]
@@ -48,13 +61,13 @@ func (l *Lifecycle) run(ctx context.Context) error {
 				// The only phase that can run now: nothing else can finish
 				// while it runs, so running it on this goroutine delays no
 				// one and saves a goroutine and a wake-up per phase.
-				l.runPhase(runCtx, l.phases[i], results)
+				l.runPhase(ctx, l.phases[i], results)
 				break
 			}
-			go l.runPhase(runCtx, l.phases[i], results)
+			go l.runPhase(ctx, l.phases[i], results)
 		}
 		if running == 0 {
-			break
+			return succeeded, failure
 		}
 		res := <-results
 		running--
@@ -75,17 +88,24 @@ func (l *Lifecycle) run(ctx context.Context) error {
 			}
 		}
 	}
-	if failure == nil && succeeded < len(l.phases) {
-		// The loop ended early: ctx ended before every phase could run.
-		// A ctx that ends after the last phase succeeded ended nothing.
-		var timeout *StartTimeoutError
-		if cause := context.Cause(ctx); errors.As(cause, &timeout) {
-			failure = timeout
-		} else {
-			failure = fmt.Errorf("lifecycle: start cancelled: %w", cause)
-		}
-	}
+}
 
+// startEnded is the failure of a start whose ctx ended before every phase
+// ran: the start timeout, or the caller's cancellation.
+func startEnded(ctx context.Context) error {
+	var timeout *StartTimeoutError
+	cause := context.Cause(ctx)
+	if errors.As(cause, &timeout) {
+		return timeout
+	}
+	return fmt.Errorf("lifecycle: start cancelled: %w", cause)
+}
+
+// settle takes the lifecycle where the start's outcome leads: serving;
+// draining, when a drain cut the start short (the drain runs the stops of
+// the phases that succeeded); or failed, after rolling the start back.
+// Phases that never ran are skipped.
+func (l *Lifecycle) settle(ctx context.Context, span trace.Span, failure error) error {
 	l.mu.Lock()
 	draining := State(l.fsm.Current()) == StateDraining
 	if failure == nil && !draining {
@@ -101,8 +121,6 @@ func (l *Lifecycle) run(ctx context.Context) error {
 		}
 	}
 	if draining {
-		// A drain cancelled the start: the lifecycle is draining, and the
-		// drain runs the stops of the phases that succeeded.
 		l.mu.Unlock()
 		span.SetAttributes(attrOutcome.String(string(StateDraining)))
 		if failure == nil || errors.Is(failure, ErrClosed) {
@@ -114,10 +132,14 @@ func (l *Lifecycle) run(ctx context.Context) error {
 	l.transitionLocked(evFail)
 	l.cancelTasks()
 	l.mu.Unlock()
+	return l.rollback(ctx, span, failure)
+}
 
-	// The start's ctx is over, or about to be: roll back under a ctx that
-	// keeps its values but not its cancellation; each stop has its own
-	// timeout.
+// rollback stops the phases that completed, after failure, and returns
+// failure with the rollback's own error if it had one. The start's ctx is
+// over, or about to be: the rollback runs under a ctx that keeps its
+// values but not its cancellation; each stop has its own timeout.
+func (l *Lifecycle) rollback(ctx context.Context, span trace.Span, failure error) error {
 	rbCtx, rbSpan := l.tracer.Start(context.WithoutCancel(ctx), "rollback")
 	rbErr := l.stopCompleted(rbCtx)
 	recordOutcome(rbSpan, rbErr)

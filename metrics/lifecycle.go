@@ -54,83 +54,14 @@ var lifecycleStates = []lifecycle.State{
 // unregisters the gauges.
 func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop func(), err error) {
 	m := mp.Meter(scope)
-	phaseDur, err := m.Float64Histogram("phasegate.phase.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long each startup phase ran, by outcome."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	in, err := newLifecycleInstruments(m)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
-	}
-	taskDur, err := m.Float64Histogram("phasegate.task.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long each background task ran, by outcome."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...))
-	if err != nil {
-		return nil, fmt.Errorf("metrics: %w", err)
-	}
-	state, err1 := m.Int64ObservableGauge("phasegate.lifecycle.state",
-		metric.WithDescription("1 for the lifecycle's current state, 0 for the others."))
-	degraded, err2 := m.Int64ObservableGauge("phasegate.lifecycle.degraded",
-		metric.WithDescription("1 once a background task failed."))
-	since, err3 := m.Float64ObservableGauge("phasegate.lifecycle.since_start", metric.WithUnit("s"),
-		metric.WithDescription("Time since the start began."))
-	startup, err4 := m.Float64ObservableGauge("phasegate.lifecycle.startup", metric.WithUnit("s"),
-		metric.WithDescription("How long the start took, from Start to serving."))
-	done, err5 := m.Int64ObservableGauge("phasegate.phase.progress.done",
-		metric.WithDescription("Units of work done by each running phase."))
-	total, err6 := m.Int64ObservableGauge("phasegate.phase.progress.total",
-		metric.WithDescription("Units of work of each running phase, when known."))
-	rate, err7 := m.Float64ObservableGauge("phasegate.phase.rate",
-		metric.WithDescription("Recent units of work per second of each running phase."))
-	eta, err8 := m.Float64ObservableGauge("phasegate.phase.eta", metric.WithUnit("s"),
-		metric.WithDescription("Estimated time left of each running phase."))
-	warnings, err9 := m.Int64ObservableGauge("phasegate.lifecycle.warnings",
-		metric.WithDescription("1 for each warning the lifecycle carries: a condition that leaves it serving but needs an operator."))
-	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8, err9} {
-		if err != nil {
-			return nil, fmt.Errorf("metrics: %w", err)
-		}
 	}
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		s := lc.Snapshot()
-		now := time.Now()
-		for _, st := range lifecycleStates {
-			v := int64(0)
-			if s.State == st {
-				v = 1
-			}
-			o.ObserveInt64(state, v, metric.WithAttributes(KeyState.String(string(st))))
-		}
-		d := int64(0)
-		if s.Degraded {
-			d = 1
-		}
-		o.ObserveInt64(degraded, d)
-		for _, w := range s.Warnings {
-			o.ObserveInt64(warnings, 1, metric.WithAttributes(KeyWarning.String(w.Name)))
-		}
-		if !s.Started.IsZero() {
-			o.ObserveFloat64(since, now.Sub(s.Started).Seconds())
-		}
-		if up, ok := startupDuration(s); ok {
-			o.ObserveFloat64(startup, up.Seconds())
-		}
-		for _, p := range s.Phases {
-			if p.State != lifecycle.PhaseRunning {
-				continue
-			}
-			attrs := metric.WithAttributes(KeyPhase.String(p.Name))
-			o.ObserveInt64(done, p.Progress.Done, attrs)
-			if p.Progress.Total > 0 {
-				o.ObserveInt64(total, p.Progress.Total, attrs)
-			}
-			if e := p.ETA; e.Rate > 0 {
-				o.ObserveFloat64(rate, e.Rate, attrs)
-				if e.OK {
-					o.ObserveFloat64(eta, e.Remaining.Seconds(), attrs)
-				}
-			}
-		}
+		in.observe(o, lc.Snapshot(), time.Now())
 		return nil
-	}, state, degraded, warnings, since, startup, done, total, rate, eta)
+	}, in.state, in.degraded, in.warnings, in.since, in.startup, in.done, in.total, in.rate, in.eta)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
@@ -140,7 +71,7 @@ func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop fu
 	wg.Go(func() {
 		var prev lifecycle.Snapshot
 		for s := range ch {
-			recordEnded(phaseDur, taskDur, prev, s)
+			recordEnded(in.phaseDur, in.taskDur, prev, s)
 			prev = s
 		}
 	})
@@ -149,6 +80,104 @@ func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop fu
 		wg.Wait()
 		_ = reg.Unregister()
 	}, nil
+}
+
+// lifecycleInstruments are the instruments ObserveLifecycle records into.
+type lifecycleInstruments struct {
+	phaseDur, taskDur         metric.Float64Histogram
+	state, degraded, warnings metric.Int64ObservableGauge
+	since, startup            metric.Float64ObservableGauge
+	done, total               metric.Int64ObservableGauge
+	rate, eta                 metric.Float64ObservableGauge
+}
+
+// newLifecycleInstruments creates the instruments on m.
+func newLifecycleInstruments(m metric.Meter) (*lifecycleInstruments, error) {
+	var in lifecycleInstruments
+	var err error
+	in.phaseDur, err = m.Float64Histogram("phasegate.phase.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long each startup phase ran, by outcome."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	if err != nil {
+		return nil, err
+	}
+	in.taskDur, err = m.Float64Histogram("phasegate.task.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long each background task ran, by outcome."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	if err != nil {
+		return nil, err
+	}
+	var err1, err2, err3, err4, err5, err6, err7, err8, err9 error
+	in.state, err1 = m.Int64ObservableGauge("phasegate.lifecycle.state",
+		metric.WithDescription("1 for the lifecycle's current state, 0 for the others."))
+	in.degraded, err2 = m.Int64ObservableGauge("phasegate.lifecycle.degraded",
+		metric.WithDescription("1 once a background task failed."))
+	in.since, err3 = m.Float64ObservableGauge("phasegate.lifecycle.since_start", metric.WithUnit("s"),
+		metric.WithDescription("Time since the start began."))
+	in.startup, err4 = m.Float64ObservableGauge("phasegate.lifecycle.startup", metric.WithUnit("s"),
+		metric.WithDescription("How long the start took, from Start to serving."))
+	in.done, err5 = m.Int64ObservableGauge("phasegate.phase.progress.done",
+		metric.WithDescription("Units of work done by each running phase."))
+	in.total, err6 = m.Int64ObservableGauge("phasegate.phase.progress.total",
+		metric.WithDescription("Units of work of each running phase, when known."))
+	in.rate, err7 = m.Float64ObservableGauge("phasegate.phase.rate",
+		metric.WithDescription("Recent units of work per second of each running phase."))
+	in.eta, err8 = m.Float64ObservableGauge("phasegate.phase.eta", metric.WithUnit("s"),
+		metric.WithDescription("Estimated time left of each running phase."))
+	in.warnings, err9 = m.Int64ObservableGauge("phasegate.lifecycle.warnings",
+		metric.WithDescription("1 for each warning the lifecycle carries: a condition that leaves it serving but needs an operator."))
+	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8, err9} {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return &in, nil
+}
+
+// observe reports snapshot s, taken at now, through the gauges.
+func (in *lifecycleInstruments) observe(o metric.Observer, s lifecycle.Snapshot, now time.Time) {
+	for _, st := range lifecycleStates {
+		v := int64(0)
+		if s.State == st {
+			v = 1
+		}
+		o.ObserveInt64(in.state, v, metric.WithAttributes(KeyState.String(string(st))))
+	}
+	d := int64(0)
+	if s.Degraded {
+		d = 1
+	}
+	o.ObserveInt64(in.degraded, d)
+	for _, w := range s.Warnings {
+		o.ObserveInt64(in.warnings, 1, metric.WithAttributes(KeyWarning.String(w.Name)))
+	}
+	if !s.Started.IsZero() {
+		o.ObserveFloat64(in.since, now.Sub(s.Started).Seconds())
+	}
+	if up, ok := startupDuration(s); ok {
+		o.ObserveFloat64(in.startup, up.Seconds())
+	}
+	in.observePhases(o, s.Phases)
+}
+
+// observePhases reports each running phase's progress, rate and time left.
+func (in *lifecycleInstruments) observePhases(o metric.Observer, phases []lifecycle.PhaseSnapshot) {
+	for _, p := range phases {
+		if p.State != lifecycle.PhaseRunning {
+			continue
+		}
+		attrs := metric.WithAttributes(KeyPhase.String(p.Name))
+		o.ObserveInt64(in.done, p.Progress.Done, attrs)
+		if p.Progress.Total > 0 {
+			o.ObserveInt64(in.total, p.Progress.Total, attrs)
+		}
+		if e := p.ETA; e.Rate > 0 {
+			o.ObserveFloat64(in.rate, e.Rate, attrs)
+			if e.OK {
+				o.ObserveFloat64(in.eta, e.Remaining.Seconds(), attrs)
+			}
+		}
+	}
 }
 
 // startupDuration is how long the start took, once it reached serving.

@@ -13,7 +13,7 @@ import (
 	"github.com/phasegate/phasegate/health"
 )
 
-// Alive is a self-probe for a watchdog (health.NotifierOptions.Alive):
+// Alive is a self-probe for a watchdog (sdnotify.Options.Alive):
 // while the server serves, it asks its own port for /livez over a new
 // connection, as a checker would, and reports an error unless the answer
 // was 200. The request goes through the whole path — accept, TLS, the

@@ -162,7 +162,24 @@ func Render(w io.Writer, s lifecycle.Snapshot, now time.Time, opts Options) erro
 	return nil
 }
 
+// build lays out the page for s as of now: its heading, the time axis,
+// a row per phase and per task, the dependency arrows and the legend.
 func build(s lifecycle.Snapshot, now time.Time, opts Options) page {
+	p := newPage(s, now, opts)
+	ax := newAxis(s, now)
+	p.Ticks = ticks(ax.span, ax.left, ax.right)
+	if ax.running && ax.starting {
+		p.ShowNow, p.NowX = true, ax.right
+	}
+	y, index := p.addRows(s, now, ax)
+	p.addEdges(index)
+	p.addLegend(y)
+	return p
+}
+
+// newPage is the page's frame: titles, status, links, and the reload that
+// a page open during the start needs.
+func newPage(s lifecycle.Snapshot, now time.Time, opts Options) page {
 	p := page{
 		Title:      opts.Title + " — startup timeline",
 		Width:      chartWidth,
@@ -178,23 +195,34 @@ func build(s lifecycle.Snapshot, now time.Time, opts Options) page {
 		p.Refresh = max(1, int(math.Round(opts.Refresh.Seconds())))
 	}
 	p.Heading = heading(s, opts.Title, now)
+	return p
+}
 
-	// The time axis: from the start to now while anything runs, or to the
-	// last end once everything is over.
-	t0 := s.Started
-	end := t0
-	running := false
+// axis maps times onto the chart's x coordinates.
+type axis struct {
+	t0, end     time.Time
+	span        time.Duration // end - t0, at least a millisecond
+	left, right float64       // the chart's edges
+	running     bool          // a phase or task has not ended
+	starting    bool          // the lifecycle is created or starting
+}
+
+// newAxis spans the chart from the start to now while anything runs, or
+// to the last end once everything is over.
+func newAxis(s lifecycle.Snapshot, now time.Time) axis {
+	a := axis{t0: s.Started, left: float64(labelWidth), right: float64(chartWidth - rightPad)}
+	a.end = a.t0
 	consider := func(started, ended time.Time) {
 		if started.IsZero() {
 			return
 		}
-		if t0.IsZero() || started.Before(t0) {
-			t0 = started
+		if a.t0.IsZero() || started.Before(a.t0) {
+			a.t0 = started
 		}
 		if ended.IsZero() {
-			running = true
-		} else if ended.After(end) {
-			end = ended
+			a.running = true
+		} else if ended.After(a.end) {
+			a.end = ended
 		}
 	}
 	for _, ph := range s.Phases {
@@ -205,32 +233,34 @@ func build(s lifecycle.Snapshot, now time.Time, opts Options) page {
 	}
 	// While starting, the axis runs to now; after, to the last end, and
 	// what still runs (a background loop) reaches the right edge.
-	starting := s.State == lifecycle.StateStarting || s.State == lifecycle.StateCreated
-	if starting || !end.After(t0) {
-		end = now
+	a.starting = s.State == lifecycle.StateStarting || s.State == lifecycle.StateCreated
+	if a.starting || !a.end.After(a.t0) {
+		a.end = now
 	}
-	if t0.IsZero() {
-		t0, end = now, now
+	if a.t0.IsZero() {
+		a.t0, a.end = now, now
 	}
-	span := end.Sub(t0)
-	if span < time.Millisecond {
-		span = time.Millisecond
-	}
-	left, right := float64(labelWidth), float64(chartWidth-rightPad)
-	xOf := func(t time.Time) float64 {
-		return left + (right-left)*float64(t.Sub(t0))/float64(span)
-	}
-	p.Ticks = ticks(span, left, right)
-	if running && starting {
-		p.ShowNow, p.NowX = true, right
-	}
-	clip := func(t time.Time) time.Time {
-		if t.After(end) {
-			return end
-		}
-		return t
-	}
+	a.span = max(a.end.Sub(a.t0), time.Millisecond)
+	return a
+}
 
+// xOf is t's x coordinate.
+func (a axis) xOf(t time.Time) float64 {
+	return a.left + (a.right-a.left)*float64(t.Sub(a.t0))/float64(a.span)
+}
+
+// clip is t, or the axis's end if t is past it.
+func (a axis) clip(t time.Time) time.Time {
+	if t.After(a.end) {
+		return a.end
+	}
+	return t
+}
+
+// addRows adds a bar per phase, then, below a gap, one per task. It
+// returns the y below the last row and each bar's place in p.Bars by kind
+// and name.
+func (p *page) addRows(s lifecycle.Snapshot, now time.Time, ax axis) (int, map[string]int) {
 	y := axisHeight + 8
 	index := map[string]int{}
 	for _, ph := range s.Phases {
@@ -239,7 +269,7 @@ func build(s lifecycle.Snapshot, now time.Time, opts Options) page {
 			Colour: colours[string(ph.State)], Y: y, BarY: y + (rowHeight-barHeight)/2,
 			DependsOn: ph.DependsOn,
 		}
-		fill(&b, ph.Started, ph.Ended, ph.Progress, ph.ETA, ph.Err, now, clip, xOf, right)
+		fill(&b, ph.Started, ph.Ended, ph.Progress, ph.ETA, ph.Err, now, ax.clip, ax.xOf, ax.right)
 		if ph.Attempts > 1 {
 			b.Text += fmt.Sprintf(" · attempt %d", ph.Attempts)
 		}
@@ -257,35 +287,23 @@ func build(s lifecycle.Snapshot, now time.Time, opts Options) page {
 			Kind: "task", Name: t.Name, Label: "task " + t.Name, State: string(t.State), From: t.Phase,
 			Colour: colours[string(t.State)], Y: y, BarY: y + (rowHeight-barHeight)/2,
 		}
-		fill(&b, t.Started, t.Ended, t.Progress, t.ETA, t.Err, now, clip, xOf, right)
+		fill(&b, t.Started, t.Ended, t.Progress, t.ETA, t.Err, now, ax.clip, ax.xOf, ax.right)
 		index["task\x00"+t.Name] = len(p.Bars)
 		p.Bars = append(p.Bars, b)
 		y += rowHeight
 	}
+	return y, index
+}
 
-	// Edges: from the end of each dependency to the start of its dependent;
-	// from a phase's end to the start of each task it deferred.
+// addEdges draws the arrows: from the end of each dependency to the start
+// of its dependent, and from a phase's end to the start of each task it
+// deferred.
+func (p *page) addEdges(index map[string]int) {
 	link := func(from, to bar, task bool) {
 		if from.W == 0 || to.W == 0 {
 			return
 		}
-		// An elbow: out of the end of the dependency, along its row, down
-		// (or up) to the dependent's row just before its start, into it.
-		// A dependent that started right away gets a short detour on the
-		// left, so the arrow still points into its start.
-		x1, y1 := from.X+from.W, float64(from.BarY+barHeight/2)
-		x2, y2 := to.X, float64(to.BarY+barHeight/2)
-		var path string
-		if x2-x1 >= 10 {
-			path = fmt.Sprintf("M%.1f,%.1f H%.1f V%.1f H%.1f", x1, y1, x2-6, y2, x2-1)
-		} else {
-			mid := y2 - float64(rowHeight)/2
-			if y2 < y1 {
-				mid = y2 + float64(rowHeight)/2
-			}
-			path = fmt.Sprintf("M%.1f,%.1f H%.1f V%.1f H%.1f V%.1f H%.1f", x1, y1, x1+5, mid, x2-7, y2, x2-1)
-		}
-		p.Edges = append(p.Edges, edge{From: from.Name, To: to.Name, Path: path, Task: task})
+		p.Edges = append(p.Edges, edge{From: from.Name, To: to.Name, Path: elbow(from, to), Task: task})
 	}
 	for _, b := range p.Bars {
 		switch b.Kind {
@@ -301,7 +319,28 @@ func build(s lifecycle.Snapshot, now time.Time, opts Options) page {
 			}
 		}
 	}
+}
 
+// elbow is the SVG path of an arrow out of the end of from, along its row,
+// down (or up) to to's row just before its start, into it. A dependent
+// that started right away gets a short detour on the left, so the arrow
+// still points into its start.
+func elbow(from, to bar) string {
+	x1, y1 := from.X+from.W, float64(from.BarY+barHeight/2)
+	x2, y2 := to.X, float64(to.BarY+barHeight/2)
+	if x2-x1 >= 10 {
+		return fmt.Sprintf("M%.1f,%.1f H%.1f V%.1f H%.1f", x1, y1, x2-6, y2, x2-1)
+	}
+	mid := y2 - float64(rowHeight)/2
+	if y2 < y1 {
+		mid = y2 + float64(rowHeight)/2
+	}
+	return fmt.Sprintf("M%.1f,%.1f H%.1f V%.1f H%.1f V%.1f H%.1f", x1, y1, x1+5, mid, x2-7, y2, x2-1)
+}
+
+// addLegend lays the colours' legend out below the row ending at y, and
+// so fixes the page's height.
+func (p *page) addLegend(y int) {
 	p.LegendY = y + 14
 	x := labelWidth
 	for _, st := range legendOrder {
@@ -309,7 +348,6 @@ func build(s lifecycle.Snapshot, now time.Time, opts Options) page {
 		x += 22 + 9*len(st) + 18
 	}
 	p.Height = p.LegendY + legendH
-	return p
 }
 
 // fill places a bar and writes its labels.

@@ -1,4 +1,4 @@
-package health
+package sdnotify
 
 import (
 	"context"
@@ -14,13 +14,14 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 
+	"github.com/phasegate/phasegate/health"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
-// NotifierOptions configure a [Notifier]. Zero durations mean what they
+// Options configure a [Notifier]. Zero durations mean what they
 // say (no limit, no extension) and negative ones are refused by
-// [NewNotifier]; [DefaultNotifierOptions] has the recommended values.
-type NotifierOptions struct {
+// [New]; [DefaultOptions] has the recommended values.
+type Options struct {
 	// StatusInterval is the least time between two STATUS= lines that only
 	// report progress; the latest one is sent when it ends. State changes
 	// are sent at once. Zero means no limit: every progress report the
@@ -58,15 +59,15 @@ type NotifierOptions struct {
 	OnAliveError func(err error)
 }
 
-// DefaultNotifierOptions returns the recommended options.
-func DefaultNotifierOptions() NotifierOptions {
-	return NotifierOptions{
+// DefaultOptions returns the recommended options.
+func DefaultOptions() Options {
+	return Options{
 		StatusInterval: time.Second,
 		ExtendTimeout:  30 * time.Second,
 	}
 }
 
-func (o NotifierOptions) validate() error {
+func (o Options) validate() error {
 	var errs []error
 	for _, f := range []struct {
 		name string
@@ -77,7 +78,7 @@ func (o NotifierOptions) validate() error {
 		{"StartBudget", o.StartBudget},
 	} {
 		if f.d < 0 {
-			errs = append(errs, fmt.Errorf("health: NotifierOptions.%s is %v, must not be negative (zero means none)", f.name, f.d))
+			errs = append(errs, fmt.Errorf("sdnotify: Options.%s is %v, must not be negative (zero means none)", f.name, f.d))
 		}
 	}
 	return errors.Join(errs...)
@@ -97,7 +98,7 @@ func (o NotifierOptions) validate() error {
 //	          passes, unless failed
 //
 // WATCHDOG=1 is sent only on evidence: the lifecycle answered and
-// [NotifierOptions.Alive] passed within a quarter of WatchdogSec. A daemon
+// [Options.Alive] passed within a quarter of WatchdogSec. A daemon
 // whose checks fail, or hang, stops sending it and systemd restarts it.
 // With checks every half period, each bounded by a quarter, two pings are
 // never more than three quarters of WatchdogSec apart while the checks
@@ -108,7 +109,7 @@ func (o NotifierOptions) validate() error {
 // Notifier does nothing and runs no goroutine.
 type Notifier struct {
 	lc        *lifecycle.Lifecycle
-	opts      NotifierOptions
+	opts      Options
 	watchdog  time.Duration
 	enabled   bool
 	stop      func()         // ends the subscription and the watchdog's checks
@@ -121,12 +122,12 @@ type Notifier struct {
 	aliveErr error
 }
 
-// NewNotifier starts notifying systemd about lc, when NOTIFY_SOCKET is set.
+// New starts notifying systemd about lc, when NOTIFY_SOCKET is set.
 // The goroutines it starts, one for the lifecycle's changes and one for the
 // watchdog when systemd asked for one, are stopped by [Notifier.Close]. It
 // fails when opts are invalid or WATCHDOG_USEC or WATCHDOG_PID cannot be
 // parsed.
-func NewNotifier(lc *lifecycle.Lifecycle, opts NotifierOptions) (*Notifier, error) {
+func New(lc *lifecycle.Lifecycle, opts Options) (*Notifier, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -136,7 +137,7 @@ func NewNotifier(lc *lifecycle.Lifecycle, opts NotifierOptions) (*Notifier, erro
 	}
 	wd, err := daemon.SdWatchdogEnabled(false)
 	if err != nil {
-		return nil, fmt.Errorf("health: sd_notify watchdog: %w", err)
+		return nil, fmt.Errorf("sdnotify: sd_notify watchdog: %w", err)
 	}
 	n.watchdog, n.enabled = wd, true
 	ch, unsubscribe := lc.Subscribe()
@@ -184,7 +185,7 @@ func (n *Notifier) Close() {
 func (n *Notifier) send(lines ...string) {
 	if _, err := daemon.SdNotify(false, strings.Join(lines, "\n")); err != nil {
 		n.mu.Lock()
-		n.err = fmt.Errorf("health: sd_notify: %w", err)
+		n.err = fmt.Errorf("sdnotify: sd_notify: %w", err)
 		n.mu.Unlock()
 	}
 }
@@ -214,7 +215,7 @@ func (n *Notifier) run(ch <-chan lifecycle.Snapshot) {
 				return
 			}
 			now := time.Now()
-			desc := DescribeWithETA(s)
+			desc := health.DescribeWithETA(s)
 			if s.State != state {
 				state = s.State
 				var lines []string
@@ -319,7 +320,7 @@ func (n *Notifier) checkAlive(ctx context.Context) (failed bool, err error) {
 		err = fmt.Errorf("took longer than %v", budget)
 	}
 	if err != nil {
-		return false, fmt.Errorf("health: liveness check: %w", err)
+		return false, fmt.Errorf("sdnotify: liveness check: %w", err)
 	}
 	return false, nil
 }
@@ -345,7 +346,7 @@ type phaseMark struct {
 	progress lifecycle.ProgressSnapshot
 }
 
-func newExtender(o NotifierOptions) *extender {
+func newExtender(o Options) *extender {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	return &extender{every: o.ExtendTimeout, budget: o.StartBudget, timer: t}

@@ -1,12 +1,10 @@
-package health_test
+package sdnotify_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,111 +12,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/health/internal/healthtest"
+	"github.com/phasegate/phasegate/health/sdnotify"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
-// notifySocket listens on a unixgram socket the way systemd does, sets
-// NOTIFY_SOCKET to it and collects every line received.
-type notifySocket struct {
-	path  string
-	mu    sync.Mutex
-	lines []string
-	got   chan struct{} // signalled after each datagram
-	marks int
-}
-
-func listenNotify(t *testing.T) *notifySocket {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NOTIFY_SOCKET", path)
-	ns := &notifySocket{path: path, got: make(chan struct{}, 1)}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 4096)
-		for {
-			n, _, err := conn.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			ns.mu.Lock()
-			ns.lines = append(ns.lines, strings.Split(string(buf[:n]), "\n")...)
-			ns.mu.Unlock()
-			select {
-			case ns.got <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = conn.Close()
-		<-done
-	})
-	return ns
-}
-
-func (ns *notifySocket) snapshot() []string {
-	ns.mu.Lock()
-	defer ns.mu.Unlock()
-	return slices.Clone(ns.lines)
-}
-
-// beforeMark returns every line received before a new mark. Not
-// snapshot()[:mark(t)]: operands are evaluated left to right, so that
-// snapshot is taken before the mark arrives and can be shorter than it
-// (a panic seen in CI).
-func (ns *notifySocket) beforeMark(t *testing.T) []string {
-	t.Helper()
-	m := ns.mark(t)
-	return ns.snapshot()[:m]
-}
-
-// mark sends a line of its own to the socket and waits for it: every
-// datagram sent before mark was called has then been received, so the
-// lines before the mark are all there are.
-func (ns *notifySocket) mark(t *testing.T) int {
-	t.Helper()
-	ns.marks++
-	line := fmt.Sprintf("MARK=%d", ns.marks)
-	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: ns.path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.Write([]byte(line)); err != nil {
-		t.Fatal(err)
-	}
-	ns.waitLine(t, line, func(l string) bool { return l == line })
-	return slices.Index(ns.snapshot(), line)
-}
-
-// waitLine waits until a line for which match holds has arrived.
-func (ns *notifySocket) waitLine(t *testing.T, what string, match func(string) bool) {
-	t.Helper()
-	deadline := time.After(wait)
-	for {
-		if slices.ContainsFunc(ns.snapshot(), match) {
-			return
-		}
-		select {
-		case <-ns.got:
-		case <-deadline:
-			t.Fatalf("no sd_notify line %s; got %q", what, ns.snapshot())
-		}
-	}
-}
-
 func TestNotifierSequence(t *testing.T) {
-	ns := listenNotify(t)
+	ns := healthtest.ListenNotify(t)
 	t.Setenv("WATCHDOG_USEC", "100000")
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
-	r := newRig(t, false)
-	n, err := health.NewNotifier(r.lc, health.NotifierOptions{
+	r := healthtest.NewRig(t, false)
+	n, err := sdnotify.New(r.LC, sdnotify.Options{
 		StatusInterval: time.Millisecond,
 		ExtendTimeout:  300 * time.Millisecond,
 	})
@@ -130,21 +34,21 @@ func TestNotifierSequence(t *testing.T) {
 		t.Fatal("notifier not enabled with NOTIFY_SOCKET set")
 	}
 
-	r.start(t)
-	ns.waitLine(t, "naming the phase", func(l string) bool {
+	r.Start(t)
+	ns.WaitLine(t, "naming the phase", func(l string) bool {
 		return l == "STATUS=starting: phase reclaim 1200/5000 namespaces"
 	})
 	// EXTEND_TIMEOUT_USEC is sent at once (and again as the start
 	// progresses: TestNotifierExtendsOnlyWhileStartProgresses).
-	ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return l == "EXTEND_TIMEOUT_USEC=300000" })
-	ns.waitLine(t, "WATCHDOG=1", func(l string) bool { return l == "WATCHDOG=1" })
+	ns.WaitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return l == "EXTEND_TIMEOUT_USEC=300000" })
+	ns.WaitLine(t, "WATCHDOG=1", func(l string) bool { return l == "WATCHDOG=1" })
 
-	if err := r.serve(t); err != nil {
+	if err := r.Serve(t); err != nil {
 		t.Fatal(err)
 	}
-	ns.waitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
-	r.drain(t)
-	ns.waitLine(t, "STOPPING=1", func(l string) bool { return l == "STOPPING=1" })
+	ns.WaitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
+	r.Drain(t)
+	ns.WaitLine(t, "STOPPING=1", func(l string) bool { return l == "STOPPING=1" })
 	n.Close()
 	if err := n.Err(); err != nil {
 		t.Errorf("Err() = %v", err)
@@ -153,7 +57,7 @@ func TestNotifierSequence(t *testing.T) {
 		t.Errorf("AliveErr() = %v without a check", err)
 	}
 
-	lines := ns.snapshot()
+	lines := ns.Snapshot()
 	at := func(l string) int { return slices.Index(lines, l) }
 	status := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
 	extend, ready, stopping := at("EXTEND_TIMEOUT_USEC=300000"), at("READY=1"), at("STOPPING=1")
@@ -181,7 +85,7 @@ func TestNotifierRateLimitsStatus(t *testing.T) {
 		{"trailing", time.Millisecond},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ns := listenNotify(t)
+			ns := healthtest.ListenNotify(t)
 			reported, release := make(chan struct{}), make(chan struct{})
 			lc, err := lifecycle.New([]lifecycle.Phase{{
 				Name: "reclaim",
@@ -202,29 +106,29 @@ func TestNotifierRateLimitsStatus(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			n, err := health.NewNotifier(lc, health.NotifierOptions{StatusInterval: tt.interval})
+			n, err := sdnotify.New(lc, sdnotify.Options{StatusInterval: tt.interval})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer n.Close()
 			started := make(chan error, 1)
 			go func() { started <- lc.Start(context.Background()) }()
-			recv(t, reported, "progress")
-			ns.waitLine(t, "for starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
+			healthtest.Recv(t, reported, "progress")
+			ns.WaitLine(t, "for starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
 			if tt.interval == time.Millisecond {
-				ns.waitLine(t, "with the final progress", func(l string) bool {
+				ns.WaitLine(t, "with the final progress", func(l string) bool {
 					return l == "STATUS=starting: phase reclaim 1000/1000 namespaces"
 				})
 			}
 			close(release)
-			if err := recv(t, started, "start"); err != nil {
+			if err := healthtest.Recv(t, started, "start"); err != nil {
 				t.Fatal(err)
 			}
-			ns.waitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
+			ns.WaitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
 			_ = lc.Drain(context.Background())
 
 			var starting []string
-			for _, l := range ns.snapshot() {
+			for _, l := range ns.Snapshot() {
 				if strings.HasPrefix(l, "STATUS=starting") {
 					starting = append(starting, l)
 				}
@@ -238,8 +142,8 @@ func TestNotifierRateLimitsStatus(t *testing.T) {
 
 func TestNotifierDisabled(t *testing.T) {
 	t.Setenv("NOTIFY_SOCKET", "")
-	r := newRig(t, false)
-	n, err := health.NewNotifier(r.lc, health.NotifierOptions{})
+	r := healthtest.NewRig(t, false)
+	n, err := sdnotify.New(r.LC, sdnotify.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,10 +155,10 @@ func TestNotifierDisabled(t *testing.T) {
 }
 
 func TestNotifierBadWatchdog(t *testing.T) {
-	listenNotify(t)
+	healthtest.ListenNotify(t)
 	t.Setenv("WATCHDOG_USEC", "soon")
-	r := newRig(t, false)
-	_, err := health.NewNotifier(r.lc, health.NotifierOptions{})
+	r := healthtest.NewRig(t, false)
+	_, err := sdnotify.New(r.LC, sdnotify.Options{})
 	if err == nil {
 		t.Fatal("no error for WATCHDOG_USEC=soon")
 	}
@@ -269,7 +173,7 @@ func TestNotifierBadWatchdog(t *testing.T) {
 // report; a limit of a second per line, what a zero once meant, would make
 // the 15 reports outlast the test's 10 s bound.
 func TestNotifierZeroStatusIntervalSendsEveryReport(t *testing.T) {
-	ns := listenNotify(t)
+	ns := healthtest.ListenNotify(t)
 	const steps = 15
 	step := make(chan int)
 	lc, err := lifecycle.New([]lifecycle.Phase{{
@@ -292,30 +196,30 @@ func TestNotifierZeroStatusIntervalSendsEveryReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := health.NewNotifier(lc, health.NotifierOptions{StatusInterval: 0})
+	n, err := sdnotify.New(lc, sdnotify.Options{StatusInterval: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
 	started := make(chan error, 1)
 	go func() { started <- lc.Start(context.Background()) }()
-	deadline := time.Now().Add(wait)
+	deadline := time.Now().Add(healthtest.Wait)
 	for i := 1; i <= steps; i++ {
 		step <- i
 		want := fmt.Sprintf("STATUS=starting: phase reclaim %d/%d namespaces", i, steps)
 		// The phase's rate may follow: "(2/s, ~6.5s left)".
-		for !slices.ContainsFunc(ns.snapshot(), func(l string) bool { return l == want || strings.HasPrefix(l, want+" (") }) {
+		for !slices.ContainsFunc(ns.Snapshot(), func(l string) bool { return l == want || strings.HasPrefix(l, want+" (") }) {
 			if time.Now().After(deadline) {
-				t.Fatalf("no %q within %v of the first report: is the STATUS rate still limited? got %q", want, wait, ns.snapshot())
+				t.Fatalf("no %q within %v of the first report: is the STATUS rate still limited? got %q", want, healthtest.Wait, ns.Snapshot())
 			}
 			select {
-			case <-ns.got:
+			case <-ns.Arrived():
 			case <-time.After(10 * time.Millisecond):
 			}
 		}
 	}
 	close(step)
-	if err := recv(t, started, "start"); err != nil {
+	if err := healthtest.Recv(t, started, "start"); err != nil {
 		t.Fatal(err)
 	}
 	_ = lc.Drain(context.Background())
@@ -323,21 +227,21 @@ func TestNotifierZeroStatusIntervalSendsEveryReport(t *testing.T) {
 
 // A zero ExtendTimeout never asks systemd for more time.
 func TestNotifierZeroExtendTimeoutNeverExtends(t *testing.T) {
-	ns := listenNotify(t)
-	r := newRig(t, false)
-	n, err := health.NewNotifier(r.lc, health.NotifierOptions{ExtendTimeout: 0})
+	ns := healthtest.ListenNotify(t)
+	r := healthtest.NewRig(t, false)
+	n, err := sdnotify.New(r.LC, sdnotify.Options{ExtendTimeout: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	r.start(t)
+	r.Start(t)
 	// EXTEND_TIMEOUT_USEC would come in the datagram that says starting.
-	ns.waitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
-	if err := r.serve(t); err != nil {
+	ns.WaitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
+	if err := r.Serve(t); err != nil {
 		t.Fatal(err)
 	}
-	ns.waitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
-	for _, l := range ns.snapshot() {
+	ns.WaitLine(t, "READY=1", func(l string) bool { return l == "READY=1" })
+	for _, l := range ns.Snapshot() {
 		if strings.HasPrefix(l, "EXTEND_TIMEOUT_USEC=") {
 			t.Errorf("%s sent with ExtendTimeout 0", l)
 		}
@@ -345,16 +249,16 @@ func TestNotifierZeroExtendTimeoutNeverExtends(t *testing.T) {
 }
 
 func TestNotifierOptionsRejectNegatives(t *testing.T) {
-	r := newRig(t, false)
+	r := healthtest.NewRig(t, false)
 	for _, tt := range []struct {
 		field string
-		opts  health.NotifierOptions
+		opts  sdnotify.Options
 	}{
-		{"StatusInterval", health.NotifierOptions{StatusInterval: -time.Second}},
-		{"ExtendTimeout", health.NotifierOptions{ExtendTimeout: -time.Second}},
-		{"StartBudget", health.NotifierOptions{StartBudget: -time.Second}},
+		{"StatusInterval", sdnotify.Options{StatusInterval: -time.Second}},
+		{"ExtendTimeout", sdnotify.Options{ExtendTimeout: -time.Second}},
+		{"StartBudget", sdnotify.Options{StartBudget: -time.Second}},
 	} {
-		n, err := health.NewNotifier(r.lc, tt.opts)
+		n, err := sdnotify.New(r.LC, tt.opts)
 		if err == nil || !strings.Contains(err.Error(), tt.field) {
 			t.Errorf("NewNotifier with a negative %s: %v, want an error naming it", tt.field, err)
 		}
@@ -367,11 +271,11 @@ func TestNotifierOptionsRejectNegatives(t *testing.T) {
 // WATCHDOG=1 is sent only while the liveness check passes within its
 // deadline, which is shorter than the half period between checks.
 func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
-	ns := listenNotify(t)
+	ns := healthtest.ListenNotify(t)
 	const watchdog = 100 * time.Millisecond
 	t.Setenv("WATCHDOG_USEC", strconv.FormatInt(watchdog.Microseconds(), 10))
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
-	r := newRig(t, false)
+	r := healthtest.NewRig(t, false)
 	errStuck := errors.New("port 5008 does not answer /livez")
 	var (
 		mu        sync.Mutex
@@ -387,7 +291,7 @@ func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
 		defer mu.Unlock()
 		return checks, passed
 	}
-	n, err := health.NewNotifier(r.lc, health.NotifierOptions{
+	n, err := sdnotify.New(r.LC, sdnotify.Options{
 		Alive: func(ctx context.Context) error {
 			mu.Lock()
 			dl, ok := ctx.Deadline()
@@ -428,8 +332,8 @@ func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
 	}
 
 	// Failing from the first check: not one WATCHDOG=1.
-	eventually(t, "three failed checks", func() bool { f, _ := counts(); return f >= 3 })
-	if k := watchdogs(ns.beforeMark(t)); k != 0 {
+	healthtest.Eventually(t, "three failed checks", func() bool { f, _ := counts(); return f >= 3 })
+	if k := watchdogs(ns.BeforeMark(t)); k != 0 {
 		t.Fatalf("%d WATCHDOG=1 while the check failed", k)
 	}
 	if err := n.AliveErr(); !errors.Is(err, errStuck) {
@@ -448,19 +352,19 @@ func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
 	mu.Unlock()
 
 	// Passing: WATCHDOG=1 resumes.
-	ns.waitLine(t, "WATCHDOG=1 once the check passes", func(l string) bool { return l == "WATCHDOG=1" })
-	eventually(t, "AliveErr to clear", func() bool { return n.AliveErr() == nil })
+	ns.WaitLine(t, "WATCHDOG=1 once the check passes", func(l string) bool { return l == "WATCHDOG=1" })
+	healthtest.Eventually(t, "AliveErr to clear", func() bool { return n.AliveErr() == nil })
 
 	// A check that overruns its deadline fails, whatever it returns.
 	mu.Lock()
 	hang = true
 	mu.Unlock()
 	f0, _ := counts()
-	eventually(t, "two checks to overrun", func() bool { f, _ := counts(); return f >= f0+2 })
-	from := ns.mark(t) // after it, only checks that began hanging
-	eventually(t, "two more checks to overrun", func() bool { f, _ := counts(); return f >= f0+4 })
-	lines := ns.snapshot()
-	if k := watchdogs(lines[from:ns.mark(t)]); k != 0 {
+	healthtest.Eventually(t, "two checks to overrun", func() bool { f, _ := counts(); return f >= f0+2 })
+	from := ns.Mark(t) // after it, only checks that began hanging
+	healthtest.Eventually(t, "two more checks to overrun", func() bool { f, _ := counts(); return f >= f0+4 })
+	lines := ns.Snapshot()
+	if k := watchdogs(lines[from:ns.Mark(t)]); k != 0 {
 		t.Errorf("%d WATCHDOG=1 while the check overran its deadline", k)
 	}
 	if err := n.AliveErr(); err == nil || !strings.Contains(err.Error(), "took longer than") {
@@ -502,32 +406,32 @@ func extendLines(lines []string) []string {
 // extension stops asking, so systemd's TimeoutStartSec can end it; the
 // asking resumes with the progress.
 func TestNotifierExtendsOnlyWhileStartProgresses(t *testing.T) {
-	ns := listenNotify(t)
+	ns := healthtest.ListenNotify(t)
 	const extend = 60 * time.Millisecond // asked again at most every 20 ms
 	lc, step := stepper(t)
-	n, err := health.NewNotifier(lc, health.NotifierOptions{ExtendTimeout: extend})
+	n, err := sdnotify.New(lc, sdnotify.Options{ExtendTimeout: extend})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
 	go func() { _ = lc.Start(context.Background()) }()
-	ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return l == "EXTEND_TIMEOUT_USEC=60000" })
+	ns.WaitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return l == "EXTEND_TIMEOUT_USEC=60000" })
 
 	// Stuck for 20 extensions: a timer would have asked 60 times more. The
 	// start itself (starting, reclaim running, its total) is at most 3
 	// changes, so at most 3 extensions.
 	time.Sleep(20 * extend)
-	stuck := extendLines(ns.beforeMark(t))
+	stuck := extendLines(ns.BeforeMark(t))
 	if len(stuck) > 3 {
 		t.Fatalf("%d extensions while the start made no progress for %v: %q", len(stuck), 20*extend, stuck)
 	}
 
 	// Progress: asked again.
 	step <- struct{}{}
-	ns.waitLine(t, "an extension after progress", func(string) bool { return len(extendLines(ns.snapshot())) > len(stuck) })
+	ns.WaitLine(t, "an extension after progress", func(string) bool { return len(extendLines(ns.Snapshot())) > len(stuck) })
 	// And stuck again: at most one more for that step.
 	time.Sleep(20 * extend)
-	if again := extendLines(ns.beforeMark(t)); len(again) > len(stuck)+1 {
+	if again := extendLines(ns.BeforeMark(t)); len(again) > len(stuck)+1 {
 		t.Errorf("%d extensions after one step and a stuck start, want at most %d: %q", len(again), len(stuck)+1, again)
 	}
 }
@@ -536,23 +440,23 @@ func TestNotifierExtendsOnlyWhileStartProgresses(t *testing.T) {
 // left of it, whatever the progress, and nothing beyond it is ever asked.
 func TestNotifierStartBudget(t *testing.T) {
 	t.Run("budget left", func(t *testing.T) {
-		ns := listenNotify(t)
+		ns := healthtest.ListenNotify(t)
 		const budget = time.Hour
 		lc, step := stepper(t)
-		n, err := health.NewNotifier(lc, health.NotifierOptions{ExtendTimeout: 60 * time.Millisecond, StartBudget: budget})
+		n, err := sdnotify.New(lc, sdnotify.Options{ExtendTimeout: 60 * time.Millisecond, StartBudget: budget})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer n.Close()
 		before := time.Now()
 		go func() { _ = lc.Start(context.Background()) }()
-		ns.waitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return strings.HasPrefix(l, "EXTEND_TIMEOUT_USEC=") })
+		ns.WaitLine(t, "EXTEND_TIMEOUT_USEC", func(l string) bool { return strings.HasPrefix(l, "EXTEND_TIMEOUT_USEC=") })
 		elapsed := time.Since(before)
 		for range 5 {
 			step <- struct{}{}
 		}
 		time.Sleep(300 * time.Millisecond) // five extension periods of 60 ms
-		lines := extendLines(ns.beforeMark(t))
+		lines := extendLines(ns.BeforeMark(t))
 		if len(lines) != 1 {
 			t.Fatalf("extensions %q, want exactly one", lines)
 		}
@@ -565,16 +469,16 @@ func TestNotifierStartBudget(t *testing.T) {
 		}
 	})
 	t.Run("budget spent", func(t *testing.T) {
-		ns := listenNotify(t)
+		ns := healthtest.ListenNotify(t)
 		lc, _ := stepper(t)
-		n, err := health.NewNotifier(lc, health.NotifierOptions{ExtendTimeout: time.Minute, StartBudget: time.Nanosecond})
+		n, err := sdnotify.New(lc, sdnotify.Options{ExtendTimeout: time.Minute, StartBudget: time.Nanosecond})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer n.Close()
 		go func() { _ = lc.Start(context.Background()) }()
-		ns.waitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
-		if lines := extendLines(ns.beforeMark(t)); len(lines) != 0 {
+		ns.WaitLine(t, "saying starting", func(l string) bool { return strings.HasPrefix(l, "STATUS=starting") })
+		if lines := extendLines(ns.BeforeMark(t)); len(lines) != 0 {
 			t.Errorf("asked for %q beyond a spent budget", lines)
 		}
 	})
