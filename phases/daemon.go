@@ -21,12 +21,12 @@ import (
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/egress"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/reconcile"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 	"github.com/phasegate/phasegate/phases/lockfile"
 	"github.com/phasegate/phasegate/server"
 )
@@ -64,7 +64,7 @@ type Daemon struct {
 	plan       *restorePlan    // what the restore decided (reclaim phase)
 	report     *reclaim.Report // the foreground reclaim's, when there is one
 	unreadable []slot.Unreadable
-	idx        *storage.Storage
+	idx        *index.Allocator
 	pool       *pool.Pool
 	slots      *slotsService
 	tcpGuard   *control.Guard  // the Slots API's on the port (New)
@@ -527,7 +527,7 @@ func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
 		quarantine = append(quarantine, u.Index)
 	}
 	quarantine = slices.DeleteFunc(quarantine, func(i int) bool { return i > n })
-	idx, err := storage.New(n, quarantine)
+	idx, err := index.New(n, quarantine)
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}

@@ -23,10 +23,10 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // slotsServiceName is the Slots API's full gRPC name.
@@ -58,7 +58,7 @@ type slotsService struct {
 	phasegatev1.UnimplementedSlotsServer
 
 	cfg    slot.Config
-	idx    *storage.Storage
+	idx    *index.Allocator
 	pool   *pool.Pool
 	store  *leases.Store
 	log    *slog.Logger
@@ -76,7 +76,7 @@ type slotsService struct {
 // functions count nothing.
 type leaseEvents func(event string, n int)
 
-func newSlotsService(cfg slot.Config, idx *storage.Storage, pl *pool.Pool, store *leases.Store, restored []*lease,
+func newSlotsService(cfg slot.Config, idx *index.Allocator, pl *pool.Pool, store *leases.Store, restored []*lease,
 	log *slog.Logger, tracer trace.Tracer, events leaseEvents) *slotsService {
 	s := &slotsService{cfg: cfg, idx: idx, pool: pl, store: store, log: log, tracer: tracer, events: events,
 		leased: map[int]*lease{}, pending: map[string]int{}}
@@ -213,7 +213,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	switch {
 	case errors.Is(err, pool.ErrClosed):
 		return acquired{}, status.Error(codes.Unavailable, "draining: the slot pool is closed")
-	case errors.Is(err, storage.ErrExhausted):
+	case errors.Is(err, index.ErrExhausted):
 		return acquired{}, status.Errorf(codes.ResourceExhausted, "all %d slots are leased or quarantined", s.cfg.Slots)
 	case ctx.Err() != nil && err != nil:
 		return acquired{}, status.FromContextError(ctx.Err()).Err()
@@ -568,9 +568,9 @@ func (s *slotsService) states(includeFree bool, mayRead func(owner string) bool)
 			st = phasegatev1.SlotState_SLOT_STATE_ACQUIRED
 		case idle[i]:
 			st = phasegatev1.SlotState_SLOT_STATE_WARM
-		case ss.States[i-1] == storage.Quarantined:
+		case ss.States[i-1] == index.Quarantined:
 			st = phasegatev1.SlotState_SLOT_STATE_QUARANTINED
-		case ss.States[i-1] != storage.Free:
+		case ss.States[i-1] != index.Free:
 			st = phasegatev1.SlotState_SLOT_STATE_BUSY // being made or torn down
 		}
 		if st == phasegatev1.SlotState_SLOT_STATE_FREE && !includeFree || l != nil && !mayRead(l.rec.Owner) {

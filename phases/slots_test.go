@@ -20,10 +20,10 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // slotsRig is a Slots service over a real pool of real slots, in a netns
@@ -71,7 +71,7 @@ func newSlotsRig(t *testing.T, n, target int) *slotsRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	idx, err := storage.New(n, nil)
+	idx, err := index.New(n, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

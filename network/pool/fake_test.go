@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // fakeSlots stands in for the kernel: it records what exists.
@@ -162,5 +162,5 @@ func (c *fakeClock) pending() int {
 	return n
 }
 
-var _ Indices = (*storage.Storage)(nil)
+var _ Indices = (*index.Allocator)(nil)
 var _ Slots = (*slot.Manager)(nil)

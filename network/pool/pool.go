@@ -38,7 +38,7 @@ type Slots interface {
 }
 
 // Indices is the allocator the pool takes indices from;
-// *storage.Storage implements it.
+// *index.Allocator implements it.
 type Indices interface {
 	Acquire() (int, error)
 	Release(i int) error

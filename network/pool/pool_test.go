@@ -11,15 +11,15 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
-func newPool(t *testing.T, f *fakeSlots, n int, opts Options) (*Pool, *storage.Storage) {
+func newPool(t *testing.T, f *fakeSlots, n int, opts Options) (*Pool, *index.Allocator) {
 	t.Helper()
-	st, err := storage.New(n, nil)
+	st, err := index.New(n, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestTrimAfterGrace(t *testing.T) {
 		t.Errorf("live = %v", live)
 	}
 	if snap := st.Snapshot(); snap.Acquired != 1 || snap.Free != 9 {
-		t.Errorf("storage = %+v", snap)
+		t.Errorf("allocator = %+v", snap)
 	}
 	if err := p.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -245,7 +245,7 @@ func TestCloseDuringFill(t *testing.T) {
 		t.Errorf("slots left after Close: %v", live)
 	}
 	if snap := st.Snapshot(); snap.Free != 10 {
-		t.Errorf("storage after Close: %+v", snap)
+		t.Errorf("allocator after Close: %+v", snap)
 	}
 	if _, err := p.Get(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Get after Close = %v", err)
@@ -324,7 +324,7 @@ func TestConcurrentGetPutClose(t *testing.T) {
 		t.Errorf("slots left: %v", live)
 	}
 	if snap := st.Snapshot(); snap.Free != 64 {
-		t.Errorf("storage after: %+v", snap)
+		t.Errorf("allocator after: %+v", snap)
 	}
 }
 
@@ -379,7 +379,7 @@ func TestPutBatches(t *testing.T) {
 	if got := <-f.tdStarted; len(got) != 3 {
 		t.Errorf("second teardown = %v, want the 3 Puts queued meanwhile", got)
 	}
-	if snap := st.Snapshot(); snap.States[ss[3].Index-1] != storage.Quarantined {
+	if snap := st.Snapshot(); snap.States[ss[3].Index-1] != index.Quarantined {
 		t.Errorf("index %d after a failed teardown: %v", ss[3].Index, snap.States[ss[3].Index-1])
 	}
 	waitRest(t, p)

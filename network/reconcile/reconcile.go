@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // DefaultInterval is the time between two passes.
@@ -74,7 +74,7 @@ type Pass struct {
 // caller's.
 type Reconciler struct {
 	m    *slot.Manager
-	s    *storage.Storage
+	s    *index.Allocator
 	opts Options
 
 	mu      sync.Mutex
@@ -83,7 +83,7 @@ type Reconciler struct {
 }
 
 // New returns a reconciler for the slots of m and the indices of s.
-func New(m *slot.Manager, s *storage.Storage, opts Options) *Reconciler {
+func New(m *slot.Manager, s *index.Allocator, opts Options) *Reconciler {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
@@ -161,12 +161,12 @@ func (r *Reconciler) once(ctx context.Context) Pass {
 			continue
 		}
 		switch st {
-		case storage.Quarantined:
+		case index.Quarantined:
 			if r.opts.Keep != nil && r.opts.Keep(i) {
 				continue
 			}
 			targets[i] = inv[i]
-		case storage.Free:
+		case index.Free:
 			if r.s.QuarantineIfFree(i) {
 				p.Claimed = append(p.Claimed, i)
 				targets[i] = inv[i]
@@ -207,7 +207,7 @@ func (r *Reconciler) once(ctx context.Context) Pass {
 }
 
 // free returns i to the allocator, or records why it could not.
-func (p *Pass) free(s *storage.Storage, i int) {
+func (p *Pass) free(s *index.Allocator, i int) {
 	if err := s.Free(i); err != nil {
 		p.Failed = append(p.Failed, slot.Failure{Index: i, Err: err})
 		return

@@ -25,10 +25,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 	"github.com/phasegate/phasegate/server"
 )
 
@@ -92,7 +92,7 @@ func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize
 	if err != nil {
 		return err
 	}
-	idx, err := storage.New(cfg.Slots, nil)
+	idx, err := index.New(cfg.Slots, nil)
 	if err != nil {
 		return err
 	}
@@ -239,7 +239,7 @@ func (s *memSlots) acquire(ctx context.Context, owner, requestID string, ttl tim
 	switch {
 	case errors.Is(err, pool.ErrClosed):
 		return nil, status.Error(codes.Unavailable, "draining: the slot pool is closed")
-	case errors.Is(err, storage.ErrExhausted):
+	case errors.Is(err, index.ErrExhausted):
 		return nil, status.Errorf(codes.ResourceExhausted, "all %d slots are leased or quarantined", s.cfg.Slots)
 	case ctx.Err() != nil && err != nil:
 		return nil, status.FromContextError(ctx.Err()).Err()
