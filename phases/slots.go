@@ -46,8 +46,8 @@ type lease struct {
 	lostReason string
 }
 
-// slotsService implements phasegate.v1.Slots over the pool, the allocator
-// and the durable records. Every lease is recorded before Acquire replies;
+// slotsService implements phasegate.v1.Slots over the pool (which owns the
+// slot indices) and the durable records. Every lease is recorded before Acquire replies;
 // Release and KeepAlive compare the lease id in the same transaction that
 // changes the record.
 //
@@ -58,7 +58,6 @@ type slotsService struct {
 	phasegatev1.UnimplementedSlotsServer
 
 	cfg    slot.Config
-	idx    *index.Allocator
 	pool   *pool.Pool
 	store  *leases.Store
 	log    *slog.Logger
@@ -76,9 +75,9 @@ type slotsService struct {
 // functions count nothing.
 type leaseEvents func(event string, n int)
 
-func newSlotsService(cfg slot.Config, idx *index.Allocator, pl *pool.Pool, store *leases.Store, restored []*lease,
+func newSlotsService(cfg slot.Config, pl *pool.Pool, store *leases.Store, restored []*lease,
 	log *slog.Logger, tracer trace.Tracer, events leaseEvents) *slotsService {
-	s := &slotsService{cfg: cfg, idx: idx, pool: pl, store: store, log: log, tracer: tracer, events: events,
+	s := &slotsService{cfg: cfg, pool: pl, store: store, log: log, tracer: tracer, events: events,
 		leased: map[int]*lease{}, pending: map[string]int{}}
 	for _, l := range restored {
 		s.leased[l.rec.Index] = l
@@ -406,13 +405,13 @@ func (s *slotsService) Release(ctx context.Context, req *phasegatev1.ReleaseRequ
 
 // giveBack returns the slot of an ended lease to the pool, which tears it
 // down and makes a fresh one in its place; a lost lease's index, which no
-// slot occupies, goes back to the allocator.
+// slot occupies, goes back to the pool too, which frees it.
 func (s *slotsService) giveBack(ctx context.Context, l *lease) {
 	if l == nil {
 		return
 	}
 	if l.slot == nil {
-		if err := s.idx.Release(l.rec.Index); err != nil {
+		if err := s.pool.PutLost(l.rec.Index); err != nil {
 			s.log.Warn("index of a lost lease could not be freed", "slot", l.rec.Index, "error", err)
 		}
 		return
@@ -543,7 +542,7 @@ func (s *slotsService) List(ctx context.Context, req *phasegatev1.ListRequest) (
 // not free, leaving out the leases of owners mayRead refuses.
 func (s *slotsService) states(includeFree bool, mayRead func(owner string) bool) []*phasegatev1.Slot {
 	ps := s.pool.Snapshot()
-	ss := s.idx.Snapshot()
+	ss := s.pool.Indices()
 	s.mu.Lock()
 	held := make(map[int]*lease, len(s.leased))
 	for i, l := range s.leased {

@@ -4,7 +4,8 @@
 // It is built after reclaim from what still exists on the host: indices
 // whose clean-up was deferred or failed are quarantined and never handed
 // out until the reconciler frees them. It knows nothing of the kernel;
-// foreign names never reach it.
+// foreign names never reach it. In the daemon the pool (network/pool) owns
+// it once made: every later change of an index goes through the pool.
 //
 // Acquire and Release are O(1) (a stack of free indices beside a state
 // array), safe for concurrent use, and hand out the lowest indices first on

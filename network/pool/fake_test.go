@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -162,5 +161,4 @@ func (c *fakeClock) pending() int {
 	return n
 }
 
-var _ Indices = (*index.Allocator)(nil)
 var _ Slots = (*slot.Manager)(nil)

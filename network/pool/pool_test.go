@@ -420,3 +420,50 @@ func TestZeroGrace(t *testing.T) {
 		}
 	}
 }
+
+// The pool is the allocator's one owner: a lost lease's index and a
+// quarantined index whose slot someone else removed go back through it,
+// and only the indices it was given as lost are taken by PutLost.
+func TestPutLostAndFree(t *testing.T) {
+	f := newFake()
+	st, err := index.New(4, []int{3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Claim(2); err != nil { // the lost lease's, as runStorage claims it
+		t.Fatal(err)
+	}
+	p, err := New(f, st, Options{Lost: []int{2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Close(context.Background()) }()
+	if err := p.PutLost(1); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("PutLost of an index not lost = %v, want ErrNotFromPool", err)
+	}
+	if err := p.PutLost(2); err != nil {
+		t.Fatalf("PutLost: %v", err)
+	}
+	if err := p.PutLost(2); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("PutLost twice = %v, want ErrNotFromPool", err)
+	}
+	if got := p.Quarantined(); !slices.Equal(got, []int{3}) {
+		t.Errorf("Quarantined = %v, want [3]", got)
+	}
+	if err := p.Free(3); err != nil {
+		t.Fatalf("Free: %v", err)
+	}
+	if err := p.Free(3); !errors.Is(err, index.ErrNotQuarantined) {
+		t.Errorf("Free twice = %v, want ErrNotQuarantined", err)
+	}
+	if !p.QuarantineIfFree(4) || p.QuarantineIfFree(4) {
+		t.Errorf("QuarantineIfFree: want true on a free index, then false")
+	}
+	if s, _ := p.State(4); s != index.Quarantined {
+		t.Errorf("State(4) = %v, want quarantined", s)
+	}
+	snap := p.Indices()
+	if want := []index.State{index.Free, index.Free, index.Free, index.Quarantined}; !slices.Equal(snap.States, want) {
+		t.Errorf("Indices = %v, want %v", snap.States, want)
+	}
+}
