@@ -13,6 +13,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -59,7 +60,7 @@ type slotsService struct {
 
 	cfg    slot.Config
 	pool   *pool.Pool
-	store  *leases.Store
+	store  LeaseStore
 	log    *slog.Logger
 	tracer trace.Tracer
 	events leaseEvents
@@ -71,11 +72,43 @@ type slotsService struct {
 	pending map[string]int // Acquires under way, by principal: counted against its quota
 }
 
+// LeaseStore is what the Slots service needs of the durable records: the
+// methods of *leases.Store it calls, with their contracts (Put refuses a
+// request another slot's lease holds with *leases.DuplicateRequestError,
+// and a full filesystem with leases.ErrNoSpace; Update refuses a missing
+// record with leases.ErrNotFound, and deletes it when fn returns
+// leases.ErrRemove; ByRequest finds only leased records).
+//
+// It is exported, with [NewSlotsServer], for the benchmark alone
+// (test/bench): its in-memory baseline is this service over a store in a
+// map, so that the comparison measures the durable record and nothing else.
+type LeaseStore interface {
+	Put(ctx context.Context, recs ...leases.Record) error
+	Update(ctx context.Context, index int, fn func(*leases.Record) error) (leases.Record, error)
+	ByRequest(owner, requestID string) (rec leases.Record, ok bool, err error)
+}
+
+var _ LeaseStore = (*leases.Store)(nil)
+
+// NewSlotsServer returns the daemon's Slots service over pl, which owns
+// the slot indices, and store, with no lease restored, no expiry loop, no
+// tracing and no metrics. Its calls must come through a [control.Guard]
+// (the service authorizes the caller the guard names, and refuses a call
+// without one). The daemon builds its own service; this exists so that the
+// benchmark's in-memory baseline serves the same code (see [LeaseStore]).
+// A nil log discards the service's lines.
+func NewSlotsServer(cfg slot.Config, pl *pool.Pool, store LeaseStore, log *slog.Logger) phasegatev1.SlotsServer {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return newSlotsService(cfg, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil)
+}
+
 // leaseEvents counts what happens to leases (the daemon's metrics); nil
 // functions count nothing.
 type leaseEvents func(event string, n int)
 
-func newSlotsService(cfg slot.Config, pl *pool.Pool, store *leases.Store, restored []*lease,
+func newSlotsService(cfg slot.Config, pl *pool.Pool, store LeaseStore, restored []*lease,
 	log *slog.Logger, tracer trace.Tracer, events leaseEvents) *slotsService {
 	s := &slotsService{cfg: cfg, pool: pl, store: store, log: log, tracer: tracer, events: events,
 		leased: map[int]*lease{}, pending: map[string]int{}}
