@@ -12,12 +12,13 @@
 //	slot      configuration, addressing, Create/Destroy of one slot,
 //	          scans and the batched teardown used by everything below
 //	reclaim   find slots leaked by an earlier run and tear them down
-//	storage   the slot-index allocator with quarantine
+//	index     the slot-index allocator with quarantine (in memory)
 //	pool      a LIFO pool of warm slots with background fill and trim
 //	reconcile a background loop that finishes quarantined slots and sweeps strays
+//	leases    the durable records of slots and leases (bbolt)
 //
 // A daemon calls, in this order: slot.Config.Validate, slot.NewManager,
-// egress.Check (logging its problems), reclaim.Run, storage.New (quarantining Report.Quarantine()), pool.New,
+// egress.Check (logging its problems), reclaim.Run, index.New (quarantining Report.Quarantine()), pool.New,
 // Pool.WaitReady, Pool.Get/Put, a reconcile.Reconciler's Run loop and, at
 // shutdown, Pool.Close. Nothing here knows about phases, gRPC or health.
 //

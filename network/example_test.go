@@ -6,11 +6,11 @@ import (
 	"log"
 	"time"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/reconcile"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // The order in which a daemon uses the network layer. It needs root, so it
@@ -38,7 +38,7 @@ func Example() {
 
 	// The allocator, with what reclaim deferred or could not remove
 	// quarantined until the reconciler frees it.
-	st, err := storage.New(cfg.Slots, rep.Quarantine())
+	st, err := index.New(cfg.Slots, rep.Quarantine())
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -21,12 +21,12 @@ import (
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/egress"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/reconcile"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 	"github.com/phasegate/phasegate/phases/lockfile"
 	"github.com/phasegate/phasegate/server"
 )
@@ -64,7 +64,7 @@ type Daemon struct {
 	plan       *restorePlan    // what the restore decided (reclaim phase)
 	report     *reclaim.Report // the foreground reclaim's, when there is one
 	unreadable []slot.Unreadable
-	idx        *storage.Storage
+	idx        *index.Allocator // built by storage, owned by the pool from populate on
 	pool       *pool.Pool
 	slots      *slotsService
 	tcpGuard   *control.Guard  // the Slots API's on the port (New)
@@ -510,7 +510,9 @@ func (d *Daemon) logTeardownProblems(failed []slot.Failure, orphans []slot.Orpha
 // indices of restored leases, lost leases and adopted slots are taken,
 // those of dead slots still to reclaim (in the background) and of slots
 // kept in safe mode are quarantined, so that no index is ever handed out
-// while something of another slot is still there.
+// while something of another slot is still there. The pool, made from it
+// next, owns it from then on: every later index change goes through the
+// pool.
 func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
 	n := d.cfg.Slots.Slots
 	var quarantine []int
@@ -527,7 +529,7 @@ func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
 		quarantine = append(quarantine, u.Index)
 	}
 	quarantine = slices.DeleteFunc(quarantine, func(i int) bool { return i > n })
-	idx, err := storage.New(n, quarantine)
+	idx, err := index.New(n, quarantine)
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
@@ -561,12 +563,20 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		for _, l := range d.plan.restored {
 			inUse = append(inUse, l.slot)
 		}
+		// The lost leases' indices runStorage claimed, for PutLost.
+		var lost []int
+		for _, l := range d.plan.lost {
+			if l.rec.Index <= d.cfg.Slots.Slots {
+				lost = append(lost, l.rec.Index)
+			}
+		}
 		pl, err := pool.New(d.mgr, d.idx, pool.Options{
 			Target:   d.cfg.PoolSize,
 			Grace:    d.cfg.PoolGrace,
 			Teardown: d.teardownOptions(),
 			Idle:     d.plan.adopted,
 			InUse:    inUse,
+			Lost:     lost,
 			OnMade:   d.recordIdle,
 			OnGone:   d.forget,
 		})
@@ -575,7 +585,7 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		}
 		d.pool = pl
 		d.obs.setPool(pl)
-		d.slots = newSlotsService(d.cfg.Slots, d.idx, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
+		d.slots = newSlotsService(d.cfg.Slots, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
 			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent)
 		d.obs.setLeases(d.slots)
 	}
@@ -662,7 +672,7 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 		if i > n {
 			continue
 		}
-		if ferr := d.idx.Free(i); ferr != nil {
+		if ferr := d.pool.Free(i); ferr != nil {
 			d.log.Warn("reclaimed slot's index could not be freed", "slot", i, "error", ferr)
 		}
 	}
@@ -693,7 +703,7 @@ func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error
 			keep[i] = true
 		}
 	}
-	rec := reconcile.New(d.mgr, d.idx, reconcile.Options{
+	rec := reconcile.New(d.mgr, d.pool, reconcile.Options{
 		Interval: d.cfg.ReconcileInterval,
 		Teardown: d.teardownOptions(),
 		OnPass:   d.reconciled,

@@ -13,6 +13,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -23,10 +24,10 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // slotsServiceName is the Slots API's full gRPC name.
@@ -46,8 +47,8 @@ type lease struct {
 	lostReason string
 }
 
-// slotsService implements phasegate.v1.Slots over the pool, the allocator
-// and the durable records. Every lease is recorded before Acquire replies;
+// slotsService implements phasegate.v1.Slots over the pool (which owns the
+// slot indices) and the durable records. Every lease is recorded before Acquire replies;
 // Release and KeepAlive compare the lease id in the same transaction that
 // changes the record.
 //
@@ -58,9 +59,8 @@ type slotsService struct {
 	phasegatev1.UnimplementedSlotsServer
 
 	cfg    slot.Config
-	idx    *storage.Storage
 	pool   *pool.Pool
-	store  *leases.Store
+	store  LeaseStore
 	log    *slog.Logger
 	tracer trace.Tracer
 	events leaseEvents
@@ -72,13 +72,45 @@ type slotsService struct {
 	pending map[string]int // Acquires under way, by principal: counted against its quota
 }
 
+// LeaseStore is what the Slots service needs of the durable records: the
+// methods of *leases.Store it calls, with their contracts (Put refuses a
+// request another slot's lease holds with *leases.DuplicateRequestError,
+// and a full filesystem with leases.ErrNoSpace; Update refuses a missing
+// record with leases.ErrNotFound, and deletes it when fn returns
+// leases.ErrRemove; ByRequest finds only leased records).
+//
+// It is exported, with [NewSlotsServer], for the benchmark alone
+// (test/bench): its in-memory baseline is this service over a store in a
+// map, so that the comparison measures the durable record and nothing else.
+type LeaseStore interface {
+	Put(ctx context.Context, recs ...leases.Record) error
+	Update(ctx context.Context, index int, fn func(*leases.Record) error) (leases.Record, error)
+	ByRequest(owner, requestID string) (rec leases.Record, ok bool, err error)
+}
+
+var _ LeaseStore = (*leases.Store)(nil)
+
+// NewSlotsServer returns the daemon's Slots service over pl, which owns
+// the slot indices, and store, with no lease restored, no expiry loop, no
+// tracing and no metrics. Its calls must come through a [control.Guard]
+// (the service authorizes the caller the guard names, and refuses a call
+// without one). The daemon builds its own service; this exists so that the
+// benchmark's in-memory baseline serves the same code (see [LeaseStore]).
+// A nil log discards the service's lines.
+func NewSlotsServer(cfg slot.Config, pl *pool.Pool, store LeaseStore, log *slog.Logger) phasegatev1.SlotsServer {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return newSlotsService(cfg, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil)
+}
+
 // leaseEvents counts what happens to leases (the daemon's metrics); nil
 // functions count nothing.
 type leaseEvents func(event string, n int)
 
-func newSlotsService(cfg slot.Config, idx *storage.Storage, pl *pool.Pool, store *leases.Store, restored []*lease,
+func newSlotsService(cfg slot.Config, pl *pool.Pool, store LeaseStore, restored []*lease,
 	log *slog.Logger, tracer trace.Tracer, events leaseEvents) *slotsService {
-	s := &slotsService{cfg: cfg, idx: idx, pool: pl, store: store, log: log, tracer: tracer, events: events,
+	s := &slotsService{cfg: cfg, pool: pl, store: store, log: log, tracer: tracer, events: events,
 		leased: map[int]*lease{}, pending: map[string]int{}}
 	for _, l := range restored {
 		s.leased[l.rec.Index] = l
@@ -213,7 +245,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	switch {
 	case errors.Is(err, pool.ErrClosed):
 		return acquired{}, status.Error(codes.Unavailable, "draining: the slot pool is closed")
-	case errors.Is(err, storage.ErrExhausted):
+	case errors.Is(err, index.ErrExhausted):
 		return acquired{}, status.Errorf(codes.ResourceExhausted, "all %d slots are leased or quarantined", s.cfg.Slots)
 	case ctx.Err() != nil && err != nil:
 		return acquired{}, status.FromContextError(ctx.Err()).Err()
@@ -406,13 +438,13 @@ func (s *slotsService) Release(ctx context.Context, req *phasegatev1.ReleaseRequ
 
 // giveBack returns the slot of an ended lease to the pool, which tears it
 // down and makes a fresh one in its place; a lost lease's index, which no
-// slot occupies, goes back to the allocator.
+// slot occupies, goes back to the pool too, which frees it.
 func (s *slotsService) giveBack(ctx context.Context, l *lease) {
 	if l == nil {
 		return
 	}
 	if l.slot == nil {
-		if err := s.idx.Release(l.rec.Index); err != nil {
+		if err := s.pool.PutLost(l.rec.Index); err != nil {
 			s.log.Warn("index of a lost lease could not be freed", "slot", l.rec.Index, "error", err)
 		}
 		return
@@ -543,7 +575,7 @@ func (s *slotsService) List(ctx context.Context, req *phasegatev1.ListRequest) (
 // not free, leaving out the leases of owners mayRead refuses.
 func (s *slotsService) states(includeFree bool, mayRead func(owner string) bool) []*phasegatev1.Slot {
 	ps := s.pool.Snapshot()
-	ss := s.idx.Snapshot()
+	ss := s.pool.Indices()
 	s.mu.Lock()
 	held := make(map[int]*lease, len(s.leased))
 	for i, l := range s.leased {
@@ -568,9 +600,9 @@ func (s *slotsService) states(includeFree bool, mayRead func(owner string) bool)
 			st = phasegatev1.SlotState_SLOT_STATE_ACQUIRED
 		case idle[i]:
 			st = phasegatev1.SlotState_SLOT_STATE_WARM
-		case ss.States[i-1] == storage.Quarantined:
+		case ss.States[i-1] == index.Quarantined:
 			st = phasegatev1.SlotState_SLOT_STATE_QUARANTINED
-		case ss.States[i-1] != storage.Free:
+		case ss.States[i-1] != index.Free:
 			st = phasegatev1.SlotState_SLOT_STATE_BUSY // being made or torn down
 		}
 		if st == phasegatev1.SlotState_SLOT_STATE_FREE && !includeFree || l != nil && !mayRead(l.rec.Owner) {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sys/unix"
@@ -20,10 +21,10 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // slotsRig is a Slots service over a real pool of real slots, in a netns
@@ -34,7 +35,9 @@ type slotsRig struct {
 	store *leases.Store
 }
 
-func newSlotsRig(t *testing.T, n, target int) *slotsRig {
+// newSlotsRig makes the rig with n slots, target warm, and the given
+// leases lost at a restart (recorded, their index taken, no slot).
+func newSlotsRig(t *testing.T, n, target int, lost ...leases.Record) *slotsRig {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces)")
@@ -71,11 +74,23 @@ func newSlotsRig(t *testing.T, n, target int) *slotsRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	idx, err := storage.New(n, nil)
+	idx, err := index.New(n, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pl, err := pool.New(mgr, idx, pool.Options{Target: target})
+	var restored []*lease
+	var lostIdx []int
+	for _, rec := range lost {
+		if err := idx.Claim(rec.Index); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Put(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		restored = append(restored, &lease{rec: rec, lostReason: "its namespace was gone at the restart"})
+		lostIdx = append(lostIdx, rec.Index)
+	}
+	pl, err := pool.New(mgr, idx, pool.Options{Target: target, Lost: lostIdx})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +99,7 @@ func newSlotsRig(t *testing.T, n, target int) *slotsRig {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return &slotsRig{svc: newSlotsService(cfg, idx, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil), pool: pl, store: store}
+	return &slotsRig{svc: newSlotsService(cfg, pl, store, restored, log, noop.NewTracerProvider().Tracer(""), nil), pool: pl, store: store}
 }
 
 // Principals of the tests: root on the socket, and two unprivileged users.
@@ -171,5 +186,32 @@ func TestAcquireOnAFullStateFilesystem(t *testing.T) {
 	}
 	if s := r.pool.Snapshot(); len(s.InUse) != len(r.svc.leased) {
 		t.Fatalf("a slot is handed out unrecorded: pool in use %v, leases %d", s.InUse, len(r.svc.leased))
+	}
+}
+
+// A lost lease's release gives its index back through the pool, which
+// owns the indices: the index is free at once (no slot to tear down), and
+// only once.
+func TestReleaseOfALostLeaseFreesItsIndex(t *testing.T) {
+	now := time.Now().Round(0)
+	rec := leases.Record{Index: 3, State: leases.Leased, Owner: "o", LeaseID: leases.NewLeaseID(), Principal: root.String(),
+		Acquired: now, Created: now}
+	r := newSlotsRig(t, 4, 1, rec)
+	ctx := as(context.Background(), root, nil)
+	got, err := r.svc.Get(ctx, &phasegatev1.GetRequest{Index: 3})
+	if err != nil || got.GetSlot().GetState() != phasegatev1.SlotState_SLOT_STATE_LOST {
+		t.Fatalf("Get of the lost lease's slot = %v %v, want LOST", got, err)
+	}
+	if _, err := r.svc.Release(ctx, &phasegatev1.ReleaseRequest{Index: 3, LeaseId: rec.LeaseID}); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if st := r.pool.Indices().States[2]; st != index.Free {
+		t.Errorf("index 3 after the release is %v, want free", st)
+	}
+	if err := r.pool.PutLost(3); !errors.Is(err, pool.ErrNotFromPool) {
+		t.Errorf("a second PutLost = %v, want ErrNotFromPool", err)
+	}
+	if _, err := r.svc.Release(ctx, &phasegatev1.ReleaseRequest{Index: 3, LeaseId: rec.LeaseID}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a second Release = %v, want FailedPrecondition", err)
 	}
 }

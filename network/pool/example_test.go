@@ -6,9 +6,9 @@ import (
 	"log"
 	"time"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // A warm pool of slots: filled in the background, handed out most
@@ -22,7 +22,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	idx, err := storage.New(cfg.Slots, nil) // after reclaim: its quarantine here
+	idx, err := index.New(cfg.Slots, nil) // after reclaim: its quarantine here
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // fakeSlots stands in for the kernel: it records what exists.
@@ -162,5 +161,4 @@ func (c *fakeClock) pending() int {
 	return n
 }
 
-var _ Indices = (*storage.Storage)(nil)
 var _ Slots = (*slot.Manager)(nil)

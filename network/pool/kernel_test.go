@@ -12,11 +12,11 @@ import (
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 func addrsInside(t *testing.T, s *slot.Slot) int {
@@ -62,7 +62,7 @@ func TestPoolOnKernel(t *testing.T) {
 	env := nettest.New(t, 8)
 	m := env.Manager(t)
 	ctx := context.Background()
-	st, err := storage.New(8, nil)
+	st, err := index.New(8, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestPoolCloseDuringFillOnKernel(t *testing.T) {
 	env := nettest.New(t, 32)
 	m := env.Manager(t)
 	ctx := context.Background()
-	st, _ := storage.New(32, nil)
+	st, _ := index.New(32, nil)
 	p, err := pool.New(m, st, pool.Options{Target: 24, FillConcurrency: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func TestPoolConcurrentOnKernel(t *testing.T) {
 	env := nettest.New(t, 16)
 	m := env.Manager(t)
 	ctx := context.Background()
-	st, _ := storage.New(16, nil)
+	st, _ := index.New(16, nil)
 	p, err := pool.New(m, st, pool.Options{Target: 4, FillConcurrency: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +190,7 @@ func TestPoolConcurrentOnKernel(t *testing.T) {
 
 // assertNothingLeft checks that a closed pool left no slot resource, no
 // mount and every index free in st (free of slots in all).
-func assertNothingLeft(t *testing.T, m *slot.Manager, st *storage.Storage, free int) {
+func assertNothingLeft(t *testing.T, m *slot.Manager, st *index.Allocator, free int) {
 	t.Helper()
 	if inv, err := m.Scan(context.Background()); err != nil || len(inv) != 0 {
 		t.Errorf("left: %v (scan error: %v)", inv, err)
@@ -199,7 +199,7 @@ func assertNothingLeft(t *testing.T, m *slot.Manager, st *storage.Storage, free 
 		t.Errorf("mounts left: %v", ms)
 	}
 	if snap := st.Snapshot(); snap.Free != free {
-		t.Errorf("storage: %+v, want %d free", snap, free)
+		t.Errorf("allocator: %+v, want %d free", snap, free)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -35,14 +36,6 @@ var (
 type Slots interface {
 	Create(ctx context.Context, index int) (*slot.Slot, error)
 	Teardown(ctx context.Context, inv slot.Inventory, opts slot.TeardownOptions) *slot.TeardownResult
-}
-
-// Indices is the allocator the pool takes indices from;
-// *storage.Storage implements it.
-type Indices interface {
-	Acquire() (int, error)
-	Release(i int) error
-	Quarantine(i int) error
 }
 
 // Timer is a stoppable timer.
@@ -92,6 +85,10 @@ type Options struct {
 	// (restored leases), so that Put takes them back. Their indices must be
 	// acquired in the allocator already.
 	Idle, InUse []*slot.Slot
+	// Lost are the indices of leases whose slot was gone at a restart:
+	// acquired in the allocator already, with no slot; PutLost gives each
+	// back when its lease ends.
+	Lost []int
 	// OnMade, when set, is called with every slot the pool makes (a fill,
 	// a replacement, a Get on an empty pool) before anyone can have it;
 	// an error destroys the slot and counts as a failed creation. The
@@ -117,9 +114,15 @@ type retirement struct {
 
 // Pool is a LIFO pool of warm slots. Create one with New; it is safe for
 // concurrent use.
+//
+// The pool is the one owner of the allocator it is given: every change of
+// an index goes through it (its own slots, a lost lease's index with
+// PutLost, a quarantined index freed with Free and the reconciler's claims
+// with QuarantineIfFree), so that no index changes state behind the
+// pool's back.
 type Pool struct {
 	slots Slots
-	idx   Indices
+	idx   *index.Allocator
 	opts  Options
 
 	ctx    context.Context // cancelled by Close: aborts creations
@@ -131,6 +134,7 @@ type Pool struct {
 	mu        sync.Mutex
 	idle      []idleSlot // stack: oldest at 0, next Get at the end
 	inUse     map[int]*slot.Slot
+	lost      map[int]bool // indices of lost leases, until PutLost
 	creating  map[int]bool
 	retireQ   []*retirement // given back, not yet taken by the retire loop
 	retiring  map[int]bool  // given back, until their teardown is over
@@ -145,8 +149,9 @@ type Pool struct {
 	closeErrs []error
 }
 
-// New starts a pool that fills itself to opts.Target in the background.
-func New(slots Slots, idx Indices, opts Options) (*Pool, error) {
+// New starts a pool that fills itself to opts.Target in the background,
+// taking its indices from idx, which it owns from now on.
+func New(slots Slots, idx *index.Allocator, opts Options) (*Pool, error) {
 	if opts.Target < 0 {
 		return nil, fmt.Errorf("pool: negative target %d", opts.Target)
 	}
@@ -172,7 +177,7 @@ func New(slots Slots, idx Indices, opts Options) (*Pool, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Pool{
 		slots: slots, idx: idx, opts: opts, ctx: ctx, cancel: cancel,
-		inUse: map[int]*slot.Slot{}, creating: map[int]bool{}, retiring: map[int]bool{},
+		inUse: map[int]*slot.Slot{}, lost: map[int]bool{}, creating: map[int]bool{}, retiring: map[int]bool{},
 		wake: make(chan struct{}, 1), changed: make(chan struct{}), backoff: opts.MinBackoff,
 	}
 	now := opts.Clock.Now()
@@ -182,7 +187,10 @@ func New(slots Slots, idx Indices, opts Options) (*Pool, error) {
 	for _, s := range opts.InUse {
 		p.inUse[s.Index] = s
 	}
-	opts.Idle, opts.InUse = nil, nil // not kept: the pool owns them now
+	for _, i := range opts.Lost {
+		p.lost[i] = true
+	}
+	opts.Idle, opts.InUse, opts.Lost = nil, nil, nil // not kept: the pool owns them now
 	p.opts = opts
 	p.wg.Add(1)
 	go p.retireLoop()
@@ -432,6 +440,56 @@ func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
 	case <-ctx.Done():
 		return fmt.Errorf("pool: put slot %d: %w (its teardown goes on)", s.Index, ctx.Err())
 	}
+}
+
+// PutLost gives back the index of a lost lease (Options.Lost) once the
+// lease has ended: nothing of its slot is left on the host, so the index is
+// free at once. An index the pool was not given as lost (or given back
+// already) fails with ErrNotFromPool. It works after Close too: it only
+// changes the allocator.
+func (p *Pool) PutLost(i int) error {
+	p.mu.Lock()
+	if !p.lost[i] {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: %d is not a lost lease's index", ErrNotFromPool, i)
+	}
+	delete(p.lost, i)
+	p.mu.Unlock()
+	if err := p.idx.Release(i); err != nil {
+		return fmt.Errorf("pool: give back lost index %d: %w", i, err)
+	}
+	return nil
+}
+
+// Free returns a quarantined index to the free ones once its slot is gone,
+// torn down by someone else than the pool: the background reclaim of the
+// dead slots, the reconciler. It does not wake the fill (a fill that found
+// no free index retries after its backoff).
+func (p *Pool) Free(i int) error {
+	return p.idx.Free(i)
+}
+
+// QuarantineIfFree claims i for a teardown outside the pool if it is free,
+// and reports whether it did: the reconciler claims a stray's index so that
+// no Get makes a slot there meanwhile.
+func (p *Pool) QuarantineIfFree(i int) bool {
+	return p.idx.QuarantineIfFree(i)
+}
+
+// State returns the allocator's state of index i.
+func (p *Pool) State(i int) (index.State, error) {
+	return p.idx.State(i)
+}
+
+// Quarantined returns the quarantined indices in ascending order.
+func (p *Pool) Quarantined() []int {
+	return p.idx.Quarantined()
+}
+
+// Indices returns a consistent copy of the allocator's state, for an API
+// that lists slots (the pool's own view is Snapshot).
+func (p *Pool) Indices() index.Snapshot {
+	return p.idx.Snapshot()
 }
 
 // poke wakes the retire loop.

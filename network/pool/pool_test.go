@@ -11,15 +11,15 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
-func newPool(t *testing.T, f *fakeSlots, n int, opts Options) (*Pool, *storage.Storage) {
+func newPool(t *testing.T, f *fakeSlots, n int, opts Options) (*Pool, *index.Allocator) {
 	t.Helper()
-	st, err := storage.New(n, nil)
+	st, err := index.New(n, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestTrimAfterGrace(t *testing.T) {
 		t.Errorf("live = %v", live)
 	}
 	if snap := st.Snapshot(); snap.Acquired != 1 || snap.Free != 9 {
-		t.Errorf("storage = %+v", snap)
+		t.Errorf("allocator = %+v", snap)
 	}
 	if err := p.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -245,7 +245,7 @@ func TestCloseDuringFill(t *testing.T) {
 		t.Errorf("slots left after Close: %v", live)
 	}
 	if snap := st.Snapshot(); snap.Free != 10 {
-		t.Errorf("storage after Close: %+v", snap)
+		t.Errorf("allocator after Close: %+v", snap)
 	}
 	if _, err := p.Get(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Get after Close = %v", err)
@@ -324,7 +324,7 @@ func TestConcurrentGetPutClose(t *testing.T) {
 		t.Errorf("slots left: %v", live)
 	}
 	if snap := st.Snapshot(); snap.Free != 64 {
-		t.Errorf("storage after: %+v", snap)
+		t.Errorf("allocator after: %+v", snap)
 	}
 }
 
@@ -379,7 +379,7 @@ func TestPutBatches(t *testing.T) {
 	if got := <-f.tdStarted; len(got) != 3 {
 		t.Errorf("second teardown = %v, want the 3 Puts queued meanwhile", got)
 	}
-	if snap := st.Snapshot(); snap.States[ss[3].Index-1] != storage.Quarantined {
+	if snap := st.Snapshot(); snap.States[ss[3].Index-1] != index.Quarantined {
 		t.Errorf("index %d after a failed teardown: %v", ss[3].Index, snap.States[ss[3].Index-1])
 	}
 	waitRest(t, p)
@@ -418,5 +418,52 @@ func TestZeroGrace(t *testing.T) {
 		if _, err := New(f, nil, o); err == nil {
 			t.Errorf("New(%+v) accepted", o)
 		}
+	}
+}
+
+// The pool is the allocator's one owner: a lost lease's index and a
+// quarantined index whose slot someone else removed go back through it,
+// and only the indices it was given as lost are taken by PutLost.
+func TestPutLostAndFree(t *testing.T) {
+	f := newFake()
+	st, err := index.New(4, []int{3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Claim(2); err != nil { // the lost lease's, as runStorage claims it
+		t.Fatal(err)
+	}
+	p, err := New(f, st, Options{Lost: []int{2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Close(context.Background()) }()
+	if err := p.PutLost(1); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("PutLost of an index not lost = %v, want ErrNotFromPool", err)
+	}
+	if err := p.PutLost(2); err != nil {
+		t.Fatalf("PutLost: %v", err)
+	}
+	if err := p.PutLost(2); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("PutLost twice = %v, want ErrNotFromPool", err)
+	}
+	if got := p.Quarantined(); !slices.Equal(got, []int{3}) {
+		t.Errorf("Quarantined = %v, want [3]", got)
+	}
+	if err := p.Free(3); err != nil {
+		t.Fatalf("Free: %v", err)
+	}
+	if err := p.Free(3); !errors.Is(err, index.ErrNotQuarantined) {
+		t.Errorf("Free twice = %v, want ErrNotQuarantined", err)
+	}
+	if !p.QuarantineIfFree(4) || p.QuarantineIfFree(4) {
+		t.Errorf("QuarantineIfFree: want true on a free index, then false")
+	}
+	if s, _ := p.State(4); s != index.Quarantined {
+		t.Errorf("State(4) = %v, want quarantined", s)
+	}
+	snap := p.Indices()
+	if want := []index.State{index.Free, index.Free, index.Free, index.Quarantined}; !slices.Equal(snap.States, want) {
+		t.Errorf("Indices = %v, want %v", snap.States, want)
 	}
 }

@@ -20,12 +20,12 @@ import (
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/internal/fakehost"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // state is what a tenant can change in a slot's namespace, by category,
@@ -280,7 +280,7 @@ func TestReleasedSlotIsClean(t *testing.T) {
 	env := nettest.New(t, 8)
 	m := env.Manager(t)
 	ctx := context.Background()
-	st, err := storage.New(7, nil) // index 8 is the fresh reference, outside the pool
+	st, err := index.New(7, nil) // index 8 is the fresh reference, outside the pool
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,12 +14,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/reconcile"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -183,7 +183,7 @@ func TestReclaim2000(t *testing.T) {
 	f.check(t)
 
 	// Storage never hands out a deferred index.
-	st, err := storage.New(n, rep.Quarantine())
+	st, err := index.New(n, rep.Quarantine())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestReclaimSerial(t *testing.T) {
 
 // Slots left by a run with a larger --slots are reclaimed and listed in
 // Beyond; those deferred are never quarantined (the allocator covers
-// [1, N] only, and storage.New refuses an index beyond it) and the
+// [1, N] only, and index.New refuses an index beyond it) and the
 // reconciler sweeps them. Before, names beyond N were foreign and kept for
 // ever.
 func TestReclaimBeyondSlots(t *testing.T) {
@@ -315,9 +315,9 @@ func TestReclaimBeyondSlots(t *testing.T) {
 		!slices.Equal(rep.Deferred, []int{12, 16}) || len(rep.Quarantine()) != 0 {
 		t.Fatalf("report: %v beyond %v deferred %v quarantine %v", rep, rep.Beyond, rep.Deferred, rep.Quarantine())
 	}
-	st, err := storage.New(n, rep.Quarantine())
+	st, err := index.New(n, rep.Quarantine())
 	if err != nil {
-		t.Fatalf("storage.New with the report's quarantine: %v", err)
+		t.Fatalf("index.New with the report's quarantine: %v", err)
 	}
 	pass, err := reconcile.New(m, st, reconcile.Options{}).Once(ctx)
 	if err != nil {

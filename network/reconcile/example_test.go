@@ -5,9 +5,9 @@ import (
 	"log"
 	"time"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/reconcile"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // The reconciler finishes in the background what reclaim deferred or
@@ -22,7 +22,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	idx, err := storage.New(cfg.Slots, []int{5, 7}) // what reclaim left
+	idx, err := index.New(cfg.Slots, []int{5, 7}) // what reclaim left
 	if err != nil {
 		log.Fatal(err)
 	}

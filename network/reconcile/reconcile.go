@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 // DefaultInterval is the time between two passes.
@@ -70,11 +70,21 @@ type Pass struct {
 	Err error
 }
 
+// Indices is what a pass reads and changes of the slot indices:
+// *index.Allocator implements it, and so does *pool.Pool, through which the
+// daemon makes every index change (the pool owns its allocator).
+type Indices interface {
+	Quarantined() []int
+	State(i int) (index.State, error)
+	QuarantineIfFree(i int) bool
+	Free(i int) error
+}
+
 // Reconciler owns no goroutine until Run is called; Run's goroutine is the
 // caller's.
 type Reconciler struct {
 	m    *slot.Manager
-	s    *storage.Storage
+	s    Indices
 	opts Options
 
 	mu      sync.Mutex
@@ -83,7 +93,7 @@ type Reconciler struct {
 }
 
 // New returns a reconciler for the slots of m and the indices of s.
-func New(m *slot.Manager, s *storage.Storage, opts Options) *Reconciler {
+func New(m *slot.Manager, s Indices, opts Options) *Reconciler {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
@@ -161,12 +171,12 @@ func (r *Reconciler) once(ctx context.Context) Pass {
 			continue
 		}
 		switch st {
-		case storage.Quarantined:
+		case index.Quarantined:
 			if r.opts.Keep != nil && r.opts.Keep(i) {
 				continue
 			}
 			targets[i] = inv[i]
-		case storage.Free:
+		case index.Free:
 			if r.s.QuarantineIfFree(i) {
 				p.Claimed = append(p.Claimed, i)
 				targets[i] = inv[i]
@@ -207,7 +217,7 @@ func (r *Reconciler) once(ctx context.Context) Pass {
 }
 
 // free returns i to the allocator, or records why it could not.
-func (p *Pass) free(s *storage.Storage, i int) {
+func (p *Pass) free(s Indices, i int) {
 	if err := s.Free(i); err != nil {
 		p.Failed = append(p.Failed, slot.Failure{Index: i, Err: err})
 		return

@@ -12,10 +12,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/reconcile"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -28,7 +28,7 @@ func TestRunFreesQuarantinedAndSweepsStrays(t *testing.T) {
 	if err := m.Firewall().Add(ctx, m.Config().HostIfName(6)); err != nil { // element without slot
 		t.Fatal(err)
 	}
-	st, err := storage.New(10, []int{2, 5}) // 5 is quarantined and already clean
+	st, err := index.New(10, []int{2, 5}) // 5 is quarantined and already clean
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestRunFreesQuarantinedAndSweepsStrays(t *testing.T) {
 		t.Errorf("the acquired slot was torn down")
 	}
 	if snap := st.Snapshot(); snap.Acquired != 1 || snap.Quarantined != 0 || snap.Free != 9 {
-		t.Errorf("storage: %+v", snap)
+		t.Errorf("allocator: %+v", snap)
 	}
 	inv, _ := m.Scan(ctx)
 	if !slices.Equal(inv.Indices(), []int{live.Index}) {
@@ -104,7 +104,7 @@ func TestPassCarriesFailures(t *testing.T) {
 		for unix.Unmount(path, unix.MNT_DETACH) == nil {
 		}
 	})
-	st, err := storage.New(4, []int{2})
+	st, err := index.New(4, []int{2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestPassCarriesFailures(t *testing.T) {
 	if err == nil || p.Err == nil || len(p.Failed) != 1 || p.Failed[0].Index != 2 || !errors.Is(p.Failed[0].Err, netns.ErrNotNamespace) {
 		t.Fatalf("pass: %+v, %v; want slot 2 failed with ErrNotNamespace", p, err)
 	}
-	if s, _ := st.State(2); s != storage.Quarantined || len(p.Freed) != 0 {
+	if s, _ := st.State(2); s != index.Quarantined || len(p.Freed) != 0 {
 		t.Errorf("slot 2 is %v, freed %v; want it quarantined", s, p.Freed)
 	}
 	last, ok := r.Last()
@@ -137,7 +137,7 @@ func TestKeptSlotsAreNeverTornDown(t *testing.T) {
 	m := env.Manager(t)
 	ctx := context.Background()
 	nettest.Leak(t, m, []int{2, 3})
-	st, err := storage.New(8, []int{2, 3, 4}) // 4 kept, and nothing of it on the host
+	st, err := index.New(8, []int{2, 3, 4}) // 4 kept, and nothing of it on the host
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestKeptSlotsAreNeverTornDown(t *testing.T) {
 	if !netns.IsMounted(m.Config().NetnsPath(2)) {
 		t.Fatalf("the kept slot 2 was torn down")
 	}
-	if s, _ := st.State(2); s != storage.Quarantined {
+	if s, _ := st.State(2); s != index.Quarantined {
 		t.Errorf("the kept slot 2 is %v, want quarantined", s)
 	}
 	if netns.IsMounted(m.Config().NetnsPath(3)) {

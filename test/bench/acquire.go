@@ -13,7 +13,7 @@ import (
 // Sides of the Acquire comparison.
 const (
 	sideDurable = "durable" // the daemon: the lease recorded before the reply
-	sideMemory  = "memory"  // bench memslots: the lease kept in a map
+	sideMemory  = "memory"  // bench memslots: the same service, its records in a map
 )
 
 // throughputOwner owns the slots the Acquire comparison leases.
@@ -22,7 +22,7 @@ const throughputOwner = "bench-throughput"
 // measureAcquire compares Acquire throughput and latency over gRPC on a
 // Unix socket with the durable record (the daemon, on its control socket)
 // and with the record in a map (`bench memslots`, the same service over the
-// same pool, on a socket of its own). Each rep
+// same pool and an in-memory store, on a socket of its own). Each rep
 // starts each side with a warm pool of -acquire-n slots and makes
 // -acquire-n calls from -acquire-clients concurrent callers on one
 // connection, so that no call waits for a slot to be made; the order of

@@ -16,19 +16,16 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode"
 
-	"golang.org/x/sync/singleflight"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/grpc"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
+	"github.com/phasegate/phasegate/phases"
 	"github.com/phasegate/phasegate/server"
 )
 
@@ -37,18 +34,16 @@ const msgPoolReady = "pool ready"
 
 // memslotsMain is the `memslots` subcommand: the in-memory baseline of the
 // Acquire comparison. It serves phasegate.v1.Slots the way the daemon does
-// — on a Unix socket, as the daemon serves it on its control socket, with
-// the same server (package server: cmux, late-bound services),
-// the same pool, allocator and slot manager, the same checks of owner and
-// request id, the same idempotent retries (one call per request at a time,
-// a retry answered with the first call's lease), the same log line per
-// lease — but keeps each lease in a map under a mutex instead of writing
-// its record to the durable store before replying. What the daemon has and
-// this has not: the lease record (a bbolt transaction with fsync, shared
-// by concurrent writers) on Acquire, the idle record of every slot its pool
-// makes, the daemon's metric interceptors, and the control guard (the
-// caller's peer credentials, the policy, the audit line; the benchmark
-// turns the rate limit off).
+// — the daemon's own Slots service (phases.NewSlotsServer), behind a
+// control guard (peer credentials, the policy — an empty one: root alone,
+// as the benchmark calls — and the audit line), on a Unix socket as the
+// daemon serves it on its control socket, with the same server (package
+// server: cmux, late-bound services), the same pool, allocator and slot
+// manager — but over a store that keeps the lease records in a map under
+// a mutex (memStore) instead of bbolt. What the daemon has and this has
+// not: the lease record (a bbolt transaction with fsync, shared by
+// concurrent writers) on Acquire, the idle record of every slot its pool
+// makes, and the daemon's metric interceptors.
 //
 // It logs (JSON) "pool ready" once -pool-size slots are warm, serves until
 // SIGINT/SIGTERM, then drains and closes the pool, which destroys the idle
@@ -92,7 +87,7 @@ func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize
 	if err != nil {
 		return err
 	}
-	idx, err := storage.New(cfg.Slots, nil)
+	idx, err := index.New(cfg.Slots, nil)
 	if err != nil {
 		return err
 	}
@@ -119,8 +114,20 @@ func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize
 		return err
 	}
 	defer l.Close() // unlinks the path, if the server has not closed it
+	// The daemon's guard on its control socket, with the daemon's default
+	// policy (none: root alone may act).
+	guard, err := control.NewGuard(&control.Policy{}, control.GuardOptions{
+		Service:  phasegatev1.Slots_ServiceDesc.ServiceName,
+		Mutating: []string{"Acquire", "Release", "KeepAlive"},
+		Surface:  "socket",
+		Logger:   log.With("audit", true),
+	})
+	if err != nil {
+		return fmt.Errorf("control guard: %w", err)
+	}
 	sc := server.DefaultConfig()
 	sc.Listener, sc.DrainDelay, sc.StopTimeout = l, 20*time.Millisecond, 5*time.Second
+	sc.GRPCOptions = []grpc.ServerOption{grpc.ChainUnaryInterceptor(guard.Intercept)}
 	srv, err := server.New(sc)
 	if err != nil {
 		return err
@@ -132,7 +139,7 @@ func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize
 		return err
 	}
 	defer func() { _ = srv.Drain(context.Background()) }()
-	if err := srv.Bind(phasegatev1.Slots_ServiceDesc.ServiceName, newMemSlots(cfg, pl, log)); err != nil {
+	if err := srv.Bind(phasegatev1.Slots_ServiceDesc.ServiceName, phases.NewSlotsServer(cfg, pl, newMemStore(), log)); err != nil {
 		return err
 	}
 	if err := pl.WaitReady(ctx, poolSize); err != nil {
@@ -143,171 +150,112 @@ func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize
 	return nil
 }
 
-// memLease is a lease kept in memory.
-type memLease struct {
-	slot      *slot.Slot
-	owner     string
-	leaseID   string
-	requestID string
-	acquired  time.Time
-	ttl       time.Duration
+// memStore is a phases.LeaseStore in memory: the records in a map, and
+// the leased ones' requests in another, under one mutex. It keeps the
+// contracts the Slots service relies on, as *leases.Store does, so that
+// the service behaves the same over either. It does not validate records
+// (the service makes only valid ones) and writes nothing anywhere.
+type memStore struct {
+	mu       sync.Mutex
+	recs     map[int]leases.Record
+	requests map[memRequest]int // a leased record's (owner, request id) -> its index
 }
 
-// memSlots implements phasegate.v1.Slots with its leases in a map.
-type memSlots struct {
-	phasegatev1.UnimplementedSlotsServer
+type memRequest struct{ owner, requestID string }
 
-	cfg       slot.Config
-	pool      *pool.Pool
-	log       *slog.Logger
-	acquiring singleflight.Group
-
-	mu        sync.Mutex
-	leased    map[int]*memLease
-	byRequest map[string]int
+func newMemStore() *memStore {
+	return &memStore{recs: map[int]leases.Record{}, requests: map[memRequest]int{}}
 }
 
-func newMemSlots(cfg slot.Config, pl *pool.Pool, log *slog.Logger) *memSlots {
-	return &memSlots{cfg: cfg, pool: pl, log: log, leased: map[int]*memLease{}, byRequest: map[string]int{}}
-}
+var _ phases.LeaseStore = (*memStore)(nil)
 
-// maxIDLen bounds owner and request id, as the daemon does.
-const maxIDLen = 256
-
-func validID(what, id string, required bool) error {
-	switch {
-	case id == "" && required:
-		return fmt.Errorf("%s is required", what)
-	case len(id) > maxIDLen:
-		return fmt.Errorf("%s is %d bytes, at most %d", what, len(id), maxIDLen)
+// requestOf is the request a record holds, as the store indexes it: only
+// a leased record with a request id holds one.
+func requestOf(r leases.Record) (memRequest, bool) {
+	if r.State != leases.Leased || r.RequestID == "" {
+		return memRequest{}, false
 	}
-	for _, r := range id {
-		if !unicode.IsPrint(r) || r == unicode.ReplacementChar {
-			return fmt.Errorf("%s must be printable UTF-8", what)
+	return memRequest{r.Owner, r.RequestID}, true
+}
+
+// Put records recs, all or none, refusing a request that another slot's
+// record holds with *leases.DuplicateRequestError.
+func (m *memStore) Put(ctx context.Context, recs ...leases.Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range recs {
+		if rq, ok := requestOf(r); ok {
+			if i, held := m.requests[rq]; held && i != r.Index {
+				return &leases.DuplicateRequestError{Owner: r.Owner, RequestID: r.RequestID, Index: i}
+			}
 		}
+	}
+	for _, r := range recs {
+		m.set(r.Index, r)
 	}
 	return nil
 }
 
-// Acquire implements phasegate.v1.Slots.
-func (s *memSlots) Acquire(ctx context.Context, req *phasegatev1.AcquireRequest) (*phasegatev1.AcquireResponse, error) {
-	if err := validID("owner", req.GetOwner(), true); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	if err := validID("request_id", req.GetRequestId(), false); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	ttl := req.GetTtl().AsDuration()
-	if req.GetTtl() != nil && (!req.GetTtl().IsValid() || ttl < 0) {
-		return nil, status.Error(codes.InvalidArgument, "ttl must be a non-negative duration")
-	}
-	var (
-		l   *memLease
-		err error
-	)
-	if req.GetRequestId() == "" {
-		l, err = s.acquire(ctx, req.GetOwner(), "", ttl)
-	} else {
-		key := req.GetOwner() + "\x00" + req.GetRequestId()
-		var v any
-		v, err, _ = s.acquiring.Do(key, func() (any, error) {
-			return s.acquire(ctx, req.GetOwner(), req.GetRequestId(), ttl)
-		})
-		if err == nil {
-			l = v.(*memLease)
+// remove deletes the record of index i and the request it holds. Call
+// with m.mu held.
+func (m *memStore) remove(i int) {
+	if old, ok := m.recs[i]; ok {
+		if rq, ok := requestOf(old); ok {
+			delete(m.requests, rq)
 		}
+		delete(m.recs, i)
 	}
-	if err != nil {
-		return nil, err
-	}
-	return &phasegatev1.AcquireResponse{Slot: s.describe(l.slot.Index, l), LeaseId: l.leaseID}, nil
 }
 
-func (s *memSlots) acquire(ctx context.Context, owner, requestID string, ttl time.Duration) (*memLease, error) {
-	key := owner + "\x00" + requestID
-	if requestID != "" {
-		s.mu.Lock()
-		i, ok := s.byRequest[key]
-		l := s.leased[i]
-		s.mu.Unlock()
-		if ok && l != nil {
-			s.log.Info("slot acquire retried: same lease", "slot", i, "owner", owner, "request_id", requestID)
-			return l, nil
-		}
+// set replaces the record of index i, keeping the request index right.
+// Call with m.mu held.
+func (m *memStore) set(i int, r leases.Record) {
+	m.remove(i)
+	m.recs[i] = r
+	if rq, ok := requestOf(r); ok {
+		m.requests[rq] = i
 	}
-	sl, err := s.pool.Get(ctx)
-	switch {
-	case errors.Is(err, pool.ErrClosed):
-		return nil, status.Error(codes.Unavailable, "draining: the slot pool is closed")
-	case errors.Is(err, storage.ErrExhausted):
-		return nil, status.Errorf(codes.ResourceExhausted, "all %d slots are leased or quarantined", s.cfg.Slots)
-	case ctx.Err() != nil && err != nil:
-		return nil, status.FromContextError(ctx.Err()).Err()
+}
+
+// Update lets fn change the record of index i (leases.ErrNotFound if it
+// has none; leases.ErrRemove from fn deletes it) and returns it as kept.
+func (m *memStore) Update(ctx context.Context, i int, fn func(*leases.Record) error) (leases.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return leases.Record{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old, ok := m.recs[i]
+	if !ok {
+		return leases.Record{}, fmt.Errorf("%w for slot %d", leases.ErrNotFound, i)
+	}
+	r := old
+	switch err := fn(&r); {
+	case errors.Is(err, leases.ErrRemove):
+		m.remove(i)
+		return leases.Record{}, nil
 	case err != nil:
-		return nil, status.Errorf(codes.Internal, "make a slot: %v", err)
+		return leases.Record{}, err
 	}
-	l := &memLease{slot: sl, owner: owner, leaseID: leases.NewLeaseID(), requestID: requestID, acquired: time.Now(), ttl: ttl}
-	s.mu.Lock()
-	s.leased[sl.Index] = l
-	if requestID != "" {
-		s.byRequest[key] = sl.Index
+	if rq, ok := requestOf(r); ok {
+		if j, held := m.requests[rq]; held && j != i {
+			return leases.Record{}, &leases.DuplicateRequestError{Owner: r.Owner, RequestID: r.RequestID, Index: j}
+		}
 	}
-	s.mu.Unlock()
-	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "ttl", ttl.String())
-	return l, nil
+	m.set(i, r)
+	return r, nil
 }
 
-// Release implements phasegate.v1.Slots.
-func (s *memSlots) Release(ctx context.Context, req *phasegatev1.ReleaseRequest) (*phasegatev1.ReleaseResponse, error) {
-	i := int(req.GetIndex())
-	if i < 1 || i > s.cfg.Slots {
-		return nil, status.Errorf(codes.NotFound, "slot %d does not exist", i)
+// ByRequest returns the leased record that (owner, requestID) took.
+func (m *memStore) ByRequest(owner, requestID string) (leases.Record, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i, ok := m.requests[memRequest{owner, requestID}]
+	if !ok {
+		return leases.Record{}, false, nil
 	}
-	s.mu.Lock()
-	l := s.leased[i]
-	if l == nil || l.leaseID != req.GetLeaseId() {
-		s.mu.Unlock()
-		return nil, status.Errorf(codes.PermissionDenied, "slot %d: lease_id is not this slot's lease", i)
-	}
-	delete(s.leased, i)
-	delete(s.byRequest, l.owner+"\x00"+l.requestID)
-	s.mu.Unlock()
-	if err := s.pool.Put(context.WithoutCancel(ctx), l.slot); err != nil {
-		s.log.Warn("released slot: teardown failed", "slot", i, "error", err)
-	}
-	return &phasegatev1.ReleaseResponse{}, nil
-}
-
-// Get implements phasegate.v1.Slots.
-func (s *memSlots) Get(_ context.Context, req *phasegatev1.GetRequest) (*phasegatev1.GetResponse, error) {
-	i := int(req.GetIndex())
-	if i < 1 || i > s.cfg.Slots {
-		return nil, status.Errorf(codes.NotFound, "slot %d does not exist", i)
-	}
-	s.mu.Lock()
-	l := s.leased[i]
-	s.mu.Unlock()
-	return &phasegatev1.GetResponse{Slot: s.describe(i, l)}, nil
-}
-
-func (s *memSlots) describe(i int, l *memLease) *phasegatev1.Slot {
-	sl := s.cfg.Slot(i)
-	out := &phasegatev1.Slot{
-		Index:           uint32(i),
-		State:           phasegatev1.SlotState_SLOT_STATE_FREE,
-		NetnsName:       sl.NetnsName,
-		NetnsPath:       sl.NetnsPath,
-		HostInterface:   sl.HostIf,
-		InsideInterface: sl.InsideIf,
-		HostAddress:     sl.HostAddr.String(),
-		InsideAddress:   sl.InsideAddr.String(),
-	}
-	if l != nil {
-		out.State = phasegatev1.SlotState_SLOT_STATE_ACQUIRED
-		out.Owner = l.owner
-		out.AcquiredAt = timestamppb.New(l.acquired)
-		out.RequestId = l.requestID
-		out.Ttl = durationpb.New(l.ttl)
-	}
-	return out
+	return m.recs[i], true, nil
 }

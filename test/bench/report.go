@@ -421,10 +421,10 @@ func markdownAcquire(b *bytes.Buffer, a *AcquireResult, img string) {
 		"`Acquire` calls (own request id each) from %d concurrent callers on one connection, so no call waits for a slot "+
 		"to be made; %d bursts per side, the order alternating. *durable*: the daemon, which writes the lease's record "+
 		"(bbolt, fsync, group commit) before it replies, and an idle record for every slot its pool makes. *in-memory*: "+
-		"`bench memslots`, the same service on the same one-port server (package `server`), over the same pool, allocator "+
-		"and slot manager, with the same checks, idempotent retries and log line, keeping the lease in a map under a mutex "+
-		"— the daemon's Acquire before live restore; it lacks the daemon's metric interceptors and its control guard (peer credentials, policy, audit line; "+
-		"the daemon runs with `--control-rate=0`, so no rate limit). Both pools refill in the "+
+		"`bench memslots`, the daemon's own Slots service behind the same control guard (peer credentials, policy, audit line; "+
+		"the daemon runs with `--control-rate=0`, so no rate limit) on the same one-port server (package `server`), over "+
+		"the same pool, allocator and slot manager, but over a store that keeps the records in a map under a mutex; "+
+		"it lacks the daemon's metric interceptors. Both pools refill in the "+
 		"background during the burst.\n\n", a.Calls, a.Calls, a.Clients, a.Reps)
 	b.WriteString("| side | calls/s (median [min–max] over bursts) | p50 | p99 | max | errors |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, s := range []struct {

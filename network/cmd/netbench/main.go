@@ -45,11 +45,11 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 func main() {
@@ -443,7 +443,7 @@ func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) err
 
 	// 2. A warm pool of N slots: fill, RSS, Get latency, Close.
 	fmt.Fprintln(os.Stderr, "pool...", time.Now().Format(time.TimeOnly))
-	st, err := storage.New(r.slots+spare, nil)
+	st, err := index.New(r.slots+spare, nil)
 	if err != nil {
 		return err
 	}

@@ -38,11 +38,11 @@ import (
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/network/storage"
 )
 
 func recycleMain(args []string) int {
@@ -217,7 +217,7 @@ func runRecycle(ctx context.Context, m *slot.Manager, r *recycleResults) error {
 
 	// 3. The pool: Get+Put cycles on a warm pool whose Put recreates.
 	fmt.Fprintln(os.Stderr, "pool cycles...")
-	st, err := storage.New(m.Config().Slots, nil)
+	st, err := index.New(m.Config().Slots, nil)
 	if err != nil {
 		return err
 	}

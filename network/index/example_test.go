@@ -1,17 +1,17 @@
-package storage_test
+package index_test
 
 import (
 	"errors"
 	"fmt"
 
-	"github.com/phasegate/phasegate/network/storage"
+	"github.com/phasegate/phasegate/network/index"
 )
 
 // The allocator is built after reclaim: indices whose namespace could not
 // be removed yet start quarantined and are never handed out until the
 // reconciler frees them.
 func Example() {
-	s, err := storage.New(4, []int{2}) // reclaim left slot 2 behind
+	s, err := index.New(4, []int{2}) // reclaim left slot 2 behind
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -20,7 +20,7 @@ func Example() {
 	b, _ := s.Acquire()
 	c, _ := s.Acquire()
 	_, err = s.Acquire()
-	fmt.Println(a, b, c, errors.Is(err, storage.ErrExhausted))
+	fmt.Println(a, b, c, errors.Is(err, index.ErrExhausted))
 
 	// The reconciler finished slot 2: it can be handed out again.
 	if err := s.Free(2); err != nil {
@@ -36,5 +36,5 @@ func Example() {
 	// Output:
 	// 1 3 4 true
 	// 1 2 1 [acquired free quarantined acquired]
-	// storage: index not acquired: 3 is quarantined
+	// index: not acquired: 3 is quarantined
 }

@@ -1,4 +1,4 @@
-package storage
+package index
 
 import (
 	"errors"
@@ -10,14 +10,14 @@ import (
 // Errors callers branch on. They are wrapped with the index concerned.
 var (
 	// ErrExhausted: no free index.
-	ErrExhausted = errors.New("storage: no free slot index")
+	ErrExhausted = errors.New("index: no free slot index")
 	// ErrOutOfRange: the index is not in [1, N].
-	ErrOutOfRange = errors.New("storage: index out of range")
+	ErrOutOfRange = errors.New("index: out of range")
 	// ErrNotAcquired: Release of an index that is not acquired (double
 	// release, or never acquired).
-	ErrNotAcquired = errors.New("storage: index not acquired")
+	ErrNotAcquired = errors.New("index: not acquired")
 	// ErrNotQuarantined: Free of an index that is not quarantined.
-	ErrNotQuarantined = errors.New("storage: index not quarantined")
+	ErrNotQuarantined = errors.New("index: not quarantined")
 )
 
 // State is the state of one index.
@@ -47,8 +47,8 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
 
-// Storage allocates slot indices. The zero value is not usable; call New.
-type Storage struct {
+// Allocator allocates slot indices. The zero value is not usable; call New.
+type Allocator struct {
 	mu    sync.Mutex
 	state []State // state[i] for i in [1, n]; state[0] unused
 	free  []int   // stack of free indices; lowest on top on a fresh allocator
@@ -60,11 +60,11 @@ type Storage struct {
 
 // New returns an allocator over [1, n] in which the given indices are
 // quarantined (duplicates are fine; indices outside [1, n] are an error).
-func New(n int, quarantined []int) (*Storage, error) {
+func New(n int, quarantined []int) (*Allocator, error) {
 	if n < 1 {
-		return nil, fmt.Errorf("storage: need at least one index, got %d", n)
+		return nil, fmt.Errorf("index: need at least one index, got %d", n)
 	}
-	s := &Storage{
+	s := &Allocator{
 		n:     n,
 		state: make([]State, n+1),
 		pos:   make([]int32, n+1),
@@ -88,13 +88,13 @@ func New(n int, quarantined []int) (*Storage, error) {
 	return s, nil
 }
 
-func (s *Storage) push(i int) {
+func (s *Allocator) push(i int) {
 	s.pos[i] = int32(len(s.free))
 	s.free = append(s.free, i)
 }
 
 // remove takes i out of the free stack in O(1) (swap with the top).
-func (s *Storage) remove(i int) {
+func (s *Allocator) remove(i int) {
 	p := s.pos[i]
 	last := len(s.free) - 1
 	top := s.free[last]
@@ -104,7 +104,7 @@ func (s *Storage) remove(i int) {
 	s.pos[i] = -1
 }
 
-func (s *Storage) check(i int) error {
+func (s *Allocator) check(i int) error {
 	if i < 1 || i > s.n {
 		return fmt.Errorf("%w: %d not in [1, %d]", ErrOutOfRange, i, s.n)
 	}
@@ -112,10 +112,10 @@ func (s *Storage) check(i int) error {
 }
 
 // N returns the number of indices.
-func (s *Storage) N() int { return s.n }
+func (s *Allocator) N() int { return s.n }
 
 // Acquire hands out a free index, or fails with ErrExhausted.
-func (s *Storage) Acquire() (int, error) {
+func (s *Allocator) Acquire() (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.free) == 0 {
@@ -131,7 +131,7 @@ func (s *Storage) Acquire() (int, error) {
 
 // Release returns an acquired index whose slot is completely gone. Releasing
 // an index that is not acquired fails with ErrNotAcquired.
-func (s *Storage) Release(i int) error {
+func (s *Allocator) Release(i int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.check(i); err != nil {
@@ -150,7 +150,7 @@ func (s *Storage) Release(i int) error {
 // it is not handed out again until Free. Quarantining a free index claims it
 // (the reconciler does this before touching a stray); an already
 // quarantined index stays so.
-func (s *Storage) Quarantine(i int) error {
+func (s *Allocator) Quarantine(i int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.check(i); err != nil {
@@ -172,7 +172,7 @@ func (s *Storage) Quarantine(i int) error {
 // QuarantineIfFree quarantines i only if it is free, and reports whether it
 // did. The reconciler uses it to claim an index before tearing down a stray,
 // so that it never races with an Acquire.
-func (s *Storage) QuarantineIfFree(i int) bool {
+func (s *Allocator) QuarantineIfFree(i int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if i < 1 || i > s.n || s.state[i] != Free {
@@ -185,7 +185,7 @@ func (s *Storage) QuarantineIfFree(i int) bool {
 }
 
 // Free returns a quarantined index to the free list once its slot is gone.
-func (s *Storage) Free(i int) error {
+func (s *Allocator) Free(i int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.check(i); err != nil {
@@ -202,7 +202,7 @@ func (s *Storage) Free(i int) error {
 
 // State returns the state of index i (Free for an index out of range is
 // never returned: it is an error).
-func (s *Storage) State(i int) (State, error) {
+func (s *Allocator) State(i int) (State, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.check(i); err != nil {
@@ -212,7 +212,7 @@ func (s *Storage) State(i int) (State, error) {
 }
 
 // Quarantined returns the quarantined indices in ascending order.
-func (s *Storage) Quarantined() []int {
+func (s *Allocator) Quarantined() []int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]int, 0, s.quar)
@@ -236,7 +236,7 @@ type Snapshot struct {
 
 // Snapshot returns a consistent copy of every index's state, for an API that
 // lists slots.
-func (s *Storage) Snapshot() Snapshot {
+func (s *Allocator) Snapshot() Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return Snapshot{
@@ -248,14 +248,14 @@ func (s *Storage) Snapshot() Snapshot {
 // Claim marks a free index acquired without handing it out through
 // Acquire: for slots that exist already, such as leases restored and idle
 // slots adopted at a restart. Claiming an index that is not free fails.
-func (s *Storage) Claim(i int) error {
+func (s *Allocator) Claim(i int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.check(i); err != nil {
 		return err
 	}
 	if s.state[i] != Free {
-		return fmt.Errorf("storage: claim %d: it is %s", i, s.state[i])
+		return fmt.Errorf("index: claim %d: it is %s", i, s.state[i])
 	}
 	s.remove(i)
 	s.state[i] = Acquired

@@ -1,4 +1,4 @@
-package storage_test
+package index_test
 
 import (
 	"errors"
@@ -6,18 +6,18 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/phasegate/phasegate/network/storage"
+	"github.com/phasegate/phasegate/network/index"
 )
 
 func TestAcquireRelease(t *testing.T) {
-	s, err := storage.New(5, []int{2, 4, 4})
+	s, err := index.New(5, []int{2, 4, 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []int
 	for {
 		i, err := s.Acquire()
-		if errors.Is(err, storage.ErrExhausted) {
+		if errors.Is(err, index.ErrExhausted) {
 			break
 		}
 		if err != nil {
@@ -31,30 +31,30 @@ func TestAcquireRelease(t *testing.T) {
 	if err := s.Release(3); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(3); !errors.Is(err, storage.ErrNotAcquired) {
+	if err := s.Release(3); !errors.Is(err, index.ErrNotAcquired) {
 		t.Errorf("double release = %v", err)
 	}
-	if err := s.Release(2); !errors.Is(err, storage.ErrNotAcquired) {
+	if err := s.Release(2); !errors.Is(err, index.ErrNotAcquired) {
 		t.Errorf("release of quarantined = %v", err)
 	}
 	for _, bad := range []int{0, 6, -1} {
-		if err := s.Release(bad); !errors.Is(err, storage.ErrOutOfRange) {
+		if err := s.Release(bad); !errors.Is(err, index.ErrOutOfRange) {
 			t.Errorf("Release(%d) = %v", bad, err)
 		}
 	}
 	if i, _ := s.Acquire(); i != 3 {
 		t.Errorf("reacquired %d, want 3", i)
 	}
-	if _, err := storage.New(3, []int{4}); !errors.Is(err, storage.ErrOutOfRange) {
+	if _, err := index.New(3, []int{4}); !errors.Is(err, index.ErrOutOfRange) {
 		t.Errorf("New with out-of-range quarantine = %v", err)
 	}
-	if _, err := storage.New(0, nil); err == nil {
+	if _, err := index.New(0, nil); err == nil {
 		t.Errorf("New(0) accepted")
 	}
 }
 
 func TestQuarantine(t *testing.T) {
-	s, _ := storage.New(4, []int{3})
+	s, _ := index.New(4, []int{3})
 	if got := s.Quarantined(); !slices.Equal(got, []int{3}) {
 		t.Errorf("Quarantined = %v", got)
 	}
@@ -62,7 +62,7 @@ func TestQuarantine(t *testing.T) {
 	if err := s.Quarantine(i); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(i); !errors.Is(err, storage.ErrNotAcquired) {
+	if err := s.Release(i); !errors.Is(err, index.ErrNotAcquired) {
 		t.Errorf("release of quarantined = %v", err)
 	}
 	if !s.QuarantineIfFree(2) || s.QuarantineIfFree(2) || s.QuarantineIfFree(1) {
@@ -70,13 +70,13 @@ func TestQuarantine(t *testing.T) {
 	}
 	snap := s.Snapshot()
 	if snap.Free != 1 || snap.Quarantined != 3 || snap.Acquired != 0 ||
-		!slices.Equal(snap.States, []storage.State{storage.Quarantined, storage.Quarantined, storage.Quarantined, storage.Free}) {
+		!slices.Equal(snap.States, []index.State{index.Quarantined, index.Quarantined, index.Quarantined, index.Free}) {
 		t.Errorf("snapshot = %+v", snap)
 	}
 	if j, _ := s.Acquire(); j != 4 {
 		t.Errorf("acquired %d, want 4", j)
 	}
-	if _, err := s.Acquire(); !errors.Is(err, storage.ErrExhausted) {
+	if _, err := s.Acquire(); !errors.Is(err, index.ErrExhausted) {
 		t.Errorf("acquire = %v, want exhausted", err)
 	}
 	for _, q := range []int{1, 2, 3} {
@@ -84,20 +84,20 @@ func TestQuarantine(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Free(1); !errors.Is(err, storage.ErrNotQuarantined) {
+	if err := s.Free(1); !errors.Is(err, index.ErrNotQuarantined) {
 		t.Errorf("double free = %v", err)
 	}
-	if st, _ := s.State(2); st != storage.Free || st.String() != "free" {
+	if st, _ := s.State(2); st != index.Free || st.String() != "free" {
 		t.Errorf("State(2) = %v", st)
 	}
-	if _, err := s.State(9); !errors.Is(err, storage.ErrOutOfRange) {
+	if _, err := s.State(9); !errors.Is(err, index.ErrOutOfRange) {
 		t.Errorf("State(9) = %v", err)
 	}
 }
 
 func TestConcurrent(t *testing.T) {
 	const n = 1000
-	s, _ := storage.New(n, nil)
+	s, _ := index.New(n, nil)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	held := map[int]bool{}
@@ -138,7 +138,7 @@ func TestConcurrent(t *testing.T) {
 }
 
 func BenchmarkAcquireRelease(b *testing.B) {
-	s, _ := storage.New(16384, nil)
+	s, _ := index.New(16384, nil)
 	for b.Loop() {
 		i, _ := s.Acquire()
 		_ = s.Release(i)
