@@ -113,7 +113,7 @@ func AcquireCIDR(ctx context.Context, lockDir, scope string, cidr netip.Prefix) 
 	for _, e := range ents {
 		held, ok := parseCIDRName(e.Name(), scope)
 		path := filepath.Join(lockDir, e.Name())
-		if !ok || path == own || !held.Overlaps(cidr) {
+		if !ok || path == own {
 			continue
 		}
 		// Every holder took its file under the guard we hold: what Probe
@@ -122,8 +122,14 @@ func AcquireCIDR(ctx context.Context, lockDir, scope string, cidr netip.Prefix) 
 		if err != nil {
 			return nil, err
 		}
-		if locked {
+		switch {
+		case locked && held.Overlaps(cidr):
 			return nil, &CIDRHeldError{Want: cidr, Held: held, Lock: &HeldError{Path: path, PID: pid}}
+		case !locked:
+			// Left by a daemon that died: nobody takes a CIDR lock
+			// but under the guard, so the file can go, and the
+			// directory holds only the CIDRs in use.
+			_ = os.Remove(path)
 		}
 	}
 	l, err := Acquire(ctx, own, 0)

@@ -66,3 +66,31 @@ func TestAcquireCIDRAfterRelease(t *testing.T) {
 	}
 	l.Unlock()
 }
+
+// The lock files of CIDRs nobody holds (their daemons died) are removed by
+// the next taker; those held stay.
+func TestAcquireCIDRRemovesStaleFiles(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	stale, err := AcquireCIDR(ctx, dir, "neta", netip.MustParsePrefix("10.3.0.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.Unlock() // as a kill -9 leaves it: the file, no lock
+	held, err := AcquireCIDR(ctx, dir, "neta", netip.MustParsePrefix("10.4.0.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock()
+	l, err := AcquireCIDR(ctx, dir, "neta", netip.MustParsePrefix("10.5.0.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock()
+	for cidr, want := range map[string]bool{"10.3.0.0/24": false, "10.4.0.0/24": true, "10.5.0.0/24": true} {
+		_, err := os.Stat(CIDRPath(dir, "neta", netip.MustParsePrefix(cidr)))
+		if got := err == nil; got != want {
+			t.Errorf("lock file of %s exists: %v, want %v", cidr, got, want)
+		}
+	}
+}
