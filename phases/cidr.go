@@ -16,27 +16,35 @@ import (
 const cidrHandover = "cidr-lock"
 
 // runLocks is the lock phase: the slots of the prefix (runLock), then the
-// slot CIDR (claimCIDR). The prefix comes first, so that a second daemon
-// of the same prefix is still told that (exit 1, naming the holder).
+// slot CIDR (claimCIDR), then the control socket (openControl), which
+// only the holder of both may bind. The prefix comes first, so that a
+// second daemon of the same prefix is still told that (exit 1, naming the
+// holder). A failed phase is not stopped: what a later step could not
+// do, the earlier steps' locks are let go here.
 func (d *Daemon) runLocks(ctx context.Context, p *lifecycle.Progress) error {
 	if err := d.runLock(ctx, p); err != nil {
 		return err
 	}
 	if err := d.claimCIDR(ctx); err != nil {
-		// A failed phase is not stopped: let the slots lock go here.
 		_ = d.lock.Unlock()
 		return err
+	}
+	if err := d.openControl(ctx); err != nil {
+		_ = d.cidrLock.Unlock()
+		_ = d.lock.Unlock()
+		return lifecycle.Permanent(err)
 	}
 	return nil
 }
 
-// stopLocks releases what runLocks took (both kept across an upgrade).
+// stopLocks releases what runLocks took (all kept across an upgrade):
+// the control socket and the records first (stopLock), then the locks.
 func (d *Daemon) stopLocks(ctx context.Context) error {
-	var err error
-	if !d.app.Upgrading() {
-		err = d.cidrLock.Unlock()
+	err := d.stopLock(ctx)
+	if !d.app.Upgrading() && d.cidrLock != nil {
+		err = errors.Join(err, d.cidrLock.Unlock())
 	}
-	return errors.Join(d.stopLock(ctx), err)
+	return err
 }
 
 // CIDRInUseError refuses a slot CIDR that overlaps addresses or routes of

@@ -94,8 +94,8 @@ const controlHandover = "control"
 // openControl binds the control socket — or takes the one the previous
 // image handed over — and serves it at once: until the daemon serves,
 // calls get Unavailable naming the phase, as on the port. It runs in the
-// lock phase, right after the lock: only the lock's holder may replace a
-// stale socket, and the socket lives as long as the lock.
+// lock phase, after the locks: only their holder may replace a stale
+// socket, and the socket lives as long as they do.
 func (d *Daemon) openControl(ctx context.Context) error {
 	path := d.cfg.ControlSocket()
 	var (

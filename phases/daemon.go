@@ -206,7 +206,7 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 		d.lock = l
 		d.app.HandOver(lockHandover, l.File())
 		p.SetMessage("kept across the upgrade")
-		return lifecycle.Permanent(d.openControl(ctx))
+		return nil
 	}
 	if d.cfg.LockWait > 0 {
 		p.SetMessage("waiting up to " + d.cfg.LockWait.String() + " for " + path)
@@ -220,17 +220,7 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	d.lock = l
 	d.app.HandOver(lockHandover, l.File())
-	if err := d.openControl(ctx); err != nil {
-		return lifecycle.Permanent(errors.Join(err, d.unlock()))
-	}
 	return nil
-}
-
-// unlock releases the lock of a start that cannot go on.
-func (d *Daemon) unlock() error {
-	err := d.lock.Unlock()
-	d.lock = nil
-	return err
 }
 
 // openStore opens the records once the lock is held: only the holder of
@@ -260,7 +250,7 @@ func (d *Daemon) stopLock(ctx context.Context) error {
 	if d.store != nil {
 		err = errors.Join(err, d.store.Close())
 	}
-	if d.app.Upgrading() || d.lock == nil {
+	if d.app.Upgrading() {
 		return err
 	}
 	return errors.Join(err, d.lock.Unlock())

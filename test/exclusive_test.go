@@ -40,6 +40,22 @@ func refusedAtStart(t *testing.T, d *daemon, h *host, want string) {
 	if _, err := os.Stat(filepath.Join(h.stateDir, "slots.db")); err == nil {
 		t.Errorf("the refused daemon made its state file")
 	}
+	if _, err := os.Lstat(filepath.Join(h.stateDir, "control.sock")); err == nil {
+		t.Errorf("the refused daemon left its control socket")
+	}
+}
+
+// routesOf is the host's IPv4 routes, in every table, on the host links
+// of prefix.
+func routesOf(t *testing.T, prefix string) []string {
+	t.Helper()
+	var out []string
+	for _, r := range hostRoutes(t) {
+		if strings.Contains(r, " dev "+prefix+"h") {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // hostRoutes is the host's IPv4 routes in every table, one per line.
@@ -65,7 +81,9 @@ func TestSecondDaemonOnTheSameAddresses(t *testing.T) {
 	a := start(t, nil, first.args(freePort(t), "--slots=64")...)
 	a.waitServing(time.Minute)
 	waitFor(t, 30*time.Second, "the first daemon's 4 warm slots", func() bool { return len(first.links(first.prefix)) == 4 })
-	links, routes := first.links(first.prefix), hostRoutes(t)
+	// The first's routes, not the host's: other test packages make and
+	// remove slots of their own meanwhile.
+	links, routes := first.links(first.prefix), routesOf(t, first.prefix)
 	pid := "pid " + strconv.Itoa(a.cmd.Process.Pid)
 	for _, tc := range []struct{ name, cidr, want string }{
 		{"same CIDR", first.cidr, pid},
@@ -84,8 +102,8 @@ func TestSecondDaemonOnTheSameAddresses(t *testing.T) {
 	if now := first.links(first.prefix); !slices.Equal(now, links) {
 		t.Errorf("the first daemon's links changed: %v, now %v", links, now)
 	}
-	if now := hostRoutes(t); !slices.Equal(now, routes) {
-		t.Errorf("the host's routes changed:\nwas %q\nnow %q", routes, now)
+	if now := routesOf(t, first.prefix); !slices.Equal(now, routes) {
+		t.Errorf("the first daemon's routes changed:\nwas %q\nnow %q", routes, now)
 	}
 
 	// Killed, the first leaves its slots on the host (a restart would
