@@ -87,7 +87,7 @@ func TestWarnSlowPhases(t *testing.T) {
 // phase.
 func TestViewWithETA(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	v := NewView(lifecycle.Snapshot{State: lifecycle.StateStarting, Phases: []lifecycle.PhaseSnapshot{{
+	v := newView(lifecycle.Snapshot{State: lifecycle.StateStarting, Phases: []lifecycle.PhaseSnapshot{{
 		Name: "reclaim", State: lifecycle.PhaseRunning, Attempts: 1, Started: t0,
 		Progress: lifecycle.ProgressSnapshot{Done: 500, Total: 1000, Unit: "namespaces"},
 		ETA:      lifecycle.Estimate{Rate: 500, Remaining: time.Second, OK: true},

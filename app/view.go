@@ -40,8 +40,8 @@ type PhaseView struct {
 	Error string        `json:"error,omitempty"`
 }
 
-// NewView converts a snapshot, with the rates and times left it carries.
-func NewView(s lifecycle.Snapshot) View {
+// newView converts a snapshot, with the rates and times left it carries.
+func newView(s lifecycle.Snapshot) View {
 	v := View{State: s.State, Since: s.Since, Started: s.Started, Degraded: s.Degraded, Error: errString(s.Err)}
 	for _, p := range s.Phases {
 		v.Phases = append(v.Phases, PhaseView{
@@ -75,6 +75,6 @@ func viewHandler(lc *lifecycle.Lifecycle) http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(NewView(lc.Snapshot()))
+		_ = enc.Encode(newView(lc.Snapshot()))
 	})
 }

@@ -151,9 +151,6 @@ func New(cfg Config) (*Daemon, error) {
 // App returns the App that runs the daemon.
 func (d *Daemon) App() *app.App { return d.app }
 
-// Lifecycle returns the lifecycle that runs the phases.
-func (d *Daemon) Lifecycle() *lifecycle.Lifecycle { return d.lc }
-
 // Run runs the daemon until a signal or a failure; see [app.App.Run].
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.obs.close()

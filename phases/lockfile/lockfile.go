@@ -257,9 +257,6 @@ func readPID(path string) int {
 	return pid
 }
 
-// Path returns the lock file's path.
-func (l *Lock) Path() string { return l.f.Name() }
-
 // File returns the descriptor that holds the lock, for handing it to a new
 // image of this process across an execve (clear its close-on-exec flag
 // first). The Lock still owns it.

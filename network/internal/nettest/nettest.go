@@ -404,20 +404,3 @@ func HostLinks(t testing.TB, prefix string) []string {
 	}
 	return out
 }
-
-// WaitNoHostLinks waits (up to 30 s) until no root-namespace link starts
-// with prefix, and fails the test otherwise.
-func WaitNoHostLinks(t testing.TB, prefix string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		left := HostLinks(t, prefix)
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("host links left: %v", left)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
