@@ -7,9 +7,10 @@ export PATH := $(GOBIN):$(PATH)
 GRPC_HEALTH_PROBE_VERSION := v0.4.62
 
 # The library is the root module; the end-to-end tests and the benchmark
-# program are the module in test/, and the example services (with their
-# uber-go/fx and oklog/run comparisons) the module in examples/, so that
-# their heavy dependencies never reach an adopter's go.mod.
+# programs (bench with its serial baseline, netbench) are the module in
+# test/, and the example services (with their uber-go/fx and oklog/run
+# comparisons) the module in examples/, so that their heavy dependencies
+# never reach an adopter's go.mod.
 MODULES   := . test examples tracing/internal/autoexportcmp
 
 .PHONY: bench-compare bench-smoke bench-report reliability help demo run build test unit deps tools bench vet generate fuzz screenshot

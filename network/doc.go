@@ -22,9 +22,11 @@
 // Pool.WaitReady, Pool.Get/Put, a reconcile.Reconciler's Run loop and, at
 // shutdown, Pool.Close. Nothing here knows about phases, gRPC or health.
 //
-// cmd/netbench measures the layer on the real kernel and writes
-// docs/benchmarks/network.md; internal/nettest is the tests' playground
-// (a unique prefix, a temporary netns directory, a sweep on cleanup).
+// The test module's netbench (test/netbench) measures the layer on the real
+// kernel through this API and writes docs/benchmarks/network.md; it lives
+// there so that the library module carries no benchmark program.
+// internal/nettest is the tests' playground (a unique prefix, a temporary
+// netns directory, a sweep on cleanup).
 //
 // Everything that touches the kernel needs root (CAP_SYS_ADMIN and
 // CAP_NET_ADMIN) and never shells out to ip or nft.

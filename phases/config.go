@@ -105,11 +105,6 @@ type Config struct {
 	// UpgradePreflight are the arguments the new binary is checked with
 	// (the daemon's own with --check).
 	UpgradePreflight []string
-	// SerialBaseline reproduces the startup of E2B's orchestrator before
-	// its fix, for benchmarks only: reclaim one slot at a time with the
-	// serial reference strategy, and bind the port only after the pool is
-	// populated. It exists to be measured against, never to be run.
-	SerialBaseline bool
 	// Version is reported by health endpoints and spans.
 	Version string
 	// Logger receives the daemon's logs; nil discards them.
@@ -218,9 +213,9 @@ func (c Config) Validate() error {
 }
 
 // reclaimInForeground: dead slots are torn down before the warm slots are
-// made, as the serial baseline does too.
+// made.
 func (c Config) reclaimInForeground() bool {
-	return c.ReclaimMode == ReclaimForeground || c.SerialBaseline
+	return c.ReclaimMode == ReclaimForeground
 }
 
 // LockPath is the lock file that guards this configuration's slots: the

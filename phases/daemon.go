@@ -92,10 +92,6 @@ func New(cfg Config) (*Daemon, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	d := &Daemon{cfg: cfg, log: log, obs: &observer{}}
-	listenAfter := PhaseLock
-	if cfg.SerialBaseline {
-		listenAfter = PhasePopulate // the serial orchestrator's order: the port binds last
-	}
 	expected := cfg.Expected
 	if expected == nil {
 		expected = DefaultExpected()
@@ -105,7 +101,7 @@ func New(cfg Config) (*Daemon, error) {
 		Version:           cfg.Version,
 		Description:       "phasegate node daemon",
 		Listen:            cfg.Listen,
-		ListenAfter:       []string{listenAfter},
+		ListenAfter:       []string{PhaseLock},
 		TLS:               cfg.TLS,
 		RequireClientCert: cfg.RequireClientCert,
 		// The guard is made once the App gives its meter; the port
@@ -284,10 +280,9 @@ func (d *Daemon) teardownOptions() slot.TeardownOptions {
 // runReclaim is the critical path of a restart: scan what is on the host,
 // match it with the records, restore the leases whose slots are intact
 // (touching nothing inside them), adopt the idle ones, and decide what is
-// dead. The dead are reclaimed here only with --reclaim=foreground (and in
-// the serial baseline); by default they are reclaimed in the background
-// once the warm slots are made, so that serving never waits on the
-// kernel's clean-up of the dead.
+// dead. The dead are reclaimed here only with --reclaim=foreground; by
+// default they are reclaimed in the background once the warm slots are
+// made, so that serving never waits on the kernel's clean-up of the dead.
 func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if d.store == nil {
 		p.SetMessage("opening the records")
@@ -362,16 +357,12 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	p.SetTotal(int64(len(plan.dead)), "namespaces")
 	opts := reclaim.Options{
-		Strategy:    reclaim.Batched,
 		Workers:     d.cfg.ReclaimWorkers,
 		Budget:      d.cfg.ReclaimBudget,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
 		Progress: func(done, total int) {
 			p.SetDone(int64(done))
 		},
-	}
-	if d.cfg.SerialBaseline {
-		opts.Strategy = reclaim.Serial
 	}
 	rep, err := reclaim.Slots(ctx, d.mgr, plan.dead, opts)
 	if err != nil {
@@ -643,7 +634,6 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 	defer stop()
 	rep, err := reclaim.Slots(d.reclaimCtx, d.mgr, dead, reclaim.Options{
 		Halt:        halt,
-		Strategy:    reclaim.Batched,
 		Workers:     d.cfg.ReclaimWorkers,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
 		// Small batches: the kernel holds its networking lock while it

@@ -188,34 +188,3 @@ func TestSIGTERMDuringStartupStopsCleanly(t *testing.T) {
 	}
 	h.stoppedCleanly(h.prefix, nil)
 }
-
-// TestSerialBaselineBindsLast checks the benchmark baseline really is the
-// order of E2B's orchestrator before its fix: no answer on the port until
-// reclaim and populate are done.
-func TestSerialBaselineBindsLast(t *testing.T) {
-	h := newHost(t)
-	h.leak(h.prefix, 1, 40)
-	addr := freePort(t)
-	d := start(t, nil, h.args(addr, "--slots=64", "--serial-baseline")...)
-	var firstState string
-	waitFor(t, time.Minute, "the port", func() bool {
-		_, body, err := d.get("/debug/lifecycle")
-		if err == nil {
-			firstState = body
-		}
-		return err == nil
-	})
-	// By the time the port answers, reclaim and populate have ended.
-	for _, phase := range []string{"reclaim", "storage", "populate"} {
-		i := strings.Index(firstState, `"name": "`+phase+`"`)
-		if i < 0 || !strings.Contains(firstState[i:i+400], `"state": "succeeded"`) {
-			t.Errorf("port answered before %s succeeded", phase)
-		}
-	}
-	d.waitServing(time.Minute)
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(30 * time.Second); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
-	h.stoppedCleanly(h.prefix, nil)
-}

@@ -88,7 +88,6 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	tf.register(fs)
 	cf.register(fs)
 	fs.Var(expectValue{&cfg.Expected}, "expect", "phase=duration,…: log a warning, with the progress, when a phase runs longer")
-	fs.BoolVar(&cfg.SerialBaseline, "serial-baseline", false, "benchmarks only: start the way E2B's orchestrator did (serial reclaim, port bound last)")
 	fs.BoolVar(&cfg.UpgradeOnHangup, "upgrade-on-hup", cfg.UpgradeOnHangup, "SIGHUP upgrades in place: check the binary at this path, drain keeping slots, port and lock, exec it (false: SIGHUP stops)")
 	fs.BoolVar(&opts.check, "check", false, "check the configuration, print it resolved with the worst-case stop time, and exit (0 valid, 2 not)")
 	lf.register(fs)

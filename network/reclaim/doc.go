@@ -12,22 +12,15 @@
 // allocator covers [1, N] only). Entries that cannot be inspected are
 // reported (Report.Unreadable), never touched, and quarantined.
 //
-// The default strategy, Batched, tears them down at kernel speed (see
-// slot.Manager.Teardown): netns files are detached and unlinked by bounded
-// workers so the kernel destroys namespaces and veth pairs in batches, the
-// host ends are awaited with a deadline, and all stale set elements go in one
-// nftables transaction. Options.Batch hands the kernel the dead a batch at a
-// time, for a reclaim that runs while slots are being created. Veths are
-// deleted one by one only when something keeps their namespace alive;
-// processes found inside are reported and ended only with
-// Options.KillOrphans, each through a pidfd and only if it is still inside
-// (netns.KillIn).
-//
-// Serial is the reference strategy that does, strictly one slot after the
-// other, what E2B's orchestrator did before it bound its port: delete the host
-// firewall state, delete the host veth with netlink (the kernel waits out an
-// RCU grace period for each), delete the netns. It exists to be the baseline
-// the benchmarks compare against; do not use it in production.
+// They are torn down at kernel speed (see slot.Manager.Teardown): netns
+// files are detached and unlinked by bounded workers so the kernel destroys
+// namespaces and veth pairs in batches, the host ends are awaited with a
+// deadline, and all stale set elements go in one nftables transaction.
+// Options.Batch hands the kernel the dead a batch at a time, for a reclaim
+// that runs while slots are being created. Veths are deleted one by one only
+// when something keeps their namespace alive; processes found inside are
+// reported and ended only with Options.KillOrphans, each through a pidfd and
+// only if it is still inside (netns.KillIn).
 //
 // A budget (time and/or count) bounds the work; the remainder is returned as
 // Deferred for the background reconciler, and must be quarantined in the

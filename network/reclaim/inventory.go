@@ -15,25 +15,17 @@ import (
 // Options.Budget counts from the call.
 func Slots(ctx context.Context, m *slot.Manager, inv slot.Inventory, opts Options) (*Report, error) {
 	start := time.Now()
-	rep := &Report{Strategy: opts.Strategy, Slots: m.Config().Slots, Found: len(inv)}
+	rep := &Report{Slots: m.Config().Slots, Found: len(inv)}
 	defer func() { rep.Duration = time.Since(start) }()
 	var deadline time.Time
 	if opts.Budget > 0 {
 		deadline = start.Add(opts.Budget)
 	}
-	var res *slot.TeardownResult
-	switch opts.Strategy {
-	case Batched:
-		res = m.Teardown(ctx, inv, slot.TeardownOptions{
-			Workers: opts.Workers, MaxSlots: opts.MaxSlots, Deadline: deadline,
-			KillOrphans: opts.KillOrphans, HostGoneTimeout: opts.HostGoneTimeout, Progress: opts.Progress,
-			Batch: opts.Batch, BatchPause: opts.BatchPause, Halt: opts.Halt,
-		})
-	case Serial:
-		res = serial(ctx, m, inv, opts.MaxSlots, deadline, opts.Halt, opts.Progress)
-	default:
-		return rep, fmt.Errorf("reclaim: unknown strategy %v", opts.Strategy)
-	}
+	res := m.Teardown(ctx, inv, slot.TeardownOptions{
+		Workers: opts.Workers, MaxSlots: opts.MaxSlots, Deadline: deadline,
+		KillOrphans: opts.KillOrphans, HostGoneTimeout: opts.HostGoneTimeout, Progress: opts.Progress,
+		Batch: opts.Batch, BatchPause: opts.BatchPause, Halt: opts.Halt,
+	})
 	rep.Reclaimed, rep.Failed, rep.Deferred = res.Reclaimed, res.Failed, res.Deferred
 	rep.Orphans, rep.Holders, rep.CutOff, rep.Timings = res.Orphans, res.Holders, res.CutOff, res.Timings
 	rep.ProcScan, rep.WaitErr, rep.Batches = res.ProcScan, res.WaitErr, res.Batches

@@ -2,48 +2,18 @@ package reclaim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-
-	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
-// Strategy selects how leaked slots are torn down.
-type Strategy int
-
-// Strategies.
-const (
-	// Batched tears down at kernel speed (the default).
-	Batched Strategy = iota
-	// Serial is the per-slot reference baseline: firewall, veth via
-	// netlink, netns, one slot after the other. Only for benchmarks.
-	Serial
-)
-
-// String returns the strategy's name.
-func (s Strategy) String() string {
-	switch s {
-	case Batched:
-		return "batched"
-	case Serial:
-		return "serial"
-	}
-	return fmt.Sprintf("Strategy(%d)", int(s))
-}
-
-// Options tune Run. The zero value reclaims everything with the batched
-// strategy and default workers.
+// Options tune Run. The zero value reclaims everything with default
+// workers.
 type Options struct {
-	// Strategy: Batched (default) or Serial (reference baseline).
-	Strategy Strategy
 	// Workers bounds concurrent detach+unlink calls (default
-	// slot.DefaultWorkers). Ignored by Serial.
+	// slot.DefaultWorkers).
 	Workers int
 	// Budget is a time budget: no slot is started after it has elapsed
 	// since Run began; the remainder is deferred. 0 means none.
@@ -63,7 +33,6 @@ type Options struct {
 	HostGoneTimeout time.Duration
 	// Batch and BatchPause hand the kernel the dead namespaces a batch at
 	// a time (see slot.TeardownOptions). Zero: all at once, no pause.
-	// Ignored by Serial.
 	Batch      int
 	BatchPause time.Duration
 	// Progress, if set, is called after each slot with the count so far
@@ -73,8 +42,6 @@ type Options struct {
 
 // Report says what Run found and did.
 type Report struct {
-	// Strategy is the strategy used.
-	Strategy Strategy
 	// Slots is the configuration's number of slots: Quarantine covers
 	// [1, Slots].
 	Slots int
@@ -114,8 +81,7 @@ type Report struct {
 	Batches int
 	// Duration is the wall time of Run, scan included.
 	Duration time.Duration
-	// Scan is the time spent listing what exists; Timings splits the rest
-	// (batched strategy only).
+	// Scan is the time spent listing what exists; Timings splits the rest.
 	Scan    time.Duration
 	Timings slot.Timings
 }
@@ -144,9 +110,9 @@ func (r *Report) Quarantine() []int {
 
 // String summarizes the report in one line.
 func (r *Report) String() string {
-	return fmt.Sprintf("reclaim (%s): found %d (beyond slots %d), reclaimed %d, failed %d, deferred %d, unreadable %d, orphans %d, holders %d, cut off %d in %v"+
+	return fmt.Sprintf("reclaim: found %d (beyond slots %d), reclaimed %d, failed %d, deferred %d, unreadable %d, orphans %d, holders %d, cut off %d in %v"+
 		" (scan %v, procs %v, unlink %v, wait %v, firewall %v, %d batch(es))",
-		r.Strategy, r.Found, len(r.Beyond), len(r.Reclaimed), len(r.Failed), len(r.Deferred), len(r.Unreadable), len(r.Orphans), len(r.Holders), len(r.CutOff),
+		r.Found, len(r.Beyond), len(r.Reclaimed), len(r.Failed), len(r.Deferred), len(r.Unreadable), len(r.Orphans), len(r.Holders), len(r.CutOff),
 		r.Duration.Round(time.Millisecond), r.Scan.Round(time.Millisecond), r.Timings.Procs.Round(time.Millisecond),
 		r.Timings.Unlink.Round(time.Millisecond), r.Timings.Wait.Round(time.Millisecond), r.Timings.Firewall.Round(time.Millisecond), r.Batches)
 }
@@ -161,7 +127,7 @@ func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
 	start := time.Now()
 	sr, err := m.Survey(ctx)
 	if err != nil {
-		rep := &Report{Strategy: opts.Strategy, Slots: m.Config().Slots, Duration: time.Since(start)}
+		rep := &Report{Slots: m.Config().Slots, Duration: time.Since(start)}
 		return rep, fmt.Errorf("reclaim: scan: %w", err)
 	}
 	rep, err := Slots(ctx, m, sr.Inventory, opts)
@@ -169,52 +135,4 @@ func Run(ctx context.Context, m *slot.Manager, opts Options) (*Report, error) {
 	rep.Scan = time.Since(start) - rep.Duration
 	rep.Duration = time.Since(start)
 	return rep, err
-}
-
-// serial is the reference strategy: per slot, in order, firewall element,
-// host veth through netlink, netns.
-func serial(ctx context.Context, m *slot.Manager, inv slot.Inventory, maxSlots int, deadline time.Time,
-	halt <-chan struct{}, progress func(done, total int)) *slot.TeardownResult {
-	res := &slot.TeardownResult{}
-	indices := inv.Indices()
-	cfg := m.Config()
-	for k, i := range indices {
-		if ctx.Err() != nil || halted(halt) || (maxSlots > 0 && k >= maxSlots) || (!deadline.IsZero() && !time.Now().Before(deadline)) {
-			res.Deferred = append(res.Deferred, indices[k:]...)
-			break
-		}
-		var errs []error
-		if cfg.HostIfFits(i) { // else no link nor element can exist
-			if err := m.Firewall().Remove(ctx, cfg.HostIfName(i)); err != nil {
-				errs = append(errs, err)
-			}
-			if l, err := netlink.LinkByName(cfg.HostIfName(i)); err == nil {
-				if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-					errs = append(errs, fmt.Errorf("delete link %s: %w", cfg.HostIfName(i), err))
-				}
-			}
-		}
-		if err := netns.Delete(ctx, cfg.NetnsDir, cfg.NetnsName(i)); err != nil {
-			errs = append(errs, err)
-		}
-		if len(errs) > 0 {
-			res.Failed = append(res.Failed, slot.Failure{Index: i, Err: errors.Join(errs...)})
-		} else {
-			res.Reclaimed = append(res.Reclaimed, i)
-		}
-		if progress != nil {
-			progress(k+1, len(indices))
-		}
-	}
-	return res
-}
-
-// halted reports whether halt is closed; a nil halt never is.
-func halted(halt <-chan struct{}) bool {
-	select {
-	case <-halt:
-		return true
-	default:
-		return false
-	}
 }

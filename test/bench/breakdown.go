@@ -34,7 +34,7 @@ func (r *runner) breakdownRun(ctx context.Context, n int) (Breakdown, error) {
 	if err != nil {
 		return b, fmt.Errorf("breakdown: %w", err)
 	}
-	rep, err := reclaim.Run(ctx, m, reclaim.Options{Strategy: reclaim.Batched, Workers: r.o.workers})
+	rep, err := reclaim.Run(ctx, m, reclaim.Options{Workers: r.o.workers})
 	if err != nil {
 		return b, fmt.Errorf("breakdown: %w", err)
 	}

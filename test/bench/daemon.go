@@ -27,10 +27,21 @@ import (
 
 // buildPhasegate builds ./cmd/phasegate (without -race) into dir.
 func buildPhasegate(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "phasegate")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/phasegate/phasegate/cmd/phasegate")
+	return build(ctx, dir, "phasegate", "github.com/phasegate/phasegate/cmd/phasegate")
+}
+
+// buildSerialBaseline builds the serial baseline (./serialbaseline, E2B's
+// orchestrator's start on the library's parts) into dir, like the daemon.
+func buildSerialBaseline(ctx context.Context, dir string) (string, error) {
+	return build(ctx, dir, "serialbaseline", "github.com/phasegate/phasegate/test/bench/serialbaseline")
+}
+
+// build builds the main package pkg (without -race) into dir/name.
+func build(ctx context.Context, dir, name, pkg string) (string, error) {
+	bin := filepath.Join(dir, name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/phasegate: %w\n%s", err, out)
+		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
 	}
 	return bin, nil
 }
@@ -49,7 +60,7 @@ func freeAddr() (string, error) {
 const (
 	modeBackground = "background" // the default: dead slots reclaimed after SERVING
 	modeForeground = "foreground" // --reclaim=foreground: before the warm slots
-	modeSerial     = "serial"     // --serial-baseline: the E2B orchestrator's start
+	modeSerial     = "serial"     // not phasegate: ./serialbaseline, the E2B orchestrator's start
 )
 
 // slotArgs are the flags confining a daemon (or decommission) to h.
@@ -82,13 +93,26 @@ func daemonArgs(h *host, addr string, o options, mode string, poolSize int) []st
 		"--control-rate=0",
 		"--log-format=json",
 	)
-	switch mode {
-	case modeForeground:
+	if mode == modeForeground {
 		args = append(args, "--reclaim=foreground")
-	case modeSerial:
-		args = append(args, "--serial-baseline")
 	}
 	return args
+}
+
+// serialArgs returns the flags of the serial baseline confined to h, with
+// the daemon's pool settings and stop bounds (daemonArgs).
+func serialArgs(h *host, addr string, poolSize int) []string {
+	return []string{
+		"--listen=" + addr,
+		"--netns-dir=" + h.cfg.NetnsDir,
+		"--slot-prefix=" + h.cfg.Prefix,
+		"--slots=" + strconv.Itoa(h.cfg.Slots),
+		"--slot-cidr=" + h.cfg.CIDR.String(),
+		"--pool-size=" + strconv.Itoa(poolSize),
+		"--pool-min-ready=1",
+		"--drain-delay=20ms",
+		"--stop-timeout=5s",
+	}
 }
 
 // daemon is a running phasegate process (the same process across in-place

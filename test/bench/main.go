@@ -5,8 +5,9 @@
 //   - dead: a host with N dead slots (leaked by a killed run, unrecorded).
 //     The daemon is exec'd with the default --reclaim=background (dead slots
 //     torn down after SERVING), with --reclaim=foreground (before the warm
-//     slots: the start of every release before live restore), and with
-//     --serial-baseline (the E2B orchestrator's start: serial reclaim, port
+//     slots: the start of every release before live restore); the serial
+//     baseline is ./serialbaseline, a program of this module (the E2B
+//     orchestrator's start on the library's parts: serial reclaim, port
 //     bound last); the kernel floor is the same set removed by the bare
 //     minimum the kernel needs, no daemon. Measured: exec → first HTTP
 //     answer, first gRPC health answer, SERVING (Watch stream), and exec →

@@ -301,7 +301,7 @@ func hasTimeline(res *Results, strategy string) bool {
 func timelinePlot(res *Results, strategy string) (*plot.Plot, error) {
 	pt, run := timelineRun(res, strategy)
 	p := plot.New()
-	name := map[string]string{stratBackground: "phasegate (background reclaim)", stratSerial: "serial baseline (--serial-baseline)"}[strategy]
+	name := map[string]string{stratBackground: "phasegate (background reclaim)", stratSerial: "serial baseline (E2B's orchestrator)"}[strategy]
 	p.Title.Text = fmt.Sprintf("%s start with %d dead slots (the median run)", name, pt.N)
 	end := math.Max(math.Max(run.ServingMs, run.DeadGoneMs), lastEnd(run.Phases))
 	unit, div := "ms", 1.0

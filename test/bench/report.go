@@ -292,8 +292,8 @@ func markdownDead(b *bytes.Buffer, res *Results, img string) {
 	b.WriteString("\nEach strategy gets its own freshly leaked set: N netns files, each with a veth pair (host end up with " +
 		"its /31) and an nftables set element, unrecorded — what a killed run leaves. *background* is the daemon's " +
 		"default (`--reclaim=background`), *foreground* `--reclaim=foreground` (dead slots torn down before the warm " +
-		"slots: the start before live restore), *serial* `--serial-baseline` (E2B's orchestrator: serial per-slot " +
-		"reclaim, port bound last). Times from the exec of the binary: first HTTP answer on `/health` (503 while " +
+		"slots: the start before live restore), *serial* the benchmark's own program `test/bench/serialbaseline` " +
+		"(E2B's orchestrator, not phasegate: the library's parts in its order, serial per-slot reclaim, port bound last). Times from the exec of the binary: first HTTP answer on `/health` (503 while " +
 		"starting), SERVING on a grpc.health.v1 `Watch`, dead gone when the daemon's `reclaim report` line reaches " +
 		"the benchmark (it is logged once every namespace, veth and set element of the dead is gone; the benchmark " +
 		"then checks that none of the leaked host veths is left). Kernel floor: no daemon, detach+unlink of the " +

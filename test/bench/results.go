@@ -18,7 +18,7 @@ import (
 const (
 	stratBackground  = "background"   // phasegate's default: dead reclaimed after SERVING
 	stratForeground  = "foreground"   // --reclaim=foreground: the start before live restore
-	stratSerial      = "serial"       // --serial-baseline
+	stratSerial      = "serial"       // ./serialbaseline: E2B's orchestrator's start
 	stratFloor       = "floor"        // no daemon: detach+unlink, wait for the veths
 	stratRestoreTerm = "restore-term" // N leases, SIGTERM, start again
 	stratRestoreKill = "restore-kill" // N leases, kill -9, start again

@@ -13,12 +13,15 @@ import (
 
 // runner runs the benchmark's measurements on one host.
 type runner struct {
-	o    options
-	h    *host
-	bin  string
-	log  io.Writer
-	res  *Results
-	part *Part // the part being measured
+	o   options
+	h   *host
+	bin string // phasegate
+	// serialBin is the serial baseline's program, built when the dead part
+	// runs it.
+	serialBin string
+	log       io.Writer
+	res       *Results
+	part      *Part // the part being measured
 
 	mu    sync.Mutex
 	procs []func() // ends a child process still running; see track
@@ -58,6 +61,12 @@ func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Res
 	if r.bin == "" {
 		fmt.Fprintln(log, "bench: building ./cmd/phasegate")
 		if r.bin, err = buildPhasegate(ctx, h.base); err != nil {
+			return nil, err
+		}
+	}
+	if o.has(partDead) && o.serialReps > 0 {
+		fmt.Fprintln(log, "bench: building ./bench/serialbaseline")
+		if r.serialBin, err = buildSerialBaseline(ctx, h.base); err != nil {
 			return nil, err
 		}
 	}
@@ -114,11 +123,10 @@ func (r *runner) endProcesses() {
 	}
 }
 
-// start starts a daemon with args (and a held socket, if any) and tracks
-// it.
-func (r *runner) start(args []string, held *heldSocket) (*daemon, error) {
+// start starts bin with args (and a held socket, if any) and tracks it.
+func (r *runner) start(bin string, args []string, held *heldSocket) (*daemon, error) {
 	var f = held.file()
-	d, err := startDaemon(r.bin, args, f)
+	d, err := startDaemon(bin, args, f)
 	if err != nil {
 		return nil, err
 	}
@@ -136,16 +144,22 @@ const maxStartAttempts = 5
 // during its start.
 var errNoStart = errors.New("the daemon exited during every start")
 
-// startServing starts a daemon and waits until it serves, starting it again
-// when it exits during its start. The times are from the first exec; the
-// failures say why the earlier attempts exited.
+// startServing starts a phasegate daemon and waits until it serves, starting
+// it again when it exits during its start. The times are from the first
+// exec; the failures say why the earlier attempts exited.
 func (r *runner) startServing(ctx context.Context, args []string, held *heldSocket, timeout time.Duration) (*daemon, startup, []string, error) {
+	return r.startServingBin(ctx, r.bin, args, held, timeout)
+}
+
+// startServingBin is startServing with another program than phasegate
+// (the serial baseline) that serves the same health endpoints.
+func (r *runner) startServingBin(ctx context.Context, bin string, args []string, held *heldSocket, timeout time.Duration) (*daemon, startup, []string, error) {
 	var (
 		first    startup // of the first attempt: its exec, its first answers
 		failures []string
 	)
 	for attempt := 1; ; attempt++ {
-		d, err := r.start(args, held)
+		d, err := r.start(bin, args, held)
 		if err != nil {
 			return nil, startup{}, failures, err
 		}

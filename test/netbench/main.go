@@ -21,9 +21,9 @@
 // It needs root, uses its own random prefix, a temporary netns directory
 // and a link-local CIDR, and sweeps everything it made before it exits.
 //
-//	go run ./network/cmd/netbench -slots 5000 -serial 300 -out docs/benchmarks/network.md
-//	go run ./network/cmd/netbench -mode scan -sizes 1000,5000,10000 -out docs/benchmarks/scan.md
-//	go run ./network/cmd/netbench -mode batches -slots 5000 -batches 0,1000,250,64 -out docs/benchmarks/batches.md
+//	cd test && sudo go run ./netbench -slots 5000 -serial 300 -out ../docs/benchmarks/network.md
+//	cd test && sudo go run ./netbench -mode scan -sizes 1000,5000,10000 -out ../docs/benchmarks/scan.md
+//	cd test && sudo go run ./netbench -mode batches -slots 5000 -batches 0,1000,250,64 -out ../docs/benchmarks/batches.md
 package main
 
 import (
@@ -46,10 +46,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/index"
-	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
+
+	"github.com/phasegate/phasegate/test/internal/serialteardown"
 )
 
 func main() {
@@ -88,7 +89,7 @@ func main() {
 		}
 		defer b.sweep()
 		r := &results{slots: *slots, serialN: *serialN, workers: *workers,
-			cmd: fmt.Sprintf("go run ./network/cmd/netbench -slots %d -serial %d -workers %d -rounds %d -creates %d -gets %d -out docs/benchmarks/network.md",
+			cmd: fmt.Sprintf("cd test && go run ./netbench -slots %d -serial %d -workers %d -rounds %d -creates %d -gets %d -out ../docs/benchmarks/network.md",
 				*slots, *serialN, *workers, *rounds, *creates, *gets)}
 		if err := b.run(r, *serialN, *workers, *rounds, *creates, *gets); err != nil {
 			b.sweep()
@@ -105,7 +106,7 @@ func main() {
 			fail(err)
 		}
 		defer b.sweep()
-		r := &results{cmd: fmt.Sprintf("go run ./network/cmd/netbench -mode scan -sizes %s -reps %d", *sizes, *reps)}
+		r := &results{cmd: fmt.Sprintf("cd test && go run ./netbench -mode scan -sizes %s -reps %d", *sizes, *reps)}
 		r.machine()
 		rows, err := b.scanBench(ns, *reps)
 		r.loadEnd = loadavg()
@@ -124,7 +125,7 @@ func main() {
 			fail(err)
 		}
 		defer b.sweep()
-		r := &results{cmd: fmt.Sprintf("go run ./network/cmd/netbench -mode batches -slots %d -batches %s -pause %v -reps %d",
+		r := &results{cmd: fmt.Sprintf("cd test && go run ./netbench -mode batches -slots %d -batches %s -pause %v -reps %d",
 			*slots, *batches, *pause, *reps)}
 		r.machine()
 		idle, rows, err := b.batchBench(*slots, ks, *reps)
@@ -201,7 +202,7 @@ func newBench(n int) (*bench, error) {
 		return nil, err
 	}
 	cfg := slot.Config{
-		Prefix:   "pb" + nettest.RandomPrefix()[2:],
+		Prefix:   randomPrefix("pb"),
 		NetnsDir: dir,
 		Slots:    n,
 		CIDR:     netip.MustParsePrefix("169.254.0.0/17"),
@@ -215,7 +216,7 @@ func newBench(n int) (*bench, error) {
 }
 
 func (b *bench) sweep() {
-	if err := nettest.Sweep(b.cfg); err != nil {
+	if err := sweep(b.cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "netbench: sweep:", err)
 	}
 	os.Remove(b.dir)
@@ -535,13 +536,18 @@ func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) err
 		return err
 	}
 	time.Sleep(2 * time.Second)
-	rep, err := reclaim.Run(ctx, b.m, reclaim.Options{Strategy: reclaim.Serial, MaxSlots: serialN})
-	if err != nil || len(rep.Reclaimed) != serialN {
-		return fmt.Errorf("serial: %v, %v", rep, err)
+	inv, err := b.m.Scan(ctx) // the scan is not counted: the comparison is per slot torn down
+	if err != nil {
+		return fmt.Errorf("serial: scan: %w", err)
 	}
-	fmt.Fprintln(os.Stderr, " ", rep)
-	r.serialD = rep.Duration - rep.Scan
-	rep, err = reclaim.Run(ctx, b.m, reclaim.Options{Workers: workers})
+	began := time.Now()
+	res := serialteardown.Teardown(ctx, b.m, inv, serialN, nil)
+	r.serialD = time.Since(began)
+	if len(res.Reclaimed) != serialN || len(res.Failed) > 0 {
+		return fmt.Errorf("serial: reclaimed %d of %d, failed %v", len(res.Reclaimed), serialN, res.Failed)
+	}
+	fmt.Fprintf(os.Stderr, "  serial: reclaimed %d in %v\n", len(res.Reclaimed), r.serialD.Round(time.Millisecond))
+	rep, err := reclaim.Run(ctx, b.m, reclaim.Options{Workers: workers})
 	if err != nil || len(rep.Reclaimed) != r.slots-serialN {
 		return fmt.Errorf("batched rest: %v, %v", rep, err)
 	}
@@ -580,7 +586,7 @@ func (r *results) markdown() string {
 	speedup := perSerial / perPG
 
 	w("# Network layer benchmarks\n\n")
-	w("Measured by `network/cmd/netbench` on the real kernel, as root, in one run. Reproduce with:\n\n")
+	w("Measured by `test/netbench` on the real kernel, as root, in one run. Reproduce with:\n\n")
 	w("```sh\n# as root, from the repository root\n%s\n```\n\n", r.cmd)
 	w("Machine: Linux %s, %s, %s. Load average at start %s, at end %s. Numbers are wall times of single runs on a\n"+
 		"2-core VM shared with other work: the kernel's namespace clean-up is one global worker, so anything else\n"+
@@ -603,7 +609,7 @@ func (r *results) markdown() string {
 	w("Each round leaks %d slots (netns + veth pair + set element, made by `slot.Manager.Create` with 4 workers) and then tears them down.\n\n", r.slots)
 	w("- **phasegate**: `reclaim.Run` with the batched strategy and %d workers, scan of the netns directory, links and set included: detach+unlink by the workers, wait for the host ends, one nftables transaction for all elements.\n", r.workers)
 	w("- **kernel floor**: the same netns files, raw `umount2(MNT_DETACH)` + `unlink` with %d workers, then wait until every host end is gone (no scan, no firewall work).\n", r.workers)
-	w("- **serial reference**: `reclaim.Run` with `reclaim.Serial`, what E2B's orchestrator did per slot: delete the set element, delete the host veth with netlink, delete the netns. It costs tens of ms per slot, so it is measured on a **subset**: %d slots are leaked, the serial strategy reclaims the first %d (count budget; its scan is not counted) and the comparison is **per slot**; the batched strategy then reclaims the remaining %d.\n\n", r.slots, r.serialN, r.slots-r.serialN)
+	w("- **serial reference**: `serialteardown.Teardown` (test/internal/serialteardown), what E2B's orchestrator did per slot: delete the set element, delete the host veth with netlink, delete the netns. It costs tens of ms per slot, so it is measured on a **subset**: %d slots are leaked, the serial strategy reclaims the first %d (count budget; its scan is not counted) and the comparison is **per slot**; the batched strategy then reclaims the remaining %d.\n\n", r.slots, r.serialN, r.slots-r.serialN)
 	w("| run | slots | wall time | per slot |\n|---|---|---|---|\n")
 	for k := range r.phasegate {
 		w("| phasegate, round %d | %d | %s | %.3f ms |\n", k+1, r.slots, ms(r.phasegate[k]), float64(r.phasegate[k].Microseconds())/1000/float64(r.slots))

@@ -251,7 +251,7 @@ func (r *results) scanMarkdown(rows []scanRow, reps int) string {
 	var b strings.Builder
 	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	w("# Scan benchmark\n\n")
-	w("Measured by `network/cmd/netbench -mode scan` on the real kernel, as root, in one run. Reproduce with:\n\n")
+	w("Measured by `test/netbench -mode scan` on the real kernel, as root, in one run. Reproduce with:\n\n")
 	w("```sh\n# as root, from the repository root\n%s\n```\n\n", r.cmd)
 	w("Machine: Linux %s, %s, %s. Load average at start %s, at end %s.\n\n", r.kernel, r.cpu, r.goVersion, r.loadStart, r.loadEnd)
 	w("N full slots (netns + veth pair + set element) are made once, in a directory and prefix of the benchmark's own; at each N\n"+

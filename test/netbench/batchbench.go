@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -41,7 +40,7 @@ type workload struct {
 // addresses, clear of the benchmark's).
 func newWorkload(dir string) (*workload, error) {
 	cfg := slot.Config{
-		Prefix:   "pw" + nettest.RandomPrefix()[2:],
+		Prefix:   randomPrefix("pw"),
 		NetnsDir: dir,
 		Slots:    1024,
 		CIDR:     netip.MustParsePrefix("169.254.128.0/18"),
@@ -148,7 +147,7 @@ func (w *workload) reset() error {
 }
 
 func (w *workload) sweep() {
-	if err := nettest.Sweep(w.m.Config()); err != nil {
+	if err := sweep(w.m.Config()); err != nil {
 		fmt.Fprintln(os.Stderr, "netbench: sweep workload:", err)
 	}
 }
@@ -257,7 +256,7 @@ func (r *results) batchMarkdown(n int, idle batchRow, rows []batchRow) string {
 	var b strings.Builder
 	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	w("# Teardown in batches\n\n")
-	w("Measured by `network/cmd/netbench -mode batches` on the real kernel, as root, in one run. Reproduce with:\n\n")
+	w("Measured by `test/netbench -mode batches` on the real kernel, as root, in one run. Reproduce with:\n\n")
 	w("```sh\n# as root, from the repository root\n%s\n```\n\n", r.cmd)
 	w("Machine: Linux %s, %s, %s. Load average at start %s, at end %s.\n\n", r.kernel, r.cpu, r.goVersion, r.loadStart, r.loadEnd)
 	w("Each row leaks %d full slots (netns + veth pair + set element) and tears them down with `slot.Manager.Teardown`\n"+

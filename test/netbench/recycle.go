@@ -15,7 +15,7 @@ package main
 //     (what pool.Put does now), timed as two parts.
 //   - the pool itself: Get+Put cycles on a warm pool, with Put recreating.
 //
-//	go run ./network/cmd/netbench recycle -cycles 200 -out docs/benchmarks/recycle.md
+//	cd test && sudo go run ./netbench recycle -cycles 200 -out ../docs/benchmarks/recycle.md
 
 import (
 	"bytes"
@@ -39,7 +39,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/index"
-	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -61,11 +60,11 @@ func recycleMain(args []string) int {
 		return 1
 	}
 	cfg := slot.Config{
-		Prefix: "pr" + nettest.RandomPrefix()[2:], NetnsDir: dir,
+		Prefix: randomPrefix("pr"), NetnsDir: dir,
 		Slots: *target + 64, CIDR: netip.MustParsePrefix("169.254.0.0/17"),
 	}
 	defer func() {
-		if err := nettest.Sweep(cfg); err != nil {
+		if err := sweep(cfg); err != nil {
 			fmt.Fprintln(os.Stderr, "netbench: sweep:", err)
 		}
 		os.Remove(dir)
@@ -76,7 +75,7 @@ func recycleMain(args []string) int {
 		return 1
 	}
 	r := &recycleResults{cycles: *cycles, target: *target,
-		cmd: fmt.Sprintf("go run ./network/cmd/netbench recycle -cycles %d -pool-target %d -out docs/benchmarks/recycle.md", *cycles, *target)}
+		cmd: fmt.Sprintf("cd test && go run ./netbench recycle -cycles %d -pool-target %d -out ../docs/benchmarks/recycle.md", *cycles, *target)}
 	if err := runRecycle(context.Background(), m, r); err != nil {
 		fmt.Fprintln(os.Stderr, "netbench:", err)
 		return 1
