@@ -47,16 +47,16 @@ func (d *Daemon) stopLocks(ctx context.Context) error {
 	return err
 }
 
-// CIDRInUseError refuses a slot CIDR that overlaps addresses or routes of
+// cidrInUseError refuses a slot CIDR that overlaps addresses or routes of
 // the host that are not the daemon's own slots.
-type CIDRInUseError struct {
+type cidrInUseError struct {
 	// CIDR is the slot CIDR refused.
 	CIDR string
 	// Uses are what overlaps it, the most telling first.
 	Uses []slot.HostUse
 }
 
-func (e *CIDRInUseError) Error() string {
+func (e *cidrInUseError) Error() string {
 	more := ""
 	if n := len(e.Uses) - 1; n > 0 {
 		more = fmt.Sprintf(" (and %d more)", n)
@@ -66,7 +66,7 @@ func (e *CIDRInUseError) Error() string {
 }
 
 // Unwrap makes the error a configuration error: the daemon exits 2.
-func (e *CIDRInUseError) Unwrap() error { return ErrConfig }
+func (e *cidrInUseError) Unwrap() error { return ErrConfig }
 
 // claimCIDR makes the slot CIDR the daemon's own on the host: it takes the
 // CIDR lock (refused while another daemon holds an equal or overlapping
@@ -100,7 +100,7 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 	uses, err := d.cfg.Slots.ForeignUses()
 	if err == nil && len(uses) > 0 {
 		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
-		err = &CIDRInUseError{CIDR: d.cfg.Slots.CIDR.String(), Uses: uses}
+		err = &cidrInUseError{CIDR: d.cfg.Slots.CIDR.String(), Uses: uses}
 	}
 	if err != nil {
 		_ = l.Unlock()

@@ -399,17 +399,17 @@ func (d *Daemon) checkEgress(ctx context.Context) {
 // stopFirewall removes the daemon's nftables table once no slot is left in
 // it, so a clean stop leaves nothing behind.
 func (d *Daemon) stopFirewall(ctx context.Context) error {
-	kept, err := DropEmptyFirewall(ctx, d.mgr)
+	kept, err := dropEmptyFirewall(ctx, d.mgr)
 	if kept > 0 {
 		d.log.Warn("firewall table kept: slots still listed", "table", d.mgr.Firewall().Name(), "slots", kept)
 	}
 	return err
 }
 
-// DropEmptyFirewall deletes m's nftables table if its set lists no slot,
+// dropEmptyFirewall deletes m's nftables table if its set lists no slot,
 // and otherwise returns how many it lists: a table that still names slots
 // (stuck ones) stays for the next reclaim.
-func DropEmptyFirewall(ctx context.Context, m *slot.Manager) (kept int, err error) {
+func dropEmptyFirewall(ctx context.Context, m *slot.Manager) (kept int, err error) {
 	fw := m.Firewall()
 	names, err := fw.List(ctx)
 	if err != nil {

@@ -89,7 +89,7 @@ func Reclaim(ctx context.Context, cfg Config, log *slog.Logger) (summary string,
 	summary = fmt.Sprintf("%d leased and %d idle slots recorded, left as they are; %d leases lost; %d unknown slots with processes kept",
 		len(plan.restored), len(plan.adopted), len(plan.lost), len(plan.held))
 	if len(plan.restored)+len(plan.adopted) == 0 {
-		if kept, ferr := DropEmptyFirewall(ctx, d.mgr); ferr != nil {
+		if kept, ferr := dropEmptyFirewall(ctx, d.mgr); ferr != nil {
 			d.log.Warn("removing the firewall table", "error", ferr)
 		} else if kept > 0 {
 			d.log.Warn("firewall table kept: slots still listed", "slots", kept)
