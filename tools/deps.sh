@@ -13,9 +13,12 @@ packages=(
   iproute2          # ip, ip netns: tests make and inspect veths and namespaces
   nftables          # nft: tests check and sweep the daemon's tables
   iptables          # iptables inside a slot: tests dirty a slot the way a tenant would
-  util-linux        # unshare, nsenter, mount: leaked-slot fixtures, workloads inside slots
+  util-linux        # unshare, nsenter, mount: leaked-slot fixtures, workloads inside slots;
+                    # runuser: the control plane's attacks as an unprivileged user
+  passwd            # groupdel: the systemd test removes the group the sysusers.d file made
   procps            # sysctl, ps: tests read and dirty per-namespace sysctls
-  systemd           # systemd-socket-activate: socket activation tests
+  systemd           # systemd-socket-activate: socket activation tests; systemd-sysusers
+                    # makes the control socket's group from the shipped sysusers.d file
   protobuf-compiler # protoc: the generated API code is checked against the .proto
   libprotobuf-dev   # google/protobuf/timestamp.proto, which protoc needs for the API
   chromium          # headless browser for the /debug/startup timeline test
