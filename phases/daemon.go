@@ -638,9 +638,8 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 		KillOrphans: d.cfg.ReclaimKillOrphans,
 		// Small batches: the kernel holds its networking lock while it
 		// destroys a batch, and a slot made meanwhile (an Acquire on an
-		// empty pool, the fill) waits for it. docs/benchmarks/batches.md:
-		// batches of 64 bound that wait to about a second for 1.2-1.7x
-		// the total time.
+		// empty pool, the fill) waits for it; the batch size trades that
+		// wait against the total time (docs/benchmarks/batches.md).
 		Batch:    backgroundBatch,
 		Progress: func(done, _ int) { p.SetDone(int64(done)) },
 	})

@@ -14,10 +14,10 @@ import (
 // maxRounds transactions; then it hands the lead to the first writer still
 // waiting. So a lone writer commits at once (bbolt's DB.Batch would first
 // wait out MaxBatchDelay, 10 ms by default), and under load the batch grows
-// by itself to whatever arrived during the previous fsync. Going on as
-// leader rather than handing over after every transaction measured 2-3x
-// the throughput with 8 and 32 writers on disk: the next leader's wake-up
-// is a scheduling delay between two fsyncs on a busy machine.
+// by itself to whatever arrived during the previous fsync. The leader goes
+// on rather than handing over after every transaction because the next
+// leader's wake-up is a scheduling delay between two fsyncs on a busy
+// machine (docs/BENCHMARKS.md, "Figures behind the network code").
 
 // maxBatch bounds the ops in one transaction, so that one commit's work
 // (and the lead's latency) stays bounded however long the queue grows.

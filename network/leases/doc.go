@@ -70,9 +70,9 @@
 // Concurrent writes share transactions (group commit): the first writer
 // commits at once; writers that arrive during that fsync are committed
 // together by the next one. A lone writer pays one fsync and no timer
-// (bbolt's DB.Batch waits up to 10 ms to gather a batch); 32 writers on
-// tmpfs commit several times faster than one transaction each (see
-// BenchmarkWrite). Within a shared transaction:
+// (bbolt's DB.Batch waits up to 10 ms to gather a batch); many writers
+// commit faster than one transaction each (BenchmarkWrite; figures in
+// docs/BENCHMARKS.md). Within a shared transaction:
 //
 //   - a write refused on its own merits (invalid, duplicate request, an
 //     Update function's error) changes nothing and fails alone;
@@ -101,9 +101,9 @@
 //
 // Open walks every page of the file, then runs bbolt's consistency check
 // (tx.Check), with panics recovered and memory faults on the mapping turned
-// into panics (runtime/debug.SetPanicOnFault). For 10,000 records the walk
-// takes 0.3-0.5 ms and the check 0.9-1.6 ms; all of Open 4-11 ms, on a
-// busy 2-core machine (BenchmarkOpen, BenchmarkCheck). An empty (0-byte) file is a new store: bbolt cannot tell it from
+// into panics (runtime/debug.SetPanicOnFault): both are linear in the file,
+// a small part of a start (BenchmarkOpen, BenchmarkCheck; figures in
+// docs/BENCHMARKS.md). An empty (0-byte) file is a new store: bbolt cannot tell it from
 // a file made by a process that died before its first write. When bbolt
 // panics inside bolt.Open itself, its mapping of the file cannot be
 // released; it stays until the process exits.
