@@ -95,41 +95,52 @@ const controlHandover = "control"
 // image handed over — and serves it at once: until the daemon serves,
 // calls get Unavailable naming the phase, as on the port. It runs in the
 // lock phase, after the locks: only their holder may replace a stale
-// socket, and the socket lives as long as they do.
+// socket, and the socket lives as long as they do. A start that fails
+// here leaves no socket behind.
 func (d *Daemon) openControl(ctx context.Context) error {
-	path := d.cfg.ControlSocket()
-	var (
-		l    *net.UnixListener
-		sock *control.Socket
-		err  error
-	)
-	if f := d.app.Inherited(controlHandover); f != nil {
-		l, sock, err = control.Adopt(f, path)
-		_ = f.Close() // Adopt made its own descriptor
-	} else {
-		if gid := d.cfg.Control.GID; gid >= 0 && filepath.Dir(path) == filepath.Clean(d.cfg.StateDir) {
-			if err := control.OpenDir(d.cfg.StateDir, gid); err != nil {
-				return fmt.Errorf("%w: %w", ErrConfig, err)
-			}
-		}
-		l, sock, err = control.Listen(ctx, path, control.SocketOptions{GID: d.cfg.Control.GID})
-	}
+	l, sock, err := d.bindControl(ctx)
 	if err != nil {
-		if errors.Is(err, control.ErrSocket) {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
-		}
 		return err
 	}
-	f, err := l.File()
+	srv, f, err := d.serveControl(ctx, l)
 	if err != nil {
 		_ = l.Close()
-		return fmt.Errorf("control socket %s: duplicate for handover: %w", path, err)
+		return errors.Join(fmt.Errorf("control socket %s: %w", sock.Path, err), sock.Remove())
 	}
+	d.ctl, d.ctlSocket, d.ctlFile = srv, sock, f
+	d.app.HandOver(controlHandover, f)
+	d.log.Info("control socket", "path", sock.Path, "gid", d.cfg.Control.GID, "mode", control.SocketMode.String())
+	return nil
+}
+
+// bindControl takes the socket an upgrade handed over, or binds a new one
+// (letting the socket's group reach it through the state directory). A
+// path that cannot be the socket is a configuration error: exit 2.
+func (d *Daemon) bindControl(ctx context.Context) (*net.UnixListener, *control.Socket, error) {
+	path := d.cfg.ControlSocket()
+	if f := d.app.Inherited(controlHandover); f != nil {
+		defer f.Close() // Adopt makes its own descriptor
+		return control.Adopt(f, path)
+	}
+	if gid := d.cfg.Control.GID; gid >= 0 && filepath.Dir(path) == filepath.Clean(d.cfg.StateDir) {
+		if err := control.OpenDir(d.cfg.StateDir, gid); err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
+	l, sock, err := control.Listen(ctx, path, control.SocketOptions{GID: d.cfg.Control.GID})
+	if errors.Is(err, control.ErrSocket) {
+		return nil, nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return l, sock, err
+}
+
+// serveControl serves the Slots API and /debug/slots on l, behind the
+// socket's guard, and returns the server and a duplicate of l's
+// descriptor for an upgrade.
+func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server.Server, *os.File, error) {
 	guard, err := d.newGuard("socket")
 	if err != nil {
-		_ = l.Close()
-		_ = f.Close()
-		return err
+		return nil, nil, err
 	}
 	sc := server.DefaultConfig()
 	sc.Listener = l
@@ -142,24 +153,24 @@ func (d *Daemon) openControl(ctx context.Context) error {
 		grpc.ChainUnaryInterceptor(d.obs.timeAcquire, guard.Intercept),
 	}
 	srv, err := server.New(sc)
-	if err == nil {
-		err = srv.Declare(slotsServiceDesc())
-	}
-	if err == nil {
-		err = srv.DeclareHTTP(pathDebugSlots)
-	}
-	if err == nil {
-		err = srv.Serve(ctx)
-	}
 	if err != nil {
-		_ = l.Close()
-		_ = f.Close()
-		return fmt.Errorf("control socket %s: %w", path, err)
+		return nil, nil, err
 	}
-	d.ctl, d.ctlSocket, d.ctlFile = srv, sock, f
-	d.app.HandOver(controlHandover, f)
-	d.log.Info("control socket", "path", path, "gid", d.cfg.Control.GID, "mode", control.SocketMode.String())
-	return nil
+	if err := srv.Declare(slotsServiceDesc()); err != nil {
+		return nil, nil, err
+	}
+	if err := srv.DeclareHTTP(pathDebugSlots); err != nil {
+		return nil, nil, err
+	}
+	f, err := l.File()
+	if err != nil {
+		return nil, nil, fmt.Errorf("duplicate for handover: %w", err)
+	}
+	if err := srv.Serve(ctx); err != nil {
+		_ = f.Close()
+		return nil, nil, err
+	}
+	return srv, f, nil
 }
 
 // closeControl drains the control socket. An upgrade hands it on, open,
