@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,6 +22,9 @@ import (
 
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/zclconf/go-cty/cty"
+
+	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/lifecycle"
 )
 
 // consulFile is the deploy file whose checks Consul's agent runs.
@@ -498,4 +502,93 @@ func TestConsulChecks(t *testing.T) {
 	}
 	d.waitExit(r.stopBudget()+5*time.Second, "the stop budget")
 	t.Logf("Consul's view of the drain (times since exec; exited at %v):\n%s", d.exited.Sub(d.began).Round(10*time.Millisecond), rec.timeline(from))
+}
+
+// TestConsulLongHealthBody serves a /health body well over the 4 KiB Consul
+// keeps (sixty phases, eight long warnings) to a real Consul HTTP check,
+// and reads the verdict in Consul's Output: Consul keeps the end, so the
+// body's front (its leading status and output) is gone and the closing
+// verdict must carry them. The body is the health package's own handler
+// over a real lifecycle, served inside the node: no daemon start has this
+// many phases.
+func TestConsulLongHealthBody(t *testing.T) {
+	n := newNode(t)
+	c := startConsul(t, n)
+
+	release := make(chan struct{})
+	phases := []lifecycle.Phase{{
+		Name: "slow",
+		Run: func(ctx context.Context, _ *lifecycle.Progress) error {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		},
+	}}
+	for i := range 60 {
+		phases = append(phases, lifecycle.Phase{
+			Name: fmt.Sprintf("quick-phase-with-a-long-name-%02d", i),
+			Run:  func(context.Context, *lifecycle.Progress) error { return nil },
+		})
+	}
+	lc, err := lifecycle.New(phases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- lc.Start(context.Background()) }()
+	t.Cleanup(func() {
+		close(release)
+		<-started
+		_ = lc.Drain(context.Background())
+	})
+	for i := range 8 {
+		lc.Warn(fmt.Sprintf("warning-%d", i), strings.Repeat("a long warning that says a lot; ", 10))
+	}
+	hc := health.New(lc, health.Options{Version: "test"})
+	t.Cleanup(hc.Close)
+	mux := http.NewServeMux()
+	health.NewHandler(hc).Mount(mux)
+
+	var l net.Listener
+	if err := n.inNamespace(func() error {
+		var err error
+		l, err = net.Listen("tcp", net.JoinHostPort(n.ip.String(), "0"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux}
+	served := make(chan struct{})
+	go func() { _ = srv.Serve(l); close(served) }()
+	t.Cleanup(func() { srv.Close(); <-served })
+
+	url := "http://" + l.Addr().String() + health.PathHealth
+	if err := c.call("PUT", "/v1/agent/check/register", map[string]any{
+		"ID": "long-health", "Name": "long-health", "HTTP": url,
+		"Interval": consulInterval.String(), "Timeout": "2s",
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var got consulCheckState
+	waitFor(t, time.Minute, "consul to run the check on the long body", func() bool {
+		m, err := c.checks()
+		if err != nil {
+			return false
+		}
+		got = m["long-health"]
+		return strings.Contains(got.Output, "Output: ")
+	})
+	body := got.Output[strings.Index(got.Output, "Output: ")+len("Output: "):]
+	if len(body) >= 4096+1 || strings.HasPrefix(body, `{"status"`) {
+		t.Fatalf("Consul kept %d bytes starting %.60q: the body was not cut, the test proves nothing", len(body), body)
+	}
+	if got.Status != "critical" {
+		t.Errorf("check status %q, want critical (503 while starting)", got.Status)
+	}
+	if o := healthOutput(got.Output); !strings.HasPrefix(o, "starting: phase slow") {
+		t.Errorf("verdict in Consul's Output says %q, want starting: phase slow…\n%s", o, got.Output)
+	}
+	t.Logf("Consul kept the last %d bytes of the body; its verdict: %s", len(body), healthOutput(got.Output))
 }
