@@ -477,11 +477,12 @@ func TestConsulChecks(t *testing.T) {
 	if !d.running() {
 		t.Fatalf("the daemon exited: %v", d.err)
 	}
-	t.Logf("Consul's view of the start (times since exec):\n%s", rec.timeline(0))
+	t.Logf("Consul's view of the start (times since exec; serving at %v by the daemon's log):\n%s", servingAt(d), rec.timeline(0))
 
 	// Drain: SIGTERM; Consul must see every check critical while the
 	// daemon still runs (the drain delay), not only once the port closes.
 	from := rec.len()
+	termAt := time.Since(d.began)
 	d.signal(syscall.SIGTERM)
 	for _, id := range ids {
 		waitFor(t, serveTimeout, "consul check "+id+" critical on drain", func() bool {
@@ -501,7 +502,8 @@ func TestConsulChecks(t *testing.T) {
 		}
 	}
 	d.waitExit(r.stopBudget()+5*time.Second, "the stop budget")
-	t.Logf("Consul's view of the drain (times since exec; exited at %v):\n%s", d.exited.Sub(d.began).Round(10*time.Millisecond), rec.timeline(from))
+	t.Logf("Consul's view of the drain (times since exec; SIGTERM at %v, exited at %v):\n%s",
+		termAt.Round(10*time.Millisecond), d.exited.Sub(d.began).Round(10*time.Millisecond), rec.timeline(from))
 }
 
 // TestConsulLongHealthBody serves a /health body well over the 4 KiB Consul
@@ -591,4 +593,14 @@ func TestConsulLongHealthBody(t *testing.T) {
 		t.Errorf("verdict in Consul's Output says %q, want starting: phase slow…\n%s", o, got.Output)
 	}
 	t.Logf("Consul kept the last %d bytes of the body; its verdict: %s", len(body), healthOutput(got.Output))
+}
+
+// servingAt is when the daemon said it serves, from its log's startup=
+// figure, or "?" before.
+func servingAt(d *daemon) string {
+	m := regexp.MustCompile(`msg=serving .*startup=(\S+)`).FindStringSubmatch(d.logs.String())
+	if m == nil {
+		return "?"
+	}
+	return m[1]
 }
