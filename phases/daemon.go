@@ -360,9 +360,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		Workers:     d.cfg.ReclaimWorkers,
 		Budget:      d.cfg.ReclaimBudget,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
-		Progress: func(done, total int) {
-			p.SetDone(int64(done))
-		},
+		Progress:    teardownProgress(p),
 	}
 	rep, err := reclaim.Slots(ctx, d.mgr, plan.dead, opts)
 	if err != nil {
@@ -374,6 +372,27 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	d.obs.reclaimed(rep)
 	d.logReport(rep)
 	return nil
+}
+
+// Messages of a teardown's progress: the count is of namespaces unlinked,
+// and once it is complete the teardown still waits for the kernel to
+// destroy them (their host links to vanish), which can take seconds.
+const (
+	msgUnlinking  = "unlinking"
+	msgKernelWait = "all unlinked; waiting for the kernel to destroy them"
+)
+
+// teardownProgress is a reclaim's Progress callback that keeps p's count
+// and its message saying the step under way: an earlier step's message
+// (the scan's) would claim a step that is over.
+func teardownProgress(p *lifecycle.Progress) func(done, total int) {
+	p.SetMessage(msgUnlinking)
+	return func(done, total int) {
+		p.SetDone(int64(done))
+		if done == total {
+			p.SetMessage(msgKernelWait)
+		}
+	}
 }
 
 // checkEgress says what the slots' traffic to the outside needs and the
@@ -641,7 +660,7 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 		// empty pool, the fill) waits for it; the batch size trades that
 		// wait against the total time (docs/benchmarks/batches.md).
 		Batch:    backgroundBatch,
-		Progress: func(done, _ int) { p.SetDone(int64(done)) },
+		Progress: teardownProgress(p),
 	})
 	n := d.cfg.Slots.Slots
 	for _, i := range rep.Reclaimed {
