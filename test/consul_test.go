@@ -477,6 +477,15 @@ func TestConsulChecks(t *testing.T) {
 	if !d.running() {
 		t.Fatalf("the daemon exited: %v", d.err)
 	}
+	// No message claims a step that is over: a complete count says what the
+	// phase waits on now, not the step that counted.
+	rec.mu.Lock()
+	for _, e := range rec.events {
+		if m := countRe.FindStringSubmatch(healthOutput(e.output)); m != nil && m[1] == m[2] && (m[3] == "scanning" || m[3] == "unlinking") {
+			t.Errorf("at %v Consul showed a finished count under an earlier step: %s", e.at, m[0])
+		}
+	}
+	rec.mu.Unlock()
 	t.Logf("Consul's view of the start (times since exec; serving at %v by the daemon's log):\n%s", servingAt(d), rec.timeline(0))
 
 	// Drain: SIGTERM; Consul must see every check critical while the
@@ -594,6 +603,9 @@ func TestConsulLongHealthBody(t *testing.T) {
 	}
 	t.Logf("Consul kept the last %d bytes of the body; its verdict: %s", len(body), healthOutput(got.Output))
 }
+
+// countRe finds a phase's count and the message after it in an output.
+var countRe = regexp.MustCompile(`(\d+)/(\d+) namespaces: ([a-z ]+)`)
 
 // servingAt is when the daemon said it serves, from its log's startup=
 // figure, or "?" before.
