@@ -462,6 +462,10 @@ func TestConsulChecks(t *testing.T) {
 					strings.HasPrefix(healthOutput(e.output), "starting: phase "))
 			})
 			starting[id] = i
+			if i < 0 && rec.find(0, id, func(e consulEvent) bool { return e.status == "passing" }) >= 0 {
+				t.Fatalf("Consul saw %s pass before any run during the start (serving at %s, interval %v): the start was too short to see; leak more slots\n%s",
+					id, servingAt(d), consulInterval, rec.timeline(0))
+			}
 			return i >= 0
 		})
 	}
