@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -234,6 +235,9 @@ type consulJob struct {
 	env    []string
 	args   []string
 	checks []map[string]any
+	// interval is the longest of the file's check intervals (the checks
+	// above carry the test's).
+	interval time.Duration
 }
 
 // loadConsulJob reads consulFile as testNomadJob does for the node n,
@@ -292,6 +296,7 @@ func loadConsulJob(t *testing.T, n *node) consulJob {
 		}
 		for _, chk := range blocks(svc, "check") {
 			j.checks = append(j.checks, consulCheckDef(t, ev, chk, j.addr))
+			j.interval = max(j.interval, ev.dur(chk, "interval", 0))
 		}
 	}
 	if len(j.checks) == 0 {
@@ -619,4 +624,43 @@ func servingAt(d *daemon) string {
 		return "?"
 	}
 	return m[1]
+}
+
+// TestConsulDrainShorterThanIntervalWarns gives the daemon the Consul
+// file's own check interval as --check-interval: the file's --drain-delay is
+// shorter, which under a direct Consul registration hides the drain
+// (docs/DEPLOYING.md), so the serving daemon says so in /health.
+func TestConsulDrainShorterThanIntervalWarns(t *testing.T) {
+	n := newNode(t)
+	h := newHost(t)
+	j := loadConsulJob(t, n)
+	r := n.check(j.env, j.args)
+	if drain, _ := time.ParseDuration(r.DrainDelay); drain > j.interval {
+		t.Skipf("the file's --drain-delay %v exceeds its check interval %v: nothing to warn of", drain, j.interval)
+	}
+	d := n.start(j.addr, n.command(j.env, append(append(append([]string{binary}, j.args...), confine(h)...), "--check-interval="+j.interval.String())...))
+	tr := &http.Transport{DialContext: n.dial, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	var doc struct {
+		Status string
+		Output string
+	}
+	waitPass(t, serveTimeout, "/health to warn of the drain delay", func() error {
+		if !d.running() {
+			t.Fatalf("the daemon exited: %v", d.err)
+		}
+		resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Get("https://" + j.addr + "/health")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK || doc.Status != "warn" || !strings.Contains(doc.Output, "drain-delay: --drain-delay "+r.DrainDelay+" is not longer than --check-interval "+j.interval.String()) {
+			return fmt.Errorf("%d %s: %s", resp.StatusCode, doc.Status, doc.Output)
+		}
+		return nil
+	})
+	t.Logf("/health: %s", doc.Output)
 }
