@@ -13,7 +13,10 @@ version=v1.15.4
 api=v1.23.0
 cache=${PHASEGATE_CACHE:-/var/cache/phasegate}
 bin="$cache/consul-$version"
-if [ -x "$bin" ] && "$bin" version 2>/dev/null | head -1 | grep -qx "Consul ${version}"; then
+# Its first line of `consul version`, read whole (a pipe into head could
+# cut consul off with SIGPIPE, which pipefail would count as a failure).
+first_line() { local out; out=$("$1" version 2>/dev/null) || return 1; echo "${out%%$'\n'*}"; }
+if [ -x "$bin" ] && [ "$(first_line "$bin")" = "Consul $version" ]; then
   echo "$bin"
   exit 0
 fi
@@ -22,12 +25,12 @@ echo "building consul $version into $bin (first time on this machine: a few minu
 dir=$(go mod download -json "github.com/hashicorp/consul@$version" |
   awk -F'"' '$2 == "Dir" { print $4 }')
 # The licence is checked, not assumed: a later release changed it (BUSL).
-if ! head -3 "$dir/LICENSE" | grep -q 'Mozilla Public License'; then
+if [[ "$(head -3 "$dir/LICENSE")" != *"Mozilla Public License, version 2.0"* ]]; then
   echo "consul $version: LICENSE is not the MPL-2.0" >&2
   exit 1
 fi
 work=$(mktemp -d)
-trap 'chmod -R u+w "$work"; rm -rf "$work"' EXIT
+trap 'chmod -R u+w "$work"; rm -rf "$work" "$bin.tmp.$$"' EXIT
 cp -r "$dir/." "$work/src"
 chmod -R u+w "$work/src"
 cd "$work/src"
@@ -37,6 +40,7 @@ drops=$(awk '/^replace \(/ { in_ = 1; next } in_ && /^\)/ { in_ = 0 } in_ { prin
 go mod edit $drops
 go mod edit -require="github.com/hashicorp/consul/api@$api"
 GOFLAGS=-mod=mod go build -trimpath -o "$bin.tmp.$$" .
-"$bin.tmp.$$" version | head -1 | grep -qx "Consul ${version}"
+got=$(first_line "$bin.tmp.$$")
+[ "$got" = "Consul $version" ] || { echo "built consul says $got, want Consul $version" >&2; exit 1; }
 mv -f "$bin.tmp.$$" "$bin"
 echo "$bin"
