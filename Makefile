@@ -44,15 +44,15 @@ generate:
 ## test: the whole suite, as CI runs it (as root: network tests use real namespaces).
 ## It installs what it needs first (tools/deps.sh).
 test: deps vet
-	PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(tools/jaeger/build.sh) \
+	PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(tools/jaeger/build.sh) PHASEGATE_CONSUL=$$(tools/consul/build.sh) \
 		$(GO) test -race -count=1 -timeout 40m ./...
-	cd test && PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(../tools/jaeger/build.sh) \
+	cd test && PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(../tools/jaeger/build.sh) PHASEGATE_CONSUL=$$(../tools/consul/build.sh) \
 		$(GO) test -race -count=1 -timeout 40m ./...
 	cd examples && $(GO) test -race -count=1 -timeout 20m ./...
 	cd tracing/internal/autoexportcmp && $(GO) test -count=1 ./...
 	$(MAKE) bench-smoke
 
-## deps: Debian packages (as root), grpc-health-probe and the cached Jaeger build.
+## deps: Debian packages (as root), grpc-health-probe and the cached Jaeger and Consul builds.
 deps:
 	tools/deps.sh
 

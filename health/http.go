@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/phasegate/phasegate/lifecycle"
 )
@@ -36,7 +37,9 @@ const (
 //     left)", in the words of [DescribeWithETA]) or what it warns of
 //     ("serving; 1 warning: egress: net.ipv4.ip_forward is 0");
 //     checks keyed "phase:<name>", "task:<name>" and "warning:<name>"; the
-//     lifecycle state and since when.
+//     lifecycle state and since when; last, "verdict" repeats output (cut
+//     to 1 KiB) and status, so that a checker that keeps only the end of a
+//     long body (Consul: the last 4 KiB) still reads them.
 //   - /livez, /readyz, /startupz: kube-apiserver semantics. The checks are
 //     "lifecycle" and, for /readyz and /startupz, "phase/<name>" per phase;
 //     /livez and /readyz add "warning/<name>" per warning, which never
@@ -144,6 +147,36 @@ type healthBody struct {
 	State       lifecycle.State          `json:"state"`
 	Since       time.Time                `json:"since"`
 	Checks      map[string][]checkResult `json:"checks"`
+	// Verdict repeats output and status last, so that a checker which keeps
+	// only the end of a long body (Consul keeps the last 4 KiB) still shows
+	// them; a checker that keeps the start has them at the top.
+	Verdict verdict `json:"verdict"`
+}
+
+// verdict is the body's closing repeat of its verdict: output first, cut to
+// maxVerdictOutput bytes, so that status is the body's last field and the
+// whole verdict fits any checker's window.
+type verdict struct {
+	Output string `json:"output,omitempty"`
+	Status string `json:"status"`
+}
+
+// maxVerdictOutput bounds the verdict's output: well under the 4 KiB that
+// Consul keeps of a check's output, with room for its "HTTP GET <url>: 200
+// OK Output: " prefix and the JSON around it.
+const maxVerdictOutput = 1024
+
+// truncate cuts s to at most n bytes on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 // checkResult is one entry of "checks". The draft's fields come first;
@@ -189,7 +222,8 @@ const (
 // convention of Consul's API). Compact is the default because checkers read
 // it thousands of times for every person who does: indenting makes each
 // answer dearer (docs/BENCHMARKS.md, "server/ and health/", the handler
-// alone), and Consul keeps only the first 4 KiB of a check's output.
+// alone), and Consul keeps only the last 4 KiB of a check's output (which
+// is why the verdict is repeated at the end).
 func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, string, []byte) {
 	const ctype = "application/health+json"
 	s := v.snap
@@ -239,6 +273,7 @@ func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, str
 		}
 		b.Checks["warning:"+w.Name] = []checkResult{c}
 	}
+	b.Verdict = verdict{Output: truncate(b.Output, maxVerdictOutput), Status: b.Status}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	if pretty {

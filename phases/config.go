@@ -80,6 +80,10 @@ type Config struct {
 	// DrainDelay is the time between health turning NOT_SERVING and the
 	// servers stopping, for checkers to notice and in-flight calls to end.
 	DrainDelay time.Duration
+	// CheckInterval is the longest interval at which a health checker that
+	// takes the daemon out of rotation polls it (zero: unknown). A drain
+	// not longer than it may pass unseen, so the daemon warns at start.
+	CheckInterval time.Duration
 	// StopTimeout bounds the graceful stop of the servers and each stop
 	// function.
 	StopTimeout time.Duration
@@ -177,6 +181,7 @@ func (c Config) Validate() error {
 	nonNegative("--lock-wait", c.LockWait)
 	nonNegative("--reclaim-budget", c.ReclaimBudget)
 	nonNegative("--drain-delay", c.DrainDelay)
+	nonNegative("--check-interval", c.CheckInterval)
 	nonNegative("--start-timeout", c.StartTimeout)
 	nonNegative("--populate-timeout", c.PopulateTimeout)
 	if c.ReclaimMode != ReclaimBackground && c.ReclaimMode != ReclaimForeground {

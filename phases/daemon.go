@@ -183,6 +183,7 @@ func (d *Daemon) graph() []lifecycle.Phase {
 func (d *Daemon) StopBudget() time.Duration { return d.app.StopBudget() }
 
 func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
+	d.checkDrainDelay()
 	if err := lockfile.EnsureDir(d.cfg.StateDir); err != nil {
 		return lifecycle.Permanent(err)
 	}
@@ -255,6 +256,7 @@ const (
 	warnStateLost  = "state-lost"
 	warnLeasesLost = "leases-lost"
 	warnEgress     = "egress"
+	warnDrainDelay = "drain-delay"
 	taskReclaim    = "reclaim-dead"
 	taskReconcile  = "reconcile"
 	taskFill       = "fill"
@@ -360,9 +362,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		Workers:     d.cfg.ReclaimWorkers,
 		Budget:      d.cfg.ReclaimBudget,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
-		Progress: func(done, total int) {
-			p.SetDone(int64(done))
-		},
+		Progress:    teardownProgress(p),
 	}
 	rep, err := reclaim.Slots(ctx, d.mgr, plan.dead, opts)
 	if err != nil {
@@ -374,6 +374,40 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	d.obs.reclaimed(rep)
 	d.logReport(rep)
 	return nil
+}
+
+// checkDrainDelay warns when the drain is not longer than the interval of
+// a checker that must see it: that checker may keep the daemon in rotation
+// until the port closes (issue 25: Consul at 5s against a 2s drain).
+func (d *Daemon) checkDrainDelay() {
+	if d.cfg.CheckInterval == 0 || d.cfg.DrainDelay > d.cfg.CheckInterval {
+		return
+	}
+	msg := fmt.Sprintf("--drain-delay %v is not longer than --check-interval %v: a checker may not see the drain before the port closes; raise --drain-delay (and the supervisor's stop timeout) or shorten the check's interval",
+		d.cfg.DrainDelay, d.cfg.CheckInterval)
+	d.log.Warn("drain shorter than a check interval", "drain_delay", d.cfg.DrainDelay, "check_interval", d.cfg.CheckInterval)
+	d.lc.Warn(warnDrainDelay, msg)
+}
+
+// Messages of a teardown's progress: the count is of namespaces unlinked,
+// and once it is complete the teardown still waits for the kernel to
+// destroy them (their host links to vanish), which can take seconds.
+const (
+	msgUnlinking  = "unlinking"
+	msgKernelWait = "all unlinked; waiting for the kernel to destroy them"
+)
+
+// teardownProgress is a reclaim's Progress callback that keeps p's count
+// and its message saying the step under way: an earlier step's message
+// (the scan's) would claim a step that is over.
+func teardownProgress(p *lifecycle.Progress) func(done, total int) {
+	p.SetMessage(msgUnlinking)
+	return func(done, total int) {
+		p.SetDone(int64(done))
+		if done == total {
+			p.SetMessage(msgKernelWait)
+		}
+	}
 }
 
 // checkEgress says what the slots' traffic to the outside needs and the
@@ -641,7 +675,7 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 		// empty pool, the fill) waits for it; the batch size trades that
 		// wait against the total time (docs/benchmarks/batches.md).
 		Batch:    backgroundBatch,
-		Progress: func(done, _ int) { p.SetDone(int64(done)) },
+		Progress: teardownProgress(p),
 	})
 	n := d.cfg.Slots.Slots
 	for _, i := range rep.Reclaimed {

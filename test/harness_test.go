@@ -71,6 +71,9 @@ type host struct {
 	// packages) running at the same time never share an address, and a
 	// daemon never refuses it for overlapping another's.
 	cidr string
+	// node, when set, is the namespace the host's daemon runs in: leak puts
+	// the leaked slots' host ends there, as a daemon there would have.
+	node *node
 }
 
 func newHost(t *testing.T) *host {
@@ -234,7 +237,12 @@ func (h *host) leak(prefix string, from, n int) int {
 	if err := os.WriteFile(bf, batch.Bytes(), 0o600); err != nil {
 		h.t.Fatal(err)
 	}
-	run(h.t, "ip", "-batch", bf)
+	if h.node != nil {
+		// The host ends go where the daemon runs: the node's namespace.
+		run(h.t, "nsenter", "--net="+h.node.ns, "--", "ip", "-batch", bf)
+	} else {
+		run(h.t, "ip", "-batch", bf)
+	}
 	return len(idx)
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `make test` needs on a Debian machine that has Go: the Debian
 # packages below (as root, with apt-get), grpc-health-probe (go install) and
-# a cached Jaeger build. Packages are checked by name with dpkg-query, not by
+# cached Jaeger and Consul builds. Packages are checked by name with dpkg-query, not by
 # command: libprotobuf-dev has no command, and a command of the same name
 # from elsewhere would hide a missing package. Safe to run again: it does
 # nothing when everything is there.
@@ -56,3 +56,4 @@ if [ ! -x "$gobin/grpc-health-probe" ]; then
 fi
 
 "$here/jaeger/build.sh" >/dev/null
+"$here/consul/build.sh" >/dev/null

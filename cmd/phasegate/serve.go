@@ -84,6 +84,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	fs.DurationVar(&cfg.PopulateTimeout, "populate-timeout", cfg.PopulateTimeout, "bound on each of populate's 3 attempts to make --pool-min-ready warm slots (0: none)")
 	fs.DurationVar(&cfg.StartTimeout, "start-timeout", cfg.StartTimeout, "bound on the whole start; past it the daemon exits 1 naming the phase (0: none)")
 	fs.DurationVar(&cfg.DrainDelay, "drain-delay", cfg.DrainDelay, "time between health turning NOT_SERVING and the servers stopping")
+	fs.DurationVar(&cfg.CheckInterval, "check-interval", cfg.CheckInterval, "the longest interval of a health check that takes this daemon out of rotation (0: unknown); warns at start when --drain-delay is not longer")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "bound on the graceful stop of the servers")
 	tf.register(fs)
 	cf.register(fs)

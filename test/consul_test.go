@@ -1,0 +1,666 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/zclconf/go-cty/cty"
+
+	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// consulFile is the deploy file whose checks Consul's agent runs.
+const consulFile = "../deploy/nomad/phasegate-consul.nomad.hcl"
+
+// consulInterval replaces the file's check interval in these tests. The
+// shipped 5s is longer than the whole start the test can make and than the
+// file's --drain-delay: Consul would see neither the start nor the drain
+// (issue 25; docs/DEPLOYING.md says how the two must relate). 1s is
+// Consul's floor: it raises anything shorter to it.
+const consulInterval = time.Second
+
+// consulAgent is a Consul dev agent running inside a node's namespace: it
+// reaches the daemon at the node's address, and its own ports are on the
+// namespace's loopback, which nothing else on this machine shares.
+type consulAgent struct {
+	n    *node
+	http string // host:port of the agent's HTTP API, inside the node
+	logs *syncBuffer
+	done chan struct{}
+}
+
+// consulBinary is the Consul agent that tools/consul/build.sh builds and
+// caches (PHASEGATE_CONSUL), building it on first use if needed. Without
+// PHASEGATE_REQUIRE_TOOLS=1 a missing Consul skips the test.
+func consulBinary(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("PHASEGATE_CONSUL"); bin != "" {
+		return bin
+	}
+	out, err := exec.Command("../tools/consul/build.sh").Output()
+	if err != nil {
+		if os.Getenv("PHASEGATE_REQUIRE_TOOLS") == "1" {
+			t.Fatalf("building consul: %v", err)
+		}
+		t.Skipf("consul not available (tools/consul/build.sh: %v)", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// startConsul runs a Consul dev agent in n with its data in a temporary
+// directory, and waits until it has elected itself leader. The test's
+// clean-up kills it.
+func startConsul(t *testing.T, n *node) *consulAgent {
+	t.Helper()
+	bin := consulBinary(t)
+	// Every port the agent opens, picked free inside the node and held
+	// until all are picked, so none repeats.
+	names := []string{"-http-port", "-dns-port", "-grpc-port", "-serf-lan-port", "-serf-wan-port", "-server-port"}
+	var held []net.Listener
+	ports := map[string]string{}
+	err := n.inNamespace(func() error {
+		for _, name := range names {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return err
+			}
+			held = append(held, l)
+			ports[name] = strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+		}
+		return nil
+	})
+	for _, l := range held {
+		l.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{bin, "agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1",
+		"-data-dir", filepath.Join(t.TempDir(), "consul"), "-node", "phasegate-test",
+		"-hcl", "disable_update_check = true", "-hcl", "ports { grpc_tls = -1 }"}
+	for _, name := range names {
+		args = append(args, name, ports[name])
+	}
+	c := &consulAgent{n: n, http: "127.0.0.1:" + ports["-http-port"], logs: &syncBuffer{}, done: make(chan struct{})}
+	cmd := n.command(baseEnv(), args...)
+	cmd.Stdout, cmd.Stderr = c.logs, c.logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(c.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-c.done
+		if t.Failed() {
+			t.Logf("consul logs:\n%s", c.logs.String())
+		}
+	})
+	waitFor(t, 60*time.Second, "consul to elect itself leader", func() bool {
+		select {
+		case <-c.done:
+			t.Fatalf("consul exited: %v\n%s", waitErr, c.logs.String())
+		default:
+		}
+		var leader string
+		return c.call("GET", "/v1/status/leader", nil, &leader) == nil && leader != ""
+	})
+	return c
+}
+
+// call does one request to the agent's HTTP API from inside the node,
+// sending in as JSON and decoding the answer into out (either may be nil).
+func (c *consulAgent) call(method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, "http://"+c.http+path, body)
+	if err != nil {
+		return err
+	}
+	tr := &http.Transport{DialContext: c.n.dial, DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, b)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(b, out)
+}
+
+// consulCheckState is one check in /v1/agent/checks.
+type consulCheckState struct {
+	CheckID, Name, Status, Output, Type string
+}
+
+// checks returns the agent's own view of its checks, by ID.
+func (c *consulAgent) checks() (map[string]consulCheckState, error) {
+	var m map[string]consulCheckState
+	err := c.call("GET", "/v1/agent/checks", nil, &m)
+	return m, err
+}
+
+// consulCheckAttrs are the check attributes the translation below knows.
+// A new one in the deploy file fails the test until it is taught: a check
+// the test runs differently from the file would prove nothing.
+var consulCheckAttrs = map[string]bool{
+	"name": true, "type": true, "port": true, "interval": true, "timeout": true,
+	"grpc_service": true, "grpc_use_tls": true, "tls_skip_verify": true, "tls_server_name": true,
+	"path": true, "protocol": true, "method": true,
+}
+
+// consulCheckDef translates one of a Nomad job's check stanzas into the
+// check definition Nomad registers with Consul's agent API for it, the
+// address being the service's (port "api"), the interval the test's.
+func consulCheckDef(t *testing.T, ev nomadEval, chk *hclsyntax.Body, addr string) map[string]any {
+	t.Helper()
+	name := ev.str(chk, "name", "")
+	for a := range chk.Attributes {
+		if !consulCheckAttrs[a] {
+			t.Fatalf("check %s: attribute %s is not translated to Consul's API; teach consulCheckDef", name, a)
+		}
+	}
+	for _, b := range chk.Blocks {
+		if b.Type != "check_restart" { // Nomad's own, never sent to Consul
+			t.Fatalf("check %s: block %s is not translated to Consul's API", name, b.Type)
+		}
+	}
+	if p := ev.str(chk, "port", "api"); p != "api" {
+		t.Fatalf("check %s probes port %q, the daemon's is api", name, p)
+	}
+	def := map[string]any{
+		"CheckID":       name,
+		"Name":          name,
+		"Interval":      consulInterval.String(),
+		"Timeout":       ev.dur(chk, "timeout", 0).String(),
+		"TLSSkipVerify": ev.boolean(chk, "tls_skip_verify"),
+		"TLSServerName": ev.str(chk, "tls_server_name", ""),
+	}
+	switch typ := ev.str(chk, "type", ""); typ {
+	case "grpc":
+		target := addr
+		if s := ev.str(chk, "grpc_service", ""); s != "" {
+			target += "/" + s
+		}
+		def["GRPC"] = target
+		def["GRPCUseTLS"] = ev.boolean(chk, "grpc_use_tls")
+	case "http":
+		def["HTTP"] = ev.str(chk, "protocol", "http") + "://" + addr + ev.str(chk, "path", "/")
+		def["Method"] = ev.str(chk, "method", "GET")
+	default:
+		t.Fatalf("check %s: type %q is not translated to Consul's API", name, typ)
+	}
+	return def
+}
+
+// consulJob is what the test takes from the deploy file: the daemon's
+// command line and environment with Nomad's runtime variables filled, and
+// the Consul check definitions of its service.
+type consulJob struct {
+	addr   string
+	env    []string
+	args   []string
+	checks []map[string]any
+	// interval is the longest of the file's check intervals (the checks
+	// above carry the test's).
+	interval time.Duration
+}
+
+// loadConsulJob reads consulFile as testNomadJob does for the node n,
+// writing the certificate its template renders into the task directory.
+func loadConsulJob(t *testing.T, n *node) consulJob {
+	t.Helper()
+	job := block(t, hclBody(t, consulFile), "job", "phasegate")
+	group := block(t, job, "group", "phasegate")
+	taskDir := t.TempDir()
+	ev := nomadEval{t: t, vars: map[string]cty.Value{}}
+	static, ok := ev.value(block(t, block(t, group, "network"), "port", "api"), "static")
+	if !ok {
+		t.Fatal(`port "api" has no static port`)
+	}
+	port, _ := static.AsBigFloat().Int64()
+	j := consulJob{addr: net.JoinHostPort(n.ip.String(), strconv.FormatInt(port, 10))}
+	for k, v := range map[string]string{
+		"NOMAD_IP_api":      n.ip.String(),
+		"NOMAD_PORT_api":    strconv.FormatInt(port, 10),
+		"NOMAD_ADDR_api":    j.addr,
+		"NOMAD_SECRETS_DIR": filepath.Join(taskDir, "secrets"),
+		"NOMAD_TASK_DIR":    filepath.Join(taskDir, "local"),
+	} {
+		ev.vars[k] = cty.StringVal(v)
+	}
+	task := block(t, group, "task", "phasegate")
+	argsVal, ok := ev.value(block(t, task, "config"), "args")
+	if !ok {
+		t.Fatal("config has no args")
+	}
+	for _, v := range argsVal.AsValueSlice() {
+		j.args = append(j.args, v.AsString())
+	}
+	j.env = baseEnv()
+	for k, v := range ev.vars {
+		j.env = append(j.env, k+"="+v.AsString())
+	}
+	for _, e := range blocks(task, "env") {
+		for name := range e.Attributes {
+			j.env = append(j.env, name+"="+ev.str(e, name, ""))
+		}
+	}
+	// What Vault's pki engine would issue is what the test's CA issues;
+	// testNomadJob checks the template's shape.
+	certs := newCerts(t)
+	for _, tb := range blocks(task, "template") {
+		var b bytes.Buffer
+		b.Write(pemFile(t, certs.ServerCert))
+		b.Write(pemFile(t, certs.CAFile))
+		b.Write(pemFile(t, certs.ServerKey))
+		writeFile(t, filepath.Join(taskDir, ev.str(tb, "destination", "")), b.Bytes(), 0o600)
+	}
+	for _, svc := range blocks(group, "service") {
+		if p := ev.str(svc, "provider", "consul"); p != "consul" {
+			t.Fatalf("service provider %q: this file's checks are Consul's", p)
+		}
+		for _, chk := range blocks(svc, "check") {
+			j.checks = append(j.checks, consulCheckDef(t, ev, chk, j.addr))
+			j.interval = max(j.interval, ev.dur(chk, "interval", 0))
+		}
+	}
+	if len(j.checks) == 0 {
+		t.Fatal("the job has no service check")
+	}
+	return j
+}
+
+// consulEvent is a change in one check as the agent shows it.
+type consulEvent struct {
+	at                    time.Duration // since the daemon's exec
+	check, status, output string
+}
+
+// consulRecorder polls the agent's checks and keeps every change, so the
+// test can ask what Consul showed and when.
+type consulRecorder struct {
+	mu     sync.Mutex
+	events []consulEvent
+	last   map[string]consulCheckState
+	err    error
+}
+
+// record polls c every 50ms from began until stop is closed.
+func (r *consulRecorder) record(c *consulAgent, began time.Time, stop <-chan struct{}) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		m, err := c.checks()
+		r.mu.Lock()
+		r.err = err
+		if err == nil {
+			ids := make([]string, 0, len(m))
+			for id := range m {
+				ids = append(ids, id)
+			}
+			sort.Strings(ids)
+			for _, id := range ids {
+				s := m[id]
+				if p, ok := r.last[id]; !ok || p.Status != s.Status || p.Output != s.Output {
+					r.events = append(r.events, consulEvent{time.Since(began), id, s.Status, s.Output})
+				}
+			}
+			r.last = m
+		}
+		r.mu.Unlock()
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// find returns the index of the first event at or after from for check id
+// that match says is the one, or -1.
+func (r *consulRecorder) find(from int, id string, match func(consulEvent) bool) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := from; i < len(r.events); i++ {
+		if r.events[i].check == id && match(r.events[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+func (r *consulRecorder) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.events)
+}
+
+// timeline renders the events from index from on, one line each.
+func (r *consulRecorder) timeline(from int) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for _, e := range r.events[from:] {
+		out := e.output
+		if o := healthOutput(out); o != "" {
+			out = "output: " + o
+		}
+		if len(out) > 160 {
+			out = out[:160] + "…"
+		}
+		fmt.Fprintf(&b, "%8s %-18s %-8s %s\n", e.at.Round(10*time.Millisecond), e.check, e.status, strings.ReplaceAll(out, "\n", " "))
+	}
+	return b.String()
+}
+
+// healthOutputRe finds the output in the verdict /health's body ends with.
+var healthOutputRe = regexp.MustCompile(`"verdict":\{(?:"output":("(?:[^"\\]|\\.)*"),)?"status":"(\w+)"\}\}\s*$`)
+
+// healthOutput returns what an HTTP check's Output says of the daemon's
+// state: the output of /health's verdict, or its status when the verdict has
+// no output (pass); "" when Output is not a /health body.
+func healthOutput(consulOutput string) string {
+	m := healthOutputRe.FindStringSubmatch(consulOutput)
+	if m == nil {
+		return ""
+	}
+	if m[1] == "" {
+		return m[2]
+	}
+	var s string
+	if err := json.Unmarshal([]byte(m[1]), &s); err != nil {
+		return ""
+	}
+	return s
+}
+
+// TestConsulChecks runs the deploy file's checks in a real Consul agent
+// against the daemon started with the file's arguments, and reads Consul's
+// own view: every check critical while the daemon starts (the HTTP check
+// saying which phase), passing once it serves, critical again on SIGTERM
+// for the file's --drain-delay, before the port closes.
+func TestConsulChecks(t *testing.T) {
+	n := newNode(t)
+	h := newHost(t)
+	c := startConsul(t, n)
+	j := loadConsulJob(t, n)
+	r := n.check(j.env, j.args)
+	drain, err := time.ParseDuration(r.DrainDelay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if drain < 2*consulInterval {
+		t.Fatalf("--drain-delay %v: under two check intervals (%v) Consul may not look during the drain", drain, consulInterval)
+	}
+
+	// A start long enough for several check intervals: leaked slots to
+	// reclaim, left where the daemon runs, and --reclaim=foreground, the
+	// one flag the test adds to the file's (after confine's). With the
+	// file's background reclaim the daemon serves within ~100 ms of its
+	// exec whatever was leaked: no checker at Consul's 1 s floor sees that
+	// start.
+	h.node = n
+	h.leak(h.prefix, 1, 5000)
+	extra := []string{"--reclaim=foreground"}
+
+	svcPort, _ := strconv.Atoi(j.addr[strings.LastIndexByte(j.addr, ':')+1:])
+	if err := c.call("PUT", "/v1/agent/service/register", map[string]any{
+		"ID": "phasegate", "Name": "phasegate", "Address": n.ip.String(), "Port": svcPort, "Checks": j.checks,
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, len(j.checks))
+	for i, chk := range j.checks {
+		ids[i] = chk["CheckID"].(string)
+	}
+
+	var rec consulRecorder
+	stop := make(chan struct{})
+	stopped := make(chan struct{})
+	d := n.start(j.addr, n.command(j.env, append(append(append([]string{binary}, j.args...), confine(h)...), extra...)...))
+	go func() { rec.record(c, d.began, stop); close(stopped) }()
+	t.Cleanup(func() { close(stop); <-stopped })
+
+	// Starting: each check ran against the daemon and failed, the HTTP one
+	// naming the phase. A check registered before its first run is critical
+	// with no output, so an output is what proves Consul looked.
+	starting := map[string]int{}
+	for _, id := range ids {
+		waitFor(t, serveTimeout, "consul check "+id+" to run critical while starting", func() bool {
+			i := rec.find(0, id, func(e consulEvent) bool {
+				return e.status == "critical" && (strings.HasSuffix(e.output, "serving status: NOT_SERVING") ||
+					strings.HasPrefix(healthOutput(e.output), "starting: phase "))
+			})
+			starting[id] = i
+			if i < 0 && rec.find(0, id, func(e consulEvent) bool { return e.status == "passing" }) >= 0 {
+				t.Fatalf("Consul saw %s pass before any run during the start (serving at %s, interval %v): the start was too short to see; leak more slots\n%s",
+					id, servingAt(d), consulInterval, rec.timeline(0))
+			}
+			return i >= 0
+		})
+	}
+	// Serving: every check passing.
+	serving := map[string]int{}
+	for _, id := range ids {
+		waitFor(t, serveTimeout, "consul check "+id+" to pass", func() bool {
+			i := rec.find(starting[id], id, func(e consulEvent) bool { return e.status == "passing" })
+			serving[id] = i
+			return i >= 0
+		})
+	}
+	if !d.running() {
+		t.Fatalf("the daemon exited: %v", d.err)
+	}
+	// No message claims a step that is over: a complete count says what the
+	// phase waits on now, not the step that counted.
+	rec.mu.Lock()
+	for _, e := range rec.events {
+		if m := countRe.FindStringSubmatch(healthOutput(e.output)); m != nil && m[1] == m[2] && (m[3] == "scanning" || m[3] == "unlinking") {
+			t.Errorf("at %v Consul showed a finished count under an earlier step: %s", e.at, m[0])
+		}
+	}
+	rec.mu.Unlock()
+	t.Logf("Consul's view of the start (times since exec; serving at %v by the daemon's log):\n%s", servingAt(d), rec.timeline(0))
+
+	// Drain: SIGTERM; Consul must see every check critical while the
+	// daemon still runs (the drain delay), not only once the port closes.
+	from := rec.len()
+	termAt := time.Since(d.began)
+	d.signal(syscall.SIGTERM)
+	for _, id := range ids {
+		waitFor(t, serveTimeout, "consul check "+id+" critical on drain", func() bool {
+			return rec.find(from, id, func(e consulEvent) bool { return e.status == "critical" }) >= 0
+		})
+	}
+	if !d.running() {
+		t.Errorf("the daemon exited before Consul saw every check critical: the drain went unseen\n%s", rec.timeline(from))
+	}
+	for _, id := range ids {
+		i := rec.find(from, id, func(e consulEvent) bool { return e.status == "critical" })
+		rec.mu.Lock()
+		e := rec.events[i]
+		rec.mu.Unlock()
+		if !strings.HasSuffix(e.output, "serving status: NOT_SERVING") && healthOutput(e.output) != "draining" {
+			t.Errorf("check %s on drain: output %q does not say the daemon is draining", id, e.output)
+		}
+	}
+	d.waitExit(r.stopBudget()+5*time.Second, "the stop budget")
+	t.Logf("Consul's view of the drain (times since exec; SIGTERM at %v, exited at %v):\n%s",
+		termAt.Round(10*time.Millisecond), d.exited.Sub(d.began).Round(10*time.Millisecond), rec.timeline(from))
+}
+
+// TestConsulLongHealthBody serves a /health body well over the 4 KiB Consul
+// keeps (sixty phases, eight long warnings) to a real Consul HTTP check,
+// and reads the verdict in Consul's Output: Consul keeps the end, so the
+// body's front (its leading status and output) is gone and the closing
+// verdict must carry them. The body is the health package's own handler
+// over a real lifecycle, served inside the node: no daemon start has this
+// many phases.
+func TestConsulLongHealthBody(t *testing.T) {
+	n := newNode(t)
+	c := startConsul(t, n)
+
+	release := make(chan struct{})
+	phases := []lifecycle.Phase{{
+		Name: "slow",
+		Run: func(ctx context.Context, _ *lifecycle.Progress) error {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		},
+	}}
+	for i := range 60 {
+		phases = append(phases, lifecycle.Phase{
+			Name: fmt.Sprintf("quick-phase-with-a-long-name-%02d", i),
+			Run:  func(context.Context, *lifecycle.Progress) error { return nil },
+		})
+	}
+	lc, err := lifecycle.New(phases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- lc.Start(context.Background()) }()
+	t.Cleanup(func() {
+		close(release)
+		<-started
+		_ = lc.Drain(context.Background())
+	})
+	for i := range 8 {
+		lc.Warn(fmt.Sprintf("warning-%d", i), strings.Repeat("a long warning that says a lot; ", 10))
+	}
+	hc := health.New(lc, health.Options{Version: "test"})
+	t.Cleanup(hc.Close)
+	mux := http.NewServeMux()
+	health.NewHandler(hc).Mount(mux)
+
+	var l net.Listener
+	if err := n.inNamespace(func() error {
+		var err error
+		l, err = net.Listen("tcp", net.JoinHostPort(n.ip.String(), "0"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux}
+	served := make(chan struct{})
+	go func() { _ = srv.Serve(l); close(served) }()
+	t.Cleanup(func() { srv.Close(); <-served })
+
+	url := "http://" + l.Addr().String() + health.PathHealth
+	if err := c.call("PUT", "/v1/agent/check/register", map[string]any{
+		"ID": "long-health", "Name": "long-health", "HTTP": url,
+		"Interval": consulInterval.String(), "Timeout": "2s",
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var got consulCheckState
+	waitFor(t, time.Minute, "consul to run the check on the long body", func() bool {
+		m, err := c.checks()
+		if err != nil {
+			return false
+		}
+		got = m["long-health"]
+		return strings.Contains(got.Output, "Output: ")
+	})
+	body := got.Output[strings.Index(got.Output, "Output: ")+len("Output: "):]
+	if len(body) >= 4096+1 || strings.HasPrefix(body, `{"status"`) {
+		t.Fatalf("Consul kept %d bytes starting %.60q: the body was not cut, the test proves nothing", len(body), body)
+	}
+	if got.Status != "critical" {
+		t.Errorf("check status %q, want critical (503 while starting)", got.Status)
+	}
+	if o := healthOutput(got.Output); !strings.HasPrefix(o, "starting: phase slow") {
+		t.Errorf("verdict in Consul's Output says %q, want starting: phase slow…\n%s", o, got.Output)
+	}
+	t.Logf("Consul kept the last %d bytes of the body; its verdict: %s", len(body), healthOutput(got.Output))
+}
+
+// countRe finds a phase's count and the message after it in an output.
+var countRe = regexp.MustCompile(`(\d+)/(\d+) namespaces: ([a-z ]+)`)
+
+// servingAt is when the daemon said it serves, from its log's startup=
+// figure, or "?" before.
+func servingAt(d *daemon) string {
+	m := regexp.MustCompile(`msg=serving .*startup=(\S+)`).FindStringSubmatch(d.logs.String())
+	if m == nil {
+		return "?"
+	}
+	return m[1]
+}
+
+// TestConsulDrainShorterThanIntervalWarns gives the daemon the Consul
+// file's own check interval as --check-interval: the file's --drain-delay is
+// shorter, which under a direct Consul registration hides the drain
+// (docs/DEPLOYING.md), so the serving daemon says so in /health.
+func TestConsulDrainShorterThanIntervalWarns(t *testing.T) {
+	n := newNode(t)
+	h := newHost(t)
+	j := loadConsulJob(t, n)
+	r := n.check(j.env, j.args)
+	if drain, _ := time.ParseDuration(r.DrainDelay); drain > j.interval {
+		t.Skipf("the file's --drain-delay %v exceeds its check interval %v: nothing to warn of", drain, j.interval)
+	}
+	d := n.start(j.addr, n.command(j.env, append(append(append([]string{binary}, j.args...), confine(h)...), "--check-interval="+j.interval.String())...))
+	tr := &http.Transport{DialContext: n.dial, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	var doc struct {
+		Status string
+		Output string
+	}
+	waitPass(t, serveTimeout, "/health to warn of the drain delay", func() error {
+		if !d.running() {
+			t.Fatalf("the daemon exited: %v", d.err)
+		}
+		resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Get("https://" + j.addr + "/health")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK || doc.Status != "warn" || !strings.Contains(doc.Output, "drain-delay: --drain-delay "+r.DrainDelay+" is not longer than --check-interval "+j.interval.String()) {
+			return fmt.Errorf("%d %s: %s", resp.StatusCode, doc.Status, doc.Output)
+		}
+		return nil
+	})
+	t.Logf("/health: %s", doc.Output)
+}
