@@ -601,6 +601,9 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent)
 		d.obs.setLeases(d.slots)
 	}
+	if err := d.reclaimForWarm(ctx, p); err != nil {
+		return err
+	}
 	p.SetTotal(int64(d.cfg.PoolMinReady), "warm slots")
 	stopWatch := watchPool(d.pool, p)
 	err := d.pool.WaitReady(ctx, d.cfg.PoolMinReady)
@@ -633,6 +636,41 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 			return nil
 		})
 	}
+	return nil
+}
+
+// reclaimForWarm reclaims, before the warm slots are awaited, as many dead
+// slots as --pool-min-ready needs and no free index can give: on a host
+// whose every index is leaked, the background reclaim (which starts once
+// the warm slots are made) would otherwise wait for a warm slot that
+// waits for it. Those reclaimed are left out of the background's share.
+func (d *Daemon) reclaimForWarm(ctx context.Context, p *lifecycle.Progress) error {
+	dead := d.deadToReclaim()
+	need := d.cfg.PoolMinReady - len(d.pool.Snapshot().Idle) - d.pool.Indices().Free
+	if need <= 0 || len(dead) == 0 {
+		return nil
+	}
+	var pick []int
+	for _, i := range dead.Indices() {
+		if i <= d.cfg.Slots.Slots && len(pick) < need {
+			pick = append(pick, i)
+		}
+	}
+	p.SetMessage(fmt.Sprintf("no free index: reclaiming %d dead slots first", len(pick)))
+	rep, err := reclaim.Slots(ctx, d.mgr, dead.Only(pick), reclaim.Options{
+		Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReclaimKillOrphans,
+	})
+	if err != nil {
+		return err
+	}
+	for _, i := range rep.Reclaimed {
+		if ferr := d.pool.Free(i); ferr != nil {
+			d.log.Warn("reclaimed slot's index could not be freed", "slot", i, "error", ferr)
+		}
+		delete(d.plan.dead, i)
+	}
+	d.obs.reclaimed(rep)
+	d.logReport(rep)
 	return nil
 }
 
