@@ -340,7 +340,27 @@ func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 // SERVING and sends READY=1.
 func runServe(context.Context, *lifecycle.Progress) error { return nil }
 
-func (a *App) stopServer(ctx context.Context) error { return a.srv.Drain(ctx) }
+// stopServer drains the port: the stop of listen and of serve, whichever
+// runs first. A lifecycle that never served never opened the gate, so no
+// checker can have routed traffic to the port and no application call is
+// in flight: the drain delay is skipped, and a start that fails or is
+// drained before serving ends in milliseconds.
+func (a *App) stopServer(ctx context.Context) error {
+	if !a.everServed() {
+		a.srv.SkipDrainDelay()
+	}
+	return a.srv.Drain(ctx)
+}
+
+// everServed reports whether the lifecycle ever turned serving.
+func (a *App) everServed() bool {
+	for _, t := range a.lc.Snapshot().History {
+		if t.State == lifecycle.StateServing {
+			return true
+		}
+	}
+	return false
+}
 
 // stopBudget is the longest the stops can take: they run one after the
 // other, each within its own bound (the phase's StopTimeout, else

@@ -162,6 +162,7 @@ type Server struct {
 
 	draining atomic.Bool // new application calls are refused
 	handover atomic.Bool // see DrainForHandover
+	noDelay  atomic.Bool // see SkipDrainDelay
 
 	mu        sync.Mutex
 	services  map[string]*service
@@ -381,8 +382,8 @@ func (s *Server) Err() error {
 //
 //  1. new application calls are refused with Unavailable ("draining") and
 //     the health checker, if any, goes NOT_SERVING;
-//  2. [Config.DrainDelay] passes: in-flight calls finish, checkers see the
-//     change;
+//  2. [Config.DrainDelay] passes, unless [Server.SkipDrainDelay] was
+//     called: in-flight calls finish, checkers see the change;
 //  3. the health checker is closed (its Watch streams end), gRPC stops
 //     gracefully and HTTP shuts down, both within [Config.StopTimeout];
 //     then whatever is left is closed, and so are the listener and any
@@ -439,7 +440,11 @@ func (s *Server) drain(ctx context.Context) error {
 	}
 
 	var cut []string
-	if !s.waitFor(nil, s.cfg.DrainDelay) {
+	delay := s.cfg.DrainDelay
+	if s.noDelay.Load() {
+		delay = 0
+	}
+	if !s.waitFor(nil, delay) {
 		cut = append(cut, "drain delay")
 	}
 	if hc != nil {
@@ -457,6 +462,15 @@ func (s *Server) drain(ctx context.Context) error {
 	cut = append(cut, s.stopServers(stopCtx, lis)...)
 	return s.drainError(ctx, cut)
 }
+
+// SkipDrainDelay makes the next [Server.Drain] skip [Config.DrainDelay]
+// and stop the servers at once (gracefully still). The delay is there for
+// checkers to see NOT_SERVING before the port stops answering and for
+// in-flight calls to end; a server whose gate never opened, because its
+// daemon's start failed or was drained before serving, has no traffic
+// routed to it and no application call in flight, so the delay would only
+// make a failing process slow to exit. Call it before Drain.
+func (s *Server) SkipDrainDelay() { s.noDelay.Store(true) }
 
 // closeUnserved ends a server drained before it served: the health checker
 // and the listener, if bound, are closed; there is nothing else to stop.
