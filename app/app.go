@@ -89,7 +89,8 @@ type App struct {
 // nothing yet: the port is bound by its listen phase. It adds two phases to
 // yours: [PhaseListen] (depending on cfg.ListenAfter) and [PhaseServe]
 // (depending on every phase nothing else depends on). Every error wraps
-// [ErrConfig].
+// [ErrConfig]; a phase named like one of those is a [*ReservedPhaseError],
+// one that depends on serve a [*ServeDependencyError].
 func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	a, err := newApp(cfg)
 	if err != nil {
@@ -166,6 +167,9 @@ func (a *App) setupTracer() error {
 // traced, with its events logged.
 func (a *App) setupLifecycle(phases []lifecycle.Phase) error {
 	cfg := a.cfg
+	if err := checkPhases(phases); err != nil {
+		return err
+	}
 	graph := a.graph(phases)
 	a.stopBudget = stopBudget(graph, cfg)
 	logEvent, setLC := EventLogger(a.log)
@@ -288,6 +292,11 @@ func (a *App) setupRoutes() error {
 		if err := a.srv.Handle(pattern, h); err != nil {
 			return err
 		}
+	}
+	// A service's own route on one of these would shadow the App's page.
+	// The rest of /debug/ stays open: the daemon serves /debug/slots.
+	for _, p := range []string{PathMetrics, PathLifecycle, PathEvents, PathStartup} {
+		a.srv.Reserve(p, "the App")
 	}
 	return nil
 }

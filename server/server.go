@@ -167,6 +167,7 @@ type Server struct {
 	mu        sync.Mutex
 	services  map[string]*service
 	routes    map[string]*route // declared HTTP routes, by pattern
+	reserved  []reservation     // paths Handle and DeclareHTTP refuse
 	lis       *trackingListener // nil before Listen
 	cm        cmux.CMux
 	serving   bool
@@ -227,6 +228,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Health != nil {
 		cfg.Health.Register(s.grpc)
 		health.NewHandler(cfg.Health).Mount(s.mux)
+		s.reserved = healthReservations()
 	}
 	if !cfg.DisableReflection {
 		reflection.Register(s.grpc)
@@ -244,10 +246,18 @@ func (s *Server) OnShutdown(f func()) { s.http.RegisterOnShutdown(f) }
 // Handle registers an HTTP handler for pattern (http.ServeMux syntax). It
 // may be called at any time, also while serving. It fails, instead of
 // panicking like ServeMux, on an invalid pattern or one that conflicts
-// with a registered one, such as the health endpoints. The route is not
+// with a registered one, and with a [*ReservedPathError] on a path the
+// framework serves itself (the health endpoints, and what the daemon
+// reserved with [Server.Reserve]). The route is not
 // gated: see [Server.DeclareHTTP] for routes that must wait for the daemon.
 func (s *Server) Handle(pattern string, h http.Handler) error {
-	if err := s.handle(pattern, h); err != nil {
+	s.mu.Lock()
+	err := s.checkReservedLocked(pattern)
+	s.mu.Unlock()
+	if err == nil {
+		err = s.handle(pattern, h)
+	}
+	if err != nil {
 		return fmt.Errorf("server: Handle %q: %w", pattern, err)
 	}
 	return nil
