@@ -85,9 +85,16 @@ type App struct {
 	handover  map[string]*os.File // passed to the new image
 }
 
-// New checks cfg and the phases and returns an App that has touched
-// nothing yet: the port is bound by its listen phase. It adds two phases to
-// yours: [PhaseListen] (depending on cfg.ListenAfter) and [PhaseServe]
+// New checks cfg and the phases and returns an App that has run no phase
+// and bound no port (its listen phase binds it), but is not inert: New
+// takes the sockets the process was handed (LISTEN_FDS, an upgrade's),
+// builds the tracer and meter providers (with the exporters the OTEL_*
+// environment asks for) and starts the goroutines that observe the
+// lifecycle: the health checker, the systemd notifier (and its watchdog
+// under WATCHDOG_USEC), the lifecycle's metrics and the slow-phase
+// warnings. A caller that gives up after New, because a Declare or a
+// DeclareHTTP failed, must call [App.Stop] to end them; [App.Run] and
+// [App.Main] do it themselves. It adds two phases to yours: [PhaseListen] (depending on cfg.ListenAfter) and [PhaseServe]
 // (depending on every phase nothing else depends on). Every error wraps
 // [ErrConfig]; a phase named like one of those is a [*ReservedPhaseError],
 // one that depends on serve a [*ServeDependencyError].
@@ -497,6 +504,14 @@ func (a *App) close() {
 //
 //   - SIGINT, SIGTERM or SIGHUP, or [App.Shutdown], or ctx ending: an
 //     orderly drain; Run returns nil when it completes;
+//   - the same during the start: the start is cut short and drained, in
+//     milliseconds when the App never served (no drain delay is spent on
+//     a port that never served); the log reads "draining during startup"
+//     with the signal or reason, the lifecycle turning draining from
+//     starting, each phase that was running ending cancelled with the
+//     error "lifecycle: drained during the start" and each pending one
+//     skipped, the stops of the phases that had succeeded, then
+//     "stopped"; Run returns nil;
 //   - a second signal during the drain: the waits are cut short, and so
 //     they are when the drain outlasts [App.StopBudget];
 //   - a start that fails: Run returns its error after the rollback;
@@ -511,8 +526,14 @@ func (a *App) Run(ctx context.Context) error {
 	return a.run(ctx, sigs)
 }
 
-// Main runs the App on the process's signals and returns the exit code:
-// 0 after an orderly stop, 1 after a failure.
+// Main runs the App on the process's signals and returns the exit code,
+// which is 0 or 1 and nothing else: 0 after an orderly stop (a signal,
+// [App.Shutdown], a drain during the start included), 1 after a failure
+// (a start that failed or timed out, a failure after serving, a drain that
+// failed or was cut short, an upgrade whose exec failed), logged as
+// "exiting after a failure". A successful upgrade does not return: the
+// process is the new image. An error from [New] happens before Main; its
+// exit code is the program's choice (the examples exit 2).
 func (a *App) Main() int {
 	if err := a.Run(context.Background()); err != nil {
 		a.log.Error("exiting after a failure", "error", err)
