@@ -81,6 +81,8 @@ type App struct {
 	quit      chan struct{} // closed by Shutdown
 	quitOnce  sync.Once
 	closeOnce sync.Once
+	loggedSeq uint64              // the Seq of the last event the log hook wrote
+	logWake   chan struct{}       // closed at the hook's next event; nil while nobody waits
 	upgrading bool                // draining for an in-place upgrade
 	handover  map[string]*os.File // passed to the new image
 }
@@ -186,6 +188,13 @@ func (a *App) setupLifecycle(phases []lifecycle.Phase) error {
 		lifecycle.WithStartTimeout(cfg.StartTimeout),
 		lifecycle.WithEventHook(func(e lifecycle.Event) {
 			logEvent(e)
+			a.mu.Lock()
+			a.loggedSeq = e.Seq
+			if a.logWake != nil {
+				close(a.logWake)
+				a.logWake = nil
+			}
+			a.mu.Unlock()
 			if e.Final() {
 				close(a.logged)
 			}
@@ -347,6 +356,7 @@ func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 	a.addr = a.srv.Addr()
 	a.mu.Unlock()
 	close(a.addrCh)
+	a.logCaughtUp() // after "phase started phase=listen"
 	a.log.Info("listening", "addr", a.addr.String(), "tls", a.cfg.TLS != nil)
 	return nil
 }
@@ -508,10 +518,10 @@ func (a *App) close() {
 //     milliseconds when the App never served (no drain delay is spent on
 //     a port that never served); the log reads "draining during startup"
 //     with the signal or reason, the lifecycle turning draining from
-//     starting, each phase that was running ending cancelled with the
-//     error "lifecycle: drained during the start" and each pending one
-//     skipped, the stops of the phases that had succeeded, then
-//     "stopped"; Run returns nil;
+//     starting, each phase that was running ending cancelled, at INFO,
+//     with reason "lifecycle: drained during the start" (an orderly stop,
+//     not an error), each pending one skipped, the stops of the phases
+//     that had succeeded, then "stopped"; Run returns nil;
 //   - a second signal during the drain: the waits are cut short, and so
 //     they are when the drain outlasts [App.StopBudget];
 //   - a start that fails: Run returns its error after the rollback;
@@ -554,6 +564,7 @@ wait:
 		select {
 		case err := <-started:
 			startReturned = true
+			a.logCaughtUp()
 			if err != nil {
 				cause = err
 				a.log.Error("startup failed", "error", err)
@@ -563,6 +574,7 @@ wait:
 			cause = a.serving(ctx, sigs)
 			break wait
 		case sig := <-sigs:
+			a.logCaughtUp() // the signal came after what was logged so far
 			if sig == syscall.SIGHUP && a.cfg.UpgradeOnHangup {
 				a.log.Warn("SIGHUP during the start: upgrade refused; send it again once serving")
 				continue
@@ -570,9 +582,11 @@ wait:
 			a.log.Info("draining during startup", "signal", sig.String())
 			break wait
 		case <-a.quit:
+			a.logCaughtUp()
 			a.log.Info("draining during startup", "reason", "shutdown requested")
 			break wait
 		case <-ctx.Done():
+			a.logCaughtUp()
 			a.log.Info("draining during startup", "reason", context.Cause(ctx).Error())
 			break wait
 		}
@@ -637,6 +651,7 @@ wait:
 		cause = fmt.Errorf("drain: %w", drainErr)
 	}
 	if cause == nil {
+		a.logCaughtUp()
 		a.log.Info("stopped")
 	}
 	return cause
@@ -690,6 +705,34 @@ func (a *App) serving(ctx context.Context, sigs <-chan os.Signal) error {
 			}
 			a.log.Error("failure after serving: draining", "error", err)
 			return err
+		}
+	}
+}
+
+// logCaughtUp waits until the log hook has written every lifecycle event
+// recorded so far, so that the App's own line about an outcome ("serving",
+// "startup failed", "stopped") comes after the phase and lifecycle lines
+// that led to it: the hook runs on its own goroutine, behind. A log writer
+// that blocks does not hold the App up for more than a bound.
+func (a *App) logCaughtUp() {
+	want := a.lc.Snapshot().EventSeq
+	bound := time.NewTimer(2 * time.Second)
+	defer bound.Stop()
+	for {
+		a.mu.Lock()
+		if a.loggedSeq >= want {
+			a.mu.Unlock()
+			return
+		}
+		if a.logWake == nil {
+			a.logWake = make(chan struct{})
+		}
+		wake := a.logWake
+		a.mu.Unlock()
+		select {
+		case <-wake:
+		case <-bound.C:
+			return
 		}
 	}
 }
