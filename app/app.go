@@ -81,15 +81,25 @@ type App struct {
 	quit      chan struct{} // closed by Shutdown
 	quitOnce  sync.Once
 	closeOnce sync.Once
+	loggedSeq uint64              // the Seq of the last event the log hook wrote
+	logWake   chan struct{}       // closed at the hook's next event; nil while nobody waits
 	upgrading bool                // draining for an in-place upgrade
 	handover  map[string]*os.File // passed to the new image
 }
 
-// New checks cfg and the phases and returns an App that has touched
-// nothing yet: the port is bound by its listen phase. It adds two phases to
-// yours: [PhaseListen] (depending on cfg.ListenAfter) and [PhaseServe]
+// New checks cfg and the phases and returns an App that has run no phase
+// and bound no port (its listen phase binds it), but is not inert: New
+// takes the sockets the process was handed (LISTEN_FDS, an upgrade's),
+// builds the tracer and meter providers (with the exporters the OTEL_*
+// environment asks for) and starts the goroutines that observe the
+// lifecycle: the health checker, the systemd notifier (and its watchdog
+// under WATCHDOG_USEC), the lifecycle's metrics and the slow-phase
+// warnings. A caller that gives up after New, because a Declare or a
+// DeclareHTTP failed, must call [App.Stop] to end them; [App.Run] and
+// [App.Main] do it themselves. It adds two phases to yours: [PhaseListen] (depending on cfg.ListenAfter) and [PhaseServe]
 // (depending on every phase nothing else depends on). Every error wraps
-// [ErrConfig].
+// [ErrConfig]; a phase named like one of those is a [*ReservedPhaseError],
+// one that depends on serve a [*ServeDependencyError].
 func New(cfg Config, phases ...lifecycle.Phase) (*App, error) {
 	a, err := newApp(cfg)
 	if err != nil {
@@ -166,6 +176,9 @@ func (a *App) setupTracer() error {
 // traced, with its events logged.
 func (a *App) setupLifecycle(phases []lifecycle.Phase) error {
 	cfg := a.cfg
+	if err := checkPhases(phases); err != nil {
+		return err
+	}
 	graph := a.graph(phases)
 	a.stopBudget = stopBudget(graph, cfg)
 	logEvent, setLC := EventLogger(a.log)
@@ -175,6 +188,13 @@ func (a *App) setupLifecycle(phases []lifecycle.Phase) error {
 		lifecycle.WithStartTimeout(cfg.StartTimeout),
 		lifecycle.WithEventHook(func(e lifecycle.Event) {
 			logEvent(e)
+			a.mu.Lock()
+			a.loggedSeq = e.Seq
+			if a.logWake != nil {
+				close(a.logWake)
+				a.logWake = nil
+			}
+			a.mu.Unlock()
 			if e.Final() {
 				close(a.logged)
 			}
@@ -289,6 +309,11 @@ func (a *App) setupRoutes() error {
 			return err
 		}
 	}
+	// A service's own route on one of these would shadow the App's page.
+	// The rest of /debug/ stays open: the daemon serves /debug/slots.
+	for _, p := range []string{PathMetrics, PathLifecycle, PathEvents, PathStartup} {
+		a.srv.Reserve(p, "the App")
+	}
 	return nil
 }
 
@@ -331,6 +356,7 @@ func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 	a.addr = a.srv.Addr()
 	a.mu.Unlock()
 	close(a.addrCh)
+	a.logCaughtUp() // after "phase started phase=listen"
 	a.log.Info("listening", "addr", a.addr.String(), "tls", a.cfg.TLS != nil)
 	return nil
 }
@@ -340,7 +366,27 @@ func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 // SERVING and sends READY=1.
 func runServe(context.Context, *lifecycle.Progress) error { return nil }
 
-func (a *App) stopServer(ctx context.Context) error { return a.srv.Drain(ctx) }
+// stopServer drains the port: the stop of listen and of serve, whichever
+// runs first. A lifecycle that never served never opened the gate, so no
+// checker can have routed traffic to the port and no application call is
+// in flight: the drain delay is skipped, and a start that fails or is
+// drained before serving ends in milliseconds.
+func (a *App) stopServer(ctx context.Context) error {
+	if !a.everServed() {
+		a.srv.SkipDrainDelay()
+	}
+	return a.srv.Drain(ctx)
+}
+
+// everServed reports whether the lifecycle ever turned serving.
+func (a *App) everServed() bool {
+	for _, t := range a.lc.Snapshot().History {
+		if t.State == lifecycle.StateServing {
+			return true
+		}
+	}
+	return false
+}
 
 // stopBudget is the longest the stops can take: they run one after the
 // other, each within its own bound (the phase's StopTimeout, else
@@ -468,6 +514,14 @@ func (a *App) close() {
 //
 //   - SIGINT, SIGTERM or SIGHUP, or [App.Shutdown], or ctx ending: an
 //     orderly drain; Run returns nil when it completes;
+//   - the same during the start: the start is cut short and drained, in
+//     milliseconds when the App never served (no drain delay is spent on
+//     a port that never served); the log reads "draining during startup"
+//     with the signal or reason, the lifecycle turning draining from
+//     starting, each phase that was running ending cancelled, at INFO,
+//     with reason "lifecycle: drained during the start" (an orderly stop,
+//     not an error), each pending one skipped, the stops of the phases
+//     that had succeeded, then "stopped"; Run returns nil;
 //   - a second signal during the drain: the waits are cut short, and so
 //     they are when the drain outlasts [App.StopBudget];
 //   - a start that fails: Run returns its error after the rollback;
@@ -482,8 +536,14 @@ func (a *App) Run(ctx context.Context) error {
 	return a.run(ctx, sigs)
 }
 
-// Main runs the App on the process's signals and returns the exit code:
-// 0 after an orderly stop, 1 after a failure.
+// Main runs the App on the process's signals and returns the exit code,
+// which is 0 or 1 and nothing else: 0 after an orderly stop (a signal,
+// [App.Shutdown], a drain during the start included), 1 after a failure
+// (a start that failed or timed out, a failure after serving, a drain that
+// failed or was cut short, an upgrade whose exec failed), logged as
+// "exiting after a failure". A successful upgrade does not return: the
+// process is the new image. An error from [New] happens before Main; its
+// exit code is the program's choice (the examples exit 2).
 func (a *App) Main() int {
 	if err := a.Run(context.Background()); err != nil {
 		a.log.Error("exiting after a failure", "error", err)
@@ -504,6 +564,7 @@ wait:
 		select {
 		case err := <-started:
 			startReturned = true
+			a.logCaughtUp()
 			if err != nil {
 				cause = err
 				a.log.Error("startup failed", "error", err)
@@ -513,6 +574,7 @@ wait:
 			cause = a.serving(ctx, sigs)
 			break wait
 		case sig := <-sigs:
+			a.logCaughtUp() // the signal came after what was logged so far
 			if sig == syscall.SIGHUP && a.cfg.UpgradeOnHangup {
 				a.log.Warn("SIGHUP during the start: upgrade refused; send it again once serving")
 				continue
@@ -520,9 +582,11 @@ wait:
 			a.log.Info("draining during startup", "signal", sig.String())
 			break wait
 		case <-a.quit:
+			a.logCaughtUp()
 			a.log.Info("draining during startup", "reason", "shutdown requested")
 			break wait
 		case <-ctx.Done():
+			a.logCaughtUp()
 			a.log.Info("draining during startup", "reason", context.Cause(ctx).Error())
 			break wait
 		}
@@ -587,6 +651,7 @@ wait:
 		cause = fmt.Errorf("drain: %w", drainErr)
 	}
 	if cause == nil {
+		a.logCaughtUp()
 		a.log.Info("stopped")
 	}
 	return cause
@@ -640,6 +705,34 @@ func (a *App) serving(ctx context.Context, sigs <-chan os.Signal) error {
 			}
 			a.log.Error("failure after serving: draining", "error", err)
 			return err
+		}
+	}
+}
+
+// logCaughtUp waits until the log hook has written every lifecycle event
+// recorded so far, so that the App's own line about an outcome ("serving",
+// "startup failed", "stopped") comes after the phase and lifecycle lines
+// that led to it: the hook runs on its own goroutine, behind. A log writer
+// that blocks does not hold the App up for more than a bound.
+func (a *App) logCaughtUp() {
+	want := a.lc.Snapshot().EventSeq
+	bound := time.NewTimer(2 * time.Second)
+	defer bound.Stop()
+	for {
+		a.mu.Lock()
+		if a.loggedSeq >= want {
+			a.mu.Unlock()
+			return
+		}
+		if a.logWake == nil {
+			a.logWake = make(chan struct{})
+		}
+		wake := a.logWake
+		a.mu.Unlock()
+		select {
+		case <-wake:
+		case <-bound.C:
+			return
 		}
 	}
 }

@@ -19,14 +19,29 @@ import (
 // The lifecycle must exist before its hook can ask it anything, so the
 // returned setter gives the logger its lifecycle once lifecycle.New has
 // returned; until then (and with none) lines carry no duration or progress.
+//
+// Levels follow what happened: a phase that failed, a failed background
+// task and a lifecycle that failed are ERROR; a phase cancelled by an
+// orderly drain during the start is INFO, with the drain as its reason,
+// not an error (a phase cancelled by another's failure stays ERROR, as
+// part of that failure).
 func EventLogger(log *slog.Logger) (hook func(lifecycle.Event), setLifecycle func(*lifecycle.Lifecycle)) {
 	var mu sync.Mutex
 	var lc *lifecycle.Lifecycle
+	// The lifecycle's state as of the event being logged: the hook sees
+	// events in order, so a phase cancelled after the lifecycle turned
+	// draining was cancelled by the drain, whatever the lifecycle's state
+	// is by the time the hook catches up.
+	var state lifecycle.State
 	return func(e lifecycle.Event) {
 			mu.Lock()
 			l := lc
+			if e.Kind == lifecycle.EventLifecycle {
+				state = lifecycle.State(e.To)
+			}
+			st := state
 			mu.Unlock()
-			logEvent(log, l, e)
+			logEvent(log, l, st, e)
 		}, func(l *lifecycle.Lifecycle) {
 			mu.Lock()
 			lc = l
@@ -34,7 +49,8 @@ func EventLogger(log *slog.Logger) (hook func(lifecycle.Event), setLifecycle fun
 		}
 }
 
-func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
+// logEvent logs e; state is the lifecycle's state as of e.
+func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.State, e lifecycle.Event) {
 	switch e.Kind {
 	case lifecycle.EventLifecycle:
 		attrs := []any{"state", e.To, "from", e.From}
@@ -69,8 +85,13 @@ func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
 					err = p.Err
 				}
 			}
+			drained := lifecycle.PhaseState(e.To) == lifecycle.PhaseCancelled && state == lifecycle.StateDraining
 			if e.Err != "" {
-				attrs = append(attrs, "error", e.Err)
+				key := "error"
+				if drained {
+					key = "reason" // the drain, not a fault of the phase
+				}
+				attrs = append(attrs, key, e.Err)
 			}
 			if stack := PanicStack(err); stack != "" {
 				attrs = append(attrs, "stack", stack)
@@ -78,6 +99,12 @@ func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
 			switch lifecycle.PhaseState(e.To) {
 			case lifecycle.PhaseSucceeded, lifecycle.PhaseSkipped:
 				log.Info("phase ended", attrs...)
+			case lifecycle.PhaseCancelled:
+				if drained {
+					log.Info("phase ended", attrs...)
+					return
+				}
+				log.Error("phase ended", attrs...)
 			default:
 				log.Error("phase ended", attrs...)
 			}

@@ -39,6 +39,19 @@
 // warnings: …". A warning named like a running background task shows that
 // task's progress, rate and time left.
 //
+// In /health, the whole "status" answers "may traffic come here?" and each
+// check's answers "how is this part doing?"; they differ on purpose. The
+// whole is "pass" or "warn" only while serving (200), "fail" otherwise
+// (503), starting included. A check "phase:<name>" is "pass" once the
+// phase succeeded; "warn" while it is pending, running or retrying (not
+// done yet, not broken), and when a drain during the start cancelled or
+// skipped it; "fail" when it failed, and when it was cancelled or skipped
+// because the start failed. So during a start, pending phases read "warn"
+// while the whole reads "fail": the service is not ready, and nothing in
+// it is broken. A check "task:<name>" is "pass" while its background task
+// runs or once it succeeded, and "warn" once it failed: degraded, not down
+// (the whole then reads "warn" too).
+//
 // "Not ready" is always 503, never 429: Consul reads 429 as a warning and
 // Nomad as a failure.
 //

@@ -9,6 +9,24 @@
 // started are skipped and the stop functions of the phases that had succeeded
 // run in reverse dependency order.
 //
+// Exactly what runs after a failure (a phase failing for good, the start
+// timing out, a drain during the start, or Start's ctx ending):
+//
+//   - no phase begins, not even one that was ready at the same moment as
+//     the failing one: in the event log, no phase turns running after the
+//     event of the failure (the phase turning failed, the lifecycle turning
+//     draining) nor after the start timeout passed; such a phase ends
+//     skipped, with no span;
+//   - a phase already running, or waiting to retry, is cancelled: its ctx
+//     ends with the failure as the cause, and the start waits for its Run
+//     to return; it ends cancelled (or succeeded, if Run returns nil
+//     regardless, in which case its Stop runs with the others');
+//   - the Stop of every phase that succeeded runs once, in reverse
+//     completion order; the background tasks those phases deferred are
+//     cancelled;
+//   - nothing else: no Stop of a phase that failed, was cancelled or never
+//     began.
+//
 // The lifecycle moves through
 //
 //	created → starting → serving → draining → stopped

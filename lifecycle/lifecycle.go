@@ -45,6 +45,7 @@ type Lifecycle struct {
 	lastProgress time.Time   // last progress-only publish
 	progressTmr  *time.Timer // trailing publish of throttled progress
 	cancelStart  context.CancelCauseFunc
+	startHalted  bool // a phase failed, the start timed out or a drain began: no phase begins any more
 	tasksCtx     context.Context
 	cancelTasks  context.CancelFunc
 	startDone    chan struct{} // closed when Start's outcome is known
@@ -221,6 +222,7 @@ func (l *Lifecycle) startTimedOut() {
 			})
 		}
 	}
+	l.startHalted = true
 	cancel := l.cancelStart
 	l.mu.Unlock()
 	cancel(err)
@@ -311,6 +313,7 @@ func (l *Lifecycle) Drain(ctx context.Context) error {
 		// Draining from now on, whatever the phases still do: checkers
 		// must read an orderly stop, not a failed start.
 		l.transitionLocked(evDrain)
+		l.startHalted = true
 		l.cancelStart(errDrainDuringStart)
 	}
 	if !isClosed(l.startDone) {

@@ -12,9 +12,10 @@ import (
 
 // phaseResult is what a phase goroutine reports to the scheduler.
 type phaseResult struct {
-	index     int
-	err       error // nil on success
-	cancelled bool  // the phase was stopped from outside, not failed
+	index      int
+	err        error // nil on success
+	cancelled  bool  // the phase was stopped from outside, not failed
+	notStarted bool  // the start was halted before the phase could begin
 }
 
 // run schedules the phases and carries a start through to serving or failed.
@@ -71,7 +72,7 @@ func (l *Lifecycle) schedule(ctx context.Context, cancel context.CancelCauseFunc
 		}
 		res := <-results
 		running--
-		if res.cancelled {
+		if res.cancelled || res.notStarted {
 			continue // the cause is a failure already recorded, or ctx
 		}
 		if res.err != nil {
@@ -167,7 +168,23 @@ func insertSorted(s []int, i int) []int {
 }
 
 // runPhase runs one phase's attempts and reports the outcome.
+//
+// A phase whose goroutine was launched before the start was halted (a
+// phase failed, the start timed out, a drain began, ctx ended) but had not
+// begun yet does not begin: it stays pending, settle skips it, and it has
+// no span. The check and its first attempt's event happen under one lock,
+// the one under which a failure is recorded, so that in the event log no
+// phase starts after a failure.
 func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- phaseResult) {
+	l.mu.Lock()
+	if l.startHalted || ctx.Err() != nil {
+		l.mu.Unlock()
+		results <- phaseResult{index: r.index, notStarted: true}
+		return
+	}
+	l.beginAttemptLocked(r, 1)
+	l.mu.Unlock()
+
 	ctx, span := l.tracer.Start(ctx, "phase "+r.Name)
 	if span.IsRecording() { // spares the attributes' allocations when tracing is off
 		span.SetAttributes(attrPhase.String(r.Name), attrDependsOn.StringSlice(r.DependsOn))
@@ -195,6 +212,7 @@ func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- ph
 		l.phaseEventLocked(r, evCancel, r.ended, err)
 	default:
 		outcome = PhaseFailed
+		l.startHalted = true // nothing starts after this event
 		l.phaseEventLocked(r, evFail, r.ended, err)
 	}
 	r.deferred = nil
@@ -227,22 +245,29 @@ func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- ph
 	results <- phaseResult{index: r.index, err: err, cancelled: outcome == PhaseCancelled}
 }
 
+// beginAttemptLocked records the start of attempt n of r.
+func (l *Lifecycle) beginAttemptLocked(r *phaseRun, n int) {
+	r.attempts = n
+	r.deferred = nil
+	r.attempt = time.Now()
+	if n == 1 {
+		r.started = r.attempt
+	}
+	r.progress.reset()
+	l.phaseEventLocked(r, evRun, r.attempt, nil)
+}
+
 // attempts calls Run until it succeeds, fails permanently, runs out of
-// attempts or ctx ends. It leaves the phase running or retrying; the caller
-// fires the final event.
+// attempts or ctx ends; runPhase began the first attempt. It leaves the
+// phase running or retrying; the caller fires the final event.
 func (l *Lifecycle) attempts(ctx context.Context, r *phaseRun, span trace.Span) error {
 	max := r.Retry.attempts()
 	for attempt := 1; ; attempt++ {
-		l.mu.Lock()
-		r.attempts = attempt
-		r.deferred = nil
-		r.attempt = time.Now()
-		if attempt == 1 {
-			r.started = r.attempt
+		if attempt > 1 {
+			l.mu.Lock()
+			l.beginAttemptLocked(r, attempt)
+			l.mu.Unlock()
 		}
-		r.progress.reset()
-		l.phaseEventLocked(r, evRun, r.attempt, nil)
-		l.mu.Unlock()
 
 		err := l.attempt(ctx, r, attempt)
 		if err == nil {

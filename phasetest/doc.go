@@ -27,7 +27,10 @@
 // miss a phase that ran quickly nor depend on timing. [AssertOrder] checks
 // that named phases ran one after another; [AssertRespectsDependencies]
 // checks every phase against the DependsOn its events carry;
-// [AssertConsistent] checks that the log itself is whole. [WaitState] and
+// [AssertOverlap] checks that two phases ran in parallel, by sequence
+// numbers too; [AssertTookAtMost] and [AssertTookAtLeast] bound how long a
+// phase took, from its events' times (the one assertion on clocks: use
+// generous bounds); [AssertConsistent] checks that the log itself is whole. [WaitState] and
 // [WaitPhase] replay the log from its start, so they see states already
 // passed, and fail fast when what they wait for can no longer happen.
 // [WaitSnapshot] waits for what the log does not name in one event (a

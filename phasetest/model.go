@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/phasegate/phasegate/lifecycle"
 )
@@ -56,6 +57,9 @@ type phaseModel struct {
 	dependsOn []string
 	started   uint64 // Seq of the first running event, 0 before
 	succeeded uint64 // Seq of the succeeded event, 0 before
+	ended     uint64 // Seq of the final event (succeeded, failed, cancelled, skipped), 0 before
+	startedAt time.Time
+	endedAt   time.Time
 }
 
 // model replays a log and checks, event by event, that it is one a
@@ -142,9 +146,12 @@ func (m *model) apply(e lifecycle.Event) error {
 		p.state, p.attempt, p.err = to, e.Attempt, e.Err
 		switch {
 		case to == lifecycle.PhaseRunning && p.started == 0:
-			p.started = e.Seq
+			p.started, p.startedAt = e.Seq, e.Time
 		case to == lifecycle.PhaseSucceeded:
 			p.succeeded = e.Seq
+		}
+		if to.Done() {
+			p.ended, p.endedAt = e.Seq, e.Time
 		}
 	case lifecycle.EventTask:
 		from, to := lifecycle.TaskState(e.From), lifecycle.TaskState(e.To)

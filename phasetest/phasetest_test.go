@@ -100,6 +100,21 @@ func goodLog() []lifecycle.Event {
 	}
 }
 
+// timedLog is goodLog with times: lock takes 10ms, reclaim 3s.
+func timedLog() []lifecycle.Event {
+	l := goodLog()
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	at := map[uint64]time.Duration{
+		1: 0, 2: 0, 3: 10 * time.Millisecond, 4: 10 * time.Millisecond, 5: 11 * time.Millisecond,
+		6: 20 * time.Millisecond, 7: 3010 * time.Millisecond, 8: 3011 * time.Millisecond,
+		9: 3012 * time.Millisecond, 10: 3012 * time.Millisecond,
+	}
+	for i := range l {
+		l[i].Time = t0.Add(at[l[i].Seq])
+	}
+	return l
+}
+
 func TestAssertions(t *testing.T) {
 	drop := func(log []lifecycle.Event, seq uint64) []lifecycle.Event {
 		var out []lifecycle.Event
@@ -168,6 +183,68 @@ func TestAssertions(t *testing.T) {
 				return phasetest.AssertOrder(t, l, "lock", "register")
 			},
 			want: []string{"phase register never started: it has no event", "#10 lifecycle starting→serving"},
+		},
+		{
+			name: "phases side by side overlap",
+			log:  goodLog,
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertOverlap(t, l, "reclaim", "listen")
+			},
+		},
+		{
+			name: "phases one after the other do not overlap",
+			log:  goodLog,
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertOverlap(t, l, "serve", "lock")
+			},
+			want: []string{"phases serve and lock did not overlap", "phase lock ended (event 3) before serve started (event 8)"},
+		},
+		{
+			name: "a phase still running overlaps one started after it",
+			log:  func() []lifecycle.Event { return goodLog()[:5] },
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertOverlap(t, l, "listen", "reclaim")
+			},
+		},
+		{
+			name: "a phase that never started overlaps nothing",
+			log:  goodLog,
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertOverlap(t, l, "reclaim", "register")
+			},
+			want: []string{"phase register never started: it has no event"},
+		},
+		{
+			name: "a phase within its bound",
+			log:  timedLog,
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertTookAtMost(t, l, "reclaim", 3*time.Second) &&
+					phasetest.AssertTookAtLeast(t, l, "reclaim", 3*time.Second)
+			},
+		},
+		{
+			name: "a phase that took too long",
+			log:  timedLog,
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertTookAtMost(t, l, "reclaim", time.Second)
+			},
+			want: []string{"phase reclaim took 3s, more than 1s"},
+		},
+		{
+			name: "a phase that was too quick",
+			log:  timedLog,
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertTookAtLeast(t, l, "lock", time.Second)
+			},
+			want: []string{"phase lock took 10ms, less than 1s"},
+		},
+		{
+			name: "a phase that has not ended has no duration",
+			log:  func() []lifecycle.Event { return timedLog()[:5] },
+			assert: func(t testing.TB, l []lifecycle.Event) bool {
+				return phasetest.AssertTookAtMost(t, l, "reclaim", time.Hour)
+			},
+			want: []string{"phase reclaim has not ended: it is running"},
 		},
 		{
 			name:   "dependencies respected",

@@ -47,13 +47,17 @@ var errDraining = errors.New("draining")
 // answer instead of a 404 while the daemon starts; it may be declared at
 // any time though, unlike a gRPC service. Routes added with [Server.Handle]
 // (health, metrics, debug) are not gated. DeclareHTTP fails on an invalid
-// pattern, one already declared, or one that conflicts with a registered
-// pattern.
+// pattern, one already declared, one that conflicts with a registered
+// pattern, and with a [*ReservedPathError] one on a path the framework
+// serves itself (see [Server.Reserve]).
 func (s *Server) DeclareHTTP(pattern string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.routes[pattern]; dup {
 		return fmt.Errorf("server: DeclareHTTP %q: already declared", pattern)
+	}
+	if err := s.checkReservedLocked(pattern); err != nil {
+		return fmt.Errorf("server: DeclareHTTP %q: %w", pattern, err)
 	}
 	rt := &route{s: s, pattern: pattern}
 	if err := s.handle(pattern, rt); err != nil {

@@ -162,10 +162,12 @@ type Server struct {
 
 	draining atomic.Bool // new application calls are refused
 	handover atomic.Bool // see DrainForHandover
+	noDelay  atomic.Bool // see SkipDrainDelay
 
 	mu        sync.Mutex
 	services  map[string]*service
 	routes    map[string]*route // declared HTTP routes, by pattern
+	reserved  []reservation     // paths Handle and DeclareHTTP refuse
 	lis       *trackingListener // nil before Listen
 	cm        cmux.CMux
 	serving   bool
@@ -226,6 +228,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Health != nil {
 		cfg.Health.Register(s.grpc)
 		health.NewHandler(cfg.Health).Mount(s.mux)
+		s.reserved = healthReservations()
 	}
 	if !cfg.DisableReflection {
 		reflection.Register(s.grpc)
@@ -243,10 +246,18 @@ func (s *Server) OnShutdown(f func()) { s.http.RegisterOnShutdown(f) }
 // Handle registers an HTTP handler for pattern (http.ServeMux syntax). It
 // may be called at any time, also while serving. It fails, instead of
 // panicking like ServeMux, on an invalid pattern or one that conflicts
-// with a registered one, such as the health endpoints. The route is not
+// with a registered one, and with a [*ReservedPathError] on a path the
+// framework serves itself (the health endpoints, and what the daemon
+// reserved with [Server.Reserve]). The route is not
 // gated: see [Server.DeclareHTTP] for routes that must wait for the daemon.
 func (s *Server) Handle(pattern string, h http.Handler) error {
-	if err := s.handle(pattern, h); err != nil {
+	s.mu.Lock()
+	err := s.checkReservedLocked(pattern)
+	s.mu.Unlock()
+	if err == nil {
+		err = s.handle(pattern, h)
+	}
+	if err != nil {
 		return fmt.Errorf("server: Handle %q: %w", pattern, err)
 	}
 	return nil
@@ -381,8 +392,8 @@ func (s *Server) Err() error {
 //
 //  1. new application calls are refused with Unavailable ("draining") and
 //     the health checker, if any, goes NOT_SERVING;
-//  2. [Config.DrainDelay] passes: in-flight calls finish, checkers see the
-//     change;
+//  2. [Config.DrainDelay] passes, unless [Server.SkipDrainDelay] was
+//     called: in-flight calls finish, checkers see the change;
 //  3. the health checker is closed (its Watch streams end), gRPC stops
 //     gracefully and HTTP shuts down, both within [Config.StopTimeout];
 //     then whatever is left is closed, and so are the listener and any
@@ -439,7 +450,11 @@ func (s *Server) drain(ctx context.Context) error {
 	}
 
 	var cut []string
-	if !s.waitFor(nil, s.cfg.DrainDelay) {
+	delay := s.cfg.DrainDelay
+	if s.noDelay.Load() {
+		delay = 0
+	}
+	if !s.waitFor(nil, delay) {
 		cut = append(cut, "drain delay")
 	}
 	if hc != nil {
@@ -457,6 +472,15 @@ func (s *Server) drain(ctx context.Context) error {
 	cut = append(cut, s.stopServers(stopCtx, lis)...)
 	return s.drainError(ctx, cut)
 }
+
+// SkipDrainDelay makes the next [Server.Drain] skip [Config.DrainDelay]
+// and stop the servers at once (gracefully still). The delay is there for
+// checkers to see NOT_SERVING before the port stops answering and for
+// in-flight calls to end; a server whose gate never opened, because its
+// daemon's start failed or was drained before serving, has no traffic
+// routed to it and no application call in flight, so the delay would only
+// make a failing process slow to exit. Call it before Drain.
+func (s *Server) SkipDrainDelay() { s.noDelay.Store(true) }
 
 // closeUnserved ends a server drained before it served: the health checker
 // and the listener, if bound, are closed; there is nothing else to stop.

@@ -1,0 +1,74 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/server"
+)
+
+// A phase that clashes with the App's own is refused with an error that
+// says so, not as a duplicate name or a cycle.
+func TestNewNamesTheClashWithTheAppsPhases(t *testing.T) {
+	tests := []struct {
+		name    string
+		phases  []lifecycle.Phase
+		want    any // a pointer to the error type expected
+		says    string
+		notSays string
+	}{
+		{"a phase named listen", []lifecycle.Phase{{Name: PhaseListen, Run: nop}},
+			new(*ReservedPhaseError), `phase "listen": the name is reserved by the App`, "more than once"},
+		{"a phase named serve", []lifecycle.Phase{{Name: PhaseServe, Run: nop}},
+			new(*ReservedPhaseError), `phase "serve": the name is reserved by the App`, "more than once"},
+		{"a dependency on serve", []lifecycle.Phase{{Name: "x", DependsOn: []string{PhaseServe}, Run: nop}},
+			new(*ServeDependencyError), `phase "x" depends on "serve": nothing may depend on serve`, "cycle"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, err := New(testConfig(), tt.phases...)
+			if err == nil {
+				_ = a.Stop(context.Background())
+				t.Fatal("New succeeded")
+			}
+			if !errors.Is(err, ErrConfig) || !errors.As(err, tt.want) {
+				t.Fatalf("New = %v, want ErrConfig and a %T", err, tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.says) || strings.Contains(err.Error(), tt.notSays) {
+				t.Fatalf("New = %q, want it to say %q and not %q", err, tt.says, tt.notSays)
+			}
+		})
+	}
+}
+
+// The routes the App serves itself are refused to a service, naming them;
+// a debug page of the service's own stays allowed.
+func TestTheAppsRoutesAreRefused(t *testing.T) {
+	a, err := New(testConfig(), lifecycle.Phase{Name: "register", DependsOn: []string{PhaseListen}, Run: nop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = a.Stop(context.Background()) }()
+	for _, pattern := range []string{
+		"GET /health", "GET /readyz", "GET /livez", "GET /startupz",
+		"GET " + PathMetrics, "GET " + PathLifecycle, "GET " + PathEvents, "GET " + PathStartup,
+	} {
+		path := strings.TrimPrefix(pattern, "GET ")
+		for name, err := range map[string]error{
+			"DeclareHTTP": a.Server().DeclareHTTP(pattern),
+			"Handle":      a.Server().Handle(pattern, http.NotFoundHandler()),
+		} {
+			var re *server.ReservedPathError
+			if !errors.As(err, &re) || !strings.Contains(err.Error(), path) {
+				t.Errorf("%s(%q) = %v, want a *server.ReservedPathError naming %s", name, pattern, err, path)
+			}
+		}
+	}
+	if err := a.Server().DeclareHTTP("GET /debug/mine"); err != nil {
+		t.Errorf("DeclareHTTP of a debug page of the service's own: %v", err)
+	}
+}

@@ -1,0 +1,118 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// The App's log says what happened at the level it deserves and in the
+// order it happened: a phase cut short by an orderly drain is INFO with
+// the drain as its reason, and the App's own lines ("serving", "stopped")
+// come after the lifecycle lines that led to them.
+func TestLogLevelsAndOrder(t *testing.T) {
+	blocking := func(started chan<- struct{}) func(context.Context, *lifecycle.Progress) error {
+		return func(ctx context.Context, _ *lifecycle.Progress) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	}
+	tests := []struct {
+		name string
+		// cache is the slow phase; serve says whether the App is let serve
+		// before the SIGTERM.
+		serve   bool
+		inOrder [][]string // chains of fragments, each in this order
+		absent  []string
+	}{
+		{
+			name: "a drain during the start",
+			inOrder: [][]string{{
+				`msg="phase started" phase=cache`,
+				`level=INFO msg="draining during startup" signal=terminated`,
+				"msg=lifecycle state=draining from=starting",
+				`level=INFO msg="phase ended" phase=cache state=cancelled`,
+				`reason="lifecycle: drained during the start`,
+				"msg=lifecycle state=stopped from=draining",
+				"level=INFO msg=stopped",
+			}},
+			absent: []string{"level=ERROR"},
+		},
+		{
+			name:  "serving, then a SIGTERM",
+			serve: true,
+			inOrder: [][]string{
+				{`msg="phase started" phase=listen`, "msg=listening"},
+				{
+					`msg="phase ended" phase=upstream state=succeeded`,
+					"msg=lifecycle state=serving from=starting",
+					"level=INFO msg=serving",
+					"msg=lifecycle state=stopped from=draining",
+					"level=INFO msg=stopped",
+				},
+			},
+			absent: []string{"level=ERROR"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf lockedBuffer
+			cfg := testConfig()
+			cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+			started := make(chan struct{})
+			cache := lifecycle.Phase{Name: "cache", Run: blocking(started)}
+			if tt.serve {
+				cache.Run = func(context.Context, *lifecycle.Progress) error { close(started); return nil }
+			}
+			a, err := New(cfg, cache,
+				// Parallel with cache, and slower than serving's own line
+				// would be if it did not wait for the log to catch up.
+				lifecycle.Phase{Name: "upstream", Run: nop},
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sigs := make(chan os.Signal, 1)
+			done := make(chan error, 1)
+			go func() { done <- a.run(context.Background(), sigs) }()
+			<-started
+			if tt.serve {
+				if err := waitState(a, lifecycle.StateServing); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sigs <- syscall.SIGTERM
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("run = %v, want an orderly stop", err)
+				}
+			case <-time.After(wait):
+				t.Fatal("run did not return")
+			}
+			out := buf.String()
+			for _, chain := range tt.inOrder {
+				rest := out
+				for _, want := range chain {
+					i := strings.Index(rest, want)
+					if i < 0 {
+						t.Fatalf("the log lacks %q after the fragments before it, %q:\n%s", want, chain, out)
+					}
+					rest = rest[i+len(want):]
+				}
+			}
+			for _, bad := range tt.absent {
+				if strings.Contains(out, bad) {
+					t.Errorf("the log has %q:\n%s", bad, out)
+				}
+			}
+		})
+	}
+}
