@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -415,11 +416,52 @@ func healthOutput(consulOutput string) string {
 // saying which phase), passing once it serves, critical again on SIGTERM
 // for the file's --drain-delay, before the port closes.
 func TestConsulChecks(t *testing.T) {
+	t.Run("tls", func(t *testing.T) { testConsulChecks(t, false) })
+	// The same checks of a daemon serving plain text, as on a host where
+	// the port stays on the node (the systemd unit's loopback): the file's
+	// TLS flags and settings left out, --insecure for the node's address.
+	t.Run("plain", func(t *testing.T) { testConsulChecks(t, true) })
+}
+
+// plainJob is j without TLS: the daemon's certificate flags dropped (and
+// --insecure, as its address is not loopback), the checks speaking plain
+// HTTP and gRPC.
+func plainJob(j consulJob) consulJob {
+	var args []string
+	for _, a := range j.args {
+		if !strings.HasPrefix(a, "--tls-") {
+			args = append(args, a)
+		}
+	}
+	j.args = append(args, "--insecure")
+	var checks []map[string]any
+	for _, c := range j.checks {
+		p := maps.Clone(c)
+		p["TLSSkipVerify"], p["TLSServerName"] = false, ""
+		if u, ok := p["HTTP"].(string); ok {
+			p["HTTP"] = "http://" + strings.TrimPrefix(u, "https://")
+		}
+		if _, ok := p["GRPC"]; ok {
+			p["GRPCUseTLS"] = false
+		}
+		checks = append(checks, p)
+	}
+	j.checks = checks
+	return j
+}
+
+func testConsulChecks(t *testing.T, plain bool) {
 	n := newNode(t)
 	h := newHost(t)
 	c := startConsul(t, n)
 	j := loadConsulJob(t, n)
+	if plain {
+		j = plainJob(j)
+	}
 	r := n.check(j.env, j.args)
+	if r.TLS == plain {
+		t.Fatalf("the daemon's TLS is %v, want %v", r.TLS, !plain)
+	}
 	drain, err := time.ParseDuration(r.DrainDelay)
 	if err != nil {
 		t.Fatal(err)
