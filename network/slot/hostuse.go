@@ -162,9 +162,14 @@ func routedAlready(p netip.Prefix) (*HostUse, error) {
 			}
 			name := ""
 			if r.LinkIndex != 0 {
-				if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
-					name = l.Attrs().Name
+				l, err := netlink.LinkByIndex(r.LinkIndex)
+				if err != nil {
+					// A device already unlisted whose routes the kernel
+					// has not flushed yet: a link being destroyed, such
+					// as this index's leftover, whose routes go with it.
+					continue
 				}
+				name = l.Attrs().Name
 			}
 			return &HostUse{Route: true, Prefix: dst, Dev: name, Table: r.Table}, nil
 		}
