@@ -378,7 +378,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 
 // checkDrainDelay warns when the drain is not longer than the interval of
 // a checker that must see it: that checker may keep the daemon in rotation
-// until the port closes (issue 25: Consul at 5s against a 2s drain).
+// until the port closes (seen: a Consul check every 5s against a 2s drain).
 func (d *Daemon) checkDrainDelay() {
 	if d.cfg.CheckInterval == 0 || d.cfg.DrainDelay > d.cfg.CheckInterval {
 		return

@@ -35,7 +35,7 @@ const consulFile = "../deploy/nomad/phasegate-consul.nomad.hcl"
 // consulInterval replaces the file's check interval in these tests. The
 // shipped 5s is longer than the whole start the test can make and than the
 // file's --drain-delay: Consul would see neither the start nor the drain
-// (issue 25; docs/DEPLOYING.md says how the two must relate). 1s is
+// (docs/DEPLOYING.md says how the two must relate). 1s is
 // Consul's floor: it raises anything shorter to it.
 const consulInterval = time.Second
 
