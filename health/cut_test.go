@@ -1,16 +1,14 @@
 package health_test
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/phasegate/phasegate/health"
 	"github.com/phasegate/phasegate/health/internal/healthtest"
-	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/internal/longbody"
 )
 
 // consulOutputMax is what Consul's agent keeps of an HTTP check's body by
@@ -22,37 +20,7 @@ const consulOutputMax = 4096
 // start (as most do) or its end (as Consul does): the verdict leads the
 // body and is repeated, output then status, at its end.
 func TestHealthVerdictSurvivesCut(t *testing.T) {
-	release := make(chan struct{})
-	phases := []lifecycle.Phase{{
-		Name: "slow",
-		Run: func(ctx context.Context, _ *lifecycle.Progress) error {
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			return nil
-		},
-	}}
-	for i := range 60 {
-		phases = append(phases, lifecycle.Phase{
-			Name: fmt.Sprintf("quick-phase-with-a-long-name-%02d", i),
-			Run:  func(context.Context, *lifecycle.Progress) error { return nil },
-		})
-	}
-	lc, err := lifecycle.New(phases)
-	if err != nil {
-		t.Fatal(err)
-	}
-	started := make(chan error, 1)
-	go func() { started <- lc.Start(context.Background()) }()
-	t.Cleanup(func() {
-		close(release)
-		<-started
-		_ = lc.Drain(context.Background())
-	})
-	for i := range 8 {
-		lc.Warn(fmt.Sprintf("warning-%d", i), strings.Repeat("a long warning that says a lot; ", 10))
-	}
+	lc := longbody.Start(t)
 	c := health.New(lc, health.Options{Version: "1.2.3"})
 	t.Cleanup(c.Close)
 	h := health.NewHandler(c)
@@ -68,7 +36,7 @@ func TestHealthVerdictSurvivesCut(t *testing.T) {
 				done++
 			}
 		}
-		return w.Code == http.StatusServiceUnavailable && done == 60 && len(body) > 2*consulOutputMax
+		return w.Code == http.StatusServiceUnavailable && done == longbody.Phases && len(body) > 2*consulOutputMax
 	})
 	const wantOutput = "starting: phase slow"
 

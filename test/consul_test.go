@@ -2,7 +2,6 @@ package test
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -26,7 +25,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 
 	"github.com/phasegate/phasegate/health"
-	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/internal/longbody"
 )
 
 // consulFile is the deploy file whose checks Consul's agent runs.
@@ -577,37 +576,7 @@ func TestConsulLongHealthBody(t *testing.T) {
 	n := newNode(t)
 	c := startConsul(t, n)
 
-	release := make(chan struct{})
-	phases := []lifecycle.Phase{{
-		Name: "slow",
-		Run: func(ctx context.Context, _ *lifecycle.Progress) error {
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			return nil
-		},
-	}}
-	for i := range 60 {
-		phases = append(phases, lifecycle.Phase{
-			Name: fmt.Sprintf("quick-phase-with-a-long-name-%02d", i),
-			Run:  func(context.Context, *lifecycle.Progress) error { return nil },
-		})
-	}
-	lc, err := lifecycle.New(phases)
-	if err != nil {
-		t.Fatal(err)
-	}
-	started := make(chan error, 1)
-	go func() { started <- lc.Start(context.Background()) }()
-	t.Cleanup(func() {
-		close(release)
-		<-started
-		_ = lc.Drain(context.Background())
-	})
-	for i := range 8 {
-		lc.Warn(fmt.Sprintf("warning-%d", i), strings.Repeat("a long warning that says a lot; ", 10))
-	}
+	lc := longbody.Start(t)
 	hc := health.New(lc, health.Options{Version: "test"})
 	t.Cleanup(hc.Close)
 	mux := http.NewServeMux()
