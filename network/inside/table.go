@@ -203,7 +203,9 @@ func policyRules(p Policy, sets map[string]*nftables.Set) [][]expr.Any {
 	drop := []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: DropCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	rules := [][]expr.Any{
 		slices.Concat(ctState(), accept),
-		slices.Concat(nfproto(unix.NFPROTO_IPV6), drop), // slots have IPv4 only
+		// Slots have IPv4 only; what IPv6 leaves is the link's own
+		// neighbour discovery, dropped without counting it as egress.
+		slices.Concat(nfproto(unix.NFPROTO_IPV6), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}),
 		slices.Concat(ipv4(), daddrIn(sets[setAlwaysAllow], false), accept),
 	}
 	if p.RedirectTCP {
