@@ -335,10 +335,12 @@ func Drops(s Slot) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	o, err := c.GetObject(&nftables.CounterObj{Table: egressTable(), Name: DropCounter})
-	if errors.Is(err, unix.ENOENT) {
+	// The library's object calls flatten their errors (ENOENT is lost):
+	// ask for the table's chain first, whose error keeps it.
+	if rules, err := c.GetRules(egressTable(), &nftables.Chain{Name: chainFwd}); errors.Is(err, unix.ENOENT) || err == nil && len(rules) == 0 {
 		return 0, nil
 	}
+	o, err := c.GetObject(&nftables.CounterObj{Table: egressTable(), Name: DropCounter})
 	if err != nil {
 		return 0, fmt.Errorf("inside: read counter %s: %w", DropCounter, err)
 	}
