@@ -57,6 +57,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "recycle" { // see recycle.go
 		os.Exit(recycleMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "microvm" { // see microvm.go
+		os.Exit(microvmMain(os.Args[2:]))
+	}
 	var (
 		mode    = flag.String("mode", "report", "report: the full network report; scan: old vs new scan at -sizes; batches: teardown in batches beside a workload")
 		slots   = flag.Int("slots", 5000, "leaked slots per reclaim round, and slots managed by the pool (report, batches)")
