@@ -195,7 +195,7 @@ func TestGuestRangeTheHostRoutesIsRefused(t *testing.T) {
 	if code := d.wait(time.Minute); code != 2 {
 		t.Errorf("exit %d, want 2", code)
 	}
-	if !strings.Contains(d.logs.String(), "guest network 169.254.255.20/30 (--slot-guest-addr) overlaps what the host uses: route 169.254.255.20/31") {
+	if !strings.Contains(d.logs.String(), "guest network 169.254.255.20/30 (--slot-guest-addr) overlaps what the host already uses: route 169.254.255.20/31") {
 		t.Errorf("the refusal does not name the route:\n%s", grepLines(d.logs.String(), "guest"))
 	}
 	h.assertClean(h.prefix, nil)

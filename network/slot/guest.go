@@ -299,14 +299,9 @@ func (c Config) HostAddrs() ([]netip.Prefix, error) {
 		return nil, err
 	}
 	defer probe.close()
-	var addrs []netlink.Addr
-	for range dumpTries {
-		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	addrs, err := hostAddrList()
 	if err != nil {
-		return nil, fmt.Errorf("slot: list host addresses: %w", err)
+		return nil, err
 	}
 	var out []netip.Prefix
 	for _, a := range addrs {
