@@ -279,6 +279,16 @@ func ClearEgress(s *Slot) error {
 	return withInside(s, inside.ClearPolicy)
 }
 
+// EgressDrops returns the packets slot s's egress policy dropped.
+func EgressDrops(s *Slot) (uint64, error) {
+	var n uint64
+	err := withInside(s, func(is inside.Slot) (err error) {
+		n, err = inside.Drops(is)
+		return err
+	})
+	return n, err
+}
+
 // InspectInside reads slot s's tables (guest NAT, egress policy, drops).
 func InspectInside(s *Slot) (inside.Found, error) {
 	var f inside.Found
