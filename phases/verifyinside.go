@@ -53,7 +53,23 @@ func (d *Daemon) verifyInside(ctx context.Context, p *lifecycle.Progress, restor
 
 // verifyLease verifies one restored lease's slot and returns what it
 // repaired.
-func (d *Daemon) verifyLease(l *lease) ([]string, error) {
+func (d *Daemon) verifyLease(restored *lease) ([]string, error) {
+	// The lease as it is now, under the lock SetEgressPolicy holds: a
+	// policy changed since the restore is the one to verify, and one being
+	// changed is not written over. A lease ended meanwhile is not verified.
+	svc := d.slots
+	svc.egressMu.Lock()
+	defer svc.egressMu.Unlock()
+	svc.mu.Lock()
+	cur := svc.leased[restored.rec.Index]
+	var l lease
+	if cur != nil {
+		l = *cur
+	}
+	svc.mu.Unlock()
+	if cur == nil || l.slot == nil || l.rec.LeaseID != restored.rec.LeaseID {
+		return nil, nil
+	}
 	fixed, err := d.mgr.RepairGuest(l.slot)
 	if err != nil {
 		return fixed, err

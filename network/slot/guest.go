@@ -183,11 +183,14 @@ func (m *Manager) RepairGuest(s *Slot) (repaired []string, err error) {
 	if !m.cfg.Guest.Enabled() {
 		return nil, nil
 	}
-	fd, err := netns.Open(s.NetnsPath)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(fd)
+	err = withNetns(s, func(fd int) error {
+		repaired, err = m.repairGuest(fd, s)
+		return err
+	})
+	return repaired, err
+}
+
+func (m *Manager) repairGuest(fd int, s *Slot) (repaired []string, err error) {
 	st, err := m.guestState(fd, s)
 	if err != nil {
 		return nil, fmt.Errorf("slot %d: %w", s.Index, err)
@@ -247,10 +250,16 @@ func (m *Manager) guestState(fd int, s *Slot) (GuestState, error) {
 	return st, nil
 }
 
-// withInside opens slot s's namespace, checks that it is still the one s
+// withInside runs fn on slot s's namespace (withNetns) as package inside
+// sees it.
+func withInside(s *Slot, fn func(inside.Slot) error) error {
+	return withNetns(s, func(fd int) error { return fn(insideSlot(fd, s)) })
+}
+
+// withNetns opens slot s's namespace, checks that it is still the one s
 // was made with (a namespace made again under the name is not s's), and
 // runs fn with its descriptor.
-func withInside(s *Slot, fn func(inside.Slot) error) error {
+func withNetns(s *Slot, fn func(fd int) error) error {
 	fd, err := netns.Open(s.NetnsPath)
 	if err != nil {
 		return err
@@ -265,7 +274,7 @@ func withInside(s *Slot, fn func(inside.Slot) error) error {
 			return fmt.Errorf("slot %d: %s is not the namespace the slot was made with: %w", s.Index, s.NetnsPath, ErrGone)
 		}
 	}
-	return fn(insideSlot(fd, s))
+	return fn(fd)
 }
 
 // ApplyEgress writes egress policy p (with the daemon's defaults d) inside
