@@ -229,3 +229,24 @@ func TestGuestRangeTheHostRoutesIsRefused(t *testing.T) {
 	}
 	h.assertClean(h.prefix, nil)
 }
+
+// Bad microVM flags exit 2, saying what is wrong, before anything is made.
+func TestBadMicroVMFlagsExitTwo(t *testing.T) {
+	h := newHost(t)
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--slot-guest-tap=tap0"}, "--slot-guest-addr"},
+		{[]string{"--slot-guest-tap=tap0", "--slot-guest-addr=169.254.255.21/30", "--slot-guest-gateway=169.254.255.29"}, "is not a host address of the guest network"},
+		{append([]string{"--slot-cidr=169.254.255.0/24"}, e2eGuest...), "overlaps the guest range 169.254.255.20/30"},
+		{[]string{"--slot-egress-proxy-port=3128"}, "--slot-egress-proxy-port 3128 is not in --slot-host-tcp-ports"},
+		{[]string{"--slot-egress-deny=fd00::/8"}, "not an IPv4 CIDR"},
+	} {
+		d := start(t, nil, h.args(freePort(t), append([]string{"--slots=16"}, tc.flags...)...)...)
+		if code := d.wait(time.Minute); code != 2 || !strings.Contains(d.logs.String(), tc.want) {
+			t.Errorf("%v: exit %d, want 2 saying %q:\n%s", tc.flags, code, tc.want, d.logs.String())
+		}
+	}
+	h.assertClean(h.prefix, nil)
+}
