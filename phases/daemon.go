@@ -72,6 +72,7 @@ type Daemon struct {
 	ctlSocket  *control.Socket // its path, removed at an orderly stop
 	ctlFile    *os.File        // its descriptor, for an upgrade
 	deadDone   chan struct{}   // closed when the dead slots are reclaimed
+	verifyDone chan struct{}   // closed when the restored leases' background check is over
 	// The background reclaim's own context: a drain does not end it (the
 	// pool's stop waits for it), its stop timeout or an upgrade does.
 	reclaimCtx    context.Context
@@ -79,6 +80,7 @@ type Daemon struct {
 
 	mu           sync.Mutex
 	procScanSeen map[string]bool // /proc scan errors logged already
+	lostSlots    []int           // indices of the leases lost since the start, sorted
 }
 
 // New validates cfg and declares the daemon's phases, its port and its
@@ -261,6 +263,7 @@ const (
 	taskReconcile  = "reconcile"
 	taskFill       = "fill"
 	taskLeases     = "leases"
+	taskVerify     = "verify-leases"
 )
 
 // backgroundBatch is how many dead namespaces the background reclaim hands
@@ -326,12 +329,11 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	} else if err != nil {
 		return lifecycle.Permanent(fmt.Errorf("load the records: %w", err))
 	}
-	now := time.Now()
-	plan, err := d.classify(ctx, recs, bad, inv, now)
+	plan, err := d.classify(ctx, recs, bad, inv)
 	if err != nil {
 		return err
 	}
-	if err := d.restoreLeases(ctx, plan, inv, now); err != nil {
+	if err := d.renewLeases(ctx, plan, time.Now()); err != nil {
 		return err
 	}
 	d.plan = plan
@@ -345,12 +347,13 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		attribute.Int("phasegate.restore.held", len(plan.held)),
 		attribute.String("phasegate.restore.scan", scanned.String()),
 	)
-	if n := len(plan.lost); n > 0 {
-		var slots []int
+	if len(plan.lost) > 0 {
+		var lost []leases.Record
+		var reasons []string
 		for _, l := range plan.lost {
-			slots = append(slots, l.rec.Index)
+			lost, reasons = append(lost, l.rec), append(reasons, l.lostReason)
 		}
-		d.lc.Warn(warnLeasesLost, fmt.Sprintf("%d leases lost across the restart (slots %v): their namespace or host link was gone or made again; owners see why in Get", n, slots))
+		d.reportLost(lost, reasons)
 	}
 
 	if !d.cfg.reclaimInForeground() || len(plan.dead) == 0 {
@@ -598,7 +601,7 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		d.pool = pl
 		d.obs.setPool(pl)
 		d.slots = newSlotsService(d.cfg.Slots, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
-			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent)
+			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d)
 		d.obs.setLeases(d.slots)
 	}
 	if err := d.reclaimForWarm(ctx, p); err != nil {
@@ -613,11 +616,28 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	p.SetDone(int64(d.cfg.PoolMinReady))
 
+	d.verifyDone = make(chan struct{})
+	if restored := d.plan.restored; len(restored) > 0 {
+		p.Defer(taskVerify, func(ctx context.Context, tp *lifecycle.Progress) error {
+			defer close(d.verifyDone)
+			return d.verifyLeases(ctx, tp, restored)
+		})
+	} else {
+		close(d.verifyDone)
+	}
 	d.deadDone = make(chan struct{})
 	d.reclaimCtx, d.cancelReclaim = context.WithCancel(context.Background())
 	if dead := d.deadToReclaim(); len(dead) > 0 {
 		p.Defer(taskReclaim, func(ctx context.Context, tp *lifecycle.Progress) error {
 			defer close(d.deadDone)
+			// After the leases' check: both need the kernel's networking
+			// lock, and owners wait for the check (a Release, a retry),
+			// not for the dead.
+			select {
+			case <-d.verifyDone:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 			return d.reclaimDead(ctx, tp, dead)
 		})
 	} else {

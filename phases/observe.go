@@ -90,10 +90,16 @@ func (o *observer) unreadable(n int) { o.add(o.reclaim, "result", "unreadable", 
 
 // restored counts what a start found.
 func (o *observer) restored(p *restorePlan) {
-	o.add(o.restore, "result", "restored", len(p.restored))
 	o.add(o.restore, "result", "adopted", len(p.adopted))
 	o.add(o.restore, "result", "lost", len(p.lost))
 	o.add(o.restore, "result", "held", len(p.held))
+}
+
+// verified counts restored leases as their check settles them: intact
+// (restored) or lost.
+func (o *observer) verified(intact, lost int) {
+	o.add(o.restore, "result", "restored", intact)
+	o.add(o.restore, "result", "lost", lost)
 }
 
 // leaseEvent counts a lease event (slotsService's leaseEvents).

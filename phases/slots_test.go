@@ -99,7 +99,7 @@ func newSlotsRig(t *testing.T, n, target int, lost ...leases.Record) *slotsRig {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return &slotsRig{svc: newSlotsService(cfg, pl, store, restored, log, noop.NewTracerProvider().Tracer(""), nil), pool: pl, store: store}
+	return &slotsRig{svc: newSlotsService(cfg, pl, store, restored, log, noop.NewTracerProvider().Tracer(""), nil, nil), pool: pl, store: store}
 }
 
 // Principals of the tests: root on the socket, and two unprivileged users.
