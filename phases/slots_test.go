@@ -39,6 +39,40 @@ type slotsRig struct {
 // leases lost at a restart (recorded, their index taken, no slot).
 func newSlotsRig(t *testing.T, n, target int, lost ...leases.Record) *slotsRig {
 	t.Helper()
+	cfg, mgr, store := newSlotHost(t, n)
+	ctx := context.Background()
+	idx, err := index.New(n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var restored []*lease
+	var lostIdx []int
+	for _, rec := range lost {
+		if err := idx.Claim(rec.Index); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Put(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		restored = append(restored, &lease{rec: rec, lostReason: "its namespace was gone at the restart"})
+		lostIdx = append(lostIdx, rec.Index)
+	}
+	pl, err := pool.New(mgr, idx, pool.Options{Target: target, Lost: lostIdx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pl.Close(context.Background()) })
+	if err := pl.WaitReady(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return &slotsRig{svc: newSlotsService(cfg, pl, store, restored, log, noop.NewTracerProvider().Tracer(""), nil, nil), pool: pl, store: store}
+}
+
+// newSlotHost makes a slot manager for n slots in a netns directory and
+// with a prefix and CIDR of its own, swept at the end, and a state file.
+func newSlotHost(t *testing.T, n int) (slot.Config, *slot.Manager, *leases.Store) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces)")
 	}
@@ -74,32 +108,7 @@ func newSlotsRig(t *testing.T, n, target int, lost ...leases.Record) *slotsRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	idx, err := index.New(n, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var restored []*lease
-	var lostIdx []int
-	for _, rec := range lost {
-		if err := idx.Claim(rec.Index); err != nil {
-			t.Fatal(err)
-		}
-		if err := store.Put(ctx, rec); err != nil {
-			t.Fatal(err)
-		}
-		restored = append(restored, &lease{rec: rec, lostReason: "its namespace was gone at the restart"})
-		lostIdx = append(lostIdx, rec.Index)
-	}
-	pl, err := pool.New(mgr, idx, pool.Options{Target: target, Lost: lostIdx})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pl.Close(context.Background()) })
-	if err := pl.WaitReady(ctx, target); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return &slotsRig{svc: newSlotsService(cfg, pl, store, restored, log, noop.NewTracerProvider().Tracer(""), nil, nil), pool: pl, store: store}
+	return cfg, mgr, store
 }
 
 // Principals of the tests: root on the socket, and two unprivileged users.

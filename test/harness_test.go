@@ -454,7 +454,8 @@ func lines(s string) []string {
 }
 
 // waitReclaimed waits until the daemon serves and its background reclaim
-// of dead slots, if it had any, has ended: what a test that counts what is
+// of dead slots and verification of restored leases, if it had any, have
+// ended: what a test that counts what is
 // left on the host must wait for, now that serving no longer waits for it.
 func (d *daemon) waitReclaimed(timeout time.Duration) {
 	d.t.Helper()
@@ -471,7 +472,7 @@ func (d *daemon) waitReclaimed(timeout time.Duration) {
 			return false
 		}
 		for _, t := range v.Tasks {
-			if t.Name == "reclaim-dead" && t.State == "running" {
+			if (t.Name == "reclaim-dead" || t.Name == "verify-leases") && t.State == "running" {
 				return false
 			}
 		}
