@@ -240,7 +240,7 @@ const (
 	// verifyBatch is how many leases the background verification claims
 	// at a time: a Release of one of them waits for its batch, and each
 	// batch adds its missing firewall elements in one transaction.
-	verifyBatch = 256
+	verifyBatch = 64
 	// verifyRetries bounds the passes over leases whose check found
 	// nothing certain (a netlink error), verifyBackoff spaces them.
 	verifyRetries = 3
@@ -274,15 +274,16 @@ func (d *Daemon) verifyLeases(ctx context.Context, p *lifecycle.Progress, ls []*
 			}
 			_, cerr := d.slots.verifyRestored(ctx, chunk)
 			err = cmp.Or(err, cerr)
-			p.SetDone(int64(total - d.slots.unverified(ls)))
+			left, _ := d.slots.outcome(ls)
+			p.SetDone(int64(total - left))
 		}
 		if err == nil {
 			break
 		}
 		d.log.Warn("restored leases: some could not be verified; trying again", "pass", pass+1, "error", err)
 	}
-	left := d.slots.unverified(ls)
-	d.log.Info("restored leases verified", "leases", total, "unverified", left,
+	left, lost := d.slots.outcome(ls)
+	d.log.Info("restored leases verified", "leases", total, "intact", total-left-lost, "lost", lost, "unverified", left,
 		"duration", time.Since(start).Round(time.Millisecond).String())
 	if left > 0 {
 		return fmt.Errorf("%d restored leases could not be verified: %w", left, err)

@@ -827,15 +827,18 @@ func (s *slotsService) runChecks(ctx context.Context, ls []*lease) (settled int,
 	return settled, nil
 }
 
-// unverified returns how many of ls still wait for their verification.
-func (s *slotsService) unverified(ls []*lease) int {
+// outcome returns how many of ls still wait for their verification, and
+// how many were found lost.
+func (s *slotsService) outcome(ls []*lease) (unverified, lost int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
 	for _, l := range ls {
-		if l.check != nil {
-			n++
+		switch {
+		case l.check != nil:
+			unverified++
+		case l.slot == nil:
+			lost++
 		}
 	}
-	return n
+	return unverified, lost
 }

@@ -180,11 +180,15 @@ func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand, book *l
 	waitFor(t, 30*time.Second, "the port", func() bool { _, _, err := d.get("/livez"); return err == nil })
 	switch point {
 	case "mid-verify":
-		return verifying(t, d)
+		// Some verified, some not.
+		seen := verifying(t, d, func(done, total int64, _ string) bool { return done > 0 })
+		d.signal(syscall.SIGKILL)
+		return seen + verifyEnded(d)
 	case "mid-verify-burst":
-		seen := verifying(t, d)
-		n := acquireBurst(t, d.slots(), book, time.Duration(r.IntN(50))*time.Millisecond, func() { d.signal(syscall.SIGKILL) })
-		return fmt.Sprintf("%s, %d acquired in the burst", seen, n)
+		// Serving, and Acquires answered while leases are still verified.
+		seen := verifying(t, d, func(_, _ int64, state string) bool { return state == "serving" })
+		n := acquireBurst(t, d.slots(), book, time.Duration(r.IntN(10))*time.Millisecond, func() { d.signal(syscall.SIGKILL) })
+		return fmt.Sprintf("%s, %d acquired in the burst%s", seen, n, verifyEnded(d))
 	}
 	if point == "mid-restore" {
 		time.Sleep(time.Duration(r.IntN(30)) * time.Millisecond)
@@ -222,10 +226,11 @@ func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand, book *l
 	return ""
 }
 
-// verifying waits until d's /health says it verifies the restored leases
-// (it has some from the bulk), and says how far it was: the kill that
-// follows lands in the verification unless it ended in between.
-func verifying(t *testing.T, d *daemon) string {
+// verifying waits until d's /health shows the verification of the
+// restored leases (it has some from the bulk) where want says, or its end,
+// and says what it saw: the kill that follows lands in the verification
+// unless it ended in between.
+func verifying(t *testing.T, d *daemon, want func(done, total int64, state string) bool) string {
 	t.Helper()
 	seen := "(verified before seen)"
 	waitFor(t, time.Minute, "the verification of the restored leases", func() bool {
@@ -242,8 +247,9 @@ func verifying(t *testing.T, d *daemon) string {
 		}
 		for name, cs := range v.Checks {
 			if strings.Contains(name, "verify-leases") && len(cs) > 0 && cs[0].ObservedTotal > 0 {
-				seen = fmt.Sprintf("(verifying: %d of %d verified)", *cmp.Or(cs[0].ObservedValue, new(int64)), cs[0].ObservedTotal)
-				return true
+				done := *cmp.Or(cs[0].ObservedValue, new(int64))
+				seen = fmt.Sprintf("(verifying, %s: %d of %d verified)", v.State, done, cs[0].ObservedTotal)
+				return want(done, cs[0].ObservedTotal, v.State)
 			}
 		}
 		return v.State == "serving" // and no verification left
@@ -316,10 +322,24 @@ func acquireBurst(t *testing.T, c phasegatev1.SlotsClient, book *ledger, d time.
 		})
 	}
 	time.Sleep(d)
+	// At least one answer (the first calls may come before SERVING).
+	for deadline := time.Now().Add(5 * time.Second); n.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	kill()
 	close(stop)
 	wg.Wait()
 	return n.Load()
+}
+
+// verifyEnded says, once d is killed, whether its verification of the
+// restored leases had ended before.
+func verifyEnded(d *daemon) string {
+	d.wait(10 * time.Second)
+	if strings.Contains(d.logs.String(), `msg="restored leases verified"`) {
+		return "; the verification had ended"
+	}
+	return "; killed during the verification"
 }
 
 func fillProgress(d *daemon) string {
