@@ -19,7 +19,7 @@ import (
 )
 
 // restorePlan is what the reclaim phase decided for every slot it found on
-// the host or in the records (DESIGN.md, section 5b):
+// the host or in the records (DESIGN.md, section 6):
 //
 //	found                     record                       decision
 //	anything                  leased                       restored, VERIFYING: checked after SERVING (verifyLeases)
@@ -234,9 +234,11 @@ func (d *Daemon) logPlan(p *restorePlan) {
 // Verifying the restored leases after SERVING (DESIGN.md section 6).
 const (
 	// verifyWorkers bounds the slots checked at once: each check is a
-	// stat, two ioctls and a netlink request, mostly waiting on the
-	// kernel (docs/BENCHMARKS.md, "Restore").
-	verifyWorkers = 4
+	// stat, two ioctls and a netlink request the kernel serialises
+	// (BenchmarkVerifyRestored: 4, 8 or 16 workers are no faster than 2,
+	// and 2 a little faster than 1; docs/BENCHMARKS.md). Two leave a core
+	// to serving on a small machine.
+	verifyWorkers = 2
 	// verifyBatch is how many leases the background verification claims
 	// at a time: a Release of one of them waits for its batch, and each
 	// batch adds its missing firewall elements in one transaction.
@@ -298,17 +300,7 @@ func (d *Daemon) verifyLeases(ctx context.Context, p *lifecycle.Progress, ls []*
 // is clean for whoever gets it after the lease. Every step is idempotent:
 // a crash leaves the next start the same steps to take.
 func (d *Daemon) verify(ctx context.Context, slots []*slot.Slot) []verdict {
-	out := make([]verdict, len(slots))
-	fixed := make([][]string, len(slots))
-	var g errgroup.Group
-	g.SetLimit(verifyWorkers)
-	for i, sl := range slots {
-		g.Go(func() error {
-			out[i], fixed[i] = d.verifyOne(sl)
-			return nil
-		})
-	}
-	_ = g.Wait() // every check's outcome is in out
+	out, fixed := d.checkSlots(slots, verifyWorkers)
 	var missing []string
 	var missingAt []int
 	lostObjects := slot.Inventory{}
@@ -342,6 +334,22 @@ func (d *Daemon) verify(ctx context.Context, slots []*slot.Slot) []verdict {
 	}
 	d.countVerdicts(slots, out, fixed)
 	return out
+}
+
+// checkSlots runs verifyOne on every slot, workers at a time.
+func (d *Daemon) checkSlots(slots []*slot.Slot, workers int) ([]verdict, [][]string) {
+	out := make([]verdict, len(slots))
+	fixed := make([][]string, len(slots))
+	var g errgroup.Group
+	g.SetLimit(workers)
+	for i, sl := range slots {
+		g.Go(func() error {
+			out[i], fixed[i] = d.verifyOne(sl)
+			return nil
+		})
+	}
+	_ = g.Wait() // every check's outcome is in out
+	return out, fixed
 }
 
 // verifyOne checks one restored slot and repairs its host side: what it

@@ -236,3 +236,35 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 		t.Errorf("index %d of a lost lease is free while the lease is held", madeNew)
 	}
 }
+
+// BenchmarkVerifyRestored measures the check after SERVING of restored
+// leases' slots (Identify and RepairHost; nothing to repair) at each
+// number of workers, in one run: their ratios chose verifyWorkers
+// (docs/BENCHMARKS.md, "Restore").
+func BenchmarkVerifyRestored(b *testing.B) {
+	const n = 256
+	_, mgr, _ := newSlotHost(b, n)
+	ctx := context.Background()
+	slots := make([]*slot.Slot, n)
+	for i := range slots {
+		s, err := mgr.Create(ctx, i+1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		slots[i] = s
+	}
+	d := &Daemon{log: slog.New(slog.DiscardHandler), obs: &observer{}, mgr: mgr}
+	for _, w := range []int{1, 2, 4, 8, 16} {
+		b.Run(fmt.Sprintf("workers=%d", w), func(b *testing.B) {
+			for b.Loop() {
+				out, _ := d.checkSlots(slots, w)
+				for i, v := range out {
+					if v != (verdict{}) {
+						b.Fatalf("slot %d: %+v", slots[i].Index, v)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/lease")
+		})
+	}
+}

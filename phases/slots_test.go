@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mathbits "math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -71,18 +72,21 @@ func newSlotsRig(t *testing.T, n, target int, lost ...leases.Record) *slotsRig {
 
 // newSlotHost makes a slot manager for n slots in a netns directory and
 // with a prefix and CIDR of its own, swept at the end, and a state file.
-func newSlotHost(t *testing.T, n int) (slot.Config, *slot.Manager, *leases.Store) {
+func newSlotHost(t testing.TB, n int) (slot.Config, *slot.Manager, *leases.Store) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces)")
 	}
+	// A /31 per slot, in whole /24s.
+	bits := max(8, mathbits.Len(uint(2*n-1)))
+	blocks := 1 << (bits - 8)
 	prefix := "ph"
 	for range 4 {
 		prefix += string(rune('a' + rand.IntN(26)))
 	}
 	cfg := slot.Config{
 		Prefix: prefix + "-", NetnsDir: filepath.Join(t.TempDir(), "netns"), Slots: n,
-		CIDR: netip.MustParsePrefix(fmt.Sprintf("100.%d.%d.0/24", 64+rand.IntN(64), rand.IntN(256))),
+		CIDR: netip.MustParsePrefix(fmt.Sprintf("100.%d.%d.0/%d", 64+rand.IntN(64), rand.IntN(256)&^(blocks-1), 32-bits)),
 	}
 	ctx := context.Background()
 	mgr, err := slot.NewManager(ctx, cfg, slot.DefaultOptions())
