@@ -95,7 +95,7 @@ func (r *runner) measureRestoreN(ctx context.Context, n int) error {
 			p.Runs = append(p.Runs, run)
 			slowest = max(slowest, time.Duration(run.ServingMs*float64(time.Millisecond)))
 			r.logf("N=%d rep %d %s + start: SERVING %s (first answer %s), every lease verified %s; restored %d, adopted %d, dead %d, lost %d; destroyed %d, listed %d; RSS %.1f MiB",
-				n, rep+1, end, fmtMs(run.ServingMs), fmtMs(run.FirstAnswerMs), fmtMs(run.VerifiedMs), run.Restored, run.Adopted, run.Dead, run.Lost,
+				n, rep+1, end, fmtMs(run.ServingMs), fmtMs(run.FirstAnswerMs), fmtVerifiedRun(run, n), run.Restored, run.Adopted, run.Dead, run.Lost,
 				run.Destroyed, run.Listed, run.RSSMiB)
 		}
 	}
@@ -103,6 +103,15 @@ func (r *runner) measureRestoreN(ctx context.Context, n int) error {
 		return err
 	}
 	return r.reset(ctx)
+}
+
+// fmtVerifiedRun is a run's exec → every lease verified, or "—" when it
+// restored none.
+func fmtVerifiedRun(run Run, n int) string {
+	if n == 0 {
+		return "—"
+	}
+	return fmtMs(run.VerifiedMs)
 }
 
 // restart ends d (SIGTERM and wait, or kill -9), starts a daemon on the same
