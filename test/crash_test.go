@@ -1,7 +1,6 @@
 package test
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -226,7 +225,7 @@ func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand, book *l
 	return ""
 }
 
-// verifying waits until d's /health shows the verification of the
+// verifying waits until d's lifecycle shows the verification of the
 // restored leases (it has some from the bulk) where want says, or its end,
 // and says what it saw: the kill that follows lands in the verification
 // unless it ended in between.
@@ -234,25 +233,34 @@ func verifying(t *testing.T, d *daemon, want func(done, total int64, state strin
 	t.Helper()
 	seen := "(verified before seen)"
 	waitFor(t, time.Minute, "the verification of the restored leases", func() bool {
-		_, body, _ := d.get("/health")
+		_, body, err := d.get("/debug/lifecycle")
+		if err != nil {
+			return false
+		}
 		var v struct {
-			State  string
-			Checks map[string][]struct {
-				ObservedValue *int64
-				ObservedTotal int64
+			State string
+			Tasks []struct {
+				Name, State string
+				Progress    struct{ Done, Total int64 }
 			}
 		}
 		if json.Unmarshal([]byte(body), &v) != nil {
 			return false
 		}
-		for name, cs := range v.Checks {
-			if strings.Contains(name, "verify-leases") && len(cs) > 0 && cs[0].ObservedTotal > 0 {
-				done := *cmp.Or(cs[0].ObservedValue, new(int64))
-				seen = fmt.Sprintf("(verifying, %s: %d of %d verified)", v.State, done, cs[0].ObservedTotal)
-				return want(done, cs[0].ObservedTotal, v.State)
+		for _, tk := range v.Tasks {
+			if tk.Name != "verify-leases" {
+				continue
 			}
+			if tk.State != "running" {
+				return true // it ended before it was seen
+			}
+			if tk.Progress.Total == 0 {
+				return false // not counted yet
+			}
+			seen = fmt.Sprintf("(verifying, %s: %d of %d verified)", v.State, tk.Progress.Done, tk.Progress.Total)
+			return want(tk.Progress.Done, tk.Progress.Total, v.State)
 		}
-		return v.State == "serving" // and no verification left
+		return false // not started yet: every start here has leases to verify
 	})
 	return seen
 }
