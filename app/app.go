@@ -356,6 +356,10 @@ func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 	a.addr = a.srv.Addr()
 	a.mu.Unlock()
 	close(a.addrCh)
+	if err := reportAddr(a.addr); err != nil {
+		_ = a.stopServer(ctx) // at once: it never served
+		return lifecycle.Permanent(err)
+	}
 	a.logCaughtUp() // after "phase started phase=listen"
 	a.log.Info("listening", "addr", a.addr.String(), "tls", a.cfg.TLS != nil)
 	return nil
