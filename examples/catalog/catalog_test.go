@@ -24,9 +24,9 @@ import (
 	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/examples/catalog/catalogdb"
 	"github.com/phasegate/phasegate/examples/catalog/catalogv1"
-	"github.com/phasegate/phasegate/phasetest/proc"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/phasetest"
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
 // wait bounds every wait for a condition: they hold within milliseconds;

@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/app"
-	"github.com/phasegate/phasegate/phasetest/proc"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/phasetest"
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
 // wait bounds every wait for a condition: they hold within milliseconds;
