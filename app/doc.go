@@ -31,4 +31,9 @@
 //
 // A listening socket handed over by systemd socket activation (LISTEN_FDS)
 // is used instead of binding Config.Listen.
+//
+// A process that starts the App's process learns the port's address from a
+// file, not from the log: with [AddrFileEnv] (PHASEGATE_ADDR_FILE) naming
+// one, listen writes the bound address there, whole, before serve; package
+// phasetest/proc sets it for every process it starts.
 package app

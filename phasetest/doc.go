@@ -36,5 +36,11 @@
 // [WaitSnapshot] waits for what the log does not name in one event (a
 // warning raised or cleared, a task's progress) on the latest snapshots.
 //
+// To run the service's own binary for a black-box test (build it once,
+// start it, learn its address, signal it, wait for its exit code) and to
+// check the health its port answers before and after serving, use package
+// phasetest/proc; examples/adopter in the repository is a whole service
+// tested that way.
+//
 // The file adopter_test.go in this package is a complete example to copy.
 package phasetest
