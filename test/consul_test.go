@@ -494,7 +494,7 @@ func testConsulChecks(t *testing.T, plain bool) {
 	stop := make(chan struct{})
 	stopped := make(chan struct{})
 	d := n.start(j.addr, n.command(j.env, append(append(append([]string{binary}, j.args...), confine(h)...), extra...)...))
-	go func() { rec.record(c, d.began, stop); close(stopped) }()
+	go func() { rec.record(c, d.Began(), stop); close(stopped) }()
 	t.Cleanup(func() { close(stop); <-stopped })
 
 	// Starting: each check ran against the daemon and failed, the HTTP one
@@ -525,7 +525,7 @@ func testConsulChecks(t *testing.T, plain bool) {
 		})
 	}
 	if !d.running() {
-		t.Fatalf("the daemon exited: %v", d.err)
+		t.Fatalf("the daemon exited: %v", d.Err())
 	}
 	// No message claims a step that is over: a complete count says what the
 	// phase waits on now, not the step that counted.
@@ -541,7 +541,7 @@ func testConsulChecks(t *testing.T, plain bool) {
 	// Drain: SIGTERM; Consul must see every check critical while the
 	// daemon still runs (the drain delay), not only once the port closes.
 	from := rec.len()
-	termAt := time.Since(d.began)
+	termAt := time.Since(d.Began())
 	d.signal(syscall.SIGTERM)
 	for _, id := range ids {
 		waitFor(t, serveTimeout, "consul check "+id+" critical on drain", func() bool {
@@ -562,7 +562,7 @@ func testConsulChecks(t *testing.T, plain bool) {
 	}
 	d.waitExit(r.stopBudget()+5*time.Second, "the stop budget")
 	t.Logf("Consul's view of the drain (times since exec; SIGTERM at %v, exited at %v):\n%s",
-		termAt.Round(10*time.Millisecond), d.exited.Sub(d.began).Round(10*time.Millisecond), rec.timeline(from))
+		termAt.Round(10*time.Millisecond), d.Exited().Sub(d.Began()).Round(10*time.Millisecond), rec.timeline(from))
 }
 
 // TestConsulLongHealthBody serves a /health body well over the 4 KiB Consul
@@ -630,7 +630,7 @@ var countRe = regexp.MustCompile(`(\d+)/(\d+) namespaces: ([a-z ]+)`)
 // servingAt is when the daemon said it serves, from its log's startup=
 // figure, or "?" before.
 func servingAt(d *daemon) string {
-	m := regexp.MustCompile(`msg=serving .*startup=(\S+)`).FindStringSubmatch(d.logs.String())
+	m := regexp.MustCompile(`msg=serving .*startup=(\S+)`).FindStringSubmatch(d.Output())
 	if m == nil {
 		return "?"
 	}
@@ -658,7 +658,7 @@ func TestConsulDrainShorterThanIntervalWarns(t *testing.T) {
 	}
 	waitPass(t, serveTimeout, "/health to warn of the drain delay", func() error {
 		if !d.running() {
-			t.Fatalf("the daemon exited: %v", d.err)
+			t.Fatalf("the daemon exited: %v", d.Err())
 		}
 		resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Get("https://" + j.addr + "/health")
 		if err != nil {

@@ -110,7 +110,7 @@ func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
 		len(samples), rate, duration, leaked, len(failed),
 		p("grpc", 0.5), p("grpc", 0.99), p("http", 0.5), p("http", 0.99),
 		len(lat["starting"]), p("starting", 0.99), p("starting", 1), len(lat["serving"]), p("serving", 0.99),
-		fdsServing, d.fds(), grServing, d.goroutines(), rssServing, d.rss(), reclaimLine(d.logs.String()))
+		fdsServing, d.fds(), grServing, d.goroutines(), rssServing, d.rss(), reclaimLine(d.Output()))
 	t.Log(summary)
 	writeReport(t, report, summary+"\n")
 	if len(failed) > 0 {
@@ -131,7 +131,7 @@ func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
 
 // rss is the daemon's resident set size in KiB.
 func (d *daemon) rss() int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(d.cmd.Process.Pid) + "/status")
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(d.Pid()) + "/status")
 	if err != nil {
 		return -1
 	}

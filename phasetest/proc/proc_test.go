@@ -162,3 +162,15 @@ func TestAssertGatedCatches(t *testing.T) {
 		})
 	}
 }
+
+// An ended process's state is there with a zero timeout: WaitState does
+// not race the end against its timer.
+func TestWaitStateOfAnEndedProcess(t *testing.T) {
+	p := proc.Start(t, bins.Build(t, svc), proc.Args("-fail"))
+	<-p.Done()
+	for range 100 {
+		if code := p.Wait(0); code != 1 {
+			t.Fatalf("exit code %d, want 1", code)
+		}
+	}
+}

@@ -26,10 +26,11 @@ const DefaultTimeout = time.Minute
 type Option func(*options)
 
 type options struct {
-	args    []string
-	env     []string
-	timeout time.Duration
-	prepare []func(*exec.Cmd)
+	args       []string
+	env        []string
+	timeout    time.Duration
+	prepare    []func(*exec.Cmd)
+	noAddrFile bool
 }
 
 // Args appends command-line arguments.
@@ -47,6 +48,15 @@ func Env(env ...string) Option {
 // instead of [DefaultTimeout].
 func Timeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
+}
+
+// NoAddrFile leaves [app.AddrFileEnv] out of the process's environment,
+// for a process that must see exactly the environment the test gives it
+// (a supervisor's, emulated) or that could not write into the test's
+// directory (it runs as another user). [Process.Addr] then fails: the test
+// knows the address it gave.
+func NoAddrFile() Option {
+	return func(o *options) { o.noAddrFile = true }
 }
 
 // Prepare calls f on the command before it starts: for what the other
@@ -81,13 +91,7 @@ func Start(t testing.TB, bin string, opts ...Option) *Process {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	p := &Process{
-		t:        t,
-		name:     filepath.Base(bin),
-		addrFile: filepath.Join(t.TempDir(), "addr"),
-		timeout:  o.timeout,
-		done:     make(chan struct{}),
-	}
+	p := &Process{t: t, name: filepath.Base(bin), timeout: o.timeout, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, o.args...)
 	for _, f := range o.prepare {
 		f(p.cmd)
@@ -95,7 +99,10 @@ func Start(t testing.TB, bin string, opts ...Option) *Process {
 	if p.cmd.Env == nil {
 		p.cmd.Env = os.Environ()
 	}
-	p.cmd.Env = append(p.cmd.Env, app.AddrFileEnv+"="+p.addrFile)
+	if !o.noAddrFile {
+		p.addrFile = filepath.Join(t.TempDir(), "addr")
+		p.cmd.Env = append(p.cmd.Env, app.AddrFileEnv+"="+p.addrFile)
+	}
 	p.cmd.Env = append(p.cmd.Env, o.env...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	p.began = time.Now()
@@ -144,6 +151,9 @@ func (p *Process) Began() time.Time { return p.began }
 // process exits first or the wait outlasts the process's timeout.
 func (p *Process) Addr() string {
 	p.t.Helper()
+	if p.addrFile == "" {
+		p.t.Fatalf("proc: %s was started with NoAddrFile: it reports no address", p.name)
+	}
 	deadline := time.NewTimer(p.timeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -174,13 +184,20 @@ func (p *Process) Follow(opts ...phasetest.FollowOption) *phasetest.Stream {
 	return phasetest.Follow(p.t, "http://"+p.Addr()+app.PathEvents, opts...)
 }
 
-// Signal sends sig to the process; it fails the test if the process has
-// been reaped already.
-func (p *Process) Signal(sig syscall.Signal) {
+// Signal sends sig to the process and reports whether it still ran: a
+// process that has ended already is not an error (a test may race a
+// process exiting on its own). Any other failure fails the test.
+func (p *Process) Signal(sig syscall.Signal) bool {
 	p.t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		p.t.Fatalf("proc: signal %v to %s: %v", sig, p.name, err)
+	err := p.cmd.Process.Signal(sig)
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, os.ErrProcessDone):
+		return false
 	}
+	p.t.Fatalf("proc: signal %v to %s: %v", sig, p.name, err)
+	return false
 }
 
 // Running reports whether the process has not ended yet.
@@ -209,15 +226,18 @@ func (p *Process) Wait(timeout time.Duration) int {
 }
 
 // WaitState waits for the process to end, however it ended, and returns
-// its state; it fails the test if timeout passes first.
+// its state; it fails the test if timeout passes first. A process that has
+// ended already returns at once, even with a timeout of zero.
 func (p *Process) WaitState(timeout time.Duration) *os.ProcessState {
 	p.t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	select {
-	case <-p.done:
-	case <-deadline.C:
-		p.t.Fatalf("proc: %s did not end within %v", p.name, timeout)
+	if p.Running() { // an ended process is not timed out, whatever the timeout
+		deadline := time.NewTimer(timeout)
+		defer deadline.Stop()
+		select {
+		case <-p.done:
+		case <-deadline.C:
+			p.t.Fatalf("proc: %s did not end within %v", p.name, timeout)
+		}
 	}
 	return p.cmd.ProcessState
 }
@@ -230,6 +250,16 @@ func (p *Process) Took() time.Duration {
 		p.t.Fatalf("proc: %s is still running", p.name)
 	}
 	return p.exited.Sub(p.began)
+}
+
+// Err is what waiting for the process returned once it ended (an
+// *exec.ExitError for a non-zero exit or a signal, nil for exit 0), and nil
+// while it runs.
+func (p *Process) Err() error {
+	if p.Running() {
+		return nil
+	}
+	return p.err
 }
 
 // Exited is when the process was seen to end, zero while it runs.
