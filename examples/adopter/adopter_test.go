@@ -111,9 +111,11 @@ func TestBadFlagFailsFast(t *testing.T) {
 	if code := p.Wait(wait); code != 1 {
 		t.Fatalf("exit code %d, want 1", code)
 	}
-	if took := p.Took(); took >= prompt {
+	took := p.Took()
+	if took >= prompt {
 		t.Errorf("the process exited %v after it started, want under %v (the drain delay is 5 s)", took, prompt)
 	}
+	t.Logf("exited 1 %v after exec", took)
 	if !strings.Contains(p.Output(), `-cache-entries \"lots\": want a positive number`) {
 		t.Errorf("the output does not name the bad flag")
 	}
@@ -136,9 +138,11 @@ func TestSIGTERMDuringTheStart(t *testing.T) {
 	if code := p.Wait(wait); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM during the start, want 0", code)
 	}
-	if took := p.Exited().Sub(signalled); took >= prompt {
+	took := p.Exited().Sub(signalled)
+	if took >= prompt {
 		t.Errorf("the process exited %v after SIGTERM, want under %v (the drain delay is 5 s)", took, prompt)
 	}
+	t.Logf("exited 0 %v after SIGTERM", took)
 	phasetest.WaitState(t, s, lifecycle.StateDraining, wait)
 }
 
