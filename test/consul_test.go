@@ -26,6 +26,7 @@ import (
 
 	"github.com/phasegate/phasegate/health"
 	"github.com/phasegate/phasegate/internal/longbody"
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
 // consulFile is the deploy file whose checks Consul's agent runs.
@@ -42,10 +43,9 @@ const consulInterval = time.Second
 // reaches the daemon at the node's address, and its own ports are on the
 // namespace's loopback, which nothing else on this machine shares.
 type consulAgent struct {
+	*proc.Process
 	n    *node
 	http string // host:port of the agent's HTTP API, inside the node
-	logs *syncBuffer
-	done chan struct{}
 }
 
 // consulBinary is the Consul agent that tools/consul/build.sh builds and
@@ -100,26 +100,10 @@ func startConsul(t *testing.T, n *node) *consulAgent {
 	for _, name := range names {
 		args = append(args, name, ports[name])
 	}
-	c := &consulAgent{n: n, http: "127.0.0.1:" + ports["-http-port"], logs: &syncBuffer{}, done: make(chan struct{})}
-	cmd := n.command(baseEnv(), args...)
-	cmd.Stdout, cmd.Stderr = c.logs, c.logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-c.done
-		if t.Failed() {
-			t.Logf("consul logs:\n%s", c.logs.String())
-		}
-	})
+	c := &consulAgent{Process: startCmd(t, n.command(baseEnv(), args...)), n: n, http: "127.0.0.1:" + ports["-http-port"]}
 	waitFor(t, 60*time.Second, "consul to elect itself leader", func() bool {
-		select {
-		case <-c.done:
-			t.Fatalf("consul exited: %v\n%s", waitErr, c.logs.String())
-		default:
+		if !c.Running() {
+			t.Fatalf("consul exited: %v", c.Err())
 		}
 		var leader string
 		return c.call("GET", "/v1/status/leader", nil, &leader) == nil && leader != ""
