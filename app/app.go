@@ -37,7 +37,8 @@ const PhaseServe = "serve"
 
 // HTTP paths the App serves besides the health endpoints.
 const (
-	// PathMetrics serves every metric in the Prometheus text format.
+	// PathMetrics serves every metric in the Prometheus text format when
+	// Config.MetricExporters holds metrics/prometheus's Exporter.
 	PathMetrics = "/metrics"
 	// PathStartup serves the start as a timeline (HTML, SVG, no script).
 	PathStartup = "/debug/startup"
@@ -163,7 +164,8 @@ func newApp(cfg Config) (*App, error) {
 func (a *App) setupTracer() error {
 	a.tracer = a.cfg.TracerProvider
 	if a.tracer == nil {
-		tp, err := tracing.Setup(context.Background(), tracing.WithServiceName(a.cfg.Name), tracing.WithVersion(a.cfg.Version))
+		tp, err := tracing.Setup(context.Background(), tracing.WithServiceName(a.cfg.Name), tracing.WithVersion(a.cfg.Version),
+			tracing.WithExporters(a.cfg.TraceExporters...))
 		if err != nil {
 			return err
 		}
@@ -217,7 +219,8 @@ func (a *App) setupLifecycle(phases []lifecycle.Phase) error {
 func (a *App) setupObservers() (*metrics.HealthChecks, error) {
 	cfg := a.cfg
 	var err error
-	if a.metrics, err = metrics.Setup(context.Background(), metrics.WithServiceName(cfg.Name), metrics.WithVersion(cfg.Version)); err != nil {
+	if a.metrics, err = metrics.Setup(context.Background(), metrics.WithServiceName(cfg.Name), metrics.WithVersion(cfg.Version),
+		metrics.WithExporters(cfg.MetricExporters...)); err != nil {
 		return nil, err
 	}
 	checks, err := metrics.NewHealthChecks(a.metrics)
@@ -291,25 +294,27 @@ func (a *App) setupRoutes() error {
 	// A follower's stream would otherwise last until the lifecycle's
 	// final event, after the port's drain, which would wait for it.
 	a.srv.OnShutdown(events.Close)
-	for pattern, h := range map[string]http.Handler{
-		"GET " + PathMetrics:   a.metrics.Handler(),
+	links := []timeline.Link{
+		{Text: "/health", Href: "/health?pretty"},
+		{Text: "/readyz?verbose", Href: "/readyz?verbose"},
+		{Text: PathLifecycle, Href: PathLifecycle},
+	}
+	routes := map[string]http.Handler{
 		"GET " + PathLifecycle: viewHandler(a.lc),
 		"GET " + PathEvents:    events,
-		"GET " + PathStartup: timeline.Handler(a.lc, timeline.Options{
-			Title: a.cfg.Name,
-			Links: []timeline.Link{
-				{Text: "/health", Href: "/health?pretty"},
-				{Text: "/readyz?verbose", Href: "/readyz?verbose"},
-				{Text: PathLifecycle, Href: PathLifecycle},
-				{Text: PathMetrics, Href: PathMetrics},
-			},
-		}),
-	} {
+	}
+	if h := a.metrics.Handler(); h != nil {
+		routes["GET "+PathMetrics] = h
+		links = append(links, timeline.Link{Text: PathMetrics, Href: PathMetrics})
+	}
+	routes["GET "+PathStartup] = timeline.Handler(a.lc, timeline.Options{Title: a.cfg.Name, Links: links})
+	for pattern, h := range routes {
 		if err := a.srv.Handle(pattern, h); err != nil {
 			return err
 		}
 	}
-	// A service's own route on one of these would shadow the App's page.
+	// A service's own route on one of these would shadow the App's page;
+	// PathMetrics stays the App's even when no exporter serves it.
 	// The rest of /debug/ stays open: the daemon serves /debug/slots.
 	for _, p := range []string{PathMetrics, PathLifecycle, PathEvents, PathStartup} {
 		a.srv.Reserve(p, "the App")
@@ -434,8 +439,9 @@ func (a *App) Server() *server.Server { return a.srv }
 // Lifecycle returns the lifecycle that runs the phases.
 func (a *App) Lifecycle() *lifecycle.Lifecycle { return a.lc }
 
-// MeterProvider returns the meter provider whose metrics /metrics serves
-// (and OTLP pushes, when OTEL_METRICS_EXPORTER says so).
+// MeterProvider returns the meter provider whose metrics the exporters of
+// Config.MetricExporters export (/metrics, OTLP pushes); a no-op without
+// any.
 func (a *App) MeterProvider() metric.MeterProvider { return a.metrics }
 
 // TracerProvider returns the tracer provider the phases' spans go to.

@@ -18,7 +18,10 @@ import (
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/metrics/prometheus"
 	"github.com/phasegate/phasegate/phasetest"
+	"github.com/phasegate/phasegate/server"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -69,7 +72,9 @@ func grpcStatus(t *testing.T, addr net.Addr) healthpb.HealthCheckResponse_Servin
 // serving, in gRPC and HTTP alike; Stop drains it.
 func TestStartServeStop(t *testing.T) {
 	release := make(chan struct{})
-	a, err := New(testConfig(),
+	cfg := testConfig()
+	cfg.MetricExporters = []metrics.Exporter{prometheus.Exporter()}
+	a, err := New(cfg,
 		lifecycle.Phase{Name: "config", Run: nop},
 		lifecycle.Phase{Name: "migrate", DependsOn: []string{"config"}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
 			p.SetTotal(20, "steps")
@@ -369,5 +374,32 @@ func TestWrappedForATest(t *testing.T) {
 	h.RequireStop()
 	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		t.Error("the port still accepts after RequireStop")
+	}
+}
+
+// Without a metric exporter the App serves no /metrics, and its timeline
+// does not link to it, yet the path stays the App's: a service cannot
+// take it.
+func TestMetricsOnlyWhenExported(t *testing.T) {
+	a, err := New(testConfig(), lifecycle.Phase{Name: "config", Run: nop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := phasetest.Wrap(t, a)
+	h.RequireStart()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	addr := a.Addr(ctx)
+	if code, _ := get(t, addr, PathMetrics); code != http.StatusNotFound {
+		t.Errorf("GET %s without an exporter: %d, want 404", PathMetrics, code)
+	}
+	code, body := get(t, addr, PathStartup)
+	if code != http.StatusOK || !strings.Contains(body, `href="`+PathLifecycle) || strings.Contains(body, `href="`+PathMetrics) {
+		t.Errorf("GET %s: %d, links to %s %v (want true), to %s %v (want false)", PathStartup, code,
+			PathLifecycle, strings.Contains(body, `href="`+PathLifecycle), PathMetrics, strings.Contains(body, `href="`+PathMetrics))
+	}
+	var reserved *server.ReservedPathError
+	if err := a.Server().Handle("GET "+PathMetrics, http.NotFoundHandler()); !errors.As(err, &reserved) {
+		t.Errorf("Handle(GET %s): %v, want a *server.ReservedPathError", PathMetrics, err)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/tracing"
 )
 
 // PhaseListen is the name of the phase the App adds to bind its port. A
@@ -70,6 +72,17 @@ type Config struct {
 	// Nil builds one from the OTEL_* environment (none unless
 	// OTEL_TRACES_EXPORTER says otherwise) and flushes it at the end.
 	TracerProvider trace.TracerProvider
+	// TraceExporters are the span exporters OTEL_TRACES_EXPORTER may name
+	// when TracerProvider is nil: tracing/otlp's and tracing/console's
+	// Exporter. A binary links only those given; one the environment asks
+	// for but not given fails New, naming its package.
+	TraceExporters []tracing.Exporter
+	// MetricExporters are the metric exporters: metrics/prometheus's
+	// Exporter makes the App serve [PathMetrics]; metrics/otlp's and
+	// metrics/console's push where OTEL_METRICS_EXPORTER asks. Without
+	// any the App's metrics are a no-op and [PathMetrics] is not served
+	// (it stays reserved).
+	MetricExporters []metrics.Exporter
 	// LifecycleOptions are passed to lifecycle.New after the App's own.
 	LifecycleOptions []lifecycle.Option
 
