@@ -354,8 +354,12 @@ func (a *App) graph(phases []lifecycle.Phase) []lifecycle.Phase {
 }
 
 func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
+	listen, err := a.resolvePort()
+	if err != nil {
+		return lifecycle.Permanent(err)
+	}
 	if err := a.srv.Serve(ctx); err != nil {
-		return lifecycle.Permanent(fmt.Errorf("listen on %s: %w", a.cfg.Listen, err))
+		return lifecycle.Permanent(fmt.Errorf("listen on %s: %w", listen, err))
 	}
 	a.mu.Lock()
 	a.addr = a.srv.Addr()
@@ -364,6 +368,30 @@ func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 	a.logCaughtUp() // after "phase started phase=listen"
 	a.log.Info("listening", "addr", a.addr.String(), "tls", a.cfg.TLS != nil)
 	return nil
+}
+
+// resolvePort asks Config.PortFrom, when set, for the address and the
+// drain delay a phase decided, checks them and gives them to the server;
+// it returns the address to bind.
+func (a *App) resolvePort() (string, error) {
+	if a.cfg.PortFrom == nil {
+		return a.cfg.Listen, nil
+	}
+	p, err := a.cfg.PortFrom()
+	if err != nil {
+		return "", fmt.Errorf("%w: PortFrom: %w", ErrConfig, err)
+	}
+	if p.Listen == "" && a.handedAddr == nil {
+		return "", fmt.Errorf("%w: PortFrom gave no address to listen on (did a phase of ListenAfter %q fill it?)", ErrConfig, a.cfg.ListenAfter)
+	}
+	if p.DrainDelay < 0 || p.DrainDelay > a.cfg.DrainDelay {
+		return "", fmt.Errorf("%w: PortFrom gave a drain delay of %v: want 0 to Config.DrainDelay, %v, from which the stop budgets were computed",
+			ErrConfig, p.DrainDelay, a.cfg.DrainDelay)
+	}
+	if err := a.srv.SetPort(p.Listen, p.DrainDelay); err != nil {
+		return "", fmt.Errorf("PortFrom: %w", err)
+	}
+	return p.Listen, nil
 }
 
 // runServe has nothing left to do: the lifecycle turns serving when it

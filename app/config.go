@@ -41,6 +41,16 @@ type Config struct {
 	Listen string
 	// Listener, when set, is the port instead of binding Listen.
 	Listener net.Listener
+	// PortFrom, when set, gives the port's address and drain delay in
+	// place of Listen and DrainDelay, so that a config phase is the one
+	// place that reads them: the listen phase calls it once the phases
+	// ListenAfter names have succeeded, and ListenAfter must name the one
+	// that fills what it returns. DrainDelay is then the most the delay
+	// may be: the stop budgets (of the phases, of [App.Run], told to
+	// systemd) are computed from it in New. An error, an empty address
+	// or a delay out of bounds fails the listen phase, and so the start,
+	// with an error that wraps [ErrConfig].
+	PortFrom func() (Port, error)
 	// ListenAfter names phases the port waits for. Binding early is the
 	// point, so usually none: a daemon that must hold a lock before it
 	// answers names its lock phase here.
@@ -102,6 +112,16 @@ type Config struct {
 	UpgradePreflight []string
 }
 
+// Port is what a phase decides about the App's port: see Config.PortFrom.
+type Port struct {
+	// Listen is the TCP address to bind, as Config.Listen; like it, it
+	// is not used when the process was handed a listening socket.
+	Listen string
+	// DrainDelay is the drain delay, as Config.DrainDelay: from zero to
+	// Config.DrainDelay.
+	DrainDelay time.Duration
+}
+
 // DefaultConfig returns the recommended settings for a service called
 // name listening on addr: a 10-minute start bound, a 5-second drain delay
 // and a 10-second stop bound.
@@ -127,8 +147,11 @@ func (c Config) validate() error {
 	if c.Name == "" {
 		bad("Name is required")
 	}
-	if c.Listen == "" && c.Listener == nil {
-		bad("Listen or Listener is required")
+	if c.Listen == "" && c.Listener == nil && c.PortFrom == nil {
+		bad("Listen, Listener or PortFrom is required")
+	}
+	if c.PortFrom != nil && len(c.ListenAfter) == 0 {
+		bad("PortFrom needs ListenAfter to name the phase that fills it: the listen phase would call it before any phase ran")
 	}
 	for name, d := range map[string]time.Duration{"StartTimeout": c.StartTimeout, "DrainDelay": c.DrainDelay, "StopTimeout": c.StopTimeout} {
 		if d < 0 {
