@@ -278,7 +278,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		want string
 	}{
 		{"no name", Config{Listen: ":0"}, "Name is required"},
-		{"no port", Config{Name: "x"}, "Listen or Listener"},
+		{"no port", Config{Name: "x"}, "Listen, Listener or PortFrom"},
 		{"negative", Config{Name: "x", Listen: ":0", DrainDelay: -1}, "DrainDelay"},
 	} {
 		if _, err := New(tc.cfg); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
