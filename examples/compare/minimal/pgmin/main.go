@@ -1,7 +1,11 @@
+// Command pgmin is the minimal service on phasegate: one config phase and
+// the App's port (see package minimal).
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"os"
 
 	"github.com/phasegate/phasegate/app"
@@ -9,8 +13,16 @@ import (
 )
 
 func main() {
-	a, err := app.New(app.DefaultConfig("minimal", "127.0.0.1:0"),
-		lifecycle.Phase{Name: "config", Run: func(context.Context, *lifecycle.Progress) error { return nil }})
+	listen := flag.String("listen", "127.0.0.1:0", "the address of the one port for gRPC and HTTP")
+	fail := flag.Bool("fail", false, "make the config phase fail")
+	flag.Parse()
+	a, err := app.New(app.DefaultConfig("minimal", *listen),
+		lifecycle.Phase{Name: "config", Run: func(context.Context, *lifecycle.Progress) error {
+			if *fail {
+				return lifecycle.Permanent(errors.New("config: bad value"))
+			}
+			return nil
+		}})
 	if err != nil {
 		os.Exit(2)
 	}

@@ -1,0 +1,8 @@
+// Package minimal holds the smallest service on each of the three
+// wirings, for the weight and failing-fast rows of docs/FRAMEWORK.md: one
+// config step, then one port serving gRPC (with grpc.health.v1) and HTTP
+// (/health), until SIGINT or SIGTERM. Given -fail, the config step fails
+// as a bad flag value would, and the process exits 1. pgmin is phasegate
+// (one phase, app.Main), fxmin uber-go/fx, runmin oklog/run; package
+// compare/weigh builds and measures them.
+package minimal
