@@ -71,7 +71,7 @@ func grpcStatus(t *testing.T, addr net.Addr) healthpb.HealthCheckResponse_Servin
 // The port answers "starting, phase migrate" while the phases run, then
 // serving, in gRPC and HTTP alike; Stop drains it.
 func TestStartServeStop(t *testing.T) {
-	release := make(chan struct{})
+	release, migrating := make(chan struct{}), make(chan struct{})
 	cfg := testConfig()
 	cfg.MetricExporters = []metrics.Exporter{prometheus.Exporter()}
 	a, err := New(cfg,
@@ -79,6 +79,7 @@ func TestStartServeStop(t *testing.T) {
 		lifecycle.Phase{Name: "migrate", DependsOn: []string{"config"}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
 			p.SetTotal(20, "steps")
 			p.SetDone(7)
+			close(migrating)
 			select {
 			case <-release:
 				return nil
@@ -98,6 +99,7 @@ func TestStartServeStop(t *testing.T) {
 	if addr == nil {
 		t.Fatal("the port was never bound")
 	}
+	<-migrating // the port may be bound before migrate started
 	code, body := get(t, addr, "/health")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "phase migrate 7/20 steps") {
 		t.Errorf("/health while migrating: %d %s", code, body)
