@@ -4,5 +4,8 @@
 // (/health), until SIGINT or SIGTERM. Given -fail, the config step fails
 // as a bad flag value would, and the process exits 1. pgmin is phasegate
 // (one phase, app.Main), fxmin uber-go/fx, runmin oklog/run; package
-// compare/weigh builds and measures them.
+// compare/weigh builds and measures them. Each is one file that imports
+// nothing of this module, so that weigh can build it in a module of its
+// own, as an adopter's; the fx and run ones therefore repeat the one-port
+// server of their catalogs.
 package minimal
