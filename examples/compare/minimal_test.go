@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/phasegate/phasegate/examples/internal/proctest"
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
 // The minimal services that compare/weigh measures are the same service:
@@ -26,10 +26,10 @@ func TestMinimalServices(t *testing.T) {
 		{"run", "./minimal/runmin"},
 	} {
 		t.Run(w.name, func(t *testing.T) {
-			bin := proctest.Build(t, w.pkg)
+			bin := bins.Build(t, w.pkg)
 
 			began := time.Now()
-			failed := proctest.Start(t, bin, nil, "-fail")
+			failed := proc.Start(t, bin, proc.Args("-fail"))
 			if code := failed.Wait(wait); code != 1 {
 				t.Errorf("-fail: exit %d, want 1\n%s", code, failed.Output())
 			}
@@ -38,7 +38,7 @@ func TestMinimalServices(t *testing.T) {
 			}
 
 			addr := freePort(t)
-			p := proctest.Start(t, bin, nil, "-listen", addr)
+			p := proc.Start(t, bin, proc.Args("-listen", addr))
 			eventually(t, "SERVING over grpc.health.v1", func() bool { return grpcServing(addr) })
 			if code, body, err := tryGet(addr, "/health"); err != nil || code != 200 {
 				t.Errorf("GET /health: %d %q %v", code, body, err)
