@@ -379,6 +379,51 @@ func TestWrappedForATest(t *testing.T) {
 	}
 }
 
+// A wrapped App started in the background answers NOT_SERVING on its port
+// while a phase holds the start, and the Harness's Drain then stops the
+// App as a whole: the start returns, and the port is closed (the embedded
+// Lifecycle's own Drain would have left it bound).
+func TestWrappedStartInBackground(t *testing.T) {
+	hold := make(chan struct{})
+	a, err := New(testConfig(), lifecycle.Phase{Name: "migrate", Run: func(ctx context.Context, _ *lifecycle.Progress) error {
+		select {
+		case <-hold:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := phasetest.Wrap(t, a)
+	done := h.StartInBackground()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	addr := a.Addr(ctx)
+	if addr == nil {
+		t.Fatal("the port was never bound")
+	}
+	if got := grpcStatus(t, addr); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("gRPC health during the start: %v, want NOT_SERVING", got)
+	}
+	if err := h.Drain(ctx); err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a start drained before serving returned nil")
+		}
+	default:
+		t.Error("Drain returned before the start did")
+	}
+	if _, err := net.DialTimeout("tcp", addr.String(), time.Second); err == nil {
+		t.Error("the port still accepts after the Harness's Drain")
+	}
+	close(hold)
+}
+
 // Without a metric exporter the App serves no /metrics, and its timeline
 // does not link to it, yet the path stays the App's: a service cannot
 // take it.

@@ -22,6 +22,11 @@
 //		phasetest.AssertOrder(t, s.Events(0), "lock", "listen", "serve")
 //	}
 //
+// A test that watches the start from outside (its health answers, a drain
+// while it runs) starts it with [Harness.StartInBackground] instead of
+// RequireStart; [Harness.Drain] of a wrapped App stops the App as a whole,
+// its port included, as the cleanup does.
+//
 // The assertions read a lifecycle's event log, which records every
 // transition once and in order; they do not sample states, so they neither
 // miss a phase that ran quickly nor depend on timing. [AssertOrder] checks

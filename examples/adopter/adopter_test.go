@@ -156,19 +156,12 @@ func TestHealthInProcess(t *testing.T) {
 		}
 	}))
 	t.Cleanup(upstream.Close)
-	cfg := app.DefaultConfig("adopter", "127.0.0.1:0")
-	cfg.DrainDelay = 0
-	a, err := newService(cfg, flags{db: filepath.Join(t.TempDir(), "adopter.db"), upstream: upstream.URL, entries: "10000"})
+	a, err := newService(app.DefaultConfig("adopter", ""), flags{listen: "127.0.0.1:0", drainDelay: "0s",
+		db: filepath.Join(t.TempDir(), "adopter.db"), upstream: upstream.URL, entries: "10000"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	started := make(chan error, 1)
-	go func() { started <- a.Start(context.Background()) }() // returns once serving, or failed
-	t.Cleanup(func() {
-		if err := a.Stop(context.Background()); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	})
+	started := phasetest.Wrap(t, a).StartInBackground() // the test's end stops the App
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	addr := a.Addr(ctx)

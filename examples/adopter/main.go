@@ -6,8 +6,12 @@
 // once everything they need is ready:
 //
 //	config ──► db ──► cache ──┐
-//	      └──► upstream ──────┼──► grpc ──► serve
-//	listen ───────────────────┘
+//	      ├──► upstream ──────┼──► grpc ──► serve
+//	      └──► listen ────────┘
+//
+// The config phase reads every flag, the port's address and drain delay
+// included (app.Config.PortFrom): the port binds the moment config has
+// succeeded, and answers NOT_SERVING while the rest runs.
 //
 // Run it:
 //
@@ -34,16 +38,15 @@ import (
 )
 
 func main() {
-	listen := flag.String("listen", "127.0.0.1:7000", "the address of the one port for gRPC and HTTP")
 	logFormat := flag.String("log-format", "text", "text or json")
-	drainDelay := flag.Duration("drain-delay", app.DefaultConfig("", "").DrainDelay, "how long health says NOT_SERVING before the port stops, once it served")
+	cfg := app.DefaultConfig("adopter", "")
 	var f flags
+	flag.StringVar(&f.listen, "listen", "127.0.0.1:7000", "the address of the one port for gRPC and HTTP")
+	flag.StringVar(&f.drainDelay, "drain-delay", cfg.DrainDelay.String(), "how long health says NOT_SERVING before the port stops, once it served (at most "+cfg.DrainDelay.String()+")")
 	flag.StringVar(&f.db, "db", "adopter.db", "the bbolt store's file")
 	flag.StringVar(&f.upstream, "upstream", "http://127.0.0.1:8080", "the upstream's base URL (its /ping must answer 200)")
 	flag.StringVar(&f.entries, "cache-entries", "10000", "how many entries the store holds and the cache loads")
 	flag.Parse()
-	cfg := app.DefaultConfig("adopter", *listen)
-	cfg.DrainDelay = *drainDelay
 	log, err := logger(os.Stderr, *logFormat)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "adopter:", err)
@@ -73,6 +76,10 @@ func logger(w io.Writer, format string) (*slog.Logger, error) {
 // the whole wiring. Nothing runs until the App starts.
 func newService(cfg app.Config, f flags) (*app.App, error) {
 	s := &service{flags: f}
+	// The port's address and drain delay are configuration like the rest:
+	// the config phase reads them, and the port binds once it has.
+	cfg.PortFrom = s.port
+	cfg.ListenAfter = []string{"config"}
 	a, err := app.New(cfg,
 		lifecycle.Phase{Name: "config", Run: s.config},
 		lifecycle.Phase{Name: "db", DependsOn: []string{"config"}, Run: s.openDB, Stop: s.closeDB},

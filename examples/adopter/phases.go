@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/server"
 )
@@ -19,11 +21,12 @@ import (
 // flags are the command line's values as given; the config phase checks
 // them and makes the configuration of them.
 type flags struct {
-	db, upstream, entries string
+	listen, drainDelay, db, upstream, entries string
 }
 
 // config is the service's configuration, made by the config phase.
 type config struct {
+	port     app.Port
 	db       string
 	upstream *url.URL
 	entries  int
@@ -51,9 +54,20 @@ func (s *service) config(context.Context, *lifecycle.Progress) error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return lifecycle.Permanent(fmt.Errorf("-upstream %q: want an http or https URL", s.flags.upstream))
 	}
-	s.cfg = config{db: s.flags.db, upstream: u, entries: n}
+	drain, err := time.ParseDuration(s.flags.drainDelay)
+	if err != nil || drain < 0 {
+		return lifecycle.Permanent(fmt.Errorf("-drain-delay %q: want a duration of 0s or more", s.flags.drainDelay))
+	}
+	if _, _, err := net.SplitHostPort(s.flags.listen); err != nil {
+		return lifecycle.Permanent(fmt.Errorf("-listen %q: want host:port: %w", s.flags.listen, err))
+	}
+	s.cfg = config{port: app.Port{Listen: s.flags.listen, DrainDelay: drain}, db: s.flags.db, upstream: u, entries: n}
 	return nil
 }
+
+// port is the App's PortFrom: the address and drain delay the config
+// phase read, so that every flag is read in one place.
+func (s *service) port() (app.Port, error) { return s.cfg.port, nil }
 
 var (
 	bucketItems = []byte("items")
