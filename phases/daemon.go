@@ -118,6 +118,8 @@ func New(cfg Config) (*Daemon, error) {
 		Expected:         expected,
 		Logger:           log,
 		TracerProvider:   cfg.TracerProvider,
+		TraceExporters:   TraceExporters(),
+		MetricExporters:  MetricExporters(),
 		UpgradeOnHangup:  cfg.UpgradeOnHangup,
 		UpgradePreflight: cfg.UpgradePreflight,
 	}, d.graph()...)

@@ -138,7 +138,7 @@ func TestCrashAnywhereRestartClean(t *testing.T) {
 	if code := d.wait(time.Minute); code != 0 {
 		t.Fatalf("final stop: exit %d", code)
 	}
-	report = append(report, fmt.Sprintf("final: %d leases held by their owners, %s", len(book.all()), reclaimLine(d.logs.String())))
+	report = append(report, fmt.Sprintf("final: %d leases held by their owners, %s", len(book.all()), reclaimLine(d.Output())))
 	h.stoppedCleanly(h.prefix, nil)
 	t.Logf("crash rounds (seed %d):\n%s", seed, strings.Join(report, "\n"))
 	writeReport(t, "crash.txt", fmt.Sprintf("seed %d\n%s\n", seed, strings.Join(report, "\n")))

@@ -141,8 +141,8 @@ func TestLiveRestoreKeepsWorkloadsConnected(t *testing.T) {
 		d.waitServing(time.Minute)
 		c = d.slots()
 		checkLeases(t, c, leases, "after "+name)
-		if !strings.Contains(d.logs.String(), fmt.Sprintf("restored %d leases", len(leases))) {
-			t.Errorf("after %s the start does not report %d restored leases:\n%s", name, len(leases), grepLines(d.logs.String(), "restore"))
+		if !strings.Contains(d.Output(), fmt.Sprintf("restored %d leases", len(leases))) {
+			t.Errorf("after %s the start does not report %d restored leases:\n%s", name, len(leases), grepLines(d.Output(), "restore"))
 		}
 	}
 	restart("kill -9", func() {
@@ -157,10 +157,10 @@ func TestLiveRestoreKeepsWorkloadsConnected(t *testing.T) {
 		}
 	})
 	// An in-place upgrade: same process, same leases.
-	before := strings.Count(d.logs.String(), "msg=serving ")
+	before := strings.Count(d.Output(), "msg=serving ")
 	d.signal(syscall.SIGHUP)
 	waitFor(t, 2*time.Minute, "the upgraded daemon to serve", func() bool {
-		return strings.Count(d.logs.String(), "msg=serving ") > before
+		return strings.Count(d.Output(), "msg=serving ") > before
 	})
 	d.waitServing(time.Minute)
 	c = d.slots()
@@ -249,7 +249,7 @@ func TestLeaseLifecycle(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	checkLeases(t, c, []held{kept}, "after the short lease's TTL")
-	if !strings.Contains(d.logs.String(), "lease expired") {
+	if !strings.Contains(d.Output(), "lease expired") {
 		t.Errorf("no log line for the expired lease")
 	}
 	got, err := c.Get(ctx, &phasegatev1.GetRequest{Index: short.slot.GetIndex()})
