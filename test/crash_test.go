@@ -344,7 +344,7 @@ func acquireBurst(t *testing.T, c phasegatev1.SlotsClient, book *ledger, d time.
 // restored leases had ended before.
 func verifyEnded(d *daemon) string {
 	d.wait(10 * time.Second)
-	if strings.Contains(d.logs.String(), `msg="restored leases verified"`) {
+	if strings.Contains(d.Output(), `msg="restored leases verified"`) {
 		return "; the verification had ended"
 	}
 	return "; killed during the verification"
