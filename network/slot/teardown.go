@@ -190,6 +190,8 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 	if len(t.indices) == 0 {
 		return t.res
 	}
+	m.ct.busy(m.inRange(t.indices)...)
+	defer func() { m.ct.gone(m.inRange(t.res.Reclaimed)...) }()
 	t.scanProcesses()
 	probe, err := newLinkProbe()
 	if err != nil {
