@@ -38,7 +38,7 @@ func TestSmoke(t *testing.T) {
 	// reclaim of the dead, which takes ~10 ms for 20 (no Acquire at 10/s
 	// falls in it) and ~0.1 s for 200.
 	cmd := exec.Command(bin, "-n", "0,20", "-reps", "1", "-load-n", "200", "-load-reps", "1",
-		"-idle-duration", "1s", "-settle", "200ms", "-acquire-n", "40", "-upgrades", "2", "-restarts", "1",
+		"-idle-duration", "1s", "-settle", "200ms", "-acquire-n", "40", "-slotrate-n", "20", "-upgrades", "2", "-restarts", "1",
 		"-upgrade-leases", "4", "-out", out, "-doc", doc)
 	start := time.Now()
 	stdout, err := cmd.Output()
@@ -106,6 +106,15 @@ func TestSmoke(t *testing.T) {
 	if a := res.Acquire; a == nil || len(a.Durable.Runs) != 1 || len(a.Memory.Runs) != 1 ||
 		a.Durable.Latency.Requests != 40 || a.Memory.Latency.Requests != 40 {
 		t.Errorf("results.json: Acquire comparison: %+v", res.Acquire)
+	}
+	if s := res.SlotRate; s == nil || len(s.Library) != 1 || len(s.Daemon) != len(slotRateCallers) {
+		t.Errorf("results.json: slot rate: %+v", res.SlotRate)
+	} else {
+		for _, d := range s.Daemon {
+			if len(d.PerS) != 1 || d.Latency.Requests != 20 || d.Latency.Errors != 0 {
+				t.Errorf("slot rate with %d callers: %+v, want one burst of 20 answered", d.Callers, d)
+			}
+		}
 	}
 	if u := res.Upgrade; u == nil || len(u.Scenarios) != 3 {
 		t.Errorf("results.json: upgrade scenarios: %+v", res.Upgrade)
