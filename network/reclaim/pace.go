@@ -29,8 +29,13 @@ type PaceOptions struct {
 	// the smallest a batch gets (default DefaultMinBatch).
 	First, Min int
 	// MaxPause bounds the pause between batches (default
-	// DefaultMaxPause).
-	MaxPause time.Duration
+	// DefaultMaxPause). A pause is also never more than MaxPauseRatio
+	// times the batch before it (default DefaultMaxPauseRatio), so the
+	// reclaim keeps a share of the time however long the pressure lasts:
+	// a wait the reclaim does not cause (a machine saturated by other
+	// work) would otherwise stop it.
+	MaxPause      time.Duration
+	MaxPauseRatio int
 }
 
 // Defaults of PaceOptions.
@@ -38,6 +43,9 @@ const (
 	DefaultFirstBatch = 64
 	DefaultMinBatch   = 8
 	DefaultMaxPause   = time.Second
+	// DefaultMaxPauseRatio keeps the reclaim busy at least a fifth of the
+	// time.
+	DefaultMaxPauseRatio = 4
 )
 
 // Pacer paces a teardown's batches by what they do to the rest of the
@@ -46,8 +54,8 @@ const (
 // been over, grow by First at a time (additive increase); when one is over
 // its target, the next batch is half the size (multiplicative decrease)
 // and is preceded by a pause as long as the batch just done, doubling while
-// the pressure lasts (up to MaxPause), so the others get at least half the
-// time. Batches are what the kernel is handed at a time, and the kernel
+// the pressure lasts (up to MaxPause, and MaxPauseRatio times the batch),
+// so the others get at least half the time. Batches are what the kernel is handed at a time, and the kernel
 // holds its networking lock while it destroys one, so a big batch is fast
 // overall and long for a slot creation that waits on the lock.
 //
@@ -77,7 +85,7 @@ type PaceStats struct {
 
 // NewPacer returns a pacer with opts.
 func NewPacer(opts PaceOptions) (*Pacer, error) {
-	if opts.First < 0 || opts.Min < 0 || opts.MaxPause < 0 {
+	if opts.First < 0 || opts.Min < 0 || opts.MaxPause < 0 || opts.MaxPauseRatio < 0 {
 		return nil, fmt.Errorf("reclaim: negative pace option in %+v", opts)
 	}
 	for _, s := range opts.Signals {
@@ -94,6 +102,9 @@ func NewPacer(opts PaceOptions) (*Pacer, error) {
 	opts.Min = min(opts.Min, opts.First)
 	if opts.MaxPause == 0 {
 		opts.MaxPause = DefaultMaxPause
+	}
+	if opts.MaxPauseRatio == 0 {
+		opts.MaxPauseRatio = DefaultMaxPauseRatio
 	}
 	return &Pacer{opts: opts, size: opts.First, stats: PaceStats{Over: map[string]int{}, Largest: opts.First}}, nil
 }
@@ -120,7 +131,7 @@ func (p *Pacer) Pace(last slot.BatchDone) (next int, pause time.Duration) {
 		}
 		p.ceiling = max(p.size/2, p.opts.Min)
 		p.size = p.ceiling
-		p.pause = min(max(2*p.pause, last.Took), p.opts.MaxPause)
+		p.pause = min(max(2*p.pause, last.Took), p.opts.MaxPause, time.Duration(p.opts.MaxPauseRatio)*last.Took)
 	} else {
 		p.pause = 0
 		if p.ceiling == 0 {

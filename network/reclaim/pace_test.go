@@ -33,7 +33,7 @@ func TestPacer(t *testing.T) {
 			{0, 10 * ms, 128, 0},
 			{80 * ms, 30 * ms, 64, 30 * ms},
 			{80 * ms, 20 * ms, 32, 60 * ms},
-			{80 * ms, 20 * ms, 16, 120 * ms},
+			{80 * ms, 20 * ms, 16, 60 * ms}, // 3 × the batch's 20 ms
 			{10 * ms, 5 * ms, 80, 0},
 			{0, 5 * ms, 144, 0},
 		}},
@@ -42,15 +42,22 @@ func TestPacer(t *testing.T) {
 			{time.Second, 400 * ms, 16, 500 * ms},
 			{time.Second, 400 * ms, 16, 500 * ms},
 		}},
+		{"never a pause over MaxPauseRatio times the batch", []step{
+			{time.Second, 40 * ms, 32, 40 * ms},
+			{time.Second, 30 * ms, 16, 80 * ms},
+			{time.Second, 30 * ms, 16, 90 * ms},
+			{time.Second, 10 * ms, 16, 30 * ms},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var waited time.Duration
 			p, err := reclaim.NewPacer(reclaim.PaceOptions{
-				Signals:  []reclaim.Signal{{Name: "create", Target: 50 * ms, Worst: func() time.Duration { return waited }}},
-				First:    64,
-				Min:      16,
-				MaxPause: 500 * ms,
+				Signals:       []reclaim.Signal{{Name: "create", Target: 50 * ms, Worst: func() time.Duration { return waited }}},
+				First:         64,
+				Min:           16,
+				MaxPause:      500 * ms,
+				MaxPauseRatio: 3,
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -95,6 +102,7 @@ func TestPacerBounds(t *testing.T) {
 	for _, o := range []reclaim.PaceOptions{
 		{First: -1},
 		{MaxPause: -time.Second},
+		{MaxPauseRatio: -1},
 		{Signals: []reclaim.Signal{{Name: "x", Target: time.Second}}},
 		{Signals: []reclaim.Signal{{Name: "x", Worst: func() time.Duration { return 0 }}}},
 	} {
