@@ -276,3 +276,30 @@ func TestDropPart(t *testing.T) {
 		t.Errorf("parts after the drop: %v", res.Parts)
 	}
 }
+
+// The slot-rate goal holds only when every number of callers reaches the
+// ratio against the library's median, with no error.
+func TestSlotRateGoal(t *testing.T) {
+	side := func(callers int, perS float64, errs int) SlotRateSide {
+		return SlotRateSide{Callers: callers, PerS: []float64{perS}, Latency: LatencyStats{Errors: errs}}
+	}
+	tests := []struct {
+		name string
+		res  *SlotRateResult
+		want string
+	}{
+		{"not run", nil, goalNotMeasured},
+		{"both at 0.9×", &SlotRateResult{Library: []float64{400}, Daemon: []SlotRateSide{side(1, 360, 0), side(16, 380, 0)}}, goalMet},
+		{"one caller short", &SlotRateResult{Library: []float64{400}, Daemon: []SlotRateSide{side(1, 300, 0), side(16, 380, 0)}}, goalMissed},
+		{"fast but with errors", &SlotRateResult{Library: []float64{400}, Daemon: []SlotRateSide{side(1, 400, 2), side(16, 400, 0)}}, goalMissed},
+		{"median of the library's reps", &SlotRateResult{Library: []float64{100, 400, 1000}, Daemon: []SlotRateSide{side(1, 330, 0), side(16, 330, 0)}}, goalMet},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := slotRateGoal(&Results{SlotRate: tt.res})
+			if g.Status != tt.want {
+				t.Errorf("status %q (%s; %s), want %q", g.Status, g.Measured, g.Note, tt.want)
+			}
+		})
+	}
+}
