@@ -233,9 +233,13 @@ func (a *App) setupObservers() (*metrics.HealthChecks, error) {
 	}
 	a.stops = append(a.stops, stop, WarnSlowPhases(a.lc, a.log, cfg.Expected))
 
+	onHTTP := checks.HTTP
+	if f := cfg.OnHTTPCheck; f != nil {
+		onHTTP = func(path string, code int) { checks.HTTP(path, code); f(path, code) }
+	}
 	a.checker = health.New(a.lc, health.Options{
 		Version: cfg.Version, ServiceID: cfg.Name, Description: cfg.Description,
-		OnHTTPCheck: checks.HTTP,
+		OnHTTPCheck: onHTTP,
 	})
 	a.stops = append(a.stops, a.checker.Close)
 	return checks, nil

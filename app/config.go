@@ -62,6 +62,10 @@ type Config struct {
 	// GRPCOptions are added to the gRPC server's options, after the App's
 	// own (tracing, health-check metrics).
 	GRPCOptions []grpc.ServerOption
+	// OnHTTPCheck, when set, is called after every answer of the HTTP
+	// health endpoints, with the path and the status code, besides the
+	// App's own metrics of them.
+	OnHTTPCheck func(path string, code int)
 
 	// StartTimeout bounds the whole start; zero means no bound.
 	StartTimeout time.Duration

@@ -51,6 +51,9 @@ type Daemon struct {
 	app *app.App
 	lc  *lifecycle.Lifecycle
 	obs *observer // the daemon's own metrics
+	// What the background reclaim is paced by: observed by Acquire, the
+	// pool's creations and the lag probe.
+	waits waits
 
 	// Built by the phases, each written once by its phase before any
 	// dependent phase reads it: the lifecycle's ordering is the
@@ -94,6 +97,7 @@ func New(cfg Config) (*Daemon, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	d := &Daemon{cfg: cfg, log: log, obs: &observer{}}
+	d.obs.acquireWait = &d.waits.acquire
 	expected := cfg.Expected
 	if expected == nil {
 		expected = DefaultExpected()
@@ -108,10 +112,11 @@ func New(cfg Config) (*Daemon, error) {
 		RequireClientCert: cfg.RequireClientCert,
 		// The guard is made once the App gives its meter; the port
 		// serves nothing before that.
-		GRPCOptions: append(d.obs.grpcOptions(), grpc.ChainUnaryInterceptor(
+		GRPCOptions: append(d.obs.grpcOptions(), grpc.ChainUnaryInterceptor(d.waits.countChecks,
 			func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 				return d.tcpGuard.Intercept(ctx, req, info, h)
 			})),
+		OnHTTPCheck:      func(string, int) { d.waits.checked() },
 		StartTimeout:     cfg.StartTimeout,
 		DrainDelay:       cfg.DrainDelay,
 		StopTimeout:      cfg.StopTimeout,
@@ -267,10 +272,6 @@ const (
 	taskLeases     = "leases"
 	taskVerify     = "verify-leases"
 )
-
-// backgroundBatch is how many dead namespaces the background reclaim hands
-// the kernel at a time.
-const backgroundBatch = 64
 
 // slotOptions are the slot manager's settings.
 func (d *Daemon) slotOptions() slot.Options {
@@ -587,7 +588,7 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 				lost = append(lost, l.rec.Index)
 			}
 		}
-		pl, err := pool.New(d.mgr, d.idx, pool.Options{
+		pl, err := pool.New(timedSlots{Slots: d.mgr, create: &d.waits.create}, d.idx, pool.Options{
 			Target:   d.cfg.PoolSize,
 			Grace:    d.cfg.PoolGrace,
 			Teardown: d.teardownOptions(),
@@ -726,17 +727,27 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 		close(halt)
 	})
 	defer stop()
+	// Batches paced by the daemon's own waits: the kernel holds its
+	// networking lock while it destroys a batch, and a slot made meanwhile
+	// (an Acquire on an empty pool, the fill) waits for it, as a health
+	// answer waits for the CPU the destruction takes. Big batches are the
+	// fastest overall (docs/benchmarks/batches.md), so they grow while
+	// nothing waits too long, and shrink, with pauses, when something does.
+	pacer, stopProbe, err := d.newPacer()
+	if err != nil {
+		return err
+	}
 	rep, err := reclaim.Slots(d.reclaimCtx, d.mgr, dead, reclaim.Options{
 		Halt:        halt,
 		Workers:     d.cfg.ReclaimWorkers,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
-		// Small batches: the kernel holds its networking lock while it
-		// destroys a batch, and a slot made meanwhile (an Acquire on an
-		// empty pool, the fill) waits for it; the batch size trades that
-		// wait against the total time (docs/benchmarks/batches.md).
-		Batch:    backgroundBatch,
-		Progress: teardownProgress(p),
+		Pacer:       pacer,
+		Progress:    teardownProgress(p),
 	})
+	stopProbe()
+	st := pacer.Stats()
+	d.log.Info("background reclaim paced", "batches", st.Batches, "slowed", st.Slowed, "largest_batch", st.Largest,
+		"paused", st.Paused.Round(time.Millisecond).String(), "over", fmt.Sprint(st.Over))
 	n := d.cfg.Slots.Slots
 	for _, i := range rep.Reclaimed {
 		if i > n {

@@ -40,6 +40,10 @@ type observer struct {
 	passes    metric.Int64Counter
 	reconcile metric.Int64Counter
 
+	// acquireWait, when set, observes every Acquire's time for the
+	// background reclaim's pace.
+	acquireWait *waitGauge
+
 	mu       sync.Mutex
 	poolReg  metric.Registration
 	leaseReg metric.Registration
@@ -151,6 +155,9 @@ func (o *observer) timeAcquire(ctx context.Context, req any, info *grpc.UnarySer
 	}
 	start := time.Now()
 	resp, err := handler(ctx, req)
+	if o.acquireWait != nil {
+		o.acquireWait.observe(time.Since(start))
+	}
 	if o.acquire == nil {
 		return resp, err
 	}

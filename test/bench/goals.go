@@ -45,7 +45,7 @@ func evaluateGoals(r *Results) []Goal {
 	for _, kind := range []string{kindGRPC, kindHTTP} {
 		goals = append(goals, healthLoadGoal(r, kind))
 	}
-	goals = append(goals, acquireLoadGoal(r), acquireThroughputGoal(r), acquireP99Goal(r), upgradeGoal(r), rssGoal(r))
+	goals = append(goals, acquireLoadGoal(r), acquireThroughputGoal(r), acquireP99Goal(r), slotRateGoal(r), upgradeGoal(r), rssGoal(r))
 	return goals
 }
 

@@ -141,6 +141,9 @@ func printTable(w io.Writer, res *Results) {
 				fmtMs(s.sd.Latency.P50Ms), fmtMs(s.sd.Latency.P99Ms), fmtMs(s.sd.Latency.MaxMs), s.sd.Latency.Errors)
 		}
 	}
+	if s := res.SlotRate; s != nil {
+		printSlotRate(w, s)
+	}
 	if u := res.Upgrade; u != nil {
 		fmt.Fprintf(w, "\nnew connections at %d/s, %d leases held:\n", u.Rate, u.Leases)
 		for _, s := range u.Scenarios {
@@ -245,6 +248,9 @@ func markdown(res *Results, img string) string {
 	}
 	if a := res.Acquire; a != nil {
 		markdownAcquire(&b, a, img)
+	}
+	if s := res.SlotRate; s != nil {
+		markdownSlotRate(&b, s)
 	}
 	if u := res.Upgrade; u != nil {
 		markdownUpgrade(&b, u, img)

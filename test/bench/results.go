@@ -38,13 +38,14 @@ type Results struct {
 	Leasing []LeaseSetup     `json:"leasing,omitempty"`
 	// ExecMs is exec → exit of `phasegate version`, once per rep of the
 	// dead part: what starting the binary costs before it does anything.
-	ExecMs     []float64      `json:"execVersionMs,omitempty"`
-	Breakdowns []Breakdown    `json:"reclaimBreakdowns,omitempty"`
-	Load       *LoadResult    `json:"load,omitempty"`
-	Acquire    *AcquireResult `json:"acquire,omitempty"`
-	Upgrade    *UpgradeResult `json:"upgrade,omitempty"`
-	Goals      []Goal         `json:"goals"`
-	Notes      []string       `json:"notes,omitempty"`
+	ExecMs     []float64       `json:"execVersionMs,omitempty"`
+	Breakdowns []Breakdown     `json:"reclaimBreakdowns,omitempty"`
+	Load       *LoadResult     `json:"load,omitempty"`
+	Acquire    *AcquireResult  `json:"acquire,omitempty"`
+	SlotRate   *SlotRateResult `json:"slotRate,omitempty"`
+	Upgrade    *UpgradeResult  `json:"upgrade,omitempty"`
+	Goals      []Goal          `json:"goals"`
+	Notes      []string        `json:"notes,omitempty"`
 }
 
 // Machine describes where the benchmark ran.
@@ -385,6 +386,8 @@ func (r *Results) dropPart(part string) {
 		r.Load = nil
 	case partAcquire:
 		r.Acquire = nil
+	case partSlotRate:
+		r.SlotRate = nil
 	case partUpgrade:
 		r.Upgrade = nil
 	}
