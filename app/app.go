@@ -37,7 +37,8 @@ const PhaseServe = "serve"
 
 // HTTP paths the App serves besides the health endpoints.
 const (
-	// PathMetrics serves every metric in the Prometheus text format.
+	// PathMetrics serves every metric in the Prometheus text format when
+	// Config.MetricExporters holds metrics/prometheus's Exporter.
 	PathMetrics = "/metrics"
 	// PathStartup serves the start as a timeline (HTML, SVG, no script).
 	PathStartup = "/debug/startup"
@@ -163,7 +164,8 @@ func newApp(cfg Config) (*App, error) {
 func (a *App) setupTracer() error {
 	a.tracer = a.cfg.TracerProvider
 	if a.tracer == nil {
-		tp, err := tracing.Setup(context.Background(), tracing.WithServiceName(a.cfg.Name), tracing.WithVersion(a.cfg.Version))
+		tp, err := tracing.Setup(context.Background(), tracing.WithServiceName(a.cfg.Name), tracing.WithVersion(a.cfg.Version),
+			tracing.WithExporters(a.cfg.TraceExporters...))
 		if err != nil {
 			return err
 		}
@@ -217,7 +219,8 @@ func (a *App) setupLifecycle(phases []lifecycle.Phase) error {
 func (a *App) setupObservers() (*metrics.HealthChecks, error) {
 	cfg := a.cfg
 	var err error
-	if a.metrics, err = metrics.Setup(context.Background(), metrics.WithServiceName(cfg.Name), metrics.WithVersion(cfg.Version)); err != nil {
+	if a.metrics, err = metrics.Setup(context.Background(), metrics.WithServiceName(cfg.Name), metrics.WithVersion(cfg.Version),
+		metrics.WithExporters(cfg.MetricExporters...)); err != nil {
 		return nil, err
 	}
 	checks, err := metrics.NewHealthChecks(a.metrics)
@@ -230,9 +233,13 @@ func (a *App) setupObservers() (*metrics.HealthChecks, error) {
 	}
 	a.stops = append(a.stops, stop, WarnSlowPhases(a.lc, a.log, cfg.Expected))
 
+	onHTTP := checks.HTTP
+	if f := cfg.OnHTTPCheck; f != nil {
+		onHTTP = func(path string, code int) { checks.HTTP(path, code); f(path, code) }
+	}
 	a.checker = health.New(a.lc, health.Options{
 		Version: cfg.Version, ServiceID: cfg.Name, Description: cfg.Description,
-		OnHTTPCheck: checks.HTTP,
+		OnHTTPCheck: onHTTP,
 	})
 	a.stops = append(a.stops, a.checker.Close)
 	return checks, nil
@@ -291,25 +298,27 @@ func (a *App) setupRoutes() error {
 	// A follower's stream would otherwise last until the lifecycle's
 	// final event, after the port's drain, which would wait for it.
 	a.srv.OnShutdown(events.Close)
-	for pattern, h := range map[string]http.Handler{
-		"GET " + PathMetrics:   a.metrics.Handler(),
+	links := []timeline.Link{
+		{Text: "/health", Href: "/health?pretty"},
+		{Text: "/readyz?verbose", Href: "/readyz?verbose"},
+		{Text: PathLifecycle, Href: PathLifecycle},
+	}
+	routes := map[string]http.Handler{
 		"GET " + PathLifecycle: viewHandler(a.lc),
 		"GET " + PathEvents:    events,
-		"GET " + PathStartup: timeline.Handler(a.lc, timeline.Options{
-			Title: a.cfg.Name,
-			Links: []timeline.Link{
-				{Text: "/health", Href: "/health?pretty"},
-				{Text: "/readyz?verbose", Href: "/readyz?verbose"},
-				{Text: PathLifecycle, Href: PathLifecycle},
-				{Text: PathMetrics, Href: PathMetrics},
-			},
-		}),
-	} {
+	}
+	if h := a.metrics.Handler(); h != nil {
+		routes["GET "+PathMetrics] = h
+		links = append(links, timeline.Link{Text: PathMetrics, Href: PathMetrics})
+	}
+	routes["GET "+PathStartup] = timeline.Handler(a.lc, timeline.Options{Title: a.cfg.Name, Links: links})
+	for pattern, h := range routes {
 		if err := a.srv.Handle(pattern, h); err != nil {
 			return err
 		}
 	}
-	// A service's own route on one of these would shadow the App's page.
+	// A service's own route on one of these would shadow the App's page;
+	// PathMetrics stays the App's even when no exporter serves it.
 	// The rest of /debug/ stays open: the daemon serves /debug/slots.
 	for _, p := range []string{PathMetrics, PathLifecycle, PathEvents, PathStartup} {
 		a.srv.Reserve(p, "the App")
@@ -349,16 +358,48 @@ func (a *App) graph(phases []lifecycle.Phase) []lifecycle.Phase {
 }
 
 func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
+	listen, err := a.resolvePort()
+	if err != nil {
+		return lifecycle.Permanent(err)
+	}
 	if err := a.srv.Serve(ctx); err != nil {
-		return lifecycle.Permanent(fmt.Errorf("listen on %s: %w", a.cfg.Listen, err))
+		return lifecycle.Permanent(fmt.Errorf("listen on %s: %w", listen, err))
 	}
 	a.mu.Lock()
 	a.addr = a.srv.Addr()
 	a.mu.Unlock()
 	close(a.addrCh)
+	if err := reportAddr(a.addr); err != nil {
+		_ = a.stopServer(ctx) // at once: it never served
+		return lifecycle.Permanent(err)
+	}
 	a.logCaughtUp() // after "phase started phase=listen"
 	a.log.Info("listening", "addr", a.addr.String(), "tls", a.cfg.TLS != nil)
 	return nil
+}
+
+// resolvePort asks Config.PortFrom, when set, for the address and the
+// drain delay a phase decided, checks them and gives them to the server;
+// it returns the address to bind.
+func (a *App) resolvePort() (string, error) {
+	if a.cfg.PortFrom == nil {
+		return a.cfg.Listen, nil
+	}
+	p, err := a.cfg.PortFrom()
+	if err != nil {
+		return "", fmt.Errorf("%w: PortFrom: %w", ErrConfig, err)
+	}
+	if p.Listen == "" && a.handedAddr == nil {
+		return "", fmt.Errorf("%w: PortFrom gave no address to listen on (did a phase of ListenAfter %q fill it?)", ErrConfig, a.cfg.ListenAfter)
+	}
+	if p.DrainDelay < 0 || p.DrainDelay > a.cfg.DrainDelay {
+		return "", fmt.Errorf("%w: PortFrom gave a drain delay of %v: want 0 to Config.DrainDelay, %v, from which the stop budgets were computed",
+			ErrConfig, p.DrainDelay, a.cfg.DrainDelay)
+	}
+	if err := a.srv.SetPort(p.Listen, p.DrainDelay); err != nil {
+		return "", fmt.Errorf("PortFrom: %w", err)
+	}
+	return p.Listen, nil
 }
 
 // runServe has nothing left to do: the lifecycle turns serving when it
@@ -434,8 +475,9 @@ func (a *App) Server() *server.Server { return a.srv }
 // Lifecycle returns the lifecycle that runs the phases.
 func (a *App) Lifecycle() *lifecycle.Lifecycle { return a.lc }
 
-// MeterProvider returns the meter provider whose metrics /metrics serves
-// (and OTLP pushes, when OTEL_METRICS_EXPORTER says so).
+// MeterProvider returns the meter provider whose metrics the exporters of
+// Config.MetricExporters export (/metrics, OTLP pushes); a no-op without
+// any.
 func (a *App) MeterProvider() metric.MeterProvider { return a.metrics }
 
 // TracerProvider returns the tracer provider the phases' spans go to.

@@ -18,7 +18,10 @@ import (
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/metrics/prometheus"
 	"github.com/phasegate/phasegate/phasetest"
+	"github.com/phasegate/phasegate/server"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -68,12 +71,15 @@ func grpcStatus(t *testing.T, addr net.Addr) healthpb.HealthCheckResponse_Servin
 // The port answers "starting, phase migrate" while the phases run, then
 // serving, in gRPC and HTTP alike; Stop drains it.
 func TestStartServeStop(t *testing.T) {
-	release := make(chan struct{})
-	a, err := New(testConfig(),
+	release, migrating := make(chan struct{}), make(chan struct{})
+	cfg := testConfig()
+	cfg.MetricExporters = []metrics.Exporter{prometheus.Exporter()}
+	a, err := New(cfg,
 		lifecycle.Phase{Name: "config", Run: nop},
 		lifecycle.Phase{Name: "migrate", DependsOn: []string{"config"}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
 			p.SetTotal(20, "steps")
 			p.SetDone(7)
+			close(migrating)
 			select {
 			case <-release:
 				return nil
@@ -93,6 +99,7 @@ func TestStartServeStop(t *testing.T) {
 	if addr == nil {
 		t.Fatal("the port was never bound")
 	}
+	<-migrating // the port may be bound before migrate started
 	code, body := get(t, addr, "/health")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "phase migrate 7/20 steps") {
 		t.Errorf("/health while migrating: %d %s", code, body)
@@ -273,7 +280,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		want string
 	}{
 		{"no name", Config{Listen: ":0"}, "Name is required"},
-		{"no port", Config{Name: "x"}, "Listen or Listener"},
+		{"no port", Config{Name: "x"}, "Listen, Listener or PortFrom"},
 		{"negative", Config{Name: "x", Listen: ":0", DrainDelay: -1}, "DrainDelay"},
 	} {
 		if _, err := New(tc.cfg); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
@@ -369,5 +376,77 @@ func TestWrappedForATest(t *testing.T) {
 	h.RequireStop()
 	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		t.Error("the port still accepts after RequireStop")
+	}
+}
+
+// A wrapped App started in the background answers NOT_SERVING on its port
+// while a phase holds the start, and the Harness's Drain then stops the
+// App as a whole: the start returns, and the port is closed (the embedded
+// Lifecycle's own Drain would have left it bound).
+func TestWrappedStartInBackground(t *testing.T) {
+	hold := make(chan struct{})
+	a, err := New(testConfig(), lifecycle.Phase{Name: "migrate", Run: func(ctx context.Context, _ *lifecycle.Progress) error {
+		select {
+		case <-hold:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := phasetest.Wrap(t, a)
+	done := h.StartInBackground()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	addr := a.Addr(ctx)
+	if addr == nil {
+		t.Fatal("the port was never bound")
+	}
+	if got := grpcStatus(t, addr); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("gRPC health during the start: %v, want NOT_SERVING", got)
+	}
+	if err := h.Drain(ctx); err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a start drained before serving returned nil")
+		}
+	default:
+		t.Error("Drain returned before the start did")
+	}
+	if _, err := net.DialTimeout("tcp", addr.String(), time.Second); err == nil {
+		t.Error("the port still accepts after the Harness's Drain")
+	}
+	close(hold)
+}
+
+// Without a metric exporter the App serves no /metrics, and its timeline
+// does not link to it, yet the path stays the App's: a service cannot
+// take it.
+func TestMetricsOnlyWhenExported(t *testing.T) {
+	a, err := New(testConfig(), lifecycle.Phase{Name: "config", Run: nop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := phasetest.Wrap(t, a)
+	h.RequireStart()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	addr := a.Addr(ctx)
+	if code, _ := get(t, addr, PathMetrics); code != http.StatusNotFound {
+		t.Errorf("GET %s without an exporter: %d, want 404", PathMetrics, code)
+	}
+	code, body := get(t, addr, PathStartup)
+	if code != http.StatusOK || !strings.Contains(body, `href="`+PathLifecycle) || strings.Contains(body, `href="`+PathMetrics) {
+		t.Errorf("GET %s: %d, links to %s %v (want true), to %s %v (want false)", PathStartup, code,
+			PathLifecycle, strings.Contains(body, `href="`+PathLifecycle), PathMetrics, strings.Contains(body, `href="`+PathMetrics))
+	}
+	var reserved *server.ReservedPathError
+	if err := a.Server().Handle("GET "+PathMetrics, http.NotFoundHandler()); !errors.As(err, &reserved) {
+		t.Errorf("Handle(GET %s): %v, want a *server.ReservedPathError", PathMetrics, err)
 	}
 }

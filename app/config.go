@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/tracing"
 )
 
 // PhaseListen is the name of the phase the App adds to bind its port. A
@@ -39,6 +41,16 @@ type Config struct {
 	Listen string
 	// Listener, when set, is the port instead of binding Listen.
 	Listener net.Listener
+	// PortFrom, when set, gives the port's address and drain delay in
+	// place of Listen and DrainDelay, so that a config phase is the one
+	// place that reads them: the listen phase calls it once the phases
+	// ListenAfter names have succeeded, and ListenAfter must name the one
+	// that fills what it returns. DrainDelay is then the most the delay
+	// may be: the stop budgets (of the phases, of [App.Run], told to
+	// systemd) are computed from it in New. An error, an empty address
+	// or a delay out of bounds fails the listen phase, and so the start,
+	// with an error that wraps [ErrConfig].
+	PortFrom func() (Port, error)
 	// ListenAfter names phases the port waits for. Binding early is the
 	// point, so usually none: a daemon that must hold a lock before it
 	// answers names its lock phase here.
@@ -50,6 +62,10 @@ type Config struct {
 	// GRPCOptions are added to the gRPC server's options, after the App's
 	// own (tracing, health-check metrics).
 	GRPCOptions []grpc.ServerOption
+	// OnHTTPCheck, when set, is called after every answer of the HTTP
+	// health endpoints, with the path and the status code, besides the
+	// App's own metrics of them.
+	OnHTTPCheck func(path string, code int)
 
 	// StartTimeout bounds the whole start; zero means no bound.
 	StartTimeout time.Duration
@@ -70,6 +86,17 @@ type Config struct {
 	// Nil builds one from the OTEL_* environment (none unless
 	// OTEL_TRACES_EXPORTER says otherwise) and flushes it at the end.
 	TracerProvider trace.TracerProvider
+	// TraceExporters are the span exporters OTEL_TRACES_EXPORTER may name
+	// when TracerProvider is nil: tracing/otlp's and tracing/console's
+	// Exporter. A binary links only those given; one the environment asks
+	// for but not given fails New, naming its package.
+	TraceExporters []tracing.Exporter
+	// MetricExporters are the metric exporters: metrics/prometheus's
+	// Exporter makes the App serve [PathMetrics]; metrics/otlp's and
+	// metrics/console's push where OTEL_METRICS_EXPORTER asks. Without
+	// any the App's metrics are a no-op and [PathMetrics] is not served
+	// (it stays reserved).
+	MetricExporters []metrics.Exporter
 	// LifecycleOptions are passed to lifecycle.New after the App's own.
 	LifecycleOptions []lifecycle.Option
 
@@ -87,6 +114,16 @@ type Config struct {
 	// child process, before anything is stopped; it must exit 0. Empty
 	// means only that the file must exist.
 	UpgradePreflight []string
+}
+
+// Port is what a phase decides about the App's port: see Config.PortFrom.
+type Port struct {
+	// Listen is the TCP address to bind, as Config.Listen; like it, it
+	// is not used when the process was handed a listening socket.
+	Listen string
+	// DrainDelay is the drain delay, as Config.DrainDelay: from zero to
+	// Config.DrainDelay.
+	DrainDelay time.Duration
 }
 
 // DefaultConfig returns the recommended settings for a service called
@@ -114,8 +151,11 @@ func (c Config) validate() error {
 	if c.Name == "" {
 		bad("Name is required")
 	}
-	if c.Listen == "" && c.Listener == nil {
-		bad("Listen or Listener is required")
+	if c.Listen == "" && c.Listener == nil && c.PortFrom == nil {
+		bad("Listen, Listener or PortFrom is required")
+	}
+	if c.PortFrom != nil && len(c.ListenAfter) == 0 {
+		bad("PortFrom needs ListenAfter to name the phase that fills it: the listen phase would call it before any phase ran")
 	}
 	for name, d := range map[string]time.Duration{"StartTimeout": c.StartTimeout, "DrainDelay": c.DrainDelay, "StopTimeout": c.StopTimeout} {
 		if d < 0 {

@@ -2,8 +2,9 @@
 // one port for gRPC and HTTP that binds in milliseconds, health that tells
 // the truth in every dialect from then on (grpc.health.v1; /health for
 // Nomad and Consul; /livez, /readyz and /startupz for Kubernetes;
-// sd_notify for systemd), a span per phase, metrics at /metrics, the start
-// as a timeline at /debug/startup, and signals.
+// sd_notify for systemd), a span per phase and metrics (exported by the
+// exporters Config gives: a binary links no other), the start as a
+// timeline at /debug/startup, and signals.
 //
 // An App is a [lifecycle.Lifecycle] with two phases of its own: listen,
 // which binds the port (after Config.ListenAfter, usually nothing), and
@@ -31,4 +32,9 @@
 //
 // A listening socket handed over by systemd socket activation (LISTEN_FDS)
 // is used instead of binding Config.Listen.
+//
+// A process that starts the App's process learns the port's address from a
+// file, not from the log: with [AddrFileEnv] (PHASEGATE_ADDR_FILE) naming
+// one, listen writes the bound address there, whole, before serve; package
+// phasetest/proc sets it for every process it starts.
 package app

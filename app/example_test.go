@@ -2,13 +2,20 @@ package app_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/metrics/prometheus"
+	"github.com/phasegate/phasegate/tracing"
+	"github.com/phasegate/phasegate/tracing/otlp"
 )
 
 // A service declares its phases; the App adds listen, which binds the port
@@ -102,4 +109,72 @@ func ExampleApp_StopBudget() {
 	// Output:
 	// the port alone: 25s
 	// the whole stop: 1m15s
+}
+
+// A service links only the exporters it gives: here the Prometheus
+// registry that /metrics serves, and spans to OTLP when
+// OTEL_TRACES_EXPORTER=otlp asks. Without MetricExporters the App serves
+// no /metrics and the binary holds no Prometheus client; without
+// TraceExporters an OTEL_TRACES_EXPORTER naming one fails New, naming the
+// package to add.
+func ExampleConfig_exporters() {
+	cfg := app.DefaultConfig("catalog", "127.0.0.1:0")
+	cfg.DrainDelay = 0
+	cfg.MetricExporters = []metrics.Exporter{prometheus.Exporter()}
+	cfg.TraceExporters = []tracing.Exporter{otlp.Exporter()}
+	a, err := app.New(cfg, lifecycle.Phase{Name: "config", Run: func(context.Context, *lifecycle.Progress) error { return nil }})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ctx := context.Background()
+	if err := a.Start(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	c := &http.Client{Timeout: 10 * time.Second}
+	defer c.CloseIdleConnections()
+	resp, err := c.Get("http://" + a.Addr(ctx).String() + app.PathMetrics)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, strings.Contains(string(body), "phasegate_phase_duration_seconds"))
+	fmt.Println(a.Stop(ctx))
+	// Output:
+	// 200 true
+	// <nil>
+}
+
+// A config phase is the one place that reads configuration, the port's
+// included: PortFrom hands the listen phase what the config phase parsed,
+// once it ran (ListenAfter). Config.DrainDelay is the most the phase may
+// choose.
+func ExampleConfig_portFrom() {
+	var port app.Port // filled by the config phase
+	cfg := app.DefaultConfig("catalog", "")
+	cfg.ListenAfter = []string{"config"}
+	cfg.PortFrom = func() (app.Port, error) { return port, nil }
+	a, err := app.New(cfg, lifecycle.Phase{Name: "config", Run: func(context.Context, *lifecycle.Progress) error {
+		fs := flag.NewFlagSet("catalog", flag.ContinueOnError)
+		fs.StringVar(&port.Listen, "listen", "127.0.0.1:7000", "the address of the port")
+		fs.DurationVar(&port.DrainDelay, "drain-delay", 5*time.Second, "the time checkers get to see NOT_SERVING")
+		return fs.Parse([]string{"-listen", "127.0.0.1:0", "-drain-delay", "0s"}) // os.Args[1:] in a program
+	}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ctx := context.Background()
+	if err := a.Start(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(a.Addr(ctx).(*net.TCPAddr).IP)
+	fmt.Println(a.Stop(ctx))
+	// Output:
+	// 127.0.0.1
+	// <nil>
 }

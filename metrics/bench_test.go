@@ -11,6 +11,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/phasegate/phasegate/metrics"
+	metricsconsole "github.com/phasegate/phasegate/metrics/console"
+	metricsotlp "github.com/phasegate/phasegate/metrics/otlp"
+	metricsprom "github.com/phasegate/phasegate/metrics/prometheus"
 )
 
 type grpcMetricsCollector struct {
@@ -59,7 +62,7 @@ func BenchmarkSetup(b *testing.B) {
 			}
 			ctx := context.Background()
 			for b.Loop() {
-				p, err := metrics.Setup(ctx, metrics.WithConsoleWriter(io.Discard))
+				p, err := metrics.Setup(ctx, metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()), metrics.WithConsoleWriter(io.Discard))
 				if err != nil {
 					b.Fatal(err)
 				}

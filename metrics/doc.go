@@ -1,8 +1,11 @@
 // Package metrics exports a daemon's metrics through the OpenTelemetry
-// metrics SDK: always to a Prometheus registry that [Provider.Handler]
-// serves (GET /metrics, text exposition format, on whatever port the
-// daemon mounts it), and also to the push exporters OTEL_METRICS_EXPORTER
-// lists.
+// metrics SDK, over the exporters given to [Setup] by [WithExporters]:
+// with metrics/prometheus, always to a Prometheus registry that
+// [Provider.Handler] serves (GET /metrics, text exposition format, on
+// whatever port the daemon mounts it), and also to the push exporters
+// (metrics/otlp, metrics/console) that OTEL_METRICS_EXPORTER lists. Each
+// exporter is a package of its own so that a binary links only those it
+// gives; given none, the meter provider is a no-op.
 //
 // OTEL_METRICS_EXPORTER is a comma-separated list (case-insensitive;
 // repeats count once) of:
@@ -10,7 +13,8 @@
 //     OTEL_EXPORTER_OTLP_METRICS_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL
 //     says (default http/protobuf), every OTEL_METRIC_EXPORT_INTERVAL;
 //   - "console": write JSON to a writer, stderr by default, as often;
-//   - "prometheus": the in-process registry, which is there anyway. It
+//   - "prometheus": the in-process registry, which is there anyway when
+//     metrics/prometheus was given. It
 //     starts no HTTP server of its own: OTEL_EXPORTER_PROMETHEUS_HOST and
 //     OTEL_EXPORTER_PROMETHEUS_PORT are ignored, because a second port with
 //     a second registry (what contrib's autoexport does for this name)
@@ -20,7 +24,8 @@
 // OTEL_SDK_DISABLED=true turns metrics off: a no-op meter provider and an
 // empty /metrics. An unknown exporter or protocol, or an OTEL_SDK_DISABLED
 // that is neither true nor false, is an error naming the variable, so a
-// typo does not silently drop metrics.
+// typo does not silently drop metrics; so is an exporter the binary was
+// not given, naming the package that provides it.
 //
 // One SDK behind every exporter means every instrument is declared once,
 // with the OpenTelemetry API that the rest of the project (tracing,

@@ -9,6 +9,9 @@ import (
 	"strings"
 
 	"github.com/phasegate/phasegate/metrics"
+	metricsconsole "github.com/phasegate/phasegate/metrics/console"
+	metricsotlp "github.com/phasegate/phasegate/metrics/otlp"
+	metricsprom "github.com/phasegate/phasegate/metrics/prometheus"
 )
 
 // Setup builds the meter provider; its handler serves /metrics on the
@@ -21,7 +24,7 @@ func ExampleSetup() {
 	defer os.Unsetenv("OTEL_METRICS_EXPORTER")
 
 	ctx := context.Background()
-	mp, err := metrics.Setup(ctx, metrics.WithServiceName("node-agent"), metrics.WithVersion("v0.1.0"))
+	mp, err := metrics.Setup(ctx, metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()), metrics.WithServiceName("node-agent"), metrics.WithVersion("v0.1.0"))
 	if err != nil {
 		fmt.Println(err)
 		return

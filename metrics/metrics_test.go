@@ -23,11 +23,15 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/metrics"
+	metricsconsole "github.com/phasegate/phasegate/metrics/console"
+	metricsotlp "github.com/phasegate/phasegate/metrics/otlp"
+	metricsprom "github.com/phasegate/phasegate/metrics/prometheus"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -99,7 +103,7 @@ func clearEnv(t *testing.T) {
 func setup(t *testing.T) *metrics.Provider {
 	t.Helper()
 	clearEnv(t)
-	p, err := metrics.Setup(context.Background(), metrics.WithVersion("test"))
+	p, err := metrics.Setup(context.Background(), metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()), metrics.WithVersion("test"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +363,7 @@ func TestOTLPExport(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
 	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "50")
-	p, err := metrics.Setup(context.Background())
+	p, err := metrics.Setup(context.Background(), metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +409,7 @@ func TestSetupExporterList(t *testing.T) {
 	t.Setenv("OTEL_METRICS_EXPORTER", "otlp, Console ,prometheus,otlp")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
 	var console syncBuffer
-	p, err := metrics.Setup(context.Background(), metrics.WithConsoleWriter(&console))
+	p, err := metrics.Setup(context.Background(), metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()), metrics.WithConsoleWriter(&console))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,7 +445,7 @@ func TestSetupSDKDisabled(t *testing.T) {
 	t.Setenv("OTEL_METRICS_EXPORTER", "otlp,console")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
 	var console syncBuffer
-	p, err := metrics.Setup(context.Background(), metrics.WithConsoleWriter(&console))
+	p, err := metrics.Setup(context.Background(), metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()), metrics.WithConsoleWriter(&console))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -480,7 +484,7 @@ func TestPrometheusExporterOpensNoPort(t *testing.T) {
 	t.Setenv("OTEL_METRICS_EXPORTER", "prometheus")
 	t.Setenv("OTEL_EXPORTER_PROMETHEUS_HOST", addr.IP.String())
 	t.Setenv("OTEL_EXPORTER_PROMETHEUS_PORT", strconv.Itoa(addr.Port))
-	p, err := metrics.Setup(context.Background())
+	p, err := metrics.Setup(context.Background(), metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -524,11 +528,38 @@ func TestSetupRejectsUnknownExporter(t *testing.T) {
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			p, err := metrics.Setup(context.Background())
+			p, err := metrics.Setup(context.Background(), metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				_ = p.Shutdown(context.Background())
 				t.Fatalf("err = %v, want it to contain %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// Given no exporter, Setup builds a no-op provider with no handler; an
+// exporter the environment asks for but the binary was not given is an
+// error naming the package that provides it.
+func TestSetupWithoutExporters(t *testing.T) {
+	clearEnv(t)
+	p, err := metrics.Setup(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Handler() != nil {
+		t.Error("Handler is not nil without a pull exporter")
+	}
+	if _, ok := p.MeterProvider.(metricnoop.MeterProvider); !ok {
+		t.Errorf("meter provider %T, want the no-op one", p.MeterProvider)
+	}
+	for _, tc := range []struct{ env, pkg string }{
+		{"otlp", "phasegate/metrics/otlp"},
+		{"console", "phasegate/metrics/console"},
+		{"prometheus", "phasegate/metrics/prometheus"},
+	} {
+		t.Setenv("OTEL_METRICS_EXPORTER", tc.env)
+		if _, err := metrics.Setup(context.Background()); err == nil || !strings.Contains(err.Error(), tc.pkg) {
+			t.Errorf("OTEL_METRICS_EXPORTER=%s: %v, want an error naming %s", tc.env, err, tc.pkg)
+		}
 	}
 }

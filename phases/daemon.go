@@ -51,6 +51,9 @@ type Daemon struct {
 	app *app.App
 	lc  *lifecycle.Lifecycle
 	obs *observer // the daemon's own metrics
+	// What the background reclaim is paced by: observed by Acquire, the
+	// pool's creations and the lag probe.
+	waits waits
 
 	// Built by the phases, each written once by its phase before any
 	// dependent phase reads it: the lifecycle's ordering is the
@@ -72,6 +75,7 @@ type Daemon struct {
 	ctlSocket  *control.Socket // its path, removed at an orderly stop
 	ctlFile    *os.File        // its descriptor, for an upgrade
 	deadDone   chan struct{}   // closed when the dead slots are reclaimed
+	verifyDone chan struct{}   // closed when the restored leases' background check is over
 	// The background reclaim's own context: a drain does not end it (the
 	// pool's stop waits for it), its stop timeout or an upgrade does.
 	reclaimCtx    context.Context
@@ -79,6 +83,7 @@ type Daemon struct {
 
 	mu           sync.Mutex
 	procScanSeen map[string]bool // /proc scan errors logged already
+	lostSlots    []int           // indices of the leases lost since the start, sorted
 }
 
 // New validates cfg and declares the daemon's phases, its port and its
@@ -92,6 +97,7 @@ func New(cfg Config) (*Daemon, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	d := &Daemon{cfg: cfg, log: log, obs: &observer{}}
+	d.obs.acquireWait = &d.waits.acquire
 	expected := cfg.Expected
 	if expected == nil {
 		expected = DefaultExpected()
@@ -106,16 +112,19 @@ func New(cfg Config) (*Daemon, error) {
 		RequireClientCert: cfg.RequireClientCert,
 		// The guard is made once the App gives its meter; the port
 		// serves nothing before that.
-		GRPCOptions: append(d.obs.grpcOptions(), grpc.ChainUnaryInterceptor(
+		GRPCOptions: append(d.obs.grpcOptions(), grpc.ChainUnaryInterceptor(d.waits.countChecks,
 			func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 				return d.tcpGuard.Intercept(ctx, req, info, h)
 			})),
+		OnHTTPCheck:      func(string, int) { d.waits.checked() },
 		StartTimeout:     cfg.StartTimeout,
 		DrainDelay:       cfg.DrainDelay,
 		StopTimeout:      cfg.StopTimeout,
 		Expected:         expected,
 		Logger:           log,
 		TracerProvider:   cfg.TracerProvider,
+		TraceExporters:   TraceExporters(),
+		MetricExporters:  MetricExporters(),
 		UpgradeOnHangup:  cfg.UpgradeOnHangup,
 		UpgradePreflight: cfg.UpgradePreflight,
 	}, d.graph()...)
@@ -258,15 +267,12 @@ const (
 	warnEgress       = "egress"
 	warnDrainDelay   = "drain-delay"
 	taskReclaim      = "reclaim-dead"
-	taskVerifyInside = "verify-inside"
 	taskReconcile    = "reconcile"
 	taskFill         = "fill"
 	taskLeases       = "leases"
+	taskVerify       = "verify-leases"
+	taskVerifyInside = "verify-inside"
 )
-
-// backgroundBatch is how many dead namespaces the background reclaim hands
-// the kernel at a time.
-const backgroundBatch = 64
 
 // slotOptions are the slot manager's settings.
 func (d *Daemon) slotOptions() slot.Options {
@@ -327,12 +333,11 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	} else if err != nil {
 		return lifecycle.Permanent(fmt.Errorf("load the records: %w", err))
 	}
-	now := time.Now()
-	plan, err := d.classify(ctx, recs, bad, inv, now)
+	plan, err := d.classify(ctx, recs, bad, inv)
 	if err != nil {
 		return err
 	}
-	if err := d.restoreLeases(ctx, plan, inv, now); err != nil {
+	if err := d.renewLeases(ctx, plan, time.Now()); err != nil {
 		return err
 	}
 	d.plan = plan
@@ -346,12 +351,13 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		attribute.Int("phasegate.restore.held", len(plan.held)),
 		attribute.String("phasegate.restore.scan", scanned.String()),
 	)
-	if n := len(plan.lost); n > 0 {
-		var slots []int
+	if len(plan.lost) > 0 {
+		var lost []leases.Record
+		var reasons []string
 		for _, l := range plan.lost {
-			slots = append(slots, l.rec.Index)
+			lost, reasons = append(lost, l.rec), append(reasons, l.lostReason)
 		}
-		d.lc.Warn(warnLeasesLost, fmt.Sprintf("%d leases lost across the restart (slots %v): their namespace or host link was gone or made again; owners see why in Get", n, slots))
+		d.reportLost(lost, reasons)
 	}
 
 	if !d.cfg.reclaimInForeground() || len(plan.dead) == 0 {
@@ -584,7 +590,7 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 				lost = append(lost, l.rec.Index)
 			}
 		}
-		pl, err := pool.New(d.mgr, d.idx, pool.Options{
+		pl, err := pool.New(timedSlots{Slots: d.mgr, create: &d.waits.create}, d.idx, pool.Options{
 			Target:   d.cfg.PoolSize,
 			Grace:    d.cfg.PoolGrace,
 			Teardown: d.teardownOptions(),
@@ -600,7 +606,7 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		d.pool = pl
 		d.obs.setPool(pl)
 		d.slots = newSlotsService(d.cfg.Slots, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
-			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent)
+			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d)
 		if d.slots.egress, err = egressDefaults(d.cfg); err != nil {
 			return lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
 		}
@@ -618,11 +624,28 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	p.SetDone(int64(d.cfg.PoolMinReady))
 
+	d.verifyDone = make(chan struct{})
+	if restored := d.plan.restored; len(restored) > 0 {
+		p.Defer(taskVerify, func(ctx context.Context, tp *lifecycle.Progress) error {
+			defer close(d.verifyDone)
+			return d.verifyLeases(ctx, tp, restored)
+		})
+	} else {
+		close(d.verifyDone)
+	}
 	d.deadDone = make(chan struct{})
 	d.reclaimCtx, d.cancelReclaim = context.WithCancel(context.Background())
 	if dead := d.deadToReclaim(); len(dead) > 0 {
 		p.Defer(taskReclaim, func(ctx context.Context, tp *lifecycle.Progress) error {
 			defer close(d.deadDone)
+			// After the leases' check: both need the kernel's networking
+			// lock, and owners wait for the check (a Release, a retry),
+			// not for the dead.
+			select {
+			case <-d.verifyDone:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 			return d.reclaimDead(ctx, tp, dead)
 		})
 	} else {
@@ -631,6 +654,13 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 	p.Defer(taskReconcile, d.runReconciler)
 	if restored := d.insideToVerify(); len(restored) > 0 {
 		p.Defer(taskVerifyInside, func(ctx context.Context, tp *lifecycle.Progress) error {
+			// After the leases' check: a lease it finds lost has no slot
+			// to look into.
+			select {
+			case <-d.verifyDone:
+			case <-ctx.Done():
+				return nil
+			}
 			return d.verifyInside(ctx, tp, restored)
 		})
 	}
@@ -714,17 +744,27 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 		close(halt)
 	})
 	defer stop()
+	// Batches paced by the daemon's own waits: the kernel holds its
+	// networking lock while it destroys a batch, and a slot made meanwhile
+	// (an Acquire on an empty pool, the fill) waits for it, as a health
+	// answer waits for the CPU the destruction takes. Big batches are the
+	// fastest overall (docs/benchmarks/batches.md), so they grow while
+	// nothing waits too long, and shrink, with pauses, when something does.
+	pacer, stopProbe, err := d.newPacer()
+	if err != nil {
+		return err
+	}
 	rep, err := reclaim.Slots(d.reclaimCtx, d.mgr, dead, reclaim.Options{
 		Halt:        halt,
 		Workers:     d.cfg.ReclaimWorkers,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
-		// Small batches: the kernel holds its networking lock while it
-		// destroys a batch, and a slot made meanwhile (an Acquire on an
-		// empty pool, the fill) waits for it; the batch size trades that
-		// wait against the total time (docs/benchmarks/batches.md).
-		Batch:    backgroundBatch,
-		Progress: teardownProgress(p),
+		Pacer:       pacer,
+		Progress:    teardownProgress(p),
 	})
+	stopProbe()
+	st := pacer.Stats()
+	d.log.Info("background reclaim paced", "batches", st.Batches, "slowed", st.Slowed, "largest_batch", st.Largest,
+		"paused", st.Paused.Round(time.Millisecond).String(), "over", fmt.Sprint(st.Over))
 	n := d.cfg.Slots.Slots
 	for _, i := range rep.Reclaimed {
 		if i > n {

@@ -105,15 +105,27 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	if err != nil {
 		return nil, err
 	}
+	// A lease restored at a restart is verified first: its slot may turn
+	// out lost.
+	s.mu.Lock()
+	l := s.leased[i]
+	s.mu.Unlock()
+	if l != nil {
+		if err := s.settle(ctx, l); err != nil {
+			return nil, err
+		}
+	}
 	// One change of a slot's policy at a time: the rules and the record
 	// must end up saying the same.
 	s.egressMu.Lock()
 	defer s.egressMu.Unlock()
 	s.mu.Lock()
-	l := s.leased[i]
+	l = s.leased[i]
 	var old leases.Record
+	var sl *slot.Slot
+	lostReason := ""
 	if l != nil {
-		old = l.rec
+		old, sl, lostReason = l.rec, l.slot, l.lostReason
 	}
 	s.mu.Unlock()
 	switch {
@@ -121,10 +133,10 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 		return nil, leaseError(i, leases.ErrNotFound)
 	case !sameLease(old.LeaseID, req.GetLeaseId()):
 		return nil, leaseError(i, errWrongLease)
-	case l.slot == nil:
-		return nil, status.Errorf(codes.FailedPrecondition, "slot %d: the lease is lost (%s): it has no slot to set a policy on", i, l.lostReason)
+	case sl == nil:
+		return nil, status.Errorf(codes.FailedPrecondition, "slot %d: the lease is lost (%s): it has no slot to set a policy on", i, lostReason)
 	}
-	if err := s.applyEgress(l.slot, pol); err != nil {
+	if err := s.applyEgress(sl, pol); err != nil {
 		return nil, egressError(i, err)
 	}
 	rec, err := s.store.Update(ctx, i, func(r *leases.Record) error {
@@ -141,7 +153,7 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 		// The record keeps the old policy: so must the slot.
 		prev, perr := egressOf(old.Egress)
 		if perr == nil {
-			perr = s.applyEgress(l.slot, prev)
+			perr = s.applyEgress(sl, prev)
 		}
 		if perr != nil {
 			s.log.Error("egress policy: record failed and the old rules could not be put back", "slot", i, "error", perr)
@@ -155,7 +167,7 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	s.mu.Unlock()
 	s.count("egress_policy_set")
 	s.log.Info("egress policy set", "slot", i, "owner", rec.Owner, "principal", c.Principal.String(), "policy", describePolicy(rec.Egress))
-	return &phasegatev1.SetEgressPolicyResponse{Slot: s.describeWithDrops(i, phasegatev1.SlotState_SLOT_STATE_ACQUIRED, &lease{rec: rec, slot: l.slot})}, nil
+	return &phasegatev1.SetEgressPolicyResponse{Slot: s.describeWithDrops(i, phasegatev1.SlotState_SLOT_STATE_ACQUIRED, &lease{rec: rec, slot: sl})}, nil
 }
 
 // egressError maps a failure to write a policy: a slot gone meanwhile (a

@@ -40,6 +40,10 @@ type observer struct {
 	passes    metric.Int64Counter
 	reconcile metric.Int64Counter
 
+	// acquireWait, when set, observes every Acquire's time for the
+	// background reclaim's pace.
+	acquireWait *waitGauge
+
 	mu       sync.Mutex
 	poolReg  metric.Registration
 	leaseReg metric.Registration
@@ -90,10 +94,16 @@ func (o *observer) unreadable(n int) { o.add(o.reclaim, "result", "unreadable", 
 
 // restored counts what a start found.
 func (o *observer) restored(p *restorePlan) {
-	o.add(o.restore, "result", "restored", len(p.restored))
 	o.add(o.restore, "result", "adopted", len(p.adopted))
 	o.add(o.restore, "result", "lost", len(p.lost))
 	o.add(o.restore, "result", "held", len(p.held))
+}
+
+// verified counts restored leases as their check settles them: intact
+// (restored) or lost.
+func (o *observer) verified(intact, lost int) {
+	o.add(o.restore, "result", "restored", intact)
+	o.add(o.restore, "result", "lost", lost)
 }
 
 // leaseEvent counts a lease event (slotsService's leaseEvents).
@@ -145,6 +155,9 @@ func (o *observer) timeAcquire(ctx context.Context, req any, info *grpc.UnarySer
 	}
 	start := time.Now()
 	resp, err := handler(ctx, req)
+	if o.acquireWait != nil {
+		o.acquireWait.observe(time.Since(start))
+	}
 	if o.acquire == nil {
 		return resp, err
 	}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/reclaim"
@@ -79,8 +78,11 @@ func Reclaim(ctx context.Context, cfg Config, log *slog.Logger) (summary string,
 	} else if err != nil {
 		return "", nil, err
 	}
-	plan, err := d.classify(ctx, recs, bad, inv, time.Now())
+	plan, err := d.classify(ctx, recs, bad, inv)
 	if err != nil {
+		return "", nil, err
+	}
+	if err := d.identifyRestored(plan); err != nil {
 		return "", nil, err
 	}
 	rep, err = reclaim.Slots(ctx, d.mgr, plan.dead, reclaim.Options{

@@ -1,6 +1,7 @@
 package phases
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"errors"
@@ -41,11 +42,44 @@ const maxIDLen = 256
 func slotsServiceDesc() *grpc.ServiceDesc { return &phasegatev1.Slots_ServiceDesc }
 
 // lease is a slot leased to an owner, as recorded. A lost lease has no
-// slot: its objects were gone when the daemon restarted.
+// slot: its objects were gone when the daemon restarted. A lease restored
+// at a start has a check until its slot's kernel identity is verified
+// (the daemon serves before that): its slot is then what the record says
+// it is, and its index is the lease's whatever the check finds.
 type lease struct {
 	rec        leases.Record
 	slot       *slot.Slot
 	lostReason string
+	check      *leaseCheck // nil once verified
+}
+
+// leaseCheck is the verification a restored lease still waits for. One
+// caller at a time runs it (the background task, or a Release, an Acquire
+// retry or an expiry of that lease); the others wait for done. A check
+// that fails is replaced by a fresh one, unclaimed, and done is closed, so
+// that a waiter runs it again.
+type leaseCheck struct {
+	claimed bool          // being run (under slotsService.mu)
+	done    chan struct{} // closed once the lease is settled or the run failed
+}
+
+func newLeaseCheck() *leaseCheck { return &leaseCheck{done: make(chan struct{})} }
+
+// verdict is what verifying a restored lease's slot found: intact (its host
+// side repaired), lost (why), or nothing certain (err: the check is run
+// again later).
+type verdict struct {
+	lost string
+	err  error
+}
+
+// leaseVerifier checks restored leases' slots against their records and
+// repairs their host side (the daemon's, restore.go): one verdict per
+// slot, in order, and reports the leases found lost once their state says
+// so.
+type leaseVerifier interface {
+	verify(ctx context.Context, slots []*slot.Slot) []verdict
+	reportLost(lost []leases.Record, reasons []string)
 }
 
 // slotsService implements phasegate.v1.Slots over the pool (which owns the
@@ -65,6 +99,9 @@ type slotsService struct {
 	log    *slog.Logger
 	tracer trace.Tracer
 	events leaseEvents
+	// verifier checks the leases restored unverified; nil when none was
+	// (NewSlotsServer).
+	verifier leaseVerifier
 
 	acquiring singleflight.Group // one Acquire per owner and request id at a time
 
@@ -106,7 +143,7 @@ func NewSlotsServer(cfg slot.Config, pl *pool.Pool, store LeaseStore, log *slog.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := newSlotsService(cfg, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil)
+	s := newSlotsService(cfg, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil, nil)
 	s.egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
 	return s
 }
@@ -116,8 +153,8 @@ func NewSlotsServer(cfg slot.Config, pl *pool.Pool, store LeaseStore, log *slog.
 type leaseEvents func(event string, n int)
 
 func newSlotsService(cfg slot.Config, pl *pool.Pool, store LeaseStore, restored []*lease,
-	log *slog.Logger, tracer trace.Tracer, events leaseEvents) *slotsService {
-	s := &slotsService{cfg: cfg, pool: pl, store: store, log: log, tracer: tracer, events: events,
+	log *slog.Logger, tracer trace.Tracer, events leaseEvents, verifier leaseVerifier) *slotsService {
+	s := &slotsService{cfg: cfg, pool: pl, store: store, log: log, tracer: tracer, events: events, verifier: verifier,
 		leased: map[int]*lease{}, pending: map[string]int{}}
 	for _, l := range restored {
 		s.leased[l.rec.Index] = l
@@ -227,11 +264,10 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 		return nil, err
 	}
 	control.Note(ctx, "slot", a.l.rec.Index, "retry", a.retry)
-	st := phasegatev1.SlotState_SLOT_STATE_ACQUIRED
-	if a.l.slot == nil {
-		st = phasegatev1.SlotState_SLOT_STATE_LOST
-	}
-	return &phasegatev1.AcquireResponse{Slot: s.describe(a.l.rec.Index, st, a.l), LeaseId: a.l.rec.LeaseID}, nil
+	s.mu.Lock()
+	l := *a.l
+	s.mu.Unlock()
+	return &phasegatev1.AcquireResponse{Slot: s.describe(l.rec.Index, leaseState(&l), &l), LeaseId: l.rec.LeaseID}, nil
 }
 
 func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration, pol *inside.Policy) (acquired, error) {
@@ -241,6 +277,11 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 			return acquired{}, err
 		} else if ok {
 			if err := retriedBy(l, principal); err != nil {
+				return acquired{}, err
+			}
+			// The retry's answer says ACQUIRED or LOST, never "not
+			// checked yet": a client acts on it.
+			if err := s.settle(ctx, l); err != nil {
 				return acquired{}, err
 			}
 			s.log.Info("slot acquire retried: same lease", "slot", l.rec.Index, "owner", owner, "request_id", requestID)
@@ -480,13 +521,21 @@ func (s *slotsService) giveBack(ctx context.Context, l *lease) {
 	if l == nil {
 		return
 	}
-	if l.slot == nil {
+	if err := s.settle(ctx, l); err != nil {
+		// Whatever is at the index is this lease's or dead: the pool's
+		// teardown, by name and idempotent, is right either way.
+		s.log.Warn("ended lease's slot could not be verified; torn down as it is", "slot", l.rec.Index, "error", err)
+	}
+	s.mu.Lock()
+	sl := l.slot
+	s.mu.Unlock()
+	if sl == nil {
 		if err := s.pool.PutLost(l.rec.Index); err != nil {
 			s.log.Warn("index of a lost lease could not be freed", "slot", l.rec.Index, "error", err)
 		}
 		return
 	}
-	if err := s.pool.Put(ctx, l.slot); err != nil {
+	if err := s.pool.Put(ctx, sl); err != nil {
 		s.log.Warn("released slot: teardown failed; the index stays quarantined for the reconciler", "slot", l.rec.Index, "error", err)
 	}
 }
@@ -643,10 +692,8 @@ func (s *slotsService) states(includeFree bool, mayRead func(owner string) bool)
 		st := phasegatev1.SlotState_SLOT_STATE_FREE
 		l := held[i]
 		switch {
-		case l != nil && l.slot == nil:
-			st = phasegatev1.SlotState_SLOT_STATE_LOST
 		case l != nil:
-			st = phasegatev1.SlotState_SLOT_STATE_ACQUIRED
+			st = leaseState(l)
 		case idle[i]:
 			st = phasegatev1.SlotState_SLOT_STATE_WARM
 		case ss.States[i-1] == index.Quarantined:
@@ -692,6 +739,18 @@ func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease) *phas
 	return out
 }
 
+// leaseState is the state of a held lease's slot. l's fields are read
+// under slotsService.mu, or on a copy made under it.
+func leaseState(l *lease) phasegatev1.SlotState {
+	switch {
+	case l.slot == nil:
+		return phasegatev1.SlotState_SLOT_STATE_LOST
+	case l.check != nil:
+		return phasegatev1.SlotState_SLOT_STATE_VERIFYING
+	}
+	return phasegatev1.SlotState_SLOT_STATE_ACQUIRED
+}
+
 // counts returns how many leases are held and how many of them are lost.
 func (s *slotsService) counts() (held, lost int) {
 	s.mu.Lock()
@@ -729,4 +788,110 @@ func (s *slotsService) debugHandler(policy *control.Policy) http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write(append(b, '\n'))
 	})
+}
+
+// settle verifies restored lease l if it still waits for that, or waits
+// for the check under way: on a nil return l is ACQUIRED or LOST.
+func (s *slotsService) settle(ctx context.Context, l *lease) error {
+	for {
+		s.mu.Lock()
+		c := l.check
+		if c == nil {
+			s.mu.Unlock()
+			return nil
+		}
+		if !c.claimed {
+			c.claimed = true
+			s.mu.Unlock()
+			_, err := s.runChecks(ctx, []*lease{l})
+			return err
+		}
+		s.mu.Unlock()
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// verifyRestored verifies those of ls that still wait for it and that
+// nobody else is verifying, and returns how many it settled and the first
+// error of those it could not (they stay VERIFYING, for a later try).
+func (s *slotsService) verifyRestored(ctx context.Context, ls []*lease) (settled int, err error) {
+	s.mu.Lock()
+	var mine []*lease
+	for _, l := range ls {
+		// A lease ended meanwhile is settled by whoever ended it.
+		if l.check != nil && !l.check.claimed && s.leased[l.rec.Index] == l {
+			l.check.claimed = true
+			mine = append(mine, l)
+		}
+	}
+	s.mu.Unlock()
+	return s.runChecks(ctx, mine)
+}
+
+// runChecks verifies ls, which the caller claimed, and settles each by its
+// verdict: ACQUIRED, LOST (its index stays the lease's, with no slot), or
+// unclaimed again when nothing certain was found.
+func (s *slotsService) runChecks(ctx context.Context, ls []*lease) (settled int, err error) {
+	if len(ls) == 0 {
+		return 0, nil
+	}
+	// A claimed lease's slot changes only here, by its claimer.
+	slots := make([]*slot.Slot, len(ls))
+	for i, l := range ls {
+		slots[i] = l.slot
+	}
+	vs := s.verifier.verify(ctx, slots)
+	var lost []leases.Record
+	var reasons []string
+	for i, l := range ls {
+		v := vs[i]
+		if v.lost != "" {
+			if perr := s.pool.Lose(l.slot); perr != nil {
+				s.log.Warn("lost lease's slot was not the pool's", "slot", l.rec.Index, "error", perr)
+			}
+		}
+		s.mu.Lock()
+		c := l.check
+		switch {
+		case v.err != nil:
+			l.check = newLeaseCheck()
+			err = cmp.Or(err, v.err)
+		case v.lost != "":
+			l.slot, l.lostReason, l.check = nil, v.lost, nil
+			lost, reasons = append(lost, l.rec), append(reasons, v.lost)
+			settled++
+		default:
+			l.check = nil
+			settled++
+		}
+		s.mu.Unlock()
+		close(c.done)
+	}
+	if len(lost) > 0 {
+		s.verifier.reportLost(lost, reasons)
+	}
+	if err != nil {
+		return settled, status.Errorf(codes.Unavailable, "a restored lease's slot could not be verified yet (retry): %v", err)
+	}
+	return settled, nil
+}
+
+// outcome returns how many of ls still wait for their verification, and
+// how many were found lost.
+func (s *slotsService) outcome(ls []*lease) (unverified, lost int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range ls {
+		switch {
+		case l.check != nil:
+			unverified++
+		case l.slot == nil:
+			lost++
+		}
+	}
+	return unverified, lost
 }

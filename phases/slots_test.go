@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mathbits "math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -39,41 +40,8 @@ type slotsRig struct {
 // leases lost at a restart (recorded, their index taken, no slot).
 func newSlotsRig(t *testing.T, n, target int, lost ...leases.Record) *slotsRig {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces)")
-	}
-	prefix := "ph"
-	for range 4 {
-		prefix += string(rune('a' + rand.IntN(26)))
-	}
-	cfg := slot.Config{
-		Prefix: prefix + "-", NetnsDir: filepath.Join(t.TempDir(), "netns"), Slots: n,
-		CIDR: netip.MustParsePrefix(fmt.Sprintf("100.%d.%d.0/24", 64+rand.IntN(64), rand.IntN(256))),
-	}
+	cfg, mgr, store := newSlotHost(t, n)
 	ctx := context.Background()
-	mgr, err := slot.NewManager(ctx, cfg, slot.DefaultOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if inv, err := mgr.Scan(ctx); err == nil {
-			if res := mgr.Teardown(ctx, inv, slot.TeardownOptions{}); res.Err() != nil {
-				t.Errorf("sweep: %v", res.Err())
-			}
-		} else {
-			t.Errorf("sweep: %v", err)
-		}
-		if err := mgr.Firewall().Delete(ctx); err != nil {
-			t.Errorf("sweep: %v", err)
-		}
-		for unix.Unmount(cfg.NetnsDir, unix.MNT_DETACH) == nil {
-		}
-	})
-	store, err := leases.Open(filepath.Join(t.TempDir(), StateFileName), leases.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
 	idx, err := index.New(n, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +67,52 @@ func newSlotsRig(t *testing.T, n, target int, lost ...leases.Record) *slotsRig {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return &slotsRig{svc: newSlotsService(cfg, pl, store, restored, log, noop.NewTracerProvider().Tracer(""), nil), pool: pl, store: store}
+	return &slotsRig{svc: newSlotsService(cfg, pl, store, restored, log, noop.NewTracerProvider().Tracer(""), nil, nil), pool: pl, store: store}
+}
+
+// newSlotHost makes a slot manager for n slots in a netns directory and
+// with a prefix and CIDR of its own, swept at the end, and a state file.
+func newSlotHost(t testing.TB, n int) (slot.Config, *slot.Manager, *leases.Store) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces)")
+	}
+	// A /31 per slot, in whole /24s.
+	bits := max(8, mathbits.Len(uint(2*n-1)))
+	blocks := 1 << (bits - 8)
+	prefix := "ph"
+	for range 4 {
+		prefix += string(rune('a' + rand.IntN(26)))
+	}
+	cfg := slot.Config{
+		Prefix: prefix + "-", NetnsDir: filepath.Join(t.TempDir(), "netns"), Slots: n,
+		CIDR: netip.MustParsePrefix(fmt.Sprintf("100.%d.%d.0/%d", 64+rand.IntN(64), rand.IntN(256)&^(blocks-1), 32-bits)),
+	}
+	ctx := context.Background()
+	mgr, err := slot.NewManager(ctx, cfg, slot.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if inv, err := mgr.Scan(ctx); err == nil {
+			if res := mgr.Teardown(ctx, inv, slot.TeardownOptions{}); res.Err() != nil {
+				t.Errorf("sweep: %v", res.Err())
+			}
+		} else {
+			t.Errorf("sweep: %v", err)
+		}
+		if err := mgr.Firewall().Delete(ctx); err != nil {
+			t.Errorf("sweep: %v", err)
+		}
+		for unix.Unmount(cfg.NetnsDir, unix.MNT_DETACH) == nil {
+		}
+	})
+	store, err := leases.Open(filepath.Join(t.TempDir(), StateFileName), leases.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	return cfg, mgr, store
 }
 
 // Principals of the tests: root on the socket, and two unprivileged users.

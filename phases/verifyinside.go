@@ -67,8 +67,8 @@ func (d *Daemon) verifyLease(restored *lease) ([]string, error) {
 		l = *cur
 	}
 	svc.mu.Unlock()
-	if cur == nil || l.slot == nil || l.rec.LeaseID != restored.rec.LeaseID {
-		return nil, nil
+	if cur == nil || l.slot == nil || l.check != nil || l.rec.LeaseID != restored.rec.LeaseID {
+		return nil, nil // ended, lost, or not verified (its slot unconfirmed)
 	}
 	fixed, err := d.mgr.RepairGuest(l.slot)
 	if err != nil {

@@ -22,6 +22,11 @@
 //		phasetest.AssertOrder(t, s.Events(0), "lock", "listen", "serve")
 //	}
 //
+// A test that watches the start from outside (its health answers, a drain
+// while it runs) starts it with [Harness.StartInBackground] instead of
+// RequireStart; [Harness.Drain] of a wrapped App stops the App as a whole,
+// its port included, as the cleanup does.
+//
 // The assertions read a lifecycle's event log, which records every
 // transition once and in order; they do not sample states, so they neither
 // miss a phase that ran quickly nor depend on timing. [AssertOrder] checks
@@ -35,6 +40,12 @@
 // passed, and fail fast when what they wait for can no longer happen.
 // [WaitSnapshot] waits for what the log does not name in one event (a
 // warning raised or cleared, a task's progress) on the latest snapshots.
+//
+// To run the service's own binary for a black-box test (build it once,
+// start it, learn its address, signal it, wait for its exit code) and to
+// check the health its port answers before and after serving, use package
+// phasetest/proc; examples/adopter in the repository is a whole service
+// tested that way.
 //
 // The file adopter_test.go in this package is a complete example to copy.
 package phasetest

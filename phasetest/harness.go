@@ -18,7 +18,8 @@ const DefaultTimeout = time.Minute
 
 // Harness is a lifecycle under test. It embeds the *lifecycle.Lifecycle, so
 // every method of it is at hand (h.Events(0), h.Snapshot(), h.Warn, …), and
-// ties the lifecycle's end to the test's: the drain is registered with
+// ties the lifecycle's end to the test's (its Drain is the Harness's own,
+// which for a wrapped Runner stops the Runner as a whole): the drain is registered with
 // t.Cleanup when the Harness is made, so a test that fails half-way still
 // stops every phase and background task it started. When the test has
 // failed, the cleanup logs the event log.
@@ -30,6 +31,7 @@ type Harness struct {
 
 	t       testing.TB
 	stopped bool
+	started chan struct{}               // closed when a StartInBackground's start returned; nil if none
 	start   func(context.Context) error // the lifecycle's Start, or a Runner's
 	stop    func(context.Context) error // the lifecycle's Drain, or a Runner's Stop
 }
@@ -97,6 +99,51 @@ func (h *Harness) RequireStart() *Harness {
 	return h
 }
 
+// StartInBackground starts the lifecycle (or the wrapped Runner) in a
+// goroutine the Harness owns and returns at once, for a test that watches
+// the start from outside: its health answers, its progress, a drain during
+// the start. The channel receives the start's result and is then closed.
+// A stop (RequireStop, Drain or the cleanup) ends a start still running and
+// waits for it to return. Call it at most once, instead of RequireStart:
+//
+//	h := phasetest.Wrap(t, a)
+//	done := h.StartInBackground()
+//	… // the port answers NOT_SERVING
+//	if err := <-done; err != nil { t.Fatal(err) }
+func (h *Harness) StartInBackground() <-chan error {
+	h.t.Helper()
+	if h.started != nil {
+		h.t.Fatalf("phasetest: StartInBackground called twice")
+	}
+	h.started = make(chan struct{})
+	result := make(chan error, 1)
+	go func() {
+		defer close(h.started)
+		defer close(result)
+		result <- h.start(context.Background())
+	}()
+	return result
+}
+
+// Drain stops what the Harness runs as RequireStop does, returning the
+// error instead of failing the test. For a wrapped Runner it is the
+// Runner's Stop (an App's port drained, then its lifecycle), not only the
+// embedded Lifecycle's Drain, which would leave the port bound.
+func (h *Harness) Drain(ctx context.Context) error {
+	h.stopped = true
+	err := h.stop(ctx)
+	h.awaitStart()
+	return err
+}
+
+// awaitStart waits for a StartInBackground's start to return: the stop
+// has ended it, or it had already.
+func (h *Harness) awaitStart() {
+	if h.started != nil {
+		<-h.started
+	}
+}
+
 // RequireStop drains the lifecycle and fails the test with t.Fatalf if the
 // drain returns an error (a stop function failed) or does not end within
 // the Timeout. The cleanup then has nothing left to do.
@@ -105,7 +152,9 @@ func (h *Harness) RequireStop() {
 	h.stopped = true
 	ctx, cancel := h.context()
 	defer cancel()
-	if err := h.stop(ctx); err != nil {
+	err := h.stop(ctx)
+	h.awaitStart()
+	if err != nil {
 		h.t.Fatalf("phasetest: stop failed: %v\n%s", err, formatLog(h.Events(0)))
 	}
 }
@@ -117,6 +166,7 @@ func (h *Harness) cleanup() {
 		if err := h.stop(ctx); err != nil {
 			h.t.Errorf("phasetest: stop at cleanup: %v", err)
 		}
+		h.awaitStart()
 	}
 	if h.t.Failed() {
 		h.t.Logf("phasetest: %s", formatLog(h.Events(0)))

@@ -461,3 +461,30 @@ func TestWaitSnapshot(t *testing.T) {
 		t.Errorf("failure does not say what it waited for: %s", spy.fatal)
 	}
 }
+
+// A start in the background is watched while it runs, and a stop during
+// it ends the start and waits for it: the channel has the start's error.
+func TestStartInBackground(t *testing.T) {
+	h := phasetest.New(t, []lifecycle.Phase{
+		{Name: "lock", Run: nop},
+		{Name: "migrate", DependsOn: []string{"lock"}, Run: func(ctx context.Context, _ *lifecycle.Progress) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}},
+	})
+	done := h.StartInBackground()
+	phasetest.WaitPhase(t, h, "migrate", lifecycle.PhaseRunning, time.Minute)
+	h.RequireStop()
+	select {
+	case err, ok := <-done:
+		if !ok || err == nil {
+			t.Errorf("the start drained while migrate ran: %v (received %v), want its error", err, ok)
+		}
+	default:
+		t.Error("RequireStop returned before the start it ended")
+	}
+	phasetest.AssertConsistent(t, h.Events(0))
+	if st := h.Snapshot().State; st == lifecycle.StateServing {
+		t.Errorf("state %v after a drain during the start", st)
+	}
+}

@@ -29,12 +29,18 @@ var ErrServing = errors.New("server already serving")
 // [Server.Drain].
 var ErrClosed = errors.New("server: drained")
 
+// ErrNoAddr is returned by [Server.Listen] and [Server.Serve] when there
+// is nothing to listen on: no [Config.Listener], and neither
+// [Config.Addr] nor [Server.SetPort] gave an address.
+var ErrNoAddr = errors.New("server: no address to listen on: Config.Addr is empty, and neither Config.Listener nor SetPort gave one")
+
 // Config configures a [Server]. Every duration means what it says: zero is
 // no delay or no bound, like net/http's timeouts, and a negative one is
 // refused by [New]. [DefaultConfig] has the recommended values.
 type Config struct {
 	// Addr is the TCP address to listen on, such as "127.0.0.1:0" or
-	// ":7000". Ignored when Listener is set.
+	// ":7000". Ignored when Listener is set; empty when [Server.SetPort]
+	// gives it once the owner knows it.
 	Addr string
 	// Listener, when set, is used instead of binding Addr (for example a
 	// socket handed over by systemd). The server closes it at Drain. On a
@@ -115,9 +121,6 @@ func DefaultConfig() Config {
 // validate reports every field that cannot be used, joined.
 func (c Config) validate() error {
 	var errs []error
-	if c.Addr == "" && c.Listener == nil {
-		errs = append(errs, errors.New("server: Config needs an Addr or a Listener"))
-	}
 	for _, f := range []struct {
 		name string
 		d    time.Duration
@@ -287,6 +290,9 @@ func (s *Server) Listen(ctx context.Context) (net.Addr, error) {
 		return s.lis.Addr(), nil
 	}
 	l := s.cfg.Listener
+	if l == nil && s.cfg.Addr == "" {
+		return nil, ErrNoAddr
+	}
 	if l == nil {
 		var lc net.ListenConfig
 		var err error
@@ -442,7 +448,7 @@ func (s *Server) drain(ctx context.Context) error {
 		hc.Shutdown()
 	}
 	s.mu.Lock()
-	serving, lis := s.serving, s.lis
+	serving, lis, delay := s.serving, s.lis, s.cfg.DrainDelay
 	s.mu.Unlock()
 	if !serving {
 		closeUnserved(hc, lis)
@@ -450,7 +456,6 @@ func (s *Server) drain(ctx context.Context) error {
 	}
 
 	var cut []string
-	delay := s.cfg.DrainDelay
 	if s.noDelay.Load() {
 		delay = 0
 	}
@@ -471,6 +476,24 @@ func (s *Server) drain(ctx context.Context) error {
 	lis.closeConns(false)
 	cut = append(cut, s.stopServers(stopCtx, lis)...)
 	return s.drainError(ctx, cut)
+}
+
+// SetPort sets the address [Server.Listen] binds and the delay
+// [Server.Drain] waits, in place of [Config.Addr] and [Config.DrainDelay],
+// for a server whose owner learns them only once it started (a phase read
+// its configuration). A [Config.Listener] is still served instead of any
+// address. Call it before Listen; it returns [ErrServing] after.
+func (s *Server) SetPort(addr string, drainDelay time.Duration) error {
+	if drainDelay < 0 {
+		return fmt.Errorf("server: drain delay %v, must not be negative", drainDelay)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lis != nil || s.drainDone != nil {
+		return ErrServing
+	}
+	s.cfg.Addr, s.cfg.DrainDelay = addr, drainDelay
+	return nil
 }
 
 // SkipDrainDelay makes the next [Server.Drain] skip [Config.DrainDelay]

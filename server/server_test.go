@@ -582,9 +582,14 @@ func TestDeclareAndBindErrors(t *testing.T) {
 	if !errors.Is(err, server.ErrServing) {
 		t.Errorf("Declare after Serve: %v, want ErrServing", err)
 	}
-	if _, err := server.New(server.Config{}); err == nil {
-		t.Error("New without Addr or Listener succeeded")
+	bare, err := server.New(server.Config{})
+	if err != nil {
+		t.Fatal(err)
 	}
+	if _, err := bare.Listen(context.Background()); !errors.Is(err, server.ErrNoAddr) {
+		t.Errorf("Listen without Addr, Listener or SetPort: %v, want ErrNoAddr", err)
+	}
+	_ = bare.Drain(context.Background())
 }
 
 // A listener that fails while serving closes Done and reports why.

@@ -117,7 +117,7 @@ func TestBusyNamespacesAtReclaim(t *testing.T) {
 			}
 			d := start(t, nil, args...)
 			d.waitReclaimed(time.Minute)
-			report := grepLines(d.logs.String(), "reclaim report")
+			report := grepLines(d.Output(), "reclaim report")
 			if !strings.Contains(report, "found=10") || !strings.Contains(report, "orphans=1") || !strings.Contains(report, "failed=0") {
 				t.Errorf("reclaim report %q, want found=10 orphans=1 failed=0", report)
 			}

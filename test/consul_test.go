@@ -26,6 +26,7 @@ import (
 
 	"github.com/phasegate/phasegate/health"
 	"github.com/phasegate/phasegate/internal/longbody"
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
 // consulFile is the deploy file whose checks Consul's agent runs.
@@ -42,10 +43,9 @@ const consulInterval = time.Second
 // reaches the daemon at the node's address, and its own ports are on the
 // namespace's loopback, which nothing else on this machine shares.
 type consulAgent struct {
+	*proc.Process
 	n    *node
 	http string // host:port of the agent's HTTP API, inside the node
-	logs *syncBuffer
-	done chan struct{}
 }
 
 // consulBinary is the Consul agent that tools/consul/build.sh builds and
@@ -100,26 +100,10 @@ func startConsul(t *testing.T, n *node) *consulAgent {
 	for _, name := range names {
 		args = append(args, name, ports[name])
 	}
-	c := &consulAgent{n: n, http: "127.0.0.1:" + ports["-http-port"], logs: &syncBuffer{}, done: make(chan struct{})}
-	cmd := n.command(baseEnv(), args...)
-	cmd.Stdout, cmd.Stderr = c.logs, c.logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-c.done
-		if t.Failed() {
-			t.Logf("consul logs:\n%s", c.logs.String())
-		}
-	})
+	c := &consulAgent{Process: startCmd(t, n.command(baseEnv(), args...)), n: n, http: "127.0.0.1:" + ports["-http-port"]}
 	waitFor(t, 60*time.Second, "consul to elect itself leader", func() bool {
-		select {
-		case <-c.done:
-			t.Fatalf("consul exited: %v\n%s", waitErr, c.logs.String())
-		default:
+		if !c.Running() {
+			t.Fatalf("consul exited: %v", c.Err())
 		}
 		var leader string
 		return c.call("GET", "/v1/status/leader", nil, &leader) == nil && leader != ""
@@ -494,7 +478,7 @@ func testConsulChecks(t *testing.T, plain bool) {
 	stop := make(chan struct{})
 	stopped := make(chan struct{})
 	d := n.start(j.addr, n.command(j.env, append(append(append([]string{binary}, j.args...), confine(h)...), extra...)...))
-	go func() { rec.record(c, d.began, stop); close(stopped) }()
+	go func() { rec.record(c, d.Began(), stop); close(stopped) }()
 	t.Cleanup(func() { close(stop); <-stopped })
 
 	// Starting: each check ran against the daemon and failed, the HTTP one
@@ -525,7 +509,7 @@ func testConsulChecks(t *testing.T, plain bool) {
 		})
 	}
 	if !d.running() {
-		t.Fatalf("the daemon exited: %v", d.err)
+		t.Fatalf("the daemon exited: %v", d.Err())
 	}
 	// No message claims a step that is over: a complete count says what the
 	// phase waits on now, not the step that counted.
@@ -541,7 +525,7 @@ func testConsulChecks(t *testing.T, plain bool) {
 	// Drain: SIGTERM; Consul must see every check critical while the
 	// daemon still runs (the drain delay), not only once the port closes.
 	from := rec.len()
-	termAt := time.Since(d.began)
+	termAt := time.Since(d.Began())
 	d.signal(syscall.SIGTERM)
 	for _, id := range ids {
 		waitFor(t, serveTimeout, "consul check "+id+" critical on drain", func() bool {
@@ -562,7 +546,7 @@ func testConsulChecks(t *testing.T, plain bool) {
 	}
 	d.waitExit(r.stopBudget()+5*time.Second, "the stop budget")
 	t.Logf("Consul's view of the drain (times since exec; SIGTERM at %v, exited at %v):\n%s",
-		termAt.Round(10*time.Millisecond), d.exited.Sub(d.began).Round(10*time.Millisecond), rec.timeline(from))
+		termAt.Round(10*time.Millisecond), d.Exited().Sub(d.Began()).Round(10*time.Millisecond), rec.timeline(from))
 }
 
 // TestConsulLongHealthBody serves a /health body well over the 4 KiB Consul
@@ -630,7 +614,7 @@ var countRe = regexp.MustCompile(`(\d+)/(\d+) namespaces: ([a-z ]+)`)
 // servingAt is when the daemon said it serves, from its log's startup=
 // figure, or "?" before.
 func servingAt(d *daemon) string {
-	m := regexp.MustCompile(`msg=serving .*startup=(\S+)`).FindStringSubmatch(d.logs.String())
+	m := regexp.MustCompile(`msg=serving .*startup=(\S+)`).FindStringSubmatch(d.Output())
 	if m == nil {
 		return "?"
 	}
@@ -658,7 +642,7 @@ func TestConsulDrainShorterThanIntervalWarns(t *testing.T) {
 	}
 	waitPass(t, serveTimeout, "/health to warn of the drain delay", func() error {
 		if !d.running() {
-			t.Fatalf("the daemon exited: %v", d.err)
+			t.Fatalf("the daemon exited: %v", d.Err())
 		}
 		resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Get("https://" + j.addr + "/health")
 		if err != nil {

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -20,7 +21,12 @@ import (
 
 // killPoints are the moments a round may kill -9 the daemon at, and
 // "sigterm", a clean restart.
-var killPoints = []string{"mid-restore", "mid-reclaim", "mid-fill", "mid-acquire-burst", "mid-drain", "sigterm"}
+var killPoints = []string{"mid-restore", "mid-verify", "mid-verify-burst", "mid-reclaim", "mid-fill", "mid-acquire-burst", "mid-drain", "sigterm"}
+
+// bulkLeases are leased at the test's start beside the workloads' so that
+// the verification of the restored leases after SERVING lasts long enough
+// to be seen, and killed, at every start.
+const bulkLeases = 400
 
 // ledger is what the clients were told: every lease an Acquire answered,
 // and the requests whose answer never came (the daemon died first).
@@ -50,8 +56,10 @@ func (l *ledger) all() []held {
 // TestCrashAnywhereRestartClean kills the daemon with SIGKILL at a random
 // point of its life, round after round, over a random number of leaked
 // slots, with leases held by several owners and workloads running in some
-// of their slots. After every restart every lease a client was told about
-// is back with its owner, a request whose answer was lost gets its slot on
+// of their slots. The first two rounds kill it while it verifies the
+// restored leases after SERVING, alone and under a burst of Acquires. After
+// every restart every lease a client was told about is back with its
+// owner, as it was described and over the same namespace, a request whose answer was lost gets its slot on
 // a retry, no index is held twice, and the workloads answer throughout,
 // the daemon being down included; after the last graceful stop the host
 // holds only what the records name, and nothing once decommissioned.
@@ -80,6 +88,7 @@ func TestCrashAnywhereRestartClean(t *testing.T) {
 		inside, _, _ := strings.Cut(l.slot.GetInsideAddress(), "/")
 		work = append(work, startWorkload(t, l.slot.GetIndex(), l.slot.GetNetnsPath(), inside))
 	}
+	acquireBulk(t, c, book, bulkLeases)
 	d.signal(syscall.SIGKILL)
 	d.wait(10 * time.Second)
 
@@ -93,6 +102,9 @@ func TestCrashAnywhereRestartClean(t *testing.T) {
 		made := h.leak(h.prefix, nextLeak, n)
 		nextLeak += n
 		point := killPoints[r.IntN(len(killPoints))]
+		if round <= 2 {
+			point = killPoints[round] // mid-verify, mid-verify-burst
+		}
 
 		d := start(t, nil, args...)
 		found := reachKillPoint(t, d, point, r, book)
@@ -126,7 +138,7 @@ func TestCrashAnywhereRestartClean(t *testing.T) {
 	if code := d.wait(time.Minute); code != 0 {
 		t.Fatalf("final stop: exit %d", code)
 	}
-	report = append(report, fmt.Sprintf("final: %d leases held by their owners, %s", len(book.all()), reclaimLine(d.logs.String())))
+	report = append(report, fmt.Sprintf("final: %d leases held by their owners, %s", len(book.all()), reclaimLine(d.Output())))
 	h.stoppedCleanly(h.prefix, nil)
 	t.Logf("crash rounds (seed %d):\n%s", seed, strings.Join(report, "\n"))
 	writeReport(t, "crash.txt", fmt.Sprintf("seed %d\n%s\n", seed, strings.Join(report, "\n")))
@@ -145,11 +157,38 @@ func retryPending(t *testing.T, c phasegatev1.SlotsClient, book *ledger) {
 	}
 }
 
+// acquireBulk leases n slots with 8 callers, each to an owner of its own.
+func acquireBulk(t *testing.T, c phasegatev1.SlotsClient, book *ledger, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for w := range 8 {
+		wg.Go(func() {
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				book.add(acquire(t, c, fmt.Sprint("bulk-", w), fmt.Sprint("bulk-", i), 0))
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // reachKillPoint starts d, checks that the leases are back, waits until d
 // is at point and says what it saw.
 func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand, book *ledger) string {
 	t.Helper()
 	waitFor(t, 30*time.Second, "the port", func() bool { _, _, err := d.get("/livez"); return err == nil })
+	switch point {
+	case "mid-verify":
+		// Some verified, some not.
+		seen := verifying(t, d, func(done, total int64, _ string) bool { return done > 0 })
+		d.signal(syscall.SIGKILL)
+		return seen + verifyEnded(d)
+	case "mid-verify-burst":
+		// Serving, and Acquires answered while leases are still verified.
+		seen := verifying(t, d, func(_, _ int64, state string) bool { return state == "serving" })
+		n := acquireBurst(t, d.slots(), book, time.Duration(r.IntN(10))*time.Millisecond, func() { d.signal(syscall.SIGKILL) })
+		return fmt.Sprintf("%s, %d acquired in the burst%s", seen, n, verifyEnded(d))
+	}
 	if point == "mid-restore" {
 		time.Sleep(time.Duration(r.IntN(30)) * time.Millisecond)
 		_, body, _ := d.get("/health")
@@ -173,39 +212,8 @@ func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand, book *l
 	case "mid-fill":
 		return "(fill " + fillProgress(d) + ")"
 	case "mid-acquire-burst":
-		// Owners acquire and release at once; the kill lands among them.
-		var wg sync.WaitGroup
-		stop := make(chan struct{})
-		var n atomic.Int64
-		for w := range 4 {
-			wg.Go(func() {
-				for i := 0; ; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					owner := fmt.Sprintf("burst-%d", w)
-					req := fmt.Sprintf("%s-%d-%d", owner, time.Now().UnixNano(), i)
-					book.mu.Lock()
-					book.pending[req] = owner
-					book.mu.Unlock()
-					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: req})
-					cancel()
-					if err != nil {
-						return // the daemon is gone: the request stays pending
-					}
-					book.add(held{owner: owner, requestID: req, leaseID: resp.GetLeaseId(), slot: resp.GetSlot()})
-					n.Add(1)
-				}
-			})
-		}
-		time.Sleep(time.Duration(50+r.IntN(300)) * time.Millisecond)
-		d.signal(syscall.SIGKILL)
-		close(stop)
-		wg.Wait()
-		return fmt.Sprintf("(%d acquired in the burst)", n.Load())
+		n := acquireBurst(t, c, book, time.Duration(50+r.IntN(300))*time.Millisecond, func() { d.signal(syscall.SIGKILL) })
+		return fmt.Sprintf("(%d acquired in the burst)", n)
 	case "mid-drain":
 		d.signal(syscall.SIGTERM)
 		time.Sleep(time.Duration(100+r.IntN(300)) * time.Millisecond)
@@ -215,6 +223,131 @@ func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand, book *l
 	}
 	t.Fatalf("unknown kill point %s", point)
 	return ""
+}
+
+// verifying waits until d's lifecycle shows the verification of the
+// restored leases (it has some from the bulk) where want says, or its end,
+// and says what it saw: the kill that follows lands in the verification
+// unless it ended in between.
+func verifying(t *testing.T, d *daemon, want func(done, total int64, state string) bool) string {
+	t.Helper()
+	seen := "(verified before seen)"
+	waitFor(t, time.Minute, "the verification of the restored leases", func() bool {
+		_, body, err := d.get("/debug/lifecycle")
+		if err != nil {
+			return false
+		}
+		var v struct {
+			State string
+			Tasks []struct {
+				Name, State string
+				Progress    struct{ Done, Total int64 }
+			}
+		}
+		if json.Unmarshal([]byte(body), &v) != nil {
+			return false
+		}
+		for _, tk := range v.Tasks {
+			if tk.Name != "verify-leases" {
+				continue
+			}
+			if tk.State != "running" {
+				return true // it ended before it was seen
+			}
+			if tk.Progress.Total == 0 {
+				return false // not counted yet
+			}
+			seen = fmt.Sprintf("(verifying, %s: %d of %d verified)", v.State, tk.Progress.Done, tk.Progress.Total)
+			return want(tk.Progress.Done, tk.Progress.Total, v.State)
+		}
+		return false // not started yet: every start here has leases to verify
+	})
+	return seen
+}
+
+// acquireBurst acquires with 4 owners at once for d, then kills the daemon
+// among the calls. A refused call is retried with its request id (the
+// daemon may not serve yet) until the kill. No answer may name an index a
+// client holds already; every answer goes into the book, and the requests
+// whose answer never came stay pending. It returns how many answers came.
+func acquireBurst(t *testing.T, c phasegatev1.SlotsClient, book *ledger, d time.Duration, kill func()) int64 {
+	t.Helper()
+	taken := map[uint32]bool{}
+	for _, h := range book.all() {
+		taken[h.slot.GetIndex()] = true
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var n atomic.Int64
+	var mu sync.Mutex
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				owner := fmt.Sprintf("burst-%d", w)
+				req := fmt.Sprintf("%s-%d-%d", owner, time.Now().UnixNano(), i)
+				book.mu.Lock()
+				book.pending[req] = owner
+				book.mu.Unlock()
+				var resp *phasegatev1.AcquireResponse
+				var err error
+				for {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					resp, err = c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: req})
+					cancel()
+					select {
+					case <-stop:
+					default:
+						if err != nil {
+							time.Sleep(2 * time.Millisecond)
+							continue
+						}
+					}
+					break
+				}
+				if err != nil {
+					return // the daemon is gone: the request stays pending
+				}
+				mu.Lock()
+				dup := taken[resp.GetSlot().GetIndex()]
+				taken[resp.GetSlot().GetIndex()] = true
+				mu.Unlock()
+				if dup {
+					t.Errorf("Acquire handed out slot %d, which a client holds already", resp.GetSlot().GetIndex())
+				}
+				h, err := heldOf(owner, req, resp)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				book.add(h)
+				n.Add(1)
+			}
+		})
+	}
+	time.Sleep(d)
+	// At least one answer (the first calls may come before SERVING).
+	for deadline := time.Now().Add(5 * time.Second); n.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	kill()
+	close(stop)
+	wg.Wait()
+	return n.Load()
+}
+
+// verifyEnded says, once d is killed, whether its verification of the
+// restored leases had ended before.
+func verifyEnded(d *daemon) string {
+	d.wait(10 * time.Second)
+	if strings.Contains(d.Output(), `msg="restored leases verified"`) {
+		return "; the verification had ended"
+	}
+	return "; killed during the verification"
 }
 
 func fillProgress(d *daemon) string {

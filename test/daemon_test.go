@@ -220,8 +220,8 @@ func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 	if got := len(h.links(h.prefix + "h")); got != 4 {
 		t.Errorf("%d host links with our prefix, want the 4 warm slots'", got)
 	}
-	if !strings.Contains(d.logs.String(), "found="+strconv.Itoa(leaked)) {
-		t.Errorf("reclaim report does not say found=%d:\n%s", leaked, grepLines(d.logs.String(), "reclaim report"))
+	if !strings.Contains(d.Output(), "found="+strconv.Itoa(leaked)) {
+		t.Errorf("reclaim report does not say found=%d:\n%s", leaked, grepLines(d.Output(), "reclaim report"))
 	}
 
 	d.signal(syscall.SIGTERM)

@@ -170,36 +170,15 @@ func (n *node) command(env []string, argv ...string) *exec.Cmd {
 func (n *node) start(addr string, cmd *exec.Cmd) *daemon {
 	t := n.t
 	t.Helper()
-	d := &daemon{t: t, cmd: cmd, addr: addr, logs: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = d.logs, d.logs
-	d.began = time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.err = cmd.Wait(); d.exited = time.Now(); close(d.done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-d.done
-		if t.Failed() {
-			t.Logf("daemon %q logs:\n%s", cmd.Args, d.logs.String())
-		}
-	})
-	return d
+	return &daemon{Process: startCmd(t, cmd), t: t, addr: addr}
 }
 
 // running reports whether the daemon's process has not exited.
-func (d *daemon) running() bool {
-	select {
-	case <-d.done:
-		return false
-	default:
-		return true
-	}
-}
+func (d *daemon) running() bool { return d.Running() }
 
 // exe is the program the daemon's process runs now.
 func (d *daemon) exe() string {
-	p, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", d.cmd.Process.Pid))
+	p, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", d.Pid()))
 	return p
 }
 
@@ -389,12 +368,12 @@ func baseEnv() []string {
 func (d *daemon) waitExit(timeout time.Duration, supervisor string) {
 	d.t.Helper()
 	select {
-	case <-d.done:
+	case <-d.Done():
 	case <-time.After(timeout):
-		d.t.Fatalf("the daemon did not stop within %s (%v): the supervisor would have killed it\n%s", supervisor, timeout, d.logs.String())
+		d.t.Fatalf("the daemon did not stop within %s (%v): the supervisor would have killed it\n%s", supervisor, timeout, d.Output())
 	}
-	if d.err != nil {
-		d.t.Fatalf("the daemon's stop was not orderly: %v\n%s", d.err, d.logs.String())
+	if d.Err() != nil {
+		d.t.Fatalf("the daemon's stop was not orderly: %v\n%s", d.Err(), d.Output())
 	}
 }
 

@@ -257,7 +257,7 @@ func testNomadJob(t *testing.T, file string) {
 		d.signal(signalNamed(t, tm.changeSignal))
 		waitPass(t, serveTimeout, "the daemon to serve the renewed certificate", func() error {
 			if !d.running() {
-				t.Fatalf("the daemon exited on %s: %v", tm.changeSignal, d.err)
+				t.Fatalf("the daemon exited on %s: %v", tm.changeSignal, d.Err())
 			}
 			c, err := n.peerCertificate(addr)
 			if err != nil {

@@ -241,9 +241,9 @@ func TestDeploySystemd(t *testing.T) {
 	// no connection has come, so it has not executed the daemon yet.
 	waitPass(t, time.Minute, "the activation socket to listen", func() error {
 		if !d.running() {
-			t.Fatalf("systemd-socket-activate exited: %v", d.err)
+			t.Fatalf("systemd-socket-activate exited: %v", d.Err())
 		}
-		return n.listening(d.cmd.Process.Pid, u.listen)
+		return n.listening(d.Pid(), u.listen)
 	})
 	if exe, want := d.exe(), mustEval(t, activate); exe != want {
 		t.Fatalf("before the first connection the process runs %s, want %s", exe, want)
@@ -280,8 +280,8 @@ func TestDeploySystemd(t *testing.T) {
 	if st, err := n.grpcHealth(u.listen, "", insecure.NewCredentials(), 5*time.Second); err != nil || st != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("grpc health: %v %v", st, err)
 	}
-	if strings.Contains(d.logs.String(), "address already in use") {
-		t.Errorf("the daemon bound its own socket:\n%s", d.logs.String())
+	if strings.Contains(d.Output(), "address already in use") {
+		t.Errorf("the daemon bound its own socket:\n%s", d.Output())
 	}
 	assertControlGuarded(t, n, d, h, nil)
 	// A member of the socket's group (the orchestrator's user, as the
@@ -294,7 +294,7 @@ func TestDeploySystemd(t *testing.T) {
 	notify.next(t, 0, "WATCHDOG", watchdog)
 
 	// systemctl reload: ExecReload with $MAINPID, the daemon's pid.
-	pid := d.cmd.Process.Pid
+	pid := d.Pid()
 	from := notify.count()
 	reloadAt := time.Now()
 	refused := watchRefusals(n, u.listen)
@@ -304,8 +304,8 @@ func TestDeploySystemd(t *testing.T) {
 	if n := refused(); n > 0 {
 		t.Errorf("%d connections refused during the reload", n)
 	}
-	if !d.running() || d.cmd.Process.Pid != pid {
-		t.Fatalf("the reload did not keep the process: %v", d.err)
+	if !d.running() || d.Pid() != pid {
+		t.Fatalf("the reload did not keep the process: %v", d.Err())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -374,7 +374,7 @@ func TestDeploySystemdRestartKeepsThePort(t *testing.T) {
 	serving := func(d *daemon) {
 		waitPass(t, serveTimeout, "the daemon to serve", func() error {
 			if !d.running() {
-				t.Fatalf("the daemon exited: %v\n%s", d.err, d.logs.String())
+				t.Fatalf("the daemon exited: %v\n%s", d.Err(), d.Output())
 			}
 			code, err := n.httpGet("http://"+u.listen+"/readyz", nil, 2*time.Second)
 			if err == nil && code != 200 {

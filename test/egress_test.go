@@ -52,7 +52,7 @@ func TestEgressPrerequisitesAreReported(t *testing.T) {
 		if hasWarning != tc.warn || code != http.StatusOK {
 			t.Errorf("ip_forward=%s: /health %d, egress warning %v, want %v:\n%s", tc.forward, code, hasWarning, tc.warn, body)
 		}
-		if logged := strings.Contains(d.logs.String(), "egress check: slots cannot reach the outside"); logged != tc.warn {
+		if logged := strings.Contains(d.Output(), "egress check: slots cannot reach the outside"); logged != tc.warn {
 			t.Errorf("ip_forward=%s: egress logged %v, want %v", tc.forward, logged, tc.warn)
 		}
 		d.signal(syscall.SIGTERM)

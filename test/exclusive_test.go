@@ -22,9 +22,9 @@ import (
 func refusedAtStart(t *testing.T, d *daemon, h *host, want string) {
 	t.Helper()
 	if code := d.wait(time.Minute); code != 2 {
-		t.Fatalf("the daemon exited %d, want 2:\n%s", code, d.logs.String())
+		t.Fatalf("the daemon exited %d, want 2:\n%s", code, d.Output())
 	}
-	all := lines(d.logs.String())
+	all := lines(d.Output())
 	if last := all[len(all)-1]; !strings.Contains(last, want) {
 		t.Errorf("its last line does not name %q:\n%s", want, last)
 	}
@@ -84,7 +84,7 @@ func TestSecondDaemonOnTheSameAddresses(t *testing.T) {
 	// The first's routes, not the host's: other test packages make and
 	// remove slots of their own meanwhile.
 	links, routes := first.links(first.prefix), routesOf(t, first.prefix)
-	pid := "pid " + strconv.Itoa(a.cmd.Process.Pid)
+	pid := "pid " + strconv.Itoa(a.Pid())
 	for _, tc := range []struct{ name, cidr, want string }{
 		{"same CIDR", first.cidr, pid},
 		{"inside it", subPrefix(t, first.cidr), pid},
@@ -140,7 +140,7 @@ func TestDaemonsStartedAtOnceOnOneCIDR(t *testing.T) {
 		exited = exited[:0]
 		for i, d := range daemons {
 			select {
-			case <-d.done:
+			case <-d.Done():
 				exited = append(exited, i)
 			default:
 			}
@@ -148,11 +148,11 @@ func TestDaemonsStartedAtOnceOnOneCIDR(t *testing.T) {
 		return len(exited) > 0
 	})
 	if len(exited) != 1 {
-		t.Fatalf("both daemons exited:\n%s\n%s", daemons[0].logs.String(), daemons[1].logs.String())
+		t.Fatalf("both daemons exited:\n%s\n%s", daemons[0].Output(), daemons[1].Output())
 	}
 	loser, winner := exited[0], 1-exited[0]
 	daemons[winner].waitServing(time.Minute)
-	refusedAtStart(t, daemons[loser], hosts[loser], "pid "+strconv.Itoa(daemons[winner].cmd.Process.Pid))
+	refusedAtStart(t, daemons[loser], hosts[loser], "pid "+strconv.Itoa(daemons[winner].Pid()))
 	writeReport(t, "cidr-race.txt", fmt.Sprintf("two daemons at once on %s (prefixes %s, %s): 1 served, 1 exited 2 naming it\n", cidr, hosts[0].prefix, hosts[1].prefix))
 }
 
@@ -214,9 +214,9 @@ func TestCIDROverlappingAHostInterface(t *testing.T) {
 	}
 	d := serve("10.77.0.0/22")
 	if code := d.wait(time.Minute); code != 2 {
-		t.Fatalf("the daemon exited %d, want 2:\n%s", code, d.logs.String())
+		t.Fatalf("the daemon exited %d, want 2:\n%s", code, d.Output())
 	}
-	all := lines(d.logs.String())
+	all := lines(d.Output())
 	if last := all[len(all)-1]; !strings.Contains(last, "10.77.1.1/24 dev uplink0") {
 		t.Errorf("its last line does not name the interface's address:\n%s", last)
 	}
@@ -233,7 +233,7 @@ func TestCIDROverlappingAHostInterface(t *testing.T) {
 	})
 	ok.signal(syscall.SIGTERM)
 	if code := ok.wait(time.Minute); code != 0 {
-		t.Errorf("it exited %d:\n%s", code, ok.logs.String())
+		t.Errorf("it exited %d:\n%s", code, ok.Output())
 	}
 	// What it kept lives in the test's namespace: the namespace's
 	// deletion takes the links with it, the table too.

@@ -50,7 +50,7 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 		failed := metricValue(fams, "phasegate_reconcile_passes_total", "result", "failed")
 		return ok > 0 || failed > 0
 	})
-	logs := d.logs.String()
+	logs := d.Output()
 	if n := strings.Count(logs, "state file unusable: moved aside"); n != 1 {
 		t.Errorf("%d log lines about the unusable state file, want 1:\n%s", n, grepLines(logs, "state file"))
 	}
@@ -143,9 +143,9 @@ func TestNewerStateSchemaRefusesToStart(t *testing.T) {
 
 	d := start(t, nil, h.args(freePort(t), "--slots=64")...)
 	if code := d.wait(time.Minute); code != 2 {
-		t.Fatalf("exit %d, want 2:\n%s", code, d.logs.String())
+		t.Fatalf("exit %d, want 2:\n%s", code, d.Output())
 	}
-	last := lines(d.logs.String())
+	last := lines(d.Output())
 	if l := last[len(last)-1]; !strings.HasPrefix(l, "phasegate serve:") || !strings.Contains(l, "schema version 99") {
 		t.Errorf("last line %q, want one saying the schema is newer", l)
 	}
@@ -169,7 +169,7 @@ func TestTwoDaemonsNeverShareAStateFile(t *testing.T) {
 	if code := second.wait(time.Minute); code != 2 {
 		t.Fatalf("second daemon on the same state directory: exit %d, want 2", code)
 	}
-	if l := second.logs.String(); !strings.Contains(l, first.control) || !strings.Contains(l, "a live process answers on it") {
+	if l := second.Output(); !strings.Contains(l, first.control) || !strings.Contains(l, "a live process answers on it") {
 		t.Errorf("second daemon does not say the control socket %s is live:\n%s", first.control, l)
 	}
 	// With a control socket of its own, it gets as far as the state file,
@@ -178,7 +178,7 @@ func TestTwoDaemonsNeverShareAStateFile(t *testing.T) {
 	if code := second.wait(time.Minute); code != 1 {
 		t.Fatalf("second daemon on the same state file: exit %d, want 1", code)
 	}
-	if l := second.logs.String(); !strings.Contains(l, "open in another process") {
+	if l := second.Output(); !strings.Contains(l, "open in another process") {
 		t.Errorf("second daemon does not say the state file is taken:\n%s", grepLines(l, "state file"))
 	}
 	if _, err := os.Lstat(second.control); !errors.Is(err, fs.ErrNotExist) {

@@ -53,9 +53,9 @@ func TestBadConfigurationExitsTwoAndTouchesNothing(t *testing.T) {
 			args := append(h.args(freePort(t)), tc.args...)
 			d := start(t, tc.env, args...)
 			if code := d.wait(20 * time.Second); code != 2 {
-				t.Fatalf("exit %d, want 2; output:\n%s", code, d.logs.String())
+				t.Fatalf("exit %d, want 2; output:\n%s", code, d.Output())
 			}
-			out := lines(d.logs.String())
+			out := lines(d.Output())
 			if len(out) != 1 || !strings.Contains(out[0], tc.want) {
 				t.Fatalf("output %q, want one line containing %q", out, tc.want)
 			}
@@ -77,8 +77,8 @@ func TestSecondFlagSourceFlagsWinOverEnvironment(t *testing.T) {
 	// The environment asks for an impossible pool; the flag overrides it.
 	d := start(t, []string{"PHASEGATE_POOL_SIZE=100000", "PHASEGATE_LOG_FORMAT=json"}, append(h.args(addr), "--pool-size=2")...)
 	d.waitServing(time.Minute)
-	if !strings.HasPrefix(strings.TrimSpace(d.logs.String()), "{") {
-		t.Errorf("PHASEGATE_LOG_FORMAT=json not applied: %.200s", d.logs.String())
+	if !strings.HasPrefix(strings.TrimSpace(d.Output()), "{") {
+		t.Errorf("PHASEGATE_LOG_FORMAT=json not applied: %.200s", d.Output())
 	}
 	if _, err := os.Stat(filepath.Join(h.stateDir, phases.StateFileName)); err != nil {
 		t.Errorf("records in the state dir: %v", err)

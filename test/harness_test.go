@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -22,6 +21,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/phases/lockfile"
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
 // binary is the phasegate binary built for this test run.
@@ -257,19 +257,16 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// daemon is a running phasegate process.
+// daemon is a running phasegate process: a phasetest/proc process (its
+// output, pid, exit, and its kill and reaping at the test's end) with the
+// addresses the test gave it.
 type daemon struct {
+	*proc.Process
 	t    *testing.T
-	cmd  *exec.Cmd
 	addr string
 	// control is the path of the daemon's control socket, from its
 	// --control-socket or --state-dir.
 	control string
-	logs    *syncBuffer
-	done    chan struct{}
-	err     error
-	// began and exited are when the process was started and when it ended.
-	began, exited time.Time
 }
 
 type syncBuffer struct {
@@ -287,6 +284,16 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// startCmd runs cmd, built with exec.Command and the environment and
+// descriptors it needs, as a phasetest/proc process: the environment stays
+// exactly cmd's (no address file: the test gave the address).
+func startCmd(t *testing.T, cmd *exec.Cmd) *proc.Process {
+	t.Helper()
+	return proc.Start(t, cmd.Path, proc.Args(cmd.Args[1:]...), proc.NoAddrFile(), proc.Prepare(func(c *exec.Cmd) {
+		c.Env, c.Dir, c.ExtraFiles, c.SysProcAttr = cmd.Env, cmd.Dir, cmd.ExtraFiles, cmd.SysProcAttr
+	}))
 }
 
 // args returns the serve flags that confine a daemon to h.
@@ -325,9 +332,7 @@ func start(t *testing.T, env []string, args ...string) *daemon {
 // startBinary is start for another build of phasegate.
 func startBinary(t *testing.T, bin string, env []string, args ...string) *daemon {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	d := &daemon{t: t, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	d := &daemon{t: t}
 	var stateDir string
 	for _, a := range args {
 		if v, ok := strings.CutPrefix(a, "--listen="); ok {
@@ -345,49 +350,20 @@ func startBinary(t *testing.T, bin string, env []string, args ...string) *daemon
 	if d.control == "" && stateDir != "" {
 		d.control = filepath.Join(stateDir, "control.sock")
 	}
-	cmd.Stdout, cmd.Stderr = d.logs, d.logs
-	d.began = time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.err = cmd.Wait(); d.exited = time.Now(); close(d.done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-d.done
-		if t.Failed() {
-			t.Logf("daemon %v logs:\n%s", args, d.logs.String())
-		}
-	})
+	// The daemon's address is the one given: no address file.
+	d.Process = proc.Start(t, bin, proc.Args(args...), proc.Env(env...), proc.NoAddrFile())
 	return d
 }
 
-// wait waits for the process to exit and returns its exit code.
+// wait waits for the process to end and returns its exit code, -1 when a
+// signal ended it.
 func (d *daemon) wait(timeout time.Duration) int {
 	d.t.Helper()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-d.done:
-	default:
-		select {
-		case <-d.done:
-		case <-t.C:
-			d.t.Fatalf("daemon did not exit within %v; logs:\n%s", timeout, d.logs.String())
-		}
-	}
-	var ee *exec.ExitError
-	if errors.As(d.err, &ee) {
-		return ee.ExitCode()
-	}
-	if d.err != nil {
-		d.t.Fatalf("wait: %v", d.err)
-	}
-	return 0
+	return d.WaitState(timeout).ExitCode()
 }
 
-func (d *daemon) signal(sig syscall.Signal) {
-	_ = d.cmd.Process.Signal(sig)
-}
+// signal sends sig to the process if it still runs.
+func (d *daemon) signal(sig syscall.Signal) { d.Signal(sig) }
 
 // get does one HTTP GET against the daemon.
 func (d *daemon) get(path string) (int, string, error) {
@@ -454,7 +430,8 @@ func lines(s string) []string {
 }
 
 // waitReclaimed waits until the daemon serves and its background reclaim
-// of dead slots, if it had any, has ended: what a test that counts what is
+// of dead slots and verification of restored leases, if it had any, have
+// ended: what a test that counts what is
 // left on the host must wait for, now that serving no longer waits for it.
 func (d *daemon) waitReclaimed(timeout time.Duration) {
 	d.t.Helper()
@@ -471,12 +448,12 @@ func (d *daemon) waitReclaimed(timeout time.Duration) {
 			return false
 		}
 		for _, t := range v.Tasks {
-			if t.Name == "reclaim-dead" && t.State == "running" {
+			if (t.Name == "reclaim-dead" || t.Name == "verify-leases") && t.State == "running" {
 				return false
 			}
 		}
 		// The task is there from the moment populate ends, if there is
 		// one; the restore line says whether there is anything to do.
-		return strings.Contains(d.logs.String(), "msg=\"restore:")
+		return strings.Contains(d.Output(), "msg=\"restore:")
 	})
 }

@@ -98,7 +98,7 @@ func TestDecommissionLeavesTheStateDirectoryAsItSays(t *testing.T) {
 	d.waitServing(time.Minute)
 	d.signal(syscall.SIGTERM)
 	if code := d.wait(time.Minute); code != 0 {
-		t.Fatalf("daemon exited %d:\n%s", code, d.logs.String())
+		t.Fatalf("daemon exited %d:\n%s", code, d.Output())
 	}
 	state := filepath.Join(h.stateDir, "slots.db")
 	if _, err := os.Stat(state); err != nil {

@@ -19,7 +19,7 @@ import (
 
 // fds counts the daemon's open file descriptors.
 func (d *daemon) fds() int {
-	entries, err := os.ReadDir("/proc/" + strconv.Itoa(d.cmd.Process.Pid) + "/fd")
+	entries, err := os.ReadDir("/proc/" + strconv.Itoa(d.Pid()) + "/fd")
 	if err != nil {
 		return -1
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/network/nft"
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
 func tableOf(prefix string) string { return nft.TableName(prefix) }
@@ -53,32 +54,16 @@ func startJaeger(t *testing.T) *jaeger {
 	for _, l := range held {
 		l.Close()
 	}
-	cmd := exec.Command(bin, "--config", "file:testdata/jaeger.yaml")
-	cmd.Env = os.Environ()
+	var env []string
 	for k, v := range ports {
-		cmd.Env = append(cmd.Env, k+"="+v)
+		env = append(env, k+"="+v)
 	}
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("jaeger logs:\n%s", logs.String())
-		}
-	})
+	p := proc.Start(t, bin, proc.Args("--config", "file:testdata/jaeger.yaml"), proc.Env(env...), proc.NoAddrFile())
 	j := &jaeger{otlpHTTP: "127.0.0.1:" + ports["JAEGER_OTLP_HTTP_PORT"], query: "127.0.0.1:" + ports["JAEGER_QUERY_PORT"]}
 	health := "http://127.0.0.1:" + ports["JAEGER_HEALTH_PORT"] + "/status"
 	waitFor(t, 60*time.Second, "jaeger to be ready", func() bool {
-		select {
-		case <-exited:
-			t.Fatalf("jaeger exited:\n%s", logs.String())
-		default:
+		if !p.Running() {
+			t.Fatalf("jaeger exited: %v", p.Err())
 		}
 		resp, err := http.Get(health)
 		if err != nil {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -12,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
 // loadSample is what test/bench's load generator records per request.
@@ -50,21 +51,15 @@ func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
 	t.Logf("waited %v for the host to come to rest", waitHostIdle(t, 0.8, rest))
 	addr := freePort(t)
 	out := filepath.Join(dir, "samples.json")
-	gen := exec.Command(loadBin, "loadgen", "-addr="+addr, "-rate="+strconv.Itoa(rate), "-duration="+duration.String(), "-out="+out)
-	genLogs := &syncBuffer{}
-	gen.Stdout, gen.Stderr = genLogs, genLogs
-	if err := gen.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = gen.Process.Kill(); _ = gen.Wait() })
+	gen := proc.Start(t, loadBin, proc.Args("loadgen", "-addr="+addr, "-rate="+strconv.Itoa(rate), "-duration="+duration.String(), "-out="+out), proc.NoAddrFile())
 
 	d := startBinary(t, daemonBin, nil, h.args(addr, "--slots="+strconv.Itoa(leaked+100), "--pool-size=16")...)
 	d.waitServing(2 * time.Minute)
 	serving := time.Now().UnixNano()
 	fdsServing, grServing, rssServing := d.fds(), d.goroutines(), d.rss()
 
-	if err := gen.Wait(); err != nil {
-		t.Fatalf("load generator: %v\n%s", err, genLogs.String())
+	if code := gen.Wait(duration + 2*time.Minute); code != 0 {
+		t.Fatalf("load generator: exit code %d", code)
 	}
 	b, err := os.ReadFile(out)
 	if err != nil {
@@ -110,7 +105,7 @@ func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
 		len(samples), rate, duration, leaked, len(failed),
 		p("grpc", 0.5), p("grpc", 0.99), p("http", 0.5), p("http", 0.99),
 		len(lat["starting"]), p("starting", 0.99), p("starting", 1), len(lat["serving"]), p("serving", 0.99),
-		fdsServing, d.fds(), grServing, d.goroutines(), rssServing, d.rss(), reclaimLine(d.logs.String()))
+		fdsServing, d.fds(), grServing, d.goroutines(), rssServing, d.rss(), reclaimLine(d.Output()))
 	t.Log(summary)
 	writeReport(t, report, summary+"\n")
 	if len(failed) > 0 {
@@ -131,7 +126,7 @@ func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
 
 // rss is the daemon's resident set size in KiB.
 func (d *daemon) rss() int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(d.cmd.Process.Pid) + "/status")
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(d.Pid()) + "/status")
 	if err != nil {
 		return -1
 	}

@@ -27,7 +27,7 @@ func TestLockRace(t *testing.T) {
 	// then sort them into the one still running and the ones that lost.
 	exited := func(d *daemon) bool {
 		select {
-		case <-d.done:
+		case <-d.Done():
 			return true
 		default:
 			return false
@@ -51,10 +51,10 @@ func TestLockRace(t *testing.T) {
 			continue
 		}
 		if code := d.wait(0); code != 1 {
-			t.Errorf("a daemon exited %d, want 1:\n%s", code, d.logs.String())
+			t.Errorf("a daemon exited %d, want 1:\n%s", code, d.Output())
 		}
 		losers = append(losers, d)
-		slowest = max(slowest, d.exited.Sub(d.began))
+		slowest = max(slowest, d.Exited().Sub(d.Began()))
 	}
 	if winner == nil {
 		t.Fatal("no daemon kept running")
@@ -64,10 +64,10 @@ func TestLockRace(t *testing.T) {
 	// condition: ten race-detector builds on a shared two-core machine
 	// take from 0.2 to 4 s. That they do not wait for the lock is what
 	// the 30 s bound above holds them to.
-	pid := "pid " + strconv.Itoa(winner.cmd.Process.Pid)
+	pid := "pid " + strconv.Itoa(winner.Pid())
 	for _, d := range losers {
-		if !strings.Contains(d.logs.String(), pid) {
-			t.Errorf("a losing daemon does not name %s:\n%s", pid, d.logs.String())
+		if !strings.Contains(d.Output(), pid) {
+			t.Errorf("a losing daemon does not name %s:\n%s", pid, d.Output())
 		}
 	}
 	t.Logf("%d losers exited 1 naming %s; the slowest exited %v after its exec", len(losers), pid, slowest)
@@ -93,15 +93,15 @@ func TestLockGuardsTheSlotsNotTheStateDir(t *testing.T) {
 	h := newHost(t)
 	first := start(t, nil, h.args(freePort(t), "--slots=64")...)
 	first.waitServing(time.Minute)
-	pid := "pid " + strconv.Itoa(first.cmd.Process.Pid)
+	pid := "pid " + strconv.Itoa(first.Pid())
 
 	otherState := filepath.Join(t.TempDir(), "other-state")
 	args := h.args(freePort(t), "--slots=64", "--state-dir="+otherState)
 	second := start(t, nil, args...)
 	if code := second.wait(30 * time.Second); code != 1 {
-		t.Fatalf("second daemon exited %d, want 1:\n%s", code, second.logs.String())
+		t.Fatalf("second daemon exited %d, want 1:\n%s", code, second.Output())
 	}
-	if out := second.logs.String(); !strings.Contains(out, pid) || !strings.Contains(out, h.prefix) {
+	if out := second.Output(); !strings.Contains(out, pid) || !strings.Contains(out, h.prefix) {
 		t.Errorf("second daemon does not name %s and the prefix %s:\n%s", pid, h.prefix, out)
 	}
 

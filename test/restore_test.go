@@ -3,22 +3,27 @@ package test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
 
-// held is a lease a client was told about.
+// held is a lease a client was told about, and the identity of its
+// namespace when it was told.
 type held struct {
 	owner, requestID, leaseID string
 	slot                      *phasegatev1.Slot
+	netns                     uint64 // the inode of slot's netns file
 }
 
 func acquire(t *testing.T, c phasegatev1.SlotsClient, owner, requestID string, ttl time.Duration) held {
@@ -36,35 +41,68 @@ func acquire(t *testing.T, c phasegatev1.SlotsClient, owner, requestID string, t
 	if resp.GetLeaseId() == "" || resp.GetSlot().GetState() != phasegatev1.SlotState_SLOT_STATE_ACQUIRED {
 		t.Fatalf("Acquire(%s): %v", owner, resp)
 	}
-	return held{owner: owner, requestID: requestID, leaseID: resp.GetLeaseId(), slot: resp.GetSlot()}
+	h, err := heldOf(owner, requestID, resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
-// checkLeases checks that every lease a client was told about is held by
-// its owner, and that no index is held twice.
+// heldOf is what a client holds after Acquire answered resp.
+func heldOf(owner, requestID string, resp *phasegatev1.AcquireResponse) (held, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(resp.GetSlot().GetNetnsPath(), &st); err != nil {
+		return held{}, fmt.Errorf("slot %d acquired by %s: stat its netns: %w", resp.GetSlot().GetIndex(), owner, err)
+	}
+	return held{owner: owner, requestID: requestID, leaseID: resp.GetLeaseId(), slot: resp.GetSlot(), netns: st.Ino}, nil
+}
+
+// checkLeases checks, once no lease is still being verified after a
+// restart, that every lease a client was told about is held by its owner,
+// described as Acquire described it (the expiry aside: a restart renews
+// it) over the same namespace, and that no index is held twice.
 func checkLeases(t *testing.T, c phasegatev1.SlotsClient, want []held, when string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	list, err := c.List(ctx, &phasegatev1.ListRequest{})
-	if err != nil {
-		t.Fatalf("%s: List: %v", when, err)
-	}
-	owners := map[uint32]string{}
+	var list *phasegatev1.ListResponse
+	waitFor(t, time.Minute, when+": every restored lease verified", func() bool {
+		var err error
+		if list, err = c.List(ctx, &phasegatev1.ListRequest{}); err != nil {
+			t.Fatalf("%s: List: %v", when, err)
+		}
+		return !slices.ContainsFunc(list.GetSlots(), func(s *phasegatev1.Slot) bool {
+			return s.GetState() == phasegatev1.SlotState_SLOT_STATE_VERIFYING
+		})
+	})
+	listed := map[uint32]*phasegatev1.Slot{}
 	for _, s := range list.GetSlots() {
 		if s.GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED {
-			if _, dup := owners[s.GetIndex()]; dup {
+			if _, dup := listed[s.GetIndex()]; dup {
 				t.Errorf("%s: slot %d listed twice", when, s.GetIndex())
 			}
-			owners[s.GetIndex()] = s.GetOwner()
+			listed[s.GetIndex()] = s
 		}
 	}
 	for _, h := range want {
-		if got := owners[h.slot.GetIndex()]; got != h.owner {
-			t.Errorf("%s: slot %d is held by %q, the client was told %q", when, h.slot.GetIndex(), got, h.owner)
+		got := listed[h.slot.GetIndex()]
+		if got.GetOwner() != h.owner {
+			t.Errorf("%s: slot %d is held by %q, the client was told %q", when, h.slot.GetIndex(), got.GetOwner(), h.owner)
+			continue
+		}
+		told := proto.Clone(h.slot).(*phasegatev1.Slot)
+		got = proto.Clone(got).(*phasegatev1.Slot)
+		told.ExpiresAt, got.ExpiresAt = nil, nil
+		if !proto.Equal(told, got) {
+			t.Errorf("%s: slot %d is listed as\n%v\nthe client was told\n%v", when, h.slot.GetIndex(), got, told)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(h.slot.GetNetnsPath(), &st); err != nil || st.Ino != h.netns {
+			t.Errorf("%s: slot %d's namespace is inode %d (%v), the client was given %d", when, h.slot.GetIndex(), st.Ino, err, h.netns)
 		}
 	}
-	if len(owners) != len(want) {
-		t.Errorf("%s: %d slots leased, the clients hold %d", when, len(owners), len(want))
+	if len(listed) != len(want) {
+		t.Errorf("%s: %d slots leased, the clients hold %d", when, len(listed), len(want))
 	}
 }
 
@@ -103,8 +141,8 @@ func TestLiveRestoreKeepsWorkloadsConnected(t *testing.T) {
 		d.waitServing(time.Minute)
 		c = d.slots()
 		checkLeases(t, c, leases, "after "+name)
-		if !strings.Contains(d.logs.String(), fmt.Sprintf("restored %d leases", len(leases))) {
-			t.Errorf("after %s the start does not report %d restored leases:\n%s", name, len(leases), grepLines(d.logs.String(), "restore"))
+		if !strings.Contains(d.Output(), fmt.Sprintf("restored %d leases", len(leases))) {
+			t.Errorf("after %s the start does not report %d restored leases:\n%s", name, len(leases), grepLines(d.Output(), "restore"))
 		}
 	}
 	restart("kill -9", func() {
@@ -119,10 +157,10 @@ func TestLiveRestoreKeepsWorkloadsConnected(t *testing.T) {
 		}
 	})
 	// An in-place upgrade: same process, same leases.
-	before := strings.Count(d.logs.String(), "msg=serving ")
+	before := strings.Count(d.Output(), "msg=serving ")
 	d.signal(syscall.SIGHUP)
 	waitFor(t, 2*time.Minute, "the upgraded daemon to serve", func() bool {
-		return strings.Count(d.logs.String(), "msg=serving ") > before
+		return strings.Count(d.Output(), "msg=serving ") > before
 	})
 	d.waitServing(time.Minute)
 	c = d.slots()
@@ -211,7 +249,7 @@ func TestLeaseLifecycle(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	checkLeases(t, c, []held{kept}, "after the short lease's TTL")
-	if !strings.Contains(d.logs.String(), "lease expired") {
+	if !strings.Contains(d.Output(), "lease expired") {
 		t.Errorf("no log line for the expired lease")
 	}
 	got, err := c.Get(ctx, &phasegatev1.GetRequest{Index: short.slot.GetIndex()})

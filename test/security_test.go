@@ -332,10 +332,10 @@ func TestControlPlaneAttacks(t *testing.T) {
 		t.Errorf("the control socket is left after an orderly stop: %v", err)
 	}
 	// A lease id is a capability: never in the log, even at debug level.
-	if logs := d.logs.String(); strings.Contains(logs, victim.GetLeaseId()) || strings.Contains(logs, victim.GetLeaseId()[:16]) {
+	if logs := d.Output(); strings.Contains(logs, victim.GetLeaseId()) || strings.Contains(logs, victim.GetLeaseId()[:16]) {
 		t.Error("the victim's lease id is in the daemon's log")
 	}
-	if !strings.Contains(d.logs.String(), `msg="control call refused" audit=true method=Release surface=socket principal=uid:65534`) {
+	if !strings.Contains(d.Output(), `msg="control call refused" audit=true method=Release surface=socket principal=uid:65534`) {
 		t.Error("no audit line of nobody's refused Release")
 	}
 	st, err := leases.Open(filepath.Join(h.stateDir, "slots.db"), leases.Options{})
@@ -601,9 +601,9 @@ func TestControlBadInputExitsTwoAndTouchesNothing(t *testing.T) {
 			}
 			d := start(t, nil, append(h.args(freePort(t)), tc.args...)...)
 			if code := d.wait(20 * time.Second); code != 2 {
-				t.Fatalf("exit %d, want 2; output:\n%s", code, d.logs.String())
+				t.Fatalf("exit %d, want 2; output:\n%s", code, d.Output())
 			}
-			out := lines(d.logs.String())
+			out := lines(d.Output())
 			if len(out) != 1 || !strings.Contains(out[0], tc.want) {
 				t.Fatalf("output %q, want one line containing %q", out, tc.want)
 			}

@@ -62,8 +62,8 @@ func TestSerialBaselineBindsLast(t *testing.T) {
 		}
 	}
 	d.waitServing(time.Minute)
-	if !strings.Contains(d.logs.String(), `"msg":"reclaim report","found":40,"reclaimed":40,"failed":0`) {
-		t.Errorf("no reclaim report of the 40 leaked slots:\n%s", d.logs.String())
+	if !strings.Contains(d.Output(), `"msg":"reclaim report","found":40,"reclaimed":40,"failed":0`) {
+		t.Errorf("no reclaim report of the 40 leaked slots:\n%s", d.Output())
 	}
 	d.signal(syscall.SIGTERM)
 	if code := d.wait(30 * time.Second); code != 0 {

@@ -120,8 +120,8 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	if code := second.wait(10 * time.Second); code != 1 {
 		t.Errorf("second daemon exit %d, want 1", code)
 	}
-	if want := "pid " + strconv.Itoa(d.cmd.Process.Pid); !strings.Contains(second.logs.String(), want) {
-		t.Errorf("second daemon said %q, want it to name %s", second.logs.String(), want)
+	if want := "pid " + strconv.Itoa(d.Pid()); !strings.Contains(second.Output(), want) {
+		t.Errorf("second daemon said %q, want it to name %s", second.Output(), want)
 	}
 	if _, err := c.Get(ctx, &phasegatev1.GetRequest{Index: held[0].GetIndex()}); err != nil {
 		t.Errorf("the first daemon's control socket after a second daemon was refused: %v", err)
@@ -135,8 +135,8 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	d.wait(10 * time.Second)
 	d2 := start(t, nil, h.args(addr, "--slots=64")...)
 	d2.waitReclaimed(time.Minute)
-	if !strings.Contains(d2.logs.String(), "restored 2 leases") || !strings.Contains(d2.logs.String(), "reclaimed 5") {
-		t.Errorf("restart does not report 2 leases restored and 5 slots reclaimed:\n%s", grepLines(d2.logs.String(), "restore"))
+	if !strings.Contains(d2.Output(), "restored 2 leases") || !strings.Contains(d2.Output(), "reclaimed 5") {
+		t.Errorf("restart does not report 2 leases restored and 5 slots reclaimed:\n%s", grepLines(d2.Output(), "restore"))
 	}
 	owners := map[uint32]string{}
 	for _, s := range listSlots(t, d2.slots(), false) {
@@ -168,7 +168,7 @@ func TestSIGTERMDuringStartupStopsCleanly(t *testing.T) {
 	waitFor(t, 10*time.Second, "the port", func() bool { _, _, err := d.get("/livez"); return err == nil })
 	d.signal(syscall.SIGTERM)
 	if code := d.wait(time.Minute); code != 0 {
-		t.Fatalf("exit %d after SIGTERM during startup, want 0:\n%s", code, d.logs.String())
+		t.Fatalf("exit %d after SIGTERM during startup, want 0:\n%s", code, d.Output())
 	}
 	// Whatever reclaim had not done yet is still there for the next start.
 	// A SIGTERM as it serves halts its background reclaim at the end of
@@ -177,7 +177,7 @@ func TestSIGTERMDuringStartupStopsCleanly(t *testing.T) {
 	d2.waitServing(time.Minute)
 	d2.signal(syscall.SIGTERM)
 	if code := d2.wait(30 * time.Second); code != 0 {
-		t.Fatalf("second run exit %d:\n%s", code, d2.logs.String())
+		t.Fatalf("second run exit %d:\n%s", code, d2.Output())
 	}
 	// The third start reclaims the rest; what it made is gone after it.
 	d3 := start(t, nil, h.args(addr, "--slots=1000")...)

@@ -164,7 +164,7 @@ func TestUpgradeOnSIGHUPRefusesNoConnection(t *testing.T) {
 	addr := freePort(t)
 	d := startBinary(t, bin, nil, h.args(addr, "--slots=64", "--drain-delay=100ms")...)
 	d.waitServing(time.Minute)
-	pid := d.cmd.Process.Pid
+	pid := d.Pid()
 
 	load := startCheckLoad(addr, 500)
 	rounds := upgradeRounds()
@@ -176,13 +176,13 @@ func TestUpgradeOnSIGHUPRefusesNoConnection(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		before := strings.Count(d.logs.String(), "SIGHUP: upgrading in place")
+		before := strings.Count(d.Output(), "SIGHUP: upgrading in place")
 		d.signal(syscall.SIGHUP)
 		waitFor(t, time.Minute, "the upgrade to begin", func() bool {
-			return strings.Count(d.logs.String(), "SIGHUP: upgrading in place") > before
+			return strings.Count(d.Output(), "SIGHUP: upgrading in place") > before
 		})
 		waitFor(t, 2*time.Minute, "the upgraded daemon to serve", func() bool {
-			return strings.Count(d.logs.String(), "msg=serving ") > round
+			return strings.Count(d.Output(), "msg=serving ") > round
 		})
 		d.waitServing(time.Minute)
 	}
@@ -198,7 +198,7 @@ func TestUpgradeOnSIGHUPRefusesNoConnection(t *testing.T) {
 		t.Errorf("no check was answered SERVING: %s", report)
 	}
 	select {
-	case <-d.done:
+	case <-d.Done():
 		t.Fatalf("the daemon's process %d exited during the upgrades", pid)
 	default:
 	}
@@ -241,10 +241,10 @@ func TestUpgradeRefusedForABrokenBinaryOrDuringAnUpgrade(t *testing.T) {
 		if err := broken.write(); err != nil {
 			t.Fatal(err)
 		}
-		before := strings.Count(d.logs.String(), "upgrade refused, the new binary failed its check")
+		before := strings.Count(d.Output(), "upgrade refused, the new binary failed its check")
 		d.signal(syscall.SIGHUP)
 		waitFor(t, time.Minute, "the upgrade to be refused ("+broken.name+")", func() bool {
-			return strings.Count(d.logs.String(), "upgrade refused, the new binary failed its check") > before
+			return strings.Count(d.Output(), "upgrade refused, the new binary failed its check") > before
 		})
 		if code, _, err := d.get("/readyz"); err != nil || code != http.StatusOK {
 			t.Fatalf("%s: not serving after a refused upgrade: %d %v", broken.name, code, err)
@@ -258,16 +258,16 @@ func TestUpgradeRefusedForABrokenBinaryOrDuringAnUpgrade(t *testing.T) {
 	// Two SIGHUPs at once: one upgrade, the second refused.
 	d.signal(syscall.SIGHUP)
 	waitFor(t, time.Minute, "the upgrade to begin", func() bool {
-		return strings.Contains(d.logs.String(), "SIGHUP: upgrading in place")
+		return strings.Contains(d.Output(), "SIGHUP: upgrading in place")
 	})
 	d.signal(syscall.SIGHUP)
 	waitFor(t, 2*time.Minute, "the second SIGHUP to be refused", func() bool {
-		l := d.logs.String()
+		l := d.Output()
 		return strings.Contains(l, "SIGHUP during a drain or an upgrade: refused") ||
 			strings.Contains(l, "SIGHUP during the start: upgrade refused")
 	})
 	d.waitServing(time.Minute)
-	if n := strings.Count(d.logs.String(), "upgrading in place: exec"); n != 1 {
+	if n := strings.Count(d.Output(), "upgrading in place: exec"); n != 1 {
 		t.Errorf("%d execs, want 1", n)
 	}
 	d.signal(syscall.SIGTERM)
@@ -284,21 +284,7 @@ func TestSocketActivation(t *testing.T) {
 	h := newHost(t)
 	addr := freePort(t)
 	args := append([]string{"-l", addr, "--fdname=listen", binary}, h.args(addr, "--slots=64")...)
-	cmd := exec.Command(activate, args...)
-	d := &daemon{t: t, cmd: cmd, addr: addr, logs: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = d.logs, d.logs
-	d.began = time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.err = cmd.Wait(); d.exited = time.Now(); close(d.done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-d.done
-		if t.Failed() {
-			t.Logf("logs:\n%s", d.logs.String())
-		}
-	})
+	d := &daemon{Process: startCmd(t, exec.Command(activate, args...)), t: t, addr: addr}
 	// The socket is there before the daemon: the first connection starts it.
 	waitFor(t, 30*time.Second, "the activation socket", func() bool {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
@@ -308,7 +294,7 @@ func TestSocketActivation(t *testing.T) {
 		return err == nil
 	})
 	d.waitServing(time.Minute)
-	if l := d.logs.String(); strings.Contains(l, "address already in use") || !strings.Contains(l, "listening addr="+addr) {
+	if l := d.Output(); strings.Contains(l, "address already in use") || !strings.Contains(l, "listening addr="+addr) {
 		t.Fatalf("daemon did not serve the activated socket:\n%s", l)
 	}
 	d.signal(syscall.SIGTERM)
@@ -338,9 +324,9 @@ func TestSocketActivationRefusesPlainTextOffLoopback(t *testing.T) {
 		return err == nil
 	})
 	if code := d.wait(time.Minute); code != 2 {
-		t.Fatalf("exit %d for a plain-text socket off loopback, want 2:\n%s", code, d.logs.String())
+		t.Fatalf("exit %d for a plain-text socket off loopback, want 2:\n%s", code, d.Output())
 	}
-	if l := d.logs.String(); !strings.Contains(l, "handed over is "+addr+", not a loopback address") {
+	if l := d.Output(); !strings.Contains(l, "handed over is "+addr+", not a loopback address") {
 		t.Errorf("the refusal does not name the socket:\n%s", l)
 	}
 }

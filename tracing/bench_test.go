@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/phasegate/phasegate/tracing"
+	tracingconsole "github.com/phasegate/phasegate/tracing/console"
+	tracingotlp "github.com/phasegate/phasegate/tracing/otlp"
 )
 
 // BenchmarkSetup measures what Setup costs a daemon's start for each
@@ -40,7 +42,7 @@ func BenchmarkSetup(b *testing.B) {
 			}
 			ctx := context.Background()
 			for b.Loop() {
-				p, err := tracing.Setup(ctx, tracing.WithConsoleWriter(io.Discard))
+				p, err := tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()), tracing.WithConsoleWriter(io.Discard))
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -1,5 +1,8 @@
 // Package tracing builds an OpenTelemetry tracer provider from the standard
-// OTEL_* environment.
+// OTEL_* environment, over the exporters given to [Setup] by
+// [WithExporters]: tracing/otlp and tracing/console, each a package of its
+// own so that a binary links only those it gives. One the environment asks
+// for but not given is an error naming its package.
 //
 // Tracing is off unless asked for: OTEL_TRACES_EXPORTER defaults to "none",
 // so a daemon makes no network connection it was not told to. Otherwise it

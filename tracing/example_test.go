@@ -8,6 +8,8 @@ import (
 
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/tracing"
+	tracingconsole "github.com/phasegate/phasegate/tracing/console"
+	tracingotlp "github.com/phasegate/phasegate/tracing/otlp"
 )
 
 // Setup reads OTEL_TRACES_EXPORTER and friends; with nothing set, tracing is
@@ -17,7 +19,7 @@ func ExampleSetup() {
 	os.Unsetenv("OTEL_SDK_DISABLED")
 	os.Unsetenv("OTEL_TRACES_EXPORTER")
 	ctx := context.Background()
-	tp, err := tracing.Setup(ctx, tracing.WithVersion("v0.1.0"))
+	tp, err := tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()), tracing.WithVersion("v0.1.0"))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -46,7 +48,7 @@ func ExampleSetup_exporterList() {
 	defer os.Unsetenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
 
 	ctx := context.Background()
-	tp, err := tracing.Setup(ctx, tracing.WithConsoleWriter(io.Discard))
+	tp, err := tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()), tracing.WithConsoleWriter(io.Discard))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -63,7 +65,7 @@ func ExampleSetup_disabled() {
 	defer os.Unsetenv("OTEL_SDK_DISABLED")
 	defer os.Unsetenv("OTEL_TRACES_EXPORTER")
 
-	tp, err := tracing.Setup(context.Background())
+	tp, err := tracing.Setup(context.Background(), tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()))
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -9,9 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -64,6 +61,38 @@ type config struct {
 	version     string
 	console     io.Writer
 	spanOpts    []sdktrace.TracerProviderOption
+	exporters   []Exporter
+}
+
+// An Exporter is a span exporter that OTEL_TRACES_EXPORTER can name. A
+// binary holds only the exporters given to [Setup] by [WithExporters]:
+// packages tracing/otlp and tracing/console provide the two the
+// specification names, so a service that exports no span links neither
+// (nor gRPC's or HTTP's OTLP client).
+type Exporter struct {
+	// Name is the exporter's name in OTEL_TRACES_EXPORTER, lower case.
+	Name string
+	// New builds the exporter; Setup calls it only when the environment
+	// names it. It must not dial: a collector that is down must not
+	// delay the start.
+	New func(ctx context.Context, s ExportSettings) (sdktrace.SpanExporter, error)
+}
+
+// ExportSettings is what [Setup] hands an [Exporter]'s New.
+type ExportSettings struct {
+	// Protocol is the OTLP protocol the environment asks for, "grpc" or
+	// "http/protobuf"; empty unless OTEL_TRACES_EXPORTER lists "otlp".
+	Protocol string
+	// Console is where a console exporter writes ([WithConsoleWriter]).
+	Console io.Writer
+}
+
+// WithExporters gives Setup the exporters OTEL_TRACES_EXPORTER may name.
+// A name the specification knows ("otlp", "console") that is not given
+// is an error when the environment asks for it, naming the package that
+// provides it; a later exporter of the same name replaces an earlier one.
+func WithExporters(e ...Exporter) Option {
+	return func(c *config) { c.exporters = append(c.exporters, e...) }
 }
 
 // WithServiceName sets the service name used when OTEL_SERVICE_NAME and
@@ -86,8 +115,9 @@ func WithProviderOptions(opts ...sdktrace.TracerProviderOption) Option {
 // Setup returns a tracer provider configured from the environment.
 //
 // OTEL_SDK_DISABLED=true returns a no-op provider and reads nothing else.
-// Otherwise OTEL_TRACES_EXPORTER is a comma-separated list of "otlp" and
-// "console"; unset, empty or "none" returns a no-op provider that makes no
+// Otherwise OTEL_TRACES_EXPORTER is a comma-separated list of "otlp",
+// "console" and the names of the other exporters given by
+// [WithExporters]; each must have been given. Unset, empty or "none" returns a no-op provider that makes no
 // connection. Each exporter gets its own batch processor, so a collector
 // that is slow or down does not hold up the others. An unknown exporter or
 // protocol is an error, so that a typo does not silently turn tracing off.
@@ -103,9 +133,20 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 	if disabled {
 		return &Provider{TracerProvider: noop.NewTracerProvider(), Exporter: ExporterNone, Disabled: true}, nil
 	}
-	names, err := otelenv.Exporters("OTEL_TRACES_EXPORTER", ExporterOTLP, ExporterConsole)
+	given := map[string]Exporter{}
+	known := []string{ExporterOTLP, ExporterConsole}
+	for _, e := range c.exporters {
+		given[e.Name] = e
+		known = append(known, e.Name)
+	}
+	names, err := otelenv.Exporters("OTEL_TRACES_EXPORTER", known...)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	for _, name := range names {
+		if _, ok := given[name]; !ok {
+			return nil, fmt.Errorf("tracing: %w", otelenv.NotLinked("OTEL_TRACES_EXPORTER", name, "tracing/"+name))
+		}
 	}
 	if len(names) == 0 {
 		return &Provider{TracerProvider: noop.NewTracerProvider(), Exporter: ExporterNone}, nil
@@ -123,7 +164,7 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 	spOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
 	var made []sdktrace.SpanExporter
 	for _, name := range names {
-		exp, err := newExporter(ctx, name, p.Protocol, c.console)
+		exp, err := given[name].New(ctx, ExportSettings{Protocol: p.Protocol, Console: c.console})
 		if err != nil {
 			for _, e := range made {
 				err = errors.Join(err, e.Shutdown(ctx))
@@ -136,21 +177,4 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 	p.sdk = sdktrace.NewTracerProvider(append(spOpts, c.spanOpts...)...)
 	p.TracerProvider = p.sdk
 	return p, nil
-}
-
-func newExporter(ctx context.Context, name, protocol string, console io.Writer) (sdktrace.SpanExporter, error) {
-	switch name {
-	case ExporterConsole:
-		return stdouttrace.New(stdouttrace.WithWriter(console))
-	case ExporterOTLP:
-		// The exporters read OTEL_EXPORTER_OTLP_ENDPOINT, _HEADERS,
-		// _TIMEOUT, _INSECURE and the certificate variables themselves.
-		// Neither dials before the first export, so a collector that is
-		// down does not delay startup.
-		if protocol == otelenv.ProtocolGRPC {
-			return otlptracegrpc.New(ctx)
-		}
-		return otlptracehttp.New(ctx)
-	}
-	return nil, fmt.Errorf("no exporter named %q", name) // otelenv.Exporters lets only known names through
 }

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/phasegate/phasegate/tracing"
+	tracingconsole "github.com/phasegate/phasegate/tracing/console"
+	tracingotlp "github.com/phasegate/phasegate/tracing/otlp"
 )
 
 // clearEnv makes a test independent of the caller's OTEL_* variables.
@@ -34,7 +36,7 @@ func clearEnv(t *testing.T) {
 
 func TestSetupNoneByDefault(t *testing.T) {
 	clearEnv(t)
-	p, err := tracing.Setup(context.Background())
+	p, err := tracing.Setup(context.Background(), tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +77,7 @@ func TestSetupRejectsUnknownSettings(t *testing.T) {
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			p, err := tracing.Setup(context.Background())
+			p, err := tracing.Setup(context.Background(), tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				_ = p.Shutdown(context.Background())
 				t.Fatalf("err = %v, want it to contain %q", err, tc.want)
@@ -89,7 +91,7 @@ func TestSetupRejectsUnknownSettings(t *testing.T) {
 func consoleOutput(t *testing.T, opts ...tracing.Option) string {
 	t.Helper()
 	var buf bytes.Buffer
-	p, err := tracing.Setup(context.Background(), append(opts, tracing.WithConsoleWriter(&buf))...)
+	p, err := tracing.Setup(context.Background(), append(opts, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()), tracing.WithConsoleWriter(&buf))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +267,7 @@ func exportOne(t *testing.T, protocol string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p, err := tracing.Setup(ctx)
+	p, err := tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +291,7 @@ func TestSetupExporterList(t *testing.T) {
 	var console bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p, err := tracing.Setup(ctx, tracing.WithConsoleWriter(&console))
+	p, err := tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()), tracing.WithConsoleWriter(&console))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +327,7 @@ func TestSetupSDKDisabled(t *testing.T) {
 			t.Setenv("OTEL_TRACES_EXPORTER", tc.exporter)
 			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
 			var console bytes.Buffer
-			p, err := tracing.Setup(context.Background(), tracing.WithConsoleWriter(&console))
+			p, err := tracing.Setup(context.Background(), tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()), tracing.WithConsoleWriter(&console))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -355,4 +357,37 @@ func TestSetupSDKDisabled(t *testing.T) {
 			t.Errorf("no span on the console with OTEL_SDK_DISABLED=false:\n%s", out)
 		}
 	})
+}
+
+// An exporter the environment asks for but the binary was not given is an
+// error naming the package that provides it; with none asked for, Setup
+// needs none.
+func TestSetupNamesMissingExporter(t *testing.T) {
+	for _, tc := range []struct {
+		env, pkg string // pkg empty: no error
+		given    []tracing.Exporter
+	}{
+		{env: "", pkg: ""},
+		{env: "none", pkg: ""},
+		{env: "otlp", pkg: "phasegate/tracing/otlp"},
+		{env: "console", pkg: "phasegate/tracing/console"},
+		{env: "otlp,console", pkg: "phasegate/tracing/console", given: []tracing.Exporter{tracingotlp.Exporter()}},
+		{env: "console", pkg: "", given: []tracing.Exporter{tracingconsole.Exporter()}},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("OTEL_TRACES_EXPORTER", tc.env)
+			p, err := tracing.Setup(context.Background(), tracing.WithExporters(tc.given...), tracing.WithConsoleWriter(io.Discard))
+			if tc.pkg == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				_ = p.Shutdown(context.Background())
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.pkg) || !strings.Contains(err.Error(), "OTEL_TRACES_EXPORTER") {
+				t.Fatalf("Setup: %v, want an error naming OTEL_TRACES_EXPORTER and %s", err, tc.pkg)
+			}
+		})
+	}
 }

@@ -169,7 +169,7 @@ func serveCmd(ctx context.Context, e env) int {
 // runDaemon runs the daemon until it stops and returns the exit code.
 func runDaemon(ctx context.Context, e env, cfg phases.Config, lf logFlags) int {
 	log := lf.logger(e.stderr)
-	tp, err := tracing.Setup(ctx, tracing.WithVersion(version))
+	tp, err := tracing.Setup(ctx, tracing.WithVersion(version), tracing.WithExporters(phases.TraceExporters()...))
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
 		return exitUsage

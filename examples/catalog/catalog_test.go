@@ -24,14 +24,17 @@ import (
 	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/examples/catalog/catalogdb"
 	"github.com/phasegate/phasegate/examples/catalog/catalogv1"
-	"github.com/phasegate/phasegate/examples/internal/proctest"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/phasetest"
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
 // wait bounds every wait for a condition: they hold within milliseconds;
 // the bound only keeps a broken test from hanging.
-func TestMain(m *testing.M) { os.Exit(proctest.Main(m)) }
+// bins are the binaries the tests run, built once and removed at the end.
+var bins proc.Builds
+
+func TestMain(m *testing.M) { os.Exit(bins.Main(m)) }
 
 const wait = time.Minute
 
@@ -48,8 +51,8 @@ func TestStartupOrder(t *testing.T) {
 // from its event stream.
 func TestStartupOrderOfTheProcess(t *testing.T) {
 	cfgFile, _ := writeConfig(t, 100)
-	p := proctest.Start(t, proctest.Build(t, "."), nil, "-listen", "127.0.0.1:0", "-config", cfgFile)
-	s := phasetest.Follow(t, "http://"+p.Addr(wait)+app.PathEvents)
+	p := proc.Start(t, bins.Build(t, "."), proc.Args("-listen", "127.0.0.1:0", "-config", cfgFile))
+	s := p.Follow()
 	phasetest.WaitState(t, s, lifecycle.StateServing, wait)
 	phasetest.AssertOrder(t, s.Events(0), "config", "migrate", "warm", "register", "serve")
 }
@@ -168,10 +171,9 @@ func TestWaitsForTheStoreLock(t *testing.T) {
 // drains on SIGTERM and exits 0.
 func TestProcessServesTracesAndStops(t *testing.T) {
 	cfgFile, _ := writeConfig(t, 100)
-	p := proctest.Start(t, proctest.Build(t, "."), []string{"OTEL_TRACES_EXPORTER=console"},
-		"-listen", "127.0.0.1:0", "-config", cfgFile)
-	addr := p.Addr(wait)
-	s := phasetest.Follow(t, "http://"+addr+app.PathEvents)
+	p := proc.Start(t, bins.Build(t, "."), proc.Env("OTEL_TRACES_EXPORTER=console"), proc.Args("-listen", "127.0.0.1:0", "-config", cfgFile))
+	addr := p.Addr()
+	s := p.Follow()
 	phasetest.WaitState(t, s, lifecycle.StateServing, wait)
 	if code, body := get(t, addr, "/v1/products/"+catalogdb.SKU(42)); code != http.StatusOK || !strings.Contains(body, `"price_cents":4242`) {
 		t.Errorf("GET a product: %d %s", code, body)
@@ -237,8 +239,8 @@ func TestProcessStopsWhileWaitingForTheLock(t *testing.T) {
 	defer holder.Close()
 	// The race detector sleeps a second at exit by default, which the
 	// exit's timing below must not count.
-	p := proctest.Start(t, proctest.Build(t, "."), []string{"GORACE=atexit_sleep_ms=0"}, "-listen", "127.0.0.1:0", "-config", cfgFile)
-	addr := p.Addr(wait)
+	p := proc.Start(t, bins.Build(t, "."), proc.Env("GORACE=atexit_sleep_ms=0"), proc.Args("-listen", "127.0.0.1:0", "-config", cfgFile))
+	addr := p.Addr()
 	t.Run("waiting", func(t *testing.T) {
 		s := phasetest.Follow(t, "http://"+addr+app.PathEvents)
 		phasetest.WaitPhase(t, s, "migrate", lifecycle.PhaseRunning, wait)
@@ -272,8 +274,8 @@ func TestProcessStopsWhileWaitingForTheLock(t *testing.T) {
 // drain waited out its stop timeout and the process exited 1.)
 func TestProcessStopsWhileFollowed(t *testing.T) {
 	cfgFile, _ := writeConfig(t, 10)
-	p := proctest.Start(t, proctest.Build(t, "."), nil, "-listen", "127.0.0.1:0", "-config", cfgFile)
-	s := phasetest.Follow(t, "http://"+p.Addr(wait)+app.PathEvents)
+	p := proc.Start(t, bins.Build(t, "."), proc.Args("-listen", "127.0.0.1:0", "-config", cfgFile))
+	s := p.Follow()
 	phasetest.WaitState(t, s, lifecycle.StateServing, wait)
 	p.Signal(syscall.SIGTERM)
 	if code := p.Wait(wait); code != 0 {
@@ -302,7 +304,7 @@ func TestProcessRefusesABadConfiguration(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(`{"db": "x.db", "prodcts": 10}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := proctest.Start(t, proctest.Build(t, "."), nil, "-listen", "127.0.0.1:0", "-config", cfgFile)
+	p := proc.Start(t, bins.Build(t, "."), proc.Args("-listen", "127.0.0.1:0", "-config", cfgFile))
 	if code := p.Wait(wait); code != 1 {
 		t.Fatalf("exit code %d, want 1", code)
 	}

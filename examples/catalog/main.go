@@ -38,6 +38,11 @@ import (
 	"github.com/phasegate/phasegate/examples/catalog/catalogdb"
 	"github.com/phasegate/phasegate/examples/catalog/catalogv1"
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/metrics/prometheus"
+	"github.com/phasegate/phasegate/tracing"
+	"github.com/phasegate/phasegate/tracing/console"
+	"github.com/phasegate/phasegate/tracing/otlp"
 )
 
 func main() {
@@ -46,6 +51,10 @@ func main() {
 	flag.Parse()
 	cfg := app.DefaultConfig("catalog", *listen)
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// What the catalog exports, and so links: spans to OTLP or the
+	// console when OTEL_TRACES_EXPORTER asks, and /metrics.
+	cfg.TraceExporters = []tracing.Exporter{otlp.Exporter(), console.Exporter()}
+	cfg.MetricExporters = []metrics.Exporter{prometheus.Exporter()}
 	a, err := newCatalog(cfg, *config)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "catalog:", err)

@@ -22,10 +22,13 @@ import (
 
 	"github.com/phasegate/phasegate/examples/catalog/catalogdb"
 	"github.com/phasegate/phasegate/examples/catalog/catalogv1"
-	"github.com/phasegate/phasegate/examples/internal/proctest"
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
-func TestMain(m *testing.M) { os.Exit(proctest.Main(m)) }
+// bins are the binaries the tests run, built once and removed at the end.
+var bins proc.Builds
+
+func TestMain(m *testing.M) { os.Exit(bins.Main(m)) }
 
 const wait = time.Minute
 
@@ -45,16 +48,16 @@ func TestSameService(t *testing.T) {
 	// detector a tenth, for the suite's sake (the times logged are then
 	// not the ones FRAMEWORK.md quotes).
 	products := int64(20000)
-	if proctest.Race {
+	if proc.Race {
 		products = 2000
 	}
 	for _, w := range wirings {
 		t.Run(w.name, func(t *testing.T) {
 			cfgFile, _ := writeConfig(t, int(products))
 			addr := freePort(t)
-			bin := proctest.Build(t, w.pkg)
+			bin := bins.Build(t, w.pkg)
 			began := time.Now()
-			p := proctest.Start(t, bin, nil, "-listen", addr, "-config", cfgFile)
+			p := proc.Start(t, bin, proc.Args("-listen", addr, "-config", cfgFile))
 			var portAt, servedAt time.Duration
 			var before []string // what a client got before the product, deduplicated
 			eventually(t, "the product served", func() bool {
@@ -128,7 +131,7 @@ func TestClientDuringTheStart(t *testing.T) {
 			cfgFile, dbPath := writeConfig(t, 10)
 			unlock := holdLock(t, dbPath)
 			addr := freePort(t)
-			p := proctest.Start(t, proctest.Build(t, w.pkg), nil, "-listen", addr, "-config", cfgFile)
+			p := proc.Start(t, bins.Build(t, w.pkg), proc.Args("-listen", addr, "-config", cfgFile))
 			waitOpened(t, p, dbPath)
 			// Opening the file comes after binding the port in
 			// phasegate's catalog, and the message comes after the
@@ -171,7 +174,7 @@ func TestSignalDuringTheStart(t *testing.T) {
 			cfgFile, dbPath := writeConfig(t, 10)
 			holdLock(t, dbPath)
 			addr := freePort(t)
-			p := proctest.Start(t, proctest.Build(t, w.pkg), nil, "-listen", addr, "-config", cfgFile)
+			p := proc.Start(t, bins.Build(t, w.pkg), proc.Args("-listen", addr, "-config", cfgFile))
 			waitOpened(t, p, dbPath)
 			p.Signal(syscall.SIGTERM)
 			st := p.WaitState(wait)
@@ -204,7 +207,7 @@ func holdLock(t *testing.T, path string) (unlock func()) {
 
 // waitOpened waits until the process has the file at path open: it is
 // then in catalogdb.Open, waiting for the lock.
-func waitOpened(t *testing.T, p *proctest.Process, path string) {
+func waitOpened(t *testing.T, p *proc.Process, path string) {
 	t.Helper()
 	eventually(t, "the process opening "+path, func() bool {
 		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.Pid()))

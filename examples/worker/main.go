@@ -34,6 +34,8 @@ import (
 
 	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/metrics/prometheus"
 )
 
 func main() {
@@ -42,6 +44,7 @@ func main() {
 	flag.Parse()
 	cfg := app.DefaultConfig("worker", *listen)
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg.MetricExporters = []metrics.Exporter{prometheus.Exporter()} // /metrics
 	a, err := newWorker(cfg, *queue)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)

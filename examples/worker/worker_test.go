@@ -18,14 +18,17 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/app"
-	"github.com/phasegate/phasegate/examples/internal/proctest"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/phasetest"
+	"github.com/phasegate/phasegate/phasetest/proc"
 )
 
 // wait bounds every wait for a condition: they hold within milliseconds;
 // the bound only keeps a broken test from hanging.
-func TestMain(m *testing.M) { os.Exit(proctest.Main(m)) }
+// bins are the binaries the tests run, built once and removed at the end.
+var bins proc.Builds
+
+func TestMain(m *testing.M) { os.Exit(bins.Main(m)) }
 
 const wait = time.Minute
 
@@ -40,8 +43,8 @@ func TestStartupOrder(t *testing.T) {
 // Black-box: the built binary, its order read from its event stream.
 func TestStartupOrderOfTheProcess(t *testing.T) {
 	q := startQueue(t, 0)
-	p := proctest.Start(t, proctest.Build(t, "."), nil, "-listen", "127.0.0.1:0", "-queue", q.url)
-	s := phasetest.Follow(t, "http://"+p.Addr(wait)+app.PathEvents)
+	p := proc.Start(t, bins.Build(t, "."), proc.Args("-listen", "127.0.0.1:0", "-queue", q.url))
+	s := p.Follow()
 	phasetest.WaitState(t, s, lifecycle.StateServing, wait)
 	phasetest.AssertOrder(t, s.Events(0), "queue", "consume", "serve")
 }
@@ -53,8 +56,8 @@ func TestStartupOrderOfTheProcess(t *testing.T) {
 func TestProcessWaitsForTheQueue(t *testing.T) {
 	addr, listen := reservePort(t)
 	queueURL := "http://" + addr
-	p := proctest.Start(t, proctest.Build(t, "."), nil, "-listen", "127.0.0.1:0", "-queue", queueURL)
-	workerAddr := p.Addr(wait)
+	p := proc.Start(t, bins.Build(t, "."), proc.Args("-listen", "127.0.0.1:0", "-queue", queueURL))
+	workerAddr := p.Addr()
 
 	// Each stage in a subtest of its own, so that a failure names it.
 	t.Run("waits", func(t *testing.T) {

@@ -102,3 +102,11 @@ func Resource(ctx context.Context, serviceName, version string) (*resource.Resou
 	}
 	return r, nil
 }
+
+// NotLinked is the error for an exporter the variable key names, which the
+// specification knows, but which the binary was built without: pkg is the
+// package of this module that provides it.
+func NotLinked(key, name, pkg string) error {
+	return fmt.Errorf("%s=%q: exporter %q is not in this binary: build it with package %s (its Exporter, given to Setup)",
+		key, os.Getenv(key), name, "github.com/phasegate/phasegate/"+pkg)
+}

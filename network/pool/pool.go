@@ -442,7 +442,7 @@ func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
 	}
 }
 
-// PutLost gives back the index of a lost lease (Options.Lost) once the
+// PutLost gives back the index of a lost lease (Options.Lost, or Lose) once the
 // lease has ended: nothing of its slot is left on the host, so the index is
 // free at once. An index the pool was not given as lost (or given back
 // already) fails with ErrNotFromPool. It works after Close too: it only
@@ -458,6 +458,26 @@ func (p *Pool) PutLost(i int) error {
 	if err := p.idx.Release(i); err != nil {
 		return fmt.Errorf("pool: give back lost index %d: %w", i, err)
 	}
+	return nil
+}
+
+// Lose turns a slot handed out (Options.InUse) into a lost lease's index:
+// its objects were found gone or not the ones recorded, after the pool was
+// made (a restored lease verified once the daemon serves). The index stays
+// taken, with no slot, until PutLost gives it back. A slot not handed out
+// by the pool fails with ErrNotFromPool.
+func (p *Pool) Lose(s *slot.Slot) error {
+	if s == nil {
+		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inUse[s.Index] != s {
+		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
+	}
+	delete(p.inUse, s.Index)
+	p.lost[s.Index] = true
+	p.broadcast()
 	return nil
 }
 

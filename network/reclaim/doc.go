@@ -17,7 +17,9 @@
 // namespaces and veth pairs in batches, the host ends are awaited with a
 // deadline, and all stale set elements go in one nftables transaction.
 // Options.Batch hands the kernel the dead a batch at a time, for a reclaim
-// that runs while slots are being created. Veths are deleted one by one only
+// that runs while slots are being created; Options.Pacer sizes the batches
+// instead by what they do to the rest of the process (a Pacer, fed the
+// waits its caller measures). Veths are deleted one by one only
 // when something keeps their namespace alive; processes found inside are
 // reported and ended only with Options.KillOrphans, each through a pidfd and
 // only if it is still inside (netns.KillIn).

@@ -21,11 +21,15 @@ func Slots(ctx context.Context, m *slot.Manager, inv slot.Inventory, opts Option
 	if opts.Budget > 0 {
 		deadline = start.Add(opts.Budget)
 	}
-	res := m.Teardown(ctx, inv, slot.TeardownOptions{
+	to := slot.TeardownOptions{
 		Workers: opts.Workers, MaxSlots: opts.MaxSlots, Deadline: deadline,
 		KillOrphans: opts.KillOrphans, HostGoneTimeout: opts.HostGoneTimeout, Progress: opts.Progress,
 		Batch: opts.Batch, BatchPause: opts.BatchPause, Halt: opts.Halt,
-	})
+	}
+	if opts.Pacer != nil {
+		to.Batch, to.BatchPause, to.Pace = opts.Pacer.First(), 0, opts.Pacer.Pace
+	}
+	res := m.Teardown(ctx, inv, to)
 	rep.Reclaimed, rep.Failed, rep.Deferred = res.Reclaimed, res.Failed, res.Deferred
 	rep.Orphans, rep.Holders, rep.CutOff, rep.Timings = res.Orphans, res.Holders, res.CutOff, res.Timings
 	rep.ProcScan, rep.WaitErr, rep.Batches = res.ProcScan, res.WaitErr, res.Batches

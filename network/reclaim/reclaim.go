@@ -35,6 +35,10 @@ type Options struct {
 	// a time (see slot.TeardownOptions). Zero: all at once, no pause.
 	Batch      int
 	BatchPause time.Duration
+	// Pacer, when set, sizes the batches and the pauses between them by
+	// what they do to the rest of the process, in place of Batch and
+	// BatchPause (see Pacer).
+	Pacer *Pacer
 	// Progress, if set, is called after each slot with the count so far
 	// and the number found. Calls are serialized.
 	Progress func(done, total int)

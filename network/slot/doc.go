@@ -28,6 +28,13 @@
 // linear walk), one dump of the set. Entries it cannot inspect are reported
 // (ScanResult.Unreadable) and never torn down.
 //
+// Manager.Create clears the host's conntrack entries of the index's
+// earlier slot before the new one can carry traffic, with a walk of the
+// host's conntrack table shared by every index the manager knows has had
+// no slot since a moment it observed (a Survey, a teardown, a Create's own
+// check): one walk costs the same for one address or thousands, so
+// creations do not pay one each.
+//
 // Manager.Teardown hands the kernel the dead namespaces all at once or in
 // batches (TeardownOptions.Batch, BatchPause): the kernel's clean-up holds
 // the networking lock while it destroys a batch, so smaller batches keep a

@@ -162,8 +162,27 @@ func (e *UnreadableError) Unwrap() []error {
 // Look-alikes are left out. Its cost is linear in what it lists: one read of
 // the netns directory and of mountinfo (see netns.Survey), one read of
 // /proc/net/dev, one dump of the set.
+//
+// The indices in [1, Slots] it finds without anything of a slot are known
+// to the manager from then on as free of one, so that a later Create there
+// shares the conntrack clean-up of the others (see Create).
 func (m *Manager) Survey(ctx context.Context) (*ScanResult, error) {
-	return survey(ctx, m.cfg, m.fw, netns.Survey)
+	r, err := survey(ctx, m.cfg, m.fw, netns.Survey)
+	if err != nil {
+		return nil, err
+	}
+	unread := map[int]bool{}
+	for _, u := range r.Unreadable {
+		unread[u.Index] = true
+	}
+	var empty []int
+	for i := 1; i <= m.cfg.Slots; i++ {
+		if _, ok := r.Inventory[i]; !ok && !unread[i] {
+			empty = append(empty, i)
+		}
+	}
+	m.ct.goneIfUnknown(empty)
+	return r, nil
 }
 
 // Scan is Survey's inventory. If some netns entries could not be inspected

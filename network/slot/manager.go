@@ -54,6 +54,7 @@ type Manager struct {
 	cfg      Config
 	fw       *nft.Table
 	hostGone time.Duration
+	ct       *ctCleaner
 }
 
 // NewManager validates cfg and opts, prepares the netns directory and writes
@@ -76,7 +77,8 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 	if err := fw.Ensure(ctx); err != nil {
 		return nil, err
 	}
-	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout}, nil
+	ct := newCTCleaner(func(i int) netip.Addr { _, in := cfg.Addrs(i); return in.Addr() })
+	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout, ct: ct}, nil
 }
 
 // Config returns the manager's configuration.
@@ -92,6 +94,17 @@ func (m *Manager) checkIndex(i int) error {
 	return nil
 }
 
+// inRange returns the indices in [1, Config.Slots] of indices.
+func (m *Manager) inRange(indices []int) []int {
+	out := make([]int, 0, len(indices))
+	for _, i := range indices {
+		if i >= 1 && i <= m.cfg.Slots {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
 func ipNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
@@ -100,9 +113,11 @@ func ipNet(p netip.Prefix) *net.IPNet {
 // inside and the set element, and fills the slot's kernel identity (NetnsID,
 // HostIfIndex). A leftover with the same index (netns file or host link) is
 // destroyed first, and the host's conntrack entries for the slot's inside
-// address are flushed before the slot is reachable, so a slot never inherits
+// address are cleared before the slot is reachable, so a slot never inherits
 // flows of an earlier slot at its index (a reply to the earlier tenant's
-// connection would otherwise be translated and delivered to the new one).
+// connection would otherwise be translated and delivered to the new one):
+// by a pass over the host's table that started after the index's last slot
+// was gone, one pass shared by every index that needs it (conntrack.go).
 // On failure everything made is removed and the error says which step
 // failed.
 func (m *Manager) Create(ctx context.Context, i int) (*Slot, error) {
@@ -124,6 +139,7 @@ func (m *Manager) Create(ctx context.Context, i int) (*Slot, error) {
 			return nil, fmt.Errorf("slot: create %d: clean leftover: %w", i, err)
 		}
 	}
+	m.ct.seenGone(i)
 	if err := m.create(ctx, &s); err != nil {
 		err = fmt.Errorf("slot: create %d: %w", i, err)
 		if derr := m.Destroy(context.WithoutCancel(ctx), i); derr != nil {
@@ -144,9 +160,10 @@ func (m *Manager) create(ctx context.Context, s *Slot) error {
 		return fmt.Errorf("%s is already routed by the host (%s): a slot there would duplicate it", s.HostAddr.Masked(), r)
 	}
 	// Before the veth exists nothing can refresh an entry for the address.
-	if err := flushHostConntrack(s.InsideAddr.Addr()); err != nil && !ignorableConntrack(err) {
+	if err := m.ct.await(ctx, s.Index); err != nil {
 		return fmt.Errorf("flush host conntrack for %s: %w", s.InsideAddr.Addr(), err)
 	}
+	m.ct.busy(s.Index)
 	path, err := netns.Create(ctx, m.cfg.NetnsDir, s.NetnsName)
 	if err != nil {
 		return err
@@ -160,8 +177,13 @@ func (m *Manager) create(ctx context.Context, s *Slot) error {
 	}
 	defer unix.Close(fd)
 
+	// One queue each way on both ends, said explicitly: the kernel then
+	// has none to take away after it registered the pair, which it does
+	// otherwise (a veth gets a queue per CPU, one in use) by waiting out an
+	// RCU grace period while it holds the networking lock, so every other
+	// slot creation waited on it (figures: docs/BENCHMARKS.md).
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: s.HostIf},
+		LinkAttrs:     netlink.LinkAttrs{Name: s.HostIf, NumTxQueues: 1, NumRxQueues: 1},
 		PeerName:      s.InsideIf,
 		PeerNamespace: netlink.NsFd(fd),
 	}
@@ -269,6 +291,7 @@ func (m *Manager) Destroy(ctx context.Context, i int) error {
 		return err
 	}
 	s := m.cfg.Slot(i)
+	m.ct.busy(i)
 	var errs []error
 	hostIdx, err := linkIndex(s.HostIf)
 	if err != nil {
@@ -300,10 +323,6 @@ func (m *Manager) Destroy(ctx context.Context, i int) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("slot: destroy %d: %w", i, errors.Join(errs...))
 	}
+	m.ct.gone(i)
 	return nil
-}
-
-// ignorableConntrack: no conntrack in this namespace (module not loaded).
-func ignorableConntrack(err error) bool {
-	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPROTONOSUPPORT)
 }

@@ -104,3 +104,56 @@ func TestManagerOptions(t *testing.T) {
 		t.Errorf("host link of a held slot still there after Destroy with no wait")
 	}
 }
+
+// The conntrack clean-up a Create waits for is shared, and touches only
+// indices without a slot: the flows of a slot in use survive the creation
+// of others, and those of a slot destroyed meanwhile are gone before its
+// index is made again, whichever Create's pass removed them.
+func TestCreateConntrackSharedPass(t *testing.T) {
+	env := nettest.New(t, 6)
+	m := env.Manager(t)
+	ctx := context.Background()
+	if _, err := m.Survey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	flow := func(s *slot.Slot) net.IP {
+		t.Helper()
+		ip := net.IP(s.InsideAddr.Addr().AsSlice())
+		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: ip, Port: 9})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = c.Write([]byte("x"))
+		c.Close()
+		if hostFlows(t, ip) == 0 {
+			t.Fatalf("no conntrack entry for %s on the host", ip)
+		}
+		return ip
+	}
+	live, err := m.Create(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	liveIP := flow(live)
+	old, err := m.Create(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldIP := flow(old)
+	if err := m.Destroy(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	// Index 3 was never used: its Create needs no pass of its own (the
+	// survey saw it empty and the first pass cleared it), index 2's does.
+	for _, i := range []int{3, 2} {
+		if _, err := m.Create(ctx, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := hostFlows(t, oldIP); n != 0 {
+		t.Errorf("%d host conntrack entries of the destroyed slot 2 survived its index's Create", n)
+	}
+	if hostFlows(t, liveIP) == 0 {
+		t.Errorf("the flow of slot 1, in use, was removed by other slots' Creates")
+	}
+}

@@ -58,6 +58,12 @@ type TeardownOptions struct {
 	// BatchPause is a pause between two batches, for other work to run;
 	// 0 means none. A pause that ctx cuts short defers the rest.
 	BatchPause time.Duration
+	// Pace, when set, is called after each batch with what it did, and
+	// returns the size of the next batch and the pause before it, in
+	// place of Batch and BatchPause (which still size the first batch):
+	// a controller that paces the teardown by what it does to the rest of
+	// the process (see package reclaim). A size ≤ 0 means 1.
+	Pace func(last BatchDone) (next int, pause time.Duration)
 	// Progress, if set, is called after each slot's namespace is detached
 	// and unlinked (or failed), with the count so far and the total. Calls
 	// are serialized.
@@ -65,6 +71,15 @@ type TeardownOptions struct {
 
 	// scanProcs replaces the /proc scans (tests).
 	scanProcs func() (inside, holders netns.Processes, err error)
+}
+
+// BatchDone is what one batch of a teardown did, for TeardownOptions.Pace.
+type BatchDone struct {
+	// Slots is the number of slots the batch started; Left is the number
+	// not started yet.
+	Slots, Left int
+	// Took is the batch's wall time: unlink, and the wait for the kernel.
+	Took time.Duration
 }
 
 // Failure is a slot whose teardown failed.
@@ -190,6 +205,8 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 	if len(t.indices) == 0 {
 		return t.res
 	}
+	m.ct.busy(m.inRange(t.indices)...)
+	defer func() { m.ct.gone(m.inRange(t.res.Reclaimed)...) }()
 	t.scanProcesses()
 	probe, err := newLinkProbe()
 	if err != nil {
@@ -280,14 +297,16 @@ func (t *teardown) failAll(err error) {
 // until all are done or the budget, the halt or ctx defers the rest.
 func (t *teardown) runBatches() {
 	total := len(t.indices)
+	size, pause := t.batch, t.opts.BatchPause
 	for start := 0; start < total; {
-		end := min(start+t.batch, total)
+		end := min(start+size, total)
 		if start > 0 {
-			t.pause()
+			t.pause(pause)
 		}
 		if !t.mayStart(start) {
 			return // the rest is deferred
 		}
+		b0 := time.Now()
 		t.unlinkBatch(start, end)
 		t.m.finishBatch(t.ctx, t.outcomes[start:end], t.probe, t.opts.HostGoneTimeout, t.res)
 		t.res.Batches++
@@ -295,18 +314,22 @@ func (t *teardown) runBatches() {
 		if stopped {
 			return // budget, halt or ctx: the rest is deferred
 		}
+		if t.opts.Pace != nil && next < total {
+			size, pause = t.opts.Pace(BatchDone{Slots: next - start, Left: total - next, Took: time.Since(b0)})
+			size = max(size, 1)
+		}
 		start = next
 	}
 }
 
-// pause waits out BatchPause between two batches, or less if ctx ends or
-// the teardown halts.
-func (t *teardown) pause() {
-	if t.opts.BatchPause <= 0 {
+// pause waits out d between two batches, or less if ctx ends or the
+// teardown halts.
+func (t *teardown) pause(d time.Duration) {
+	if d <= 0 {
 		return
 	}
 	p0 := time.Now()
-	tm := time.NewTimer(t.opts.BatchPause)
+	tm := time.NewTimer(d)
 	select {
 	case <-t.ctx.Done():
 	case <-t.opts.Halt:

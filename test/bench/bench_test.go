@@ -38,7 +38,7 @@ func TestSmoke(t *testing.T) {
 	// reclaim of the dead, which takes ~10 ms for 20 (no Acquire at 10/s
 	// falls in it) and ~0.1 s for 200.
 	cmd := exec.Command(bin, "-n", "0,20", "-reps", "1", "-load-n", "200", "-load-reps", "1",
-		"-idle-duration", "1s", "-settle", "200ms", "-acquire-n", "40", "-upgrades", "2", "-restarts", "1",
+		"-idle-duration", "1s", "-settle", "200ms", "-acquire-n", "40", "-slotrate-n", "20", "-upgrades", "2", "-restarts", "1",
 		"-upgrade-leases", "4", "-out", out, "-doc", doc)
 	start := time.Now()
 	stdout, err := cmd.Output()
@@ -106,6 +106,15 @@ func TestSmoke(t *testing.T) {
 	if a := res.Acquire; a == nil || len(a.Durable.Runs) != 1 || len(a.Memory.Runs) != 1 ||
 		a.Durable.Latency.Requests != 40 || a.Memory.Latency.Requests != 40 {
 		t.Errorf("results.json: Acquire comparison: %+v", res.Acquire)
+	}
+	if s := res.SlotRate; s == nil || len(s.Library) != 1 || len(s.Daemon) != len(slotRateCallers) {
+		t.Errorf("results.json: slot rate: %+v", res.SlotRate)
+	} else {
+		for _, d := range s.Daemon {
+			if len(d.PerS) != 1 || d.Latency.Requests != 20 || d.Latency.Errors != 0 {
+				t.Errorf("slot rate with %d callers: %+v, want one burst of 20 answered", d.Callers, d)
+			}
+		}
 	}
 	if u := res.Upgrade; u == nil || len(u.Scenarios) != 3 {
 		t.Errorf("results.json: upgrade scenarios: %+v", res.Upgrade)
@@ -265,5 +274,32 @@ func TestDropPart(t *testing.T) {
 	}
 	if _, ok := res.Parts[partDead]; ok || res.Parts[partRestore] == nil {
 		t.Errorf("parts after the drop: %v", res.Parts)
+	}
+}
+
+// The slot-rate goal holds only when every number of callers reaches the
+// ratio against the library's median, with no error.
+func TestSlotRateGoal(t *testing.T) {
+	side := func(callers int, perS float64, errs int) SlotRateSide {
+		return SlotRateSide{Callers: callers, PerS: []float64{perS}, Latency: LatencyStats{Errors: errs}}
+	}
+	tests := []struct {
+		name string
+		res  *SlotRateResult
+		want string
+	}{
+		{"not run", nil, goalNotMeasured},
+		{"both at 0.9×", &SlotRateResult{Library: []float64{400}, Daemon: []SlotRateSide{side(1, 360, 0), side(16, 380, 0)}}, goalMet},
+		{"one caller short", &SlotRateResult{Library: []float64{400}, Daemon: []SlotRateSide{side(1, 300, 0), side(16, 380, 0)}}, goalMissed},
+		{"fast but with errors", &SlotRateResult{Library: []float64{400}, Daemon: []SlotRateSide{side(1, 400, 2), side(16, 400, 0)}}, goalMissed},
+		{"median of the library's reps", &SlotRateResult{Library: []float64{100, 400, 1000}, Daemon: []SlotRateSide{side(1, 330, 0), side(16, 330, 0)}}, goalMet},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := slotRateGoal(&Results{SlotRate: tt.res})
+			if g.Status != tt.want {
+				t.Errorf("status %q (%s; %s), want %q", g.Status, g.Measured, g.Note, tt.want)
+			}
+		})
 	}
 }

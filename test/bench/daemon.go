@@ -473,6 +473,7 @@ const (
 	msgReclaimReport = "reclaim report"
 	msgRestorePrefix = "restore: "
 	msgRestore       = "restore" // the key under which restore lines are kept
+	msgVerified      = "restored leases verified"
 	msgUpgrading     = "SIGHUP: upgrading in place"
 )
 
@@ -512,6 +513,31 @@ type restoreLine struct {
 	Adopted  int `json:"adopted"`
 	Reclaim  int `json:"reclaim"`
 	Lost     int `json:"lost"`
+}
+
+// verifiedLine is the daemon's "restored leases verified" log line, which
+// ends the verification of the restored leases after SERVING.
+type verifiedLine struct {
+	Leases     int `json:"leases"`
+	Intact     int `json:"intact"`
+	Lost       int `json:"lost"`
+	Unverified int `json:"unverified"`
+	at         time.Time
+}
+
+// verifiedLine waits for the daemon's k-th verified line (0-based; one per
+// start that restored leases).
+func (d *daemon) verifiedLine(ctx context.Context, k int, timeout time.Duration) (verifiedLine, error) {
+	var v verifiedLine
+	ev, err := d.logs.wait(ctx, msgVerified, k, timeout, d.done)
+	if err != nil {
+		return v, fmt.Errorf("verified line: %w\n%s", err, d.logs)
+	}
+	if err := json.Unmarshal([]byte(ev.line), &v); err != nil {
+		return v, fmt.Errorf("verified line %q: %w", ev.line, err)
+	}
+	v.at = ev.at
+	return v, nil
 }
 
 // restoreLine returns the daemon's k-th restore line (0-based; one per
@@ -555,7 +581,7 @@ func followed(msg string) string {
 	switch {
 	case strings.HasPrefix(msg, msgRestorePrefix):
 		return msgRestore
-	case msg == msgStarting, msg == msgServing, msg == msgReclaimReport, msg == msgUpgrading, msg == msgPoolReady:
+	case msg == msgStarting, msg == msgServing, msg == msgReclaimReport, msg == msgUpgrading, msg == msgPoolReady, msg == msgVerified:
 		return msg
 	}
 	return ""

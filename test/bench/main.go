@@ -24,6 +24,10 @@
 //     with the durable lease record (the daemon, on its control socket)
 //     beside the same service over the same pool with the record kept in a
 //     map (`bench memslots`).
+//   - slotrate: slots made beyond the warm pool: Acquire bursts from 1 and
+//     16 callers against a daemon with --pool-size 1, beside the library
+//     making the same number of slots alone (slot.Manager.Create, no
+//     daemon), in the same run.
 //   - upgrade: new connections at a fixed rate (HTTP /health and gRPC Check,
 //     a new TCP connection each) across SIGHUP in-place upgrades, and across
 //     SIGTERM + start pairs with the port closed between them and with the
@@ -85,14 +89,15 @@ func main() {
 
 // Parts of the benchmark, in the order they run.
 const (
-	partDead    = "dead"
-	partRestore = "restore"
-	partLoad    = "load"
-	partAcquire = "acquire"
-	partUpgrade = "upgrade"
+	partDead     = "dead"
+	partRestore  = "restore"
+	partLoad     = "load"
+	partAcquire  = "acquire"
+	partUpgrade  = "upgrade"
+	partSlotRate = "slotrate"
 )
 
-var allParts = []string{partDead, partRestore, partLoad, partAcquire, partUpgrade}
+var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade}
 
 // options are the benchmark's settings, from its flags.
 type options struct {
@@ -110,6 +115,7 @@ type options struct {
 	idleDuration time.Duration
 	acquireN     int
 	acquireConc  int
+	slotRateN    int
 	upgrades     int
 	restarts     int
 	probeRate    int
@@ -155,6 +161,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.idleDuration, "idle-duration", 3*time.Second, "length of the load against the idle daemon")
 	fs.IntVar(&o.acquireN, "acquire-n", -1, "Acquire calls per repetition of the throughput part, each from a warm pool of that size (default: the largest -n, within [100, 1000]; 0: skip the part)")
 	fs.IntVar(&o.acquireConc, "acquire-clients", 16, "concurrent callers of the throughput part, over one connection")
+	fs.IntVar(&o.slotRateN, "slotrate-n", 300, "slots made per run of the slotrate part: by the library alone, and by Acquires beyond a warm pool of one (0: skip the part)")
 	fs.IntVar(&o.upgrades, "upgrades", 20, "SIGHUP in-place upgrades in a row (0: skip the upgrade part)")
 	fs.IntVar(&o.restarts, "restarts", 3, "SIGTERM + start pairs, with the port closed and with the socket held")
 	fs.IntVar(&o.probeRate, "probe-rate", 500, "new connections per second across upgrades and restarts, half HTTP /health, half gRPC Check")
@@ -194,6 +201,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.acquireN == 0 {
 		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partAcquire })
+	}
+	if o.slotRateN == 0 {
+		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partSlotRate })
 	}
 	if o.upgrades == 0 {
 		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partUpgrade })

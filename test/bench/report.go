@@ -100,7 +100,7 @@ func printTable(w io.Writer, res *Results) {
 	if ns := res.ns(restoreStrategies); len(ns) > 0 {
 		fmt.Fprintln(w, "\nrestart with N leased slots (median [min–max]; restored/listed/destroyed: worst run):")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "N\trestart\truns\tfirst HTTP answer\tSERVING\trestored\tlisted\tlost\tdestroyed\tRSS MiB")
+		fmt.Fprintln(tw, "N\trestart\truns\tfirst HTTP answer\tSERVING\tall verified\trestored\tlisted\tlost\tdestroyed\tRSS MiB")
 		for _, n := range ns {
 			for _, s := range restoreStrategies {
 				p := res.find(s, n)
@@ -111,8 +111,8 @@ func printTable(w io.Writer, res *Results) {
 					continue
 				}
 				w := worstRestore(p)
-				fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%.1f\n", n, s, len(p.Runs), fmtSummary(p.FirstAnswerMs),
-					fmtSummary(p.ServingMs), w.Restored, w.Listed, w.Lost, w.Destroyed, p.RSSMiB.Median)
+				fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.1f\n", n, s, len(p.Runs), fmtSummary(p.FirstAnswerMs),
+					fmtSummary(p.ServingMs), fmtVerified(p), w.Restored, w.Listed, w.Lost, w.Destroyed, p.RSSMiB.Median)
 			}
 		}
 		tw.Flush()
@@ -141,6 +141,9 @@ func printTable(w io.Writer, res *Results) {
 				fmtMs(s.sd.Latency.P50Ms), fmtMs(s.sd.Latency.P99Ms), fmtMs(s.sd.Latency.MaxMs), s.sd.Latency.Errors)
 		}
 	}
+	if s := res.SlotRate; s != nil {
+		printSlotRate(w, s)
+	}
 	if u := res.Upgrade; u != nil {
 		fmt.Fprintf(w, "\nnew connections at %d/s, %d leases held:\n", u.Rate, u.Leases)
 		for _, s := range u.Scenarios {
@@ -167,6 +170,15 @@ func printTable(w io.Writer, res *Results) {
 				p.Started.UTC().Format("2006-01-02 15:04 UTC"), p.Finished.Sub(p.Started).Minutes(), p.Load.Start, p.Load.End, p.Load.Min, p.Load.Max)
 		}
 	}
+}
+
+// fmtVerified is a restore point's exec → every lease verified, or "—"
+// when it restored none.
+func fmtVerified(p *Point) string {
+	if p.N == 0 {
+		return "—"
+	}
+	return fmtSummary(p.VerifiedMs)
 }
 
 // worstRestore returns, over a restore point's runs, the fewest restored
@@ -236,6 +248,9 @@ func markdown(res *Results, img string) string {
 	}
 	if a := res.Acquire; a != nil {
 		markdownAcquire(&b, a, img)
+	}
+	if s := res.SlotRate; s != nil {
+		markdownSlotRate(&b, s)
 	}
 	if u := res.Upgrade; u != nil {
 		markdownUpgrade(&b, u, img)
@@ -313,12 +328,13 @@ func markdownRestore(b *bytes.Buffer, res *Results) {
 	if s != nil {
 		fmt.Fprintf(b, "N slots leased through the API (`Acquire` with request ids, %d concurrent callers), then %d restarts "+
 			"after a SIGTERM and %d after a kill -9, alternately, on the same leased set. Restored, adopted and lost are the "+
-			"start's own `restore:` line; *listed* counts the slots `List` shows ACQUIRED by their owner after the restart; "+
+			"start's own `restore:` line and its verification of the leases, which runs after SERVING (*all verified*: exec → "+
+			"its end; *restored* counts the leases it found intact); *listed* counts the slots `List` shows ACQUIRED by their owner once verified; "+
 			"*destroyed* counts leased slots whose netns inode or host veth ifindex changed or vanished (checked by the "+
 			"benchmark on the host). Median [min–max]; the counts are the worst run.\n\n", s.Settings.LeaseClients, s.Settings.Reps, s.Settings.Reps)
 	}
-	b.WriteString("| N leased | leasing them (API) | restart | first HTTP answer | SERVING | restored | listed | lost | destroyed | SIGTERM → exit | before live restore: SERVING (foreground, destroys them) | kernel floor | RSS |\n")
-	b.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| N leased | leasing them (API) | restart | first HTTP answer | SERVING | all verified | restored | listed | lost | destroyed | SIGTERM → exit | before live restore: SERVING (foreground, destroys them) | kernel floor | RSS |\n")
+	b.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, n := range res.ns(restoreStrategies) {
 		leasing := "—"
 		for _, l := range res.Leasing {
@@ -337,7 +353,7 @@ func markdownRestore(b *bytes.Buffer, res *Results) {
 		for _, st := range restoreStrategies {
 			p := res.find(st, n)
 			if p != nil && p.noStarts() > 0 {
-				fmt.Fprintf(b, "| %d | %s | %s | **never served: %d starts in a row failed** (%d of %d restarts) | | | | | | | %s | %s | |\n", n, leasing,
+				fmt.Fprintf(b, "| %d | %s | %s | **never served: %d starts in a row failed** (%d of %d restarts) | | | | | | | | %s | %s | |\n", n, leasing,
 					map[string]string{stratRestoreTerm: "SIGTERM", stratRestoreKill: "kill -9"}[st], maxStartAttempts, p.noStarts(), len(p.Runs), fgs, fls)
 			}
 			if !p.measured() {
@@ -348,9 +364,9 @@ func markdownRestore(b *bytes.Buffer, res *Results) {
 			if st == stratRestoreTerm {
 				stop = fmtSummary(p.StopMs)
 			}
-			fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %s | %.1f MiB |\n", n, leasing,
+			fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %s | %.1f MiB |\n", n, leasing,
 				map[string]string{stratRestoreTerm: "SIGTERM", stratRestoreKill: "kill -9"}[st],
-				fmtSummary(p.FirstAnswerMs), fmtSummary(p.ServingMs), w.Restored, n, w.Listed, w.Lost, w.Destroyed, stop, fgs, fls, p.RSSMiB.Median)
+				fmtSummary(p.FirstAnswerMs), fmtSummary(p.ServingMs), fmtVerified(p), w.Restored, n, w.Listed, w.Lost, w.Destroyed, stop, fgs, fls, p.RSSMiB.Median)
 		}
 	}
 	b.WriteString("\n")

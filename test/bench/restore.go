@@ -94,8 +94,8 @@ func (r *runner) measureRestoreN(ctx context.Context, n int) error {
 			}
 			p.Runs = append(p.Runs, run)
 			slowest = max(slowest, time.Duration(run.ServingMs*float64(time.Millisecond)))
-			r.logf("N=%d rep %d %s + start: SERVING %s (first answer %s); restored %d, adopted %d, dead %d, lost %d; destroyed %d, listed %d; RSS %.1f MiB",
-				n, rep+1, end, fmtMs(run.ServingMs), fmtMs(run.FirstAnswerMs), run.Restored, run.Adopted, run.Dead, run.Lost,
+			r.logf("N=%d rep %d %s + start: SERVING %s (first answer %s), every lease verified %s; restored %d, adopted %d, dead %d, lost %d; destroyed %d, listed %d; RSS %.1f MiB",
+				n, rep+1, end, fmtMs(run.ServingMs), fmtMs(run.FirstAnswerMs), fmtVerifiedRun(run, n), run.Restored, run.Adopted, run.Dead, run.Lost,
 				run.Destroyed, run.Listed, run.RSSMiB)
 		}
 	}
@@ -103,6 +103,15 @@ func (r *runner) measureRestoreN(ctx context.Context, n int) error {
 		return err
 	}
 	return r.reset(ctx)
+}
+
+// fmtVerifiedRun is a run's exec → every lease verified, or "—" when it
+// restored none.
+func fmtVerifiedRun(run Run, n int) string {
+	if n == 0 {
+		return "—"
+	}
+	return fmtMs(run.VerifiedMs)
 }
 
 // restart ends d (SIGTERM and wait, or kill -9), starts a daemon on the same
@@ -148,6 +157,15 @@ func (r *runner) restart(ctx context.Context, d *daemon, end string, n int, indi
 		return run, d, err
 	}
 	run.Restored, run.Adopted, run.Dead, run.Lost = rl.Restored, rl.Adopted, rl.Reclaim, rl.Lost
+	if rl.Restored > 0 {
+		// Serving came first; the leases are verified after it.
+		vl, err := d.verifiedLine(ctx, 0, 5*time.Minute)
+		if err != nil {
+			return run, d, err
+		}
+		run.VerifiedMs = ms(vl.at.Sub(su.Exec))
+		run.Restored, run.Lost = vl.Intact, run.Lost+vl.Lost+vl.Unverified
+	}
 	now, err := r.h.identities(indices)
 	if err != nil {
 		return run, d, err

@@ -38,13 +38,14 @@ type Results struct {
 	Leasing []LeaseSetup     `json:"leasing,omitempty"`
 	// ExecMs is exec → exit of `phasegate version`, once per rep of the
 	// dead part: what starting the binary costs before it does anything.
-	ExecMs     []float64      `json:"execVersionMs,omitempty"`
-	Breakdowns []Breakdown    `json:"reclaimBreakdowns,omitempty"`
-	Load       *LoadResult    `json:"load,omitempty"`
-	Acquire    *AcquireResult `json:"acquire,omitempty"`
-	Upgrade    *UpgradeResult `json:"upgrade,omitempty"`
-	Goals      []Goal         `json:"goals"`
-	Notes      []string       `json:"notes,omitempty"`
+	ExecMs     []float64       `json:"execVersionMs,omitempty"`
+	Breakdowns []Breakdown     `json:"reclaimBreakdowns,omitempty"`
+	Load       *LoadResult     `json:"load,omitempty"`
+	Acquire    *AcquireResult  `json:"acquire,omitempty"`
+	SlotRate   *SlotRateResult `json:"slotRate,omitempty"`
+	Upgrade    *UpgradeResult  `json:"upgrade,omitempty"`
+	Goals      []Goal          `json:"goals"`
+	Notes      []string        `json:"notes,omitempty"`
 }
 
 // Machine describes where the benchmark ran.
@@ -118,6 +119,7 @@ type Point struct {
 	ServingMs      Summary `json:"servingMs"`
 	DeadGoneMs     Summary `json:"deadGoneMs"`
 	AfterServingMs Summary `json:"deadGoneAfterServingMs"`
+	VerifiedMs     Summary `json:"verifiedMs"`
 	ReclaimMs      Summary `json:"reclaimMs"`
 	RatePerS       Summary `json:"reclaimRatePerS"`
 	StopMs         Summary `json:"stopMs"`
@@ -135,6 +137,9 @@ type Run struct {
 	// DeadGoneMs is exec → the dead slots all gone: the daemon's reclaim
 	// report reaching the benchmark (the floor: its own duration).
 	DeadGoneMs float64 `json:"deadGoneMs,omitempty"`
+	// VerifiedMs is exec → every restored lease verified after SERVING:
+	// the daemon's "restored leases verified" line reaching the benchmark.
+	VerifiedMs float64 `json:"verifiedMs,omitempty"`
 	// ReclaimMs is the reclaim report's own duration.
 	ReclaimMs  float64     `json:"reclaimMs,omitempty"`
 	Reclaimed  int         `json:"reclaimed"`
@@ -147,8 +152,9 @@ type Run struct {
 	Phases     []PhaseSpan `json:"phases,omitempty"`
 
 	// The restore part: how the previous daemon ended (SIGTERM: how long
-	// it took to exit), what the start's restore line says, and what the
-	// benchmark checked itself.
+	// it took to exit), what the start's restore line and its verification
+	// of the leases after SERVING say (restored: verified intact; lost:
+	// by either), and what the benchmark checked itself.
 	StopMs   float64 `json:"stopMs,omitempty"`
 	Restored int     `json:"restored,omitempty"`
 	Adopted  int     `json:"adopted,omitempty"`
@@ -380,6 +386,8 @@ func (r *Results) dropPart(part string) {
 		r.Load = nil
 	case partAcquire:
 		r.Acquire = nil
+	case partSlotRate:
+		r.SlotRate = nil
 	case partUpgrade:
 		r.Upgrade = nil
 	}
@@ -411,6 +419,7 @@ func (p *Point) summarizeRuns() {
 	p.ServingMs = pick(func(r Run) float64 { return r.ServingMs })
 	p.DeadGoneMs = pick(func(r Run) float64 { return r.DeadGoneMs })
 	p.AfterServingMs = pick(func(r Run) float64 { return max(r.DeadGoneMs-r.ServingMs, 0) })
+	p.VerifiedMs = pick(func(r Run) float64 { return r.VerifiedMs })
 	p.ReclaimMs = pick(func(r Run) float64 { return r.ReclaimMs })
 	p.RatePerS = pick(func(r Run) float64 { return r.RatePerS })
 	p.StopMs = pick(func(r Run) float64 { return r.StopMs })

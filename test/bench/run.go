@@ -31,7 +31,7 @@ type runner struct {
 // merged into prev when it is given. The host is swept and every child
 // process ended on every return path, including cancellation.
 func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Results, err error) {
-	slots := max(slices.Max(o.ns), o.loadN, 2*o.acquireN, o.upLeases) + spareSlots
+	slots := max(slices.Max(o.ns), o.loadN, 2*o.acquireN, o.upLeases, o.slotRateN) + spareSlots
 	h, err := newHost(slots, o.cidr, o.stateParent)
 	if err != nil {
 		return nil, err
@@ -71,11 +71,12 @@ func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Res
 		}
 	}
 	measure := map[string]func(context.Context) error{
-		partDead:    r.measureDead,
-		partRestore: r.measureRestore,
-		partLoad:    r.measureLoad,
-		partAcquire: r.measureAcquire,
-		partUpgrade: r.measureUpgrade,
+		partDead:     r.measureDead,
+		partRestore:  r.measureRestore,
+		partLoad:     r.measureLoad,
+		partAcquire:  r.measureAcquire,
+		partSlotRate: r.measureSlotRate,
+		partUpgrade:  r.measureUpgrade,
 	}
 	for _, part := range o.parts {
 		res.dropPart(part)

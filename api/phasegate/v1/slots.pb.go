@@ -45,6 +45,14 @@ const (
 	// host link was gone or was not the one leased (lost_reason says which).
 	// The lease stays until its owner releases it or its TTL runs out.
 	SlotState_SLOT_STATE_LOST SlotState = 6
+	// VERIFYING: leased before the daemon restarted, held by its owner, and
+	// not yet checked: the daemon serves before it has compared every
+	// restored lease's namespace and host link with the record and repaired
+	// its host side; it does so in the background, and the slot becomes
+	// ACQUIRED, or LOST the moment it is found gone. Its index is never
+	// handed out meanwhile. KeepAlive works on it; Release, an Acquire retry
+	// and a TTL running out first verify it (or wait for the check under way).
+	SlotState_SLOT_STATE_VERIFYING SlotState = 7
 )
 
 // Enum value maps for SlotState.
@@ -57,6 +65,7 @@ var (
 		4: "SLOT_STATE_QUARANTINED",
 		5: "SLOT_STATE_BUSY",
 		6: "SLOT_STATE_LOST",
+		7: "SLOT_STATE_VERIFYING",
 	}
 	SlotState_value = map[string]int32{
 		"SLOT_STATE_UNSPECIFIED": 0,
@@ -66,6 +75,7 @@ var (
 		"SLOT_STATE_QUARANTINED": 4,
 		"SLOT_STATE_BUSY":        5,
 		"SLOT_STATE_LOST":        6,
+		"SLOT_STATE_VERIFYING":   7,
 	}
 )
 
@@ -111,11 +121,12 @@ type Slot struct {
 	// also the inside default route's gateway.
 	HostAddress   string `protobuf:"bytes,7,opt,name=host_address,json=hostAddress,proto3" json:"host_address,omitempty"`
 	InsideAddress string `protobuf:"bytes,8,opt,name=inside_address,json=insideAddress,proto3" json:"inside_address,omitempty"`
-	// Owner and since when; set only when ACQUIRED or LOST.
+	// Owner and since when; set only when ACQUIRED, VERIFYING or LOST.
 	Owner      string                 `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`
 	AcquiredAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=acquired_at,json=acquiredAt,proto3" json:"acquired_at,omitempty"`
 	// The owner's request id, the lease's TTL (0: held until released) and
-	// when it runs out unless kept alive; set only when ACQUIRED or LOST.
+	// when it runs out unless kept alive; set only when ACQUIRED, VERIFYING
+	// or LOST.
 	RequestId string                 `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	Ttl       *durationpb.Duration   `protobuf:"bytes,12,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
@@ -124,7 +135,7 @@ type Slot struct {
 	// Who took the lease, as the control surface identified it: "uid:1000"
 	// on the control socket, "x509:<identity>" over mutual TLS. Only it, or
 	// a principal the daemon's policy lets act for the owner, may renew or
-	// release the lease. Set only when ACQUIRED or LOST.
+	// release the lease. Set only when ACQUIRED, VERIFYING or LOST.
 	Principal string `protobuf:"bytes,15,opt,name=principal,proto3" json:"principal,omitempty"`
 	// The lease's egress policy; unset: the slot's traffic is not filtered
 	// beyond the host's slot firewall. Set only when ACQUIRED or LOST.
@@ -1069,7 +1080,7 @@ const file_slots_proto_rawDesc = "" +
 	"\vListRequest\x12!\n" +
 	"\finclude_free\x18\x01 \x01(\bR\vincludeFree\"8\n" +
 	"\fListResponse\x12(\n" +
-	"\x05slots\x18\x01 \x03(\v2\x12.phasegate.v1.SlotR\x05slots*\xb0\x01\n" +
+	"\x05slots\x18\x01 \x03(\v2\x12.phasegate.v1.SlotR\x05slots*\xca\x01\n" +
 	"\tSlotState\x12\x1a\n" +
 	"\x16SLOT_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fSLOT_STATE_FREE\x10\x01\x12\x13\n" +
@@ -1077,7 +1088,8 @@ const file_slots_proto_rawDesc = "" +
 	"\x13SLOT_STATE_ACQUIRED\x10\x03\x12\x1a\n" +
 	"\x16SLOT_STATE_QUARANTINED\x10\x04\x12\x13\n" +
 	"\x0fSLOT_STATE_BUSY\x10\x05\x12\x13\n" +
-	"\x0fSLOT_STATE_LOST\x10\x062\xc0\x03\n" +
+	"\x0fSLOT_STATE_LOST\x10\x06\x12\x18\n" +
+	"\x14SLOT_STATE_VERIFYING\x10\a2\xc0\x03\n" +
 	"\x05Slots\x12F\n" +
 	"\aAcquire\x12\x1c.phasegate.v1.AcquireRequest\x1a\x1d.phasegate.v1.AcquireResponse\x12F\n" +
 	"\aRelease\x12\x1c.phasegate.v1.ReleaseRequest\x1a\x1d.phasegate.v1.ReleaseResponse\x12L\n" +

@@ -81,7 +81,8 @@ type SlotsClient interface {
 	// the caller may not see.
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
 	// List describes every slot that is not free: warm in the pool, leased
-	// (and to whom), lost or quarantined; free ones too when asked. A caller
+	// (and to whom), still being verified after a restart, lost or
+	// quarantined; free ones too when asked. A caller
 	// sees only the leases of owners the policy lets it see.
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	// SetEgressPolicy replaces the egress policy of a lease, atomically: the
@@ -215,7 +216,8 @@ type SlotsServer interface {
 	// the caller may not see.
 	Get(context.Context, *GetRequest) (*GetResponse, error)
 	// List describes every slot that is not free: warm in the pool, leased
-	// (and to whom), lost or quarantined; free ones too when asked. A caller
+	// (and to whom), still being verified after a restart, lost or
+	// quarantined; free ones too when asked. A caller
 	// sees only the leases of owners the policy lets it see.
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	// SetEgressPolicy replaces the egress policy of a lease, atomically: the

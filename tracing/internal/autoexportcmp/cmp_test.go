@@ -20,7 +20,12 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/phasegate/phasegate/metrics"
+	metricsconsole "github.com/phasegate/phasegate/metrics/console"
+	metricsotlp "github.com/phasegate/phasegate/metrics/otlp"
+	metricsprom "github.com/phasegate/phasegate/metrics/prometheus"
 	"github.com/phasegate/phasegate/tracing"
+	tracingconsole "github.com/phasegate/phasegate/tracing/console"
+	tracingotlp "github.com/phasegate/phasegate/tracing/otlp"
 )
 
 func clearEnv(tb testing.TB) {
@@ -49,7 +54,7 @@ func TestAutoexportFacts(t *testing.T) {
 			_ = exp.Shutdown(ctx)
 			t.Error("autoexport now accepts otlp,console: reconsider it")
 		}
-		p, err := tracing.Setup(ctx, tracing.WithConsoleWriter(io.Discard))
+		p, err := tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()), tracing.WithConsoleWriter(io.Discard))
 		if err != nil {
 			t.Fatalf("tracing: %v", err)
 		}
@@ -72,7 +77,7 @@ func TestAutoexportFacts(t *testing.T) {
 		if err == nil || strings.Contains(err.Error(), "zipkin") {
 			t.Errorf("autoexport's error is now %v", err)
 		}
-		_, err = tracing.Setup(ctx)
+		_, err = tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()))
 		if err == nil || !strings.Contains(err.Error(), `OTEL_TRACES_EXPORTER="zipkin"`) {
 			t.Errorf("tracing: %v", err)
 		}
@@ -127,7 +132,7 @@ func TestAutoexportFacts(t *testing.T) {
 			}
 			t.Errorf("autoexport's prometheus reader no longer binds its own port: %v", err)
 		}
-		p, err := metrics.Setup(ctx)
+		p, err := metrics.Setup(ctx, metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()))
 		if err != nil {
 			t.Fatalf("metrics: %v", err)
 		}
@@ -195,7 +200,7 @@ func BenchmarkSetup(b *testing.B) {
 		setup func(context.Context) (func(context.Context) error, error)
 	}{
 		{"traces/handrolled", func(ctx context.Context) (func(context.Context) error, error) {
-			p, err := tracing.Setup(ctx, tracing.WithVersion("bench"))
+			p, err := tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()), tracing.WithVersion("bench"))
 			if err != nil {
 				return nil, err
 			}
@@ -203,7 +208,7 @@ func BenchmarkSetup(b *testing.B) {
 		}},
 		{"traces/autoexport", autoexportTraces},
 		{"metrics/handrolled", func(ctx context.Context) (func(context.Context) error, error) {
-			p, err := metrics.Setup(ctx, metrics.WithVersion("bench"))
+			p, err := metrics.Setup(ctx, metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()), metrics.WithVersion("bench"))
 			if err != nil {
 				return nil, err
 			}

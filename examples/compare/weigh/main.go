@@ -1,0 +1,227 @@
+// Command weigh measures the minimal service of package compare/minimal
+// on each wiring, in one run, and prints the table of docs/FRAMEWORK.md:
+// the binary's size, the modules linked into it (go version -m), the
+// modules of its module graph (go list -m all in a module of its own that
+// requires only what the service imports, as an adopter's would) and the
+// time from exec to exit 1 when the config step fails (the median of
+// -runs, with each wiring's default drain delay). Run it from the examples
+// module:
+//
+//	go run ./compare/weigh
+//	go run ./compare/weigh -before /tmp/before # also phasegate at an older tree
+//
+// where /tmp/before holds an older tree of the repository (git archive
+// REF | tar -x -C /tmp/before). It builds in temporary directories, with
+// GOPROXY=off: every module comes from the module cache, which building
+// the examples module fills.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+const phasegateModule = "github.com/phasegate/phasegate"
+
+// wiring is one row: the minimal service's package, and the tree of
+// phasegate it builds against (empty: the examples module's).
+type wiring struct {
+	name, pkg, root string
+}
+
+// weight is what the table reports for one wiring.
+type weight struct {
+	size       int64
+	linked     int
+	graph      int
+	failFast   time.Duration
+	failedWith int // the exit code of the failing runs
+}
+
+func main() {
+	before := flag.String("before", "", "a tree of the repository to measure phasegate at too")
+	runs := flag.Int("runs", 5, "failing starts per wiring; the median is reported")
+	flag.Parse()
+	if err := weighAll(context.Background(), *before, *runs); err != nil {
+		fmt.Fprintln(os.Stderr, "weigh:", err)
+		os.Exit(1)
+	}
+}
+
+func weighAll(ctx context.Context, before string, runs int) error {
+	root, err := goOut(ctx, "", "list", "-m", "-f", "{{.Dir}}", phasegateModule)
+	if err != nil {
+		return err
+	}
+	const min = "github.com/phasegate/phasegate/examples/compare/minimal/"
+	wirings := []wiring{
+		{"phasegate", min + "pgmin", root},
+		{"fx", min + "fxmin", ""},
+		{"run", min + "runmin", ""},
+	}
+	if before != "" {
+		abs, err := filepath.Abs(before)
+		if err != nil {
+			return err
+		}
+		wirings = slices.Insert(wirings, 0, wiring{"phasegate (" + filepath.Base(abs) + ")", min + "pgmin", abs})
+	}
+	fmt.Println("| minimal service | binary | linked modules | module graph | exec → exit 1, config failing |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, w := range wirings {
+		m, err := weighOne(ctx, w, runs)
+		if err != nil {
+			return fmt.Errorf("%s: %w", w.name, err)
+		}
+		fmt.Printf("| %s | %.1f MB | %d | %d | %s (exit %d) |\n", w.name, float64(m.size)/1e6, m.linked, m.graph,
+			m.failFast.Round(100*time.Microsecond), m.failedWith)
+	}
+	return nil
+}
+
+// weighOne builds the wiring's service in a module of its own and
+// measures it.
+func weighOne(ctx context.Context, w wiring, runs int) (weight, error) {
+	dir, err := os.MkdirTemp("", "weigh-")
+	if err != nil {
+		return weight{}, err
+	}
+	defer os.RemoveAll(dir)
+	if err := writeModule(ctx, dir, w); err != nil {
+		return weight{}, err
+	}
+	bin := filepath.Join(dir, "service")
+	if _, err := goOut(ctx, dir, "build", "-o", bin, "."); err != nil {
+		return weight{}, err
+	}
+	var m weight
+	fi, err := os.Stat(bin)
+	if err != nil {
+		return weight{}, err
+	}
+	m.size = fi.Size()
+	if m.linked, err = linkedModules(ctx, bin); err != nil {
+		return weight{}, err
+	}
+	all, err := goOut(ctx, dir, "list", "-m", "all")
+	if err != nil {
+		return weight{}, err
+	}
+	m.graph = len(strings.Split(all, "\n")) - 1 // not the service's own module
+	m.failFast, m.failedWith, err = failFast(ctx, bin, runs)
+	return m, err
+}
+
+// writeModule makes dir a module holding the service's main.go that
+// requires, at the versions the examples module selects, the modules the
+// service links, so that every one is in the module cache; phasegate is
+// replaced by the wiring's tree.
+func writeModule(ctx context.Context, dir string, w wiring) error {
+	src, err := goOut(ctx, "", "list", "-f", "{{.Dir}}", w.pkg)
+	if err != nil {
+		return err
+	}
+	mods, err := goOut(ctx, "", "list", "-deps", "-f", "{{with .Module}}{{if not .Main}}{{.Path}} {{.Version}}{{end}}{{end}}", w.pkg)
+	if err != nil {
+		return err
+	}
+	var gomod strings.Builder
+	fmt.Fprintf(&gomod, "module weigh/service\n\ngo 1.26.0\n\nrequire (\n")
+	seen := map[string]bool{}
+	for line := range strings.SplitSeq(mods, "\n") {
+		if line == "" || seen[line] {
+			continue
+		}
+		seen[line] = true
+		if strings.HasPrefix(line, phasegateModule+" ") {
+			line = phasegateModule + " v0.0.0"
+		}
+		fmt.Fprintf(&gomod, "\t%s\n", line)
+	}
+	gomod.WriteString(")\n")
+	if w.root != "" {
+		fmt.Fprintf(&gomod, "\nreplace %s => %s\n", phasegateModule, w.root)
+	}
+	sum, err := goOut(ctx, "", "env", "GOMOD")
+	if err != nil {
+		return err
+	}
+	sums, err := os.ReadFile(filepath.Join(filepath.Dir(sum), "go.sum"))
+	if err != nil {
+		return err
+	}
+	main, err := os.ReadFile(filepath.Join(src, "main.go"))
+	if err != nil {
+		return err
+	}
+	return errors.Join(
+		os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod.String()), 0o644),
+		os.WriteFile(filepath.Join(dir, "go.sum"), sums, 0o644),
+		os.WriteFile(filepath.Join(dir, "main.go"), main, 0o644),
+	)
+}
+
+// linkedModules counts the modules go version -m lists as linked into bin
+// ("dep" lines; a replaced module counts once).
+func linkedModules(ctx context.Context, bin string) (int, error) {
+	out, err := goOut(ctx, "", "version", "-m", bin)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) > 0 && f[0] == "dep" {
+			n++
+		}
+	}
+	return n, sc.Err()
+}
+
+// failFast runs bin -fail runs times and returns the median time from
+// exec to exit, and the exit code, which must be the same each time.
+func failFast(ctx context.Context, bin string, runs int) (time.Duration, int, error) {
+	var took []time.Duration
+	code := -1
+	for range runs {
+		cmd := exec.CommandContext(ctx, bin, "-fail")
+		began := time.Now()
+		err := cmd.Run()
+		took = append(took, time.Since(began))
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			return 0, 0, fmt.Errorf("%s -fail: %v, want a non-zero exit", bin, err)
+		}
+		if code != -1 && exit.ExitCode() != code {
+			return 0, 0, fmt.Errorf("%s -fail: exit %d, then %d", bin, code, exit.ExitCode())
+		}
+		code = exit.ExitCode()
+	}
+	slices.Sort(took)
+	return took[len(took)/2], code, nil
+}
+
+// goOut runs the go command in dir (the current one when empty), offline,
+// and returns its trimmed output.
+func goOut(ctx context.Context, dir string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=mod", "GOWORK=off")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(string(out)), nil
+}

@@ -1,0 +1,160 @@
+package reclaim_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/phasegate/phasegate/network/internal/nettest"
+	"github.com/phasegate/phasegate/network/reclaim"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// A Pacer doubles while nothing waits, halves and pauses when a signal is
+// over its target (the pause the batch's time, doubling while the pressure
+// lasts, within MaxPause), and grows by First once it has slowed down.
+func TestPacer(t *testing.T) {
+	const ms = time.Millisecond
+	type step struct {
+		waited    time.Duration // the signal's worst wait since the last batch
+		took      time.Duration // the batch's time
+		wantSize  int
+		wantPause time.Duration
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"nothing waits: doubles", []step{
+			{0, 10 * ms, 128, 0}, {0, 20 * ms, 256, 0}, {0, 40 * ms, 512, 0},
+		}},
+		{"a wait over target: halves and pauses, then grows additively", []step{
+			{0, 10 * ms, 128, 0},
+			{80 * ms, 30 * ms, 64, 30 * ms},
+			{80 * ms, 20 * ms, 32, 60 * ms},
+			{80 * ms, 20 * ms, 16, 60 * ms}, // 3 × the batch's 20 ms
+			{10 * ms, 5 * ms, 80, 0},
+			{0, 5 * ms, 144, 0},
+		}},
+		{"never below Min, never a pause over MaxPause", []step{
+			{time.Second, 400 * ms, 32, 400 * ms},
+			{time.Second, 400 * ms, 16, 500 * ms},
+			{time.Second, 400 * ms, 16, 500 * ms},
+		}},
+		{"never a pause over MaxPauseRatio times the batch", []step{
+			{time.Second, 40 * ms, 32, 40 * ms},
+			{time.Second, 30 * ms, 16, 80 * ms},
+			{time.Second, 30 * ms, 16, 90 * ms},
+			{time.Second, 10 * ms, 16, 30 * ms},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var waited time.Duration
+			p, err := reclaim.NewPacer(reclaim.PaceOptions{
+				Signals:       []reclaim.Signal{{Name: "create", Target: 50 * ms, Worst: func() time.Duration { return waited }}},
+				First:         64,
+				Min:           16,
+				MaxPause:      500 * ms,
+				MaxPauseRatio: 3,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.First() != 64 {
+				t.Fatalf("First() = %d, want 64", p.First())
+			}
+			for k, s := range tt.steps {
+				waited = s.waited
+				size, pause := p.Pace(slot.BatchDone{Slots: 1, Left: 100000, Took: s.took})
+				if size != s.wantSize || pause != s.wantPause {
+					t.Fatalf("step %d (waited %v): size %d, pause %v; want %d, %v", k, s.waited, size, pause, s.wantSize, s.wantPause)
+				}
+			}
+			st := p.Stats()
+			if st.Batches != len(tt.steps) {
+				t.Errorf("Stats().Batches = %d, want %d", st.Batches, len(tt.steps))
+			}
+			over := 0
+			for _, s := range tt.steps {
+				if s.waited > 50*ms {
+					over++
+				}
+			}
+			if st.Slowed != over || st.Over["create"] != over {
+				t.Errorf("Stats() = %+v, want %d slowed by create", st, over)
+			}
+		})
+	}
+}
+
+// A batch is never asked larger than what is left, and bad options are
+// refused.
+func TestPacerBounds(t *testing.T) {
+	p, err := reclaim.NewPacer(reclaim.PaceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size, _ := p.Pace(slot.BatchDone{Slots: 64, Left: 100}); size != 100 {
+		t.Errorf("size %d with 100 left, want 100", size)
+	}
+	for _, o := range []reclaim.PaceOptions{
+		{First: -1},
+		{MaxPause: -time.Second},
+		{MaxPauseRatio: -1},
+		{Signals: []reclaim.Signal{{Name: "x", Target: time.Second}}},
+		{Signals: []reclaim.Signal{{Name: "x", Worst: func() time.Duration { return 0 }}}},
+	} {
+		if _, err := reclaim.NewPacer(o); err == nil {
+			t.Errorf("NewPacer(%+v) accepted", o)
+		}
+	}
+}
+
+// On the kernel, a paced reclaim hands the slots over in the batches the
+// pacer asks for: with nothing waiting, 8, 16, 32, then the rest.
+func TestSlotsPaced(t *testing.T) {
+	env := nettest.New(t, 100)
+	m := env.Manager(t)
+	nettest.Leak(t, m, seq(1, 100))
+	p, err := reclaim.NewPacer(reclaim.PaceOptions{First: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := m.Scan(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := reclaim.Slots(context.Background(), m, inv, reclaim.Options{Pacer: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Reclaimed) != 100 || rep.Batches != 4 {
+		t.Errorf("reclaimed %d in %d batches, want 100 in 4 (8, 16, 32, 44)", len(rep.Reclaimed), rep.Batches)
+	}
+	if st := p.Stats(); st.Batches != 3 || st.Largest != 44 {
+		t.Errorf("pacer stats %+v, want 3 paces, largest 44 (what was left)", st)
+	}
+}
+
+// Pace the background reclaim of dead slots by the waits of the rest of
+// the process: here, the longest slot creation since the last batch.
+func ExamplePacer() {
+	var worst time.Duration // kept by whatever creates slots
+	p, err := reclaim.NewPacer(reclaim.PaceOptions{Signals: []reclaim.Signal{
+		{Name: "create", Target: 50 * time.Millisecond, Worst: func() time.Duration { return worst }},
+	}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(p.First())
+	fmt.Println(p.Pace(slot.BatchDone{Slots: 64, Left: 1000, Took: 80 * time.Millisecond}))
+	worst = 200 * time.Millisecond
+	fmt.Println(p.Pace(slot.BatchDone{Slots: 128, Left: 872, Took: 120 * time.Millisecond}))
+	// Output:
+	// 64
+	// 128 0s
+	// 64 120ms
+}

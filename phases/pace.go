@@ -1,0 +1,141 @@
+package phases
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/reclaim"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// The background reclaim of the dead is paced by what it does to the rest
+// of the daemon (reclaim.Pacer): these are the waits it answers to, each
+// measured by the daemon itself, and their targets.
+const (
+	// A health answer takes microseconds of work; what makes one slow
+	// while the kernel destroys namespaces is its wait for a CPU, which
+	// the lag probe measures: how late a goroutine that asked to wake up
+	// gets to run. The target is the health answers' own (docs/BENCHMARKS.md).
+	healthLagTarget = 10 * time.Millisecond
+	lagProbeEvery   = 20 * time.Millisecond
+	// An Acquire and a slot creation wait on the networking lock the
+	// kernel holds while it destroys a batch.
+	acquireWaitTarget = 50 * time.Millisecond
+	createWaitTarget  = 50 * time.Millisecond
+)
+
+// Names of the pace's signals, as in the reclaim's log line.
+const (
+	signalHealth  = "health"
+	signalAcquire = "acquire"
+	signalCreate  = "create"
+)
+
+// waitGauge keeps the longest wait observed since it was last taken. It is
+// lock-free: Acquire and every slot creation observe into it.
+type waitGauge struct{ worst atomic.Int64 }
+
+func (g *waitGauge) observe(d time.Duration) {
+	for {
+		cur := g.worst.Load()
+		if int64(d) <= cur || g.worst.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
+}
+
+// take returns the longest wait since the last take and starts over.
+func (g *waitGauge) take() time.Duration { return time.Duration(g.worst.Swap(0)) }
+
+// waits are the daemon's waits the background reclaim is paced by.
+type waits struct {
+	health, acquire, create waitGauge
+	checks                  atomic.Int64 // health answers since the last healthWorst
+}
+
+// checked counts a health answer (HTTP or gRPC Check).
+func (w *waits) checked() { w.checks.Add(1) }
+
+// healthWorst is the lag probe's worst since the last call if a health
+// check was answered meanwhile, and 0 otherwise: the lag of a machine busy
+// with other work slows the reclaim only when somebody waits for an answer.
+func (w *waits) healthWorst() time.Duration {
+	lag := w.health.take()
+	if w.checks.Swap(0) == 0 {
+		return 0
+	}
+	return lag
+}
+
+// countChecks is a gRPC interceptor that counts health Checks.
+func (w *waits) countChecks(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if info.FullMethod == healthpb.Health_Check_FullMethodName {
+		defer w.checked()
+	}
+	return h(ctx, req)
+}
+
+// signals returns the reclaim's pace signals over w.
+func (w *waits) signals() []reclaim.Signal {
+	return []reclaim.Signal{
+		{Name: signalHealth, Target: healthLagTarget, Worst: w.healthWorst},
+		{Name: signalAcquire, Target: acquireWaitTarget, Worst: w.acquire.take},
+		{Name: signalCreate, Target: createWaitTarget, Worst: w.create.take},
+	}
+}
+
+// probeLag measures, until ctx ends, how late a goroutine that sleeps for
+// lagProbeEvery wakes up, into w.health. The caller waits for it to end.
+func (w *waits) probeLag(ctx context.Context) {
+	t0 := time.Now() // before the timer is set: it never fires before t0 + lagProbeEvery
+	t := time.NewTimer(lagProbeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.health.observe(time.Since(t0) - lagProbeEvery)
+		t0 = time.Now()
+		t.Reset(lagProbeEvery)
+	}
+}
+
+// timedSlots is the pool's slot manager with every creation's time
+// observed into create.
+type timedSlots struct {
+	pool.Slots
+	create *waitGauge
+}
+
+func (t timedSlots) Create(ctx context.Context, i int) (*slot.Slot, error) {
+	t0 := time.Now()
+	s, err := t.Slots.Create(ctx, i)
+	t.create.observe(time.Since(t0))
+	return s, err
+}
+
+// newPacer returns the background reclaim's pacer and starts the lag
+// probe; stop ends the probe.
+func (d *Daemon) newPacer() (p *reclaim.Pacer, stop func(), err error) {
+	p, err = reclaim.NewPacer(reclaim.PaceOptions{Signals: d.waits.signals()})
+	if err != nil {
+		return nil, nil, err
+	}
+	// What waited before the reclaim (the first warm slots) is not its
+	// doing.
+	d.waits.acquire.take()
+	d.waits.create.take()
+	d.waits.healthWorst()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { d.waits.probeLag(ctx) })
+	return p, func() { cancel(); wg.Wait() }, nil
+}

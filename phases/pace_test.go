@@ -1,0 +1,88 @@
+package phases
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// A wait gauge keeps the longest wait since it was last taken, whatever
+// the order and concurrency of the observations.
+func TestWaitGauge(t *testing.T) {
+	tests := []struct {
+		name string
+		obs  []time.Duration
+		want time.Duration
+	}{
+		{"none", nil, 0},
+		{"one", []time.Duration{3 * time.Millisecond}, 3 * time.Millisecond},
+		{"longest first", []time.Duration{9 * time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond}, 9 * time.Millisecond},
+		{"longest last", []time.Duration{1, 2, 3, 70 * time.Millisecond}, 70 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var g waitGauge
+			var wg sync.WaitGroup
+			for _, d := range tt.obs {
+				wg.Go(func() { g.observe(d) })
+			}
+			wg.Wait()
+			if got := g.take(); got != tt.want {
+				t.Errorf("take() = %v, want %v", got, tt.want)
+			}
+			if got := g.take(); got != 0 {
+				t.Errorf("second take() = %v, want 0 (taken)", got)
+			}
+		})
+	}
+}
+
+// The health signal is the lag probe's worst only when a health check was
+// answered meanwhile (a gRPC Check through the interceptor, or an HTTP
+// answer): a busy machine slows the reclaim only when somebody waits.
+func TestHealthSignal(t *testing.T) {
+	var w waits
+	w.health.observe(30 * time.Millisecond)
+	if got := w.healthWorst(); got != 0 {
+		t.Errorf("no check answered: health signal %v, want 0", got)
+	}
+	ok := func(context.Context, any) (any, error) { return nil, nil }
+	if _, err := w.countChecks(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/phasegate.v1.Slots/Get"}, ok); err != nil {
+		t.Fatal(err)
+	}
+	w.health.observe(30 * time.Millisecond)
+	if got := w.healthWorst(); got != 0 {
+		t.Errorf("only a Slots call: health signal %v, want 0", got)
+	}
+	if _, err := w.countChecks(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: healthpb.Health_Check_FullMethodName}, ok); err != nil {
+		t.Fatal(err)
+	}
+	w.health.observe(30 * time.Millisecond)
+	if got := w.healthWorst(); got != 30*time.Millisecond {
+		t.Errorf("after a gRPC Check: health signal %v, want 30ms", got)
+	}
+	w.checked() // an HTTP answer
+	w.health.observe(12 * time.Millisecond)
+	if got := w.healthWorst(); got != 12*time.Millisecond {
+		t.Errorf("after an HTTP check: health signal %v, want 12ms", got)
+	}
+}
+
+// The lag probe reports how late it wakes up, and ends with its context.
+func TestProbeLag(t *testing.T) {
+	var w waits
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.probeLag(ctx) }()
+	time.Sleep(5 * lagProbeEvery)
+	cancel()
+	<-done
+	w.checked()
+	if got := w.healthWorst(); got <= 0 {
+		t.Errorf("lag after 5 periods = %v, want > 0 (a timer never fires early)", got)
+	}
+}

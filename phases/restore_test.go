@@ -1,0 +1,270 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/network/index"
+	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// restoreRig is a daemon's restore over real slots: leases recorded for
+// slots 1..len(made), what happened to each slot while the daemon was
+// down, then classify, the pool and the Slots service as the start builds
+// them, before the background verification has run.
+type restoreRig struct {
+	d    *Daemon
+	mgr  *slot.Manager
+	made []*slot.Slot
+	recs map[int]leases.Record
+}
+
+func newRestoreRig(t *testing.T, n, leased int, meanwhile func(ctx context.Context, mgr *slot.Manager, made []*slot.Slot)) *restoreRig {
+	t.Helper()
+	cfg, mgr, store := newSlotHost(t, n)
+	ctx := context.Background()
+	r := &restoreRig{mgr: mgr, recs: map[int]leases.Record{}}
+	now := time.Now().Round(0)
+	for i := 1; i <= leased; i++ {
+		s, err := mgr.Create(ctx, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.made = append(r.made, s)
+		rec := leases.Record{Index: i, State: leases.Leased, Owner: fmt.Sprint("owner-", i), LeaseID: leases.NewLeaseID(),
+			Principal: root.String(), Acquired: now, Created: now, Netns: s.NetnsID, HostIfindex: s.HostIfIndex}
+		if err := store.Put(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		r.recs[i] = rec
+	}
+	meanwhile(ctx, mgr, r.made)
+
+	r.d = &Daemon{cfg: Config{Slots: cfg}, log: slog.New(slog.DiscardHandler), obs: &observer{}, mgr: mgr, store: store}
+	sr, err := mgr.Survey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := store.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := r.d.classify(ctx, recs, nil, sr.Inventory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.d.plan = plan
+	idx, err := index.New(n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inUse []*slot.Slot
+	for _, l := range plan.restored {
+		if err := idx.Claim(l.rec.Index); err != nil {
+			t.Fatal(err)
+		}
+		inUse = append(inUse, l.slot)
+	}
+	pl, err := pool.New(mgr, idx, pool.Options{Target: 1, InUse: inUse})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pl.Close(context.Background()) })
+	r.d.pool = pl
+	// The lifecycle the verification runs in, as the daemon's: a
+	// background task of populate, started by verifyInBackground.
+	lc, err := lifecycle.New([]lifecycle.Phase{{Name: PhasePopulate, Run: func(_ context.Context, p *lifecycle.Progress) error {
+		p.Defer(taskVerify, func(ctx context.Context, tp *lifecycle.Progress) error {
+			return r.d.verifyLeases(ctx, tp, r.d.plan.restored)
+		})
+		return nil
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.d.lc = lc
+	t.Cleanup(func() { _ = lc.Drain(context.Background()) })
+	r.d.slots = newSlotsService(cfg, pl, store, plan.restored, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d)
+	return r
+}
+
+// states returns every slot's state by index.
+func (r *restoreRig) states() map[int]*phasegatev1.Slot {
+	out := map[int]*phasegatev1.Slot{}
+	for _, s := range r.d.slots.states(false, func(string) bool { return true }) {
+		out[int(s.GetIndex())] = s
+	}
+	return out
+}
+
+// verifyInBackground runs the verification as the daemon does, as a
+// background task of the lifecycle, and waits for it to end.
+func (r *restoreRig) verifyInBackground(t *testing.T) *lifecycle.Lifecycle {
+	t.Helper()
+	lc := r.d.lc
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := lc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		snap := lc.Snapshot()
+		i := slices.IndexFunc(snap.Tasks, func(ts lifecycle.TaskSnapshot) bool { return ts.Name == taskVerify })
+		if i >= 0 && snap.Tasks[i].State != lifecycle.TaskRunning {
+			if snap.Tasks[i].State != lifecycle.TaskSucceeded {
+				t.Fatalf("verification task: %+v", snap.Tasks[i])
+			}
+			if p := snap.Tasks[i].Progress; p.Done != p.Total || p.Unit != "leases" {
+				t.Errorf("verification task's progress at its end: %+v", p)
+			}
+			return lc
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("verification did not end: %+v", snap.Tasks)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// The start restores every leased record without a system call: each lease
+// is VERIFYING and its index is not handed out; the background check then
+// restores the intact ones (host side repaired), and finds the others lost,
+// tearing down what was at their index; the health warning names them and
+// the verification's own warning is gone. A Release of a lease not yet
+// verified verifies it itself, and KeepAlive works on the record.
+func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
+	const (
+		intact   = 1
+		repair   = 2 // host link down and firewall element gone
+		madeNew  = 3 // another namespace at its path
+		gone     = 4 // nothing left
+		keptLive = 5 // intact, kept alive before it is verified
+	)
+	r := newRestoreRig(t, 8, 5, func(ctx context.Context, mgr *slot.Manager, made []*slot.Slot) {
+		if err := netlink.LinkSetDown(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: made[repair-1].HostIfIndex}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := mgr.Firewall().Remove(ctx, made[repair-1].HostIf); err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range []int{madeNew, gone} {
+			if err := mgr.Destroy(ctx, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := mgr.Create(ctx, madeNew); err != nil {
+			t.Fatal(err)
+		}
+	})
+	ctx := as(context.Background(), root, nil)
+
+	st := r.states()
+	for i := 1; i <= 5; i++ {
+		if got := st[i].GetState(); got != phasegatev1.SlotState_SLOT_STATE_VERIFYING || st[i].GetOwner() != r.recs[i].Owner {
+			t.Errorf("slot %d before the verification: %v of %q, want VERIFYING of %q", i, got, st[i].GetOwner(), r.recs[i].Owner)
+		}
+	}
+	// No index of a lease not yet verified is handed out.
+	acq, err := r.d.slots.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "new", RequestId: "n1"})
+	if err != nil || acq.GetSlot().GetIndex() <= 5 {
+		t.Fatalf("Acquire during the verification = %v %v, want a slot above 5", acq, err)
+	}
+	if _, err := r.d.slots.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: keptLive, LeaseId: r.recs[keptLive].LeaseID}); err != nil {
+		t.Errorf("KeepAlive of a lease not yet verified: %v", err)
+	}
+	if got := r.states()[keptLive].GetState(); got != phasegatev1.SlotState_SLOT_STATE_VERIFYING {
+		t.Errorf("slot %d after KeepAlive: %v, want still VERIFYING", keptLive, got)
+	}
+	// Release of a gone lease before the background reaches it: it is
+	// verified (lost: nothing to tear down) and its index freed.
+	if _, err := r.d.slots.Release(ctx, &phasegatev1.ReleaseRequest{Index: gone, LeaseId: r.recs[gone].LeaseID}); err != nil {
+		t.Fatalf("Release of a lease not yet verified: %v", err)
+	}
+	if s := r.d.pool.Indices().States[gone-1]; s != index.Free {
+		t.Errorf("index %d after the Release of its lost lease: %v, want free", gone, s)
+	}
+
+	lc := r.verifyInBackground(t)
+
+	st = r.states()
+	for _, i := range []int{intact, repair, keptLive} {
+		if got := st[i].GetState(); got != phasegatev1.SlotState_SLOT_STATE_ACQUIRED || st[i].GetOwner() != r.recs[i].Owner {
+			t.Errorf("slot %d after the verification: %v of %q, want ACQUIRED of %q", i, got, st[i].GetOwner(), r.recs[i].Owner)
+		}
+	}
+	if got := st[madeNew]; got.GetState() != phasegatev1.SlotState_SLOT_STATE_LOST || !strings.Contains(got.GetLostReason(), "not the one recorded") {
+		t.Errorf("slot %d made again: %v (%q), want LOST saying its namespace is not the one recorded", madeNew, got.GetState(), got.GetLostReason())
+	}
+	if _, err := os.Stat(r.made[madeNew-1].NetnsPath); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("what was at the lost lease's index %d is still there: %v", madeNew, err)
+	}
+	link, err := netlink.LinkByIndex(r.made[repair-1].HostIfIndex)
+	if err != nil || link.Attrs().Flags&1 == 0 {
+		t.Errorf("slot %d's host link after the repair: %v %v, want up", repair, link, err)
+	}
+	names, err := r.mgr.Firewall().List(context.Background())
+	if err != nil || !slices.Contains(names, r.made[repair-1].HostIf) {
+		t.Errorf("slot %d's firewall element after the repair: %v %v", repair, names, err)
+	}
+	warnings := map[string]string{}
+	for _, w := range lc.Snapshot().Warnings {
+		warnings[w.Name] = w.Message
+	}
+	if _, ok := warnings[taskVerify]; ok {
+		t.Errorf("the verification's warning outlived it: %v", warnings)
+	}
+	if w := warnings[warnLeasesLost]; !strings.Contains(w, fmt.Sprintf("slots [%d %d]", madeNew, gone)) {
+		t.Errorf("leases-lost warning %q, want it to name slots %d and %d", w, madeNew, gone)
+	}
+	// The lost lease's index is the lease's until it ends.
+	if s := r.d.pool.Indices().States[madeNew-1]; s == index.Free {
+		t.Errorf("index %d of a lost lease is free while the lease is held", madeNew)
+	}
+}
+
+// BenchmarkVerifyRestored measures the check after SERVING of restored
+// leases' slots (Identify and RepairHost; nothing to repair) at each
+// number of workers, in one run: their ratios chose verifyWorkers
+// (docs/BENCHMARKS.md, "Restore").
+func BenchmarkVerifyRestored(b *testing.B) {
+	const n = 256
+	_, mgr, _ := newSlotHost(b, n)
+	ctx := context.Background()
+	slots := make([]*slot.Slot, n)
+	for i := range slots {
+		s, err := mgr.Create(ctx, i+1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		slots[i] = s
+	}
+	d := &Daemon{log: slog.New(slog.DiscardHandler), obs: &observer{}, mgr: mgr}
+	for _, w := range []int{1, 2, 4, 8, 16} {
+		b.Run(fmt.Sprintf("workers=%d", w), func(b *testing.B) {
+			for b.Loop() {
+				out, _ := d.checkSlots(slots, w)
+				for i, v := range out {
+					if v != (verdict{}) {
+						b.Fatalf("slot %d: %+v", slots[i].Index, v)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/lease")
+		})
+	}
+}
