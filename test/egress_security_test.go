@@ -100,8 +100,8 @@ func TestEgressPolicyAttacks(t *testing.T) {
 		t.Fatalf("stop: exit %d", code)
 	}
 	for _, p := range []string{"uid:65534", "uid:1"} {
-		if !strings.Contains(d.logs.String(), `msg="control call refused" audit=true method=SetEgressPolicy surface=socket principal=`+p) {
-			t.Errorf("no audit line of %s's refused SetEgressPolicy:\n%s", p, grepLines(d.logs.String(), "SetEgressPolicy"))
+		if !strings.Contains(d.Output(), `msg="control call refused" audit=true method=SetEgressPolicy surface=socket principal=`+p) {
+			t.Errorf("no audit line of %s's refused SetEgressPolicy:\n%s", p, grepLines(d.Output(), "SetEgressPolicy"))
 		}
 	}
 	st, err := leases.Open(filepath.Join(h.stateDir, "slots.db"), leases.Options{})

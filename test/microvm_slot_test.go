@@ -101,10 +101,10 @@ func TestMicroVMSlotPolicyAcrossRestarts(t *testing.T) {
 		d.waitServing(time.Minute)
 		c = d.slots()
 		waitFor(t, time.Minute, "the restored lease to be verified", func() bool {
-			return strings.Count(d.logs.String(), marker) > base
+			return strings.Count(d.Output(), marker) > base
 		})
-		if strings.Contains(d.logs.String(), "inside of its slot repaired") {
-			t.Errorf("after %s the daemon rewrote a slot it found intact:\n%s", name, grepLines(d.logs.String(), "repaired"))
+		if strings.Contains(d.Output(), "inside of its slot repaired") {
+			t.Errorf("after %s the daemon rewrote a slot it found intact:\n%s", name, grepLines(d.Output(), "repaired"))
 		}
 		if got := insideRules(t, path); got != rules {
 			t.Errorf("after %s the slot's rules changed:\nbefore:\n%s\nafter:\n%s", name, rules, got)
@@ -132,11 +132,11 @@ func TestMicroVMSlotPolicyAcrossRestarts(t *testing.T) {
 		return 0
 	})
 	restart("SIGHUP", func() int {
-		base := strings.Count(d.logs.String(), marker)
-		serving := strings.Count(d.logs.String(), "msg=serving ")
+		base := strings.Count(d.Output(), marker)
+		serving := strings.Count(d.Output(), "msg=serving ")
 		d.signal(syscall.SIGHUP)
 		waitFor(t, 2*time.Minute, "the upgraded daemon to serve", func() bool {
-			return strings.Count(d.logs.String(), "msg=serving ") > serving
+			return strings.Count(d.Output(), "msg=serving ") > serving
 		})
 		return base
 	})
@@ -154,9 +154,9 @@ func TestMicroVMSlotPolicyAcrossRestarts(t *testing.T) {
 	d.waitServing(time.Minute)
 	c = d.slots()
 	waitFor(t, time.Minute, "the restored lease to be repaired", func() bool {
-		return strings.Contains(d.logs.String(), marker)
+		return strings.Contains(d.Output(), marker)
 	})
-	if l := grepLines(d.logs.String(), "inside of its slot repaired"); !strings.Contains(l, "guest NAT") || !strings.Contains(l, "egress policy (missing)") {
+	if l := grepLines(d.Output(), "inside of its slot repaired"); !strings.Contains(l, "guest NAT") || !strings.Contains(l, "egress policy (missing)") {
 		t.Errorf("the repair does not say it put back the NAT and the policy:\n%s", l)
 	}
 	repaired := insideRules(t, path)
@@ -224,8 +224,8 @@ func TestGuestRangeTheHostRoutesIsRefused(t *testing.T) {
 	if code := d.wait(time.Minute); code != 2 {
 		t.Errorf("exit %d, want 2", code)
 	}
-	if !strings.Contains(d.logs.String(), "guest network 169.254.255.20/30 (--slot-guest-addr) overlaps what the host already uses: route 169.254.255.20/31") {
-		t.Errorf("the refusal does not name the route:\n%s", grepLines(d.logs.String(), "guest"))
+	if !strings.Contains(d.Output(), "guest network 169.254.255.20/30 (--slot-guest-addr) overlaps what the host already uses: route 169.254.255.20/31") {
+		t.Errorf("the refusal does not name the route:\n%s", grepLines(d.Output(), "guest"))
 	}
 	h.assertClean(h.prefix, nil)
 }
@@ -244,8 +244,8 @@ func TestBadMicroVMFlagsExitTwo(t *testing.T) {
 		{[]string{"--slot-egress-deny=fd00::/8"}, "not an IPv4 CIDR"},
 	} {
 		d := start(t, nil, h.args(freePort(t), append([]string{"--slots=16"}, tc.flags...)...)...)
-		if code := d.wait(time.Minute); code != 2 || !strings.Contains(d.logs.String(), tc.want) {
-			t.Errorf("%v: exit %d, want 2 saying %q:\n%s", tc.flags, code, tc.want, d.logs.String())
+		if code := d.wait(time.Minute); code != 2 || !strings.Contains(d.Output(), tc.want) {
+			t.Errorf("%v: exit %d, want 2 saying %q:\n%s", tc.flags, code, tc.want, d.Output())
 		}
 	}
 	h.assertClean(h.prefix, nil)

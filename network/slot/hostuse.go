@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -124,14 +125,17 @@ func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
 }
 
 // hostAddrList dumps the host's IPv4 addresses, again when the kernel
-// interrupted the dump (addresses changed meanwhile).
+// interrupted the dump (addresses changed meanwhile: other daemons and
+// tests making slots), a moment later each time, so that a burst of
+// changes can pass.
 func hostAddrList() ([]netlink.Addr, error) {
 	var addrs []netlink.Addr
 	var err error
-	for range dumpTries {
+	for try := range dumpTries {
 		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
 			break
 		}
+		time.Sleep(time.Duration(try+1) * time.Millisecond)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("slot: list host addresses: %w", err)
