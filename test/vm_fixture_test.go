@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -197,4 +200,97 @@ func waitNodeServing(t *testing.T, n *node, addr string, timeout time.Duration) 
 		code, err := n.httpGet("http://"+addr+"/readyz", nil, 2*time.Second)
 		return err == nil && code == http.StatusOK
 	})
+}
+
+// The far ends' wide ranges, A and B: documentation networks (RFC 5737),
+// which no network routes; each far end takes a random /30 of one.
+var (
+	rangeA = netip.MustParsePrefix("198.51.100.0/24")
+	rangeB = netip.MustParsePrefix("203.0.113.0/24")
+)
+
+// randomSlash30 is a random /30 of wide.
+func randomSlash30(wide netip.Prefix) netip.Prefix {
+	a := wide.Addr().As4()
+	a[3] = byte(rand.IntN(64) * 4)
+	return netip.PrefixFrom(netip.AddrFrom4(a), 30)
+}
+
+// consoleLen is how much the guest has written to its console so far.
+func consoleLen(t *testing.T, vm *microvm.VM) int {
+	t.Helper()
+	text, err := vm.Console()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(text)
+}
+
+var probeLine = regexp.MustCompile(`^probe (\d+) (\S+) (ok|fail)$`)
+
+// waitRound waits for the first round of the guest's checks that began
+// after console offset from and has reported every address of want, and
+// fails unless each result is the wanted one. A round already running at
+// from is skipped: it may have checked some addresses before a change and
+// some after.
+func waitRound(t *testing.T, ctx context.Context, vm *microvm.VM, from int, want map[netip.AddrPort]string) {
+	t.Helper()
+	text, err := vm.Console()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := 0
+	for _, l := range strings.Split(text[:from], "\n") {
+		if m := probeLine.FindStringSubmatch(strings.TrimSpace(l)); m != nil {
+			r, _ := strconv.Atoi(m[1])
+			first = max(first, r+1)
+		}
+	}
+	got := map[int]map[string]string{}
+	off := from
+	for {
+		line, next, err := vm.WaitConsole(ctx, off, probeLine)
+		if err != nil {
+			t.Fatalf("waiting for a round of checks %v: %v", want, err)
+		}
+		off = next
+		m := probeLine.FindStringSubmatch(line)
+		r, _ := strconv.Atoi(m[1])
+		if r < first {
+			continue
+		}
+		if got[r] == nil {
+			got[r] = map[string]string{}
+		}
+		got[r][m[2]] = m[3]
+		if len(got[r]) < len(want) {
+			continue
+		}
+		var wrong []string
+		for a, res := range want {
+			if got[r][a.String()] != res {
+				wrong = append(wrong, fmt.Sprintf("%s %s, want %s", a, got[r][a.String()], res))
+			}
+		}
+		if len(wrong) > 0 {
+			t.Fatalf("round %d of the guest's checks: %s", r, strings.Join(wrong, "; "))
+		}
+		return
+	}
+}
+
+// checkHeld checks that the guest's long connection to f is still the
+// first and only one, and still carries ticks.
+func checkHeld(t *testing.T, f *farEnd, vm *microvm.VM) {
+	t.Helper()
+	_, before := f.held()
+	waitFor(t, 30*time.Second, "ticks on the guest's long connection", func() bool {
+		_, ticks := f.held()
+		return ticks >= before+2
+	})
+	text, _ := vm.Console()
+	if conns, _ := f.held(); conns != 1 || strings.Contains(text, "hold broken") {
+		t.Fatalf("the guest's long connection was redialled: %d connections, broken on the console: %v",
+			conns, strings.Contains(text, "hold broken"))
+	}
 }

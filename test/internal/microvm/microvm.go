@@ -120,22 +120,36 @@ func Start(ctx context.Context, g Guest, c Config) (*VM, error) {
 	cmd := exec.CommandContext(ctx, "nsenter", args...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
-	// nsenter execs QEMU: the pid is QEMU's, so signals reach it.
+	// nsenter execs QEMU: the pid is QEMU's, so signals reach it. If the
+	// test binary dies, the kernel kills QEMU (Pdeathsig). That signal
+	// follows the thread that forked, not the process, so the fork is
+	// made on a thread locked for the VM's whole life: a thread handed
+	// back to the scheduler may end with some other goroutine (one that
+	// entered a namespace and never unlocked) and take QEMU with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("microvm: start %s: %w", cmd.Args, err)
-	}
 	vm := &VM{cfg: c, cmd: cmd, done: make(chan struct{})}
+	started := make(chan error, 1)
 	go func() {
+		defer close(vm.done)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			vm.err = err
+			started <- fmt.Errorf("microvm: start %s: %w", cmd.Args, err)
+			return
+		}
+		started <- nil
 		err := cmd.Wait()
 		if err != nil && out.Len() > 0 {
 			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(out.String()))
 		}
 		vm.err = err
-		close(vm.done)
 	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
 	return vm, nil
 }
 
