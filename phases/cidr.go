@@ -102,6 +102,9 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
 		err = &cidrInUseError{CIDR: d.cfg.Slots.CIDR.String(), Uses: uses}
 	}
+	if err == nil {
+		err = d.checkGuestRange()
+	}
 	if err != nil {
 		_ = l.Unlock()
 		return lifecycle.Permanent(err)
@@ -118,4 +121,30 @@ func describeUses(uses []slot.HostUse) string {
 		s[i] = u.String()
 	}
 	return strings.Join(s, ", ")
+}
+
+// guestRangeInUseError refuses a guest network the host uses itself.
+type guestRangeInUseError struct {
+	Range string
+	Uses  []slot.HostUse
+}
+
+func (e *guestRangeInUseError) Error() string {
+	return fmt.Sprintf("%v: the guest network %s (--slot-guest-addr) overlaps what the host uses: %s; every slot repeats it inside, so the host must not route it: give another --slot-guest-addr, or move what the host has there (another daemon's --slot-cidr, say)",
+		ErrConfig, e.Range, describeUses(e.Uses))
+}
+
+// Unwrap makes the error a configuration error: the daemon exits 2.
+func (e *guestRangeInUseError) Unwrap() error { return ErrConfig }
+
+// checkGuestRange refuses a guest network that overlaps the host's own
+// addresses or routes.
+func (d *Daemon) checkGuestRange() error {
+	uses, err := d.cfg.Slots.GuestUses()
+	if err != nil || len(uses) == 0 {
+		return err
+	}
+	r := d.cfg.Slots.Guest.Range().String()
+	d.log.Error("guest network refused: the host already uses addresses in it", "range", r, "uses", describeUses(uses))
+	return &guestRangeInUseError{Range: r, Uses: uses}
 }

@@ -253,14 +253,15 @@ func (d *Daemon) stopLock(ctx context.Context) error {
 // Names of the daemon's health warnings and background tasks. A warning
 // named like a running task is shown with the task's progress.
 const (
-	warnStateLost  = "state-lost"
-	warnLeasesLost = "leases-lost"
-	warnEgress     = "egress"
-	warnDrainDelay = "drain-delay"
-	taskReclaim    = "reclaim-dead"
-	taskReconcile  = "reconcile"
-	taskFill       = "fill"
-	taskLeases     = "leases"
+	warnStateLost    = "state-lost"
+	warnLeasesLost   = "leases-lost"
+	warnEgress       = "egress"
+	warnDrainDelay   = "drain-delay"
+	taskReclaim      = "reclaim-dead"
+	taskVerifyInside = "verify-inside"
+	taskReconcile    = "reconcile"
+	taskFill         = "fill"
+	taskLeases       = "leases"
 )
 
 // backgroundBatch is how many dead namespaces the background reclaim hands
@@ -599,6 +600,9 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		d.obs.setPool(pl)
 		d.slots = newSlotsService(d.cfg.Slots, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
 			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent)
+		if d.slots.egress, err = egressDefaults(d.cfg); err != nil {
+			return lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
+		}
 		d.obs.setLeases(d.slots)
 	}
 	if err := d.reclaimForWarm(ctx, p); err != nil {
@@ -624,6 +628,11 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		close(d.deadDone)
 	}
 	p.Defer(taskReconcile, d.runReconciler)
+	if restored := d.insideToVerify(); len(restored) > 0 {
+		p.Defer(taskVerifyInside, func(ctx context.Context, tp *lifecycle.Progress) error {
+			return d.verifyInside(ctx, tp, restored)
+		})
+	}
 	if d.cfg.PoolSize > d.cfg.PoolMinReady {
 		p.Defer(taskFill, func(ctx context.Context, tp *lifecycle.Progress) error {
 			tp.SetTotal(int64(d.cfg.PoolSize), "warm slots")

@@ -25,6 +25,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/index"
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -66,6 +67,9 @@ type slotsService struct {
 	events leaseEvents
 
 	acquiring singleflight.Group // one Acquire per owner and request id at a time
+
+	egress   inside.Defaults // the daemon's part of every egress policy
+	egressMu sync.Mutex      // one SetEgressPolicy at a time
 
 	mu      sync.Mutex
 	leased  map[int]*lease // by index, lost ones included
@@ -186,6 +190,10 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	if req.GetTtl() != nil && (!req.GetTtl().IsValid() || ttl < 0) {
 		return nil, status.Error(codes.InvalidArgument, "ttl must be a non-negative duration")
 	}
+	pol, err := parseEgress(req.GetEgressPolicy(), s.egress)
+	if err != nil {
+		return nil, err
+	}
 	c, err := callerOf(ctx)
 	if err != nil {
 		return nil, err
@@ -197,7 +205,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	}
 	var a acquired
 	if req.GetRequestId() == "" {
-		a, err = s.acquire(ctx, c, owner, "", ttl)
+		a, err = s.acquire(ctx, c, owner, "", ttl, pol)
 	} else {
 		// Concurrent retries of one request wait for the first: they must
 		// get its slot, not one each. The key holds the principal: a
@@ -205,7 +213,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 		key := c.Principal.String() + "\x00" + owner + "\x00" + req.GetRequestId()
 		var v any
 		v, err, _ = s.acquiring.Do(key, func() (any, error) {
-			a, err := s.acquire(ctx, c, owner, req.GetRequestId(), ttl)
+			a, err := s.acquire(ctx, c, owner, req.GetRequestId(), ttl, pol)
 			return a, err
 		})
 		if err == nil {
@@ -223,7 +231,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	return &phasegatev1.AcquireResponse{Slot: s.describe(a.l.rec.Index, st, a.l), LeaseId: a.l.rec.LeaseID}, nil
 }
 
-func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration) (acquired, error) {
+func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration, pol *inside.Policy) (acquired, error) {
 	principal := c.Principal.String()
 	if requestID != "" {
 		if l, ok, err := s.byRequest(owner, requestID); err != nil {
@@ -252,12 +260,21 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	case err != nil:
 		return acquired{}, status.Errorf(codes.Internal, "make a slot: %v", err)
 	}
+	// The policy before the record and the reply: a lease never runs
+	// without the policy it was asked with.
+	if pol != nil {
+		if err := s.applyEgress(sl, pol); err != nil {
+			s.returnUnleased(sl, true)
+			return acquired{}, egressError(sl.Index, err)
+		}
+	}
 	now := time.Now()
 	rec := leases.Record{
 		Index: sl.Index, State: leases.Leased,
 		Owner: owner, LeaseID: leases.NewLeaseID(), RequestID: requestID, Principal: principal,
 		Acquired: now, TTL: ttl,
 		Netns: sl.NetnsID, HostIfindex: sl.HostIfIndex, Created: now,
+		Egress: egressRecord(pol),
 	}
 	if ttl > 0 {
 		rec.Expires = now.Add(ttl)
@@ -266,9 +283,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	// lease a restart restores. If the record cannot be written, or the
 	// caller left before it was, the slot goes back to the pool unused.
 	if err := s.store.Put(ctx, rec); err != nil {
-		if rerr := s.pool.Return(sl); rerr != nil {
-			s.log.Warn("slot not leased could not go back to the pool", "slot", sl.Index, "error", rerr)
-		}
+		s.returnUnleased(sl, pol != nil)
 		var dup *leases.DuplicateRequestError
 		switch {
 		case errors.As(err, &dup):
@@ -295,6 +310,25 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	s.count("acquired")
 	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "principal", principal, "ttl", ttl.String())
 	return acquired{l: l}, nil
+}
+
+// returnUnleased gives a slot that was not leased back to the pool, warm,
+// without the egress policy written for the lease that did not happen.
+// One whose policy cannot be cleared is put back as used instead: the pool
+// tears it down and makes a fresh one.
+func (s *slotsService) returnUnleased(sl *slot.Slot, hadPolicy bool) {
+	if hadPolicy {
+		if err := slot.ClearEgress(sl); err != nil {
+			s.log.Warn("slot not leased: its egress policy could not be cleared; the slot is made again", "slot", sl.Index, "error", err)
+			if perr := s.pool.Put(context.Background(), sl); perr != nil {
+				s.log.Warn("slot not leased could not be made again", "slot", sl.Index, "error", perr)
+			}
+			return
+		}
+	}
+	if err := s.pool.Return(sl); err != nil {
+		s.log.Warn("slot not leased could not go back to the pool", "slot", sl.Index, "error", err)
+	}
 }
 
 // retriedBy refuses a retried Acquire whose caller is not the principal
@@ -559,6 +593,18 @@ func (s *slotsService) Get(ctx context.Context, req *phasegatev1.GetRequest) (*p
 	if sl.GetOwner() != "" && !c.Grant.MayRead(sl.GetOwner()) {
 		return nil, status.Errorf(codes.PermissionDenied, "slot %d is leased to an owner %s may not see", req.GetIndex(), c.Principal)
 	}
+	if sl.GetEgressPolicy() != nil {
+		s.mu.Lock()
+		l := s.leased[int(req.GetIndex())]
+		var c lease
+		if l != nil {
+			c = *l
+		}
+		s.mu.Unlock()
+		if l != nil {
+			sl.EgressDroppedPackets = s.describeWithDrops(int(req.GetIndex()), sl.GetState(), &c).GetEgressDroppedPackets()
+		}
+	}
 	return &phasegatev1.GetResponse{Slot: sl}, nil
 }
 
@@ -625,6 +671,9 @@ func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease) *phas
 		HostAddress:     sl.HostAddr.String(),
 		InsideAddress:   sl.InsideAddr.String(),
 	}
+	if g := s.cfg.Guest; g.Enabled() {
+		out.GuestInterface, out.GuestAddress, out.GuestGateway = g.Tap, g.Addr.String(), g.Gateway.String()
+	}
 	if l != nil {
 		out.Owner = l.rec.Owner
 		out.AcquiredAt = timestamppb.New(l.rec.Acquired)
@@ -635,6 +684,7 @@ func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease) *phas
 		}
 		out.LostReason = l.lostReason
 		out.Principal = l.rec.Principal
+		out.EgressPolicy = egressProto(l.rec.Egress)
 	}
 	return out
 }

@@ -53,7 +53,11 @@ const dumpTries = 10
 // the slots a restart restores keep their addresses and routes. A default
 // route (0.0.0.0/0) overlaps every CIDR and is left out: it takes nothing
 // from a more specific slot route.
-func (c Config) ForeignUses() ([]HostUse, error) {
+func (c Config) ForeignUses() ([]HostUse, error) { return c.usesOf(c.CIDR) }
+
+// usesOf returns the host's IPv4 addresses and routes that overlap p and
+// are not on c's own host links (a default route left out).
+func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
 	names := map[int]string{}
 	probe, err := newLinkProbe()
 	if err != nil {
@@ -84,7 +88,7 @@ func (c Config) ForeignUses() ([]HostUse, error) {
 	var uses []HostUse
 	for _, a := range addrs {
 		p, ok := prefixOf(a.IPNet)
-		if !ok || !p.Overlaps(c.CIDR) {
+		if !ok || !p.Overlaps(cidr) {
 			continue
 		}
 		if name, mine := own(a.LinkIndex); !mine {
@@ -103,7 +107,7 @@ func (c Config) ForeignUses() ([]HostUse, error) {
 	}
 	for _, r := range routes {
 		p, ok := prefixOf(r.Dst)
-		if !ok || p.Bits() == 0 || !p.Overlaps(c.CIDR) {
+		if !ok || p.Bits() == 0 || !p.Overlaps(cidr) {
 			continue
 		}
 		if name, mine := own(r.LinkIndex); !mine {
