@@ -275,6 +275,7 @@ func waitRound(t *testing.T, ctx context.Context, vm *microvm.VM, from int, want
 		if len(wrong) > 0 {
 			t.Fatalf("round %d of the guest's checks: %s", r, strings.Join(wrong, "; "))
 		}
+		t.Logf("round %d of the guest's checks: %v", r, got[r])
 		return
 	}
 }
