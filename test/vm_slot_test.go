@@ -182,7 +182,6 @@ func afterRestart(t *testing.T, ctx context.Context, how string, d *daemon, v *v
 	}
 }
 
-
 // The slot profile the VM tests run the daemon with: the guest device the
 // harness's guests are configured for.
 const guestTap = "tap0"
