@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"regexp"
@@ -90,13 +91,20 @@ func TestVMInSlots(t *testing.T) {
 	checkPolicy(t, ctx, d.slots(), a, p2)
 	checkHeld(t, farA, a.vm)
 
-	// A connection into the guest through every kind of restart.
+	// A connection into the guest through every kind of restart, which
+	// must leave the slot's network as it was: the guest's view, and the
+	// devices, addresses and rules in its namespace.
+	viewA := map[netip.AddrPort]string{farA.echo: "ok", farB.echo: "ok", b.at: "fail"}
+	network := slotNetwork(t, a.slot)
+	if !strings.Contains(network, "link "+guestTap+" ") || !strings.Contains(network, "table ") {
+		t.Fatalf("slot %d's network lists no %s or no nftables table:\n%s", a.slot.GetIndex(), guestTap, network)
+	}
 	probe := startSteadyProbe(t, n.ns, a.at, 100*time.Millisecond)
 	d.signal(syscall.SIGKILL)
 	d.wait(30 * time.Second)
 	d = nodeDaemon(t, n, h, addr, flags...)
 	waitNodeServing(t, n, addr, time.Minute)
-	afterRestart(t, ctx, "kill -9 and a new start", d, a, p2, probe)
+	afterRestart(t, ctx, "kill -9 and a new start", d, a, p2, probe, network, viewA)
 
 	d.signal(syscall.SIGTERM)
 	if code := d.wait(time.Minute); code != 0 {
@@ -104,23 +112,25 @@ func TestVMInSlots(t *testing.T) {
 	}
 	d = nodeDaemon(t, n, h, addr, flags...)
 	waitNodeServing(t, n, addr, time.Minute)
-	afterRestart(t, ctx, "SIGTERM and a new start", d, a, p2, probe)
+	afterRestart(t, ctx, "SIGTERM and a new start", d, a, p2, probe, network, viewA)
 
 	upgrades := strings.Count(d.logs.String(), "SIGHUP: upgrading in place")
+	served := strings.Count(d.logs.String(), "msg=serving ")
 	d.signal(syscall.SIGHUP)
-	waitFor(t, time.Minute, "the SIGHUP upgrade", func() bool {
+	waitFor(t, time.Minute, "the SIGHUP upgrade to begin", func() bool {
 		return strings.Count(d.logs.String(), "SIGHUP: upgrading in place") > upgrades
 	})
+	waitFor(t, 2*time.Minute, "the upgraded daemon to serve", func() bool {
+		return strings.Count(d.logs.String(), "msg=serving ") > served
+	})
 	waitNodeServing(t, n, addr, time.Minute)
-	afterRestart(t, ctx, "SIGHUP", d, a, p2, probe)
+	afterRestart(t, ctx, "SIGHUP", d, a, p2, probe, network, viewA)
 	probe.end()
 	echoes, fails := probe.result()
 	t.Logf("the connection into the guest across kill -9, SIGTERM and a start, SIGHUP: %d echoes, %d failures", echoes, len(fails))
 	if len(fails) > 0 || echoes == 0 {
 		t.Errorf("the connection into the guest across the restarts: %d echoes, failures %v", echoes, fails)
 	}
-	off = consoleLen(t, a.vm)
-	waitRound(t, ctx, a.vm, off, map[netip.AddrPort]string{farA.echo: "ok", farB.echo: "ok", b.at: "fail"})
 	waitRound(t, ctx, b.vm, consoleLen(t, b.vm), map[netip.AddrPort]string{farA.echo: "ok", a.at: "fail"})
 
 	// Policy 3 denies range A: new connections there fail, the
@@ -168,18 +178,44 @@ func guestConfig(s *phasegatev1.Slot, probes []netip.AddrPort, hold netip.AddrPo
 }
 
 // afterRestart checks what a restart of the daemon (how says what) must
-// leave untouched: the lease and its policy in Get, the guest's view of
-// the network, and the connection into it.
-func afterRestart(t *testing.T, ctx context.Context, how string, d *daemon, v *vmSlot, p *phasegatev1.EgressPolicy, probe *steadyProbe) {
+// leave untouched: the lease and its policy in Get, the connection into
+// the guest, the slot's network (as slotNetwork lists it) and the guest's
+// view of it (a full round of its checks with the results in view).
+func afterRestart(t *testing.T, ctx context.Context, how string, d *daemon, v *vmSlot, p *phasegatev1.EgressPolicy,
+	probe *steadyProbe, network string, view map[netip.AddrPort]string) {
 	t.Helper()
 	checkPolicy(t, ctx, d.slots(), v, p)
+	if now := slotNetwork(t, v.slot); now != network {
+		t.Errorf("after %s slot %d's network changed; before:\n%s\nafter:\n%s", how, v.slot.GetIndex(), network, now)
+	}
+	waitRound(t, ctx, v.vm, consoleLen(t, v.vm), view)
 	if echoes, fails := probe.result(); len(fails) > 0 {
 		t.Fatalf("after %s the connection into the guest failed (%d echoes before): %v", how, echoes, fails)
 	}
-	before := consoleLen(t, v.vm)
-	if _, _, err := v.vm.WaitConsole(ctx, before, regexp.MustCompile(`^probe \d+ `)); err != nil {
-		t.Fatalf("after %s: %v", how, err)
+}
+
+// slotNetwork is what a restart must not change in slot s's namespace:
+// its links, addresses, routes and nftables rules (without counters and
+// handles, which traffic and a rewrite of the same rules change).
+func slotNetwork(t *testing.T, s *phasegatev1.Slot) string {
+	t.Helper()
+	in := func(args ...string) string {
+		return run(t, "nsenter", append([]string{"--net=" + s.GetNetnsPath(), "--"}, args...)...)
 	}
+	links := regexp.MustCompile(`^\d+: (\S+): <([^>]*)>.* link/\S+ (\S+)`)
+	var b strings.Builder
+	for _, l := range lines(in("ip", "-o", "link", "show")) {
+		if m := links.FindStringSubmatch(l); m != nil {
+			fmt.Fprintf(&b, "link %s %s %s\n", m[1], m[2], m[3])
+		}
+	}
+	for _, l := range lines(in("ip", "-o", "addr", "show")) {
+		f := strings.Fields(l)
+		fmt.Fprintf(&b, "addr %s %s %s\n", f[1], f[2], f[3])
+	}
+	b.WriteString(in("ip", "route", "show", "table", "all"))
+	b.WriteString(in("nft", "-s", "list", "ruleset"))
+	return b.String()
 }
 
 // The slot profile the VM tests run the daemon with: the guest device the
