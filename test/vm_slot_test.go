@@ -77,6 +77,10 @@ func TestVMInSlots(t *testing.T) {
 	// not each other.
 	waitRound(t, ctx, a.vm, 0, map[netip.AddrPort]string{farA.echo: "ok", farB.echo: "fail", b.at: "fail"})
 	waitRound(t, ctx, b.vm, 0, map[netip.AddrPort]string{farA.echo: "ok", a.at: "fail"})
+	if got, err := d.slots().Get(ctx, &phasegatev1.GetRequest{Index: a.slot.GetIndex()}); err != nil || got.GetSlot().GetEgressDroppedPackets() == 0 {
+		t.Errorf("slot %d after its guest's checks of a denied address: %d packets dropped (%v), want some",
+			a.slot.GetIndex(), got.GetSlot().GetEgressDroppedPackets(), err)
+	}
 	waitFor(t, time.Minute, "the guest's long connection to far end A", func() bool {
 		_, ticks := farA.held()
 		return ticks >= 2
@@ -151,8 +155,18 @@ func TestVMInSlots(t *testing.T) {
 			t.Fatalf("Release slot %d: %v", v.slot.GetIndex(), err)
 		}
 	}
+	var fresh *phasegatev1.Slot
+	for _, s := range listSlots(t, d.slots(), true) {
+		if s.GetState() == phasegatev1.SlotState_SLOT_STATE_WARM && s.GetIndex() != a.slot.GetIndex() && s.GetIndex() != b.slot.GetIndex() {
+			fresh = s
+			break
+		}
+	}
+	if fresh == nil {
+		t.Fatal("no warm slot that was never leased to compare the released ones with")
+	}
 	for _, v := range vms {
-		checkReleased(t, ctx, d.slots(), v)
+		checkReleased(t, ctx, d.slots(), v, fresh)
 	}
 	d.signal(syscall.SIGTERM)
 	if code := d.wait(time.Minute); code != 0 {
@@ -283,10 +297,10 @@ func checkPolicy(t *testing.T, ctx context.Context, c phasegatev1.SlotsClient, v
 }
 
 // checkReleased checks that nothing of v's lease is left while the daemon
-// runs: QEMU is gone, Get shows no lease and no policy, and if the slot's
-// namespace is kept (warm, for the next lease) its rules name none of the
-// policy's ranges.
-func checkReleased(t *testing.T, ctx context.Context, c phasegatev1.SlotsClient, v *vmSlot) {
+// runs: QEMU is gone, Get shows no lease and no policy, and if the slot is
+// kept (warm, for the next lease) its rules are those of fresh, a slot
+// that was never leased, but for each slot's own addresses.
+func checkReleased(t *testing.T, ctx context.Context, c phasegatev1.SlotsClient, v *vmSlot, fresh *phasegatev1.Slot) {
 	t.Helper()
 	if exited, _ := v.vm.Exited(); !exited {
 		t.Errorf("slot %d: QEMU still runs", v.slot.GetIndex())
@@ -300,12 +314,23 @@ func checkReleased(t *testing.T, ctx context.Context, c phasegatev1.SlotsClient,
 		t.Errorf("slot %d after Release: %v for %q with policy %v", s.GetIndex(), s.GetState(), s.GetOwner(), s.GetEgressPolicy())
 	}
 	if _, err := os.Stat(v.slot.GetNetnsPath()); err != nil {
-		return // destroyed with its namespace
+		t.Logf("slot %d: destroyed with its namespace after Release", s.GetIndex())
+		return
 	}
-	rules := run(t, "nsenter", "--net="+v.slot.GetNetnsPath(), "--", "nft", "list", "ruleset")
-	for _, r := range []netip.Prefix{rangeA, rangeB} {
-		if strings.Contains(rules, r.Masked().Addr().String()) {
-			t.Errorf("slot %d after Release still has rules naming %s:\n%s", s.GetIndex(), r, rules)
-		}
+	if got, want := slotRules(t, v.slot), slotRules(t, fresh); got != want {
+		t.Errorf("slot %d after Release has rules a never-leased slot (%d) has not; released:\n%s\nnever leased:\n%s",
+			s.GetIndex(), fresh.GetIndex(), got, want)
 	}
+}
+
+// slotRules is the nftables ruleset in slot s's namespace without counters
+// and handles, its own addresses replaced by placeholders so that two
+// slots' rules compare.
+func slotRules(t *testing.T, s *phasegatev1.Slot) string {
+	t.Helper()
+	rules := run(t, "nsenter", "--net="+s.GetNetnsPath(), "--", "nft", "-s", "list", "ruleset")
+	for name, a := range map[string]string{"INSIDE": s.GetInsideAddress(), "HOST": s.GetHostAddress()} {
+		rules = strings.ReplaceAll(rules, netip.MustParsePrefix(a).Addr().String(), name)
+	}
+	return rules
 }
