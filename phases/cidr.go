@@ -130,8 +130,12 @@ type guestRangeInUseError struct {
 }
 
 func (e *guestRangeInUseError) Error() string {
-	return fmt.Sprintf("%v: the guest network %s (--slot-guest-addr) overlaps what the host uses: %s; every slot repeats it inside, so the host must not route it: give another --slot-guest-addr, or move what the host has there (another daemon's --slot-cidr, say)",
-		ErrConfig, e.Range, describeUses(e.Uses))
+	more := ""
+	if n := len(e.Uses) - 1; n > 0 {
+		more = fmt.Sprintf(" (and %d more)", n)
+	}
+	return fmt.Sprintf("%v: the guest network %s (--slot-guest-addr) overlaps what the host uses: %s%s; every slot repeats it inside, so the host must not have it: give another --slot-guest-addr, or move what the host has there (another daemon's --slot-cidr, say)",
+		ErrConfig, e.Range, e.Uses[0], more)
 }
 
 // Unwrap makes the error a configuration error: the daemon exits 2.

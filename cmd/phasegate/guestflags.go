@@ -17,7 +17,7 @@ func guestFlags(fs *flag.FlagSet, cfg *phases.Config) {
 	fs.Var(addrPrefixValue{&cfg.Slots.Guest.Addr}, "slot-guest-addr", "the guest's address with its network's prefix length, the same in every slot, e.g. 169.254.0.21/30; NATed to each slot's inside address")
 	fs.Var(addrValue{&cfg.Slots.Guest.Gateway}, "slot-guest-gateway", "the tap's address, the guest's default gateway, e.g. 169.254.0.22")
 	fs.Var(prefixesValue{&cfg.Egress.AlwaysAllow}, "slot-egress-allow", "CIDRs every egress policy accepts before anything else, comma-separated (none by default)")
-	fs.Var(prefixesValue{&cfg.Egress.AlwaysDeny}, "slot-egress-deny", "CIDRs every egress policy drops unless it allows them, comma-separated; the host's own addresses are added (default: private, shared, loopback, link-local, documentation, multicast and reserved ranges; \"none\": only the host's addresses)")
+	fs.Var(prefixesValue{&cfg.Egress.AlwaysDeny}, "slot-egress-deny", "CIDRs every egress policy drops unless it allows them, comma-separated (\"none\": no range); the slot CIDR and the host's own addresses are always added")
 	fs.Var(port16Value{&cfg.Egress.ProxyPort}, "slot-egress-proxy-port", "TCP port of an egress proxy on the host, at each slot's gateway, that policies with redirect_tcp send new TCP connections to; must be in --slot-host-tcp-ports (0: none)")
 }
 

@@ -122,14 +122,17 @@ func (p Policy) Strings() (allow, deny []string) {
 	return str(p.Allow), str(p.Deny)
 }
 
-// Fingerprint identifies the policy with the defaults it is applied with:
-// equal policies applied the same way have equal fingerprints.
+// Fingerprint identifies the rules p is written as with defaults d:
+// equal fingerprints, equal rules. It hashes the sets as written (merged
+// ranges), so defaults that differ only inside a range they already cover
+// (a host address in 10.0.0.0/8) give the same fingerprint.
 func (p Policy) Fingerprint(d Defaults) string {
 	h := sha256.New()
 	list := func(tag string, ps []netip.Prefix) {
-		fmt.Fprintf(h, "%s %d\n", tag, len(ps))
-		for _, x := range ps {
-			fmt.Fprintln(h, x)
+		ss := spans(ps)
+		fmt.Fprintf(h, "%s %d\n", tag, len(ss))
+		for _, x := range ss {
+			fmt.Fprintf(h, "%08x-%08x\n", x.lo, x.hi)
 		}
 	}
 	list("allow", p.Allow)

@@ -203,7 +203,9 @@ func policyRules(p Policy, sets map[string]*nftables.Set) [][]expr.Any {
 	drop := []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: DropCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	rules := [][]expr.Any{
 		slices.Concat(ctState(), accept),
-		slices.Concat(nfproto(unix.NFPROTO_IPV6), drop), // slots have IPv4 only
+		// Slots have IPv4 only; what IPv6 leaves is the link's own
+		// neighbour discovery, dropped without counting it as egress.
+		slices.Concat(nfproto(unix.NFPROTO_IPV6), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}),
 		slices.Concat(ipv4(), daddrIn(sets[setAlwaysAllow], false), accept),
 	}
 	if p.RedirectTCP {
@@ -333,10 +335,12 @@ func Drops(s Slot) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	o, err := c.GetObject(&nftables.CounterObj{Table: egressTable(), Name: DropCounter})
-	if errors.Is(err, unix.ENOENT) {
+	// The library's object calls flatten their errors (ENOENT is lost):
+	// ask for the table's chain first, whose error keeps it.
+	if rules, err := c.GetRules(egressTable(), &nftables.Chain{Name: chainFwd}); errors.Is(err, unix.ENOENT) || err == nil && len(rules) == 0 {
 		return 0, nil
 	}
+	o, err := c.GetObject(&nftables.CounterObj{Table: egressTable(), Name: DropCounter})
 	if err != nil {
 		return 0, fmt.Errorf("inside: read counter %s: %w", DropCounter, err)
 	}
