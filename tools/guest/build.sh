@@ -31,7 +31,7 @@ build_id() {
   { echo "kernel $kver"
     dpkg-query -W -f='busybox-static ${Version}\n' busybox-static
     sha256sum <"$here/init"
-    sha256sum <"$0"
+    sha256sum <"$here/build.sh"
   } | sha256sum | cut -d' ' -f1
 }
 
@@ -55,19 +55,32 @@ if [ -f "$stamp" ] && [ -z "$(find "$stamp" -mmin +1440)" ] && cached "$(cat "$s
   exit 0
 fi
 
+# One build at a time: make test and deps may run it back to back.
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
+
+# When the archive cannot be read or the kernel fetched (no network), the
+# guest built last is still good: it is used, with a warning.
+fallback() {
+  if [ -f "$stamp" ] && cached "$(cat "$stamp")"; then
+    echo "guest: $1; using the cached $(cat "$stamp")" >&2
+    echo "$cache/$(cat "$stamp")"
+    exit 0
+  fi
+  echo "guest: $1" >&2
+  exit 1
+}
+
 if [ "$(id -u)" = 0 ]; then
-  apt-get update -qq
+  apt-get update -qq || echo "guest: apt-get update failed; looking in the lists as they are" >&2
 fi
 pkg=$(apt-cache search --names-only '^linux-image-[0-9.]+-[0-9]+-cloud-amd64-unsigned$' |
   awk '{ print $1 }' | sort -V | tail -1)
-if [ -z "$pkg" ]; then
-  echo "guest: no linux-image-*-cloud-amd64-unsigned package in the apt archive" >&2
-  exit 1
-fi
+[ -n "$pkg" ] || fallback "no linux-image-*-cloud-amd64-unsigned package in the apt archive"
 kver=${pkg#linux-image-}
 kver=${kver%-unsigned}
 dir=$cache/$kver
-mkdir -p "$cache"
 if cached "$kver"; then
   echo "$kver" >"$stamp"
   echo "$dir"
@@ -80,7 +93,7 @@ trap 'rm -rf "$work"' EXIT
 chmod 755 "$work"
 (cd "$work" && apt-get download -qq "$pkg" 2>&1 | grep -v 'unsandboxed' >&2 || true)
 deb=$(ls "$work"/*.deb 2>/dev/null | head -1)
-[ -n "$deb" ] || { echo "guest: apt-get download $pkg gave no .deb" >&2; exit 1; }
+[ -n "$deb" ] || fallback "apt-get download $pkg gave no .deb"
 dpkg-deb -x "$deb" "$work/kernel"
 [ -s "$work/kernel/boot/vmlinuz-$kver" ] || { echo "guest: $pkg has no boot/vmlinuz-$kver" >&2; exit 1; }
 
