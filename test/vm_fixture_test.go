@@ -30,9 +30,8 @@ type farEnd struct {
 	echo  netip.AddrPort // its echo server
 	hold  netip.AddrPort // its hold server
 	mu    sync.Mutex
-	conns int       // connections the hold server accepted
-	ticks int       // "tick" lines read on them
-	last  time.Time // when the last tick came
+	conns int // connections the hold server accepted
+	ticks int // "tick" lines read on them
 }
 
 const (
@@ -99,7 +98,6 @@ func (f *farEnd) serveHold(ln net.Listener) {
 				if strings.HasPrefix(sc.Text(), "tick ") {
 					f.mu.Lock()
 					f.ticks++
-					f.last = time.Now()
 					f.mu.Unlock()
 				}
 			}

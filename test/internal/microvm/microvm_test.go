@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -80,6 +82,37 @@ func TestStartRefusesIncompleteConfig(t *testing.T) {
 			if vm, err := Start(context.Background(), Guest{Kernel: "/nonexistent", Initrd: "/nonexistent"}, c); err == nil {
 				_ = vm.Stop(0)
 				t.Fatal("Start accepted an incomplete config")
+			}
+		})
+	}
+}
+
+// A guest directory without a built guest is an error that says what is
+// missing and how to make it, for the test to fail with.
+func TestLocateSaysWhyNot(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "vmlinuz"), []byte("k"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	if err := os.WriteFile(filepath.Join(empty, "vmlinuz"), []byte("k"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(empty, "initrd.img"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, dir, want string
+	}{
+		{"nothing built", t.TempDir(), "vmlinuz"},
+		{"no initramfs", dir, "initrd.img"},
+		{"empty initramfs", empty, "initrd.img is empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PHASEGATE_GUEST", tc.dir)
+			_, err := Locate(context.Background(), "/nonexistent")
+			if err == nil || !strings.Contains(err.Error(), "cannot run the guest") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Locate(%s) = %v, want an error naming %q", tc.dir, err, tc.want)
 			}
 		})
 	}
