@@ -209,8 +209,8 @@ func afterRestart(t *testing.T, ctx context.Context, how string, d *daemon, v *v
 }
 
 // slotNetwork is what a restart must not change in slot s's namespace:
-// its links, addresses, routes and nftables rules (without counters and
-// handles, which traffic and a rewrite of the same rules change).
+// its links, addresses, routes and nftables rules (with their handles, so
+// that rules written again count as changed; without counter values).
 func slotNetwork(t *testing.T, s *phasegatev1.Slot) string {
 	t.Helper()
 	in := func(args ...string) string {
@@ -228,7 +228,7 @@ func slotNetwork(t *testing.T, s *phasegatev1.Slot) string {
 		fmt.Fprintf(&b, "addr %s %s %s\n", f[1], f[2], f[3])
 	}
 	b.WriteString(in("ip", "route", "show", "table", "all"))
-	b.WriteString(in("nft", "-s", "list", "ruleset"))
+	b.WriteString(insideRules(t, s.GetNetnsPath()))
 	return b.String()
 }
 
