@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
@@ -298,8 +300,9 @@ func checkPolicy(t *testing.T, ctx context.Context, c phasegatev1.SlotsClient, v
 
 // checkReleased checks that nothing of v's lease is left while the daemon
 // runs: QEMU is gone, Get shows no lease and no policy, and if the slot is
-// kept (warm, for the next lease) its rules are those of fresh, a slot
-// that was never leased, but for each slot's own addresses.
+// kept (warm, for the next lease) it tracks none of the guest's
+// connections and its rules are those of fresh, a slot that was never
+// leased, but for each slot's own addresses.
 func checkReleased(t *testing.T, ctx context.Context, c phasegatev1.SlotsClient, v *vmSlot, fresh *phasegatev1.Slot) {
 	t.Helper()
 	if exited, _ := v.vm.Exited(); !exited {
@@ -316,6 +319,18 @@ func checkReleased(t *testing.T, ctx context.Context, c phasegatev1.SlotsClient,
 	if _, err := os.Stat(v.slot.GetNetnsPath()); err != nil {
 		t.Logf("slot %d: destroyed with its namespace after Release", s.GetIndex())
 		return
+	}
+	// The guest's connections: conntrack entries a next lease's traffic
+	// would match as established.
+	var entries int
+	if err := microvm.InNamespace(v.slot.GetNetnsPath(), func() error {
+		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		entries = len(flows)
+		return err
+	}); err != nil {
+		t.Errorf("slot %d: conntrack entries: %v", s.GetIndex(), err)
+	} else if entries > 0 {
+		t.Errorf("slot %d after Release: %d conntrack entries of its guest's connections left", s.GetIndex(), entries)
 	}
 	if got, want := slotRules(t, v.slot), slotRules(t, fresh); got != want {
 		t.Errorf("slot %d after Release has rules a never-leased slot (%d) has not; released:\n%s\nnever leased:\n%s",
