@@ -150,7 +150,7 @@ func (p *steadyProbe) run(interval time.Duration) {
 			return
 		case <-tick.C:
 		}
-		err := microvm.EchoOn(p.conn, 2*time.Second)
+		err := microvm.EchoOn(p.conn, 5*time.Second)
 		p.mu.Lock()
 		if err != nil {
 			p.fails = append(p.fails, fmt.Sprintf("%s: %v", time.Now().Format("15:04:05.000"), err))
@@ -224,13 +224,21 @@ func consoleLen(t *testing.T, vm *microvm.VM) int {
 	return len(text)
 }
 
+// slowRounds is how many rounds in a row may miss an address the guest
+// should reach before waitRound fails.
+const slowRounds = 3
+
 var probeLine = regexp.MustCompile(`^probe (\d+) (\S+) (ok|fail)$`)
 
 // waitRound waits for the first round of the guest's checks that began
 // after console offset from and has reported every address of want, and
-// fails unless each result is the wanted one. A round already running at
-// from is skipped: it may have checked some addresses before a change and
-// some after.
+// fails unless each result is the wanted one. A round that may already
+// have been running at from is skipped: it may have checked some
+// addresses before a change and some after. An address reached that
+// should not be is a failure at once; one not reached that should be may
+// be a check that timed out on a loaded machine (the guest runs without
+// hardware acceleration), so up to slowRounds such rounds in a row are
+// logged and the next one is looked at.
 func waitRound(t *testing.T, ctx context.Context, vm *microvm.VM, from int, want map[netip.AddrPort]string) {
 	t.Helper()
 	text, err := vm.Console()
@@ -241,11 +249,13 @@ func waitRound(t *testing.T, ctx context.Context, vm *microvm.VM, from int, want
 	for _, l := range strings.Split(text[:from], "\n") {
 		if m := probeLine.FindStringSubmatch(strings.TrimSpace(l)); m != nil {
 			r, _ := strconv.Atoi(m[1])
-			first = max(first, r+1)
+			// Round r+1 may have begun before from without a line yet
+			// (a check is under way); r+2 begins after r+1's last line.
+			first = max(first, r+2)
 		}
 	}
 	got := map[int]map[string]string{}
-	off := from
+	off, slow := from, 0
 	for {
 		line, next, err := vm.WaitConsole(ctx, off, probeLine)
 		if err != nil {
@@ -264,14 +274,25 @@ func waitRound(t *testing.T, ctx context.Context, vm *microvm.VM, from int, want
 		if len(got[r]) < len(want) {
 			continue
 		}
-		var wrong []string
+		var reached, missed []string
 		for a, res := range want {
-			if got[r][a.String()] != res {
-				wrong = append(wrong, fmt.Sprintf("%s %s, want %s", a, got[r][a.String()], res))
+			switch g := got[r][a.String()]; {
+			case g == res:
+			case g == "ok":
+				reached = append(reached, a.String())
+			default:
+				missed = append(missed, a.String())
 			}
 		}
-		if len(wrong) > 0 {
-			t.Fatalf("round %d of the guest's checks: %s", r, strings.Join(wrong, "; "))
+		if len(reached) > 0 {
+			t.Fatalf("round %d of the guest's checks %v: reached %v, which it must not", r, got[r], reached)
+		}
+		if len(missed) > 0 {
+			if slow++; slow > slowRounds {
+				t.Fatalf("round %d of the guest's checks %v: %v not reached, %d rounds running", r, got[r], missed, slow)
+			}
+			t.Logf("round %d of the guest's checks %v: %v not reached; looking at the next round", r, got[r], missed)
+			continue
 		}
 		t.Logf("round %d of the guest's checks: %v", r, got[r])
 		return

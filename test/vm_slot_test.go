@@ -91,8 +91,8 @@ func TestVMInSlots(t *testing.T) {
 	// Policy 2 also allows range B: it takes effect at
 	// the next check, and the long connection stays the one it was.
 	p2 := egressPolicy([]netip.Prefix{rangeA, rangeB}, nil)
-	off := consoleLen(t, a.vm)
 	replacePolicy(t, ctx, d.slots(), a, p2)
+	off := consoleLen(t, a.vm) // rounds that begin now meet only the new policy
 	waitRound(t, ctx, a.vm, off, map[netip.AddrPort]string{farA.echo: "ok", farB.echo: "ok", b.at: "fail"})
 	checkPolicy(t, ctx, d.slots(), a, p2)
 	checkHeld(t, farA, a.vm)
@@ -142,8 +142,8 @@ func TestVMInSlots(t *testing.T) {
 	// Policy 3 denies range A: new connections there fail, the
 	// established one stays (established traffic is always accepted).
 	p3 := egressPolicy([]netip.Prefix{rangeB}, []netip.Prefix{rangeA})
-	off = consoleLen(t, a.vm)
 	replacePolicy(t, ctx, d.slots(), a, p3)
+	off = consoleLen(t, a.vm) // rounds that begin now meet only the new policy
 	waitRound(t, ctx, a.vm, off, map[netip.AddrPort]string{farA.echo: "fail", farB.echo: "ok", b.at: "fail"})
 	checkHeld(t, farA, a.vm)
 

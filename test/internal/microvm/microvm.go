@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/netns"
 )
 
 // QEMU is the emulator Start runs (from the qemu-system-x86 package).
@@ -292,28 +294,18 @@ func Dial(ctx context.Context, ns string, addr netip.AddrPort) (net.Conn, error)
 	return c, err
 }
 
-// InNamespace runs f on an OS thread that entered the network namespace ns
-// ("" runs f on the caller's). The thread is never unlocked: it ends with
-// its goroutine rather than carry the namespace to other code.
+// InNamespace runs f on an OS thread that entered the network namespace
+// bound at ns ("" runs f on the caller's), with the library's netns.Do: the
+// thread is never unlocked and ends with its goroutine rather than carry
+// the namespace to other code. Sockets f makes stay in ns for their life.
 func InNamespace(ns string, f func() error) error {
 	if ns == "" {
 		return f()
 	}
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		fd, err := unix.Open(ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			done <- fmt.Errorf("open %s: %w", ns, err)
-			return
-		}
-		err = unix.Setns(fd, unix.CLONE_NEWNET)
-		unix.Close(fd)
-		if err != nil {
-			done <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		done <- f()
-	}()
-	return <-done
+	fd, err := netns.Open(ns)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return netns.Do(fd, f)
 }
