@@ -47,11 +47,12 @@ func (d *Daemon) stopLocks(ctx context.Context) error {
 	return err
 }
 
-// cidrInUseError refuses a slot CIDR that overlaps addresses or routes of
-// the host that are not the daemon's own slots.
+// cidrInUseError refuses a slot CIDR, or a guest network, that overlaps
+// addresses or routes of the host that are not the daemon's own slots.
 type cidrInUseError struct {
-	// CIDR is the slot CIDR refused.
-	CIDR string
+	// What names the range refused ("--slot-cidr 10.0.0.0/16"); Hint says
+	// what to do.
+	What, Hint string
 	// Uses are what overlaps it, the most telling first.
 	Uses []slot.HostUse
 }
@@ -61,8 +62,7 @@ func (e *cidrInUseError) Error() string {
 	if n := len(e.Uses) - 1; n > 0 {
 		more = fmt.Sprintf(" (and %d more)", n)
 	}
-	return fmt.Sprintf("%v: --slot-cidr %s overlaps what the host already uses: %s%s; give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)",
-		ErrConfig, e.CIDR, e.Uses[0], more)
+	return fmt.Sprintf("%v: %s overlaps what the host already uses: %s%s; %s", ErrConfig, e.What, e.Uses[0], more, e.Hint)
 }
 
 // Unwrap makes the error a configuration error: the daemon exits 2.
@@ -100,7 +100,8 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 	uses, err := d.cfg.Slots.ForeignUses()
 	if err == nil && len(uses) > 0 {
 		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
-		err = &cidrInUseError{CIDR: d.cfg.Slots.CIDR.String(), Uses: uses}
+		err = &cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
+			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"}
 	}
 	if err == nil {
 		err = d.checkGuestRange()
@@ -123,24 +124,6 @@ func describeUses(uses []slot.HostUse) string {
 	return strings.Join(s, ", ")
 }
 
-// guestRangeInUseError refuses a guest network the host uses itself.
-type guestRangeInUseError struct {
-	Range string
-	Uses  []slot.HostUse
-}
-
-func (e *guestRangeInUseError) Error() string {
-	more := ""
-	if n := len(e.Uses) - 1; n > 0 {
-		more = fmt.Sprintf(" (and %d more)", n)
-	}
-	return fmt.Sprintf("%v: the guest network %s (--slot-guest-addr) overlaps what the host uses: %s%s; every slot repeats it inside, so the host must not have it: give another --slot-guest-addr, or move what the host has there (another daemon's --slot-cidr, say)",
-		ErrConfig, e.Range, e.Uses[0], more)
-}
-
-// Unwrap makes the error a configuration error: the daemon exits 2.
-func (e *guestRangeInUseError) Unwrap() error { return ErrConfig }
-
 // checkGuestRange refuses a guest network that overlaps the host's own
 // addresses or routes.
 func (d *Daemon) checkGuestRange() error {
@@ -150,5 +133,6 @@ func (d *Daemon) checkGuestRange() error {
 	}
 	r := d.cfg.Slots.Guest.Range().String()
 	d.log.Error("guest network refused: the host already uses addresses in it", "range", r, "uses", describeUses(uses))
-	return &guestRangeInUseError{Range: r, Uses: uses}
+	return &cidrInUseError{What: "the guest network " + r + " (--slot-guest-addr)", Uses: uses,
+		Hint: "every slot repeats it inside, so the host must not have it: give another --slot-guest-addr, or move what the host has there (another daemon's --slot-cidr, say)"}
 }

@@ -572,6 +572,7 @@ func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
 // rest of the fill and the reconciler go on in the background.
 func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 	if d.pool == nil {
+		d.repairAdopted()
 		var inUse []*slot.Slot
 		for _, l := range d.plan.restored {
 			inUse = append(inUse, l.slot)

@@ -183,8 +183,8 @@ func describePolicy(e *leases.EgressPolicy) string {
 func (s *slotsService) describeWithDrops(i int, st phasegatev1.SlotState, l *lease) *phasegatev1.Slot {
 	out := s.describe(i, st, l)
 	if l != nil && l.slot != nil && l.rec.Egress != nil {
-		if f, err := slot.InspectInside(l.slot); err == nil {
-			out.EgressDroppedPackets = f.Drops
+		if n, err := slot.EgressDrops(l.slot); err == nil {
+			out.EgressDroppedPackets = n
 		} else {
 			s.log.Warn("egress drop counter unreadable", "slot", i, "error", err)
 		}

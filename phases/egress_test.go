@@ -2,11 +2,15 @@ package phases
 
 import (
 	"context"
+	"errors"
+	"net"
 	"net/netip"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -179,6 +184,13 @@ func TestSetEgressPolicy(t *testing.T) {
 	if rec, _, _ := r.store.Get(int(i)); rec.Egress == nil || !rec.Egress.DenyAll {
 		t.Errorf("record after the change: %+v", rec.Egress)
 	}
+	// A datagram from inside the slot is dropped by deny-all and counted in
+	// Get (nothing leaves: the drop is in the namespace's output hook).
+	sendFrom(t, resp.GetSlot().GetNetnsPath(), "192.0.2.9:9")
+	got, err := r.svc.Get(as(ctx, alice, policy), &phasegatev1.GetRequest{Index: i})
+	if err != nil || got.GetSlot().GetEgressDroppedPackets() == 0 {
+		t.Errorf("Get after a dropped datagram: %v %v; want egress_dropped_packets > 0", got.GetSlot().GetEgressDroppedPackets(), err)
+	}
 	// Cleared by the principal's tool acting for the owner (root).
 	if _, err := r.svc.SetEgressPolicy(as(ctx, root, nil), &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: id}); err != nil {
 		t.Fatal(err)
@@ -224,5 +236,30 @@ func TestEgressConfig(t *testing.T) {
 				t.Errorf("error %v, want one saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// sendFrom sends one UDP datagram to addr from inside the namespace at path.
+func sendFrom(t *testing.T, path, addr string) {
+	t.Helper()
+	fd, err := netns.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	err = netns.Do(fd, func() error {
+		c, err := net.Dial("udp4", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("probe"))
+		if errors.Is(err, syscall.EPERM) {
+			return nil // an output-hook drop answers the sender EPERM
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("send from %s: %v", path, err)
 	}
 }

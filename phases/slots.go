@@ -96,7 +96,8 @@ var _ LeaseStore = (*leases.Store)(nil)
 
 // NewSlotsServer returns the daemon's Slots service over pl, which owns
 // the slot indices, and store, with no lease restored, no expiry loop, no
-// tracing and no metrics. Its calls must come through a [control.Guard]
+// tracing and no metrics, and the default egress sets without the
+// host's addresses. Its calls must come through a [control.Guard]
 // (the service authorizes the caller the guard names, and refuses a call
 // without one). The daemon builds its own service; this exists so that the
 // benchmark's in-memory baseline serves the same code (see [LeaseStore]).
@@ -105,7 +106,9 @@ func NewSlotsServer(cfg slot.Config, pl *pool.Pool, store LeaseStore, log *slog.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return newSlotsService(cfg, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil)
+	s := newSlotsService(cfg, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil)
+	s.egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
+	return s
 }
 
 // leaseEvents counts what happens to leases (the daemon's metrics); nil

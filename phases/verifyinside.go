@@ -84,3 +84,22 @@ func (d *Daemon) verifyLease(l *lease) ([]string, error) {
 	}
 	return fixed, nil
 }
+
+// repairAdopted gives the idle slots adopted from the last run the guest
+// device they lack (that run had no --slot-guest-*, or something removed
+// a part), before the pool can hand them out: there are at most a pool's
+// worth, and nothing runs in them.
+func (d *Daemon) repairAdopted() {
+	if !d.cfg.Slots.Guest.Enabled() {
+		return
+	}
+	for _, s := range d.plan.adopted {
+		fixed, err := d.mgr.RepairGuest(s)
+		switch {
+		case err != nil:
+			d.log.Error("adopted idle slot: guest device could not be made", "slot", s.Index, "error", err)
+		case len(fixed) > 0:
+			d.log.Info("adopted idle slot: guest device completed", "slot", s.Index, "repaired", strings.Join(fixed, ", "))
+		}
+	}
+}

@@ -141,6 +141,35 @@ func TestMicroVMSlotPolicyAcrossRestarts(t *testing.T) {
 		return base
 	})
 
+	// What is missing is put back, and only that: the tap (a running VM's)
+	// stays, the tables come back.
+	d.signal(syscall.SIGKILL)
+	d.wait(30 * time.Second)
+	for _, tbl := range []string{"ip phasegate_guest", "inet phasegate_egress"} {
+		if out, err := exec.Command("nsenter", "--net="+path, "nft", "delete", "table", tbl).CombinedOutput(); err != nil {
+			t.Fatalf("delete %s: %v\n%s", tbl, err, out)
+		}
+	}
+	d = start(t, nil, args...)
+	d.waitServing(time.Minute)
+	c = d.slots()
+	waitFor(t, time.Minute, "the restored lease to be repaired", func() bool {
+		return strings.Contains(d.logs.String(), marker)
+	})
+	if l := grepLines(d.logs.String(), "inside of its slot repaired"); !strings.Contains(l, "guest NAT") || !strings.Contains(l, "egress policy (missing)") {
+		t.Errorf("the repair does not say it put back the NAT and the policy:\n%s", l)
+	}
+	repaired := insideRules(t, path)
+	for _, w := range []string{"table inet phasegate_egress", "table ip phasegate_guest", "1.1.1.1", "dnat to 169.254.255.21"} {
+		if !strings.Contains(repaired, w) {
+			t.Errorf("after the repair the slot's rules lack %q:\n%s", w, repaired)
+		}
+	}
+	if got := tapIndex(t, path); got != tap {
+		t.Errorf("the repair replaced the tap (index %s, was %s)", got, tap)
+	}
+	rules = repaired
+
 	// A change takes effect, in the rules and the record.
 	set, err := c.SetEgressPolicy(ctx, &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: resp.GetLeaseId(), EgressPolicy: &phasegatev1.EgressPolicy{DenyAll: true}})
 	if err != nil {
@@ -195,7 +224,7 @@ func TestGuestRangeTheHostRoutesIsRefused(t *testing.T) {
 	if code := d.wait(time.Minute); code != 2 {
 		t.Errorf("exit %d, want 2", code)
 	}
-	if !strings.Contains(d.logs.String(), "guest network 169.254.255.20/30 (--slot-guest-addr) overlaps what the host uses: route 169.254.255.20/31") {
+	if !strings.Contains(d.logs.String(), "guest network 169.254.255.20/30 (--slot-guest-addr) overlaps what the host already uses: route 169.254.255.20/31") {
 		t.Errorf("the refusal does not name the route:\n%s", grepLines(d.logs.String(), "guest"))
 	}
 	h.assertClean(h.prefix, nil)

@@ -39,9 +39,9 @@ const echoPort = 7000
 func network(t *testing.T) (*fakehost.Host, inside.Slot) {
 	t.Helper()
 	h := fakehost.New(t, 1, true)
-	// The host's slot table lets slots reach one port of the host, for
-	// TestGuestNAT's way out.
-	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{echoPort + 1}}))
+	// The host's slot table lets slots reach one port of the host: the
+	// proxy's, and TestGuestNAT's way out.
+	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{proxyPort}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,8 +349,8 @@ func TestGuestNAT(t *testing.T) {
 		t.Errorf("guest saw %s, want the host end %s", got, sl.HostAddr.Addr())
 	}
 	// Out: the guest dials the host end; the host sees the slot's address.
-	outPeers := echo(t, h.Path, netip.AddrPortFrom(sl.HostAddr.Addr(), echoPort+1))
-	c, err = dial(t, guest, sl.HostAddr.Addr(), echoPort+1, 10*time.Second)
+	outPeers := echo(t, h.Path, netip.AddrPortFrom(sl.HostAddr.Addr(), proxyPort))
+	c, err = dial(t, guest, sl.HostAddr.Addr(), proxyPort, 10*time.Second)
 	if err != nil {
 		t.Fatalf("guest -> host: %v", err)
 	}
@@ -372,6 +372,70 @@ func TestGuestNAT(t *testing.T) {
 	}
 	if _, err := dial(t, guest, farA, echoPort, 10*time.Second); err != nil {
 		t.Errorf("guest cannot reach the allowed farA: %v", err)
+	}
+	// With redirect_tcp the guest's connection lands on the proxy (the
+	// host's listener above).
+	redirect(t, s)
+	c, err = dial(t, guest, farB, echoPort, 10*time.Second)
+	if err != nil {
+		t.Fatalf("guest -> farB redirected to the proxy: %v", err)
+	}
+	if err := roundTrip(c, "via the proxy"); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-outPeers; got != sl.InsideAddr.Addr() {
+		t.Errorf("the proxy saw %s, want the slot's inside address %s", got, sl.InsideAddr.Addr())
+	}
+}
+
+// proxyPort is where the tests' egress proxy listens on the fake host,
+// at the slot's gateway: the one host port the fake host's slot table
+// lets slots reach.
+const proxyPort = echoPort + 1
+
+func redirect(t *testing.T, s inside.Slot) {
+	t.Helper()
+	p, err := inside.ParsePolicy(nil, nil, false, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inside.ApplyPolicy(s, p, inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny, ProxyPort: proxyPort}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRedirectTCP: new TCP connections of the namespace's own processes
+// reach the proxy instead of their destination; established ones are
+// left alone.
+func TestRedirectTCP(t *testing.T) {
+	h, s := network(t)
+	sl := h.Slots[0]
+	proxyPeers := echo(t, h.Path, netip.AddrPortFrom(sl.HostAddr.Addr(), proxyPort))
+	if err := inside.ApplyPolicy(s, mustPolicy(t, []string{"192.0.2.2"}, nil, false), defaults); err != nil {
+		t.Fatal(err)
+	}
+	direct, err := dial(t, sl.NetnsPath, farA, echoPort, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	redirect(t, s)
+	if err := roundTrip(direct, "established before the redirect"); err != nil {
+		t.Errorf("an established connection broke: %v", err)
+	}
+	select {
+	case p := <-proxyPeers:
+		t.Fatalf("the proxy got a connection from %s before any was redirected", p)
+	default:
+	}
+	c, err := dial(t, sl.NetnsPath, farB, echoPort, 10*time.Second)
+	if err != nil {
+		t.Fatalf("redirected connection: %v", err)
+	}
+	if err := roundTrip(c, "via the proxy"); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-proxyPeers; got != sl.InsideAddr.Addr() {
+		t.Errorf("the proxy saw %s, want %s", got, sl.InsideAddr.Addr())
 	}
 }
 

@@ -279,6 +279,16 @@ func ClearEgress(s *Slot) error {
 	return withInside(s, inside.ClearPolicy)
 }
 
+// EgressDrops returns the packets slot s's egress policy dropped.
+func EgressDrops(s *Slot) (uint64, error) {
+	var n uint64
+	err := withInside(s, func(is inside.Slot) (err error) {
+		n, err = inside.Drops(is)
+		return err
+	})
+	return n, err
+}
+
 // InspectInside reads slot s's tables (guest NAT, egress policy, drops).
 func InspectInside(s *Slot) (inside.Found, error) {
 	var f inside.Found
@@ -299,14 +309,9 @@ func (c Config) HostAddrs() ([]netip.Prefix, error) {
 		return nil, err
 	}
 	defer probe.close()
-	var addrs []netlink.Addr
-	for range dumpTries {
-		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	addrs, err := hostAddrList()
 	if err != nil {
-		return nil, fmt.Errorf("slot: list host addresses: %w", err)
+		return nil, err
 	}
 	var out []netip.Prefix
 	for _, a := range addrs {

@@ -76,14 +76,9 @@ func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
 		_, mine := c.CanonicalHostIfIndex(name)
 		return name, mine
 	}
-	var addrs []netlink.Addr
-	for range dumpTries {
-		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	addrs, err := hostAddrList()
 	if err != nil {
-		return nil, fmt.Errorf("slot: list host addresses: %w", err)
+		return nil, err
 	}
 	var uses []HostUse
 	for _, a := range addrs {
@@ -126,6 +121,22 @@ func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
 		return b.Prefix.Bits() - a.Prefix.Bits()
 	})
 	return uses, nil
+}
+
+// hostAddrList dumps the host's IPv4 addresses, again when the kernel
+// interrupted the dump (addresses changed meanwhile).
+func hostAddrList() ([]netlink.Addr, error) {
+	var addrs []netlink.Addr
+	var err error
+	for range dumpTries {
+		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("slot: list host addresses: %w", err)
+	}
+	return addrs, nil
 }
 
 func prefixOf(n *net.IPNet) (netip.Prefix, bool) {

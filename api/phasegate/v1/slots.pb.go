@@ -404,6 +404,8 @@ type AcquireRequest struct {
 	// Unset or zero: held until released.
 	Ttl *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// The lease's egress policy, applied before Acquire replies; unset: none.
+	// A retry gets the first call's lease with the first call's policy
+	// (change it with SetEgressPolicy).
 	EgressPolicy  *EgressPolicy `protobuf:"bytes,4,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
