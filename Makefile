@@ -22,7 +22,7 @@ help:
 	@echo "make unit     the tests that need no root and no tools"
 	@echo "make bench    the Go micro-benchmarks (lifecycle, server)"
 	@echo "make bench-report  phasegate vs serial startup vs kernel floor at N up to 10,000 (as root)"
-	@echo "make deps     install what the tests need: Debian packages (root), grpc-health-probe, Jaeger"
+	@echo "make deps     install what the tests need: Debian packages (root), grpc-health-probe, Jaeger, Consul, the VM guest"
 	@echo "make reliability  long crash/load/hostile-input runs; figures to docs/reliability/"
 	@echo "make bench-compare  phasegate beside uber-go/fx and oklog/run (docs/FRAMEWORK.md)"
 	@echo "make fuzz     run each fuzz target for FUZZTIME (default 1m)"
@@ -47,12 +47,13 @@ test: deps vet
 	PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(tools/jaeger/build.sh) PHASEGATE_CONSUL=$$(tools/consul/build.sh) \
 		$(GO) test -race -count=1 -timeout 40m ./...
 	cd test && PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(../tools/jaeger/build.sh) PHASEGATE_CONSUL=$$(../tools/consul/build.sh) \
+		PHASEGATE_GUEST=$$(../tools/guest/build.sh) \
 		$(GO) test -race -count=1 -timeout 40m ./...
 	cd examples && $(GO) test -race -count=1 -timeout 20m ./...
 	cd tracing/internal/autoexportcmp && $(GO) test -count=1 ./...
 	$(MAKE) bench-smoke
 
-## deps: Debian packages (as root), grpc-health-probe and the cached Jaeger and Consul builds.
+## deps: Debian packages (as root), grpc-health-probe and the cached Jaeger, Consul and microVM guest builds.
 deps:
 	tools/deps.sh
 
