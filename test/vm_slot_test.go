@@ -120,14 +120,14 @@ func TestVMInSlots(t *testing.T) {
 	waitNodeServing(t, n, addr, time.Minute)
 	afterRestart(t, ctx, "SIGTERM and a new start", d, a, p2, probe, network, viewA)
 
-	upgrades := strings.Count(d.logs.String(), "SIGHUP: upgrading in place")
-	served := strings.Count(d.logs.String(), "msg=serving ")
+	upgrades := strings.Count(d.Output(), "SIGHUP: upgrading in place")
+	served := strings.Count(d.Output(), "msg=serving ")
 	d.signal(syscall.SIGHUP)
 	waitFor(t, time.Minute, "the SIGHUP upgrade to begin", func() bool {
-		return strings.Count(d.logs.String(), "SIGHUP: upgrading in place") > upgrades
+		return strings.Count(d.Output(), "SIGHUP: upgrading in place") > upgrades
 	})
 	waitFor(t, 2*time.Minute, "the upgraded daemon to serve", func() bool {
-		return strings.Count(d.logs.String(), "msg=serving ") > served
+		return strings.Count(d.Output(), "msg=serving ") > served
 	})
 	waitNodeServing(t, n, addr, time.Minute)
 	afterRestart(t, ctx, "SIGHUP", d, a, p2, probe, network, viewA)
