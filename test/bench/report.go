@@ -17,17 +17,19 @@ const (
 	docEnd   = "<!-- bench:end -->"
 )
 
-// writeOutputs writes results.json, the plots and report.md to o.out and
-// updates o.doc's generated section.
+// writeOutputs writes results.json to o.results, the plots and report.md
+// to o.out, and updates o.doc's generated section.
 func writeOutputs(res *Results, o options) error {
-	if err := os.MkdirAll(o.out, 0o755); err != nil {
-		return fmt.Errorf("output dir: %w", err)
+	for _, dir := range []string{o.out, o.results} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("output dir: %w", err)
+		}
 	}
 	b, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(o.out, "results.json"), append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(o.resultsFile(), append(b, '\n'), 0o644); err != nil {
 		return err
 	}
 	if err := writePlots(res, o.out); err != nil {
