@@ -24,7 +24,7 @@ const (
 	goalLoadP99Ms         = 10.0 // health p99 during the background reclaim
 	goalLoadP99VsIdle     = 3.0  // ... vs idle
 	goalAcquireLoadP99Ms  = 50.0 // Acquire p99 during the background reclaim
-	goalAcquireVsMemory   = 0.5  // durable / in-memory Acquire throughput
+	goalAcquireVsMemory   = 0.8  // durable / in-memory Acquire throughput
 	goalAcquireP99Ms      = 5.0  // durable Acquire p99
 	goalRSSMiB            = 64.0 // RSS with 10,000 reclaimed (or restored) and the pool full
 	goalUpgrades          = 20
