@@ -101,6 +101,17 @@ func TestSmoke(t *testing.T) {
 			if l.Start[k].Requests == 0 {
 				t.Errorf("results.json: no %s samples after a start: %+v", k, l)
 			}
+			// The control server, probed in the same seconds as the
+			// reclaiming daemon, answered every check it was sent.
+			if c := l.Control[k]; c.Requests == 0 || c.Errors != 0 {
+				t.Errorf("results.json: control server's %s checks during the reclaim: %+v", k, c)
+			}
+		}
+		if _, ok := l.Control[kindAcquire]; ok {
+			t.Error("results.json: the control server has Acquire samples; only the daemon serves Acquire")
+		}
+		if c := l.Checker; c == nil || c.HTTPRate != checkerHTTPRate || c.GRPCRate != checkerGRPCRate || len(c.WindowMs) != 1 {
+			t.Errorf("results.json: checker-rate run: %+v", l.Checker)
 		}
 	}
 	if len(res.ExecMs) != 1 {

@@ -16,10 +16,14 @@
 //     (SIGTERM) or killed (kill -9) and started again: exec → SERVING, and
 //     N/N leases restored with the kernel identity of every leased
 //     namespace and veth unchanged (0 destroyed).
-//   - load: health checks (gRPC Check and HTTP /health) from a separate
-//     load-generator process and Acquire calls from another, while the
-//     daemon reclaims dead slots in the background, and against an idle
-//     daemon.
+//   - load: health checks as real checkers send them (HTTP /health on a
+//     new connection each, gRPC Check on a kept connection) from a separate
+//     load-generator process, at -rate with Acquire calls from another and
+//     at checker rates, while the daemon reclaims dead slots in the
+//     background, and against an idle daemon; a control server (`bench
+//     control`: net/http and grpc-go's health server, no phasegate) is
+//     probed the same way in the same seconds, the baseline of every
+//     health figure.
 //   - acquire: Acquire throughput and latency over gRPC on a Unix socket
 //     with the durable lease record (the daemon, on its control socket)
 //     beside the same service over the same pool with the record kept in a
@@ -82,6 +86,8 @@ func main() {
 			os.Exit(loadgenMain(os.Args[2:], os.Stderr))
 		case "memslots":
 			os.Exit(memslotsMain(os.Args[2:], os.Stderr))
+		case "control":
+			os.Exit(controlMain(os.Args[2:], os.Stderr))
 		}
 	}
 	os.Exit(benchMain(os.Args[1:], os.Stdout, os.Stderr))
