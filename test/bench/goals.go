@@ -243,7 +243,7 @@ func serialGoal(r *Results) Goal {
 }
 
 func healthLoadGoal(r *Results, kind string, checker bool) Goal {
-	name := map[string]string{kindGRPC: "gRPC Check (kept connection)", kindHTTP: "HTTP /health (new connection each)"}[kind]
+	name := map[string]string{kindGRPC: "gRPC Check", kindHTTP: "HTTP /health"}[kind]
 	g := Goal{Target: fmt.Sprintf("p99 ≤ %.1f× the control server's, 0 errors, 0 answers over 1 s", goalLoadP99VsControl)}
 	if r.Load == nil {
 		g.Name = fmt.Sprintf("%s p99 during the background reclaim of %d dead, vs a control server", name, goalLoadN)
@@ -251,7 +251,7 @@ func healthLoadGoal(r *Results, kind string, checker bool) Goal {
 		return g
 	}
 	busy, ctl := r.Load.Reclaim[kind], r.Load.Control[kind]
-	rates := fmt.Sprintf("at %d/s (half HTTP, half gRPC)", r.Load.Rate)
+	rates := fmt.Sprintf("at %d/s (half HTTP on keep-alive connections, half gRPC)", r.Load.Rate)
 	if checker {
 		c := r.Load.Checker
 		if c == nil {
@@ -260,7 +260,7 @@ func healthLoadGoal(r *Results, kind string, checker bool) Goal {
 			return g
 		}
 		busy, ctl = c.Reclaim[kind], c.Control[kind]
-		rates = fmt.Sprintf("at checker rates (%d HTTP/s, %d gRPC/s)", c.HTTPRate, c.GRPCRate)
+		rates = fmt.Sprintf("at checker rates (%d HTTP/s on a new connection each, %d gRPC/s)", c.HTTPRate, c.GRPCRate)
 	}
 	g.Name = fmt.Sprintf("%s p99 during the background reclaim of %d dead %s, vs a control server", name, goalLoadN, rates)
 	if busy.Requests == 0 || ctl.Requests == 0 || ctl.P99Ms == 0 {

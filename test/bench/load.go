@@ -23,20 +23,35 @@ const (
 	checkerGRPCRate = 50
 )
 
-// loadProfile is the rates at which the health checks are sent.
+// loadProfile is how the health checks are sent.
 type loadProfile struct {
-	name               string
+	name string
+	// checker: as real checkers send them (genChecker: HTTP on a new
+	// connection each, at httpRate, gRPC on a kept one, at grpcRate);
+	// otherwise as a heavy client does (genHealth: keep-alive HTTP and a
+	// kept gRPC connection, alternately, at rate).
+	checker            bool
 	httpRate, grpcRate int
+	rate               int
 	// acquire: the Acquire generator runs too.
 	acquire bool
+}
+
+// args are the load generator's mode and rate flags for p.
+func (p loadProfile) args() (mode string, rate int, extra []string) {
+	if p.checker {
+		return genChecker, 1, []string{"-http-rate", strconv.Itoa(p.httpRate), "-grpc-rate", strconv.Itoa(p.grpcRate)}
+	}
+	return genHealth, p.rate, nil
 }
 
 // measureLoad measures health-check and Acquire latency from separate
 // load-generator processes, beside a control server probed the same way
 // at the same time. Each rep starts a daemon on -load-n dead slots with
 // the generators already running and keeps what they sent from SERVING to
-// the end of the background reclaim, at the heavy rate (-rate) with
-// Acquires; then it starts a daemon with nothing to reclaim the same way
+// the end of the background reclaim, at the heavy rate (-rate, on kept
+// connections: 2,000 new connections/s to the daemon and as many to the
+// control server saturate two cores by themselves) with Acquires; then it starts a daemon with nothing to reclaim the same way
 // and keeps the same length of time from SERVING (the start's own cost,
 // the baseline that isolates the reclaim), and, once that daemon has
 // served a while, -idle-duration of idle; then a third start on -load-n
@@ -47,8 +62,8 @@ func (r *runner) measureLoad(ctx context.Context) error {
 		return err
 	}
 	defer ctl.kill()
-	heavy := loadProfile{name: "heavy", httpRate: max(r.o.rate/2, 1), grpcRate: max(r.o.rate/2, 1), acquire: r.o.acquireRate > 0}
-	checker := loadProfile{name: "checker", httpRate: checkerHTTPRate, grpcRate: checkerGRPCRate}
+	heavy := loadProfile{name: "heavy", rate: r.o.rate, acquire: r.o.acquireRate > 0}
+	checker := loadProfile{name: "checker", checker: true, httpRate: checkerHTTPRate, grpcRate: checkerGRPCRate}
 	lr := &LoadResult{N: r.o.loadN, Rate: r.o.rate, AcquireRate: r.o.acquireRate, Reps: r.o.loadReps,
 		Checker: &CheckerLoad{HTTPRate: checker.httpRate, GRPCRate: checker.grpcRate}}
 	var reclaiming, control, started, idle, chkReclaiming, chkControl []sample
@@ -126,11 +141,11 @@ type loadgens struct{ daemon, control, acquire *loadgen }
 func (r *runner) startLoadgens(addr string, ctl controlServer, p loadProfile, duration time.Duration) (loadgens, error) {
 	var g loadgens
 	var err error
-	rates := []string{"-http-rate", strconv.Itoa(p.httpRate), "-grpc-rate", strconv.Itoa(p.grpcRate)}
-	if g.daemon, err = r.startLoadgen(addr, genChecker, 1, duration, rates...); err != nil {
+	mode, rate, extra := p.args()
+	if g.daemon, err = r.startLoadgen(addr, mode, rate, duration, extra...); err != nil {
 		return g, err
 	}
-	if g.control, err = r.startLoadgen(ctl.http, genChecker, 1, duration, append(rates, "-grpc-addr", ctl.grpcAddr)...); err != nil {
+	if g.control, err = r.startLoadgen(ctl.http, mode, rate, duration, append(extra, "-grpc-addr", ctl.grpcAddr)...); err != nil {
 		return g, err
 	}
 	if p.acquire {

@@ -90,7 +90,7 @@ func loadgenMain(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "", "127.0.0.1:port of the daemon")
-	grpcAddr := fs.String("grpc-addr", "", "where -mode checker sends gRPC Check (default -addr)")
+	grpcAddr := fs.String("grpc-addr", "", "where -mode health and checker send gRPC Check (default -addr)")
 	control := fs.String("control", "", "the daemon's control socket, where -mode acquire calls the Slots API")
 	mode := fs.String("mode", genHealth, "health, acquire, probe or checker")
 	rate := fs.Int("rate", 2000, "requests per second")
@@ -123,7 +123,7 @@ func loadgenMain(args []string, stderr io.Writer) int {
 	if *mode == genChecker {
 		samples, err = check(ctx, *addr, *grpcAddr, *httpRate, *grpcRate, *duration)
 	} else {
-		samples, err = generate(ctx, *addr, *control, *mode, *rate, *duration)
+		samples, err = generate(ctx, *addr, *grpcAddr, *control, *mode, *rate, *duration)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "loadgen:", err)
@@ -158,8 +158,8 @@ func waitPort(ctx context.Context, addr string, timeout time.Duration) error {
 // generate sends requests on a fixed schedule (open loop: a slow answer does
 // not delay the next request) until duration has passed or ctx ends, then
 // waits for the outstanding ones.
-func generate(ctx context.Context, addr, control, mode string, rate int, duration time.Duration) ([]sample, error) {
-	send, closeAll, err := sender(addr, control, mode)
+func generate(ctx context.Context, addr, grpcAddr, control, mode string, rate int, duration time.Duration) ([]sample, error) {
+	send, closeAll, err := sender(addr, grpcAddr, control, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -244,8 +244,9 @@ func schedule(ctx context.Context, kind string, send func(k int) sample, rate in
 // sender returns the function that sends the k-th request of mode, and
 // what closes its connections. Acquire goes to the control socket at
 // control (the daemon binds it before its port, so it is there once the
-// port answers); the rest to addr.
-func sender(addr, control, mode string) (func(k int) sample, func(), error) {
+// port answers); the health mode's gRPC Checks to grpcAddr; the rest to
+// addr.
+func sender(addr, grpcAddr, control, mode string) (func(k int) sample, func(), error) {
 	switch mode {
 	case genProbe:
 		return func(k int) sample {
@@ -263,7 +264,7 @@ func sender(addr, control, mode string) (func(k int) sample, func(), error) {
 		prefix := fmt.Sprintf("load-%d", os.Getpid())
 		return func(k int) sample { return acquireOne(slots, fmt.Sprintf("%s-%d", prefix, k)) }, func() { conn.Close() }, nil
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, nil, fmt.Errorf("grpc client: %w", err)
 	}

@@ -16,11 +16,11 @@
 //     (SIGTERM) or killed (kill -9) and started again: exec → SERVING, and
 //     N/N leases restored with the kernel identity of every leased
 //     namespace and veth unchanged (0 destroyed).
-//   - load: health checks as real checkers send them (HTTP /health on a
-//     new connection each, gRPC Check on a kept connection) from a separate
-//     load-generator process, at -rate with Acquire calls from another and
-//     at checker rates, while the daemon reclaims dead slots in the
-//     background, and against an idle daemon; a control server (`bench
+//   - load: health checks (gRPC Check and HTTP /health) from a separate
+//     load-generator process, at -rate on kept connections with Acquire
+//     calls from another, and at checker rates as real checkers send them
+//     (HTTP on a new connection each), while the daemon reclaims dead
+//     slots in the background, and against an idle daemon; a control server (`bench
 //     control`: net/http and grpc-go's health server, no phasegate) is
 //     probed the same way in the same seconds, the baseline of every
 //     health figure.

@@ -399,8 +399,8 @@ func markdownLoad(b *bytes.Buffer, l *LoadResult, img string) {
 			"%d gRPC `Check`s/s, the control server beside it the same way (*checker rates* rows; reclaim windows %s).",
 			l.N, c.HTTPRate, c.GRPCRate, windowList(c.WindowMs))
 	}
-	fmt.Fprintf(b, "A load-generator process sends %d health checks/s to 127.0.0.1 the way real checkers send them (half gRPC "+
-		"`Check` on one kept connection, half HTTP `GET /health` on a new TCP connection each, open loop, 2 s timeout); "+
+	fmt.Fprintf(b, "A load-generator process sends %d health checks/s to 127.0.0.1 (half gRPC `Check` on one kept connection, "+
+		"half HTTP `GET /health` on keep-alive connections, open loop, 2 s timeout); "+
 		"another sends the same to the *control server* (`bench control`: a bare net/http server and grpc-go's health server "+
 		"in a process of their own, no phasegate) at the same time, so that each figure of the daemon stands beside what "+
 		"the machine gives any server in the same seconds; a third calls `Acquire` (each with "+

@@ -198,10 +198,11 @@ type LeaseSetup struct {
 // has been serving a while, idle. Stats are pooled over the reps; Runs
 // has each rep's.
 //
-// Health checks go as real checkers send them (HTTP on a new connection
-// each, gRPC Check on one kept connection), at the heavy rate (Rate, half
-// each) in those windows, and at checker rates (Checker) during a reclaim
-// of its own; in every reclaim window the control server (`bench control`:
+// Health checks go at the heavy rate (Rate, half HTTP on keep-alive
+// connections, half gRPC Check on one kept connection) in those windows,
+// and as real checkers send them (HTTP on a new connection each, gRPC
+// Check on one kept connection) at checker rates (Checker) during a
+// reclaim of its own; in every reclaim window the control server (`bench control`:
 // net/http and grpc-go's health server, no phasegate) is probed the same
 // way at the same time, and Control is what it answered.
 type LoadResult struct {
