@@ -25,7 +25,6 @@ const (
 
 // loadProfile is how the health checks are sent.
 type loadProfile struct {
-	name string
 	// checker: as real checkers send them (genChecker: HTTP on a new
 	// connection each, at httpRate, gRPC on a kept one, at grpcRate);
 	// otherwise as a heavy client does (genHealth: keep-alive HTTP and a
@@ -62,8 +61,8 @@ func (r *runner) measureLoad(ctx context.Context) error {
 		return err
 	}
 	defer ctl.kill()
-	heavy := loadProfile{name: "heavy", rate: r.o.rate, acquire: r.o.acquireRate > 0}
-	checker := loadProfile{name: "checker", checker: true, httpRate: checkerHTTPRate, grpcRate: checkerGRPCRate}
+	heavy := loadProfile{rate: r.o.rate, acquire: r.o.acquireRate > 0}
+	checker := loadProfile{checker: true, httpRate: checkerHTTPRate, grpcRate: checkerGRPCRate}
 	lr := &LoadResult{N: r.o.loadN, Rate: r.o.rate, AcquireRate: r.o.acquireRate, Reps: r.o.loadReps,
 		Checker: &CheckerLoad{HTTPRate: checker.httpRate, GRPCRate: checker.grpcRate}}
 	var reclaiming, control, started, idle, chkReclaiming, chkControl []sample
