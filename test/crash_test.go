@@ -186,7 +186,7 @@ func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand, book *l
 	case "mid-verify-burst":
 		// Serving, and Acquires answered while leases are still verified.
 		seen := verifying(t, d, func(_, _ int64, state string) bool { return state == "serving" })
-		n := acquireBurst(t, d.slots(), book, time.Duration(r.IntN(10))*time.Millisecond, func() { d.signal(syscall.SIGKILL) })
+		n := acquireBurst(t, d.slots(), book, 4, time.Duration(r.IntN(10))*time.Millisecond, func() { d.signal(syscall.SIGKILL) })
 		return fmt.Sprintf("%s, %d acquired in the burst%s", seen, n, verifyEnded(d))
 	}
 	if point == "mid-restore" {
@@ -212,7 +212,7 @@ func reachKillPoint(t *testing.T, d *daemon, point string, r *rand.Rand, book *l
 	case "mid-fill":
 		return "(fill " + fillProgress(d) + ")"
 	case "mid-acquire-burst":
-		n := acquireBurst(t, c, book, time.Duration(50+r.IntN(300))*time.Millisecond, func() { d.signal(syscall.SIGKILL) })
+		n := acquireBurst(t, c, book, 4, time.Duration(50+r.IntN(300))*time.Millisecond, func() { d.signal(syscall.SIGKILL) })
 		return fmt.Sprintf("(%d acquired in the burst)", n)
 	case "mid-drain":
 		d.signal(syscall.SIGTERM)
@@ -265,12 +265,12 @@ func verifying(t *testing.T, d *daemon, want func(done, total int64, state strin
 	return seen
 }
 
-// acquireBurst acquires with 4 owners at once for d, then kills the daemon
-// among the calls. A refused call is retried with its request id (the
+// acquireBurst acquires with callers at once (for 4 owners) for d, then
+// kills the daemon among the calls. A refused call is retried with its request id (the
 // daemon may not serve yet) until the kill. No answer may name an index a
 // client holds already; every answer goes into the book, and the requests
 // whose answer never came stay pending. It returns how many answers came.
-func acquireBurst(t *testing.T, c phasegatev1.SlotsClient, book *ledger, d time.Duration, kill func()) int64 {
+func acquireBurst(t *testing.T, c phasegatev1.SlotsClient, book *ledger, callers int, d time.Duration, kill func()) int64 {
 	t.Helper()
 	taken := map[uint32]bool{}
 	for _, h := range book.all() {
@@ -280,7 +280,7 @@ func acquireBurst(t *testing.T, c phasegatev1.SlotsClient, book *ledger, d time.
 	stop := make(chan struct{})
 	var n atomic.Int64
 	var mu sync.Mutex
-	for w := range 4 {
+	for w := range callers {
 		wg.Go(func() {
 			for i := 0; ; i++ {
 				select {
@@ -288,8 +288,8 @@ func acquireBurst(t *testing.T, c phasegatev1.SlotsClient, book *ledger, d time.
 					return
 				default:
 				}
-				owner := fmt.Sprintf("burst-%d", w)
-				req := fmt.Sprintf("%s-%d-%d", owner, time.Now().UnixNano(), i)
+				owner := fmt.Sprintf("burst-%d", w%4)
+				req := fmt.Sprintf("%s-%d-%d-%d", owner, w, time.Now().UnixNano(), i)
 				book.mu.Lock()
 				book.pending[req] = owner
 				book.mu.Unlock()
@@ -427,7 +427,7 @@ func TestKillDuringAcquireBurst(t *testing.T) {
 		retryPending(t, c, book)
 		checkBurstLeases(t, c, book, fmt.Sprintf("round %d, after the restart", round))
 		waitWarm(t, c, warm)
-		n := acquireUntilKilled(d, c, book, 16, time.Duration(20+r.IntN(300))*time.Millisecond)
+		n := acquireBurst(t, c, book, 16, time.Duration(20+r.IntN(300))*time.Millisecond, func() { d.signal(syscall.SIGKILL) })
 		d.wait(10 * time.Second)
 		book.mu.Lock()
 		report = append(report, fmt.Sprintf("round %d: killed with %d acquired in the burst, %d answers lost", round, n, len(book.pending)))
@@ -468,39 +468,6 @@ func waitWarm(t *testing.T, c phasegatev1.SlotsClient, n int) {
 		}
 		return got >= n
 	})
-}
-
-// acquireUntilKilled runs callers that Acquire with fresh request ids,
-// noting each in book before the call and its lease once answered, and
-// kills d with SIGKILL after delay. It returns the leases acquired.
-func acquireUntilKilled(d *daemon, c phasegatev1.SlotsClient, book *ledger, callers int, delay time.Duration) int64 {
-	var (
-		wg sync.WaitGroup
-		n  atomic.Int64
-	)
-	for w := range callers {
-		wg.Go(func() {
-			owner := fmt.Sprintf("burst-%d", w%4)
-			for i := 0; ; i++ {
-				req := fmt.Sprintf("%s-%d-%d-%d", owner, w, time.Now().UnixNano(), i)
-				book.mu.Lock()
-				book.pending[req] = owner
-				book.mu.Unlock()
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: req})
-				cancel()
-				if err != nil {
-					return // the daemon is gone: the request stays pending
-				}
-				book.add(held{owner: owner, requestID: req, leaseID: resp.GetLeaseId(), slot: resp.GetSlot()})
-				n.Add(1)
-			}
-		})
-	}
-	time.Sleep(delay)
-	d.signal(syscall.SIGKILL)
-	wg.Wait()
-	return n.Load()
 }
 
 // checkBurstLeases checks every lease in book: held by its owner (List),
