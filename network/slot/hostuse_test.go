@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	vns "github.com/vishvananda/netns"
 )
 
@@ -83,6 +84,61 @@ func TestForeignUses(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Routes are found in every table (one beyond 255, which only RTA_TABLE
+// carries), with or without a device, and skipped on the daemon's own
+// links whatever their table; the default route is never a use.
+func TestForeignUsesRoutes(t *testing.T) {
+	c := Config{Prefix: "fu-", NetnsDir: "/run/netns", Slots: 8, CIDR: netip.MustParsePrefix("10.90.0.0/24")}
+	// t.Fatal is not for the namespace's goroutine: each step says
+	// what failed and the test stops there.
+	inFreshNetns(t, func() {
+		add := func(name, peer string) netlink.Link {
+			l := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}
+			if err := netlink.LinkAdd(l); err != nil {
+				t.Errorf("add %s: %v", name, err)
+				return nil
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				t.Errorf("up %s: %v", name, err)
+				return nil
+			}
+			return l
+		}
+		own, up := add("fu-h2", "peer0"), add("uplink0", "peer1")
+		if own == nil || up == nil {
+			return
+		}
+		if err := netlink.AddrAdd(up, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix("192.0.2.1/24"))}); err != nil {
+			t.Errorf("address: %v", err)
+			return
+		}
+		for _, r := range []*netlink.Route{
+			{LinkIndex: own.Attrs().Index, Dst: ipNet(netip.MustParsePrefix("10.90.0.8/31")), Table: 100},
+			{LinkIndex: up.Attrs().Index, Dst: ipNet(netip.MustParsePrefix("10.90.0.16/28")), Table: 1000},
+			{Dst: ipNet(netip.MustParsePrefix("10.90.0.64/26")), Type: unix.RTN_BLACKHOLE},
+			{LinkIndex: up.Attrs().Index, Gw: netip.MustParseAddr("192.0.2.2").AsSlice()},
+		} {
+			if err := netlink.RouteAdd(r); err != nil {
+				t.Errorf("route %v: %v", r, err)
+				return
+			}
+		}
+		uses, err := c.ForeignUses()
+		if err != nil {
+			t.Errorf("ForeignUses: %v", err)
+			return
+		}
+		var got []string
+		for _, u := range uses {
+			got = append(got, u.String())
+		}
+		want := []string{"route 10.90.0.16/28 dev uplink0 table 1000", "route 10.90.0.64/26"}
+		if !slices.Equal(got, want) {
+			t.Errorf("ForeignUses = %q, want %q", got, want)
+		}
+	})
 }
 
 // A slot's /31 that the host routes already (another daemon's slot) is
