@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // inFreshNetns runs f on a thread of its own in a new network namespace,
