@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -45,7 +46,11 @@ func (u HostUse) String() string {
 }
 
 // dumpTries bounds the retries of a dump the kernel interrupted because
-// addresses or routes changed meanwhile (another daemon making slots).
+// addresses or routes changed meanwhile (another daemon making or tearing
+// down slots: any change in the namespace interrupts a dump that spans
+// it). An interrupted dump may miss an entry that was there all along, so
+// it is never used; the tries wait 1, 2, 4 … 64 ms apart (~0.4 s in all),
+// so that a burst of another daemon's changes does not fail the start.
 const dumpTries = 10
 
 // ForeignUses returns the host's IPv4 addresses and routes, in every
@@ -105,11 +110,12 @@ func (w *useWalk) dump(req uint16, hdr []byte, f func(ribMsg)) error {
 	hdr[0] = unix.AF_INET
 	keep := len(w.uses)
 	var err error
-	for range dumpTries {
+	for try := range dumpTries {
 		w.uses = w.uses[:keep]
 		if err = ribDump(req, hdr, f); !errors.Is(err, errDumpInterrupted) {
 			break
 		}
+		time.Sleep(time.Millisecond << min(try, 6))
 	}
 	return err
 }
