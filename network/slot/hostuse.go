@@ -138,7 +138,10 @@ func (w *useWalk) link(index uint32) linkName {
 
 // addr takes an RTM_NEWADDR: ifaddrmsg {family, prefixlen, flags, scope,
 // index}, then IFA_LOCAL (the address itself; IFA_ADDRESS is the peer's
-// on a point-to-point link) or IFA_ADDRESS.
+// on a point-to-point link) or IFA_ADDRESS. The link is named by the
+// kernel, never by the address's IFA_LABEL, which would spare an ioctl a
+// link: the kernel takes any label a program gives (only iproute2 checks
+// it), so a host address labelled like a slot would go unseen.
 func (w *useWalk) addr(m ribMsg) {
 	if m.typ != unix.RTM_NEWADDR || m.body[0] != unix.AF_INET {
 		return

@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -44,6 +45,8 @@ func TestForeignUses(t *testing.T) {
 		want []string
 	}{
 		{"own slot", "fu-h1", "10.90.0.0/31", nil},
+		{"own slot, an alias label", "fu-h1", "10.90.0.0/31 fu-h1:a", nil},
+		{"a host interface labelled like a slot", "uplink0", "10.90.0.200/24 fu-h1", []string{"address 10.90.0.200/24 dev uplink0", "route 10.90.0.0/24 dev uplink0"}},
 		{"own slot beyond --slots", "fu-h40", "10.90.0.78/31", nil},
 		{"another daemon's slot", "xx-h1", "10.90.0.0/31", []string{"address 10.90.0.0/31 dev xx-h1", "route 10.90.0.0/31 dev xx-h1"}},
 		{"a host interface", "uplink0", "10.90.0.200/24", []string{"address 10.90.0.200/24 dev uplink0", "route 10.90.0.0/24 dev uplink0"}},
@@ -57,8 +60,9 @@ func TestForeignUses(t *testing.T) {
 					t.Errorf("add %s: %v", tc.link, err)
 					return
 				}
-				p := netip.MustParsePrefix(tc.addr)
-				if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(p)}); err != nil {
+				a, label, _ := strings.Cut(tc.addr, " ")
+				p := netip.MustParsePrefix(a)
+				if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(p), Label: label}); err != nil {
 					t.Errorf("address %s: %v", p, err)
 					return
 				}
