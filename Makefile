@@ -13,7 +13,7 @@ GRPC_HEALTH_PROBE_VERSION := v0.4.62
 # never reach an adopter's go.mod.
 MODULES   := . test examples tracing/internal/autoexportcmp
 
-.PHONY: bench-compare bench-smoke bench-report reliability help demo run build test unit deps tools bench vet generate fuzz screenshot
+.PHONY: bench-compare bench-smoke bench-report bench-render reliability help demo run build test unit deps tools bench vet generate fuzz screenshot
 
 help:
 	@echo "make demo     the whole story: leaked slots, a daemon starting, health 503 -> 200 (as root)"
@@ -22,7 +22,8 @@ help:
 	@echo "make unit     the tests that need no root and no tools"
 	@echo "make bench    the Go micro-benchmarks (lifecycle, server)"
 	@echo "make bench-report  phasegate vs serial startup vs kernel floor at N up to 10,000 (as root)"
-	@echo "make deps     install what the tests need: Debian packages (root), grpc-health-probe, Jaeger"
+	@echo "make bench-render  re-render docs/BENCHMARKS.md's section from the cached raw figures"
+	@echo "make deps     install what the tests need: Debian packages (root), grpc-health-probe, Jaeger, Consul, the VM guest"
 	@echo "make reliability  long crash/load/hostile-input runs; figures to docs/reliability/"
 	@echo "make bench-compare  phasegate beside uber-go/fx and oklog/run (docs/FRAMEWORK.md)"
 	@echo "make fuzz     run each fuzz target for FUZZTIME (default 1m)"
@@ -47,22 +48,27 @@ test: deps vet
 	PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(tools/jaeger/build.sh) PHASEGATE_CONSUL=$$(tools/consul/build.sh) \
 		$(GO) test -race -count=1 -timeout 40m ./...
 	cd test && PHASEGATE_REQUIRE_TOOLS=1 PHASEGATE_JAEGER=$$(../tools/jaeger/build.sh) PHASEGATE_CONSUL=$$(../tools/consul/build.sh) \
+		PHASEGATE_GUEST=$$(../tools/guest/build.sh) \
 		$(GO) test -race -count=1 -timeout 40m ./...
 	cd examples && $(GO) test -race -count=1 -timeout 20m ./...
 	cd tracing/internal/autoexportcmp && $(GO) test -count=1 ./...
 	$(MAKE) bench-smoke
 
-## deps: Debian packages (as root), grpc-health-probe and the cached Jaeger and Consul builds.
+## deps: Debian packages (as root), grpc-health-probe and the cached Jaeger, Consul and microVM guest builds.
 deps:
 	tools/deps.sh
 
 ## bench-smoke: the startup benchmark once at N=200 so it keeps working; no timing is judged (root).
 bench-smoke:
-	out=$$(mktemp -d) && cd test && $(GO) run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out $$out && rm -rf $$out
+	out=$$(mktemp -d) && cd test && $(GO) run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out $$out -results $$out && rm -rf $$out
 
-## bench-report: the startup benchmark as in docs/BENCHMARKS.md (root; 15–40 minutes).
+## bench-report: the startup benchmark as in docs/BENCHMARKS.md (root; 15–40 minutes); raw figures in /var/cache/phasegate/bench.
 bench-report:
 	cd test && $(GO) run ./bench -n 0,1000,5000,10000 -reps 3 -out ../docs/bench -doc ../docs/BENCHMARKS.md
+
+## bench-render: docs/BENCHMARKS.md's section, report.md and the PNGs again from the cached raw figures.
+bench-render:
+	cd test && $(GO) run ./bench -from -out ../docs/bench -doc ../docs/BENCHMARKS.md
 
 unit:
 	$(GO) test -race -count=1 ./lifecycle/... ./app/... ./eventstream/... ./tracing/... ./health/... ./server/... ./metrics/... ./timeline/... ./phases/... ./cmd/...

@@ -50,11 +50,12 @@ func (d *Daemon) stopLocks(ctx context.Context) error {
 	return err
 }
 
-// cidrInUseError refuses a slot CIDR that overlaps addresses or routes of
-// the host that are not the daemon's own slots.
+// cidrInUseError refuses a slot CIDR, or a guest network, that overlaps
+// addresses or routes of the host that are not the daemon's own slots.
 type cidrInUseError struct {
-	// CIDR is the slot CIDR refused.
-	CIDR string
+	// What names the range refused ("--slot-cidr 10.0.0.0/16"); Hint says
+	// what to do.
+	What, Hint string
 	// Uses are what overlaps it, the most telling first.
 	Uses []slot.HostUse
 }
@@ -64,8 +65,7 @@ func (e *cidrInUseError) Error() string {
 	if n := len(e.Uses) - 1; n > 0 {
 		more = fmt.Sprintf(" (and %d more)", n)
 	}
-	return fmt.Sprintf("%v: --slot-cidr %s overlaps what the host already uses: %s%s; give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)",
-		ErrConfig, e.CIDR, e.Uses[0], more)
+	return fmt.Sprintf("%v: %s overlaps what the host already uses: %s%s; %s", ErrConfig, e.What, e.Uses[0], more, e.Hint)
 }
 
 // Unwrap makes the error a configuration error: the daemon exits 2.
@@ -105,10 +105,11 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 	return nil
 }
 
-// checkHostCIDR refuses a slot CIDR that overlaps an address or a route
-// of the host other than the daemon's own slots' (a *cidrInUseError: the
-// daemon exits 2). It runs with the CIDR lock held and before anything on
-// the host is changed; not after an upgrade (see claimCIDR).
+// checkHostCIDR refuses a slot CIDR, or a guest network, that overlaps an
+// address or a route of the host other than the daemon's own slots' (a
+// *cidrInUseError: the daemon exits 2). It runs with the CIDR lock held
+// and before anything on the host is changed; not after an upgrade (see
+// claimCIDR).
 func (d *Daemon) checkHostCIDR() error {
 	if !d.checkHost {
 		return nil
@@ -119,7 +120,11 @@ func (d *Daemon) checkHostCIDR() error {
 	}
 	if len(uses) > 0 {
 		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
-		return lifecycle.Permanent(&cidrInUseError{CIDR: d.cfg.Slots.CIDR.String(), Uses: uses})
+		return lifecycle.Permanent(&cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
+			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"})
+	}
+	if err := d.checkGuestRange(); err != nil {
+		return lifecycle.Permanent(err)
 	}
 	return nil
 }
@@ -131,4 +136,17 @@ func describeUses(uses []slot.HostUse) string {
 		s[i] = u.String()
 	}
 	return strings.Join(s, ", ")
+}
+
+// checkGuestRange refuses a guest network that overlaps the host's own
+// addresses or routes.
+func (d *Daemon) checkGuestRange() error {
+	uses, err := d.cfg.Slots.GuestUses()
+	if err != nil || len(uses) == 0 {
+		return err
+	}
+	r := d.cfg.Slots.Guest.Range().String()
+	d.log.Error("guest network refused: the host already uses addresses in it", "range", r, "uses", describeUses(uses))
+	return &cidrInUseError{What: "the guest network " + r + " (--slot-guest-addr)", Uses: uses,
+		Hint: "every slot repeats it inside, so the host must not have it: give another --slot-guest-addr, or move what the host has there (another daemon's --slot-cidr, say)"}
 }

@@ -8,11 +8,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/phases/lockfile"
@@ -61,6 +63,10 @@ type Config struct {
 	// the host's own services (none by default, bar replies and ping of
 	// their own gateway).
 	Firewall nft.Policy
+	// Egress is the daemon's part of every lease's egress policy: the
+	// always-allowed and always-denied sets (the host's own addresses are
+	// added to the latter at start) and the egress proxy's port.
+	Egress inside.Defaults
 	// PoolSize is how many warm slots the pool keeps.
 	PoolSize int
 	// PoolMinReady is how many warm slots the populate phase waits for;
@@ -124,6 +130,7 @@ func DefaultConfig() Config {
 		StateDir:          "/run/phasegate",
 		LockDir:           lockfile.DefaultDir,
 		Slots:             slot.DefaultConfig(),
+		Egress:            inside.Defaults{AlwaysDeny: slices.Clone(inside.DefaultAlwaysDeny)},
 		Control:           ControlConfig{GID: -1},
 		ReclaimWorkers:    slot.DefaultWorkers,
 		ReclaimMode:       ReclaimBackground,
@@ -189,6 +196,12 @@ func (c Config) Validate() error {
 	}
 	if err := c.Firewall.Validate(); err != nil {
 		bad("firewall policy: %v", err)
+	}
+	if err := c.Egress.Validate(); err != nil {
+		bad("--slot-egress-allow, --slot-egress-deny: %v", err)
+	}
+	if p := c.Egress.ProxyPort; p != 0 && !slices.Contains(c.Firewall.HostTCPPorts, p) {
+		bad("--slot-egress-proxy-port %d is not in --slot-host-tcp-ports: the slot firewall would drop what is sent to the proxy", p)
 	}
 	if c.ReclaimWorkers < 1 {
 		bad("--reclaim-workers is %d, want at least 1", c.ReclaimWorkers)

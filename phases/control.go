@@ -74,7 +74,7 @@ func (c Config) validateControl() error {
 
 // mutatingSlotsMethods are the Slots API's calls that change something:
 // every one is audited, allowed or refused.
-var mutatingSlotsMethods = []string{"Acquire", "Release", "KeepAlive"}
+var mutatingSlotsMethods = []string{"Acquire", "Release", "KeepAlive", "SetEgressPolicy"}
 
 // newGuard returns the guard of the Slots API on one surface.
 func (d *Daemon) newGuard(surface string) (*control.Guard, error) {

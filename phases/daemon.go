@@ -263,15 +263,16 @@ func (d *Daemon) stopLock(ctx context.Context) error {
 // Names of the daemon's health warnings and background tasks. A warning
 // named like a running task is shown with the task's progress.
 const (
-	warnStateLost  = "state-lost"
-	warnLeasesLost = "leases-lost"
-	warnEgress     = "egress"
-	warnDrainDelay = "drain-delay"
-	taskReclaim    = "reclaim-dead"
-	taskReconcile  = "reconcile"
-	taskFill       = "fill"
-	taskLeases     = "leases"
-	taskVerify     = "verify-leases"
+	warnStateLost    = "state-lost"
+	warnLeasesLost   = "leases-lost"
+	warnEgress       = "egress"
+	warnDrainDelay   = "drain-delay"
+	taskReclaim      = "reclaim-dead"
+	taskReconcile    = "reconcile"
+	taskFill         = "fill"
+	taskLeases       = "leases"
+	taskVerify       = "verify-leases"
+	taskVerifyInside = "verify-inside"
 )
 
 // readStart is what the reclaim phase reads before it changes anything:
@@ -618,6 +619,7 @@ func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
 // rest of the fill and the reconciler go on in the background.
 func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 	if d.pool == nil {
+		d.repairAdopted()
 		var inUse []*slot.Slot
 		for _, l := range d.plan.restored {
 			inUse = append(inUse, l.slot)
@@ -646,6 +648,9 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		d.obs.setPool(pl)
 		d.slots = newSlotsService(d.cfg.Slots, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
 			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d)
+		if d.slots.egress, err = egressDefaults(d.cfg); err != nil {
+			return lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
+		}
 		d.obs.setLeases(d.slots)
 	}
 	if err := d.reclaimForWarm(ctx, p); err != nil {
@@ -688,6 +693,18 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		close(d.deadDone)
 	}
 	p.Defer(taskReconcile, d.runReconciler)
+	if restored := d.insideToVerify(); len(restored) > 0 {
+		p.Defer(taskVerifyInside, func(ctx context.Context, tp *lifecycle.Progress) error {
+			// After the leases' check: a lease it finds lost has no slot
+			// to look into.
+			select {
+			case <-d.verifyDone:
+			case <-ctx.Done():
+				return nil
+			}
+			return d.verifyInside(ctx, tp, restored)
+		})
+	}
 	if d.cfg.PoolSize > d.cfg.PoolMinReady {
 		p.Defer(taskFill, func(ctx context.Context, tp *lifecycle.Progress) error {
 			tp.SetTotal(int64(d.cfg.PoolSize), "warm slots")

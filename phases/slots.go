@@ -26,6 +26,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/index"
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -104,6 +105,9 @@ type slotsService struct {
 
 	acquiring singleflight.Group // one Acquire per owner and request id at a time
 
+	egress   inside.Defaults // the daemon's part of every egress policy
+	egressMu sync.Mutex      // one SetEgressPolicy at a time
+
 	mu      sync.Mutex
 	leased  map[int]*lease // by index, lost ones included
 	pending map[string]int // Acquires under way, by principal: counted against its quota
@@ -129,7 +133,8 @@ var _ LeaseStore = (*leases.Store)(nil)
 
 // NewSlotsServer returns the daemon's Slots service over pl, which owns
 // the slot indices, and store, with no lease restored, no expiry loop, no
-// tracing and no metrics. Its calls must come through a [control.Guard]
+// tracing and no metrics, and the default egress sets without the
+// host's addresses. Its calls must come through a [control.Guard]
 // (the service authorizes the caller the guard names, and refuses a call
 // without one). The daemon builds its own service; this exists so that the
 // benchmark's in-memory baseline serves the same code (see [LeaseStore]).
@@ -138,7 +143,9 @@ func NewSlotsServer(cfg slot.Config, pl *pool.Pool, store LeaseStore, log *slog.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return newSlotsService(cfg, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil, nil)
+	s := newSlotsService(cfg, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil, nil)
+	s.egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
+	return s
 }
 
 // leaseEvents counts what happens to leases (the daemon's metrics); nil
@@ -223,6 +230,10 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	if req.GetTtl() != nil && (!req.GetTtl().IsValid() || ttl < 0) {
 		return nil, status.Error(codes.InvalidArgument, "ttl must be a non-negative duration")
 	}
+	pol, err := parseEgress(req.GetEgressPolicy(), s.egress)
+	if err != nil {
+		return nil, err
+	}
 	c, err := callerOf(ctx)
 	if err != nil {
 		return nil, err
@@ -234,7 +245,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	}
 	var a acquired
 	if req.GetRequestId() == "" {
-		a, err = s.acquire(ctx, c, owner, "", ttl)
+		a, err = s.acquire(ctx, c, owner, "", ttl, pol)
 	} else {
 		// Concurrent retries of one request wait for the first: they must
 		// get its slot, not one each. The key holds the principal: a
@@ -242,7 +253,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 		key := c.Principal.String() + "\x00" + owner + "\x00" + req.GetRequestId()
 		var v any
 		v, err, _ = s.acquiring.Do(key, func() (any, error) {
-			a, err := s.acquire(ctx, c, owner, req.GetRequestId(), ttl)
+			a, err := s.acquire(ctx, c, owner, req.GetRequestId(), ttl, pol)
 			return a, err
 		})
 		if err == nil {
@@ -259,7 +270,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	return &phasegatev1.AcquireResponse{Slot: s.describe(l.rec.Index, leaseState(&l), &l), LeaseId: l.rec.LeaseID}, nil
 }
 
-func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration) (acquired, error) {
+func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration, pol *inside.Policy) (acquired, error) {
 	principal := c.Principal.String()
 	if requestID != "" {
 		if l, ok, err := s.byRequest(owner, requestID); err != nil {
@@ -293,12 +304,21 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	case err != nil:
 		return acquired{}, status.Errorf(codes.Internal, "make a slot: %v", err)
 	}
+	// The policy before the record and the reply: a lease never runs
+	// without the policy it was asked with.
+	if pol != nil {
+		if err := s.applyEgress(sl, pol); err != nil {
+			s.returnUnleased(sl, true)
+			return acquired{}, egressError(sl.Index, err)
+		}
+	}
 	now := time.Now()
 	rec := leases.Record{
 		Index: sl.Index, State: leases.Leased,
 		Owner: owner, LeaseID: leases.NewLeaseID(), RequestID: requestID, Principal: principal,
 		Acquired: now, TTL: ttl,
 		Netns: sl.NetnsID, HostIfindex: sl.HostIfIndex, Created: now,
+		Egress: egressRecord(pol),
 	}
 	if ttl > 0 {
 		rec.Expires = now.Add(ttl)
@@ -307,9 +327,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	// lease a restart restores. If the record cannot be written, or the
 	// caller left before it was, the slot goes back to the pool unused.
 	if err := s.store.Put(ctx, rec); err != nil {
-		if rerr := s.pool.Return(sl); rerr != nil {
-			s.log.Warn("slot not leased could not go back to the pool", "slot", sl.Index, "error", rerr)
-		}
+		s.returnUnleased(sl, pol != nil)
 		var dup *leases.DuplicateRequestError
 		switch {
 		case errors.As(err, &dup):
@@ -336,6 +354,25 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	s.count("acquired")
 	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "principal", principal, "ttl", ttl.String())
 	return acquired{l: l}, nil
+}
+
+// returnUnleased gives a slot that was not leased back to the pool, warm,
+// without the egress policy written for the lease that did not happen.
+// One whose policy cannot be cleared is put back as used instead: the pool
+// tears it down and makes a fresh one.
+func (s *slotsService) returnUnleased(sl *slot.Slot, hadPolicy bool) {
+	if hadPolicy {
+		if err := slot.ClearEgress(sl); err != nil {
+			s.log.Warn("slot not leased: its egress policy could not be cleared; the slot is made again", "slot", sl.Index, "error", err)
+			if perr := s.pool.Put(context.Background(), sl); perr != nil {
+				s.log.Warn("slot not leased could not be made again", "slot", sl.Index, "error", perr)
+			}
+			return
+		}
+	}
+	if err := s.pool.Return(sl); err != nil {
+		s.log.Warn("slot not leased could not go back to the pool", "slot", sl.Index, "error", err)
+	}
 }
 
 // retriedBy refuses a retried Acquire whose caller is not the principal
@@ -608,6 +645,18 @@ func (s *slotsService) Get(ctx context.Context, req *phasegatev1.GetRequest) (*p
 	if sl.GetOwner() != "" && !c.Grant.MayRead(sl.GetOwner()) {
 		return nil, status.Errorf(codes.PermissionDenied, "slot %d is leased to an owner %s may not see", req.GetIndex(), c.Principal)
 	}
+	if sl.GetEgressPolicy() != nil {
+		s.mu.Lock()
+		l := s.leased[int(req.GetIndex())]
+		var c lease
+		if l != nil {
+			c = *l
+		}
+		s.mu.Unlock()
+		if l != nil {
+			sl.EgressDroppedPackets = s.describeWithDrops(int(req.GetIndex()), sl.GetState(), &c).GetEgressDroppedPackets()
+		}
+	}
 	return &phasegatev1.GetResponse{Slot: sl}, nil
 }
 
@@ -672,6 +721,9 @@ func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease) *phas
 		HostAddress:     sl.HostAddr.String(),
 		InsideAddress:   sl.InsideAddr.String(),
 	}
+	if g := s.cfg.Guest; g.Enabled() {
+		out.GuestInterface, out.GuestAddress, out.GuestGateway = g.Tap, g.Addr.String(), g.Gateway.String()
+	}
 	if l != nil {
 		out.Owner = l.rec.Owner
 		out.AcquiredAt = timestamppb.New(l.rec.Acquired)
@@ -682,6 +734,7 @@ func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease) *phas
 		}
 		out.LostReason = l.lostReason
 		out.Principal = l.rec.Principal
+		out.EgressPolicy = egressProto(l.rec.Egress)
 	}
 	return out
 }

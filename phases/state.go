@@ -31,6 +31,9 @@ func (d *Daemon) openState() (*leases.Store, error) {
 	var locked *leases.LockedError
 	switch {
 	case err == nil:
+		// Records must outlive the process, not the machine: commits are
+		// fsynced only where that buys a reboot's survival (leases.SyncAuto).
+		d.log.Info("state file open", "path", path, "fsync", st.Opened().Fsync)
 		if st.Opened().UpgradedFrom != 0 {
 			d.log.Info("state file upgraded", "path", path, "from_schema", st.Opened().UpgradedFrom,
 				"to_schema", leases.SchemaVersion, "backup", st.Opened().Backup)

@@ -393,3 +393,128 @@ func writeReport(t *testing.T, name, text string) {
 		t.Error(err)
 	}
 }
+
+// TestKillDuringAcquireBurst kills the daemon with SIGKILL in the middle of
+// a burst of Acquires from 16 callers, round after round, with its state
+// directory on tmpfs, where the records are committed without fsync (the
+// daemon says so at the start). After every restart the state file opens
+// whole (nothing moved aside, no safe mode), every lease a caller was told
+// of is back with its owner and its lease id (KeepAlive with it succeeds),
+// and a request whose answer was lost gets its slot on a retry.
+func TestKillDuringAcquireBurst(t *testing.T) {
+	rounds := envInt("PHASEGATE_CRASH_ROUNDS", 6)
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
+	h := newHost(t)
+	state, err := os.MkdirTemp("/dev/shm", "phasegate-burst-state-")
+	if err != nil {
+		t.Skipf("no tmpfs for the state directory: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	h.stateDir = state
+	addr := freePort(t)
+	const warm = 32
+	args := h.args(addr, "--slots=2000", "--pool-size="+strconv.Itoa(warm), "--pool-min-ready=1", "--control-rate=0")
+	book := &ledger{told: map[string]held{}, pending: map[string]string{}}
+
+	var report []string
+	for round := 1; round <= rounds; round++ {
+		d := start(t, nil, args...)
+		d.waitServing(2 * time.Minute)
+		if !strings.Contains(grepLines(d.Output(), "state file open"), "fsync=false") {
+			t.Fatalf("round %d: the daemon does not say it commits without fsync on tmpfs:\n%s", round, grepLines(d.Output(), "state file"))
+		}
+		c := d.slots()
+		retryPending(t, c, book)
+		checkBurstLeases(t, c, book, fmt.Sprintf("round %d, after the restart", round))
+		waitWarm(t, c, warm)
+		n := acquireUntilKilled(d, c, book, 16, time.Duration(20+r.IntN(300))*time.Millisecond)
+		d.wait(10 * time.Second)
+		book.mu.Lock()
+		report = append(report, fmt.Sprintf("round %d: killed with %d acquired in the burst, %d answers lost", round, n, len(book.pending)))
+		book.mu.Unlock()
+	}
+	d := start(t, nil, args...)
+	d.waitServing(2 * time.Minute)
+	c := d.slots()
+	retryPending(t, c, book)
+	checkBurstLeases(t, c, book, "after the last restart")
+	if aside, _ := filepath.Glob(filepath.Join(state, "*.corrupt-*")); len(aside) > 0 || strings.Contains(d.Output(), "safe mode") {
+		t.Errorf("a state file was found unusable after a kill: %v\n%s", aside, grepLines(d.Output(), "state file"))
+	}
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("final stop: exit %d", code)
+	}
+	h.stoppedCleanly(h.prefix, nil)
+	t.Logf("%d leases held at the end:\n%s", len(book.all()), strings.Join(report, "\n"))
+}
+
+// waitWarm waits until the pool holds n warm slots, so that a burst is
+// answered from the pool.
+func waitWarm(t *testing.T, c phasegatev1.SlotsClient, n int) {
+	t.Helper()
+	waitFor(t, 2*time.Minute, fmt.Sprintf("%d warm slots", n), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		list, err := c.List(ctx, &phasegatev1.ListRequest{IncludeFree: true})
+		if err != nil {
+			return false
+		}
+		got := 0
+		for _, s := range list.GetSlots() {
+			if s.GetState() == phasegatev1.SlotState_SLOT_STATE_WARM {
+				got++
+			}
+		}
+		return got >= n
+	})
+}
+
+// acquireUntilKilled runs callers that Acquire with fresh request ids,
+// noting each in book before the call and its lease once answered, and
+// kills d with SIGKILL after delay. It returns the leases acquired.
+func acquireUntilKilled(d *daemon, c phasegatev1.SlotsClient, book *ledger, callers int, delay time.Duration) int64 {
+	var (
+		wg sync.WaitGroup
+		n  atomic.Int64
+	)
+	for w := range callers {
+		wg.Go(func() {
+			owner := fmt.Sprintf("burst-%d", w%4)
+			for i := 0; ; i++ {
+				req := fmt.Sprintf("%s-%d-%d-%d", owner, w, time.Now().UnixNano(), i)
+				book.mu.Lock()
+				book.pending[req] = owner
+				book.mu.Unlock()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: req})
+				cancel()
+				if err != nil {
+					return // the daemon is gone: the request stays pending
+				}
+				book.add(held{owner: owner, requestID: req, leaseID: resp.GetLeaseId(), slot: resp.GetSlot()})
+				n.Add(1)
+			}
+		})
+	}
+	time.Sleep(delay)
+	d.signal(syscall.SIGKILL)
+	wg.Wait()
+	return n.Load()
+}
+
+// checkBurstLeases checks every lease in book: held by its owner (List),
+// under the lease id the caller was told (KeepAlive with it succeeds).
+func checkBurstLeases(t *testing.T, c phasegatev1.SlotsClient, book *ledger, when string) {
+	t.Helper()
+	all := book.all()
+	checkLeases(t, c, all, when)
+	for _, h := range all {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := c.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: h.slot.GetIndex(), LeaseId: h.leaseID})
+		cancel()
+		if err != nil {
+			t.Errorf("%s: slot %d: KeepAlive with the lease id its caller was told: %v", when, h.slot.GetIndex(), err)
+		}
+	}
+}

@@ -310,7 +310,7 @@ func (h *host) assertClean(prefix string, allowed []string) {
 // nft is missing.
 func (h *host) hasTable(prefix string) bool {
 	h.t.Helper()
-	out, err := exec.Command("nft", "list", "tables").CombinedOutput()
+	out, err := h.command("nft", "list", "tables").CombinedOutput()
 	if err != nil {
 		h.t.Fatalf("nft list tables: %v\n%s", err, out)
 	}
@@ -365,7 +365,7 @@ func (h *host) assertOnlyRecorded(prefix string, allowed ...string) []leases.Rec
 // operator runs for a host that leaves service.
 func (h *host) decommission(prefix string) {
 	h.t.Helper()
-	out, err := exec.Command(binary, "decommission", "--destroy-leased-slots", "--netns-dir="+h.netnsDir,
+	out, err := h.command(binary, "decommission", "--destroy-leased-slots", "--netns-dir="+h.netnsDir,
 		"--slot-prefix="+prefix, "--slots=4000", "--state-dir="+h.stateDir).CombinedOutput()
 	if err != nil {
 		h.t.Fatalf("decommission: %v\n%s", err, out)

@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +28,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/phasegate/phasegate/internal/testcerts"
+	"github.com/phasegate/phasegate/test/internal/microvm"
 )
 
 // node stands in for the machine a deployment file runs on: a network
@@ -83,29 +83,12 @@ func newNode(t *testing.T) *node {
 	return n
 }
 
-// inNamespace runs f on a thread that entered the node's namespace. The
-// thread is never handed back to the Go scheduler (LockOSThread without
-// UnlockOSThread): it ends with the goroutine instead of carrying the
-// namespace to other code. Sockets f makes belong to the namespace for
-// their whole life, whichever thread uses them later.
+// inNamespace runs f on a thread that entered the node's namespace and
+// never returns to the Go scheduler (microvm.InNamespace). Sockets f makes
+// belong to the namespace for their whole life, whichever thread uses
+// them later.
 func (n *node) inNamespace(f func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		ns, err := os.Open(n.ns)
-		if err != nil {
-			done <- err
-			return
-		}
-		err = unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET)
-		ns.Close()
-		if err != nil {
-			done <- fmt.Errorf("setns %s: %w", n.ns, err)
-			return
-		}
-		done <- f()
-	}()
-	return <-done
+	return microvm.InNamespace(n.ns, f)
 }
 
 // dial connects from inside the node's namespace.

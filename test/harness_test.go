@@ -72,7 +72,8 @@ type host struct {
 	// daemon never refuses it for overlapping another's.
 	cidr string
 	// node, when set, is the namespace the host's daemon runs in: leak puts
-	// the leaked slots' host ends there, as a daemon there would have.
+	// the leaked slots' host ends there, as a daemon there would have, and
+	// links, hasTable, sweep and decommission look and act there.
 	node *node
 }
 
@@ -125,14 +126,14 @@ func (h *host) sweep(prefix string) {
 	for syscall.Unmount(h.netnsDir, syscall.MNT_DETACH) == nil {
 	}
 	for _, l := range h.links(prefix) {
-		if out, err := exec.Command("ip", "link", "del", l).CombinedOutput(); err != nil && len(h.links(l)) > 0 {
+		if out, err := h.command("ip", "link", "del", l).CombinedOutput(); err != nil && len(h.links(l)) > 0 {
 			h.t.Errorf("sweep: ip link del %s: %v: %s", l, err, out)
 		}
 	}
 	// Every table is checked and deleted by name: a sweep that cannot run
 	// nft fails the test instead of leaving tables behind unnoticed.
 	if h.hasTable(prefix) {
-		if out, err := exec.Command("nft", "delete", "table", "inet", nft.TableName(prefix)).CombinedOutput(); err != nil {
+		if out, err := h.command("nft", "delete", "table", "inet", nft.TableName(prefix)).CombinedOutput(); err != nil {
 			h.t.Errorf("sweep: nft delete table inet %s: %v: %s", nft.TableName(prefix), err, out)
 		}
 	}
@@ -143,10 +144,19 @@ func (h *host) sweep(prefix string) {
 	}
 }
 
+// command is name with args run where the host's daemon runs: in h.node's
+// namespace when it has one, else here.
+func (h *host) command(name string, args ...string) *exec.Cmd {
+	if h.node != nil {
+		return exec.Command("nsenter", append([]string{"--net=" + h.node.ns, "--", name}, args...)...)
+	}
+	return exec.Command(name, args...)
+}
+
 // links lists host links whose name starts with prefix. A listing that
 // cannot run fails the test: "no link left" must mean none.
 func (h *host) links(prefix string) []string {
-	out, err := exec.Command("ip", "-o", "link", "show").Output()
+	out, err := h.command("ip", "-o", "link", "show").Output()
 	if err != nil {
 		h.t.Fatalf("ip -o link show: %v", err)
 	}

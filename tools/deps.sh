@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `make test` needs on a Debian machine that has Go: the Debian
 # packages below (as root, with apt-get), grpc-health-probe (go install) and
-# cached Jaeger and Consul builds. Packages are checked by name with dpkg-query, not by
+# cached Jaeger, Consul and microVM guest builds. Packages are checked by name with dpkg-query, not by
 # command: libprotobuf-dev has no command, and a command of the same name
 # from elsewhere would hide a missing package. Safe to run again: it does
 # nothing when everything is there.
@@ -12,6 +12,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 packages=(
   iproute2          # ip, ip netns: tests make and inspect veths and namespaces
   nftables          # nft: tests check and sweep the daemon's tables
+  qemu-system-x86   # qemu-system-x86_64: the microVM guest of the VM tests (software accelerator)
+  busybox-static    # the guest's whole userland (tools/guest/build.sh)
+  cpio              # packs the guest's initramfs
   iptables          # iptables inside a slot: tests dirty a slot the way a tenant would
   util-linux        # unshare, nsenter, mount: leaked-slot fixtures, workloads inside slots;
                     # runuser: the control plane's attacks as an unprivileged user
@@ -57,3 +60,4 @@ fi
 
 "$here/jaeger/build.sh" >/dev/null
 "$here/consul/build.sh" >/dev/null
+"$here/guest/build.sh" >/dev/null

@@ -88,6 +88,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "bound on the graceful stop of the servers")
 	tf.register(fs)
 	cf.register(fs)
+	guestFlags(fs, &cfg)
 	fs.Var(expectValue{&cfg.Expected}, "expect", "phase=duration,…: log a warning, with the progress, when a phase runs longer")
 	fs.BoolVar(&cfg.UpgradeOnHangup, "upgrade-on-hup", cfg.UpgradeOnHangup, "SIGHUP upgrades in place: check the binary at this path, drain keeping slots, port and lock, exec it (false: SIGHUP stops)")
 	fs.BoolVar(&opts.check, "check", false, "check the configuration, print it resolved with the worst-case stop time, and exit (0 valid, 2 not)")

@@ -22,11 +22,13 @@ import (
 	"github.com/phasegate/phasegate/phases"
 )
 
-const slotsUsage = `slots <acquire|release|keepalive|get|list> [flags] [args]
+const slotsUsage = `slots <acquire|release|keepalive|egress|get|list> [flags] [args]
 
-  acquire OWNER [--request-id ID] [--ttl D]   lease a slot; prints it with its lease id
+  acquire OWNER [--request-id ID] [--ttl D] [egress flags]
+                                              lease a slot; prints it with its lease id
   release INDEX LEASE_ID                      end a lease
   keepalive INDEX LEASE_ID                    renew a lease with a TTL
+  egress INDEX LEASE_ID [egress flags]        replace the lease's egress policy (none: cleared)
   get INDEX                                   one slot
   list [--all]                                the slots that are not free (--all: every one)
 
@@ -40,6 +42,30 @@ type slotsFlags struct {
 	timeout, ttl            time.Duration
 	all                     bool
 	tls                     clientTLSFlags
+	egress                  egressFlags
+}
+
+// egressFlags are an egress policy on the command line.
+type egressFlags struct {
+	allow, deny          string
+	denyAll, redirectTCP bool
+}
+
+// policy is the flags' policy; nil when none was given.
+func (f egressFlags) policy() *phasegatev1.EgressPolicy {
+	if f.allow == "" && f.deny == "" && !f.denyAll && !f.redirectTCP {
+		return nil
+	}
+	split := func(s string) []string {
+		var out []string
+		for _, x := range strings.Split(s, ",") {
+			if x = strings.TrimSpace(x); x != "" {
+				out = append(out, x)
+			}
+		}
+		return out
+	}
+	return &phasegatev1.EgressPolicy{Allow: split(f.allow), Deny: split(f.deny), DenyAll: f.denyAll, RedirectTcp: f.redirectTCP}
 }
 
 func (f *slotsFlags) register(fs *flag.FlagSet) {
@@ -49,11 +75,15 @@ func (f *slotsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.requestID, "request-id", "", "acquire: the request's id, so that a retry gets the same slot")
 	fs.DurationVar(&f.ttl, "ttl", 0, "acquire: the lease's time to live, renewed with keepalive (0: held until released)")
 	fs.BoolVar(&f.all, "all", false, "list: free slots too")
+	fs.StringVar(&f.egress.allow, "egress-allow", "", "acquire, egress: IPv4 CIDRs the slot may reach, comma-separated")
+	fs.StringVar(&f.egress.deny, "egress-deny", "", "acquire, egress: IPv4 CIDRs the slot may not reach, comma-separated")
+	fs.BoolVar(&f.egress.denyAll, "egress-deny-all", false, "acquire, egress: drop everything but established traffic and the daemon's always-allowed set")
+	fs.BoolVar(&f.egress.redirectTCP, "egress-redirect-tcp", false, "acquire, egress: send new TCP connections to the daemon's egress proxy")
 	f.tls.register(fs)
 }
 
 // slotsVerbs are the client's verbs and how many arguments each takes.
-var slotsVerbs = map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "get": 1, "list": 0}
+var slotsVerbs = map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "egress": 2, "get": 1, "list": 0}
 
 // errShownHelp says the help was printed: exit 0.
 var errShownHelp = errors.New("help shown")
@@ -156,7 +186,7 @@ func (f *slotsFlags) dial() (*grpc.ClientConn, error) {
 // call makes the verb's call with its arguments.
 func (f *slotsFlags) call(ctx context.Context, c phasegatev1.SlotsClient, verb string, pos []string) (proto.Message, error) {
 	if verb == "acquire" {
-		req := &phasegatev1.AcquireRequest{Owner: pos[0], RequestId: f.requestID}
+		req := &phasegatev1.AcquireRequest{Owner: pos[0], RequestId: f.requestID, EgressPolicy: f.egress.policy()}
 		if f.ttl > 0 {
 			req.Ttl = durationpb.New(f.ttl)
 		}
@@ -174,6 +204,8 @@ func (f *slotsFlags) call(ctx context.Context, c phasegatev1.SlotsClient, verb s
 		return c.Release(ctx, &phasegatev1.ReleaseRequest{Index: uint32(i), LeaseId: pos[1]})
 	case "keepalive":
 		return c.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: uint32(i), LeaseId: pos[1]})
+	case "egress":
+		return c.SetEgressPolicy(ctx, &phasegatev1.SetEgressPolicyRequest{Index: uint32(i), LeaseId: pos[1], EgressPolicy: f.egress.policy()})
 	}
 	return c.Get(ctx, &phasegatev1.GetRequest{Index: uint32(i)})
 }

@@ -9,14 +9,15 @@ import (
 
 // Group commit. Every write becomes an op in a queue. A writer that finds
 // no commit under way leads: it takes the whole queue, applies every op in
-// one bbolt transaction and commits it (one fsync), wakes the writers it
-// committed for, and goes on with whatever queued meanwhile, for up to
+// one bbolt transaction and commits it (fsynced where the store fsyncs),
+// wakes the writers it committed for, and goes on with whatever queued
+// meanwhile, for up to
 // maxRounds transactions; then it hands the lead to the first writer still
 // waiting. So a lone writer commits at once (bbolt's DB.Batch would first
 // wait out MaxBatchDelay, 10 ms by default), and under load the batch grows
-// by itself to whatever arrived during the previous fsync. The leader goes
+// by itself to whatever arrived during the previous commit. The leader goes
 // on rather than handing over after every transaction because the next
-// leader's wake-up is a scheduling delay between two fsyncs on a busy
+// leader's wake-up is a scheduling delay between two commits on a busy
 // machine (docs/BENCHMARKS.md, "Figures behind the network code").
 
 // maxBatch bounds the ops in one transaction, so that one commit's work
@@ -51,8 +52,8 @@ func (r rejected) Unwrap() error { return r.err }
 
 func reject(err error) error { return rejected{err} }
 
-// write queues apply and returns once its outcome is final: committed and
-// fsynced (nil), refused, or failed with its whole transaction.
+// write queues apply and returns once its outcome is final: committed
+// (nil), refused, or failed with its whole transaction.
 func (s *Store) write(apply func(tx *bolt.Tx) error) error {
 	o := &op{apply: apply, wake: make(chan bool, 1)}
 	s.mu.Lock()

@@ -60,16 +60,31 @@
 // # Writes: durability, order, batching
 //
 // Put, Delete and Update return only once their transaction is committed
-// and fsynced (bbolt writes the pages, fdatasyncs, writes the meta page,
-// fdatasyncs again). The daemon writes a slot's Leased record before it
-// replies to Acquire, and deletes or idles it only after the slot is back
-// (Release) or gone, so a crash at any instruction may leave a record for a
-// slot never handed out (reclaim finds it unowned later), never a handed-out
-// slot without its record.
+// to the file: bbolt writes the new pages, then the meta page that makes
+// them current (pwrite, in that order). The daemon writes a slot's Leased
+// record before it replies to Acquire, and deletes or idles it only after
+// the slot is back (Release) or gone, so a crash at any instruction may
+// leave a record for a slot never handed out (reclaim finds it unowned
+// later), never a handed-out slot without its record.
+//
+// What a returned write must survive is the death of the process (kill -9
+// at any instant), not of the machine: the namespaces the records describe
+// die at a reboot. A pwrite that returned is in the kernel's page cache,
+// which outlives the process, and is seen by the next process in program
+// order, so the file after a kill holds every commit that returned and at
+// worst a newer meta page not yet written (Open then uses the previous
+// commit, whose pages the unfinished one never overwrote). fsync adds only
+// the survival of a kernel crash or a power loss. Options.Sync decides: by
+// default (SyncAuto) commits are fsynced (fdatasync of the pages, then of
+// the meta page) unless the file is on tmpfs or ramfs, where fsync is a
+// no-op and the file dies with the machine anyway; on a disk they are
+// fsynced, so a power loss does not leave a torn file for the next boot to
+// refuse. TestKillDuringWritesWithoutFsync kills 16 writers without fsync
+// at random instants and finds every returned write in a whole file.
 //
 // Concurrent writes share transactions (group commit): the first writer
-// commits at once; writers that arrive during that fsync are committed
-// together by the next one. A lone writer pays one fsync and no timer
+// commits at once; writers that arrive during that commit are committed
+// together by the next one. A lone writer pays one commit and no timer
 // (bbolt's DB.Batch waits up to 10 ms to gather a batch); many writers
 // commit faster than one transaction each (BenchmarkWrite; figures in
 // docs/BENCHMARKS.md). Within a shared transaction:

@@ -30,12 +30,18 @@ const helperEnv = "PHASEGATE_LEASES_HELPER"
 //
 //	hold <path>: open the store, print "ready", hold it until stdin closes
 //	open <path>: open the store and print the error's type
+//	write <path>: open the store without fsync (SyncNever) and Put leased
+//	  records from 16 goroutines until killed, printing "put <index>
+//	  <lease id>" after each Put returned
 func TestHelperProcess(t *testing.T) {
 	mode := os.Getenv(helperEnv)
 	if mode == "" {
 		t.Skip("helper process only")
 	}
 	path := os.Getenv(helperEnv + "_PATH")
+	if mode == "write" {
+		writeUntilKilled(path, os.Getenv(helperEnv+"_BASE"))
+	}
 	s, err := Open(path, Options{})
 	switch mode {
 	case "hold":
@@ -60,6 +66,37 @@ func TestHelperProcess(t *testing.T) {
 		os.Exit(0)
 	}
 }
+
+// writeUntilKilled is the helper's write mode: every goroutine writes
+// indices of its own, each once, from base on.
+func writeUntilKilled(path, base string) {
+	s, err := Open(path, Options{Sync: SyncNever})
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	from, _ := strconv.Atoi(base)
+	var out sync.Mutex
+	for g := range killWriters {
+		go func() {
+			for k := 0; ; k++ {
+				i := from + k*killWriters + g
+				r := leased(i, "owner", fmt.Sprint("req-", i))
+				if err := s.Put(context.Background(), r); err != nil {
+					fmt.Println("error:", err)
+					os.Exit(1)
+				}
+				out.Lock()
+				fmt.Println("put", i, r.LeaseID) // one write(2): a line is told whole or not at all
+				out.Unlock()
+			}
+		}()
+	}
+	select {}
+}
+
+// killWriters is the number of concurrent writers the kill test runs.
+const killWriters = 16
 
 func helper(t *testing.T, mode, path string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
@@ -662,4 +699,78 @@ func TestCloseWaitsForWrites(t *testing.T) {
 	}
 	defer s.Close()
 	checkExactly(t, s, written)
+}
+
+// TestKillDuringWritesWithoutFsync kills a process writing records from 16
+// goroutines without fsync (SyncNever, what a store on tmpfs does) with
+// SIGKILL at a random instant, round after round on the same file: every
+// time the file opens whole (every page walked, bbolt's check passed) and
+// holds every record whose Put had returned, with its lease id.
+func TestKillDuringWritesWithoutFsync(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	told := map[int]string{}
+	base := 1
+	for round := range 8 {
+		cmd := helper(t, "write", path)
+		cmd.Env = append(cmd.Env, helperEnv+"_BASE="+strconv.Itoa(base))
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		lines := make(chan string)
+		go func() {
+			defer close(lines)
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+		}()
+		// Kill once the writers are well under way, at a random instant.
+		n, killAt := 0, 50+r.IntN(400)
+		for line := range lines {
+			var i int
+			var id string
+			if _, err := fmt.Sscanf(line, "put %d %s", &i, &id); err != nil {
+				t.Fatalf("round %d: helper said %q", round, line)
+			}
+			told[i] = id
+			base = max(base, i+1)
+			if n++; n == killAt {
+				cmd.Process.Kill()
+			}
+		}
+		cmd.Wait()
+		if n < killAt {
+			t.Fatalf("round %d: the helper stopped after %d writes, before it was killed", round, n)
+		}
+
+		s, err := Open(path, Options{})
+		if err != nil {
+			t.Fatalf("round %d: after kill -9 with %d writes told: %v", round, n, err)
+		}
+		recs, err := s.Load()
+		if err != nil {
+			t.Fatalf("round %d: Load: %v", round, err)
+		}
+		got := map[int]string{}
+		for _, rec := range recs {
+			got[rec.Index] = rec.LeaseID
+		}
+		for i, id := range told {
+			if got[i] != id {
+				t.Errorf("round %d: slot %d: Put returned with lease %s, the file after kill -9 holds %q", round, i, id, got[i])
+			}
+		}
+		checkRequestIndex(t, s)
+		base = max(base, len(recs)+1) + killWriters // past any write that landed untold
+		for _, rec := range recs {
+			base = max(base, rec.Index+1)
+		}
+		s.Close()
+		t.Logf("round %d: killed after %d writes told; %d records in the file, every one told there", round, n, len(recs))
+	}
 }

@@ -57,7 +57,11 @@ func open(path string, opts Options, migs []migration) (*Store, error) {
 		}
 	}
 
-	db, err := openBolt(path, opts)
+	fsync, err := wantFsync(path, opts.Sync)
+	if err != nil {
+		return nil, err
+	}
+	db, err := openBolt(path, opts, fsync)
 	if err != nil {
 		var locked *LockedError
 		if !errors.As(err, &locked) {
@@ -65,7 +69,7 @@ func open(path string, opts Options, migs []migration) (*Store, error) {
 		}
 		return nil, err
 	}
-	s := &Store{path: path, db: db}
+	s := &Store{path: path, db: db, opened: Opened{Fsync: fsync}}
 	if err := s.prepare(migs); err != nil {
 		undo() // while the lock is still ours
 		db.Close()
@@ -85,7 +89,7 @@ func open(path string, opts Options, migs []migration) (*Store, error) {
 // and freelist pages while opening, and a damaged or missing page can make
 // it panic or fault, leaving its file (and lock) open; the lock is released
 // and the file closed here then.
-func openBolt(path string, opts Options) (db *bolt.DB, err error) {
+func openBolt(path string, opts Options, fsync bool) (db *bolt.DB, err error) {
 	timeout := opts.LockTimeout
 	if timeout == 0 {
 		// bbolt waits forever on 0; any positive timeout shorter than its
@@ -95,6 +99,7 @@ func openBolt(path string, opts Options) (db *bolt.DB, err error) {
 	var file *os.File
 	bopts := &bolt.Options{
 		Timeout: timeout,
+		NoSync:  !fsync,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			f, err := os.OpenFile(name, flag, perm)
 			file = f
@@ -133,6 +138,33 @@ func openBolt(path string, opts Options) (db *bolt.DB, err error) {
 	// The rest is about where the file is (a missing directory) or the
 	// system (mmap refused): not the file's fault.
 	return nil, fmt.Errorf("leases: open %s: %w", path, err)
+}
+
+// wantFsync resolves mode for the file at path: SyncAuto fsyncs unless
+// path's directory is on tmpfs or ramfs.
+func wantFsync(path string, mode Sync) (bool, error) {
+	switch mode {
+	case SyncAlways:
+		return true, nil
+	case SyncNever:
+		return false, nil
+	case SyncAuto:
+	default:
+		return false, fmt.Errorf("%w: sync mode %d", ErrInvalid, mode)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
+		// Open reports a missing or unreadable directory better: fsync,
+		// the safe choice, and let it.
+		return true, nil
+	}
+	return !inMemory(st.Type), nil
+}
+
+// inMemory reports whether a filesystem of type fsType (statfs f_type)
+// keeps its pages in memory only.
+func inMemory(fsType int64) bool {
+	return fsType == unix.TMPFS_MAGIC || fsType == unix.RAMFS_MAGIC
 }
 
 // MoveAside renames the store's file at path to path.corrupt-<UTC time>,

@@ -77,7 +77,24 @@ type Record struct {
 	HostIfindex int
 	// Created is when the slot's kernel objects were made.
 	Created time.Time
+
+	// Egress is the lease's egress policy, nil for none. Set only when
+	// Leased.
+	Egress *EgressPolicy
 }
+
+// EgressPolicy is a lease's egress policy as recorded: the client's CIDR
+// lists (canonical, sorted; package network/inside checks them) and modes.
+type EgressPolicy struct {
+	Allow, Deny []string
+	DenyAll     bool
+	RedirectTCP bool
+}
+
+// MaxEgressEntries bounds each list of a recorded egress policy, far above
+// what package inside accepts, so that a record stays small whatever the
+// caller.
+const MaxEgressEntries = 1 << 16
 
 // Expired reports whether a lease with a TTL has lapsed at now. A record
 // with a zero Expires (Idle, or TTL 0) never expires.
@@ -102,10 +119,13 @@ func (r *Record) validate() error {
 	if r.TTL < 0 {
 		return bad("negative TTL %v", r.TTL)
 	}
+	if e := r.Egress; e != nil && (len(e.Allow) > MaxEgressEntries || len(e.Deny) > MaxEgressEntries) {
+		return bad("egress policy lists are limited to %d entries", MaxEgressEntries)
+	}
 	switch r.State {
 	case Idle:
-		if r.Owner != "" || r.LeaseID != "" || r.RequestID != "" || r.Principal != "" || !r.Acquired.IsZero() || r.TTL != 0 || !r.Expires.IsZero() {
-			return bad("an idle record has no owner, lease, request, principal, acquisition time, TTL or expiry")
+		if r.Owner != "" || r.LeaseID != "" || r.RequestID != "" || r.Principal != "" || !r.Acquired.IsZero() || r.TTL != 0 || !r.Expires.IsZero() || r.Egress != nil {
+			return bad("an idle record has no owner, lease, request, principal, acquisition time, TTL, expiry or egress policy")
 		}
 	case Leased:
 		if r.Owner == "" || r.LeaseID == "" || r.Principal == "" {
@@ -210,6 +230,10 @@ func fill(m *recordpb.Record, r *Record) {
 	m.NetnsDev, m.NetnsIno = r.Netns.Dev, r.Netns.Ino
 	m.HostIfindex = int32(r.HostIfindex)
 	m.CreatedUnixNano = unixNano(r.Created)
+	m.EgressPolicy = nil
+	if e := r.Egress; e != nil {
+		m.EgressPolicy = &recordpb.EgressPolicy{Allow: e.Allow, Deny: e.Deny, DenyAll: e.DenyAll, RedirectTcp: e.RedirectTCP}
+	}
 }
 
 func encode(r *Record) ([]byte, error) {
@@ -247,6 +271,9 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 		Netns:       netns.ID{Dev: m.NetnsDev, Ino: m.NetnsIno},
 		HostIfindex: int(m.HostIfindex),
 		Created:     fromUnixNano(m.CreatedUnixNano),
+	}
+	if e := m.GetEgressPolicy(); e != nil {
+		r.Egress = &EgressPolicy{Allow: e.GetAllow(), Deny: e.GetDeny(), DenyAll: e.GetDenyAll(), RedirectTCP: e.GetRedirectTcp()}
 	}
 	switch m.State {
 	case recordpb.State_STATE_IDLE:

@@ -147,7 +147,7 @@ func TestOpenUpgradesSchema1(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if s.Opened() != (Opened{}) {
+	if o := s.Opened(); o.Fresh || o.UpgradedFrom != 0 || o.Backup != "" {
 		t.Fatalf("second Open after the upgrade: %+v", s.Opened())
 	}
 }

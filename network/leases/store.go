@@ -21,7 +21,32 @@ type Options struct {
 	// LockTimeout is how long Open waits for another process to let go of
 	// the file. Zero means do not wait: fail at once with *LockedError.
 	LockTimeout time.Duration
+	// Sync says whether commits are fsynced; the zero value, SyncAuto,
+	// decides by the file's filesystem.
+	Sync Sync
 }
+
+// Sync is whether a commit is fsynced before the write returns. Either
+// way a write returns only once its pages and its meta page are written
+// to the file (pwrite, in that order), so the file is whole and holds it
+// after the process dies at any instant, kill -9 included: the pages are
+// in the kernel's page cache, which outlives the process. fsync adds the
+// survival of a kernel crash or a power loss, which only a file on a disk
+// can have.
+type Sync uint8
+
+const (
+	// SyncAuto fsyncs unless the file is on tmpfs or ramfs, whose pages
+	// are in memory only: there fsync is a no-op that costs two system
+	// calls per commit, and the file dies at a reboot with the namespaces
+	// it describes.
+	SyncAuto Sync = iota
+	// SyncAlways fsyncs every commit, wherever the file is.
+	SyncAlways
+	// SyncNever fsyncs no commit: a kernel crash or a power loss may leave
+	// a file on a disk torn (Open then refuses it with *CorruptError).
+	SyncNever
+)
 
 // Opened says what Open found.
 type Opened struct {
@@ -34,12 +59,15 @@ type Opened struct {
 	UpgradedFrom int
 	// Backup is the copy of the file taken before that upgrade; "" if none.
 	Backup string
+	// Fsync: commits are fsynced (Options.Sync, and for SyncAuto the
+	// file's filesystem).
+	Fsync bool
 }
 
 // Store is the durable record of every slot: one bbolt file, opened by one
 // process at a time. Its methods are safe for concurrent use. Writes return
-// once their transaction is committed and fsynced; concurrent writes share
-// transactions (group commit).
+// once their transaction is committed to the file (and fsynced, see Sync);
+// concurrent writes share transactions (group commit).
 type Store struct {
 	path   string
 	db     *bolt.DB
@@ -187,12 +215,12 @@ func (s *Store) Load() ([]Record, error) {
 }
 
 // Put stores recs atomically, each replacing the record of its index: all
-// of them are committed and fsynced when Put returns nil, none of them
+// of them are committed (see Sync) when Put returns nil, none of them
 // otherwise. Put replaces whole records: fields that a newer writer added
 // are dropped (Update keeps them).
 //
 // ctx is consulted only before the write is queued. Once queued, Put waits
-// for the commit (one fsync), so that its result is always the truth: a
+// for the commit, so that its result is always the truth: a
 // caller never has to guess whether a record it was told failed is there.
 //
 // Put refuses, writing nothing: an invalid record (ErrInvalid), two

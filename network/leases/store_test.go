@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
@@ -88,7 +90,7 @@ func TestPutGetLoadSurviveReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if s.Opened() != (Opened{}) {
+	if o := s.Opened(); o.Fresh || o.UpgradedFrom != 0 || o.Backup != "" {
 		t.Fatalf("reopen reports %+v", s.Opened())
 	}
 	got, err := s.Load()
@@ -486,5 +488,51 @@ func TestNewLeaseID(t *testing.T) {
 			t.Fatalf("lease id %q repeated", id)
 		}
 		seen[id] = true
+	}
+}
+
+// TestSyncFollowsTheFilesystem opens stores on tmpfs and on the disk with
+// each Sync mode: SyncAuto fsyncs on the disk only, as statfs(2) tells.
+func TestSyncFollowsTheFilesystem(t *testing.T) {
+	fsType := func(dir string) int64 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Type
+	}
+	tmpfs, disk := "/dev/shm", "/var/tmp"
+	if !inMemory(fsType(tmpfs)) || inMemory(fsType(disk)) {
+		t.Skipf("need %s on tmpfs and %s on a disk", tmpfs, disk)
+	}
+	for _, tc := range []struct {
+		parent string
+		mode   Sync
+		fsync  bool
+	}{
+		{tmpfs, SyncAuto, false},
+		{disk, SyncAuto, true},
+		{tmpfs, SyncAlways, true},
+		{disk, SyncNever, false},
+	} {
+		dir, err := os.MkdirTemp(tc.parent, "leases-sync")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		s, err := Open(filepath.Join(dir, "leases.db"), Options{Sync: tc.mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Opened().Fsync; got != tc.fsync {
+			t.Errorf("%s, mode %d: Fsync %v, want %v", tc.parent, tc.mode, got, tc.fsync)
+		}
+		if err := s.Put(context.Background(), leased(1, "o", "r")); err != nil {
+			t.Error(err)
+		}
+		s.Close()
+	}
+	if _, err := Open(filepath.Join(t.TempDir(), "leases.db"), Options{Sync: 9}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Sync 9: %v, want ErrInvalid", err)
 	}
 }

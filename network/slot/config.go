@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -73,6 +74,9 @@ type Config struct {
 	// CIDR, where an address means one slot on the host. Empty until
 	// microVM slots give it a flag.
 	GuestRanges []netip.Prefix
+	// Guest is the optional guest device of every slot (a tap for a
+	// microVM and its NAT); its network counts as one of GuestRanges.
+	Guest Guest
 }
 
 // DefaultConfig returns the daemon's defaults.
@@ -127,7 +131,14 @@ func (c Config) Validate() error {
 			bad("slot CIDR %s with %d slots would use %s (cloud metadata)", c.CIDR, c.Slots, metadataAddr)
 		}
 	}
-	for _, g := range c.GuestRanges {
+	for _, p := range c.Guest.validate() {
+		bad("%s", p)
+	}
+	ranges := c.GuestRanges
+	if c.Guest.Enabled() && c.Guest.Addr.IsValid() {
+		ranges = append(slices.Clip(ranges), c.Guest.Range())
+	}
+	for _, g := range ranges {
 		if c.CIDR.IsValid() && g.Overlaps(c.CIDR) {
 			bad("slot CIDR %s overlaps the guest range %s that every slot's workload uses inside: give a --slot-cidr clear of it (the default %s is)",
 				c.CIDR, g, DefaultCIDR)

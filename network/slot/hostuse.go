@@ -61,13 +61,17 @@ const dumpTries = 10
 // from a more specific slot route. Its cost is two dumps read in place
 // (ribdump.go) and one ioctl per link that holds an address or a route in
 // c.CIDR.
-func (c Config) ForeignUses() ([]HostUse, error) {
+func (c Config) ForeignUses() ([]HostUse, error) { return c.usesOf(c.CIDR) }
+
+// usesOf returns the host's IPv4 addresses and routes that overlap cidr
+// and are not on c's own host links (a default route left out).
+func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
 	probe, err := newLinkProbe()
 	if err != nil {
 		return nil, err
 	}
 	defer probe.close()
-	w := &useWalk{cfg: c, probe: probe, names: map[uint32]linkName{}}
+	w := &useWalk{cfg: c, cidr: cidr, probe: probe, names: map[uint32]linkName{}}
 	if err := w.dump(unix.RTM_GETADDR, make([]byte, unix.SizeofIfAddrmsg), w.addr); err != nil {
 		return nil, fmt.Errorf("slot: list host addresses: %w", err)
 	}
@@ -92,6 +96,7 @@ func (c Config) ForeignUses() ([]HostUse, error) {
 // useWalk gathers the foreign uses from the dumps' messages.
 type useWalk struct {
 	cfg   Config
+	cidr  netip.Prefix // what a use overlaps
 	probe *linkProbe
 	names map[uint32]linkName // by link index, asked once each
 	uses  []HostUse
@@ -115,11 +120,34 @@ func (w *useWalk) dump(req uint16, hdr []byte, f func(ribMsg)) error {
 		if err = ribDump(req, hdr, f); !errors.Is(err, errDumpInterrupted) {
 			break
 		}
-		if try < dumpTries-1 {
-			time.Sleep(time.Millisecond << min(try, 6))
-		}
+		dumpPause(try)
 	}
 	return err
+}
+
+// dumpPause waits before the try after try (none after the last).
+func dumpPause(try int) {
+	if try < dumpTries-1 {
+		time.Sleep(time.Millisecond << min(try, 6))
+	}
+}
+
+// hostAddrList dumps the host's IPv4 addresses through the library (for
+// HostAddrs, which wants them all), again when the kernel interrupted the
+// dump, as useWalk.dump does.
+func hostAddrList() ([]netlink.Addr, error) {
+	var addrs []netlink.Addr
+	var err error
+	for try := range dumpTries {
+		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+		dumpPause(try)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("slot: list host addresses: %w", err)
+	}
+	return addrs, nil
 }
 
 // link names link index (0: none) and says whether it is c's own.
@@ -155,7 +183,7 @@ func (w *useWalk) addr(m ribMsg) {
 		a = m.attr(unix.IFA_ADDRESS)
 	}
 	p, ok := prefix4(a, m.body[1])
-	if ok && p.Overlaps(w.cfg.CIDR) {
+	if ok && p.Overlaps(w.cidr) {
 		w.uses = append(w.uses, HostUse{Prefix: p, Dev: l.name})
 	}
 }
@@ -175,7 +203,7 @@ func (w *useWalk) route(m ribMsg) {
 		}
 	}
 	p, ok := prefix4(m.attr(unix.RTA_DST), m.body[1])
-	if !ok || !p.Overlaps(w.cfg.CIDR) {
+	if !ok || !p.Overlaps(w.cidr) {
 		return
 	}
 	table := int(m.body[4])

@@ -207,6 +207,11 @@ func (m *Manager) create(ctx context.Context, s *Slot) error {
 	if err := m.configureInside(fd, s); err != nil {
 		return err
 	}
+	if m.cfg.Guest.Enabled() {
+		if err := m.makeGuest(fd, s); err != nil {
+			return err
+		}
+	}
 	return m.fw.Add(ctx, s.HostIf)
 }
 

@@ -29,7 +29,7 @@ func TestSmoke(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	out := filepath.Join(dir, "out")
+	out, cache := filepath.Join(dir, "out"), filepath.Join(dir, "cache")
 	doc := filepath.Join(dir, "BENCHMARKS.md")
 	if err := os.WriteFile(doc, []byte("# B\n\nbefore\n"+docStart+"\nold\n"+docEnd+"\nafter\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -39,7 +39,7 @@ func TestSmoke(t *testing.T) {
 	// falls in it) and ~0.1 s for 200.
 	cmd := exec.Command(bin, "-n", "0,20", "-reps", "1", "-load-n", "200", "-load-reps", "1",
 		"-idle-duration", "1s", "-settle", "200ms", "-acquire-n", "40", "-slotrate-n", "20", "-upgrades", "2", "-restarts", "1",
-		"-upgrade-leases", "4", "-out", out, "-doc", doc)
+		"-upgrade-leases", "4", "-out", out, "-results", cache, "-doc", doc)
 	start := time.Now()
 	stdout, err := cmd.Output()
 	if err != nil {
@@ -51,7 +51,10 @@ func TestSmoke(t *testing.T) {
 	}
 	t.Logf("bench ran in %v:\n%s", time.Since(start).Round(time.Second), stdout)
 
-	res, err := readResults(filepath.Join(out, "results.json"))
+	if _, err := os.Stat(filepath.Join(out, "results.json")); err == nil {
+		t.Error("results.json written to -out, beside the rendered report")
+	}
+	res, err := readResults(filepath.Join(cache, "results.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,6 +101,17 @@ func TestSmoke(t *testing.T) {
 			if l.Start[k].Requests == 0 {
 				t.Errorf("results.json: no %s samples after a start: %+v", k, l)
 			}
+			// The control server, probed in the same seconds as the
+			// reclaiming daemon, answered every check it was sent.
+			if c := l.Control[k]; c.Requests == 0 || c.Errors != 0 {
+				t.Errorf("results.json: control server's %s checks during the reclaim: %+v", k, c)
+			}
+		}
+		if _, ok := l.Control[kindAcquire]; ok {
+			t.Error("results.json: the control server has Acquire samples; only the daemon serves Acquire")
+		}
+		if c := l.Checker; c == nil || c.HTTPRate != checkerHTTPRate || c.GRPCRate != checkerGRPCRate || len(c.WindowMs) != 1 {
+			t.Errorf("results.json: checker-rate run: %+v", l.Checker)
 		}
 	}
 	if len(res.ExecMs) != 1 {
@@ -142,6 +156,24 @@ func TestSmoke(t *testing.T) {
 		!strings.HasPrefix(s, "# B\n\nbefore\n") || !strings.HasSuffix(s, docEnd+"\nafter\n") {
 		t.Errorf("-doc section not replaced as expected:\n%s", s)
 	}
+
+	// -from re-renders the same report from the cached results.json.
+	again := filepath.Join(dir, "again")
+	if b, err := exec.Command(bin, "-from", "-results", cache, "-out", again).CombinedOutput(); err != nil {
+		t.Fatalf("bench -from: %v\n%s", err, b)
+	}
+	if want, got := readFile(t, filepath.Join(out, "report.md")), readFile(t, filepath.Join(again, "report.md")); want != got {
+		t.Errorf("-from rendered another report.md:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func checkPNG(t *testing.T, file string) {

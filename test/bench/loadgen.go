@@ -42,6 +42,11 @@ const (
 	// genProbe alternates HTTP GET /health and gRPC Check, each on a new
 	// TCP connection: what an orchestrator's checks and new clients see.
 	genProbe = "probe"
+	// genChecker probes the way real health checkers do: HTTP GET
+	// /health on a new TCP connection each (-http-rate), and gRPC Check
+	// on one kept connection (-grpc-rate, to -grpc-addr), each on its own
+	// schedule.
+	genChecker = "checker"
 )
 
 // Outcomes of a probe beyond an answer.
@@ -85,9 +90,12 @@ func loadgenMain(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "", "127.0.0.1:port of the daemon")
+	grpcAddr := fs.String("grpc-addr", "", "where -mode health and checker send gRPC Check (default -addr)")
 	control := fs.String("control", "", "the daemon's control socket, where -mode acquire calls the Slots API")
-	mode := fs.String("mode", genHealth, "health, acquire or probe")
+	mode := fs.String("mode", genHealth, "health, acquire, probe or checker")
 	rate := fs.Int("rate", 2000, "requests per second")
+	httpRate := fs.Int("http-rate", 20, "-mode checker: HTTP checks per second, each on a new connection")
+	grpcRate := fs.Int("grpc-rate", 50, "-mode checker: gRPC Checks per second, on one kept connection")
 	duration := fs.Duration("duration", 10*time.Second, "longest run once the port answers")
 	wait := fs.Duration("wait", 30*time.Second, "longest wait for the port")
 	out := fs.String("out", "", "file for the samples (JSON)")
@@ -95,9 +103,14 @@ func loadgenMain(args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	host, _, err := net.SplitHostPort(*addr)
-	if err != nil || host != "127.0.0.1" || *out == "" || *rate < 1 || *duration <= 0 || *duration > 10*time.Minute ||
-		(*mode != genHealth && *mode != genAcquire && *mode != genProbe) || (*mode == genAcquire && *control == "") {
-		fmt.Fprintln(stderr, "loadgen: need -addr 127.0.0.1:port, -out, -mode health|acquire|probe (acquire with -control SOCKET), a rate ≥ 1 and a duration in (0, 10m]")
+	if *grpcAddr == "" {
+		*grpcAddr = *addr
+	}
+	grpcHost, _, gerr := net.SplitHostPort(*grpcAddr)
+	if err != nil || gerr != nil || host != "127.0.0.1" || grpcHost != "127.0.0.1" || *out == "" || *rate < 1 || *httpRate < 1 || *grpcRate < 1 ||
+		*duration <= 0 || *duration > 10*time.Minute ||
+		(*mode != genHealth && *mode != genAcquire && *mode != genProbe && *mode != genChecker) || (*mode == genAcquire && *control == "") {
+		fmt.Fprintln(stderr, "loadgen: need -addr (and -grpc-addr) 127.0.0.1:port, -out, -mode health|acquire|probe|checker (acquire with -control SOCKET), rates ≥ 1 and a duration in (0, 10m]")
 		return exitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -106,7 +119,12 @@ func loadgenMain(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "loadgen:", err)
 		return exitError
 	}
-	samples, err := generate(ctx, *addr, *control, *mode, *rate, *duration)
+	var samples []sample
+	if *mode == genChecker {
+		samples, err = check(ctx, *addr, *grpcAddr, *httpRate, *grpcRate, *duration)
+	} else {
+		samples, err = generate(ctx, *addr, *grpcAddr, *control, *mode, *rate, *duration)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "loadgen:", err)
 		return exitError
@@ -140,12 +158,43 @@ func waitPort(ctx context.Context, addr string, timeout time.Duration) error {
 // generate sends requests on a fixed schedule (open loop: a slow answer does
 // not delay the next request) until duration has passed or ctx ends, then
 // waits for the outstanding ones.
-func generate(ctx context.Context, addr, control, mode string, rate int, duration time.Duration) ([]sample, error) {
-	send, closeAll, err := sender(addr, control, mode)
+func generate(ctx context.Context, addr, grpcAddr, control, mode string, rate int, duration time.Duration) ([]sample, error) {
+	send, closeAll, err := sender(addr, grpcAddr, control, mode)
 	if err != nil {
 		return nil, err
 	}
 	defer closeAll()
+	return schedule(ctx, mode, send, rate, duration), nil
+}
+
+// check is -mode checker: HTTP checks on new connections to addr and gRPC
+// Checks on one kept connection to grpcAddr, each at its rate on its own
+// schedule, until duration has passed or ctx ends.
+func check(ctx context.Context, addr, grpcAddr string, httpRate, grpcRate int, duration time.Duration) ([]sample, error) {
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("grpc client: %w", err)
+	}
+	defer conn.Close()
+	health := healthpb.NewHealthClient(conn)
+	var (
+		wg         sync.WaitGroup
+		gets, rpcs []sample
+	)
+	wg.Go(func() {
+		gets = schedule(ctx, kindHTTP, func(int) sample { return probeHTTP(addr) }, httpRate, duration)
+	})
+	wg.Go(func() {
+		rpcs = schedule(ctx, kindGRPC, func(int) sample { return checkGRPC(health) }, grpcRate, duration)
+	})
+	wg.Wait()
+	return append(gets, rpcs...), nil
+}
+
+// schedule calls send at rate on a fixed schedule and returns the samples;
+// a request due while maxInFlight are outstanding is counted as dropped,
+// of kind.
+func schedule(ctx context.Context, kind string, send func(k int) sample, rate int, duration time.Duration) []sample {
 	var (
 		mu      sync.Mutex
 		samples = make([]sample, 0, int(float64(rate)*duration.Seconds())+1)
@@ -177,7 +226,7 @@ func generate(ctx context.Context, addr, control, mode string, rate int, duratio
 		select {
 		case slots <- struct{}{}:
 		default:
-			record(sample{Kind: mode, At: time.Now().UnixNano(), Err: "dropped: too many outstanding", Out: outFailed})
+			record(sample{Kind: kind, At: time.Now().UnixNano(), Err: "dropped: too many outstanding", Out: outFailed})
 			continue
 		}
 		lag := int64(time.Since(due))
@@ -189,14 +238,15 @@ func generate(ctx context.Context, addr, control, mode string, rate int, duratio
 		})
 	}
 	wg.Wait()
-	return samples, nil
+	return samples
 }
 
 // sender returns the function that sends the k-th request of mode, and
 // what closes its connections. Acquire goes to the control socket at
 // control (the daemon binds it before its port, so it is there once the
-// port answers); the rest to addr.
-func sender(addr, control, mode string) (func(k int) sample, func(), error) {
+// port answers); the health mode's gRPC Checks to grpcAddr; the rest to
+// addr.
+func sender(addr, grpcAddr, control, mode string) (func(k int) sample, func(), error) {
 	switch mode {
 	case genProbe:
 		return func(k int) sample {
@@ -214,7 +264,7 @@ func sender(addr, control, mode string) (func(k int) sample, func(), error) {
 		prefix := fmt.Sprintf("load-%d", os.Getpid())
 		return func(k int) sample { return acquireOne(slots, fmt.Sprintf("%s-%d", prefix, k)) }, func() { conn.Close() }, nil
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, nil, fmt.Errorf("grpc client: %w", err)
 	}
@@ -334,7 +384,7 @@ type loadgen struct {
 
 // startLoadgen re-execs this binary as `loadgen` in mode against addr (and
 // the control socket of a daemon on r.h) and tracks it.
-func (r *runner) startLoadgen(addr, mode string, rate int, duration time.Duration) (*loadgen, error) {
+func (r *runner) startLoadgen(addr, mode string, rate int, duration time.Duration, extra ...string) (*loadgen, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: %w", err)
@@ -347,6 +397,7 @@ func (r *runner) startLoadgen(addr, mode string, rate int, duration time.Duratio
 	g := &loadgen{out: f.Name(), done: make(chan struct{}), logs: newLogTail(50)}
 	g.cmd = exec.Command(self, "loadgen", "-mode", mode, "-addr", addr, "-control", r.h.controlSocket(), "-rate", fmt.Sprint(rate),
 		"-duration", duration.String(), "-out", g.out)
+	g.cmd.Args = append(g.cmd.Args, extra...)
 	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
 	if err := g.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start loadgen: %w", err)

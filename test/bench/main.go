@@ -17,9 +17,13 @@
 //     N/N leases restored with the kernel identity of every leased
 //     namespace and veth unchanged (0 destroyed).
 //   - load: health checks (gRPC Check and HTTP /health) from a separate
-//     load-generator process and Acquire calls from another, while the
-//     daemon reclaims dead slots in the background, and against an idle
-//     daemon.
+//     load-generator process, at -rate on kept connections with Acquire
+//     calls from another, and at checker rates as real checkers send them
+//     (HTTP on a new connection each), while the daemon reclaims dead
+//     slots in the background, and against an idle daemon; a control server (`bench
+//     control`: net/http and grpc-go's health server, no phasegate) is
+//     probed the same way in the same seconds, the baseline of every
+//     health figure.
 //   - acquire: Acquire throughput and latency over gRPC on a Unix socket
 //     with the durable lease record (the daemon, on its control socket)
 //     beside the same service over the same pool with the record kept in a
@@ -33,12 +37,15 @@
 //     SIGTERM + start pairs with the port closed between them and with the
 //     socket held (systemd socket activation).
 //
-// Output: a table on stdout, results.json, report.md and PNG plots in -out.
-// With -doc FILE the section between the markers "<!-- bench:start -->"
-// and "<!-- bench:end -->" of FILE is replaced by report.md. With -merge,
-// the parts not run are kept from -out/results.json, so that one part can
-// be measured again. Timing goals are evaluated and reported, never
-// asserted: the program exits non-zero only on real errors.
+// Output: a table on stdout, report.md and PNG plots in -out, and the raw
+// figures, results.json, in -results (a cache outside the repository,
+// /var/cache/phasegate/bench by default: raw data is not committed). With
+// -doc FILE the section between the markers "<!-- bench:start -->" and
+// "<!-- bench:end -->" of FILE is replaced by report.md. With -merge, the
+// parts not run are kept from -results/results.json, so that one part can
+// be measured again; -from measures nothing and re-renders the outputs from
+// it. Timing goals are evaluated and reported, never asserted: the program
+// exits non-zero only on real errors.
 //
 // It needs root. It touches nothing outside its own prefix and temporary
 // directories, sends traffic only to 127.0.0.1, and removes everything it
@@ -46,7 +53,8 @@
 //
 //	cd test && sudo go run ./bench -out ../docs/bench -doc ../docs/BENCHMARKS.md
 //	cd test && sudo go run ./bench -parts load -merge -out ../docs/bench -doc ../docs/BENCHMARKS.md
-//	cd test && sudo go run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out /tmp/bench   # smoke, < 2 min
+//	cd test && sudo go run ./bench -from -out ../docs/bench -doc ../docs/BENCHMARKS.md   # re-render
+//	cd test && sudo go run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out /tmp/bench -results /tmp/bench   # smoke, < 2 min
 package main
 
 import (
@@ -82,6 +90,8 @@ func main() {
 			os.Exit(loadgenMain(os.Args[2:], os.Stderr))
 		case "memslots":
 			os.Exit(memslotsMain(os.Args[2:], os.Stderr))
+		case "control":
+			os.Exit(controlMain(os.Args[2:], os.Stderr))
 		}
 	}
 	os.Exit(benchMain(os.Args[1:], os.Stdout, os.Stderr))
@@ -127,11 +137,19 @@ type options struct {
 	out          string
 	doc          string
 	breakdown    bool
-	from         string
+	from         bool
+	results      string
 	cidr         string
 	stateParent  string
 	args         []string
 }
+
+// defaultResultsDir is where results.json is kept: raw figures are cached
+// outside the repository, which holds only what is rendered from them.
+const defaultResultsDir = "/var/cache/phasegate/bench"
+
+// resultsFile is the raw figures' file.
+func (o options) resultsFile() string { return filepath.Join(o.results, "results.json") }
 
 // has reports whether part is to be run.
 func (o options) has(part string) bool { return slices.Contains(o.parts, part) }
@@ -147,7 +165,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&parts, "parts", strings.Join(allParts, ","), "parts to run: "+strings.Join(allParts, ", "))
-	fs.BoolVar(&o.merge, "merge", false, "keep the parts not run from -out/results.json (to measure one part again)")
+	fs.BoolVar(&o.merge, "merge", false, "keep the parts not run from -results/results.json (to measure one part again)")
 	fs.StringVar(&nList, "n", "0,1000,5000,10000", "comma-separated numbers of dead slots (part dead) and of leased slots (part restore)")
 	fs.BoolVar(&skip10k, "skip-10k", false, "leave out N ≥ 10,000 (small machines); the report says so")
 	fs.IntVar(&o.reps, "reps", 3, "repetitions at each N: of each dead-slot strategy, and of each kind of restart")
@@ -170,9 +188,10 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.poolSize, "pool-size", 16, "daemon --pool-size (warm slots; --pool-min-ready stays 1)")
 	fs.DurationVar(&o.settle, "settle", 2*time.Second, "pause after each run so the kernel's namespace clean-up does not overlap the next")
 	fs.StringVar(&o.binary, "binary", "", "phasegate binary to run (default: build ./cmd/phasegate without -race)")
-	fs.StringVar(&o.out, "out", "docs/bench", "directory for results.json, report.md and the PNG plots")
+	fs.StringVar(&o.out, "out", "docs/bench", "directory for report.md and the PNG plots")
+	fs.StringVar(&o.results, "results", defaultResultsDir, "directory for results.json, the raw figures (a cache outside the repository)")
 	fs.StringVar(&o.doc, "doc", "", "Markdown file whose bench:start/bench:end section is replaced by report.md")
-	fs.StringVar(&o.from, "from", "", "measure nothing: re-render the table, report, plots and -doc from this results.json")
+	fs.BoolVar(&o.from, "from", false, "measure nothing: re-render the table, report, plots and -doc from -results/results.json")
 	fs.BoolVar(&o.breakdown, "breakdown", false, "also run reclaim.Run in process once per N, for where its time goes")
 	fs.StringVar(&o.cidr, "cidr", "169.254.0.0/17", "daemon --slot-cidr (must hold 2 × (max N + 512) addresses)")
 	fs.StringVar(&o.stateParent, "state-parent", "/dev/shm", "where the daemon's temporary --state-dir is made (tmpfs, as /run is under systemd)")
@@ -269,7 +288,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench:", err)
 		return exitUsage
 	}
-	if o.from != "" {
+	if o.from {
 		return render(o, stdout, stderr)
 	}
 	if os.Geteuid() != 0 {
@@ -283,7 +302,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 	context.AfterFunc(ctx, stop)
 	var prev *Results
 	if o.merge {
-		if prev, err = readResults(filepath.Join(o.out, "results.json")); err != nil {
+		if prev, err = readResults(o.resultsFile()); err != nil {
 			fmt.Fprintln(stderr, "bench: -merge:", err)
 			return exitUsage
 		}
@@ -304,7 +323,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench:", err)
 		return exitError
 	}
-	fmt.Fprintf(stdout, "\nwrote %s\n", o.out)
+	fmt.Fprintf(stdout, "\nwrote %s and %s\n", o.out, o.resultsFile())
 	if runErr != nil {
 		fmt.Fprintln(stderr, "bench:", runErr)
 		return exitError
@@ -314,7 +333,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 
 // render re-renders the outputs of an earlier run from its results.json.
 func render(o options, stdout, stderr io.Writer) int {
-	res, err := readResults(o.from)
+	res, err := readResults(o.resultsFile())
 	if err == nil {
 		res.evaluate()
 		printTable(stdout, res)

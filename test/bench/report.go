@@ -17,17 +17,19 @@ const (
 	docEnd   = "<!-- bench:end -->"
 )
 
-// writeOutputs writes results.json, the plots and report.md to o.out and
-// updates o.doc's generated section.
+// writeOutputs writes results.json to o.results, the plots and report.md
+// to o.out, and updates o.doc's generated section.
 func writeOutputs(res *Results, o options) error {
-	if err := os.MkdirAll(o.out, 0o755); err != nil {
-		return fmt.Errorf("output dir: %w", err)
+	for _, dir := range []string{o.out, o.results} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("output dir: %w", err)
+		}
 	}
 	b, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(o.out, "results.json"), append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(o.resultsFile(), append(b, '\n'), 0o644); err != nil {
 		return err
 	}
 	if err := writePlots(res, o.out); err != nil {
@@ -380,11 +382,18 @@ type loadWindow struct {
 }
 
 func loadWindows(l *LoadResult) []loadWindow {
-	return []loadWindow{
+	none := func(LoadRun) map[string]LatencyStats { return nil }
+	ws := []loadWindow{
 		{fmt.Sprintf("during the reclaim of %d", l.N), l.Reclaim, func(r LoadRun) map[string]LatencyStats { return r.Reclaim }},
+		{"control server, same time", l.Control, func(r LoadRun) map[string]LatencyStats { return r.Control }},
 		{"after a start, nothing to reclaim", l.Start, func(r LoadRun) map[string]LatencyStats { return r.Start }},
 		{"idle", l.Idle, func(r LoadRun) map[string]LatencyStats { return r.Idle }},
 	}
+	if c := l.Checker; c != nil {
+		ws = append(ws, loadWindow{fmt.Sprintf("checker rates, during the reclaim of %d", l.N), c.Reclaim, none},
+			loadWindow{"checker rates, control server, same time", c.Control, none})
+	}
+	return ws
 }
 
 // perRepP99 lists each rep's p99 of kind in a window.
@@ -400,21 +409,30 @@ func perRepP99(l *LoadResult, pick func(LoadRun) map[string]LatencyStats, kind s
 
 func markdownLoad(b *bytes.Buffer, l *LoadResult, img string) {
 	fmt.Fprintf(b, "### Health and Acquire latency during the background reclaim of %d dead slots\n\n", l.N)
-	fmt.Fprintf(b, "A load-generator process sends %d health checks/s to 127.0.0.1 (half gRPC `Check` on one connection, half "+
-		"HTTP `GET /health` on keep-alive connections, open loop, 2 s timeout); a second one calls `Acquire` (each with "+
-		"its own request id, 10 s timeout) at %d/s. Both run before the daemon starts. %d reps, each of three windows: "+
+	checker := ""
+	if c := l.Checker; c != nil {
+		checker = fmt.Sprintf(" A third start on %d dead slots per rep is probed at the rates real checkers use, %d HTTP checks/s and "+
+			"%d gRPC `Check`s/s, the control server beside it the same way (*checker rates* rows; reclaim windows %s).",
+			l.N, c.HTTPRate, c.GRPCRate, windowList(c.WindowMs))
+	}
+	fmt.Fprintf(b, "A load-generator process sends %d health checks/s to 127.0.0.1 (half gRPC `Check` on one kept connection, "+
+		"half HTTP `GET /health` on keep-alive connections, open loop, 2 s timeout); "+
+		"another sends the same to the *control server* (`bench control`: a bare net/http server and grpc-go's health server "+
+		"in a process of their own, no phasegate) at the same time, so that each figure of the daemon stands beside what "+
+		"the machine gives any server in the same seconds; a third calls `Acquire` (each with "+
+		"its own request id, 10 s timeout) at %d/s. All run before the daemon starts. %d reps, each of three windows: "+
 		"*during the reclaim*: a start on %d dead slots, the requests sent from SERVING to the end of the daemon's "+
 		"`reclaim-dead` task (%s per rep); *after a start, nothing to reclaim*: a start on a clean host, the same length "+
 		"of time from SERVING (what the start itself costs: the same-run baseline that isolates the reclaim); *idle*: that "+
 		"daemon %s after a second past its full pool. An error is a request without an answer (NOT_SERVING and 503 are "+
 		"answers). *Generator lag*: how late the generator sent (p99); tens of ms or more mean the machine starved the "+
-		"client too, and that it then sent in bursts.\n\n",
-		l.Rate, l.AcquireRate, l.Reps, l.N, windowList(l.WindowMs), fmtMs(idleMs(l)))
-	b.WriteString("| window | kind | requests | errors | p50 | p99 | max | p99 of each rep | generator lag p99 |\n|---|---|---:|---:|---:|---:|---:|---|---:|\n")
+		"client too, and that it then sent in bursts.%s\n\n",
+		l.Rate, l.AcquireRate, l.Reps, l.N, windowList(l.WindowMs), fmtMs(idleMs(l)), checker)
+	b.WriteString("| window | kind | requests | errors | over 1 s | p50 | p99 | max | p99 of each rep | generator lag p99 |\n|---|---|---:|---:|---:|---:|---:|---:|---|---:|\n")
 	for _, c := range loadWindows(l) {
 		for _, k := range []string{kindGRPC, kindHTTP, kindAcquire} {
 			if st, ok := c.m[k]; ok {
-				fmt.Fprintf(b, "| %s | %s | %d | %d | %s | %s | %s | %s | %s |\n", c.name, k, st.Requests, st.Errors,
+				fmt.Fprintf(b, "| %s | %s | %d | %d | %d | %s | %s | %s | %s | %s |\n", c.name, k, st.Requests, st.Errors, st.Over1s,
 					fmtMs(st.P50Ms), fmtMs(st.P99Ms), fmtMs(st.MaxMs), perRepP99(l, c.pick, k), fmtMs(st.LagP99Ms))
 			}
 		}

@@ -203,6 +203,14 @@ type LeaseSetup struct {
 // none (the same length of time from SERVING), and against a daemon that
 // has been serving a while, idle. Stats are pooled over the reps; Runs
 // has each rep's.
+//
+// Health checks go at the heavy rate (Rate, half HTTP on keep-alive
+// connections, half gRPC Check on one kept connection) in those windows,
+// and as real checkers send them (HTTP on a new connection each, gRPC
+// Check on one kept connection) at checker rates (Checker) during a
+// reclaim of its own; in every reclaim window the control server (`bench control`:
+// net/http and grpc-go's health server, no phasegate) is probed the same
+// way at the same time, and Control is what it answered.
 type LoadResult struct {
 	N           int                     `json:"n"`
 	Rate        int                     `json:"ratePerS"`
@@ -210,14 +218,29 @@ type LoadResult struct {
 	Reps        int                     `json:"reps"`
 	WindowMs    []float64               `json:"reclaimWindowsMs"`
 	Reclaim     map[string]LatencyStats `json:"duringReclaim"`
+	Control     map[string]LatencyStats `json:"controlDuringReclaim"`
 	Start       map[string]LatencyStats `json:"afterStartNothingToReclaim"`
 	Idle        map[string]LatencyStats `json:"idle"`
 	Runs        []LoadRun               `json:"runs"`
+	Checker     *CheckerLoad            `json:"checker,omitempty"`
+}
+
+// CheckerLoad is the health checks at checker rates (HTTPRate new
+// connections/s, GRPCRate Checks/s on a kept connection) during a
+// background reclaim of N dead slots, the daemon's and the control
+// server's, pooled over the reps.
+type CheckerLoad struct {
+	HTTPRate int                     `json:"httpPerS"`
+	GRPCRate int                     `json:"grpcPerS"`
+	WindowMs []float64               `json:"reclaimWindowsMs"`
+	Reclaim  map[string]LatencyStats `json:"duringReclaim"`
+	Control  map[string]LatencyStats `json:"controlDuringReclaim"`
 }
 
 // LoadRun is one rep of the load part.
 type LoadRun struct {
 	Reclaim map[string]LatencyStats `json:"duringReclaim"`
+	Control map[string]LatencyStats `json:"controlDuringReclaim"`
 	Start   map[string]LatencyStats `json:"afterStartNothingToReclaim"`
 	Idle    map[string]LatencyStats `json:"idle"`
 	// Times from the exec of the reclaiming daemon.
@@ -249,6 +272,8 @@ type LatencyStats struct {
 	P99Ms      float64 `json:"p99Ms"`
 	MaxMs      float64 `json:"maxMs"`
 	FirstError string  `json:"firstError,omitempty"`
+	// Over1s counts the answers that took more than a second.
+	Over1s int `json:"over1s"`
 	// LagP99Ms is the 99th percentile of how late the generator sent
 	// (see sample.Lag): tens of ms and more mean it was starved itself.
 	LagP99Ms float64 `json:"lagP99Ms"`

@@ -18,12 +18,17 @@
 // creates a slot every 250 ms and sends a loopback HTTP request every 10 ms
 // (docs/benchmarks/batches.md).
 //
+// `netbench microvm` measures microVM slots beside their baselines: slot
+// creation with and without the guest device, Acquire without a policy and
+// with policies of 1 and 1,000 CIDRs, a policy replacement (microvm.go).
+//
 // It needs root, uses its own random prefix, a temporary netns directory
 // and a link-local CIDR, and sweeps everything it made before it exits.
 //
 //	cd test && sudo go run ./netbench -slots 5000 -serial 300 -out ../docs/benchmarks/network.md
 //	cd test && sudo go run ./netbench -mode scan -sizes 1000,5000,10000 -out ../docs/benchmarks/scan.md
 //	cd test && sudo go run ./netbench -mode batches -slots 5000 -batches 0,1000,250,64 -out ../docs/benchmarks/batches.md
+//	cd test && sudo go run ./netbench microvm -n 200
 package main
 
 import (
@@ -56,6 +61,9 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "recycle" { // see recycle.go
 		os.Exit(recycleMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "microvm" { // see microvm.go
+		os.Exit(microvmMain(os.Args[2:]))
 	}
 	var (
 		mode    = flag.String("mode", "report", "report: the full network report; scan: old vs new scan at -sizes; batches: teardown in batches beside a workload")

@@ -136,9 +136,21 @@ type Slot struct {
 	// on the control socket, "x509:<identity>" over mutual TLS. Only it, or
 	// a principal the daemon's policy lets act for the owner, may renew or
 	// release the lease. Set only when ACQUIRED, VERIFYING or LOST.
-	Principal     string `protobuf:"bytes,15,opt,name=principal,proto3" json:"principal,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Principal string `protobuf:"bytes,15,opt,name=principal,proto3" json:"principal,omitempty"`
+	// The lease's egress policy; unset: the slot's traffic is not filtered
+	// beyond the host's slot firewall. Set only when ACQUIRED or LOST.
+	EgressPolicy *EgressPolicy `protobuf:"bytes,16,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
+	// Packets the egress policy dropped since the slot was made.
+	EgressDroppedPackets uint64 `protobuf:"varint,17,opt,name=egress_dropped_packets,json=egressDroppedPackets,proto3" json:"egress_dropped_packets,omitempty"`
+	// The guest device inside the namespace, when the daemon makes one
+	// (--slot-guest-*): the tap's name, the guest's address with its prefix
+	// length (the same in every slot) and the tap's address, the guest's
+	// gateway.
+	GuestInterface string `protobuf:"bytes,18,opt,name=guest_interface,json=guestInterface,proto3" json:"guest_interface,omitempty"`
+	GuestAddress   string `protobuf:"bytes,19,opt,name=guest_address,json=guestAddress,proto3" json:"guest_address,omitempty"`
+	GuestGateway   string `protobuf:"bytes,20,opt,name=guest_gateway,json=guestGateway,proto3" json:"guest_gateway,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Slot) Reset() {
@@ -276,6 +288,121 @@ func (x *Slot) GetPrincipal() string {
 	return ""
 }
 
+func (x *Slot) GetEgressPolicy() *EgressPolicy {
+	if x != nil {
+		return x.EgressPolicy
+	}
+	return nil
+}
+
+func (x *Slot) GetEgressDroppedPackets() uint64 {
+	if x != nil {
+		return x.EgressDroppedPackets
+	}
+	return 0
+}
+
+func (x *Slot) GetGuestInterface() string {
+	if x != nil {
+		return x.GuestInterface
+	}
+	return ""
+}
+
+func (x *Slot) GetGuestAddress() string {
+	if x != nil {
+		return x.GuestAddress
+	}
+	return ""
+}
+
+func (x *Slot) GetGuestGateway() string {
+	if x != nil {
+		return x.GuestGateway
+	}
+	return ""
+}
+
+// EgressPolicy is what a leased slot may send out of its uplink, on top of
+// the daemon's always-allowed set (accepted first) and always-denied set
+// (private, link-local and the host's own addresses; dropped unless
+// allowed here). Established and related traffic is always accepted.
+// CIDRs are IPv4 ("10.1.0.0/16", or an address alone for its /32).
+type EgressPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Accepted, before deny and the daemon's always-denied set.
+	Allow []string `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
+	// Dropped (and counted).
+	Deny []string `protobuf:"bytes,2,rep,name=deny,proto3" json:"deny,omitempty"`
+	// Drop everything but established traffic and the always-allowed set;
+	// allow and deny are then ignored.
+	DenyAll bool `protobuf:"varint,3,opt,name=deny_all,json=denyAll,proto3" json:"deny_all,omitempty"`
+	// Send every new TCP connection to the daemon's egress proxy (a port
+	// on the host at the slot's gateway address) instead of its
+	// destination; needs --slot-egress-proxy-port.
+	RedirectTcp   bool `protobuf:"varint,4,opt,name=redirect_tcp,json=redirectTcp,proto3" json:"redirect_tcp,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressPolicy) Reset() {
+	*x = EgressPolicy{}
+	mi := &file_slots_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressPolicy) ProtoMessage() {}
+
+func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_slots_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
+func (*EgressPolicy) Descriptor() ([]byte, []int) {
+	return file_slots_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EgressPolicy) GetAllow() []string {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *EgressPolicy) GetDeny() []string {
+	if x != nil {
+		return x.Deny
+	}
+	return nil
+}
+
+func (x *EgressPolicy) GetDenyAll() bool {
+	if x != nil {
+		return x.DenyAll
+	}
+	return false
+}
+
+func (x *EgressPolicy) GetRedirectTcp() bool {
+	if x != nil {
+		return x.RedirectTcp
+	}
+	return false
+}
+
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Who takes the slot (a sandbox id, a job name). Required.
@@ -286,14 +413,18 @@ type AcquireRequest struct {
 	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Time to live: the lease ends unless renewed with KeepAlive within it.
 	// Unset or zero: held until released.
-	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Ttl *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// The lease's egress policy, applied before Acquire replies; unset: none.
+	// A retry gets the first call's lease with the first call's policy
+	// (change it with SetEgressPolicy).
+	EgressPolicy  *EgressPolicy `protobuf:"bytes,4,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_slots_proto_msgTypes[1]
+	mi := &file_slots_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +436,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[1]
+	mi := &file_slots_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +449,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{1}
+	return file_slots_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AcquireRequest) GetOwner() string {
@@ -342,6 +473,13 @@ func (x *AcquireRequest) GetTtl() *durationpb.Duration {
 	return nil
 }
 
+func (x *AcquireRequest) GetEgressPolicy() *EgressPolicy {
+	if x != nil {
+		return x.EgressPolicy
+	}
+	return nil
+}
+
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Slot  *Slot                  `protobuf:"bytes,1,opt,name=slot,proto3" json:"slot,omitempty"`
@@ -353,7 +491,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_slots_proto_msgTypes[2]
+	mi := &file_slots_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +503,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[2]
+	mi := &file_slots_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +516,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{2}
+	return file_slots_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AcquireResponse) GetSlot() *Slot {
@@ -405,7 +543,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_slots_proto_msgTypes[3]
+	mi := &file_slots_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +555,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[3]
+	mi := &file_slots_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +568,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{3}
+	return file_slots_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReleaseRequest) GetIndex() uint32 {
@@ -455,7 +593,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_slots_proto_msgTypes[4]
+	mi := &file_slots_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +605,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[4]
+	mi := &file_slots_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +618,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{4}
+	return file_slots_proto_rawDescGZIP(), []int{5}
 }
 
 type KeepAliveRequest struct {
@@ -493,7 +631,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_slots_proto_msgTypes[5]
+	mi := &file_slots_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +643,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[5]
+	mi := &file_slots_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +656,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{5}
+	return file_slots_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KeepAliveRequest) GetIndex() uint32 {
@@ -546,7 +684,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_slots_proto_msgTypes[6]
+	mi := &file_slots_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +696,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[6]
+	mi := &file_slots_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +709,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{6}
+	return file_slots_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KeepAliveResponse) GetExpiresAt() *timestamppb.Timestamp {
@@ -597,7 +735,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_slots_proto_msgTypes[7]
+	mi := &file_slots_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +747,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[7]
+	mi := &file_slots_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +760,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{7}
+	return file_slots_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetRequest) GetIndex() uint32 {
@@ -641,7 +779,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_slots_proto_msgTypes[8]
+	mi := &file_slots_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +791,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[8]
+	mi := &file_slots_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,10 +804,115 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{8}
+	return file_slots_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetResponse) GetSlot() *Slot {
+	if x != nil {
+		return x.Slot
+	}
+	return nil
+}
+
+type SetEgressPolicyRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Index   uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	LeaseId string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The new policy; unset clears it (nothing filtered).
+	EgressPolicy  *EgressPolicy `protobuf:"bytes,3,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEgressPolicyRequest) Reset() {
+	*x = SetEgressPolicyRequest{}
+	mi := &file_slots_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEgressPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEgressPolicyRequest) ProtoMessage() {}
+
+func (x *SetEgressPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_slots_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEgressPolicyRequest.ProtoReflect.Descriptor instead.
+func (*SetEgressPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_slots_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SetEgressPolicyRequest) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *SetEgressPolicyRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *SetEgressPolicyRequest) GetEgressPolicy() *EgressPolicy {
+	if x != nil {
+		return x.EgressPolicy
+	}
+	return nil
+}
+
+type SetEgressPolicyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slot          *Slot                  `protobuf:"bytes,1,opt,name=slot,proto3" json:"slot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEgressPolicyResponse) Reset() {
+	*x = SetEgressPolicyResponse{}
+	mi := &file_slots_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEgressPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEgressPolicyResponse) ProtoMessage() {}
+
+func (x *SetEgressPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_slots_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEgressPolicyResponse.ProtoReflect.Descriptor instead.
+func (*SetEgressPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_slots_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SetEgressPolicyResponse) GetSlot() *Slot {
 	if x != nil {
 		return x.Slot
 	}
@@ -686,7 +929,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_slots_proto_msgTypes[9]
+	mi := &file_slots_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +941,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[9]
+	mi := &file_slots_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +954,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{9}
+	return file_slots_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListRequest) GetIncludeFree() bool {
@@ -730,7 +973,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_slots_proto_msgTypes[10]
+	mi := &file_slots_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +985,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[10]
+	mi := &file_slots_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +998,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{10}
+	return file_slots_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListResponse) GetSlots() []*Slot {
@@ -769,7 +1012,7 @@ var File_slots_proto protoreflect.FileDescriptor
 
 const file_slots_proto_rawDesc = "" +
 	"\n" +
-	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x04\n" +
+	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x06\n" +
 	"\x04Slot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12-\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x17.phasegate.v1.SlotStateR\x05state\x12\x1d\n" +
@@ -792,12 +1035,23 @@ const file_slots_proto_rawDesc = "" +
 	"expires_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1f\n" +
 	"\vlost_reason\x18\x0e \x01(\tR\n" +
 	"lostReason\x12\x1c\n" +
-	"\tprincipal\x18\x0f \x01(\tR\tprincipal\"r\n" +
+	"\tprincipal\x18\x0f \x01(\tR\tprincipal\x12?\n" +
+	"\regress_policy\x18\x10 \x01(\v2\x1a.phasegate.v1.EgressPolicyR\fegressPolicy\x124\n" +
+	"\x16egress_dropped_packets\x18\x11 \x01(\x04R\x14egressDroppedPackets\x12'\n" +
+	"\x0fguest_interface\x18\x12 \x01(\tR\x0eguestInterface\x12#\n" +
+	"\rguest_address\x18\x13 \x01(\tR\fguestAddress\x12#\n" +
+	"\rguest_gateway\x18\x14 \x01(\tR\fguestGateway\"v\n" +
+	"\fEgressPolicy\x12\x14\n" +
+	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
+	"\x04deny\x18\x02 \x03(\tR\x04deny\x12\x19\n" +
+	"\bdeny_all\x18\x03 \x01(\bR\adenyAll\x12!\n" +
+	"\fredirect_tcp\x18\x04 \x01(\bR\vredirectTcp\"\xb3\x01\n" +
 	"\x0eAcquireRequest\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12+\n" +
-	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"T\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12?\n" +
+	"\regress_policy\x18\x04 \x01(\v2\x1a.phasegate.v1.EgressPolicyR\fegressPolicy\"T\n" +
 	"\x0fAcquireResponse\x12&\n" +
 	"\x04slot\x18\x01 \x01(\v2\x12.phasegate.v1.SlotR\x04slot\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"A\n" +
@@ -816,6 +1070,12 @@ const file_slots_proto_rawDesc = "" +
 	"GetRequest\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\"5\n" +
 	"\vGetResponse\x12&\n" +
+	"\x04slot\x18\x01 \x01(\v2\x12.phasegate.v1.SlotR\x04slot\"\x8a\x01\n" +
+	"\x16SetEgressPolicyRequest\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12?\n" +
+	"\regress_policy\x18\x03 \x01(\v2\x1a.phasegate.v1.EgressPolicyR\fegressPolicy\"A\n" +
+	"\x17SetEgressPolicyResponse\x12&\n" +
 	"\x04slot\x18\x01 \x01(\v2\x12.phasegate.v1.SlotR\x04slot\"0\n" +
 	"\vListRequest\x12!\n" +
 	"\finclude_free\x18\x01 \x01(\bR\vincludeFree\"8\n" +
@@ -829,13 +1089,14 @@ const file_slots_proto_rawDesc = "" +
 	"\x16SLOT_STATE_QUARANTINED\x10\x04\x12\x13\n" +
 	"\x0fSLOT_STATE_BUSY\x10\x05\x12\x13\n" +
 	"\x0fSLOT_STATE_LOST\x10\x06\x12\x18\n" +
-	"\x14SLOT_STATE_VERIFYING\x10\a2\xe0\x02\n" +
+	"\x14SLOT_STATE_VERIFYING\x10\a2\xc0\x03\n" +
 	"\x05Slots\x12F\n" +
 	"\aAcquire\x12\x1c.phasegate.v1.AcquireRequest\x1a\x1d.phasegate.v1.AcquireResponse\x12F\n" +
 	"\aRelease\x12\x1c.phasegate.v1.ReleaseRequest\x1a\x1d.phasegate.v1.ReleaseResponse\x12L\n" +
 	"\tKeepAlive\x12\x1e.phasegate.v1.KeepAliveRequest\x1a\x1f.phasegate.v1.KeepAliveResponse\x12:\n" +
 	"\x03Get\x12\x18.phasegate.v1.GetRequest\x1a\x19.phasegate.v1.GetResponse\x12=\n" +
-	"\x04List\x12\x19.phasegate.v1.ListRequest\x1a\x1a.phasegate.v1.ListResponseB=Z;github.com/phasegate/phasegate/api/phasegate/v1;phasegatev1b\x06proto3"
+	"\x04List\x12\x19.phasegate.v1.ListRequest\x1a\x1a.phasegate.v1.ListResponse\x12^\n" +
+	"\x0fSetEgressPolicy\x12$.phasegate.v1.SetEgressPolicyRequest\x1a%.phasegate.v1.SetEgressPolicyResponseB=Z;github.com/phasegate/phasegate/api/phasegate/v1;phasegatev1b\x06proto3"
 
 var (
 	file_slots_proto_rawDescOnce sync.Once
@@ -850,49 +1111,58 @@ func file_slots_proto_rawDescGZIP() []byte {
 }
 
 var file_slots_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_slots_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_slots_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_slots_proto_goTypes = []any{
-	(SlotState)(0),                // 0: phasegate.v1.SlotState
-	(*Slot)(nil),                  // 1: phasegate.v1.Slot
-	(*AcquireRequest)(nil),        // 2: phasegate.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 3: phasegate.v1.AcquireResponse
-	(*ReleaseRequest)(nil),        // 4: phasegate.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 5: phasegate.v1.ReleaseResponse
-	(*KeepAliveRequest)(nil),      // 6: phasegate.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),     // 7: phasegate.v1.KeepAliveResponse
-	(*GetRequest)(nil),            // 8: phasegate.v1.GetRequest
-	(*GetResponse)(nil),           // 9: phasegate.v1.GetResponse
-	(*ListRequest)(nil),           // 10: phasegate.v1.ListRequest
-	(*ListResponse)(nil),          // 11: phasegate.v1.ListResponse
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(SlotState)(0),                  // 0: phasegate.v1.SlotState
+	(*Slot)(nil),                    // 1: phasegate.v1.Slot
+	(*EgressPolicy)(nil),            // 2: phasegate.v1.EgressPolicy
+	(*AcquireRequest)(nil),          // 3: phasegate.v1.AcquireRequest
+	(*AcquireResponse)(nil),         // 4: phasegate.v1.AcquireResponse
+	(*ReleaseRequest)(nil),          // 5: phasegate.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),         // 6: phasegate.v1.ReleaseResponse
+	(*KeepAliveRequest)(nil),        // 7: phasegate.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),       // 8: phasegate.v1.KeepAliveResponse
+	(*GetRequest)(nil),              // 9: phasegate.v1.GetRequest
+	(*GetResponse)(nil),             // 10: phasegate.v1.GetResponse
+	(*SetEgressPolicyRequest)(nil),  // 11: phasegate.v1.SetEgressPolicyRequest
+	(*SetEgressPolicyResponse)(nil), // 12: phasegate.v1.SetEgressPolicyResponse
+	(*ListRequest)(nil),             // 13: phasegate.v1.ListRequest
+	(*ListResponse)(nil),            // 14: phasegate.v1.ListResponse
+	(*timestamppb.Timestamp)(nil),   // 15: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 16: google.protobuf.Duration
 }
 var file_slots_proto_depIdxs = []int32{
 	0,  // 0: phasegate.v1.Slot.state:type_name -> phasegate.v1.SlotState
-	12, // 1: phasegate.v1.Slot.acquired_at:type_name -> google.protobuf.Timestamp
-	13, // 2: phasegate.v1.Slot.ttl:type_name -> google.protobuf.Duration
-	12, // 3: phasegate.v1.Slot.expires_at:type_name -> google.protobuf.Timestamp
-	13, // 4: phasegate.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	1,  // 5: phasegate.v1.AcquireResponse.slot:type_name -> phasegate.v1.Slot
-	12, // 6: phasegate.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	13, // 7: phasegate.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	1,  // 8: phasegate.v1.GetResponse.slot:type_name -> phasegate.v1.Slot
-	1,  // 9: phasegate.v1.ListResponse.slots:type_name -> phasegate.v1.Slot
-	2,  // 10: phasegate.v1.Slots.Acquire:input_type -> phasegate.v1.AcquireRequest
-	4,  // 11: phasegate.v1.Slots.Release:input_type -> phasegate.v1.ReleaseRequest
-	6,  // 12: phasegate.v1.Slots.KeepAlive:input_type -> phasegate.v1.KeepAliveRequest
-	8,  // 13: phasegate.v1.Slots.Get:input_type -> phasegate.v1.GetRequest
-	10, // 14: phasegate.v1.Slots.List:input_type -> phasegate.v1.ListRequest
-	3,  // 15: phasegate.v1.Slots.Acquire:output_type -> phasegate.v1.AcquireResponse
-	5,  // 16: phasegate.v1.Slots.Release:output_type -> phasegate.v1.ReleaseResponse
-	7,  // 17: phasegate.v1.Slots.KeepAlive:output_type -> phasegate.v1.KeepAliveResponse
-	9,  // 18: phasegate.v1.Slots.Get:output_type -> phasegate.v1.GetResponse
-	11, // 19: phasegate.v1.Slots.List:output_type -> phasegate.v1.ListResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	15, // 1: phasegate.v1.Slot.acquired_at:type_name -> google.protobuf.Timestamp
+	16, // 2: phasegate.v1.Slot.ttl:type_name -> google.protobuf.Duration
+	15, // 3: phasegate.v1.Slot.expires_at:type_name -> google.protobuf.Timestamp
+	2,  // 4: phasegate.v1.Slot.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	16, // 5: phasegate.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	2,  // 6: phasegate.v1.AcquireRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	1,  // 7: phasegate.v1.AcquireResponse.slot:type_name -> phasegate.v1.Slot
+	15, // 8: phasegate.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	16, // 9: phasegate.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	1,  // 10: phasegate.v1.GetResponse.slot:type_name -> phasegate.v1.Slot
+	2,  // 11: phasegate.v1.SetEgressPolicyRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	1,  // 12: phasegate.v1.SetEgressPolicyResponse.slot:type_name -> phasegate.v1.Slot
+	1,  // 13: phasegate.v1.ListResponse.slots:type_name -> phasegate.v1.Slot
+	3,  // 14: phasegate.v1.Slots.Acquire:input_type -> phasegate.v1.AcquireRequest
+	5,  // 15: phasegate.v1.Slots.Release:input_type -> phasegate.v1.ReleaseRequest
+	7,  // 16: phasegate.v1.Slots.KeepAlive:input_type -> phasegate.v1.KeepAliveRequest
+	9,  // 17: phasegate.v1.Slots.Get:input_type -> phasegate.v1.GetRequest
+	13, // 18: phasegate.v1.Slots.List:input_type -> phasegate.v1.ListRequest
+	11, // 19: phasegate.v1.Slots.SetEgressPolicy:input_type -> phasegate.v1.SetEgressPolicyRequest
+	4,  // 20: phasegate.v1.Slots.Acquire:output_type -> phasegate.v1.AcquireResponse
+	6,  // 21: phasegate.v1.Slots.Release:output_type -> phasegate.v1.ReleaseResponse
+	8,  // 22: phasegate.v1.Slots.KeepAlive:output_type -> phasegate.v1.KeepAliveResponse
+	10, // 23: phasegate.v1.Slots.Get:output_type -> phasegate.v1.GetResponse
+	14, // 24: phasegate.v1.Slots.List:output_type -> phasegate.v1.ListResponse
+	12, // 25: phasegate.v1.Slots.SetEgressPolicy:output_type -> phasegate.v1.SetEgressPolicyResponse
+	20, // [20:26] is the sub-list for method output_type
+	14, // [14:20] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_slots_proto_init() }
@@ -906,7 +1176,7 @@ func file_slots_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_slots_proto_rawDesc), len(file_slots_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,11 +22,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Slots_Acquire_FullMethodName   = "/phasegate.v1.Slots/Acquire"
-	Slots_Release_FullMethodName   = "/phasegate.v1.Slots/Release"
-	Slots_KeepAlive_FullMethodName = "/phasegate.v1.Slots/KeepAlive"
-	Slots_Get_FullMethodName       = "/phasegate.v1.Slots/Get"
-	Slots_List_FullMethodName      = "/phasegate.v1.Slots/List"
+	Slots_Acquire_FullMethodName         = "/phasegate.v1.Slots/Acquire"
+	Slots_Release_FullMethodName         = "/phasegate.v1.Slots/Release"
+	Slots_KeepAlive_FullMethodName       = "/phasegate.v1.Slots/KeepAlive"
+	Slots_Get_FullMethodName             = "/phasegate.v1.Slots/Get"
+	Slots_List_FullMethodName            = "/phasegate.v1.Slots/List"
+	Slots_SetEgressPolicy_FullMethodName = "/phasegate.v1.Slots/SetEgressPolicy"
 )
 
 // SlotsClient is the client API for Slots service.
@@ -84,6 +85,16 @@ type SlotsClient interface {
 	// quarantined; free ones too when asked. A caller
 	// sees only the leases of owners the policy lets it see.
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
+	// SetEgressPolicy replaces the egress policy of a lease, atomically: the
+	// slot's packets meet the old policy or the new one, never a mix, and
+	// connections the old one let through stay up. The new policy is
+	// recorded with the lease. Authorized as Release: the lease's principal,
+	// or one the policy lets act for its owner.
+	// INVALID_ARGUMENT: index 0, or a policy ParsePolicy refuses (a
+	// malformed, IPv6, /0 or overlapping CIDR, more than 4,096 entries in a
+	// list, redirect_tcp without an egress proxy); nothing changes.
+	// NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED: as for Release.
+	SetEgressPolicy(ctx context.Context, in *SetEgressPolicyRequest, opts ...grpc.CallOption) (*SetEgressPolicyResponse, error)
 }
 
 type slotsClient struct {
@@ -138,6 +149,16 @@ func (c *slotsClient) List(ctx context.Context, in *ListRequest, opts ...grpc.Ca
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListResponse)
 	err := c.cc.Invoke(ctx, Slots_List_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *slotsClient) SetEgressPolicy(ctx context.Context, in *SetEgressPolicyRequest, opts ...grpc.CallOption) (*SetEgressPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetEgressPolicyResponse)
+	err := c.cc.Invoke(ctx, Slots_SetEgressPolicy_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -199,6 +220,16 @@ type SlotsServer interface {
 	// quarantined; free ones too when asked. A caller
 	// sees only the leases of owners the policy lets it see.
 	List(context.Context, *ListRequest) (*ListResponse, error)
+	// SetEgressPolicy replaces the egress policy of a lease, atomically: the
+	// slot's packets meet the old policy or the new one, never a mix, and
+	// connections the old one let through stay up. The new policy is
+	// recorded with the lease. Authorized as Release: the lease's principal,
+	// or one the policy lets act for its owner.
+	// INVALID_ARGUMENT: index 0, or a policy ParsePolicy refuses (a
+	// malformed, IPv6, /0 or overlapping CIDR, more than 4,096 entries in a
+	// list, redirect_tcp without an egress proxy); nothing changes.
+	// NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED: as for Release.
+	SetEgressPolicy(context.Context, *SetEgressPolicyRequest) (*SetEgressPolicyResponse, error)
 	mustEmbedUnimplementedSlotsServer()
 }
 
@@ -223,6 +254,9 @@ func (UnimplementedSlotsServer) Get(context.Context, *GetRequest) (*GetResponse,
 }
 func (UnimplementedSlotsServer) List(context.Context, *ListRequest) (*ListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method List not implemented")
+}
+func (UnimplementedSlotsServer) SetEgressPolicy(context.Context, *SetEgressPolicyRequest) (*SetEgressPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetEgressPolicy not implemented")
 }
 func (UnimplementedSlotsServer) mustEmbedUnimplementedSlotsServer() {}
 func (UnimplementedSlotsServer) testEmbeddedByValue()               {}
@@ -335,6 +369,24 @@ func _Slots_List_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Slots_SetEgressPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetEgressPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SlotsServer).SetEgressPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Slots_SetEgressPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SlotsServer).SetEgressPolicy(ctx, req.(*SetEgressPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Slots_ServiceDesc is the grpc.ServiceDesc for Slots service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -361,6 +413,10 @@ var Slots_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _Slots_List_Handler,
+		},
+		{
+			MethodName: "SetEgressPolicy",
+			Handler:    _Slots_SetEgressPolicy_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

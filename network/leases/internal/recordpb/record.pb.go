@@ -101,7 +101,10 @@ type Record struct {
 	// "x509:spiffe://…"); set only when LEASED. Schema 3 filled it for the
 	// leases recorded before it with "uid:0": root was the only principal
 	// that could have taken them under a policy.
-	Principal     string `protobuf:"bytes,12,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal string `protobuf:"bytes,12,opt,name=principal,proto3" json:"principal,omitempty"`
+	// The lease's egress policy as its client gave it (CIDRs canonical and
+	// sorted); unset: none. Set only when LEASED.
+	EgressPolicy  *EgressPolicy `protobuf:"bytes,13,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -220,11 +223,87 @@ func (x *Record) GetPrincipal() string {
 	return ""
 }
 
+func (x *Record) GetEgressPolicy() *EgressPolicy {
+	if x != nil {
+		return x.EgressPolicy
+	}
+	return nil
+}
+
+// EgressPolicy is a lease's egress policy (package network/inside).
+type EgressPolicy struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Allow         []string               `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
+	Deny          []string               `protobuf:"bytes,2,rep,name=deny,proto3" json:"deny,omitempty"`
+	DenyAll       bool                   `protobuf:"varint,3,opt,name=deny_all,json=denyAll,proto3" json:"deny_all,omitempty"`
+	RedirectTcp   bool                   `protobuf:"varint,4,opt,name=redirect_tcp,json=redirectTcp,proto3" json:"redirect_tcp,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressPolicy) Reset() {
+	*x = EgressPolicy{}
+	mi := &file_record_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressPolicy) ProtoMessage() {}
+
+func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_record_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
+func (*EgressPolicy) Descriptor() ([]byte, []int) {
+	return file_record_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EgressPolicy) GetAllow() []string {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *EgressPolicy) GetDeny() []string {
+	if x != nil {
+		return x.Deny
+	}
+	return nil
+}
+
+func (x *EgressPolicy) GetDenyAll() bool {
+	if x != nil {
+		return x.DenyAll
+	}
+	return false
+}
+
+func (x *EgressPolicy) GetRedirectTcp() bool {
+	if x != nil {
+		return x.RedirectTcp
+	}
+	return false
+}
+
 var File_record_proto protoreflect.FileDescriptor
 
 const file_record_proto_rawDesc = "" +
 	"\n" +
-	"\frecord.proto\x12\x13phasegate.leases.v1\"\xa8\x03\n" +
+	"\frecord.proto\x12\x13phasegate.leases.v1\"\xf0\x03\n" +
 	"\x06Record\x120\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1a.phasegate.leases.v1.StateR\x05state\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x19\n" +
@@ -239,7 +318,13 @@ const file_record_proto_rawDesc = "" +
 	"\fhost_ifindex\x18\n" +
 	" \x01(\x05R\vhostIfindex\x12*\n" +
 	"\x11created_unix_nano\x18\v \x01(\x03R\x0fcreatedUnixNano\x12\x1c\n" +
-	"\tprincipal\x18\f \x01(\tR\tprincipal*@\n" +
+	"\tprincipal\x18\f \x01(\tR\tprincipal\x12F\n" +
+	"\regress_policy\x18\r \x01(\v2!.phasegate.leases.v1.EgressPolicyR\fegressPolicy\"v\n" +
+	"\fEgressPolicy\x12\x14\n" +
+	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
+	"\x04deny\x18\x02 \x03(\tR\x04deny\x12\x19\n" +
+	"\bdeny_all\x18\x03 \x01(\bR\adenyAll\x12!\n" +
+	"\fredirect_tcp\x18\x04 \x01(\bR\vredirectTcp*@\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -259,18 +344,20 @@ func file_record_proto_rawDescGZIP() []byte {
 }
 
 var file_record_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_record_proto_goTypes = []any{
-	(State)(0),     // 0: phasegate.leases.v1.State
-	(*Record)(nil), // 1: phasegate.leases.v1.Record
+	(State)(0),           // 0: phasegate.leases.v1.State
+	(*Record)(nil),       // 1: phasegate.leases.v1.Record
+	(*EgressPolicy)(nil), // 2: phasegate.leases.v1.EgressPolicy
 }
 var file_record_proto_depIdxs = []int32{
 	0, // 0: phasegate.leases.v1.Record.state:type_name -> phasegate.leases.v1.State
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_record_proto_init() }
@@ -284,7 +371,7 @@ func file_record_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_record_proto_rawDesc), len(file_record_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   1,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

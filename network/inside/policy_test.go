@@ -1,0 +1,70 @@
+package inside_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/phasegate/phasegate/network/inside"
+)
+
+func TestParsePolicy(t *testing.T) {
+	many := make([]string, inside.MaxEntries+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("10.%d.%d.0/24", i/256, i%256)
+	}
+	for _, tc := range []struct {
+		name        string
+		allow, deny []string
+		want        string // "" for accepted; else part of the error
+	}{
+		{"empty", nil, nil, ""},
+		{"an address is its /32", []string{"1.1.1.1"}, nil, ""},
+		{"CIDRs", []string{"8.8.8.0/24", "1.1.1.1/32"}, []string{"10.0.0.0/8"}, ""},
+		{"allow and deny may overlap", []string{"10.1.0.0/16"}, []string{"10.0.0.0/8"}, ""},
+		{"ending at the top of the space", nil, []string{"240.0.0.0/4"}, ""},
+		{"malformed", []string{"1.2.3"}, nil, "not an IPv4 address or CIDR"},
+		{"malformed prefix", []string{"1.2.3.4/33"}, nil, "not a CIDR"},
+		{"host bits", nil, []string{"10.0.0.1/8"}, "host bits set (want 10.0.0.0/8)"},
+		{"/0", nil, []string{"0.0.0.0/0"}, "every address: use deny_all"},
+		{"IPv6", []string{"2001:db8::/32"}, nil, "not IPv4"},
+		{"IPv4-mapped IPv6", []string{"::ffff:1.2.3.4"}, nil, "not IPv4"},
+		{"overlap in one list", []string{"10.0.0.0/8", "10.2.0.0/16"}, nil, "overlap"},
+		{"duplicate", nil, []string{"1.1.1.1", "1.1.1.1/32"}, "overlap"},
+		{"too many", many, nil, fmt.Sprintf("at most %d", inside.MaxEntries)},
+		{"absurdly long entry", []string{strings.Repeat("1", 1<<20)}, nil, "not an IPv4 CIDR"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := inside.ParsePolicy(tc.allow, tc.deny, false, false)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want == "":
+				if len(p.Allow) != len(tc.allow) || len(p.Deny) != len(tc.deny) {
+					t.Errorf("parsed %v, %v from %v, %v", p.Allow, p.Deny, tc.allow, tc.deny)
+				}
+			case err == nil:
+				t.Fatalf("accepted: %+v", p)
+			case !errors.Is(err, inside.ErrInvalidPolicy) || !strings.Contains(err.Error(), tc.want):
+				t.Errorf("error %q, want ErrInvalidPolicy saying %q", err, tc.want)
+			case len(err.Error()) > 200:
+				t.Errorf("error of %d bytes: hostile input must not be echoed whole", len(err.Error()))
+			}
+		})
+	}
+}
+
+func ExampleParsePolicy() {
+	p, err := inside.ParsePolicy([]string{"8.8.8.8", "1.1.1.0/24"}, []string{"203.0.113.0/24"}, false, false)
+	if err != nil {
+		panic(err)
+	}
+	allow, deny := p.Strings()
+	fmt.Println(allow, deny)
+	_, err = inside.ParsePolicy([]string{"0.0.0.0/0"}, nil, false, false)
+	fmt.Println(err)
+	// Output:
+	// [1.1.1.0/24 8.8.8.8/32] [203.0.113.0/24]
+	// invalid egress policy: allow: 0.0.0.0/0 is every address: use deny_all, or leave the lists empty
+}

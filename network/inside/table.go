@@ -1,0 +1,356 @@
+package inside
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
+)
+
+// Table and object names inside a slot's namespace.
+const (
+	GuestTable  = "phasegate_guest"
+	EgressTable = "phasegate_egress"
+	// DropCounter is the named counter every egress drop goes through.
+	DropCounter = "egress_drops"
+)
+
+// Chain and set names of the egress table.
+const (
+	chainFwd      = "fwd"
+	chainOut      = "out"
+	chainPolicy   = "policy"
+	chainProxyPre = "proxy_pre"
+	chainProxyOut = "proxy_out"
+
+	setAlwaysAllow = "always_allow"
+	setAlwaysDeny  = "always_deny"
+	setAllow       = "allow"
+	setDeny        = "deny"
+)
+
+// fingerprintPrefix starts the comment of the policy chain's first rule.
+const fingerprintPrefix = "policy "
+
+// Slot is what the tables of one slot depend on.
+type Slot struct {
+	// NetnsFD is a descriptor of the slot's namespace, open for the call.
+	NetnsFD int
+	// Uplink is the slot's interface toward the host (eth0).
+	Uplink string
+	// Inside is the slot's own address on Uplink; Gateway the host end.
+	Inside, Gateway netip.Addr
+}
+
+// Guest is the microVM guest behind the slot's tap.
+type Guest struct {
+	// Addr is the guest's address, the same in every slot.
+	Addr netip.Addr
+}
+
+func (s Slot) conn() (*nftables.Conn, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(s.NetnsFD))
+	if err != nil {
+		return nil, fmt.Errorf("inside: nftables in the slot's namespace: %w", err)
+	}
+	return c, nil
+}
+
+func guestTable() *nftables.Table {
+	return &nftables.Table{Name: GuestTable, Family: nftables.TableFamilyIPv4}
+}
+
+func egressTable() *nftables.Table {
+	return &nftables.Table{Name: EgressTable, Family: nftables.TableFamilyINet}
+}
+
+func ifname(key expr.MetaKey, name string, eq bool) []expr.Any {
+	op := expr.CmpOpEq
+	if !eq {
+		op = expr.CmpOpNeq
+	}
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: op, Register: 1, Data: append([]byte(name), 0)},
+	}
+}
+
+// ipAddr matches the IPv4 source (offset 12) or destination (16).
+func ipAddr(offset uint32, a netip.Addr) []expr.Any {
+	b := a.As4()
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b[:]},
+	}
+}
+
+func natTo(t expr.NATType, a netip.Addr, port uint16) []expr.Any {
+	b := a.As4()
+	e := []expr.Any{&expr.Immediate{Register: 1, Data: b[:]}}
+	n := &expr.NAT{Type: t, Family: unix.NFPROTO_IPV4, RegAddrMin: 1}
+	if port != 0 {
+		e = append(e, &expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(port)})
+		n.RegProtoMin = 2
+		n.Specified = true
+	}
+	return append(e, n)
+}
+
+// EnsureGuestNAT writes the guest NAT table in one transaction: the
+// inside address is translated to the guest's on the way in, the guest's
+// to the inside address on the way out. Rewriting an existing table
+// changes no established connection (conntrack keeps their translation).
+func EnsureGuestNAT(s Slot, g Guest) error {
+	c, err := s.conn()
+	if err != nil {
+		return err
+	}
+	t := c.AddTable(guestTable())
+	pre := c.AddChain(&nftables.Chain{Name: "pre", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+	post := c.AddChain(&nftables.Chain{Name: "post", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	c.FlushChain(pre)
+	c.FlushChain(post)
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: slices.Concat(
+		ifname(expr.MetaKeyIIFNAME, s.Uplink, true), ipAddr(16, s.Inside), natTo(expr.NATTypeDestNAT, g.Addr, 0))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: slices.Concat(
+		ifname(expr.MetaKeyOIFNAME, s.Uplink, true), ipAddr(12, g.Addr), natTo(expr.NATTypeSourceNAT, s.Inside, 0))})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("inside: write table ip %s: %w", GuestTable, err)
+	}
+	return nil
+}
+
+// ApplyPolicy writes the egress table for p in one transaction: the
+// table, chains, sets and counter are made if missing, the sets' elements
+// and the policy chain's rules replaced. The drop counter keeps its count.
+func ApplyPolicy(s Slot, p Policy, d Defaults) error {
+	if p.RedirectTCP && d.ProxyPort == 0 {
+		return fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", ErrInvalidPolicy)
+	}
+	c, err := s.conn()
+	if err != nil {
+		return err
+	}
+	t := c.AddTable(egressTable())
+	c.AddObj(&nftables.CounterObj{Table: t, Name: DropCounter})
+	sets := map[string]*nftables.Set{}
+	for i, sp := range []struct {
+		name string
+		list []netip.Prefix
+	}{{setAlwaysAllow, d.AlwaysAllow}, {setAlwaysDeny, d.AlwaysDeny}, {setAllow, p.Allow}, {setDeny, p.Deny}} {
+		set := &nftables.Set{Table: t, Name: sp.name, ID: uint32(i + 1), KeyType: nftables.TypeIPAddr, Interval: true}
+		if err := c.AddSet(set, nil); err != nil {
+			return fmt.Errorf("inside: add set %s: %w", sp.name, err)
+		}
+		c.FlushSet(set)
+		for chunk := range slices.Chunk(intervalElements(spans(sp.list)), 1024) {
+			if err := c.SetAddElements(set, chunk); err != nil {
+				return fmt.Errorf("inside: encode set %s: %w", sp.name, err)
+			}
+		}
+		sets[sp.name] = set
+	}
+	accept := nftables.ChainPolicyAccept
+	base := func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority) *nftables.Chain {
+		ch := c.AddChain(&nftables.Chain{Name: name, Table: t, Type: typ, Hooknum: hook, Priority: prio, Policy: &accept})
+		c.FlushChain(ch)
+		return ch
+	}
+	fwd := base(chainFwd, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)
+	out := base(chainOut, nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter)
+	proxyPre := base(chainProxyPre, nftables.ChainTypeNAT, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest)
+	proxyOut := base(chainProxyOut, nftables.ChainTypeNAT, nftables.ChainHookOutput, nftables.ChainPriorityNATDest)
+	pol := c.AddChain(&nftables.Chain{Name: chainPolicy, Table: t})
+	c.FlushChain(pol)
+
+	jump := &expr.Verdict{Kind: expr.VerdictJump, Chain: chainPolicy}
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: append(ifname(expr.MetaKeyOIFNAME, s.Uplink, true), jump)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: append(ifname(expr.MetaKeyOIFNAME, s.Uplink, true), jump)})
+	for i, r := range policyRules(p, sets) {
+		rule := &nftables.Rule{Table: t, Chain: pol, Exprs: r}
+		if i == 0 {
+			rule.UserData = userdata.AppendString(nil, userdata.TypeComment, fingerprintPrefix+p.Fingerprint(d))
+		}
+		c.AddRule(rule)
+	}
+	if p.RedirectTCP {
+		notAllowed := slices.Concat(ipv4(), daddrIn(sets[setAlwaysAllow], true), tcp())
+		// From the guest (anything not arriving on the uplink) and from the
+		// namespace's own processes; never to the namespace's own addresses.
+		c.AddRule(&nftables.Rule{Table: t, Chain: proxyPre, Exprs: slices.Concat(
+			ifname(expr.MetaKeyIIFNAME, s.Uplink, false), notAllowed, notLocal(), natTo(expr.NATTypeDestNAT, s.Gateway, d.ProxyPort))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: proxyOut, Exprs: slices.Concat(
+			ifname(expr.MetaKeyOIFNAME, s.Uplink, true), notAllowed, natTo(expr.NATTypeDestNAT, s.Gateway, d.ProxyPort))})
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("inside: write table inet %s: %w", EgressTable, err)
+	}
+	return nil
+}
+
+// policyRules is chain policy, in order.
+func policyRules(p Policy, sets map[string]*nftables.Set) [][]expr.Any {
+	accept := []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
+	drop := []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: DropCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}
+	rules := [][]expr.Any{
+		slices.Concat(ctState(), accept),
+		// Slots have IPv4 only; what IPv6 leaves is the link's own
+		// neighbour discovery, dropped without counting it as egress.
+		slices.Concat(nfproto(unix.NFPROTO_IPV6), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}),
+		slices.Concat(ipv4(), daddrIn(sets[setAlwaysAllow], false), accept),
+	}
+	if p.RedirectTCP {
+		rules = append(rules, slices.Concat(ctDNAT(), accept)) // sent to the proxy
+	}
+	if p.DenyAll {
+		return append(rules, drop)
+	}
+	return append(rules,
+		slices.Concat(ipv4(), daddrIn(sets[setAllow], false), accept),
+		slices.Concat(ipv4(), daddrIn(sets[setDeny], false), drop),
+		slices.Concat(ipv4(), daddrIn(sets[setAlwaysDeny], false), drop),
+	)
+}
+
+func nfproto(p byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}}
+}
+
+func ipv4() []expr.Any { return nfproto(unix.NFPROTO_IPV4) }
+
+func tcp() []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}}}
+}
+
+func daddrIn(set *nftables.Set, invert bool) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID, Invert: invert},
+	}
+}
+
+func notLocal() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+	}
+}
+
+func ctBits(key expr.CtKey, mask uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: key},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(mask), Xor: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}
+}
+
+func ctState() []expr.Any {
+	return ctBits(expr.CtKeySTATE, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)
+}
+
+// ctStatusDNAT is IPS_DST_NAT: the connection's destination was rewritten.
+const ctStatusDNAT = 1 << 5
+
+func ctDNAT() []expr.Any { return ctBits(expr.CtKeySTATUS, ctStatusDNAT) }
+
+// ClearPolicy removes the egress table (a slot going back to the pool
+// unleased). A missing table is not an error.
+func ClearPolicy(s Slot) error {
+	c, err := s.conn()
+	if err != nil {
+		return err
+	}
+	c.DelTable(egressTable())
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("inside: delete table inet %s: %w", EgressTable, err)
+	}
+	return nil
+}
+
+// Found is what Inspect read in a slot's namespace.
+type Found struct {
+	// GuestNAT: the guest table has both its translations.
+	GuestNAT bool
+	// Fingerprint is the applied policy's (Policy.Fingerprint), "" when
+	// the namespace has no egress table or it is incomplete.
+	Fingerprint string
+	// Drops is the egress drop counter's packets.
+	Drops uint64
+}
+
+// Inspect reads the slot's tables without changing them.
+func Inspect(s Slot) (Found, error) {
+	c, err := s.conn()
+	if err != nil {
+		return Found{}, err
+	}
+	var f Found
+	n := 0
+	for _, ch := range []string{"pre", "post"} {
+		rules, err := c.GetRules(guestTable(), &nftables.Chain{Name: ch})
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return Found{}, fmt.Errorf("inside: list rules of %s %s: %w", GuestTable, ch, err)
+		}
+		if len(rules) > 0 {
+			n++
+		}
+	}
+	f.GuestNAT = n == 2
+	rules, err := c.GetRules(egressTable(), &nftables.Chain{Name: chainPolicy})
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return Found{}, fmt.Errorf("inside: list rules of %s %s: %w", EgressTable, chainPolicy, err)
+	}
+	hooked := 0
+	for _, ch := range []string{chainFwd, chainOut} {
+		if r, err := c.GetRules(egressTable(), &nftables.Chain{Name: ch}); err == nil && len(r) == 1 {
+			hooked++
+		}
+	}
+	if len(rules) > 0 && hooked == 2 {
+		if comment, ok := userdata.GetString(rules[0].UserData, userdata.TypeComment); ok {
+			f.Fingerprint, _ = strings.CutPrefix(comment, fingerprintPrefix)
+		}
+		drops, err := Drops(s)
+		if err != nil {
+			return Found{}, err
+		}
+		f.Drops = drops
+	}
+	return f, nil
+}
+
+// Drops returns the packets the egress policy dropped; 0 without a policy.
+func Drops(s Slot) (uint64, error) {
+	c, err := s.conn()
+	if err != nil {
+		return 0, err
+	}
+	// The library's object calls flatten their errors (ENOENT is lost):
+	// ask for the table's chain first, whose error keeps it.
+	if rules, err := c.GetRules(egressTable(), &nftables.Chain{Name: chainFwd}); errors.Is(err, unix.ENOENT) || err == nil && len(rules) == 0 {
+		return 0, nil
+	}
+	o, err := c.GetObject(&nftables.CounterObj{Table: egressTable(), Name: DropCounter})
+	if err != nil {
+		return 0, fmt.Errorf("inside: read counter %s: %w", DropCounter, err)
+	}
+	if co, ok := o.(*nftables.CounterObj); ok {
+		return co.Packets, nil
+	}
+	if no, ok := o.(*nftables.NamedObj); ok {
+		if co, ok := no.Obj.(*expr.Counter); ok {
+			return co.Packets, nil
+		}
+	}
+	return 0, fmt.Errorf("inside: counter %s: unexpected object %T", DropCounter, o)
+}

@@ -1,0 +1,337 @@
+package slot
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/netns"
+)
+
+// Guest is the optional guest device of every slot: a tap inside the
+// namespace for a microVM whose address is the same in every slot, and
+// the NAT between that address and the slot's own inside address (package
+// inside). The zero Guest is none.
+type Guest struct {
+	// Tap is the tap's name inside the namespace ("tap0").
+	Tap string
+	// Addr is the guest's address with the guest network's prefix length
+	// (169.254.0.21/30): what the microVM is configured with.
+	Addr netip.Prefix
+	// Gateway is the tap's address (169.254.0.22): the guest's default
+	// route goes via it.
+	Gateway netip.Addr
+}
+
+// Enabled reports whether slots have a guest device.
+func (g Guest) Enabled() bool { return g.Tap != "" || g.Addr.IsValid() || g.Gateway.IsValid() }
+
+// Range is the guest network (169.254.0.20/30).
+func (g Guest) Range() netip.Prefix { return g.Addr.Masked() }
+
+// validate returns the guest device's problems (flag names for the daemon).
+func (g Guest) validate() []string {
+	if !g.Enabled() {
+		return nil
+	}
+	var bad []string
+	switch {
+	case g.Tap == "":
+		bad = append(bad, "--slot-guest-tap is required with a guest device")
+	case len(g.Tap) > maxIfName || strings.ContainsAny(g.Tap, "/ \t\n:") || g.Tap == "." || g.Tap == "..":
+		bad = append(bad, fmt.Sprintf("--slot-guest-tap %q is not an interface name (at most %d bytes, no '/', ':' or spaces)", g.Tap, maxIfName))
+	case g.Tap == InsideIfName || g.Tap == "lo":
+		bad = append(bad, fmt.Sprintf("--slot-guest-tap %q is taken inside the slot", g.Tap))
+	}
+	if !g.Addr.IsValid() || !g.Addr.Addr().Is4() || g.Addr.Bits() > 30 || g.Addr.Bits() < 8 {
+		return append(bad, fmt.Sprintf("--slot-guest-addr %s: want an IPv4 address with a prefix length in /8../30 (169.254.0.21/30)", g.Addr))
+	}
+	r := g.Range()
+	last := r.Addr()
+	for range 1<<(32-r.Bits()) - 1 {
+		last = last.Next()
+	}
+	isEdge := func(a netip.Addr) bool { return a == r.Addr() || a == last }
+	if isEdge(g.Addr.Addr()) {
+		bad = append(bad, fmt.Sprintf("--slot-guest-addr %s is the network's or its broadcast address", g.Addr))
+	}
+	switch {
+	case !g.Gateway.IsValid() || !g.Gateway.Is4():
+		bad = append(bad, fmt.Sprintf("--slot-guest-gateway %s: want an IPv4 address in %s", g.Gateway, r))
+	case !r.Contains(g.Gateway) || isEdge(g.Gateway):
+		bad = append(bad, fmt.Sprintf("--slot-guest-gateway %s is not a host address of the guest network %s", g.Gateway, r))
+	case g.Gateway == g.Addr.Addr():
+		bad = append(bad, fmt.Sprintf("--slot-guest-gateway %s is the guest's own address", g.Gateway))
+	}
+	return bad
+}
+
+// GuestUses returns the host's addresses and routes that overlap the guest
+// network (none without a guest device): the daemon refuses to start on
+// them, as the same addresses then mean the host's network and every
+// slot's guest.
+func (c Config) GuestUses() ([]HostUse, error) {
+	if !c.Guest.Enabled() {
+		return nil, nil
+	}
+	return c.usesOf(c.Guest.Range())
+}
+
+// TapMAC is slot i's tap MAC: locally administered, unicast, 02:70 then
+// the index in 4 bytes. It is the gateway's MAC the guest resolves; one
+// per slot, so that a capture or a neighbour table names the slot. The
+// guest's own MAC is set by the VM monitor (QEMU's or Firecracker's
+// option), never by phasegate.
+func TapMAC(i int) net.HardwareAddr {
+	return binary.BigEndian.AppendUint32(net.HardwareAddr{0x02, 0x70}, uint32(i))
+}
+
+// insideSlot describes slot s to package inside, through the namespace
+// descriptor fd.
+func insideSlot(fd int, s *Slot) inside.Slot {
+	return inside.Slot{NetnsFD: fd, Uplink: s.InsideIf, Inside: s.InsideAddr.Addr(), Gateway: s.HostAddr.Addr()}
+}
+
+// makeGuest adds the guest device to a new slot: forwarding on inside the
+// namespace, the tap with its MAC and the gateway address, up, and the
+// guest NAT table.
+func (m *Manager) makeGuest(fd int, s *Slot) error {
+	g := m.cfg.Guest
+	// /proc/sys/net is the namespace of the thread that opens it.
+	if err := netns.Do(fd, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0)
+	}); err != nil {
+		return fmt.Errorf("forwarding on in %s: %w", s.NetnsName, err)
+	}
+	if err := m.addTap(fd, s); err != nil {
+		return err
+	}
+	if err := inside.EnsureGuestNAT(insideSlot(fd, s), inside.Guest{Addr: g.Addr.Addr()}); err != nil {
+		return fmt.Errorf("guest NAT in %s: %w", s.NetnsName, err)
+	}
+	return nil
+}
+
+// addTap makes the tap (persistent, so that it outlives the VM monitor
+// that opens it) and configures it. /dev/net/tun makes a tap in the
+// namespace of the thread that opens it, whatever netlink handle asks, so
+// the creating call runs on a thread inside the namespace (netns.Do); the
+// rest goes through a handle on the namespace.
+func (m *Manager) addTap(fd int, s *Slot) error {
+	g := m.cfg.Guest
+	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
+	if err != nil {
+		return fmt.Errorf("netlink handle in %s: %w", s.NetnsName, err)
+	}
+	defer h.Close()
+	tap, err := h.LinkByName(g.Tap)
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &notFound):
+		tt := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: g.Tap}, Mode: netlink.TUNTAP_MODE_TAP,
+			Flags: netlink.TUNTAP_DEFAULTS | netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR}
+		if err := netns.Do(fd, func() error {
+			if err := netlink.LinkAdd(tt); err != nil {
+				return err
+			}
+			for _, f := range tt.Fds {
+				f.Close() // persistent: the tap stays without a descriptor
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("add tap %s in %s: %w", g.Tap, s.NetnsName, err)
+		}
+		if tap, err = h.LinkByName(g.Tap); err != nil {
+			return fmt.Errorf("find tap %s in %s: %w", g.Tap, s.NetnsName, err)
+		}
+		if err := h.LinkSetHardwareAddr(tap, TapMAC(s.Index)); err != nil {
+			return fmt.Errorf("MAC of %s in %s: %w", g.Tap, s.NetnsName, err)
+		}
+	case err != nil:
+		return fmt.Errorf("find tap %s in %s: %w", g.Tap, s.NetnsName, err)
+	}
+	gw := netip.PrefixFrom(g.Gateway, g.Addr.Bits())
+	if err := h.AddrReplace(tap, &netlink.Addr{IPNet: ipNet(gw)}); err != nil {
+		return fmt.Errorf("address %s on %s in %s: %w", gw, g.Tap, s.NetnsName, err)
+	}
+	if err := h.LinkSetUp(tap); err != nil {
+		return fmt.Errorf("set %s up in %s: %w", g.Tap, s.NetnsName, err)
+	}
+	return nil
+}
+
+// GuestState is what RepairGuest found of a slot's guest device.
+type GuestState struct {
+	Tap, Forwarding, NAT bool
+}
+
+// RepairGuest puts back what a restored slot's guest device lacks — the
+// tap (only when there is none: a tap that is there, a running VM's, is
+// not recreated, its address only re-added if missing), forwarding inside,
+// the NAT table — and returns what it repaired. A slot found whole is
+// left exactly as it is. Without a guest device it does nothing.
+func (m *Manager) RepairGuest(s *Slot) (repaired []string, err error) {
+	if !m.cfg.Guest.Enabled() {
+		return nil, nil
+	}
+	err = withNetns(s, func(fd int) error {
+		repaired, err = m.repairGuest(fd, s)
+		return err
+	})
+	return repaired, err
+}
+
+func (m *Manager) repairGuest(fd int, s *Slot) (repaired []string, err error) {
+	st, err := m.guestState(fd, s)
+	if err != nil {
+		return nil, fmt.Errorf("slot %d: %w", s.Index, err)
+	}
+	if !st.Forwarding || !st.Tap {
+		if !st.Forwarding {
+			repaired = append(repaired, "forwarding")
+		}
+		if !st.Tap {
+			repaired = append(repaired, "tap "+m.cfg.Guest.Tap)
+		}
+		if err := m.makeGuest(fd, s); err != nil {
+			return repaired, fmt.Errorf("slot %d: repair guest device: %w", s.Index, err)
+		}
+		return repaired, nil
+	}
+	if !st.NAT {
+		if err := inside.EnsureGuestNAT(insideSlot(fd, s), inside.Guest{Addr: m.cfg.Guest.Addr.Addr()}); err != nil {
+			return nil, fmt.Errorf("slot %d: repair guest NAT: %w", s.Index, err)
+		}
+		repaired = append(repaired, "guest NAT")
+	}
+	return repaired, nil
+}
+
+// guestState reads the guest device of the slot whose namespace fd is.
+func (m *Manager) guestState(fd int, s *Slot) (GuestState, error) {
+	var st GuestState
+	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
+	if err != nil {
+		return st, fmt.Errorf("netlink handle in %s: %w", s.NetnsName, err)
+	}
+	defer h.Close()
+	if tap, err := h.LinkByName(m.cfg.Guest.Tap); err == nil {
+		addrs, err := h.AddrList(tap, netlink.FAMILY_V4)
+		if err != nil {
+			return st, fmt.Errorf("addresses of %s in %s: %w", m.cfg.Guest.Tap, s.NetnsName, err)
+		}
+		for _, a := range addrs {
+			if p, ok := prefixOf(a.IPNet); ok && p.Addr() == m.cfg.Guest.Gateway {
+				st.Tap = tap.Attrs().Flags&net.FlagUp != 0
+			}
+		}
+	}
+	if err := netns.Do(fd, func() error {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+		st.Forwarding = err == nil && strings.TrimSpace(string(b)) == "1"
+		return err
+	}); err != nil {
+		return st, fmt.Errorf("read forwarding in %s: %w", s.NetnsName, err)
+	}
+	f, err := inside.Inspect(insideSlot(fd, s))
+	if err != nil {
+		return st, err
+	}
+	st.NAT = f.GuestNAT
+	return st, nil
+}
+
+// withInside runs fn on slot s's namespace (withNetns) as package inside
+// sees it.
+func withInside(s *Slot, fn func(inside.Slot) error) error {
+	return withNetns(s, func(fd int) error { return fn(insideSlot(fd, s)) })
+}
+
+// withNetns opens slot s's namespace, checks that it is still the one s
+// was made with (a namespace made again under the name is not s's), and
+// runs fn with its descriptor.
+func withNetns(s *Slot, fn func(fd int) error) error {
+	fd, err := netns.Open(s.NetnsPath)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if s.NetnsID != (netns.ID{}) {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return fmt.Errorf("slot %d: fstat %s: %w", s.Index, s.NetnsPath, err)
+		}
+		if (netns.ID{Dev: uint64(st.Dev), Ino: st.Ino}) != s.NetnsID {
+			return fmt.Errorf("slot %d: %s is not the namespace the slot was made with: %w", s.Index, s.NetnsPath, ErrGone)
+		}
+	}
+	return fn(fd)
+}
+
+// ApplyEgress writes egress policy p (with the daemon's defaults d) inside
+// slot s, in one transaction (package inside).
+func ApplyEgress(s *Slot, p inside.Policy, d inside.Defaults) error {
+	return withInside(s, func(is inside.Slot) error { return inside.ApplyPolicy(is, p, d) })
+}
+
+// ClearEgress removes slot s's egress policy.
+func ClearEgress(s *Slot) error {
+	return withInside(s, inside.ClearPolicy)
+}
+
+// EgressDrops returns the packets slot s's egress policy dropped.
+func EgressDrops(s *Slot) (uint64, error) {
+	var n uint64
+	err := withInside(s, func(is inside.Slot) (err error) {
+		n, err = inside.Drops(is)
+		return err
+	})
+	return n, err
+}
+
+// InspectInside reads slot s's tables (guest NAT, egress policy, drops).
+func InspectInside(s *Slot) (inside.Found, error) {
+	var f inside.Found
+	err := withInside(s, func(is inside.Slot) (err error) {
+		f, err = inside.Inspect(is)
+		return err
+	})
+	return f, err
+}
+
+// HostAddrs returns the host's own IPv4 addresses, each as its /32, but
+// those on c's slot links (the slots' gateways, covered by c.CIDR): what
+// an egress policy denies by default, so that a slot cannot reach the
+// host's services by another of its addresses.
+func (c Config) HostAddrs() ([]netip.Prefix, error) {
+	probe, err := newLinkProbe()
+	if err != nil {
+		return nil, err
+	}
+	defer probe.close()
+	addrs, err := hostAddrList()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		p, ok := prefixOf(a.IPNet)
+		if !ok {
+			continue
+		}
+		if _, mine := c.CanonicalHostIfIndex(probe.name(a.LinkIndex)); mine {
+			continue
+		}
+		out = append(out, netip.PrefixFrom(p.Addr(), 32))
+	}
+	return out, nil
+}

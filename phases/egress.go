@@ -1,0 +1,205 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// egressDefaults resolves the daemon's part of every egress policy: the
+// configured sets, with the slot CIDR (every slot's gateway and every
+// other slot) and the host's own addresses added to the always-denied.
+func egressDefaults(cfg Config) (inside.Defaults, error) {
+	d := cfg.Egress
+	host, err := cfg.Slots.HostAddrs()
+	if err != nil {
+		return inside.Defaults{}, err
+	}
+	d.AlwaysAllow = slices.Clone(d.AlwaysAllow)
+	d.AlwaysDeny = append(append(slices.Clone(d.AlwaysDeny), cfg.Slots.CIDR), host...)
+	return d, nil
+}
+
+// parseEgress checks a client's policy; nil is none.
+func parseEgress(p *phasegatev1.EgressPolicy, d inside.Defaults) (*inside.Policy, error) {
+	if p == nil {
+		return nil, nil
+	}
+	pol, err := inside.ParsePolicy(p.GetAllow(), p.GetDeny(), p.GetDenyAll(), p.GetRedirectTcp())
+	if err == nil && pol.RedirectTCP && d.ProxyPort == 0 {
+		err = fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", inside.ErrInvalidPolicy)
+	}
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return &pol, nil
+}
+
+// egressRecord is a checked policy as the lease records it.
+func egressRecord(p *inside.Policy) *leases.EgressPolicy {
+	if p == nil {
+		return nil
+	}
+	allow, deny := p.Strings()
+	return &leases.EgressPolicy{Allow: allow, Deny: deny, DenyAll: p.DenyAll, RedirectTCP: p.RedirectTCP}
+}
+
+// egressOf is a recorded policy, checked again (a record is data).
+func egressOf(e *leases.EgressPolicy) (*inside.Policy, error) {
+	if e == nil {
+		return nil, nil
+	}
+	p, err := inside.ParsePolicy(e.Allow, e.Deny, e.DenyAll, e.RedirectTCP)
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// egressProto is a recorded policy for a reply.
+func egressProto(e *leases.EgressPolicy) *phasegatev1.EgressPolicy {
+	if e == nil {
+		return nil
+	}
+	return &phasegatev1.EgressPolicy{Allow: e.Allow, Deny: e.Deny, DenyAll: e.DenyAll, RedirectTcp: e.RedirectTCP}
+}
+
+// applyEgress writes p inside slot sl; nil clears the slot's policy.
+func (s *slotsService) applyEgress(sl *slot.Slot, p *inside.Policy) error {
+	if p == nil {
+		return slot.ClearEgress(sl)
+	}
+	return slot.ApplyEgress(sl, *p, s.egress)
+}
+
+// SetEgressPolicy implements phasegate.v1.Slots: authorized as Release,
+// the rules replaced in one transaction, then the record; a record that
+// cannot be written puts the old rules back.
+func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.SetEgressPolicyRequest) (*phasegatev1.SetEgressPolicyResponse, error) {
+	c, err := callerOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkIndex(req.GetIndex()); err != nil {
+		return nil, err
+	}
+	i := int(req.GetIndex())
+	control.Note(ctx, "slot", i)
+	if req.GetLeaseId() == "" {
+		return nil, status.Errorf(codes.PermissionDenied, "slot %d: lease_id is required", i)
+	}
+	if err := s.mayChange(ctx, c, i); err != nil {
+		return nil, err
+	}
+	pol, err := parseEgress(req.GetEgressPolicy(), s.egress)
+	if err != nil {
+		return nil, err
+	}
+	// A lease restored at a restart is verified first: its slot may turn
+	// out lost.
+	s.mu.Lock()
+	l := s.leased[i]
+	s.mu.Unlock()
+	if l != nil {
+		if err := s.settle(ctx, l); err != nil {
+			return nil, err
+		}
+	}
+	// One change of a slot's policy at a time: the rules and the record
+	// must end up saying the same.
+	s.egressMu.Lock()
+	defer s.egressMu.Unlock()
+	s.mu.Lock()
+	l = s.leased[i]
+	var old leases.Record
+	var sl *slot.Slot
+	lostReason := ""
+	if l != nil {
+		old, sl, lostReason = l.rec, l.slot, l.lostReason
+	}
+	s.mu.Unlock()
+	switch {
+	case l == nil:
+		return nil, leaseError(i, leases.ErrNotFound)
+	case !sameLease(old.LeaseID, req.GetLeaseId()):
+		return nil, leaseError(i, errWrongLease)
+	case sl == nil:
+		return nil, status.Errorf(codes.FailedPrecondition, "slot %d: the lease is lost (%s): it has no slot to set a policy on", i, lostReason)
+	}
+	if err := s.applyEgress(sl, pol); err != nil {
+		return nil, egressError(i, err)
+	}
+	rec, err := s.store.Update(ctx, i, func(r *leases.Record) error {
+		if r.State != leases.Leased {
+			return leases.ErrNotFound
+		}
+		if !sameLease(r.LeaseID, req.GetLeaseId()) {
+			return errWrongLease
+		}
+		r.Egress = egressRecord(pol)
+		return nil
+	})
+	if err != nil {
+		// The record keeps the old policy: so must the slot.
+		prev, perr := egressOf(old.Egress)
+		if perr == nil {
+			perr = s.applyEgress(sl, prev)
+		}
+		if perr != nil {
+			s.log.Error("egress policy: record failed and the old rules could not be put back", "slot", i, "error", perr)
+		}
+		return nil, leaseError(i, err)
+	}
+	s.mu.Lock()
+	if cur := s.leased[i]; cur != nil && cur.rec.LeaseID == rec.LeaseID {
+		cur.rec = rec
+	}
+	s.mu.Unlock()
+	s.count("egress_policy_set")
+	s.log.Info("egress policy set", "slot", i, "owner", rec.Owner, "principal", c.Principal.String(), "policy", describePolicy(rec.Egress))
+	return &phasegatev1.SetEgressPolicyResponse{Slot: s.describeWithDrops(i, phasegatev1.SlotState_SLOT_STATE_ACQUIRED, &lease{rec: rec, slot: sl})}, nil
+}
+
+// egressError maps a failure to write a policy: a slot gone meanwhile (a
+// concurrent Release) is a precondition, the rest internal.
+func egressError(i int, err error) error {
+	if errors.Is(err, inside.ErrInvalidPolicy) {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if errors.Is(err, slot.ErrGone) {
+		return status.Errorf(codes.FailedPrecondition, "slot %d: %v", i, err)
+	}
+	return status.Errorf(codes.Internal, "slot %d: write the egress policy: %v", i, err)
+}
+
+// describePolicy is a policy for a log line.
+func describePolicy(e *leases.EgressPolicy) string {
+	if e == nil {
+		return "none"
+	}
+	return fmt.Sprintf("allow %d, deny %d, deny_all %t, redirect_tcp %t", len(e.Allow), len(e.Deny), e.DenyAll, e.RedirectTCP)
+}
+
+// describeWithDrops is describe with the egress drop counter read from
+// the slot (Get and SetEgressPolicy; List does not read every slot).
+func (s *slotsService) describeWithDrops(i int, st phasegatev1.SlotState, l *lease) *phasegatev1.Slot {
+	out := s.describe(i, st, l)
+	if l != nil && l.slot != nil && l.rec.Egress != nil {
+		if n, err := slot.EgressDrops(l.slot); err == nil {
+			out.EgressDroppedPackets = n
+		} else {
+			s.log.Warn("egress drop counter unreadable", "slot", i, "error", err)
+		}
+	}
+	return out
+}
