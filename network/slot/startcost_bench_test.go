@@ -21,9 +21,13 @@ import (
 // changes anything, on $PHASEGATE_BENCH_SLOTS real slots (default 200):
 // the host check (ForeignUses) beside the way it read the host before,
 // through vishvananda/netlink's structs (foreignUsesLibrary), and the
-// scan (Survey). Every slot is removed by the playground's cleanup.
+// scan (Survey). Every slot is removed by the playground's cleanup. Run
+// it in a network namespace of its own, so that other slots being made on
+// the host do not interrupt its dumps:
 //
-//	sudo PHASEGATE_BENCH_SLOTS=10000 go test -run '^$' -bench StartReads -benchtime 20x ./network/slot/
+//	sudo ip netns add b
+//	sudo ip netns exec b env PHASEGATE_BENCH_SLOTS=10000 go test -run '^$' -bench StartReads -benchtime 20x -benchmem ./network/slot/
+//	sudo ip netns del b
 func BenchmarkStartReads(b *testing.B) {
 	n := 200
 	if s := os.Getenv("PHASEGATE_BENCH_SLOTS"); s != "" {
