@@ -11,11 +11,11 @@ import (
 // The host check reads the kernel's IPv4 address and route dumps itself
 // rather than through vishvananda/netlink: with 10,000 slots they hold
 // ~30,000 entries, and the library builds a Go struct (with its net.IP
-// and attribute slices) for each before the check can drop its own,
-// which cost most of the check's 90-255 ms. Here each message is read in
-// place from one reused buffer, and an entry on one of the configuration's
-// own links is dropped from its fixed header, before any attribute is
-// read (docs/BENCHMARKS.md).
+// and attribute slices) for each before the check can drop its own: most
+// of the check's time went there (docs/BENCHMARKS.md). Here each message
+// is read in place from one reused buffer, and an entry on one of the
+// configuration's own links is dropped as soon as its link is known (an
+// address's fixed header, a route's RTA_OIF), before anything else.
 
 // errDumpInterrupted is a dump the kernel marked inconsistent
 // (NLM_F_DUMP_INTR): addresses or routes changed while it ran.
@@ -52,8 +52,8 @@ const nlaTypeMask = ^uint16(unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
 
 func rtaAlign(l int) int { return (l + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1) }
 
-// ribDump sends one dump request of type req for family AF_INET, with
-// fixed header hdr (its length is the family's header size), and calls f
+// ribDump sends one dump request of type req with fixed header hdr (its
+// length is the message's header size, its first byte the family), and calls f
 // for each message of the answer; what a message holds is only valid
 // during the call. The socket asks for strict checking, so that the
 // kernel dumps only the family asked for. It returns errDumpInterrupted
