@@ -17,7 +17,10 @@ const cidrHandover = "cidr-lock"
 
 // runLocks is the lock phase: the slots of the prefix (runLock), then the
 // slot CIDR (claimCIDR), then the control socket (openControl), which
-// only the holder of both may bind. The prefix comes first, so that a
+// only the holder of both may bind. The check of the host's own use of
+// the CIDR is not here but in the reclaim phase (checkHost), beside the
+// scan: the port, which waits for this phase, binds without waiting for
+// it, and nothing on the host is changed before it passes. The prefix comes first, so that a
 // second daemon of the same prefix is still told that (exit 1, naming the
 // holder). A failed phase is not stopped: what a later step could not
 // do, the earlier steps' locks are let go here.
@@ -68,13 +71,12 @@ func (e *cidrInUseError) Error() string {
 // Unwrap makes the error a configuration error: the daemon exits 2.
 func (e *cidrInUseError) Unwrap() error { return ErrConfig }
 
-// claimCIDR makes the slot CIDR the daemon's own on the host: it takes the
-// CIDR lock (refused while another daemon holds an equal or overlapping
-// CIDR), then refuses a CIDR that overlaps an address or a route of the
-// host other than its own slots'. The lock comes first, so two daemons
-// starting at the same instant cannot both pass the check; it is held
-// until the daemon stops, and handed over across an upgrade (whose new
-// image does not check the host again: what is there is its own).
+// claimCIDR takes the CIDR lock, refused while another daemon holds an
+// equal or overlapping CIDR. It is held until the daemon stops, and
+// handed over across an upgrade. The lock comes before the host check
+// (checkHost), so two daemons starting at the same instant cannot both
+// pass it; an upgrade's new image does not check the host again: what is
+// there is its own.
 func (d *Daemon) claimCIDR(ctx context.Context) error {
 	scope, err := lockfile.NetNSScope()
 	if err != nil {
@@ -97,21 +99,33 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
+	d.cidrLock = l
+	d.checkHost = true
+	d.app.HandOver(cidrHandover, l.File())
+	return nil
+}
+
+// checkHostCIDR refuses a slot CIDR, or a guest network, that overlaps an
+// address or a route of the host other than the daemon's own slots' (a
+// *cidrInUseError: the daemon exits 2). It runs with the CIDR lock held
+// and before anything on the host is changed; not after an upgrade (see
+// claimCIDR).
+func (d *Daemon) checkHostCIDR() error {
+	if !d.checkHost {
+		return nil
+	}
 	uses, err := d.cfg.Slots.ForeignUses()
-	if err == nil && len(uses) > 0 {
-		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
-		err = &cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
-			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"}
-	}
-	if err == nil {
-		err = d.checkGuestRange()
-	}
 	if err != nil {
-		_ = l.Unlock()
 		return lifecycle.Permanent(err)
 	}
-	d.cidrLock = l
-	d.app.HandOver(cidrHandover, l.File())
+	if len(uses) > 0 {
+		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
+		return lifecycle.Permanent(&cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
+			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"})
+	}
+	if err := d.checkGuestRange(); err != nil {
+		return lifecycle.Permanent(err)
+	}
 	return nil
 }
 

@@ -60,6 +60,7 @@ type Daemon struct {
 	// synchronisation.
 	lock       *lockfile.Lock
 	cidrLock   *lockfile.Lock
+	checkHost  bool          // the CIDR lock is new: check the host's use of it (reclaim)
 	store      *leases.Store // the durable records (lock phase)
 	safeMode   bool          // records lost: keep every slot something lives in
 	stateLost  string        // why, for the health warning
@@ -274,6 +275,60 @@ const (
 	taskVerifyInside = "verify-inside"
 )
 
+// readStart is what the reclaim phase reads before it changes anything:
+// the host check (checkHostCIDR), the scan of the host and the records,
+// three independent reads run at once, so that the phase waits for the
+// longest rather than their sum. The scan is the package's read-only one
+// (the manager, which makes the firewall table, comes after): a CIDR the
+// host check refuses leaves nothing made on the host. Its refusal is the
+// error returned whatever the others' outcome.
+func (d *Daemon) readStart(ctx context.Context) (_ *slot.ScanResult, recs []leases.Record, bad []int, err error) {
+	var (
+		wg                 sync.WaitGroup
+		hostErr, recordErr error
+	)
+	wg.Go(func() { hostErr = d.checkHostCIDR() })
+	wg.Go(func() { recs, bad, recordErr = d.loadRecords() })
+	var sr *slot.ScanResult
+	if d.mgr != nil {
+		sr, err = d.mgr.Survey(ctx)
+	} else {
+		sr, err = slot.Survey(ctx, d.cfg.Slots)
+	}
+	wg.Wait()
+	if err != nil {
+		err = fmt.Errorf("scan: %w", err)
+	}
+	if hostErr != nil {
+		return nil, nil, nil, hostErr
+	}
+	if err := errors.Join(err, recordErr); err != nil {
+		return nil, nil, nil, err
+	}
+	return sr, recs, bad, nil
+}
+
+// loadRecords opens the records (once) and reads them: the indices of
+// the unreadable ones are bad, sorted.
+func (d *Daemon) loadRecords() ([]leases.Record, []int, error) {
+	if d.store == nil {
+		if err := d.openStore(); err != nil {
+			return nil, nil, err
+		}
+	}
+	recs, err := d.store.Load()
+	var bad []int
+	if re := (*leases.RecordsError)(nil); errors.As(err, &re) {
+		for i := range re.Bad {
+			bad = append(bad, i)
+		}
+		slices.Sort(bad)
+	} else if err != nil {
+		return nil, nil, lifecycle.Permanent(fmt.Errorf("load the records: %w", err))
+	}
+	return recs, bad, nil
+}
+
 // slotOptions are the slot manager's settings.
 func (d *Daemon) slotOptions() slot.Options {
 	o := slot.DefaultOptions()
@@ -286,35 +341,31 @@ func (d *Daemon) teardownOptions() slot.TeardownOptions {
 	return slot.TeardownOptions{Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReclaimKillOrphans}
 }
 
-// runReclaim is the critical path of a restart: scan what is on the host,
-// match it with the records, restore the leases whose slots are intact
+// runReclaim is the critical path of a restart: check that the host uses
+// nothing of the slot CIDR, scan what is on the host and read the records
+// (readStart, before anything is changed), match the two, restore the leases whose slots are intact
 // (touching nothing inside them), adopt the idle ones, and decide what is
 // dead. The dead are reclaimed here only with --reclaim=foreground; by
 // default they are reclaimed in the background once the warm slots are
 // made, so that serving never waits on the kernel's clean-up of the dead.
 func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
-	if d.store == nil {
-		p.SetMessage("opening the records")
-		if err := d.openStore(); err != nil {
-			return err
-		}
+	start := time.Now()
+	p.SetMessage("scanning")
+	sr, recs, bad, err := d.readStart(ctx)
+	if err != nil {
+		return err
 	}
+	inv := sr.Inventory
+	scanned := time.Since(start)
 	if d.mgr == nil {
 		mgr, err := slot.NewManager(ctx, d.cfg.Slots, d.slotOptions())
 		if err != nil {
 			return err
 		}
+		mgr.Surveyed(sr)
 		d.mgr = mgr
 		d.checkEgress(ctx)
 	}
-	start := time.Now()
-	p.SetMessage("scanning")
-	sr, err := d.mgr.Survey(ctx)
-	if err != nil {
-		return fmt.Errorf("scan: %w", err)
-	}
-	inv := sr.Inventory
-	scanned := time.Since(start)
 	d.unreadable = sr.Unreadable
 	for _, u := range sr.Unreadable {
 		d.log.Warn("netns entry could not be inspected: neither reclaimed nor handed out, quarantined", "slot", u.Index, "name", u.Name, "error", u.Err)
@@ -322,16 +373,6 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	d.obs.unreadable(len(sr.Unreadable))
 	if len(sr.Beyond) > 0 {
 		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
-	}
-	recs, err := d.store.Load()
-	var bad []int
-	if re := (*leases.RecordsError)(nil); errors.As(err, &re) {
-		for i := range re.Bad {
-			bad = append(bad, i)
-		}
-		slices.Sort(bad)
-	} else if err != nil {
-		return lifecycle.Permanent(fmt.Errorf("load the records: %w", err))
 	}
 	plan, err := d.classify(ctx, recs, bad, inv)
 	if err != nil {

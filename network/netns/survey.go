@@ -1,7 +1,6 @@
 package netns
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -197,41 +196,79 @@ func visibleMounts(entries []mountEntry, dir string, base int) map[string]mount 
 	return out
 }
 
-// parseMountinfo parses the lines of a mountinfo file (proc(5)).
+// parseMountinfo parses the lines of a mountinfo file (proc(5)). Every
+// field is a substring of one copy of b: with a pool's 10,000 mounts a
+// copy and a []string per line (strings.Fields) were most of the parse.
 func parseMountinfo(b []byte) ([]mountEntry, error) {
-	out := make([]mountEntry, 0, bytes.Count(b, []byte{'\n'}))
-	for len(b) > 0 {
-		line := b
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			line, b = b[:i], b[i+1:]
-		} else {
-			b = nil
-		}
-		if len(line) == 0 {
+	text := string(b)
+	out := make([]mountEntry, 0, strings.Count(text, "\n"))
+	for text != "" {
+		line, rest, _ := strings.Cut(text, "\n")
+		text = rest
+		if line == "" {
 			continue
 		}
-		f := strings.Fields(string(line))
-		sep := -1
-		for i := 6; i < len(f); i++ {
-			if f[i] == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(f) < 7 || sep < 0 || sep+1 >= len(f) {
+		e, ok := parseMountLine(line)
+		if !ok {
 			return nil, fmt.Errorf("netns: mountinfo: malformed line %q", line)
 		}
-		id, err1 := strconv.Atoi(f[0])
-		parent, err2 := strconv.Atoi(f[1])
-		if err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("netns: mountinfo: malformed line %q", line)
-		}
-		out = append(out, mountEntry{
-			id: id, parent: parent, dev: f[2],
-			root: unescapeOctal(f[3]), point: unescapeOctal(f[4]), fstype: f[sep+1],
-		})
+		out = append(out, e)
 	}
 	return out, nil
+}
+
+// parseMountLine parses "id parent major:minor root point options
+// [optional fields...] - fstype source superoptions".
+func parseMountLine(line string) (mountEntry, bool) {
+	var f [5]string
+	rest := line
+	for i := range f {
+		var ok bool
+		if f[i], rest, ok = nextField(rest); !ok {
+			return mountEntry{}, false
+		}
+	}
+	// Options, then optional fields up to the separator "-".
+	fstype := ""
+	for n := 0; ; n++ {
+		field, r, ok := nextField(rest)
+		if !ok {
+			return mountEntry{}, false
+		}
+		rest = r
+		if n > 0 && field == "-" {
+			if fstype, _, ok = nextField(rest); !ok {
+				return mountEntry{}, false
+			}
+			break
+		}
+	}
+	id, err1 := strconv.Atoi(f[0])
+	parent, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return mountEntry{}, false
+	}
+	return mountEntry{
+		id: id, parent: parent, dev: f[2],
+		root: unescapeOctal(f[3]), point: unescapeOctal(f[4]), fstype: fstype,
+	}, true
+}
+
+// nextField returns the first space-separated field of s and what
+// follows it; false when s has none.
+func nextField(s string) (field, rest string, ok bool) {
+	i := 0
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t') {
+		i++
+	}
+	if i == len(s) {
+		return "", "", false
+	}
+	j := i
+	for j < len(s) && s[j] != ' ' && s[j] != '\t' {
+		j++
+	}
+	return s[i:j], s[min(j+1, len(s)):], true
 }
 
 // unescapeOctal undoes the kernel's escaping of space, tab, newline and

@@ -1,6 +1,7 @@
 package slot
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -45,7 +46,11 @@ func (u HostUse) String() string {
 }
 
 // dumpTries bounds the retries of a dump the kernel interrupted because
-// addresses or routes changed meanwhile (another daemon making slots).
+// addresses or routes changed meanwhile (another daemon making or tearing
+// down slots: any change in the namespace interrupts a dump that spans
+// it). An interrupted dump may miss an entry that was there all along, so
+// it is never used; the tries wait 1, 2, 4 … 64 ms apart (~0.25 s in all),
+// so that a burst of another daemon's changes does not fail the start.
 const dumpTries = 10
 
 // ForeignUses returns the host's IPv4 addresses and routes, in every
@@ -53,66 +58,30 @@ const dumpTries = 10
 // on a link named as c's host links (<Prefix>h<i>, any index) is its own:
 // the slots a restart restores keep their addresses and routes. A default
 // route (0.0.0.0/0) overlaps every CIDR and is left out: it takes nothing
-// from a more specific slot route.
+// from a more specific slot route. Its cost is two dumps read in place
+// (ribdump.go) and one ioctl per link that holds an address or a route in
+// c.CIDR.
 func (c Config) ForeignUses() ([]HostUse, error) { return c.usesOf(c.CIDR) }
 
-// usesOf returns the host's IPv4 addresses and routes that overlap p and
-// are not on c's own host links (a default route left out).
+// usesOf returns the host's IPv4 addresses and routes that overlap cidr
+// and are not on c's own host links (a default route left out).
 func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
-	names := map[int]string{}
 	probe, err := newLinkProbe()
 	if err != nil {
 		return nil, err
 	}
 	defer probe.close()
-	own := func(index int) (string, bool) {
-		if index == 0 {
-			return "", false
-		}
-		name, ok := names[index]
-		if !ok {
-			name = probe.name(index)
-			names[index] = name
-		}
-		_, mine := c.CanonicalHostIfIndex(name)
-		return name, mine
+	w := &useWalk{cfg: c, cidr: cidr, probe: probe, names: map[uint32]linkName{}}
+	if err := w.dump(unix.RTM_GETADDR, make([]byte, unix.SizeofIfAddrmsg), w.addr); err != nil {
+		return nil, fmt.Errorf("slot: list host addresses: %w", err)
 	}
-	addrs, err := hostAddrList()
-	if err != nil {
-		return nil, err
-	}
-	var uses []HostUse
-	for _, a := range addrs {
-		p, ok := prefixOf(a.IPNet)
-		if !ok || !p.Overlaps(cidr) {
-			continue
-		}
-		if name, mine := own(a.LinkIndex); !mine {
-			uses = append(uses, HostUse{Prefix: p, Dev: name})
-		}
-	}
-	var routes []netlink.Route
-	for range dumpTries {
-		routes, err = netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
-	if err != nil {
+	// An rtmsg with table 0 and no RTA_TABLE asks for every table.
+	if err := w.dump(unix.RTM_GETROUTE, make([]byte, unix.SizeofRtMsg), w.route); err != nil {
 		return nil, fmt.Errorf("slot: list host routes: %w", err)
-	}
-	for _, r := range routes {
-		p, ok := prefixOf(r.Dst)
-		if !ok || p.Bits() == 0 || !p.Overlaps(cidr) {
-			continue
-		}
-		if name, mine := own(r.LinkIndex); !mine {
-			uses = append(uses, HostUse{Route: true, Prefix: p, Dev: name, Table: r.Table})
-		}
 	}
 	// Addresses first, then the most specific: what names the other
 	// device best.
-	slices.SortStableFunc(uses, func(a, b HostUse) int {
+	slices.SortStableFunc(w.uses, func(a, b HostUse) int {
 		if a.Route != b.Route {
 			if a.Route {
 				return 1
@@ -121,13 +90,51 @@ func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
 		}
 		return b.Prefix.Bits() - a.Prefix.Bits()
 	})
-	return uses, nil
+	return w.uses, nil
 }
 
-// hostAddrList dumps the host's IPv4 addresses, again when the kernel
-// interrupted the dump (addresses changed meanwhile: other daemons and
-// tests making slots), a moment later each time, so that a burst of
-// changes can pass.
+// useWalk gathers the foreign uses from the dumps' messages.
+type useWalk struct {
+	cfg   Config
+	cidr  netip.Prefix // what a use overlaps
+	probe *linkProbe
+	names map[uint32]linkName // by link index, asked once each
+	uses  []HostUse
+}
+
+// linkName is a link's name and whether it is one of the configuration's
+// host links.
+type linkName struct {
+	name string
+	own  bool
+}
+
+// dump runs one dump for AF_INET into w, again while the kernel
+// interrupts it: what an interrupted try added is dropped.
+func (w *useWalk) dump(req uint16, hdr []byte, f func(ribMsg)) error {
+	hdr[0] = unix.AF_INET
+	keep := len(w.uses)
+	var err error
+	for try := range dumpTries {
+		w.uses = w.uses[:keep]
+		if err = ribDump(req, hdr, f); !errors.Is(err, errDumpInterrupted) {
+			break
+		}
+		dumpPause(try)
+	}
+	return err
+}
+
+// dumpPause waits before the try after try (none after the last).
+func dumpPause(try int) {
+	if try < dumpTries-1 {
+		time.Sleep(time.Millisecond << min(try, 6))
+	}
+}
+
+// hostAddrList dumps the host's IPv4 addresses through the library (for
+// HostAddrs, which wants them all), again when the kernel interrupted the
+// dump, as useWalk.dump does.
 func hostAddrList() ([]netlink.Addr, error) {
 	var addrs []netlink.Addr
 	var err error
@@ -135,12 +142,85 @@ func hostAddrList() ([]netlink.Addr, error) {
 		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
 			break
 		}
-		time.Sleep(time.Duration(try+1) * time.Millisecond)
+		dumpPause(try)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("slot: list host addresses: %w", err)
 	}
 	return addrs, nil
+}
+
+// link names link index (0: none) and says whether it is c's own.
+func (w *useWalk) link(index uint32) linkName {
+	if index == 0 {
+		return linkName{}
+	}
+	n, ok := w.names[index]
+	if !ok {
+		n.name = w.probe.name(int(index))
+		_, n.own = w.cfg.CanonicalHostIfIndex(n.name)
+		w.names[index] = n
+	}
+	return n
+}
+
+// addr takes an RTM_NEWADDR: ifaddrmsg {family, prefixlen, flags, scope,
+// index}, then IFA_LOCAL (the address itself; IFA_ADDRESS is the peer's
+// on a point-to-point link) or IFA_ADDRESS. The link is named by the
+// kernel, never by the address's IFA_LABEL, which would spare an ioctl a
+// link: the kernel takes any label a program gives (only iproute2 checks
+// it), so a host address labelled like a slot would go unseen.
+func (w *useWalk) addr(m ribMsg) {
+	if m.typ != unix.RTM_NEWADDR || m.body[0] != unix.AF_INET {
+		return
+	}
+	l := w.link(binary.NativeEndian.Uint32(m.body[4:8]))
+	if l.own {
+		return
+	}
+	a := m.attr(unix.IFA_LOCAL)
+	if a == nil {
+		a = m.attr(unix.IFA_ADDRESS)
+	}
+	p, ok := prefix4(a, m.body[1])
+	if ok && p.Overlaps(w.cidr) {
+		w.uses = append(w.uses, HostUse{Prefix: p, Dev: l.name})
+	}
+}
+
+// route takes an RTM_NEWROUTE: rtmsg {family, dst_len, src_len, tos,
+// table, protocol, scope, type, flags}, then RTA_OIF, RTA_DST and
+// RTA_TABLE (the table's full number; the header's is 8 bits). A route
+// without RTA_OIF (multipath, blackhole) names no device.
+func (w *useWalk) route(m ribMsg) {
+	if m.typ != unix.RTM_NEWROUTE || m.body[0] != unix.AF_INET || m.body[1] == 0 {
+		return // the default route overlaps everything and takes nothing
+	}
+	var l linkName
+	if oif := m.attr(unix.RTA_OIF); len(oif) == 4 {
+		if l = w.link(binary.NativeEndian.Uint32(oif)); l.own {
+			return
+		}
+	}
+	p, ok := prefix4(m.attr(unix.RTA_DST), m.body[1])
+	if !ok || !p.Overlaps(w.cidr) {
+		return
+	}
+	table := int(m.body[4])
+	if t := m.attr(unix.RTA_TABLE); len(t) == 4 {
+		table = int(binary.NativeEndian.Uint32(t))
+	}
+	w.uses = append(w.uses, HostUse{Route: true, Prefix: p, Dev: l.name, Table: table})
+}
+
+// prefix4 is the IPv4 address a with prefix length bits, keeping its
+// host bits (10.0.0.1/24 names the address; a route's destination has
+// none).
+func prefix4(a []byte, bits uint8) (netip.Prefix, bool) {
+	if len(a) != 4 || bits > 32 {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte(a)), int(bits)), true
 }
 
 func prefixOf(n *net.IPNet) (netip.Prefix, bool) {

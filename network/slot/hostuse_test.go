@@ -5,10 +5,12 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // inFreshNetns runs f on a thread of its own in a new network namespace,
@@ -43,6 +45,8 @@ func TestForeignUses(t *testing.T) {
 		want []string
 	}{
 		{"own slot", "fu-h1", "10.90.0.0/31", nil},
+		{"own slot, an alias label", "fu-h1", "10.90.0.0/31 fu-h1:a", nil},
+		{"a host interface labelled like a slot", "uplink0", "10.90.0.200/24 fu-h1", []string{"address 10.90.0.200/24 dev uplink0", "route 10.90.0.0/24 dev uplink0"}},
 		{"own slot beyond --slots", "fu-h40", "10.90.0.78/31", nil},
 		{"another daemon's slot", "xx-h1", "10.90.0.0/31", []string{"address 10.90.0.0/31 dev xx-h1", "route 10.90.0.0/31 dev xx-h1"}},
 		{"a host interface", "uplink0", "10.90.0.200/24", []string{"address 10.90.0.200/24 dev uplink0", "route 10.90.0.0/24 dev uplink0"}},
@@ -56,8 +60,9 @@ func TestForeignUses(t *testing.T) {
 					t.Errorf("add %s: %v", tc.link, err)
 					return
 				}
-				p := netip.MustParsePrefix(tc.addr)
-				if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(p)}); err != nil {
+				a, label, _ := strings.Cut(tc.addr, " ")
+				p := netip.MustParsePrefix(a)
+				if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(p), Label: label}); err != nil {
 					t.Errorf("address %s: %v", p, err)
 					return
 				}
@@ -83,6 +88,61 @@ func TestForeignUses(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Routes are found in every table (one beyond 255, which only RTA_TABLE
+// carries), with or without a device, and skipped on the daemon's own
+// links whatever their table; the default route is never a use.
+func TestForeignUsesRoutes(t *testing.T) {
+	c := Config{Prefix: "fu-", NetnsDir: "/run/netns", Slots: 8, CIDR: netip.MustParsePrefix("10.90.0.0/24")}
+	// t.Fatal is not for the namespace's goroutine: each step says
+	// what failed and the test stops there.
+	inFreshNetns(t, func() {
+		add := func(name, peer string) netlink.Link {
+			l := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}
+			if err := netlink.LinkAdd(l); err != nil {
+				t.Errorf("add %s: %v", name, err)
+				return nil
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				t.Errorf("up %s: %v", name, err)
+				return nil
+			}
+			return l
+		}
+		own, up := add("fu-h2", "peer0"), add("uplink0", "peer1")
+		if own == nil || up == nil {
+			return
+		}
+		if err := netlink.AddrAdd(up, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix("192.0.2.1/24"))}); err != nil {
+			t.Errorf("address: %v", err)
+			return
+		}
+		for _, r := range []*netlink.Route{
+			{LinkIndex: own.Attrs().Index, Dst: ipNet(netip.MustParsePrefix("10.90.0.8/31")), Table: 100},
+			{LinkIndex: up.Attrs().Index, Dst: ipNet(netip.MustParsePrefix("10.90.0.16/28")), Table: 1000},
+			{Dst: ipNet(netip.MustParsePrefix("10.90.0.64/26")), Type: unix.RTN_BLACKHOLE},
+			{LinkIndex: up.Attrs().Index, Gw: netip.MustParseAddr("192.0.2.2").AsSlice()},
+		} {
+			if err := netlink.RouteAdd(r); err != nil {
+				t.Errorf("route %v: %v", r, err)
+				return
+			}
+		}
+		uses, err := c.ForeignUses()
+		if err != nil {
+			t.Errorf("ForeignUses: %v", err)
+			return
+		}
+		var got []string
+		for _, u := range uses {
+			got = append(got, u.String())
+		}
+		want := []string{"route 10.90.0.16/28 dev uplink0 table 1000", "route 10.90.0.64/26"}
+		if !slices.Equal(got, want) {
+			t.Errorf("ForeignUses = %q, want %q", got, want)
+		}
+	})
 }
 
 // A slot's /31 that the host routes already (another daemon's slot) is

@@ -164,13 +164,22 @@ func (e *UnreadableError) Unwrap() []error {
 // /proc/net/dev, one dump of the set.
 //
 // The indices in [1, Slots] it finds without anything of a slot are known
-// to the manager from then on as free of one, so that a later Create there
-// shares the conntrack clean-up of the others (see Create).
+// to the manager from then on as free of one (see [Manager.Surveyed]).
 func (m *Manager) Survey(ctx context.Context) (*ScanResult, error) {
 	r, err := survey(ctx, m.cfg, m.fw, netns.Survey)
 	if err != nil {
 		return nil, err
 	}
+	m.Surveyed(r)
+	return r, nil
+}
+
+// Surveyed tells the manager what a survey of its configuration found
+// (one by the package's [Survey] made before the manager, so that nothing
+// on the host changed until the survey was done): the indices in [1,
+// Slots] without anything of a slot are free of one, so that a later
+// Create there shares the conntrack clean-up of the others (see Create).
+func (m *Manager) Surveyed(r *ScanResult) {
 	unread := map[int]bool{}
 	for _, u := range r.Unreadable {
 		unread[u.Index] = true
@@ -182,7 +191,6 @@ func (m *Manager) Survey(ctx context.Context) (*ScanResult, error) {
 		}
 	}
 	m.ct.goneIfUnknown(empty)
-	return r, nil
 }
 
 // Scan is Survey's inventory. If some netns entries could not be inspected
