@@ -45,13 +45,32 @@ func (u HostUse) String() string {
 	return fmt.Sprintf("route %s%s%s", u.Prefix, dev, table)
 }
 
-// dumpTries bounds the retries of a dump the kernel interrupted because
+// dumpBudget bounds the retries of a dump the kernel interrupted because
 // addresses or routes changed meanwhile (another daemon making or tearing
 // down slots: any change in the namespace interrupts a dump that spans
 // it). An interrupted dump may miss an entry that was there all along, so
-// it is never used; the tries wait 1, 2, 4 … 64 ms apart (~0.25 s in all),
-// so that a burst of another daemon's changes does not fail the start.
-const dumpTries = 10
+// it is never used; the tries wait 1, 2, 4 … 128 ms apart. The bound is
+// time, not a number of tries: another daemon filling its pool changes
+// addresses every few milliseconds for seconds on end, and a dump of a
+// host with many slots takes tens of them.
+const dumpBudget = 5 * time.Second
+
+// retryDump runs dump until it is not interrupted, for budget at most
+// (dumpBudget). What an interrupted try gathered, reset drops.
+func retryDump(budget time.Duration, dump func() error, interrupted func(error) bool, reset func()) error {
+	deadline := time.Now().Add(budget)
+	for try := 0; ; try++ {
+		reset()
+		err := dump()
+		if !interrupted(err) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("interrupted by changes on the host on every try for %s: %w", budget, err)
+		}
+		time.Sleep(time.Millisecond << min(try, 7))
+	}
+}
 
 // ForeignUses returns the host's IPv4 addresses and routes, in every
 // routing table, that overlap c.CIDR and are not c's own slots'. What is
@@ -114,22 +133,9 @@ type linkName struct {
 func (w *useWalk) dump(req uint16, hdr []byte, f func(ribMsg)) error {
 	hdr[0] = unix.AF_INET
 	keep := len(w.uses)
-	var err error
-	for try := range dumpTries {
-		w.uses = w.uses[:keep]
-		if err = ribDump(req, hdr, f); !errors.Is(err, errDumpInterrupted) {
-			break
-		}
-		dumpPause(try)
-	}
-	return err
-}
-
-// dumpPause waits before the try after try (none after the last).
-func dumpPause(try int) {
-	if try < dumpTries-1 {
-		time.Sleep(time.Millisecond << min(try, 6))
-	}
+	return retryDump(dumpBudget, func() error { return ribDump(req, hdr, f) },
+		func(err error) bool { return errors.Is(err, errDumpInterrupted) },
+		func() { w.uses = w.uses[:keep] })
 }
 
 // hostAddrList dumps the host's IPv4 addresses through the library (for
@@ -137,13 +143,8 @@ func dumpPause(try int) {
 // dump, as useWalk.dump does.
 func hostAddrList() ([]netlink.Addr, error) {
 	var addrs []netlink.Addr
-	var err error
-	for try := range dumpTries {
-		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-		dumpPause(try)
-	}
+	err := retryDump(dumpBudget, func() (err error) { addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); return err },
+		func(err error) bool { return errors.Is(err, netlink.ErrDumpInterrupted) }, func() {})
 	if err != nil {
 		return nil, fmt.Errorf("slot: list host addresses: %w", err)
 	}
