@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"slices"
@@ -281,14 +282,20 @@ const (
 // longest rather than their sum. The scan is the package's read-only one
 // (the manager, which makes the firewall table, comes after): a CIDR the
 // host check refuses leaves nothing made on the host. Its refusal is the
-// error returned whatever the others' outcome.
+// error returned whatever the others' outcome. Records are read beside the
+// check only when their file exists: a first start has none to read, and
+// a refused one must not leave a state file it made.
 func (d *Daemon) readStart(ctx context.Context) (_ *slot.ScanResult, recs []leases.Record, bad []int, err error) {
 	var (
 		wg                 sync.WaitGroup
 		hostErr, recordErr error
 	)
 	wg.Go(func() { hostErr = d.checkHostCIDR() })
-	wg.Go(func() { recs, bad, recordErr = d.loadRecords() })
+	_, statErr := os.Lstat(d.cfg.StatePath())
+	loadAfter := d.store == nil && errors.Is(statErr, fs.ErrNotExist)
+	if !loadAfter {
+		wg.Go(func() { recs, bad, recordErr = d.loadRecords() })
+	}
 	var sr *slot.ScanResult
 	if d.mgr != nil {
 		sr, err = d.mgr.Survey(ctx)
@@ -301,6 +308,9 @@ func (d *Daemon) readStart(ctx context.Context) (_ *slot.ScanResult, recs []leas
 	}
 	if hostErr != nil {
 		return nil, nil, nil, hostErr
+	}
+	if loadAfter && err == nil {
+		recs, bad, recordErr = d.loadRecords()
 	}
 	if err := errors.Join(err, recordErr); err != nil {
 		return nil, nil, nil, err
