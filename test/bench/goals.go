@@ -16,7 +16,7 @@ const (
 // Goals of the issues ("A restart in O(1)", live restore).
 const (
 	goalAnswerMs          = 50.0  // first health answer, median, every N
-	goalServingMs         = 500.0 // SERVING after a restart, median, every N ≤ 10,000, dead or leased
+	goalServingMs         = 200.0 // SERVING after a restart, median, every N ≤ 10,000, dead or leased
 	goalFloorSpeedup      = 10.0  // kernel floor / SERVING at 10,000 dead
 	goalGoneVsFloor       = 2.0   // dead gone after SERVING / kernel floor
 	goalRestoreServingMs  = 200.0 // SERVING after a restart with N leased, median, every N ≤ 10,000
