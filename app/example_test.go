@@ -31,7 +31,10 @@ func Example() {
 	cfg.DrainDelay = 0 // no checker to wait for here
 	a, err := app.New(cfg,
 		lifecycle.Phase{Name: "config", Run: func(context.Context, *lifecycle.Progress) error { return nil }},
-		lifecycle.Phase{Name: "migrate", DependsOn: []string{"config"}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
+		// After listen too, only so that the example's first request
+		// finds migrate alone running: the port answers while listen is
+		// still ending, and its health would name both.
+		lifecycle.Phase{Name: "migrate", DependsOn: []string{"config", app.PhaseListen}, Run: func(ctx context.Context, p *lifecycle.Progress) error {
 			p.SetTotal(20, "migrations")
 			p.SetDone(7)
 			close(migrating)
