@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
-	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/slot"
@@ -86,19 +85,8 @@ func (s *slotsService) applyEgress(sl *slot.Slot, p *inside.Policy) error {
 // the rules replaced in one transaction, then the record; a record that
 // cannot be written puts the old rules back.
 func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.SetEgressPolicyRequest) (*phasegatev1.SetEgressPolicyResponse, error) {
-	c, err := callerOf(ctx)
+	c, i, err := s.leaseCall(ctx, req.GetIndex(), req.GetLeaseId())
 	if err != nil {
-		return nil, err
-	}
-	if err := s.checkIndex(req.GetIndex()); err != nil {
-		return nil, err
-	}
-	i := int(req.GetIndex())
-	control.Note(ctx, "slot", i)
-	if req.GetLeaseId() == "" {
-		return nil, status.Errorf(codes.PermissionDenied, "slot %d: lease_id is required", i)
-	}
-	if err := s.mayChange(ctx, c, i); err != nil {
 		return nil, err
 	}
 	pol, err := parseEgress(req.GetEgressPolicy(), s.egress)

@@ -487,21 +487,34 @@ func (s *slotsService) mayChange(ctx context.Context, c control.Caller, i int) e
 	return status.Errorf(codes.PermissionDenied, "slot %d: %s may not act for the owner of its lease", i, c.Principal)
 }
 
-// Release implements phasegate.v1.Slots.
-func (s *slotsService) Release(ctx context.Context, req *phasegatev1.ReleaseRequest) (*phasegatev1.ReleaseResponse, error) {
+// leaseCall is the opening of every call on a lease (Release,
+// KeepAlive, SetEgressPolicy): the caller identified, the index in range
+// and noted for the audit line, a lease id given, and the caller allowed
+// to act for the lease's owner. The lease id itself is compared where the
+// record is read.
+func (s *slotsService) leaseCall(ctx context.Context, index uint32, leaseID string) (control.Caller, int, error) {
 	c, err := callerOf(ctx)
 	if err != nil {
-		return nil, err
+		return control.Caller{}, 0, err
 	}
-	if err := s.checkIndex(req.GetIndex()); err != nil {
-		return nil, err
+	if err := s.checkIndex(index); err != nil {
+		return control.Caller{}, 0, err
 	}
-	i := int(req.GetIndex())
+	i := int(index)
 	control.Note(ctx, "slot", i)
-	if req.GetLeaseId() == "" {
-		return nil, status.Errorf(codes.PermissionDenied, "slot %d: lease_id is required", i)
+	if leaseID == "" {
+		return control.Caller{}, 0, status.Errorf(codes.PermissionDenied, "slot %d: lease_id is required", i)
 	}
 	if err := s.mayChange(ctx, c, i); err != nil {
+		return control.Caller{}, 0, err
+	}
+	return c, i, nil
+}
+
+// Release implements phasegate.v1.Slots.
+func (s *slotsService) Release(ctx context.Context, req *phasegatev1.ReleaseRequest) (*phasegatev1.ReleaseResponse, error) {
+	c, i, err := s.leaseCall(ctx, req.GetIndex(), req.GetLeaseId())
+	if err != nil {
 		return nil, err
 	}
 	l, err := s.endLease(ctx, i, req.GetLeaseId())
@@ -542,19 +555,8 @@ func (s *slotsService) giveBack(ctx context.Context, l *lease) {
 
 // KeepAlive implements phasegate.v1.Slots.
 func (s *slotsService) KeepAlive(ctx context.Context, req *phasegatev1.KeepAliveRequest) (*phasegatev1.KeepAliveResponse, error) {
-	c, err := callerOf(ctx)
+	_, i, err := s.leaseCall(ctx, req.GetIndex(), req.GetLeaseId())
 	if err != nil {
-		return nil, err
-	}
-	if err := s.checkIndex(req.GetIndex()); err != nil {
-		return nil, err
-	}
-	i := int(req.GetIndex())
-	control.Note(ctx, "slot", i)
-	if req.GetLeaseId() == "" {
-		return nil, status.Errorf(codes.PermissionDenied, "slot %d: lease_id is required", i)
-	}
-	if err := s.mayChange(ctx, c, i); err != nil {
 		return nil, err
 	}
 	now := time.Now()
