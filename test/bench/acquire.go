@@ -86,7 +86,7 @@ func (r *runner) acquireRun(ctx context.Context, side string, rep int) (AcquireR
 		d.kill()
 		return run, nil, fmt.Errorf("warm pool of %d: %w", n, err)
 	}
-	b, err := acquireBurst(ctx, d.slotsTarget(), n, r.o.acquireConc, throughputOwner, fmt.Sprintf("%s-%d", side, rep), 0)
+	b, err := acquireBurst(ctx, d.slotsTarget(), n, r.o.acquireConc, throughputOwner, fmt.Sprintf("%s-%d", side, rep), 0, nil)
 	if err != nil {
 		d.kill()
 		return run, nil, err

@@ -474,6 +474,7 @@ const (
 	msgRestorePrefix = "restore: "
 	msgRestore       = "restore" // the key under which restore lines are kept
 	msgVerified      = "restored leases verified"
+	msgInside        = "restored leases: inside of their slots verified"
 	msgUpgrading     = "SIGHUP: upgrading in place"
 )
 
@@ -540,6 +541,30 @@ func (d *daemon) verifiedLine(ctx context.Context, k int, timeout time.Duration)
 	return v, nil
 }
 
+// insideLine is the daemon's line that ends verify-inside, the background
+// check of what the restored leases' namespaces hold (guest device,
+// egress policy), after the leases' own verification.
+type insideLine struct {
+	Verified int `json:"verified"`
+	Repaired int `json:"repaired"`
+	at       time.Time
+}
+
+// insideLine waits for the daemon's k-th inside line (0-based; one per
+// start that restored leases with something inside to verify).
+func (d *daemon) insideLine(ctx context.Context, k int, timeout time.Duration) (insideLine, error) {
+	var v insideLine
+	ev, err := d.logs.wait(ctx, msgInside, k, timeout, d.done)
+	if err != nil {
+		return v, fmt.Errorf("inside verified line: %w\n%s", err, d.logs)
+	}
+	if err := json.Unmarshal([]byte(ev.line), &v); err != nil {
+		return v, fmt.Errorf("inside verified line %q: %w", ev.line, err)
+	}
+	v.at = ev.at
+	return v, nil
+}
+
 // restoreLine returns the daemon's k-th restore line (0-based; one per
 // start, upgrades included).
 func (d *daemon) restoreLine(ctx context.Context, k int) (restoreLine, error) {
@@ -581,7 +606,7 @@ func followed(msg string) string {
 	switch {
 	case strings.HasPrefix(msg, msgRestorePrefix):
 		return msgRestore
-	case msg == msgStarting, msg == msgServing, msg == msgReclaimReport, msg == msgUpgrading, msg == msgPoolReady, msg == msgVerified:
+	case msg == msgStarting, msg == msgServing, msg == msgReclaimReport, msg == msgUpgrading, msg == msgPoolReady, msg == msgVerified, msg == msgInside:
 		return msg
 	}
 	return ""

@@ -40,7 +40,7 @@ const (
 // evaluateGoals checks each goal against the results; every ratio is
 // taken between figures of the same run of its part.
 func evaluateGoals(r *Results) []Goal {
-	goals := []Goal{answerGoal(r), servingGoal(r), floorSpeedupGoal(r), goneGoal(r), restoreGoal(r), serialGoal(r)}
+	goals := []Goal{answerGoal(r), servingGoal(r), floorSpeedupGoal(r), goneGoal(r), restoreGoal(r), guestRestoreGoal(r), policiesGoal(r), serialGoal(r)}
 	for _, checker := range []bool{true, false} {
 		for _, kind := range []string{kindGRPC, kindHTTP} {
 			goals = append(goals, healthLoadGoal(r, kind, checker))
@@ -172,50 +172,111 @@ func goneGoal(r *Results) Goal {
 func restoreGoal(r *Results) Goal {
 	g := Goal{Name: "leased slots across a restart (SIGTERM and kill -9), every N ≤ 10,000: SERVING after exec (median), every lease restored (verified after SERVING), destroyed",
 		Target: fmt.Sprintf("SERVING ≤ %.0f ms, N/N restored, 0 lost, 0 destroyed, every run", goalRestoreServingMs)}
-	var parts, misses []string
-	any := false
+	parts, misses, any := restoreFigures(r, restoreStrategies)
+	n := goalRestoreN
+	if fg, fl := r.find(stratForeground, n), r.find(stratFloor, n); any && fg.measured() && fl.measured() {
+		parts = append(parts, fmt.Sprintf("beside: the start before live restore (--reclaim=foreground, which destroys all %d) %s, kernel floor %s",
+			n, fmtMs(fg.ServingMs.Median), fmtMs(fl.ServingMs.Median)))
+	}
+	g.Measured = strings.Join(parts, "; ")
+	verdict(&g, any, misses)
+	return g
+}
+
+// guestRestoreGoal is restoreGoal for the guest+policy variant, with the
+// ratio of its SERVING to the plain variant's at the same N, same run.
+func guestRestoreGoal(r *Results) Goal {
+	g := Goal{Name: "leased slots with the microVM guest profile and an egress policy each, across a restart (SIGTERM and kill -9), every N ≤ 10,000: " +
+		"SERVING after exec (median; and its ratio to the plain variant's at the same N, same run), every lease restored (verified after SERVING), destroyed",
+		Target: fmt.Sprintf("SERVING ≤ %.0f ms, N/N restored, 0 lost, 0 destroyed, every run", goalRestoreServingMs)}
+	parts, misses, any := restoreFigures(r, guestStrategies)
+	if !any {
+		g.Status, g.Note = goalNotMeasured, "part restore not run, or -restore-guest=false"
+		return g
+	}
+	var ratios []string
+	for _, p := range r.points(guestStrategies...) {
+		plain := r.find(map[string]string{stratGuestTerm: stratRestoreTerm, stratGuestKill: stratRestoreKill}[p.Strategy], p.N)
+		if plain.measured() && plain.ServingMs.Median > 0 {
+			ratios = append(ratios, fmt.Sprintf("%s N=%d: %.2f×", p.Strategy, p.N, p.ServingMs.Median/plain.ServingMs.Median))
+		}
+	}
+	if len(ratios) > 0 {
+		parts = append(parts, "SERVING vs plain: "+strings.Join(ratios, ", "))
+	}
+	g.Measured = strings.Join(parts, "; ")
+	verdict(&g, any, misses)
+	return g
+}
+
+// restoreFigures states each restore point of strategies (N ≤ 10,000)
+// against the restore goal: what was measured, what misses it, and
+// whether anything was.
+func restoreFigures(r *Results, strategies []string) (parts, misses []string, any bool) {
 	for _, p := range r.Points {
-		if slices.Contains(restoreStrategies, p.Strategy) && p.noStarts() > 0 && p.N <= goalMaxServingN {
+		if slices.Contains(strategies, p.Strategy) && p.noStarts() > 0 && p.N <= goalMaxServingN {
 			any = true
 			misses = append(misses, fmt.Sprintf("%s N=%d: in %d of %d restarts the daemon never served (%d starts in a row failed; first: %s)",
 				p.Strategy, p.N, p.noStarts(), len(p.Runs), maxStartAttempts, firstOr(failedStarts(p), "?")))
 			parts = append(parts, fmt.Sprintf("%s N=%d: no start", p.Strategy, p.N))
 		}
 	}
-	for _, p := range r.points(restoreStrategies...) {
+	for _, p := range r.points(strategies...) {
 		if p.N > goalMaxServingN {
 			continue
 		}
 		any = true
 		n := p.N
-		minRestored, maxDestroyed, maxLost, minListed := n, 0, 0, n
-		for _, run := range p.Runs {
-			if run.NoStart {
-				maxDestroyed = max(maxDestroyed, run.Destroyed)
-				continue
-			}
-			minRestored, maxDestroyed = min(minRestored, run.Restored), max(maxDestroyed, run.Destroyed)
-			maxLost, minListed = max(maxLost, run.Lost), min(minListed, run.Listed)
-		}
+		w := worstRestore(p)
 		parts = append(parts, fmt.Sprintf("%s N=%d: SERVING %s (max %s), all verified %s, restored ≥ %d/%d, listed ≥ %d, lost ≤ %d, destroyed ≤ %d over %d runs",
-			p.Strategy, n, fmtMs(p.ServingMs.Median), fmtMs(p.ServingMs.Max), fmtVerified(p), minRestored, n, minListed, maxLost, maxDestroyed, len(p.Runs)))
+			p.Strategy, n, fmtMs(p.ServingMs.Median), fmtMs(p.ServingMs.Max), fmtVerified(p), w.Restored, n, w.Listed, w.Lost, w.Destroyed, len(p.Runs)))
 		if st, by := bound(p.ServingMs.Median, goalRestoreServingMs, " ms"); st == goalMissed {
 			misses = append(misses, fmt.Sprintf("%s N=%d SERVING %s", p.Strategy, n, by))
 		}
-		if minRestored < n || minListed < n || maxLost > 0 {
-			misses = append(misses, fmt.Sprintf("%s N=%d: only %d restored, %d listed, %d lost", p.Strategy, n, minRestored, minListed, maxLost))
+		if w.Restored < n || w.Listed < n || w.Lost > 0 {
+			misses = append(misses, fmt.Sprintf("%s N=%d: only %d restored, %d listed, %d lost", p.Strategy, n, w.Restored, w.Listed, w.Lost))
 		}
-		if maxDestroyed > 0 {
-			misses = append(misses, fmt.Sprintf("%s N=%d: %d leased slots destroyed", p.Strategy, n, maxDestroyed))
+		if w.Destroyed > 0 {
+			misses = append(misses, fmt.Sprintf("%s N=%d: %d leased slots destroyed", p.Strategy, n, w.Destroyed))
 		}
 		if f := failedStarts(p); len(f) > 0 {
 			misses = append(misses, fmt.Sprintf("%s N=%d: %d starts failed and were started again (first: %s)", p.Strategy, n, len(f), f[0]))
 		}
 	}
-	n := goalRestoreN
-	if fg, fl := r.find(stratForeground, n), r.find(stratFloor, n); any && fg.measured() && fl.measured() {
-		parts = append(parts, fmt.Sprintf("beside: the start before live restore (--reclaim=foreground, which destroys all %d) %s, kernel floor %s",
-			n, fmtMs(fg.ServingMs.Median), fmtMs(fl.ServingMs.Median)))
+	return parts, misses, any
+}
+
+// policiesGoal: after every restart of the guest+policy variant, every
+// lease shows the policy it was acquired with, the sampled namespaces are
+// as they were, and the daemon's own check repaired nothing.
+func policiesGoal(r *Results) Goal {
+	g := Goal{Name: "egress policies and guest devices across every restart of the guest+policy variant: each lease's policy in List as it was acquired, " +
+		fmt.Sprintf("the tables, rules (by handle) and tap of %d sampled namespaces unchanged (nft, ip), repaired by the daemon's verify-inside", guestSample),
+		Target: "N/N policies, every sample unchanged, 0 repaired, every run"}
+	var parts, misses []string
+	any := false
+	for _, p := range r.points(guestStrategies...) {
+		if p.N == 0 {
+			continue
+		}
+		any = true
+		minPol, minSample, sampled, maxRepaired := p.N, guestSample, 0, 0
+		var diffs []string
+		for _, run := range p.Runs {
+			if run.NoStart {
+				continue
+			}
+			minPol, maxRepaired = min(minPol, run.PoliciesKept), max(maxRepaired, run.InsideRepaired)
+			minSample, sampled = min(minSample, run.InsideKept), max(sampled, run.InsideSampled)
+			diffs = append(diffs, run.PolicyDiffs...)
+		}
+		minSample = min(minSample, sampled)
+		parts = append(parts, fmt.Sprintf("%s N=%d: policies kept ≥ %d/%d, samples unchanged ≥ %d/%d, repaired ≤ %d, inside verified %s after exec, over %d runs",
+			p.Strategy, p.N, minPol, p.N, minSample, sampled, maxRepaired, fmtSummary(p.InsideMs), len(p.Runs)))
+		if minPol < p.N || minSample < sampled || sampled == 0 || maxRepaired > 0 {
+			misses = append(misses, fmt.Sprintf("%s N=%d: %d/%d policies kept, %d/%d samples unchanged, %d repaired (first: %s)",
+				p.Strategy, p.N, minPol, p.N, minSample, sampled, maxRepaired, firstOr(diffs, "—")))
+		}
 	}
 	g.Measured = strings.Join(parts, "; ")
 	verdict(&g, any, misses)

@@ -15,7 +15,11 @@
 //   - restore: N slots leased through the API, then the daemon stopped
 //     (SIGTERM) or killed (kill -9) and started again: exec → SERVING, and
 //     N/N leases restored with the kernel identity of every leased
-//     namespace and veth unchanged (0 destroyed).
+//     namespace and veth unchanged (0 destroyed). With -restore-guest (the
+//     default), each N is then measured again with the microVM guest
+//     profile (--slot-guest-*) and an egress policy on every lease, and
+//     after each restart every lease's policy is checked in List and a
+//     sample of namespaces with nft and ip.
 //   - load: health checks (gRPC Check and HTTP /health) from a separate
 //     load-generator process, at -rate on kept connections with Acquire
 //     calls from another, and at checker rates as real checkers send them
@@ -64,6 +68,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -118,6 +123,8 @@ type options struct {
 	serialReps   int
 	serialMax    int
 	leaseClients int
+	restoreGuest bool
+	guestAddr    netip.Prefix
 	loadN        int
 	loadReps     int
 	rate         int
@@ -172,6 +179,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.serialReps, "serial-reps", 1, "repetitions of the serial baseline at each N (it costs ~35-55 ms per slot)")
 	fs.IntVar(&o.serialMax, "serial-max", 1000, "largest N at which the serial baseline is run; above it, it is reported as skipped with an extrapolation, marked as such")
 	fs.IntVar(&o.leaseClients, "lease-clients", 32, "concurrent Acquire calls that lease the N slots of the restore part")
+	fs.BoolVar(&o.restoreGuest, "restore-guest", true, "part restore: also measure each N with the microVM guest profile (--slot-guest-*) and an egress policy on every lease")
+	guestAddr := fs.String("guest-addr", "169.254.255.21/30", "part restore: the guest profile's --slot-guest-addr (the tap, --slot-guest-gateway, is the next address); outside -cidr and the host's routes")
 	fs.IntVar(&o.loadN, "load-n", 5000, "dead slots reclaimed in the background while the load runs (0: skip the load part)")
 	fs.IntVar(&o.loadReps, "load-reps", 0, "repetitions of the load part (default: -reps)")
 	fs.IntVar(&o.rate, "rate", 2000, "health checks per second from the load generator, half gRPC Check, half HTTP /health")
@@ -208,6 +217,14 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	o.ns = ns
 	if o.parts, err = parseParts(parts); err != nil {
 		return o, err
+	}
+	if o.guestAddr, err = netip.ParsePrefix(*guestAddr); err != nil {
+		return o, fmt.Errorf("-guest-addr: %w", err)
+	}
+	if o.restoreGuest && o.has(partRestore) {
+		if err := validGuestAddr(o.guestAddr, o.cidr); err != nil {
+			return o, err
+		}
 	}
 	if o.loadReps == 0 {
 		o.loadReps = o.reps

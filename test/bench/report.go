@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -99,22 +100,23 @@ func printTable(w io.Writer, res *Results) {
 		}
 		tw.Flush()
 	}
-	if ns := res.ns(restoreStrategies); len(ns) > 0 {
-		fmt.Fprintln(w, "\nrestart with N leased slots (median [min–max]; restored/listed/destroyed: worst run):")
+	if ns := res.ns(allRestoreStrategies); len(ns) > 0 {
+		fmt.Fprintln(w, "\nrestart with N leased slots (median [min–max]; restored/listed/destroyed and the guest checks: worst run):")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "N\trestart\truns\tfirst HTTP answer\tSERVING\tall verified\trestored\tlisted\tlost\tdestroyed\tRSS MiB")
+		fmt.Fprintln(tw, "N\trestart\truns\tfirst HTTP answer\tSERVING\tall verified\trestored\tlisted\tlost\tdestroyed\tRSS MiB\tinside verified\tpolicies, samples, repaired")
 		for _, n := range ns {
-			for _, s := range restoreStrategies {
+			for _, s := range allRestoreStrategies {
 				p := res.find(s, n)
 				if p != nil && p.noStarts() > 0 {
-					fmt.Fprintf(tw, "%d\t%s\t%d\tnever served: %d starts in a row failed\t\t\t\t\t\t\n", n, s, p.noStarts(), maxStartAttempts)
+					fmt.Fprintf(tw, "%d\t%s\t%d\tnever served: %d starts in a row failed\t\t\t\t\t\t\t\t\t\n", n, s, p.noStarts(), maxStartAttempts)
 				}
 				if !p.measured() {
 					continue
 				}
 				w := worstRestore(p)
-				fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.1f\n", n, s, len(p.Runs), fmtSummary(p.FirstAnswerMs),
-					fmtSummary(p.ServingMs), fmtVerified(p), w.Restored, w.Listed, w.Lost, w.Destroyed, p.RSSMiB.Median)
+				inside, checks := guestColumns(p, w)
+				fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.1f\t%s\t%s\n", n, s, len(p.Runs), fmtSummary(p.FirstAnswerMs),
+					fmtSummary(p.ServingMs), fmtVerified(p), w.Restored, w.Listed, w.Lost, w.Destroyed, p.RSSMiB.Median, inside, checks)
 			}
 		}
 		tw.Flush()
@@ -186,7 +188,7 @@ func fmtVerified(p *Point) string {
 // worstRestore returns, over a restore point's runs, the fewest restored
 // and listed and the most lost and destroyed.
 func worstRestore(p *Point) Run {
-	w := Run{Restored: p.N, Listed: p.N}
+	w := Run{Restored: p.N, Listed: p.N, PoliciesKept: p.N, InsideKept: guestSample}
 	for _, r := range p.Runs {
 		if r.NoStart {
 			continue
@@ -194,8 +196,20 @@ func worstRestore(p *Point) Run {
 		w.Restored, w.Listed = min(w.Restored, r.Restored), min(w.Listed, r.Listed)
 		w.Lost, w.Destroyed = max(w.Lost, r.Lost), max(w.Destroyed, r.Destroyed)
 		w.Adopted = max(w.Adopted, r.Adopted)
+		w.PoliciesKept, w.PoliciesChecked = min(w.PoliciesKept, r.PoliciesKept), max(w.PoliciesChecked, r.PoliciesChecked)
+		w.InsideKept, w.InsideSampled = min(w.InsideKept, r.InsideKept), max(w.InsideSampled, r.InsideSampled)
+		w.InsideRepaired = max(w.InsideRepaired, r.InsideRepaired)
 	}
 	return w
+}
+
+// guestColumns are a restore point's exec → inside verified and its worst
+// guest checks ("—" for the plain variant and at N=0).
+func guestColumns(p *Point, w Run) (inside, checks string) {
+	if !slices.Contains(guestStrategies, p.Strategy) || p.N == 0 {
+		return "—", "—"
+	}
+	return fmtSummary(p.InsideMs), fmt.Sprintf("%d/%d, %d/%d, %d", w.PoliciesKept, p.N, w.InsideKept, w.InsideSampled, w.InsideRepaired)
 }
 
 // fmtRate formats a throughput summary.
@@ -242,7 +256,7 @@ func markdown(res *Results, img string) string {
 	if len(res.ns(deadStrategies)) > 0 {
 		markdownDead(&b, res, img)
 	}
-	if len(res.ns(restoreStrategies)) > 0 {
+	if len(res.ns(allRestoreStrategies)) > 0 {
 		markdownRestore(&b, res)
 	}
 	if l := res.Load; l != nil {
@@ -334,16 +348,21 @@ func markdownRestore(b *bytes.Buffer, res *Results) {
 			"its end; *restored* counts the leases it found intact); *listed* counts the slots `List` shows ACQUIRED by their owner once verified; "+
 			"*destroyed* counts leased slots whose netns inode or host veth ifindex changed or vanished (checked by the "+
 			"benchmark on the host). Median [min–max]; the counts are the worst run.\n\n", s.Settings.LeaseClients, s.Settings.Reps, s.Settings.Reps)
-	}
-	b.WriteString("| N leased | leasing them (API) | restart | first HTTP answer | SERVING | all verified | restored | listed | lost | destroyed | SIGTERM → exit | before live restore: SERVING (foreground, destroys them) | kernel floor | RSS |\n")
-	b.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, n := range res.ns(restoreStrategies) {
-		leasing := "—"
-		for _, l := range res.Leasing {
-			if l.N == n {
-				leasing = fmt.Sprintf("%s (%.0f/s)", fmtMs(l.Ms), l.PerS)
-			}
+		if s.Settings.GuestFlags != "" {
+			fmt.Fprintf(b, "*guest+policy*: at each N, after the plain variant, the same with the microVM guest profile, `phasegate serve … %s` "+
+				"(every slot made with its tap, forwarding and guest NAT), and every lease acquired with an egress policy: %s. "+
+				"After each restart, once the daemon's background check of the leases' insides (`verify-inside`, after SERVING) has ended "+
+				"(*inside verified*: exec → its end), the benchmark checks every lease's policy in `List` against the one it was acquired with, "+
+				"and reads %d sampled leases' namespaces (`nft -a -s list ruleset`, `ip -o link show dev %s`: tables, rules with their "+
+				"handles, the tap's ifindex) against what they held before the first restart: a table or rule written again, or a tap "+
+				"made again, has new ones. *policies, samples, repaired*: policies kept / N, samples unchanged / sampled, and what "+
+				"`verify-inside` repaired (its own log line).\n\n",
+				s.Settings.GuestFlags, s.Settings.GuestPolicies, guestSample, guestTap)
 		}
+	}
+	b.WriteString("| N leased | leasing them (API) | restart | first HTTP answer | SERVING | all verified | restored | listed | lost | destroyed | SIGTERM → exit | inside verified | policies, samples, repaired | before live restore: SERVING (foreground, destroys them) | kernel floor | RSS |\n")
+	b.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, n := range res.ns(allRestoreStrategies) {
 		fg, fl := res.find(stratForeground, n), res.find(stratFloor, n)
 		fgs, fls := "—", "—"
 		if fg.measured() {
@@ -352,26 +371,38 @@ func markdownRestore(b *bytes.Buffer, res *Results) {
 		if fl.measured() && n > 0 {
 			fls = fmtSummary(fl.ServingMs)
 		}
-		for _, st := range restoreStrategies {
+		for _, st := range allRestoreStrategies {
+			leasing := leasingCell(res, n, slices.Contains(guestStrategies, st))
 			p := res.find(st, n)
 			if p != nil && p.noStarts() > 0 {
-				fmt.Fprintf(b, "| %d | %s | %s | **never served: %d starts in a row failed** (%d of %d restarts) | | | | | | | | %s | %s | |\n", n, leasing,
-					map[string]string{stratRestoreTerm: "SIGTERM", stratRestoreKill: "kill -9"}[st], maxStartAttempts, p.noStarts(), len(p.Runs), fgs, fls)
+				fmt.Fprintf(b, "| %d | %s | %s | **never served: %d starts in a row failed** (%d of %d restarts) | | | | | | | | | | %s | %s | |\n", n, leasing,
+					restartName(st), maxStartAttempts, p.noStarts(), len(p.Runs), fgs, fls)
 			}
 			if !p.measured() {
 				continue
 			}
 			w := worstRestore(p)
 			stop := "—"
-			if st == stratRestoreTerm {
+			if st == stratRestoreTerm || st == stratGuestTerm {
 				stop = fmtSummary(p.StopMs)
 			}
-			fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %s | %.1f MiB |\n", n, leasing,
-				map[string]string{stratRestoreTerm: "SIGTERM", stratRestoreKill: "kill -9"}[st],
-				fmtSummary(p.FirstAnswerMs), fmtSummary(p.ServingMs), fmtVerified(p), w.Restored, n, w.Listed, w.Lost, w.Destroyed, stop, fgs, fls, p.RSSMiB.Median)
+			inside, checks := guestColumns(p, w)
+			fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %s | %s | %s | %.1f MiB |\n", n, leasing, restartName(st),
+				fmtSummary(p.FirstAnswerMs), fmtSummary(p.ServingMs), fmtVerified(p), w.Restored, n, w.Listed, w.Lost, w.Destroyed, stop,
+				inside, checks, fgs, fls, p.RSSMiB.Median)
 		}
 	}
 	b.WriteString("\n")
+}
+
+// leasingCell is how long leasing n slots took in a variant, or "—".
+func leasingCell(res *Results, n int, guest bool) string {
+	for _, l := range res.Leasing {
+		if l.N == n && l.Guest == guest {
+			return fmt.Sprintf("%s (%.0f/s)", fmtMs(l.Ms), l.PerS)
+		}
+	}
+	return "—"
 }
 
 // loadWindow is one of the load part's windows.

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
 
 // leaseOwner owns the slots the restore and upgrade parts lease.
@@ -21,37 +24,99 @@ const (
 	endKill = "kill -9"
 )
 
+// restoreVariant is one way the restore part runs the daemon and leases
+// its slots.
+type restoreVariant struct {
+	// term and kill are the strategies of its two kinds of restart.
+	term, kill string
+	// guest: the daemon runs with the guest profile (extra) and every
+	// lease carries an egress policy (guestPolicy), checked after each
+	// restart.
+	guest bool
+	extra []string
+}
+
+// strategy is the variant's strategy for a restart ended by end.
+func (v restoreVariant) strategy(end string) string {
+	if end == endTerm {
+		return v.term
+	}
+	return v.kill
+}
+
+// name names the variant in progress lines.
+func (v restoreVariant) name() string {
+	if v.guest {
+		return "guest+policy"
+	}
+	return "plain"
+}
+
+// restoreVariants are the variants the options ask for: plain, and with
+// -restore-guest the guest profile with a policy on every lease.
+func (r *runner) restoreVariants() []restoreVariant {
+	vs := []restoreVariant{{term: stratRestoreTerm, kill: stratRestoreKill}}
+	if r.o.restoreGuest {
+		vs = append(vs, restoreVariant{term: stratGuestTerm, kill: stratGuestKill, guest: true, extra: guestArgs(r.o.guestAddr)})
+	}
+	return vs
+}
+
+// guestCheck is what the guest+policy variant checks after each restart:
+// each lease's policy as it was acquired (canonicalPolicy, by index) and
+// what a sample of the leased namespaces held before the first restart
+// (insideSnapshot, by index).
+type guestCheck struct {
+	want   map[int]string
+	sample map[int]string
+}
+
 // measureRestore leases N slots through the API at every N, then restarts
 // the daemon -reps times after a SIGTERM and -reps times after a kill -9,
 // alternately, on the same leased set: a restart must leave it untouched.
+// Each variant runs at each N in turn (plain, then guest+policy), so that
+// the two are compared in the same minutes.
 func (r *runner) measureRestore(ctx context.Context) error {
+	if r.o.restoreGuest {
+		r.part.Settings.GuestFlags = strings.Join(guestArgs(r.o.guestAddr), " ")
+		r.part.Settings.GuestPolicies = guestPolicyMix()
+	}
 	for _, n := range r.o.ns {
-		if err := r.measureRestoreN(ctx, n); err != nil {
-			return fmt.Errorf("N=%d: %w", n, err)
+		for _, v := range r.restoreVariants() {
+			if err := r.measureRestoreN(ctx, n, v); err != nil {
+				return fmt.Errorf("N=%d %s: %w", n, v.name(), err)
+			}
 		}
 	}
 	return nil
 }
 
-func (r *runner) measureRestoreN(ctx context.Context, n int) error {
+func (r *runner) measureRestoreN(ctx context.Context, n int, v restoreVariant) error {
 	addr, err := freeAddr()
 	if err != nil {
 		return err
 	}
-	d, _, _, err := r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil, startTimeout(0, modeBackground))
+	args := append(daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), v.extra...)
+	d, _, _, err := r.startServing(ctx, args, nil, startTimeout(0, modeBackground))
 	if err != nil {
 		return err
 	}
 	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
 		return err
 	}
-	indices, setup, err := r.leaseSlots(ctx, d.slotsTarget(), n, leaseOwner)
+	var policy func(int) *phasegatev1.EgressPolicy
+	if v.guest {
+		policy = guestPolicy
+	}
+	leases, setup, err := r.leaseSlots(ctx, d.slotsTarget(), n, leaseOwner, policy)
 	if err != nil {
 		return err
 	}
+	indices := indicesOf(leases)
 	if n > 0 {
+		setup.Guest = v.guest
 		r.res.Leasing = append(r.res.Leasing, setup)
-		r.logf("N=%d: leased %d slots through the API in %s (%.0f/s, %d concurrent Acquires)", n, n, fmtMs(setup.Ms), setup.PerS, setup.Clients)
+		r.logf("N=%d %s: leased %d slots through the API in %s (%.0f/s, %d concurrent Acquires)", n, v.name(), n, fmtMs(setup.Ms), setup.PerS, setup.Clients)
 	}
 	// The restart should find the pool full, as a daemon that has served
 	// a while would leave it.
@@ -65,28 +130,34 @@ func (r *runner) measureRestoreN(ctx context.Context, n int) error {
 	if len(before) != n {
 		return fmt.Errorf("%d of the %d leased slots exist on the host", len(before), n)
 	}
+	var gc *guestCheck
+	if v.guest {
+		if gc, err = r.guestBaseline(ctx, d, leases); err != nil {
+			return err
+		}
+	}
 	var slowest time.Duration
 	for rep := range r.o.reps {
 		if rep > 0 && slowest > slowRestart {
 			note := fmt.Sprintf("%d of -reps %d: a restart took %s (> %s)", rep, r.o.reps, fmtMs(ms(slowest)), fmtMs(ms(slowRestart)))
-			for _, s := range restoreStrategies {
+			for _, s := range []string{v.term, v.kill} {
 				r.res.point(s, n).Skipped = note
 			}
-			r.logf("N=%d: restarts cut to %s", n, note)
+			r.logf("N=%d %s: restarts cut to %s", n, v.name(), note)
 			break
 		}
 		for _, end := range []string{endTerm, endKill} {
 			r.sampleLoad()
 			var run Run
-			run, d, err = r.restart(ctx, d, end, n, indices, before)
-			p := r.res.point(map[string]string{endTerm: stratRestoreTerm, endKill: stratRestoreKill}[end], n)
+			run, d, err = r.restart(ctx, d, v, end, n, indices, before, gc)
+			p := r.res.point(v.strategy(end), n)
 			if errors.Is(err, errNoStart) {
 				// The daemon cannot come back on this host now: record it,
 				// clear the host and go on with the next N.
 				run.NoStart = true
 				p.Runs = append(p.Runs, run)
-				r.logf("N=%d rep %d %s + start: NO START: %d attempts failed (first: %s); %d leased slots destroyed meanwhile",
-					n, rep+1, end, len(run.FailedStarts), run.FailedStarts[0], run.Destroyed)
+				r.logf("N=%d %s rep %d %s + start: NO START: %d attempts failed (first: %s); %d leased slots destroyed meanwhile",
+					n, v.name(), rep+1, end, len(run.FailedStarts), run.FailedStarts[0], run.Destroyed)
 				return r.reset(ctx)
 			}
 			if err != nil {
@@ -94,15 +165,86 @@ func (r *runner) measureRestoreN(ctx context.Context, n int) error {
 			}
 			p.Runs = append(p.Runs, run)
 			slowest = max(slowest, time.Duration(run.ServingMs*float64(time.Millisecond)))
-			r.logf("N=%d rep %d %s + start: SERVING %s (first answer %s), every lease verified %s; restored %d, adopted %d, dead %d, lost %d; destroyed %d, listed %d; RSS %.1f MiB",
-				n, rep+1, end, fmtMs(run.ServingMs), fmtMs(run.FirstAnswerMs), fmtVerifiedRun(run, n), run.Restored, run.Adopted, run.Dead, run.Lost,
-				run.Destroyed, run.Listed, run.RSSMiB)
+			r.logf("N=%d %s rep %d %s + start: SERVING %s (first answer %s), every lease verified %s; restored %d, adopted %d, dead %d, lost %d; destroyed %d, listed %d; RSS %.1f MiB%s",
+				n, v.name(), rep+1, end, fmtMs(run.ServingMs), fmtMs(run.FirstAnswerMs), fmtVerifiedRun(run, n), run.Restored, run.Adopted, run.Dead, run.Lost,
+				run.Destroyed, run.Listed, run.RSSMiB, fmtGuestRun(run, v))
 		}
 	}
 	if _, err := d.stop(); err != nil {
 		return err
 	}
 	return r.reset(ctx)
+}
+
+// fmtGuestRun is the guest+policy variant's part of a progress line.
+func fmtGuestRun(run Run, v restoreVariant) string {
+	if !v.guest {
+		return ""
+	}
+	s := fmt.Sprintf("; inside verified %s, repaired %d; policies kept %d/%d; sampled namespaces unchanged %d/%d",
+		fmtMs(run.InsideVerifiedMs), run.InsideRepaired, run.PoliciesKept, run.PoliciesChecked, run.InsideKept, run.InsideSampled)
+	if len(run.PolicyDiffs) > 0 {
+		s += " (first: " + run.PolicyDiffs[0] + ")"
+	}
+	return s
+}
+
+// guestBaseline checks that every lease carries the policy it was
+// acquired with, as List shows it, and reads a sample of the leased
+// namespaces before the first restart.
+func (r *runner) guestBaseline(ctx context.Context, d *daemon, leases []leaseRef) (*guestCheck, error) {
+	gc := &guestCheck{want: make(map[int]string, len(leases)), sample: map[int]string{}}
+	for _, l := range leases {
+		gc.want[l.index] = l.policy
+	}
+	slots, err := listOwned(ctx, d.slotsTarget(), leaseOwner)
+	if err != nil {
+		return nil, err
+	}
+	if _, bad := policyMismatches(slots, gc.want); len(bad) > 0 {
+		return nil, fmt.Errorf("before any restart, %d leases do not show the policy they were acquired with (first: %s)", len(bad), bad[0])
+	}
+	for _, i := range sampleIndices(indicesOf(leases), guestSample) {
+		snap, err := insideSnapshot(ctx, r.h.cfg.NetnsPath(i))
+		if err != nil {
+			return nil, fmt.Errorf("before any restart: %w", err)
+		}
+		gc.sample[i] = snap
+	}
+	return gc, nil
+}
+
+// checkGuest waits for the new daemon's check of the leases' insides and
+// then checks them itself: every lease's policy in List, the sample's
+// namespaces with nft and ip.
+func (r *runner) checkGuest(ctx context.Context, d *daemon, su startup, gc *guestCheck, run *Run) error {
+	il, err := d.insideLine(ctx, 0, 15*time.Minute)
+	if err != nil {
+		return err
+	}
+	run.InsideVerifiedMs, run.InsideRepaired = ms(il.at.Sub(su.Exec)), il.Repaired
+	slots, err := listOwned(ctx, d.slotsTarget(), leaseOwner)
+	if err != nil {
+		return err
+	}
+	run.Listed = countAcquired(slots)
+	checked, bad := policyMismatches(slots, gc.want)
+	run.PoliciesChecked, run.PoliciesKept = checked, checked-len(bad)
+	for i, want := range gc.sample {
+		run.InsideSampled++
+		now, err := insideSnapshot(ctx, r.h.cfg.NetnsPath(i))
+		switch {
+		case err != nil:
+			bad = append(bad, oneLine(err))
+		case now != want:
+			bad = append(bad, fmt.Sprintf("slot %d: its namespace's tables, rules or tap changed (nft -a -s list ruleset; ip link)", i))
+			r.logf("slot %d's namespace changed across the restart; before:\n%s\nafter:\n%s", i, want, now)
+		default:
+			run.InsideKept++
+		}
+	}
+	run.PolicyDiffs = bad[:min(len(bad), 3)]
+	return nil
 }
 
 // fmtVerifiedRun is a run's exec → every lease verified, or "—" when it
@@ -117,7 +259,11 @@ func fmtVerifiedRun(run Run, n int) string {
 // restart ends d (SIGTERM and wait, or kill -9), starts a daemon on the same
 // host and measures its start, what it restored, and whether the leased
 // slots are still the same kernel objects.
-func (r *runner) restart(ctx context.Context, d *daemon, end string, n int, indices []int, before map[int]slotID) (Run, *daemon, error) {
+//
+// The guest+policy variant (gc not nil) also waits for the daemon's check
+// of the leases' insides and checks them itself (checkGuest).
+func (r *runner) restart(ctx context.Context, d *daemon, v restoreVariant, end string, n int, indices []int, before map[int]slotID,
+	gc *guestCheck) (Run, *daemon, error) {
 	var run Run
 	if end == endTerm {
 		took, err := d.stop()
@@ -135,7 +281,8 @@ func (r *runner) restart(ctx context.Context, d *daemon, end string, n int, indi
 	if err != nil {
 		return run, d, err
 	}
-	d, su, failures, err := r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil, startTimeout(n, modeBackground))
+	args := append(daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), v.extra...)
+	d, su, failures, err := r.startServing(ctx, args, nil, startTimeout(n, modeBackground))
 	run.FailedStarts = failures
 	if errors.Is(err, errNoStart) {
 		// Did the failed starts leave the leased slots alone?
@@ -171,7 +318,11 @@ func (r *runner) restart(ctx context.Context, d *daemon, end string, n int, indi
 		return run, d, err
 	}
 	run.Destroyed = changed(before, now)
-	if run.Listed, err = listAcquired(ctx, d.slotsTarget(), leaseOwner); err != nil {
+	if gc != nil && rl.Restored > 0 {
+		if err := r.checkGuest(ctx, d, su, gc, &run); err != nil {
+			return run, d, err
+		}
+	} else if run.Listed, err = listAcquired(ctx, d.slotsTarget(), leaseOwner); err != nil {
 		return run, d, err
 	}
 	// What a kill -9 left half made (a slot of the fill) is reclaimed in
@@ -179,11 +330,11 @@ func (r *runner) restart(ctx context.Context, d *daemon, end string, n int, indi
 	if _, err := d.waitTaskDone(ctx, taskReclaimDead, 2*time.Minute); err != nil {
 		return run, d, err
 	}
-	v, err := d.waitPoolFilled(ctx, 2*time.Minute)
+	lv, err := d.waitPoolFilled(ctx, 2*time.Minute)
 	if err != nil {
 		return run, d, err
 	}
-	run.Phases = phaseSpans(v, su.Exec)
+	run.Phases = phaseSpans(lv, su.Exec)
 	rss, hwm, err := d.memory()
 	if err != nil {
 		return run, d, err

@@ -14,7 +14,7 @@ import (
 )
 
 // Strategies (Point.Strategy). The first four are the dead-slot part's, the
-// last two the restore part's.
+// rest the restore part's: its plain variant and its guest+policy one.
 const (
 	stratBackground  = "background"   // phasegate's default: dead reclaimed after SERVING
 	stratForeground  = "foreground"   // --reclaim=foreground: the start before live restore
@@ -22,11 +22,28 @@ const (
 	stratFloor       = "floor"        // no daemon: detach+unlink, wait for the veths
 	stratRestoreTerm = "restore-term" // N leases, SIGTERM, start again
 	stratRestoreKill = "restore-kill" // N leases, kill -9, start again
+	// The same with the guest profile (--slot-guest-*) and every lease
+	// with an egress policy.
+	stratGuestTerm = "restore-guest-term"
+	stratGuestKill = "restore-guest-kill"
 )
 
 var deadStrategies = []string{stratBackground, stratForeground, stratSerial, stratFloor}
 
 var restoreStrategies = []string{stratRestoreTerm, stratRestoreKill}
+
+var guestStrategies = []string{stratGuestTerm, stratGuestKill}
+
+// allRestoreStrategies are the restore part's, both variants.
+var allRestoreStrategies = append(slices.Clone(restoreStrategies), guestStrategies...)
+
+// restartName names a restore strategy's restart for the report.
+func restartName(strategy string) string {
+	return map[string]string{
+		stratRestoreTerm: "SIGTERM", stratRestoreKill: "kill -9",
+		stratGuestTerm: "guest+policy, SIGTERM", stratGuestKill: "guest+policy, kill -9",
+	}[strategy]
+}
 
 // Results is everything the benchmark measured; it is written as
 // results.json. Parts measured in different runs (-merge) each say when
@@ -101,6 +118,11 @@ type Settings struct {
 	PoolSize     int     `json:"poolSize"`
 	SlotIndices  int     `json:"slotIndices"`
 	SettleMs     float64 `json:"settleMs"`
+	// GuestFlags are the daemon's flags in the restore part's guest+policy
+	// variant and GuestPolicies the policies its leases carry ("": the
+	// variant did not run).
+	GuestFlags    string `json:"guestFlags,omitempty"`
+	GuestPolicies string `json:"guestPolicies,omitempty"`
 }
 
 // Point is one strategy at one N: its runs and their summaries.
@@ -120,6 +142,7 @@ type Point struct {
 	DeadGoneMs     Summary `json:"deadGoneMs"`
 	AfterServingMs Summary `json:"deadGoneAfterServingMs"`
 	VerifiedMs     Summary `json:"verifiedMs"`
+	InsideMs       Summary `json:"insideVerifiedMs"`
 	ReclaimMs      Summary `json:"reclaimMs"`
 	RatePerS       Summary `json:"reclaimRatePerS"`
 	StopMs         Summary `json:"stopMs"`
@@ -170,6 +193,21 @@ type Run struct {
 	FailedStarts []string `json:"failedStarts,omitempty"`
 	// NoStart: every start attempt failed; the run has no times.
 	NoStart bool `json:"noStart,omitempty"`
+
+	// The guest+policy variant, after its lease verification: exec → the
+	// background check of the slots' insides (verify-inside) done, and
+	// what it repaired; the leases whose policy List shows as it was
+	// acquired (PoliciesKept of PoliciesChecked); the sampled namespaces
+	// whose tables, rules and tap are the same kernel objects as before
+	// the restarts (InsideKept of InsideSampled).
+	InsideVerifiedMs float64 `json:"insideVerifiedMs,omitempty"`
+	InsideRepaired   int     `json:"insideRepaired,omitempty"`
+	PoliciesChecked  int     `json:"policiesChecked,omitempty"`
+	PoliciesKept     int     `json:"policiesKept,omitempty"`
+	InsideSampled    int     `json:"insideSampled,omitempty"`
+	InsideKept       int     `json:"insideKept,omitempty"`
+	// PolicyDiffs are the first differences found, for the report.
+	PolicyDiffs []string `json:"policyDiffs,omitempty"`
 }
 
 // PhaseSpan is one phase (or background task) of a start, in ms from the
@@ -191,7 +229,10 @@ type Extrapolation struct {
 
 // LeaseSetup is how the restore part leased N slots through the API.
 type LeaseSetup struct {
-	N       int     `json:"n"`
+	N int `json:"n"`
+	// Guest: the guest+policy variant (slots with the guest device, each
+	// Acquire with a policy).
+	Guest   bool    `json:"guest,omitempty"`
 	Clients int     `json:"clients"`
 	Ms      float64 `json:"ms"`
 	PerS    float64 `json:"perS"`
@@ -405,7 +446,7 @@ func (r *Results) dropPart(part string) {
 		r.Points = slices.DeleteFunc(r.Points, func(p *Point) bool { return slices.Contains(deadStrategies, p.Strategy) })
 		r.Breakdowns, r.ExecMs = nil, nil
 	case partRestore:
-		r.Points = slices.DeleteFunc(r.Points, func(p *Point) bool { return slices.Contains(restoreStrategies, p.Strategy) })
+		r.Points = slices.DeleteFunc(r.Points, func(p *Point) bool { return slices.Contains(allRestoreStrategies, p.Strategy) })
 		r.Leasing = nil
 	case partLoad:
 		r.Load = nil
@@ -445,6 +486,7 @@ func (p *Point) summarizeRuns() {
 	p.DeadGoneMs = pick(func(r Run) float64 { return r.DeadGoneMs })
 	p.AfterServingMs = pick(func(r Run) float64 { return max(r.DeadGoneMs-r.ServingMs, 0) })
 	p.VerifiedMs = pick(func(r Run) float64 { return r.VerifiedMs })
+	p.InsideMs = pick(func(r Run) float64 { return r.InsideVerifiedMs })
 	p.ReclaimMs = pick(func(r Run) float64 { return r.ReclaimMs })
 	p.RatePerS = pick(func(r Run) float64 { return r.RatePerS })
 	p.StopMs = pick(func(r Run) float64 { return r.StopMs })

@@ -129,7 +129,7 @@ func (r *runner) daemonSlotRate(ctx context.Context, n, callers, rep int) (float
 	if err != nil {
 		return 0, nil, err
 	}
-	b, err := acquireBurst(ctx, d.slotsTarget(), n, callers, slotRateOwner, fmt.Sprintf("slotrate-%d-%d", callers, rep), 0)
+	b, err := acquireBurst(ctx, d.slotsTarget(), n, callers, slotRateOwner, fmt.Sprintf("slotrate-%d-%d", callers, rep), 0, nil)
 	if err != nil {
 		d.kill()
 		return 0, nil, err

@@ -18,6 +18,8 @@ import (
 type leaseRef struct {
 	index   int
 	leaseID string
+	// policy is the egress policy it was acquired with (canonicalPolicy).
+	policy string
 }
 
 // burst is what a burst of Acquire calls did.
@@ -49,12 +51,14 @@ func slotsConn(ctx context.Context, target string) (*grpc.ClientConn, phasegatev
 	return conn, client, nil
 }
 
-// acquireBurst makes n Acquire calls (owner, request ids reqPrefix-k) to
-// the Slots API at target from clients concurrent callers over one
-// connection, as fast as they are
-// answered. A call that fails is retried with its request id up to retries
-// times (the API makes that idempotent) and otherwise counted as an error.
-func acquireBurst(ctx context.Context, target string, n, clients int, owner, reqPrefix string, retries int) (burst, error) {
+// acquireBurst makes n Acquire calls (owner, request ids reqPrefix-k, the
+// egress policy policy(k) when policy is not nil) to the Slots API at
+// target from clients concurrent callers over one connection, as fast as
+// they are answered. A call that fails is retried with its request id up
+// to retries times (the API makes that idempotent) and otherwise counted
+// as an error.
+func acquireBurst(ctx context.Context, target string, n, clients int, owner, reqPrefix string, retries int,
+	policy func(k int) *phasegatev1.EgressPolicy) (burst, error) {
 	var b burst
 	conn, client, err := slotsConn(ctx, target)
 	if err != nil {
@@ -75,6 +79,9 @@ func acquireBurst(ctx context.Context, target string, n, clients int, owner, req
 					return
 				}
 				req := &phasegatev1.AcquireRequest{Owner: owner, RequestId: fmt.Sprintf("%s-%d", reqPrefix, k)}
+				if policy != nil {
+					req.EgressPolicy = policy(k)
+				}
 				var (
 					resp *phasegatev1.AcquireResponse
 					err  error
@@ -98,7 +105,8 @@ func acquireBurst(ctx context.Context, target string, n, clients int, owner, req
 					}
 				} else {
 					b.lat = append(b.lat, took)
-					b.leases = append(b.leases, leaseRef{index: int(resp.GetSlot().GetIndex()), leaseID: resp.GetLeaseId()})
+					b.leases = append(b.leases, leaseRef{index: int(resp.GetSlot().GetIndex()), leaseID: resp.GetLeaseId(),
+						policy: canonicalPolicy(req.GetEgressPolicy())})
 				}
 				mu.Unlock()
 			}
@@ -114,34 +122,54 @@ func acquireBurst(ctx context.Context, target string, n, clients int, owner, req
 
 // listAcquired counts the slots the API at target lists ACQUIRED by owner.
 func listAcquired(ctx context.Context, target, owner string) (int, error) {
+	slots, err := listOwned(ctx, target, owner)
+	return countAcquired(slots), err
+}
+
+// countAcquired counts the slots in the ACQUIRED state.
+func countAcquired(slots []*phasegatev1.Slot) int {
+	n := 0
+	for _, s := range slots {
+		if s.GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED {
+			n++
+		}
+	}
+	return n
+}
+
+// listOwned returns the slots the API at target lists with owner, in any
+// state.
+func listOwned(ctx context.Context, target, owner string) ([]*phasegatev1.Slot, error) {
 	conn, client, err := slotsConn(ctx, target)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer conn.Close()
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	resp, err := client.List(cctx, &phasegatev1.ListRequest{})
 	if err != nil {
-		return 0, fmt.Errorf("Slots.List: %w", err)
+		return nil, fmt.Errorf("Slots.List: %w", err)
 	}
-	n := 0
+	var out []*phasegatev1.Slot
 	for _, s := range resp.GetSlots() {
-		if s.GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED && s.GetOwner() == owner {
-			n++
+		if s.GetOwner() == owner {
+			out = append(out, s)
 		}
 	}
-	return n, nil
+	return out, nil
 }
 
 // leaseSlots leases n slots to owner with the restore part's concurrency
-// and retries; every call must succeed.
-func (r *runner) leaseSlots(ctx context.Context, target string, n int, owner string) ([]int, LeaseSetup, error) {
+// and retries, the k-th with the egress policy policy(k) (policy nil:
+// none); every call must succeed.
+func (r *runner) leaseSlots(ctx context.Context, target string, n int, owner string,
+	policy func(k int) *phasegatev1.EgressPolicy) ([]leaseRef, LeaseSetup, error) {
 	setup := LeaseSetup{N: n, Clients: r.o.leaseClients}
 	if n == 0 {
 		return nil, setup, nil
 	}
-	b, err := acquireBurst(ctx, target, n, r.o.leaseClients, owner, owner, 3)
+	b, err := acquireBurst(ctx, target, n, r.o.leaseClients, owner, owner, 3, policy)
 	if err != nil {
 		return nil, setup, err
 	}
@@ -149,14 +177,21 @@ func (r *runner) leaseSlots(ctx context.Context, target string, n int, owner str
 		return nil, setup, fmt.Errorf("leasing %d slots: %d Acquire calls failed (first: %s)", n, b.errors, b.firstErr)
 	}
 	seen := map[int]bool{}
-	indices := make([]int, 0, n)
 	for _, l := range b.leases {
 		if seen[l.index] || l.leaseID == "" {
 			return nil, setup, errors.New("leasing: a slot was handed out twice, or without a lease id")
 		}
 		seen[l.index] = true
-		indices = append(indices, l.index)
 	}
 	setup.Ms, setup.PerS = ms(b.elapsed), float64(n)/b.elapsed.Seconds()
-	return indices, setup, nil
+	return b.leases, setup, nil
+}
+
+// indicesOf returns the leases' slot indices.
+func indicesOf(leases []leaseRef) []int {
+	out := make([]int, len(leases))
+	for i, l := range leases {
+		out[i] = l.index
+	}
+	return out
 }

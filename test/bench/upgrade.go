@@ -74,10 +74,11 @@ func (r *runner) measureUpgrade(ctx context.Context) error {
 	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
 		return err
 	}
-	indices, _, err := r.leaseSlots(ctx, d.slotsTarget(), r.o.upLeases, leaseOwner)
+	leases, _, err := r.leaseSlots(ctx, d.slotsTarget(), r.o.upLeases, leaseOwner, nil)
 	if err != nil {
 		return err
 	}
+	indices := indicesOf(leases)
 	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
 		return err
 	}
