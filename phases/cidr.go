@@ -109,12 +109,13 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 // address or a route of the host other than the daemon's own slots' (a
 // *cidrInUseError: the daemon exits 2). It runs with the CIDR lock held
 // and before anything on the host is changed; not after an upgrade (see
-// claimCIDR).
+// claimCIDR). Both ranges are checked from one read of the host's tables
+// (slot.Config.HostUses).
 func (d *Daemon) checkHostCIDR() error {
 	if !d.checkHost {
 		return nil
 	}
-	uses, err := d.cfg.Slots.ForeignUses()
+	uses, guest, err := d.cfg.Slots.HostUses()
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
@@ -123,8 +124,8 @@ func (d *Daemon) checkHostCIDR() error {
 		return lifecycle.Permanent(&cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
 			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"})
 	}
-	if err := d.checkGuestRange(); err != nil {
-		return lifecycle.Permanent(err)
+	if len(guest) > 0 {
+		return lifecycle.Permanent(d.guestRangeRefused(guest))
 	}
 	return nil
 }
@@ -138,13 +139,9 @@ func describeUses(uses []slot.HostUse) string {
 	return strings.Join(s, ", ")
 }
 
-// checkGuestRange refuses a guest network that overlaps the host's own
-// addresses or routes.
-func (d *Daemon) checkGuestRange() error {
-	uses, err := d.cfg.Slots.GuestUses()
-	if err != nil || len(uses) == 0 {
-		return err
-	}
+// guestRangeRefused logs and returns the refusal of a guest network that
+// overlaps the host's own addresses or routes (uses).
+func (d *Daemon) guestRangeRefused(uses []slot.HostUse) error {
 	r := d.cfg.Slots.Guest.Range().String()
 	d.log.Error("guest network refused: the host already uses addresses in it", "range", r, "uses", describeUses(uses))
 	return &cidrInUseError{What: "the guest network " + r + " (--slot-guest-addr)", Uses: uses,

@@ -75,17 +75,6 @@ func (g Guest) validate() []string {
 	return bad
 }
 
-// GuestUses returns the host's addresses and routes that overlap the guest
-// network (none without a guest device): the daemon refuses to start on
-// them, as the same addresses then mean the host's network and every
-// slot's guest.
-func (c Config) GuestUses() ([]HostUse, error) {
-	if !c.Guest.Enabled() {
-		return nil, nil
-	}
-	return c.usesOf(c.Guest.Range())
-}
-
 // TapMAC is slot i's tap MAC: locally administered, unicast, 02:70 then
 // the index in 4 bytes. It is the gateway's MAC the guest resolves; one
 // per slot, so that a capture or a neighbour table names the slot. The

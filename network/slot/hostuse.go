@@ -80,17 +80,43 @@ func retryDump(budget time.Duration, dump func() error, interrupted func(error) 
 // from a more specific slot route. Its cost is two dumps read in place
 // (ribdump.go) and one ioctl per link that holds an address or a route in
 // c.CIDR.
-func (c Config) ForeignUses() ([]HostUse, error) { return c.usesOf(c.CIDR) }
+func (c Config) ForeignUses() ([]HostUse, error) {
+	uses, err := c.usesIn(c.CIDR)
+	if err != nil {
+		return nil, err
+	}
+	return uses[0], nil
+}
 
-// usesOf returns the host's IPv4 addresses and routes that overlap cidr
-// and are not on c's own host links (a default route left out).
-func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
+// HostUses returns ForeignUses and, with a guest device, the host's
+// addresses and routes that overlap the guest network (none without one):
+// the daemon refuses to start on them, as the same addresses would then
+// mean the host's network and every slot's guest. Both come from one walk
+// of the host's addresses and routes: on a host with thousands of other
+// slots each dump is thousands of entries, and is interrupted (and read
+// again) by every change another daemon makes meanwhile.
+func (c Config) HostUses() (slots, guest []HostUse, err error) {
+	if !c.Guest.Enabled() {
+		slots, err = c.ForeignUses()
+		return slots, nil, err
+	}
+	uses, err := c.usesIn(c.CIDR, c.Guest.Range())
+	if err != nil {
+		return nil, nil, err
+	}
+	return uses[0], uses[1], nil
+}
+
+// usesIn returns, for each of cidrs, the host's IPv4 addresses and routes
+// that overlap it and are not on c's own host links (a default route left
+// out), from one address dump and one route dump.
+func (c Config) usesIn(cidrs ...netip.Prefix) ([][]HostUse, error) {
 	probe, err := newLinkProbe()
 	if err != nil {
 		return nil, err
 	}
 	defer probe.close()
-	w := &useWalk{cfg: c, cidr: cidr, probe: probe, names: map[uint32]linkName{}}
+	w := &useWalk{cfg: c, cidrs: cidrs, uses: make([][]HostUse, len(cidrs)), probe: probe, names: map[uint32]linkName{}}
 	if err := w.dump(unix.RTM_GETADDR, make([]byte, unix.SizeofIfAddrmsg), w.addr); err != nil {
 		return nil, fmt.Errorf("slot: list host addresses: %w", err)
 	}
@@ -100,25 +126,27 @@ func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
 	}
 	// Addresses first, then the most specific: what names the other
 	// device best.
-	slices.SortStableFunc(w.uses, func(a, b HostUse) int {
-		if a.Route != b.Route {
-			if a.Route {
-				return 1
+	for _, uses := range w.uses {
+		slices.SortStableFunc(uses, func(a, b HostUse) int {
+			if a.Route != b.Route {
+				if a.Route {
+					return 1
+				}
+				return -1
 			}
-			return -1
-		}
-		return b.Prefix.Bits() - a.Prefix.Bits()
-	})
+			return b.Prefix.Bits() - a.Prefix.Bits()
+		})
+	}
 	return w.uses, nil
 }
 
 // useWalk gathers the foreign uses from the dumps' messages.
 type useWalk struct {
 	cfg   Config
-	cidr  netip.Prefix // what a use overlaps
+	cidrs []netip.Prefix // what a use overlaps
 	probe *linkProbe
 	names map[uint32]linkName // by link index, asked once each
-	uses  []HostUse
+	uses  [][]HostUse         // by cidr
 }
 
 // linkName is a link's name and whether it is one of the configuration's
@@ -132,10 +160,40 @@ type linkName struct {
 // interrupts it: what an interrupted try added is dropped.
 func (w *useWalk) dump(req uint16, hdr []byte, f func(ribMsg)) error {
 	hdr[0] = unix.AF_INET
-	keep := len(w.uses)
+	keep := make([]int, len(w.uses))
+	for i, u := range w.uses {
+		keep[i] = len(u)
+	}
 	return retryDump(dumpBudget, func() error { return ribDump(req, hdr, f) },
 		func(err error) bool { return errors.Is(err, errDumpInterrupted) },
-		func() { w.uses = w.uses[:keep] })
+		func() {
+			for i := range w.uses {
+				w.uses[i] = w.uses[i][:keep[i]]
+			}
+		})
+}
+
+// add records use u, on the link with index link (0: none), under every
+// cidr it overlaps, unless the link is one of c's own. The link is named
+// only for a use that overlaps one: one ioctl per such link.
+func (w *useWalk) add(u HostUse, link uint32) {
+	var in []int
+	for i, c := range w.cidrs {
+		if u.Prefix.Overlaps(c) {
+			in = append(in, i)
+		}
+	}
+	if len(in) == 0 {
+		return
+	}
+	l := w.link(link)
+	if l.own {
+		return
+	}
+	u.Dev = l.name
+	for _, i := range in {
+		w.uses[i] = append(w.uses[i], u)
+	}
 }
 
 // hostAddrList dumps the host's IPv4 addresses through the library (for
@@ -175,17 +233,12 @@ func (w *useWalk) addr(m ribMsg) {
 	if m.typ != unix.RTM_NEWADDR || m.body[0] != unix.AF_INET {
 		return
 	}
-	l := w.link(binary.NativeEndian.Uint32(m.body[4:8]))
-	if l.own {
-		return
-	}
 	a := m.attr(unix.IFA_LOCAL)
 	if a == nil {
 		a = m.attr(unix.IFA_ADDRESS)
 	}
-	p, ok := prefix4(a, m.body[1])
-	if ok && p.Overlaps(w.cidr) {
-		w.uses = append(w.uses, HostUse{Prefix: p, Dev: l.name})
+	if p, ok := prefix4(a, m.body[1]); ok {
+		w.add(HostUse{Prefix: p}, binary.NativeEndian.Uint32(m.body[4:8]))
 	}
 }
 
@@ -197,21 +250,19 @@ func (w *useWalk) route(m ribMsg) {
 	if m.typ != unix.RTM_NEWROUTE || m.body[0] != unix.AF_INET || m.body[1] == 0 {
 		return // the default route overlaps everything and takes nothing
 	}
-	var l linkName
+	var link uint32
 	if oif := m.attr(unix.RTA_OIF); len(oif) == 4 {
-		if l = w.link(binary.NativeEndian.Uint32(oif)); l.own {
-			return
-		}
+		link = binary.NativeEndian.Uint32(oif)
 	}
 	p, ok := prefix4(m.attr(unix.RTA_DST), m.body[1])
-	if !ok || !p.Overlaps(w.cidr) {
+	if !ok {
 		return
 	}
 	table := int(m.body[4])
 	if t := m.attr(unix.RTA_TABLE); len(t) == 4 {
 		table = int(binary.NativeEndian.Uint32(t))
 	}
-	w.uses = append(w.uses, HostUse{Route: true, Prefix: p, Dev: l.name, Table: table})
+	w.add(HostUse{Route: true, Prefix: p, Table: table}, link)
 }
 
 // prefix4 is the IPv4 address a with prefix length bits, keeping its

@@ -190,3 +190,76 @@ func TestRoutedAlready(t *testing.T) {
 		}
 	})
 }
+
+// HostUses reads the slot CIDR's and the guest network's uses in one walk:
+// each range gets what overlaps it, and only that; without a guest device
+// the guest's list is empty whatever the host has.
+func TestHostUses(t *testing.T) {
+	guest := Guest{Tap: "tap0", Addr: netip.MustParsePrefix("10.77.0.21/30"), Gateway: netip.MustParseAddr("10.77.0.22")}
+	slots := netip.MustParsePrefix("10.90.0.0/24")
+	for _, tc := range []struct {
+		name         string
+		guest        Guest
+		addrs        []string
+		wantSlots    []string
+		wantGuest    []string
+		wantNoGuests bool
+	}{
+		{"nothing in either", guest, []string{"10.91.0.1/24"}, nil, nil, false},
+		{"in the slot CIDR only", guest, []string{"10.90.0.200/24"},
+			[]string{"address 10.90.0.200/24 dev uplink0", "route 10.90.0.0/24 dev uplink0"}, nil, false},
+		{"in the guest network only", guest, []string{"10.77.0.21/30"},
+			nil, []string{"address 10.77.0.21/30 dev uplink0", "route 10.77.0.20/30 dev uplink0"}, false},
+		{"in both", guest, []string{"10.90.0.200/24", "10.77.0.1/24"},
+			[]string{"address 10.90.0.200/24 dev uplink0", "route 10.90.0.0/24 dev uplink0"},
+			[]string{"address 10.77.0.1/24 dev uplink0", "route 10.77.0.0/24 dev uplink0"}, false},
+		{"no guest device", Guest{}, []string{"10.77.0.21/30"}, nil, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Config{Prefix: "fu-", NetnsDir: "/run/netns", Slots: 8, CIDR: slots, Guest: tc.guest}
+			inFreshNetns(t, func() {
+				l := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink0"}, PeerName: "peer0"}
+				if err := netlink.LinkAdd(l); err != nil {
+					t.Errorf("add uplink0: %v", err)
+					return
+				}
+				for _, a := range tc.addrs {
+					if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix(a))}); err != nil {
+						t.Errorf("address %s: %v", a, err)
+						return
+					}
+				}
+				if err := netlink.LinkSetUp(l); err != nil {
+					t.Errorf("up: %v", err)
+					return
+				}
+				su, gu, err := c.HostUses()
+				if err != nil {
+					t.Errorf("HostUses: %v", err)
+					return
+				}
+				if got := mainTable(su); !slices.Equal(got, tc.wantSlots) {
+					t.Errorf("slot CIDR's uses = %q, want %q", got, tc.wantSlots)
+				}
+				if got := mainTable(gu); !slices.Equal(got, tc.wantGuest) {
+					t.Errorf("guest network's uses = %q, want %q", got, tc.wantGuest)
+				}
+				if tc.wantNoGuests && gu != nil {
+					t.Errorf("guest uses %v without a guest device", gu)
+				}
+			})
+		})
+	}
+}
+
+// mainTable renders uses but the local table's (the kernel's entries for
+// the same addresses).
+func mainTable(uses []HostUse) []string {
+	var out []string
+	for _, u := range uses {
+		if u.Table != unix.RT_TABLE_LOCAL {
+			out = append(out, u.String())
+		}
+	}
+	return out
+}

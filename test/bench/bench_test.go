@@ -3,12 +3,16 @@ package main
 import (
 	"fmt"
 	"image/png"
+	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
 
 // TestSmoke builds the benchmark, runs every part as a user would with
@@ -84,6 +88,21 @@ func TestSmoke(t *testing.T) {
 		}
 		if r := p.Runs[0]; r.Restored != 20 || r.Listed != 20 || r.Destroyed != 0 || r.ServingMs <= 0 {
 			t.Errorf("%s at N=20: %+v, want 20 restored and listed, 0 destroyed", s, r)
+		}
+	}
+	for _, s := range guestStrategies {
+		p := res.find(s, 20)
+		if !p.measured() {
+			t.Errorf("results.json: no runs of %s at N=20", s)
+			continue
+		}
+		r := p.Runs[0]
+		if r.Restored != 20 || r.Listed != 20 || r.Destroyed != 0 || r.ServingMs <= 0 || r.InsideVerifiedMs <= 0 {
+			t.Errorf("%s at N=20: %+v, want 20 restored and listed, 0 destroyed, verify-inside's end", s, r)
+		}
+		if r.PoliciesChecked != 20 || r.PoliciesKept != 20 || r.InsideSampled != guestSample || r.InsideKept != guestSample || r.InsideRepaired != 0 {
+			t.Errorf("%s at N=20: policies %d/%d, samples %d/%d, repaired %d; want every one kept, nothing repaired (%q)",
+				s, r.PoliciesKept, r.PoliciesChecked, r.InsideKept, r.InsideSampled, r.InsideRepaired, r.PolicyDiffs)
 		}
 	}
 	if l := res.Load; l == nil || len(l.Runs) != 1 || len(l.Runs[0].Series) == 0 {
@@ -300,12 +319,21 @@ func TestDropPart(t *testing.T) {
 	res := &Results{Parts: map[string]*Part{partDead: {}, partRestore: {}}, Load: &LoadResult{}}
 	res.point(stratBackground, 10).Runs = []Run{{}}
 	res.point(stratRestoreKill, 10).Runs = []Run{{}}
+	res.point(stratGuestKill, 10).Runs = []Run{{}}
+	res.Leasing = []LeaseSetup{{N: 10, Guest: true}}
 	res.dropPart(partDead)
 	if res.find(stratBackground, 10) != nil || !res.find(stratRestoreKill, 10).measured() || res.Load == nil {
 		t.Errorf("after dropping part dead: %+v", res.Points)
 	}
 	if _, ok := res.Parts[partDead]; ok || res.Parts[partRestore] == nil {
 		t.Errorf("parts after the drop: %v", res.Parts)
+	}
+	if !res.find(stratGuestKill, 10).measured() {
+		t.Error("dropping part dead dropped the guest+policy restore")
+	}
+	res.dropPart(partRestore)
+	if res.find(stratRestoreKill, 10) != nil || res.find(stratGuestKill, 10) != nil || res.Leasing != nil {
+		t.Errorf("after dropping part restore: %+v, leasing %+v", res.Points, res.Leasing)
 	}
 }
 
@@ -333,5 +361,191 @@ func TestSlotRateGoal(t *testing.T) {
 				t.Errorf("status %q (%s; %s), want %q", g.Status, g.Measured, g.Note, tt.want)
 			}
 		})
+	}
+}
+
+// TestGuestOptions: -restore-guest is on by default, -guest-addr must
+// leave room for the tap's address and stay out of -cidr, and is checked
+// only when the restore part runs.
+func TestGuestOptions(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		args  []string
+		guest bool
+		err   bool
+	}{
+		{"defaults", nil, true, false},
+		{"off", []string{"-restore-guest=false"}, false, false},
+		{"README's guest network outside -cidr", []string{"-guest-addr", "169.254.0.21/30", "-cidr", "169.254.128.0/17"}, true, false},
+		{"inside -cidr", []string{"-guest-addr", "169.254.0.21/30"}, true, true},
+		{"inside -cidr, restore not run", []string{"-guest-addr", "169.254.0.21/30", "-parts", "dead"}, true, false},
+		{"inside -cidr, variant off", []string{"-guest-addr", "169.254.0.21/30", "-restore-guest=false"}, false, false},
+		{"the tap would be the broadcast", []string{"-guest-addr", "10.9.0.22/30"}, true, true},
+		{"the network's own address", []string{"-guest-addr", "10.9.0.20/30"}, true, true},
+		{"a /31", []string{"-guest-addr", "10.9.0.20/31"}, true, true},
+		{"IPv6", []string{"-guest-addr", "fd00::21/126"}, true, true},
+		{"not a prefix", []string{"-guest-addr", "10.9.0.21"}, true, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseOptions(tt.args, io.Discard)
+			if (err != nil) != tt.err {
+				t.Fatalf("parseOptions(%q): error %v, want error %v", tt.args, err, tt.err)
+			}
+			if err == nil && o.restoreGuest != tt.guest {
+				t.Errorf("restoreGuest = %v, want %v", o.restoreGuest, tt.guest)
+			}
+		})
+	}
+}
+
+// TestGuestArgs: the daemon gets the guest profile with the tap at the
+// address after the guest's, and a proxy port it lets slots reach.
+func TestGuestArgs(t *testing.T) {
+	got := strings.Join(guestArgs(netip.MustParsePrefix("169.254.0.21/30")), " ")
+	for _, want := range []string{"--slot-guest-tap=tap0", "--slot-guest-addr=169.254.0.21/30", "--slot-guest-gateway=169.254.0.22",
+		"--slot-egress-proxy-port=3128", "--slot-host-tcp-ports=3128"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("guestArgs = %q, lacks %q", got, want)
+		}
+	}
+}
+
+// TestGuestPolicy: the mix the report states — deny_all every 8th lease,
+// redirect_tcp every 4th offset by one, never both, and per-lease CIDRs
+// that differ between leases and that the daemon's rules accept (IPv4,
+// no host bits, no overlap within a list).
+func TestGuestPolicy(t *testing.T) {
+	denyAll, redirect := 0, 0
+	seen := map[string]bool{}
+	for k := 1; k <= 64; k++ {
+		p := guestPolicy(k)
+		if p.GetDenyAll() {
+			denyAll++
+			if p.GetRedirectTcp() || len(p.GetAllow())+len(p.GetDeny()) > 0 {
+				t.Errorf("lease %d: deny_all with more: %v", k, p)
+			}
+			continue
+		}
+		if p.GetRedirectTcp() {
+			redirect++
+		}
+		seen[canonicalPolicy(p)] = true
+		for _, list := range [][]string{p.GetAllow(), p.GetDeny()} {
+			var ps []netip.Prefix
+			for _, s := range list {
+				pr, err := netip.ParsePrefix(s)
+				if err != nil || pr.Masked() != pr || !pr.Addr().Is4() {
+					t.Fatalf("lease %d: %q is not an IPv4 CIDR without host bits", k, s)
+				}
+				for _, q := range ps {
+					if q.Overlaps(pr) {
+						t.Errorf("lease %d: %s overlaps %s", k, q, pr)
+					}
+				}
+				ps = append(ps, pr)
+			}
+		}
+	}
+	if denyAll != 64/guestDenyAllEvery || redirect != 64/guestRedirectEvery {
+		t.Errorf("%d deny_all and %d redirect_tcp in 64 leases", denyAll, redirect)
+	}
+	if len(seen) != 64-denyAll {
+		t.Errorf("%d distinct policies in %d leases without deny_all", len(seen), 64-denyAll)
+	}
+}
+
+// TestPolicyMismatches: the same policy in another spelling or order is
+// kept; a changed, dropped or unlisted one is reported, and slots of other
+// leases are not counted.
+func TestPolicyMismatches(t *testing.T) {
+	slot := func(i int, p *phasegatev1.EgressPolicy) *phasegatev1.Slot {
+		return &phasegatev1.Slot{Index: uint32(i), EgressPolicy: p}
+	}
+	want := map[int]string{
+		1: canonicalPolicy(&phasegatev1.EgressPolicy{Allow: []string{"8.8.8.0/24", "1.1.1.1/32"}, Deny: []string{"52.0.0.0/11"}}),
+		2: canonicalPolicy(&phasegatev1.EgressPolicy{DenyAll: true}),
+		3: canonicalPolicy(&phasegatev1.EgressPolicy{Allow: []string{"1.1.1.1/32"}, RedirectTcp: true}),
+		4: canonicalPolicy(&phasegatev1.EgressPolicy{Allow: []string{"1.1.1.1/32"}}),
+	}
+	got := []*phasegatev1.Slot{
+		slot(1, &phasegatev1.EgressPolicy{Allow: []string{"1.1.1.1", "8.8.8.0/24"}, Deny: []string{"52.0.0.0/11"}}), // kept
+		slot(2, &phasegatev1.EgressPolicy{DenyAll: false}),                                                          // changed
+		slot(3, &phasegatev1.EgressPolicy{Allow: []string{"1.1.1.1/32"}}),                                           // redirect lost
+		slot(9, nil), // not one of ours
+	}
+	checked, bad := policyMismatches(got, want)
+	if checked != 3 {
+		t.Errorf("checked %d, want 3", checked)
+	}
+	if len(bad) != 3 || !strings.HasPrefix(bad[0], "slot 2:") || !strings.HasPrefix(bad[1], "slot 3:") || bad[2] != "slot 4: not listed" {
+		t.Errorf("mismatches %q, want slots 2 and 3 changed and 4 not listed", bad)
+	}
+	if _, bad := policyMismatches(got[:1], map[int]string{1: want[1]}); len(bad) != 0 {
+		t.Errorf("the same policy respelled: %q", bad)
+	}
+}
+
+// TestSampleIndices spreads the sample over the leases and keeps all of
+// a short list.
+func TestSampleIndices(t *testing.T) {
+	all := make([]int, 100)
+	for i := range all {
+		all[i] = i + 1
+	}
+	if got := fmt.Sprint(sampleIndices(all, 4)); got != "[1 26 51 76]" {
+		t.Errorf("sample of 100 = %s", got)
+	}
+	if got := fmt.Sprint(sampleIndices(all[:3], 16)); got != "[1 2 3]" {
+		t.Errorf("sample of 3 = %s", got)
+	}
+}
+
+// The guest goals: met only when SERVING, restored, lost and destroyed
+// meet the restore goal and every policy and sample was kept with nothing
+// repaired; not measured without the variant.
+func TestGuestGoals(t *testing.T) {
+	good := Run{ServingMs: 120, Restored: 1000, Listed: 1000, PoliciesChecked: 1000, PoliciesKept: 1000, InsideSampled: guestSample, InsideKept: guestSample}
+	tests := []struct {
+		name            string
+		run             func(Run) Run
+		restore, policy string
+	}{
+		{"all kept", func(r Run) Run { return r }, goalMet, goalMet},
+		{"slow", func(r Run) Run { r.ServingMs = 250; return r }, goalMissed, goalMet},
+		{"a lease lost", func(r Run) Run { r.Restored, r.Lost = 999, 1; return r }, goalMissed, goalMet},
+		{"a slot destroyed", func(r Run) Run { r.Destroyed = 1; return r }, goalMissed, goalMet},
+		{"a policy changed", func(r Run) Run { r.PoliciesKept = 999; r.PolicyDiffs = []string{"slot 7: …"}; return r }, goalMet, goalMissed},
+		{"a sample rewritten", func(r Run) Run { r.InsideKept = guestSample - 1; return r }, goalMet, goalMissed},
+		{"nothing sampled", func(r Run) Run { r.InsideSampled, r.InsideKept = 0, 0; return r }, goalMet, goalMissed},
+		{"the daemon repaired one", func(r Run) Run { r.InsideRepaired = 1; return r }, goalMet, goalMissed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := &Results{}
+			res.point(stratRestoreTerm, 1000).Runs = []Run{{ServingMs: 60, Restored: 1000, Listed: 1000}}
+			res.point(stratGuestTerm, 1000).Runs = []Run{tt.run(good)}
+			res.point(stratGuestKill, 1000).Runs = []Run{good}
+			res.evaluate()
+			if g := guestRestoreGoal(res); g.Status != tt.restore {
+				t.Errorf("restore goal %q (%s; %s), want %q", g.Status, g.Measured, g.Note, tt.restore)
+			}
+			if g := policiesGoal(res); g.Status != tt.policy {
+				t.Errorf("policies goal %q (%s; %s), want %q", g.Status, g.Measured, g.Note, tt.policy)
+			}
+			// The plain goal is the plain variant's alone.
+			if g := restoreGoal(res); g.Status != goalMet {
+				t.Errorf("plain restore goal %q (%s; %s)", g.Status, g.Measured, g.Note)
+			}
+		})
+	}
+	if g, p := guestRestoreGoal(&Results{}), policiesGoal(&Results{}); g.Status != goalNotMeasured || p.Status != goalNotMeasured {
+		t.Errorf("without the variant: %q and %q", g.Status, p.Status)
+	}
+	res := &Results{}
+	res.point(stratRestoreTerm, 1000).Runs = []Run{{ServingMs: 60, Restored: 1000, Listed: 1000}}
+	res.point(stratGuestTerm, 1000).Runs = []Run{{ServingMs: 120, Restored: 1000, Listed: 1000}}
+	res.evaluate()
+	if g := guestRestoreGoal(res); !strings.Contains(g.Measured, "restore-guest-term N=1000: 2.00×") {
+		t.Errorf("no ratio to the plain variant in %q", g.Measured)
 	}
 }
