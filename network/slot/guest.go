@@ -298,15 +298,12 @@ func InspectInside(s *Slot) (inside.Found, error) {
 }
 
 // HostAddrs returns the host's own IPv4 addresses, each as its /32, but
-// those on c's slot links (the slots' gateways, covered by c.CIDR): what
-// an egress policy denies by default, so that a slot cannot reach the
-// host's services by another of its addresses.
+// those in c.CIDR (the slots' gateways, which the always-denied set holds
+// whole): what an egress policy denies by default, so that a slot cannot
+// reach the host's services by another of its addresses. No link is
+// named: on a host with thousands of other daemons' slots that would be
+// an ioctl each, before the daemon serves.
 func (c Config) HostAddrs() ([]netip.Prefix, error) {
-	probe, err := newLinkProbe()
-	if err != nil {
-		return nil, err
-	}
-	defer probe.close()
 	addrs, err := hostAddrList()
 	if err != nil {
 		return nil, err
@@ -314,10 +311,7 @@ func (c Config) HostAddrs() ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, a := range addrs {
 		p, ok := prefixOf(a.IPNet)
-		if !ok {
-			continue
-		}
-		if _, mine := c.CanonicalHostIfIndex(probe.name(a.LinkIndex)); mine {
+		if !ok || c.CIDR.Contains(p.Addr()) {
 			continue
 		}
 		out = append(out, netip.PrefixFrom(p.Addr(), 32))

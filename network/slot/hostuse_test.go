@@ -263,3 +263,41 @@ func mainTable(uses []HostUse) []string {
 	}
 	return out
 }
+
+// HostAddrs gives every host address outside the slot CIDR as its /32 and
+// leaves out what the CIDR holds (the slots' gateways), whatever link it
+// is on.
+func TestHostAddrs(t *testing.T) {
+	c := Config{Prefix: "fu-", NetnsDir: "/run/netns", Slots: 8, CIDR: netip.MustParsePrefix("10.90.0.0/24")}
+	inFreshNetns(t, func() {
+		for _, l := range []struct{ name, addr string }{
+			{"fu-h1", "10.90.0.0/31"},    // a slot's gateway
+			{"uplink0", "10.91.0.1/24"},  // the host's
+			{"uplink0", "192.0.2.7/32"},  // the host's, a second one
+			{"other0", "10.90.0.200/31"}, // in the CIDR on a foreign link: the CIDR covers it
+		} {
+			link, err := netlink.LinkByName(l.name)
+			if err != nil {
+				v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: l.name}, PeerName: l.name + "p"}
+				if err := netlink.LinkAdd(v); err != nil {
+					t.Errorf("add %s: %v", l.name, err)
+					return
+				}
+				link = v
+			}
+			if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix(l.addr))}); err != nil {
+				t.Errorf("address %s on %s: %v", l.addr, l.name, err)
+				return
+			}
+		}
+		got, err := c.HostAddrs()
+		if err != nil {
+			t.Errorf("HostAddrs: %v", err)
+			return
+		}
+		slices.SortFunc(got, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+		if want := []netip.Prefix{netip.MustParsePrefix("10.91.0.1/32"), netip.MustParsePrefix("192.0.2.7/32")}; !slices.Equal(got, want) {
+			t.Errorf("HostAddrs = %v, want %v", got, want)
+		}
+	})
+}
