@@ -530,15 +530,22 @@ type verifiedLine struct {
 // start that restored leases).
 func (d *daemon) verifiedLine(ctx context.Context, k int, timeout time.Duration) (verifiedLine, error) {
 	var v verifiedLine
-	ev, err := d.logs.wait(ctx, msgVerified, k, timeout, d.done)
+	var err error
+	v.at, err = d.logLine(ctx, msgVerified, k, timeout, &v)
+	return v, err
+}
+
+// logLine waits up to timeout for the daemon's k-th line (0-based) kept
+// under key, decodes it into v and returns when it arrived.
+func (d *daemon) logLine(ctx context.Context, key string, k int, timeout time.Duration, v any) (time.Time, error) {
+	ev, err := d.logs.wait(ctx, key, k, timeout, d.done)
 	if err != nil {
-		return v, fmt.Errorf("verified line: %w\n%s", err, d.logs)
+		return time.Time{}, fmt.Errorf("%q line: %w\n%s", key, err, d.logs)
 	}
-	if err := json.Unmarshal([]byte(ev.line), &v); err != nil {
-		return v, fmt.Errorf("verified line %q: %w", ev.line, err)
+	if err := json.Unmarshal([]byte(ev.line), v); err != nil {
+		return time.Time{}, fmt.Errorf("%q line %q: %w", key, ev.line, err)
 	}
-	v.at = ev.at
-	return v, nil
+	return ev.at, nil
 }
 
 // insideLine is the daemon's line that ends verify-inside, the background
@@ -554,15 +561,9 @@ type insideLine struct {
 // start that restored leases with something inside to verify).
 func (d *daemon) insideLine(ctx context.Context, k int, timeout time.Duration) (insideLine, error) {
 	var v insideLine
-	ev, err := d.logs.wait(ctx, msgInside, k, timeout, d.done)
-	if err != nil {
-		return v, fmt.Errorf("inside verified line: %w\n%s", err, d.logs)
-	}
-	if err := json.Unmarshal([]byte(ev.line), &v); err != nil {
-		return v, fmt.Errorf("inside verified line %q: %w", ev.line, err)
-	}
-	v.at = ev.at
-	return v, nil
+	var err error
+	v.at, err = d.logLine(ctx, msgInside, k, timeout, &v)
+	return v, err
 }
 
 // restoreLine returns the daemon's k-th restore line (0-based; one per
