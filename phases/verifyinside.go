@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/slot"
 )
@@ -106,31 +104,18 @@ func (d *Daemon) verifyLease(restored *lease) ([]string, error) {
 // repairAdopted gives the idle slots adopted from the last run the guest
 // device they lack (that run had no --slot-guest-*, or something removed
 // a part), before the pool can hand them out: there are at most a pool's
-// worth, and nothing runs in them. It is on the way to SERVING, so the
-// slots are checked adoptWorkers at a time: each check is a few netlink
-// and nftables round trips in its own namespace, where the kernel takes
-// no lock another namespace's check holds.
+// worth, and nothing runs in them.
 func (d *Daemon) repairAdopted() {
 	if !d.cfg.Slots.Guest.Enabled() {
 		return
 	}
-	var g errgroup.Group
-	g.SetLimit(adoptWorkers)
 	for _, s := range d.plan.adopted {
-		g.Go(func() error {
-			fixed, err := d.mgr.RepairGuest(s)
-			switch {
-			case err != nil:
-				d.log.Error("adopted idle slot: guest device could not be made", "slot", s.Index, "error", err)
-			case len(fixed) > 0:
-				d.log.Info("adopted idle slot: guest device completed", "slot", s.Index, "repaired", strings.Join(fixed, ", "))
-			}
-			return nil
-		})
+		fixed, err := d.mgr.RepairGuest(s)
+		switch {
+		case err != nil:
+			d.log.Error("adopted idle slot: guest device could not be made", "slot", s.Index, "error", err)
+		case len(fixed) > 0:
+			d.log.Info("adopted idle slot: guest device completed", "slot", s.Index, "repaired", strings.Join(fixed, ", "))
+		}
 	}
-	_ = g.Wait() // every slot's outcome is logged
 }
-
-// adoptWorkers bounds the adopted idle slots checked at once at a start
-// with a guest device.
-const adoptWorkers = 4

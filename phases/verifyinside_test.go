@@ -10,10 +10,10 @@ import (
 )
 
 // A start with a guest device gives every adopted idle slot made without
-// one (the last run had no --slot-guest-*) its tap, forwarding and NAT,
-// the slots checked several at a time; a slot not adopted is left alone.
+// one (the last run had no --slot-guest-*) its tap, forwarding and NAT;
+// a slot not adopted is left alone.
 func TestRepairAdopted(t *testing.T) {
-	const adopted = 9 // more than adoptWorkers: slots wait for a worker
+	const adopted = 4
 	cfg, plain, _ := newSlotHost(t, adopted+1)
 	ctx := context.Background()
 	var slots []*slot.Slot
