@@ -108,9 +108,47 @@ type slotsService struct {
 	egress   inside.Defaults // the daemon's part of every egress policy
 	egressMu sync.Mutex      // one SetEgressPolicy at a time
 
-	mu      sync.Mutex
-	leased  map[int]*lease // by index, lost ones included
-	pending map[string]int // Acquires under way, by principal: counted against its quota
+	mu     sync.Mutex
+	leased map[int]*lease // by index, lost ones included
+	// requests indexes leased by the Acquire request that took each lease
+	// (those with a request id), so that a retry is answered without a
+	// read of the store: every lease record is written by this service or
+	// restored into leased at the start, and its owner and request id
+	// never change while it is held.
+	requests map[leaseRequest]*lease
+	pending  map[string]int // Acquires under way, by principal: counted against its quota
+}
+
+// leaseRequest is the Acquire request a lease answers: the owner and the
+// client's request id.
+type leaseRequest struct{ owner, id string }
+
+// requestOf returns the request rec holds; ok is false for a lease taken
+// without a request id (not idempotent, not indexed).
+func requestOf(rec leases.Record) (leaseRequest, bool) {
+	return leaseRequest{rec.Owner, rec.RequestID}, rec.RequestID != ""
+}
+
+// hold adds l to leased and requests. Call with s.mu held.
+func (s *slotsService) hold(l *lease) {
+	s.leased[l.rec.Index] = l
+	if rq, ok := requestOf(l.rec); ok {
+		s.requests[rq] = l
+	}
+}
+
+// unhold removes the lease of slot i from leased and requests, and
+// returns it (nil if none). Call with s.mu held.
+func (s *slotsService) unhold(i int) *lease {
+	l := s.leased[i]
+	if l == nil {
+		return nil
+	}
+	delete(s.leased, i)
+	if rq, ok := requestOf(l.rec); ok && s.requests[rq] == l {
+		delete(s.requests, rq)
+	}
+	return l
 }
 
 // LeaseStore is what the Slots service needs of the durable records: the
@@ -118,7 +156,8 @@ type slotsService struct {
 // request another slot's lease holds with *leases.DuplicateRequestError,
 // and a full filesystem with leases.ErrNoSpace; Update refuses a missing
 // record with leases.ErrNotFound, and deletes it when fn returns
-// leases.ErrRemove; ByRequest finds only leased records).
+// leases.ErrRemove). A retried Acquire is found in the service's own
+// leases, not in the store.
 //
 // It is exported, with [NewSlotsServer], for the benchmark alone
 // (test/bench): its in-memory baseline is this service over a store in a
@@ -126,7 +165,6 @@ type slotsService struct {
 type LeaseStore interface {
 	Put(ctx context.Context, recs ...leases.Record) error
 	Update(ctx context.Context, index int, fn func(*leases.Record) error) (leases.Record, error)
-	ByRequest(owner, requestID string) (rec leases.Record, ok bool, err error)
 }
 
 var _ LeaseStore = (*leases.Store)(nil)
@@ -155,9 +193,9 @@ type leaseEvents func(event string, n int)
 func newSlotsService(cfg slot.Config, pl *pool.Pool, store LeaseStore, restored []*lease,
 	log *slog.Logger, tracer trace.Tracer, events leaseEvents, verifier leaseVerifier) *slotsService {
 	s := &slotsService{cfg: cfg, pool: pl, store: store, log: log, tracer: tracer, events: events, verifier: verifier,
-		leased: map[int]*lease{}, pending: map[string]int{}}
+		leased: map[int]*lease{}, requests: map[leaseRequest]*lease{}, pending: map[string]int{}}
 	for _, l := range restored {
-		s.leased[l.rec.Index] = l
+		s.hold(l)
 	}
 	return s
 }
@@ -273,9 +311,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration, pol *inside.Policy) (acquired, error) {
 	principal := c.Principal.String()
 	if requestID != "" {
-		if l, ok, err := s.byRequest(owner, requestID); err != nil {
-			return acquired{}, err
-		} else if ok {
+		if l, ok := s.byRequest(owner, requestID); ok {
 			if err := retriedBy(l, principal); err != nil {
 				return acquired{}, err
 			}
@@ -332,7 +368,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 		switch {
 		case errors.As(err, &dup):
 			// A retry on another daemon image's connection won the race.
-			if l, ok, lerr := s.byRequest(owner, requestID); lerr == nil && ok {
+			if l, ok := s.byRequest(owner, requestID); ok {
 				if err := retriedBy(l, principal); err != nil {
 					return acquired{}, err
 				}
@@ -349,7 +385,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	}
 	l := &lease{rec: rec, slot: sl}
 	s.mu.Lock()
-	s.leased[sl.Index] = l
+	s.hold(l)
 	s.mu.Unlock()
 	s.count("acquired")
 	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "principal", principal, "ttl", ttl.String())
@@ -412,22 +448,13 @@ func (s *slotsService) reserve(principal string, quota int) (done func(), err er
 	}, nil
 }
 
-// byRequest finds the lease an earlier Acquire of this request recorded.
-func (s *slotsService) byRequest(owner, requestID string) (*lease, bool, error) {
-	rec, ok, err := s.store.ByRequest(owner, requestID)
-	if err != nil {
-		return nil, false, status.Errorf(codes.Internal, "look the request up: %v", err)
-	}
-	if !ok || rec.State != leases.Leased {
-		return nil, false, nil
-	}
+// byRequest finds the lease an earlier Acquire of this request took, lost
+// ones included.
+func (s *slotsService) byRequest(owner, requestID string) (*lease, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l, ok := s.leased[rec.Index]
-	if !ok || l.rec.LeaseID != rec.LeaseID {
-		return nil, false, status.Errorf(codes.Internal, "slot %d is recorded leased to %q but not held", rec.Index, owner)
-	}
-	return l, true, nil
+	l, ok := s.requests[leaseRequest{owner, requestID}]
+	return l, ok
 }
 
 // errWrongLease refuses a lease id that is not the slot's lease.
@@ -450,8 +477,7 @@ func (s *slotsService) endLease(ctx context.Context, i int, leaseID string) (*le
 		return nil, err
 	}
 	s.mu.Lock()
-	l := s.leased[i]
-	delete(s.leased, i)
+	l := s.unhold(i)
 	s.mu.Unlock()
 	return l, nil
 }

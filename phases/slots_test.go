@@ -228,3 +228,45 @@ func TestReleaseOfALostLeaseFreesItsIndex(t *testing.T) {
 		t.Errorf("a second Release = %v, want FailedPrecondition", err)
 	}
 }
+
+// A retried Acquire is answered from the service's own leases, without a
+// read of the store: the same request gets the same lease while it is
+// held (a lost one included, answered LOST), a fresh one once it was
+// released, and another request of the same owner a lease of its own.
+func TestAcquireRetryFindsTheLeaseItsRequestTook(t *testing.T) {
+	now := time.Now().Round(0)
+	lost := leases.Record{Index: 4, State: leases.Leased, Owner: "o", LeaseID: leases.NewLeaseID(), RequestID: "lost-1",
+		Principal: root.String(), Acquired: now, Created: now}
+	r := newSlotsRig(t, 4, 2, lost)
+	ctx := as(context.Background(), root, nil)
+	acquire := func(req string) *phasegatev1.AcquireResponse {
+		t.Helper()
+		resp, err := r.svc.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "o", RequestId: req})
+		if err != nil {
+			t.Fatalf("Acquire %q: %v", req, err)
+		}
+		return resp
+	}
+	first := acquire("r1")
+	other := acquire("r2")
+	retry := acquire("r1")
+	if retry.GetLeaseId() != first.GetLeaseId() || retry.GetSlot().GetIndex() != first.GetSlot().GetIndex() {
+		t.Errorf("retry of r1 = slot %d lease %s, want slot %d lease %s", retry.GetSlot().GetIndex(), retry.GetLeaseId(),
+			first.GetSlot().GetIndex(), first.GetLeaseId())
+	}
+	if other.GetLeaseId() == first.GetLeaseId() || other.GetSlot().GetIndex() == first.GetSlot().GetIndex() {
+		t.Errorf("r2 got r1's lease (slot %d)", other.GetSlot().GetIndex())
+	}
+	if got := acquire("lost-1"); got.GetLeaseId() != lost.LeaseID || got.GetSlot().GetState() != phasegatev1.SlotState_SLOT_STATE_LOST {
+		t.Errorf("retry of the lost lease's request = lease %s state %v, want %s LOST", got.GetLeaseId(), got.GetSlot().GetState(), lost.LeaseID)
+	}
+	if _, err := r.svc.Release(ctx, &phasegatev1.ReleaseRequest{Index: first.GetSlot().GetIndex(), LeaseId: first.GetLeaseId()}); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if again := acquire("r1"); again.GetLeaseId() == first.GetLeaseId() {
+		t.Errorf("r1 after its release got the released lease %s again", again.GetLeaseId())
+	}
+	if rec, ok, err := r.store.ByRequest("o", "r1"); err != nil || !ok || rec.LeaseID == first.GetLeaseId() {
+		t.Errorf("the store's record of r1 = %+v %v %v, want the new lease", rec, ok, err)
+	}
+}

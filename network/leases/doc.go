@@ -83,8 +83,9 @@
 // at random instants and finds every returned write in a whole file.
 //
 // Concurrent writes share transactions (group commit): the first writer
-// commits at once; writers that arrive during that commit are committed
-// together by the next one. A lone writer pays one commit and no timer
+// commits at once, after one yield to the writers already runnable (they
+// join its transaction); writers that arrive during that commit are
+// committed together by the next one. A lone writer pays one commit and no timer
 // (bbolt's DB.Batch waits up to 10 ms to gather a batch); many writers
 // commit faster than one transaction each (BenchmarkWrite; figures in
 // docs/BENCHMARKS.md). Within a shared transaction:

@@ -248,14 +248,3 @@ func (m *memStore) Update(ctx context.Context, i int, fn func(*leases.Record) er
 	m.set(i, r)
 	return r, nil
 }
-
-// ByRequest returns the leased record that (owner, requestID) took.
-func (m *memStore) ByRequest(owner, requestID string) (leases.Record, bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	i, ok := m.requests[memRequest{owner, requestID}]
-	if !ok {
-		return leases.Record{}, false, nil
-	}
-	return m.recs[i], true, nil
-}
