@@ -295,31 +295,72 @@ func (t *teardown) failAll(err error) {
 // runBatches hands the slots to the kernel a batch at a time, each unlinked
 // by the workers and then finished (its host links awaited or cut off),
 // until all are done or the budget, the halt or ctx defers the rest.
+//
+// Paced (TeardownOptions.Pace), the next batch is unlinked before this
+// one's links are awaited while the pace asks for no pause: the kernel
+// destroys the namespaces on one worker, a batch of whatever was unlinked
+// when it starts at a time, with a fixed cost per batch (RCU grace
+// periods) that the next batch's unlinking then overlaps instead of
+// following. Its clean-up always has the next batch queued, as when every
+// namespace is unlinked at once, and a batch still bounds how much it
+// destroys in one go. A pause is taken with nothing in the kernel.
 func (t *teardown) runBatches() {
 	total := len(t.indices)
 	size, pause := t.batch, t.opts.BatchPause
-	for start := 0; start < total; {
-		end := min(start+size, total)
-		if start > 0 {
-			t.pause(pause)
+	cur := t.startBatch(0, size)
+	for cur != nil {
+		var next *batchSpan
+		if t.opts.Pace != nil && pause == 0 && !cur.stopped {
+			next = t.startBatch(cur.next, size)
 		}
-		if !t.mayStart(start) {
-			return // the rest is deferred
-		}
-		b0 := time.Now()
-		t.unlinkBatch(start, end)
-		t.m.finishBatch(t.ctx, t.outcomes[start:end], t.probe, t.opts.HostGoneTimeout, t.res)
-		t.res.Batches++
-		next, stopped := t.position(end)
-		if stopped {
+		t.finish(cur)
+		if cur.stopped {
 			return // budget, halt or ctx: the rest is deferred
 		}
-		if t.opts.Pace != nil && next < total {
-			size, pause = t.opts.Pace(BatchDone{Slots: next - start, Left: total - next, Took: time.Since(b0)})
+		started := cur.next
+		if next != nil {
+			started = next.next
+		}
+		if t.opts.Pace != nil && started < total {
+			size, pause = t.opts.Pace(BatchDone{Slots: cur.next - cur.start, Left: total - started, Took: time.Since(cur.t0)})
 			size = max(size, 1)
 		}
-		start = next
+		if next == nil && cur.next < total {
+			t.pause(pause)
+			next = t.startBatch(cur.next, size)
+		}
+		cur = next
 	}
+}
+
+// batchSpan is one batch of a teardown: the positions in indices it
+// started, from start up to next, when, and whether the budget stopped it
+// before its end.
+type batchSpan struct {
+	start, next int
+	t0          time.Time
+	stopped     bool
+}
+
+// startBatch unlinks the batch of size slots from start, nil if there is
+// none to start (all started, or the budget, the halt or ctx defers the
+// rest).
+func (t *teardown) startBatch(start, size int) *batchSpan {
+	total := len(t.indices)
+	if start >= total || !t.mayStart(start) {
+		return nil
+	}
+	end := min(start+size, total)
+	b := &batchSpan{start: start, t0: time.Now()}
+	t.unlinkBatch(start, end)
+	t.res.Batches++
+	b.next, b.stopped = t.position(end)
+	return b
+}
+
+// finish awaits the host links of batch b (or cuts them off).
+func (t *teardown) finish(b *batchSpan) {
+	t.m.finishBatch(t.ctx, t.outcomes[b.start:b.next], t.probe, t.opts.HostGoneTimeout, t.res)
 }
 
 // pause waits out d between two batches, or less if ctx ends or the
