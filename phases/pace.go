@@ -30,6 +30,15 @@ const (
 	createWaitTarget  = 50 * time.Millisecond
 )
 
+// reclaimNice is the nice value of the background reclaim's worker
+// threads. Their work is the kernel's, done in their threads (a detach
+// waits for an expedited RCU grace period; a namespace's last reference
+// queues its clean-up), and the scheduler would weigh them like the
+// threads that answer health checks: a check waited behind them, where a
+// bare server on the same machine did not (docs/BENCHMARKS.md). At nice 10
+// a worker weighs a tenth of a handler; on an idle machine it runs as fast.
+const reclaimNice = 10
+
 // Names of the pace's signals, as in the reclaim's log line.
 const (
 	signalHealth  = "health"

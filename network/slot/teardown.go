@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/netns"
 )
@@ -24,6 +27,14 @@ type TeardownOptions struct {
 	// Workers is the number of concurrent detach+unlink workers
 	// (default DefaultWorkers).
 	Workers int
+	// Nice, if above the process's own, is the nice value of the workers'
+	// threads: their work is mostly the kernel's (detaching a mount waits
+	// for an expedited RCU grace period, a namespace's last reference
+	// queues its clean-up), done in their threads, which the scheduler
+	// otherwise weighs like those of the process's request handlers. On a
+	// busy machine a nice teardown takes the CPU the handlers leave; on an
+	// idle one it runs as fast. 0: as the process.
+	Nice int
 	// MaxSlots is a count budget: at most this many slots are torn down,
 	// the rest is deferred. 0 means no limit.
 	MaxSlots int
@@ -387,6 +398,9 @@ func (t *teardown) unlinkBatch(start, end int) {
 	var wg sync.WaitGroup
 	for range min(t.workers, end-start) {
 		wg.Go(func() {
+			if t.opts.Nice > 0 {
+				niceThread(t.opts.Nice)
+			}
 			for {
 				k, ok := t.take(end)
 				if !ok {
@@ -398,6 +412,24 @@ func (t *teardown) unlinkBatch(start, end int) {
 	}
 	wg.Wait()
 	t.res.Timings.Unlink += time.Since(t0)
+}
+
+// niceThread locks the calling goroutine to its thread and lowers that
+// thread's priority to nice, unless it is already as low: the thread ends
+// with the goroutine (runtime.LockOSThread without an unlock), so no other
+// goroutine ever runs at that priority. If the priority cannot be read or
+// set, the goroutine runs on as it was.
+func niceThread(nice int) {
+	runtime.LockOSThread()
+	tid := unix.Gettid()
+	// getpriority(2) returns 20 - nice, to keep clear of -1 as an error.
+	cur, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
+	if err == nil && 20-cur >= nice {
+		return
+	}
+	if err != nil || unix.Setpriority(unix.PRIO_PROCESS, tid, nice) != nil {
+		runtime.UnlockOSThread()
+	}
 }
 
 // unlink tears down the k-th slot down to its host link and reports it.
