@@ -94,12 +94,27 @@ func (w *waits) countChecks(ctx context.Context, req any, info *grpc.UnaryServer
 	return h(ctx, req)
 }
 
-// signals returns the reclaim's pace signals over w.
-func (w *waits) signals() []reclaim.Signal {
+// createWorst is the longest slot creation since the last call if the
+// pool is short of its ready floor now (short reports it), and 0
+// otherwise: a creation that fills the pool above --pool-min-ready is
+// nobody's wait (an Acquire that waits for one on an empty pool counts in
+// the acquire signal), and slowing the reclaim for it only made both take
+// longer.
+func (w *waits) createWorst(short func() bool) time.Duration {
+	worst := w.create.take()
+	if !short() {
+		return 0
+	}
+	return worst
+}
+
+// signals returns the reclaim's pace signals over w; short reports
+// whether the pool holds fewer warm slots than its ready floor.
+func (w *waits) signals(short func() bool) []reclaim.Signal {
 	return []reclaim.Signal{
 		{Name: signalHealth, Target: healthLagTarget, Worst: w.healthWorst},
 		{Name: signalAcquire, Target: acquireWaitTarget, Worst: w.acquire.take},
-		{Name: signalCreate, Target: createWaitTarget, Worst: w.create.take},
+		{Name: signalCreate, Target: createWaitTarget, Worst: func() time.Duration { return w.createWorst(short) }},
 	}
 }
 
@@ -138,7 +153,8 @@ func (t timedSlots) Create(ctx context.Context, i int) (*slot.Slot, error) {
 // newPacer returns the background reclaim's pacer and starts the lag
 // probe; stop ends the probe.
 func (d *Daemon) newPacer() (p *reclaim.Pacer, stop func(), err error) {
-	p, err = reclaim.NewPacer(reclaim.PaceOptions{Signals: d.waits.signals()})
+	short := func() bool { return len(d.pool.Snapshot().Idle) < d.cfg.PoolMinReady }
+	p, err = reclaim.NewPacer(reclaim.PaceOptions{Signals: d.waits.signals(short)})
 	if err != nil {
 		return nil, nil, err
 	}

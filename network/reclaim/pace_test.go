@@ -3,8 +3,11 @@ package reclaim_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/reclaim"
@@ -115,7 +118,8 @@ func TestPacerBounds(t *testing.T) {
 // On the kernel, a paced reclaim hands the slots over in the batches the
 // pacer asks for, the next unlinked while the kernel destroys the one
 // before: with nothing waiting, 8, then 8 again (the size known when the
-// first was awaited), 32, then the rest (52).
+// first was awaited), 32, then the rest (52); its workers run at the nice
+// value asked, the rest of the process as it was.
 func TestSlotsPaced(t *testing.T) {
 	env := nettest.New(t, 100)
 	m := env.Manager(t)
@@ -128,9 +132,27 @@ func TestSlotsPaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := reclaim.Slots(context.Background(), m, inv, reclaim.Options{Pacer: p})
+	own, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	var nices []int // of the workers' threads, seen from Progress, which they call
+	rep, err := reclaim.Slots(context.Background(), m, inv, reclaim.Options{Pacer: p, Nice: 20 - own + 5,
+		Progress: func(int, int) {
+			pr, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+			if err != nil {
+				t.Error(err)
+			}
+			nices = append(nices, 20-pr)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nices) != 100 || slices.ContainsFunc(nices, func(n int) bool { return n != 20-own+5 }) {
+		t.Errorf("workers' nice values %v, want 100 × %d", nices, 20-own+5)
+	}
+	if pr, err := unix.Getpriority(unix.PRIO_PROCESS, 0); err != nil || pr != own {
+		t.Errorf("the process's priority went from %d to %d (%v)", own, pr, err)
 	}
 	if len(rep.Reclaimed) != 100 || rep.Batches != 4 {
 		t.Errorf("reclaimed %d in %d batches, want 100 in 4 (8, 8, 32, 52)", len(rep.Reclaimed), rep.Batches)
