@@ -40,11 +40,9 @@ type PaceOptions struct {
 
 // slowStartGrowth is how much a batch grows on the one before while no
 // signal has been over its target yet. The kernel's clean-up of a batch
-// has a fixed cost (its RCU grace periods: a quarter of a second on a
-// loaded two-core machine, docs/BENCHMARKS.md) beside the per-namespace
-// one, so the number of batches it takes to reach the kernel's rate is
-// what the ramp costs: from 64, four batches reach 10,000 where doubling
-// takes eight.
+// has a fixed cost (its RCU grace periods) beside the per-namespace one,
+// so the number of batches it takes to reach the kernel's rate is what
+// the ramp costs (figures: docs/BENCHMARKS.md).
 const slowStartGrowth = 4
 
 // Defaults of PaceOptions.
