@@ -73,7 +73,10 @@ type TeardownOptions struct {
 	// returns the size of the next batch and the pause before it, in
 	// place of Batch and BatchPause (which still size the first batch):
 	// a controller that paces the teardown by what it does to the rest of
-	// the process (see package reclaim). A size ≤ 0 means 1.
+	// the process (see package reclaim). A size ≤ 0 means 1. Paced, while
+	// the pause asked is 0, the next batch is unlinked before this one's
+	// host links are awaited, so the kernel has it queued when it is done
+	// with this one; a pause is taken with nothing left in the kernel.
 	Pace func(last BatchDone) (next int, pause time.Duration)
 	// Progress, if set, is called after each slot's namespace is detached
 	// and unlinked (or failed), with the count so far and the total. Calls
