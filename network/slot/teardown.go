@@ -548,7 +548,9 @@ func (m *Manager) unlinkOne(ctx context.Context, i int, r Resources, probe *link
 		}
 	}
 	if r&HasNetns != 0 {
-		if id, err := netns.Stat(s.NetnsPath); err == nil {
+		// The identity only to match the /proc scans: Delete checks the
+		// file is a network namespace before it touches it.
+		if id, err := netns.PathID(s.NetnsPath); err == nil {
 			o.orphans, o.holders, held = processesOf(i, id, procs, holders, self, kill)
 		}
 		if err := netns.Delete(ctx, m.cfg.NetnsDir, s.NetnsName); err != nil {
