@@ -808,6 +808,7 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 	rep, err := reclaim.Slots(d.reclaimCtx, d.mgr, dead, reclaim.Options{
 		Halt:        halt,
 		Workers:     d.cfg.ReclaimWorkers,
+		Nice:        reclaimNice,
 		KillOrphans: d.cfg.ReclaimKillOrphans,
 		Pacer:       pacer,
 		Progress:    teardownProgress(p),

@@ -21,14 +21,27 @@ const (
 	// A health answer takes microseconds of work; what makes one slow
 	// while the kernel destroys namespaces is its wait for a CPU, which
 	// the lag probe measures: how late a goroutine that asked to wake up
-	// gets to run. The target is the health answers' own (docs/BENCHMARKS.md).
-	healthLagTarget = 10 * time.Millisecond
-	lagProbeEvery   = 20 * time.Millisecond
+	// gets to run, as the goroutine that accepts a check's connection or
+	// reads its request does. The goal is a check's p99 within 1.5× of a
+	// bare server's on the same machine, a few milliseconds
+	// (docs/BENCHMARKS.md), so the target is a few milliseconds of lag too:
+	// the worst of a batch's probes, about the p99 of as many checks.
+	healthLagTarget = 5 * time.Millisecond
+	lagProbeEvery   = 10 * time.Millisecond
 	// An Acquire and a slot creation wait on the networking lock the
 	// kernel holds while it destroys a batch.
 	acquireWaitTarget = 50 * time.Millisecond
 	createWaitTarget  = 50 * time.Millisecond
 )
+
+// reclaimNice is the nice value of the background reclaim's worker
+// threads. Their work is the kernel's, done in their threads (a detach
+// waits for an expedited RCU grace period; a namespace's last reference
+// queues its clean-up), and the scheduler would weigh them like the
+// threads that answer health checks: a check waited behind them, where a
+// bare server on the same machine did not (docs/BENCHMARKS.md). At nice 10
+// a worker weighs a tenth of a handler; on an idle machine it runs as fast.
+const reclaimNice = 10
 
 // Names of the pace's signals, as in the reclaim's log line.
 const (
@@ -81,12 +94,27 @@ func (w *waits) countChecks(ctx context.Context, req any, info *grpc.UnaryServer
 	return h(ctx, req)
 }
 
-// signals returns the reclaim's pace signals over w.
-func (w *waits) signals() []reclaim.Signal {
+// createWorst is the longest slot creation since the last call if the
+// pool is short of its ready floor now (short reports it), and 0
+// otherwise: a creation that fills the pool above --pool-min-ready is
+// nobody's wait (an Acquire that waits for one on an empty pool counts in
+// the acquire signal), and slowing the reclaim for it only made both take
+// longer.
+func (w *waits) createWorst(short func() bool) time.Duration {
+	worst := w.create.take()
+	if !short() {
+		return 0
+	}
+	return worst
+}
+
+// signals returns the reclaim's pace signals over w; short reports
+// whether the pool holds fewer warm slots than its ready floor.
+func (w *waits) signals(short func() bool) []reclaim.Signal {
 	return []reclaim.Signal{
 		{Name: signalHealth, Target: healthLagTarget, Worst: w.healthWorst},
 		{Name: signalAcquire, Target: acquireWaitTarget, Worst: w.acquire.take},
-		{Name: signalCreate, Target: createWaitTarget, Worst: w.create.take},
+		{Name: signalCreate, Target: createWaitTarget, Worst: func() time.Duration { return w.createWorst(short) }},
 	}
 }
 
@@ -125,7 +153,8 @@ func (t timedSlots) Create(ctx context.Context, i int) (*slot.Slot, error) {
 // newPacer returns the background reclaim's pacer and starts the lag
 // probe; stop ends the probe.
 func (d *Daemon) newPacer() (p *reclaim.Pacer, stop func(), err error) {
-	p, err = reclaim.NewPacer(reclaim.PaceOptions{Signals: d.waits.signals()})
+	short := func() bool { return len(d.pool.Snapshot().Idle) < d.cfg.PoolMinReady }
+	p, err = reclaim.NewPacer(reclaim.PaceOptions{Signals: d.waits.signals(short)})
 	if err != nil {
 		return nil, nil, err
 	}

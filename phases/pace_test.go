@@ -98,3 +98,41 @@ func TestProbeLag(t *testing.T) {
 		t.Errorf("lag after a wake-up = %v, want > 0", got)
 	}
 }
+
+// The create signal is the longest creation only while the pool is short
+// of its ready floor: a fill above it is nobody's wait. Either way the
+// gauge is taken, so a creation is never counted twice.
+func TestCreateSignal(t *testing.T) {
+	tests := []struct {
+		name  string
+		short bool
+		obs   time.Duration
+		want  time.Duration
+	}{
+		{"pool short: counted", true, 80 * time.Millisecond, 80 * time.Millisecond},
+		{"pool at its floor: a fill waits for nobody", false, 80 * time.Millisecond, 0},
+		{"nothing made", true, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var w waits
+			sig := w.signals(func() bool { return tt.short })
+			var create func() time.Duration
+			for _, s := range sig {
+				if s.Name == signalCreate {
+					create = s.Worst
+				}
+			}
+			if create == nil {
+				t.Fatalf("no %q signal in %v", signalCreate, sig)
+			}
+			w.create.observe(tt.obs)
+			if got := create(); got != tt.want {
+				t.Errorf("create signal %v, want %v", got, tt.want)
+			}
+			if got := w.create.take(); got != 0 {
+				t.Errorf("gauge left at %v after the signal was read, want taken", got)
+			}
+		})
+	}
+}

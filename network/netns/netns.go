@@ -559,6 +559,20 @@ func List(dir, prefix string) ([]Entry, error) {
 	return out, nil
 }
 
+// PathID returns the identity (device and inode) of what path names, with
+// one lstat: a symlink is not followed, a bind mount is (the namespace
+// bound there). Unlike Stat it does not check that this is a network
+// namespace: it is for matching against the IDs of a process scan, which a
+// placeholder, a symlink or a namespace of another type never equals,
+// where Stat's descriptor and type check cost six more system calls a slot.
+func PathID(path string) (ID, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return ID{}, fmt.Errorf("netns: %w", pathErr("lstat", path, err))
+	}
+	return ID{Dev: st.Dev, Ino: st.Ino}, nil
+}
+
 // Stat returns the ID of the network namespace bound at path, inspected
 // through one O_PATH|O_NOFOLLOW descriptor like Inspect. Anything but a bound
 // network namespace (a placeholder, a look-alike) gives an error wrapping

@@ -376,3 +376,49 @@ func TestForeignFilesUntouched(t *testing.T) {
 		t.Errorf("Inspect(gone) = %v, %v", st, err)
 	}
 }
+
+// PathID is the identity of the namespace bound at a path, as Stat says;
+// a symlink to it, a placeholder or a missing file never has that identity.
+func TestPathID(t *testing.T) {
+	dir, prefix := setup(t)
+	ctx := context.Background()
+	path, err := netns.Create(ctx, dir, prefix+"1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netns.Delete(context.Background(), dir, prefix+"1") })
+	want, err := netns.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, prefix+"2")
+	if err := os.Symlink(path, link); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(link) })
+	placeholder := filepath.Join(dir, prefix+"3")
+	if err := os.WriteFile(placeholder, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(placeholder) })
+	tests := []struct {
+		name, path string
+		same, err  bool
+	}{
+		{"bound namespace", path, true, false},
+		{"symlink to it: not followed", link, false, false},
+		{"placeholder", placeholder, false, false},
+		{"missing", filepath.Join(dir, prefix+"4"), false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := netns.PathID(tt.path)
+			if (err != nil) != tt.err {
+				t.Fatalf("PathID(%s) error %v, want error: %v", tt.path, err, tt.err)
+			}
+			if (got == want) != tt.same {
+				t.Errorf("PathID(%s) = %+v, Stat of the namespace %+v: same %v, want %v", tt.path, got, want, got == want, tt.same)
+			}
+		})
+	}
+}

@@ -22,7 +22,7 @@ func Slots(ctx context.Context, m *slot.Manager, inv slot.Inventory, opts Option
 		deadline = start.Add(opts.Budget)
 	}
 	to := slot.TeardownOptions{
-		Workers: opts.Workers, MaxSlots: opts.MaxSlots, Deadline: deadline,
+		Workers: opts.Workers, Nice: opts.Nice, MaxSlots: opts.MaxSlots, Deadline: deadline,
 		KillOrphans: opts.KillOrphans, HostGoneTimeout: opts.HostGoneTimeout, Progress: opts.Progress,
 		Batch: opts.Batch, BatchPause: opts.BatchPause, Halt: opts.Halt,
 	}

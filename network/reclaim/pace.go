@@ -23,7 +23,7 @@ type Signal struct {
 // PaceOptions configure a Pacer. Zero values take the defaults.
 type PaceOptions struct {
 	// Signals are the waits the pace answers to. With none, every batch
-	// is twice the one before: as fast as the kernel allows.
+	// is four times the one before: as fast as the kernel allows.
 	Signals []Signal
 	// First is the first batch's size (default DefaultFirstBatch); Min
 	// the smallest a batch gets (default DefaultMinBatch).
@@ -38,6 +38,13 @@ type PaceOptions struct {
 	MaxPauseRatio int
 }
 
+// slowStartGrowth is how much a batch grows on the one before while no
+// signal has been over its target yet. The kernel's clean-up of a batch
+// has a fixed cost (its RCU grace periods) beside the per-namespace one,
+// so the number of batches it takes to reach the kernel's rate is what
+// the ramp costs (figures: docs/BENCHMARKS.md).
+const slowStartGrowth = 4
+
 // Defaults of PaceOptions.
 const (
 	DefaultFirstBatch = 64
@@ -50,7 +57,7 @@ const (
 
 // Pacer paces a teardown's batches by what they do to the rest of the
 // process, in the manner of TCP's congestion control: while no signal is
-// over its target the batches double (slow start) and, once a signal has
+// over its target the batches quadruple (slow start) and, once a signal has
 // been over, grow by First at a time (additive increase); when one is over
 // its target, the next batch is half the size (multiplicative decrease)
 // and is preceded by a pause as long as the batch just done, doubling while
@@ -135,7 +142,7 @@ func (p *Pacer) Pace(last slot.BatchDone) (next int, pause time.Duration) {
 	} else {
 		p.pause = 0
 		if p.ceiling == 0 {
-			p.size *= 2
+			p.size *= slowStartGrowth
 		} else {
 			p.size += p.opts.First
 		}

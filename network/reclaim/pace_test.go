@@ -3,15 +3,18 @@ package reclaim_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
-// A Pacer doubles while nothing waits, halves and pauses when a signal is
+// A Pacer quadruples while nothing waits, halves and pauses when a signal is
 // over its target (the pause the batch's time, doubling while the pressure
 // lasts, within MaxPause), and grows by First once it has slowed down.
 func TestPacer(t *testing.T) {
@@ -26,16 +29,16 @@ func TestPacer(t *testing.T) {
 		name  string
 		steps []step
 	}{
-		{"nothing waits: doubles", []step{
-			{0, 10 * ms, 128, 0}, {0, 20 * ms, 256, 0}, {0, 40 * ms, 512, 0},
+		{"nothing waits: quadruples", []step{
+			{0, 10 * ms, 256, 0}, {0, 20 * ms, 1024, 0}, {0, 40 * ms, 4096, 0},
 		}},
 		{"a wait over target: halves and pauses, then grows additively", []step{
-			{0, 10 * ms, 128, 0},
-			{80 * ms, 30 * ms, 64, 30 * ms},
-			{80 * ms, 20 * ms, 32, 60 * ms},
-			{80 * ms, 20 * ms, 16, 60 * ms}, // 3 × the batch's 20 ms
-			{10 * ms, 5 * ms, 80, 0},
-			{0, 5 * ms, 144, 0},
+			{0, 10 * ms, 256, 0},
+			{80 * ms, 30 * ms, 128, 30 * ms},
+			{80 * ms, 20 * ms, 64, 60 * ms},
+			{80 * ms, 20 * ms, 32, 60 * ms}, // 3 × the batch's 20 ms
+			{10 * ms, 5 * ms, 96, 0},
+			{0, 5 * ms, 160, 0},
 		}},
 		{"never below Min, never a pause over MaxPause", []step{
 			{time.Second, 400 * ms, 32, 400 * ms},
@@ -113,7 +116,10 @@ func TestPacerBounds(t *testing.T) {
 }
 
 // On the kernel, a paced reclaim hands the slots over in the batches the
-// pacer asks for: with nothing waiting, 8, 16, 32, then the rest.
+// pacer asks for, the next unlinked while the kernel destroys the one
+// before: with nothing waiting, 8, then 8 again (the size known when the
+// first was awaited), 32, then the rest (52); its workers run at the nice
+// value asked, the rest of the process as it was.
 func TestSlotsPaced(t *testing.T) {
 	env := nettest.New(t, 100)
 	m := env.Manager(t)
@@ -126,15 +132,33 @@ func TestSlotsPaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := reclaim.Slots(context.Background(), m, inv, reclaim.Options{Pacer: p})
+	own, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Reclaimed) != 100 || rep.Batches != 4 {
-		t.Errorf("reclaimed %d in %d batches, want 100 in 4 (8, 16, 32, 44)", len(rep.Reclaimed), rep.Batches)
+	var nices []int // of the workers' threads, seen from Progress, which they call
+	rep, err := reclaim.Slots(context.Background(), m, inv, reclaim.Options{Pacer: p, Nice: 20 - own + 5,
+		Progress: func(int, int) {
+			pr, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+			if err != nil {
+				t.Error(err)
+			}
+			nices = append(nices, 20-pr)
+		}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if st := p.Stats(); st.Batches != 3 || st.Largest != 44 {
-		t.Errorf("pacer stats %+v, want 3 paces, largest 44 (what was left)", st)
+	if len(nices) != 100 || slices.ContainsFunc(nices, func(n int) bool { return n != 20-own+5 }) {
+		t.Errorf("workers' nice values %v, want 100 × %d", nices, 20-own+5)
+	}
+	if pr, err := unix.Getpriority(unix.PRIO_PROCESS, 0); err != nil || pr != own {
+		t.Errorf("the process's priority went from %d to %d (%v)", own, pr, err)
+	}
+	if len(rep.Reclaimed) != 100 || rep.Batches != 4 {
+		t.Errorf("reclaimed %d in %d batches, want 100 in 4 (8, 8, 32, 52)", len(rep.Reclaimed), rep.Batches)
+	}
+	if st := p.Stats(); st.Batches != 2 || st.Largest != 52 {
+		t.Errorf("pacer stats %+v, want 2 paces (none once all are started), largest 52 (what was left)", st)
 	}
 }
 
@@ -155,6 +179,6 @@ func ExamplePacer() {
 	fmt.Println(p.Pace(slot.BatchDone{Slots: 128, Left: 872, Took: 120 * time.Millisecond}))
 	// Output:
 	// 64
-	// 128 0s
-	// 64 120ms
+	// 256 0s
+	// 128 120ms
 }

@@ -15,6 +15,8 @@ type Options struct {
 	// Workers bounds concurrent detach+unlink calls (default
 	// slot.DefaultWorkers).
 	Workers int
+	// Nice lowers the workers' CPU priority (see slot.TeardownOptions).
+	Nice int
 	// Budget is a time budget: no slot is started after it has elapsed
 	// since Run began; the remainder is deferred. 0 means none.
 	Budget time.Duration

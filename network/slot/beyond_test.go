@@ -172,3 +172,45 @@ func TestTeardownHaltFinishesTheBatchInHand(t *testing.T) {
 		}
 	}
 }
+
+// Paced, the next batch is unlinked while the one before is awaited; a
+// halt in the middle of that next batch finishes both whole and defers the
+// rest untouched.
+func TestTeardownPacedHaltFinishesTheBatchesInTheKernel(t *testing.T) {
+	env := nettest.New(t, 16)
+	m := env.Manager(t)
+	ctx := context.Background()
+	nettest.Leak(t, m, []int{1, 2, 3, 4, 5, 6, 7, 8})
+	inv, err := m.Scan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	halt := make(chan struct{})
+	var paced []slot.BatchDone
+	res := m.Teardown(ctx, inv, slot.TeardownOptions{Batch: 3, Workers: 1, Halt: halt,
+		Pace: func(last slot.BatchDone) (int, time.Duration) {
+			paced = append(paced, last)
+			return 3, 0
+		},
+		Progress: func(done, _ int) {
+			if done == 5 { // in the middle of the second batch, unlinked before the first was awaited
+				close(halt)
+			}
+		}})
+	if len(res.Failed) != 0 || res.Batches != 2 || !slices.Equal(res.Reclaimed, []int{1, 2, 3, 4, 5}) || !slices.Equal(res.Deferred, []int{6, 7, 8}) {
+		t.Fatalf("halted after 5: %v, %d batches, reclaimed %v deferred %v failed %v", res, res.Batches, res.Reclaimed, res.Deferred, res.Failed)
+	}
+	if len(paced) != 1 || paced[0].Slots != 3 || paced[0].Left != 3 {
+		t.Errorf("paced %+v, want once, after the first batch of 3, with 3 not started", paced)
+	}
+	for _, i := range res.Reclaimed {
+		checkGone(t, m, i)
+	}
+	left, err := m.Scan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := left.Indices(); !slices.Equal(got, res.Deferred) {
+		t.Errorf("left on the host: %v, want the deferred %v whole", got, res.Deferred)
+	}
+}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -158,5 +160,63 @@ func TestTeardownReportsProcScanError(t *testing.T) {
 	}
 	if els, _ := m.fw.List(ctx); slices.Contains(els, s.HostIf) {
 		t.Errorf("element left")
+	}
+}
+
+// niceThread lowers the priority of the calling goroutine's thread only,
+// never raises one already lower, and the thread goes with the goroutine:
+// the rest of the process keeps its priority.
+func TestNiceThread(t *testing.T) {
+	niceOf := func(tid int) int {
+		t.Helper()
+		p, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
+		if err != nil {
+			t.Fatalf("getpriority(%d): %v", tid, err)
+		}
+		return 20 - p
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	own := niceOf(unix.Gettid())
+	tests := []struct {
+		name       string
+		before     int // the thread's nice before niceThread
+		nice, want int
+	}{
+		{"lowered", own, own + 10, own + 10},
+		{"already lower: kept", own + 15, own + 5, own + 15},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := make(chan int, 1)
+			tids := make(chan int, 1)
+			go func() {
+				runtime.LockOSThread() // niceThread's lock is the same: this thread ends with the goroutine
+				if err := unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), tt.before); err != nil {
+					t.Errorf("setpriority: %v", err)
+				}
+				niceThread(tt.nice)
+				tids <- unix.Gettid()
+				got <- niceOf(unix.Gettid())
+			}()
+			if g := <-got; g != tt.want {
+				t.Errorf("nice %d on a thread at %d: %d, want %d", tt.nice, tt.before, g, tt.want)
+			}
+			tid := <-tids
+			if n := niceOf(unix.Gettid()); n != own {
+				t.Errorf("the test's own thread went from nice %d to %d", own, n)
+			}
+			// The goroutine ended locked: its thread exits with it.
+			deadline := time.Now().Add(time.Minute)
+			for {
+				if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); os.IsNotExist(err) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("thread %d at nice %d still there a minute after its goroutine ended", tid, tt.want)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
 	}
 }

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/netns"
 )
@@ -24,6 +27,14 @@ type TeardownOptions struct {
 	// Workers is the number of concurrent detach+unlink workers
 	// (default DefaultWorkers).
 	Workers int
+	// Nice, if above the process's own, is the nice value of the workers'
+	// threads: their work is mostly the kernel's (detaching a mount waits
+	// for an expedited RCU grace period, a namespace's last reference
+	// queues its clean-up), done in their threads, which the scheduler
+	// otherwise weighs like those of the process's request handlers. On a
+	// busy machine a nice teardown takes the CPU the handlers leave; on an
+	// idle one it runs as fast. 0: as the process.
+	Nice int
 	// MaxSlots is a count budget: at most this many slots are torn down,
 	// the rest is deferred. 0 means no limit.
 	MaxSlots int
@@ -62,7 +73,10 @@ type TeardownOptions struct {
 	// returns the size of the next batch and the pause before it, in
 	// place of Batch and BatchPause (which still size the first batch):
 	// a controller that paces the teardown by what it does to the rest of
-	// the process (see package reclaim). A size ≤ 0 means 1.
+	// the process (see package reclaim). A size ≤ 0 means 1. Paced, while
+	// the pause asked is 0, the next batch is unlinked before this one's
+	// host links are awaited, so the kernel has it queued when it is done
+	// with this one; a pause is taken with nothing left in the kernel.
 	Pace func(last BatchDone) (next int, pause time.Duration)
 	// Progress, if set, is called after each slot's namespace is detached
 	// and unlinked (or failed), with the count so far and the total. Calls
@@ -295,31 +309,72 @@ func (t *teardown) failAll(err error) {
 // runBatches hands the slots to the kernel a batch at a time, each unlinked
 // by the workers and then finished (its host links awaited or cut off),
 // until all are done or the budget, the halt or ctx defers the rest.
+//
+// Paced (TeardownOptions.Pace), the next batch is unlinked before this
+// one's links are awaited while the pace asks for no pause: the kernel
+// destroys the namespaces on one worker, a batch of whatever was unlinked
+// when it starts at a time, with a fixed cost per batch (RCU grace
+// periods) that the next batch's unlinking then overlaps instead of
+// following. Its clean-up always has the next batch queued, as when every
+// namespace is unlinked at once, and a batch still bounds how much it
+// destroys in one go. A pause is taken with nothing in the kernel.
 func (t *teardown) runBatches() {
 	total := len(t.indices)
 	size, pause := t.batch, t.opts.BatchPause
-	for start := 0; start < total; {
-		end := min(start+size, total)
-		if start > 0 {
-			t.pause(pause)
+	cur := t.startBatch(0, size)
+	for cur != nil {
+		var next *batchSpan
+		if t.opts.Pace != nil && pause == 0 && !cur.stopped {
+			next = t.startBatch(cur.next, size)
 		}
-		if !t.mayStart(start) {
-			return // the rest is deferred
-		}
-		b0 := time.Now()
-		t.unlinkBatch(start, end)
-		t.m.finishBatch(t.ctx, t.outcomes[start:end], t.probe, t.opts.HostGoneTimeout, t.res)
-		t.res.Batches++
-		next, stopped := t.position(end)
-		if stopped {
+		t.finish(cur)
+		if cur.stopped {
 			return // budget, halt or ctx: the rest is deferred
 		}
-		if t.opts.Pace != nil && next < total {
-			size, pause = t.opts.Pace(BatchDone{Slots: next - start, Left: total - next, Took: time.Since(b0)})
+		started := cur.next
+		if next != nil {
+			started = next.next
+		}
+		if t.opts.Pace != nil && started < total {
+			size, pause = t.opts.Pace(BatchDone{Slots: cur.next - cur.start, Left: total - started, Took: time.Since(cur.t0)})
 			size = max(size, 1)
 		}
-		start = next
+		if next == nil && cur.next < total {
+			t.pause(pause)
+			next = t.startBatch(cur.next, size)
+		}
+		cur = next
 	}
+}
+
+// batchSpan is one batch of a teardown: the positions in indices it
+// started, from start up to next, when, and whether the budget stopped it
+// before its end.
+type batchSpan struct {
+	start, next int
+	t0          time.Time
+	stopped     bool
+}
+
+// startBatch unlinks the batch of size slots from start, nil if there is
+// none to start (all started, or the budget, the halt or ctx defers the
+// rest).
+func (t *teardown) startBatch(start, size int) *batchSpan {
+	total := len(t.indices)
+	if start >= total || !t.mayStart(start) {
+		return nil
+	}
+	end := min(start+size, total)
+	b := &batchSpan{start: start, t0: time.Now()}
+	t.unlinkBatch(start, end)
+	t.res.Batches++
+	b.next, b.stopped = t.position(end)
+	return b
+}
+
+// finish awaits the host links of batch b (or cuts them off).
+func (t *teardown) finish(b *batchSpan) {
+	t.m.finishBatch(t.ctx, t.outcomes[b.start:b.next], t.probe, t.opts.HostGoneTimeout, t.res)
 }
 
 // pause waits out d between two batches, or less if ctx ends or the
@@ -346,6 +401,9 @@ func (t *teardown) unlinkBatch(start, end int) {
 	var wg sync.WaitGroup
 	for range min(t.workers, end-start) {
 		wg.Go(func() {
+			if t.opts.Nice > 0 {
+				niceThread(t.opts.Nice)
+			}
 			for {
 				k, ok := t.take(end)
 				if !ok {
@@ -357,6 +415,24 @@ func (t *teardown) unlinkBatch(start, end int) {
 	}
 	wg.Wait()
 	t.res.Timings.Unlink += time.Since(t0)
+}
+
+// niceThread locks the calling goroutine to its thread and lowers that
+// thread's priority to nice, unless it is already as low: the thread ends
+// with the goroutine (runtime.LockOSThread without an unlock), so no other
+// goroutine ever runs at that priority. If the priority cannot be read or
+// set, the goroutine runs on as it was.
+func niceThread(nice int) {
+	runtime.LockOSThread()
+	tid := unix.Gettid()
+	// getpriority(2) returns 20 - nice, to keep clear of -1 as an error.
+	cur, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
+	if err == nil && 20-cur >= nice {
+		return
+	}
+	if err != nil || unix.Setpriority(unix.PRIO_PROCESS, tid, nice) != nil {
+		runtime.UnlockOSThread()
+	}
 }
 
 // unlink tears down the k-th slot down to its host link and reports it.
@@ -472,7 +548,9 @@ func (m *Manager) unlinkOne(ctx context.Context, i int, r Resources, probe *link
 		}
 	}
 	if r&HasNetns != 0 {
-		if id, err := netns.Stat(s.NetnsPath); err == nil {
+		// The identity only to match the /proc scans: Delete checks the
+		// file is a network namespace before it touches it.
+		if id, err := netns.PathID(s.NetnsPath); err == nil {
 			o.orphans, o.holders, held = processesOf(i, id, procs, holders, self, kill)
 		}
 		if err := netns.Delete(ctx, m.cfg.NetnsDir, s.NetnsName); err != nil {

@@ -471,6 +471,7 @@ const (
 	msgStarting      = "phasegate starting"
 	msgServing       = "serving"
 	msgReclaimReport = "reclaim report"
+	msgPaced         = "background reclaim paced"
 	msgRestorePrefix = "restore: "
 	msgRestore       = "restore" // the key under which restore lines are kept
 	msgVerified      = "restored leases verified"
@@ -486,8 +487,9 @@ type reclaimReport struct {
 	CutOff    int           `json:"cut_off"`
 	RawDur    string        `json:"duration"`
 	Duration  time.Duration `json:"-"`
-	// At is when the line reached the benchmark.
-	At time.Time `json:"-"`
+	// At is when the line reached the benchmark; Line is the line.
+	At   time.Time `json:"-"`
+	Line string    `json:"-"`
 }
 
 // reclaimReport returns the daemon's k-th reclaim report (0-based) in its
@@ -504,8 +506,20 @@ func (d *daemon) reclaimReport(ctx context.Context, k int, timeout time.Duration
 	if r.Duration, err = time.ParseDuration(r.RawDur); err != nil {
 		return r, fmt.Errorf("reclaim report duration %q: %w", r.RawDur, err)
 	}
-	r.At = ev.at
+	r.At, r.Line = ev.at, ev.line
 	return r, nil
+}
+
+// pacedLine returns the daemon's first "background reclaim paced" line as
+// it is (what the pacer did), or "" if there is none: it is logged just
+// before the reclaim report, so call it once that has arrived.
+func (d *daemon) pacedLine() string {
+	d.logs.mu.Lock()
+	defer d.logs.mu.Unlock()
+	if evs := d.logs.events[msgPaced]; len(evs) > 0 {
+		return evs[0].line
+	}
+	return ""
 }
 
 // restoreLine is the daemon's "restore: …" log line: what the start found.
@@ -607,7 +621,7 @@ func followed(msg string) string {
 	switch {
 	case strings.HasPrefix(msg, msgRestorePrefix):
 		return msgRestore
-	case msg == msgStarting, msg == msgServing, msg == msgReclaimReport, msg == msgUpgrading, msg == msgPoolReady, msg == msgVerified, msg == msgInside:
+	case msg == msgStarting, msg == msgServing, msg == msgReclaimReport, msg == msgPaced, msg == msgUpgrading, msg == msgPoolReady, msg == msgVerified, msg == msgInside:
 		return msg
 	}
 	return ""

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"strings"
 	"time"
 )
 
@@ -51,9 +52,9 @@ func (r *runner) measureDeadN(ctx context.Context, n int) error {
 				return fmt.Errorf("%s: %w", c.mode, err)
 			}
 			c.p.Runs = append(c.p.Runs, run)
-			r.logf("N=%d rep %d %s: answer %s (HTTP %d), SERVING %s, dead gone %s (report %s, %d veths cut off), RSS %.1f MiB",
+			r.logf("N=%d rep %d %s: answer %s (HTTP %d), SERVING %s, dead gone %s (report %s, %d veths cut off), RSS %.1f MiB\n\t%s",
 				n, rep+1, c.mode, fmtMs(run.FirstAnswerMs), run.FirstStatus, fmtMs(run.ServingMs), fmtMs(run.DeadGoneMs),
-				fmtMs(run.ReclaimMs), run.CutOff, run.RSSMiB)
+				fmtMs(run.ReclaimMs), run.CutOff, run.RSSMiB, strings.Join(run.ReclaimLog, "\n\t"))
 		}
 		run, err := r.floorRun(ctx, n)
 		if err != nil {
@@ -159,6 +160,10 @@ func (r *runner) observeDead(ctx context.Context, d *daemon, su startup, n int, 
 		if rep.Duration > 0 {
 			run.RatePerS = float64(n) / rep.Duration.Seconds()
 		}
+		if paced := d.pacedLine(); paced != "" {
+			run.ReclaimLog = append(run.ReclaimLog, paced)
+		}
+		run.ReclaimLog = append(run.ReclaimLog, rep.Line)
 		if left, err := r.deadLeft(); err != nil || left > 0 {
 			return run, fmt.Errorf("after the reclaim report: %d host veths of the dead slots left (%v)", left, err)
 		}

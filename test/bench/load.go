@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -77,6 +78,7 @@ func (r *runner) measureLoad(ctx context.Context) error {
 		lr.WindowMs = append(lr.WindowMs, ms(window))
 		r.logf("load rep %d: %d requests during a %s background reclaim of %d (gRPC p99 %s, control %s; Acquire p99 %s)", rep+1, len(s),
 			fmtMs(ms(window)), r.o.loadN, fmtMs(run.Reclaim[kindGRPC].P99Ms), fmtMs(run.Control[kindGRPC].P99Ms), fmtMs(run.Reclaim[kindAcquire].P99Ms))
+		r.logf("load rep %d: the reclaim's lines:\n\t%s", rep+1, strings.Join(run.ReclaimLog, "\n\t"))
 		st, id, err := r.loadAfterStart(ctx, window, ctl, heavy)
 		if err != nil {
 			return err
@@ -97,6 +99,7 @@ func (r *runner) measureLoad(ctx context.Context) error {
 		r.logf("load rep %d: %d checks at checker rates during a %s background reclaim of %d (gRPC p99 %s, control %s; HTTP p99 %s, control %s)",
 			rep+1, len(s), fmtMs(ms(window)), r.o.loadN, fmtMs(crun.Reclaim[kindGRPC].P99Ms), fmtMs(crun.Control[kindGRPC].P99Ms),
 			fmtMs(crun.Reclaim[kindHTTP].P99Ms), fmtMs(crun.Control[kindHTTP].P99Ms))
+		r.logf("load rep %d: the reclaim's lines at checker rates:\n\t%s", rep+1, strings.Join(crun.ReclaimLog, "\n\t"))
 	}
 	lr.Reclaim, lr.Control, lr.Start, lr.Idle = latencyByKind(reclaiming), latencyByKind(control), latencyByKind(started), latencyByKind(idle)
 	lr.Checker.Reclaim, lr.Checker.Control = latencyByKind(chkReclaiming), latencyByKind(chkControl)
@@ -229,6 +232,10 @@ func (r *runner) collectDuringReclaim(ctx context.Context, d *daemon, su startup
 		return nil, nil, 0, fmt.Errorf("no finished %s task in /debug/lifecycle: %+v", taskReclaimDead, v.Tasks)
 	}
 	from, to := max(t.Started.UnixNano(), su.ServingAt.UnixNano()), t.Ended.UnixNano()
+	if paced := d.pacedLine(); paced != "" {
+		run.ReclaimLog = append(run.ReclaimLog, paced)
+	}
+	run.ReclaimLog = append(run.ReclaimLog, rep.Line)
 	run.Series = latencySeries(all, d.began)
 	run.ServingMs, run.ReclaimEndMs = ms(su.Serving), ms(t.Ended.Sub(d.began))
 	if f, ok := v.task(taskFill); ok && !f.Ended.IsZero() {

@@ -173,6 +173,11 @@ type Run struct {
 	UnlinkMs   float64     `json:"unlinkMs,omitempty"`
 	FirewallMs float64     `json:"firewallMs,omitempty"`
 	Phases     []PhaseSpan `json:"phases,omitempty"`
+	// ReclaimLog is the daemon's reclaim lines as it logged them: the
+	// background reclaim's pace (batches, decreases, largest batch,
+	// pauses, signals over), if any, and the reclaim report (where the
+	// time went).
+	ReclaimLog []string `json:"reclaimLog,omitempty"`
 
 	// The restore part: how the previous daemon ended (SIGTERM: how long
 	// it took to exit), what the start's restore line and its verification
@@ -288,6 +293,9 @@ type LoadRun struct {
 	ServingMs    float64 `json:"servingMs"`
 	FillEndMs    float64 `json:"fillEndMs"`
 	ReclaimEndMs float64 `json:"reclaimEndMs"`
+	// ReclaimLog is the reclaiming daemon's pace and report lines (see
+	// Run.ReclaimLog).
+	ReclaimLog []string `json:"reclaimLog,omitempty"`
 	// Series is the reclaiming start's requests in 250 ms buckets from its
 	// exec.
 	Series []LatencyBucket `json:"series"`
