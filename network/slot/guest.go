@@ -309,29 +309,25 @@ func InspectInside(s *Slot) (inside.Found, error) {
 }
 
 // HostAddrs returns the host's own IPv4 addresses, each as its /32, but
-// those on c's slot links (the slots' gateways, covered by c.CIDR): what
+// those in c.CIDR (the slots' gateways, which the CIDR covers whole): what
 // an egress policy denies by default, so that a slot cannot reach the
-// host's services by another of its addresses.
+// host's services by another of its addresses. It is one address dump
+// read in place (ribdump.go), with no link named: on a host with 10,000
+// slots, naming each address's link cost an ioctl each and the library's
+// structs the rest, ~100 ms of a restart before serving.
 func (c Config) HostAddrs() ([]netip.Prefix, error) {
-	probe, err := newLinkProbe()
-	if err != nil {
-		return nil, err
-	}
-	defer probe.close()
-	addrs, err := hostAddrList()
-	if err != nil {
-		return nil, err
-	}
 	var out []netip.Prefix
-	for _, a := range addrs {
-		p, ok := prefixOf(a.IPNet)
-		if !ok {
-			continue
-		}
-		if _, mine := c.CanonicalHostIfIndex(probe.name(a.LinkIndex)); mine {
-			continue
-		}
-		out = append(out, netip.PrefixFrom(p.Addr(), 32))
+	hdr := make([]byte, unix.SizeofIfAddrmsg)
+	hdr[0] = unix.AF_INET
+	err := retryDump(dumpBudget, func() error {
+		return ribDump(unix.RTM_GETADDR, hdr, func(m ribMsg) {
+			if p, ok := addrOf(m); ok && !c.CIDR.Contains(p.Addr()) {
+				out = append(out, netip.PrefixFrom(p.Addr(), 32))
+			}
+		})
+	}, func(err error) bool { return errors.Is(err, errDumpInterrupted) }, func() { out = out[:0] })
+	if err != nil {
+		return nil, fmt.Errorf("slot: list host addresses: %w", err)
 	}
 	return out, nil
 }

@@ -138,19 +138,6 @@ func (w *useWalk) dump(req uint16, hdr []byte, f func(ribMsg)) error {
 		func() { w.uses = w.uses[:keep] })
 }
 
-// hostAddrList dumps the host's IPv4 addresses through the library (for
-// HostAddrs, which wants them all), again when the kernel interrupted the
-// dump, as useWalk.dump does.
-func hostAddrList() ([]netlink.Addr, error) {
-	var addrs []netlink.Addr
-	err := retryDump(dumpBudget, func() (err error) { addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); return err },
-		func(err error) bool { return errors.Is(err, netlink.ErrDumpInterrupted) }, func() {})
-	if err != nil {
-		return nil, fmt.Errorf("slot: list host addresses: %w", err)
-	}
-	return addrs, nil
-}
-
 // link names link index (0: none) and says whether it is c's own.
 func (w *useWalk) link(index uint32) linkName {
 	if index == 0 {
@@ -179,14 +166,22 @@ func (w *useWalk) addr(m ribMsg) {
 	if l.own {
 		return
 	}
+	if p, ok := addrOf(m); ok && p.Overlaps(w.cidr) {
+		w.uses = append(w.uses, HostUse{Prefix: p, Dev: l.name})
+	}
+}
+
+// addrOf is the address an RTM_NEWADDR of AF_INET gives, with its prefix
+// length: IFA_LOCAL, or IFA_ADDRESS when there is no IFA_LOCAL.
+func addrOf(m ribMsg) (netip.Prefix, bool) {
+	if m.typ != unix.RTM_NEWADDR || m.body[0] != unix.AF_INET {
+		return netip.Prefix{}, false
+	}
 	a := m.attr(unix.IFA_LOCAL)
 	if a == nil {
 		a = m.attr(unix.IFA_ADDRESS)
 	}
-	p, ok := prefix4(a, m.body[1])
-	if ok && p.Overlaps(w.cidr) {
-		w.uses = append(w.uses, HostUse{Prefix: p, Dev: l.name})
-	}
+	return prefix4(a, m.body[1])
 }
 
 // route takes an RTM_NEWROUTE: rtmsg {family, dst_len, src_len, tos,

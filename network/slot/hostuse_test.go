@@ -190,3 +190,61 @@ func TestRoutedAlready(t *testing.T) {
 		}
 	})
 }
+
+// HostAddrs gives every IPv4 address of the host as its /32 (the local
+// end of a point-to-point address, a secondary address, loopback), and
+// none in the slot CIDR, on the daemon's own links or any other: the
+// CIDR is denied whole.
+func TestHostAddrs(t *testing.T) {
+	c := Config{Prefix: "fu-", NetnsDir: "/run/netns", Slots: 8, CIDR: netip.MustParsePrefix("10.90.0.0/24")}
+	inFreshNetns(t, func() {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			t.Errorf("lo: %v", err)
+			return
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			t.Errorf("lo up: %v", err)
+			return
+		}
+		for _, tc := range []struct{ link, addr, peer string }{
+			{"fu-h1", "10.90.0.0/31", ""},
+			{"xx-h1", "10.90.0.2/31", ""},
+			{"uplink0", "192.0.2.1/24", ""},
+			{"uplink0", "198.51.100.7/32", ""},
+			{"ptp0", "203.0.113.1/32", "203.0.113.9/32"},
+		} {
+			l, err := netlink.LinkByName(tc.link)
+			if err != nil {
+				v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: tc.link}, PeerName: tc.link + "p"}
+				if err := netlink.LinkAdd(v); err != nil {
+					t.Errorf("add %s: %v", tc.link, err)
+					return
+				}
+				l = v
+			}
+			a := &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix(tc.addr))}
+			if tc.peer != "" {
+				a.Peer = ipNet(netip.MustParsePrefix(tc.peer))
+			}
+			if err := netlink.AddrAdd(l, a); err != nil {
+				t.Errorf("address %s on %s: %v", tc.addr, tc.link, err)
+				return
+			}
+		}
+		addrs, err := c.HostAddrs()
+		if err != nil {
+			t.Errorf("HostAddrs: %v", err)
+			return
+		}
+		var got []string
+		for _, p := range addrs {
+			got = append(got, p.String())
+		}
+		slices.Sort(got)
+		want := []string{"127.0.0.1/32", "192.0.2.1/32", "198.51.100.7/32", "203.0.113.1/32"}
+		if !slices.Equal(got, want) {
+			t.Errorf("HostAddrs = %q, want %q", got, want)
+		}
+	})
+}
