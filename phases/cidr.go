@@ -114,11 +114,13 @@ func (d *Daemon) checkHostCIDR() error {
 	if !d.checkHost {
 		return nil
 	}
-	uses, err := d.cfg.Slots.ForeignUses()
+	read, err := d.cfg.Slots.ReadHost()
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if len(uses) > 0 {
+	// The same dump's host addresses, for the egress defaults (populate).
+	d.hostAddrs, d.hostAddrsRead = read.Addrs, true
+	if uses := read.Foreign; len(uses) > 0 {
 		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
 		return lifecycle.Permanent(&cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
 			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"})

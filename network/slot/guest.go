@@ -307,27 +307,3 @@ func InspectInside(s *Slot) (inside.Found, error) {
 	})
 	return f, err
 }
-
-// HostAddrs returns the host's own IPv4 addresses, each as its /32, but
-// those in c.CIDR (the slots' gateways, which the CIDR covers whole): what
-// an egress policy denies by default, so that a slot cannot reach the
-// host's services by another of its addresses. It is one address dump
-// read in place (ribdump.go), with no link named: on a host with 10,000
-// slots, naming each address's link cost an ioctl each and the library's
-// structs the rest, ~100 ms of a restart before serving.
-func (c Config) HostAddrs() ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	hdr := make([]byte, unix.SizeofIfAddrmsg)
-	hdr[0] = unix.AF_INET
-	err := retryDump(dumpBudget, func() error {
-		return ribDump(unix.RTM_GETADDR, hdr, func(m ribMsg) {
-			if p, ok := addrOf(m); ok && !c.CIDR.Contains(p.Addr()) {
-				out = append(out, netip.PrefixFrom(p.Addr(), 32))
-			}
-		})
-	}, func(err error) bool { return errors.Is(err, errDumpInterrupted) }, func() { out = out[:0] })
-	if err != nil {
-		return nil, fmt.Errorf("slot: list host addresses: %w", err)
-	}
-	return out, nil
-}

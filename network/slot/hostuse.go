@@ -80,23 +80,66 @@ func retryDump(budget time.Duration, dump func() error, interrupted func(error) 
 // from a more specific slot route. Its cost is two dumps read in place
 // (ribdump.go) and one ioctl per link that holds an address or a route in
 // c.CIDR.
-func (c Config) ForeignUses() ([]HostUse, error) { return c.usesOf(c.CIDR) }
+func (c Config) ForeignUses() ([]HostUse, error) {
+	r, err := c.ReadHost()
+	return r.Foreign, err
+}
+
+// HostRead is what one read of the host's IPv4 addresses and routes says
+// of a slot configuration: the daemon's host check and the addresses its
+// egress policies deny, from the same two dumps.
+type HostRead struct {
+	// Foreign is what ForeignUses returns.
+	Foreign []HostUse
+	// Addrs is what HostAddrs returns.
+	Addrs []netip.Prefix
+}
+
+// ReadHost returns ForeignUses and HostAddrs from one address dump and
+// one route dump: the daemon's start needs both, and on a host with
+// 10,000 slots each address dump costs the kernel ~10 ms and, while
+// other slots come and go, retries.
+func (c Config) ReadHost() (HostRead, error) {
+	uses, addrs, err := c.walk(c.CIDR, true)
+	return HostRead{Foreign: uses, Addrs: addrs}, err
+}
+
+// HostAddrs returns the host's own IPv4 addresses, each as its /32, but
+// those in c.CIDR (the slots' gateways, which the CIDR covers whole): what
+// an egress policy denies by default, so that a slot cannot reach the
+// host's services by another of its addresses. It is one address dump
+// read in place, with no link named; ReadHost gives the same beside the
+// host check.
+func (c Config) HostAddrs() ([]netip.Prefix, error) {
+	w := &useWalk{cfg: c, hostAddrs: true} // no range: no link is named
+	if err := w.dump(unix.RTM_GETADDR, make([]byte, unix.SizeofIfAddrmsg), w.addr); err != nil {
+		return nil, fmt.Errorf("slot: list host addresses: %w", err)
+	}
+	return w.addrs, nil
+}
 
 // usesOf returns the host's IPv4 addresses and routes that overlap cidr
 // and are not on c's own host links (a default route left out).
 func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
+	uses, _, err := c.walk(cidr, false)
+	return uses, err
+}
+
+// walk reads the host's addresses and routes: the uses of cidr (usesOf),
+// and with hostAddrs the host's addresses outside c.CIDR (HostAddrs).
+func (c Config) walk(cidr netip.Prefix, hostAddrs bool) ([]HostUse, []netip.Prefix, error) {
 	probe, err := newLinkProbe()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer probe.close()
-	w := &useWalk{cfg: c, cidr: cidr, probe: probe, names: map[uint32]linkName{}}
+	w := &useWalk{cfg: c, cidr: cidr, hostAddrs: hostAddrs, probe: probe, names: map[uint32]linkName{}}
 	if err := w.dump(unix.RTM_GETADDR, make([]byte, unix.SizeofIfAddrmsg), w.addr); err != nil {
-		return nil, fmt.Errorf("slot: list host addresses: %w", err)
+		return nil, nil, fmt.Errorf("slot: list host addresses: %w", err)
 	}
 	// An rtmsg with table 0 and no RTA_TABLE asks for every table.
 	if err := w.dump(unix.RTM_GETROUTE, make([]byte, unix.SizeofRtMsg), w.route); err != nil {
-		return nil, fmt.Errorf("slot: list host routes: %w", err)
+		return nil, nil, fmt.Errorf("slot: list host routes: %w", err)
 	}
 	// Addresses first, then the most specific: what names the other
 	// device best.
@@ -109,16 +152,19 @@ func (c Config) usesOf(cidr netip.Prefix) ([]HostUse, error) {
 		}
 		return b.Prefix.Bits() - a.Prefix.Bits()
 	})
-	return w.uses, nil
+	return w.uses, w.addrs, nil
 }
 
-// useWalk gathers the foreign uses from the dumps' messages.
+// useWalk gathers the foreign uses, and the host's addresses, from the
+// dumps' messages.
 type useWalk struct {
-	cfg   Config
-	cidr  netip.Prefix // what a use overlaps
-	probe *linkProbe
-	names map[uint32]linkName // by link index, asked once each
-	uses  []HostUse
+	cfg       Config
+	cidr      netip.Prefix // what a use overlaps
+	hostAddrs bool         // gather addrs
+	probe     *linkProbe
+	names     map[uint32]linkName // by link index, asked once each
+	uses      []HostUse
+	addrs     []netip.Prefix // the host's addresses outside cfg.CIDR, each its /32
 }
 
 // linkName is a link's name and whether it is one of the configuration's
@@ -132,10 +178,10 @@ type linkName struct {
 // interrupts it: what an interrupted try added is dropped.
 func (w *useWalk) dump(req uint16, hdr []byte, f func(ribMsg)) error {
 	hdr[0] = unix.AF_INET
-	keep := len(w.uses)
+	keep, keepAddrs := len(w.uses), len(w.addrs)
 	return retryDump(dumpBudget, func() error { return ribDump(req, hdr, f) },
 		func(err error) bool { return errors.Is(err, errDumpInterrupted) },
-		func() { w.uses = w.uses[:keep] })
+		func() { w.uses, w.addrs = w.uses[:keep], w.addrs[:keepAddrs] })
 }
 
 // link names link index (0: none) and says whether it is c's own.
@@ -154,19 +200,23 @@ func (w *useWalk) link(index uint32) linkName {
 
 // addr takes an RTM_NEWADDR: ifaddrmsg {family, prefixlen, flags, scope,
 // index}, then IFA_LOCAL (the address itself; IFA_ADDRESS is the peer's
-// on a point-to-point link) or IFA_ADDRESS. The link is named by the
-// kernel, never by the address's IFA_LABEL, which would spare an ioctl a
-// link: the kernel takes any label a program gives (only iproute2 checks
-// it), so a host address labelled like a slot would go unseen.
+// on a point-to-point link) or IFA_ADDRESS. Only an address that overlaps
+// the range has its link named, by the kernel, never by the address's
+// IFA_LABEL, which would spare an ioctl a link: the kernel takes any label
+// a program gives (only iproute2 checks it), so a host address labelled
+// like a slot would go unseen.
 func (w *useWalk) addr(m ribMsg) {
-	if m.typ != unix.RTM_NEWADDR || m.body[0] != unix.AF_INET {
+	p, ok := addrOf(m)
+	if !ok {
 		return
 	}
-	l := w.link(binary.NativeEndian.Uint32(m.body[4:8]))
-	if l.own {
+	if w.hostAddrs && !w.cfg.CIDR.Contains(p.Addr()) {
+		w.addrs = append(w.addrs, netip.PrefixFrom(p.Addr(), 32))
+	}
+	if !p.Overlaps(w.cidr) {
 		return
 	}
-	if p, ok := addrOf(m); ok && p.Overlaps(w.cidr) {
+	if l := w.link(binary.NativeEndian.Uint32(m.body[4:8])); !l.own {
 		w.uses = append(w.uses, HostUse{Prefix: p, Dev: l.name})
 	}
 }
@@ -192,15 +242,15 @@ func (w *useWalk) route(m ribMsg) {
 	if m.typ != unix.RTM_NEWROUTE || m.body[0] != unix.AF_INET || m.body[1] == 0 {
 		return // the default route overlaps everything and takes nothing
 	}
+	p, ok := prefix4(m.attr(unix.RTA_DST), m.body[1])
+	if !ok || !p.Overlaps(w.cidr) {
+		return
+	}
 	var l linkName
 	if oif := m.attr(unix.RTA_OIF); len(oif) == 4 {
 		if l = w.link(binary.NativeEndian.Uint32(oif)); l.own {
 			return
 		}
-	}
-	p, ok := prefix4(m.attr(unix.RTA_DST), m.body[1])
-	if !ok || !p.Overlaps(w.cidr) {
-		return
 	}
 	table := int(m.body[4])
 	if t := m.attr(unix.RTA_TABLE); len(t) == 4 {

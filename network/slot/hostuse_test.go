@@ -194,7 +194,8 @@ func TestRoutedAlready(t *testing.T) {
 // HostAddrs gives every IPv4 address of the host as its /32 (the local
 // end of a point-to-point address, a secondary address, loopback), and
 // none in the slot CIDR, on the daemon's own links or any other: the
-// CIDR is denied whole.
+// CIDR is denied whole. ReadHost gives the same addresses from the host
+// check's dumps, beside what the check finds.
 func TestHostAddrs(t *testing.T) {
 	c := Config{Prefix: "fu-", NetnsDir: "/run/netns", Slots: 8, CIDR: netip.MustParsePrefix("10.90.0.0/24")}
 	inFreshNetns(t, func() {
@@ -232,19 +233,32 @@ func TestHostAddrs(t *testing.T) {
 				return
 			}
 		}
-		addrs, err := c.HostAddrs()
-		if err != nil {
-			t.Errorf("HostAddrs: %v", err)
-			return
-		}
-		var got []string
-		for _, p := range addrs {
-			got = append(got, p.String())
-		}
-		slices.Sort(got)
 		want := []string{"127.0.0.1/32", "192.0.2.1/32", "198.51.100.7/32", "203.0.113.1/32"}
-		if !slices.Equal(got, want) {
-			t.Errorf("HostAddrs = %q, want %q", got, want)
+		sorted := func(ps []netip.Prefix) []string {
+			var s []string
+			for _, p := range ps {
+				s = append(s, p.String())
+			}
+			slices.Sort(s)
+			return s
+		}
+		addrs, err := c.HostAddrs()
+		if got := sorted(addrs); err != nil || !slices.Equal(got, want) {
+			t.Errorf("HostAddrs = %q, %v; want %q", got, err, want)
+		}
+		r, err := c.ReadHost()
+		if got := sorted(r.Addrs); err != nil || !slices.Equal(got, want) {
+			t.Errorf("ReadHost: Addrs = %q, %v; want %q", got, err, want)
+		}
+		var foreign []string
+		for _, u := range r.Foreign {
+			if u.Table != 255 { // the local table's entry for the same address
+				foreign = append(foreign, u.String())
+			}
+		}
+		// The links are down: no prefix routes.
+		if wantForeign := []string{"address 10.90.0.2/31 dev xx-h1"}; !slices.Equal(foreign, wantForeign) {
+			t.Errorf("ReadHost: Foreign = %q, want %q", foreign, wantForeign)
 		}
 	})
 }
