@@ -110,21 +110,24 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 // *cidrInUseError: the daemon exits 2). It runs with the CIDR lock held
 // and before anything on the host is changed; not after an upgrade (see
 // claimCIDR). Both ranges are checked from one read of the host's tables
-// (slot.Config.HostUses).
+// (slot.Config.ReadHost), which also gives the host addresses the egress
+// defaults deny.
 func (d *Daemon) checkHostCIDR() error {
 	if !d.checkHost {
 		return nil
 	}
-	uses, guest, err := d.cfg.Slots.HostUses()
+	read, err := d.cfg.Slots.ReadHost()
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if len(uses) > 0 {
+	// The same dump's host addresses, for the egress defaults (populate).
+	d.hostAddrs, d.hostAddrsRead = read.Addrs, true
+	if uses := read.Foreign; len(uses) > 0 {
 		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
 		return lifecycle.Permanent(&cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
 			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"})
 	}
-	if len(guest) > 0 {
+	if guest := read.Guest; len(guest) > 0 {
 		return lifecycle.Permanent(d.guestRangeRefused(guest))
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -78,6 +79,10 @@ type Daemon struct {
 	ctlFile    *os.File        // its descriptor, for an upgrade
 	deadDone   chan struct{}   // closed when the dead slots are reclaimed
 	verifyDone chan struct{}   // closed when the restored leases' background check is over
+	// The host's own addresses, read by the host check (reclaim) when it
+	// ran, for the egress defaults (populate).
+	hostAddrs     []netip.Prefix
+	hostAddrsRead bool
 	// The background reclaim's own context: a drain does not end it (the
 	// pool's stop waits for it), its stop timeout or an upgrade does.
 	reclaimCtx    context.Context
@@ -658,7 +663,7 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		d.obs.setPool(pl)
 		d.slots = newSlotsService(d.cfg.Slots, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
 			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d)
-		if d.slots.egress, err = egressDefaults(d.cfg); err != nil {
+		if d.slots.egress, err = egressDefaults(d.cfg, d.hostAddrs, d.hostAddrsRead); err != nil {
 			return lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
 		}
 		d.obs.setLeases(d.slots)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 
 	"google.golang.org/grpc/codes"
@@ -18,11 +19,15 @@ import (
 // egressDefaults resolves the daemon's part of every egress policy: the
 // configured sets, with the slot CIDR (every slot's gateway and every
 // other slot) and the host's own addresses added to the always-denied.
-func egressDefaults(cfg Config) (inside.Defaults, error) {
+// The host check reads those addresses (read is true) unless it did not
+// run (an upgrade's new image): then they are read here.
+func egressDefaults(cfg Config, host []netip.Prefix, read bool) (inside.Defaults, error) {
 	d := cfg.Egress
-	host, err := cfg.Slots.HostAddrs()
-	if err != nil {
-		return inside.Defaults{}, err
+	if !read {
+		var err error
+		if host, err = cfg.Slots.HostAddrs(); err != nil {
+			return inside.Defaults{}, err
+		}
 	}
 	d.AlwaysAllow = slices.Clone(d.AlwaysAllow)
 	d.AlwaysDeny = append(append(slices.Clone(d.AlwaysDeny), cfg.Slots.CIDR), host...)

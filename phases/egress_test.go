@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -262,4 +263,43 @@ func sendFrom(t *testing.T, path, addr string) {
 	if err != nil {
 		t.Fatalf("send from %s: %v", path, err)
 	}
+}
+
+// The egress defaults deny the configured sets, the slot CIDR and the
+// host's own addresses: those the host check read when it ran, and
+// otherwise (an upgrade's new image does not check the host) a read of
+// the host's, which holds loopback's and none in the slot CIDR.
+func TestEgressDefaults(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Egress.AlwaysDeny = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+	checked := []netip.Prefix{netip.MustParsePrefix("198.51.100.7/32")}
+	t.Run("read by the host check", func(t *testing.T) {
+		d, err := egressDefaults(cfg, checked, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := append(append(slices.Clone(cfg.Egress.AlwaysDeny), cfg.Slots.CIDR), checked...)
+		if !slices.Equal(d.AlwaysDeny, want) {
+			t.Errorf("AlwaysDeny = %v, want %v", d.AlwaysDeny, want)
+		}
+	})
+	t.Run("read here", func(t *testing.T) {
+		d, err := egressDefaults(cfg, nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head := append(slices.Clone(cfg.Egress.AlwaysDeny), cfg.Slots.CIDR)
+		if !slices.Equal(d.AlwaysDeny[:len(head)], head) {
+			t.Fatalf("AlwaysDeny = %v, want it to start with %v", d.AlwaysDeny, head)
+		}
+		host := d.AlwaysDeny[len(head):]
+		if !slices.Contains(host, netip.MustParsePrefix("127.0.0.1/32")) || slices.Contains(host, checked[0]) {
+			t.Errorf("host addresses %v: want loopback's, read from the host", host)
+		}
+		for _, p := range host {
+			if cfg.Slots.CIDR.Contains(p.Addr()) {
+				t.Errorf("host address %v in the slot CIDR %v (denied whole already)", p, cfg.Slots.CIDR)
+			}
+		}
+	})
 }

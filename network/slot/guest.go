@@ -296,25 +296,3 @@ func InspectInside(s *Slot) (inside.Found, error) {
 	})
 	return f, err
 }
-
-// HostAddrs returns the host's own IPv4 addresses, each as its /32, but
-// those in c.CIDR (the slots' gateways, which the always-denied set holds
-// whole): what an egress policy denies by default, so that a slot cannot
-// reach the host's services by another of its addresses. No link is
-// named: on a host with thousands of other daemons' slots that would be
-// an ioctl each, before the daemon serves.
-func (c Config) HostAddrs() ([]netip.Prefix, error) {
-	addrs, err := hostAddrList()
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Prefix
-	for _, a := range addrs {
-		p, ok := prefixOf(a.IPNet)
-		if !ok || c.CIDR.Contains(p.Addr()) {
-			continue
-		}
-		out = append(out, netip.PrefixFrom(p.Addr(), 32))
-	}
-	return out, nil
-}

@@ -81,42 +81,73 @@ func retryDump(budget time.Duration, dump func() error, interrupted func(error) 
 // (ribdump.go) and one ioctl per link that holds an address or a route in
 // c.CIDR.
 func (c Config) ForeignUses() ([]HostUse, error) {
-	uses, err := c.usesIn(c.CIDR)
+	w, err := c.walk(false, c.CIDR)
 	if err != nil {
 		return nil, err
 	}
-	return uses[0], nil
+	return w.uses[0], nil
 }
 
-// HostUses returns ForeignUses and, with a guest device, the host's
-// addresses and routes that overlap the guest network (none without one):
-// the daemon refuses to start on them, as the same addresses would then
-// mean the host's network and every slot's guest. Both come from one walk
-// of the host's addresses and routes: on a host with thousands of other
-// slots each dump is thousands of entries, and is interrupted (and read
-// again) by every change another daemon makes meanwhile.
-func (c Config) HostUses() (slots, guest []HostUse, err error) {
-	if !c.Guest.Enabled() {
-		slots, err = c.ForeignUses()
-		return slots, nil, err
+// HostRead is what one read of the host's IPv4 addresses and routes says
+// of a slot configuration: the daemon's host check, for the slot CIDR and
+// the guest network, and the addresses its egress policies deny.
+type HostRead struct {
+	// Foreign is what ForeignUses returns.
+	Foreign []HostUse
+	// Guest is the host's addresses and routes that overlap the guest
+	// network (none without a guest device): the daemon refuses to start
+	// on them, as the same addresses would then mean the host's network
+	// and every slot's guest.
+	Guest []HostUse
+	// Addrs is what HostAddrs returns.
+	Addrs []netip.Prefix
+}
+
+// ReadHost returns Foreign, Guest and Addrs from one address dump and one
+// route dump: the daemon's start needs all three, and on a host with
+// thousands of other slots each dump is thousands of entries, interrupted
+// (and read again) by every change another daemon makes meanwhile.
+func (c Config) ReadHost() (HostRead, error) {
+	cidrs := []netip.Prefix{c.CIDR}
+	if c.Guest.Enabled() {
+		cidrs = append(cidrs, c.Guest.Range())
 	}
-	uses, err := c.usesIn(c.CIDR, c.Guest.Range())
+	w, err := c.walk(true, cidrs...)
 	if err != nil {
-		return nil, nil, err
+		return HostRead{}, err
 	}
-	return uses[0], uses[1], nil
+	r := HostRead{Foreign: w.uses[0], Addrs: w.addrs}
+	if len(cidrs) > 1 {
+		r.Guest = w.uses[1]
+	}
+	return r, nil
 }
 
-// usesIn returns, for each of cidrs, the host's IPv4 addresses and routes
+// HostAddrs returns the host's own IPv4 addresses, each as its /32, but
+// those in c.CIDR (the slots' gateways, which the always-denied set holds
+// whole): what an egress policy denies by default, so that a slot cannot
+// reach the host's services by another of its addresses. It is one address
+// dump read in place with no link named (on a host with thousands of
+// other daemons' slots that would be an ioctl each); ReadHost gives the
+// same beside the host check.
+func (c Config) HostAddrs() ([]netip.Prefix, error) {
+	w := &useWalk{cfg: c, hostAddrs: true} // no range: no link is named
+	if err := w.dump(unix.RTM_GETADDR, make([]byte, unix.SizeofIfAddrmsg), w.addr); err != nil {
+		return nil, fmt.Errorf("slot: list host addresses: %w", err)
+	}
+	return w.addrs, nil
+}
+
+// walk reads the host's addresses and routes: for each of cidrs, those
 // that overlap it and are not on c's own host links (a default route left
-// out), from one address dump and one route dump.
-func (c Config) usesIn(cidrs ...netip.Prefix) ([][]HostUse, error) {
+// out); with hostAddrs, also the host's addresses outside c.CIDR.
+func (c Config) walk(hostAddrs bool, cidrs ...netip.Prefix) (*useWalk, error) {
 	probe, err := newLinkProbe()
 	if err != nil {
 		return nil, err
 	}
 	defer probe.close()
-	w := &useWalk{cfg: c, cidrs: cidrs, uses: make([][]HostUse, len(cidrs)), probe: probe, names: map[uint32]linkName{}}
+	w := &useWalk{cfg: c, cidrs: cidrs, hostAddrs: hostAddrs, uses: make([][]HostUse, len(cidrs)), probe: probe, names: map[uint32]linkName{}}
 	if err := w.dump(unix.RTM_GETADDR, make([]byte, unix.SizeofIfAddrmsg), w.addr); err != nil {
 		return nil, fmt.Errorf("slot: list host addresses: %w", err)
 	}
@@ -137,16 +168,19 @@ func (c Config) usesIn(cidrs ...netip.Prefix) ([][]HostUse, error) {
 			return b.Prefix.Bits() - a.Prefix.Bits()
 		})
 	}
-	return w.uses, nil
+	return w, nil
 }
 
-// useWalk gathers the foreign uses from the dumps' messages.
+// useWalk gathers the foreign uses, and the host's addresses, from the
+// dumps' messages.
 type useWalk struct {
-	cfg   Config
-	cidrs []netip.Prefix // what a use overlaps
-	probe *linkProbe
-	names map[uint32]linkName // by link index, asked once each
-	uses  [][]HostUse         // by cidr
+	cfg       Config
+	cidrs     []netip.Prefix // what a use overlaps
+	hostAddrs bool           // gather addrs
+	probe     *linkProbe
+	names     map[uint32]linkName // by link index, asked once each
+	uses      [][]HostUse         // by cidr
+	addrs     []netip.Prefix      // the host's addresses outside cfg.CIDR, each its /32
 }
 
 // linkName is a link's name and whether it is one of the configuration's
@@ -164,12 +198,14 @@ func (w *useWalk) dump(req uint16, hdr []byte, f func(ribMsg)) error {
 	for i, u := range w.uses {
 		keep[i] = len(u)
 	}
+	keepAddrs := len(w.addrs)
 	return retryDump(dumpBudget, func() error { return ribDump(req, hdr, f) },
 		func(err error) bool { return errors.Is(err, errDumpInterrupted) },
 		func() {
 			for i := range w.uses {
 				w.uses[i] = w.uses[i][:keep[i]]
 			}
+			w.addrs = w.addrs[:keepAddrs]
 		})
 }
 
@@ -196,19 +232,6 @@ func (w *useWalk) add(u HostUse, link uint32) {
 	}
 }
 
-// hostAddrList dumps the host's IPv4 addresses through the library (for
-// HostAddrs, which wants them all), again when the kernel interrupted the
-// dump, as useWalk.dump does.
-func hostAddrList() ([]netlink.Addr, error) {
-	var addrs []netlink.Addr
-	err := retryDump(dumpBudget, func() (err error) { addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); return err },
-		func(err error) bool { return errors.Is(err, netlink.ErrDumpInterrupted) }, func() {})
-	if err != nil {
-		return nil, fmt.Errorf("slot: list host addresses: %w", err)
-	}
-	return addrs, nil
-}
-
 // link names link index (0: none) and says whether it is c's own.
 func (w *useWalk) link(index uint32) linkName {
 	if index == 0 {
@@ -225,21 +248,33 @@ func (w *useWalk) link(index uint32) linkName {
 
 // addr takes an RTM_NEWADDR: ifaddrmsg {family, prefixlen, flags, scope,
 // index}, then IFA_LOCAL (the address itself; IFA_ADDRESS is the peer's
-// on a point-to-point link) or IFA_ADDRESS. The link is named by the
-// kernel, never by the address's IFA_LABEL, which would spare an ioctl a
-// link: the kernel takes any label a program gives (only iproute2 checks
-// it), so a host address labelled like a slot would go unseen.
+// on a point-to-point link) or IFA_ADDRESS. Only an address that overlaps
+// a range has its link named, by the kernel, never by the address's
+// IFA_LABEL, which would spare an ioctl a link: the kernel takes any label
+// a program gives (only iproute2 checks it), so a host address labelled
+// like a slot would go unseen.
 func (w *useWalk) addr(m ribMsg) {
-	if m.typ != unix.RTM_NEWADDR || m.body[0] != unix.AF_INET {
+	p, ok := addrOf(m)
+	if !ok {
 		return
+	}
+	if w.hostAddrs && !w.cfg.CIDR.Contains(p.Addr()) {
+		w.addrs = append(w.addrs, netip.PrefixFrom(p.Addr(), 32))
+	}
+	w.add(HostUse{Prefix: p}, binary.NativeEndian.Uint32(m.body[4:8]))
+}
+
+// addrOf is the address an RTM_NEWADDR of AF_INET gives, with its prefix
+// length: IFA_LOCAL, or IFA_ADDRESS when there is no IFA_LOCAL.
+func addrOf(m ribMsg) (netip.Prefix, bool) {
+	if m.typ != unix.RTM_NEWADDR || m.body[0] != unix.AF_INET {
+		return netip.Prefix{}, false
 	}
 	a := m.attr(unix.IFA_LOCAL)
 	if a == nil {
 		a = m.attr(unix.IFA_ADDRESS)
 	}
-	if p, ok := prefix4(a, m.body[1]); ok {
-		w.add(HostUse{Prefix: p}, binary.NativeEndian.Uint32(m.body[4:8]))
-	}
+	return prefix4(a, m.body[1])
 }
 
 // route takes an RTM_NEWROUTE: rtmsg {family, dst_len, src_len, tos,

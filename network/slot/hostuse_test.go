@@ -191,10 +191,10 @@ func TestRoutedAlready(t *testing.T) {
 	})
 }
 
-// HostUses reads the slot CIDR's and the guest network's uses in one walk:
+// ReadHost reads the slot CIDR's and the guest network's uses in one walk:
 // each range gets what overlaps it, and only that; without a guest device
 // the guest's list is empty whatever the host has.
-func TestHostUses(t *testing.T) {
+func TestReadHostRanges(t *testing.T) {
 	guest := Guest{Tap: "tap0", Addr: netip.MustParsePrefix("10.77.0.21/30"), Gateway: netip.MustParseAddr("10.77.0.22")}
 	slots := netip.MustParsePrefix("10.90.0.0/24")
 	for _, tc := range []struct {
@@ -233,19 +233,19 @@ func TestHostUses(t *testing.T) {
 					t.Errorf("up: %v", err)
 					return
 				}
-				su, gu, err := c.HostUses()
+				r, err := c.ReadHost()
 				if err != nil {
-					t.Errorf("HostUses: %v", err)
+					t.Errorf("ReadHost: %v", err)
 					return
 				}
-				if got := mainTable(su); !slices.Equal(got, tc.wantSlots) {
+				if got := mainTable(r.Foreign); !slices.Equal(got, tc.wantSlots) {
 					t.Errorf("slot CIDR's uses = %q, want %q", got, tc.wantSlots)
 				}
-				if got := mainTable(gu); !slices.Equal(got, tc.wantGuest) {
+				if got := mainTable(r.Guest); !slices.Equal(got, tc.wantGuest) {
 					t.Errorf("guest network's uses = %q, want %q", got, tc.wantGuest)
 				}
-				if tc.wantNoGuests && gu != nil {
-					t.Errorf("guest uses %v without a guest device", gu)
+				if tc.wantNoGuests && r.Guest != nil {
+					t.Errorf("guest uses %v without a guest device", r.Guest)
 				}
 			})
 		})
@@ -264,40 +264,74 @@ func mainTable(uses []HostUse) []string {
 	return out
 }
 
-// HostAddrs gives every host address outside the slot CIDR as its /32 and
-// leaves out what the CIDR holds (the slots' gateways), whatever link it
-// is on.
+// HostAddrs gives every IPv4 address of the host as its /32 (the local
+// end of a point-to-point address, a secondary address, loopback), and
+// none in the slot CIDR, on the daemon's own links or any other: the
+// CIDR is denied whole. ReadHost gives the same addresses from the host
+// check's dumps, beside what the check finds.
 func TestHostAddrs(t *testing.T) {
 	c := Config{Prefix: "fu-", NetnsDir: "/run/netns", Slots: 8, CIDR: netip.MustParsePrefix("10.90.0.0/24")}
 	inFreshNetns(t, func() {
-		for _, l := range []struct{ name, addr string }{
-			{"fu-h1", "10.90.0.0/31"},    // a slot's gateway
-			{"uplink0", "10.91.0.1/24"},  // the host's
-			{"uplink0", "192.0.2.7/32"},  // the host's, a second one
-			{"other0", "10.90.0.200/31"}, // in the CIDR on a foreign link: the CIDR covers it
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			t.Errorf("lo: %v", err)
+			return
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			t.Errorf("lo up: %v", err)
+			return
+		}
+		for _, tc := range []struct{ link, addr, peer string }{
+			{"fu-h1", "10.90.0.0/31", ""},
+			{"xx-h1", "10.90.0.2/31", ""},
+			{"uplink0", "192.0.2.1/24", ""},
+			{"uplink0", "198.51.100.7/32", ""},
+			{"ptp0", "203.0.113.1/32", "203.0.113.9/32"},
 		} {
-			link, err := netlink.LinkByName(l.name)
+			l, err := netlink.LinkByName(tc.link)
 			if err != nil {
-				v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: l.name}, PeerName: l.name + "p"}
+				v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: tc.link}, PeerName: tc.link + "p"}
 				if err := netlink.LinkAdd(v); err != nil {
-					t.Errorf("add %s: %v", l.name, err)
+					t.Errorf("add %s: %v", tc.link, err)
 					return
 				}
-				link = v
+				l = v
 			}
-			if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix(l.addr))}); err != nil {
-				t.Errorf("address %s on %s: %v", l.addr, l.name, err)
+			a := &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix(tc.addr))}
+			if tc.peer != "" {
+				a.Peer = ipNet(netip.MustParsePrefix(tc.peer))
+			}
+			if err := netlink.AddrAdd(l, a); err != nil {
+				t.Errorf("address %s on %s: %v", tc.addr, tc.link, err)
 				return
 			}
 		}
-		got, err := c.HostAddrs()
-		if err != nil {
-			t.Errorf("HostAddrs: %v", err)
-			return
+		want := []string{"127.0.0.1/32", "192.0.2.1/32", "198.51.100.7/32", "203.0.113.1/32"}
+		sorted := func(ps []netip.Prefix) []string {
+			var s []string
+			for _, p := range ps {
+				s = append(s, p.String())
+			}
+			slices.Sort(s)
+			return s
 		}
-		slices.SortFunc(got, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-		if want := []netip.Prefix{netip.MustParsePrefix("10.91.0.1/32"), netip.MustParsePrefix("192.0.2.7/32")}; !slices.Equal(got, want) {
-			t.Errorf("HostAddrs = %v, want %v", got, want)
+		addrs, err := c.HostAddrs()
+		if got := sorted(addrs); err != nil || !slices.Equal(got, want) {
+			t.Errorf("HostAddrs = %q, %v; want %q", got, err, want)
+		}
+		r, err := c.ReadHost()
+		if got := sorted(r.Addrs); err != nil || !slices.Equal(got, want) {
+			t.Errorf("ReadHost: Addrs = %q, %v; want %q", got, err, want)
+		}
+		var foreign []string
+		for _, u := range r.Foreign {
+			if u.Table != 255 { // the local table's entry for the same address
+				foreign = append(foreign, u.String())
+			}
+		}
+		// The links are down: no prefix routes.
+		if wantForeign := []string{"address 10.90.0.2/31 dev xx-h1"}; !slices.Equal(foreign, wantForeign) {
+			t.Errorf("ReadHost: Foreign = %q, want %q", foreign, wantForeign)
 		}
 	})
 }

@@ -13,9 +13,10 @@ import (
 // ~30,000 entries, and the library builds a Go struct (with its net.IP
 // and attribute slices) for each before the check can drop its own: most
 // of the check's time went there (docs/BENCHMARKS.md). Here each message
-// is read in place from one reused buffer, and an entry on one of the
-// configuration's own links is dropped as soon as its link is known (an
-// address's fixed header, a route's RTA_OIF), before anything else.
+// is read in place from one reused buffer, an entry outside the range
+// checked is dropped as soon as its address or destination is read, and
+// only then is its link named (an ioctl; an address's fixed header, a
+// route's RTA_OIF) to drop those on the configuration's own links.
 
 // errDumpInterrupted is a dump the kernel marked inconsistent
 // (NLM_F_DUMP_INTR): addresses or routes changed while it ran.

@@ -18,10 +18,11 @@ import (
 )
 
 // BenchmarkStartReads measures what a restart reads of the host before it
-// changes anything, on $PHASEGATE_BENCH_SLOTS real slots (default 200):
-// the host check (ForeignUses) beside the way it read the host before,
-// through vishvananda/netlink's structs (foreignUsesLibrary), and the
-// scan (Survey). Every slot is removed by the playground's cleanup. Run
+// serves, on $PHASEGATE_BENCH_SLOTS real slots (default 200): the host
+// check (ForeignUses) and the host's addresses an egress policy denies
+// (HostAddrs), each beside the way it read the host before, through
+// vishvananda/netlink's structs (foreignUsesLibrary, hostAddrsLibrary),
+// and the scan (Survey). Every slot is removed by the playground's cleanup. Run
 // it in a network namespace of its own, so that other slots being made on
 // the host do not interrupt its dumps:
 //
@@ -61,6 +62,28 @@ func BenchmarkStartReads(b *testing.B) {
 	b.Run("ForeignUses", func(b *testing.B) {
 		for b.Loop() {
 			if _, err := cfg.ForeignUses(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	// Both ways find the same host addresses outside the CIDR.
+	addrs, err := cfg.HostAddrs()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if lib, err := hostAddrsLibrary(cfg); err != nil || !slices.Equal(addrs, lib) {
+		b.Fatalf("host addresses: %v, the library's way %v (error %v)", addrs, lib, err)
+	}
+	b.Run("HostAddrs/library", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := hostAddrsLibrary(cfg); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("HostAddrs", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := cfg.HostAddrs(); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -160,4 +183,43 @@ func prefixOfNet(n *net.IPNet) (netip.Prefix, bool) {
 		return netip.Prefix{}, false
 	}
 	return netip.PrefixFrom(ip, ones), true
+}
+
+// hostAddrsLibrary is how HostAddrs read the host before: the address
+// dump through vishvananda/netlink, and one ioctl per address to name its
+// link, dropping those on the configuration's own links. Kept as the
+// benchmark's baseline.
+func hostAddrsLibrary(c slot.Config) ([]netip.Prefix, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var addrs []netlink.Addr
+	for range 10 {
+		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		p, ok := prefixOfNet(a.IPNet)
+		if !ok {
+			continue
+		}
+		name := ""
+		if ifr, err := unix.NewIfreq(""); err == nil {
+			ifr.SetUint32(uint32(a.LinkIndex))
+			if unix.IoctlIfreq(fd, unix.SIOCGIFNAME, ifr) == nil {
+				name = ifr.Name()
+			}
+		}
+		if _, mine := c.CanonicalHostIfIndex(name); !mine {
+			out = append(out, netip.PrefixFrom(p.Addr(), 32))
+		}
+	}
+	return out, nil
 }
