@@ -128,12 +128,7 @@ func foreignUsesLibrary(c slot.Config) ([]slot.HostUse, error) {
 		_, mine := c.CanonicalHostIfIndex(name)
 		return name, mine
 	}
-	var addrs []netlink.Addr
-	for range 10 {
-		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	addrs, err := libraryAddrs()
 	if err != nil {
 		return nil, err
 	}
@@ -195,12 +190,7 @@ func hostAddrsLibrary(c slot.Config) ([]netip.Prefix, error) {
 		return nil, err
 	}
 	defer unix.Close(fd)
-	var addrs []netlink.Addr
-	for range 10 {
-		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	addrs, err := libraryAddrs()
 	if err != nil {
 		return nil, err
 	}
@@ -222,4 +212,16 @@ func hostAddrsLibrary(c slot.Config) ([]netip.Prefix, error) {
 		}
 	}
 	return out, nil
+}
+
+// libraryAddrs is the host's IPv4 addresses through vishvananda/netlink,
+// the dump asked again while the kernel interrupts it (at most 10 times):
+// the baselines' way of reading them.
+func libraryAddrs() (addrs []netlink.Addr, err error) {
+	for range 10 {
+		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	return addrs, err
 }
