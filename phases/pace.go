@@ -66,6 +66,9 @@ func (g *waitGauge) observe(d time.Duration) {
 // take returns the longest wait since the last take and starts over.
 func (g *waitGauge) take() time.Duration { return time.Duration(g.worst.Swap(0)) }
 
+// observed reports whether a wait was observed since the last take.
+func (g *waitGauge) observed() bool { return g.worst.Load() > 0 }
+
 // waits are the daemon's waits the background reclaim is paced by.
 type waits struct {
 	health, acquire, create waitGauge
@@ -85,6 +88,10 @@ func (w *waits) healthWorst() time.Duration {
 	}
 	return lag
 }
+
+// checking reports whether a health check was answered since the last
+// healthWorst: a checker is asking now.
+func (w *waits) checking() bool { return w.checks.Load() > 0 }
 
 // countChecks is a gRPC interceptor that counts health Checks.
 func (w *waits) countChecks(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -112,9 +119,10 @@ func (w *waits) createWorst(short func() bool) time.Duration {
 // whether the pool holds fewer warm slots than its ready floor.
 func (w *waits) signals(short func() bool) []reclaim.Signal {
 	return []reclaim.Signal{
-		{Name: signalHealth, Target: healthLagTarget, Worst: w.healthWorst},
-		{Name: signalAcquire, Target: acquireWaitTarget, Worst: w.acquire.take},
-		{Name: signalCreate, Target: createWaitTarget, Worst: func() time.Duration { return w.createWorst(short) }},
+		{Name: signalHealth, Target: healthLagTarget, Worst: w.healthWorst, Waiting: w.checking},
+		{Name: signalAcquire, Target: acquireWaitTarget, Worst: w.acquire.take, Waiting: w.acquire.observed},
+		{Name: signalCreate, Target: createWaitTarget, Worst: func() time.Duration { return w.createWorst(short) },
+			Waiting: func() bool { return w.create.observed() && short() }},
 	}
 }
 

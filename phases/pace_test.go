@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/phasegate/phasegate/network/reclaim"
 )
 
 // A wait gauge keeps the longest wait since it was last taken, whatever
@@ -132,6 +134,41 @@ func TestCreateSignal(t *testing.T) {
 			}
 			if got := w.create.take(); got != 0 {
 				t.Errorf("gauge left at %v after the signal was read, want taken", got)
+			}
+		})
+	}
+}
+
+// The pacer is idle (a teardown may overlap its batches) only while
+// nothing waits: no health check answered, no Acquire, no creation while
+// the pool is short; each signal's Waiting says so without taking it.
+func TestPacerIdle(t *testing.T) {
+	tests := []struct {
+		name  string
+		short bool
+		do    func(w *waits)
+		want  bool
+	}{
+		{"nothing", true, func(*waits) {}, true},
+		{"a health check answered", false, func(w *waits) { w.checked() }, false},
+		{"an Acquire", false, func(w *waits) { w.acquire.observe(time.Millisecond) }, false},
+		{"a creation, the pool short", true, func(w *waits) { w.create.observe(time.Millisecond) }, false},
+		{"a creation above the floor", false, func(w *waits) { w.create.observe(time.Millisecond) }, true},
+		{"a check answered, then the signals read", false, func(w *waits) { w.checked(); w.healthWorst() }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var w waits
+			p, err := reclaim.NewPacer(reclaim.PaceOptions{Signals: w.signals(func() bool { return tt.short })})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.do(&w)
+			if got := p.Idle(); got != tt.want {
+				t.Errorf("Idle() = %v, want %v", got, tt.want)
+			}
+			if tt.want == false && w.checks.Load() == 0 && w.acquire.worst.Load() == 0 && w.create.worst.Load() == 0 {
+				t.Error("Idle took what it read")
 			}
 		})
 	}

@@ -27,7 +27,7 @@ func Slots(ctx context.Context, m *slot.Manager, inv slot.Inventory, opts Option
 		Batch: opts.Batch, BatchPause: opts.BatchPause, Halt: opts.Halt,
 	}
 	if opts.Pacer != nil {
-		to.Batch, to.BatchPause, to.Pace = opts.Pacer.First(), 0, opts.Pacer.Pace
+		to.Batch, to.BatchPause, to.Pace, to.Overlap = opts.Pacer.First(), 0, opts.Pacer.Pace, opts.Pacer.Idle
 	}
 	res := m.Teardown(ctx, inv, to)
 	rep.Reclaimed, rep.Failed, rep.Deferred = res.Reclaimed, res.Failed, res.Deferred

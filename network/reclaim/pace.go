@@ -18,6 +18,10 @@ type Signal struct {
 	// Worst returns the longest wait seen since its previous call, 0 when
 	// nothing waited. It is called once after each batch.
 	Worst func() time.Duration
+	// Waiting, if set, reports without taking anything whether this wait
+	// has been observed since Worst's last call: somebody is waiting, or
+	// asking, now. Pacer.Idle reads it; nil counts as nobody.
+	Waiting func() bool
 }
 
 // PaceOptions configure a Pacer. Zero values take the defaults.
@@ -114,6 +118,18 @@ func NewPacer(opts PaceOptions) (*Pacer, error) {
 		opts.MaxPauseRatio = DefaultMaxPauseRatio
 	}
 	return &Pacer{opts: opts, size: opts.First, stats: PaceStats{Over: map[string]int{}, Largest: opts.First}}, nil
+}
+
+// Idle reports whether no signal has anything waiting (Signal.Waiting):
+// a teardown's next batch may then overlap the one the kernel is still
+// destroying (slot.TeardownOptions.Overlap), as fast as the kernel allows.
+func (p *Pacer) Idle() bool {
+	for _, s := range p.opts.Signals {
+		if s.Waiting != nil && s.Waiting() {
+			return false
+		}
+	}
+	return true
 }
 
 // First returns the size of the first batch.

@@ -214,3 +214,51 @@ func TestTeardownPacedHaltFinishesTheBatchesInTheKernel(t *testing.T) {
 		t.Errorf("left on the host: %v, want the deferred %v whole", got, res.Deferred)
 	}
 }
+
+// Paced with Overlap saying no, a batch is awaited before the next one is
+// unlinked: each Pace sees nothing of the next batch started yet; with
+// Overlap saying yes, it sees the next batch already in the kernel (and
+// is not asked once every batch is started).
+func TestTeardownPacedOverlapAsked(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		overlap bool
+		// wantLeft is BatchDone.Left at each Pace: what was not yet
+		// started when the batch before was done.
+		wantLeft []int
+	}{
+		{"no overlap", false, []int{6, 3}},
+		{"overlap", true, []int{3}}, // the third batch is started before the second is awaited: no Pace is left to ask
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := nettest.New(t, 16)
+			m := env.Manager(t)
+			ctx := context.Background()
+			nettest.Leak(t, m, []int{1, 2, 3, 4, 5, 6, 7, 8, 9})
+			inv, err := m.Scan(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var left []int
+			asked := 0
+			res := m.Teardown(ctx, inv, slot.TeardownOptions{Batch: 3, Workers: 1,
+				Pace: func(last slot.BatchDone) (int, time.Duration) {
+					left = append(left, last.Left)
+					return 3, 0
+				},
+				Overlap: func() bool { asked++; return tc.overlap }})
+			if len(res.Failed) != 0 || len(res.Reclaimed) != 9 || res.Batches != 3 {
+				t.Fatalf("teardown: reclaimed %v, failed %v, %d batches; want all 9 in 3", res.Reclaimed, res.Failed, res.Batches)
+			}
+			if asked == 0 {
+				t.Error("Overlap never asked")
+			}
+			if !slices.Equal(left, tc.wantLeft) {
+				t.Errorf("Left at each Pace = %v, want %v", left, tc.wantLeft)
+			}
+			for _, i := range res.Reclaimed {
+				checkGone(t, m, i)
+			}
+		})
+	}
+}

@@ -40,5 +40,6 @@
 // the networking lock while it destroys a batch, so smaller batches keep a
 // concurrent Create from stalling, at some cost in total time. Paced
 // (TeardownOptions.Pace), the next batch is unlinked while the kernel
-// destroys the one before, which takes back most of that cost.
+// destroys the one before, which takes back most of that cost, unless
+// TeardownOptions.Overlap says the process cannot spare it now.
 package slot

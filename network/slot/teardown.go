@@ -78,6 +78,13 @@ type TeardownOptions struct {
 	// host links are awaited, so the kernel has it queued when it is done
 	// with this one; a pause is taken with nothing left in the kernel.
 	Pace func(last BatchDone) (next int, pause time.Duration)
+	// Overlap, if set, is asked before a paced teardown unlinks the next
+	// batch while the kernel still destroys the one before: false makes
+	// it await that batch first, as an unpaced teardown does. The overlap
+	// keeps the kernel's clean-up busy without a gap, which is what a
+	// node where nothing waits wants and what a node answering health
+	// checks on two cores cannot spare. nil: always overlap.
+	Overlap func() bool
 	// Progress, if set, is called after each slot's namespace is detached
 	// and unlinked (or failed), with the count so far and the total. Calls
 	// are serialized.
@@ -324,7 +331,7 @@ func (t *teardown) runBatches() {
 	cur := t.startBatch(0, size)
 	for cur != nil {
 		var next *batchSpan
-		if t.opts.Pace != nil && pause == 0 && !cur.stopped {
+		if t.opts.Pace != nil && pause == 0 && !cur.stopped && (t.opts.Overlap == nil || t.opts.Overlap()) {
 			next = t.startBatch(cur.next, size)
 		}
 		t.finish(cur)
