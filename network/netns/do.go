@@ -20,23 +20,38 @@ import (
 // cannot leave a thread behind in the wrong namespace). The main thread,
 // which cannot exit, is never the one that changes namespace.
 func Do(fd int, fn func() error) error {
-	errc := make(chan error, 1)
-	go doOnOwnThread(fd, fn, errc)
-	return <-errc
+	var err error
+	onThrowawayThread(func() {
+		if err = unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			err = fmt.Errorf("netns: setns(fd %d, CLONE_NEWNET): %w", fd, err)
+			return
+		}
+		err = fn()
+	})
+	return err
 }
 
-func doOnOwnThread(fd int, fn func() error, errc chan<- error) {
+// onThrowawayThread runs fn, and returns once it has, on a goroutine
+// locked to an OS thread that is never unlocked, so the thread, whose
+// network namespace fn may change, exits with the goroutine. The main
+// thread cannot exit (the runtime parks it forever instead): if the
+// goroutine lands there, it keeps the main thread busy and runs fn on a
+// nested goroutine, which then cannot run on the main thread.
+func onThrowawayThread(fn func()) {
+	done := make(chan struct{})
+	go runThrowaway(fn, done)
+	<-done
+}
+
+func runThrowaway(fn func(), done chan<- struct{}) {
+	defer close(done)
 	runtime.LockOSThread()
 	if unix.Gettid() == unix.Getpid() {
-		nested := make(chan error, 1)
-		go doOnOwnThread(fd, fn, nested)
-		errc <- <-nested
+		nested := make(chan struct{})
+		go runThrowaway(fn, nested)
+		<-nested
 		runtime.UnlockOSThread() // the main thread never changed namespace
 		return
 	}
-	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-		errc <- fmt.Errorf("netns: setns(fd %d, CLONE_NEWNET): %w", fd, err)
-		return
-	}
-	errc <- fn()
+	fn()
 }

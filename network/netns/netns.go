@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -168,9 +167,8 @@ func Create(ctx context.Context, dir, name string) (string, error) {
 			Delete(context.WithoutCancel(ctx), dir, name))
 	}
 
-	res := make(chan created, 1)
-	go createOnOwnThread(fdPath(fd), path, res)
-	c := <-res
+	var c created
+	onThrowawayThread(func() { c = createHere(fdPath(fd), path) })
 	unix.Close(fd)
 	if c.err == nil {
 		c.err = checkBound(path, c.id)
@@ -188,34 +186,20 @@ type created struct {
 	err error
 }
 
-// createOnOwnThread locks the goroutine to its thread and never unlocks it,
-// so the thread, whose network namespace changes, exits with the goroutine.
-// The main thread cannot exit (the runtime parks it forever instead): if the
-// goroutine landed there, it keeps the main thread busy and does the work on
-// a nested goroutine, which then cannot run on the main thread.
-func createOnOwnThread(target, path string, res chan<- created) {
-	runtime.LockOSThread()
-	if unix.Gettid() == unix.Getpid() {
-		nested := make(chan created, 1)
-		go createOnOwnThread(target, path, nested)
-		res <- <-nested
-		runtime.UnlockOSThread() // the main thread never changed namespace
-		return
-	}
+// createHere makes a network namespace for the calling thread, which
+// must be one of onThrowawayThread's, and binds it onto target.
+func createHere(target, path string) created {
 	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		res <- created{err: fmt.Errorf("netns: create %s: unshare(CLONE_NEWNET): %w", path, err)}
-		return
+		return created{err: fmt.Errorf("netns: create %s: unshare(CLONE_NEWNET): %w", path, err)}
 	}
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
-		res <- created{err: fmt.Errorf("netns: create %s: %w", path, pathErr("stat", "/proc/thread-self/ns/net", err))}
-		return
+		return created{err: fmt.Errorf("netns: create %s: %w", path, pathErr("stat", "/proc/thread-self/ns/net", err))}
 	}
 	if err := unix.Mount("/proc/thread-self/ns/net", target, "none", unix.MS_BIND, ""); err != nil {
-		res <- created{err: fmt.Errorf("netns: create: bind /proc/thread-self/ns/net onto the placeholder: %w", pathErr("mount", path, err))}
-		return
+		return created{err: fmt.Errorf("netns: create: bind /proc/thread-self/ns/net onto the placeholder: %w", pathErr("mount", path, err))}
 	}
-	res <- created{id: ID{Dev: st.Dev, Ino: st.Ino}}
+	return created{id: ID{Dev: st.Dev, Ino: st.Ino}}
 }
 
 // checkBound makes sure the namespace id is what path shows. If it is not,

@@ -3,7 +3,6 @@ package slot_test
 import (
 	"context"
 	"errors"
-	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -134,7 +133,7 @@ func foreignUsesLibrary(c slot.Config) ([]slot.HostUse, error) {
 	}
 	var uses []slot.HostUse
 	for _, a := range addrs {
-		p, ok := prefixOfNet(a.IPNet)
+		p, ok := slot.PrefixOf(a.IPNet)
 		if !ok || !p.Overlaps(c.CIDR) {
 			continue
 		}
@@ -153,7 +152,7 @@ func foreignUsesLibrary(c slot.Config) ([]slot.HostUse, error) {
 		return nil, err
 	}
 	for _, r := range routes {
-		p, ok := prefixOfNet(r.Dst)
+		p, ok := slot.PrefixOf(r.Dst)
 		if !ok || p.Bits() == 0 || !p.Overlaps(c.CIDR) {
 			continue
 		}
@@ -163,21 +162,6 @@ func foreignUsesLibrary(c slot.Config) ([]slot.HostUse, error) {
 	}
 	slices.SortStableFunc(uses, func(a, b slot.HostUse) int { return b.Prefix.Bits() - a.Prefix.Bits() })
 	return uses, nil
-}
-
-func prefixOfNet(n *net.IPNet) (netip.Prefix, bool) {
-	if n == nil {
-		return netip.Prefix{}, false
-	}
-	ip, ok := netip.AddrFromSlice(n.IP.To4())
-	if !ok {
-		return netip.Prefix{}, false
-	}
-	ones, bits := n.Mask.Size()
-	if bits != 32 {
-		return netip.Prefix{}, false
-	}
-	return netip.PrefixFrom(ip, ones), true
 }
 
 // hostAddrsLibrary is how HostAddrs read the host before: the address
@@ -196,7 +180,7 @@ func hostAddrsLibrary(c slot.Config) ([]netip.Prefix, error) {
 	}
 	var out []netip.Prefix
 	for _, a := range addrs {
-		p, ok := prefixOfNet(a.IPNet)
+		p, ok := slot.PrefixOf(a.IPNet)
 		if !ok {
 			continue
 		}

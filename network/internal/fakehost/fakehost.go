@@ -17,7 +17,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
@@ -160,34 +159,12 @@ func up(t testing.TB, h *netlink.Handle, name string, addr netip.Prefix) netlink
 // they can be used from any goroutine afterwards. The thread is never
 // handed back to Go: it exits with fn's goroutine.
 func Do(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go doOnOwnThread(path, fn, errc)
-	return <-errc
-}
-
-func doOnOwnThread(path string, fn func() error, errc chan<- error) {
-	runtime.LockOSThread()
-	if unix.Gettid() == unix.Getpid() {
-		// The main thread never exits (see netns.Create): work on a nested
-		// goroutine, which then lands on another thread.
-		nested := make(chan error, 1)
-		go doOnOwnThread(path, fn, nested)
-		errc <- <-nested
-		runtime.UnlockOSThread()
-		return
-	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		errc <- fmt.Errorf("fakehost: open %s: %w", path, err)
-		return
+		return fmt.Errorf("fakehost: open %s: %w", path, err)
 	}
-	err = unix.Setns(fd, unix.CLONE_NEWNET)
-	unix.Close(fd)
-	if err != nil {
-		errc <- fmt.Errorf("fakehost: setns %s: %w", path, err)
-		return
-	}
-	errc <- fn()
+	defer unix.Close(fd)
+	return netns.Do(fd, fn)
 }
 
 // Sysctl writes value to /proc/sys/<key> inside the namespace at path.
