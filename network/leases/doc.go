@@ -135,10 +135,11 @@
 //
 // At start, after the lock: Open, Load, classify every slot found against
 // its record, then Put the restored leases with a fresh full TTL (one
-// transaction). Acquire: ByRequest(owner, request id) first; if found,
-// return that slot; otherwise take a slot and Put its Leased record (a
-// *DuplicateRequestError means a concurrent retry won: return its slot and
-// give this one back). KeepAlive: Update comparing the lease id and setting
+// transaction). Acquire: a retry (owner, request id) is answered from the
+// daemon's own leases, which Load filled and every Put since has kept (no
+// read of the store per call); otherwise take a slot and Put its Leased
+// record (a *DuplicateRequestError means a concurrent retry won: return its
+// slot and give this one back). KeepAlive: Update comparing the lease id and setting
 // Expires. Release: Update comparing the lease id and returning ErrRemove,
 // then reset the slot, then Put it Idle: a crash in between leaves a slot
 // without a record (reclaimed at the next start), never an Idle record for

@@ -427,8 +427,9 @@ func (t *teardown) unlinkBatch(start, end int) {
 // niceThread locks the calling goroutine to its thread and lowers that
 // thread's priority to nice, unless it is already as low: the thread ends
 // with the goroutine (runtime.LockOSThread without an unlock), so no other
-// goroutine ever runs at that priority. If the priority cannot be read or
-// set, the goroutine runs on as it was.
+// goroutine ever runs at that priority (the main thread, which cannot end,
+// is parked for good instead: no goroutine runs on it again). If the
+// priority cannot be read or set, the goroutine runs on as it was.
 func niceThread(nice int) {
 	runtime.LockOSThread()
 	tid := unix.Gettid()
