@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/network/slot"
 )
 
 // The restore part's guest+policy variant runs the daemon with the slot
@@ -72,22 +73,18 @@ func guestArgs(addr netip.Prefix) []string {
 	}
 }
 
-// validGuestAddr checks -guest-addr: a host address of a network of at
-// least 4 addresses whose next address is one too, outside the slot CIDR.
+// validGuestAddr checks -guest-addr with the daemon's own rules (the
+// guest device's, and its range outside the slot CIDR), so that a bad one
+// is refused before anything is leased.
 func validGuestAddr(addr netip.Prefix, cidr string) error {
 	slots, err := netip.ParsePrefix(cidr)
 	if err != nil {
 		return fmt.Errorf("-cidr: %w", err)
 	}
-	r := addr.Masked()
-	gw := guestGateway(addr)
-	switch {
-	case !addr.Addr().Is4() || addr.Bits() > 30 || addr.Bits() < 8:
-		return fmt.Errorf("-guest-addr %s: want an IPv4 address with a prefix length in /8../30", addr)
-	case addr.Addr() == r.Addr() || !r.Contains(gw) || !r.Contains(gw.Next()):
-		return fmt.Errorf("-guest-addr %s: the address and the next one (the tap's) must be host addresses of %s", addr, r)
-	case r.Overlaps(slots):
-		return fmt.Errorf("-guest-addr %s overlaps -cidr %s (the daemon refuses it)", addr, slots)
+	c := slot.Config{Prefix: "pgbench-", NetnsDir: "/run/netns", Slots: 1, CIDR: slots.Masked(),
+		Guest: slot.Guest{Tap: guestTap, Addr: addr, Gateway: guestGateway(addr)}}
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("-guest-addr %s with -cidr %s: %w", addr, cidr, err)
 	}
 	return nil
 }
