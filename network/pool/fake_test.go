@@ -83,6 +83,12 @@ func (f *fakeSlots) tornDown() []int {
 	return slices.Concat(f.batches...)
 }
 
+func (f *fakeSlots) createdCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.created)
+}
+
 func (f *fakeSlots) liveIndices() []int {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -22,6 +22,12 @@ const (
 	DefaultMinBackoff = 100 * time.Millisecond
 	// DefaultMaxBackoff caps the wait after repeated failed fills.
 	DefaultMaxBackoff = 30 * time.Second
+	// DefaultLull is how long Gets must pause before the background fill
+	// makes slots while the pool still holds its reserve: about two slot
+	// creations on a busy node (docs/BENCHMARKS.md, "The refill waits for
+	// a lull"), so that Gets further apart than that interleave with the
+	// fill and only a burst defers it.
+	DefaultLull = 10 * time.Millisecond
 )
 
 // Errors callers branch on.
@@ -73,6 +79,16 @@ type Options struct {
 	// DefaultMinBackoff and DefaultMaxBackoff (no wait at all would retry a
 	// failing kernel in a busy loop).
 	MinBackoff, MaxBackoff time.Duration
+	// Lull is how long Gets must pause before the background fill makes
+	// slots again while the pool holds at least its reserve (a quarter of
+	// Target, rounded up): a burst of Gets is served from warm slots
+	// without the fill's kernel work competing with it for the CPU and the
+	// kernel's networking lock, and the pool refills once the burst is
+	// over; a burst that drains it below the reserve has it refilled to the
+	// reserve at once, the rest after the lull. 0 means
+	// DefaultLull; a negative Lull refills after every Get. Replacements of
+	// slots given back with Put and Gets on an empty pool never wait.
+	Lull time.Duration
 	// Teardown tunes how slots are destroyed, released ones included
 	// (KillOrphans decides what happens to a process a tenant left
 	// running: killed, or cut off with its namespace).
@@ -145,6 +161,8 @@ type Pool struct {
 	backoff   time.Duration
 	retry     Timer
 	trimTimer Timer
+	lastGet   time.Time // the last Get that took an idle slot
+	lullTimer Timer     // kicks the fill once the Gets have paused for Lull
 	lastErr   error
 	closeErrs []error
 }
@@ -166,6 +184,9 @@ func New(slots Slots, idx *index.Allocator, opts Options) (*Pool, error) {
 	}
 	if opts.MinBackoff == 0 {
 		opts.MinBackoff = DefaultMinBackoff
+	}
+	if opts.Lull == 0 {
+		opts.Lull = DefaultLull
 	}
 	if opts.MaxBackoff == 0 {
 		opts.MaxBackoff = DefaultMaxBackoff
@@ -210,6 +231,9 @@ func (p *Pool) broadcast() {
 // kick starts fill workers while the pool is below target. Call with p.mu
 // held.
 func (p *Pool) kick() {
+	if p.waitForLull() {
+		return
+	}
 	for !p.closed && p.retry == nil && p.filling < p.opts.FillConcurrency &&
 		len(p.idle)+p.filling < p.opts.Target {
 		p.filling++
@@ -217,6 +241,34 @@ func (p *Pool) kick() {
 		go p.fillOne()
 	}
 }
+
+// waitForLull reports whether the background fill waits for the Gets to
+// pause (Options.Lull) and, when it does, arms the timer that kicks the
+// fill once they have. Call with p.mu held.
+func (p *Pool) waitForLull() bool {
+	if p.opts.Lull < 0 || p.lastGet.IsZero() || len(p.idle) < p.reserve() ||
+		len(p.idle)+p.filling >= p.opts.Target {
+		return false
+	}
+	wait := p.lastGet.Add(p.opts.Lull).Sub(p.opts.Clock.Now())
+	if wait <= 0 {
+		return false
+	}
+	if p.lullTimer == nil && !p.closed {
+		p.lullTimer = p.opts.Clock.AfterFunc(wait, func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.lullTimer = nil
+			p.kick()
+		})
+	}
+	return true
+}
+
+// reserve is the idle count below which the fill does not wait for a
+// lull: a quarter of the target, so that a burst longer than the pool is
+// deep still finds warm slots while the fill makes more.
+func (p *Pool) reserve() int { return (p.opts.Target + 3) / 4 }
 
 func (p *Pool) fillOne() {
 	defer p.wg.Done()
@@ -348,6 +400,7 @@ func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
 		p.idle[n-1] = idleSlot{}
 		p.idle = p.idle[:n-1]
 		p.inUse[e.s.Index] = e.s
+		p.lastGet = p.opts.Clock.Now()
 		p.kick()
 		p.broadcast()
 		p.mu.Unlock()
@@ -719,6 +772,10 @@ func (p *Pool) close(ctx context.Context, keep bool) ([]*slot.Slot, error) {
 		p.trimTimer.Stop()
 		p.trimTimer = nil
 	}
+	if p.lullTimer != nil {
+		p.lullTimer.Stop()
+		p.lullTimer = nil
+	}
 	var victims []*slot.Slot
 	if !keep {
 		for _, e := range p.idle {
@@ -771,6 +828,9 @@ type Snapshot struct {
 	// Filling is the number of background creations under way (their
 	// index may not be acquired yet, so Creating can be shorter).
 	Filling int
+	// WaitingForLull: the pool is below target and its fill waits for the
+	// Gets to pause (Options.Lull).
+	WaitingForLull bool
 	// Closed is true after Close.
 	Closed bool
 	// LastError is the last fill or trim error (nil if none).
@@ -781,7 +841,7 @@ type Snapshot struct {
 func (p *Pool) Snapshot() Snapshot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := Snapshot{Target: p.opts.Target, Closed: p.closed, LastError: p.lastErr, Filling: p.filling}
+	s := Snapshot{Target: p.opts.Target, Closed: p.closed, LastError: p.lastErr, Filling: p.filling, WaitingForLull: p.lullTimer != nil}
 	for k := len(p.idle) - 1; k >= 0; k-- {
 		s.Idle = append(s.Idle, p.idle[k].s.Index)
 	}

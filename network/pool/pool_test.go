@@ -30,13 +30,14 @@ func newPool(t *testing.T, f *fakeSlots, n int, opts Options) (*Pool, *index.All
 	return p, st
 }
 
-// waitRest waits until the pool makes and tears down nothing.
+// waitRest waits until the pool makes and tears down nothing, and waits
+// for no lull to make more.
 func waitRest(t *testing.T, p *Pool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		s := p.Snapshot()
-		if s.Filling == 0 && len(s.Creating) == 0 && len(s.Retiring) == 0 {
+		if s.Filling == 0 && len(s.Creating) == 0 && len(s.Retiring) == 0 && !s.WaitingForLull {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -124,6 +125,89 @@ func TestLIFOAndOnDemand(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = st
+}
+
+// The background fill waits while Gets keep coming, until they pause for
+// Lull; a burst that takes the pool below its reserve is refilled to the
+// reserve at once.
+func TestFillWaitsForLull(t *testing.T) {
+	const lull = 10 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := newFake()
+	clk := newClock()
+	p, _ := newPool(t, f, 32, Options{Target: 8, Grace: time.Hour, Lull: lull, Clock: clk})
+	get := func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := p.Get(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := func(step string, idle, created int, waiting bool) {
+		t.Helper()
+		var s Snapshot
+		for s = p.Snapshot(); s.Filling > 0; s = p.Snapshot() {
+			time.Sleep(time.Millisecond) // the fake's creations take no time
+		}
+		if len(s.Idle) != idle || f.createdCount() != created || s.WaitingForLull != waiting {
+			t.Fatalf("%s: idle %d, created %d, waiting for a lull %v; want %d, %d, %v",
+				step, len(s.Idle), f.createdCount(), s.WaitingForLull, idle, created, waiting)
+		}
+	}
+	if err := p.WaitReady(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+	want("filled", 8, 8, false)
+
+	get(3)
+	want("a burst of 3", 5, 8, true)
+	clk.Advance(lull - time.Millisecond)
+	get(1)
+	want("a Get before the lull", 4, 8, true)
+	clk.Advance(lull - time.Millisecond) // the first timer fires: the last Get moved the lull
+	want("the lull moved by the last Get", 4, 8, true)
+	clk.Advance(time.Millisecond)
+	if err := p.WaitReady(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+	want("after the lull", 8, 12, false)
+
+	// Below the reserve (a quarter of 8) the fill makes slots at once, up
+	// to the reserve; the rest waits for the lull.
+	get(7)
+	if err := p.WaitReady(ctx, 2); err != nil {
+		t.Fatalf("below the reserve, no refill without a lull: %v", err)
+	}
+	want("refilled to the reserve", 3, 14, true) // both fill workers started below it
+	clk.Advance(lull)
+	if err := p.WaitReady(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+	want("after the burst's lull", 8, 19, false)
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if clk.pending() != 0 {
+		t.Errorf("timers left after Close: %d", clk.pending())
+	}
+
+	// A negative Lull refills after every Get.
+	f2 := newFake()
+	p2, _ := newPool(t, f2, 8, Options{Target: 4, Grace: time.Hour, Lull: -1, Clock: newClock()})
+	if err := p2.WaitReady(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p2.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.WaitReady(ctx, 4); err != nil {
+		t.Fatalf("Lull -1: no refill after a Get: %v", err)
+	}
+	if err := p2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Strict LIFO without a background fill in the way.
