@@ -810,6 +810,7 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 	if err != nil {
 		return err
 	}
+	defer reclaimProcs(d.cfg.ReclaimWorkers)()
 	rep, err := reclaim.Slots(d.reclaimCtx, d.mgr, dead, reclaim.Options{
 		Halt:        halt,
 		Workers:     d.cfg.ReclaimWorkers,

@@ -2,6 +2,8 @@ package phases
 
 import (
 	"context"
+	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +44,29 @@ const (
 // bare server on the same machine did not (docs/BENCHMARKS.md). At nice 10
 // a worker weighs a tenth of a handler; on an idle machine it runs as fast.
 const reclaimNice = 10
+
+// reclaimProcs raises GOMAXPROCS by half the background reclaim's
+// workers for as long as it runs, and returns what puts it back. A worker
+// spends most of its time in the kernel (a detach waits out an RCU grace
+// period, an unlink queues the namespace's clean-up), and a goroutine in a
+// system call keeps its P until the runtime's monitor takes it back, up to
+// milliseconds later: with as many Ps as CPUs the health handlers queued
+// behind the workers, where a bare server beside the daemon did not
+// (docs/BENCHMARKS.md, "Health under load: the workers held the Ps").
+// Outside the reclaim GOMAXPROCS stays at the runtime's default, which
+// serves a CPU-bound burst of Acquires faster than spare Ps do. An
+// operator's GOMAXPROCS is raised the same way and put back as it was.
+func reclaimProcs(workers int) (restore func()) {
+	prev := runtime.GOMAXPROCS(0)
+	runtime.GOMAXPROCS(prev + max(workers/2, 1))
+	return func() {
+		if os.Getenv("GOMAXPROCS") != "" {
+			runtime.GOMAXPROCS(prev)
+			return
+		}
+		runtime.SetDefaultGOMAXPROCS() // back to the default, and its updates
+	}
+}
 
 // Names of the pace's signals, as in the reclaim's log line.
 const (

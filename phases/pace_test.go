@@ -2,6 +2,8 @@ package phases
 
 import (
 	"context"
+	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -172,4 +174,38 @@ func TestPacerIdle(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The background reclaim's Ps are added for as long as it runs and taken
+// back after: to the runtime's default, or to the operator's GOMAXPROCS.
+func TestReclaimProcs(t *testing.T) {
+	for _, tc := range []struct {
+		name, env string
+		workers   int
+		want      int // Ps during the reclaim, above the ones before it
+	}{
+		{"default", "", 16, 8},
+		{"operator's GOMAXPROCS", "3", 16, 8},
+		{"one worker", "", 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("GOMAXPROCS", tc.env)
+			if tc.env != "" {
+				n, _ := strconv.Atoi(tc.env)
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(n))
+			} else {
+				runtime.SetDefaultGOMAXPROCS()
+			}
+			before := runtime.GOMAXPROCS(0)
+			restore := reclaimProcs(tc.workers)
+			if got := runtime.GOMAXPROCS(0); got != before+tc.want {
+				t.Errorf("during the reclaim GOMAXPROCS = %d, want %d + %d", got, before, tc.want)
+			}
+			restore()
+			if got := runtime.GOMAXPROCS(0); got != before {
+				t.Errorf("after the reclaim GOMAXPROCS = %d, want %d as before", got, before)
+			}
+		})
+	}
+	runtime.SetDefaultGOMAXPROCS()
 }
