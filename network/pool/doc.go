@@ -2,7 +2,10 @@
 // netns pool.
 //
 // The pool fills itself in the background up to a target size with bounded
-// concurrency, backing off after errors. Get hands out the most recently
+// concurrency, backing off after errors. While Gets come in a burst, the
+// fill waits for them to pause (Options.Lull) as long as the pool holds a
+// quarter of its target, so that its kernel work does not compete with the
+// burst it refills for. Get hands out the most recently
 // made idle slot first (so a quiet pool can shrink) and creates one on
 // demand when the pool is empty. When the pool is above its target, the
 // slots idle for longer than a grace period are destroyed, oldest first.
