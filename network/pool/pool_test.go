@@ -147,9 +147,13 @@ func TestFillWaitsForLull(t *testing.T) {
 	}
 	want := func(step string, idle, created int, waiting bool) {
 		t.Helper()
-		var s Snapshot
-		for s = p.Snapshot(); s.Filling > 0; s = p.Snapshot() {
-			time.Sleep(time.Millisecond) // the fake's creations take no time
+		deadline := time.Now().Add(10 * time.Second)
+		s := p.Snapshot()
+		for ; s.Filling > 0; s = p.Snapshot() { // the fake's creations take no time
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the fill never finished: %+v", step, s)
+			}
+			time.Sleep(time.Millisecond)
 		}
 		if len(s.Idle) != idle || f.createdCount() != created || s.WaitingForLull != waiting {
 			t.Fatalf("%s: idle %d, created %d, waiting for a lull %v; want %d, %d, %v",

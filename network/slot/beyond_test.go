@@ -138,14 +138,8 @@ func TestTeardownBatches(t *testing.T) {
 // deferred untouched and nothing fails. A drain halts a background reclaim
 // this way; cancelling ctx instead would cut the batch's wait short.
 func TestTeardownHaltFinishesTheBatchInHand(t *testing.T) {
-	env := nettest.New(t, 16)
-	m := env.Manager(t)
+	m, inv := leakedSlots(t, 8)
 	ctx := context.Background()
-	nettest.Leak(t, m, []int{1, 2, 3, 4, 5, 6, 7, 8})
-	inv, err := m.Scan(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	halt := make(chan struct{})
 	res := m.Teardown(ctx, inv, slot.TeardownOptions{Batch: 3, Workers: 1, Halt: halt,
 		Progress: func(done, _ int) {
@@ -156,35 +150,15 @@ func TestTeardownHaltFinishesTheBatchInHand(t *testing.T) {
 	if len(res.Failed) != 0 || res.Batches != 1 || !slices.Equal(res.Reclaimed, []int{1, 2}) || !slices.Equal(res.Deferred, []int{3, 4, 5, 6, 7, 8}) {
 		t.Fatalf("halted after 2: %v, %d batches, reclaimed %v deferred %v failed %v", res, res.Batches, res.Reclaimed, res.Deferred, res.Failed)
 	}
-	for _, i := range res.Reclaimed {
-		checkGone(t, m, i)
-	}
-	left, err := m.Scan(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := left.Indices(); !slices.Equal(got, res.Deferred) {
-		t.Errorf("left on the host: %v, want the deferred %v whole", got, res.Deferred)
-	}
-	for _, i := range res.Deferred {
-		if left[i] != inv[i] {
-			t.Errorf("slot %d: %v after the halt, %v before: a deferred slot was touched", i, left[i], inv[i])
-		}
-	}
+	checkHalted(t, m, res, inv)
 }
 
 // Paced, the next batch is unlinked while the one before is awaited; a
 // halt in the middle of that next batch finishes both whole and defers the
 // rest untouched.
 func TestTeardownPacedHaltFinishesTheBatchesInTheKernel(t *testing.T) {
-	env := nettest.New(t, 16)
-	m := env.Manager(t)
+	m, inv := leakedSlots(t, 8)
 	ctx := context.Background()
-	nettest.Leak(t, m, []int{1, 2, 3, 4, 5, 6, 7, 8})
-	inv, err := m.Scan(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	halt := make(chan struct{})
 	var paced []slot.BatchDone
 	res := m.Teardown(ctx, inv, slot.TeardownOptions{Batch: 3, Workers: 1, Halt: halt,
@@ -203,16 +177,7 @@ func TestTeardownPacedHaltFinishesTheBatchesInTheKernel(t *testing.T) {
 	if len(paced) != 1 || paced[0].Slots != 3 || paced[0].Left != 3 {
 		t.Errorf("paced %+v, want once, after the first batch of 3, with 3 not started", paced)
 	}
-	for _, i := range res.Reclaimed {
-		checkGone(t, m, i)
-	}
-	left, err := m.Scan(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := left.Indices(); !slices.Equal(got, res.Deferred) {
-		t.Errorf("left on the host: %v, want the deferred %v whole", got, res.Deferred)
-	}
+	checkHalted(t, m, res, inv)
 }
 
 // Paced with Overlap saying no, a batch is awaited before the next one is
@@ -231,14 +196,8 @@ func TestTeardownPacedOverlapAsked(t *testing.T) {
 		{"overlap", true, []int{3}}, // the third batch is started before the second is awaited: no Pace is left to ask
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := nettest.New(t, 16)
-			m := env.Manager(t)
+			m, inv := leakedSlots(t, 9)
 			ctx := context.Background()
-			nettest.Leak(t, m, []int{1, 2, 3, 4, 5, 6, 7, 8, 9})
-			inv, err := m.Scan(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
 			var left []int
 			asked := 0
 			res := m.Teardown(ctx, inv, slot.TeardownOptions{Batch: 3, Workers: 1,
@@ -260,5 +219,43 @@ func TestTeardownPacedOverlapAsked(t *testing.T) {
 				checkGone(t, m, i)
 			}
 		})
+	}
+}
+
+// leakedSlots leaks slots 1..n on a manager of 16 slots and returns it with
+// its scan of them.
+func leakedSlots(t *testing.T, n int) (*slot.Manager, slot.Inventory) {
+	t.Helper()
+	m := nettest.New(t, 16).Manager(t)
+	indices := make([]int, n)
+	for k := range indices {
+		indices[k] = k + 1
+	}
+	nettest.Leak(t, m, indices)
+	inv, err := m.Scan(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, inv
+}
+
+// checkHalted checks a halted teardown on the host: its reclaimed slots
+// gone, its deferred ones exactly what is left, each as it was in before.
+func checkHalted(t *testing.T, m *slot.Manager, res *slot.TeardownResult, before slot.Inventory) {
+	t.Helper()
+	for _, i := range res.Reclaimed {
+		checkGone(t, m, i)
+	}
+	left, err := m.Scan(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := left.Indices(); !slices.Equal(got, res.Deferred) {
+		t.Errorf("left on the host: %v, want the deferred %v whole", got, res.Deferred)
+	}
+	for _, i := range res.Deferred {
+		if left[i] != before[i] {
+			t.Errorf("slot %d: %v after the halt, %v before: a deferred slot was touched", i, left[i], before[i])
+		}
 	}
 }

@@ -496,12 +496,9 @@ type reclaimReport struct {
 // JSON log, waiting for it up to timeout.
 func (d *daemon) reclaimReport(ctx context.Context, k int, timeout time.Duration) (reclaimReport, error) {
 	var r reclaimReport
-	ev, err := d.logs.wait(ctx, msgReclaimReport, k, timeout, d.done)
+	ev, err := d.logLine(ctx, msgReclaimReport, k, timeout, &r)
 	if err != nil {
-		return r, fmt.Errorf("reclaim report: %w\n%s", err, d.logs)
-	}
-	if err := json.Unmarshal([]byte(ev.line), &r); err != nil {
-		return r, fmt.Errorf("reclaim report %q: %w", ev.line, err)
+		return r, err
 	}
 	if r.Duration, err = time.ParseDuration(r.RawDur); err != nil {
 		return r, fmt.Errorf("reclaim report duration %q: %w", r.RawDur, err)
@@ -544,22 +541,22 @@ type verifiedLine struct {
 // start that restored leases).
 func (d *daemon) verifiedLine(ctx context.Context, k int, timeout time.Duration) (verifiedLine, error) {
 	var v verifiedLine
-	var err error
-	v.at, err = d.logLine(ctx, msgVerified, k, timeout, &v)
+	ev, err := d.logLine(ctx, msgVerified, k, timeout, &v)
+	v.at = ev.at
 	return v, err
 }
 
 // logLine waits up to timeout for the daemon's k-th line (0-based) kept
-// under key, decodes it into v and returns when it arrived.
-func (d *daemon) logLine(ctx context.Context, key string, k int, timeout time.Duration, v any) (time.Time, error) {
+// under key, decodes it into v and returns it as it arrived.
+func (d *daemon) logLine(ctx context.Context, key string, k int, timeout time.Duration, v any) (logEvent, error) {
 	ev, err := d.logs.wait(ctx, key, k, timeout, d.done)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("%q line: %w\n%s", key, err, d.logs)
+		return ev, fmt.Errorf("%q line: %w\n%s", key, err, d.logs)
 	}
 	if err := json.Unmarshal([]byte(ev.line), v); err != nil {
-		return time.Time{}, fmt.Errorf("%q line %q: %w", key, ev.line, err)
+		return ev, fmt.Errorf("%q line %q: %w", key, ev.line, err)
 	}
-	return ev.at, nil
+	return ev, nil
 }
 
 // insideLine is the daemon's line that ends verify-inside, the background
@@ -575,8 +572,8 @@ type insideLine struct {
 // start that restored leases with something inside to verify).
 func (d *daemon) insideLine(ctx context.Context, k int, timeout time.Duration) (insideLine, error) {
 	var v insideLine
-	var err error
-	v.at, err = d.logLine(ctx, msgInside, k, timeout, &v)
+	ev, err := d.logLine(ctx, msgInside, k, timeout, &v)
+	v.at = ev.at
 	return v, err
 }
 
@@ -584,14 +581,8 @@ func (d *daemon) insideLine(ctx context.Context, k int, timeout time.Duration) (
 // start, upgrades included).
 func (d *daemon) restoreLine(ctx context.Context, k int) (restoreLine, error) {
 	var r restoreLine
-	ev, err := d.logs.wait(ctx, msgRestore, k, 10*time.Second, d.done)
-	if err != nil {
-		return r, fmt.Errorf("restore line: %w\n%s", err, d.logs)
-	}
-	if err := json.Unmarshal([]byte(ev.line), &r); err != nil {
-		return r, fmt.Errorf("restore line %q: %w", ev.line, err)
-	}
-	return r, nil
+	_, err := d.logLine(ctx, msgRestore, k, 10*time.Second, &r)
+	return r, err
 }
 
 // logEvent is a log line the benchmark follows, with when it arrived.
