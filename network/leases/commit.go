@@ -18,9 +18,9 @@ import (
 // commits at once (bbolt's DB.Batch would first wait out MaxBatchDelay,
 // 10 ms by default), and under load the batch grows by itself to whatever
 // arrived during the previous commit. Without the yield, a burst of
-// Acquires from 16 callers on two cores committed 1.2–1.3 writes a
-// transaction (each handler reached its write after the previous commit
-// had begun); with it, 6.6–7 (BenchmarkAcquireOverGRPC). The leader goes
+// Acquires committed little more than one write a transaction (each
+// handler reached its write after the previous commit had begun; figures:
+// docs/BENCHMARKS.md, BenchmarkAcquireOverGRPC). The leader goes
 // on rather than handing over after every transaction because the next
 // leader's wake-up is a scheduling delay between two commits on a busy
 // machine (docs/BENCHMARKS.md, "Figures behind the network code").

@@ -41,9 +41,10 @@ const msgPoolReady = "pool ready"
 // server: cmux, late-bound services), the same pool, allocator and slot
 // manager — but over a store that keeps the lease records in a map under
 // a mutex (memStore) instead of bbolt. What the daemon has and this has
-// not: the lease record (a bbolt transaction with fsync, shared by
+// not: the lease record (a bbolt transaction, fsynced off tmpfs, shared by
 // concurrent writers) on Acquire, the idle record of every slot its pool
-// makes, and the daemon's metric interceptors.
+// makes, and the daemon's metric interceptors and tracing stats handler
+// (otelgrpc; what they cost the daemon is in docs/BENCHMARKS.md).
 //
 // It logs (JSON) "pool ready" once -pool-size slots are warm, serves until
 // SIGINT/SIGTERM, then drains and closes the pool, which destroys the idle
