@@ -265,10 +265,13 @@ func (p *Pool) waitForLull() bool {
 	return true
 }
 
-// reserve is the idle count below which the fill does not wait for a
-// lull: a quarter of the target, so that a burst longer than the pool is
-// deep still finds warm slots while the fill makes more.
-func (p *Pool) reserve() int { return (p.opts.Target + 3) / 4 }
+// Reserve is the idle count below which a pool of target slots refills
+// without waiting for a lull in Gets ([Options.Lull]): a quarter of the
+// target, rounded up, so that a burst longer than the pool is deep still
+// finds warm slots while the fill makes more.
+func Reserve(target int) int { return (target + 3) / 4 }
+
+func (p *Pool) reserve() int { return Reserve(p.opts.Target) }
 
 func (p *Pool) fillOne() {
 	defer p.wg.Done()

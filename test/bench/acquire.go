@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/phasegate/phasegate/network/pool"
 )
 
 // Sides of the Acquire comparison.
@@ -23,10 +25,11 @@ const throughputOwner = "bench-throughput"
 // Unix socket with the durable record (the daemon, on its control socket)
 // and with the record in a map (`bench memslots`, the same service over the
 // same pool and an in-memory store, on a socket of its own). Each rep
-// starts each side with a warm pool of -acquire-n slots and makes
-// -acquire-n calls from -acquire-clients concurrent callers on one
-// connection, so that no call waits for a slot to be made; the order of
-// the sides alternates from rep to rep.
+// starts each side with a warm pool deep enough for -acquire-n calls
+// (burstPool) and makes them from -acquire-clients concurrent callers on
+// one connection, so that no call waits for a slot to be made and no slot
+// is made beside the calls; the order of the sides alternates from rep to
+// rep.
 func (r *runner) measureAcquire(ctx context.Context) error {
 	res := &AcquireResult{Calls: r.o.acquireN, Clients: r.o.acquireConc, Reps: r.o.reps}
 	lat := map[string][]sample{}
@@ -60,8 +63,22 @@ func (r *runner) measureAcquire(ctx context.Context) error {
 	return nil
 }
 
-// acquireRun starts one side with a warm pool of -acquire-n, measures one
-// burst, stops it and removes every slot.
+// burstPool is the warm pool a burst of n Acquires is measured from: the
+// smallest that still holds its reserve after the burst, so that neither
+// side makes a slot beside it (the pool refills below its reserve at once)
+// and the comparison is the record's cost alone. What a burst beyond the
+// pool costs is the slotrate part's.
+func burstPool(n int) int {
+	warm := n
+	for warm-n < pool.Reserve(warm) {
+		warm++
+	}
+	return warm
+}
+
+// acquireRun starts one side with a warm pool of burstPool(-acquire-n),
+// lets the kernel settle, measures one burst, stops it and removes every
+// slot.
 func (r *runner) acquireRun(ctx context.Context, side string, rep int) (AcquireRun, []sample, error) {
 	var run AcquireRun
 	addr, err := freeAddr()
@@ -69,22 +86,28 @@ func (r *runner) acquireRun(ctx context.Context, side string, rep int) (AcquireR
 		return run, nil, err
 	}
 	n := r.o.acquireN
-	fillTimeout := time.Minute + time.Duration(n)*200*time.Millisecond
+	warm := burstPool(n)
+	fillTimeout := time.Minute + time.Duration(warm)*200*time.Millisecond
 	var d *daemon
 	if side == sideDurable {
-		if d, _, _, err = r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, n), nil, startTimeout(0, modeBackground)); err != nil {
+		if d, _, _, err = r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, warm), nil, startTimeout(0, modeBackground)); err != nil {
 			return run, nil, err
 		}
 		_, err = d.waitPoolFilled(ctx, fillTimeout)
 	} else {
-		if d, err = r.startMemSlots(n); err != nil {
+		if d, err = r.startMemSlots(warm); err != nil {
 			return run, nil, err
 		}
 		_, err = d.logs.wait(ctx, msgPoolReady, 0, fillTimeout, d.done)
 	}
+	if err == nil {
+		// Making the pool leaves the kernel work to do (RCU callbacks,
+		// address configuration) that would run beside the burst.
+		err = sleep(ctx, r.o.settle)
+	}
 	if err != nil {
 		d.kill()
-		return run, nil, fmt.Errorf("warm pool of %d: %w", n, err)
+		return run, nil, fmt.Errorf("warm pool of %d: %w", warm, err)
 	}
 	b, err := acquireBurst(ctx, d.slotsTarget(), n, r.o.acquireConc, throughputOwner, fmt.Sprintf("%s-%d", side, rep), 0, nil)
 	if err != nil {
