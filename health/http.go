@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -55,8 +56,36 @@ const (
 // Rates and times left in /health are those the lifecycle's snapshot
 // carries, the same that STATUS=, the metrics, the log and the timeline
 // show.
+//
+// The compact /health answer is rendered once per change the lifecycle
+// publishes and reused, byte for byte, until the next one or until it is
+// [HealthMaxAge] old, whichever comes first: checkers ask thousands of
+// times for every change, and rendering and encoding the document per
+// request was most of what a check cost the daemon under load
+// (docs/BENCHMARKS.md). A state change, a phase or task starting or
+// ending, a warning, and a shutdown of the checker are each published or
+// seen at once, so no answer is ever behind them; progress, rates and
+// times lag by at most HealthMaxAge, as they do for every other observer
+// of the lifecycle.
 type Handler struct {
-	c *Checker
+	c    *Checker
+	last atomic.Pointer[healthAnswer] // the last compact /health answer rendered
+}
+
+// HealthMaxAge is how long a compact /health answer is served again while
+// the lifecycle publishes nothing new: the lifecycle's own progress
+// interval, so that its progress and times lag no more than they do in
+// the gRPC statuses, STATUS= and the metrics.
+const HealthMaxAge = lifecycle.DefaultProgressInterval
+
+// healthAnswer is a rendered compact /health answer and what it was
+// rendered from.
+type healthAnswer struct {
+	seq      uint64 // the snapshot's Seq
+	shutdown bool   // whether the checker was shut down
+	at       time.Time
+	code     int
+	body     []byte // shared by every request it answers: never modified
 }
 
 // NewHandler returns the HTTP endpoints of c.
@@ -111,13 +140,31 @@ func (h *Handler) render(endpoint, check string, r *http.Request) (code int, cty
 			body = fmt.Appendf(nil, "health: internal error: %v\n", v)
 		}
 	}()
-	v := h.c.view()
 	if endpoint == PathHealth {
-		_, pretty := r.URL.Query()["pretty"]
-		return h.renderHealthJSON(v, time.Now(), pretty)
+		if _, pretty := r.URL.Query()["pretty"]; pretty {
+			return h.renderHealthJSON(h.c.view(), time.Now(), true)
+		}
+		return h.compactHealth(time.Now())
 	}
-	code, body = renderChecks(endpoint, check, v, r.URL.Query())
+	code, body = renderChecks(endpoint, check, h.c.view(), r.URL.Query())
 	return code, "text/plain; charset=utf-8", body
+}
+
+// compactHealth answers /health from the last answer rendered while that
+// is current (see [Handler]), and renders a new one otherwise. Two
+// requests that miss at once may both render; the cache keeps either, and
+// one older than the lifecycle's Seq is never served.
+func (h *Handler) compactHealth(now time.Time) (int, string, []byte) {
+	seq, shutdown := h.c.lc.Seq(), h.c.shutdown.Load()
+	if a := h.last.Load(); a != nil && a.seq == seq && a.shutdown == shutdown && now.Sub(a.at) < HealthMaxAge {
+		return a.code, ctypeHealthJSON, a.body
+	}
+	v := h.c.view()
+	code, ctype, body := h.renderHealthJSON(v, now, false)
+	if ctype == ctypeHealthJSON {
+		h.last.Store(&healthAnswer{seq: v.snap.Seq, shutdown: v.shutdown, at: now, code: code, body: body})
+	}
+	return code, ctype, body
 }
 
 // splitPath maps a path to one of the endpoints and, for
@@ -211,6 +258,9 @@ func (c *checkResult) estimate(e lifecycle.Estimate) {
 	}
 }
 
+// ctypeHealthJSON is the media type of /health.
+const ctypeHealthJSON = "application/health+json"
+
 // Health-check draft statuses.
 const (
 	statusPass = "pass"
@@ -225,7 +275,7 @@ const (
 // alone), and Consul keeps only the last 4 KiB of a check's output (which
 // is why the verdict is repeated at the end).
 func (h *Handler) renderHealthJSON(v view, now time.Time, pretty bool) (int, string, []byte) {
-	const ctype = "application/health+json"
+	const ctype = ctypeHealthJSON
 	s := v.snap
 	b := healthBody{
 		Status:      statusFail,

@@ -301,3 +301,49 @@ func TestHandlerMethodsAndPaths(t *testing.T) {
 		}
 	}
 }
+
+// TestHandlerHealthAnswerReused checks the compact /health cache: the same
+// bytes while nothing changed, a new answer once it is HealthMaxAge old,
+// and never an answer behind a change of state or a checker's shutdown.
+func TestHandlerHealthAnswerReused(t *testing.T) {
+	r, c, h := rigIn(t, lifecycle.StateStarting)
+
+	// The running reclaim's "time" is the time of the answer: two renders
+	// differ in it, a reused answer does not. Two requests far enough
+	// apart on a busy machine may rightly get two renders; one pair in
+	// five close together must get one.
+	reused := false
+	for range 5 {
+		t0 := time.Now()
+		a, b := get(h, http.MethodGet, "/health").Body.String(), get(h, http.MethodGet, "/health").Body.String()
+		if time.Since(t0) < health.HealthMaxAge/4 {
+			reused = a == b
+			if !reused {
+				t.Fatalf("two answers %s apart differ:\n%s\n%s", time.Since(t0), a, b)
+			}
+			break
+		}
+	}
+	if !reused {
+		t.Fatal("no two requests came within a quarter of HealthMaxAge")
+	}
+
+	first := decodeHealth(t, get(h, http.MethodGet, "/health")).Checks["phase:reclaim"][0].Time
+	time.Sleep(health.HealthMaxAge + 10*time.Millisecond)
+	if later := decodeHealth(t, get(h, http.MethodGet, "/health")).Checks["phase:reclaim"][0].Time; !later.After(first) {
+		t.Errorf("after HealthMaxAge the reclaim's time is still %v", later)
+	}
+
+	// A change is seen by the next request, however soon.
+	get(h, http.MethodGet, "/health")
+	if err := r.Serve(t); err != nil {
+		t.Fatal(err)
+	}
+	if w := get(h, http.MethodGet, "/health"); w.Code != http.StatusOK || decodeHealth(t, w).State != "serving" {
+		t.Fatalf("right after serving: %d %s", w.Code, w.Body)
+	}
+	c.Shutdown()
+	if w := get(h, http.MethodGet, "/health"); w.Code != http.StatusServiceUnavailable || decodeHealth(t, w).State != "draining" {
+		t.Fatalf("right after the checker's shutdown: %d %s", w.Code, w.Body)
+	}
+}

@@ -41,9 +41,9 @@ type Lifecycle struct {
 	tasks        []*task   // background tasks, in start order
 	eta          estimator // fed every snapshot taken (eta.go)
 	watchers     map[*watcher]struct{}
-	seq          uint64
-	lastProgress time.Time   // last progress-only publish
-	progressTmr  *time.Timer // trailing publish of throttled progress
+	seq          atomic.Uint64 // written under mu, read without it by Seq
+	lastProgress time.Time     // last progress-only publish
+	progressTmr  *time.Timer   // trailing publish of throttled progress
 	cancelStart  context.CancelCauseFunc
 	startHalted  bool // a phase failed, the start timed out or a drain began: no phase begins any more
 	tasksCtx     context.Context

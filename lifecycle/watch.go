@@ -57,6 +57,13 @@ func (l *Lifecycle) Subscribe() (<-chan Snapshot, func()) {
 	}
 }
 
+// Seq returns the Seq of the last change published, without the lock
+// that [Lifecycle.Snapshot] takes: an observer that holds something made
+// from a snapshot of that Seq can tell it is still current (state,
+// phases, tasks and warnings as they are; progress as of when it was
+// taken) without taking a new one.
+func (l *Lifecycle) Seq() uint64 { return l.seq.Load() }
+
 // Snapshot returns a copy of the lifecycle's current state.
 func (l *Lifecycle) Snapshot() Snapshot {
 	l.mu.Lock()
@@ -66,7 +73,7 @@ func (l *Lifecycle) Snapshot() Snapshot {
 
 func (l *Lifecycle) snapshotLocked() Snapshot {
 	s := Snapshot{
-		Seq:      l.seq,
+		Seq:      l.seq.Load(),
 		EventSeq: uint64(len(l.events)),
 		State:    State(l.fsm.Current()),
 		Since:    l.since,
@@ -111,7 +118,7 @@ func (l *Lifecycle) snapshotLocked() Snapshot {
 // publishLocked records a change and hands the new snapshot to every
 // observer. Without observers it only counts.
 func (l *Lifecycle) publishLocked() {
-	l.seq++
+	l.seq.Add(1)
 	if len(l.watchers) == 0 {
 		return
 	}
