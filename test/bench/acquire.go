@@ -31,7 +31,7 @@ const throughputOwner = "bench-throughput"
 // is made beside the calls; the order of the sides alternates from rep to
 // rep.
 func (r *runner) measureAcquire(ctx context.Context) error {
-	res := &AcquireResult{Calls: r.o.acquireN, Clients: r.o.acquireConc, Reps: r.o.reps}
+	res := &AcquireResult{Calls: r.o.acquireN, Clients: r.o.acquireConc, Reps: r.o.reps, WarmPool: burstPool(r.o.acquireN)}
 	lat := map[string][]sample{}
 	for rep := range r.o.reps {
 		sides := []string{sideDurable, sideMemory}

@@ -482,6 +482,11 @@ func idleMs(l *LoadResult) float64 {
 
 func markdownAcquire(b *bytes.Buffer, a *AcquireResult, img string) {
 	b.WriteString("### Acquire over gRPC: durable record vs in-memory map\n\n")
+	warm, refill := a.WarmPool, "Neither pool makes a slot during the burst: each still holds its reserve (a quarter of its target) "+
+		"at the end of it, so its refill waits for the lull after it, and each pool is made, and the kernel left to settle, before the burst."
+	if warm == 0 { // results from before the pool held its reserve through the burst
+		warm, refill = a.Calls, "Both pools refill in the background during the burst."
+	}
 	fmt.Fprintf(b, "Each side serves `phasegate.v1.Slots` on a Unix socket (the daemon on its control socket) with a warm pool of %d slots and answers a burst of %d "+
 		"`Acquire` calls (own request id each) from %d concurrent callers on one connection, so no call waits for a slot "+
 		"to be made; %d bursts per side, the order alternating. *durable*: the daemon, which writes the lease's record "+
@@ -489,8 +494,7 @@ func markdownAcquire(b *bytes.Buffer, a *AcquireResult, img string) {
 		"`bench memslots`, the daemon's own Slots service behind the same control guard (peer credentials, policy, audit line; "+
 		"the daemon runs with `--control-rate=0`, so no rate limit) on the same one-port server (package `server`), over "+
 		"the same pool, allocator and slot manager, but over a store that keeps the records in a map under a mutex; "+
-		"it lacks the daemon's metric interceptors. Both pools refill in the "+
-		"background during the burst.\n\n", a.Calls, a.Calls, a.Clients, a.Reps)
+		"it lacks the daemon's metric interceptors and tracing stats handler. %s\n\n", warm, a.Calls, a.Clients, a.Reps, refill)
 	b.WriteString("| side | calls/s (median [min–max] over bursts) | p50 | p99 | max | errors |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, s := range []struct {
 		name string

@@ -334,6 +334,10 @@ type AcquireResult struct {
 	Calls   int `json:"callsPerRep"`
 	Clients int `json:"clients"`
 	Reps    int `json:"reps"`
+	// WarmPool is each side's pool (burstPool(Calls)); 0 in results from
+	// before it held its reserve through the burst, when it was Calls and
+	// both pools refilled during the last quarter of the burst.
+	WarmPool int `json:"warmPool,omitempty"`
 	// Durable and Memory are by side; each run is one burst of Calls.
 	Durable AcquireSide `json:"durable"`
 	Memory  AcquireSide `json:"memory"`
