@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/phasegate/phasegate/network/leases"
 )
@@ -33,10 +34,11 @@ func (d *Daemon) openState() (*leases.Store, error) {
 	case err == nil:
 		// Records must outlive the process, not the machine: commits are
 		// fsynced only where that buys a reboot's survival (leases.SyncAuto).
-		d.log.Info("state file open", "path", path, "fsync", st.Opened().Fsync)
-		if st.Opened().UpgradedFrom != 0 {
-			d.log.Info("state file upgraded", "path", path, "from_schema", st.Opened().UpgradedFrom,
-				"to_schema", leases.SchemaVersion, "backup", st.Opened().Backup)
+		o := st.Opened()
+		d.log.Info("state file open", "path", path, "fsync", o.Fsync, "replayed", o.Replayed)
+		if o.UpgradedFrom != 0 {
+			d.log.Info("state file upgraded", "path", path, "from_schema", o.UpgradedFrom,
+				"to_schema", leases.SchemaVersion, "backup", o.Backup)
 		}
 		// A fresh store is a first start with this state directory (the
 		// records live on tmpfs and vanish at a reboot with the
@@ -77,13 +79,21 @@ func (d *Daemon) openState() (*leases.Store, error) {
 }
 
 // keptAside returns the newest unusable state file moved aside next to
-// path (leases.MoveAside), or "" when there is none.
+// path (leases.MoveAside), or the journal of a state file that is gone
+// (set aside by leases.Open: its records are lost as surely), or "" when
+// there is none.
 func keptAside(path string) string {
-	aside, _ := filepath.Glob(path + ".corrupt-*") // the pattern is valid: only a malformed one errs
-	if len(aside) == 0 {
-		return ""
+	// The patterns are valid: only a malformed one errs.
+	files, _ := filepath.Glob(path + ".corrupt-*")
+	files = slices.DeleteFunc(files, func(f string) bool { return strings.HasSuffix(f, leases.JournalSuffix) })
+	if len(files) > 0 {
+		return slices.Max(files) // the names end with the UTC time they were moved
 	}
-	return slices.Max(aside) // the names end with the UTC time they were moved
+	orphans, _ := filepath.Glob(path + leases.JournalSuffix + ".orphan-*")
+	if len(orphans) > 0 {
+		return slices.Max(orphans)
+	}
+	return ""
 }
 
 func holder(pid int) string {

@@ -101,10 +101,18 @@ func benchWrite(b *testing.B, parent string, writers int, path string) {
 		if err != nil {
 			return err
 		}
-		if path == "bolt-batch" {
-			return s.db.Batch(apply)
+		// The same ops written straight into bbolt, as before the journal.
+		inPlace := func(tx *bolt.Tx) error {
+			t := &txn{tx: tx, pending: newChangeSet(), group: newChangeSet()}
+			if err := apply(t); err != nil {
+				return err
+			}
+			return t.group.applyTo(tx)
 		}
-		return s.db.Update(apply)
+		if path == "bolt-batch" {
+			return s.db.Batch(inPlace)
+		}
+		return s.db.Update(inPlace)
 	}
 
 	var txs0 uint64

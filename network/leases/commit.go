@@ -4,15 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
 
 // Group commit. Every write becomes an op in a queue. A writer that finds
 // no commit under way leads: it yields once (runtime.Gosched), so that the
-// writers already runnable queue too, then takes the whole queue, applies
-// every op in one bbolt transaction and commits it (fsynced where the
-// store fsyncs), wakes the writers it committed for, and goes on with
+// writers already runnable queue too, then takes the whole queue, runs
+// every op over the records as they stand, appends the group's changes to
+// the journal as one entry (fdatasync'd where the store fsyncs), wakes the
+// writers it committed for, and goes on with
 // whatever queued meanwhile, for up to maxRounds transactions; then it
 // hands the lead to the first writer still waiting. So a lone writer
 // commits at once (bbolt's DB.Batch would first wait out MaxBatchDelay,
@@ -29,6 +31,21 @@ import (
 // (and the lead's latency) stays bounded however long the queue grows.
 const maxBatch = 256
 
+// maxPending bounds the changes the journal holds beyond the file: past
+// it the checkpointer checkpoints without waiting for a pause, so that
+// memory and the next Open's replay stay bounded under a stream of writes
+// that never pauses.
+const maxPending = 16384
+
+// checkpointIdle is how long the writes must pause before the
+// checkpointer writes the journal's changes into the file: a burst of
+// Acquires is never slowed by it. checkpointRetry is its pace after a
+// failed checkpoint (a full filesystem): the changes stay in the journal.
+const (
+	checkpointIdle  = 50 * time.Millisecond
+	checkpointRetry = time.Second
+)
+
 // maxRounds bounds the transactions one leader commits before it passes
 // the lead on: going on itself spares the next leader's wake-up (a
 // scheduling delay on a busy machine), passing on bounds its own caller's
@@ -36,10 +53,11 @@ const maxBatch = 256
 const maxRounds = 4
 
 type op struct {
-	// apply makes the op's changes in tx. An error wrapped by reject means
+	// apply makes the op's changes in t. An error wrapped by reject means
 	// the op changed nothing and is refused; any other error may have left
-	// changes in tx, which must then be rolled back.
-	apply func(tx *bolt.Tx) error
+	// changes in t's group, which is then run again without the op. nil:
+	// the op asks for a checkpoint.
+	apply func(t *txn) error
 	err   error
 	// refused is set while applying when the op was rejected in this
 	// attempt of the transaction.
@@ -59,7 +77,7 @@ func reject(err error) error { return rejected{err} }
 
 // write queues apply and returns once its outcome is final: committed
 // (nil), refused, or failed with its whole transaction.
-func (s *Store) write(apply func(tx *bolt.Tx) error) error {
+func (s *Store) write(apply func(t *txn) error) error {
 	o := &op{apply: apply, wake: make(chan bool, 1)}
 	s.mu.Lock()
 	s.queue = append(s.queue, o)
@@ -86,6 +104,7 @@ func (s *Store) write(apply func(tx *bolt.Tx) error) error {
 		s.mu.Unlock()
 
 		s.commit(batch)
+		s.settle(batch)
 		for _, b := range batch {
 			if b != o {
 				b.wake <- false
@@ -106,20 +125,28 @@ func (s *Store) write(apply func(tx *bolt.Tx) error) error {
 	}
 }
 
-// commit applies the batch in one transaction and sets every op's err. An
-// op that fails after changing the transaction is taken out, and the
-// transaction is run again without it (ops are pure functions of the
-// store's content, so running one again is safe). A failed commit fails
-// every op that was not refused: none of their changes is applied.
+// commit runs the batch's ops over one view of the records, appends their
+// changes to the journal as one entry, and sets every op's err. An op that
+// fails after changing the group is taken out, and the group is run again
+// without it (ops are pure functions of the records, so running one again
+// is safe). A failed append fails every op that was not refused: none of
+// their changes is applied.
 func (s *Store) commit(batch []*op) {
-	live := batch
+	var live []*op
+	for _, o := range batch {
+		if o.apply != nil {
+			live = append(live, o)
+		}
+	}
 	for len(live) > 0 {
 		failed := -1
 		s.txs.Add(1)
-		err := s.update(func(tx *bolt.Tx) error {
+		s.group.reset()
+		err := s.view(func(tx *bolt.Tx) error {
+			t := &txn{tx: tx, pending: s.pending, group: s.group}
 			for i, o := range live {
 				o.refused = false
-				err := s.applyOne(o, tx)
+				err := s.applyOne(o, t)
 				var r rejected
 				switch {
 				case err == nil:
@@ -137,6 +164,9 @@ func (s *Store) commit(batch []*op) {
 			live = append(live[:failed:failed], live[failed+1:]...)
 			continue
 		}
+		if err == nil && s.group.len() > 0 {
+			err = s.journalGroup()
+		}
 		for _, o := range live {
 			if !o.refused {
 				o.err = err
@@ -146,13 +176,114 @@ func (s *Store) commit(batch []*op) {
 	}
 }
 
+// journalGroup appends the group to the journal and makes it pending.
+func (s *Store) journalGroup() error {
+	if err := s.jnl.append(s.group); err != nil {
+		return err
+	}
+	s.pmu.Lock()
+	s.pending.merge(s.group)
+	s.pmu.Unlock()
+	s.appends.Add(1)
+	wake := s.kick
+	if s.pending.len() >= maxPending {
+		wake = s.full
+	}
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// settle checkpoints after a batch when one of its ops asked for it.
+func (s *Store) settle(batch []*op) {
+	asked := false
+	for _, o := range batch {
+		asked = asked || o.apply == nil
+	}
+	if !asked {
+		return
+	}
+	err := s.checkpoint()
+	for _, o := range batch {
+		if o.apply == nil {
+			o.err = err
+		}
+	}
+}
+
+// checkpoint writes the journal's changes into the file in one bbolt
+// transaction (fsynced where the store fsyncs), then empties the journal.
+// Only the lead, or Close, calls it. When the commit fails, the changes
+// stay pending and in the journal; when only the truncation fails, the
+// journal replays changes the file already holds, which is harmless.
+func (s *Store) checkpoint() error {
+	if s.pending.len() == 0 {
+		return nil
+	}
+	if err := s.update(s.pending.applyTo); err != nil {
+		return err
+	}
+	s.checkpoints.Add(1)
+	err := s.jnl.reset()
+	s.pmu.Lock()
+	s.pending.reset()
+	s.pmu.Unlock()
+	return err
+}
+
+// flush asks the lead for a checkpoint and waits for it.
+func (s *Store) flush() error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.leave()
+	return s.write(nil)
+}
+
+// checkpointLoop is the store's checkpointer, started by Open and stopped
+// by Close: once appends stand still for checkpointIdle, or at once when
+// the journal holds maxPending changes, it has the lead checkpoint. (Not
+// the lead itself: the writer whose group crossed the bound would wait
+// for the checkpoint too.)
+func (s *Store) checkpointLoop() {
+	defer close(s.loopDone)
+	idle := time.NewTimer(checkpointIdle)
+	idle.Stop()
+	var seen uint64
+	for {
+		select {
+		case <-s.stopLoop:
+			idle.Stop()
+			return
+		case <-s.kick:
+			seen = s.appends.Load()
+			idle.Reset(checkpointIdle)
+		case <-s.full:
+			if err := s.flush(); err != nil && !errors.Is(err, ErrClosed) {
+				idle.Reset(checkpointRetry)
+			}
+		case <-idle.C:
+			if now := s.appends.Load(); now != seen {
+				seen = now
+				idle.Reset(checkpointIdle)
+				continue
+			}
+			if err := s.flush(); err != nil && !errors.Is(err, ErrClosed) {
+				idle.Reset(checkpointRetry)
+			}
+		}
+	}
+}
+
 // applyOne runs one op, turning a panic (a corrupt page, a bug) into that
 // op's error.
-func (s *Store) applyOne(o *op, tx *bolt.Tx) (err error) {
+func (s *Store) applyOne(o *op, t *txn) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = &CorruptError{Path: s.path, Err: fmt.Errorf("panic while writing: %v", p)}
 		}
 	}()
-	return o.apply(tx)
+	return o.apply(t)
 }

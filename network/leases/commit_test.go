@@ -5,8 +5,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // TestFailedOpIsTakenOutOfItsBatch holds a transaction open until three
@@ -16,20 +14,20 @@ import (
 func TestFailedOpIsTakenOutOfItsBatch(t *testing.T) {
 	s := openTemp(t)
 	gate, entered := make(chan struct{}), make(chan struct{})
-	put := func(i int) func(tx *bolt.Tx) error {
-		return func(tx *bolt.Tx) error {
+	put := func(i int) func(t *txn) error {
+		return func(t *txn) error {
 			r := idle(i)
 			v, err := encode(&r)
 			if err != nil {
 				return err
 			}
-			return tx.Bucket(bucketSlots).Put(slotKey(i), v)
+			return t.bucket(inSlots).Put(slotKey(i), v)
 		}
 	}
 	boom := errors.New("boom")
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := s.write(func(tx *bolt.Tx) error { close(entered); <-gate; return put(1)(tx) }); err != nil {
+		if err := s.write(func(t *txn) error { close(entered); <-gate; return put(1)(t) }); err != nil {
 			t.Error(err)
 		}
 	})
@@ -50,10 +48,10 @@ func TestFailedOpIsTakenOutOfItsBatch(t *testing.T) {
 	<-entered
 	before := s.txs.Load()
 	errs := make([]error, 3)
-	for k, fn := range []func(*bolt.Tx) error{
+	for k, fn := range []func(*txn) error{
 		put(2),
-		func(tx *bolt.Tx) error {
-			if err := put(3)(tx); err != nil {
+		func(t *txn) error {
+			if err := put(3)(t); err != nil {
 				return err
 			}
 			return boom
@@ -74,8 +72,8 @@ func TestFailedOpIsTakenOutOfItsBatch(t *testing.T) {
 			t.Fatalf("slot %d: present %v (%v), want %v", i, ok, err, want)
 		}
 	}
-	// The gated transaction, the shared one that failed, its retry.
+	// The gated group, the shared one that failed, its retry.
 	if n := s.txs.Load() - before; n != 2 {
-		t.Fatalf("%d transactions after the gated one, want 2 (the failed shared one and its retry)", n)
+		t.Fatalf("%d groups after the gated one, want 2 (the failed shared one and its retry)", n)
 	}
 }

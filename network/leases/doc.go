@@ -18,10 +18,11 @@
 //
 // # Layout
 //
-// One bbolt file (go.etcd.io/bbolt), schema 2:
+// One bbolt file (go.etcd.io/bbolt), schema 4, and its journal beside it
+// (<path>.journal, below):
 //
 //	meta/
-//	    schema   -> "2"                       ASCII decimal
+//	    schema   -> "4"                       ASCII decimal
 //	    created  -> RFC 3339                  when the file was made
 //	    upgraded -> "1 -> 2 at <RFC 3339>"    the last upgrade, if any
 //	slots/
@@ -34,7 +35,8 @@
 // request id: ByRequest is one B+tree lookup (O(log n)), and a request can
 // be held by one slot only (*DuplicateRequestError), which makes a retried
 // Acquire find the slot its first attempt got. Every write keeps the index
-// and the records in step, in the same transaction.
+// and the records in step, in the same journal entry and the same
+// transaction.
 //
 // Records are protobuf (record.proto): fields are only ever added, a reader
 // skips fields it does not know, and Update writes them back untouched, so
@@ -45,58 +47,77 @@
 //
 // meta/schema holds the layout's version. Schema 1 had meta and slots only
 // (a lookup by request scanned the slots, and did not keep requests
-// unique); schema 2 adds the requests index. Open reads the version and:
+// unique); schema 2 adds the requests index; schema 3 names the principal
+// of every lease; schema 4 changes no bucket but keeps the latest writes in
+// the journal beside the file, which a build that does not read it must
+// not open without (it would miss them). Open reads the version and:
 //
-//   - no buckets at all (a new or empty file): writes schema 2 (Fresh);
+//   - no buckets at all (a new or empty file): writes schema 4 (Fresh);
 //   - current: checks the file and opens it;
 //   - older: checks it, copies it to <path>.schema<N>.bak (fsynced), then
 //     runs every migration from N in one transaction that ends by writing
 //     the new version: the file is upgraded whole or not at all. 1 -> 2
 //     builds the index; where two records hold one request, the lower index
-//     keeps it (what schema 1's scan answered);
+//     keeps it (what schema 1's scan answered); 3 -> 4 writes the version;
 //   - newer: refuses with *SchemaError, which names the path, the version
 //     found and the version supported, in one line, and changes nothing.
 //
 // # Writes: durability, order, batching
 //
-// Put, Delete and Update return only once their transaction is committed
-// to the file: bbolt writes the new pages, then the meta page that makes
-// them current (pwrite, in that order). The daemon writes a slot's Leased
-// record before it replies to Acquire, and deletes or idles it only after
-// the slot is back (Release) or gone, so a crash at any instruction may
-// leave a record for a slot never handed out (reclaim finds it unowned
-// later), never a handed-out slot without its record.
+// Put, Delete and Update return only once their changes are in the
+// journal: one write(2) of one entry (journal.go) for the whole group of
+// writes committed together, fdatasync'd first where the store fsyncs. The
+// daemon writes a slot's Leased record before it replies to Acquire, and
+// deletes or idles it only after the slot is back (Release) or gone, so a
+// crash at any instruction may leave a record for a slot never handed out
+// (reclaim finds it unowned later), never a handed-out slot without its
+// record.
 //
 // What a returned write must survive is the death of the process (kill -9
 // at any instant), not of the machine: the namespaces the records describe
-// die at a reboot. A pwrite that returned is in the kernel's page cache,
-// which outlives the process, and is seen by the next process in program
-// order, so the file after a kill holds every commit that returned and at
-// worst a newer meta page not yet written (Open then uses the previous
-// commit, whose pages the unfinished one never overwrote). fsync adds only
+// die at a reboot. A write(2) that returned is in the kernel's page cache,
+// which outlives the process and is seen by the next one, so after a kill
+// the journal holds every write that returned and at worst one torn entry
+// after them, which no writer was told of and Open drops. fsync adds only
 // the survival of a kernel crash or a power loss. Options.Sync decides: by
-// default (SyncAuto) commits are fsynced (fdatasync of the pages, then of
-// the meta page) unless the file is on tmpfs or ramfs, where fsync is a
-// no-op and the file dies with the machine anyway; on a disk they are
-// fsynced, so a power loss does not leave a torn file for the next boot to
-// refuse. TestKillDuringWritesWithoutFsync kills 16 writers without fsync
-// at random instants and finds every returned write in a whole file.
+// default (SyncAuto) entries and checkpoints are fsynced unless the file
+// is on tmpfs or ramfs, where fsync is a no-op and the file dies with the
+// machine anyway; on a disk they are, so that a power loss does not leave
+// a torn file for the next boot to refuse. TestKillDuringWritesWithoutFsync
+// kills 16 writers at random instants and finds every returned write,
+// replayed from the journal.
 //
-// Concurrent writes share transactions (group commit): the first writer
-// commits at once, after one yield to the writers already runnable (they
-// join its transaction); writers that arrive during that commit are
-// committed together by the next one. A lone writer pays one commit and no timer
-// (bbolt's DB.Batch waits up to 10 ms to gather a batch); many writers
-// commit faster than one transaction each (BenchmarkWrite; figures in
-// docs/BENCHMARKS.md). Within a shared transaction:
+// Why a journal and not a bbolt commit per group: a commit rewrites every
+// page on the path to each changed key, in both buckets, and the freelist
+// and the meta page, about 8 pages and 9 pwrites for one Acquire's record,
+// where the journal writes its ~200 bytes once (figures: docs/BENCHMARKS.md,
+// BenchmarkWrite). The checkpoint writes the journal's changes into the
+// file in one bbolt transaction, many groups at once, when the writes have
+// paused for checkpointIdle (a burst of Acquires never waits for it) or
+// when the journal holds maxPending changes (so that memory and the next
+// Open's replay stay bounded), and at Close; then it empties the journal.
+// Until then the changes are kept in memory too (pending), under the
+// file's content for every read: Get, ByRequest, Load and the writes
+// themselves see the records as they stand. A kill between a checkpoint's
+// commit and the truncation leaves entries the file already holds; every
+// change is a key's whole new value, so replaying them again changes
+// nothing. A checkpoint that fails (a full filesystem) leaves the changes
+// pending and in the journal, and is tried again every checkpointRetry.
+//
+// Concurrent writes share journal entries (group commit): the first writer
+// appends at once, after one yield to the writers already runnable (they
+// join its entry); writers that arrive during that append are appended
+// together by the next one. A lone writer pays one append and no timer
+// (bbolt's DB.Batch waits up to 10 ms to gather a batch). Within a group:
 //
 //   - a write refused on its own merits (invalid, duplicate request, an
 //     Update function's error) changes nothing and fails alone;
-//   - a write that fails after changing the transaction is taken out, and
-//     the transaction is run again without it;
-//   - when the commit itself fails (a full filesystem, an I/O error), every
-//     write in it fails with that error and none of them is applied: the
-//     file holds exactly what it held before.
+//   - a write that fails after changing the group is taken out, and the
+//     group is run again without it;
+//   - when the append itself fails (a full filesystem, an I/O error),
+//     every write in it fails with that error and none of them is applied:
+//     a partial entry is truncated away, and the journal and the file hold
+//     exactly what they held before.
 //
 // ctx is consulted before a write is queued, not after: once queued, a
 // write's outcome is always reported truthfully.
@@ -108,14 +129,19 @@
 //	truncated, garbage in a page       *CorruptError                   same
 //	bbolt panics or faults on a page   *CorruptError (recovered)       same
 //	one record's bytes do not decode   Load: the rest + *RecordsError  quarantine that slot
-//	newest meta page torn or damaged   opens as of the commit before   that commit never returned
+//	newest meta page torn or damaged   opens as of the commit before   a checkpoint cut there: still in the journal
+//	journal: last entry torn           opens without it                no writer was told of it
+//	journal: damaged entry, more after *CorruptError (the journal)     MoveAside (takes the journal too)
+//	journal beside a fresh file        Opened().OrphanJournal          moved aside, not replayed
 //	unreadable (permissions, EROFS)    *AccessError                    fix, or MoveAside
 //	newer schema                       *SchemaError                    exit 2 with its one line
 //	another process holds the file     *LockedError (with its pid)     exit: one daemon per store
 //	filesystem full                    matches ErrNoSpace and ENOSPC   reads work; writes once space is back
 //	Close twice, calls after Close     nil, ErrClosed
 //
-// Open walks every page of the file, then runs bbolt's consistency check
+// Open walks every page of the file and reads the whole journal (replayed
+// into memory, not into the file: a full filesystem does not stop Open),
+// then runs bbolt's consistency check
 // (tx.Check), with panics recovered and memory faults on the mapping turned
 // into panics (runtime/debug.SetPanicOnFault): both are linear in the file,
 // a small part of a start (BenchmarkOpen, BenchmarkCheck; figures in

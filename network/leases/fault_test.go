@@ -371,11 +371,14 @@ func TestOneDamagedMetaFallsBackToThePreviousCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := s.Put(ctx, idle(1)); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Put(ctx, idle(2)); err != nil {
-		t.Fatal(err)
+	// Each record in a commit of its own: the journal's checkpoint.
+	for i := 1; i <= 2; i++ {
+		if err := s.Put(ctx, idle(i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.flush(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var txid int
 	if err := s.db.View(func(tx *bolt.Tx) error { txid = tx.ID(); return nil }); err != nil {
@@ -712,57 +715,34 @@ func TestKillDuringWritesWithoutFsync(t *testing.T) {
 	told := map[int]string{}
 	base := 1
 	for round := range 8 {
-		cmd := helper(t, "write", path)
-		cmd.Env = append(cmd.Env, helperEnv+"_BASE="+strconv.Itoa(base))
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		lines := make(chan string)
-		go func() {
-			defer close(lines)
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				lines <- sc.Text()
-			}
-		}()
 		// Kill once the writers are well under way, at a random instant.
-		n, killAt := 0, 50+r.IntN(400)
-		for line := range lines {
-			var i int
-			var id string
-			if _, err := fmt.Sscanf(line, "put %d %s", &i, &id); err != nil {
-				t.Fatalf("round %d: helper said %q", round, line)
-			}
+		killAt := 50 + r.IntN(400)
+		got, n := writeAndKill(t, path, base, killAt)
+		for i, id := range got {
 			told[i] = id
 			base = max(base, i+1)
-			if n++; n == killAt {
-				cmd.Process.Kill()
-			}
-		}
-		cmd.Wait()
-		if n < killAt {
-			t.Fatalf("round %d: the helper stopped after %d writes, before it was killed", round, n)
 		}
 
 		s, err := Open(path, Options{})
 		if err != nil {
 			t.Fatalf("round %d: after kill -9 with %d writes told: %v", round, n, err)
 		}
+		// The writers never paused, so the journal held what the file did
+		// not: its replay is what this round tests.
+		if s.Opened().Replayed == 0 {
+			t.Errorf("round %d: nothing replayed from the journal after a kill in the middle of writes", round)
+		}
 		recs, err := s.Load()
 		if err != nil {
 			t.Fatalf("round %d: Load: %v", round, err)
 		}
-		got := map[int]string{}
+		inFile := map[int]string{}
 		for _, rec := range recs {
-			got[rec.Index] = rec.LeaseID
+			inFile[rec.Index] = rec.LeaseID
 		}
 		for i, id := range told {
-			if got[i] != id {
-				t.Errorf("round %d: slot %d: Put returned with lease %s, the file after kill -9 holds %q", round, i, id, got[i])
+			if inFile[i] != id {
+				t.Errorf("round %d: slot %d: Put returned with lease %s, the store after kill -9 holds %q", round, i, id, inFile[i])
 			}
 		}
 		checkRequestIndex(t, s)
@@ -771,6 +751,48 @@ func TestKillDuringWritesWithoutFsync(t *testing.T) {
 			base = max(base, rec.Index+1)
 		}
 		s.Close()
-		t.Logf("round %d: killed after %d writes told; %d records in the file, every one told there", round, n, len(recs))
+		t.Logf("round %d: killed after %d writes told; %d records, every one told there, %d changes replayed from the journal",
+			round, n, len(recs), s.Opened().Replayed)
 	}
+}
+
+// writeAndKill runs the helper's write mode on path from index base and
+// kills it (SIGKILL) once it has told killAt writes; it returns every
+// write told (index -> lease id) and how many.
+func writeAndKill(t *testing.T, path string, base, killAt int) (map[int]string, int) {
+	t.Helper()
+	cmd := helper(t, "write", path)
+	cmd.Env = append(cmd.Env, helperEnv+"_BASE="+strconv.Itoa(base))
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	told, n := map[int]string{}, 0
+	for line := range lines {
+		var i int
+		var id string
+		if _, err := fmt.Sscanf(line, "put %d %s", &i, &id); err != nil {
+			t.Fatalf("the helper said %q", line)
+		}
+		told[i] = id
+		if n++; n == killAt {
+			cmd.Process.Kill()
+		}
+	}
+	cmd.Wait()
+	if n < killAt {
+		t.Fatalf("the helper stopped after %d writes, before it was killed", n)
+	}
+	return told, n
 }

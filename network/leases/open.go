@@ -75,14 +75,49 @@ func open(path string, opts Options, migs []migration) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	if !existed {
-		// The file's directory entry must outlive a crash too.
+	if err := s.openJournal(); err != nil {
+		undo()
+		db.Close()
+		return nil, err
+	}
+	if !existed || s.opened.Fresh {
+		// The directory entries of the file and its journal must outlive
+		// a crash too.
 		if err := syncDir(filepath.Dir(path)); err != nil {
+			s.jnl.close()
 			db.Close()
 			return nil, fmt.Errorf("leases: %w", err)
 		}
 	}
+	s.kick, s.full = make(chan struct{}, 1), make(chan struct{}, 1)
+	s.stopLoop, s.loopDone = make(chan struct{}), make(chan struct{})
+	go s.checkpointLoop()
 	return s, nil
+}
+
+// openJournal opens the journal beside the file and reads the changes it
+// holds that the file does not. A fresh file's journal belongs to a file
+// that is gone (removed, or moved aside without it): its changes would
+// bring back a part of that file's records, so it is moved aside too,
+// beside the file's own name with .orphan-<UTC time>.
+func (s *Store) openJournal() error {
+	jpath := s.path + JournalSuffix
+	if s.opened.Fresh {
+		if st, err := os.Stat(jpath); err == nil && st.Size() > 0 {
+			dst := jpath + ".orphan-" + time.Now().UTC().Format(asideTime)
+			if err := unix.Renameat2(unix.AT_FDCWD, jpath, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+				return fmt.Errorf("leases: rename the journal of a file that is gone, %s, to %s: %w", jpath, dst, err)
+			}
+			s.opened.OrphanJournal = dst
+		}
+	}
+	s.pending, s.group = newChangeSet(), newChangeSet()
+	j, n, err := openJournal(jpath, s.opened.Fsync, s.pending)
+	if err != nil {
+		return err
+	}
+	s.jnl, s.opened.Replayed = j, n
+	return nil
 }
 
 // openBolt runs bolt.Open with its faults contained: bbolt reads the meta
@@ -168,6 +203,7 @@ func inMemory(fsType int64) bool {
 }
 
 // MoveAside renames the store's file at path to path.corrupt-<UTC time>,
+// and its journal, if it holds anything, to that name with JournalSuffix,
 // for inspection, so that Open can start a new store. It refuses while a
 // process holds the file (*LockedError), never replaces an existing file,
 // and returns the new name.
@@ -191,15 +227,26 @@ func MoveAside(path string) (string, error) {
 	default:
 		return "", fmt.Errorf("leases: %w", err)
 	}
-	dst := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+	dst := path + ".corrupt-" + time.Now().UTC().Format(asideTime)
 	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
 		return "", fmt.Errorf("leases: rename %s to %s: %w", path, dst, err)
+	}
+	// The journal goes with its file, named after the copy, unless it
+	// holds nothing (the next Open starts it again).
+	jpath := path + JournalSuffix
+	if st, err := os.Stat(jpath); err == nil && st.Size() > 0 {
+		if err := unix.Renameat2(unix.AT_FDCWD, jpath, unix.AT_FDCWD, dst+JournalSuffix, unix.RENAME_NOREPLACE); err != nil {
+			return dst, fmt.Errorf("leases: rename %s to %s: %w", jpath, dst+JournalSuffix, err)
+		}
 	}
 	if err := syncDir(filepath.Dir(path)); err != nil {
 		return dst, fmt.Errorf("leases: %w", err)
 	}
 	return dst, nil
 }
+
+// asideTime names the copies MoveAside and Open set aside.
+const asideTime = "20060102T150405.000000000Z"
 
 func syncDir(dir string) error {
 	d, err := os.Open(dir)

@@ -21,7 +21,9 @@ import (
 //	1  meta{schema, created}, slots{index -> record}
 //	2  adds requests{owner, request id -> index}, built from slots on upgrade
 //	3  a leased record names its principal; those recorded before are root's
-const SchemaVersion = 3
+//	4  records may also be in the journal beside the file (journal.go),
+//	   which a build that does not read it must not open without
+const SchemaVersion = 4
 
 var (
 	bucketMeta     = []byte("meta")
@@ -45,10 +47,13 @@ type migration struct {
 }
 
 // migrations, in order; the last one's to is SchemaVersion. A migration
-// must be tested with a file of the layout it starts from.
+// must be tested with a file of the layout it starts from. Migrations run
+// at Open before the journal is read: one from schema 4 on that changes
+// records must first write the journal's changes into the file.
 var migrations = []migration{
 	{to: 2, what: "build the request index", run: buildRequestIndex},
 	{to: 3, what: "name the principal of earlier leases", run: nameLegacyPrincipals},
+	{to: 4, what: "keep writes in a journal beside the file", run: func(*bolt.Tx) error { return nil }},
 }
 
 // LegacyPrincipal is the principal schema 3 gives the leases recorded

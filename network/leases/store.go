@@ -62,6 +62,13 @@ type Opened struct {
 	// Fsync: commits are fsynced (Options.Sync, and for SyncAuto the
 	// file's filesystem).
 	Fsync bool
+	// Replayed is the number of changes read from the journal: writes
+	// that had returned before the last process ended without writing
+	// them into the file (a kill, a crash, a full filesystem at Close).
+	Replayed int
+	// OrphanJournal is where a journal found beside a fresh file (its own
+	// file gone) was moved; "" if none.
+	OrphanJournal string
 }
 
 // Store is the durable record of every slot: one bbolt file, opened by one
@@ -81,8 +88,25 @@ type Store struct {
 	mu      sync.Mutex // guards queue and leading
 	queue   []*op
 	leading bool
-	// txs counts write transactions run, committed or not (tests).
+	// txs counts write groups run, appended or not (tests).
 	txs atomic.Uint64
+
+	// The journal (journal.go) and the changes it holds that the file
+	// does not yet: the lead alone appends, merges and checkpoints, and
+	// changes pending under pmu; readers hold pmu shared.
+	jnl     *journal
+	group   *changeSet // the lead's current group, reused
+	pmu     sync.RWMutex
+	pending *changeSet
+	// appends counts entries appended; the checkpointer waits for it to
+	// stand still. kick wakes the checkpointer after an append, full when
+	// the journal holds maxPending changes.
+	appends     atomic.Uint64
+	checkpoints atomic.Uint64 // checkpoints committed (tests)
+	kick, full  chan struct{}
+	stopLoop    chan struct{}
+	loopDone    chan struct{}
+	stopOnce    sync.Once
 }
 
 // Path returns the store's file.
@@ -91,20 +115,33 @@ func (s *Store) Path() string { return s.path }
 // Opened says what Open found: a fresh store, an upgrade and its backup.
 func (s *Store) Opened() Opened { return s.opened }
 
-// Close closes the file and lets go of its lock, after the calls under way
-// have returned. Calls after Close return ErrClosed; Close again returns
-// nil.
+// Close writes the journal's changes into the file and closes both, after
+// the calls under way have returned, and lets go of the lock. Calls after
+// Close return ErrClosed; Close again returns nil. When the changes cannot
+// be written into the file (a full filesystem), Close still closes and
+// says so: they stay in the journal, and the next Open reads them.
 func (s *Store) Close() error {
+	s.stopOnce.Do(func() {
+		close(s.stopLoop)
+		<-s.loopDone
+	})
 	s.life.Lock()
 	defer s.life.Unlock()
 	if s.closed {
 		return nil
 	}
 	s.closed = true
-	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("leases: close %s: %w", s.path, err)
+	var errs []error
+	if err := s.checkpoint(); err != nil {
+		errs = append(errs, fmt.Errorf("leases: %s: the journal's records stay in %s for the next Open: %w", s.path, s.jnl.path, err))
 	}
-	return nil
+	if err := s.jnl.close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.db.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("leases: close %s: %w", s.path, err))
+	}
+	return errors.Join(errs...)
 }
 
 func (s *Store) enter() error {
@@ -124,18 +161,18 @@ func (s *Store) Get(index int) (rec Record, ok bool, err error) {
 		return Record{}, false, err
 	}
 	defer s.leave()
-	err = s.view(func(tx *bolt.Tx) error {
-		rec, ok, err = s.get(tx, index)
+	err = s.read(func(t *txn) error {
+		rec, ok, err = s.get(t, index)
 		return err
 	})
 	return rec, ok, err
 }
 
-func (s *Store) get(tx *bolt.Tx, index int) (Record, bool, error) {
+func (s *Store) get(t *txn, index int) (Record, bool, error) {
 	if err := checkIndex(index); err != nil {
 		return Record{}, false, err
 	}
-	v := tx.Bucket(bucketSlots).Get(slotKey(index))
+	v := t.bucket(inSlots).Get(slotKey(index))
 	if v == nil {
 		return Record{}, false, nil
 	}
@@ -158,8 +195,8 @@ func (s *Store) ByRequest(owner, requestID string) (rec Record, ok bool, err err
 	if owner == "" || requestID == "" {
 		return Record{}, false, nil
 	}
-	err = s.view(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketRequests).Get(requestKey(owner, requestID))
+	err = s.read(func(t *txn) error {
+		v := t.bucket(inRequests).Get(requestKey(owner, requestID))
 		if v == nil {
 			return nil
 		}
@@ -167,7 +204,7 @@ func (s *Store) ByRequest(owner, requestID string) (rec Record, ok bool, err err
 			return &CorruptError{Path: s.path, Err: fmt.Errorf("request index entry for %q/%q is %d bytes, not 4", owner, requestID, len(v))}
 		}
 		i := int(binary.BigEndian.Uint32(v))
-		rec, ok, err = s.get(tx, i)
+		rec, ok, err = s.get(t, i)
 		if err == nil && (!ok || rec.Owner != owner || rec.RequestID != requestID) {
 			return &CorruptError{Path: s.path, Err: fmt.Errorf("request index points %q/%q at slot %d, whose record does not hold it", owner, requestID, i)}
 		}
@@ -187,8 +224,8 @@ func (s *Store) Load() ([]Record, error) {
 		recs []Record
 		bad  map[int]error
 	)
-	err := s.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSlots).ForEach(func(k, v []byte) error {
+	err := s.read(func(t *txn) error {
+		return t.bucket(inSlots).ForEach(func(k, v []byte) error {
 			i, err := parseSlotKey(k)
 			if err != nil {
 				return &CorruptError{Path: s.path, Err: err}
@@ -208,6 +245,8 @@ func (s *Store) Load() ([]Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The journal's records come after the file's.
+	slices.SortFunc(recs, func(a, b Record) int { return a.Index - b.Index })
 	if bad != nil {
 		return recs, &RecordsError{Path: s.path, Bad: bad}
 	}
@@ -246,7 +285,7 @@ func (s *Store) Put(ctx context.Context, recs ...Record) error {
 }
 
 // putTx checks recs and returns the transaction body that stores them.
-func putTx(recs []Record) (func(tx *bolt.Tx) error, error) {
+func putTx(recs []Record) (func(t *txn) error, error) {
 	type prepared struct {
 		index            int
 		owner, requestID string
@@ -277,8 +316,8 @@ func putTx(recs []Record) (func(tx *bolt.Tx) error, error) {
 		}
 		ps[n] = prepared{index: r.Index, owner: r.Owner, requestID: r.RequestID, key: slotKey(r.Index), val: v, reqKey: rk}
 	}
-	return func(tx *bolt.Tx) error {
-		slots, index := tx.Bucket(bucketSlots), tx.Bucket(bucketRequests)
+	return func(t *txn) error {
+		slots, index := t.bucket(inSlots), t.bucket(inRequests)
 		// Check every conflict before the first change, so that a refusal
 		// leaves the transaction untouched.
 		for _, p := range ps {
@@ -314,7 +353,7 @@ func putTx(recs []Record) (func(tx *bolt.Tx) error, error) {
 
 // unindex removes the request index entry of the record stored under key,
 // unless it is keep (the entry the new record keeps).
-func unindex(slots, index *bolt.Bucket, key, keep []byte) error {
+func unindex(slots, index view, key, keep []byte) error {
 	old := slots.Get(key)
 	if old == nil {
 		return nil
@@ -336,7 +375,7 @@ func unindex(slots, index *bolt.Bucket, key, keep []byte) error {
 
 // unindexValue deletes every index entry pointing at key: O(n), only for
 // records that no longer decode.
-func unindexValue(index *bolt.Bucket, key []byte) error {
+func unindexValue(index view, key []byte) error {
 	var stale [][]byte
 	if err := index.ForEach(func(k, v []byte) error {
 		if bytes.Equal(v, key) {
@@ -374,8 +413,8 @@ func (s *Store) Delete(ctx context.Context, indices ...int) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	return s.write(func(tx *bolt.Tx) error {
-		slots, index := tx.Bucket(bucketSlots), tx.Bucket(bucketRequests)
+	return s.write(func(t *txn) error {
+		slots, index := t.bucket(inSlots), t.bucket(inRequests)
 		for _, k := range keys {
 			if err := unindex(slots, index, k, nil); err != nil {
 				return err
@@ -414,8 +453,8 @@ func (s *Store) Update(ctx context.Context, index int, fn func(*Record) error) (
 	}
 	key := slotKey(index)
 	var out Record
-	err := s.write(func(tx *bolt.Tx) error {
-		slots, idx := tx.Bucket(bucketSlots), tx.Bucket(bucketRequests)
+	err := s.write(func(t *txn) error {
+		slots, idx := t.bucket(inSlots), t.bucket(inRequests)
 		v := slots.Get(key)
 		if v == nil {
 			return reject(fmt.Errorf("%w for slot %d", ErrNotFound, index))
@@ -478,6 +517,16 @@ func callUpdate(fn func(*Record) error, r *Record) (err error) {
 		}
 	}()
 	return fn(r)
+}
+
+// read runs fn over the records as they stand: the file under the
+// journal's changes not yet checkpointed. Holding pmu shared for the whole
+// read keeps the checkpoint from emptying pending between fn's look there
+// and its look in the file.
+func (s *Store) read(fn func(t *txn) error) error {
+	s.pmu.RLock()
+	defer s.pmu.RUnlock()
+	return s.view(func(tx *bolt.Tx) error { return fn(&txn{tx: tx, pending: s.pending}) })
 }
 
 // view and update run a bbolt transaction with faults contained: a panic

@@ -245,18 +245,39 @@ func checkIndexOf(t *testing.T, s *Store, legacy bool) {
 			want[string(k)] = r.Index
 		}
 	}
-	got := map[string]int{}
-	if err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketRequests).ForEach(func(k, v []byte) error {
+	// As the store reads it (the file under the journal), then in the
+	// file alone once the journal is checkpointed into it.
+	indexOf := func(forEach func(func(k, v []byte) error) error) map[string]int {
+		got := map[string]int{}
+		if err := forEach(func(k, v []byte) error {
 			i, err := parseSlotKey(v)
 			got[string(k)] = i
 			return err
-		})
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	var read map[string]int
+	if err := s.read(func(tx *txn) error {
+		read = indexOf(tx.bucket(inRequests).ForEach)
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("request index %v, records say %v", got, want)
+	if fmt.Sprint(read) != fmt.Sprint(want) {
+		t.Fatalf("request index %v, records say %v", read, want)
+	}
+	if err := s.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		if got := indexOf(tx.Bucket(bucketRequests).ForEach); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("request index in the file after a checkpoint %v, records say %v", got, want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -430,8 +451,8 @@ func TestUnknownFieldsSurviveUpdate(t *testing.T) {
 func hasField99(t *testing.T, s *Store, i int) bool {
 	t.Helper()
 	var found bool
-	if err := s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketSlots).Get(slotKey(i))
+	if err := s.read(func(tx *txn) error {
+		b := tx.bucket(inSlots).Get(slotKey(i))
 		for len(b) > 0 {
 			num, typ, n := protowire.ConsumeTag(b)
 			if n < 0 {

@@ -490,7 +490,8 @@ func markdownAcquire(b *bytes.Buffer, a *AcquireResult, img string) {
 	fmt.Fprintf(b, "Each side serves `phasegate.v1.Slots` on a Unix socket (the daemon on its control socket) with a warm pool of %d slots and answers a burst of %d "+
 		"`Acquire` calls (own request id each) from %d concurrent callers on one connection, so no call waits for a slot "+
 		"to be made; %d bursts per side, the order alternating. *durable*: the daemon, which writes the lease's record "+
-		"(bbolt, group commit; fsynced unless the state directory is on tmpfs, as -state-parent is by default) before it replies, and an idle record for every slot its pool makes. *in-memory*: "+
+		"in its journal before it replies (one append for the calls committed together, fdatasync'd unless the state directory is on tmpfs, as -state-parent is by default; "+
+		"written into the bbolt file when the calls pause), and an idle record for every slot its pool makes. *in-memory*: "+
 		"`bench memslots`, the daemon's own Slots service behind the same control guard (peer credentials, policy, audit line; "+
 		"the daemon runs with `--control-rate=0`, so no rate limit) on the same one-port server (package `server`), over "+
 		"the same pool, allocator and slot manager, but over a store that keeps the records in a map under a mutex; "+
