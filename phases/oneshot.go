@@ -203,7 +203,7 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 	}
 	path := cfg.StatePath()
 	backups, _ := filepath.Glob(path + ".schema*.bak") // a valid pattern: only a malformed one errs
-	for _, p := range append([]string{path}, backups...) {
+	for _, p := range append([]string{path, path + leases.JournalSuffix}, backups...) {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return res, fmt.Errorf("decommission: remove %s: %w", p, err)
 		}
