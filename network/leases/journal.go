@@ -48,6 +48,9 @@ const entryHeader = 8
 // most a Put of a few records far smaller than this.
 const maxEntry = 64 << 20
 
+// maxKeptBuf is the largest entry buffer kept for the next append.
+const maxKeptBuf = 64 << 10
+
 // Change flags.
 const flagDelete = 1
 
@@ -217,7 +220,11 @@ func (j *journal) append(c *changeSet) error {
 	payload := buf[entryHeader:]
 	binary.LittleEndian.PutUint32(buf, uint32(len(payload)))
 	binary.LittleEndian.PutUint32(buf[4:], crc32.Checksum(payload, castagnoli))
-	j.buf = buf
+	if cap(buf) <= maxKeptBuf {
+		j.buf = buf
+	} else {
+		j.buf = nil // one large group's buffer is not kept for the small ones
+	}
 	if err := j.repair(); err != nil {
 		return err
 	}

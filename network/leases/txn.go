@@ -67,11 +67,21 @@ func (c *changeSet) merge(o *changeSet) {
 	}
 }
 
+// reset empties c. A map that grew large (a restore's Put of every lease,
+// a checkpoint after a long burst) is let go rather than kept at its peak
+// size for the life of the process.
 func (c *changeSet) reset() {
-	for _, m := range c.buckets {
-		clear(m)
+	for b, m := range c.buckets {
+		if len(m) > keepMapLen {
+			c.buckets[b] = map[string]change{}
+		} else {
+			clear(m)
+		}
 	}
 }
+
+// keepMapLen is the largest change map reset keeps for reuse.
+const keepMapLen = 1024
 
 // applyTo writes c into bbolt's buckets.
 func (c *changeSet) applyTo(tx *bolt.Tx) error {
