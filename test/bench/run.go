@@ -57,8 +57,12 @@ func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Res
 	fmt.Fprintf(log, "bench: prefix %s, netns dir %s, state dir %s (%s), load average %.2f\n",
 		h.cfg.Prefix, h.cfg.NetnsDir, h.stateDir, res.Machine.StateFS, loadAvg())
 
+	// The commit the parts ran is the one built now; a -binary given is
+	// no commit of this checkout's.
+	commit := ""
 	r.bin = o.binary
 	if r.bin == "" {
+		commit = gitRevision()
 		fmt.Fprintln(log, "bench: building ./cmd/phasegate")
 		if r.bin, err = buildPhasegate(ctx, h.base); err != nil {
 			return nil, err
@@ -81,7 +85,7 @@ func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Res
 	for _, part := range o.parts {
 		res.dropPart(part)
 		r.part = &Part{
-			Started: time.Now(), Command: commandLine(o.args), Commit: gitRevision(),
+			Started: time.Now(), Command: commandLine(o.args), Commit: commit,
 			Settings: Settings{
 				Ns: o.ns, Reps: o.reps, SerialReps: o.serialReps, SerialMax: o.serialMax,
 				LeaseClients: o.leaseClients, Workers: o.workers, PoolSize: o.poolSize,
