@@ -15,19 +15,19 @@ import (
 // every op over the records as they stand, appends the group's changes to
 // the journal as one entry (fdatasync'd where the store fsyncs), wakes the
 // writers it committed for, and goes on with
-// whatever queued meanwhile, for up to maxRounds transactions; then it
+// whatever queued meanwhile, for up to maxRounds groups; then it
 // hands the lead to the first writer still waiting. So a lone writer
 // commits at once (bbolt's DB.Batch would first wait out MaxBatchDelay,
 // 10 ms by default), and under load the batch grows by itself to whatever
 // arrived during the previous commit. Without the yield, a burst of
-// Acquires committed little more than one write a transaction (each
+// Acquires committed little more than one write a commit (each
 // handler reached its write after the previous commit had begun; figures:
 // docs/BENCHMARKS.md, BenchmarkAcquireOverGRPC). The leader goes
-// on rather than handing over after every transaction because the next
+// on rather than handing over after every group because the next
 // leader's wake-up is a scheduling delay between two commits on a busy
 // machine (docs/BENCHMARKS.md, "Figures behind the network code").
 
-// maxBatch bounds the ops in one transaction, so that one commit's work
+// maxBatch bounds the ops in one group, so that one append's work
 // (and the lead's latency) stays bounded however long the queue grows.
 const maxBatch = 256
 
@@ -46,7 +46,7 @@ const (
 	checkpointRetry = time.Second
 )
 
-// maxRounds bounds the transactions one leader commits before it passes
+// maxRounds bounds the groups one leader commits before it passes
 // the lead on: going on itself spares the next leader's wake-up (a
 // scheduling delay on a busy machine), passing on bounds its own caller's
 // wait.
@@ -60,14 +60,14 @@ type op struct {
 	apply func(t *txn) error
 	err   error
 	// refused is set while applying when the op was rejected in this
-	// attempt of the transaction.
+	// attempt of the group.
 	refused bool
 	// wake receives true when the op's writer must lead, false when err is
 	// final.
 	wake chan bool
 }
 
-// rejected marks an op's refusal that left the transaction untouched.
+// rejected marks an op's refusal that left the group untouched.
 type rejected struct{ err error }
 
 func (r rejected) Error() string { return r.err.Error() }
@@ -76,7 +76,7 @@ func (r rejected) Unwrap() error { return r.err }
 func reject(err error) error { return rejected{err} }
 
 // write queues apply and returns once its outcome is final: committed
-// (nil), refused, or failed with its whole transaction.
+// (nil), refused, or failed with its whole group.
 func (s *Store) write(apply func(t *txn) error) error {
 	o := &op{apply: apply, wake: make(chan bool, 1)}
 	s.mu.Lock()
@@ -91,7 +91,7 @@ func (s *Store) write(apply func(t *txn) error) error {
 	s.leading = true
 	// Yield once before taking the queue: writers already runnable (the
 	// other handlers of a burst, a few microseconds from their own write)
-	// run up to it and join this transaction instead of each waiting for
+	// run up to it and join this group instead of each waiting for
 	// one of their own. With nothing else runnable Gosched returns at once,
 	// so a lone writer still commits without a timer.
 	s.mu.Unlock()
