@@ -137,14 +137,24 @@ func ExampleConfig_exporters() {
 	}
 	c := &http.Client{Timeout: 10 * time.Second}
 	defer c.CloseIdleConnections()
-	resp, err := c.Get("http://" + a.Addr(ctx).String() + app.PathMetrics)
-	if err != nil {
-		fmt.Println(err)
-		return
+	// A phase's duration is recorded by the metrics' subscriber to the
+	// lifecycle a moment after the phase ends, so a scrape at once may not
+	// hold it yet; the next one does.
+	var (
+		code int
+		seen bool
+	)
+	for deadline := time.Now().Add(10 * time.Second); !seen && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		resp, err := c.Get("http://" + a.Addr(ctx).String() + app.PathMetrics)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		code, seen = resp.StatusCode, strings.Contains(string(body), "phasegate_phase_duration_seconds")
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	fmt.Println(resp.StatusCode, strings.Contains(string(body), "phasegate_phase_duration_seconds"))
+	fmt.Println(code, seen)
 	fmt.Println(a.Stop(ctx))
 	// Output:
 	// 200 true

@@ -49,8 +49,9 @@ var lifecycleStates = []lifecycle.State{
 //	phasegate.phase.rate              gauge, {unit}/s phase           its recent rate, when known
 //	phasegate.phase.eta               gauge, s       phase            its estimated time left, when known
 //
-// The durations come from a subscription; the gauges read a snapshot at
-// each collection. stop waits for the subscriber goroutine and
+// The durations come from a subscription, so a phase's is recorded a
+// moment after it ends (a scrape at that instant may not hold it yet);
+// the gauges read a snapshot at each collection. stop waits for the subscriber goroutine and
 // unregisters the gauges.
 func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop func(), err error) {
 	m := mp.Meter(scope)
