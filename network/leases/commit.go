@@ -246,32 +246,53 @@ func (s *Store) flush() error {
 // by Close: once appends stand still for checkpointIdle, or at once when
 // the journal holds maxPending changes, it has the lead checkpoint. (Not
 // the lead itself: the writer whose group crossed the bound would wait
-// for the checkpoint too.)
+// for the checkpoint too.) The first append after a checkpoint wakes it;
+// from then on it polls the append count every checkpointIdle instead of
+// being woken by every append of a burst. After a failed checkpoint it
+// tries again checkpointRetry later, not at every append.
 func (s *Store) checkpointLoop() {
 	defer close(s.loopDone)
 	idle := time.NewTimer(checkpointIdle)
 	idle.Stop()
-	var seen uint64
+	var (
+		kick    = s.kick // nil while idle is armed
+		seen    uint64   // the append count when idle was armed
+		retryAt time.Time
+	)
+	arm := func(d time.Duration) {
+		kick, seen = nil, s.appends.Load()
+		idle.Reset(d)
+	}
+	flushed := func() bool {
+		err := s.flush()
+		if err == nil || errors.Is(err, ErrClosed) {
+			return true
+		}
+		retryAt = time.Now().Add(checkpointRetry)
+		return false
+	}
 	for {
 		select {
 		case <-s.stopLoop:
 			idle.Stop()
 			return
-		case <-s.kick:
-			seen = s.appends.Load()
-			idle.Reset(checkpointIdle)
+		case <-kick:
+			arm(checkpointIdle)
 		case <-s.full:
-			if err := s.flush(); err != nil && !errors.Is(err, ErrClosed) {
-				idle.Reset(checkpointRetry)
-			}
-		case <-idle.C:
-			if now := s.appends.Load(); now != seen {
-				seen = now
-				idle.Reset(checkpointIdle)
+			if time.Now().Before(retryAt) || flushed() {
 				continue
 			}
-			if err := s.flush(); err != nil && !errors.Is(err, ErrClosed) {
-				idle.Reset(checkpointRetry)
+			if kick != nil {
+				arm(checkpointRetry)
+			}
+		case <-idle.C:
+			switch {
+			case s.appends.Load() != seen:
+				arm(checkpointIdle)
+			case time.Now().Before(retryAt), !flushed():
+				arm(time.Until(retryAt))
+			default:
+				kick = s.kick
 			}
 		}
 	}

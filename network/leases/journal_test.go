@@ -27,17 +27,6 @@ func killedStore(t *testing.T, dir string) (string, map[int]string) {
 	return path, told
 }
 
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(to, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // holds opens path and checks that it holds every write told (it leaves
 // the journal as Open left it).
 func holds(t *testing.T, path string, told map[int]string) *Store {
@@ -192,9 +181,8 @@ func TestJournalOfAMissingFileIsSetAside(t *testing.T) {
 
 func TestCloseCheckpointsTheJournal(t *testing.T) {
 	path, told := killedStore(t, t.TempDir())
-	// A copy of the killed store, opened by bbolt alone, lacks the writes
-	// the journal holds: the journal is what this test's Close must carry
-	// into the file.
+	// The killed store's last writes are in its journal alone: Close must
+	// carry them, and one more, into the file.
 	s, err := Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -323,4 +311,36 @@ func TestJournalStaysBounded(t *testing.T) {
 		t.Errorf("%d changes pending at the peak, want at most %d", peak, maxPending+slack)
 	}
 	t.Logf("%d checkpoints; at most %d changes pending", s.checkpoints.Load(), peak)
+}
+
+// TestIdleCheckpoint: once the writes pause, the checkpointer writes the
+// journal's changes into the file and empties the journal by itself.
+func TestIdleCheckpoint(t *testing.T) {
+	s := openTemp(t)
+	for i := 1; i <= 10; i++ {
+		if err := s.Put(context.Background(), leased(i, "ci", fmt.Sprint("r", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := os.Stat(s.jnl.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.checkpoints.Load() > 0 && st.Size() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the writes: %d checkpoints, journal %d bytes", s.checkpoints.Load(), st.Size())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.pmu.RLock()
+	left := s.pending.len()
+	s.pmu.RUnlock()
+	if left != 0 {
+		t.Fatalf("%d changes still pending after the checkpoint", left)
+	}
+	checkRequestIndex(t, s)
 }

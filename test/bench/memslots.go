@@ -41,8 +41,9 @@ const msgPoolReady = "pool ready"
 // server: cmux, late-bound services), the same pool, allocator and slot
 // manager — but over a store that keeps the lease records in a map under
 // a mutex (memStore) instead of bbolt. What the daemon has and this has
-// not: the lease record (a bbolt transaction, fsynced off tmpfs, shared by
-// concurrent writers) on Acquire, the idle record of every slot its pool
+// not: the lease record on Acquire (an entry in the store's journal,
+// shared by concurrent writers, fdatasync'd off tmpfs, written into bbolt
+// when the writes pause), the idle record of every slot its pool
 // makes, and the daemon's metric interceptors and tracing stats handler
 // (otelgrpc; what they cost the daemon is in docs/BENCHMARKS.md).
 //
