@@ -64,11 +64,11 @@ bench-smoke:
 
 ## bench-report: the startup benchmark as in docs/BENCHMARKS.md (root; 15–40 minutes); raw figures in /var/cache/phasegate/bench.
 bench-report:
-	cd test && $(GO) run ./bench -n 0,1000,5000,10000 -reps 3 -out ../docs/bench -doc ../docs/BENCHMARKS.md
+	cd test && $(GO) run ./bench -n 0,1000,5000,10000 -reps 3 -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md
 
-## bench-render: docs/BENCHMARKS.md's section, report.md and the PNGs again from the cached raw figures.
+## bench-render: docs/BENCHMARKS.md's section, README's headline, report.md and the PNGs again from the cached raw figures.
 bench-render:
-	cd test && $(GO) run ./bench -from -out ../docs/bench -doc ../docs/BENCHMARKS.md
+	cd test && $(GO) run ./bench -from -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md
 
 unit:
 	$(GO) test -race -count=1 ./lifecycle/... ./app/... ./eventstream/... ./tracing/... ./health/... ./server/... ./metrics/... ./timeline/... ./phases/... ./cmd/...

@@ -38,12 +38,16 @@ func TestSmoke(t *testing.T) {
 	if err := os.WriteFile(doc, []byte("# B\n\nbefore\n"+docStart+"\nold\n"+docEnd+"\nafter\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	readme := filepath.Join(dir, "README.md")
+	if err := os.WriteFile(readme, []byte("# R\n"+headlineStart+"\nold\n"+headlineEnd+"\nafter\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	// -load-n 200: the windows after the start last as long as the
 	// reclaim of the dead, which takes ~10 ms for 20 (no Acquire at 10/s
 	// falls in it) and ~0.1 s for 200.
 	cmd := exec.Command(bin, "-n", "0,20", "-reps", "1", "-load-n", "200", "-load-reps", "1",
 		"-idle-duration", "1s", "-settle", "200ms", "-acquire-n", "40", "-slotrate-n", "20", "-upgrades", "2", "-restarts", "1",
-		"-upgrade-leases", "4", "-out", out, "-results", cache, "-doc", doc)
+		"-upgrade-leases", "4", "-out", out, "-results", cache, "-doc", doc, "-headline", readme)
 	start := time.Now()
 	stdout, err := cmd.Output()
 	if err != nil {
@@ -174,6 +178,14 @@ func TestSmoke(t *testing.T) {
 	if s := string(b); strings.Contains(s, "\nold\n") || !strings.Contains(s, "serving.png") ||
 		!strings.HasPrefix(s, "# B\n\nbefore\n") || !strings.HasSuffix(s, docEnd+"\nafter\n") {
 		t.Errorf("-doc section not replaced as expected:\n%s", s)
+	}
+	if b, err = os.ReadFile(readme); err != nil {
+		t.Fatal(err)
+	}
+	if s := string(b); strings.Contains(s, "\nold\n") || !strings.Contains(s, "| 20 leaked (dead) slots |") ||
+		!strings.Contains(s, "| 20 leased slots (SIGTERM or kill -9) |") || !strings.Contains(s, "Across 2 in-place upgrades") ||
+		!strings.HasPrefix(s, "# R\n"+headlineStart+"\n") || !strings.HasSuffix(s, headlineEnd+"\nafter\n") {
+		t.Errorf("-headline section not replaced as expected:\n%s", s)
 	}
 
 	// -from re-renders the same report from the cached results.json.

@@ -45,7 +45,9 @@
 // figures, results.json, in -results (a cache outside the repository,
 // /var/cache/phasegate/bench by default: raw data is not committed). With
 // -doc FILE the section between the markers "<!-- bench:start -->" and
-// "<!-- bench:end -->" of FILE is replaced by report.md. With -merge, the
+// "<!-- bench:end -->" of FILE is replaced by report.md, and with -headline
+// FILE (the README) the section between "<!-- headline:start -->" and
+// "<!-- headline:end -->" by the headline table. With -merge, the
 // parts not run are kept from -results/results.json, so that one part can
 // be measured again; -from measures nothing and re-renders the outputs from
 // it. Timing goals are evaluated and reported, never asserted: the program
@@ -55,9 +57,9 @@
 // directories, sends traffic only to 127.0.0.1, and removes everything it
 // made on exit, on failure and on SIGINT/SIGTERM.
 //
-//	cd test && sudo go run ./bench -out ../docs/bench -doc ../docs/BENCHMARKS.md
-//	cd test && sudo go run ./bench -parts load -merge -out ../docs/bench -doc ../docs/BENCHMARKS.md
-//	cd test && sudo go run ./bench -from -out ../docs/bench -doc ../docs/BENCHMARKS.md   # re-render
+//	cd test && sudo go run ./bench -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md
+//	cd test && sudo go run ./bench -parts load -merge -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md
+//	cd test && sudo go run ./bench -from -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md   # re-render
 //	cd test && sudo go run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out /tmp/bench -results /tmp/bench   # smoke, < 2 min
 package main
 
@@ -143,6 +145,7 @@ type options struct {
 	binary       string
 	out          string
 	doc          string
+	headline     string
 	breakdown    bool
 	from         bool
 	results      string
@@ -181,7 +184,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.leaseClients, "lease-clients", 32, "concurrent Acquire calls that lease the N slots of the restore part")
 	fs.BoolVar(&o.restoreGuest, "restore-guest", true, "part restore: also measure each N with the microVM guest profile (--slot-guest-*) and an egress policy on every lease")
 	guestAddr := fs.String("guest-addr", "169.254.255.21/30", "part restore: the guest profile's --slot-guest-addr (the tap, --slot-guest-gateway, is the next address); outside -cidr and the host's routes")
-	fs.IntVar(&o.loadN, "load-n", 5000, "dead slots reclaimed in the background while the load runs (0: skip the load part)")
+	fs.IntVar(&o.loadN, "load-n", goalLoadN, "dead slots reclaimed in the background while the load runs (0: skip the load part)")
 	fs.IntVar(&o.loadReps, "load-reps", 0, "repetitions of the load part (default: -reps)")
 	fs.IntVar(&o.rate, "rate", 2000, "health checks per second from the load generator, half gRPC Check, half HTTP /health")
 	fs.IntVar(&o.acquireRate, "acquire-rate", 10, "Acquire calls per second from a second load generator during the load part (0: none)")
@@ -200,6 +203,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.out, "out", "docs/bench", "directory for report.md and the PNG plots")
 	fs.StringVar(&o.results, "results", defaultResultsDir, "directory for results.json, the raw figures (a cache outside the repository)")
 	fs.StringVar(&o.doc, "doc", "", "Markdown file whose bench:start/bench:end section is replaced by report.md")
+	fs.StringVar(&o.headline, "headline", "", "Markdown file (the README) whose headline:start/headline:end section is replaced by the headline table")
 	fs.BoolVar(&o.from, "from", false, "measure nothing: re-render the table, report, plots and -doc from -results/results.json")
 	fs.BoolVar(&o.breakdown, "breakdown", false, "also run reclaim.Run in process once per N, for where its time goes")
 	fs.StringVar(&o.cidr, "cidr", "169.254.0.0/17", "daemon --slot-cidr (must hold 2 × (max N + 512) addresses)")
@@ -330,9 +334,11 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	if runErr != nil {
-		if o.doc != "" {
-			fmt.Fprintf(stderr, "bench: %s left as it was: the run is incomplete\n", o.doc)
-			o.doc = ""
+		for _, f := range []*string{&o.doc, &o.headline} {
+			if *f != "" {
+				fmt.Fprintf(stderr, "bench: %s left as it was: the run is incomplete\n", *f)
+				*f = ""
+			}
 		}
 	}
 	printTable(stdout, res)

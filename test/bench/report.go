@@ -39,28 +39,40 @@ func writeOutputs(res *Results, o options) error {
 	if err := os.WriteFile(filepath.Join(o.out, "report.md"), []byte(markdown(res, "")), 0o644); err != nil {
 		return err
 	}
-	if o.doc == "" {
-		return nil
+	if o.doc != "" {
+		rel, err := filepath.Rel(filepath.Dir(o.doc), o.out)
+		if err != nil {
+			return fmt.Errorf("-doc: %w", err)
+		}
+		if err := replaceSection(o.doc, docStart, docEnd, markdown(res, filepath.ToSlash(rel)+"/")); err != nil {
+			return fmt.Errorf("-doc: %w", err)
+		}
 	}
-	rel, err := filepath.Rel(filepath.Dir(o.doc), o.out)
-	if err != nil {
-		return fmt.Errorf("-doc: %w", err)
+	if o.headline != "" {
+		h, err := headline(res)
+		if err != nil {
+			return fmt.Errorf("-headline %s: %w", o.headline, err)
+		}
+		if err := replaceSection(o.headline, headlineStart, headlineEnd, h); err != nil {
+			return fmt.Errorf("-headline: %w", err)
+		}
 	}
-	return replaceSection(o.doc, markdown(res, filepath.ToSlash(rel)+"/"))
+	return nil
 }
 
-// replaceSection replaces what lies between the markers in file.
-func replaceSection(file, body string) error {
+// replaceSection replaces what lies between the markers start and end in
+// file.
+func replaceSection(file, start, end, body string) error {
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return fmt.Errorf("-doc: %w", err)
+		return err
 	}
 	s := string(b)
-	i, j := strings.Index(s, docStart), strings.Index(s, docEnd)
+	i, j := strings.Index(s, start), strings.Index(s, end)
 	if i < 0 || j < i {
-		return fmt.Errorf("-doc %s: no %s … %s section", file, docStart, docEnd)
+		return fmt.Errorf("%s: no %s … %s section", file, start, end)
 	}
-	out := s[:i+len(docStart)] + "\n" + body + s[j:]
+	out := s[:i+len(start)] + "\n" + body + s[j:]
 	return os.WriteFile(file, []byte(out), 0o644)
 }
 
