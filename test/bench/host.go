@@ -44,6 +44,9 @@ type host struct {
 	lockPath string // the daemon's lock file for our slots (outside base)
 	// leaked are the host ends of the last leaked set.
 	leaked []hostLink
+	// kernel is the machine's count of network namespaces at the start,
+	// which settle waits to get back to.
+	kernel *kernelBaseline
 }
 
 // randomPrefix returns "bz", four random lowercase letters and "-".
@@ -80,6 +83,7 @@ func newHost(slots int, cidr, stateParent string) (*host, error) {
 		},
 		base:     base,
 		stateDir: state,
+		kernel:   newKernelBaseline(),
 	}
 	fail := func(err error) (*host, error) {
 		os.RemoveAll(base)
@@ -271,10 +275,12 @@ func (h *host) hostLinks() ([]string, error) {
 }
 
 // settle waits (up to a minute) until nothing with our prefix is left, then
+// until the kernel has torn down the namespaces the run left (h.kernel),
 // removes the nftables table so every run starts from the same state, and
-// pauses so the kernel's asynchronous namespace clean-up of the previous run
-// does not overlap the next one. What is still left after the wait is swept
-// and reported as an error.
+// pauses for what the kernel still does after that (RCU callbacks, freeing
+// memory), so that the previous run's clean-up does not overlap the next
+// one. What is still left after the first wait is swept and reported as an
+// error.
 func (h *host) settle(ctx context.Context, pause time.Duration) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -292,6 +298,9 @@ func (h *host) settle(ctx context.Context, pause time.Duration) error {
 		if err := sleep(ctx, 20*time.Millisecond); err != nil {
 			return err
 		}
+	}
+	if _, err := h.kernel.wait(ctx); err != nil {
+		return fmt.Errorf("after a run: the kernel's namespaces: %w", err)
 	}
 	if err := h.dropTable(ctx); err != nil {
 		return err
