@@ -20,6 +20,12 @@ const (
 	// the wait accepts: SLUB counts the free objects of the slabs a CPU
 	// holds as in use, a few slabs' worth of this cache.
 	netnsSlop = 128
+	// netnsStill ends the wait early once the count has not fallen for
+	// that long: SLUB's count can stay above the slop with nothing left
+	// to tear down (free objects in slabs a CPU keeps on its partial
+	// list are counted as in use), and the kernel frees a batch's
+	// namespaces every few hundred ms while it works.
+	netnsStill = time.Second
 	// kernelSettleMax bounds the wait: another tenant's namespaces made
 	// meanwhile raise the count for good, and the wait then takes the
 	// count it ended at as the new baseline.
@@ -73,19 +79,26 @@ func newKernelBaseline() *kernelBaseline {
 }
 
 // wait waits until the kernel holds at most netnsSlop namespaces beyond
-// the baseline, for up to kernelSettleMax, and says how long it waited.
-// Past the bound it takes the count it ended at as the baseline.
+// the baseline, or its count has stood still for netnsStill, for up to
+// kernelSettleMax, and says how long it waited. Past the bound it takes
+// the count it ended at as the baseline.
 func (k *kernelBaseline) wait(ctx context.Context) (time.Duration, error) {
 	if k.netns < 0 {
 		return 0, nil
 	}
 	t0 := time.Now()
+	low, fell := -1, t0 // the lowest count seen, and when it was last lowered
 	for {
 		n, err := kernelNetns()
 		if err != nil {
 			return time.Since(t0), err
 		}
 		if n <= k.netns+netnsSlop {
+			return time.Since(t0), nil
+		}
+		if low < 0 || n < low {
+			low, fell = n, time.Now()
+		} else if time.Since(fell) >= netnsStill {
 			return time.Since(t0), nil
 		}
 		if time.Since(t0) > kernelSettleMax {
