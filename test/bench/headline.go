@@ -34,7 +34,7 @@ func headline(res *Results) (string, error) {
 		if fl.measured() {
 			what += fmt.Sprintf(", %.2f× the kernel's own floor (%s)", bg.AfterServingMs.Median/fl.ServingMs.Median, fmtMs(fl.ServingMs.Median))
 		}
-		fmt.Fprintf(&b, "| %s leaked (dead) slots | %s | %s | %s |\n", count(n), fmtMs(bg.FirstAnswerMs.Median), fmtMs(bg.ServingMs.Median), what)
+		fmt.Fprintf(&b, "| %s leaked (dead) slots | %s | %s | %s |\n", thousands(n), fmtMs(bg.FirstAnswerMs.Median), fmtMs(bg.ServingMs.Median), what)
 		rows++
 		if fg := res.find(stratForeground, n); fg.measured() {
 			fmt.Fprintf(&b, "| the same with `--reclaim=foreground` (the start before live restore) | %s | %s | torn down before serving |\n",
@@ -47,10 +47,10 @@ func headline(res *Results) (string, error) {
 				what = fmt.Sprintf("%.0f× slower than phasegate's %s", se.ServingMs.Median/own.ServingMs.Median, fmtMs(own.ServingMs.Median))
 			}
 			if x := res.find(stratSerial, n); m < n && x != nil && x.Extrapolated != nil {
-				what += fmt.Sprintf("; ~%s at %s (extrapolated)", fmtMs(x.Extrapolated.ServingMs), count(n))
+				what += fmt.Sprintf("; ~%s at %s (extrapolated)", fmtMs(x.Extrapolated.ServingMs), thousands(n))
 			}
 			fmt.Fprintf(&b, "| %s leaked, reclaimed one by one before binding (the E2B orchestrator's start) | %s | %s | %s |\n",
-				count(m), fmtMs(se.FirstAnswerMs.Median), fmtMs(se.ServingMs.Median), what)
+				thousands(m), fmtMs(se.FirstAnswerMs.Median), fmtMs(se.ServingMs.Median), what)
 		}
 	}
 	for _, v := range []struct {
@@ -71,8 +71,8 @@ func headline(res *Results) (string, error) {
 			restored, destroyed = min(restored, w.Restored), max(destroyed, w.Destroyed)
 		}
 		fmt.Fprintf(&b, "| %s %s | %s | %s | %s/%s restored to their owners (verified by %s after exec), %d destroyed |\n",
-			count(n), v.what, spanOf(ps, func(p *Point) Summary { return p.FirstAnswerMs }), spanOf(ps, func(p *Point) Summary { return p.ServingMs }),
-			count(restored), count(n), spanOf(ps, func(p *Point) Summary { return p.VerifiedMs }), destroyed)
+			thousands(n), v.what, spanOf(ps, func(p *Point) Summary { return p.FirstAnswerMs }), spanOf(ps, func(p *Point) Summary { return p.ServingMs }),
+			thousands(restored), thousands(n), spanOf(ps, func(p *Point) Summary { return p.VerifiedMs }), destroyed)
 		rows++
 	}
 	if rows == 0 {
@@ -94,9 +94,9 @@ func upgradeSentence(u *UpgradeResult) string {
 			parts = append(parts, fmt.Sprintf("Across %d in-place upgrades (SIGHUP) under %d new connections/s: **%d refused, %d failed**, the fewest leases kept %d of %d.",
 				sc.Events, u.Rate, sc.Refused, sc.Failed, sc.Restored, u.Leases))
 		case scenRestart:
-			parts = append(parts, fmt.Sprintf("A stop and start with the port closed between them refused %s of %s;", count(sc.Refused), count(sc.Probes)))
+			parts = append(parts, fmt.Sprintf("A stop and start with the port closed between them refused %s of %s;", thousands(sc.Refused), thousands(sc.Probes)))
 		case scenRestartFDs:
-			parts = append(parts, fmt.Sprintf("with the socket held by systemd (socket activation), %s.", count(sc.Refused)))
+			parts = append(parts, fmt.Sprintf("with the socket held by systemd (socket activation), %s.", thousands(sc.Refused)))
 		}
 	}
 	return strings.Join(parts, " ")
@@ -135,8 +135,8 @@ func spanOf(ps []*Point, f func(*Point) Summary) string {
 	return lo + "–" + hi
 }
 
-// count formats n with thousands separators, as the README's prose does.
-func count(n int) string {
+// thousands formats n with thousands separators, as the README's prose does.
+func thousands(n int) string {
 	s := fmt.Sprint(n)
 	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
 		s = s[:i] + "," + s[i:]

@@ -299,7 +299,7 @@ func (h *host) settle(ctx context.Context, pause time.Duration) error {
 			return err
 		}
 	}
-	if _, err := h.kernel.wait(ctx); err != nil {
+	if err := h.kernel.wait(ctx); err != nil {
 		return fmt.Errorf("after a run: the kernel's namespaces: %w", err)
 	}
 	if err := h.dropTable(ctx); err != nil {

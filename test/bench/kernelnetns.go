@@ -80,33 +80,33 @@ func newKernelBaseline() *kernelBaseline {
 
 // wait waits until the kernel holds at most netnsSlop namespaces beyond
 // the baseline, or its count has stood still for netnsStill, for up to
-// kernelSettleMax, and says how long it waited. Past the bound it takes
-// the count it ended at as the baseline.
-func (k *kernelBaseline) wait(ctx context.Context) (time.Duration, error) {
+// kernelSettleMax. Past the bound it takes the count it ended at as the
+// baseline.
+func (k *kernelBaseline) wait(ctx context.Context) error {
 	if k.netns < 0 {
-		return 0, nil
+		return nil
 	}
 	t0 := time.Now()
 	low, fell := -1, t0 // the lowest count seen, and when it was last lowered
 	for {
 		n, err := kernelNetns()
 		if err != nil {
-			return time.Since(t0), err
+			return err
 		}
 		if n <= k.netns+netnsSlop {
-			return time.Since(t0), nil
+			return nil
 		}
 		if low < 0 || n < low {
 			low, fell = n, time.Now()
 		} else if time.Since(fell) >= netnsStill {
-			return time.Since(t0), nil
+			return nil
 		}
 		if time.Since(t0) > kernelSettleMax {
 			k.netns = n
-			return time.Since(t0), nil
+			return nil
 		}
 		if err := sleep(ctx, 50*time.Millisecond); err != nil {
-			return time.Since(t0), err
+			return err
 		}
 	}
 }
