@@ -209,6 +209,6 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 		}
 		res.Removed = append(res.Removed, p)
 	}
-	res.KeptAside, _ = filepath.Glob(path + ".corrupt-*")
+	res.KeptAside = leases.KeptAside(path).All()
 	return res, nil
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"slices"
-	"strings"
 
 	"github.com/phasegate/phasegate/network/leases"
 )
@@ -83,15 +81,11 @@ func (d *Daemon) openState() (*leases.Store, error) {
 // (set aside by leases.Open: its records are lost as surely), or "" when
 // there is none.
 func keptAside(path string) string {
-	// The patterns are valid: only a malformed one errs.
-	files, _ := filepath.Glob(path + ".corrupt-*")
-	files = slices.DeleteFunc(files, func(f string) bool { return strings.HasSuffix(f, leases.JournalSuffix) })
-	if len(files) > 0 {
-		return slices.Max(files) // the names end with the UTC time they were moved
-	}
-	orphans, _ := filepath.Glob(path + leases.JournalSuffix + ".orphan-*")
-	if len(orphans) > 0 {
-		return slices.Max(orphans)
+	k := leases.KeptAside(path)
+	for _, names := range [][]string{k.Copies, k.Orphans} {
+		if len(names) > 0 {
+			return names[len(names)-1]
+		}
 	}
 	return ""
 }

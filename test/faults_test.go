@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -56,9 +55,7 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	if n := strings.Count(logs, "state file unusable: moved aside"); n != 1 {
 		t.Errorf("%d log lines about the unusable state file, want 1:\n%s", n, grepLines(logs, "state file"))
 	}
-	aside, _ := filepath.Glob(state + ".corrupt-*")
-	// Its journal, if it held writes, went with it.
-	aside = slices.DeleteFunc(aside, func(f string) bool { return strings.HasSuffix(f, leases.JournalSuffix) })
+	aside := leases.KeptAside(state).Copies
 	if len(aside) != 1 {
 		t.Fatalf("the unusable file was not kept aside: %v", aside)
 	}

@@ -104,7 +104,7 @@ func (s *Store) openJournal() error {
 	jpath := s.path + JournalSuffix
 	if s.opened.Fresh {
 		if st, err := os.Stat(jpath); err == nil && st.Size() > 0 {
-			dst := jpath + ".orphan-" + time.Now().UTC().Format(asideTime)
+			dst := jpath + orphanInfix + time.Now().UTC().Format(asideTime)
 			if err := unix.Renameat2(unix.AT_FDCWD, jpath, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
 				return fmt.Errorf("leases: rename the journal of a file that is gone, %s, to %s: %w", jpath, dst, err)
 			}
@@ -227,7 +227,7 @@ func MoveAside(path string) (string, error) {
 	default:
 		return "", fmt.Errorf("leases: %w", err)
 	}
-	dst := path + ".corrupt-" + time.Now().UTC().Format(asideTime)
+	dst := path + corruptInfix + time.Now().UTC().Format(asideTime)
 	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
 		return "", fmt.Errorf("leases: rename %s to %s: %w", path, dst, err)
 	}
@@ -244,9 +244,6 @@ func MoveAside(path string) (string, error) {
 	}
 	return dst, nil
 }
-
-// asideTime names the copies MoveAside and Open set aside.
-const asideTime = "20060102T150405.000000000Z"
 
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
