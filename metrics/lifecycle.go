@@ -51,8 +51,8 @@ var lifecycleStates = []lifecycle.State{
 //
 // The durations come from a subscription, so a phase's is recorded a
 // moment after it ends (a scrape at that instant may not hold it yet);
-// the gauges read a snapshot at each collection. stop waits for the subscriber goroutine and
-// unregisters the gauges.
+// the gauges read a snapshot at each collection. stop waits for the
+// subscriber goroutine and unregisters the gauges.
 func ObserveLifecycle(lc *lifecycle.Lifecycle, mp metric.MeterProvider) (stop func(), err error) {
 	m := mp.Meter(scope)
 	in, err := newLifecycleInstruments(m)

@@ -201,14 +201,12 @@ func uvarintBytes(p []byte) (b, rest []byte, err error) {
 func (j *journal) append(c *changeSet) error {
 	buf := append(j.buf[:0], make([]byte, entryHeader)...)
 	for b := range c.buckets {
-		flagsOf := func(del bool) byte {
-			if del {
-				return flagDelete
-			}
-			return 0
-		}
 		for k, ch := range c.buckets[b] {
-			buf = append(buf, byte(b), flagsOf(ch.del))
+			var flags byte
+			if ch.del {
+				flags = flagDelete
+			}
+			buf = append(buf, byte(b), flags)
 			buf = binary.AppendUvarint(buf, uint64(len(k)))
 			buf = append(buf, k...)
 			if !ch.del {

@@ -219,17 +219,13 @@ func TestReadsDuringCheckpoints(t *testing.T) {
 	stop := make(chan struct{})
 	var checkpoints sync.WaitGroup
 	checkpoints.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
+		untilClosed(stop, func() bool {
 			if err := s.flush(); err != nil {
 				t.Error(err)
-				return
+				return false
 			}
-		}
+			return true
+		})
 	})
 	var writers sync.WaitGroup
 	for w := range 8 {
@@ -276,17 +272,13 @@ func TestJournalStaysBounded(t *testing.T) {
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
 	sampler.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
+		untilClosed(stop, func() bool {
 			s.pmu.RLock()
 			peak = max(peak, s.pending.len())
 			s.pmu.RUnlock()
 			time.Sleep(100 * time.Microsecond)
-		}
+			return true
+		})
 	})
 	var wg sync.WaitGroup
 	for w := range writers {
@@ -343,4 +335,19 @@ func TestIdleCheckpoint(t *testing.T) {
 		t.Fatalf("%d changes still pending after the checkpoint", left)
 	}
 	checkRequestIndex(t, s)
+}
+
+// untilClosed runs step again and again until stop is closed or step
+// returns false.
+func untilClosed(stop <-chan struct{}, step func() bool) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if !step() {
+			return
+		}
+	}
 }

@@ -353,7 +353,7 @@ func putTx(recs []Record) (func(t *txn) error, error) {
 
 // unindex removes the request index entry of the record stored under key,
 // unless it is keep (the entry the new record keeps).
-func unindex(slots, index view, key, keep []byte) error {
+func unindex(slots, index bucketView, key, keep []byte) error {
 	old := slots.Get(key)
 	if old == nil {
 		return nil
@@ -375,7 +375,7 @@ func unindex(slots, index view, key, keep []byte) error {
 
 // unindexValue deletes every index entry pointing at key: O(n), only for
 // records that no longer decode.
-func unindexValue(index view, key []byte) error {
+func unindexValue(index bucketView, key []byte) error {
 	var stale [][]byte
 	if err := index.ForEach(func(k, v []byte) error {
 		if bytes.Equal(v, key) {

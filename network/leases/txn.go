@@ -114,18 +114,18 @@ type txn struct {
 }
 
 // bucket returns b's view in t.
-func (t *txn) bucket(b bucketID) view { return view{t: t, b: b, bk: t.tx.Bucket(b.name())} }
+func (t *txn) bucket(b bucketID) bucketView { return bucketView{t: t, b: b, bk: t.tx.Bucket(b.name())} }
 
-// view is one bucket as a txn sees it, with bbolt's Get, Put, Delete and
+// bucketView is one bucket as a txn sees it, with bbolt's Get, Put, Delete and
 // ForEach.
-type view struct {
+type bucketView struct {
 	t  *txn
 	b  bucketID
 	bk *bolt.Bucket
 }
 
 // Get returns k's value, or nil. The bytes are valid for the txn's life.
-func (v view) Get(k []byte) []byte {
+func (v bucketView) Get(k []byte) []byte {
 	if v.t.group != nil {
 		if ch, ok := v.t.group.buckets[v.b][string(k)]; ok {
 			return ch.live()
@@ -145,19 +145,19 @@ func (ch change) live() []byte {
 }
 
 // Put sets k to a copy of val in the group.
-func (v view) Put(k, val []byte) error {
+func (v bucketView) Put(k, val []byte) error {
 	v.t.group.put(v.b, string(k), bytes.Clone(val))
 	return nil
 }
 
 // Delete removes k in the group.
-func (v view) Delete(k []byte) error {
+func (v bucketView) Delete(k []byte) error {
 	v.t.group.delete(v.b, string(k))
 	return nil
 }
 
 // ForEach calls fn for every live key, in no particular order.
-func (v view) ForEach(fn func(k, val []byte) error) error {
+func (v bucketView) ForEach(fn func(k, val []byte) error) error {
 	over := map[string][]byte{}
 	for _, c := range []*changeSet{v.t.pending, v.t.group} {
 		if c == nil {

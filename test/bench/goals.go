@@ -29,7 +29,7 @@ const (
 	goalUpgrades          = 20
 	goalBigN              = 10000
 	goalRestoreN          = 5000
-	goalLoadN             = 10000 // health and Acquire latency: during the background reclaim of this many dead
+	goalLoadN             = goalBigN // health and Acquire latency: during the background reclaim of this many dead
 	goalSerialN           = 1000
 	goalMaxServingN       = 10000
 	defaultStartTimeoutMs = 5 * 60 * 1000.0 // the daemon's --start-timeout default
