@@ -155,7 +155,10 @@
 // so the safe default is to move the file aside (MoveAside names the copy
 // path.corrupt-<UTC time>), open a fresh store, and quarantine every slot it
 // finds (report them, touch none) rather than reclaim them as leaks. The
-// same holds for a Fresh store next to existing slots.
+// same holds for a Fresh store next to existing slots, and for a journal
+// Open found beside a fresh file and set aside (Opened.OrphanJournal).
+// KeptAside lists everything set aside, so that the daemon can report it
+// and stay in safe mode while it is there.
 //
 // # Use by the daemon
 //
