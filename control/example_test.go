@@ -21,7 +21,7 @@ func ExamplePolicy_Grant() {
 		return
 	}
 	orchestrator := control.Principal{Kind: control.Unix, UID: 1000, GID: 1000}
-	ci := control.Principal{Kind: control.Certificate, Identity: "spiffe://example.org/ns/ci/sa/builder"}
+	ci := control.Principal{Kind: control.URISAN, Identity: "spiffe://example.org/ns/ci/sa/builder"}
 	stranger := control.Principal{Kind: control.Unix, UID: 65534, GID: 65534}
 	for _, pr := range []control.Principal{orchestrator, ci, stranger} {
 		g := p.Grant(pr)
@@ -30,6 +30,6 @@ func ExamplePolicy_Grant() {
 	}
 	// Output:
 	// uid:1000: lease sandbox-1 true, read ci-7 false, nothing at all false, quota 16
-	// x509:spiffe://example.org/ns/ci/sa/builder: lease sandbox-1 false, read ci-7 true, nothing at all false, quota 16
+	// x509:uri:spiffe://example.org/ns/ci/sa/builder: lease sandbox-1 false, read ci-7 true, nothing at all false, quota 16
 	// uid:65534: lease sandbox-1 false, read ci-7 false, nothing at all true, quota 16
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -73,6 +74,10 @@ type GuardOptions struct {
 	// Mutating names the methods that change something: each call is
 	// audited, allowed or refused. Other methods are audited when refused.
 	Mutating []string
+	// Reads names the service's other methods. [Guard.Tap] sees calls of
+	// any name: it audits and counts a refusal only under a name listed
+	// here or in Mutating, so that callers cannot add names to the metric.
+	Reads []string
 	// Surface names where calls arrive ("socket", "tcp") in the audit
 	// line and the metric.
 	Surface string
@@ -90,15 +95,20 @@ type Guard struct {
 	log      *slog.Logger
 	calls    metric.Int64Counter
 	mutating map[string]bool
+	methods  map[string]bool // Mutating and Reads
 	limits   *limiters
 }
 
 // NewGuard returns a Guard that enforces p. p must have been resolved
 // ([LoadPolicy], [ParsePolicy] or [Policy.Resolve]) and is not changed
-// afterwards.
+// afterwards; a rate the limiter cannot keep (NaN, infinite, negative) is
+// refused with [ErrPolicy].
 func NewGuard(p *Policy, opts GuardOptions) (*Guard, error) {
 	if opts.Service == "" {
 		return nil, errors.New("control: GuardOptions.Service is required")
+	}
+	if err := checkRate(p.Rate); err != nil {
+		return nil, err
 	}
 	log := opts.Logger
 	if log == nil {
@@ -114,9 +124,13 @@ func NewGuard(p *Policy, opts GuardOptions) (*Guard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("control: %w", err)
 	}
-	g := &Guard{policy: p, opts: opts, log: log, calls: calls, mutating: map[string]bool{}, limits: newLimiters(p.Rate)}
+	g := &Guard{policy: p, opts: opts, log: log, calls: calls, limits: newLimiters(p.Rate),
+		mutating: map[string]bool{}, methods: map[string]bool{}}
 	for _, m := range opts.Mutating {
-		g.mutating[m] = true
+		g.mutating[m], g.methods[m] = true, true
+	}
+	for _, m := range opts.Reads {
+		g.methods[m] = true
 	}
 	return g, nil
 }
@@ -124,29 +138,66 @@ func NewGuard(p *Policy, opts GuardOptions) (*Guard, error) {
 // Intercept is the guard as a grpc.UnaryServerInterceptor: chain it on
 // every server that serves the guarded service.
 func (g *Guard) Intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	method, ok := strings.CutPrefix(info.FullMethod, "/"+g.opts.Service+"/")
+	method, ok := g.method(info.FullMethod)
 	if !ok {
 		return handler(ctx, req)
 	}
 	a := &audit{}
 	ctx = context.WithValue(ctx, auditKey{}, a)
 	pr, err := Identify(ctx)
-	var resp any
-	switch {
-	case err != nil:
+	if err != nil {
 		err = status.Error(codes.Unauthenticated, err.Error())
-	case !pr.IsRoot() && !g.limits.allow(pr.String(), time.Now()):
-		err = status.Errorf(codes.ResourceExhausted, "%s: rate limit of %g calls a second exceeded: retry later", pr, g.policy.Rate)
-	default:
-		grant := g.policy.Grant(pr)
-		if grant.Empty() {
-			err = status.Errorf(codes.PermissionDenied, "%s may do nothing on the control surface: no rule of the daemon's control policy grants it anything", pr)
-			break
-		}
-		resp, err = handler(WithCaller(ctx, Caller{Principal: pr, Grant: grant}), req)
+	} else if !charged(ctx) {
+		// Unless the surface's tap took this call from the rate already.
+		err = g.spend(pr)
+	}
+	var resp any
+	if err == nil {
+		resp, err = g.admit(ctx, pr, req, handler)
 	}
 	g.record(ctx, method, pr, a, err)
 	return resp, err
+}
+
+// admit refuses pr when the policy grants it nothing, and otherwise calls
+// handler with its Caller.
+func (g *Guard) admit(ctx context.Context, pr Principal, req any, handler grpc.UnaryHandler) (any, error) {
+	grant := g.policy.Grant(pr)
+	if grant.Empty() {
+		return nil, errNothingGranted(pr)
+	}
+	return handler(WithCaller(ctx, Caller{Principal: pr, Grant: grant}), req)
+}
+
+// errNothingGranted refuses a principal no rule grants anything.
+func errNothingGranted(pr Principal) error {
+	return status.Errorf(codes.PermissionDenied, "%s may do nothing on the control surface: no rule of the daemon's control policy grants it anything", pr)
+}
+
+// method returns the method name of a call of the guarded service.
+func (g *Guard) method(fullMethod string) (string, bool) {
+	return strings.CutPrefix(fullMethod, "/"+g.opts.Service+"/")
+}
+
+// spend takes one call from pr's rate: nil, or ResourceExhausted when its
+// bucket is empty. Root has no rate.
+func (g *Guard) spend(pr Principal) error {
+	if _, err := g.take(pr); err != nil {
+		return status.Error(codes.ResourceExhausted, err.Error())
+	}
+	return nil
+}
+
+// take is spend's work: the refusal, and how long until the bucket holds
+// a call again.
+func (g *Guard) take(pr Principal) (time.Duration, error) {
+	if pr.IsRoot() {
+		return 0, nil
+	}
+	if wait := g.limits.take(pr.String(), time.Now()); wait > 0 {
+		return wait, fmt.Errorf("%s: rate limit of %g calls a second exceeded: retry later", pr, g.policy.Rate)
+	}
+	return 0, nil
 }
 
 // record writes the call's audit line, when it has one, and counts it.
@@ -195,12 +246,15 @@ func newLimiters(perSecond float64) *limiters {
 	return &limiters{rate: rate.Limit(perSecond), by: map[string]*limiter{}}
 }
 
-// burst is how many calls a principal may make at once.
-func (l *limiters) burst() int { return max(1, int(2*float64(l.rate))) }
+// burst is how many calls a principal may make at once: twice its rate,
+// within what an int holds whatever the rate.
+func (l *limiters) burst() int { return int(max(1, min(2*float64(l.rate), math.MaxInt32))) }
 
-func (l *limiters) allow(key string, now time.Time) bool {
+// take spends one call of key's bucket: 0, or how long until the bucket
+// holds one again, when it is empty (and nothing is spent).
+func (l *limiters) take(key string, now time.Time) time.Duration {
 	if l == nil {
-		return true
+		return 0
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -221,5 +275,10 @@ func (l *limiters) allow(key string, now time.Time) bool {
 		l.by[key] = b
 	}
 	b.last = now
-	return b.AllowN(now, 1)
+	r := b.ReserveN(now, 1)
+	if wait := r.DelayFrom(now); wait > 0 {
+		r.CancelAt(now)
+		return wait
+	}
+	return 0
 }

@@ -1,12 +1,9 @@
 package control
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
+	"math"
 	"os/user"
 	"strconv"
 	"strings"
@@ -17,7 +14,7 @@ import (
 // rule that selects it sets a quota; any other principal may do what the
 // rules that select it grant, together, and nothing if none does.
 //
-// As a file (JSON, unknown fields refused):
+// As a file (JSON; read strictly, see [LoadPolicy]):
 //
 //	{
 //	  "max_leases": 64,
@@ -25,7 +22,8 @@ import (
 //	  "principals": [
 //	    {"user": "orchestrator", "owners": ["sandbox-*"], "max_leases": 1000},
 //	    {"group": "phasegate-read", "owners": ["*"], "read_only": true},
-//	    {"identity": "spiffe://example.org/ns/ci/sa/builder", "owners": ["ci-*"]}
+//	    {"identity": "uri:spiffe://example.org/ns/ci/sa/builder", "owners": ["ci-*"]},
+//	    {"identity": "cn:sandbox-scheduler", "owners": ["scheduler"]}
 //	  ]
 //	}
 type Policy struct {
@@ -34,7 +32,8 @@ type Policy struct {
 	// slots are).
 	MaxLeases int `json:"max_leases,omitempty"`
 	// Rate is how many calls a second one principal may make, in bursts
-	// of up to twice as many; 0 is no limit.
+	// of up to twice as many; 0 is no limit. A policy file without it
+	// gets [DefaultRate].
 	Rate float64 `json:"rate,omitempty"`
 	// Rules are the grants, each to the principals it selects.
 	Rules []Rule `json:"principals"`
@@ -53,7 +52,11 @@ type Rule struct {
 	// Group is a group name, resolved to its gid when the policy is loaded.
 	Group string `json:"group,omitempty"`
 	// Identity selects TLS clients by their certificate's identity (see
-	// [Principal]): exact, or a prefix with a trailing "*".
+	// [Principal]): its kind, then its value, exact or a prefix with a
+	// trailing "*": "uri:spiffe://example.org/ns/ci/*" (a URI SAN),
+	// "dns:builder.example.org" (a DNS SAN), "cn:sandbox-scheduler" (the
+	// common name). A pattern starting "spiffe://" is a URI SAN's; any
+	// other pattern without its kind is refused, being ambiguous.
 	Identity string `json:"identity,omitempty"`
 
 	Owners []string `json:"owners"`
@@ -66,45 +69,21 @@ type Rule struct {
 // ErrPolicy is wrapped by every error of a policy that cannot be used.
 var ErrPolicy = errors.New("control policy")
 
-// LoadPolicy reads a policy file, resolves its user and group names and
-// checks it.
-func LoadPolicy(path string) (*Policy, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
-	}
-	p, err := ParsePolicy(bytes.NewReader(b))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return p, nil
-}
-
-// ParsePolicy parses a policy in its JSON form; see [LoadPolicy].
-func ParsePolicy(r io.Reader) (*Policy, error) {
-	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
-	var p Policy
-	if err := dec.Decode(&p); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("%w: more than one JSON value", ErrPolicy)
-	}
-	if err := p.Resolve(); err != nil {
-		return nil, err
-	}
-	return &p, nil
-}
+// DefaultRate is the calls a second one principal may make unless the
+// policy says otherwise: far above what an orchestrator's lease traffic
+// needs, low enough that one flooding caller leaves the daemon to the
+// others.
+const DefaultRate = 100
 
 // ParseRule parses the command-line form of a rule, "SELECTOR=OWNER,…"
-// with SELECTOR one of uid:N, user:NAME, gid:N, group:NAME or id:IDENTITY:
-// "uid:1000=sandbox-*", "group:ci=ci-*,build-*".
+// with SELECTOR one of uid:N, user:NAME, gid:N, group:NAME or id:IDENTITY
+// (an identity pattern, see [Rule]): "uid:1000=sandbox-*",
+// "group:ci=ci-*,build-*", "id:cn:sandbox-scheduler=scheduler".
 func ParseRule(s string, readOnly bool) (Rule, error) {
 	sel, owners, ok := strings.Cut(s, "=")
 	kind, val, ok2 := strings.Cut(sel, ":")
 	if !ok || !ok2 || val == "" || owners == "" {
-		return Rule{}, fmt.Errorf("%w: %q: want SELECTOR=OWNER,… with SELECTOR uid:N, user:NAME, gid:N, group:NAME or id:IDENTITY", ErrPolicy, s)
+		return Rule{}, fmt.Errorf("%w: %q: want SELECTOR=OWNER,… with SELECTOR uid:N, user:NAME, gid:N, group:NAME or id:KIND:IDENTITY (KIND uri, dns or cn)", ErrPolicy, s)
 	}
 	r := Rule{Owners: strings.Split(owners, ","), ReadOnly: readOnly}
 	num := func() (*uint32, error) {
@@ -139,16 +118,18 @@ func ParseRule(s string, readOnly bool) (Rule, error) {
 	return r, nil
 }
 
-// Resolve turns the rules' user and group names into ids and checks every
-// field: a policy that names an unknown user, an owner pattern with "*"
-// inside it or a negative quota is refused whole.
+// Resolve turns the rules' user and group names into ids, writes every
+// identity pattern with its kind, and checks every field: a policy that
+// names an unknown user, an identity pattern without its kind, an owner
+// pattern with "*" inside it, a negative quota or a rate that is not a
+// finite number, 0 or more, is refused whole.
 func (p *Policy) Resolve() error {
 	var errs []error
 	if p.MaxLeases < 0 {
 		errs = append(errs, fmt.Errorf("%w: max_leases %d is negative", ErrPolicy, p.MaxLeases))
 	}
-	if p.Rate < 0 {
-		errs = append(errs, fmt.Errorf("%w: rate %v is negative", ErrPolicy, p.Rate))
+	if err := checkRate(p.Rate); err != nil {
+		errs = append(errs, err)
 	}
 	for i := range p.Rules {
 		if err := p.Rules[i].resolve(); err != nil {
@@ -194,8 +175,15 @@ func (r *Rule) resolve() error {
 		}
 		r.GID, r.Group = id, ""
 	}
-	if err := checkPattern("identity", r.Identity); r.Identity != "" && err != nil {
-		return err
+	if r.Identity != "" {
+		kind, pattern, err := parseIdentity(r.Identity)
+		if err != nil {
+			return err
+		}
+		if err := checkPattern("identity", pattern); err != nil {
+			return err
+		}
+		r.Identity = kind.word() + ":" + pattern
 	}
 	if len(r.Owners) == 0 {
 		return fmt.Errorf("%w: a rule needs owners (\"*\" for every owner)", ErrPolicy)
@@ -226,6 +214,31 @@ func resolveName(kind, name string, lookup func(string) (string, error)) (*uint3
 	return &v, nil
 }
 
+// checkRate refuses a rate the limiter cannot keep: NaN, an infinity or a
+// negative number.
+func checkRate(r float64) error {
+	if math.IsNaN(r) || math.IsInf(r, 0) || r < 0 {
+		return fmt.Errorf("%w: rate %v: want a finite number of calls a second, 0 or more (0: no limit)", ErrPolicy, r)
+	}
+	return nil
+}
+
+// parseIdentity splits an identity pattern into the kind of certificate
+// identity it matches and the pattern of the value.
+func parseIdentity(p string) (Kind, string, error) {
+	if strings.HasPrefix(p, "spiffe://") {
+		return URISAN, p, nil
+	}
+	word, value, _ := strings.Cut(p, ":")
+	for _, k := range []Kind{URISAN, DNSSAN, CommonName} {
+		if word == k.word() {
+			return k, value, nil
+		}
+	}
+	return 0, "", fmt.Errorf("%w: identity pattern %q does not say which part of a certificate it matches: write uri:%s (a URI SAN), dns:%s (a DNS SAN) or cn:%s (the subject's common name); only a pattern starting spiffe:// may go without, as a URI SAN's",
+		ErrPolicy, p, p, p, p)
+}
+
 func checkPattern(what, p string) error {
 	if p == "" {
 		return fmt.Errorf("%w: empty %s pattern", ErrPolicy, what)
@@ -253,7 +266,10 @@ func (r *Rule) selects(pr Principal) bool {
 	case r.GID != nil:
 		return pr.inGroup(*r.GID)
 	case r.Identity != "":
-		return pr.Kind == Certificate && matchPattern(r.Identity, pr.Identity)
+		// Resolved, the pattern starts with its kind: it selects that
+		// kind of identity and no other, whatever the strings.
+		word, pattern, _ := strings.Cut(r.Identity, ":")
+		return pr.Kind.Certificate() && word == pr.Kind.word() && matchPattern(pattern, pr.Identity)
 	}
 	return false
 }

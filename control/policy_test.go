@@ -16,7 +16,7 @@ func TestParsePolicyRefusesWhatCannotBeUsed(t *testing.T) {
 	}{
 		{"unknown field", `{"principals": [{"uid": 1, "owners": ["*"], "owner": "x"}]}`, `unknown field "owner"`},
 		{"not JSON", `principals: []`, "invalid character"},
-		{"two values", `{} {}`, "more than one JSON value"},
+		{"two values", `{} {}`, "data after the policy's JSON value"},
 		{"no selector", `{"principals": [{"owners": ["*"]}]}`, "exactly one of"},
 		{"two selectors", `{"principals": [{"uid": 1, "gid": 2, "owners": ["*"]}]}`, "exactly one of"},
 		{"no owners", `{"principals": [{"uid": 1}]}`, "needs owners"},
@@ -25,7 +25,11 @@ func TestParsePolicyRefusesWhatCannotBeUsed(t *testing.T) {
 		{"unknown group", `{"principals": [{"group": "no-such-group-phasegate", "owners": ["*"]}]}`, "no-such-group-phasegate"},
 		{"negative quota", `{"max_leases": -1, "principals": []}`, "negative"},
 		{"negative rule quota", `{"principals": [{"uid": 1, "owners": ["*"], "max_leases": -2}]}`, "negative"},
-		{"negative rate", `{"rate": -1, "principals": []}`, "negative"},
+		{"negative rate", `{"rate": -1, "principals": []}`, "rate -1: want a finite number"},
+		{"identity without its kind", `{"principals": [{"identity": "sandbox-scheduler", "owners": ["*"]}]}`, "write uri:sandbox-scheduler"},
+		{"identity of an unknown kind", `{"principals": [{"identity": "email:a@b", "owners": ["*"]}]}`, "does not say which part"},
+		{"identity as a principal's name", `{"principals": [{"identity": "x509:uri:spiffe://x/y", "owners": ["*"]}]}`, "does not say which part"},
+		{"identity kind without a value", `{"principals": [{"identity": "cn:", "owners": ["*"]}]}`, "empty identity pattern"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := control.ParsePolicy(strings.NewReader(tc.json))
@@ -58,6 +62,10 @@ func TestParseRule(t *testing.T) {
 		{"group:root=*", ""},
 		{"user:root=*", ""},
 		{"id:spiffe://example.org/ns/ci/*=ci-*", ""},
+		{"id:uri:spiffe://example.org/ns/ci/*=ci-*", ""},
+		{"id:dns:builder.example.org=ci-*", ""},
+		{"id:cn:sandbox-scheduler=scheduler", ""},
+		{"id:sandbox-scheduler=scheduler", "cn:sandbox-scheduler (the subject's common name)"},
 		{"uid:x=*", "not a number"},
 		{"uid:1000", "want SELECTOR=OWNER"},
 		{"pid:1=*", "unknown selector"},
@@ -79,19 +87,29 @@ func TestGrant(t *testing.T) {
 	  "principals": [
 	    {"uid": 1000, "owners": ["sandbox-*"], "max_leases": 100},
 	    {"gid": 2000, "owners": ["*"], "read_only": true},
-	    {"identity": "spiffe://example.org/ns/ci/*", "owners": ["ci-*", "build"]}
+	    {"identity": "spiffe://example.org/ns/ci/*", "owners": ["ci-*", "build"]},
+	    {"identity": "cn:sandbox-scheduler", "owners": ["scheduler"]},
+	    {"identity": "dns:builder.example.org", "owners": ["dns-*"]}
 	  ]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
+	const builder = "spiffe://example.org/ns/ci/sa/builder"
 	var (
-		root     = control.Principal{Kind: control.Unix}
-		orch     = control.Principal{Kind: control.Unix, UID: 1000, GID: 1000}
-		reader   = control.Principal{Kind: control.Unix, UID: 1500, GID: 100, Groups: []uint32{2000}}
-		nobody   = control.Principal{Kind: control.Unix, UID: 65534, GID: 65534}
-		ci       = control.Principal{Kind: control.Certificate, Identity: "spiffe://example.org/ns/ci/sa/builder"}
-		other    = control.Principal{Kind: control.Certificate, Identity: "spiffe://example.org/ns/web/sa/x"}
-		uid0cert = control.Principal{Kind: control.Certificate, Identity: "root"}
+		root      = control.Principal{Kind: control.Unix}
+		orch      = control.Principal{Kind: control.Unix, UID: 1000, GID: 1000}
+		reader    = control.Principal{Kind: control.Unix, UID: 1500, GID: 100, Groups: []uint32{2000}}
+		nobody    = control.Principal{Kind: control.Unix, UID: 65534, GID: 65534}
+		ci        = control.Principal{Kind: control.URISAN, Identity: builder}
+		other     = control.Principal{Kind: control.URISAN, Identity: "spiffe://example.org/ns/web/sa/x"}
+		uid0cert  = control.Principal{Kind: control.CommonName, Identity: "root"}
+		cnBuilder = control.Principal{Kind: control.CommonName, Identity: builder}
+		dnBuilder = control.Principal{Kind: control.DNSSAN, Identity: builder}
+		sched     = control.Principal{Kind: control.CommonName, Identity: "sandbox-scheduler"}
+		schedURI  = control.Principal{Kind: control.URISAN, Identity: "sandbox-scheduler"}
+		schedDNS  = control.Principal{Kind: control.DNSSAN, Identity: "sandbox-scheduler"}
+		dns       = control.Principal{Kind: control.DNSSAN, Identity: "builder.example.org"}
+		dnsAsCN   = control.Principal{Kind: control.CommonName, Identity: "builder.example.org"}
 	)
 	for _, tc := range []struct {
 		who         control.Principal
@@ -106,12 +124,21 @@ func TestGrant(t *testing.T) {
 		{orch, "ci-1", false, false, false, 100, "uid:1000"},
 		{reader, "sandbox-42", false, true, false, 8, "uid:1500"},
 		{nobody, "sandbox-42", false, false, true, 8, "uid:65534"},
-		{ci, "ci-7", true, true, false, 8, "x509:spiffe://example.org/ns/ci/sa/builder"},
-		{ci, "build", true, true, false, 8, "x509:spiffe://example.org/ns/ci/sa/builder"},
-		{ci, "builder", false, false, false, 8, "x509:spiffe://example.org/ns/ci/sa/builder"},
-		{other, "ci-7", false, false, true, 8, "x509:spiffe://example.org/ns/web/sa/x"},
+		{ci, "ci-7", true, true, false, 8, "x509:uri:" + builder},
+		{ci, "build", true, true, false, 8, "x509:uri:" + builder},
+		{ci, "builder", false, false, false, 8, "x509:uri:" + builder},
+		{other, "ci-7", false, false, true, 8, "x509:uri:spiffe://example.org/ns/web/sa/x"},
 		// A certificate is never root, whatever it is called.
-		{uid0cert, "x", false, false, true, 8, "x509:root"},
+		{uid0cert, "x", false, false, true, 8, "x509:cn:root"},
+		// The builder's SPIFFE ID as a common name or a DNS SAN is
+		// another principal, which the URI SAN's rule does not select.
+		{cnBuilder, "ci-7", false, false, true, 8, "x509:cn:" + builder},
+		{dnBuilder, "ci-7", false, false, true, 8, "x509:dns:" + builder},
+		{sched, "scheduler", true, true, false, 8, "x509:cn:sandbox-scheduler"},
+		{schedURI, "scheduler", false, false, true, 8, "x509:uri:sandbox-scheduler"},
+		{schedDNS, "scheduler", false, false, true, 8, "x509:dns:sandbox-scheduler"},
+		{dns, "dns-1", true, true, false, 8, "x509:dns:builder.example.org"},
+		{dnsAsCN, "dns-1", false, false, true, 8, "x509:cn:builder.example.org"},
 	} {
 		g := p.Grant(tc.who)
 		if g.MayLease(tc.owner) != tc.lease || g.MayRead(tc.owner) != tc.read || g.Empty() != tc.empty || g.MaxLeases != tc.quota {

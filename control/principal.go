@@ -14,16 +14,42 @@ import (
 	"github.com/phasegate/phasegate/server"
 )
 
-// Kind says how a [Principal] was identified.
+// Kind says how a [Principal] was identified. A certificate's identity
+// is one of three kinds, never confused with one another: a URI SAN, a
+// DNS SAN and a common name may be the same string, and name three
+// different principals.
 type Kind uint8
 
 const (
-	// Unix: a peer on the Unix socket, named by the kernel.
+	// Unix: a peer on the Unix socket, named by the kernel: "uid:1000".
 	Unix Kind = iota + 1
-	// Certificate: a TLS client whose certificate the configured CA
-	// verified.
-	Certificate
+	// URISAN: a TLS client named by its verified certificate's first URI
+	// SAN (a SPIFFE ID): "x509:uri:spiffe://example.org/ns/ci/sa/builder".
+	URISAN
+	// DNSSAN: a TLS client whose certificate has no URI SAN, named by its
+	// first DNS SAN: "x509:dns:builder.example.org".
+	DNSSAN
+	// CommonName: a TLS client whose certificate has no SAN of either
+	// kind, named by its subject's common name: "x509:cn:sandbox-scheduler".
+	CommonName
 )
+
+// word names a certificate kind in a principal ("x509:uri:…") and in a
+// policy's identity pattern ("uri:…"); "" for any other kind.
+func (k Kind) word() string {
+	switch k {
+	case URISAN:
+		return "uri"
+	case DNSSAN:
+		return "dns"
+	case CommonName:
+		return "cn"
+	}
+	return ""
+}
+
+// Certificate reports whether k names a TLS client by its certificate.
+func (k Kind) Certificate() bool { return k.word() != "" }
 
 // Principal is who makes a call, as the transport proved it: never what
 // the caller says of itself.
@@ -34,20 +60,21 @@ type Principal struct {
 	UID, GID uint32
 	Groups   []uint32
 	PID      int32
-	// Certificate: the identity of the verified client certificate: its
-	// first URI SAN (a SPIFFE ID), else its first DNS SAN, else its
-	// subject's common name.
+	// URISAN, DNSSAN, CommonName: the identity of the verified client
+	// certificate, of that kind: its first URI SAN, else its first DNS
+	// SAN, else its subject's common name.
 	Identity string
 }
 
 // String names the principal the way leases record it and policies and
-// logs show it: "uid:1000", or "x509:spiffe://cluster/ns/a/sa/b".
+// logs show it: "uid:1000", or "x509:" and the certificate identity's kind
+// and value ("x509:uri:spiffe://cluster/ns/a/sa/b", "x509:cn:scheduler").
 func (p Principal) String() string {
-	switch p.Kind {
-	case Unix:
+	if p.Kind == Unix {
 		return "uid:" + strconv.FormatUint(uint64(p.UID), 10)
-	case Certificate:
-		return "x509:" + p.Identity
+	}
+	if w := p.Kind.word(); w != "" {
+		return "x509:" + w + ":" + p.Identity
 	}
 	return "anonymous"
 }
@@ -100,16 +127,13 @@ func fromPeerCred(pc server.PeerCred) Principal {
 
 // fromCertificate names a verified leaf certificate.
 func fromCertificate(c *x509.Certificate) (Principal, error) {
-	var id string
 	switch {
 	case len(c.URIs) > 0:
-		id = c.URIs[0].String()
+		return Principal{Kind: URISAN, Identity: c.URIs[0].String()}, nil
 	case len(c.DNSNames) > 0:
-		id = c.DNSNames[0]
+		return Principal{Kind: DNSSAN, Identity: c.DNSNames[0]}, nil
 	case c.Subject.CommonName != "":
-		id = c.Subject.CommonName
-	default:
-		return Principal{}, errNoIdentity
+		return Principal{Kind: CommonName, Identity: c.Subject.CommonName}, nil
 	}
-	return Principal{Kind: Certificate, Identity: id}, nil
+	return Principal{}, errNoIdentity
 }

@@ -538,8 +538,8 @@ func TestControlOverMutualTLS(t *testing.T) {
 			Principal string `json:"principal"`
 		} `json:"slot"`
 	}
-	if code != 0 || json.Unmarshal([]byte(out), &acq) != nil || acq.Slot.Principal != "x509:"+orch.String() {
-		t.Fatalf("acquire with the orchestrator's certificate: exit %d %s, want principal x509:%s", code, out, orch)
+	if code != 0 || json.Unmarshal([]byte(out), &acq) != nil || acq.Slot.Principal != "x509:uri:"+orch.String() {
+		t.Fatalf("acquire with the orchestrator's certificate: exit %d %s, want principal x509:uri:%s", code, out, orch)
 	}
 	out, code = pub.as(t, "nobody", "", append([]string{"slots", "acquire", "victim", "--request-id=sandbox-abc"}, tlsArgs(good)...)...)
 	wantRefused(t, "the orchestrator's certificate replaying root's request for an owner it is not granted", out, code, "PermissionDenied")

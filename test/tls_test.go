@@ -30,10 +30,11 @@ func TestMutualTLS(t *testing.T) {
 	h := newHost(t)
 	addr := freePort(t)
 	// The client certificate's identity (its CN, sandbox-scheduler: it has
-	// no SAN) may lease for the owner "scheduler" only.
+	// no SAN) may lease for the owner "scheduler" only; the rule names
+	// the kind of identity it matches.
 	d := start(t, nil, h.args(addr, "--slots=64",
 		"--tls-cert="+certs.ServerCert, "--tls-key="+certs.ServerKey, "--tls-client-ca="+certs.CAFile,
-		"--allow=id:sandbox-scheduler=scheduler")...)
+		"--allow=id:cn:sandbox-scheduler=scheduler")...)
 
 	// Health is open to checkers, which have no client certificate.
 	https := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
@@ -83,8 +84,8 @@ func TestMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Acquire with a client certificate: %v", err)
 	}
-	if got := resp.GetSlot().GetPrincipal(); got != "x509:sandbox-scheduler" {
-		t.Errorf("the lease's principal is %q, want x509:sandbox-scheduler", got)
+	if got := resp.GetSlot().GetPrincipal(); got != "x509:cn:sandbox-scheduler" {
+		t.Errorf("the lease's principal is %q, want x509:cn:sandbox-scheduler", got)
 	}
 	if _, err := dialTLS(true).Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "someone-else", RequestId: "s2"}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("Acquire with a client certificate for an owner its rule does not name: %v, want PermissionDenied", err)

@@ -17,21 +17,15 @@ type controlFlags struct {
 	rate                      float64
 }
 
-// defaultControlRate is the calls a second one principal may make unless
-// the policy or --control-rate says otherwise: far above what an
-// orchestrator's lease traffic needs, low enough that one flooding caller
-// leaves the daemon to the others.
-const defaultControlRate = 100
-
 func (f *controlFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.socket, "control-socket", "", "path of the control socket, where the Slots API is served (default <state-dir>/"+phases.ControlSocketName+")")
 	fs.StringVar(&f.group, "control-group", "", "group (name or number) whose members may connect to the control socket (mode 0660); without it only root may")
 	fs.StringVar(&f.policyFile, "control-policy", "", "JSON file of what each principal may do on the control surface (docs/SECURITY.md)")
 	f.allowRead.readOnly = true
-	fs.Var(&f.allow, "allow", "SELECTOR=OWNER,…: let principals lease for these owners (exact, or a prefix ending in *); SELECTOR is uid:N, user:NAME, gid:N, group:NAME or id:IDENTITY (a client certificate); repeatable")
+	fs.Var(&f.allow, "allow", "SELECTOR=OWNER,…: let principals lease for these owners (exact, or a prefix ending in *); SELECTOR is uid:N, user:NAME, gid:N, group:NAME or id:KIND:IDENTITY (a client certificate: id:uri:…, id:dns:…, id:cn:…, or id:spiffe://… for a URI SAN); repeatable")
 	fs.Var(&f.allowRead, "allow-read", "SELECTOR=OWNER,…: let principals see these owners' leases, nothing more; repeatable")
 	fs.IntVar(&f.maxLeases, "max-leases", 0, "leases one principal may hold at once, unless the policy says otherwise (0: no limit but --slots)")
-	fs.Float64Var(&f.rate, "control-rate", defaultControlRate, "calls a second one principal may make on the control surface, in bursts of twice that (0: no limit)")
+	fs.Float64Var(&f.rate, "control-rate", control.DefaultRate, "calls a second one principal may make on the control surface, in bursts of twice that: a finite number, 0 or more (0: no limit)")
 }
 
 // config resolves the flags into the daemon's ControlConfig: the policy
@@ -46,7 +40,7 @@ func (f *controlFlags) config(fs *flag.FlagSet) (phases.ControlConfig, error) {
 		}
 		cc.GID = gid
 	}
-	p := &control.Policy{Rate: defaultControlRate}
+	p := &control.Policy{Rate: control.DefaultRate}
 	if f.policyFile != "" {
 		var err error
 		if p, err = control.LoadPolicy(f.policyFile); err != nil {
