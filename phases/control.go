@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"google.golang.org/grpc"
 
@@ -78,9 +79,16 @@ var mutatingSlotsMethods = []string{"Acquire", "Release", "KeepAlive", "SetEgres
 
 // newGuard returns the guard of the Slots API on one surface.
 func (d *Daemon) newGuard(surface string) (*control.Guard, error) {
+	var reads []string
+	for _, m := range slotsServiceDesc().Methods {
+		if !slices.Contains(mutatingSlotsMethods, m.MethodName) {
+			reads = append(reads, m.MethodName)
+		}
+	}
 	return control.NewGuard(d.cfg.controlPolicy(), control.GuardOptions{
 		Service:       slotsServiceName,
 		Mutating:      mutatingSlotsMethods,
+		Reads:         reads,
 		Surface:       surface,
 		Logger:        d.log.With("audit", true),
 		MeterProvider: d.app.MeterProvider(),
@@ -136,7 +144,10 @@ func (d *Daemon) bindControl(ctx context.Context) (*net.UnixListener, *control.S
 
 // serveControl serves the Slots API and /debug/slots on l, behind the
 // socket's guard, and returns the server and a duplicate of l's
-// descriptor for an upgrade.
+// descriptor for an upgrade. Every route there spends its caller's rate:
+// each gRPC call (the Slots API, reflection, a method nobody serves) at the
+// tap, before its request is read; each further message of a stream; and
+// /debug/slots, bound behind d.ctlGuard with the slots.
 func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server.Server, *os.File, error) {
 	guard, err := d.newGuard("socket")
 	if err != nil {
@@ -150,7 +161,9 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 	sc.Gate = server.LifecycleGate(d.lc)
 	sc.GRPCOptions = []grpc.ServerOption{
 		tracing.GRPCServerOption(d.app.TracerProvider(), d.app.MeterProvider()),
+		grpc.InTapHandle(guard.Tap),
 		grpc.ChainUnaryInterceptor(d.obs.timeAcquire, guard.Intercept),
+		grpc.ChainStreamInterceptor(guard.InterceptStream),
 	}
 	srv, err := server.New(sc)
 	if err != nil {
@@ -170,6 +183,7 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 		_ = f.Close()
 		return nil, nil, err
 	}
+	d.ctlGuard = guard
 	return srv, f, nil
 }
 

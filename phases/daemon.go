@@ -75,6 +75,7 @@ type Daemon struct {
 	slots      *slotsService
 	tcpGuard   *control.Guard  // the Slots API's on the port (New)
 	ctl        *server.Server  // the control socket's server (lock phase)
+	ctlGuard   *control.Guard  // its guard: every route there spends its rate
 	ctlSocket  *control.Socket // its path, removed at an orderly stop
 	ctlFile    *os.File        // its descriptor, for an upgrade
 	deadDone   chan struct{}   // closed when the dead slots are reclaimed
@@ -960,7 +961,7 @@ func (d *Daemon) runRegister(_ context.Context, p *lifecycle.Progress) error {
 	if err := d.ctl.Bind(slotsServiceName, d.slots); err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if err := d.ctl.BindHTTP(pathDebugSlots, d.slots.debugHandler(d.cfg.controlPolicy())); err != nil {
+	if err := d.ctl.BindHTTP(pathDebugSlots, d.ctlGuard.HTTP(d.slots.debugHandler())); err != nil {
 		return lifecycle.Permanent(err)
 	}
 	p.Defer(taskLeases, func(ctx context.Context, _ *lifecycle.Progress) error {

@@ -792,21 +792,17 @@ func (s *slotsService) counts() (held, lost int) {
 }
 
 // debugHandler serves List as JSON at /debug/slots (?all=1 adds free ones)
-// on the control surface, to the callers policy grants something, each
+// on the control surface, behind its guard ([control.Guard.HTTP]: the
+// caller identified, within its rate, granted something), each caller
 // seeing what List shows it.
-func (s *slotsService) debugHandler(policy *control.Policy) http.Handler {
+func (s *slotsService) debugHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		pr, err := control.IdentifyRequest(r)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusUnauthorized)
+		c, ok := control.CallerFrom(r.Context())
+		if !ok {
+			http.Error(w, "the slots are listed only on the control surface", http.StatusUnauthorized)
 			return
 		}
-		g := policy.Grant(pr)
-		if g.Empty() {
-			http.Error(w, pr.String()+" may do nothing on the control surface: no rule of the daemon's control policy grants it anything", http.StatusForbidden)
-			return
-		}
-		list := &phasegatev1.ListResponse{Slots: s.states(r.URL.Query().Has("all"), g.MayRead)}
+		list := &phasegatev1.ListResponse{Slots: s.states(r.URL.Query().Has("all"), c.Grant.MayRead)}
 		b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(list)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
