@@ -264,9 +264,12 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	if err := validID("request_id", req.GetRequestId(), false); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	// A TTL that is set must be positive: a client's arithmetic gone
+	// wrong (a negative or zero TTL) must not be taken for "held until
+	// released", which only an unset TTL asks for.
 	ttl := req.GetTtl().AsDuration()
-	if req.GetTtl() != nil && (!req.GetTtl().IsValid() || ttl < 0) {
-		return nil, status.Error(codes.InvalidArgument, "ttl must be a non-negative duration")
+	if req.GetTtl() != nil && (!req.GetTtl().IsValid() || ttl <= 0) {
+		return nil, status.Errorf(codes.InvalidArgument, "ttl %v: must be a positive duration (leave it unset for a lease held until released)", req.GetTtl().AsDuration())
 	}
 	pol, err := parseEgress(req.GetEgressPolicy(), s.egress)
 	if err != nil {

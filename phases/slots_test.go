@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
@@ -153,6 +154,32 @@ func TestAcquireWhoseCallerLeftLeaksNothing(t *testing.T) {
 	resp, err := r.svc.Acquire(as(context.Background(), root, nil), &phasegatev1.AcquireRequest{Owner: "next", RequestId: "r2"})
 	if err != nil || resp.GetSlot().GetIndex() != uint32(s.Idle[0]) {
 		t.Fatalf("Acquire after it: %v %v", resp, err)
+	}
+}
+
+// A TTL that is set must be positive: a negative or zero one (a client's
+// arithmetic gone wrong) is InvalidArgument, and leases nothing, rather
+// than a lease held until released; an unset TTL is that, and a positive
+// one expires.
+func TestAcquireRefusesATTLNotPositive(t *testing.T) {
+	r := newSlotsRig(t, 4, 1)
+	ctx := as(context.Background(), root, nil)
+	for _, ttl := range []*durationpb.Duration{durationpb.New(-5 * time.Second), durationpb.New(0), {Seconds: 1, Nanos: -1}} {
+		resp, err := r.svc.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "o", RequestId: "neg", Ttl: ttl})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "must be a positive duration") {
+			t.Errorf("Acquire with ttl %v: %v %v, want InvalidArgument", ttl, resp, err)
+		}
+	}
+	if recs, err := r.store.Load(); err != nil || len(recs) != 0 {
+		t.Fatalf("records after the refused Acquires: %v %v", recs, err)
+	}
+	resp, err := r.svc.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "o", RequestId: "pos", Ttl: durationpb.New(time.Minute)})
+	if err != nil || resp.GetSlot().GetExpiresAt() == nil {
+		t.Fatalf("Acquire with a TTL: %v %v, want a lease that expires", resp, err)
+	}
+	resp, err = r.svc.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "o", RequestId: "unset"})
+	if err != nil || resp.GetSlot().GetExpiresAt() != nil {
+		t.Fatalf("Acquire without a TTL: %v %v, want a lease held until released", resp, err)
 	}
 }
 

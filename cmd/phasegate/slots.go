@@ -39,10 +39,37 @@ TCP port with mutual TLS (--addr with --tls-ca, --tls-cert, --tls-key).`
 // slotsFlags are the slots client's flags, shared by its verbs.
 type slotsFlags struct {
 	socket, addr, requestID string
-	timeout, ttl            time.Duration
+	timeout                 time.Duration
+	ttl                     ttlValue
 	all                     bool
 	tls                     clientTLSFlags
 	egress                  egressFlags
+}
+
+// ttlValue is --ttl: a positive duration when set. A zero or negative one
+// is refused as the flag is parsed, never sent as "no TTL".
+type ttlValue struct {
+	d   time.Duration
+	set bool
+}
+
+func (v *ttlValue) String() string {
+	if v == nil || !v.set {
+		return ""
+	}
+	return v.d.String()
+}
+
+func (v *ttlValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	if d <= 0 {
+		return errors.New("must be positive (leave --ttl out for a lease held until released)")
+	}
+	v.d, v.set = d, true
+	return nil
 }
 
 // egressFlags are an egress policy on the command line.
@@ -73,7 +100,7 @@ func (f *slotsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.addr, "addr", "", "the daemon's TCP address instead of its socket: needs mutual TLS (--tls-ca, --tls-cert, --tls-key)")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "how long to wait for an answer")
 	fs.StringVar(&f.requestID, "request-id", "", "acquire: the request's id, so that a retry gets the same slot")
-	fs.DurationVar(&f.ttl, "ttl", 0, "acquire: the lease's time to live, renewed with keepalive (0: held until released)")
+	fs.Var(&f.ttl, "ttl", "acquire: the lease's time to live, renewed with keepalive, positive (without it: held until released)")
 	fs.BoolVar(&f.all, "all", false, "list: free slots too")
 	fs.StringVar(&f.egress.allow, "egress-allow", "", "acquire, egress: IPv4 CIDRs the slot may reach, comma-separated")
 	fs.StringVar(&f.egress.deny, "egress-deny", "", "acquire, egress: IPv4 CIDRs the slot may not reach, comma-separated")
@@ -187,8 +214,8 @@ func (f *slotsFlags) dial() (*grpc.ClientConn, error) {
 func (f *slotsFlags) call(ctx context.Context, c phasegatev1.SlotsClient, verb string, pos []string) (proto.Message, error) {
 	if verb == "acquire" {
 		req := &phasegatev1.AcquireRequest{Owner: pos[0], RequestId: f.requestID, EgressPolicy: f.egress.policy()}
-		if f.ttl > 0 {
-			req.Ttl = durationpb.New(f.ttl)
+		if f.ttl.set {
+			req.Ttl = durationpb.New(f.ttl.d)
 		}
 		return c.Acquire(ctx, req)
 	}

@@ -133,9 +133,12 @@ type Slot struct {
 	// Why the lease was lost; set only when LOST.
 	LostReason string `protobuf:"bytes,14,opt,name=lost_reason,json=lostReason,proto3" json:"lost_reason,omitempty"`
 	// Who took the lease, as the control surface identified it: "uid:1000"
-	// on the control socket, "x509:<identity>" over mutual TLS. Only it, or
-	// a principal the daemon's policy lets act for the owner, may renew or
-	// release the lease. Set only when ACQUIRED, VERIFYING or LOST.
+	// on the control socket; over mutual TLS "x509:uri:<URI SAN>",
+	// "x509:dns:<DNS SAN>" or "x509:cn:<common name>", three kinds that
+	// never match one another ("legacy:x509:<identity>" for a lease an
+	// earlier build recorded without the kind). Only it, or a principal the
+	// daemon's policy lets act for the owner, may renew or release the
+	// lease. Set only when ACQUIRED, VERIFYING or LOST.
 	Principal string `protobuf:"bytes,15,opt,name=principal,proto3" json:"principal,omitempty"`
 	// The lease's egress policy; unset: the slot's traffic is not filtered
 	// beyond the host's slot firewall. Set only when ACQUIRED or LOST.
@@ -412,7 +415,8 @@ type AcquireRequest struct {
 	// without it every call is a new lease.
 	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Time to live: the lease ends unless renewed with KeepAlive within it.
-	// Unset or zero: held until released.
+	// Unset: held until released. Zero or negative: INVALID_ARGUMENT (never
+	// a lease held forever).
 	Ttl *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// The lease's egress policy, applied before Acquire replies; unset: none.
 	// A retry gets the first call's lease with the first call's policy

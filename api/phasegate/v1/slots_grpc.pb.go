@@ -58,7 +58,8 @@ type SlotsClient interface {
 	// PERMISSION_DENIED: the caller may not lease for owner.
 	// RESOURCE_EXHAUSTED also: the caller holds its quota of leases.
 	// INVALID_ARGUMENT: owner empty, longer than 256 bytes or not printable;
-	// request_id longer than 256 bytes or not printable; ttl negative.
+	// request_id longer than 256 bytes or not printable; ttl set and not
+	// positive.
 	// RESOURCE_EXHAUSTED: every slot index is in use or quarantined, or the
 	// daemon cannot record the lease (its state filesystem is full): nothing
 	// is handed out unrecorded.
@@ -193,7 +194,8 @@ type SlotsServer interface {
 	// PERMISSION_DENIED: the caller may not lease for owner.
 	// RESOURCE_EXHAUSTED also: the caller holds its quota of leases.
 	// INVALID_ARGUMENT: owner empty, longer than 256 bytes or not printable;
-	// request_id longer than 256 bytes or not printable; ttl negative.
+	// request_id longer than 256 bytes or not printable; ttl set and not
+	// positive.
 	// RESOURCE_EXHAUSTED: every slot index is in use or quarantined, or the
 	// daemon cannot record the lease (its state filesystem is full): nothing
 	// is handed out unrecorded.
