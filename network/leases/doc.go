@@ -18,11 +18,11 @@
 //
 // # Layout
 //
-// One bbolt file (go.etcd.io/bbolt), schema 4, and its journal beside it
+// One bbolt file (go.etcd.io/bbolt), schema 5, and its journal beside it
 // (<path>.journal, below):
 //
 //	meta/
-//	    schema   -> "4"                       ASCII decimal
+//	    schema   -> "5"                       ASCII decimal
 //	    created  -> RFC 3339                  when the file was made
 //	    upgraded -> "1 -> 2 at <RFC 3339>"    the last upgrade, if any
 //	slots/
@@ -50,17 +50,32 @@
 // unique); schema 2 adds the requests index; schema 3 names the principal
 // of every lease; schema 4 changes no bucket but keeps the latest writes in
 // the journal beside the file, which a build that does not read it must
-// not open without (it would miss them). Open reads the version and:
+// not open without (it would miss them); schema 5 records a certificate's
+// principal with the kind of its identity ("x509:uri:…", "x509:dns:…",
+// "x509:cn:…"), which an older build would take for an identity of its
+// own form. Open reads the version and:
 //
-//   - no buckets at all (a new or empty file): writes schema 4 (Fresh);
+//   - no buckets at all (a new or empty file): writes schema 5 (Fresh);
 //   - current: checks the file and opens it;
 //   - older: checks it, copies it to <path>.schema<N>.bak (fsynced), then
 //     runs every migration from N in one transaction that ends by writing
 //     the new version: the file is upgraded whole or not at all. 1 -> 2
 //     builds the index; where two records hold one request, the lower index
-//     keeps it (what schema 1's scan answered); 3 -> 4 writes the version;
+//     keeps it (what schema 1's scan answered); 3 -> 4 and 4 -> 5 write
+//     the version;
 //   - newer: refuses with *SchemaError, which names the path, the version
 //     found and the version supported, in one line, and changes nothing.
+//
+// 4 -> 5 rewrites no record: what schema 4 wrote, in the file or in its
+// journal, cannot be rewritten in the one transaction of an upgrade. Every
+// leased record written since carries principal_kinds instead; a leased
+// record without it whose principal is "x509:<identity>" is read as
+// "legacy:x509:<identity>" ([LegacyCertificate]), so that a certificate
+// whose identity of another kind is the same string is not its principal.
+// Such a lease is renewed and released by a principal the policy lets
+// lease for its owner (root, or the certificate that took it, if its rule
+// still grants the owner); a retry of its request by that certificate is
+// refused as another principal's.
 //
 // # Writes: durability, order, batching
 //

@@ -37,8 +37,10 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
 
-// MaxIDLen bounds Owner, LeaseID and RequestID (bytes), so that the
-// request index's keys stay far below bbolt's key size limit.
+// MaxIDLen bounds Owner, LeaseID, RequestID and Principal (bytes), so
+// that the request index's keys stay far below bbolt's key size limit. A
+// principal read with [LegacyCertificate] before it may exceed it by that
+// prefix.
 const MaxIDLen = 1024
 
 // Record is the durable record of one slot. The store keeps at most one
@@ -55,9 +57,11 @@ type Record struct {
 	// is then not in the request index (ByRequest cannot find it).
 	Owner, LeaseID, RequestID string
 	// Principal is who took the lease, as the control surface identified
-	// it ("uid:1000", "x509:spiffe://…"): only it, or a principal the
+	// it ("uid:1000", "x509:uri:spiffe://…"): only it, or a principal the
 	// policy lets act for Owner, may renew or release the lease, and only
 	// it gets the lease back from a retried Acquire. Set only when Leased.
+	// A certificate's principal recorded before schema 5 reads as
+	// [LegacyCertificate] "x509:<identity>".
 	Principal string
 	// Acquired is when the lease was granted; zero when Idle.
 	Acquired time.Time
@@ -110,7 +114,7 @@ func (r *Record) validate() error {
 	if err := checkIndex(r.Index); err != nil {
 		return err
 	}
-	if len(r.Owner) > MaxIDLen || len(r.LeaseID) > MaxIDLen || len(r.RequestID) > MaxIDLen || len(r.Principal) > MaxIDLen {
+	if len(r.Owner) > MaxIDLen || len(r.LeaseID) > MaxIDLen || len(r.RequestID) > MaxIDLen || len(r.Principal) > MaxIDLen+len(LegacyCertificate) {
 		return bad("owner, lease id, request id and principal are limited to %d bytes", MaxIDLen)
 	}
 	if r.HostIfindex < 0 || r.HostIfindex > math.MaxInt32 {
@@ -224,6 +228,7 @@ func fill(m *recordpb.Record, r *Record) {
 		m.State = recordpb.State_STATE_LEASED
 	}
 	m.Owner, m.LeaseId, m.RequestId, m.Principal = r.Owner, r.LeaseID, r.RequestID, r.Principal
+	m.PrincipalKinds = r.State == Leased
 	m.AcquiredUnixNano = unixNano(r.Acquired)
 	m.TtlNanos = int64(r.TTL)
 	m.ExpiresUnixNano = unixNano(r.Expires)
@@ -264,7 +269,7 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 		Owner:       m.Owner,
 		LeaseID:     m.LeaseId,
 		RequestID:   m.RequestId,
-		Principal:   m.Principal,
+		Principal:   legacyCertificate(m),
 		Acquired:    fromUnixNano(m.AcquiredUnixNano),
 		TTL:         time.Duration(m.TtlNanos),
 		Expires:     fromUnixNano(m.ExpiresUnixNano),

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -23,7 +24,9 @@ import (
 //	3  a leased record names its principal; those recorded before are root's
 //	4  records may also be in the journal beside the file (journal.go),
 //	   which a build that does not read it must not open without
-const SchemaVersion = 4
+//	5  a certificate's principal names the kind of its identity; those
+//	   recorded before are read as LegacyCertificate ones
+const SchemaVersion = 5
 
 var (
 	bucketMeta     = []byte("meta")
@@ -54,6 +57,9 @@ var migrations = []migration{
 	{to: 2, what: "build the request index", run: buildRequestIndex},
 	{to: 3, what: "name the principal of earlier leases", run: nameLegacyPrincipals},
 	{to: 4, what: "keep writes in a journal beside the file", run: func(*bolt.Tx) error { return nil }},
+	// Records are read as they are: those of the file and of its journal
+	// written before are told apart by principal_kinds (fromMessage).
+	{to: 5, what: "certificate principals name their kind", run: func(*bolt.Tx) error { return nil }},
 }
 
 // LegacyPrincipal is the principal schema 3 gives the leases recorded
@@ -61,6 +67,25 @@ var migrations = []migration{
 // that may act for every owner without a policy, so that their owners'
 // tools running as root keep renewing and releasing them.
 const LegacyPrincipal = "uid:0"
+
+// LegacyCertificate prefixes the principal of a lease that a build before
+// schema 5 recorded for a TLS client: "x509:<identity>" did not say
+// whether the identity was the certificate's URI SAN, DNS SAN or common
+// name, so a certificate of another kind with the same string would be
+// that principal. It is read as "legacy:x509:<identity>", a form no live
+// principal has: no certificate acts on such a lease as its principal,
+// and a principal the policy lets lease for its owner still may (as root
+// may).
+const LegacyCertificate = "legacy:"
+
+// legacyCertificate returns the principal a leased record written before
+// schema 5 (without principal_kinds) names.
+func legacyCertificate(m *recordpb.Record) string {
+	if m.State == recordpb.State_STATE_LEASED && !m.PrincipalKinds && strings.HasPrefix(m.Principal, "x509:") {
+		return LegacyCertificate + m.Principal
+	}
+	return m.Principal
+}
 
 // nameLegacy gives a lease recorded without a principal
 // [LegacyPrincipal], and reports whether it did.

@@ -10,9 +10,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/phasegate/phasegate/network/leases/internal/recordpb"
 )
 
 // writeSchema1 writes, with bbolt alone, a file of schema 1: meta and
@@ -342,4 +345,129 @@ func TestOpenUpgradesSchema2NamesPrincipals(t *testing.T) {
 	if !hasField99(t, s, 4) {
 		t.Fatal("the upgrade dropped a field it does not know")
 	}
+}
+
+// encodeSchema4 encodes r as a build before schema 5 did: without
+// principal_kinds.
+func encodeSchema4(t *testing.T, r Record) []byte {
+	t.Helper()
+	var m recordpb.Record
+	fill(&m, &r)
+	m.PrincipalKinds = false
+	v, err := marshal(&m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// A schema 4 file's certificate principals did not say which part of the
+// certificate named them: "x509:cn:spiffe://…" may have been a URI SAN
+// "cn:spiffe://…". After the upgrade every one of them, in the file and
+// in its journal, reads as legacy:x509:…, which no live principal is, and
+// stays so when the record is written again; the rest read as they were,
+// and a principal recorded since reads as it was written.
+func TestOpenUpgradesSchema4CertificatePrincipalsToLegacy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	old := map[int]string{
+		2: "x509:spiffe://x/ns/ci/sa/builder",
+		3: "x509:cn:spiffe://x/ns/ci/sa/builder",
+		5: "uid:1000",
+		6: "x509:dns:builder.example.org", // in the journal
+	}
+	recs := map[int]Record{}
+	for i, p := range old {
+		r := leased(i, "ci", fmt.Sprint("req-", i))
+		if i == 6 {
+			r.RequestID = ""
+		}
+		r.Principal = p
+		recs[i] = r
+	}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for _, i := range []int{2, 3, 5} {
+			r := recs[i]
+			if err := tx.Bucket(bucketSlots).Put(slotKey(i), encodeSchema4(t, r)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketRequests).Put(requestKeyOf(&r), slotKey(i)); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchema, []byte("4"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	j, _, err := openJournal(path+JournalSuffix, false, newChangeSet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newChangeSet()
+	c.put(inSlots, string(slotKey(6)), encodeSchema4(t, recs[6]))
+	if err := j.append(c); err != nil {
+		t.Fatal(err)
+	}
+	j.close()
+
+	want := map[int]string{
+		2: "legacy:x509:spiffe://x/ns/ci/sa/builder",
+		3: "legacy:x509:cn:spiffe://x/ns/ci/sa/builder",
+		5: "uid:1000",
+		6: "legacy:x509:dns:builder.example.org",
+		7: "x509:cn:spiffe://x/ns/ci/sa/builder", // recorded since
+	}
+	check := func(s *Store) {
+		t.Helper()
+		got, err := s.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("Load: %d records, want %d", len(got), len(want))
+		}
+		for _, r := range got {
+			if r.Principal != want[r.Index] {
+				t.Errorf("slot %d: principal %q, want %q", r.Index, r.Principal, want[r.Index])
+			}
+		}
+		if r, ok, err := s.ByRequest("ci", "req-3"); err != nil || !ok || r.Principal != want[3] {
+			t.Errorf("ByRequest of slot 3: %q %v %v, want %q", r.Principal, ok, err, want[3])
+		}
+	}
+	s, err = Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := s.Opened(); o.UpgradedFrom != 4 || o.Replayed != 1 {
+		t.Fatalf("Opened() = %+v, want an upgrade from 4 and one change replayed", o)
+	}
+	ctx := context.Background()
+	r7 := leased(7, "ci", "req-7")
+	r7.Principal = want[7]
+	if err := s.Put(ctx, r7); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{3, 6} {
+		if _, err := s.Update(ctx, i, func(r *Record) error { r.Expires = r.Expires.Add(time.Minute); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(s)
+	s.Close()
+	s, err = Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check(s)
 }

@@ -104,9 +104,15 @@ type Record struct {
 	Principal string `protobuf:"bytes,12,opt,name=principal,proto3" json:"principal,omitempty"`
 	// The lease's egress policy as its client gave it (CIDRs canonical and
 	// sorted); unset: none. Set only when LEASED.
-	EgressPolicy  *EgressPolicy `protobuf:"bytes,13,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EgressPolicy *EgressPolicy `protobuf:"bytes,13,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
+	// Set on every leased record written since schema 5, where a
+	// certificate's principal names the kind of its identity ("x509:uri:…",
+	// "x509:dns:…", "x509:cn:…"). A leased record without it was written
+	// before, when "x509:<identity>" did not say which: its principal is
+	// read as "legacy:x509:<identity>", which no live principal is.
+	PrincipalKinds bool `protobuf:"varint,14,opt,name=principal_kinds,json=principalKinds,proto3" json:"principal_kinds,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Record) Reset() {
@@ -230,6 +236,13 @@ func (x *Record) GetEgressPolicy() *EgressPolicy {
 	return nil
 }
 
+func (x *Record) GetPrincipalKinds() bool {
+	if x != nil {
+		return x.PrincipalKinds
+	}
+	return false
+}
+
 // EgressPolicy is a lease's egress policy (package network/inside).
 type EgressPolicy struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -303,7 +316,7 @@ var File_record_proto protoreflect.FileDescriptor
 
 const file_record_proto_rawDesc = "" +
 	"\n" +
-	"\frecord.proto\x12\x13phasegate.leases.v1\"\xf0\x03\n" +
+	"\frecord.proto\x12\x13phasegate.leases.v1\"\x99\x04\n" +
 	"\x06Record\x120\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1a.phasegate.leases.v1.StateR\x05state\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x19\n" +
@@ -319,7 +332,8 @@ const file_record_proto_rawDesc = "" +
 	" \x01(\x05R\vhostIfindex\x12*\n" +
 	"\x11created_unix_nano\x18\v \x01(\x03R\x0fcreatedUnixNano\x12\x1c\n" +
 	"\tprincipal\x18\f \x01(\tR\tprincipal\x12F\n" +
-	"\regress_policy\x18\r \x01(\v2!.phasegate.leases.v1.EgressPolicyR\fegressPolicy\"v\n" +
+	"\regress_policy\x18\r \x01(\v2!.phasegate.leases.v1.EgressPolicyR\fegressPolicy\x12'\n" +
+	"\x0fprincipal_kinds\x18\x0e \x01(\bR\x0eprincipalKinds\"v\n" +
 	"\fEgressPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
 	"\x04deny\x18\x02 \x03(\tR\x04deny\x12\x19\n" +
