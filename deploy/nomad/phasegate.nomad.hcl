@@ -13,7 +13,7 @@
 # one, uses it directly (`phasegate slots list` finds it); a task of another
 # driver mounts a client host_volume of /run/phasegate. Over the port the
 # Slots API answers only clients with a certificate that --tls-client-ca
-# verifies (add it, and --allow=id:<identity>=<owners> for each client,
+# verifies (add it, and --allow=id:<uri|dns|cn>:<identity>=<owners> for each client,
 # for an orchestrator off the node); without it, as here, every TCP client is
 # refused: no host that reaches port 5008 can touch a slot.
 #
