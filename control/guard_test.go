@@ -92,8 +92,21 @@ func serveGuarded(t *testing.T, lis net.Listener, p *control.Policy, target stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Listener: lis, DisableReflection: true, StopTimeout: time.Second,
+	serveTest(t, server.Config{Listener: lis, DisableReflection: true, StopTimeout: time.Second,
 		GRPCOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(g.Intercept)}})
+	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return testpb.NewTestServiceClient(cc), logs
+}
+
+// serveTest serves the guarded test service as cfg says until the test
+// ends.
+func serveTest(t *testing.T, cfg server.Config) {
+	t.Helper()
+	srv, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,12 +120,6 @@ func serveGuarded(t *testing.T, lis net.Listener, p *control.Policy, target stri
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Drain(context.Background()) })
-	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return testpb.NewTestServiceClient(cc), logs
 }
 
 // On the Unix socket the kernel names the caller; the guard hands the

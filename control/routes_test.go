@@ -56,23 +56,10 @@ func TestGuardRateCoversEveryRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Listener: lis, StopTimeout: time.Second, RequireClientCert: true,
+	serveTest(t, server.Config{Listener: lis, StopTimeout: time.Second, RequireClientCert: true,
 		TLS: &tls.Config{Certificates: []tls.Certificate{certs.Server}, ClientCAs: certs.CAPool},
 		GRPCOptions: []grpc.ServerOption{grpc.InTapHandle(g.Tap),
 			grpc.ChainUnaryInterceptor(g.Intercept), grpc.ChainStreamInterceptor(g.InterceptStream)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Declare(&testpb.TestService_ServiceDesc); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Bind("grpc.testing.TestService", guarded{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Serve(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Drain(context.Background()) })
 	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(
 		&tls.Config{RootCAs: certs.CAPool, Certificates: []tls.Certificate{certs.Client}})))
 	if err != nil {
