@@ -8,7 +8,9 @@
 // default ([Listen]: mode 0660, a group chosen by the operator), where the
 // kernel names the caller (SO_PEERCRED, read by package server); over TCP
 // it exists only with mutual TLS, where the caller is its verified client
-// certificate. [Identify] turns either into a [Principal].
+// certificate, named by its URI SAN, DNS SAN or common name, three kinds of
+// principal that never match one another. [Identify] turns either into a
+// [Principal].
 //
 // A [Policy] maps principals — a uid, a gid or group, a certificate
 // identity — to a [Grant]: the owners they may lease for (exact names or
@@ -21,7 +23,10 @@
 // nothing, hands the service the [Caller] to authorize each call against,
 // and writes one audit line per mutating call, allowed or refused, with a
 // metric by outcome. The service adds what the audit line names (the
-// owner, the slot) with [Note].
+// owner, the slot) with [Note]. Where every caller is a principal (the
+// Unix socket), [Guard.Tap], [Guard.InterceptStream] and [Guard.HTTP] put
+// every route under the same rate: each gRPC call of any method before its
+// request is read, each further message of a stream, each HTTP request.
 //
 // The package knows nothing of slots: a service of any daemon that leases
 // things to owners can use it.

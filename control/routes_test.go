@@ -28,23 +28,17 @@ import (
 	"github.com/phasegate/phasegate/server"
 )
 
-// Every route of a surface guarded with the tap, the stream interceptor
-// and the HTTP wrapper spends from one bucket per principal: a principal
-// that spent its burst on reflection messages is refused the guarded
-// service's calls, an unknown method and the HTTP route, while root is
-// served. The principal here is a certificate's (root is exempt, and the
-// test runs as root on the socket).
-func TestGuardRateCoversEveryRoute(t *testing.T) {
-	certs, err := testcerts.New()
-	if err != nil {
-		t.Fatal(err)
-	}
+// serveRateLimited serves the test service over mutual TLS behind a
+// guard on every route, whose policy grants the client certificate of
+// certs (x509:cn:sandbox-scheduler) a burst of one call and then one every
+// 10 s, so that nothing in a test is given back its call by the clock; it
+// returns the guard, a client with that certificate and the audit log.
+func serveRateLimited(t *testing.T, certs *testcerts.Set) (*control.Guard, *grpc.ClientConn, *lockedBuffer) {
+	t.Helper()
 	rule, err := control.ParseRule("id:cn:sandbox-scheduler=*", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A burst of one, then one call every 10 s: nothing in the test is
-	// given back its call by the clock.
 	p := &control.Policy{Rate: 0.1, Rules: []control.Rule{rule}}
 	logs := &lockedBuffer{}
 	g, err := control.NewGuard(p, control.GuardOptions{Service: "grpc.testing.TestService", Surface: "test", Reads: []string{"UnaryCall"},
@@ -66,6 +60,21 @@ func TestGuardRateCoversEveryRoute(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
+	return g, cc, logs
+}
+
+// Every route of a surface guarded with the tap, the stream interceptor
+// and the HTTP wrapper spends from one bucket per principal: a principal
+// that spent its burst on reflection messages is refused the guarded
+// service's calls, an unknown method and the HTTP route, while root is
+// served. The principal here is a certificate's (root is exempt, and the
+// test runs as root on the socket).
+func TestGuardRateCoversEveryRoute(t *testing.T) {
+	certs, err := testcerts.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, cc, logs := serveRateLimited(t, certs)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	exhausted := func(what string, err error) {

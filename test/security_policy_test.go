@@ -93,14 +93,25 @@ func floodDebugSlots(spec string) int {
 	return 0
 }
 
-// A certificate whose common name, and one whose DNS SAN, is the string of
-// the builder's SPIFFE ID is another principal than the builder's URI SAN:
-// each, granted owners of its own so that the service and not the guard
-// decides, can neither retry the builder's request, nor renew or release
-// its lease with its leaked lease id. The builder's record, namespace and
-// host link are unchanged; the audit lines tell the three apart.
-func TestCertificateIdentitiesDoNotCollide(t *testing.T) {
-	pub := newPublicDir(t)
+// builderID is the SPIFFE ID of TestCertificateIdentitiesDoNotCollide's
+// builder.
+const builderID = "spiffe://x/ns/ci/sa/builder"
+
+// clientCert is a client certificate's and its key's files.
+type clientCert struct{ cert, key string }
+
+// impostor is a certificate whose identity of kind is builderID's string.
+type impostor struct {
+	kind string
+	cert clientCert
+}
+
+// builderCertificates writes a CA and a server certificate into pub, and
+// client certificates every user may read: the builder's, with builderID
+// as its URI SAN, and the impostors', with it as their common name and as
+// their DNS SAN.
+func builderCertificates(t *testing.T, pub *publicDir) (*testcerts.Set, clientCert, []impostor) {
+	t.Helper()
 	certs, err := testcerts.New()
 	if err != nil {
 		t.Fatal(err)
@@ -108,9 +119,9 @@ func TestCertificateIdentitiesDoNotCollide(t *testing.T) {
 	if err := certs.WriteFiles(pub.dir); err != nil {
 		t.Fatal(err)
 	}
-	const builderID = "spiffe://x/ns/ci/sa/builder"
-	builderURI, _ := url.Parse(builderID)
-	type clientCert struct{ cert, key string }
+	if err := os.Chmod(certs.CAFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	issue := func(name string, tmpl *x509.Certificate) clientCert {
 		t.Helper()
 		_, cert, key, err := certs.Issue(pub.dir, name, tmpl)
@@ -124,16 +135,25 @@ func TestCertificateIdentitiesDoNotCollide(t *testing.T) {
 		}
 		return clientCert{cert, key}
 	}
-	builder := issue("builder", &x509.Certificate{URIs: []*url.URL{builderURI}})
-	impostors := []struct {
-		kind string
-		cert clientCert
-	}{
+	u, err := url.Parse(builderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certs, issue("builder", &x509.Certificate{URIs: []*url.URL{u}}), []impostor{
 		{"cn", issue("cn-impostor", &x509.Certificate{Subject: pkix.Name{CommonName: builderID}})},
 		{"dns", issue("dns-impostor", &x509.Certificate{DNSNames: []string{builderID}})},
 	}
-	_ = os.Chmod(certs.CAFile, 0o644)
+}
 
+// A certificate whose common name, and one whose DNS SAN, is the string of
+// the builder's SPIFFE ID is another principal than the builder's URI SAN:
+// each, granted owners of its own so that the service and not the guard
+// decides, can neither retry the builder's request, nor renew or release
+// its lease with its leaked lease id. The builder's record, namespace and
+// host link are unchanged; the audit lines tell the three apart.
+func TestCertificateIdentitiesDoNotCollide(t *testing.T) {
+	pub := newPublicDir(t)
+	certs, builder, impostors := builderCertificates(t, pub)
 	h := newHost(t)
 	addr := freePort(t)
 	d := start(t, nil, h.args(addr, "--slots=64", "--tls-cert="+certs.ServerCert, "--tls-key="+certs.ServerKey,
@@ -203,6 +223,15 @@ func TestCertificateIdentitiesDoNotCollide(t *testing.T) {
 	if code := d.wait(time.Minute); code != 0 {
 		t.Fatalf("stop: exit %d", code)
 	}
+	checkAuditAndRecord(t, d, h, vi, victim.LeaseID)
+	h.decommission(h.prefix)
+}
+
+// checkAuditAndRecord checks, once the daemon of
+// TestCertificateIdentitiesDoNotCollide stopped, that its audit lines
+// name each kind of principal, and that the builder's record is its own.
+func checkAuditAndRecord(t *testing.T, d *daemon, h *host, vi uint32, leaseID string) {
+	t.Helper()
 	logs := d.Output()
 	for _, want := range []string{
 		`msg="control call" audit=true method=Acquire surface=tcp principal=x509:uri:` + builderID + ` owner=ci-build`,
@@ -220,10 +249,9 @@ func TestCertificateIdentitiesDoNotCollide(t *testing.T) {
 	}
 	rec, ok, err := st.Get(int(vi))
 	st.Close()
-	if err != nil || !ok || rec.LeaseID != victim.LeaseID || rec.Principal != "x509:uri:"+builderID || rec.Owner != "ci-build" || rec.RequestID != "build-1" {
+	if err != nil || !ok || rec.LeaseID != leaseID || rec.Principal != "x509:uri:"+builderID || rec.Owner != "ci-build" || rec.RequestID != "build-1" {
 		t.Fatalf("the builder's record after the attempts: %+v %v %v", rec, ok, err)
 	}
-	h.decommission(h.prefix)
 }
 
 // Each policy file that would smuggle rights, and each file someone other
