@@ -32,8 +32,8 @@ func charged(ctx context.Context) bool {
 // takes every call of an identified principal from its rate before grpc
 // reads the request, and refuses one past it with ResourceExhausted,
 // audited when it is a call of a method of the guarded service that
-// [GuardOptions] names. A call without
-// credentials passes, for the interceptor to refuse with its reason.
+// [GuardOptions] names. A call without credentials passes, for the
+// interceptor to refuse with its reason.
 func (g *Guard) Tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	pr, err := Identify(ctx)
 	if err != nil {
