@@ -156,8 +156,8 @@ func TestEnsureMakesAnOldSetReadable(t *testing.T) {
 		if got, err := tbl.List(ctx); err != nil || !slices.Equal(got, slices.Sorted(slices.Values(names))) {
 			t.Errorf("List after Ensure = %q, %v; want %q", got, err, names)
 		}
-		if n, err := tbl.RuleCount(ctx); err != nil || n != 11 {
-			t.Errorf("RuleCount after Ensure = %d, %v; want 11", n, err)
+		if n, err := tbl.RuleCount(ctx); err != nil || n != fixedRules {
+			t.Errorf("RuleCount after Ensure = %d, %v; want %d", n, err, fixedRules)
 		}
 	}
 }
