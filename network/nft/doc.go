@@ -89,14 +89,17 @@
 //     Policy.AllowSlotToSlot turns the verdict into accept, for an operator
 //     whose tenants are one party. The rule is kept either way, so the rule
 //     count does not depend on the policy.
+//
 //   - Slot to anywhere else (forward, in interface a slot): accepted, and
 //     masqueraded behind the host's address on the way out.
+//
 //   - Anywhere else to a slot (forward, out interface a slot): only replies
 //     and related ICMP errors of connections the slot opened, and connections
 //     the operator published with a DNAT rule of their own (ct status dnat);
 //     everything else is dropped. The host itself reaches a slot through
 //     its output path, which this table leaves alone, so an orchestrator on
 //     the host can still connect into its sandboxes.
+//
 //   - Slot to the host itself (input: any address of the host, including the
 //     host ends of other slots' veths and the host's own uplink address):
 //     replies and related packets of connections the host opened (which is
@@ -122,11 +125,13 @@
 //     conntrack sees it, so it neither opens nor changes a connection of
 //     the address it claims, and no reply can be sent to the victim. It
 //     needs no per-slot state: the routes are the slots'.
+//
 //   - To a link-local address (egress, after conntrack): dropped, unless
 //     the daemon always allows it or the slot's lease does. The cloud
 //     metadata service is there (169.254.169.254), and link-local
 //     addresses are not to be forwarded anyway; the slots' own network is
 //     spared (WithSlotNetwork), since the default one is link-local.
+//
 //   - Under a lease's egress policy (egress): the map egress_policy sends
 //     the slot's packets to its own chain, egress_<host interface>, which
 //     SetEgress writes in one transaction with the same rules as the

@@ -10,11 +10,6 @@ import (
 	"github.com/phasegate/phasegate/network/nft"
 )
 
-// fixedRules is how many rules a table has, whatever its number of slots:
-// antispoof 1, egress 4, forward 5, input 5, postrouting 1 (the package
-// doc lists them).
-const fixedRules = 16
-
 func TestTableName(t *testing.T) {
 	for in, want := range map[string]string{"pg-": "phasegate_pg_", "ab_c9": "phasegate_ab_c9", "a.b/c": "phasegate_a_b_c"} {
 		if got := nft.TableName(in); got != want {
@@ -26,7 +21,7 @@ func TestTableName(t *testing.T) {
 func TestTable(t *testing.T) {
 	env := nettest.New(t, 4) // its cleanup deletes the table too
 	ctx := context.Background()
-	tbl, err := nft.New(env.Config.TableName())
+	tbl, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,8 +34,8 @@ func TestTable(t *testing.T) {
 		}
 	}
 	rules, err := tbl.RuleCount(ctx)
-	if err != nil || rules != fixedRules {
-		t.Fatalf("RuleCount = %d, %v; want %d", rules, err, fixedRules)
+	if err != nil || rules != nft.FixedRules {
+		t.Fatalf("RuleCount = %d, %v; want %d", rules, err, nft.FixedRules)
 	}
 	// Thousands of elements in one transaction.
 	var names []string

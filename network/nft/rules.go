@@ -16,7 +16,8 @@ import (
 	"github.com/phasegate/phasegate/network/inside"
 )
 
-// Ensure makes the table match its policy in one transaction: the table,
+// Ensure makes the table match its policy in one transaction (the table
+// needs its slot network, WithSlotNetwork): the table,
 // the sets and chains are created if missing, every fixed chain is flushed
 // and its rules written anew, and the port and egress-default sets are
 // replaced. The slots set and the egress map keep their elements, and the
@@ -32,6 +33,9 @@ import (
 func (t *Table) Ensure(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if !t.slotNet.IsValid() {
+		return fmt.Errorf("nft: table %s: no slot network (WithSlotNetwork): the rule against link-local destinations would catch the slots' own gateways", t.name)
 	}
 	readable, err := t.setKeyReadable(SetName)
 	missing := errors.Is(err, unix.ENOENT)
@@ -84,6 +88,11 @@ func (t *Table) Ensure(ctx context.Context) error {
 	}
 	return nil
 }
+
+// FixedRules is how many rules the table's fixed chains hold, whatever
+// the number of slots: antispoof 1, egress 4, forward 5, input 5,
+// postrouting 1. The slots' own egress chains come on top.
+const FixedRules = 16
 
 // fixedSets are the sets the fixed rules look up.
 type fixedSets struct {
