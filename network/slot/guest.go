@@ -39,7 +39,9 @@ type Guest struct {
 }
 
 // Enabled reports whether slots have a guest device.
-func (g Guest) Enabled() bool { return g.Tap != "" || g.Addr.IsValid() || g.Gateway.IsValid() }
+func (g Guest) Enabled() bool {
+	return g.Tap != "" || g.Addr.IsValid() || g.Gateway.IsValid() || len(g.MAC) > 0
+}
 
 // Range is the guest network (169.254.0.20/30).
 func (g Guest) Range() netip.Prefix { return g.Addr.Masked() }
