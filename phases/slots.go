@@ -696,7 +696,7 @@ func (s *slotsService) Get(ctx context.Context, req *phasegatev1.GetRequest) (*p
 		if err != nil {
 			s.log.Warn("get: the slot could not be verified", "slot", l.rec.Index, "error", err)
 		} else if len(repaired) > 0 {
-			s.log.Warn("lease: its slot was not as written; repaired", "slot", l.rec.Index, "owner", l.rec.Owner, "repaired", strings.Join(repaired, ", "))
+			s.log.Warn("lease: inside of its slot repaired", "slot", l.rec.Index, "owner", l.rec.Owner, "repaired", strings.Join(repaired, ", "), "by", "get")
 		}
 		sl.Repaired = repaired
 		sl.EgressDroppedPackets = s.egressDrops(ctx, l)

@@ -54,21 +54,24 @@ func (s *slotsService) insideToVerify(of []*lease) []*lease {
 // seen, counted and repaired.
 func (d *Daemon) verifyInside(ctx context.Context, p *lifecycle.Progress, restored []*lease) error {
 	svc := d.slots
-	svc.verifyPass(ctx, p, svc.insideToVerify(restored), 0, "restored leases")
+	if restored := svc.insideToVerify(restored); len(restored) > 0 {
+		svc.verifyPass(ctx, p, restored, 0, "restored lease")
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(insidePass / 10):
 		}
-		svc.verifyPass(ctx, p, svc.insideToVerify(nil), insidePass, "leases")
+		svc.verifyPass(ctx, p, svc.insideToVerify(nil), insidePass, "lease")
 	}
 }
 
 // verifyPass checks the slots of leases, spreading the checks over span
-// (0: one after the other), and logs what it repaired.
+// (0: one after the other), and logs what it repaired; what names the
+// leases in the log ("restored lease").
 func (s *slotsService) verifyPass(ctx context.Context, p *lifecycle.Progress, leases []*lease, span time.Duration, what string) {
-	p.SetTotal(int64(len(leases)), what)
+	p.SetTotal(int64(len(leases)), what+"s")
 	p.SetDone(0)
 	repairedN := 0
 	var gap time.Duration
@@ -89,15 +92,15 @@ func (s *slotsService) verifyPass(ctx context.Context, p *lifecycle.Progress, le
 		fixed, err := s.repairLease(ctx, l.rec.Index, l.rec.LeaseID)
 		switch {
 		case err != nil:
-			s.log.Error("lease: the inside of its slot could not be verified", "slot", l.rec.Index, "error", err)
+			s.log.Error(what+": inside of its slot could not be verified", "slot", l.rec.Index, "error", err)
 		case len(fixed) > 0:
 			repairedN++
-			s.log.Warn("lease: its slot was not as written; repaired", "slot", l.rec.Index, "owner", l.rec.Owner, "repaired", strings.Join(fixed, ", "))
+			s.log.Warn(what+": inside of its slot repaired", "slot", l.rec.Index, "owner", l.rec.Owner, "repaired", strings.Join(fixed, ", "))
 		}
 		p.SetDone(int64(n + 1))
 	}
 	if span == 0 || repairedN > 0 {
-		s.log.Info("leases: their slots verified", "what", what, "verified", len(leases), "repaired", repairedN)
+		s.log.Info(what+"s: inside of their slots verified", "verified", len(leases), "repaired", repairedN)
 	}
 }
 

@@ -94,7 +94,7 @@ func TestMicroVMSlotPolicyAcrossRestarts(t *testing.T) {
 		}
 	}
 
-	const marker = "task=verify-inside state=succeeded"
+	const marker = "restored leases: inside of their slots verified"
 	restart := func(name string, stop func() (base int)) {
 		t.Helper()
 		base := stop()
@@ -156,7 +156,7 @@ func TestMicroVMSlotPolicyAcrossRestarts(t *testing.T) {
 	waitFor(t, time.Minute, "the restored lease to be repaired", func() bool {
 		return strings.Contains(d.Output(), marker)
 	})
-	if l := grepLines(d.Output(), "inside of its slot repaired"); !strings.Contains(l, "guest NAT") || !strings.Contains(l, "egress policy (missing)") {
+	if l := grepLines(d.Output(), "inside of its slot repaired"); !strings.Contains(l, "guest NAT") || !strings.Contains(l, "egress policy inside (missing)") {
 		t.Errorf("the repair does not say it put back the NAT and the policy:\n%s", l)
 	}
 	repaired := insideRules(t, path)
