@@ -345,11 +345,18 @@ func (d *Daemon) loadRecords() ([]leases.Record, []int, error) {
 	return recs, bad, nil
 }
 
-// slotOptions are the slot manager's settings.
-func (d *Daemon) slotOptions() slot.Options {
+// newManager makes the slot manager, which writes the slot table: its
+// rules, and the egress defaults of every lease's policy, resolved here
+// once (egressDefaults) with the host's addresses the host check read, or
+// read now when it did not run.
+func (d *Daemon) newManager(ctx context.Context) (*slot.Manager, error) {
+	egress, err := egressDefaults(d.cfg, d.hostAddrs, d.hostAddrsRead)
+	if err != nil {
+		return nil, lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
+	}
 	o := slot.DefaultOptions()
-	o.Firewall = d.cfg.Firewall
-	return o
+	o.Firewall, o.Egress = d.cfg.Firewall, egress
+	return slot.NewManager(ctx, d.cfg.Slots, o)
 }
 
 // teardownOptions are the settings of every teardown but the start's.
@@ -374,7 +381,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	inv := sr.Inventory
 	scanned := time.Since(start)
 	if d.mgr == nil {
-		mgr, err := slot.NewManager(ctx, d.cfg.Slots, d.slotOptions())
+		mgr, err := d.newManager(ctx)
 		if err != nil {
 			return err
 		}
@@ -662,11 +669,8 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		}
 		d.pool = pl
 		d.obs.setPool(pl)
-		d.slots = newSlotsService(d.cfg.Slots, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
+		d.slots = newSlotsService(d.mgr, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
 			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d)
-		if d.slots.egress, err = egressDefaults(d.cfg, d.hostAddrs, d.hostAddrsRead); err != nil {
-			return lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
-		}
 		d.obs.setLeases(d.slots)
 	}
 	if err := d.reclaimForWarm(ctx, p); err != nil {
@@ -709,18 +713,16 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		close(d.deadDone)
 	}
 	p.Defer(taskReconcile, d.runReconciler)
-	if restored := d.insideToVerify(); len(restored) > 0 {
-		p.Defer(taskVerifyInside, func(ctx context.Context, tp *lifecycle.Progress) error {
-			// After the leases' check: a lease it finds lost has no slot
-			// to look into.
-			select {
-			case <-d.verifyDone:
-			case <-ctx.Done():
-				return nil
-			}
-			return d.verifyInside(ctx, tp, restored)
-		})
-	}
+	p.Defer(taskVerifyInside, func(ctx context.Context, tp *lifecycle.Progress) error {
+		// After the leases' check: a lease it finds lost has no slot to
+		// look into.
+		select {
+		case <-d.verifyDone:
+		case <-ctx.Done():
+			return nil
+		}
+		return d.verifyInside(ctx, tp, d.plan.restored)
+	})
 	if d.cfg.PoolSize > d.cfg.PoolMinReady {
 		p.Defer(taskFill, func(ctx context.Context, tp *lifecycle.Progress) error {
 			tp.SetTotal(int64(d.cfg.PoolSize), "warm slots")

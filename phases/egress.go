@@ -78,12 +78,25 @@ func egressProto(e *leases.EgressPolicy) *phasegatev1.EgressPolicy {
 	return &phasegatev1.EgressPolicy{Allow: e.Allow, Deny: e.Deny, DenyAll: e.DenyAll, RedirectTcp: e.RedirectTCP}
 }
 
-// applyEgress writes p inside slot sl; nil clears the slot's policy.
-func (s *slotsService) applyEgress(sl *slot.Slot, p *inside.Policy) error {
+// applyEgress writes p for slot sl, on the host and inside; nil clears
+// the slot's policy.
+func (s *slotsService) applyEgress(ctx context.Context, sl *slot.Slot, p *inside.Policy) error {
 	if p == nil {
-		return slot.ClearEgress(sl)
+		return s.mgr.ClearEgress(ctx, sl)
 	}
-	return slot.ApplyEgress(sl, *p, s.egress)
+	return s.mgr.ApplyEgress(ctx, sl, *p)
+}
+
+// lockPolicy takes the lock of slot i's egress policy (see policyMu) and
+// returns its unlock. Indices beyond --slots (lost leases, which have no
+// slot) share index 0's.
+func (s *slotsService) lockPolicy(i int) (unlock func()) {
+	if i < 0 || i >= len(s.policyMu) {
+		i = 0
+	}
+	mu := &s.policyMu[i]
+	mu.Lock()
+	return mu.Unlock
 }
 
 // SetEgressPolicy implements phasegate.v1.Slots: authorized as Release,
@@ -109,9 +122,8 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 		}
 	}
 	// One change of a slot's policy at a time: the rules and the record
-	// must end up saying the same.
-	s.egressMu.Lock()
-	defer s.egressMu.Unlock()
+	// must end up saying the same. Other slots' changes go on meanwhile.
+	defer s.lockPolicy(i)()
 	s.mu.Lock()
 	l = s.leased[i]
 	var old leases.Record
@@ -129,7 +141,13 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	case sl == nil:
 		return nil, status.Errorf(codes.FailedPrecondition, "slot %d: the lease is lost (%s): it has no slot to set a policy on", i, lostReason)
 	}
-	if err := s.applyEgress(sl, pol); err != nil {
+	// Written with the request's context: a caller gone halfway leaves
+	// the old policy put back below, or the new one recorded.
+	wctx := context.WithoutCancel(ctx)
+	if err := s.applyEgress(wctx, sl, pol); err != nil {
+		if !errors.Is(err, slot.ErrGone) {
+			s.restoreEgress(wctx, i, sl, old.Egress)
+		}
 		return nil, egressError(i, err)
 	}
 	rec, err := s.store.Update(ctx, i, func(r *leases.Record) error {
@@ -144,13 +162,7 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	})
 	if err != nil {
 		// The record keeps the old policy: so must the slot.
-		prev, perr := egressOf(old.Egress)
-		if perr == nil {
-			perr = s.applyEgress(sl, prev)
-		}
-		if perr != nil {
-			s.log.Error("egress policy: record failed and the old rules could not be put back", "slot", i, "error", perr)
-		}
+		s.restoreEgress(wctx, i, sl, old.Egress)
 		return nil, leaseError(i, err)
 	}
 	s.mu.Lock()
@@ -160,7 +172,22 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	s.mu.Unlock()
 	s.count("egress_policy_set")
 	s.log.Info("egress policy set", "slot", i, "owner", rec.Owner, "principal", c.Principal.String(), "policy", describePolicy(rec.Egress))
-	return &phasegatev1.SetEgressPolicyResponse{Slot: s.describeWithDrops(i, phasegatev1.SlotState_SLOT_STATE_ACQUIRED, &lease{rec: rec, slot: sl})}, nil
+	out := s.describe(i, phasegatev1.SlotState_SLOT_STATE_ACQUIRED, &lease{rec: rec, slot: sl})
+	out.EgressDroppedPackets = s.egressDrops(wctx, &lease{rec: rec, slot: sl})
+	return &phasegatev1.SetEgressPolicyResponse{Slot: out}, nil
+}
+
+// restoreEgress puts slot i's recorded policy back after a change that
+// failed halfway (one side written, or the record not), so that the rules
+// and the record say the same.
+func (s *slotsService) restoreEgress(ctx context.Context, i int, sl *slot.Slot, rec *leases.EgressPolicy) {
+	prev, err := egressOf(rec)
+	if err == nil {
+		err = s.applyEgress(ctx, sl, prev)
+	}
+	if err != nil {
+		s.log.Error("egress policy: a change failed and the recorded rules could not be put back", "slot", i, "error", err)
+	}
 }
 
 // egressError maps a failure to write a policy: a slot gone meanwhile (a
@@ -183,16 +210,16 @@ func describePolicy(e *leases.EgressPolicy) string {
 	return fmt.Sprintf("allow %d, deny %d, deny_all %t, redirect_tcp %t", len(e.Allow), len(e.Deny), e.DenyAll, e.RedirectTCP)
 }
 
-// describeWithDrops is describe with the egress drop counter read from
-// the slot (Get and SetEgressPolicy; List does not read every slot).
-func (s *slotsService) describeWithDrops(i int, st phasegatev1.SlotState, l *lease) *phasegatev1.Slot {
-	out := s.describe(i, st, l)
-	if l != nil && l.slot != nil && l.rec.Egress != nil {
-		if n, err := slot.EgressDrops(l.slot); err == nil {
-			out.EgressDroppedPackets = n
-		} else {
-			s.log.Warn("egress drop counter unreadable", "slot", i, "error", err)
-		}
+// egressDrops reads how many packets lease l's egress policy dropped, on
+// the host and inside (Get and SetEgressPolicy; List does not read every
+// slot).
+func (s *slotsService) egressDrops(ctx context.Context, l *lease) uint64 {
+	if l == nil || l.slot == nil || l.rec.Egress == nil {
+		return 0
 	}
-	return out
+	st, err := s.mgr.InspectEgress(ctx, l.slot)
+	if err != nil {
+		s.log.Warn("egress drop counters unreadable", "slot", l.rec.Index, "error", err)
+	}
+	return st.Drops
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -23,15 +24,14 @@ import (
 	"github.com/phasegate/phasegate/network/slot"
 )
 
-// egressRig is a slots rig whose service has the daemon's egress defaults.
+// egressRig is a slots rig for the egress policy's tests.
 func egressRig(t *testing.T) *slotsRig {
 	t.Helper()
-	r := newSlotsRig(t, 4, 1)
-	r.svc.egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
-	return r
+	return newSlotsRig(t, 4, 1)
 }
 
-// inSlot is what slot i's namespace holds now.
+// inSlot is what slot i's namespace holds now; the host's chain for the
+// slot must hold the same policy.
 func inSlot(t *testing.T, r *slotsRig, i int) inside.Found {
 	t.Helper()
 	r.svc.mu.Lock()
@@ -40,11 +40,71 @@ func inSlot(t *testing.T, r *slotsRig, i int) inside.Found {
 	if l == nil || l.slot == nil {
 		t.Fatalf("slot %d is not leased", i)
 	}
-	f, err := slot.InspectInside(l.slot)
+	f, err := r.svc.mgr.InspectInside(l.slot)
 	if err != nil {
 		t.Fatal(err)
 	}
+	st, err := r.svc.mgr.InspectEgress(context.Background(), l.slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Host != f.Fingerprint {
+		t.Errorf("slot %d: the host's chain holds policy %q, the slot's own table %q", i, st.Host, f.Fingerprint)
+	}
 	return f
+}
+
+// A slot's root that flushes its own tables lifts nothing (the host's
+// chain holds the policy) and Get sees it, says so and puts the tables
+// back; the record is unchanged.
+func TestGetRepairsDrift(t *testing.T) {
+	r := egressRig(t)
+	ctx := as(context.Background(), root, nil)
+	p := &phasegatev1.EgressPolicy{Deny: []string{"203.0.113.0/24"}}
+	resp, err := r.svc.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "o", RequestId: "drift", EgressPolicy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := resp.GetSlot().GetIndex()
+	before, _, _ := r.store.Get(int(i))
+	if got, err := r.svc.Get(ctx, &phasegatev1.GetRequest{Index: i}); err != nil || len(got.GetSlot().GetRepaired()) != 0 {
+		t.Fatalf("Get of an intact slot: repaired %q, %v", got.GetSlot().GetRepaired(), err)
+	}
+	flushInside(t, resp.GetSlot().GetNetnsPath())
+	r.svc.mu.Lock()
+	sl := r.svc.leased[int(i)].slot
+	r.svc.mu.Unlock()
+	if st, err := r.svc.mgr.InspectEgress(context.Background(), sl); err != nil || st.Inside != "" || st.Host != fingerprint(t, r, p) {
+		t.Fatalf("after the flush: %+v, %v; want the host's chain alone", st, err)
+	}
+	got, err := r.svc.Get(ctx, &phasegatev1.GetRequest{Index: i})
+	if err != nil || !slices.Equal(got.GetSlot().GetRepaired(), []string{"egress policy inside (missing)"}) {
+		t.Errorf("Get after the flush: repaired %q, %v", got.GetSlot().GetRepaired(), err)
+	}
+	if f := inSlot(t, r, int(i)); f.Fingerprint != fingerprint(t, r, p) {
+		t.Errorf("the slot's table after Get: %q, want %q", f.Fingerprint, fingerprint(t, r, p))
+	}
+	if rec, _, _ := r.store.Get(int(i)); !reflect.DeepEqual(rec, before) {
+		t.Errorf("the record changed: %+v, was %+v", rec, before)
+	}
+}
+
+// flushInside is `nft flush ruleset` by root in the namespace at path.
+func flushInside(t *testing.T, path string) {
+	t.Helper()
+	fd, err := netns.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	c, err := nftables.New(nftables.WithNetNSFd(fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.FlushRuleset()
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func fingerprint(t *testing.T, r *slotsRig, p *phasegatev1.EgressPolicy) string {

@@ -42,7 +42,7 @@ func oneShot(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, func()
 		_ = l.Unlock()
 		return nil, nil, err
 	}
-	if d.mgr, err = slot.NewManager(ctx, cfg.Slots, d.slotOptions()); err != nil {
+	if d.mgr, err = d.newManager(ctx); err != nil {
 		_ = d.store.Close()
 		_ = l.Unlock()
 		return nil, nil, err

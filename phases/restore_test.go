@@ -98,7 +98,7 @@ func newRestoreRig(t *testing.T, n, leased int, meanwhile func(ctx context.Conte
 	}
 	r.d.lc = lc
 	t.Cleanup(func() { _ = lc.Drain(context.Background()) })
-	r.d.slots = newSlotsService(cfg, pl, store, plan.restored, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d)
+	r.d.slots = newSlotsService(mgr, pl, store, plan.restored, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d)
 	return r
 }
 

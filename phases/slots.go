@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 	"unicode"
@@ -95,6 +96,7 @@ type slotsService struct {
 
 	cfg    slot.Config
 	pool   *pool.Pool
+	mgr    *slot.Manager // writes the leases' egress policies
 	store  LeaseStore
 	log    *slog.Logger
 	tracer trace.Tracer
@@ -105,8 +107,13 @@ type slotsService struct {
 
 	acquiring singleflight.Group // one Acquire per owner and request id at a time
 
-	egress   inside.Defaults // the daemon's part of every egress policy
-	egressMu sync.Mutex      // one SetEgressPolicy at a time
+	egress inside.Defaults // the daemon's part of every egress policy (the manager's)
+	// policyMu holds one lock per slot index for the slot's egress
+	// policy: one change at a time per slot, and a lease's end waits for
+	// a change under way, so that no policy is written for a slot being
+	// torn down (slot.Manager.ApplyEgress). Policies of different slots
+	// are written at once.
+	policyMu []sync.Mutex
 
 	mu     sync.Mutex
 	leased map[int]*lease // by index, lost ones included
@@ -170,29 +177,29 @@ type LeaseStore interface {
 var _ LeaseStore = (*leases.Store)(nil)
 
 // NewSlotsServer returns the daemon's Slots service over pl, which owns
-// the slot indices, and store, with no lease restored, no expiry loop, no
-// tracing and no metrics, and the default egress sets without the
-// host's addresses. Its calls must come through a [control.Guard]
+// the slot indices and makes its slots with m, and store, with no lease
+// restored, no expiry loop, no tracing and no metrics; the egress policies'
+// defaults are m's. Its calls must come through a [control.Guard]
 // (the service authorizes the caller the guard names, and refuses a call
 // without one). The daemon builds its own service; this exists so that the
 // benchmark's in-memory baseline serves the same code (see [LeaseStore]).
 // A nil log discards the service's lines.
-func NewSlotsServer(cfg slot.Config, pl *pool.Pool, store LeaseStore, log *slog.Logger) phasegatev1.SlotsServer {
+func NewSlotsServer(m *slot.Manager, pl *pool.Pool, store LeaseStore, log *slog.Logger) phasegatev1.SlotsServer {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := newSlotsService(cfg, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil, nil)
-	s.egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
-	return s
+	return newSlotsService(m, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil, nil)
 }
 
 // leaseEvents counts what happens to leases (the daemon's metrics); nil
 // functions count nothing.
 type leaseEvents func(event string, n int)
 
-func newSlotsService(cfg slot.Config, pl *pool.Pool, store LeaseStore, restored []*lease,
+func newSlotsService(m *slot.Manager, pl *pool.Pool, store LeaseStore, restored []*lease,
 	log *slog.Logger, tracer trace.Tracer, events leaseEvents, verifier leaseVerifier) *slotsService {
-	s := &slotsService{cfg: cfg, pool: pl, store: store, log: log, tracer: tracer, events: events, verifier: verifier,
+	cfg := m.Config()
+	s := &slotsService{cfg: cfg, pool: pl, mgr: m, store: store, log: log, tracer: tracer, events: events, verifier: verifier,
+		egress: m.EgressDefaults(), policyMu: make([]sync.Mutex, cfg.Slots+1),
 		leased: map[int]*lease{}, requests: map[leaseRequest]*lease{}, pending: map[string]int{}}
 	for _, l := range restored {
 		s.hold(l)
@@ -346,7 +353,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	// The policy before the record and the reply: a lease never runs
 	// without the policy it was asked with.
 	if pol != nil {
-		if err := s.applyEgress(sl, pol); err != nil {
+		if err := s.applyEgress(ctx, sl, pol); err != nil {
 			s.returnUnleased(sl, true)
 			return acquired{}, egressError(sl.Index, err)
 		}
@@ -401,7 +408,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 // tears it down and makes a fresh one.
 func (s *slotsService) returnUnleased(sl *slot.Slot, hadPolicy bool) {
 	if hadPolicy {
-		if err := slot.ClearEgress(sl); err != nil {
+		if err := s.mgr.ClearEgress(context.Background(), sl); err != nil {
 			s.log.Warn("slot not leased: its egress policy could not be cleared; the slot is made again", "slot", sl.Index, "error", err)
 			if perr := s.pool.Put(context.Background(), sl); perr != nil {
 				s.log.Warn("slot not leased could not be made again", "slot", sl.Index, "error", perr)
@@ -568,6 +575,9 @@ func (s *slotsService) giveBack(ctx context.Context, l *lease) {
 		// teardown, by name and idempotent, is right either way.
 		s.log.Warn("ended lease's slot could not be verified; torn down as it is", "slot", l.rec.Index, "error", err)
 	}
+	// A change of the slot's policy under way ends before the slot does.
+	unlock := s.lockPolicy(l.rec.Index)
+	defer unlock()
 	s.mu.Lock()
 	sl := l.slot
 	s.mu.Unlock()
@@ -676,17 +686,23 @@ func (s *slotsService) Get(ctx context.Context, req *phasegatev1.GetRequest) (*p
 	if sl.GetOwner() != "" && !c.Grant.MayRead(sl.GetOwner()) {
 		return nil, status.Errorf(codes.PermissionDenied, "slot %d is leased to an owner %s may not see", req.GetIndex(), c.Principal)
 	}
-	if sl.GetEgressPolicy() != nil {
-		s.mu.Lock()
-		l := s.leased[int(req.GetIndex())]
-		var c lease
-		if l != nil {
-			c = *l
+	s.mu.Lock()
+	var l *lease
+	if cur := s.leased[int(req.GetIndex())]; cur != nil {
+		c := *cur
+		l = &c
+	}
+	s.mu.Unlock()
+	if l != nil && s.hasInside(l) {
+		// What the slot's root changed is seen here, and put back.
+		repaired, err := s.repairLease(ctx, l.rec.Index, l.rec.LeaseID)
+		if err != nil {
+			s.log.Warn("get: the slot could not be verified", "slot", l.rec.Index, "error", err)
+		} else if len(repaired) > 0 {
+			s.log.Warn("lease: inside of its slot repaired", "slot", l.rec.Index, "owner", l.rec.Owner, "repaired", strings.Join(repaired, ", "), "by", "get")
 		}
-		s.mu.Unlock()
-		if l != nil {
-			sl.EgressDroppedPackets = s.describeWithDrops(int(req.GetIndex()), sl.GetState(), &c).GetEgressDroppedPackets()
-		}
+		sl.Repaired = repaired
+		sl.EgressDroppedPackets = s.egressDrops(ctx, l)
 	}
 	return &phasegatev1.GetResponse{Slot: sl}, nil
 }

@@ -24,6 +24,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/index"
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -41,7 +42,7 @@ type slotsRig struct {
 // leases lost at a restart (recorded, their index taken, no slot).
 func newSlotsRig(t *testing.T, n, target int, lost ...leases.Record) *slotsRig {
 	t.Helper()
-	cfg, mgr, store := newSlotHost(t, n)
+	_, mgr, store := newSlotHost(t, n)
 	ctx := context.Background()
 	idx, err := index.New(n, nil)
 	if err != nil {
@@ -68,11 +69,12 @@ func newSlotsRig(t *testing.T, n, target int, lost ...leases.Record) *slotsRig {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return &slotsRig{svc: newSlotsService(cfg, pl, store, restored, log, noop.NewTracerProvider().Tracer(""), nil, nil), pool: pl, store: store}
+	return &slotsRig{svc: newSlotsService(mgr, pl, store, restored, log, noop.NewTracerProvider().Tracer(""), nil, nil), pool: pl, store: store}
 }
 
 // newSlotHost makes a slot manager for n slots in a netns directory and
 // with a prefix and CIDR of its own, swept at the end, and a state file.
+// Its egress defaults are the daemon's without the host's addresses.
 func newSlotHost(t testing.TB, n int) (slot.Config, *slot.Manager, *leases.Store) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -90,7 +92,9 @@ func newSlotHost(t testing.TB, n int) (slot.Config, *slot.Manager, *leases.Store
 		CIDR: netip.MustParsePrefix(fmt.Sprintf("100.%d.%d.0/%d", 64+rand.IntN(64), rand.IntN(256)&^(blocks-1), 32-bits)),
 	}
 	ctx := context.Background()
-	mgr, err := slot.NewManager(ctx, cfg, slot.DefaultOptions())
+	opts := slot.DefaultOptions()
+	opts.Egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny} // the daemon's, without the host's addresses
+	mgr, err := slot.NewManager(ctx, cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

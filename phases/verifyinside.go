@@ -4,101 +4,171 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
-// insideToVerify returns the restored leases whose slot has something
-// inside the namespace to verify: a guest device, an egress policy.
-func (d *Daemon) insideToVerify() []*lease {
-	if d.plan == nil {
-		return nil
+// insidePass is how long one pass of the verify-inside task takes over
+// every lease whose slot has something inside to check: the checks of a
+// pass are spread over it, so that 10,000 leases cost a few percent of one
+// core, not a burst. A change the slot's root makes inside is put back
+// within a pass; what holds the slot to its policy meanwhile is the host's
+// chain, which the root cannot reach (package nft). Get checks and repairs
+// one slot at once.
+const insidePass = 5 * time.Minute
+
+// hasInside reports whether lease l's slot has something the daemon wrote
+// inside it or for it: a guest device, an egress policy.
+func (s *slotsService) hasInside(l *lease) bool {
+	return l.slot != nil && (s.cfg.Guest.Enabled() || l.rec.Egress != nil)
+}
+
+// insideToVerify returns the leases whose slots have something to verify,
+// of those given (nil: every lease held now).
+func (s *slotsService) insideToVerify(of []*lease) []*lease {
+	if of == nil {
+		s.mu.Lock()
+		for _, l := range s.leased {
+			of = append(of, l)
+		}
+		s.mu.Unlock()
 	}
 	var out []*lease
-	for _, l := range d.plan.restored {
-		if l.slot != nil && (d.cfg.Slots.Guest.Enabled() || l.rec.Egress != nil) {
+	for _, l := range of {
+		if s.hasInside(l) {
 			out = append(out, l)
 		}
 	}
 	return out
 }
 
-// verifyInside checks, after the daemon serves, what the restored leases
-// have inside their namespaces, and puts back only what is missing: the
-// guest device's parts (a tap that is there, a running VM's, is never
-// made again), and the egress policy when the one in the namespace is not
-// the recorded one (compared by fingerprint; a policy found intact is not
-// written). A restart therefore changes nothing of a running VM's
-// network.
+// verifyInside is the verify-inside task. After the daemon serves and the
+// restored leases are settled, it checks what those leases' slots hold and
+// puts back only what is missing or changed (repairLease): a restart
+// therefore changes nothing of a running VM's network. Then, every
+// insidePass, it checks every lease's slot again, so that what a slot's
+// root changes inside (its egress table flushed, the guest NAT removed) is
+// seen, counted and repaired.
 func (d *Daemon) verifyInside(ctx context.Context, p *lifecycle.Progress, restored []*lease) error {
-	p.SetTotal(int64(len(restored)), "restored leases")
-	repairedN := 0
-	for n, l := range restored {
-		if err := ctx.Err(); err != nil {
+	svc := d.slots
+	if restored := svc.insideToVerify(restored); len(restored) > 0 {
+		svc.verifyPass(ctx, p, restored, 0, "restored lease")
+	}
+	for {
+		select {
+		case <-ctx.Done():
 			return nil
+		case <-time.After(insidePass / 10):
 		}
-		fixed, err := d.verifyLease(l)
-		if err != nil {
-			d.log.Error("restored lease: inside of its slot could not be verified", "slot", l.rec.Index, "error", err)
-		} else if len(fixed) > 0 {
+		svc.verifyPass(ctx, p, svc.insideToVerify(nil), insidePass, "lease")
+	}
+}
+
+// verifyPass checks the slots of leases, spreading the checks over span
+// (0: one after the other), and logs what it repaired; what names the
+// leases in the log ("restored lease").
+func (s *slotsService) verifyPass(ctx context.Context, p *lifecycle.Progress, leases []*lease, span time.Duration, what string) {
+	p.SetTotal(int64(len(leases)), what+"s")
+	p.SetDone(0)
+	repairedN := 0
+	var gap time.Duration
+	if len(leases) > 0 {
+		gap = span / time.Duration(len(leases))
+	}
+	for n, l := range leases {
+		if n > 0 && gap > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(gap):
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		fixed, err := s.repairLease(ctx, l.rec.Index, l.rec.LeaseID)
+		switch {
+		case err != nil:
+			s.log.Error(what+": inside of its slot could not be verified", "slot", l.rec.Index, "error", err)
+		case len(fixed) > 0:
 			repairedN++
-			d.log.Warn("restored lease: inside of its slot repaired", "slot", l.rec.Index, "repaired", strings.Join(fixed, ", "))
+			s.log.Warn(what+": inside of its slot repaired", "slot", l.rec.Index, "owner", l.rec.Owner, "repaired", strings.Join(fixed, ", "))
 		}
 		p.SetDone(int64(n + 1))
 	}
-	d.log.Info("restored leases: inside of their slots verified", "verified", len(restored), "repaired", repairedN)
-	return nil
+	if span == 0 || repairedN > 0 {
+		s.log.Info(what+"s: inside of their slots verified", "verified", len(leases), "repaired", repairedN)
+	}
 }
 
-// verifyLease verifies one restored lease's slot and returns what it
-// repaired.
-func (d *Daemon) verifyLease(restored *lease) ([]string, error) {
-	// The lease as it is now, under the lock SetEgressPolicy holds: a
-	// policy changed since the restore is the one to verify, and one being
-	// changed is not written over. A lease ended meanwhile is not verified.
-	svc := d.slots
-	svc.egressMu.Lock()
-	defer svc.egressMu.Unlock()
-	svc.mu.Lock()
-	cur := svc.leased[restored.rec.Index]
-	var l lease
-	if cur != nil {
-		l = *cur
+// repairLease verifies what slot i of lease leaseID holds against what the
+// daemon wrote for the lease — the guest device's parts (a tap that is
+// there, perhaps attached to a running VM, is never made again), the egress
+// policy on the host and inside (compared by fingerprint; an intact policy
+// is not written) — puts back what is missing or changed, and returns what
+// it repaired (counted as the lease event drift_repaired). It takes the slot's policy lock
+// and looks at the lease as it is then: a lease ended, lost or not verified
+// yet is left alone.
+func (s *slotsService) repairLease(ctx context.Context, i int, leaseID string) ([]string, error) {
+	defer s.lockPolicy(i)()
+	s.mu.Lock()
+	l := s.leased[i]
+	ok := l != nil && l.slot != nil && l.check == nil && l.rec.LeaseID == leaseID
+	var sl *slot.Slot
+	var egress *leases.EgressPolicy
+	if ok {
+		sl, egress = l.slot, l.rec.Egress
 	}
-	svc.mu.Unlock()
-	if cur == nil || l.slot == nil || l.check != nil || l.rec.LeaseID != restored.rec.LeaseID {
-		return nil, nil // ended, lost, or not verified (its slot unconfirmed)
+	s.mu.Unlock()
+	if !ok {
+		return nil, nil
 	}
-	fixed, err := d.mgr.RepairGuest(l.slot)
+	fixed, err := s.mgr.RepairGuest(sl)
 	if err != nil {
 		return fixed, err
 	}
-	found, err := slot.InspectInside(l.slot)
+	st, err := s.mgr.InspectEgress(ctx, sl)
 	if err != nil {
 		return fixed, err
 	}
-	pol, err := egressOf(l.rec.Egress)
+	pol, err := egressOf(egress)
 	if err != nil {
 		return fixed, fmt.Errorf("recorded egress policy: %w", err)
 	}
-	switch {
-	case pol == nil && found.Fingerprint != "":
-		if err := slot.ClearEgress(l.slot); err != nil {
+	want := ""
+	if pol != nil {
+		want = pol.Fingerprint(s.egress)
+	}
+	if st.Host != want || st.Inside != want {
+		if err := s.applyEgress(ctx, sl, pol); err != nil {
 			return fixed, err
 		}
-		fixed = append(fixed, "egress policy removed (the lease records none)")
-	case pol != nil && found.Fingerprint != pol.Fingerprint(d.slots.egress):
-		if err := slot.ApplyEgress(l.slot, *pol, d.slots.egress); err != nil {
-			return fixed, err
-		}
-		what := "egress policy (missing)"
-		if found.Fingerprint != "" {
-			what = "egress policy (not the recorded one)"
-		}
-		fixed = append(fixed, what)
+		fixed = append(fixed, describeDrift(st, want)...)
+	}
+	if len(fixed) > 0 {
+		s.count("drift_repaired")
 	}
 	return fixed, nil
+}
+
+// describeDrift names the sides of an egress policy found other than want.
+func describeDrift(st slot.EgressState, want string) []string {
+	var out []string
+	for _, side := range []struct{ name, got string }{{"host", st.Host}, {"inside", st.Inside}} {
+		switch {
+		case side.got == want:
+		case want == "":
+			out = append(out, "egress policy "+side.name+" (the lease records none)")
+		case side.got == "":
+			out = append(out, "egress policy "+side.name+" (missing)")
+		default:
+			out = append(out, "egress policy "+side.name+" (not the recorded one)")
+		}
+	}
+	return out
 }
 
 // repairAdopted gives the idle slots adopted from the last run the guest

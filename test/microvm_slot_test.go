@@ -94,7 +94,7 @@ func TestMicroVMSlotPolicyAcrossRestarts(t *testing.T) {
 		}
 	}
 
-	const marker = "task=verify-inside state=succeeded"
+	const marker = "restored leases: inside of their slots verified"
 	restart := func(name string, stop func() (base int)) {
 		t.Helper()
 		base := stop()
@@ -156,7 +156,7 @@ func TestMicroVMSlotPolicyAcrossRestarts(t *testing.T) {
 	waitFor(t, time.Minute, "the restored lease to be repaired", func() bool {
 		return strings.Contains(d.Output(), marker)
 	})
-	if l := grepLines(d.Output(), "inside of its slot repaired"); !strings.Contains(l, "guest NAT") || !strings.Contains(l, "egress policy (missing)") {
+	if l := grepLines(d.Output(), "inside of its slot repaired"); !strings.Contains(l, "guest NAT") || !strings.Contains(l, "egress policy inside (missing)") {
 		t.Errorf("the repair does not say it put back the NAT and the policy:\n%s", l)
 	}
 	repaired := insideRules(t, path)
@@ -242,6 +242,9 @@ func TestBadMicroVMFlagsExitTwo(t *testing.T) {
 		{append([]string{"--slot-cidr=169.254.255.0/24"}, e2eGuest...), "overlaps the guest range 169.254.255.20/30"},
 		{[]string{"--slot-egress-proxy-port=3128"}, "--slot-egress-proxy-port 3128 is not in --slot-host-tcp-ports"},
 		{[]string{"--slot-egress-deny=fd00::/8"}, "not an IPv4 CIDR"},
+		{append([]string{"--slot-guest-mac=01:00:5e:00:00:01"}, e2eGuest...), "want a unicast Ethernet MAC"},
+		{append([]string{"--slot-guest-mac=02:fc"}, e2eGuest...), "not an Ethernet MAC"},
+		{[]string{"--slot-guest-mac=02:fc:00:00:00:01"}, "--slot-guest-tap is required"},
 	} {
 		d := start(t, nil, h.args(freePort(t), append([]string{"--slots=16"}, tc.flags...)...)...)
 		if code := d.wait(time.Minute); code != 2 || !strings.Contains(d.Output(), tc.want) {

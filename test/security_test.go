@@ -170,6 +170,13 @@ type victimState struct {
 
 func observeVictim(t *testing.T, c phasegatev1.SlotsClient, i uint32) victimState {
 	t.Helper()
+	return observeVictimIn(t, nil, c, i)
+}
+
+// observeVictimIn is observeVictim for a daemon that runs in node n (nil:
+// here), where its slots' host links are.
+func observeVictimIn(t *testing.T, n *node, c phasegatev1.SlotsClient, i uint32) victimState {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	resp, err := c.Get(ctx, &phasegatev1.GetRequest{Index: i})
@@ -180,7 +187,16 @@ func observeVictim(t *testing.T, c phasegatev1.SlotsClient, i uint32) victimStat
 	if err := syscall.Stat(resp.GetSlot().GetNetnsPath(), &st); err != nil {
 		t.Fatalf("the victim's namespace: %v", err)
 	}
-	ifc, err := net.InterfaceByName(resp.GetSlot().GetHostInterface())
+	var ifc *net.Interface
+	lookup := func() (err error) {
+		ifc, err = net.InterfaceByName(resp.GetSlot().GetHostInterface())
+		return err
+	}
+	if n != nil {
+		err = n.inNamespace(lookup)
+	} else {
+		err = lookup()
+	}
 	if err != nil {
 		t.Fatalf("the victim's host link: %v", err)
 	}

@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 func host(t *testing.T, forwarding bool) (*fakehost.Host, egress.Config) {
 	t.Helper()
 	h := fakehost.New(t, 2, forwarding)
-	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path))
+	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR))
 	if err != nil {
 		t.Fatal(err)
 	}

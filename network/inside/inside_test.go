@@ -16,10 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
+	"github.com/phasegate/phasegate/internal/rawip"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/internal/fakehost"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
+	"github.com/phasegate/phasegate/network/slot"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -41,7 +43,7 @@ func network(t *testing.T) (*fakehost.Host, inside.Slot) {
 	h := fakehost.New(t, 1, true)
 	// The host's slot table lets slots reach one port of the host: the
 	// proxy's, and TestGuestNAT's way out.
-	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{proxyPort}}))
+	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR), nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{proxyPort}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +271,7 @@ func TestReplaceKeepsEstablished(t *testing.T) {
 
 func TestInspect(t *testing.T) {
 	_, s := network(t)
-	f, err := inside.Inspect(s)
+	f, err := inside.Inspect(s, inside.Guest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +282,7 @@ func TestInspect(t *testing.T) {
 	if err := inside.ApplyPolicy(s, p, defaults); err != nil {
 		t.Fatal(err)
 	}
-	if f, err = inside.Inspect(s); err != nil {
+	if f, err = inside.Inspect(s, inside.Guest{}); err != nil {
 		t.Fatal(err)
 	}
 	if f.Fingerprint != p.Fingerprint(defaults) {
@@ -290,11 +292,15 @@ func TestInspect(t *testing.T) {
 	if other.Fingerprint(defaults) == f.Fingerprint {
 		t.Errorf("two policies, one fingerprint")
 	}
-	if err := inside.EnsureGuestNAT(s, inside.Guest{Addr: netip.MustParseAddr("169.254.0.21")}); err != nil {
+	g := inside.Guest{Addr: netip.MustParseAddr("169.254.0.21"), Tap: "eth0", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
+	if err := inside.EnsureGuest(s, g); err != nil {
 		t.Fatal(err)
 	}
-	if f, err = inside.Inspect(s); err != nil || !f.GuestNAT {
-		t.Errorf("after EnsureGuestNAT: %+v, %v", f, err)
+	if f, err = inside.Inspect(s, g); err != nil || !f.GuestNAT || !f.TapFilter {
+		t.Errorf("after EnsureGuest: %+v, %v", f, err)
+	}
+	if f, err = inside.Inspect(s, inside.Guest{Addr: g.Addr, Tap: g.Tap}); err != nil || f.TapFilter {
+		t.Errorf("a filter with a MAC rule found as the filter without one: %+v, %v", f, err)
 	}
 }
 
@@ -303,37 +309,8 @@ func TestInspect(t *testing.T) {
 // guest at its fixed address, and what the guest sends leaves with the
 // slot's inside address.
 func TestGuestNAT(t *testing.T) {
-	h, s := network(t)
-	sl := h.Slots[0]
-	guestAddr := netip.MustParsePrefix("169.254.0.21/30")
-	gw := netip.MustParsePrefix("169.254.0.22/30")
-	guest, err := netns.Create(context.Background(), h.Config.NetnsDir, h.Config.Prefix+"guest")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gfd, err := netns.Open(guest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sh := nsHandle(t, sl.NetnsPath)
-	err = sh.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "tap0"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(gfd)})
-	unix.Close(gfd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addAddr(t, sl.NetnsPath, "tap0", gw)
-	up(t, sh, "tap0")
-	gh := nsHandle(t, guest)
-	addAddr(t, guest, "eth0", guestAddr)
-	up(t, gh, "eth0")
-	up(t, gh, "lo")
-	if err := fakehost.Route(guest, netip.MustParsePrefix("0.0.0.0/0"), gw.Addr()); err != nil {
-		t.Fatal(err)
-	}
-	if err := fakehost.Sysctl(sl.NetnsPath, "net/ipv4/ip_forward", "1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := inside.EnsureGuestNAT(s, inside.Guest{Addr: guestAddr.Addr()}); err != nil {
+	h, s, sl, guest, guestAddr := microVM(t)
+	if err := inside.EnsureGuest(s, inside.Guest{Addr: guestAddr.Addr(), Tap: "tap0"}); err != nil {
 		t.Fatal(err)
 	}
 	// In: the host dials the slot's inside address; the guest answers.
@@ -385,6 +362,113 @@ func TestGuestNAT(t *testing.T) {
 	}
 	if got := <-outPeers; got != sl.InsideAddr.Addr() {
 		t.Errorf("the proxy saw %s, want the slot's inside address %s", got, sl.InsideAddr.Addr())
+	}
+}
+
+// microVM plays a microVM guest: a namespace behind a veth whose end in
+// the slot is named like the tap, addressed and routed as the guest is.
+func microVM(t *testing.T) (h *fakehost.Host, s inside.Slot, sl slot.Slot, guest string, guestAddr netip.Prefix) {
+	t.Helper()
+	h, s = network(t)
+	sl = h.Slots[0]
+	guestAddr = netip.MustParsePrefix("169.254.0.21/30")
+	gw := netip.MustParsePrefix("169.254.0.22/30")
+	guest, err := netns.Create(context.Background(), h.Config.NetnsDir, h.Config.Prefix+"guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gfd, err := netns.Open(guest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := nsHandle(t, sl.NetnsPath)
+	err = sh.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "tap0"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(gfd)})
+	unix.Close(gfd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addAddr(t, sl.NetnsPath, "tap0", gw)
+	up(t, sh, "tap0")
+	gh := nsHandle(t, guest)
+	addAddr(t, guest, "eth0", guestAddr)
+	up(t, gh, "eth0")
+	up(t, gh, "lo")
+	if err := fakehost.Route(guest, netip.MustParsePrefix("0.0.0.0/0"), gw.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := fakehost.Sysctl(sl.NetnsPath, "net/ipv4/ip_forward", "1"); err != nil {
+		t.Fatal(err)
+	}
+	return h, s, sl, guest, guestAddr
+}
+
+// TestGuestTapFilter: the tap accepts what the guest sends from its own
+// address (and MAC, when one is given), and drops the rest before the
+// slot forwards or NATs it, whatever the guest puts in its frames.
+func TestGuestTapFilter(t *testing.T) {
+	_, s, sl, guest, guestAddr := microVM(t)
+	gh := nsHandle(t, guest)
+	gl, err := gh.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	guestMAC := gl.Attrs().HardwareAddr
+	other := netip.MustParseAddr("169.254.0.23") // in the guest network, not the guest's
+	// The tap's own address, in the slot: what the guest sends there never
+	// leaves the slot, so only the slot's rules decide (the host's own
+	// would drop a foreign source too, see package nft).
+	at := netip.AddrPortFrom(netip.MustParseAddr("169.254.0.22"), echoPort)
+	ln, err := fakehost.ListenUDP(sl.NetnsPath, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// The guest writes whole IPv4 packets, as a guest kernel can put
+	// any source address on its wire.
+	send := func(src netip.Addr) bool {
+		t.Helper()
+		buf := make([]byte, 64)
+		for range 20 {
+			p := rawip.UDP(netip.AddrPortFrom(src, 4000), at, []byte(src.String()))
+			if err := fakehost.Do(guest, func() error { return rawip.Send(p) }); err != nil {
+				t.Fatal(err)
+			}
+			_ = ln.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			if n, from, err := ln.ReadFromUDPAddrPort(buf); err == nil && string(buf[:n]) == src.String() {
+				if from.Addr() != src {
+					t.Fatalf("sent from %s, arrived from %s", src, from)
+				}
+				return true
+			}
+		}
+		return false
+	}
+	for _, tc := range []struct {
+		name         string
+		mac          net.HardwareAddr
+		own, spoofed bool
+	}{
+		{"without a filter", nil, true, true},
+		{"address", nil, true, false},
+		{"address and the guest's MAC", guestMAC, true, false},
+		{"address and another MAC", net.HardwareAddr{2, 0, 0, 0, 0, 9}, false, false},
+	} {
+		g := inside.Guest{Addr: guestAddr.Addr(), Tap: "tap0", MAC: tc.mac}
+		if tc.name == "without a filter" {
+			g.Tap = ""
+		}
+		if err := inside.EnsureGuest(s, g); err != nil {
+			t.Fatal(err)
+		}
+		if f, err := inside.Inspect(s, g); err != nil || f.TapFilter != (g.Tap != "") || !f.GuestNAT {
+			t.Errorf("%s: Inspect = %+v, %v", tc.name, f, err)
+		}
+		if got := send(guestAddr.Addr()); got != tc.own {
+			t.Errorf("%s: the guest's own datagram arrived = %v, want %v", tc.name, got, tc.own)
+		}
+		if got := send(other); got != tc.spoofed {
+			t.Errorf("%s: a datagram from %s arrived = %v, want %v", tc.name, other, got, tc.spoofed)
+		}
 	}
 }
 
@@ -459,7 +543,7 @@ func TestApplyRefusesRedirectWithoutProxy(t *testing.T) {
 	if err := inside.ApplyPolicy(s, p, defaults); !errors.Is(err, inside.ErrInvalidPolicy) {
 		t.Errorf("redirect without a proxy: %v, want ErrInvalidPolicy", err)
 	}
-	if f, err := inside.Inspect(s); err != nil || f.Fingerprint != "" {
+	if f, err := inside.Inspect(s, inside.Guest{}); err != nil || f.Fingerprint != "" {
 		t.Errorf("after a refused policy: %+v, %v", f, err)
 	}
 }

@@ -47,6 +47,13 @@ func spans(ps []netip.Prefix) []span {
 	return merged
 }
 
+// IntervalElements encodes prefixes for an interval set of IPv4 addresses
+// as every table of phasegate's writes them: their ranges merged, each a
+// start and an interval-end element (intervalElements).
+func IntervalElements(ps []netip.Prefix) []nftables.SetElement {
+	return intervalElements(spans(ps))
+}
+
 // intervalElements encodes ranges for an interval set: a start element and
 // an interval-end element one past the range's last address. A range that
 // ends at 255.255.255.255 has no address one past it (the + 1 wraps to 0,

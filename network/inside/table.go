@@ -3,6 +3,7 @@ package inside
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -14,7 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Table and object names inside a slot's namespace.
+// Table and object names inside a slot's namespace. GuestTable names two
+// tables: family ip (the NAT and the tap's filter) and family arp (the
+// tap's ARP filter).
 const (
 	GuestTable  = "phasegate_guest"
 	EgressTable = "phasegate_egress"
@@ -53,7 +56,22 @@ type Slot struct {
 type Guest struct {
 	// Addr is the guest's address, the same in every slot.
 	Addr netip.Addr
+	// Tap is the tap's name inside the namespace; "" writes no filter.
+	Tap string
+	// MAC, when set, is the only source MAC the tap accepts.
+	MAC net.HardwareAddr
 }
+
+// arpIn is NF_ARP_IN, the arp family's hook for what a link receives
+// (ChainHookInput is NF_INET_LOCAL_IN, which is NF_ARP_OUT there).
+const arpIn = 0
+
+// Chains of the guest tables.
+const (
+	chainGuestPre  = "pre"
+	chainGuestPost = "post"
+	chainGuestTap  = "tap"
+)
 
 func (s Slot) conn() (*nftables.Conn, error) {
 	c, err := nftables.New(nftables.WithNetNSFd(s.NetnsFD))
@@ -65,6 +83,10 @@ func (s Slot) conn() (*nftables.Conn, error) {
 
 func guestTable() *nftables.Table {
 	return &nftables.Table{Name: GuestTable, Family: nftables.TableFamilyIPv4}
+}
+
+func guestARPTable() *nftables.Table {
+	return &nftables.Table{Name: GuestTable, Family: nftables.TableFamilyARP}
 }
 
 func egressTable() *nftables.Table {
@@ -103,19 +125,26 @@ func natTo(t expr.NATType, a netip.Addr, port uint16) []expr.Any {
 	return append(e, n)
 }
 
-// EnsureGuestNAT writes the guest NAT table in one transaction: the
-// inside address is translated to the guest's on the way in, the guest's
-// to the inside address on the way out. Rewriting an existing table
-// changes no established connection (conntrack keeps their translation).
-func EnsureGuestNAT(s Slot, g Guest) error {
+// EnsureGuest writes the guest tables in one transaction: the inside
+// address is translated to the guest's on the way in, the guest's to the
+// inside address on the way out, and the tap accepts only what the guest
+// may send: IPv4 and ARP from the guest's address, and, with g.MAC, from
+// that MAC only. Rewriting existing tables changes no established
+// connection (conntrack keeps their translation).
+//
+// The tap's filter is what stops a guest from sending as another address
+// inside the slot; the host's reverse-path check (package nft) stops
+// anything that leaves the slot with an address not the slot's own,
+// whatever the guest or the slot's root does.
+func EnsureGuest(s Slot, g Guest) error {
 	c, err := s.conn()
 	if err != nil {
 		return err
 	}
 	t := c.AddTable(guestTable())
-	pre := c.AddChain(&nftables.Chain{Name: "pre", Table: t, Type: nftables.ChainTypeNAT,
+	pre := c.AddChain(&nftables.Chain{Name: chainGuestPre, Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
-	post := c.AddChain(&nftables.Chain{Name: "post", Table: t, Type: nftables.ChainTypeNAT,
+	post := c.AddChain(&nftables.Chain{Name: chainGuestPost, Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	c.FlushChain(pre)
 	c.FlushChain(post)
@@ -123,10 +152,47 @@ func EnsureGuestNAT(s Slot, g Guest) error {
 		ifname(expr.MetaKeyIIFNAME, s.Uplink, true), ipAddr(16, s.Inside), natTo(expr.NATTypeDestNAT, g.Addr, 0))})
 	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: slices.Concat(
 		ifname(expr.MetaKeyOIFNAME, s.Uplink, true), ipAddr(12, g.Addr), natTo(expr.NATTypeSourceNAT, s.Inside, 0))})
+	if g.Tap != "" {
+		tapFilter(c, t, g)
+	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("inside: write table ip %s: %w", GuestTable, err)
+		return fmt.Errorf("inside: write tables %s: %w", GuestTable, err)
 	}
 	return nil
+}
+
+// tapFilter adds the tap's filter to c's transaction: chain tap of the ip
+// table (prerouting, before conntrack) and of the arp table (input), each
+// dropping, with a counter, what does not come from the guest.
+func tapFilter(c *nftables.Conn, ipTable *nftables.Table, g Guest) {
+	accept := nftables.ChainPolicyAccept
+	arpTable := c.AddTable(guestARPTable())
+	a := g.Addr.As4()
+	for _, f := range []struct {
+		table    *nftables.Table
+		hook     *nftables.ChainHook
+		prio     *nftables.ChainPriority
+		mac, src expr.Any // the source MAC and address, as this family reads them
+	}{
+		{ipTable, nftables.ChainHookPrerouting, nftables.ChainPriorityRaw,
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: 6},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}},
+		{arpTable, nftables.ChainHookRef(arpIn), nftables.ChainPriorityFilter,
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 6},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 14, Len: 4}},
+	} {
+		ch := c.AddChain(&nftables.Chain{Name: chainGuestTap, Table: f.table, Type: nftables.ChainTypeFilter,
+			Hooknum: f.hook, Priority: f.prio, Policy: &accept})
+		c.FlushChain(ch)
+		drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+		fromTap := ifname(expr.MetaKeyIIFNAME, g.Tap, true)
+		if len(g.MAC) == 6 {
+			c.AddRule(&nftables.Rule{Table: f.table, Chain: ch, Exprs: slices.Concat(fromTap,
+				[]expr.Any{f.mac, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte(g.MAC)}}, drop)})
+		}
+		c.AddRule(&nftables.Rule{Table: f.table, Chain: ch, Exprs: slices.Concat(fromTap,
+			[]expr.Any{f.src, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: a[:]}}, drop)})
+	}
 }
 
 // ApplyPolicy writes the egress table for p in one transaction: the
@@ -281,6 +347,9 @@ func ClearPolicy(s Slot) error {
 type Found struct {
 	// GuestNAT: the guest table has both its translations.
 	GuestNAT bool
+	// TapFilter: both guest tables have their tap chain with its rules
+	// (wantRules each).
+	TapFilter bool
 	// Fingerprint is the applied policy's (Policy.Fingerprint), "" when
 	// the namespace has no egress table or it is incomplete.
 	Fingerprint string
@@ -288,24 +357,47 @@ type Found struct {
 	Drops uint64
 }
 
-// Inspect reads the slot's tables without changing them.
-func Inspect(s Slot) (Found, error) {
+// Inspect reads the slot's tables without changing them. g says what the
+// tap's filter should hold (its rule count); with no g.Tap TapFilter is
+// false.
+func Inspect(s Slot, g Guest) (Found, error) {
 	c, err := s.conn()
 	if err != nil {
 		return Found{}, err
 	}
 	var f Found
-	n := 0
-	for _, ch := range []string{"pre", "post"} {
-		rules, err := c.GetRules(guestTable(), &nftables.Chain{Name: ch})
+	count := func(t *nftables.Table, ch string) (int, error) {
+		rules, err := c.GetRules(t, &nftables.Chain{Name: ch})
 		if err != nil && !errors.Is(err, unix.ENOENT) {
-			return Found{}, fmt.Errorf("inside: list rules of %s %s: %w", GuestTable, ch, err)
+			return 0, fmt.Errorf("inside: list rules of %s %s: %w", t.Name, ch, err)
 		}
-		if len(rules) > 0 {
+		return len(rules), nil
+	}
+	n := 0
+	for _, ch := range []string{chainGuestPre, chainGuestPost} {
+		k, err := count(guestTable(), ch)
+		if err != nil {
+			return Found{}, err
+		}
+		if k > 0 {
 			n++
 		}
 	}
 	f.GuestNAT = n == 2
+	if g.Tap != "" {
+		want := 1
+		if len(g.MAC) == 6 {
+			want = 2
+		}
+		f.TapFilter = true
+		for _, t := range []*nftables.Table{guestTable(), guestARPTable()} {
+			k, err := count(t, chainGuestTap)
+			if err != nil {
+				return Found{}, err
+			}
+			f.TapFilter = f.TapFilter && k == want
+		}
+	}
 	rules, err := c.GetRules(egressTable(), &nftables.Chain{Name: chainPolicy})
 	if err != nil && !errors.Is(err, unix.ENOENT) {
 		return Found{}, fmt.Errorf("inside: list rules of %s %s: %w", EgressTable, chainPolicy, err)

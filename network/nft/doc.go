@@ -1,19 +1,22 @@
-// Package nft manages the host firewall state of network slots: one nftables
-// table per slot prefix (family inet) holding a set of interface names and a
-// fixed handful of rules that forward, filter and masquerade by set lookup.
-// Adding or removing a slot is one set-element change; the rule count never
-// grows with the number of slots.
+// Package nft manages the host firewall of network slots, where no tenant
+// can reach it: one nftables table per slot prefix that isolates the slots,
+// drops what they send from addresses not their own, and enforces their
+// leases' egress policies.
+//
+// The table holds a set of the slots' host interfaces and a fixed handful of
+// rules that filter, forward and masquerade by set lookup, and a chain per
+// slot with an egress policy, reached through one map lookup. Adding or
+// removing a slot is one set-element change; the rule count of the fixed
+// chains never grows with the number of slots.
 //
 // The table looks like this in `nft list table inet <name>` (nftables
-// 1.0.6; default Policy, two slots):
+// 1.0.6; default Policy, two slots, slot 2 leased with an egress policy;
+// the port sets and the egress defaults' sets omitted):
 //
 //	table inet <name> {
-//		set host_tcp {
-//			type inet_service
-//		}
-//
-//		set host_udp {
-//			type inet_service
+//		map egress_policy {
+//			type ifname : verdict
+//			elements = { "pg-h2" : jump egress_pg-h2 }
 //		}
 //
 //		set slots {
@@ -22,13 +25,26 @@
 //				     "pg-h2" }
 //		}
 //
+//		chain antispoof {
+//			type filter hook prerouting priority raw; policy accept;
+//			iifname @slots fib saddr . iif oif missing counter drop comment "spoofed"
+//		}
+//
+//		chain egress {
+//			type filter hook prerouting priority mangle; policy accept;
+//			iifname @slots ct state established,related accept
+//			iifname @slots iifname vmap @egress_policy
+//			iifname @slots ip daddr @egress_always_allow accept
+//			iifname @slots ip daddr 169.254.0.0/16 ip daddr != 169.254.128.0/19 counter drop comment "link-local"
+//		}
+//
 //		chain forward {
 //			type filter hook forward priority filter; policy accept;
-//			iifname @slots oifname @slots counter packets 0 bytes 0 drop comment "slot-to-slot"
+//			iifname @slots oifname @slots counter drop comment "slot-to-slot"
 //			iifname @slots accept
 //			oifname @slots ct state established,related accept
 //			oifname @slots ct status dnat accept
-//			oifname @slots counter packets 0 bytes 0 drop comment "inbound"
+//			oifname @slots counter drop comment "inbound"
 //		}
 //
 //		chain input {
@@ -37,12 +53,19 @@
 //			iifname @slots icmp type echo-request fib daddr . iif type local accept
 //			iifname @slots tcp dport @host_tcp fib daddr . iif type local accept
 //			iifname @slots udp dport @host_udp fib daddr . iif type local accept
-//			iifname @slots counter packets 0 bytes 0 drop comment "to-host"
+//			iifname @slots counter drop comment "to-host"
 //		}
 //
 //		chain postrouting {
 //			type nat hook postrouting priority srcnat; policy accept;
 //			iifname @slots oifname != @slots masquerade
+//		}
+//
+//		chain egress_pg-h2 {
+//			ip daddr @egress_always_allow accept comment "policy 4d9a3f5a…"
+//			ip daddr { 10.1.0.0/16 } accept
+//			ip daddr { 203.0.113.0/24 } counter drop
+//			ip daddr @egress_always_deny counter drop
 //		}
 //	}
 //
@@ -66,14 +89,17 @@
 //     Policy.AllowSlotToSlot turns the verdict into accept, for an operator
 //     whose tenants are one party. The rule is kept either way, so the rule
 //     count does not depend on the policy.
+//
 //   - Slot to anywhere else (forward, in interface a slot): accepted, and
 //     masqueraded behind the host's address on the way out.
+//
 //   - Anywhere else to a slot (forward, out interface a slot): only replies
 //     and related ICMP errors of connections the slot opened, and connections
 //     the operator published with a DNAT rule of their own (ct status dnat);
 //     everything else is dropped. The host itself reaches a slot through
 //     its output path, which this table leaves alone, so an orchestrator on
 //     the host can still connect into its sandboxes.
+//
 //   - Slot to the host itself (input: any address of the host, including the
 //     host ends of other slots' veths and the host's own uplink address):
 //     replies and related packets of connections the host opened (which is
@@ -87,6 +113,36 @@
 //     metrics endpoint or the daemon's own API listening on all addresses
 //     is not the tenants' business. The same rules apply to IPv6 (a slot's
 //     eth0 has only a link-local IPv6 address; the ping rule is IPv4 only).
+//
+//   - From an address that is not its own (antispoof, before conntrack):
+//     dropped. The check is the kernel's strict reverse-path test (what
+//     rp_filter=1 does) in this table, whatever the host's sysctls: the
+//     packet's source must be routed back through the interface it came
+//     in on, and only the slot's own inside address is (its /31's route is
+//     on its host end). A tenant with CAP_NET_RAW in its namespace, or a
+//     microVM guest whose slot lost its NAT, therefore cannot send as
+//     another slot, the host or anyone: such a packet is dropped before
+//     conntrack sees it, so it neither opens nor changes a connection of
+//     the address it claims, and no reply can be sent to the victim. It
+//     needs no per-slot state: the routes are the slots'.
+//
+//   - To a link-local address (egress, after conntrack): dropped, unless
+//     the daemon always allows it or the slot's lease does. The cloud
+//     metadata service is there (169.254.169.254), and link-local
+//     addresses are not to be forwarded anyway; the slots' own network is
+//     spared (WithSlotNetwork), since the default one is link-local.
+//
+//   - Under a lease's egress policy (egress): the map egress_policy sends
+//     the slot's packets to its own chain, egress_<host interface>, which
+//     SetEgress writes in one transaction with the same rules as the
+//     slot's own egress table (package inside) and the daemon's
+//     always-allowed and always-denied sets (WithEgress). Root in the slot
+//     can flush the tables of its namespace; it cannot reach these. A slot
+//     without a policy has no chain and only the link-local rule applies.
+//     The chain is made and replaced by SetEgress, and removed with the
+//     slot's element (Remove) or by ClearEgress; AddNew clears one left
+//     under a new slot's name. The rule count of the fixed chains never
+//     grows: the map is one lookup whatever the number of slots.
 //
 // Drops are silent (no ICMP reject): a tenant probing the host or its
 // neighbours learns nothing, at the price of a connect timeout instead of a

@@ -28,7 +28,7 @@ const (
 // install puts the table with policy p into the fake host and adds its slots.
 func install(t *testing.T, h *fakehost.Host, p nft.Policy) *nft.Table {
 	t.Helper()
-	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithPolicy(p))
+	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithPolicy(p), nft.WithSlotNetwork(h.Config.CIDR))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,13 @@ func install(t *testing.T, h *fakehost.Host, p nft.Policy) *nft.Table {
 // then checks the listener got nothing.
 func udpArrives(t *testing.T, tbl *nft.Table, from string, to netip.AddrPort, ln *net.UDPConn, dropped func(nft.Drops) uint64) bool {
 	t.Helper()
-	before := drops(t, tbl)
+	return udpArrivesCounted(t, func() uint64 { return dropped(drops(t, tbl)) }, from, to, ln)
+}
+
+// udpArrivesCounted is udpArrives with the drop counter read by count.
+func udpArrivesCounted(t *testing.T, count func() uint64, from string, to netip.AddrPort, ln *net.UDPConn) bool {
+	t.Helper()
+	before := count()
 	c, err := fakehost.DialUDP(from, to)
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +68,7 @@ func udpArrives(t *testing.T, tbl *nft.Table, from string, to netip.AddrPort, ln
 		if _, err := c.Write([]byte(msg)); err != nil && !errors.Is(err, unix.ECONNREFUSED) {
 			t.Fatalf("send to %s: %v", to, err)
 		}
-		if dropped(drops(t, tbl)) > dropped(before) {
+		if count() > before {
 			_ = ln.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 			for {
 				n, _, err := ln.ReadFromUDPAddrPort(buf)
@@ -113,7 +119,13 @@ func udpSource(t *testing.T, from string, to netip.AddrPort, ln *net.UDPConn) ne
 // fails if neither happens within 10 s.
 func tcpConnects(t *testing.T, tbl *nft.Table, from string, to netip.AddrPort, dropped func(nft.Drops) uint64) bool {
 	t.Helper()
-	before := drops(t, tbl)
+	return tcpConnectsCounted(t, func() uint64 { return dropped(drops(t, tbl)) }, from, to)
+}
+
+// tcpConnectsCounted is tcpConnects with the drop counter read by count.
+func tcpConnectsCounted(t *testing.T, count func() uint64, from string, to netip.AddrPort) bool {
+	t.Helper()
+	before := count()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	type result struct {
@@ -136,7 +148,7 @@ func tcpConnects(t *testing.T, tbl *nft.Table, from string, to netip.AddrPort, d
 			}
 			t.Fatalf("dial %s: %v (want a connection or a counted drop)", to, r.err)
 		case <-tick.C:
-			if dropped(drops(t, tbl)) > dropped(before) {
+			if count() > before {
 				cancel()
 				if r := <-done; r.err == nil {
 					t.Fatalf("dial %s counted as dropped and connected", to)
@@ -345,7 +357,7 @@ func TestEnsureChangesPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path),
+	open, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR),
 		nft.WithPolicy(nft.Policy{AllowSlotToSlot: true, HostUDPPorts: []uint16{53, 53}}))
 	if err != nil {
 		t.Fatal(err)

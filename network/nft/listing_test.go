@@ -63,7 +63,7 @@ func nftTable(t *testing.T, table string) string {
 func TestListingNamesEveryElement(t *testing.T) {
 	env := nettest.New(t, 4) // its cleanup deletes the table
 	ctx := context.Background()
-	tbl, err := nft.New(env.Config.TableName(), nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{53, 8080}, HostUDPPorts: []uint16{53}}))
+	tbl, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{53, 8080}, HostUDPPorts: []uint16{53}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestEnsureMakesAnOldSetReadable(t *testing.T) {
 		t.Fatalf("the old set lists as %q; the test no longer reproduces an old table", got)
 	}
 
-	tbl, err := nft.New(name)
+	tbl, err := nft.New(name, nft.WithSlotNetwork(env.Config.CIDR))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +156,8 @@ func TestEnsureMakesAnOldSetReadable(t *testing.T) {
 		if got, err := tbl.List(ctx); err != nil || !slices.Equal(got, slices.Sorted(slices.Values(names))) {
 			t.Errorf("List after Ensure = %q, %v; want %q", got, err, names)
 		}
-		if n, err := tbl.RuleCount(ctx); err != nil || n != 11 {
-			t.Errorf("RuleCount after Ensure = %d, %v; want 11", n, err)
+		if n, err := tbl.RuleCount(ctx); err != nil || n != nft.FixedRules {
+			t.Errorf("RuleCount after Ensure = %d, %v; want %d", n, err, nft.FixedRules)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package slot
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -30,10 +31,17 @@ type Guest struct {
 	// Gateway is the tap's address (169.254.0.22): the guest's default
 	// route goes via it.
 	Gateway netip.Addr
+	// MAC, when set, is the guest's MAC (the VM monitor's option): the
+	// tap then accepts frames from it only. Without it the tap accepts
+	// the guest's address from any MAC; the tap is a segment of two, the
+	// guest and the slot, so a MAC there names nobody else.
+	MAC net.HardwareAddr
 }
 
 // Enabled reports whether slots have a guest device.
-func (g Guest) Enabled() bool { return g.Tap != "" || g.Addr.IsValid() || g.Gateway.IsValid() }
+func (g Guest) Enabled() bool {
+	return g.Tap != "" || g.Addr.IsValid() || g.Gateway.IsValid() || len(g.MAC) > 0
+}
 
 // Range is the guest network (169.254.0.20/30).
 func (g Guest) Range() netip.Prefix { return g.Addr.Masked() }
@@ -61,6 +69,9 @@ func (g Guest) validate() []string {
 		last = last.Next()
 	}
 	isEdge := func(a netip.Addr) bool { return a == r.Addr() || a == last }
+	if len(g.MAC) > 0 && (len(g.MAC) != 6 || g.MAC[0]&1 != 0 || bytes.Equal(g.MAC, make(net.HardwareAddr, 6))) {
+		bad = append(bad, fmt.Sprintf("--slot-guest-mac %s: want a unicast Ethernet MAC (02:fc:00:00:00:01)", g.MAC))
+	}
 	if isEdge(g.Addr.Addr()) {
 		bad = append(bad, fmt.Sprintf("--slot-guest-addr %s is the network's or its broadcast address", g.Addr))
 	}
@@ -90,11 +101,15 @@ func insideSlot(fd int, s *Slot) inside.Slot {
 	return inside.Slot{NetnsFD: fd, Uplink: s.InsideIf, Inside: s.InsideAddr.Addr(), Gateway: s.HostAddr.Addr()}
 }
 
+// insideGuest is the guest as package inside writes its tables.
+func (g Guest) insideGuest() inside.Guest {
+	return inside.Guest{Addr: g.Addr.Addr(), Tap: g.Tap, MAC: g.MAC}
+}
+
 // makeGuest adds the guest device to a new slot: forwarding on inside the
-// namespace, the tap with its MAC and the gateway address, up, and the
-// guest NAT table.
+// namespace, the tap with its MAC and the gateway address, IPv6 off on it,
+// up, and the guest tables (NAT, the tap's filter).
 func (m *Manager) makeGuest(fd int, s *Slot) error {
-	g := m.cfg.Guest
 	// /proc/sys/net is the namespace of the thread that opens it.
 	if err := netns.Do(fd, func() error {
 		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0)
@@ -104,8 +119,16 @@ func (m *Manager) makeGuest(fd int, s *Slot) error {
 	if err := m.addTap(fd, s); err != nil {
 		return err
 	}
-	if err := inside.EnsureGuestNAT(insideSlot(fd, s), inside.Guest{Addr: g.Addr.Addr()}); err != nil {
-		return fmt.Errorf("guest NAT in %s: %w", s.NetnsName, err)
+	if err := m.ensureGuestTables(fd, s); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ensureGuestTables writes the guest tables inside slot s.
+func (m *Manager) ensureGuestTables(fd int, s *Slot) error {
+	if err := inside.EnsureGuest(insideSlot(fd, s), m.cfg.Guest.insideGuest()); err != nil {
+		return fmt.Errorf("guest tables in %s: %w", s.NetnsName, err)
 	}
 	return nil
 }
@@ -142,6 +165,11 @@ func (m *Manager) addTap(fd int, s *Slot) error {
 		if tap, err = h.LinkByName(g.Tap); err != nil {
 			return fmt.Errorf("find tap %s in %s: %w", g.Tap, s.NetnsName, err)
 		}
+		// The guest network is IPv4, NATed: IPv6 from the guest would
+		// reach the slot's own stack unfiltered. Off before it is up.
+		if err := netns.Do(fd, func() error { return quietIPv6(g.Tap) }); err != nil {
+			return fmt.Errorf("in %s: %w", s.NetnsName, err)
+		}
 		if err := h.LinkSetHardwareAddr(tap, TapMAC(s.Index)); err != nil {
 			return fmt.Errorf("MAC of %s in %s: %w", g.Tap, s.NetnsName, err)
 		}
@@ -160,7 +188,7 @@ func (m *Manager) addTap(fd int, s *Slot) error {
 
 // GuestState is what RepairGuest found of a slot's guest device.
 type GuestState struct {
-	Tap, Forwarding, NAT bool
+	Tap, Forwarding, NAT, TapFilter bool
 }
 
 // RepairGuest puts back what a restored slot's guest device lacks — the
@@ -184,23 +212,23 @@ func (m *Manager) repairGuest(fd int, s *Slot) (repaired []string, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("slot %d: %w", s.Index, err)
 	}
-	if !st.Forwarding || !st.Tap {
-		if !st.Forwarding {
-			repaired = append(repaired, "forwarding")
+	for _, part := range []struct {
+		ok   bool
+		name string
+	}{{st.Forwarding, "forwarding"}, {st.Tap, "tap " + m.cfg.Guest.Tap}, {st.NAT, "guest NAT"}, {st.TapFilter, "tap filter"}} {
+		if !part.ok {
+			repaired = append(repaired, part.name)
 		}
-		if !st.Tap {
-			repaired = append(repaired, "tap "+m.cfg.Guest.Tap)
-		}
+	}
+	switch {
+	case !st.Forwarding || !st.Tap:
 		if err := m.makeGuest(fd, s); err != nil {
 			return repaired, fmt.Errorf("slot %d: repair guest device: %w", s.Index, err)
 		}
-		return repaired, nil
-	}
-	if !st.NAT {
-		if err := inside.EnsureGuestNAT(insideSlot(fd, s), inside.Guest{Addr: m.cfg.Guest.Addr.Addr()}); err != nil {
-			return nil, fmt.Errorf("slot %d: repair guest NAT: %w", s.Index, err)
+	case !st.NAT || !st.TapFilter:
+		if err := m.ensureGuestTables(fd, s); err != nil {
+			return repaired, fmt.Errorf("slot %d: repair: %w", s.Index, err)
 		}
-		repaired = append(repaired, "guest NAT")
 	}
 	return repaired, nil
 }
@@ -231,11 +259,11 @@ func (m *Manager) guestState(fd int, s *Slot) (GuestState, error) {
 	}); err != nil {
 		return st, fmt.Errorf("read forwarding in %s: %w", s.NetnsName, err)
 	}
-	f, err := inside.Inspect(insideSlot(fd, s))
+	f, err := inside.Inspect(insideSlot(fd, s), m.cfg.Guest.insideGuest())
 	if err != nil {
 		return st, err
 	}
-	st.NAT = f.GuestNAT
+	st.NAT, st.TapFilter = f.GuestNAT, f.TapFilter
 	return st, nil
 }
 
@@ -264,35 +292,4 @@ func withNetns(s *Slot, fn func(fd int) error) error {
 		}
 	}
 	return fn(fd)
-}
-
-// ApplyEgress writes egress policy p (with the daemon's defaults d) inside
-// slot s, in one transaction (package inside).
-func ApplyEgress(s *Slot, p inside.Policy, d inside.Defaults) error {
-	return withInside(s, func(is inside.Slot) error { return inside.ApplyPolicy(is, p, d) })
-}
-
-// ClearEgress removes slot s's egress policy.
-func ClearEgress(s *Slot) error {
-	return withInside(s, inside.ClearPolicy)
-}
-
-// EgressDrops returns the packets slot s's egress policy dropped.
-func EgressDrops(s *Slot) (uint64, error) {
-	var n uint64
-	err := withInside(s, func(is inside.Slot) (err error) {
-		n, err = inside.Drops(is)
-		return err
-	})
-	return n, err
-}
-
-// InspectInside reads slot s's tables (guest NAT, egress policy, drops).
-func InspectInside(s *Slot) (inside.Found, error) {
-	var f inside.Found
-	err := withInside(s, func(is inside.Slot) (err error) {
-		f, err = inside.Inspect(is)
-		return err
-	})
-	return f, err
 }

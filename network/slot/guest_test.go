@@ -103,8 +103,12 @@ func TestGuestDevice(t *testing.T) {
 		t.Errorf("tap0 addresses %v, want the gateway %s/30", addrs, cfg.Guest.Gateway)
 	}
 	is := inside.Slot{NetnsFD: fd, Uplink: s.InsideIf, Inside: s.InsideAddr.Addr(), Gateway: s.HostAddr.Addr()}
-	if f, err := inside.Inspect(is); err != nil || !f.GuestNAT {
-		t.Errorf("guest NAT: %+v, %v", f, err)
+	g := inside.Guest{Addr: cfg.Guest.Addr.Addr(), Tap: cfg.Guest.Tap}
+	if f, err := inside.Inspect(is, g); err != nil || !f.GuestNAT || !f.TapFilter {
+		t.Errorf("guest tables: %+v, %v", f, err)
+	}
+	if got := readInside(t, fd, "/proc/sys/net/ipv6/conf/tap0/disable_ipv6"); got != "1" {
+		t.Errorf("IPv6 on the tap: disable_ipv6 %q, want 1", got)
 	}
 	if got := readInside(t, fd, "/proc/sys/net/ipv4/ip_forward"); got != "1" {
 		t.Errorf("forwarding inside the slot: %q, want 1", got)
@@ -138,8 +142,11 @@ func TestGuestDevice(t *testing.T) {
 	if len(rep) == 0 {
 		t.Errorf("RepairGuest repaired nothing of a tap without its address and a slot without NAT")
 	}
-	if f, err := inside.Inspect(is); err != nil || !f.GuestNAT {
-		t.Errorf("guest NAT not repaired: %+v, %v", f, err)
+	if f, err := inside.Inspect(is, g); err != nil || !f.GuestNAT || !f.TapFilter {
+		t.Errorf("guest tables not repaired: %+v, %v", f, err)
+	}
+	if !slices.Contains(rep, "guest NAT") || !slices.Contains(rep, "tap filter") {
+		t.Errorf("repaired %q, want the guest NAT and the tap filter named", rep)
 	}
 	after, err := h.LinkByName("tap0")
 	if err != nil || after.Attrs().Index != tap.Attrs().Index {

@@ -14,6 +14,7 @@ import (
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
 )
@@ -40,6 +41,10 @@ type Options struct {
 	// nft). The zero value isolates slots from one another and from the
 	// host's services.
 	Firewall nft.Policy
+	// Egress is the daemon's part of every lease's egress policy (the
+	// always-allowed and always-denied sets, the egress proxy's port),
+	// written into the slot table and read by ApplyEgress.
+	Egress inside.Defaults
 }
 
 // DefaultOptions returns the recommended options.
@@ -67,7 +72,10 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 	if opts.HostGoneTimeout < 0 {
 		return nil, fmt.Errorf("slot: negative HostGoneTimeout %v", opts.HostGoneTimeout)
 	}
-	fw, err := nft.New(cfg.TableName(), nft.WithPolicy(opts.Firewall))
+	if err := opts.Egress.Validate(); err != nil {
+		return nil, err
+	}
+	fw, err := nft.New(cfg.TableName(), nft.WithPolicy(opts.Firewall), nft.WithEgress(opts.Egress), nft.WithSlotNetwork(cfg.CIDR))
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +220,7 @@ func (m *Manager) create(ctx context.Context, s *Slot) error {
 			return err
 		}
 	}
-	return m.fw.Add(ctx, s.HostIf)
+	return m.fw.AddNew(ctx, s.HostIf)
 }
 
 // quietIPv6 turns IPv6 off on the host end of a slot before it comes up:

@@ -19,6 +19,7 @@ import (
 	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -112,8 +113,8 @@ func TestCreateDestroy(t *testing.T) {
 	m := env.Manager(t)
 	ctx := context.Background()
 	rules, err := m.Firewall().RuleCount(ctx)
-	if err != nil || rules != 11 {
-		t.Fatalf("rules = %d, %v; want 11", rules, err)
+	if err != nil || rules != nft.FixedRules {
+		t.Fatalf("rules = %d, %v; want %d", rules, err, nft.FixedRules)
 	}
 	var made []*slot.Slot
 	for _, i := range []int{1, 2, 16} {

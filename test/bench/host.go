@@ -110,7 +110,7 @@ func (h *host) controlSocket() string {
 
 // table returns the nftables table the daemon uses for this prefix.
 func (h *host) table() (*nft.Table, error) {
-	return nft.New(h.cfg.TableName())
+	return nft.New(h.cfg.TableName(), nft.WithSlotNetwork(h.cfg.CIDR))
 }
 
 // leak makes slots 1..n the way a killed daemon leaves them: a netns file

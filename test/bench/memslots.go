@@ -22,6 +22,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/index"
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -85,7 +86,9 @@ func memslotsMain(args []string, stderr io.Writer) int {
 }
 
 func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize, workers int, log *slog.Logger) error {
-	mgr, err := slot.NewManager(ctx, cfg, slot.DefaultOptions())
+	opts := slot.DefaultOptions()
+	opts.Egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
+	mgr, err := slot.NewManager(ctx, cfg, opts)
 	if err != nil {
 		return err
 	}
@@ -141,7 +144,7 @@ func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize
 		return err
 	}
 	defer func() { _ = srv.Drain(context.Background()) }()
-	if err := srv.Bind(phasegatev1.Slots_ServiceDesc.ServiceName, phases.NewSlotsServer(cfg, pl, newMemStore(), log)); err != nil {
+	if err := srv.Bind(phasegatev1.Slots_ServiceDesc.ServiceName, phases.NewSlotsServer(mgr, pl, newMemStore(), log)); err != nil {
 		return err
 	}
 	if err := pl.WaitReady(ctx, poolSize); err != nil {

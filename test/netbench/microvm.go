@@ -28,6 +28,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/index"
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -103,7 +104,9 @@ func runMicroVM(n int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	mg, err := slot.NewManager(ctx, guest, slot.DefaultOptions())
+	gopts := slot.DefaultOptions()
+	gopts.Egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
+	mg, err := slot.NewManager(ctx, guest, gopts)
 	if err != nil {
 		return "", err
 	}
@@ -174,7 +177,7 @@ func benchAcquire(ctx context.Context, m *slot.Manager, dir string, n int) ([]ro
 		return nil, err
 	}
 	defer store.Close()
-	svc := phases.NewSlotsServer(m2.Config(), pl, store, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	svc := phases.NewSlotsServer(m2, pl, store, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	cctx := control.WithCaller(ctx, control.Caller{Principal: control.Principal{Kind: control.Unix}, Grant: (&control.Policy{}).Grant(control.Principal{Kind: control.Unix})})
 	one := &phasegatev1.EgressPolicy{Allow: []string{"192.0.2.1"}}
 	thousand := &phasegatev1.EgressPolicy{Allow: cidrs(1000, 0)}

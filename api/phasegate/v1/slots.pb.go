@@ -141,9 +141,12 @@ type Slot struct {
 	// lease. Set only when ACQUIRED, VERIFYING or LOST.
 	Principal string `protobuf:"bytes,15,opt,name=principal,proto3" json:"principal,omitempty"`
 	// The lease's egress policy; unset: the slot's traffic is not filtered
-	// beyond the host's slot firewall. Set only when ACQUIRED or LOST.
+	// beyond the host's slot firewall. Set only when ACQUIRED or LOST. It is
+	// enforced on the host, where the slot's root cannot change it, and
+	// written inside the slot too.
 	EgressPolicy *EgressPolicy `protobuf:"bytes,16,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
-	// Packets the egress policy dropped since the slot was made.
+	// Packets the egress policy dropped since the slot was made (on the host
+	// and inside the slot).
 	EgressDroppedPackets uint64 `protobuf:"varint,17,opt,name=egress_dropped_packets,json=egressDroppedPackets,proto3" json:"egress_dropped_packets,omitempty"`
 	// The guest device inside the namespace, when the daemon makes one
 	// (--slot-guest-*): the tap's name, the guest's address with its prefix
@@ -152,8 +155,13 @@ type Slot struct {
 	GuestInterface string `protobuf:"bytes,18,opt,name=guest_interface,json=guestInterface,proto3" json:"guest_interface,omitempty"`
 	GuestAddress   string `protobuf:"bytes,19,opt,name=guest_address,json=guestAddress,proto3" json:"guest_address,omitempty"`
 	GuestGateway   string `protobuf:"bytes,20,opt,name=guest_gateway,json=guestGateway,proto3" json:"guest_gateway,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What Get found in or for the slot other than the daemon wrote it (a
+	// table the slot's root flushed, a missing guest NAT) and put back:
+	// "egress policy inside (missing)", "guest NAT", "tap filter". Empty
+	// when all was as written; set only by Get and SetEgressPolicy.
+	Repaired      []string `protobuf:"bytes,21,rep,name=repaired,proto3" json:"repaired,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Slot) Reset() {
@@ -324,6 +332,13 @@ func (x *Slot) GetGuestGateway() string {
 		return x.GuestGateway
 	}
 	return ""
+}
+
+func (x *Slot) GetRepaired() []string {
+	if x != nil {
+		return x.Repaired
+	}
+	return nil
 }
 
 // EgressPolicy is what a leased slot may send out of its uplink, on top of
@@ -1016,7 +1031,7 @@ var File_slots_proto protoreflect.FileDescriptor
 
 const file_slots_proto_rawDesc = "" +
 	"\n" +
-	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x06\n" +
+	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc4\x06\n" +
 	"\x04Slot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12-\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x17.phasegate.v1.SlotStateR\x05state\x12\x1d\n" +
@@ -1044,7 +1059,8 @@ const file_slots_proto_rawDesc = "" +
 	"\x16egress_dropped_packets\x18\x11 \x01(\x04R\x14egressDroppedPackets\x12'\n" +
 	"\x0fguest_interface\x18\x12 \x01(\tR\x0eguestInterface\x12#\n" +
 	"\rguest_address\x18\x13 \x01(\tR\fguestAddress\x12#\n" +
-	"\rguest_gateway\x18\x14 \x01(\tR\fguestGateway\"v\n" +
+	"\rguest_gateway\x18\x14 \x01(\tR\fguestGateway\x12\x1a\n" +
+	"\brepaired\x18\x15 \x03(\tR\brepaired\"v\n" +
 	"\fEgressPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
 	"\x04deny\x18\x02 \x03(\tR\x04deny\x12\x19\n" +

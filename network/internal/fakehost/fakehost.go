@@ -235,6 +235,29 @@ func Route(path string, dst netip.Prefix, gw netip.Addr) error {
 	return nil
 }
 
+// AddAddr adds addr to the link called link inside the namespace at path.
+func AddAddr(path, link string, addr netip.Prefix) error {
+	fd, err := netns.Open(path)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(link)
+	if err != nil {
+		return fmt.Errorf("fakehost: find %s in %s: %w", link, path, err)
+	}
+	a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}}
+	if err := h.AddrAdd(l, a); err != nil {
+		return fmt.Errorf("fakehost: address %s on %s in %s: %w", addr, link, path, err)
+	}
+	return nil
+}
+
 // UDPReaches sends datagrams from the namespace at from to the listener ln
 // (bound in another namespace of the fake network) until one arrives or
 // wait passes, and returns the source address the listener saw. Use it for

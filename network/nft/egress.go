@@ -1,0 +1,263 @@
+package nft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/inside"
+)
+
+// egressChainPrefix starts the name of every slot's egress chain.
+const egressChainPrefix = "egress_"
+
+// fingerprintPrefix starts the comment of an egress chain's first rule, as
+// in the slot's own egress table (package inside).
+const fingerprintPrefix = "policy "
+
+// EgressChain names the egress chain of the slot whose host interface is
+// name.
+func EgressChain(name string) string { return egressChainPrefix + name }
+
+// SetEgress writes the egress policy p of the slot whose host interface is
+// name as that slot's chain in the table, in one transaction: the chain is
+// made or flushed, its rules written, and the egress map sends the slot's
+// packets to it. A packet meets the old policy or the new one, never a
+// mix, and connections already established stay up (chain egress accepts
+// them first).
+//
+// The rules are those of the slot's own egress table (package inside,
+// where the tenant's root could change them): the daemon's always-allowed
+// set, the egress proxy with RedirectTCP, DenyAll, the lease's allow and
+// deny lists, the daemon's always-denied set. The first rule's comment
+// carries p's fingerprint with the table's defaults, which EgressOf reads
+// back.
+func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	k, err := key(name)
+	if err != nil {
+		return err
+	}
+	if p.RedirectTCP && t.egress.ProxyPort == 0 {
+		return fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", inside.ErrInvalidPolicy)
+	}
+	c, release, err := t.conn()
+	if err != nil {
+		return err
+	}
+	defer release()
+	tbl := t.table()
+	ch := c.AddChain(&nftables.Chain{Name: EgressChain(name), Table: tbl})
+	c.FlushChain(ch)
+	rules, err := t.egressRules(c, p)
+	if err != nil {
+		return err
+	}
+	for i, r := range rules {
+		rule := &nftables.Rule{Table: tbl, Chain: ch, Exprs: r}
+		if i == 0 {
+			rule.UserData = userdata.AppendString(nil, userdata.TypeComment, fingerprintPrefix+p.Fingerprint(t.egress))
+		}
+		c.AddRule(rule)
+	}
+	if err := c.SetAddElements(t.egressMap(), []nftables.SetElement{jumpTo(k, name)}); err != nil {
+		return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nft: write egress chain %s/%s: %w", t.name, ch.Name, err)
+	}
+	return nil
+}
+
+// jumpTo is the egress map's element for the slot whose host interface is
+// name (key k).
+func jumpTo(k []byte, name string) nftables.SetElement {
+	return nftables.SetElement{Key: k, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: EgressChain(name)}}
+}
+
+// egressRules is a slot's egress chain for p, in order; the anonymous sets
+// of the lease's lists are added to c's transaction.
+func (t *Table) egressRules(c *nftables.Conn, p inside.Policy) ([][]expr.Any, error) {
+	accept := []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
+	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+	rules := [][]expr.Any{slices.Concat(daddrIn(t.addrSet(SetAlwaysAllow, 0)), accept)}
+	if p.RedirectTCP {
+		tcp := []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		}
+		toProxy := []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(t.egress.ProxyPort)},
+		}
+		// What the slot's own table sends to the proxy at its gateway;
+		// any other TCP connection is dropped here, so that a slot whose
+		// own redirection was removed does not go around the proxy.
+		rules = append(rules, slices.Concat(tcp, toProxy, ownGateway(), accept), slices.Concat(tcp, drop))
+	}
+	if p.DenyAll {
+		return append(rules, drop), nil
+	}
+	for k, l := range []struct {
+		list    []netip.Prefix
+		verdict []expr.Any
+	}{{p.Allow, accept}, {p.Deny, drop}} {
+		if len(l.list) == 0 {
+			continue // an empty set matches nothing
+		}
+		set := &nftables.Set{Table: t.table(), Name: "__set%d", ID: uint32(k + 1), Anonymous: true, Constant: true,
+			Interval: true, KeyType: nftables.TypeIPAddr}
+		if err := c.AddSet(set, inside.IntervalElements(l.list)); err != nil {
+			return nil, fmt.Errorf("nft: add egress set: %w", err)
+		}
+		rules = append(rules, slices.Concat(daddrIn(set), l.verdict))
+	}
+	return append(rules, slices.Concat(daddrIn(t.addrSet(SetAlwaysDeny, 0)), drop)), nil
+}
+
+// ClearEgress removes the egress chains of the slots whose host interfaces
+// are names, and their entries in the egress map, in one transaction. A
+// slot without one is fine, and so is a missing table.
+func (t *Table) ClearEgress(ctx context.Context, names ...string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c, release, err := t.conn()
+	if err != nil {
+		return err
+	}
+	defer release()
+	for _, n := range names {
+		if err := t.clearEgress(c, n, false); err != nil {
+			return err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil // no table
+		}
+		return fmt.Errorf("nft: clear egress chains of %d slot(s) in %s: %w", len(names), t.name, err)
+	}
+	return nil
+}
+
+// clearEgress adds to c's transaction the removal of name's egress chain
+// and map element. Unless they are known to exist (present), both are
+// first added — a no-op when they are there — so that the removal cannot
+// fail on a missing one: the kernel has no "delete if present" before
+// Linux 6.3, and a failed message fails the whole transaction.
+func (t *Table) clearEgress(c *nftables.Conn, name string, present bool) error {
+	k, err := key(name)
+	if err != nil {
+		return err
+	}
+	ch := &nftables.Chain{Name: EgressChain(name), Table: t.table()}
+	el := []nftables.SetElement{jumpTo(k, name)}
+	m := t.egressMap()
+	if !present {
+		c.AddChain(ch)
+		if err := c.SetAddElements(m, el); err != nil {
+			return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
+		}
+	}
+	if err := c.SetDeleteElements(m, el); err != nil {
+		return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
+	}
+	c.FlushChain(ch)
+	c.DelChain(ch)
+	return nil
+}
+
+// EgressState is what the table holds of one slot's egress policy.
+type EgressState struct {
+	// Fingerprint is the written policy's (inside.Policy.Fingerprint with
+	// the table's defaults); "" when the slot has no egress chain.
+	Fingerprint string
+	// Drops counts the packets the chain dropped since it was written.
+	Drops uint64
+}
+
+// EgressOf reads the egress chain of the slot whose host interface is
+// name; the zero EgressState when it has none.
+func (t *Table) EgressOf(ctx context.Context, name string) (EgressState, error) {
+	if err := ctx.Err(); err != nil {
+		return EgressState{}, err
+	}
+	c, release, err := t.conn()
+	if err != nil {
+		return EgressState{}, err
+	}
+	defer release()
+	rules, err := c.GetRules(t.table(), &nftables.Chain{Name: EgressChain(name), Table: t.table()})
+	if errors.Is(err, unix.ENOENT) || (err == nil && len(rules) == 0) {
+		return EgressState{}, nil
+	}
+	if err != nil {
+		return EgressState{}, fmt.Errorf("nft: list egress chain %s/%s: %w", t.name, EgressChain(name), err)
+	}
+	var st EgressState
+	if comment, ok := userdata.GetString(rules[0].UserData, userdata.TypeComment); ok {
+		st.Fingerprint, _ = strings.CutPrefix(comment, fingerprintPrefix)
+	}
+	for _, r := range rules {
+		for _, e := range r.Exprs {
+			if n, ok := e.(*expr.Counter); ok {
+				st.Drops += n.Packets
+			}
+		}
+	}
+	return st, nil
+}
+
+// EgressNames returns the host interfaces of the slots with an egress
+// chain, sorted, as the egress map lists them. A missing table lists none.
+func (t *Table) EgressNames(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c, release, err := t.conn()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return t.egressNames(ctx, c)
+}
+
+func (t *Table) egressNames(ctx context.Context, c *nftables.Conn) ([]string, error) {
+	els, err := c.GetSetElements(t.egressMap())
+	if err != nil {
+		if ok, xerr := t.Exists(ctx); errors.Is(err, unix.ENOENT) || (xerr == nil && !ok) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("nft: list map %s/%s: %w", t.name, MapEgress, err)
+	}
+	return elementNames(els), nil
+}
+
+// elementNames returns the interface names that els are keyed by, sorted.
+func elementNames(els []nftables.SetElement) []string {
+	out := make([]string, 0, len(els))
+	for _, e := range els {
+		n := string(e.Key)
+		if i := strings.IndexByte(n, 0); i >= 0 {
+			n = n[:i]
+		}
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}

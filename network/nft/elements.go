@@ -1,0 +1,198 @@
+package nft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
+)
+
+func key(name string) ([]byte, error) {
+	if name == "" || len(name) >= ifNameSize {
+		return nil, fmt.Errorf("nft: invalid interface name %q", name)
+	}
+	k := make([]byte, ifNameSize)
+	copy(k, name)
+	return k, nil
+}
+
+func elements(names []string) ([]nftables.SetElement, error) {
+	els := make([]nftables.SetElement, 0, len(names))
+	for _, n := range names {
+		k, err := key(n)
+		if err != nil {
+			return nil, err
+		}
+		els = append(els, nftables.SetElement{Key: k})
+	}
+	return els, nil
+}
+
+// List returns the interface names in the set, sorted. A missing table gives
+// an empty list.
+func (t *Table) List(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c, release, err := t.conn()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return t.list(ctx, c)
+}
+
+func (t *Table) list(ctx context.Context, c *nftables.Conn) ([]string, error) {
+	els, err := c.GetSetElements(t.set())
+	if err != nil {
+		// The library does not always wrap the errno: ask whether the set
+		// is there at all.
+		if ok, xerr := t.Exists(ctx); errors.Is(err, unix.ENOENT) || (xerr == nil && !ok) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("nft: list set %s/%s: %w", t.name, SetName, err)
+	}
+	return elementNames(els), nil
+}
+
+// Add adds interface names to the set in one transaction. Names already in
+// the set are fine.
+func (t *Table) Add(ctx context.Context, names ...string) error {
+	return t.add(ctx, names, false)
+}
+
+// AddNew adds the interface names of new slots to the set and removes any
+// egress chain left under those names, in one transaction: a new slot
+// starts with no policy, whatever a slot at its index once had.
+func (t *Table) AddNew(ctx context.Context, names ...string) error {
+	return t.add(ctx, names, true)
+}
+
+func (t *Table) add(ctx context.Context, names []string, clean bool) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	els, err := elements(names)
+	if err != nil {
+		return err
+	}
+	c, release, err := t.conn()
+	if err != nil {
+		return err
+	}
+	defer release()
+	for chunk := range slices.Chunk(els, elemsPerMessage) {
+		if err := c.SetAddElements(t.set(), chunk); err != nil {
+			return fmt.Errorf("nft: encode elements: %w", err)
+		}
+	}
+	if clean {
+		for _, n := range names {
+			if err := t.clearEgress(c, n, false); err != nil {
+				return err
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nft: add %d element(s) in %s/%s: %w", len(names), t.name, SetName, err)
+	}
+	return nil
+}
+
+// Remove removes interface names from the set, with their egress chains, in
+// one transaction. Names not in the set are skipped: with more than one
+// name the set and the egress map are listed first and only what is there
+// is removed (retrying if they changed meanwhile); a single name is removed
+// whether or not it is there. A missing table is success.
+func (t *Table) Remove(ctx context.Context, names ...string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c, release, err := t.conn()
+	if err != nil {
+		return err
+	}
+	defer release()
+	if len(names) == 1 {
+		err := t.remove(c, names, names, false)
+		if errors.Is(err, unix.ENOENT) {
+			return nil // no table
+		}
+		return err
+	}
+	var last error
+	for range 3 {
+		present, err := t.list(ctx, c)
+		if err != nil {
+			return err
+		}
+		chains, err := t.egressNames(ctx, c)
+		if err != nil {
+			return err
+		}
+		last = t.remove(c, only(names, present), only(names, chains), true)
+		if !errors.Is(last, unix.ENOENT) {
+			return last
+		}
+	}
+	return last
+}
+
+// remove removes the elements els and the egress chains of chains in one
+// transaction; present says both are known to be there.
+func (t *Table) remove(c *nftables.Conn, els, chains []string, present bool) error {
+	if len(els) == 0 && len(chains) == 0 {
+		return nil
+	}
+	keys, err := elements(els)
+	if err != nil {
+		return err
+	}
+	set := t.set()
+	if !present {
+		// Added first, so that deleting one that is not there is a no-op
+		// rather than a failed transaction (see clearEgress).
+		if err := c.SetAddElements(set, keys); err != nil {
+			return fmt.Errorf("nft: encode elements: %w", err)
+		}
+	}
+	for chunk := range slices.Chunk(keys, elemsPerMessage) {
+		if err := c.SetDeleteElements(set, chunk); err != nil {
+			return fmt.Errorf("nft: encode elements: %w", err)
+		}
+	}
+	for _, n := range chains {
+		if err := t.clearEgress(c, n, present); err != nil {
+			return err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nft: remove %d element(s) and %d egress chain(s) in %s: %w", len(els), len(chains), t.name, err)
+	}
+	return nil
+}
+
+// only returns the names that are in present, each once.
+func only(names, present []string) []string {
+	have := make(map[string]bool, len(present))
+	for _, p := range present {
+		have[p] = true
+	}
+	var out []string
+	for _, n := range names {
+		if have[n] {
+			out = append(out, n)
+			delete(have, n) // no duplicates in one batch
+		}
+	}
+	return out
+}

@@ -1,0 +1,421 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/internal/rawip"
+	"github.com/phasegate/phasegate/network/nft"
+	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/test/internal/microvm"
+)
+
+// Tenants reach across no more from inside their slots: run by root in a
+// slot, by a process there holding CAP_NET_RAW alone (a container
+// runtime's default), or by a microVM guest writing frames on its tap, a
+// datagram sent with another slot's address is dropped before the host
+// tracks or translates it, so the reply the outside sends never lands in
+// the victim; root in a slot that flushes the tables of its namespace
+// lifts nothing of its lease's egress policy, which holds on the host, and
+// Get sees the flush and puts the tables back; no slot reaches the
+// metadata address. The daemon runs in a namespace that plays the node,
+// with an outside network behind it, so no packet leaves the test's
+// namespaces and the machine's own forwarding is never touched.
+
+// spoofEnv makes the test binary an attacker inside a slot:
+// "udp|SRC|DST|PAYLOAD|N" sends N raw IPv4 datagrams from SRC to DST;
+// "tap|SRC|DST|PAYLOAD|N|SRCMAC|DSTMAC" writes them as Ethernet frames on
+// the slot's tap0, as its guest. It exits 0 once all were sent.
+const spoofEnv = "PHASEGATE_TEST_SPOOF"
+
+func init() {
+	if v := os.Getenv(spoofEnv); v != "" {
+		os.Exit(spoof(v))
+	}
+}
+
+func spoof(spec string) int {
+	f := strings.Split(spec, "|")
+	if len(f) < 5 {
+		fmt.Fprintf(os.Stderr, "%s=%q: want udp|SRC|DST|PAYLOAD|N or tap|…|SRCMAC|DSTMAC\n", spoofEnv, spec)
+		return 2
+	}
+	src, err1 := netip.ParseAddrPort(f[1])
+	dst, err2 := netip.ParseAddrPort(f[2])
+	n, err3 := strconv.Atoi(f[4])
+	if err := firstErr(err1, err2, err3); err != nil {
+		fmt.Fprintln(os.Stderr, "spoof:", err)
+		return 2
+	}
+	packet := rawip.UDP(src, dst, []byte(f[3]))
+	send := rawip.Send
+	if f[0] == "tap" {
+		smac, err1 := net.ParseMAC(f[5])
+		dmac, err2 := net.ParseMAC(f[6])
+		tap, err3 := rawip.OpenTap("tap0")
+		if err := firstErr(err1, err2, err3); err != nil {
+			fmt.Fprintln(os.Stderr, "spoof:", err)
+			return 1
+		}
+		defer tap.Close()
+		send = func(p []byte) error { return tap.Write(rawip.Ethernet(smac, dmac, p)) }
+	}
+	for range n {
+		if err := send(packet); err != nil {
+			fmt.Fprintln(os.Stderr, "spoof:", err)
+			return 1
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return 0
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Addresses of the outside network behind the node (TEST-NET-1, in the
+// test's namespaces only) and of the metadata service there.
+var (
+	nodeUplink    = netip.MustParsePrefix("192.0.2.1/30")
+	outsideUplink = netip.MustParsePrefix("192.0.2.2/30")
+	metadataAddr  = netip.MustParseAddr("169.254.169.254")
+)
+
+// outside is a network behind the node: a namespace reached through the
+// node's default route, forwarding on in the node, rp_filter off there (as
+// on many hosts: the daemon must not rely on it). A reflector there echoes
+// every datagram and remembers the payloads it got.
+type outside struct {
+	ns        string
+	reflector netip.AddrPort
+	mu        sync.Mutex
+	got       map[string]netip.AddrPort // payload → who sent it, as seen there
+}
+
+func newOutside(t *testing.T, n *node) *outside {
+	t.Helper()
+	o := &outside{ns: filepath.Join(filepath.Dir(n.ns), "outside"), got: map[string]netip.AddrPort{},
+		reflector: netip.AddrPortFrom(outsideUplink.Addr(), 7100)}
+	if err := os.WriteFile(o.ns, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(o.ns, syscall.MNT_DETACH) })
+	run(t, "unshare", "--net="+o.ns, "true")
+	in := func(ns string, argv ...string) { run(t, "nsenter", append([]string{"--net=" + ns, "--"}, argv...)...) }
+	in(n.ns, "ip", "link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", o.ns)
+	in(n.ns, "ip", "addr", "add", nodeUplink.String(), "dev", "up0")
+	in(n.ns, "ip", "link", "set", "up0", "up")
+	in(n.ns, "ip", "route", "add", "default", "via", outsideUplink.Addr().String())
+	in(n.ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0")
+	in(o.ns, "ip", "addr", "add", outsideUplink.String(), "dev", "eth0")
+	in(o.ns, "ip", "addr", "add", metadataAddr.String()+"/32", "dev", "eth0")
+	in(o.ns, "ip", "link", "set", "eth0", "up")
+	in(o.ns, "ip", "link", "set", "lo", "up")
+	for _, at := range []netip.AddrPort{o.reflector, netip.AddrPortFrom(metadataAddr, 80)} {
+		o.echo(t, at)
+	}
+	return o
+}
+
+// echo serves a UDP echo at addr in the outside namespace until the test
+// ends, remembering every payload.
+func (o *outside) echo(t *testing.T, at netip.AddrPort) {
+	t.Helper()
+	var c *net.UDPConn
+	if err := microvm.InNamespace(o.ns, func() (err error) {
+		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(at))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			o.mu.Lock()
+			o.got[string(buf[:n])] = from
+			o.mu.Unlock()
+			_, _ = c.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+}
+
+// saw reports whether the outside got payload.
+func (o *outside) saw(payload string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, ok := o.got[payload]
+	return ok
+}
+
+// areYouThere is what the prober sends a victim's workload, which answers
+// it and nothing else (an echo of everything would ping-pong with the
+// outside's reflector).
+const areYouThere = "are you there"
+
+// victimListener is a UDP socket a workload holds in a slot's namespace:
+// what a reply to a spoofed datagram would reach.
+type victimListener struct {
+	c   *net.UDPConn
+	mu  sync.Mutex
+	got []string
+}
+
+func listenIn(t *testing.T, ns string, at netip.AddrPort) *victimListener {
+	t.Helper()
+	v := &victimListener{}
+	if err := microvm.InNamespace(ns, func() (err error) {
+		v.c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(at))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.c.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := v.c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if string(buf[:n]) == areYouThere {
+				_, _ = v.c.WriteToUDPAddrPort(buf[:n], from) // the workload answers its prober
+				continue
+			}
+			v.mu.Lock()
+			v.got = append(v.got, string(buf[:n]))
+			v.mu.Unlock()
+		}
+	}()
+	return v
+}
+
+func (v *victimListener) received() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.got...)
+}
+
+// counter reads a named drop counter of the daemon's table in the node.
+func counter(t *testing.T, n *node, prefix, comment string) uint64 {
+	t.Helper()
+	out := run(t, "nsenter", "--net="+n.ns, "--", "nft", "list", "table", "inet", nft.TableName(prefix))
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, `comment "`+comment+`"`) {
+			f := strings.Fields(l[strings.Index(l, "counter packets"):])
+			v, _ := strconv.ParseUint(f[2], 10, 64)
+			return v
+		}
+	}
+	t.Fatalf("no rule %q in the daemon's table:\n%s", comment, out)
+	return 0
+}
+
+// attack runs the test binary in slot ns as the attacker, with spec; caps
+// non-empty runs it as nobody holding only those capabilities (setpriv).
+func attack(t *testing.T, bin, ns, spec string, caps string) {
+	t.Helper()
+	argv := []string{"--net=" + ns, "--"}
+	if caps != "" {
+		argv = append(argv, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+			"--inh-caps=-all,+"+caps, "--ambient-caps=-all,+"+caps, "--bounding-set=-all,+"+caps)
+	}
+	cmd := exec.Command("nsenter", append(argv, bin)...)
+	cmd.Env = append(os.Environ(), spoofEnv+"="+spec)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("attacker %q (caps %q): %v\n%s", spec, caps, err, out)
+	}
+}
+
+// slotsInNode starts a daemon in n with extra flags and acquires one slot
+// per owner, as root, with the policies given (nil: none).
+func slotsInNode(t *testing.T, n *node, extra []string, owners []string, policies map[string]*phasegatev1.EgressPolicy) (*host, *daemon, map[string]*phasegatev1.Slot) {
+	t.Helper()
+	h := newHost(t)
+	h.node = n
+	addr := "127.0.0.1:5008"
+	d := n.start(addr, n.command(baseEnv(), append([]string{binary}, h.args(addr, append([]string{"--slots=16"}, extra...)...)...)...))
+	waitFor(t, time.Minute, "the daemon's control socket", func() bool {
+		_, err := os.Stat(filepath.Join(h.stateDir, "control.sock"))
+		return err == nil
+	})
+	d.control = filepath.Join(h.stateDir, "control.sock")
+	c := d.slots()
+	out := map[string]*phasegatev1.Slot{}
+	for _, o := range owners {
+		var resp *phasegatev1.AcquireResponse
+		waitPass(t, time.Minute, "Acquire "+o, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var err error
+			resp, err = c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: o, RequestId: o, EgressPolicy: policies[o]})
+			return err
+		})
+		out[o] = resp.GetSlot()
+	}
+	return h, d, out
+}
+
+func addrOf(t *testing.T, cidr string, port uint16) netip.AddrPort {
+	t.Helper()
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return netip.AddrPortFrom(p.Addr(), port)
+}
+
+// waitSeen waits up to 5 s for the outside to see payload.
+func waitSeen(o *outside, payload string) bool {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if o.saw(payload) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestSlotCannotSpoofNorLiftItsPolicy(t *testing.T) {
+	n := newNode(t)
+	o := newOutside(t, n)
+	pub := newPublicDir(t)
+	h, d, slots := slotsInNode(t, n, nil, []string{"attacker", "victim", "plain", "policied"},
+		map[string]*phasegatev1.EgressPolicy{"policied": {}}) // the default always-denied set covers the outside
+	a, b, c, p := slots["attacker"], slots["victim"], slots["plain"], slots["policied"]
+	victimAt := addrOf(t, b.GetInsideAddress(), 7200)
+	victim := listenIn(t, b.GetNetnsPath(), victimAt)
+	before := observeVictimIn(t, n, d.slots(), b.GetIndex())
+
+	// The path works: the attacker's own address, the same raw socket.
+	attack(t, pub.testBinary, a.GetNetnsPath(), fmt.Sprintf("udp|%s|%s|own|5", addrOf(t, a.GetInsideAddress(), 7300), o.reflector), "")
+	if !waitSeen(o, "own") {
+		t.Fatal("the attacker's datagram from its own address never reached the outside: the test cannot tell a drop from a broken path")
+	}
+	for _, tc := range []struct{ name, caps string }{{"root in the slot", ""}, {"CAP_NET_RAW alone", "net_raw"}} {
+		spoofed0 := counter(t, n, h.prefix, "spoofed")
+		payload := "spoofed by " + tc.name
+		attack(t, pub.testBinary, a.GetNetnsPath(), fmt.Sprintf("udp|%s|%s|%s|5", victimAt, o.reflector, payload), tc.caps)
+		waitFor(t, 10*time.Second, "the spoofed datagrams counted", func() bool { return counter(t, n, h.prefix, "spoofed") >= spoofed0+5 })
+		time.Sleep(300 * time.Millisecond) // what the reflector would have answered by now
+		if o.saw(payload) {
+			t.Errorf("%s: a datagram with the victim's address reached the outside", tc.name)
+		}
+		if got := victim.received(); len(got) > 0 {
+			t.Errorf("%s: the victim's workload received %d datagrams, the first %q", tc.name, len(got), got[0])
+		}
+	}
+
+	// Root in a slot flushes its namespace's tables: its policy holds on
+	// the host, and Get puts the tables back.
+	attackCmd := exec.Command("nsenter", "--net="+p.GetNetnsPath(), "--", "nft", "flush", "ruleset")
+	if out, err := attackCmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft flush ruleset in the slot: %v\n%s", err, out)
+	}
+	attack(t, pub.testBinary, p.GetNetnsPath(), fmt.Sprintf("udp|%s|%s|lifted|5", addrOf(t, p.GetInsideAddress(), 7300), o.reflector), "")
+	attack(t, pub.testBinary, c.GetNetnsPath(), fmt.Sprintf("udp|%s|%s|plain|5", addrOf(t, c.GetInsideAddress(), 7300), o.reflector), "")
+	if !waitSeen(o, "plain") {
+		t.Fatal("a slot without a policy does not reach the outside")
+	}
+	if o.saw("lifted") {
+		t.Error("a slot whose root flushed its tables went around its egress policy")
+	}
+	got, err := d.slots().Get(context.Background(), &phasegatev1.GetRequest{Index: p.GetIndex()})
+	if err != nil || !strings.Contains(strings.Join(got.GetSlot().GetRepaired(), ","), "egress policy inside (missing)") {
+		t.Errorf("Get after the flush: repaired %q, %v", got.GetSlot().GetRepaired(), err)
+	}
+	if rules := insideRules(t, p.GetNetnsPath()); !strings.Contains(rules, "table inet phasegate_egress") {
+		t.Errorf("the slot's egress table is not back after Get:\n%s", rules)
+	}
+
+	// The metadata service: no slot reaches it, policy or not.
+	attack(t, pub.testBinary, c.GetNetnsPath(), fmt.Sprintf("udp|%s|%s|metadata|5", addrOf(t, c.GetInsideAddress(), 7300), netip.AddrPortFrom(metadataAddr, 80)), "")
+	waitFor(t, 10*time.Second, "the metadata datagrams counted", func() bool { return counter(t, n, h.prefix, "link-local") >= 5 })
+	if o.saw("metadata") {
+		t.Error("a slot without a policy reached the metadata address")
+	}
+
+	// The victim is untouched: the same lease, namespace and link, and its
+	// workload answers.
+	before.same(t, observeVictimIn(t, n, d.slots(), b.GetIndex()), "the attacks")
+	if !answers(t, n, victimAt) {
+		t.Error("the victim's workload no longer answers")
+	}
+}
+
+// answers reports whether a UDP echo at addr answers a datagram from the
+// node.
+func answers(t *testing.T, n *node, at netip.AddrPort) bool {
+	t.Helper()
+	var c *net.UDPConn
+	if err := n.inNamespace(func() (err error) {
+		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(at))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 64)
+	for range 20 {
+		_, _ = c.Write([]byte(areYouThere))
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if k, err := c.Read(buf); err == nil && string(buf[:k]) == areYouThere {
+			return true
+		}
+	}
+	return false
+}
+
+// A microVM guest writes frames on its tap with another slot's address:
+// the tap drops them inside the slot, and the host would drop them too.
+// The guest's own frames go out and their replies come back to its tap.
+func TestGuestCannotSpoof(t *testing.T) {
+	n := newNode(t)
+	o := newOutside(t, n)
+	pub := newPublicDir(t)
+	_, d, slots := slotsInNode(t, n, e2eGuest, []string{"attacker", "victim"}, nil)
+	a, b := slots["attacker"], slots["victim"]
+	guest := netip.MustParsePrefix("169.254.255.21/30").Addr()
+	guestMAC := "02:fc:00:00:00:01"
+	frames := func(from netip.AddrPort, payload string) string {
+		return fmt.Sprintf("tap|%s|%s|%s|5|%s|%s", from, o.reflector, payload, guestMAC, slot.TapMAC(int(a.GetIndex())))
+	}
+	before := observeVictimIn(t, n, d.slots(), b.GetIndex())
+	attack(t, pub.testBinary, a.GetNetnsPath(), frames(netip.AddrPortFrom(guest, 7300), "guest own"), "")
+	if !waitSeen(o, "guest own") {
+		t.Fatal("the guest's own frame never reached the outside: the test cannot tell a drop from a broken path")
+	}
+	for _, src := range []netip.AddrPort{addrOf(t, b.GetInsideAddress(), 7200), netip.AddrPortFrom(netip.MustParseAddr("169.254.255.23"), 7200)} {
+		payload := "guest spoofing " + src.String()
+		attack(t, pub.testBinary, a.GetNetnsPath(), frames(src, payload), "")
+		time.Sleep(300 * time.Millisecond)
+		if o.saw(payload) {
+			t.Errorf("a frame from the guest with source %s reached the outside", src)
+		}
+	}
+	if rules := insideRules(t, a.GetNetnsPath()); !strings.Contains(rules, "chain tap") {
+		t.Errorf("the attacker's slot has no tap filter:\n%s", rules)
+	}
+	before.same(t, observeVictimIn(t, n, d.slots(), b.GetIndex()), "the guest's frames")
+}
