@@ -40,7 +40,7 @@ type slotsRig struct {
 
 // newSlotsRig makes the rig with n slots, target warm, and the given
 // leases lost at a restart (recorded, their index taken, no slot).
-func newSlotsRig(t *testing.T, n, target int, lost ...leases.Record) *slotsRig {
+func newSlotsRig(t testing.TB, n, target int, lost ...leases.Record) *slotsRig {
 	t.Helper()
 	_, mgr, store := newSlotHost(t, n)
 	ctx := context.Background()
