@@ -75,6 +75,47 @@ func Ethernet(src, dst net.HardwareAddr, packet []byte) []byte {
 	return f
 }
 
+// ARPRequest returns an Ethernet frame, broadcast, that asks who has
+// target on behalf of sender at MAC from: what makes the asked host learn
+// that sender is at from.
+func ARPRequest(from net.HardwareAddr, sender, target netip.Addr) []byte {
+	f := make([]byte, 14+28)
+	copy(f[0:6], net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	copy(f[6:12], from)
+	binary.BigEndian.PutUint16(f[12:], unix.ETH_P_ARP)
+	a := f[14:]
+	binary.BigEndian.PutUint16(a[0:], 1) // Ethernet
+	binary.BigEndian.PutUint16(a[2:], unix.ETH_P_IP)
+	a[4], a[5] = 6, 4
+	binary.BigEndian.PutUint16(a[6:], 1) // request
+	copy(a[8:14], from)
+	s, t := sender.As4(), target.As4()
+	copy(a[14:18], s[:])
+	copy(a[24:28], t[:])
+	return f
+}
+
+// SendFrame sends a whole Ethernet frame out of the link called ifname in
+// the calling thread's network namespace (AF_PACKET). It needs
+// CAP_NET_RAW there.
+func SendFrame(ifname string, frame []byte) error {
+	ifc, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return fmt.Errorf("rawip: %w", err)
+	}
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("rawip: socket(AF_PACKET, SOCK_RAW): %w", err)
+	}
+	defer unix.Close(fd)
+	to := &unix.SockaddrLinklayer{Ifindex: ifc.Index, Halen: 6}
+	copy(to.Addr[:], frame[0:6])
+	if err := unix.Sendto(fd, frame, 0, to); err != nil {
+		return fmt.Errorf("rawip: sendto %s: %w", ifname, err)
+	}
+	return nil
+}
+
 // Send sends packet, a whole IPv4 packet with its header, on a raw socket
 // in the calling thread's network namespace: the kernel takes the header
 // as given (IPPROTO_RAW implies IP_HDRINCL), source address included. It

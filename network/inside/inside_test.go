@@ -413,7 +413,7 @@ func TestGuestTapFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	guestMAC := gl.Attrs().HardwareAddr
-	other := netip.MustParseAddr("169.254.0.23") // in the guest network, not the guest's
+	other := netip.MustParseAddr("169.254.0.99") // neither the guest's nor the slot's
 	// The tap's own address, in the slot: what the guest sends there never
 	// leaves the slot, so only the slot's rules decide (the host's own
 	// would drop a foreign source too, see package nft).
@@ -443,6 +443,35 @@ func TestGuestTapFilter(t *testing.T) {
 		}
 		return false
 	}
+	// learns sends, as the guest, an ARP request for the tap's address on
+	// behalf of addr, and says whether the slot then holds a neighbour
+	// entry for addr on the tap (what a spoofed ARP poisons).
+	sh := nsHandle(t, sl.NetnsPath)
+	learns := func(addr netip.Addr) bool {
+		t.Helper()
+		tap, err := sh.LinkByName("tap0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = sh.NeighDel(&netlink.Neigh{LinkIndex: tap.Attrs().Index, IP: addr.AsSlice()})
+		f := rawip.ARPRequest(guestMAC, addr, netip.MustParseAddr("169.254.0.22"))
+		for range 10 {
+			if err := fakehost.Do(guest, func() error { return rawip.SendFrame("eth0", f) }); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+			ns, err := sh.NeighList(tap.Attrs().Index, netlink.FAMILY_V4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range ns {
+				if a, ok := netip.AddrFromSlice(n.IP); ok && a.Unmap() == addr && n.HardwareAddr.String() == guestMAC.String() {
+					return true
+				}
+			}
+		}
+		return false
+	}
 	for _, tc := range []struct {
 		name         string
 		mac          net.HardwareAddr
@@ -468,6 +497,9 @@ func TestGuestTapFilter(t *testing.T) {
 		}
 		if got := send(other); got != tc.spoofed {
 			t.Errorf("%s: a datagram from %s arrived = %v, want %v", tc.name, other, got, tc.spoofed)
+		}
+		if got := learns(other); got != tc.spoofed {
+			t.Errorf("%s: the slot learned %s from the guest's ARP = %v, want %v", tc.name, other, got, tc.spoofed)
 		}
 	}
 }
