@@ -20,11 +20,11 @@ import (
 )
 
 // Open opens the store at path, creating it (mode 0600) if there is no
-// file; the directory must exist, and only root may control it (the rule
-// of internal/rootdir: owned by root, writable by no one else, and so is
-// every directory above it). It takes the file's lock (see
-// Options.LockTimeout), checks the whole file and upgrades an older
-// schema. Every file in the directory, the store's and its journal's and
+// file; the directory must exist, and only root may control it: owned by
+// root and writable by no one else, as every directory above it is (a
+// sticky one aside; docs/SECURITY.md, "Files only root controls"). It
+// takes the file's lock (see Options.LockTimeout), checks the whole file
+// and upgrades an older schema. Every file in the directory, the store's and its journal's and
 // the copies it makes, is opened relative to the directory's descriptor
 // and never through a symbolic link.
 //
