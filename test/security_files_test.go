@@ -354,36 +354,6 @@ func mustSlotsPath(t *testing.T, dir string, h *host) string {
 	return p
 }
 
-// TestLockDirOthersControl: a --lock-dir another user made, or one every
-// user may write (sticky or not, as /run/lock is), is refused with exit 2
-// naming it, its owner and its mode; nothing is made in it.
-func TestLockDirOthersControl(t *testing.T) {
-	pub := newPublicDir(t)
-	area := arena(t, pub)
-	for _, tc := range []struct {
-		name, dir   string
-		prepare     func(t *testing.T, dir string)
-		owner, mode string
-	}{
-		{"nobody's", filepath.Join(area, "locks-nobody"), func(t *testing.T, dir string) {
-			asUser(t, "nobody", "", `mkdir -m 0755 "$1"`, dir)
-		}, "owner nobody (uid 65534)", "mode 0755"},
-		{"root's, world-writable", filepath.Join(area, "locks-open"), func(t *testing.T, dir string) {
-			mkdirMode(t, dir, 0o777, 0, 0)
-		}, "owner root (uid 0)", "mode 0777"},
-		{"root's, sticky and world-writable, as /run/lock", area, func(*testing.T, string) {}, "owner root (uid 0)", "mode 1777"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHost(t)
-			tc.prepare(t, tc.dir)
-			before := snapshot(t, []string{tc.dir}, tc.dir)
-			d := start(t, nil, h.args(freePort(t), "--lock-dir="+tc.dir)...)
-			refusedAtValidate(t, d, h, "--lock-dir "+tc.dir+" is ", tc.owner, tc.mode)
-			sameSnapshot(t, "the lock directory", before, snapshot(t, []string{tc.dir}, tc.dir))
-		})
-	}
-}
-
 // TestLinksInRootsDirectoriesAreNotFollowed: a link root left by mistake
 // in its own state or lock directory, named like a file of the daemon's,
 // is refused (exit 2, the last line naming the link), not followed: what
@@ -450,36 +420,46 @@ func TestLinksInRootsDirectoriesAreNotFollowed(t *testing.T) {
 	}
 }
 
-// TestControlSocketDirOthersControl: a --control-socket outside the state
-// directory must be in a directory only root controls, as the state
-// directory: in one another user made or may write (sticky or not), the
-// daemon exits 2 naming the directory, its owner and its mode, and binds
-// nothing there.
-func TestControlSocketDirOthersControl(t *testing.T) {
+// TestLockAndSocketDirsOthersControl: a --lock-dir, or the directory of
+// a --control-socket outside the state directory, that another user made
+// or that every user may write (sticky or not, as /run/lock and /tmp are)
+// is refused with exit 2 in one line naming it, its owner and its mode:
+// nothing is made in it, no lock taken there, no socket bound there for a
+// rename another user could race.
+func TestLockAndSocketDirsOthersControl(t *testing.T) {
 	pub := newPublicDir(t)
 	area := arena(t, pub)
-	for _, tc := range []struct {
-		name, dir   string
-		prepare     func(t *testing.T, dir string)
-		owner, mode string
+	nobodys, group, world := filepath.Join(area, "nobodys"), filepath.Join(area, "group"), filepath.Join(area, "world")
+	asUser(t, "nobody", "", `mkdir -m 0755 "$1"`, nobodys)
+	mkdirMode(t, group, 0o770, 0, 65534)
+	mkdirMode(t, world, 0o777, 0, 0)
+	dirs := []struct{ name, dir, owner, mode string }{
+		{"nobody's", nobodys, "owner nobody (uid 65534)", "mode 0755"},
+		{"root's, group-writable", group, "owner root (uid 0)", "mode 0770"},
+		{"root's, world-writable", world, "owner root (uid 0)", "mode 0777"},
+		{"root's, sticky and world-writable", area, "owner root (uid 0)", "mode 1777"},
+	}
+	uses := []struct {
+		flag string
+		args func(dir string) (arg, names string) // the flag, and how the line names dir
 	}{
-		{"nobody's", filepath.Join(area, "sock-nobody"), func(t *testing.T, dir string) {
-			asUser(t, "nobody", "", `mkdir -m 0755 "$1"`, dir)
-		}, "owner nobody (uid 65534)", "mode 0755"},
-		{"root's, group-writable", filepath.Join(area, "sock-group"), func(t *testing.T, dir string) {
-			mkdirMode(t, dir, 0o770, 0, 65534)
-		}, "owner root (uid 0)", "mode 0770"},
-		{"root's, sticky and world-writable, as /tmp", area, func(*testing.T, string) {}, "owner root (uid 0)", "mode 1777"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHost(t)
-			tc.prepare(t, tc.dir)
-			before := snapshot(t, []string{tc.dir}, tc.dir)
-			sock := filepath.Join(tc.dir, "control.sock")
-			d := start(t, nil, h.args(freePort(t), "--control-socket="+sock)...)
-			refusedAtValidate(t, d, h, "control socket "+sock+": "+tc.dir+" is ", tc.owner, tc.mode)
-			sameSnapshot(t, "the socket's directory", before, snapshot(t, []string{tc.dir}, tc.dir))
-		})
+		{"--lock-dir", func(dir string) (string, string) { return "--lock-dir=" + dir, "--lock-dir " + dir + " is " }},
+		{"--control-socket", func(dir string) (string, string) {
+			sock := filepath.Join(dir, "control.sock")
+			return "--control-socket=" + sock, "control socket " + sock + ": " + dir + " is "
+		}},
+	}
+	for _, u := range uses {
+		for _, tc := range dirs {
+			t.Run(u.flag+"/"+tc.name, func(t *testing.T) {
+				h := newHost(t)
+				arg, names := u.args(tc.dir)
+				before := snapshot(t, []string{tc.dir}, tc.dir)
+				d := start(t, nil, h.args(freePort(t), arg)...)
+				refusedAtValidate(t, d, h, names, tc.owner, tc.mode)
+				sameSnapshot(t, tc.dir, before, snapshot(t, []string{tc.dir}, tc.dir))
+			})
+		}
 	}
 }
 
