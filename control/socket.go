@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/internal/rootdir"
 )
 
 // SocketMode is the control socket's permission: its owner (root) and its
@@ -46,7 +48,9 @@ const probeTimeout = time.Second
 
 // CheckSocket reports, creating and changing nothing, why path cannot be
 // the control socket: it is a regular file, a directory or a symlink, its
-// directory does not exist, or a live process answers on it. A missing
+// directory does not exist or is one a user other than root could change
+// (an error matching *rootdir.UnsafeError), or a live process answers on
+// it. A missing
 // path and a stale socket (nobody listening: a daemon killed with -9 left
 // it) are fine: [Listen] replaces the stale one.
 func CheckSocket(ctx context.Context, path string) error {
@@ -87,6 +91,11 @@ func checkPath(path string) (socket bool, err error) {
 	if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
 		return false, fmt.Errorf("%w %s: directory %s does not exist", ErrSocket, path, filepath.Dir(path))
 	}
+	// Another user who can write the directory could put its own socket
+	// at the path, or rename over ours, and hear root's calls.
+	if err := rootdir.Check(filepath.Dir(path)); err != nil {
+		return false, fmt.Errorf("%w %s: %w", ErrSocket, path, err)
+	}
 	fi, err := os.Lstat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -121,51 +130,76 @@ type Socket struct {
 // Listen binds the control socket at path: after [CheckSocket], at a
 // temporary name in the same directory, given its group and [SocketMode],
 // then renamed into place, so that it is never reachable with other
-// permissions and a stale socket is replaced in one step. Call it while
-// holding the daemon's lock: only the lock holder may replace the path.
-// The listener does not unlink the path when closed (an in-place upgrade
-// hands it on): call [Socket.Remove] at an orderly stop.
+// permissions and a stale socket is replaced in one step. Every step is
+// taken through a descriptor of the directory, checked as one only root
+// controls: no other user can make, move or replace a name in it, so
+// nobody can race the rename. Call it while holding the daemon's lock:
+// only the lock holder may replace the path. The listener does not unlink
+// the path when closed (an in-place upgrade hands it on): call
+// [Socket.Remove] at an orderly stop.
 func Listen(ctx context.Context, path string, opts SocketOptions) (*net.UnixListener, *Socket, error) {
 	if err := CheckSocket(ctx, path); err != nil {
 		return nil, nil, err
 	}
-	name := "." + filepath.Base(path) + ".new-" + strconv.Itoa(os.Getpid())
-	tmp := filepath.Join(filepath.Dir(path), name)
-	_ = os.Remove(tmp) // an earlier attempt of this pid's
-	// The temporary name is longer than path, which may itself be as long
-	// as a socket address can be: it is bound through a descriptor of the
-	// directory, so that its length is never what fails the bind.
-	dir, err := os.Open(filepath.Dir(path))
+	dir, err := rootdir.Open(filepath.Dir(path))
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w %s: %w", ErrSocket, path, err)
 	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: "/proc/self/fd/" + strconv.Itoa(int(dir.Fd())) + "/" + name, Net: "unix"})
-	_ = dir.Close()
+	defer dir.Close()
+	name := "." + filepath.Base(path) + ".new-" + strconv.Itoa(os.Getpid())
+	_ = dir.Remove(name) // an earlier attempt of this pid's
+	// The temporary name is longer than path, which may itself be as long
+	// as a socket address can be: it is bound through the directory's
+	// descriptor, so that its length is never what fails the bind, and the
+	// bind is in the directory checked.
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: "/proc/self/fd/" + strconv.Itoa(int(dir.File().Fd())) + "/" + name, Net: "unix"})
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: bind %s: %w", ErrSocket, tmp, err)
+		return nil, nil, fmt.Errorf("%w: bind %s: %w", ErrSocket, dir.Join(name), err)
 	}
 	l.SetUnlinkOnClose(false)
 	fail := func(err error) (*net.UnixListener, *Socket, error) {
 		_ = l.Close()
-		_ = os.Remove(tmp)
+		_ = dir.Remove(name)
 		return nil, nil, fmt.Errorf("%w %s: %w", ErrSocket, path, err)
 	}
-	if opts.GID >= 0 {
-		if err := os.Lchown(tmp, 0, opts.GID); err != nil {
-			return fail(fmt.Errorf("chown: %w", err))
-		}
+	st, err := share(dir, name, opts.GID)
+	if err != nil {
+		return fail(err)
 	}
-	if err := os.Chmod(tmp, SocketMode); err != nil {
-		return fail(fmt.Errorf("chmod: %w", err))
-	}
-	var st unix.Stat_t
-	if err := unix.Lstat(tmp, &st); err != nil {
-		return fail(fmt.Errorf("stat: %w", err))
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fail(fmt.Errorf("rename into place: %w", err))
+	if err := dir.Rename(name, filepath.Base(path)); err != nil {
+		return fail(fmt.Errorf("into place: %w", err))
 	}
 	return l, &Socket{Path: path, dev: st.Dev, ino: st.Ino}, nil
+}
+
+// share gives the socket file name in dir its group (gid, unless -1) and
+// [SocketMode], on the file itself: opened without following a link
+// (O_PATH), checked to be a socket, changed through that descriptor.
+func share(dir *rootdir.Dir, name string, gid int) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	f, err := dir.OpenFile(name, unix.O_PATH, 0)
+	if err != nil {
+		return st, err
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	if err := unix.Fstat(fd, &st); err != nil {
+		return st, fmt.Errorf("fstat %s: %w", f.Name(), err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return st, fmt.Errorf("%s is not the socket bound", f.Name())
+	}
+	if gid >= 0 {
+		if err := unix.Fchownat(fd, "", 0, gid, unix.AT_EMPTY_PATH); err != nil {
+			return st, fmt.Errorf("chown %s: %w", f.Name(), err)
+		}
+	}
+	// chmod has no form for an O_PATH descriptor but its /proc link, which
+	// names the file opened.
+	if err := unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), uint32(SocketMode)); err != nil {
+		return st, fmt.Errorf("chmod %s: %w", f.Name(), err)
+	}
+	return st, nil
 }
 
 // Adopt takes over a control socket handed over by an earlier image of the
@@ -192,17 +226,22 @@ func Adopt(f *os.File, path string) (*net.UnixListener, *Socket, error) {
 // Remove unlinks the socket's path if it is still this socket; a path
 // that is gone, or that another process bound since, is left alone.
 func (s *Socket) Remove() error {
-	var st unix.Stat_t
-	if err := unix.Lstat(s.Path, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		return fmt.Errorf("%w %s: stat: %w", ErrSocket, s.Path, err)
+	dir, err := rootdir.Open(filepath.Dir(s.Path))
+	if err != nil {
+		return fmt.Errorf("%w %s: %w", ErrSocket, s.Path, err)
 	}
-	if st.Dev != s.dev || st.Ino != s.ino {
+	defer dir.Close()
+	name := filepath.Base(s.Path)
+	st, err := dir.Stat(name)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("%w: %w", ErrSocket, err)
+	case st.Dev != s.dev || st.Ino != s.ino:
 		return nil
 	}
-	if err := os.Remove(s.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := dir.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %w", ErrSocket, err)
 	}
 	return nil
@@ -210,12 +249,19 @@ func (s *Socket) Remove() error {
 
 // OpenDir lets group gid reach the sockets in dir, a directory the daemon
 // owns (its state directory): search permission for the group (0710, group
-// gid), never listing or writing. Others get nothing.
+// gid), never listing or writing. Others get nothing. The directory is
+// changed through a descriptor of it, opened without following a link and
+// checked as one only root controls.
 func OpenDir(dir string, gid int) error {
-	if err := os.Lchown(dir, 0, gid); err != nil {
+	d, err := rootdir.Open(dir)
+	if err != nil {
 		return fmt.Errorf("%w: let group %d reach %s: %w", ErrSocket, gid, dir, err)
 	}
-	if err := os.Chmod(dir, 0o710); err != nil {
+	defer d.Close()
+	if err := d.File().Chown(0, gid); err != nil {
+		return fmt.Errorf("%w: let group %d reach %s: %w", ErrSocket, gid, dir, err)
+	}
+	if err := d.File().Chmod(0o710); err != nil {
 		return fmt.Errorf("%w: let group %d reach %s: %w", ErrSocket, gid, dir, err)
 	}
 	return nil

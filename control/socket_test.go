@@ -35,6 +35,18 @@ func TestListenRefusesWhatIsNotASocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
+	// Directories another user could write: the socket is never bound
+	// there, nor the temporary name renamed.
+	open := map[string]os.FileMode{"world": 0o777, "sticky": os.ModeSticky | 0o777, "group": 0o770}
+	others := t.TempDir()
+	for name, mode := range open {
+		if err := os.Mkdir(filepath.Join(others, name), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(others, name), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tc := range []struct {
 		name, path string
 		inUse      bool
@@ -45,6 +57,9 @@ func TestListenRefusesWhatIsNotASocket(t *testing.T) {
 		{"a live socket", live, true},
 		{"a relative path", "control.sock", false},
 		{"in a missing directory", filepath.Join(dir, "missing", "control.sock"), false},
+		{"in a world-writable directory", filepath.Join(others, "world", "control.sock"), false},
+		{"in a sticky world-writable directory", filepath.Join(others, "sticky", "control.sock"), false},
+		{"in a group-writable directory", filepath.Join(others, "group", "control.sock"), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before, _ := os.Lstat(tc.path)
@@ -64,6 +79,11 @@ func TestListenRefusesWhatIsNotASocket(t *testing.T) {
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 4 { // file, dir, link, live.sock
 		t.Fatalf("Listen left something behind in %s: %v", dir, entries)
+	}
+	for name := range open {
+		if entries, _ := os.ReadDir(filepath.Join(others, name)); len(entries) != 0 {
+			t.Errorf("Listen made %v in the %s-writable directory", entries, name)
+		}
 	}
 }
 

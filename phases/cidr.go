@@ -84,18 +84,16 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 	}
 	path := lockfile.CIDRPath(d.cfg.LockDir, scope, d.cfg.Slots.CIDR)
 	if f := d.app.Inherited(cidrHandover); f != nil {
-		l, err := lockfile.Adopt(f, path)
+		legacy := lockfile.CIDRPath(lockfile.LegacyDir, scope, d.cfg.Slots.CIDR)
+		l, err := d.adoptLock(f, path, legacy, func() (*lockfile.Lock, error) { return d.acquireCIDR(ctx, scope) })
 		if err != nil {
-			return lifecycle.Permanent(fmt.Errorf("the CIDR lock handed over by the previous image: %w", err))
+			return lifecycle.Permanent(asConfig(fmt.Errorf("the CIDR lock handed over by the previous image: %w", err)))
 		}
 		d.cidrLock = l
 		d.app.HandOver(cidrHandover, l.File())
 		return nil
 	}
-	l, err := lockfile.AcquireCIDR(ctx, d.cfg.LockDir, scope, d.cfg.Slots.CIDR)
-	if held := (*lockfile.CIDRHeldError)(nil); errors.As(err, &held) {
-		return lifecycle.Permanent(fmt.Errorf("%w: %v: give each daemon on a host a --slot-cidr of its own (docs/DEPLOYING.md)", ErrConfig, held))
-	}
+	l, err := d.acquireCIDR(ctx, scope)
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
@@ -103,6 +101,17 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 	d.checkHost = true
 	d.app.HandOver(cidrHandover, l.File())
 	return nil
+}
+
+// acquireCIDR takes the CIDR lock in the network namespace scope names:
+// an equal or overlapping CIDR held, or a lock directory another user
+// could change, is a configuration error.
+func (d *Daemon) acquireCIDR(ctx context.Context, scope string) (*lockfile.Lock, error) {
+	l, err := lockfile.AcquireCIDR(ctx, d.cfg.LockDir, scope, d.cfg.Slots.CIDR)
+	if held := (*lockfile.CIDRHeldError)(nil); errors.As(err, &held) {
+		return nil, fmt.Errorf("%w: %v: give each daemon on a host a --slot-cidr of its own (docs/DEPLOYING.md)", ErrConfig, held)
+	}
+	return l, asConfig(err)
 }
 
 // checkHostCIDR refuses a slot CIDR, or a guest network, that overlaps an

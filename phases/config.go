@@ -14,6 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/phasegate/phasegate/internal/rootdir"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
@@ -35,10 +36,14 @@ var ErrConfig = errors.New("configuration")
 type Config struct {
 	// Listen is the TCP address of the one port (gRPC and HTTP).
 	Listen string
-	// StateDir holds the daemon's state; created 0700 if missing.
+	// StateDir holds the daemon's state; created 0700 if missing. Only
+	// root may control it and every directory above it (docs/SECURITY.md,
+	// "Files only root controls").
 	StateDir string
-	// LockDir holds the slot locks (see [lockfile.SlotsPath]); every
-	// phasegate on a host must use the same one, so it is no flag.
+	// LockDir holds the slot and CIDR locks (see [lockfile.SlotsPath]);
+	// created 0700 if missing, and only root may control it, as StateDir.
+	// Every phasegate on a host must use the same one: the default,
+	// [lockfile.DefaultDir], unless all are told another.
 	LockDir string
 	// LockWait is how long to wait for a lock held by another instance;
 	// zero fails at once.
@@ -167,9 +172,12 @@ func (c Config) Validate() error {
 	if c.RequireClientCert && (c.TLS == nil || c.TLS.ClientCAs == nil) {
 		bad("--tls-client-ca needs --tls-cert and --tls-key")
 	}
-	if err := checkDir("--state-dir", c.StateDir); err != nil {
+	if err := checkRootDir("--state-dir", c.StateDir); err != nil {
 		bad("%v", err)
 	} else if err := c.validateControl(); err != nil {
+		bad("%v", err)
+	}
+	if err := checkRootDir("--lock-dir", c.LockDir); err != nil {
 		bad("%v", err)
 	}
 	if err := checkDir("--netns-dir", c.Slots.NetnsDir); err != nil {
@@ -299,6 +307,20 @@ func checkDir(flag, dir string) error {
 		return fmt.Errorf("%s %s is a symlink; give the real path", flag, dir)
 	case !fi.IsDir():
 		return fmt.Errorf("%s %s is not a directory", flag, dir)
+	}
+	return nil
+}
+
+// checkRootDir is checkDir for a directory only root may control: it and
+// every directory above it must be root's and writable by no one else (a
+// sticky directory above aside), and not a link (rootdir's rule). The one
+// line names the path, its owner and its mode.
+func checkRootDir(flag, dir string) error {
+	if !filepath.IsAbs(dir) {
+		return checkDir(flag, dir)
+	}
+	if err := rootdir.Check(dir); err != nil {
+		return fmt.Errorf("%s %w", flag, err)
 	}
 	return nil
 }

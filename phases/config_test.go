@@ -20,6 +20,15 @@ func TestConfigValidate(t *testing.T) {
 	if err := os.Symlink(base, link); err != nil {
 		t.Fatal(err)
 	}
+	open := map[string]os.FileMode{"world": 0o777, "group": 0o770, "sticky": os.ModeSticky | 0o777, "search": 0o710}
+	for name, mode := range open {
+		if err := os.Mkdir(filepath.Join(base, name), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(base, name), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
 	valid := func() Config {
 		c := DefaultConfig()
 		c.StateDir = filepath.Join(base, "state")
@@ -39,6 +48,15 @@ func TestConfigValidate(t *testing.T) {
 		{"state dir relative", func(c *Config) { c.StateDir = "state" }, "absolute"},
 		{"state dir is a file", func(c *Config) { c.StateDir = file }, "not a directory"},
 		{"state dir is a symlink", func(c *Config) { c.StateDir = link }, "symlink"},
+		{"state dir world-writable", func(c *Config) { c.StateDir = filepath.Join(base, "world") }, "--state-dir " + filepath.Join(base, "world") + " is writable by others: owner "},
+		{"state dir group-writable", func(c *Config) { c.StateDir = filepath.Join(base, "group") }, "is writable by its group"},
+		{"state dir in a world-writable dir", func(c *Config) { c.StateDir = filepath.Join(base, "world", "state") }, filepath.Join(base, "world") + " above it is writable by others"},
+		{"state dir in a sticky dir", func(c *Config) { c.StateDir = filepath.Join(base, "sticky", "state") }, ""},
+		{"state dir searchable by a group (the control group's 0710)", func(c *Config) { c.StateDir = filepath.Join(base, "search") }, ""},
+		{"lock dir relative", func(c *Config) { c.LockDir = "locks" }, "--lock-dir \"locks\" must be an absolute path"},
+		{"lock dir sticky and world-writable, as /run/lock", func(c *Config) { c.LockDir = filepath.Join(base, "sticky") }, "--lock-dir " + filepath.Join(base, "sticky") + " is writable by others"},
+		{"lock dir is a symlink", func(c *Config) { c.LockDir = link }, "--lock-dir " + link + " is a symlink"},
+		{"lock dir in a sticky dir", func(c *Config) { c.LockDir = filepath.Join(base, "sticky", "locks") }, ""},
 		{"netns dir without parent", func(c *Config) { c.Slots.NetnsDir = "/nonexistent/x/netns" }, "parent directory"},
 		{"netns dir is a file", func(c *Config) { c.Slots.NetnsDir = file }, "not a directory"},
 		{"no slots", func(c *Config) { c.Slots.Slots = 0 }, "slots is 0"},
@@ -66,7 +84,9 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
-	if _, err := os.Stat(filepath.Join(base, "state")); !os.IsNotExist(err) {
-		t.Fatal("Validate created the state dir")
+	for _, dir := range []string{filepath.Join(base, "state"), filepath.Join(base, "world", "state"), filepath.Join(base, "sticky", "locks")} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Fatalf("Validate created %s", dir)
+		}
 	}
 }

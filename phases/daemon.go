@@ -201,7 +201,7 @@ func (d *Daemon) StopBudget() time.Duration { return d.app.StopBudget() }
 
 func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	d.checkDrainDelay()
-	if err := lockfile.EnsureDir(d.cfg.StateDir); err != nil {
+	if err := d.cfg.ensureStateDir(); err != nil {
 		return lifecycle.Permanent(err)
 	}
 	path, err := d.cfg.LockPath()
@@ -210,9 +210,13 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	if f := d.app.Inherited(lockHandover); f != nil {
 		// An in-place upgrade: the old image kept the lock for us.
-		l, err := lockfile.Adopt(f, path)
+		legacy, err := lockfile.SlotsPath(lockfile.LegacyDir, d.cfg.Slots.NetnsDir, d.cfg.Slots.Prefix)
 		if err != nil {
-			return lifecycle.Permanent(fmt.Errorf("the lock handed over by the previous image: %w", err))
+			return lifecycle.Permanent(err)
+		}
+		l, err := d.adoptLock(f, path, legacy, func() (*lockfile.Lock, error) { return d.acquireLock(ctx, path, 0) })
+		if err != nil {
+			return lifecycle.Permanent(asConfig(fmt.Errorf("the lock handed over by the previous image: %w", err)))
 		}
 		d.lock = l
 		d.app.HandOver(lockHandover, l.File())
@@ -222,16 +226,24 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 	if d.cfg.LockWait > 0 {
 		p.SetMessage("waiting up to " + d.cfg.LockWait.String() + " for " + path)
 	}
-	l, err := lockfile.Acquire(ctx, path, d.cfg.LockWait)
-	if held := (*lockfile.HeldError)(nil); errors.As(err, &held) {
-		return lifecycle.Permanent(d.cfg.HeldError(held))
-	}
+	l, err := d.acquireLock(ctx, path, d.cfg.LockWait)
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
 	d.lock = l
 	d.app.HandOver(lockHandover, l.File())
 	return nil
+}
+
+// acquireLock takes the slots lock at path, waiting up to wait: a holder
+// is a *SlotsHeldError, a lock directory another user could change a
+// configuration error.
+func (d *Daemon) acquireLock(ctx context.Context, path string, wait time.Duration) (*lockfile.Lock, error) {
+	l, err := lockfile.Acquire(ctx, path, wait)
+	if held := (*lockfile.HeldError)(nil); errors.As(err, &held) {
+		return nil, d.cfg.HeldError(held)
+	}
+	return l, asConfig(err)
 }
 
 // openStore opens the records once the lock is held: only the holder of

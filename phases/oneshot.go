@@ -6,14 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
-	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
 // oneShot is a daemon that runs no phases: what `phasegate reclaim` and
@@ -23,21 +20,19 @@ func oneShot(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, func()
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if err := lockfile.EnsureDir(cfg.StateDir); err != nil {
+	if err := cfg.ensureStateDir(); err != nil {
 		return nil, nil, err
 	}
 	path, err := cfg.LockPath()
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err := lockfile.Acquire(ctx, path, 0)
-	if held := (*lockfile.HeldError)(nil); errors.As(err, &held) {
-		return nil, nil, cfg.HeldError(held)
-	}
+	d := &Daemon{cfg: cfg, log: log}
+	l, err := d.acquireLock(ctx, path, 0)
 	if err != nil {
 		return nil, nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, lock: l}
+	d.lock = l
 	if d.store, err = d.openState(); err != nil {
 		_ = l.Unlock()
 		return nil, nil, err
@@ -160,7 +155,7 @@ func (r *DecommissionResult) String() string {
 // refuses to run beside one, and refuses with a *[LeasesExistError] while
 // leases exist unless destroyLeased confirms it. The lock file stays in
 // the lock directory, unlocked: removing it would let a waiter lock a file
-// a newcomer then replaces (see [lockfile.Lock.Unlock]).
+// a newcomer then replaces (see lockfile.Lock.Unlock).
 func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog.Logger) (*DecommissionResult, error) {
 	d, done, err := oneShot(ctx, cfg, log)
 	if err != nil {
@@ -202,12 +197,9 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 		return res, fmt.Errorf("decommission: close the records: %w", err)
 	}
 	path := cfg.StatePath()
-	backups, _ := filepath.Glob(path + ".schema*.bak") // a valid pattern: only a malformed one errs
-	for _, p := range append([]string{path, path + leases.JournalSuffix}, backups...) {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return res, fmt.Errorf("decommission: remove %s: %w", p, err)
-		}
-		res.Removed = append(res.Removed, p)
+	res.Removed, err = leases.Remove(path)
+	if err != nil {
+		return res, fmt.Errorf("decommission: %w", err)
 	}
 	res.KeptAside = leases.KeptAside(path).All()
 	return res, nil

@@ -192,7 +192,7 @@ func TestAcquireRefusesATTLNotPositive(t *testing.T) {
 func TestAcquireOnAFullStateFilesystem(t *testing.T) {
 	r := newSlotsRig(t, 32, 1)
 	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "mode=0700,size=64k"); err != nil { // 0700: a state directory only root controls
 		t.Fatalf("mount a small tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })

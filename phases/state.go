@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/phasegate/phasegate/internal/rootdir"
 	"github.com/phasegate/phasegate/network/leases"
 )
 
@@ -28,6 +29,7 @@ func (d *Daemon) openState() (*leases.Store, error) {
 	var access *leases.AccessError
 	var schema *leases.SchemaError
 	var locked *leases.LockedError
+	var link *rootdir.LinkError
 	switch {
 	case err == nil:
 		// Records must outlive the process, not the machine: commits are
@@ -56,6 +58,10 @@ func (d *Daemon) openState() (*leases.Store, error) {
 		return st, nil
 	case errors.As(err, &schema):
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	case errors.As(err, &link):
+		// Only root can have put it in a state directory only root
+		// controls; what it points to is not the daemon's to judge.
+		return nil, fmt.Errorf("%w: state file: %w", ErrConfig, link)
 	case errors.As(err, &locked):
 		return nil, fmt.Errorf("state file %s is open in another process (%s): two daemons must never share a state directory: %w", path, holder(locked.PID), err)
 	case errors.As(err, &corrupt), errors.As(err, &access):

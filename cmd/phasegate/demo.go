@@ -86,6 +86,12 @@ type demo struct {
 	exited  chan struct{} // closed when the child exited
 }
 
+// lockPath is the demo's own lock, beside the daemons' in the lock
+// directory only root controls (in /tmp anyone could take it first).
+func (d *demo) lockPath() string {
+	return filepath.Join(lockfile.DefaultDir, "demo-"+d.prefix+".lock")
+}
+
 func (d *demo) say(format string, a ...any) { fmt.Fprintf(d.e.stdout, format+"\n", a...) }
 
 func (d *demo) setup(dir string, leaked int) error {
@@ -112,7 +118,7 @@ func (d *demo) setup(dir string, leaked int) error {
 	}
 	// One demo per prefix at a time: the lock makes the sweep of an earlier,
 	// killed demo's leftovers safe.
-	d.lock, err = lockfile.Acquire(context.Background(), filepath.Join(os.TempDir(), "phasegate-demo-"+d.prefix+"lock"), 0)
+	d.lock, err = lockfile.Acquire(context.Background(), d.lockPath(), 0)
 	if err != nil {
 		d.removeDir()
 		return fmt.Errorf("another demo with prefix %q runs: %w", d.prefix, err)
@@ -443,7 +449,7 @@ func (d *demo) cleanup() error {
 	}
 	if d.lock != nil {
 		_ = d.lock.Unlock()
-		_ = os.Remove(filepath.Join(os.TempDir(), "phasegate-demo-"+d.prefix+"lock"))
+		_ = os.Remove(d.lockPath())
 	}
 	if err != nil {
 		return err

@@ -45,7 +45,8 @@ func (l *logFlags) logger(w io.Writer) *slog.Logger {
 // slotFlags registers the flags that say where slots live and how they are
 // reclaimed: shared by serve and reclaim.
 func slotFlags(fs *flag.FlagSet, cfg *phases.Config) {
-	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the slots' durable records, "+phases.StateFileName+" (created 0700; tmpfs, so they vanish at reboot with the namespaces)")
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the slots' durable records, "+phases.StateFileName+" (created 0700; tmpfs, so they vanish at reboot with the namespaces; root's and writable by no one else)")
+	fs.StringVar(&cfg.LockDir, "lock-dir", cfg.LockDir, "directory of the locks every phasegate on the host shares: give every daemon and command on a host the same one (created 0700; root's and writable by no one else)")
 	fs.StringVar(&cfg.Slots.NetnsDir, "netns-dir", cfg.Slots.NetnsDir, "directory of the network namespace files")
 	fs.StringVar(&cfg.Slots.Prefix, "slot-prefix", cfg.Slots.Prefix, "prefix of every name this daemon owns (netns <prefix><i>, host veth <prefix>h<i>)")
 	fs.IntVar(&cfg.Slots.Slots, "slots", cfg.Slots.Slots, "number of slot indices, 1..N")

@@ -490,14 +490,15 @@ func TestUnreadableFileGivesAccessError(t *testing.T) {
 }
 
 // tinyTmpfs mounts a tmpfs of size bytes on a new directory, unmounted at
-// cleanup.
+// cleanup: root's and 0700, as a state directory must be (a tmpfs is 1777
+// unless told).
 func tinyTmpfs(t *testing.T, size int) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a tmpfs")
 	}
 	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+strconv.Itoa(size)); err != nil {
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "mode=0700,size="+strconv.Itoa(size)); err != nil {
 		t.Fatalf("mount tmpfs: %v", err)
 	}
 	t.Cleanup(func() {

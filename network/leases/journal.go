@@ -10,6 +10,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/internal/rootdir"
 )
 
 // The journal. Every committed group of writes is one entry appended to
@@ -68,11 +70,13 @@ type journal struct {
 	buf   []byte // reused entry buffer
 }
 
-// openJournal opens (or creates) the journal at path, reads every whole
-// entry into c, drops a torn last entry, and returns the journal ready to
-// append, with the number of changes replayed.
-func openJournal(path string, fsync bool, c *changeSet) (*journal, int, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+// openJournal opens (or creates) the journal name in dir, never through a
+// link, reads every whole entry into c, drops a torn last entry, and
+// returns the journal ready to append, with the number of changes
+// replayed.
+func openJournal(dir *rootdir.Dir, name string, fsync bool, c *changeSet) (*journal, int, error) {
+	path := dir.Join(name)
+	f, err := dir.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	switch {
 	case err != nil && isAccess(err):
 		return nil, 0, &AccessError{Path: path, Err: err}

@@ -15,17 +15,26 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/internal/rootdir"
 )
 
 // Open opens the store at path, creating it (mode 0600) if there is no
-// file; the directory must exist. It takes the file's lock (see
-// Options.LockTimeout), checks the whole file and upgrades an older schema.
+// file; the directory must exist, and only root may control it: owned by
+// root and writable by no one else, as every directory above it is (a
+// sticky one aside; docs/SECURITY.md, "Files only root controls"). It
+// takes the file's lock (see Options.LockTimeout), checks the whole file
+// and upgrades an older schema. Every file in the directory, the store's and its journal's and
+// the copies it makes, is opened relative to the directory's descriptor
+// and never through a symbolic link.
 //
 // Open never panics on what it reads. Its typed errors: *LockedError (held
 // by another process), *CorruptError (not a usable lease store: MoveAside
 // it), *AccessError (cannot be read or written), *SchemaError (written by a
-// newer build), and an error matching ErrNoSpace (no room to create or
-// upgrade it). A file Open creates and cannot finish is removed again.
+// newer build), an error matching ErrNoSpace (no room to create or
+// upgrade it), and one matching syscall.ELOOP when the file or its journal
+// is a symbolic link, which is refused, not followed. A file Open creates
+// and cannot finish is removed again.
 func Open(path string, opts Options) (*Store, error) {
 	return open(path, opts, migrations)
 }
@@ -34,34 +43,50 @@ func open(path string, opts Options, migs []migration) (*Store, error) {
 	if opts.LockTimeout < 0 {
 		return nil, fmt.Errorf("%w: negative lock timeout %v", ErrInvalid, opts.LockTimeout)
 	}
+	dir, err := rootdir.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("leases: %w", err)
+	}
+	s, err := openIn(dir, path, opts, migs)
+	if err != nil {
+		dir.Close()
+	}
+	return s, err
+}
+
+// openIn opens the store at path, whose directory is dir.
+func openIn(dir *rootdir.Dir, path string, opts Options, migs []migration) (*Store, error) {
+	name := filepath.Base(path)
 	existed, empty := true, false
-	switch st, err := os.Stat(path); {
+	switch st, err := dir.Stat(name); {
 	case errors.Is(err, fs.ErrNotExist):
 		existed = false
 	case err != nil && isAccess(err):
 		return nil, &AccessError{Path: path, Err: err}
 	case err != nil:
 		return nil, fmt.Errorf("leases: %w", err)
-	case !st.Mode().IsRegular():
-		return nil, &CorruptError{Path: path, Err: fmt.Errorf("not a regular file (%v)", st.Mode().Type())}
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return nil, &CorruptError{Path: path, Err: fmt.Errorf("not a regular file (%v)", fs.FileMode(st.Mode&unix.S_IFMT))}
 	default:
-		empty = st.Size() == 0
+		empty = st.Size == 0
 	}
 	// undo removes what a failed Open wrote into a file it made, or into an
 	// empty one (which it treats as new).
 	undo := func() {
 		if !existed {
-			os.Remove(path)
+			dir.Remove(name)
 		} else if empty {
-			os.Truncate(path, 0)
+			if f, err := dir.OpenFile(name, os.O_WRONLY|os.O_TRUNC, 0); err == nil {
+				f.Close()
+			}
 		}
 	}
 
-	fsync, err := wantFsync(path, opts.Sync)
+	fsync, err := wantFsync(dir, opts.Sync)
 	if err != nil {
 		return nil, err
 	}
-	db, err := openBolt(path, opts, fsync)
+	db, file, err := openBolt(dir, path, opts, fsync)
 	if err != nil {
 		var locked *LockedError
 		if !errors.As(err, &locked) {
@@ -69,7 +94,7 @@ func open(path string, opts Options, migs []migration) (*Store, error) {
 		}
 		return nil, err
 	}
-	s := &Store{path: path, db: db, opened: Opened{Fsync: fsync}}
+	s := &Store{path: path, dir: dir, name: name, file: file, db: db, opened: Opened{Fsync: fsync}}
 	if err := s.prepare(migs); err != nil {
 		undo() // while the lock is still ours
 		db.Close()
@@ -83,7 +108,7 @@ func open(path string, opts Options, migs []migration) (*Store, error) {
 	if !existed || s.opened.Fresh {
 		// The directory entries of the file and its journal must outlive
 		// a crash too.
-		if err := syncDir(filepath.Dir(path)); err != nil {
+		if err := dir.Sync(); err != nil {
 			s.jnl.close()
 			db.Close()
 			return nil, fmt.Errorf("leases: %w", err)
@@ -101,18 +126,22 @@ func open(path string, opts Options, migs []migration) (*Store, error) {
 // bring back a part of that file's records, so it is moved aside too,
 // beside the file's own name with .orphan-<UTC time>.
 func (s *Store) openJournal() error {
-	jpath := s.path + JournalSuffix
+	jname := s.name + JournalSuffix
 	if s.opened.Fresh {
-		if st, err := os.Stat(jpath); err == nil && st.Size() > 0 {
-			dst := jpath + orphanInfix + time.Now().UTC().Format(asideTime)
-			if err := unix.Renameat2(unix.AT_FDCWD, jpath, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
-				return fmt.Errorf("leases: rename the journal of a file that is gone, %s, to %s: %w", jpath, dst, err)
+		st, err := s.dir.Stat(jname)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("leases: %w", err)
+		}
+		if err == nil && st.Size > 0 {
+			dst := jname + orphanInfix + time.Now().UTC().Format(asideTime)
+			if err := s.dir.RenameNoReplace(jname, dst); err != nil {
+				return fmt.Errorf("leases: the journal of a file that is gone: %w", err)
 			}
-			s.opened.OrphanJournal = dst
+			s.opened.OrphanJournal = s.dir.Join(dst)
 		}
 	}
 	s.pending, s.group = newChangeSet(), newChangeSet()
-	j, n, err := openJournal(jpath, s.opened.Fsync, s.pending)
+	j, n, err := openJournal(s.dir, jname, s.opened.Fsync, s.pending)
 	if err != nil {
 		return err
 	}
@@ -123,20 +152,22 @@ func (s *Store) openJournal() error {
 // openBolt runs bolt.Open with its faults contained: bbolt reads the meta
 // and freelist pages while opening, and a damaged or missing page can make
 // it panic or fault, leaving its file (and lock) open; the lock is released
-// and the file closed here then.
-func openBolt(path string, opts Options, fsync bool) (db *bolt.DB, err error) {
+// and the file closed here then. bbolt opens the file through dir, never
+// through a link; the file it opened is returned too, for a check of what
+// was opened rather than of the path.
+func openBolt(dir *rootdir.Dir, path string, opts Options, fsync bool) (db *bolt.DB, file *os.File, err error) {
 	timeout := opts.LockTimeout
 	if timeout == 0 {
 		// bbolt waits forever on 0; any positive timeout shorter than its
 		// 50 ms retry fails after the first try.
 		timeout = time.Nanosecond
 	}
-	var file *os.File
+	name := filepath.Base(path)
 	bopts := &bolt.Options{
 		Timeout: timeout,
 		NoSync:  !fsync,
-		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-			f, err := os.OpenFile(name, flag, perm)
+		OpenFile: func(_ string, flag int, perm os.FileMode) (*os.File, error) {
+			f, err := dir.OpenFile(name, flag, perm)
 			file = f
 			return f, err
 		},
@@ -151,33 +182,33 @@ func openBolt(path string, opts Options, fsync bool) (db *bolt.DB, err error) {
 				unix.Flock(int(file.Fd()), unix.LOCK_UN)
 				file.Close()
 			}
-			db, err = nil, &CorruptError{Path: path, Err: fmt.Errorf("bbolt: %v", p)}
+			db, file, err = nil, nil, &CorruptError{Path: path, Err: fmt.Errorf("bbolt: %v", p)}
 		}
 	}()
 	db, err = bolt.Open(path, 0o600, bopts)
 	switch {
 	case err == nil:
-		return db, nil
+		return db, file, nil
 	case errors.Is(err, berrors.ErrTimeout):
-		return nil, &LockedError{Path: path, PID: lockHolder(path)}
+		return nil, nil, &LockedError{Path: path, PID: lockHolder(dir, name)}
 	case isAccess(err):
-		return nil, &AccessError{Path: path, Err: err}
+		return nil, nil, &AccessError{Path: path, Err: err}
 	case isNoSpace(err):
-		return nil, &noSpace{fmt.Errorf("leases: create %s: %w", path, err)}
+		return nil, nil, &noSpace{fmt.Errorf("leases: create %s: %w", path, err)}
 	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
 		errors.Is(err, berrors.ErrVersionMismatch), strings.Contains(err.Error(), "file size too small"):
 		// Bad meta pages, no page size to be found, a file too small to
 		// be a bbolt file: what the file holds.
-		return nil, &CorruptError{Path: path, Err: err}
+		return nil, nil, &CorruptError{Path: path, Err: err}
 	}
-	// The rest is about where the file is (a missing directory) or the
-	// system (mmap refused): not the file's fault.
-	return nil, fmt.Errorf("leases: open %s: %w", path, err)
+	// The rest is about where the file is (a link, refused; a missing
+	// directory) or the system (mmap refused): not the file's fault.
+	return nil, nil, fmt.Errorf("leases: open %s: %w", path, err)
 }
 
-// wantFsync resolves mode for the file at path: SyncAuto fsyncs unless
-// path's directory is on tmpfs or ramfs.
-func wantFsync(path string, mode Sync) (bool, error) {
+// wantFsync resolves mode for a file in dir: SyncAuto fsyncs unless dir
+// is on tmpfs or ramfs.
+func wantFsync(dir *rootdir.Dir, mode Sync) (bool, error) {
 	switch mode {
 	case SyncAlways:
 		return true, nil
@@ -187,10 +218,10 @@ func wantFsync(path string, mode Sync) (bool, error) {
 	default:
 		return false, fmt.Errorf("%w: sync mode %d", ErrInvalid, mode)
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
-		// Open reports a missing or unreadable directory better: fsync,
-		// the safe choice, and let it.
+	st, err := dir.Statfs()
+	if err != nil {
+		// Open reports an unreadable directory better: fsync, the safe
+		// choice, and let it.
 		return true, nil
 	}
 	return !inMemory(st.Type), nil
@@ -202,67 +233,12 @@ func inMemory(fsType int64) bool {
 	return fsType == unix.TMPFS_MAGIC || fsType == unix.RAMFS_MAGIC
 }
 
-// MoveAside renames the store's file at path to path.corrupt-<UTC time>,
-// and its journal, if it holds anything, to that name with JournalSuffix,
-// for inspection, so that Open can start a new store. It refuses while a
-// process holds the file (*LockedError), never replaces an existing file,
-// and returns the new name.
-//
-// After a *CorruptError or *AccessError the records are gone for the
-// daemon: it cannot tell the slots it finds leased from leaked, so its safe
-// default is to touch none of them (quarantine and report) rather than
-// reclaim them as it would with a readable store.
-func MoveAside(path string) (string, error) {
-	f, err := os.Open(path)
-	switch {
-	case err == nil:
-		defer f.Close()
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
-			return "", &LockedError{Path: path, PID: lockHolder(path)}
-		} else if err != nil {
-			return "", fmt.Errorf("leases: flock %s: %w", path, err)
-		}
-	case isAccess(err):
-		// Unreadable: no process of ours can be using it either.
-	default:
-		return "", fmt.Errorf("leases: %w", err)
-	}
-	dst := path + corruptInfix + time.Now().UTC().Format(asideTime)
-	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
-		return "", fmt.Errorf("leases: rename %s to %s: %w", path, dst, err)
-	}
-	// The journal goes with its file, named after the copy, unless it
-	// holds nothing (the next Open starts it again).
-	jpath := path + JournalSuffix
-	if st, err := os.Stat(jpath); err == nil && st.Size() > 0 {
-		if err := unix.Renameat2(unix.AT_FDCWD, jpath, unix.AT_FDCWD, dst+JournalSuffix, unix.RENAME_NOREPLACE); err != nil {
-			return dst, fmt.Errorf("leases: rename %s to %s: %w", jpath, dst+JournalSuffix, err)
-		}
-	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
-		return dst, fmt.Errorf("leases: %w", err)
-	}
-	return dst, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
+// lockHolder finds the pid holding a flock on name in dir in /proc/locks,
+// whose lines read "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (pid,
+// then device major:minor in hex and inode). 0 when not found.
+func lockHolder(dir *rootdir.Dir, name string) int {
+	st, err := dir.Stat(name)
 	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
-}
-
-// lockHolder finds the pid holding a flock on path in /proc/locks, whose
-// lines read "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (pid, then
-// device major:minor in hex and inode). 0 when not found.
-func lockHolder(path string) int {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
 		return 0
 	}
 	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -271,7 +270,8 @@ func (s *Store) prepare(migs []migration) error {
 // outside the file would be a fatal fault rather than an error; after the
 // walk every reachable page is known to be readable.
 func (s *Store) verify(version int) error {
-	st, err := os.Stat(s.path)
+	// The file bbolt opened, not what the path names now.
+	st, err := s.file.Stat()
 	if err != nil {
 		return fmt.Errorf("leases: %w", err)
 	}
@@ -322,13 +322,32 @@ func walk(b *bolt.Bucket) error {
 	return nil
 }
 
-// backup copies the file, as of now, to <path>.schema<version>.bak before
-// an upgrade (the file is locked: nothing changes it meanwhile).
+// backupName is the copy of the store name taken before an upgrade from
+// schema version.
+func backupName(name string, version int) string {
+	return fmt.Sprintf("%s.schema%d.bak", name, version)
+}
+
+// isBackup reports whether n is a copy of the store name that backup took
+// (Remove removes them with the store).
+func isBackup(name, n string) bool {
+	v, ok := strings.CutPrefix(n, name+".schema")
+	if !ok {
+		return false
+	}
+	v, ok = strings.CutSuffix(v, ".bak")
+	_, err := strconv.Atoi(v)
+	return ok && err == nil
+}
+
+// backup copies the file, as of now, to backupName before an upgrade (the
+// file is locked: nothing changes it meanwhile), in the store's directory
+// and through no link.
 func (s *Store) backup(version int) (string, error) {
-	dst := fmt.Sprintf("%s.schema%d.bak", s.path, version)
+	dst := backupName(s.name, version)
 	tmp := dst + ".tmp"
 	err := s.view(func(tx *bolt.Tx) error {
-		f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		f, err := s.dir.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 		if err != nil {
 			return err
 		}
@@ -342,14 +361,14 @@ func (s *Store) backup(version int) (string, error) {
 		if err != nil {
 			return err
 		}
-		return os.Rename(tmp, dst)
+		return s.dir.Rename(tmp, dst)
 	})
 	if err == nil {
-		err = syncDir(filepath.Dir(dst))
+		err = s.dir.Sync()
 	}
 	if err != nil {
-		os.Remove(tmp)
+		s.dir.Remove(tmp)
 		return "", fmt.Errorf("leases: back up %s before upgrading it from schema %d: %w", s.path, version, err)
 	}
-	return dst, nil
+	return s.dir.Join(dst), nil
 }

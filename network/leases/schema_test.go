@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/phasegate/phasegate/internal/rootdir"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -408,7 +409,12 @@ func TestOpenUpgradesSchema4CertificatePrincipalsToLegacy(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.Close()
-	j, _, err := openJournal(path+JournalSuffix, false, newChangeSet())
+	dir, err := rootdir.Open(filepath.Dir(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	j, _, err := openJournal(dir, filepath.Base(path)+JournalSuffix, false, newChangeSet())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -14,6 +15,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/phasegate/phasegate/internal/rootdir"
 )
 
 // Options configure Open. The zero value is usable.
@@ -76,7 +79,13 @@ type Opened struct {
 // once their transaction is committed to the file (and fsynced, see Sync);
 // concurrent writes share transactions (group commit).
 type Store struct {
-	path   string
+	path string
+	// dir is the file's directory, name the file's name in it: every
+	// file of the store is opened through dir, never through a link.
+	dir  *rootdir.Dir
+	name string
+	// file is what bbolt opened (and closes).
+	file   *os.File
 	db     *bolt.DB
 	opened Opened
 
@@ -140,6 +149,9 @@ func (s *Store) Close() error {
 	}
 	if err := s.db.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("leases: close %s: %w", s.path, err))
+	}
+	if err := s.dir.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("leases: close %s: %w", s.dir.Path(), err))
 	}
 	return errors.Join(errs...)
 }

@@ -5,19 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/internal/rootdir"
 )
 
 // A daemon's slot CIDR is locked with a file of its own, named after the
 // network namespace it runs in and the CIDR
 // (cidr-net4026531840-169.254.64.0_18.lock: addresses are exclusive per
-// network namespace, and /run/lock is shared by all of them), flocked for as long as the daemon runs
+// network namespace, and the lock directory is shared by all of them), flocked for as long as the daemon runs
 // (and across an in-place upgrade, like the slots lock). CIDRs of two
 // daemons can overlap without being equal, so one file per CIDR is not
 // enough by itself: a daemon takes its file under a guard
@@ -88,8 +89,9 @@ func (e *CIDRHeldError) Error() string {
 // Unwrap returns the lock's own error.
 func (e *CIDRHeldError) Unwrap() error { return e.Lock }
 
-// AcquireCIDR locks cidr in lockDir for the caller, in the network
-// namespace scope names, or fails with a *[CIDRHeldError] naming a holder
+// AcquireCIDR locks cidr in lockDir (made 0700 when missing, and refused
+// unless only root controls it, as by [Acquire]) for the caller, in the
+// network namespace scope names, or fails with a *[CIDRHeldError] naming a holder
 // of an equal or overlapping CIDR in it. It never waits for another
 // holder: two daemons whose slots would share addresses must not both
 // run, whichever started first.
@@ -100,39 +102,43 @@ func AcquireCIDR(ctx context.Context, lockDir, scope string, cidr netip.Prefix) 
 	if !cidr.IsValid() || cidr != cidr.Masked() {
 		return nil, fmt.Errorf("lockfile: CIDR %s is not a masked prefix", cidr)
 	}
-	guard, err := Acquire(ctx, filepath.Join(lockDir, cidrGuard), guardWait)
+	dir, err := rootdir.Ensure(lockDir, 0o700)
+	if err != nil {
+		return nil, fmt.Errorf("lockfile: lock directory: %w", err)
+	}
+	defer dir.Close()
+	guard, err := acquireIn(ctx, dir, cidrGuard, guardWait)
 	if err != nil {
 		return nil, fmt.Errorf("lockfile: the CIDR guard: %w", err)
 	}
 	defer guard.Unlock()
-	ents, err := os.ReadDir(lockDir)
+	names, err := dir.Names()
 	if err != nil {
-		return nil, fmt.Errorf("lockfile: read %s: %w", lockDir, err)
+		return nil, fmt.Errorf("lockfile: %w", err)
 	}
-	own := CIDRPath(lockDir, scope, cidr)
-	for _, e := range ents {
-		held, ok := parseCIDRName(e.Name(), scope)
-		path := filepath.Join(lockDir, e.Name())
-		if !ok || path == own {
+	own := filepath.Base(CIDRPath(lockDir, scope, cidr))
+	for _, name := range names {
+		held, ok := parseCIDRName(name, scope)
+		if !ok || name == own {
 			continue
 		}
 		// Every holder took its file under the guard we hold: what Probe
 		// finds cannot change before we take ours.
-		locked, pid, err := Probe(ctx, path)
+		locked, pid, err := probeIn(ctx, dir, name)
 		if err != nil {
 			return nil, err
 		}
 		switch {
 		case locked && held.Overlaps(cidr):
-			return nil, &CIDRHeldError{Want: cidr, Held: held, Lock: &HeldError{Path: path, PID: pid}}
+			return nil, &CIDRHeldError{Want: cidr, Held: held, Lock: &HeldError{Path: dir.Join(name), PID: pid}}
 		case !locked:
 			// Left by a daemon that died: nobody takes a CIDR lock
 			// but under the guard, so the file can go, and the
 			// directory holds only the CIDRs in use.
-			_ = os.Remove(path)
+			_ = dir.Remove(name)
 		}
 	}
-	l, err := Acquire(ctx, own, 0)
+	l, err := acquireIn(ctx, dir, own, 0)
 	if held := (*HeldError)(nil); errors.As(err, &held) {
 		return nil, &CIDRHeldError{Want: cidr, Held: cidr, Lock: held}
 	}

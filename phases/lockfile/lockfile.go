@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -15,15 +17,24 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/internal/rootdir"
 )
 
 // DefaultDir is where the slot locks live. It is one directory for the
 // whole host, whatever each daemon's state directory: what must be
 // exclusive is what reclaim mutates, the slots of one prefix in one netns
 // directory, and two daemons that disagree on where their state lives must
-// still find each other's lock. /run/lock is the FHS place for lock files,
+// still find each other's lock. It is directly under /run, which only root
+// writes, so no other user can make it first (under the world-writable
+// /run/lock anyone could, and hold its locks: every start refused), and
 // on tmpfs, so a reboot clears it with the namespaces.
-const DefaultDir = "/run/lock/phasegate"
+const DefaultDir = "/run/phasegate-locks"
+
+// LegacyDir is where builds before DefaultDir kept their locks. Only the
+// locks such a build hands over across an in-place upgrade are looked for
+// there; nothing else is read or made in it.
+const LegacyDir = "/run/lock/phasegate"
 
 // HeldError reports a lock held by another process.
 type HeldError struct {
@@ -101,20 +112,32 @@ func resolve(dir string) (string, error) {
 }
 
 // Acquire takes an exclusive lock on path, creating the file (mode 0600)
-// and its directory (mode 0755) if needed, and writes the caller's pid into
-// it. With wait 0 a held lock fails at once with a *[HeldError]; otherwise
-// Acquire retries until wait has passed or ctx ends.
+// and its directory (mode 0700) if needed, and writes the caller's pid into
+// it. The directory must be one only root controls (an error matching
+// *rootdir.UnsafeError refuses another, changing nothing): a lock in a
+// directory another user can write is that user's to take first. The file
+// is opened through the directory, never through a link. With wait 0 a
+// held lock fails at once with a *[HeldError]; otherwise Acquire retries
+// until wait has passed or ctx ends.
 //
 // The lock is a flock(2) on the file's open file description: it survives
 // an execve of the process as long as the descriptor stays open (see
 // [Lock.File]), and the kernel drops it when the holder dies.
 func Acquire(ctx context.Context, path string, wait time.Duration) (*Lock, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("lockfile: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	dir, err := rootdir.Ensure(filepath.Dir(path), 0o700)
 	if err != nil {
-		return nil, fmt.Errorf("lockfile: open %s: %w", path, err)
+		return nil, fmt.Errorf("lockfile: lock directory: %w", err)
+	}
+	defer dir.Close()
+	return acquireIn(ctx, dir, filepath.Base(path), wait)
+}
+
+// acquireIn is [Acquire] of the file name in dir.
+func acquireIn(ctx context.Context, dir *rootdir.Dir, name string, wait time.Duration) (*Lock, error) {
+	path := dir.Join(name)
+	f, err := dir.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lockfile: %w", err)
 	}
 	// A file left by an older run, or made by hand, may be more open.
 	if err := f.Chmod(0o600); err != nil {
@@ -155,32 +178,41 @@ func Acquire(ctx context.Context, path string, wait time.Duration) (*Lock, error
 
 // Adopt takes over a lock whose descriptor this process inherited across
 // an execve (the old image passed it on), and f with it: the Lock owns f
-// from now on, and closes it on failure. It checks that f is path and that
-// the lock is still ours to hold, and records our pid (unchanged by an
-// exec, but the file may have been truncated).
-func Adopt(f *os.File, path string) (*Lock, error) {
+// from now on, and closes it on failure. f must be the file at path, or at
+// one of former (where an older build kept it, such as in [LegacyDir]);
+// Adopt returns which, checks that the lock is still ours to hold, and
+// records our pid (unchanged by an exec, but the file may have been
+// truncated).
+func Adopt(f *os.File, path string, former ...string) (l *Lock, at string, err error) {
 	fd := f.Fd()
-	var byFD, byPath unix.Stat_t
+	var byFD unix.Stat_t
 	if err := unix.Fstat(int(fd), &byFD); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("lockfile: adopt %s: fstat %d: %w", path, fd, err)
+		return nil, "", fmt.Errorf("lockfile: adopt %s: fstat %d: %w", path, fd, err)
 	}
-	if err := unix.Stat(path, &byPath); err != nil || byFD.Dev != byPath.Dev || byFD.Ino != byPath.Ino {
+	for _, p := range append([]string{path}, former...) {
+		var byPath unix.Stat_t
+		if err := unix.Lstat(p, &byPath); err == nil && byFD.Dev == byPath.Dev && byFD.Ino == byPath.Ino {
+			at = p
+			break
+		}
+	}
+	if at == "" {
 		f.Close()
-		return nil, fmt.Errorf("lockfile: adopt %s: descriptor %d is another file", path, fd)
+		return nil, "", fmt.Errorf("lockfile: adopt %s: descriptor %d is another file", path, fd)
 	}
 	// Taking a flock we already hold through this open file description
 	// succeeds at once; one held elsewhere fails.
 	if err := unix.Flock(int(fd), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("lockfile: adopt %s: flock: %w", path, err)
+		return nil, "", fmt.Errorf("lockfile: adopt %s: flock: %w", at, err)
 	}
 	unix.CloseOnExec(int(fd))
 	if err := writePID(f); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("lockfile: adopt %s: write pid: %w", path, err)
+		return nil, "", fmt.Errorf("lockfile: adopt %s: write pid: %w", at, err)
 	}
-	return &Lock{f: f}, nil
+	return &Lock{f: f}, at, nil
 }
 
 func writePID(f *os.File) error {
@@ -205,7 +237,7 @@ func holderPID(ctx context.Context, f *os.File) int {
 	}
 	deadline := time.Now().Add(time.Second)
 	for {
-		if pid := readPID(f.Name()); pid != 0 {
+		if pid := readPID(f); pid != 0 {
 			return pid
 		}
 		if time.Now().After(deadline) {
@@ -244,13 +276,14 @@ func flockHolder(table string, st unix.Stat_t) int {
 	return 0
 }
 
-// readPID returns the pid recorded in path, or 0.
-func readPID(path string) int {
-	b, err := os.ReadFile(path)
-	if err != nil {
+// readPID returns the pid recorded in the lock file f, or 0.
+func readPID(f *os.File) int {
+	b := make([]byte, 32)
+	n, err := f.ReadAt(b, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
 		return 0
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b[:n])))
 	if err != nil || pid <= 0 {
 		return 0
 	}
@@ -281,40 +314,31 @@ func (l *Lock) Unlock() error {
 	return nil
 }
 
-// EnsureDir creates dir with mode 0700 if it does not exist; its parent must
-// exist. An existing dir must be a directory and not a symlink.
-func EnsureDir(dir string) error {
-	fi, err := os.Lstat(dir)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		if _, err := os.Stat(filepath.Dir(dir)); err != nil {
-			return fmt.Errorf("state dir %s: parent: %w", dir, err)
-		}
-		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("state dir: %w", err)
-		}
-		return nil
-	case err != nil:
-		return fmt.Errorf("state dir: %w", err)
-	case fi.Mode()&os.ModeSymlink != 0:
-		return fmt.Errorf("state dir %s is a symlink", dir)
-	case !fi.IsDir():
-		return fmt.Errorf("state dir %s is not a directory", dir)
-	}
-	return nil
-}
-
 // Probe reports whether another process holds the lock on path, and its
-// pid (0 when unknown), without creating anything: a missing file is not
-// held. It lets a command refuse to run beside a daemon before it changes
-// anything.
+// pid (0 when unknown), without creating anything: a missing file or
+// directory is not held. It lets a command refuse to run beside a daemon
+// before it changes anything. Like [Acquire], it opens the file through
+// its directory, which only root may control, and never through a link.
 func Probe(ctx context.Context, path string) (held bool, pid int, err error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if errors.Is(err, os.ErrNotExist) {
+	dir, err := rootdir.Open(filepath.Dir(path))
+	if errors.Is(err, fs.ErrNotExist) {
 		return false, 0, nil
 	}
 	if err != nil {
-		return false, 0, fmt.Errorf("lockfile: open %s: %w", path, err)
+		return false, 0, fmt.Errorf("lockfile: lock directory: %w", err)
+	}
+	defer dir.Close()
+	return probeIn(ctx, dir, filepath.Base(path))
+}
+
+// probeIn is [Probe] of the file name in dir.
+func probeIn(ctx context.Context, dir *rootdir.Dir, name string) (held bool, pid int, err error) {
+	f, err := dir.OpenFile(name, os.O_RDONLY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("lockfile: %w", err)
 	}
 	defer f.Close()
 	switch err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); {
@@ -323,6 +347,6 @@ func Probe(ctx context.Context, path string) (held bool, pid int, err error) {
 	case errors.Is(err, unix.EWOULDBLOCK):
 		return true, holderPID(ctx, f), nil
 	default:
-		return false, 0, fmt.Errorf("lockfile: flock %s: %w", path, err)
+		return false, 0, fmt.Errorf("lockfile: flock %s: %w", f.Name(), err)
 	}
 }

@@ -137,32 +137,6 @@ func TestStaleFileNeverBlocks(t *testing.T) {
 	_ = l2.Unlock()
 }
 
-func TestEnsureDir(t *testing.T) {
-	base := t.TempDir()
-	file := filepath.Join(base, "file")
-	_ = os.WriteFile(file, nil, 0o600)
-	link := filepath.Join(base, "link")
-	_ = os.Symlink(base, link)
-	tests := []struct {
-		dir, wantErr string
-	}{
-		{filepath.Join(base, "new"), ""},
-		{base, ""},
-		{filepath.Join(base, "missing", "state"), "parent"},
-		{file, "not a directory"},
-		{link, "symlink"},
-	}
-	for _, tc := range tests {
-		err := lockfile.EnsureDir(tc.dir)
-		if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
-			t.Errorf("EnsureDir(%s) = %v, want %q", tc.dir, err, tc.wantErr)
-		}
-	}
-	if fi, err := os.Stat(filepath.Join(base, "new")); err != nil || fi.Mode().Perm() != 0o700 {
-		t.Fatalf("new state dir mode %v (%v), want 0700", fi.Mode(), err)
-	}
-}
-
 func TestProbe(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "phasegate.lock")
@@ -276,9 +250,9 @@ func TestAdoptAHandedOverLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adopted, err := lockfile.Adopt(os.NewFile(uintptr(fd), path), path)
-	if err != nil {
-		t.Fatalf("adopt: %v", err)
+	adopted, at, err := lockfile.Adopt(os.NewFile(uintptr(fd), path), path)
+	if err != nil || at != path {
+		t.Fatalf("adopt: at %q, %v", at, err)
 	}
 	if held, _, err := lockfile.Probe(context.Background(), path); !held || err != nil {
 		t.Fatalf("the adopted lock is not held: %v %v", held, err)
@@ -288,7 +262,7 @@ func TestAdoptAHandedOverLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	fd2, _ := unix.Dup(int(l.File().Fd()))
-	if _, err := lockfile.Adopt(os.NewFile(uintptr(fd2), other), other); err == nil {
+	if _, _, err := lockfile.Adopt(os.NewFile(uintptr(fd2), other), other); err == nil {
 		t.Fatal("a descriptor of another file was adopted")
 	}
 	if err := l.Unlock(); err != nil { // the old image's copy goes
