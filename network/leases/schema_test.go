@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/phasegate/phasegate/internal/rootdir"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/phasegate/phasegate/internal/rootdir"
 	"github.com/phasegate/phasegate/network/leases/internal/recordpb"
 )
 
