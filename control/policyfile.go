@@ -8,11 +8,14 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/internal/rootdir"
 )
 
 // MaxPolicySize bounds a policy file, in bytes: a policy of thousands of
@@ -23,8 +26,9 @@ const MaxPolicySize = 1 << 20
 // LoadPolicy reads a policy file, resolves its user and group names and
 // checks it. The file must be a regular file owned by root (or by the user
 // the daemon runs as, root in every deployment) and writable by nobody
-// else, named without a symlink as its last component: whoever may write
-// it may grant themselves every owner. It is read strictly, where
+// else, in a directory only root controls (internal/rootdir's rule), named
+// without a symlink as its last component: whoever may write it may grant
+// themselves every owner. It is read strictly, where
 // encoding/json is lenient: a key given twice in one object, a key that
 // matches a field only when case is ignored, an unknown key, data after the
 // value, bytes that are not UTF-8 and a file over [MaxPolicySize] are
@@ -78,6 +82,11 @@ func parsePolicy(b []byte) (*Policy, error) {
 // component, checks the descriptor it opened (not the path, which could
 // be swapped meanwhile) and reads it.
 func readPolicyFile(path string) ([]byte, error) {
+	// Whoever may write the directory may replace the file between two
+	// starts: it must be root's too, and every directory above it.
+	if err := rootdir.Check(filepath.Dir(path)); err != nil {
+		return nil, fmt.Errorf("%w %s: %w", ErrPolicy, path, err)
+	}
 	// O_NONBLOCK: a FIFO put at the path must not hang the start; it is
 	// refused below as not a regular file.
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)

@@ -131,9 +131,22 @@ func TestLoadPolicyRefusesFilesRootDoesNotControl(t *testing.T) {
 	if err := os.Truncate(big, control.MaxPolicySize+1); err != nil {
 		t.Fatal(err)
 	}
+	// A good file in a directory others may write: they could swap it.
+	open := filepath.Join(dir, "open")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	inOpen := filepath.Join(open, "policy.json")
+	if err := os.WriteFile(inOpen, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, path, want string
 	}{
+		{"in a directory others may write", inOpen, "is writable by others"},
 		{"writable by everyone", file("world.json", 0o666, 0), "owner uid 0, mode 0666: must not be writable by group or others"},
 		{"writable by the group", file("group.json", 0o620, 0), "owner uid 0, mode 0620: must not be writable by group or others"},
 		{"owned by nobody", target, "owner uid 65534, mode 0600: must be owned by root"},
