@@ -17,6 +17,15 @@ import (
 	"github.com/phasegate/phasegate/network/inside"
 )
 
+// inlineMax is the longest list of a policy written as a rule per range;
+// a longer one is an anonymous interval set. Making an anonymous set costs
+// a walk of every set of the table (the kernel picks its name by scanning
+// them all), so with thousands of leases a set per list made every policy
+// change cost milliseconds; a handful of rules costs nothing to write and
+// a few comparisons per packet (docs/BENCHMARKS.md, "The per-slot host
+// rules").
+const inlineMax = 8
+
 // egressChainPrefix starts the name of every slot's egress chain.
 const egressChainPrefix = "egress_"
 
@@ -52,6 +61,14 @@ func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) err
 	if p.RedirectTCP && t.egress.ProxyPort == 0 {
 		return fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", inside.ErrInvalidPolicy)
 	}
+	// A jump added to the map makes the kernel check the whole table for
+	// loops when it commits, every slot's chain walked: a replacement
+	// leaves the map's element as it is, so only a slot's first policy
+	// pays that walk (docs/BENCHMARKS.md, "The per-slot host rules").
+	mapped, err := t.hasEgress(name)
+	if err != nil {
+		return err
+	}
 	c, release, err := t.conn()
 	if err != nil {
 		return err
@@ -71,13 +88,41 @@ func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) err
 		}
 		c.AddRule(rule)
 	}
-	if err := c.SetAddElements(t.egressMap(), []nftables.SetElement{jumpTo(k, name)}); err != nil {
-		return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
+	if !mapped {
+		if err := c.SetAddElements(t.egressMap(), []nftables.SetElement{jumpTo(k, name)}); err != nil {
+			return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
+		}
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nft: write egress chain %s/%s: %w", t.name, ch.Name, err)
 	}
 	return nil
+}
+
+// hasEgress reports whether the slot whose host interface is name has an
+// element in the egress map (and so its chain).
+func (t *Table) hasEgress(name string) (bool, error) {
+	k, err := key(name)
+	if err != nil {
+		return false, err
+	}
+	return t.hasElement(MapEgress, k)
+}
+
+// withEgress returns those of names that have an egress chain, each
+// asked for alone (one element's GET each, not a listing of the map).
+func (t *Table) withEgress(names []string) ([]string, error) {
+	var out []string
+	for _, n := range names {
+		ok, err := t.hasEgress(n)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, n)
+		}
+	}
+	return out, nil
 }
 
 // jumpTo is the egress map's element for the slot whose host interface is
@@ -113,8 +158,13 @@ func (t *Table) egressRules(c *nftables.Conn, p inside.Policy) ([][]expr.Any, er
 		list    []netip.Prefix
 		verdict []expr.Any
 	}{{p.Allow, accept}, {p.Deny, drop}} {
-		if len(l.list) == 0 {
-			continue // an empty set matches nothing
+		if len(l.list) <= inlineMax {
+			// A rule per range: no set to make (see inlineMax); an
+			// empty list has none.
+			for _, r := range l.list {
+				rules = append(rules, slices.Concat(daddrInPrefix(r, netip.Prefix{}), l.verdict))
+			}
+			continue
 		}
 		set := &nftables.Set{Table: t.table(), Name: "__set%d", ID: uint32(k + 1), Anonymous: true, Constant: true,
 			Interval: true, KeyType: nftables.TypeIPAddr}
@@ -136,31 +186,33 @@ func (t *Table) ClearEgress(ctx context.Context, names ...string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	names, err := t.withEgress(names)
+	if err != nil || len(names) == 0 {
+		return err
+	}
 	c, release, err := t.conn()
 	if err != nil {
 		return err
 	}
 	defer release()
 	for _, n := range names {
-		if err := t.clearEgress(c, n, false); err != nil {
+		if err := t.clearEgress(c, n); err != nil {
 			return err
 		}
 	}
 	if err := c.Flush(); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil // no table
-		}
 		return fmt.Errorf("nft: clear egress chains of %d slot(s) in %s: %w", len(names), t.name, err)
 	}
 	return nil
 }
 
-// clearEgress adds to c's transaction the removal of name's egress chain
-// and map element. Unless they are known to exist (present), both are
-// first added — a no-op when they are there — so that the removal cannot
-// fail on a missing one: the kernel has no "delete if present" before
-// Linux 6.3, and a failed message fails the whole transaction.
-func (t *Table) clearEgress(c *nftables.Conn, name string, present bool) error {
+// clearEgress adds to c's transaction the removal of the egress chain of
+// name, which has one, and of its map element. (Removing one that is not
+// there would fail the whole transaction, and the kernel has no "delete if
+// present" before Linux 6.3; adding it first to make the removal certain
+// would put a jump in the map, which makes the kernel walk every slot's
+// chain at the commit: callers ask what is there first.)
+func (t *Table) clearEgress(c *nftables.Conn, name string) error {
 	k, err := key(name)
 	if err != nil {
 		return err
@@ -168,12 +220,6 @@ func (t *Table) clearEgress(c *nftables.Conn, name string, present bool) error {
 	ch := &nftables.Chain{Name: EgressChain(name), Table: t.table()}
 	el := []nftables.SetElement{jumpTo(k, name)}
 	m := t.egressMap()
-	if !present {
-		c.AddChain(ch)
-		if err := c.SetAddElements(m, el); err != nil {
-			return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
-		}
-	}
 	if err := c.SetDeleteElements(m, el); err != nil {
 		return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
 	}

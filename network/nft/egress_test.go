@@ -108,6 +108,24 @@ func TestEgressPolicyOnTheHost(t *testing.T) {
 	if !echoes(c, "before") {
 		t.Fatal("the reflector does not answer an allowed slot")
 	}
+	// Lists longer than a few ranges are sets rather than rules: the same
+	// verdicts.
+	long := func(last string) []netip.Prefix { return append(ranges(9, 20), netip.MustParsePrefix(last)) }
+	setEgress(t, tbl, s1.HostIf, inside.Policy{Allow: long("192.0.2.2/32")})
+	if !udpArrivesCounted(t, counted, s1.NetnsPath, out, ln) {
+		t.Error("a long allow list does not win over the always-denied set")
+	}
+	if st, _ := tbl.EgressOf(ctx, s1.HostIf); st.Fingerprint != (inside.Policy{Allow: long("192.0.2.2/32")}).Fingerprint(d) {
+		t.Errorf("EgressOf after a long list: %+v", st)
+	}
+	h2, tbl2 := egressHost(t, 1, inside.Defaults{}) // nothing always denied: the lease's deny list alone
+	out2 := netip.AddrPortFrom(fakehost.OutsideUplink.Addr(), portOutside)
+	ln2 := listenUDP(t, h2.Outside, out2)
+	setEgress(t, tbl2, h2.Slots[0].HostIf, inside.Policy{Deny: long("192.0.2.0/24")})
+	if udpArrivesCounted(t, egressDrops(t, tbl2, h2.Slots[0].HostIf), h2.Slots[0].NetnsPath, out2, ln2) {
+		t.Error("a long deny list let its last range through")
+	}
+	setEgress(t, tbl, s1.HostIf, inside.Policy{Allow: cidrs("192.0.2.2/32")})
 	setEgress(t, tbl, s1.HostIf, inside.Policy{DenyAll: true})
 	if !echoes(c, "after") {
 		t.Error("an established flow was cut by a replacement")

@@ -82,6 +82,12 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 	if err != nil {
 		return err
 	}
+	var stale []string
+	if clean {
+		if stale, err = t.withEgress(names); err != nil {
+			return err
+		}
+	}
 	c, release, err := t.conn()
 	if err != nil {
 		return err
@@ -92,11 +98,9 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 			return fmt.Errorf("nft: encode elements: %w", err)
 		}
 	}
-	if clean {
-		for _, n := range names {
-			if err := t.clearEgress(c, n, false); err != nil {
-				return err
-			}
+	for _, n := range stale {
+		if err := t.clearEgress(c, n); err != nil {
+			return err
 		}
 	}
 	if err := c.Flush(); err != nil {
@@ -108,8 +112,9 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 // Remove removes interface names from the set, with their egress chains, in
 // one transaction. Names not in the set are skipped: with more than one
 // name the set and the egress map are listed first and only what is there
-// is removed (retrying if they changed meanwhile); a single name is removed
-// whether or not it is there. A missing table is success.
+// is removed (retrying if they changed meanwhile); a single name's element
+// is removed whether or not it is there, its egress chain if it has one. A
+// missing table is success.
 func (t *Table) Remove(ctx context.Context, names ...string) error {
 	if len(names) == 0 {
 		return nil
@@ -123,7 +128,11 @@ func (t *Table) Remove(ctx context.Context, names ...string) error {
 	}
 	defer release()
 	if len(names) == 1 {
-		err := t.remove(c, names, names, false)
+		chains, err := t.withEgress(names)
+		if err != nil {
+			return err
+		}
+		err = t.remove(c, names, chains, false)
 		if errors.Is(err, unix.ENOENT) {
 			return nil // no table
 		}
@@ -147,8 +156,9 @@ func (t *Table) Remove(ctx context.Context, names ...string) error {
 	return last
 }
 
-// remove removes the elements els and the egress chains of chains in one
-// transaction; present says both are known to be there.
+// remove removes the elements els and the egress chains of chains (which
+// are there) in one transaction; present says the elements are known to be
+// there too.
 func (t *Table) remove(c *nftables.Conn, els, chains []string, present bool) error {
 	if len(els) == 0 && len(chains) == 0 {
 		return nil
@@ -171,7 +181,7 @@ func (t *Table) remove(c *nftables.Conn, els, chains []string, present bool) err
 		}
 	}
 	for _, n := range chains {
-		if err := t.clearEgress(c, n, present); err != nil {
+		if err := t.clearEgress(c, n); err != nil {
 			return err
 		}
 	}
