@@ -53,6 +53,7 @@ type Daemon struct {
 	app *app.App
 	lc  *lifecycle.Lifecycle
 	obs *observer // the daemon's own metrics
+	fds FDBudget  // how the daemon's descriptors are shared
 	// What the background reclaim is paced by: observed by Acquire, the
 	// pool's creations and the lag probe.
 	waits waits
@@ -103,7 +104,12 @@ func New(cfg Config) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	d := &Daemon{cfg: cfg, log: log, obs: &observer{}}
+	fds, err := cfg.readFDBudget()
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, log: log, obs: &observer{}, fds: fds}
+	log.Info("descriptors shared", fds.attrs()...)
 	d.obs.acquireWait = &d.waits.acquire
 	expected := cfg.Expected
 	if expected == nil {
@@ -117,6 +123,7 @@ func New(cfg Config) (*Daemon, error) {
 		ListenAfter:       []string{PhaseLock},
 		TLS:               cfg.TLS,
 		RequireClientCert: cfg.RequireClientCert,
+		Limits:            &d.fds.Port,
 		// The guard is made once the App gives its meter; the port
 		// serves nothing before that.
 		GRPCOptions: append(d.obs.grpcOptions(), grpc.ChainUnaryInterceptor(d.waits.countChecks,
@@ -151,6 +158,7 @@ func New(cfg Config) (*Daemon, error) {
 	if err := d.obs.init(a.MeterProvider()); err != nil {
 		return fail(err)
 	}
+	d.obs.watchConns("port", a.Server())
 	if d.tcpGuard, err = d.newGuard("tcp"); err != nil {
 		return fail(err)
 	}
