@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -112,4 +113,17 @@ func fromCertificate(c *x509.Certificate) (Principal, error) {
 		return Principal{}, errNoIdentity
 	}
 	return Principal{Kind: Certificate, Identity: id}, nil
+}
+
+// KindOf returns the kind of a principal as leases record it
+// ([Principal.String]): Unix for "uid:…", Certificate for "x509:…", zero
+// for anything else.
+func KindOf(recorded string) Kind {
+	switch {
+	case strings.HasPrefix(recorded, "uid:"):
+		return Unix
+	case strings.HasPrefix(recorded, "x509:"):
+		return Certificate
+	}
+	return 0
 }

@@ -674,6 +674,7 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		if d.slots.egress, err = egressDefaults(d.cfg, d.hostAddrs, d.hostAddrsRead); err != nil {
 			return lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
 		}
+		d.slots.impaired = d.impairedFor
 		d.obs.setLeases(d.slots)
 	}
 	if err := d.reclaimForWarm(ctx, p); err != nil {
