@@ -67,6 +67,11 @@ const (
 	// which is refused Unauthenticated there, up to this size and with
 	// ResourceExhausted beyond it, before its body is read.
 	portMaxRecvMsg = 16 << 10
+	// portWindow fixes the port's flow-control windows at HTTP/2's
+	// initial 64 KiB: a call refused unread stops its client after that
+	// much (with grpc-go's growing windows, after megabytes), and the
+	// largest Slots request takes three round trips on it.
+	portWindow = 64 << 10
 )
 
 // Descriptors returns how the daemon shares its descriptors: computed
@@ -117,6 +122,7 @@ func (c Config) fdBudget(soft, hard uint64) (FDBudget, error) {
 	}
 	b.Port.MaxConcurrentStreams = portMaxStreams
 	b.Port.MaxRecvMsgSize = portMaxRecvMsg
+	b.Port.Window = portWindow
 	if c.RequireClientCert {
 		// Only calls with a verified certificate are read whole (the
 		// server refuses the others first): they need what an Acquire

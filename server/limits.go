@@ -53,6 +53,15 @@ type Limits struct {
 	// connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): a client waits
 	// for one to end before it starts another. Zero is no bound.
 	MaxConcurrentStreams uint32
+	// Window fixes the HTTP/2 flow-control window of a gRPC call and of a
+	// connection, in bytes (at least 64 KiB): what a peer may send that
+	// the server has not read yet. Zero lets grpc-go grow both with its
+	// bandwidth estimate, up to 16 MiB a connection: what a bulk transfer
+	// over a long path wants, and what lets a peer whose calls are refused
+	// unread (over MaxRecvMsgSize, or without the credentials a service
+	// needs) still push megabytes of each call before the refusal stops
+	// it.
+	Window int32
 	// MaxHeaderBytes bounds a request's headers: an HTTP request's
 	// (net/http's MaxHeaderBytes) and a gRPC call's metadata (HTTP/2
 	// SETTINGS_MAX_HEADER_LIST_SIZE). Zero is each library's own bound:
@@ -128,6 +137,9 @@ func (l Limits) validate() []error {
 	if l.MaxConns > 0 && l.PrivilegedConns > l.MaxConns {
 		errs = append(errs, fmt.Errorf("server: Config.PrivilegedConns %d is more than MaxConns %d", l.PrivilegedConns, l.MaxConns))
 	}
+	if l.Window != 0 && l.Window < 64<<10 {
+		errs = append(errs, fmt.Errorf("server: Config.Window %d is below HTTP/2's 64 KiB", l.Window))
+	}
 	if l.MaxHeaderBytes > math.MaxUint32 {
 		errs = append(errs, fmt.Errorf("server: Config.MaxHeaderBytes %d does not fit HTTP/2's 32 bits", l.MaxHeaderBytes))
 	}
@@ -156,6 +168,9 @@ func (l Limits) grpcOptions(idle time.Duration) []grpc.ServerOption {
 	}
 	if l.MaxHeaderBytes > 0 {
 		opts = append(opts, grpc.MaxHeaderListSize(uint32(l.MaxHeaderBytes)))
+	}
+	if l.Window > 0 {
+		opts = append(opts, grpc.InitialWindowSize(l.Window), grpc.InitialConnWindowSize(l.Window))
 	}
 	return opts
 }

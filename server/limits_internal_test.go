@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -213,6 +214,37 @@ func TestThrottle(t *testing.T) {
 		skipped, ok := th.allow(t0.Add(tc.at))
 		if ok != tc.ok || skipped != tc.skipped {
 			t.Errorf("line %d at %v: allow = %d, %v; want %d, %v", i, tc.at, skipped, ok, tc.skipped, tc.ok)
+		}
+	}
+}
+
+// Limits that mean nothing are refused by New, naming the field.
+func TestLimitsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		l     Limits
+		field string
+	}{
+		{"negative total", Limits{MaxConns: -1}, "MaxConns"},
+		{"negative per peer", Limits{MaxConnsPerPeer: -1}, "MaxConnsPerPeer"},
+		{"privileged above the total", Limits{MaxConns: 8, PrivilegedConns: 9}, "PrivilegedConns"},
+		{"negative message size", Limits{MaxRecvMsgSize: -1}, "MaxRecvMsgSize"},
+		{"a window below HTTP/2's", Limits{Window: 1 << 10}, "Window"},
+		{"negative header bytes", Limits{MaxHeaderBytes: -1}, "MaxHeaderBytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Addr, cfg.Limits = "127.0.0.1:0", tc.l
+			if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), tc.field) {
+				t.Errorf("New with %+v: %v, want an error naming %s", tc.l, err, tc.field)
+			}
+		})
+	}
+	for _, l := range []Limits{{}, DefaultLimits(), LimitsFor(1), {MaxConns: 8, PrivilegedConns: 8, Window: 64 << 10}} {
+		cfg := DefaultConfig()
+		cfg.Addr, cfg.Limits = "127.0.0.1:0", l
+		if _, err := New(cfg); err != nil {
+			t.Errorf("New with %+v: %v", l, err)
 		}
 	}
 }
