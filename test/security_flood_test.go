@@ -1,7 +1,9 @@
 package test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -25,6 +27,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/server"
+	"github.com/phasegate/phasegate/test/internal/portflood"
 )
 
 // Attack 1 of issue 33, scaled down: the daemon runs under
@@ -39,6 +42,50 @@ import (
 
 // floodLimit is the daemon's open files limit in these tests.
 const floodLimit = 1024
+
+// portFloodEnv makes this test binary, run as another user, the flooding
+// client of test/internal/portflood: its value is the flood's spec,
+// "MODE|ADDR|N|SECONDS".
+const portFloodEnv = "PHASEGATE_TEST_PORT_FLOOD"
+
+func init() {
+	if v := os.Getenv(portFloodEnv); v != "" {
+		os.Exit(portflood.Run(v, os.Stdout, os.Stderr))
+	}
+}
+
+// portFlood runs the flooding client as nobody against addr until it is
+// ready, and returns a function that waits for its report.
+func (p *publicDir) portFlood(t *testing.T, mode, addr string, n int, d time.Duration) (wait func() portflood.Report) {
+	t.Helper()
+	cmd := exec.Command("runuser", "-u", "nobody", "--", p.testBinary)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%d|%d", portFloodEnv, mode, addr, n, int(d.Seconds())))
+	cmd.Dir, cmd.Stderr = p.dir, os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	r := bufio.NewReader(out)
+	if line, err := r.ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("the %s flood as nobody: %q %v", mode, line, err)
+	}
+	return func() portflood.Report {
+		t.Helper()
+		line, err := r.ReadString('\n')
+		var rep portflood.Report
+		if err != nil || json.Unmarshal([]byte(line), &rep) != nil {
+			t.Fatalf("the %s flood's report: %q %v", mode, line, err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("the %s flood: %v", mode, err)
+		}
+		return rep
+	}
+}
 
 // floodRig is a daemon under prlimit --nofile=floodLimit with the victim:
 // a lease of root's with a 6 s TTL and an egress policy near the largest a
@@ -361,13 +408,13 @@ func (w window) served(t *testing.T, minRenewals int) {
 
 // flood runs one flood of the port as nobody for d and returns its
 // report and what the watch saw meanwhile.
-func (r *floodRig) flood(mode string, n int, d time.Duration) (floodReport, window) {
+func (r *floodRig) flood(mode string, n int, d time.Duration) (portflood.Report, window) {
 	r.t.Helper()
 	return r.floodAs(r.pub, mode, r.d.addr, n, d)
 }
 
 // floodAs is flood against addr, with the client in pub.
-func (r *floodRig) floodAs(pub *publicDir, mode, addr string, n int, d time.Duration) (floodReport, window) {
+func (r *floodRig) floodAs(pub *publicDir, mode, addr string, n int, d time.Duration) (portflood.Report, window) {
 	r.t.Helper()
 	from := time.Now()
 	rep := pub.portFlood(r.t, mode, addr, n, d)()
@@ -395,11 +442,11 @@ func TestPortFloodLeavesTheVictimAlone(t *testing.T) {
 	for _, tc := range []struct {
 		mode string
 		n    int
-		want func(floodReport) bool
+		want func(portflood.Report) bool
 	}{
-		{"grpc", 2000, func(f floodReport) bool { return f.Held == r.perPeer && f.Refused > 0 }},
-		{"silent", 2000, func(f floodReport) bool { return f.Held > 0 && f.Held <= r.perPeer && f.Refused > 0 }},
-		{"bigacquire", 256, func(f floodReport) bool {
+		{"grpc", 2000, func(f portflood.Report) bool { return f.Held == r.perPeer && f.Refused > 0 }},
+		{"silent", 2000, func(f portflood.Report) bool { return f.Held > 0 && f.Held <= r.perPeer && f.Refused > 0 }},
+		{"bigacquire", 256, func(f portflood.Report) bool {
 			return f.Attempts > 256 && f.Codes["OK"] == 0 && f.Codes["ResourceExhausted"]+f.Codes["Unauthenticated"] == f.Attempts
 		}},
 	} {

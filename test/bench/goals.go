@@ -26,6 +26,7 @@ const (
 	goalAcquireVsMemory   = 0.8   // durable / in-memory Acquire throughput
 	goalAcquireP99Ms      = 5.0   // durable Acquire p99
 	goalRSSMiB            = 64.0  // RSS with 10,000 reclaimed (or restored) and the pool full
+	goalFloodVsQuiet      = 1.5   // health and the owner's Acquire p99 during a connection flood / the quiet run's
 	goalUpgrades          = 20
 	goalBigN              = 10000
 	goalRestoreN          = 5000
@@ -47,7 +48,7 @@ func evaluateGoals(r *Results) []Goal {
 		}
 	}
 	goals = append(goals, acquireLoadGoal(r), acquireThroughputGoal(r), acquireP99Goal(r), slotRateGoal(r), upgradeGoal(r), rssGoal(r))
-	return goals
+	return append(goals, floodGoal(r, []string{kindGRPC, kindHTTP}), floodGoal(r, []string{kindAcquire}))
 }
 
 // bound returns met/missed for measured ≤ limit and how much it is over.
@@ -539,4 +540,38 @@ func notes(r *Results) []string {
 		}
 	}
 	return out
+}
+
+// floodGoal compares the p99 of kinds during the flood with the quiet
+// run's, and counts errors.
+func floodGoal(r *Results, kinds []string) Goal {
+	g := Goal{Target: fmt.Sprintf("p99 ≤ %.1f× the quiet run's, 0 errors", goalFloodVsQuiet)}
+	g.Name = "health p99 (HTTP /health and gRPC Check, a new connection each) during a connection flood of the port from another user, vs a quiet run of the same daemon"
+	if kinds[0] == kindAcquire {
+		g.Name = "the owner's Acquire p99 (control socket) during a connection flood of the port from another user, vs a quiet run of the same daemon"
+	}
+	f := r.Flood
+	if f == nil {
+		g.Status, g.Note = goalNotMeasured, fmt.Sprintf(noteNotMeasuredInPart, partFlood)
+		return g
+	}
+	var parts, misses []string
+	for _, k := range kinds {
+		fl, q := f.Flood[k], f.Quiet[k]
+		if fl.Requests == 0 || q.Requests == 0 || q.P99Ms == 0 {
+			continue
+		}
+		ratio := fl.P99Ms / q.P99Ms
+		parts = append(parts, fmt.Sprintf("%s p99 %s (quiet %s: %.2f×), max %s, %d errors in %d (quiet: %d in %d)",
+			k, fmtMs(fl.P99Ms), fmtMs(q.P99Ms), ratio, fmtMs(fl.MaxMs), fl.Errors, fl.Requests, q.Errors, q.Requests))
+		if st, by := bound(ratio, goalFloodVsQuiet, "×"); st == goalMissed {
+			misses = append(misses, k+" "+by)
+		}
+		if fl.Errors > 0 {
+			misses = append(misses, fmt.Sprintf("%s: %d errors (first: %s)", k, fl.Errors, fl.FirstError))
+		}
+	}
+	g.Measured = strings.Join(parts, "; ")
+	verdict(&g, len(parts) > 0, misses)
+	return g
 }

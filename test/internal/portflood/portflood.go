@@ -1,18 +1,21 @@
-package test
+// Package portflood is a client that floods a server's port the way
+// issue 33's first attack did: as many gRPC connections as it can get, one
+// call each, held; TCP connections that never send a byte; big
+// unauthenticated calls in flight. The end-to-end tests run it as another
+// user (the test binary re-executed under runuser), and so does the
+// benchmark's flood part. Traffic goes only where it is told.
+package portflood
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"testing"
 	"time"
 
 	"google.golang.org/grpc"
@@ -25,27 +28,31 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
 
-// The flooding client of security_flood_test.go: this test binary, run
-// as another user.
-
-// portFloodEnv makes this test binary, run as another user, a client that
-// floods a port: "MODE|ADDR|N|SECONDS" with MODE grpc (as many connections
-// as it can, one call each, held: a health Check on TCP, a List on a Unix
-// socket, unix:///path), silent (TCP connections that
-// never send a byte, redialled when closed) or bigacquire (Acquire calls of
-// 4 MiB, N at once over as many connections as it gets, one after another).
-// It prints "ready" once its first round is done, and its report as JSON
-// when the time is up.
-const portFloodEnv = "PHASEGATE_TEST_PORT_FLOOD"
-
-func init() {
-	if v := os.Getenv(portFloodEnv); v != "" {
-		os.Exit(portFlood(v))
+// Run runs the flood spec names, "MODE|ADDR|N|SECONDS" with MODE grpc,
+// silent or bigacquire (see GRPC, Silent, BigAcquire): it writes "ready"
+// to stdout after its first round and its Report as JSON when the time is
+// up, and returns the exit code.
+func Run(spec string, stdout, stderr io.Writer) int {
+	parts := strings.Split(spec, "|")
+	if len(parts) != 4 {
+		fmt.Fprintf(stderr, "portflood %q: want MODE|ADDR|N|SECONDS\n", spec)
+		return 2
 	}
+	n, err1 := strconv.Atoi(parts[2])
+	secs, err2 := strconv.Atoi(parts[3])
+	flood := map[string]func(string, int, time.Time, func()) Report{"grpc": GRPC, "silent": Silent, "bigacquire": BigAcquire}[parts[0]]
+	if err1 != nil || err2 != nil || flood == nil {
+		fmt.Fprintf(stderr, "portflood %q: want MODE (grpc, silent, bigacquire)|ADDR|N|SECONDS\n", spec)
+		return 2
+	}
+	rep := flood(parts[1], n, time.Now().Add(time.Duration(secs)*time.Second), func() { fmt.Fprintln(stdout, "ready") })
+	b, _ := json.Marshal(rep)
+	fmt.Fprintln(stdout, string(b))
+	return 0
 }
 
-// floodReport is what the flooding client saw.
-type floodReport struct {
+// Report is what the flooding client saw.
+type Report struct {
 	// Held is the most connections held at once: answered a call (grpc),
 	// or open for a second (silent).
 	Held int `json:"held"`
@@ -55,32 +62,6 @@ type floodReport struct {
 	Refused  int `json:"refused"`
 	// Codes counts how the big Acquires ended.
 	Codes map[string]int `json:"codes,omitempty"`
-}
-
-func portFlood(spec string) int {
-	parts := strings.Split(spec, "|")
-	n, err1 := strconv.Atoi(parts[min(2, len(parts)-1)])
-	secs, err2 := strconv.Atoi(parts[min(3, len(parts)-1)])
-	if len(parts) != 4 || err1 != nil || err2 != nil {
-		fmt.Fprintf(os.Stderr, "%s=%q: want MODE|ADDR|N|SECONDS\n", portFloodEnv, spec)
-		return 2
-	}
-	until := time.Now().Add(time.Duration(secs) * time.Second)
-	var rep floodReport
-	switch parts[0] {
-	case "grpc":
-		rep = floodGRPC(parts[1], n, until)
-	case "silent":
-		rep = floodSilent(parts[1], n, until)
-	case "bigacquire":
-		rep = floodBigAcquire(parts[1], n, until)
-	default:
-		fmt.Fprintf(os.Stderr, "%s: unknown mode %q\n", portFloodEnv, parts[0])
-		return 2
-	}
-	b, _ := json.Marshal(rep)
-	fmt.Println(string(b))
-	return 0
 }
 
 // inParallel runs f(i) for i in [0, n) on 64 goroutines.
@@ -97,13 +78,14 @@ func inParallel(n int, f func(i int)) {
 	wg.Wait()
 }
 
-// floodGRPC tops up to n connections that answered a call, once a
-// second, and holds them.
-func floodGRPC(addr string, n int, until time.Time) floodReport {
+// GRPC tops up to n connections that answered a call, once a second,
+// and holds them until until: a health Check on TCP, a Slots List on a
+// Unix socket (unix:///path). ready is called after the first round.
+func GRPC(addr string, n int, until time.Time, ready func()) Report {
 	var (
 		mu   sync.Mutex
 		held []*grpc.ClientConn
-		rep  floodReport
+		rep  Report
 	)
 	for round := 0; time.Now().Before(until); round++ {
 		mu.Lock()
@@ -133,7 +115,7 @@ func floodGRPC(addr string, n int, until time.Time) floodReport {
 			rep.Held = max(rep.Held, len(held))
 		})
 		if round == 0 {
-			fmt.Println("ready")
+			ready()
 		}
 		time.Sleep(time.Second)
 	}
@@ -143,13 +125,14 @@ func floodGRPC(addr string, n int, until time.Time) floodReport {
 	return rep
 }
 
-// floodSilent keeps n TCP connections open that never send a byte,
-// redialling those the server closes, every 200 ms.
-func floodSilent(addr string, n int, until time.Time) floodReport {
+// Silent keeps n TCP connections open that never send a byte, redialling
+// those the server closes, every 200 ms, until until. ready is called
+// after the first round.
+func Silent(addr string, n int, until time.Time, ready func()) Report {
 	var (
 		mu   sync.Mutex
 		open = map[net.Conn]time.Time{}
-		rep  floodReport
+		rep  Report
 	)
 	for round := 0; time.Now().Before(until); round++ {
 		mu.Lock()
@@ -188,7 +171,7 @@ func floodSilent(addr string, n int, until time.Time) floodReport {
 		rep.Held = max(rep.Held, aged)
 		mu.Unlock()
 		if round == 0 {
-			fmt.Println("ready")
+			ready()
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -213,19 +196,19 @@ func (rawCodec) Name() string                       { return "proto" }
 
 var _ encoding.Codec = rawCodec{}
 
-// floodBigAcquire keeps n Acquire calls of 4 MiB in flight, without
-// credentials, over as many connections as the port lets it hold (4
-// calls on each).
-func floodBigAcquire(addr string, n int, until time.Time) floodReport {
-	msg, _ := proto.Marshal(&phasegatev1.AcquireRequest{Owner: strings.Repeat("x", 4<<20-64)}) // within grpc-go's default bound
+// BigAcquire keeps n Slots Acquire calls of 4 MiB (within grpc-go's
+// default bound) in flight, without credentials, 4 on each connection,
+// until until. ready is called once the connections are made.
+func BigAcquire(addr string, n int, until time.Time, ready func()) Report {
+	msg, _ := proto.Marshal(&phasegatev1.AcquireRequest{Owner: strings.Repeat("x", 4<<20-64)})
 	encoding.RegisterCodec(rawCodec{})
-	rep := floodReport{Codes: map[string]int{}}
+	rep := Report{Codes: map[string]int{}}
 	var mu sync.Mutex
 	conns := make([]*grpc.ClientConn, (n+3)/4)
 	for i := range conns {
 		conns[i], _ = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
-	fmt.Println("ready")
+	ready()
 	inParallel(n, func(i int) {
 		for time.Now().Before(until) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -241,37 +224,4 @@ func floodBigAcquire(addr string, n int, until time.Time) floodReport {
 		c.Close()
 	}
 	return rep
-}
-
-// portFlood runs the flooding client as nobody against addr until it is
-// ready, and returns a function that waits for its report.
-func (p *publicDir) portFlood(t *testing.T, mode, addr string, n int, d time.Duration) (wait func() floodReport) {
-	t.Helper()
-	cmd := exec.Command("runuser", "-u", "nobody", "--", p.testBinary)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%d|%d", portFloodEnv, mode, addr, n, int(d.Seconds())))
-	cmd.Dir, cmd.Stderr = p.dir, os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	r := bufio.NewReader(out)
-	if line, err := r.ReadString('\n'); err != nil || line != "ready\n" {
-		t.Fatalf("the %s flood as nobody: %q %v", mode, line, err)
-	}
-	return func() floodReport {
-		t.Helper()
-		line, err := r.ReadString('\n')
-		var rep floodReport
-		if err != nil || json.Unmarshal([]byte(line), &rep) != nil {
-			t.Fatalf("the %s flood's report: %q %v", mode, line, err)
-		}
-		if err := cmd.Wait(); err != nil {
-			t.Fatalf("the %s flood: %v", mode, err)
-		}
-		return rep
-	}
 }
