@@ -47,6 +47,12 @@ type FloodRun struct {
 	Report     portflood.Report        `json:"floodReport"`
 	MaxFDs     int                     `json:"maxFDs"`
 	MaxRSSMiB  float64                 `json:"maxRssMiB"`
+	// CPU is the share of one CPU each used in a window (user + system
+	// time over the window's length): the daemon quiet and flooded, and
+	// the flooding client.
+	DaemonCPUQuiet float64 `json:"daemonCpuQuiet"`
+	DaemonCPUFlood float64 `json:"daemonCpuFlood"`
+	FloodCPU       float64 `json:"floodCpu"`
 }
 
 // measureFlood measures, -reps times, a daemon probed from its start by
@@ -73,9 +79,11 @@ func (r *runner) measureFlood(ctx context.Context) error {
 		}
 		quiet, flood = append(quiet, q...), append(flood, f...)
 		res.Runs = append(res.Runs, run)
-		r.logf("flood rep %d: health p99 %s quiet, %s flooded; Acquire p99 %s quiet, %s flooded; nobody held %d, %d of %d refused; daemon at most %d descriptors, %.0f MiB",
+		r.logf("flood rep %d: gRPC p99 %s quiet, %s flooded; Acquire p99 %s quiet, %s flooded; nobody held %d, %d of %d refused; "+
+			"daemon at most %d descriptors, %.0f MiB, CPU %.0f%% quiet, %.0f%% flooded; the flood's CPU %.0f%%",
 			rep+1, fmtMs(run.Quiet[kindGRPC].P99Ms), fmtMs(run.Flood[kindGRPC].P99Ms), fmtMs(run.Quiet[kindAcquire].P99Ms),
-			fmtMs(run.Flood[kindAcquire].P99Ms), run.Report.Held, run.Report.Refused, run.Report.Attempts, run.MaxFDs, run.MaxRSSMiB)
+			fmtMs(run.Flood[kindAcquire].P99Ms), run.Report.Held, run.Report.Refused, run.Report.Attempts, run.MaxFDs, run.MaxRSSMiB,
+			100*run.DaemonCPUQuiet, 100*run.DaemonCPUFlood, 100*run.FloodCPU)
 	}
 	res.Quiet, res.Flood = latencyByKind(quiet), latencyByKind(flood)
 	r.res.Flood = res
@@ -118,14 +126,17 @@ func (r *runner) floodRun(ctx context.Context, bin string, floodFirst bool) (run
 		return run, nil, nil, err
 	}
 	var qw, fw [2]int64
+	pid := d.cmd.Process.Pid
 	for _, flooded := range []bool{floodFirst, !floodFirst} {
-		from := time.Now().UnixNano()
+		from, cpu0 := time.Now().UnixNano(), procCPU(pid)
 		if flooded {
-			run.Report, run.MaxFDs, run.MaxRSSMiB, err = r.floodWindow(ctx, bin, addr, d.cmd.Process.Pid)
+			err = r.floodWindow(ctx, bin, addr, pid, &run)
 			fw = [2]int64{from, time.Now().UnixNano()}
+			run.DaemonCPUFlood = (procCPU(pid) - cpu0).Seconds() / time.Duration(fw[1]-fw[0]).Seconds()
 		} else {
 			err = sleep(ctx, r.o.floodDuration)
 			qw = [2]int64{from, time.Now().UnixNano()}
+			run.DaemonCPUQuiet = (procCPU(pid) - cpu0).Seconds() / time.Duration(qw[1]-qw[0]).Seconds()
 		}
 		if err != nil {
 			return run, nil, nil, err
@@ -152,20 +163,21 @@ func (r *runner) floodRun(ctx context.Context, bin string, floodFirst bool) (run
 	return run, quiet, flood, r.reset(ctx)
 }
 
-// floodWindow runs the flood as floodUser for -flood-duration and
-// returns its report and the daemon's peak descriptors and VmRSS meanwhile.
-func (r *runner) floodWindow(ctx context.Context, bin, addr string, pid int) (portflood.Report, int, float64, error) {
-	var rep portflood.Report
+// floodWindow runs the flood as floodUser for -flood-duration and fills
+// run with its report, its CPU and the daemon's peak descriptors and VmRSS
+// meanwhile.
+func (r *runner) floodWindow(ctx context.Context, bin, addr string, pid int, run *FloodRun) error {
+	t0 := time.Now()
 	spec := fmt.Sprintf("grpc|%s|%d|%d", addr, r.o.floodConns, int(r.o.floodDuration.Seconds()))
 	cmd := exec.CommandContext(ctx, "runuser", "-u", floodUser, "--", bin, "flood", spec)
 	var stderr bytes.Buffer
 	cmd.Stderr, cmd.Dir = &stderr, filepath.Dir(bin)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return rep, 0, 0, err
+		return err
 	}
 	if err := cmd.Start(); err != nil {
-		return rep, 0, 0, fmt.Errorf("flood as %s: %w", floodUser, err)
+		return fmt.Errorf("flood as %s: %w", floodUser, err)
 	}
 	r.track(func() { _ = cmd.Process.Kill() })
 	done := make(chan struct{})
@@ -192,18 +204,42 @@ func (r *runner) floodWindow(ctx context.Context, bin, addr string, pid int) (po
 		err = fmt.Errorf("flood as %s: %w: %s", floodUser, werr, strings.TrimSpace(stderr.String()))
 	}
 	if err != nil {
-		return rep, 0, 0, err
+		return err
 	}
 	sc := bufio.NewScanner(bytes.NewReader(lines))
 	var last string
 	for sc.Scan() {
 		last = sc.Text()
 	}
-	if err := json.Unmarshal([]byte(last), &rep); err != nil {
-		return rep, 0, 0, fmt.Errorf("flood as %s: its report %q: %w", floodUser, last, err)
+	if err := json.Unmarshal([]byte(last), &run.Report); err != nil {
+		return fmt.Errorf("flood as %s: its report %q: %w", floodUser, last, err)
 	}
-	return rep, maxFDs, maxRSS, nil
+	// runuser waited for the client: its usage holds the client's.
+	used := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	run.FloodCPU = used.Seconds() / time.Since(t0).Seconds()
+	run.MaxFDs, run.MaxRSSMiB = maxFDs, maxRSS
+	return nil
 }
+
+// procCPU is a process's user and system time so far (/proc/PID/stat).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The fields after the command (which may hold spaces) start after
+	// its closing parenthesis; utime and stime are the 14th and 15th.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc's times.
+const clockTicks = 100
 
 // procUsage reads a process's open descriptors and VmRSS (MiB).
 func procUsage(pid int) (fds int, rssMiB float64) {

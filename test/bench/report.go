@@ -610,13 +610,14 @@ func markdownFlood(b *bytes.Buffer, f *FloodResult) {
 				fmtMs(st.P50Ms), fmtMs(st.P99Ms), fmtMs(st.MaxMs), strings.Join(reps, ", "))
 		}
 	}
-	b.WriteString("\n| rep | windows | connections nobody held | its attempts | refused | the daemon's descriptors, at most | its VmRSS, at most |\n|---:|---|---:|---:|---:|---:|---:|\n")
+	b.WriteString("\n| rep | windows | connections nobody held | its attempts | refused | the daemon's descriptors, at most | its VmRSS, at most | the daemon's CPU, quiet | flooded | the flood's CPU |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i, r := range f.Runs {
 		order := "quiet, flooded"
 		if r.FloodFirst {
 			order = "flooded, quiet"
 		}
-		fmt.Fprintf(b, "| %d | %s | %d | %d | %d | %d | %.0f MiB |\n", i+1, order, r.Report.Held, r.Report.Attempts, r.Report.Refused, r.MaxFDs, r.MaxRSSMiB)
+		fmt.Fprintf(b, "| %d | %s | %d | %d | %d | %d | %.0f MiB | %.0f%% | %.0f%% | %.0f%% |\n", i+1, order, r.Report.Held, r.Report.Attempts,
+			r.Report.Refused, r.MaxFDs, r.MaxRSSMiB, 100*r.DaemonCPUQuiet, 100*r.DaemonCPUFlood, 100*r.FloodCPU)
 	}
 	b.WriteString("\n")
 }
