@@ -61,7 +61,10 @@ const (
 // with mutual TLS, orchestrators, none of which needs many calls at once
 // on one connection.
 const (
-	portMaxStreams = 16
+	// portMaxStreams bounds what one peer's calls stalled halfway through
+	// their message hold: 64 connections × 32 calls × portMaxRecvMsg is
+	// 32 MiB.
+	portMaxStreams = 32
 	// portMaxRecvMsg is what the port reads of a gRPC message without
 	// mutual TLS: health's and reflection's requests, and a Slots call,
 	// which is refused Unauthenticated there, up to this size and with

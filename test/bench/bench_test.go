@@ -171,12 +171,14 @@ func TestSmoke(t *testing.T) {
 		// Both windows probed, health and Acquire; nobody held some
 		// connections and was refused others (its bound per peer).
 		for _, k := range []string{kindGRPC, kindHTTP, kindAcquire} {
-			if f.Quiet[k].Requests == 0 || f.Flood[k].Requests == 0 {
-				t.Errorf("results.json: flood part: no %s samples in a window: quiet %+v, flooded %+v", k, f.Quiet[k], f.Flood[k])
+			if f.Quiet[k].Requests == 0 || f.Flood[k].Requests == 0 || f.Elsewhere[k].Requests == 0 {
+				t.Errorf("results.json: flood part: no %s samples in a window: quiet %+v, flooded %+v, elsewhere %+v",
+					k, f.Quiet[k], f.Flood[k], f.Elsewhere[k])
 			}
 		}
-		if r := f.Runs[0]; r.Report.Held == 0 || r.Report.Refused == 0 || r.MaxFDs == 0 {
-			t.Errorf("results.json: flood part: the flood %+v, the daemon's descriptors %d", r.Report, r.MaxFDs)
+		// The sink refuses everything; the port holds nobody's bound.
+		if r := f.Runs[0]; r.Report.Held == 0 || r.Report.Refused == 0 || r.MaxFDs == 0 || r.Sink.Held != 0 || r.Sink.Refused == 0 {
+			t.Errorf("results.json: flood part: the flood %+v, the daemon's descriptors %d, the flood elsewhere %+v", r.Report, r.MaxFDs, r.Sink)
 		}
 	}
 	if len(res.Goals) == 0 || len(res.Parts) != len(allParts) {
@@ -576,24 +578,26 @@ func TestGuestGoals(t *testing.T) {
 	}
 }
 
-// The flood goals compare each kind's p99 with the quiet run's and count
-// the flood's errors; without the part they are not measured.
+// The flood goals compare each kind's p99 with its p99 while the same
+// flood hits another port, and count the flood's errors; without the part
+// they are not measured.
 func TestFloodGoal(t *testing.T) {
 	st := func(p99 float64, errs int) LatencyStats {
 		return LatencyStats{Requests: 100, P99Ms: p99, MaxMs: p99, Errors: errs, FirstError: "reset"}
 	}
 	for _, tc := range []struct {
-		name         string
-		quiet, flood LatencyStats
-		want         string
+		name             string
+		elsewhere, flood LatencyStats
+		want             string
 	}{
 		{"within", st(10, 0), st(14, 0), goalMet},
 		{"over the ratio", st(10, 0), st(16, 0), goalMissed},
 		{"errors", st(10, 0), st(10, 1), goalMissed},
 	} {
 		res := &Results{Flood: &FloodResult{
-			Quiet: map[string]LatencyStats{kindGRPC: st(10, 0), kindHTTP: st(10, 0), kindAcquire: tc.quiet},
-			Flood: map[string]LatencyStats{kindGRPC: st(10, 0), kindHTTP: st(10, 0), kindAcquire: tc.flood},
+			Quiet:     map[string]LatencyStats{kindGRPC: st(1, 0), kindHTTP: st(1, 0), kindAcquire: st(1, 0)},
+			Elsewhere: map[string]LatencyStats{kindGRPC: st(10, 0), kindHTTP: st(10, 0), kindAcquire: tc.elsewhere},
+			Flood:     map[string]LatencyStats{kindGRPC: st(10, 0), kindHTTP: st(10, 0), kindAcquire: tc.flood},
 		}}
 		if g := floodGoal(res, []string{kindAcquire}); g.Status != tc.want {
 			t.Errorf("%s: %+v, want %s", tc.name, g, tc.want)

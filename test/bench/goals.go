@@ -26,7 +26,7 @@ const (
 	goalAcquireVsMemory   = 0.8   // durable / in-memory Acquire throughput
 	goalAcquireP99Ms      = 5.0   // durable Acquire p99
 	goalRSSMiB            = 64.0  // RSS with 10,000 reclaimed (or restored) and the pool full
-	goalFloodVsQuiet      = 1.5   // health and the owner's Acquire p99 during a connection flood / the quiet run's
+	goalFloodVsElsewhere  = 1.5   // health and the owner's Acquire p99 during a flood of the port / during the same flood of another port
 	goalUpgrades          = 20
 	goalBigN              = 10000
 	goalRestoreN          = 5000
@@ -542,13 +542,15 @@ func notes(r *Results) []string {
 	return out
 }
 
-// floodGoal compares the p99 of kinds during the flood with the quiet
-// run's, and counts errors.
+// floodGoal compares the p99 of kinds during a flood of the daemon's port
+// with their p99 during the same flood aimed elsewhere on the machine (what
+// the daemon adds to what the flood costs any process), shows the quiet
+// run's beside them, and counts errors.
 func floodGoal(r *Results, kinds []string) Goal {
-	g := Goal{Target: fmt.Sprintf("p99 ≤ %.1f× the quiet run's, 0 errors", goalFloodVsQuiet)}
-	g.Name = "health p99 (HTTP /health and gRPC Check, a new connection each) during a connection flood of the port from another user, vs a quiet run of the same daemon"
+	g := Goal{Target: fmt.Sprintf("p99 ≤ %.1f× its p99 while the same flood hits a bare socket on another port, 0 errors", goalFloodVsElsewhere)}
+	g.Name = "health p99 (HTTP /health and gRPC Check, a new connection each) during a connection flood of the port from another user"
 	if kinds[0] == kindAcquire {
-		g.Name = "the owner's Acquire p99 (control socket) during a connection flood of the port from another user, vs a quiet run of the same daemon"
+		g.Name = "the owner's Acquire p99 (control socket) during a connection flood of the port from another user"
 	}
 	f := r.Flood
 	if f == nil {
@@ -557,14 +559,14 @@ func floodGoal(r *Results, kinds []string) Goal {
 	}
 	var parts, misses []string
 	for _, k := range kinds {
-		fl, q := f.Flood[k], f.Quiet[k]
-		if fl.Requests == 0 || q.Requests == 0 || q.P99Ms == 0 {
+		fl, el, q := f.Flood[k], f.Elsewhere[k], f.Quiet[k]
+		if fl.Requests == 0 || el.Requests == 0 || el.P99Ms == 0 {
 			continue
 		}
-		ratio := fl.P99Ms / q.P99Ms
-		parts = append(parts, fmt.Sprintf("%s p99 %s (quiet %s: %.2f×), max %s, %d errors in %d (quiet: %d in %d)",
-			k, fmtMs(fl.P99Ms), fmtMs(q.P99Ms), ratio, fmtMs(fl.MaxMs), fl.Errors, fl.Requests, q.Errors, q.Requests))
-		if st, by := bound(ratio, goalFloodVsQuiet, "×"); st == goalMissed {
+		ratio := fl.P99Ms / el.P99Ms
+		parts = append(parts, fmt.Sprintf("%s p99 %s (the flood elsewhere %s: %.2f×; quiet %s), max %s, %d errors in %d",
+			k, fmtMs(fl.P99Ms), fmtMs(el.P99Ms), ratio, fmtMs(q.P99Ms), fmtMs(fl.MaxMs), fl.Errors, fl.Requests))
+		if st, by := bound(ratio, goalFloodVsElsewhere, "×"); st == goalMissed {
 			misses = append(misses, k+" "+by)
 		}
 		if fl.Errors > 0 {

@@ -106,6 +106,8 @@ func main() {
 			os.Exit(controlMain(os.Args[2:], os.Stderr))
 		case "flood":
 			os.Exit(portflood.Run(strings.Join(os.Args[2:], " "), os.Stdout, os.Stderr))
+		case "sink":
+			os.Exit(sinkMain(os.Args[2:], os.Stderr))
 		}
 	}
 	os.Exit(benchMain(os.Args[1:], os.Stdout, os.Stderr))
