@@ -71,9 +71,10 @@ type Limits struct {
 
 // Defaults of [DefaultLimits].
 const (
-	// DefaultMaxConns bounds MaxConns whatever the descriptor limit:
-	// a held gRPC connection costs some 100 KB of the server's memory, and
-	// no health port needs more than a few hundred connections.
+	// DefaultMaxConns bounds MaxConns whatever the descriptor limit: a
+	// held connection costs the server tens of kilobytes of memory (80 KB
+	// each for 20,000 silent ones, docs/DESIGN.md §10), and no health port
+	// needs more than a few hundred.
 	DefaultMaxConns = 4096
 	// DefaultMaxConnsPerPeer is more than any checker, scraper or client
 	// holds at once.

@@ -64,7 +64,7 @@
 //	cd test && sudo go run ./bench -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md
 //	cd test && sudo go run ./bench -parts load -merge -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md
 //	cd test && sudo go run ./bench -from -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md   # re-render
-//	cd test && sudo go run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out /tmp/bench -results /tmp/bench   # smoke, < 2 min
+//	cd test && sudo go run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -flood-duration 2s -out /tmp/bench -results /tmp/bench   # smoke, < 2 min
 package main
 
 import (
