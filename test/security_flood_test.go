@@ -575,3 +575,24 @@ func TestControlSocketFloodByATenant(t *testing.T) {
 	}
 	r.finish()
 }
+
+// An open files limit too low for the daemon's own work and a port stops
+// the start with exit 2 and one line saying what to raise, before
+// anything is made.
+func TestOpenFilesLimitTooLowExitsTwo(t *testing.T) {
+	h := newHost(t)
+	cmd := exec.Command("prlimit", append([]string{"--nofile=256", "--", binary}, h.args(freePort(t))...)...)
+	d := &daemon{Process: startCmd(t, cmd), t: t}
+	if code := d.wait(20 * time.Second); code != 2 {
+		t.Fatalf("exit %d, want 2; output:\n%s", code, d.Output())
+	}
+	out := lines(d.Output())
+	if len(out) != 1 || !strings.Contains(out[0], "the open files limit 256") || !strings.Contains(out[0], "raise the limit") {
+		t.Fatalf("output %q, want one line naming the limit and what to do", out)
+	}
+	for _, dir := range []string{h.stateDir, h.netnsDir} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s was created", dir)
+		}
+	}
+}
