@@ -268,6 +268,10 @@ func (a *App) setupServer(checks *metrics.HealthChecks) error {
 	sc.Health, sc.Gate = a.checker, server.LifecycleGate(a.lc)
 	sc.TLS, sc.RequireClientCert = cfg.TLS, cfg.RequireClientCert
 	sc.GRPCOptions = grpcOpts
+	if cfg.Limits != nil {
+		sc.Limits = *cfg.Limits
+	}
+	sc.Logger = a.log
 	a.srv, err = server.New(sc)
 	return err
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/server"
 	"github.com/phasegate/phasegate/tracing"
 )
 
@@ -62,6 +63,11 @@ type Config struct {
 	// GRPCOptions are added to the gRPC server's options, after the App's
 	// own (tracing, health-check metrics).
 	GRPCOptions []grpc.ServerOption
+	// Limits bound what the port's peers can take of it (connections in
+	// total and per peer, message sizes, calls in flight); nil is
+	// server.DefaultLimits(). A service that knows how many descriptors
+	// its own work needs sets MaxConns from what is left.
+	Limits *server.Limits
 	// OnHTTPCheck, when set, is called after every answer of the HTTP
 	// health endpoints, with the path and the status code, besides the
 	// App's own metrics of them.

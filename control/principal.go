@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -136,4 +137,21 @@ func fromCertificate(c *x509.Certificate) (Principal, error) {
 		return Principal{Kind: CommonName, Identity: c.Subject.CommonName}, nil
 	}
 	return Principal{}, errNoIdentity
+}
+
+// KindOf returns the kind of a principal as leases record it
+// ([Principal.String]): Unix for "uid:…", URISAN, DNSSAN or CommonName for
+// "x509:uri:…", "x509:dns:…" and "x509:cn:…", zero for anything else.
+func KindOf(recorded string) Kind {
+	if strings.HasPrefix(recorded, "uid:") {
+		return Unix
+	}
+	if rest, ok := strings.CutPrefix(recorded, "x509:"); ok {
+		for _, k := range []Kind{URISAN, DNSSAN, CommonName} {
+			if strings.HasPrefix(rest, k.word()+":") {
+				return k
+			}
+		}
+	}
+	return 0
 }

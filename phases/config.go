@@ -105,6 +105,11 @@ type Config struct {
 	RequireClientCert bool
 	// Insecure allows a non-loopback Listen without TLS.
 	Insecure bool
+	// PortConnsPerPeer bounds the connections one peer may hold on the
+	// port (a local user, or a remote address); zero is
+	// server.DefaultMaxConnsPerPeer. Raise it when many clients share one
+	// address (a proxy, a NAT).
+	PortConnsPerPeer int
 	// Control is the control surface: the socket the Slots API is served
 	// on, and who may do what there.
 	Control ControlConfig
@@ -210,6 +215,9 @@ func (c Config) Validate() error {
 	}
 	if p := c.Egress.ProxyPort; p != 0 && !slices.Contains(c.Firewall.HostTCPPorts, p) {
 		bad("--slot-egress-proxy-port %d is not in --slot-host-tcp-ports: the slot firewall would drop what is sent to the proxy", p)
+	}
+	if c.PortConnsPerPeer < 0 {
+		bad("--port-conns-per-peer is %d, must not be negative", c.PortConnsPerPeer)
 	}
 	if c.ReclaimWorkers < 1 {
 		bad("--reclaim-workers is %d, want at least 1", c.ReclaimWorkers)

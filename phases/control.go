@@ -116,6 +116,7 @@ func (d *Daemon) openControl(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("control socket %s: %w", sock.Path, err), sock.Remove())
 	}
 	d.ctl, d.ctlSocket, d.ctlFile = srv, sock, f
+	d.obs.watchConns("socket", srv)
 	d.app.HandOver(controlHandover, f)
 	d.log.Info("control socket", "path", sock.Path, "gid", d.cfg.Control.GID, "mode", control.SocketMode.String())
 	return nil
@@ -154,7 +155,7 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 		return nil, nil, err
 	}
 	sc := server.DefaultConfig()
-	sc.Listener = l
+	sc.Listener, sc.Limits, sc.Logger = l, d.fds.Control, d.log.With("surface", "socket")
 	// The lifecycle's drain has closed the gate already when this one
 	// drains: no delay is needed for calls to see it.
 	sc.DrainDelay, sc.StopTimeout = 0, d.cfg.StopTimeout

@@ -53,6 +53,7 @@ type Daemon struct {
 	app *app.App
 	lc  *lifecycle.Lifecycle
 	obs *observer // the daemon's own metrics
+	fds FDBudget  // how the daemon's descriptors are shared
 	// What the background reclaim is paced by: observed by Acquire, the
 	// pool's creations and the lag probe.
 	waits waits
@@ -104,7 +105,12 @@ func New(cfg Config) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	d := &Daemon{cfg: cfg, log: log, obs: &observer{}}
+	fds, err := cfg.readFDBudget()
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, log: log, obs: &observer{}, fds: fds}
+	log.Info("descriptors shared", fds.attrs()...)
 	d.obs.acquireWait = &d.waits.acquire
 	expected := cfg.Expected
 	if expected == nil {
@@ -118,6 +124,7 @@ func New(cfg Config) (*Daemon, error) {
 		ListenAfter:       []string{PhaseLock},
 		TLS:               cfg.TLS,
 		RequireClientCert: cfg.RequireClientCert,
+		Limits:            &d.fds.Port,
 		// The guard is made once the App gives its meter; the port
 		// serves nothing before that.
 		GRPCOptions: append(d.obs.grpcOptions(), grpc.ChainUnaryInterceptor(d.waits.countChecks,
@@ -152,6 +159,7 @@ func New(cfg Config) (*Daemon, error) {
 	if err := d.obs.init(a.MeterProvider()); err != nil {
 		return fail(err)
 	}
+	d.obs.watchConns("port", a.Server())
 	if d.tcpGuard, err = d.newGuard("tcp"); err != nil {
 		return fail(err)
 	}
@@ -683,6 +691,7 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		d.obs.setPool(pl)
 		d.slots = newSlotsService(d.mgr, pl, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
 			d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d)
+		d.slots.impaired = d.impairedFor
 		d.obs.setLeases(d.slots)
 	}
 	if err := d.reclaimForWarm(ctx, p); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/reconcile"
+	"github.com/phasegate/phasegate/server"
 )
 
 // meterScope is the instrumentation scope of the daemon's own instruments.
@@ -27,10 +28,12 @@ const meterScope = "github.com/phasegate/phasegate/phases"
 //	phasegate.pool.size               gauge                   the target number of warm slots
 //	phasegate.pool.slots              gauge          state    idle, acquired, creating
 //	phasegate.restore.slots           counter        result   restored, adopted, lost, held (each start)
-//	phasegate.lease.events            counter        event    acquired, released, expired
+//	phasegate.lease.events            counter        event    acquired, released, expired, expiry_deferred
 //	phasegate.leases                  gauge          state    held, lost
 //	phasegate.reconcile.passes        counter        result   ok, failed
 //	phasegate.reconcile.slots         counter        result   claimed, freed
+//	phasegate.conns.open              gauge          surface  connections open on the port, the socket
+//	phasegate.conns.refused           counter        surface, reason  per_peer, total (closed at accept), accept_failed (no descriptor)
 type observer struct {
 	meter     metric.Meter
 	acquire   metric.Float64Histogram
@@ -47,6 +50,8 @@ type observer struct {
 	mu       sync.Mutex
 	poolReg  metric.Registration
 	leaseReg metric.Registration
+	connsReg metric.Registration
+	servers  map[string]*server.Server // by surface, for the connection instruments
 }
 
 // init makes the instruments on mp. The observer exists before (its
@@ -80,7 +85,49 @@ func (o *observer) init(mp metric.MeterProvider) error {
 		metric.WithDescription("Slots the reconciler claimed (strays found) and freed.")); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
+	return o.initConns()
+}
+
+// initConns makes the connection instruments, which read the servers
+// watchConns names.
+func (o *observer) initConns() error {
+	open, err := o.meter.Int64ObservableGauge("phasegate.conns.open",
+		metric.WithDescription("Connections open, by surface (port, socket)."))
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	refused, err := o.meter.Int64ObservableCounter("phasegate.conns.refused",
+		metric.WithDescription("Connections not taken, by surface and reason: per_peer and total (over a bound, closed at accept), accept_failed (an accept that failed for want of descriptors)."))
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	o.connsReg, err = o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		for surface, srv := range o.servers {
+			st := srv.ConnStats()
+			at := attribute.String("surface", surface)
+			ob.ObserveInt64(open, int64(st.Open), metric.WithAttributes(at))
+			for reason, n := range map[string]uint64{"per_peer": st.RefusedPerPeer, "total": st.RefusedTotal, "accept_failed": st.AcceptErrors} {
+				ob.ObserveInt64(refused, int64(n), metric.WithAttributes(at, attribute.String("reason", reason)))
+			}
+		}
+		return nil
+	}, open, refused)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	return nil
+}
+
+// watchConns reports srv's connections under surface.
+func (o *observer) watchConns(surface string, srv *server.Server) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.servers == nil {
+		o.servers = map[string]*server.Server{}
+	}
+	o.servers[surface] = srv
 }
 
 func (o *observer) add(c metric.Int64Counter, key, value string, n int) {
@@ -205,7 +252,7 @@ func (o *observer) setPool(p *pool.Pool) {
 func (o *observer) close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for _, r := range []*metric.Registration{&o.poolReg, &o.leaseReg} {
+	for _, r := range []*metric.Registration{&o.poolReg, &o.leaseReg, &o.connsReg} {
 		if *r != nil {
 			_ = (*r).Unregister()
 			*r = nil

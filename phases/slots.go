@@ -10,10 +10,10 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/singleflight"
@@ -52,6 +52,9 @@ type lease struct {
 	slot       *slot.Slot
 	lostReason string
 	check      *leaseCheck // nil once verified
+	// deferred: past its deadline, its expiry was deferred because the
+	// daemon was impaired (expiry.go); logged once until it is renewed.
+	deferred bool
 }
 
 // leaseCheck is the verification a restored lease still waits for. One
@@ -106,6 +109,11 @@ type slotsService struct {
 	verifier leaseVerifier
 
 	acquiring singleflight.Group // one Acquire per owner and request id at a time
+
+	// impaired says when the daemon last could not take the calls of a
+	// lease's principal; nil: never (expiry.go).
+	impaired impairment
+	stalled  atomic.Int64 // Unix ns when the expiry loop last ran late
 
 	egress inside.Defaults // the daemon's part of every egress policy (the manager's)
 	// policyMu holds one lock per slot index for the slot's egress
@@ -624,52 +632,6 @@ func (s *slotsService) KeepAlive(ctx context.Context, req *phasegatev1.KeepAlive
 		resp.ExpiresAt = timestamppb.New(rec.Expires)
 	}
 	return resp, nil
-}
-
-// expire ends every lease whose TTL ran out: logged, counted, traced, and
-// its slot reclaimed. It returns how many it ended.
-func (s *slotsService) expire(ctx context.Context, now time.Time) int {
-	s.mu.Lock()
-	var due []*lease
-	for _, l := range s.leased {
-		if l.rec.Expired(now) {
-			due = append(due, l)
-		}
-	}
-	s.mu.Unlock()
-	n := 0
-	for _, l := range due {
-		_, span := s.tracer.Start(ctx, "lease expired", trace.WithAttributes(
-			attribute.Int("phasegate.slot", l.rec.Index), attribute.String("phasegate.owner", l.rec.Owner),
-			attribute.String("phasegate.ttl", l.rec.TTL.String())))
-		ended, err := s.endLease(ctx, l.rec.Index, l.rec.LeaseID)
-		if err != nil {
-			// Released or renewed meanwhile.
-			span.End()
-			continue
-		}
-		s.giveBack(ctx, ended)
-		span.End()
-		n++
-		s.count("expired")
-		s.log.Warn("lease expired: not kept alive within its TTL; slot reclaimed", "slot", l.rec.Index, "owner", l.rec.Owner,
-			"ttl", l.rec.TTL.String(), "expired", now.Sub(l.rec.Expires).Round(time.Millisecond).String()+" ago")
-	}
-	return n
-}
-
-// runExpiry ends expired leases every interval until ctx ends.
-func (s *slotsService) runExpiry(ctx context.Context, interval time.Duration) error {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case now := <-t.C:
-			s.expire(ctx, now)
-		}
-	}
 }
 
 // Get implements phasegate.v1.Slots.

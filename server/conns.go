@@ -9,9 +9,12 @@ import (
 
 // trackingListener remembers the connections it accepted until they are
 // closed, so that a drain can close those that cmux is still sniffing: cmux
-// does not track them, and its Serve waits for them before it returns.
+// does not track them, and its Serve waits for them before it returns. Its
+// gate admits each connection within the server's [Limits] and backs off
+// when the process is out of descriptors (cmux would spin on the error).
 type trackingListener struct {
 	net.Listener
+	gate *connGate
 
 	// stopped: Accept takes no more connections, so that those still
 	// queued in the backlog are left to whoever holds the socket next (an
@@ -21,27 +24,54 @@ type trackingListener struct {
 	stopped  atomic.Bool
 	parked   atomic.Bool   // a stopped Accept waits for Close: no connection is on its way in
 	released chan struct{} // closed by Close: a stopped Accept returns
+	stopping chan struct{} // closed by stopAccepting: a backing-off Accept parks
+	stopOnce sync.Once
 
 	mu     sync.Mutex
 	conns  map[*trackedConn]struct{}
 	closed bool
 }
 
-func newTrackingListener(l net.Listener) *trackingListener {
-	return &trackingListener{Listener: l, conns: make(map[*trackedConn]struct{}), released: make(chan struct{})}
+func newTrackingListener(l net.Listener, gate *connGate) *trackingListener {
+	return &trackingListener{Listener: l, gate: gate, conns: make(map[*trackedConn]struct{}),
+		released: make(chan struct{}), stopping: make(chan struct{})}
 }
 
 func (l *trackingListener) Accept() (net.Conn, error) {
-	if l.stopped.Load() {
-		return nil, l.park()
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		if l.stopped.Load() { // woken by stopAccepting's deadline
+	retry := acceptRetryMin
+	for {
+		if l.stopped.Load() {
 			return nil, l.park()
 		}
-		return nil, err
+		c, err := l.Listener.Accept()
+		switch {
+		case err != nil && l.stopped.Load(): // woken by stopAccepting's deadline
+			return nil, l.park()
+		case err != nil && resourceExhausted(err):
+			l.gate.acceptFailed(err, retry)
+			if !l.backOff(retry) {
+				return nil, net.ErrClosed
+			}
+			retry = min(2*retry, acceptRetryMax)
+			continue
+		case err != nil:
+			return nil, err
+		}
+		retry = acceptRetryMin
+		l.gate.accepted()
+		tc, err := l.track(c)
+		if err != nil {
+			return nil, err
+		}
+		if tc != nil {
+			return tc, nil
+		}
 	}
+}
+
+// track wraps c, once the gate admitted it, and remembers it; nil when the
+// gate refused it (closed already).
+func (l *trackingListener) track(c net.Conn) (*trackedConn, error) {
 	tc := &trackedConn{Conn: c, l: l, accepted: time.Now()}
 	if uc, ok := c.(*net.UnixConn); ok {
 		// The kernel keeps what the peer was at connect time. Without it
@@ -52,15 +82,33 @@ func (l *trackingListener) Accept() (net.Conn, error) {
 			tc.peer = &pc
 		}
 	}
+	tc.who = l.gate.peerOf(c, tc.peer)
+	if !l.gate.admit(c, tc.who) {
+		return nil, nil
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		_ = c.Close()
+		_ = tc.Close()
 		return nil, net.ErrClosed
 	}
 	l.conns[tc] = struct{}{}
 	l.mu.Unlock()
 	return tc, nil
+}
+
+// backOff waits d before the next accept, unless the listener is closed
+// (false) or stops accepting meanwhile.
+func (l *trackingListener) backOff(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-l.stopping:
+	case <-l.released:
+		return false
+	}
+	return true
 }
 
 // stopAccepting makes Accept stop taking connections without taking one
@@ -70,6 +118,7 @@ func (l *trackingListener) Accept() (net.Conn, error) {
 // that already took a connection off the queue.
 func (l *trackingListener) stopAccepting() {
 	l.stopped.Store(true)
+	l.stopOnce.Do(func() { close(l.stopping) })
 	if dl, ok := l.Listener.(interface{ SetDeadline(time.Time) error }); ok {
 		_ = dl.SetDeadline(time.Now())
 	}
@@ -82,6 +131,7 @@ func (l *trackingListener) Close() error {
 	}
 	l.closed = true
 	l.mu.Unlock()
+	l.gate.owners.close()
 	return l.Listener.Close()
 }
 
@@ -142,6 +192,7 @@ type trackedConn struct {
 	l          *trackingListener
 	accepted   time.Time
 	peer       *PeerCred // who connected, on a Unix socket
+	who        peerKey   // whose share of the bounds it takes
 	handedOver atomic.Bool
 	closeOnce  sync.Once
 }
@@ -151,6 +202,7 @@ func (c *trackedConn) Close() error {
 		c.l.mu.Lock()
 		delete(c.l.conns, c)
 		c.l.mu.Unlock()
+		c.l.gate.limiter.release(c.who)
 	})
 	return c.Conn.Close()
 }

@@ -8,6 +8,16 @@
 // the HTTP server. Connections that send nothing are dropped after
 // [Config.SniffTimeout], when it is set, and never hold up a drain.
 //
+// What peers can take of the server is bounded ([Limits]): connections in
+// total and per peer, counted from the moment they are accepted (a peer is
+// a local user, told apart by the kernel's record of its uid even on
+// loopback, or a remote address), with a share kept for root and the
+// server's own user; the size of a gRPC message and the calls in flight on
+// a connection; idle connections, HTTP and gRPC alike, are closed. A
+// connection over a bound is closed at once; an accept that fails for want
+// of descriptors is retried with a backoff, and [Server.ConnStats] says
+// when the server last could not take a connection.
+//
 // grpc-go forbids registering a service once it serves (the process dies),
 // so services are late-bound: [Server.Declare] every service before
 // [Server.Serve], [Server.Bind] its implementation whenever it is ready.

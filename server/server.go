@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -36,7 +37,8 @@ var ErrNoAddr = errors.New("server: no address to listen on: Config.Addr is empt
 
 // Config configures a [Server]. Every duration means what it says: zero is
 // no delay or no bound, like net/http's timeouts, and a negative one is
-// refused by [New]. [DefaultConfig] has the recommended values.
+// refused by [New]; so is every bound of [Limits]. [DefaultConfig] has the
+// recommended values.
 type Config struct {
 	// Addr is the TCP address to listen on, such as "127.0.0.1:0" or
 	// ":7000". Ignored when Listener is set; empty when [Server.SetPort]
@@ -62,7 +64,18 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	ReadTimeout       time.Duration
 	WriteTimeout      time.Duration
-	IdleTimeout       time.Duration
+	// IdleTimeout also closes a gRPC connection with no call in flight for
+	// that long (GOAWAY first: grpc-go's MaxConnectionIdle); a client
+	// reconnects for its next call.
+	IdleTimeout time.Duration
+
+	// Limits bound the connections and what one may send; see [Limits].
+	Limits
+	// Logger receives what the server decides on its own: connections
+	// refused over a bound, accepts that failed for want of resources,
+	// each kind at most once a second with the count since its last line.
+	// Nil discards them; [Server.ConnStats] counts them all the same.
+	Logger *slog.Logger
 
 	// DrainDelay is how long Drain waits, with health already NOT_SERVING
 	// and new application calls refused, before it stops the servers: time
@@ -113,6 +126,7 @@ func DefaultConfig() Config {
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      60 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+		Limits:            DefaultLimits(),
 		DrainDelay:        5 * time.Second,
 		StopTimeout:       10 * time.Second,
 	}
@@ -137,6 +151,7 @@ func (c Config) validate() error {
 			errs = append(errs, fmt.Errorf("server: Config.%s is %v, must not be negative (zero means none)", f.name, f.d))
 		}
 	}
+	errs = append(errs, c.Limits.validate()...)
 	return errors.Join(errs...)
 }
 
@@ -162,6 +177,8 @@ type Server struct {
 	mux  *http.ServeMux
 	// httpConns follows the HTTP connections for the drain.
 	httpConns httpConns
+	// conns admits connections within the limits and counts them.
+	conns *connGate
 
 	draining atomic.Bool // new application calls are refused
 	handover atomic.Bool // see DrainForHandover
@@ -196,7 +213,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cfg.TLS = tc
-	opts := cfg.GRPCOptions
+	// The limits first: options given in GRPCOptions override them.
+	opts := append(cfg.Limits.grpcOptions(cfg.IdleTimeout), cfg.GRPCOptions...)
 	switch {
 	case tc != nil:
 		opts = append(slices.Clip(opts), grpc.Creds(terminatedTLS{}))
@@ -211,6 +229,7 @@ func New(cfg Config) (*Server, error) {
 		services: make(map[string]*service),
 		routes:   make(map[string]*route),
 		done:     make(chan struct{}),
+		conns:    newConnGate(cfg.Limits, cfg.Logger),
 	}
 	s.http = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -224,6 +243,7 @@ func New(cfg Config) (*Server, error) {
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       noBound(cfg.IdleTimeout),
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, connKey{}, c)
 		},
@@ -300,9 +320,14 @@ func (s *Server) Listen(ctx context.Context) (net.Addr, error) {
 			return nil, fmt.Errorf("server: listen: %w", err)
 		}
 	}
-	s.lis = newTrackingListener(l)
+	s.lis = newTrackingListener(l, s.conns)
 	return l.Addr(), nil
 }
+
+// ConnStats returns what the accept loop went through: connections open,
+// refused over the [Limits], accepts that failed for want of resources,
+// and when the server last could not take a connection.
+func (s *Server) ConnStats() ConnStats { return s.conns.stats() }
 
 // GetServiceInfo returns the gRPC services the server serves, declared ones
 // included, as grpc.Server.GetServiceInfo does.

@@ -281,6 +281,8 @@ type resolved struct {
 	DrainDelay        string  `json:"drain_delay"`
 	StopTimeout       string  `json:"stop_timeout"`
 	StopBudgetSeconds float64 `json:"stop_budget_seconds"`
+	OpenFiles         uint64  `json:"open_files"`
+	PortConns         int     `json:"port_conns"`
 }
 
 // stopBudget is the daemon's worst-case orderly stop.
@@ -305,8 +307,15 @@ func (r resolved) startBudget(t *testing.T) time.Duration {
 // it prints are production's.
 func (n *node) check(env []string, args []string) resolved {
 	n.t.Helper()
+	return n.checkUnder(env, nil, args)
+}
+
+// checkUnder is check with the binary run by wrap (prlimit with its
+// options, as a supervisor sets the limits it is given).
+func (n *node) checkUnder(env, wrap, args []string) resolved {
+	n.t.Helper()
 	var out, errb strings.Builder
-	cmd := n.command(env, append(append([]string{binary}, args...), "--check")...)
+	cmd := n.command(env, append(append(append(wrap, binary), args...), "--check")...)
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
 		n.t.Fatalf("phasegate %s --check: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())

@@ -23,6 +23,7 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/app"
+	"github.com/phasegate/phasegate/server"
 )
 
 // unit is a parsed systemd unit file: section → key → values, in order
@@ -221,6 +222,13 @@ func TestDeploySystemd(t *testing.T) {
 	if startTimeout < r.startBudget(t) {
 		t.Errorf("TimeoutStartSec %v < --start-timeout plus the stop budget (%v): systemd would kill a start the daemon still bounds itself", startTimeout, r.startBudget(t))
 	}
+	// LimitNOFILE=, as systemd sets it (soft and hard): it leaves the port
+	// its full bound after the daemon's own reserve.
+	nofile := "--nofile=" + u.svc.get("Service", "LimitNOFILE")
+	if lr := n.checkUnder(env, []string{"prlimit", nofile}, u.args); lr.PortConns != server.DefaultMaxConns {
+		t.Errorf("LimitNOFILE=%s: the port may hold %d connections (open files %d), want its full bound %d",
+			u.svc.get("Service", "LimitNOFILE"), lr.PortConns, lr.OpenFiles, server.DefaultMaxConns)
+	}
 	watchdog := systemdTime(t, u.svc.get("Service", "WatchdogSec"))
 	killSignal := syscall.SIGTERM
 	if s := u.svc.get("Service", "KillSignal"); s != "" {
@@ -228,7 +236,7 @@ func TestDeploySystemd(t *testing.T) {
 	}
 
 	notify := newNotifySocket(t)
-	cmd := []string{activate, "-l", u.listen, "--fdname=" + u.fdName,
+	cmd := []string{"prlimit", nofile, activate, "-l", u.listen, "--fdname=" + u.fdName,
 		"-E", "NOTIFY_SOCKET=" + notify.path,
 		"-E", fmt.Sprintf("WATCHDOG_USEC=%d", watchdog.Microseconds())}
 	for _, e := range env {

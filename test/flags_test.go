@@ -26,6 +26,7 @@ func TestBadConfigurationExitsTwoAndTouchesNothing(t *testing.T) {
 		{"negative slots", []string{"--slots=-1"}, nil, "slots is -1"},
 		{"negative pool size", []string{"--pool-size=-3"}, nil, "--pool-size is -3"},
 		{"zero reclaim workers", []string{"--reclaim-workers=0"}, nil, "--reclaim-workers is 0"},
+		{"negative port bound per peer", []string{"--port-conns-per-peer=-1"}, nil, "--port-conns-per-peer is -1"},
 		{"min ready above pool", []string{"--pool-size=2", "--pool-min-ready=3"}, nil, "--pool-min-ready 3 is larger than --pool-size 2"},
 		{"CIDR too small", []string{"--slots=1024", "--slot-cidr=169.254.0.0/24"}, nil, "169.254.0.0/24"},
 		{"CIDR with host bits", []string{"--slot-cidr=169.254.0.1/17"}, nil, "host bits"},

@@ -77,6 +77,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	var cf controlFlags
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address of the one port for gRPC and HTTP")
+	fs.IntVar(&cfg.PortConnsPerPeer, "port-conns-per-peer", cfg.PortConnsPerPeer, "connections one peer (a local user, or a remote address) may hold on the port; raise it when many clients share one address (0: the default, 64)")
 	fs.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long to wait for a lock held by another instance (0: fail at once)")
 	slotFlags(fs, &cfg)
 	fs.IntVar(&cfg.PoolSize, "pool-size", cfg.PoolSize, "warm slots kept ready")
@@ -259,6 +260,14 @@ type resolvedConfig struct {
 	// kill timeout must exceed it.
 	StopBudget        string  `json:"stop_budget"`
 	StopBudgetSeconds float64 `json:"stop_budget_seconds"`
+	// OpenFiles is the soft RLIMIT_NOFILE the daemon runs with, and the
+	// connections of the port and of the control socket what it leaves
+	// them (docs/SECURITY.md).
+	OpenFiles        uint64 `json:"open_files"`
+	FDReserve        int    `json:"fd_reserve"`
+	PortConns        int    `json:"port_conns"`
+	PortConnsPerPeer int    `json:"port_conns_per_peer"`
+	ControlConns     int    `json:"control_conns"`
 }
 
 // checkConfig prints the resolved configuration as JSON. It builds the
@@ -277,6 +286,7 @@ func checkConfig(ctx context.Context, e env, cfg phases.Config) int {
 		return exitUsage
 	}
 	budget := d.StopBudget()
+	fds := d.Descriptors()
 	out, _ := json.MarshalIndent(resolvedConfig{
 		Listen: cfg.Listen, TLS: cfg.TLS != nil, ClientCerts: cfg.RequireClientCert,
 		StateDir: cfg.StateDir, Lock: lock,
@@ -287,6 +297,8 @@ func checkConfig(ctx context.Context, e env, cfg phases.Config) int {
 		StartTimeout: cfg.StartTimeout.String(), PopulateTimeout: cfg.PopulateTimeout.String(),
 		DrainDelay: cfg.DrainDelay.String(), StopTimeout: cfg.StopTimeout.String(),
 		StopBudget: budget.String(), StopBudgetSeconds: budget.Seconds(),
+		OpenFiles: fds.Soft, FDReserve: fds.Reserve, PortConns: fds.Port.MaxConns,
+		PortConnsPerPeer: fds.Port.MaxConnsPerPeer, ControlConns: fds.Control.MaxConns,
 	}, "", "  ")
 	fmt.Fprintln(e.stdout, string(out))
 	return exitOK

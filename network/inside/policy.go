@@ -15,6 +15,10 @@ import (
 // rather than left to slow every slot operation down.
 const MaxEntries = 4096
 
+// MaxEntryLen is the longest text of a list's entry, "255.255.255.255/32":
+// a longer one is refused before it is parsed.
+const MaxEntryLen = len("255.255.255.255/32")
+
 // ErrInvalidPolicy is wrapped by every error ParsePolicy returns.
 var ErrInvalidPolicy = errors.New("invalid egress policy")
 
@@ -73,7 +77,7 @@ func parseList(name string, in []string) ([]netip.Prefix, error) {
 // parseCIDR parses one IPv4 CIDR or address, refusing what the sets cannot
 // mean: IPv6, host bits, /0.
 func parseCIDR(s string) (netip.Prefix, error) {
-	if len(s) > len("255.255.255.255/32") {
+	if len(s) > MaxEntryLen {
 		return netip.Prefix{}, fmt.Errorf("%.40q… is not an IPv4 CIDR", s)
 	}
 	var p netip.Prefix

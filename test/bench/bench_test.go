@@ -47,7 +47,7 @@ func TestSmoke(t *testing.T) {
 	// falls in it) and ~0.1 s for 200.
 	cmd := exec.Command(bin, "-n", "0,20", "-reps", "1", "-load-n", "200", "-load-reps", "1",
 		"-idle-duration", "1s", "-settle", "200ms", "-acquire-n", "40", "-slotrate-n", "20", "-upgrades", "2", "-restarts", "1",
-		"-upgrade-leases", "4", "-out", out, "-results", cache, "-doc", doc, "-headline", readme)
+		"-upgrade-leases", "4", "-flood-duration", "2s", "-out", out, "-results", cache, "-doc", doc, "-headline", readme)
 	start := time.Now()
 	stdout, err := cmd.Output()
 	if err != nil {
@@ -163,6 +163,22 @@ func TestSmoke(t *testing.T) {
 			if s.Restored != 4 || s.Destroyed != 0 {
 				t.Errorf("scenario %q: %d leases restored, %d destroyed; want 4 and 0", s.Name, s.Restored, s.Destroyed)
 			}
+		}
+	}
+	if f := res.Flood; f == nil || len(f.Runs) != 1 {
+		t.Errorf("results.json: flood part: %+v", res.Flood)
+	} else {
+		// Both windows probed, health and Acquire; nobody held some
+		// connections and was refused others (its bound per peer).
+		for _, k := range []string{kindGRPC, kindHTTP, kindAcquire} {
+			if f.Quiet[k].Requests == 0 || f.Flood[k].Requests == 0 || f.Elsewhere[k].Requests == 0 {
+				t.Errorf("results.json: flood part: no %s samples in a window: quiet %+v, flooded %+v, elsewhere %+v",
+					k, f.Quiet[k], f.Flood[k], f.Elsewhere[k])
+			}
+		}
+		// The sink refuses everything; the port holds nobody's bound.
+		if r := f.Runs[0]; r.Report.Held == 0 || r.Report.Refused == 0 || r.MaxFDs == 0 || r.Sink.Held != 0 || r.Sink.Refused == 0 {
+			t.Errorf("results.json: flood part: the flood %+v, the daemon's descriptors %d, the flood elsewhere %+v", r.Report, r.MaxFDs, r.Sink)
 		}
 	}
 	if len(res.Goals) == 0 || len(res.Parts) != len(allParts) {
@@ -559,5 +575,38 @@ func TestGuestGoals(t *testing.T) {
 	res.evaluate()
 	if g := guestRestoreGoal(res); !strings.Contains(g.Measured, "restore-guest-term N=1000: 2.00×") {
 		t.Errorf("no ratio to the plain variant in %q", g.Measured)
+	}
+}
+
+// The flood goals compare each kind's p99 with its p99 while the same
+// flood hits another port, and count the flood's errors; without the part
+// they are not measured.
+func TestFloodGoal(t *testing.T) {
+	st := func(p99 float64, errs int) LatencyStats {
+		return LatencyStats{Requests: 100, P99Ms: p99, MaxMs: p99, Errors: errs, FirstError: "reset"}
+	}
+	for _, tc := range []struct {
+		name             string
+		elsewhere, flood LatencyStats
+		want             string
+	}{
+		{"within", st(10, 0), st(14, 0), goalMet},
+		{"over the ratio", st(10, 0), st(16, 0), goalMissed},
+		{"errors", st(10, 0), st(10, 1), goalMissed},
+	} {
+		res := &Results{Flood: &FloodResult{
+			Quiet:     map[string]LatencyStats{kindGRPC: st(1, 0), kindHTTP: st(1, 0), kindAcquire: st(1, 0)},
+			Elsewhere: map[string]LatencyStats{kindGRPC: st(10, 0), kindHTTP: st(10, 0), kindAcquire: tc.elsewhere},
+			Flood:     map[string]LatencyStats{kindGRPC: st(10, 0), kindHTTP: st(10, 0), kindAcquire: tc.flood},
+		}}
+		if g := floodGoal(res, []string{kindAcquire}); g.Status != tc.want {
+			t.Errorf("%s: %+v, want %s", tc.name, g, tc.want)
+		}
+		if g := floodGoal(res, []string{kindGRPC, kindHTTP}); g.Status != goalMet {
+			t.Errorf("%s: the health goal %+v, want met", tc.name, g)
+		}
+	}
+	if g := floodGoal(&Results{}, []string{kindAcquire}); g.Status != goalNotMeasured {
+		t.Errorf("without the part: %+v", g)
 	}
 }

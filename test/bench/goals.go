@@ -26,6 +26,7 @@ const (
 	goalAcquireVsMemory   = 0.8   // durable / in-memory Acquire throughput
 	goalAcquireP99Ms      = 5.0   // durable Acquire p99
 	goalRSSMiB            = 64.0  // RSS with 10,000 reclaimed (or restored) and the pool full
+	goalFloodVsElsewhere  = 1.5   // health and the owner's Acquire p99 during a flood of the port / during the same flood of another port
 	goalUpgrades          = 20
 	goalBigN              = 10000
 	goalRestoreN          = 5000
@@ -47,7 +48,7 @@ func evaluateGoals(r *Results) []Goal {
 		}
 	}
 	goals = append(goals, acquireLoadGoal(r), acquireThroughputGoal(r), acquireP99Goal(r), slotRateGoal(r), upgradeGoal(r), rssGoal(r))
-	return goals
+	return append(goals, floodGoal(r, []string{kindGRPC, kindHTTP}), floodGoal(r, []string{kindAcquire}))
 }
 
 // bound returns met/missed for measured ≤ limit and how much it is over.
@@ -539,4 +540,40 @@ func notes(r *Results) []string {
 		}
 	}
 	return out
+}
+
+// floodGoal compares the p99 of kinds during a flood of the daemon's port
+// with their p99 during the same flood aimed elsewhere on the machine (what
+// the daemon adds to what the flood costs any process), shows the quiet
+// run's beside them, and counts errors.
+func floodGoal(r *Results, kinds []string) Goal {
+	g := Goal{Target: fmt.Sprintf("p99 ≤ %.1f× its p99 while the same flood hits a bare socket on another port, 0 errors", goalFloodVsElsewhere)}
+	g.Name = "health p99 (HTTP /health and gRPC Check, a new connection each) during a connection flood of the port from another user"
+	if kinds[0] == kindAcquire {
+		g.Name = "the owner's Acquire p99 (control socket) during a connection flood of the port from another user"
+	}
+	f := r.Flood
+	if f == nil {
+		g.Status, g.Note = goalNotMeasured, fmt.Sprintf(noteNotMeasuredInPart, partFlood)
+		return g
+	}
+	var parts, misses []string
+	for _, k := range kinds {
+		fl, el, q := f.Flood[k], f.Elsewhere[k], f.Quiet[k]
+		if fl.Requests == 0 || el.Requests == 0 || el.P99Ms == 0 {
+			continue
+		}
+		ratio := fl.P99Ms / el.P99Ms
+		parts = append(parts, fmt.Sprintf("%s p99 %s (the flood elsewhere %s: %.2f×; quiet %s), max %s, %d errors in %d",
+			k, fmtMs(fl.P99Ms), fmtMs(el.P99Ms), ratio, fmtMs(q.P99Ms), fmtMs(fl.MaxMs), fl.Errors, fl.Requests))
+		if st, by := bound(ratio, goalFloodVsElsewhere, "×"); st == goalMissed {
+			misses = append(misses, k+" "+by)
+		}
+		if fl.Errors > 0 {
+			misses = append(misses, fmt.Sprintf("%s: %d errors (first: %s)", k, fl.Errors, fl.FirstError))
+		}
+	}
+	g.Measured = strings.Join(parts, "; ")
+	verdict(&g, len(parts) > 0, misses)
+	return g
 }

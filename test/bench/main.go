@@ -40,6 +40,10 @@
 //     a new TCP connection each) across SIGHUP in-place upgrades, and across
 //     SIGTERM + start pairs with the port closed between them and with the
 //     socket held (systemd socket activation).
+//   - flood: health checks (a new connection each) and the owner's Acquire
+//     on the control socket while nobody floods the port with as many gRPC
+//     connections as it can get (`bench flood`, run under runuser), beside
+//     a quiet window of the same length on the same daemon.
 //
 // Output: a table on stdout, report.md and PNG plots in -out, and the raw
 // figures, results.json, in -results (a cache outside the repository,
@@ -60,7 +64,7 @@
 //	cd test && sudo go run ./bench -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md
 //	cd test && sudo go run ./bench -parts load -merge -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md
 //	cd test && sudo go run ./bench -from -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md   # re-render
-//	cd test && sudo go run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -out /tmp/bench -results /tmp/bench   # smoke, < 2 min
+//	cd test && sudo go run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -flood-duration 2s -out /tmp/bench -results /tmp/bench   # smoke, < 2 min
 package main
 
 import (
@@ -81,6 +85,7 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/test/internal/portflood"
 )
 
 // Exit codes.
@@ -99,6 +104,10 @@ func main() {
 			os.Exit(memslotsMain(os.Args[2:], os.Stderr))
 		case "control":
 			os.Exit(controlMain(os.Args[2:], os.Stderr))
+		case "flood":
+			os.Exit(portflood.Run(strings.Join(os.Args[2:], " "), os.Stdout, os.Stderr))
+		case "sink":
+			os.Exit(sinkMain(os.Args[2:], os.Stderr))
 		}
 	}
 	os.Exit(benchMain(os.Args[1:], os.Stdout, os.Stderr))
@@ -112,46 +121,49 @@ const (
 	partAcquire  = "acquire"
 	partUpgrade  = "upgrade"
 	partSlotRate = "slotrate"
+	partFlood    = "flood"
 )
 
-var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade}
+var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade, partFlood}
 
 // options are the benchmark's settings, from its flags.
 type options struct {
-	parts        []string
-	merge        bool
-	ns           []int
-	reps         int
-	serialReps   int
-	serialMax    int
-	leaseClients int
-	restoreGuest bool
-	guestAddr    netip.Prefix
-	loadN        int
-	loadReps     int
-	rate         int
-	acquireRate  int
-	idleDuration time.Duration
-	acquireN     int
-	acquireConc  int
-	slotRateN    int
-	upgrades     int
-	restarts     int
-	probeRate    int
-	upLeases     int
-	workers      int
-	poolSize     int
-	settle       time.Duration
-	binary       string
-	out          string
-	doc          string
-	headline     string
-	breakdown    bool
-	from         bool
-	results      string
-	cidr         string
-	stateParent  string
-	args         []string
+	parts         []string
+	merge         bool
+	ns            []int
+	reps          int
+	serialReps    int
+	serialMax     int
+	leaseClients  int
+	restoreGuest  bool
+	guestAddr     netip.Prefix
+	loadN         int
+	loadReps      int
+	rate          int
+	acquireRate   int
+	idleDuration  time.Duration
+	acquireN      int
+	acquireConc   int
+	slotRateN     int
+	upgrades      int
+	restarts      int
+	probeRate     int
+	upLeases      int
+	floodDuration time.Duration
+	floodConns    int
+	workers       int
+	poolSize      int
+	settle        time.Duration
+	binary        string
+	out           string
+	doc           string
+	headline      string
+	breakdown     bool
+	from          bool
+	results       string
+	cidr          string
+	stateParent   string
+	args          []string
 }
 
 // defaultResultsDir is where results.json is kept: raw figures are cached
@@ -196,6 +208,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.restarts, "restarts", 3, "SIGTERM + start pairs, with the port closed and with the socket held")
 	fs.IntVar(&o.probeRate, "probe-rate", 500, "new connections per second across upgrades and restarts, half HTTP /health, half gRPC Check")
 	fs.IntVar(&o.upLeases, "upgrade-leases", 64, "slots leased before the upgrades, checked after each")
+	fs.DurationVar(&o.floodDuration, "flood-duration", 10*time.Second, "part flood: the length of each window, quiet and flooded (0: skip the part)")
+	fs.IntVar(&o.floodConns, "flood-conns", 2000, "part flood: the gRPC connections nobody tops up to each second (a Check each, held)")
 	fs.IntVar(&o.workers, "workers", slot.DefaultWorkers, "reclaim workers for phasegate (--reclaim-workers; default the daemon's) and the kernel floor")
 	fs.IntVar(&o.poolSize, "pool-size", 16, "daemon --pool-size (warm slots; --pool-min-ready stays 1)")
 	fs.DurationVar(&o.settle, "settle", 2*time.Second, "pause after each run so the kernel's namespace clean-up does not overlap the next")
@@ -248,6 +262,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if o.upgrades == 0 {
 		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partUpgrade })
 	}
+	if o.floodDuration == 0 {
+		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partFlood })
+	}
 	switch {
 	case o.reps < 1, o.serialReps < 0, o.loadReps < 1:
 		return o, errors.New("-reps and -load-reps must be ≥ 1, -serial-reps ≥ 0")
@@ -259,6 +276,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-load-n and -upgrade-leases must be in [0, %d], -acquire-n at most %d", maxSlots, maxSlots/2)
 	case o.upgrades < 0, o.restarts < 0:
 		return o, errors.New("-upgrades and -restarts must be ≥ 0")
+	case o.floodDuration < 0 || o.floodDuration%time.Second != 0, o.floodConns < 1:
+		return o, errors.New("-flood-duration must be whole seconds ≥ 0, -flood-conns ≥ 1")
 	}
 	o.args = args
 	return o, nil

@@ -167,6 +167,14 @@ func printTable(w io.Writer, res *Results) {
 				s.Name, s.Events, fmtSummary(s.GapMs), s.Probes, s.Serving, s.NotServing, s.Refused, s.Failed, s.Restored, s.Destroyed)
 		}
 	}
+	if f := res.Flood; f != nil {
+		fmt.Fprintf(w, "\na connection flood of the port from %s, %d reps of %s windows:\n", floodUser, f.Reps, fmtMs(f.WindowMs))
+		for _, k := range []string{kindGRPC, kindHTTP, kindAcquire} {
+			q, fl, el := f.Quiet[k], f.Flood[k], f.Elsewhere[k]
+			fmt.Fprintf(w, "  %-8s p99 quiet %s, flooded %s, flood elsewhere %s; errors %d, %d, %d\n", k,
+				fmtMs(q.P99Ms), fmtMs(fl.P99Ms), fmtMs(el.P99Ms), q.Errors, fl.Errors, el.Errors)
+		}
+	}
 	fmt.Fprintln(w, "\ngoals (never asserted):")
 	for _, g := range res.Goals {
 		fmt.Fprintf(w, "  [%s] %s %s: %s", g.Status, g.Name, g.Target, g.Measured)
@@ -282,6 +290,9 @@ func markdown(res *Results, img string) string {
 	}
 	if u := res.Upgrade; u != nil {
 		markdownUpgrade(&b, u, img)
+	}
+	if f := res.Flood; f != nil {
+		markdownFlood(&b, f)
 	}
 	if len(res.Breakdowns) > 0 {
 		markdownBreakdowns(&b, res.Breakdowns)
@@ -567,4 +578,48 @@ func orDash(s string) string {
 		return "—"
 	}
 	return s
+}
+
+func markdownFlood(b *bytes.Buffer, f *FloodResult) {
+	b.WriteString("### Health and the owner's Acquire during a connection flood from another user\n\n")
+	fmt.Fprintf(b, "A daemon with the machine's open files limit (the port's bounds as `phasegate serve --check` prints them), probed from "+
+		"its start by two load-generator processes as root: %d checks/s on a new TCP connection each (alternately HTTP `GET /health` and "+
+		"gRPC `Check`, 2 s timeout), and the owner's `Acquire` on the control socket at %d/s (one kept connection). Three windows "+
+		"of %s each on the same daemon: *quiet*; *flooded*, while `%s` (`runuser`) runs `bench flood`: as many gRPC connections "+
+		"to the port as it can get, topped up to %d each second, a `Check` on each, held (the connections the port refuses are "+
+		"tried again at the next round); and *flood elsewhere*, the same flood aimed at `bench sink`, a bare socket on another port that "+
+		"refuses every connection as the port refuses one over its bound (accept, reset): what the flood costs the machine, and so "+
+		"the daemon's checks, whatever it floods. The order of the windows turns from rep to rep; %d reps. An error is a request "+
+		"without an answer.\n\n", f.ProbeRate, f.AcquireRate, fmtMs(f.WindowMs), floodUser, f.Conns, f.Reps)
+	b.WriteString("| window | kind | requests | errors | over 1 s | p50 | p99 | max | p99 of each rep |\n|---|---|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, w := range []struct {
+		name string
+		m    map[string]LatencyStats
+		pick func(FloodRun) map[string]LatencyStats
+	}{
+		{winQuiet, f.Quiet, func(r FloodRun) map[string]LatencyStats { return r.Quiet }},
+		{winFlood, f.Flood, func(r FloodRun) map[string]LatencyStats { return r.Flood }},
+		{winElsewhere, f.Elsewhere, func(r FloodRun) map[string]LatencyStats { return r.Elsewhere }},
+	} {
+		for _, k := range []string{kindGRPC, kindHTTP, kindAcquire} {
+			st, ok := w.m[k]
+			if !ok {
+				continue
+			}
+			var reps []string
+			for _, r := range f.Runs {
+				reps = append(reps, fmtMs(w.pick(r)[k].P99Ms))
+			}
+			fmt.Fprintf(b, "| %s | %s | %d | %d | %d | %s | %s | %s | %s |\n", w.name, k, st.Requests, st.Errors, st.Over1s,
+				fmtMs(st.P50Ms), fmtMs(st.P99Ms), fmtMs(st.MaxMs), strings.Join(reps, ", "))
+		}
+	}
+	b.WriteString("\n| rep | windows | connections nobody held | its attempts | refused | the daemon's descriptors, at most | its VmRSS, at most | " +
+		"the daemon's CPU: quiet | flooded | flood elsewhere | the flood's CPU |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for i, r := range f.Runs {
+		fmt.Fprintf(b, "| %d | %s | %d | %d | %d | %d | %.0f MiB | %.0f%% | %.0f%% | %.0f%% | %.0f%% |\n", i+1, strings.Join(r.Order, ", "),
+			r.Report.Held, r.Report.Attempts, r.Report.Refused, r.MaxFDs, r.MaxRSSMiB,
+			100*r.DaemonCPUQuiet, 100*r.DaemonCPUFlood, 100*r.DaemonCPUElsewhere, 100*r.FloodCPU)
+	}
+	b.WriteString("\n")
 }

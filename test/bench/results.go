@@ -61,6 +61,7 @@ type Results struct {
 	Acquire    *AcquireResult  `json:"acquire,omitempty"`
 	SlotRate   *SlotRateResult `json:"slotRate,omitempty"`
 	Upgrade    *UpgradeResult  `json:"upgrade,omitempty"`
+	Flood      *FloodResult    `json:"flood,omitempty"`
 	Goals      []Goal          `json:"goals"`
 	Notes      []string        `json:"notes,omitempty"`
 }
@@ -468,6 +469,8 @@ func (r *Results) dropPart(part string) {
 		r.SlotRate = nil
 	case partUpgrade:
 		r.Upgrade = nil
+	case partFlood:
+		r.Flood = nil
 	}
 	delete(r.Parts, part)
 }

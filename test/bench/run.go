@@ -81,6 +81,7 @@ func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Res
 		partAcquire:  r.measureAcquire,
 		partSlotRate: r.measureSlotRate,
 		partUpgrade:  r.measureUpgrade,
+		partFlood:    r.measureFlood,
 	}
 	for _, part := range o.parts {
 		res.dropPart(part)

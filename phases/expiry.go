@@ -1,0 +1,151 @@
+package phases
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/leases"
+)
+
+// A lease with a TTL ends when its owner does not renew it in time. But
+// an owner can renew only while the daemon takes its calls: a daemon out
+// of descriptors, shedding connections over its total bound, or not
+// running at all (stopped, starved) cannot, through no fault of the
+// owner. So the rule (docs/DESIGN.md §10, "Expiry while impaired"):
+//
+//	a lease expires once its deadline has passed and a whole TTL has
+//	passed since the daemon last could not take its principal's calls;
+//	while it cannot, no lease expires.
+//
+// Its owner has then had a whole TTL of a reachable daemon to renew it in,
+// which is what the TTL promised; a lease whose deadline fell in or just
+// after an impaired window gets a TTL of grace from the window's end. The
+// daemon is impaired for a principal when the surface it calls on (the
+// control socket for uid:, the port for x509:) failed an accept for want
+// of descriptors or refused a connection over its total bound
+// (server.ConnStats), or when the expiry loop itself ran late (the process
+// did not run). A connection refused over its peer's own bound does not
+// count: that peer holds its share already.
+
+// impairment says when the daemon last could not take the calls of
+// principal, and whether it cannot now.
+type impairment func(principal string) (last time.Time, now bool)
+
+// impairedFor is the daemon's impairment: that of the surface the
+// principal calls on.
+func (d *Daemon) impairedFor(principal string) (time.Time, bool) {
+	srv := d.ctl
+	// A certificate's lease, recorded with its kind or, by an older build,
+	// without it (leases.LegacyCertificate), was taken over the port.
+	if control.KindOf(principal).Certificate() || strings.HasPrefix(principal, leases.LegacyCertificate) {
+		srv = d.app.Server()
+	}
+	st := srv.ConnStats()
+	return st.Impaired, st.ImpairedNow
+}
+
+// expiryDeferred reports whether rec, past its deadline at now, must not
+// expire yet by the rule above.
+func (s *slotsService) expiryDeferred(rec leases.Record, now time.Time) bool {
+	var last time.Time
+	var ongoing bool
+	if s.impaired != nil {
+		last, ongoing = s.impaired(rec.Principal)
+	}
+	if ns := s.stalled.Load(); ns != 0 {
+		if st := time.Unix(0, ns); st.After(last) {
+			last = st
+		}
+	}
+	return ongoing || !last.IsZero() && now.Before(last.Add(rec.TTL))
+}
+
+// expire ends every lease whose TTL ran out (and whose expiry is not
+// deferred): logged, counted, traced, and its slot reclaimed. It returns
+// how many it ended.
+func (s *slotsService) expire(ctx context.Context, now time.Time) int {
+	s.mu.Lock()
+	var due, deferred []*lease
+	for _, l := range s.leased {
+		switch {
+		case !l.rec.Expired(now):
+			l.deferred = false
+		case s.expiryDeferred(l.rec, now):
+			if !l.deferred {
+				l.deferred = true
+				deferred = append(deferred, l)
+			}
+		default:
+			due = append(due, l)
+		}
+	}
+	s.mu.Unlock()
+	for _, l := range deferred {
+		s.count("expiry_deferred")
+		s.log.Warn("lease expiry deferred: the daemon could not take its owner's calls within its TTL; it expires a TTL after the daemon can again, unless renewed",
+			"slot", l.rec.Index, "owner", l.rec.Owner, "ttl", l.rec.TTL.String(),
+			"deadline", now.Sub(l.rec.Expires).Round(time.Millisecond).String()+" ago")
+	}
+	n := 0
+	for _, l := range due {
+		if s.expireOne(ctx, l, now) {
+			n++
+		}
+	}
+	return n
+}
+
+// expireOne ends lease l if its record is still the lease's and still
+// past its deadline (a renewal may have come since the scan).
+func (s *slotsService) expireOne(ctx context.Context, l *lease, now time.Time) bool {
+	_, span := s.tracer.Start(ctx, "lease expired", trace.WithAttributes(
+		attribute.Int("phasegate.slot", l.rec.Index), attribute.String("phasegate.owner", l.rec.Owner),
+		attribute.String("phasegate.ttl", l.rec.TTL.String())))
+	defer span.End()
+	i := l.rec.Index
+	_, err := s.store.Update(ctx, i, func(r *leases.Record) error {
+		if r.State != leases.Leased || !sameLease(r.LeaseID, l.rec.LeaseID) || !r.Expired(now) {
+			return leases.ErrNotFound // released or renewed meanwhile
+		}
+		return leases.ErrRemove
+	})
+	if err != nil {
+		return false
+	}
+	s.mu.Lock()
+	ended := s.unhold(i)
+	s.mu.Unlock()
+	s.giveBack(ctx, ended)
+	s.count("expired")
+	s.log.Warn("lease expired: not kept alive within its TTL; slot reclaimed", "slot", i, "owner", l.rec.Owner,
+		"ttl", l.rec.TTL.String(), "expired", now.Sub(l.rec.Expires).Round(time.Millisecond).String()+" ago")
+	return true
+}
+
+// runExpiry ends expired leases every interval until ctx ends. A pass that
+// comes much later than due means the daemon did not run meanwhile: that
+// counts as impaired.
+func (s *slotsService) runExpiry(ctx context.Context, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		now := time.Now()
+		if now.Sub(last) > 2*interval {
+			s.stalled.Store(now.UnixNano())
+			s.log.Warn("lease expiry ran late: the daemon did not run; leases get a TTL of grace", "late", (now.Sub(last) - interval).Round(time.Millisecond).String())
+		}
+		last = now
+		s.expire(ctx, now)
+	}
+}
