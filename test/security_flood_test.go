@@ -30,8 +30,8 @@ import (
 	"github.com/phasegate/phasegate/test/internal/portflood"
 )
 
-// Attack 1 of issue 33, scaled down: the daemon runs under
-// `prlimit --nofile=1024` with a victim root leases for 6 s and renews once
+// The port flood of docs/SECURITY.md ("Bounds of the two surfaces"),
+// scaled down: the daemon runs under `prlimit --nofile=1024` with a victim root leases for 6 s and renews once
 // a second over the control socket, a new connection each time, while
 // nobody floods the open port from a process of its own. The port's bounds
 // refuse what is over them at accept, the descriptors the control socket

@@ -29,7 +29,7 @@ import (
 	"github.com/phasegate/phasegate/network/leases"
 )
 
-// The attacks of issue 33 on principals, the policy file, rates and TTLs
+// The attacks on principals, the policy file, rates and TTLs
 // (docs/SECURITY.md): certificate identities of one kind passed off as
 // another, policy files that smuggle rights, limits that are no limits,
 // and a route outside the rate.

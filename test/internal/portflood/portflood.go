@@ -1,6 +1,6 @@
-// Package portflood is a client that floods a server's port the way
-// issue 33's first attack did: as many gRPC connections as it can get, one
-// call each, held; TCP connections that never send a byte; big
+// Package portflood is a client that floods a server's port the way a
+// local user starved the daemon through it: as many gRPC connections as it
+// can get, one call each, held; TCP connections that never send a byte; big
 // unauthenticated calls in flight. The end-to-end tests run it as another
 // user (the test binary re-executed under runuser), and so does the
 // benchmark's flood part. Traffic goes only where it is told.
