@@ -31,9 +31,9 @@ import (
 )
 
 // The port flood of docs/SECURITY.md ("Bounds of the two surfaces"),
-// scaled down: the daemon runs under `prlimit --nofile=1024` with a victim root leases for 6 s and renews once
-// a second over the control socket, a new connection each time, while
-// nobody floods the open port from a process of its own. The port's bounds
+// scaled down: the daemon runs under `prlimit --nofile=1024` with a victim
+// root leases for 6 s and renews once a second over the control socket, a
+// new connection each time, while nobody floods the open port from a process of its own. The port's bounds
 // refuse what is over them at accept, the descriptors the control socket
 // and the daemon's own work need are never the port's, and the victim is
 // untouched afterwards: every renewal served, health answering, the same
