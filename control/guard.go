@@ -166,7 +166,24 @@ func (g *Guard) admit(ctx context.Context, pr Principal, req any, handler grpc.U
 	if grant.Empty() {
 		return nil, errNothingGranted(pr)
 	}
+	ctx = context.WithValue(ctx, chargeKey{}, func(n int) error { return g.charge(pr, n) })
 	return handler(WithCaller(ctx, Caller{Principal: pr, Grant: grant}), req)
+}
+
+type chargeKey struct{}
+
+// Charge spends n more calls of the caller's rate, on top of the one every
+// call spends, for a call that costs the daemon as much as n calls would
+// (an egress policy of thousands of ranges): nil, or ResourceExhausted
+// when the caller's bucket does not hold them, and nothing is spent then.
+// n is capped so that the call and its charge fit in the bucket: any call
+// the guard admits can be made once the bucket is full. Root has no rate, and outside a call
+// the Guard admitted Charge does nothing.
+func Charge(ctx context.Context, n int) error {
+	if f, ok := ctx.Value(chargeKey{}).(func(int) error); ok && n > 0 {
+		return f(n)
+	}
+	return nil
 }
 
 // errNothingGranted refuses a principal no rule grants anything.
@@ -181,20 +198,35 @@ func (g *Guard) method(fullMethod string) (string, bool) {
 
 // spend takes one call from pr's rate: nil, or ResourceExhausted when its
 // bucket is empty. Root has no rate.
-func (g *Guard) spend(pr Principal) error {
-	if _, err := g.take(pr); err != nil {
+func (g *Guard) spend(pr Principal) error { return g.spendN(pr, 1) }
+
+// charge takes n more calls from pr's rate for a call that already spent
+// its own: at most what is left of a full bucket.
+func (g *Guard) charge(pr Principal, n int) error {
+	if g.limits != nil {
+		n = min(n, g.limits.burst()-1)
+	}
+	if n <= 0 {
+		return nil
+	}
+	return g.spendN(pr, n)
+}
+
+// spendN takes n calls from pr's rate (at most a bucket's worth).
+func (g *Guard) spendN(pr Principal, n int) error {
+	if _, err := g.take(pr, n); err != nil {
 		return status.Error(codes.ResourceExhausted, err.Error())
 	}
 	return nil
 }
 
 // take is spend's work: the refusal, and how long until the bucket holds
-// a call again.
-func (g *Guard) take(pr Principal) (time.Duration, error) {
+// n calls again.
+func (g *Guard) take(pr Principal, n int) (time.Duration, error) {
 	if pr.IsRoot() {
 		return 0, nil
 	}
-	if wait := g.limits.take(pr.String(), time.Now()); wait > 0 {
+	if wait := g.limits.take(pr.String(), time.Now(), n); wait > 0 {
 		return wait, fmt.Errorf("%s: rate limit of %g calls a second exceeded: retry later", pr, g.policy.Rate)
 	}
 	return 0, nil
@@ -250,12 +282,13 @@ func newLimiters(perSecond float64) *limiters {
 // within what an int holds whatever the rate.
 func (l *limiters) burst() int { return int(max(1, min(2*float64(l.rate), math.MaxInt32))) }
 
-// take spends one call of key's bucket: 0, or how long until the bucket
-// holds one again, when it is empty (and nothing is spent).
-func (l *limiters) take(key string, now time.Time) time.Duration {
+// take spends n calls of key's bucket (at most the burst): 0, or how long
+// until the bucket holds them, when it does not (and nothing is spent).
+func (l *limiters) take(key string, now time.Time, n int) time.Duration {
 	if l == nil {
 		return 0
 	}
+	n = min(n, l.burst())
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	// A bucket refills in burst/rate: one idle for longer is full, the
@@ -275,7 +308,7 @@ func (l *limiters) take(key string, now time.Time) time.Duration {
 		l.by[key] = b
 	}
 	b.last = now
-	r := b.ReserveN(now, 1)
+	r := b.ReserveN(now, n)
 	if wait := r.DelayFrom(now); wait > 0 {
 		r.CancelAt(now)
 		return wait

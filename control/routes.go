@@ -94,7 +94,7 @@ func (g *Guard) HTTP(h http.Handler) http.Handler {
 			g.refuse(w, r, pr, http.StatusUnauthorized, status.Error(codes.Unauthenticated, err.Error()))
 			return
 		}
-		if wait, err := g.take(pr); err != nil {
+		if wait, err := g.take(pr, 1); err != nil {
 			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
 			g.refuse(w, r, pr, http.StatusTooManyRequests, status.Error(codes.ResourceExhausted, err.Error()))
 			return

@@ -14,7 +14,7 @@ import (
 )
 
 // policyOf builds a resolved policy from command-line rules.
-func policyOf(t *testing.T, maxLeases int, rules ...string) *control.Policy {
+func policyOf(t testing.TB, maxLeases int, rules ...string) *control.Policy {
 	t.Helper()
 	p := &control.Policy{MaxLeases: maxLeases}
 	for _, r := range rules {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/slot"
@@ -47,6 +48,25 @@ func parseEgress(p *phasegatev1.EgressPolicy, d inside.Defaults) (*inside.Policy
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	return &pol, nil
+}
+
+// egressEntriesPerCall is how many ranges of an egress policy cost the
+// principal one more call of its rate (control.Charge). Writing a policy
+// costs the daemon about a call's work for every few dozen ranges, on the
+// host's nftables, which every slot operation shares, and in the slot: a
+// principal that writes policies of thousands of ranges in a loop would
+// otherwise take that lock and the CPU from everyone else at the rate of
+// small calls (docs/BENCHMARKS.md, "The per-slot host rules").
+const egressEntriesPerCall = 64
+
+// egressCost is how many calls beyond its own a call writing p costs:
+// 128 for the largest policy (4,096 ranges in each list), none for a
+// handful of ranges or none.
+func egressCost(p *inside.Policy) int {
+	if p == nil {
+		return 0
+	}
+	return (len(p.Allow) + len(p.Deny)) / egressEntriesPerCall
 }
 
 // egressRecord is a checked policy as the lease records it.
@@ -109,6 +129,9 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	}
 	pol, err := parseEgress(req.GetEgressPolicy(), s.egress)
 	if err != nil {
+		return nil, err
+	}
+	if err := control.Charge(ctx, egressCost(pol)); err != nil {
 		return nil, err
 	}
 	// A lease restored at a restart is verified first: its slot may turn

@@ -299,6 +299,9 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	if !c.Grant.MayLease(owner) {
 		return nil, status.Errorf(codes.PermissionDenied, "%s may not lease slots for owner %q (the control policy grants it no such owner)", c.Principal, owner)
 	}
+	if err := control.Charge(ctx, egressCost(pol)); err != nil {
+		return nil, err
+	}
 	var a acquired
 	if req.GetRequestId() == "" {
 		a, err = s.acquire(ctx, c, owner, "", ttl, pol)
