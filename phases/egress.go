@@ -240,9 +240,9 @@ func (s *slotsService) egressDrops(ctx context.Context, l *lease) uint64 {
 	if l == nil || l.slot == nil || l.rec.Egress == nil {
 		return 0
 	}
-	st, err := s.mgr.InspectEgress(ctx, l.slot)
+	n, err := s.mgr.EgressDrops(ctx, l.slot)
 	if err != nil {
 		s.log.Warn("egress drop counters unreadable", "slot", l.rec.Index, "error", err)
 	}
-	return st.Drops
+	return n
 }

@@ -13,33 +13,43 @@ import (
 func (m *Manager) EgressDefaults() inside.Defaults { return m.fw.EgressDefaults() }
 
 // ApplyEgress writes lease policy p for slot s, each side in one
-// transaction: first on the host, in the slot table's chain for s, where
-// no tenant can reach it and which is what holds the slot to p; then in
-// the slot's own egress table (package inside), which drops the same
-// packets before they leave the slot and counts them there. A slot table
-// inside that refuses the write (its root changed the table) is replaced
-// whole. A slot whose namespace is no longer the one it was made with
-// gives an error wrapping ErrGone.
+// transaction: on the host, in the slot table's chain for s, where no
+// tenant can reach it and which is what holds the slot to p; and in the
+// slot's own egress table (package inside), which drops the same packets
+// before they leave the slot and counts them there. The two sides are
+// written at once: they are transactions of two namespaces, each under its
+// own lock in the kernel. A slot table inside that refuses the write (its
+// root changed the table) is replaced whole. A slot whose namespace is no
+// longer the one it was made with gives an error wrapping ErrGone. When
+// one side fails, the other may hold p: the caller writes its last policy
+// back.
 //
 // The caller holds s for the call: nothing else may release it meanwhile,
 // or the host's chain could outlive the slot (a new slot at the index
 // clears it when it is made: Create).
 func (m *Manager) ApplyEgress(ctx context.Context, s *Slot, p inside.Policy) error {
 	d := m.EgressDefaults()
+	insideDone := make(chan error, 1)
+	go func() {
+		insideDone <- withInside(s, func(is inside.Slot) error {
+			if err := inside.ApplyPolicy(is, p, d); err == nil || errors.Is(err, inside.ErrInvalidPolicy) {
+				return err
+			}
+			if err := inside.ClearPolicy(is); err != nil {
+				return err
+			}
+			return inside.ApplyPolicy(is, p, d)
+		})
+	}()
+	var errs []error
 	if err := m.fw.SetEgress(ctx, s.HostIf, p); err != nil {
-		return fmt.Errorf("slot %d: %w", s.Index, err)
+		errs = append(errs, err)
 	}
-	err := withInside(s, func(is inside.Slot) error {
-		if err := inside.ApplyPolicy(is, p, d); err == nil || errors.Is(err, inside.ErrInvalidPolicy) {
-			return err
-		}
-		if err := inside.ClearPolicy(is); err != nil {
-			return err
-		}
-		return inside.ApplyPolicy(is, p, d)
-	})
-	if err != nil {
-		return fmt.Errorf("slot %d: egress policy inside: %w", s.Index, err)
+	if err := <-insideDone; err != nil {
+		errs = append(errs, fmt.Errorf("egress policy inside: %w", err))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("slot %d: %w", s.Index, errors.Join(errs...))
 	}
 	return nil
 }
@@ -77,6 +87,23 @@ func (m *Manager) InspectEgress(ctx context.Context, s *Slot) (EgressState, erro
 		return EgressState{}, err
 	}
 	return EgressState{Host: host.Fingerprint, Inside: f.Fingerprint, Drops: host.Drops + f.Drops}, nil
+}
+
+// EgressDrops returns the packets slot s's egress policy dropped, on the
+// host and inside: what InspectEgress counts, without reading the rest.
+func (m *Manager) EgressDrops(ctx context.Context, s *Slot) (uint64, error) {
+	host, err := m.fw.EgressOf(ctx, s.HostIf)
+	if err != nil {
+		return 0, fmt.Errorf("slot %d: %w", s.Index, err)
+	}
+	var in uint64
+	if err := withInside(s, func(is inside.Slot) (err error) {
+		in, err = inside.Drops(is)
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("slot %d: %w", s.Index, err)
+	}
+	return host.Drops + in, nil
 }
 
 // InspectInside reads slot s's own tables: the guest's (NAT, the tap's
