@@ -195,38 +195,66 @@ func (t *Table) ClearEgress(ctx context.Context, names ...string) error {
 		return err
 	}
 	defer release()
-	for _, n := range names {
-		if err := t.clearEgress(c, n); err != nil {
+	for part := range slices.Chunk(names, chainsPerTransaction) {
+		if err := t.clearEgress(c, part); err != nil {
 			return err
 		}
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nft: clear egress chains of %d slot(s) in %s: %w", len(names), t.name, err)
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("nft: clear egress chains of %d slot(s) in %s: %w", len(part), t.name, err)
+		}
 	}
 	return nil
 }
 
-// clearEgress adds to c's transaction the removal of the egress chain of
-// name, which has one, and of its map element. (Removing one that is not
+// clearEgress adds to c's transaction the removal of the egress chains of
+// names, which have one, and of their map elements. (Removing one that is not
 // there would fail the whole transaction, and the kernel has no "delete if
 // present" before Linux 6.3; adding it first to make the removal certain
 // would put a jump in the map, which makes the kernel walk every slot's
 // chain at the commit: callers ask what is there first.)
-func (t *Table) clearEgress(c *nftables.Conn, name string) error {
-	k, err := key(name)
+func (t *Table) clearEgress(c *nftables.Conn, names []string) error {
+	if err := t.unmap(c, names); err != nil {
+		return err
+	}
+	t.dropChains(c, names)
+	return nil
+}
+
+// unmap adds to c's transaction the removal of the map elements of names,
+// which have one: their chains are unreachable from then on.
+func (t *Table) unmap(c *nftables.Conn, names []string) error {
+	// By key alone: a message holds elemsPerMessage keys, where the
+	// verdicts' chain names would take it past a netlink attribute's
+	// 64 KiB.
+	els, err := elements(names)
 	if err != nil {
 		return err
 	}
-	ch := &nftables.Chain{Name: EgressChain(name), Table: t.table()}
-	el := []nftables.SetElement{jumpTo(k, name)}
-	m := t.egressMap()
-	if err := c.SetDeleteElements(m, el); err != nil {
-		return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
+	for chunk := range slices.Chunk(els, elemsPerMessage) {
+		if err := c.SetDeleteElements(t.egressMap(), chunk); err != nil {
+			return fmt.Errorf("nft: encode egress map elements: %w", err)
+		}
 	}
-	c.FlushChain(ch)
-	c.DelChain(ch)
 	return nil
 }
+
+// dropChains adds to c's transaction the removal of the egress chains of
+// names, which no map element refers to any longer (unmap).
+func (t *Table) dropChains(c *nftables.Conn, names []string) {
+	for _, n := range names {
+		ch := &nftables.Chain{Name: EgressChain(n), Table: t.table()}
+		c.FlushChain(ch)
+		c.DelChain(ch)
+	}
+}
+
+// chainsPerTransaction bounds the egress chains one transaction removes.
+// Every message of a transaction is acknowledged, two per chain, and the
+// acknowledgements of thousands overflow the netlink socket's receive
+// buffer before they are read (ENOBUFS: a teardown of 10,000 leased slots
+// failed so, its socket's buffer capped at net.core.rmem_max); a removal
+// of more is split, each part one transaction.
+const chainsPerTransaction = 128
 
 // EgressState is what the table holds of one slot's egress policy.
 type EgressState struct {

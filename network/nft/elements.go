@@ -98,10 +98,8 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 			return fmt.Errorf("nft: encode elements: %w", err)
 		}
 	}
-	for _, n := range stale {
-		if err := t.clearEgress(c, n); err != nil {
-			return err
-		}
+	if err := t.clearEgress(c, stale); err != nil {
+		return err
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nft: add %d element(s) in %s/%s: %w", len(names), t.name, SetName, err)
@@ -180,13 +178,22 @@ func (t *Table) remove(c *nftables.Conn, els, chains []string, present bool) err
 			return fmt.Errorf("nft: encode elements: %w", err)
 		}
 	}
-	for _, n := range chains {
-		if err := t.clearEgress(c, n); err != nil {
-			return err
-		}
+	// The elements and every chain's map element in one transaction, with
+	// the first chains; the other chains, unreachable from then on, in
+	// transactions of their own (chainsPerTransaction).
+	if err := t.unmap(c, chains); err != nil {
+		return err
 	}
+	first := chains[:min(len(chains), chainsPerTransaction)]
+	t.dropChains(c, first)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nft: remove %d element(s) and %d egress chain(s) in %s: %w", len(els), len(chains), t.name, err)
+	}
+	for part := range slices.Chunk(chains[len(first):], chainsPerTransaction) {
+		t.dropChains(c, part)
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("nft: remove %d egress chain(s) in %s: %w", len(part), t.name, err)
+		}
 	}
 	return nil
 }

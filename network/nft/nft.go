@@ -225,6 +225,15 @@ func (t *Table) conn() (c *nftables.Conn, release func(), err error) {
 	opts := []nftables.ConnOption{nftables.WithSockOptions(func(c *mnl.Conn) error {
 		_ = c.SetWriteBuffer(sockBuf) // best effort
 		_ = c.SetReadBuffer(sockBuf)
+		// SO_RCVBUF is capped at net.core.rmem_max (208 KiB by default);
+		// root may ask past it, which the acknowledgements of a large
+		// transaction need (best effort: chainsPerTransaction bounds them
+		// anyway).
+		if rc, err := c.SyscallConn(); err == nil {
+			_ = rc.Control(func(fd uintptr) {
+				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, sockBuf)
+			})
+		}
 		return nil
 	})}
 	release = func() {}
