@@ -32,7 +32,7 @@
 //
 //		chain egress {
 //			type filter hook prerouting priority mangle; policy accept;
-//			iifname @slots ct state established,related accept
+//			iifname @slots ct state established,related accept comment "table 3f1c…"
 //			iifname @slots iifname vmap @egress_policy
 //			iifname @slots ip daddr @egress_always_allow accept
 //			iifname @slots ip daddr 169.254.0.0/16 ip daddr != 169.254.128.0/19 counter drop comment "link-local"
@@ -156,13 +156,21 @@
 //
 // Ensure writes the whole ruleset in one transaction and can be called on a
 // table made by an earlier run (or an earlier version): chains are flushed
-// and their rules rewritten atomically, the port sets are replaced, and the
-// slots set keeps its elements, so the slots of a running workload never
-// lose their connectivity while the daemon restarts with another policy.
+// and their rules rewritten atomically, the port and egress-default sets
+// are replaced, and the slots set, the egress map and the slots' egress
+// chains keep their contents, so the slots of a running workload never
+// lose their connectivity, nor their policies, while the daemon restarts
+// with another policy. A table found as Ensure would write it (its fixed
+// rules all there, the first rule of chain egress naming the same layout:
+// rules' version, policy, slot network, egress defaults) is left as it is:
+// a restart then costs no transaction, whose commit would have the kernel
+// walk every lease's chain.
 //
 // Element changes are batched: Add and Remove send all their elements in one
 // nftables transaction (one netlink batch, split into several messages only
-// because a netlink attribute is limited to 64 KiB).
+// because a netlink attribute is limited to 64 KiB); the egress chains a
+// Remove takes go in transactions of at most 128, whose acknowledgements
+// fit the netlink socket's buffer.
 //
 // A Table works in the network namespace of the calling process, or in the
 // one given by WithNetNS (tests use it to install the ruleset in a namespace

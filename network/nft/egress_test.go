@@ -4,7 +4,9 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -281,5 +283,55 @@ func TestEgressChainGoesWithTheSlot(t *testing.T) {
 	}
 	if st, err := tbl.EgressOf(ctx, names[2]); err != nil || st.Fingerprint == "" {
 		t.Errorf("Ensure lost a slot's egress chain: %+v, %v", st, err)
+	}
+}
+
+// A start that finds the table as its policy says leaves it alone: no
+// transaction (the counters keep their counts); a table whose fixed rules
+// someone changed, or whose policy or defaults differ, is written again.
+func TestEnsureWritesOnlyWhatDiffers(t *testing.T) {
+	d := inside.Defaults{AlwaysDeny: cidrs("10.0.0.0/8")}
+	h, tbl := egressHost(t, 2, d)
+	ctx := context.Background()
+	sendRaw(t, h.Slots[0].NetnsPath, netip.AddrPortFrom(h.Slots[1].InsideAddr.Addr(), 1), netip.AddrPortFrom(fakehost.OutsideUplink.Addr(), 9), "spoofed")
+	waitFor(t, "the spoofed datagram counted", func() bool { return drops(t, tbl).Spoofed > 0 })
+	if err := tbl.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if drops(t, tbl).Spoofed == 0 {
+		t.Error("Ensure of an intact table wrote it again (its counters were reset)")
+	}
+	// Root deletes a rule of the table: the next Ensure puts it back.
+	out, err := exec.Command("nsenter", "--net="+h.Path, "nft", "-a", "list", "chain", "inet", tbl.Name(), nft.ChainInput).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	handle := ""
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "to-host") {
+			handle = l[strings.LastIndex(l, " ")+1:]
+		}
+	}
+	if out, err := exec.Command("nsenter", "--net="+h.Path, "nft", "delete", "rule", "inet", tbl.Name(), nft.ChainInput, "handle", handle).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if err := tbl.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := tbl.RuleCount(ctx); err != nil || n != nft.FixedRules {
+		t.Errorf("RuleCount after Ensure of a table missing a rule = %d, %v", n, err)
+	}
+	// Other defaults (a host address more, say): the sets are written.
+	other, err := nft.New(tbl.Name(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR),
+		nft.WithEgress(inside.Defaults{AlwaysDeny: cidrs("10.0.0.0/8", "198.18.0.0/15")}), nft.WithPolicy(tbl.Policy()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command("nsenter", "--net="+h.Path, "nft", "list", "set", "inet", tbl.Name(), nft.SetAlwaysDeny).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "198.18.0.0/15") {
+		t.Errorf("the always-denied set after Ensure with other defaults:\n%s (%v)", out, err)
 	}
 }

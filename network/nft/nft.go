@@ -308,7 +308,7 @@ func (t *Table) allRules(ctx context.Context) ([]*nftables.Rule, error) {
 	}
 	defer release()
 	var out []*nftables.Rule
-	for _, ch := range []string{ChainSpoof, ChainEgress, ChainForward, ChainInput, ChainPostrouting} {
+	for _, ch := range fixedChains() {
 		rules, err := c.GetRules(t.table(), &nftables.Chain{Name: ch, Table: t.table()})
 		if err != nil {
 			return nil, fmt.Errorf("nft: list rules %s/%s: %w", t.name, ch, err)
@@ -319,7 +319,8 @@ func (t *Table) allRules(ctx context.Context) ([]*nftables.Rule, error) {
 }
 
 // Drops counts the packets the table's drop rules have dropped since the
-// rules were last written (Ensure resets the counters).
+// rules were last written (an Ensure that writes them resets the counters;
+// one that finds the table as it would write it leaves them).
 type Drops struct {
 	// SlotToSlot: forwarded from one slot to another (always 0 when the
 	// policy allows slot-to-slot traffic).

@@ -20,20 +20,8 @@ import (
 // (ENOBUFS) and the teardown failed whole; the chains are removed in
 // transactions of chainsPerTransaction.
 func TestRemoveManyEgressChains(t *testing.T) {
-	// A namespace of the test's own (package nettest imports this one).
-	ns := fmt.Sprintf("nftt-%08x", rand.Uint32())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v\n%s", ns, err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	tbl, err := New("phasegate_nftt_", WithNetNS("/run/netns/"+ns), WithSlotNetwork(netip.MustParsePrefix("169.254.0.0/17")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tbl := privateTable(t)
 	ctx := context.Background()
-	if err := tbl.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
 	const n = 10000
 	var names []string
 	for i := range n {
@@ -58,6 +46,25 @@ func TestRemoveManyEgressChains(t *testing.T) {
 	if rules, err := tbl.RuleCount(ctx); err != nil || rules != FixedRules {
 		t.Errorf("RuleCount after = %d, %v", rules, err)
 	}
+}
+
+// privateTable is a slot table, ensured, in a namespace of the test's own
+// (package nettest imports this one).
+func privateTable(tb testing.TB) *Table {
+	tb.Helper()
+	ns := fmt.Sprintf("nftt-%08x", rand.Uint32())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		tb.Fatalf("ip netns add %s: %v\n%s", ns, err, out)
+	}
+	tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	tbl, err := New("phasegate_nftt_", WithNetNS("/run/netns/"+ns), WithSlotNetwork(netip.MustParsePrefix("169.254.0.0/17")))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := tbl.Ensure(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	return tbl
 }
 
 // setEgressMany writes p for every name as SetEgress does, a few hundred
@@ -93,5 +100,65 @@ func (t *Table) setEgressMany(tb testing.TB, names []string, p inside.Policy) {
 		if err := c.Flush(); err != nil {
 			tb.Fatalf("make chains: %v", err)
 		}
+	}
+}
+
+// BenchmarkSetEgressAtScale measures a slot's policy change with n other
+// slots' chains in the table: its first policy (the map gains a jump, and
+// the kernel walks every chain at the commit), a replacement (the chain
+// rewritten, its jump kept), a release of its element and chain (Remove),
+// and the defensive clear of a new slot (AddNew, nothing to clear).
+//
+//	go test -run '^$' -bench SetEgressAtScale -count 3 ./network/nft/
+func BenchmarkSetEgressAtScale(b *testing.B) {
+	p := inside.Policy{Allow: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, Deny: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}
+	for _, n := range []int{0, 1000, 10000} {
+		b.Run(fmt.Sprintf("chains=%d", n), func(b *testing.B) {
+			tbl := privateTable(b)
+			ctx := context.Background()
+			var others []string
+			for i := range n {
+				others = append(others, fmt.Sprintf("nftt-h%d", i+1))
+			}
+			if n > 0 {
+				if err := tbl.Add(ctx, others...); err != nil {
+					b.Fatal(err)
+				}
+				tbl.setEgressMany(b, others, p)
+			}
+			for _, op := range []string{"first", "replace", "remove", "addnew"} {
+				b.Run("op="+op, func(b *testing.B) {
+					for k := range b.N {
+						name := fmt.Sprintf("nftt-x%d", k%1000)
+						switch op {
+						case "first", "replace":
+							if op == "first" {
+								b.StopTimer()
+								if err := tbl.Remove(ctx, name); err != nil {
+									b.Fatal(err)
+								}
+								b.StartTimer()
+							}
+							if err := tbl.SetEgress(ctx, name, p); err != nil {
+								b.Fatal(err)
+							}
+						case "remove":
+							b.StopTimer()
+							if err := tbl.SetEgress(ctx, name, p); err != nil {
+								b.Fatal(err)
+							}
+							b.StartTimer()
+							if err := tbl.Remove(ctx, name); err != nil {
+								b.Fatal(err)
+							}
+						case "addnew":
+							if err := tbl.AddNew(ctx, name); err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+				})
+			}
+		})
 	}
 }

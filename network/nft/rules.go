@@ -2,6 +2,8 @@ package nft
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -47,6 +49,12 @@ func (t *Table) Ensure(ctx context.Context) error {
 		return err
 	}
 	defer release()
+	if readable && t.written(c) {
+		// As a start finds the table its last run left: writing it again
+		// would make the kernel walk every lease's egress chain at the
+		// commit (15-25 ms at 10,000) for nothing.
+		return nil
+	}
 	slots := t.set()
 	var keep []nftables.SetElement
 	migrate := !missing && !readable
@@ -87,6 +95,60 @@ func (t *Table) Ensure(ctx context.Context) error {
 		return fmt.Errorf("nft: write table inet %s: %w", t.name, err)
 	}
 	return nil
+}
+
+// rulesVersion names the fixed rules rules() writes: a change of rules()
+// comes with a new version, so that a table an earlier build wrote is
+// written again at the next start (written).
+const rulesVersion = 2
+
+// layout is a fingerprint of what Ensure writes: the rules' version, the
+// policy, the slot network and the egress defaults as their sets hold
+// them. The first rule of chain egress carries it in its comment.
+func (t *Table) layout() string {
+	h := sha256.New()
+	ports := func(ps []uint16) []uint16 { return slices.Compact(slices.Sorted(slices.Values(ps))) }
+	fmt.Fprintf(h, "v%d %d slot-to-slot %t tcp %v udp %v net %s\n", rulesVersion, FixedRules,
+		t.policy.AllowSlotToSlot, ports(t.policy.HostTCPPorts), ports(t.policy.HostUDPPorts), t.slotNet)
+	for _, l := range [][]netip.Prefix{t.egress.AlwaysAllow, t.egress.AlwaysDeny} {
+		for _, e := range inside.IntervalElements(l) {
+			fmt.Fprintf(h, "%x %t,", e.Key, e.IntervalEnd)
+		}
+		fmt.Fprintln(h)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// layoutPrefix starts the comment that carries layout.
+const layoutPrefix = "table "
+
+// written reports whether the table already holds what Ensure would write:
+// its fixed chains hold their FixedRules rules, and chain egress's first
+// carries this table's layout. A table an earlier build, or another
+// policy, wrote is not.
+func (t *Table) written(c *nftables.Conn) bool {
+	n := 0
+	for _, ch := range fixedChains() {
+		rules, err := c.GetRules(t.table(), &nftables.Chain{Name: ch, Table: t.table()})
+		if err != nil {
+			return false
+		}
+		if ch == ChainEgress {
+			if len(rules) == 0 {
+				return false
+			}
+			if comment, _ := userdata.GetString(rules[0].UserData, userdata.TypeComment); comment != layoutPrefix+t.layout() {
+				return false
+			}
+		}
+		n += len(rules)
+	}
+	return n == FixedRules
+}
+
+// fixedChains are the table's base chains, in the order of rules().
+func fixedChains() [5]string {
+	return [5]string{ChainSpoof, ChainEgress, ChainForward, ChainInput, ChainPostrouting}
 }
 
 // FixedRules is how many rules the table's fixed chains hold, whatever
@@ -208,7 +270,7 @@ func (t *Table) rules(sets fixedSets) []*nftables.Rule {
 	return []*nftables.Rule{
 		rule(ChainSpoof, commentSpoofed, iifSlot, ownSource, v(&expr.Counter{}, drop)),
 
-		rule(ChainEgress, "", iifSlot, ctState(), v(accept)),
+		rule(ChainEgress, layoutPrefix+t.layout(), iifSlot, ctState(), v(accept)),
 		rule(ChainEgress, "", iifSlot, egressVmap),
 		rule(ChainEgress, "", iifSlot, daddrIn(sets.alwaysAllow), v(accept)),
 		rule(ChainEgress, commentLinkLocal, iifSlot, daddrInPrefix(LinkLocal, t.slotNet), v(&expr.Counter{}, drop)),
