@@ -300,6 +300,7 @@ const (
 	taskLeases       = "leases"
 	taskVerify       = "verify-leases"
 	taskVerifyInside = "verify-inside"
+	taskCheckEgress  = "check-egress"
 )
 
 // readStart is what the reclaim phase reads before it changes anything:
@@ -407,15 +408,6 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		}
 		mgr.Surveyed(sr)
 		d.mgr = mgr
-		// Beside the rest of the phase: it lists every chain of the
-		// host's tables, the leases' egress chains among them (30 ms at
-		// 10,000), and only warns.
-		checked := make(chan struct{})
-		go func() {
-			defer close(checked)
-			d.checkEgress(ctx)
-		}()
-		defer func() { <-checked }()
 	}
 	d.unreadable = sr.Unreadable
 	for _, u := range sr.Unreadable {
@@ -527,6 +519,7 @@ func (d *Daemon) checkEgress(ctx context.Context) {
 	} else {
 		d.lc.ClearWarning(warnEgress)
 	}
+	d.log.Info("egress check done", "warnings", len(warn))
 }
 
 // stopFirewall removes the daemon's nftables table once no slot is left in
@@ -742,6 +735,15 @@ func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
 		close(d.deadDone)
 	}
 	p.Defer(taskReconcile, d.runReconciler)
+	// Once the daemon serves: it only warns, and it lists every chain of
+	// the host's nftables, the leases' egress chains among them, which
+	// the kernel dumps in O(chains²) (each message of the dump walks the
+	// list again from its start): with 10,000 leases it was the largest
+	// part of a restart's critical path.
+	p.Defer(taskCheckEgress, func(ctx context.Context, _ *lifecycle.Progress) error {
+		d.checkEgress(ctx)
+		return nil
+	})
 	p.Defer(taskVerifyInside, func(ctx context.Context, tp *lifecycle.Progress) error {
 		// After the leases' check: a lease it finds lost has no slot to
 		// look into.

@@ -9,9 +9,10 @@ import (
 	"time"
 )
 
-// The daemon checks at start what its slots' egress needs and says what is
-// missing, with the command that fixes it, in the log and as a /health
-// warning (200 "warn": it serves, but its slots cannot reach the outside).
+// The daemon checks, once it serves, what its slots' egress needs and says
+// what is missing, with the command that fixes it, in the log and as a
+// /health warning (200 "warn": it serves, but its slots cannot reach the
+// outside).
 // It runs in a namespace that plays the node, so the test controls the
 // node's forwarding without touching this machine's.
 func TestEgressPrerequisitesAreReported(t *testing.T) {
@@ -46,6 +47,12 @@ func TestEgressPrerequisitesAreReported(t *testing.T) {
 		h := newHost(t)
 		addr := "127.0.0.1:5008"
 		d := n.start(addr, n.command(baseEnv(), append([]string{binary}, h.args(addr, "--slots=64")...)...))
+		waitPass(t, time.Minute, "the egress check", func() error {
+			if !strings.Contains(d.Output(), "egress check done") {
+				return errNotServing
+			}
+			return nil
+		})
 		code, body := health(addr)
 		hasWarning := strings.Contains(body, `"status":"warn"`) && strings.Contains(body, "warning:egress") &&
 			strings.Contains(body, "sysctl -w net.ipv4.ip_forward=1")

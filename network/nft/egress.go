@@ -69,34 +69,28 @@ func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) err
 	if err != nil {
 		return err
 	}
-	c, release, err := t.conn()
-	if err != nil {
-		return err
-	}
-	defer release()
-	tbl := t.table()
-	ch := c.AddChain(&nftables.Chain{Name: EgressChain(name), Table: tbl})
-	c.FlushChain(ch)
-	rules, err := t.egressRules(c, p)
-	if err != nil {
-		return err
-	}
-	for i, r := range rules {
-		rule := &nftables.Rule{Table: tbl, Chain: ch, Exprs: r}
-		if i == 0 {
-			rule.UserData = userdata.AppendString(nil, userdata.TypeComment, fingerprintPrefix+p.Fingerprint(t.egress))
+	return t.changes.do(t, "egress chain "+EgressChain(name), func(c *nftables.Conn, ids *setIDs) error {
+		tbl := t.table()
+		ch := c.AddChain(&nftables.Chain{Name: EgressChain(name), Table: tbl})
+		c.FlushChain(ch)
+		rules, err := t.egressRules(c, ids, p)
+		if err != nil {
+			return err
 		}
-		c.AddRule(rule)
-	}
-	if !mapped {
-		if err := c.SetAddElements(t.egressMap(), []nftables.SetElement{jumpTo(k, name)}); err != nil {
-			return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
+		for i, r := range rules {
+			rule := &nftables.Rule{Table: tbl, Chain: ch, Exprs: r}
+			if i == 0 {
+				rule.UserData = userdata.AppendString(nil, userdata.TypeComment, fingerprintPrefix+p.Fingerprint(t.egress))
+			}
+			c.AddRule(rule)
 		}
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nft: write egress chain %s/%s: %w", t.name, ch.Name, err)
-	}
-	return nil
+		if !mapped {
+			if err := c.SetAddElements(t.egressMap(), []nftables.SetElement{jumpTo(k, name)}); err != nil {
+				return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
+			}
+		}
+		return nil
+	})
 }
 
 // hasEgress reports whether the slot whose host interface is name has an
@@ -133,7 +127,7 @@ func jumpTo(k []byte, name string) nftables.SetElement {
 
 // egressRules is a slot's egress chain for p, in order; the anonymous sets
 // of the lease's lists are added to c's transaction.
-func (t *Table) egressRules(c *nftables.Conn, p inside.Policy) ([][]expr.Any, error) {
+func (t *Table) egressRules(c *nftables.Conn, ids *setIDs, p inside.Policy) ([][]expr.Any, error) {
 	accept := []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	rules := [][]expr.Any{slices.Concat(daddrIn(t.addrSet(SetAlwaysAllow, 0)), accept)}
@@ -154,7 +148,7 @@ func (t *Table) egressRules(c *nftables.Conn, p inside.Policy) ([][]expr.Any, er
 	if p.DenyAll {
 		return append(rules, drop), nil
 	}
-	for k, l := range []struct {
+	for _, l := range []struct {
 		list    []netip.Prefix
 		verdict []expr.Any
 	}{{p.Allow, accept}, {p.Deny, drop}} {
@@ -166,7 +160,7 @@ func (t *Table) egressRules(c *nftables.Conn, p inside.Policy) ([][]expr.Any, er
 			}
 			continue
 		}
-		set := &nftables.Set{Table: t.table(), Name: "__set%d", ID: uint32(k + 1), Anonymous: true, Constant: true,
+		set := &nftables.Set{Table: t.table(), Name: "__set%d", ID: ids.next(), Anonymous: true, Constant: true,
 			Interval: true, KeyType: nftables.TypeIPAddr}
 		if err := c.AddSet(set, inside.IntervalElements(l.list)); err != nil {
 			return nil, fmt.Errorf("nft: add egress set: %w", err)

@@ -159,6 +159,7 @@ type Table struct {
 	egress  inside.Defaults
 	slotNet netip.Prefix
 	netns   string
+	changes group // the policy changes committed together
 }
 
 // New returns a handle on the inet table called name. Nothing is created

@@ -79,9 +79,10 @@ func (t *Table) setEgressMany(tb testing.TB, names []string, p inside.Policy) {
 	defer release()
 	for part := range slices.Chunk(names, 200) {
 		var els []nftables.SetElement
+		var ids setIDs
 		for _, name := range part {
 			ch := c.AddChain(&nftables.Chain{Name: EgressChain(name), Table: t.table()})
-			rules, err := t.egressRules(c, p)
+			rules, err := t.egressRules(c, &ids, p)
 			if err != nil {
 				tb.Fatal(err)
 			}
