@@ -88,23 +88,17 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 			return err
 		}
 	}
-	c, release, err := t.conn()
-	if err != nil {
-		return err
-	}
-	defer release()
-	for chunk := range slices.Chunk(els, elemsPerMessage) {
-		if err := c.SetAddElements(t.set(), chunk); err != nil {
-			return fmt.Errorf("nft: encode elements: %w", err)
+	// With the policy changes (group): a new slot's element waits for
+	// no commit of theirs, whose check of the table holds the kernel's
+	// commit lock for milliseconds with thousands of leases.
+	return t.changes.do(t, fmt.Sprintf("%d element(s) of set %s", len(names), SetName), func(c *nftables.Conn, _ *setIDs) error {
+		for chunk := range slices.Chunk(els, elemsPerMessage) {
+			if err := c.SetAddElements(t.set(), chunk); err != nil {
+				return fmt.Errorf("nft: encode elements: %w", err)
+			}
 		}
-	}
-	if err := t.clearEgress(c, stale); err != nil {
-		return err
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nft: add %d element(s) in %s/%s: %w", len(names), t.name, SetName, err)
-	}
-	return nil
+		return t.clearEgress(c, stale)
+	})
 }
 
 // Remove removes interface names from the set, with their egress chains, in

@@ -7,7 +7,8 @@ import (
 	"github.com/google/nftables"
 )
 
-// group commits the policy changes of concurrent callers together.
+// group commits the policy changes and new slots' elements of concurrent
+// callers together.
 //
 // The kernel checks a table at the commit of every transaction that adds
 // a rule: it walks every chain reachable from the base chains, each
@@ -15,8 +16,9 @@ import (
 // costs milliseconds however small it is, and the kernel's commit lock is
 // held meanwhile. Changes that arrive while a commit is under way wait
 // for it and then go in one transaction together: N of them pay one walk
-// (docs/BENCHMARKS.md, "The per-slot host rules"). A lone caller commits
-// at once, as before.
+// (docs/BENCHMARKS.md, "The per-slot host rules"), and a new slot's
+// element, which needs no walk, does not wait for the kernel's lock
+// behind one. A lone caller commits at once.
 //
 // The first caller of a batch commits it in its own goroutine, and hands
 // the next batch to the first caller waiting in it: no goroutine of the

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/nftables"
@@ -108,7 +109,9 @@ func (t *Table) setEgressMany(tb testing.TB, names []string, p inside.Policy) {
 // slots' chains in the table: its first policy (the map gains a jump, and
 // the kernel walks every chain at the commit), a replacement (the chain
 // rewritten, its jump kept), a release of its element and chain (Remove),
-// and the defensive clear of a new slot (AddNew, nothing to clear).
+// the defensive clear of a new slot (AddNew, nothing to clear), and
+// replacements by 16 callers at once, each on a slot of its own (their
+// changes share transactions: group).
 //
 //	go test -run '^$' -bench SetEgressAtScale -count 3 ./network/nft/
 func BenchmarkSetEgressAtScale(b *testing.B) {
@@ -127,6 +130,19 @@ func BenchmarkSetEgressAtScale(b *testing.B) {
 				}
 				tbl.setEgressMany(b, others, p)
 			}
+			b.Run("op=replace-16-callers", func(b *testing.B) {
+				var next atomic.Int32
+				b.SetParallelism(8) // 16 callers on 2 cores
+				b.RunParallel(func(pb *testing.PB) {
+					name := fmt.Sprintf("nftt-p%d", next.Add(1))
+					for pb.Next() {
+						if err := tbl.SetEgress(ctx, name, p); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			})
 			for _, op := range []string{"first", "replace", "remove", "addnew"} {
 				b.Run("op="+op, func(b *testing.B) {
 					for k := range b.N {
