@@ -472,6 +472,61 @@ func TestGuestTapFilter(t *testing.T) {
 		}
 		return false
 	}
+	// reaches6 says whether the guest's IPv6 reaches the slot's own
+	// stack: a datagram to the tap's link-local address, tries times.
+	tapLL := func() netip.Addr {
+		tap, err := sh.LinkByName("tap0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 100 {
+			addrs, err := sh.AddrList(tap, netlink.FAMILY_V6)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range addrs {
+				if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+					return ip
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatal("the fake tap has no usable IPv6 link-local address")
+		return netip.Addr{}
+	}()
+	var ll6 *net.UDPConn
+	if err := fakehost.Do(sl.NetnsPath, func() (err error) {
+		ll6, err = net.ListenUDP("udp6", &net.UDPAddr{IP: tapLL.AsSlice(), Zone: "tap0", Port: echoPort})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ll6.Close()
+	reaches6 := func(tries int) bool {
+		t.Helper()
+		buf := make([]byte, 64)
+		for range tries {
+			if err := fakehost.Do(guest, func() error {
+				c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: tapLL.AsSlice(), Zone: "eth0", Port: echoPort})
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_, err = c.Write([]byte("v6"))
+				return err
+			}); errors.Is(err, unix.EADDRNOTAVAIL) {
+				time.Sleep(200 * time.Millisecond) // the guest's own address is still tentative
+				continue
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			_ = ll6.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			if n, _, err := ll6.ReadFromUDP(buf); err == nil && string(buf[:n]) == "v6" {
+				return true
+			}
+		}
+		return false
+	}
 	for _, tc := range []struct {
 		name         string
 		mac          net.HardwareAddr
@@ -500,6 +555,15 @@ func TestGuestTapFilter(t *testing.T) {
 		}
 		if got := learns(other); got != tc.spoofed {
 			t.Errorf("%s: the slot learned %s from the guest's ARP = %v, want %v", tc.name, other, got, tc.spoofed)
+		}
+		// The guest's IPv6 reaches the slot's stack only without the
+		// filter (the guest network is IPv4).
+		tries := 3
+		if g.Tap == "" {
+			tries = 25 // the guest's own address may still be tentative
+		}
+		if got := reaches6(tries); got != (g.Tap == "") {
+			t.Errorf("%s: the guest's IPv6 datagram to the tap's link-local address arrived = %v, want %v", tc.name, got, g.Tap == "")
 		}
 	}
 }

@@ -15,9 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Table and object names inside a slot's namespace. GuestTable names two
-// tables: family ip (the NAT and the tap's filter) and family arp (the
-// tap's ARP filter).
+// Table and object names inside a slot's namespace. GuestTable names three
+// tables: family ip (the NAT and the tap's filter), family arp (the tap's
+// ARP filter) and family ip6 (the tap's IPv6, all dropped).
 const (
 	GuestTable  = "phasegate_guest"
 	EgressTable = "phasegate_egress"
@@ -87,6 +87,10 @@ func guestTable() *nftables.Table {
 
 func guestARPTable() *nftables.Table {
 	return &nftables.Table{Name: GuestTable, Family: nftables.TableFamilyARP}
+}
+
+func guestIP6Table() *nftables.Table {
+	return &nftables.Table{Name: GuestTable, Family: nftables.TableFamilyIPv6}
 }
 
 func egressTable() *nftables.Table {
@@ -163,9 +167,21 @@ func EnsureGuest(s Slot, g Guest) error {
 
 // tapFilter adds the tap's filter to c's transaction: chain tap of the ip
 // table (prerouting, before conntrack) and of the arp table (input), each
-// dropping, with a counter, what does not come from the guest.
+// dropping, with a counter, what does not come from the guest; and of the
+// ip6 table (prerouting), dropping all the guest's IPv6, which would
+// otherwise reach the slot's own stack (the guest network is IPv4 and
+// NATed). A rule rather than the tap's disable_ipv6: a sysctl written in
+// a namespace is found by a lookup that walks every namespace's entry of
+// the same name, which with 10,000 slots was the dearest step of making a
+// guest slot.
 func tapFilter(c *nftables.Conn, ipTable *nftables.Table, g Guest) {
 	accept := nftables.ChainPolicyAccept
+	ip6 := c.AddTable(guestIP6Table())
+	ch6 := c.AddChain(&nftables.Chain{Name: chainGuestTap, Table: ip6, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw, Policy: &accept})
+	c.FlushChain(ch6)
+	c.AddRule(&nftables.Rule{Table: ip6, Chain: ch6, Exprs: slices.Concat(ifname(expr.MetaKeyIIFNAME, g.Tap, true),
+		[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
 	arpTable := c.AddTable(guestARPTable())
 	a := g.Addr.As4()
 	for _, f := range []struct {
@@ -347,8 +363,8 @@ func ClearPolicy(s Slot) error {
 type Found struct {
 	// GuestNAT: the guest table has both its translations.
 	GuestNAT bool
-	// TapFilter: both guest tables have their tap chain with its rules
-	// (wantRules each).
+	// TapFilter: the three guest tables have their tap chain with its
+	// rules.
 	TapFilter bool
 	// Fingerprint is the applied policy's (Policy.Fingerprint), "" when
 	// the namespace has no egress table or it is incomplete.
@@ -390,10 +406,14 @@ func Inspect(s Slot, g Guest) (Found, error) {
 			want = 2
 		}
 		f.TapFilter = true
-		for _, t := range []*nftables.Table{guestTable(), guestARPTable()} {
+		for _, t := range []*nftables.Table{guestTable(), guestARPTable(), guestIP6Table()} {
 			k, err := count(t, chainGuestTap)
 			if err != nil {
 				return Found{}, err
+			}
+			if t.Family == nftables.TableFamilyIPv6 {
+				f.TapFilter = f.TapFilter && k == 1 // all of it dropped
+				continue
 			}
 			f.TapFilter = f.TapFilter && k == want
 		}

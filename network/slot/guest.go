@@ -165,10 +165,11 @@ func (m *Manager) addTap(fd int, s *Slot) error {
 		if tap, err = h.LinkByName(g.Tap); err != nil {
 			return fmt.Errorf("find tap %s in %s: %w", g.Tap, s.NetnsName, err)
 		}
-		// The guest network is IPv4, NATed: IPv6 from the guest would
-		// reach the slot's own stack unfiltered. Off before it is up.
-		if err := netns.Do(fd, func() error { return quietIPv6(g.Tap) }); err != nil {
-			return fmt.Errorf("in %s: %w", s.NetnsName, err)
+		// The guest network is IPv4, NATed: the tap gets no IPv6 address
+		// of its own (so the slot says nothing on it), and the tap filter
+		// drops the guest's IPv6 (inside.EnsureGuest). Before it is up.
+		if err := h.LinkSetIP6AddrGenMode(tap, in6AddrGenModeNone); err != nil && ipv6Enabled() {
+			return fmt.Errorf("IPv6 address generation off on %s in %s: %w", g.Tap, s.NetnsName, err)
 		}
 		if err := h.LinkSetHardwareAddr(tap, TapMAC(s.Index)); err != nil {
 			return fmt.Errorf("MAC of %s in %s: %w", g.Tap, s.NetnsName, err)
@@ -185,6 +186,10 @@ func (m *Manager) addTap(fd int, s *Slot) error {
 	}
 	return nil
 }
+
+// in6AddrGenModeNone is IN6_ADDR_GEN_MODE_NONE (linux/if_link.h): a link
+// that makes no IPv6 address of its own, link-local included.
+const in6AddrGenModeNone = 1
 
 // GuestState is what RepairGuest found of a slot's guest device.
 type GuestState struct {
