@@ -13,6 +13,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/nftexpr"
 )
 
 // Table and object names inside a slot's namespace. GuestTable names three
@@ -284,7 +286,7 @@ func policyRules(p Policy, sets map[string]*nftables.Set) [][]expr.Any {
 	accept := []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
 	drop := []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: DropCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	rules := [][]expr.Any{
-		slices.Concat(ctState(), accept),
+		slices.Concat(nftexpr.CtState(), accept),
 		// Slots have IPv4 only; what IPv6 leaves is the link's own
 		// neighbour discovery, dropped without counting it as egress.
 		slices.Concat(nfproto(unix.NFPROTO_IPV6), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}),
@@ -327,23 +329,10 @@ func notLocal() []expr.Any {
 	}
 }
 
-func ctBits(key expr.CtKey, mask uint32) []expr.Any {
-	return []expr.Any{
-		&expr.Ct{Register: 1, Key: key},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(mask), Xor: binaryutil.NativeEndian.PutUint32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
-	}
-}
-
-func ctState() []expr.Any {
-	return ctBits(expr.CtKeySTATE, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)
-}
-
 // ctStatusDNAT is IPS_DST_NAT: the connection's destination was rewritten.
 const ctStatusDNAT = 1 << 5
 
-func ctDNAT() []expr.Any { return ctBits(expr.CtKeySTATUS, ctStatusDNAT) }
+func ctDNAT() []expr.Any { return nftexpr.CtBits(expr.CtKeySTATUS, ctStatusDNAT) }
 
 // ClearPolicy removes the egress table (a slot going back to the pool
 // unleased). A missing table is not an error.

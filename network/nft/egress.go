@@ -294,26 +294,11 @@ func (t *Table) EgressOf(ctx context.Context, name string) (EgressState, error) 
 // EgressNames returns the host interfaces of the slots with an egress
 // chain, sorted, as the egress map lists them. A missing table lists none.
 func (t *Table) EgressNames(ctx context.Context) ([]string, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	c, release, err := t.conn()
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	return t.egressNames(ctx, c)
+	return t.names(ctx, t.egressMap())
 }
 
 func (t *Table) egressNames(ctx context.Context, c *nftables.Conn) ([]string, error) {
-	els, err := c.GetSetElements(t.egressMap())
-	if err != nil {
-		if ok, xerr := t.Exists(ctx); errors.Is(err, unix.ENOENT) || (xerr == nil && !ok) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("nft: list map %s/%s: %w", t.name, MapEgress, err)
-	}
-	return elementNames(els), nil
+	return t.keys(ctx, c, t.egressMap())
 }
 
 // elementNames returns the interface names that els are keyed by, sorted.

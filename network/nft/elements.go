@@ -34,6 +34,16 @@ func elements(names []string) ([]nftables.SetElement, error) {
 // List returns the interface names in the set, sorted. A missing table gives
 // an empty list.
 func (t *Table) List(ctx context.Context) ([]string, error) {
+	return t.names(ctx, t.set())
+}
+
+func (t *Table) list(ctx context.Context, c *nftables.Conn) ([]string, error) {
+	return t.keys(ctx, c, t.set())
+}
+
+// names returns the interface names set (the slots set or the egress map)
+// is keyed by, sorted, on a connection of its own.
+func (t *Table) names(ctx context.Context, set *nftables.Set) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -42,18 +52,20 @@ func (t *Table) List(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	defer release()
-	return t.list(ctx, c)
+	return t.keys(ctx, c, set)
 }
 
-func (t *Table) list(ctx context.Context, c *nftables.Conn) ([]string, error) {
-	els, err := c.GetSetElements(t.set())
+// keys returns the interface names set is keyed by, sorted; none when the
+// table is missing.
+func (t *Table) keys(ctx context.Context, c *nftables.Conn, set *nftables.Set) ([]string, error) {
+	els, err := c.GetSetElements(set)
 	if err != nil {
-		// The library does not always wrap the errno: ask whether the set
-		// is there at all.
+		// The library does not always wrap the errno: ask whether the
+		// table is there at all.
 		if ok, xerr := t.Exists(ctx); errors.Is(err, unix.ENOENT) || (xerr == nil && !ok) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("nft: list set %s/%s: %w", t.name, SetName, err)
+		return nil, fmt.Errorf("nft: list %s/%s: %w", t.name, set.Name, err)
 	}
 	return elementNames(els), nil
 }

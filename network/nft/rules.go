@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/internal/nftexpr"
 )
 
 // Ensure makes the table match its policy in one transaction (the table
@@ -270,18 +271,18 @@ func (t *Table) rules(sets fixedSets) []*nftables.Rule {
 	return []*nftables.Rule{
 		rule(ChainSpoof, commentSpoofed, iifSlot, ownSource, v(&expr.Counter{}, drop)),
 
-		rule(ChainEgress, layoutPrefix+t.layout(), iifSlot, ctState(), v(accept)),
+		rule(ChainEgress, layoutPrefix+t.layout(), iifSlot, nftexpr.CtState(), v(accept)),
 		rule(ChainEgress, "", iifSlot, egressVmap),
 		rule(ChainEgress, "", iifSlot, daddrIn(sets.alwaysAllow), v(accept)),
 		rule(ChainEgress, commentLinkLocal, iifSlot, daddrInPrefix(LinkLocal, t.slotNet), v(&expr.Counter{}, drop)),
 
 		rule(ChainForward, commentSlotToSlot, iifSlot, oifSlot, slotToSlot),
 		rule(ChainForward, "", iifSlot, v(accept)),
-		rule(ChainForward, "", oifSlot, ctState(), v(accept)),
+		rule(ChainForward, "", oifSlot, nftexpr.CtState(), v(accept)),
 		rule(ChainForward, "", oifSlot, ctStatus(ctStatusDNAT), v(accept)),
 		rule(ChainForward, commentInbound, oifSlot, v(&expr.Counter{}, drop)),
 
-		rule(ChainInput, "", iifSlot, ctState(), v(accept)),
+		rule(ChainInput, "", iifSlot, nftexpr.CtState(), v(accept)),
 		rule(ChainInput, "", iifSlot, echoRequest, ownGateway(), v(accept)),
 		rule(ChainInput, "", iifSlot, l4(unix.IPPROTO_TCP), dport(sets.tcp), ownGateway(), v(accept)),
 		rule(ChainInput, "", iifSlot, l4(unix.IPPROTO_UDP), dport(sets.udp), ownGateway(), v(accept)),
@@ -299,22 +300,8 @@ func lookup(key expr.MetaKey, set *nftables.Set, invert bool) []expr.Any {
 	}
 }
 
-// ctState matches the replies and related packets of known connections.
-func ctState() []expr.Any {
-	return ctBits(expr.CtKeySTATE, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)
-}
-
 // ctStatus matches a connection whose status has bit set.
-func ctStatus(bit uint32) []expr.Any { return ctBits(expr.CtKeySTATUS, bit) }
-
-func ctBits(key expr.CtKey, mask uint32) []expr.Any {
-	return []expr.Any{
-		&expr.Ct{Register: 1, Key: key},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(mask), Xor: binaryutil.NativeEndian.PutUint32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
-	}
-}
+func ctStatus(bit uint32) []expr.Any { return nftexpr.CtBits(expr.CtKeySTATUS, bit) }
 
 // ownGateway matches a packet whose destination is an address of the
 // interface it came in on: the slot's own gateway.
