@@ -100,9 +100,9 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 			return err
 		}
 	}
-	// With the policy changes (group): a new slot's element waits for
-	// no commit of theirs, whose check of the table holds the kernel's
-	// commit lock for milliseconds with thousands of leases.
+	// In the policy changes' transactions (group): it would wait for
+	// the kernel's commit lock behind theirs anyway, each of which checks
+	// the whole table.
 	return t.changes.do(t, fmt.Sprintf("%d element(s) of set %s", len(names), SetName), func(c *nftables.Conn, _ *setIDs) error {
 		for chunk := range slices.Chunk(els, elemsPerMessage) {
 			if err := c.SetAddElements(t.set(), chunk); err != nil {

@@ -16,9 +16,10 @@ import (
 // costs milliseconds however small it is, and the kernel's commit lock is
 // held meanwhile. Changes that arrive while a commit is under way wait
 // for it and then go in one transaction together: N of them pay one walk
-// (docs/BENCHMARKS.md, "The per-slot host rules"), and a new slot's
-// element, which needs no walk, does not wait for the kernel's lock
-// behind one. A lone caller commits at once.
+// (docs/BENCHMARKS.md, "The per-slot host rules"). A new slot's element
+// needs no walk, but would wait for the kernel's commit lock behind them
+// all the same: it goes in their transactions. A lone caller commits at
+// once.
 //
 // The first caller of a batch commits it in its own goroutine, and hands
 // the next batch to the first caller waiting in it: no goroutine of the
