@@ -6,8 +6,10 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"os/exec"
@@ -36,8 +38,8 @@ import (
 
 // debugFloodEnv makes this test binary, run as another user, a client
 // that floods /debug/slots on a control socket: "SOCKET|N". It prints how
-// many answers had each status (a 429 without Retry-After counted apart)
-// and how long the flood took, as JSON.
+// many answers had each status (a 429 without Retry-After counted apart),
+// how many connections it dialed and how long the flood took, as JSON.
 const debugFloodEnv = "PHASEGATE_TEST_DEBUG_FLOOD"
 
 func init() {
@@ -63,8 +65,9 @@ func floodDebugSlots(spec string) int {
 	}
 	c := unixHTTP(sock)
 	// Eight callers on eight kept connections: a client that dialed anew
-	// for each request (the transport keeps 2 idle by default) would meet
-	// the socket's bound of 16 connections a uid, while the server still
+	// for each request (the transport keeps 2 idle by default, and drops
+	// a connection whose answer was not read to its end) would meet the
+	// socket's bound of 16 connections a uid while the server still
 	// closes the last ones, which is another test's (security_flood_test.go).
 	tr := c.Transport.(*http.Transport)
 	tr.MaxIdleConnsPerHost, tr.MaxConnsPerHost = 8, 8
@@ -79,7 +82,16 @@ func floodDebugSlots(spec string) int {
 		wg.Go(func() {
 			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
 				key := "error"
-				if resp, err := c.Get("http://control/debug/slots"); err == nil {
+				trace := &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
+					if !ci.Reused {
+						mu.Lock()
+						counts["dialed"]++
+						mu.Unlock()
+					}
+				}}
+				req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, "http://control/debug/slots", nil)
+				if resp, err := c.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body) // read to its end: the connection is kept
 					resp.Body.Close()
 					key = strconv.Itoa(resp.StatusCode)
 					if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "" {
@@ -451,6 +463,9 @@ func TestDebugSlotsUnderTheRate(t *testing.T) {
 	// What the bucket can have given: its burst and its rate over the
 	// flood, with a second to spare for the clocks.
 	most := 2*rate + rate*(res["ms"]/1000+1)
+	if res["dialed"] > 8 {
+		t.Errorf("the flood dialed %d connections, want its 8 kept: past 16 at once the socket refuses, and this test is of the rate", res["dialed"])
+	}
 	if res["200"]+res["429"] != n || res["429"] == 0 || res["200"] > most {
 		t.Errorf("the flood's answers %v: want only 200 and 429 (with Retry-After), at most %d of them 200", res, most)
 	}
