@@ -61,10 +61,11 @@ func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) err
 	if p.RedirectTCP && t.egress.ProxyPort == 0 {
 		return fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", inside.ErrInvalidPolicy)
 	}
-	// A jump added to the map makes the kernel check the whole table for
-	// loops when it commits, every slot's chain walked: a replacement
-	// leaves the map's element as it is, so only a slot's first policy
-	// pays that walk (docs/BENCHMARKS.md, "The per-slot host rules").
+	// A replacement leaves the map's element as it is: adding it again
+	// would be a no-op in the table but not in the kernel's commit, which
+	// checks the table for every jump added. The rules this adds are
+	// checked so all the same, every slot's chain walked, whence the
+	// group commit (docs/BENCHMARKS.md, "The per-slot host rules").
 	mapped, err := t.hasEgress(name)
 	if err != nil {
 		return err
