@@ -11,10 +11,11 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
-	mnl "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/netconf"
 )
 
 // Config says what Check looks at.
@@ -179,56 +180,18 @@ func Check(ctx context.Context, cfg Config) Report {
 	return r
 }
 
-// Attributes of RTM_GETNETCONF (linux/netconf.h).
-const (
-	netconfaIfindex    = 1
-	netconfaForwarding = 2
-	ifindexAll         = -1 // NETCONFA_IFINDEX_ALL: net.ipv4.conf.all (= ip_forward)
-	ifindexDefault     = -2 // NETCONFA_IFINDEX_DEFAULT: net.ipv4.conf.default
-)
-
 // forwarding reads net.ipv4.conf.{all,default}.forwarding of the namespace
 // nsfd (0: the caller's) through rtnetlink.
 func forwarding(nsfd int) (all, def bool, err error) {
-	c, err := mnl.Dial(unix.NETLINK_ROUTE, &mnl.Config{NetNS: nsfd})
+	c, err := netconf.Dial(nsfd)
 	if err != nil {
 		return false, false, err
 	}
 	defer c.Close()
-	get := func(ifindex int32) (bool, error) {
-		ae := mnl.NewAttributeEncoder()
-		ae.Int32(netconfaIfindex, ifindex)
-		attrs, err := ae.Encode()
-		if err != nil {
-			return false, err
-		}
-		msgs, err := c.Execute(mnl.Message{
-			Header: mnl.Header{Type: unix.RTM_GETNETCONF, Flags: mnl.Request},
-			Data:   append([]byte{unix.AF_INET, 0, 0, 0}, attrs...), // struct netconfmsg, padded
-		})
-		if err != nil {
-			return false, err
-		}
-		for _, m := range msgs {
-			if len(m.Data) < 4 {
-				continue
-			}
-			ad, err := mnl.NewAttributeDecoder(m.Data[4:])
-			if err != nil {
-				return false, err
-			}
-			for ad.Next() {
-				if ad.Type() == netconfaForwarding {
-					return ad.Uint32() != 0, nil
-				}
-			}
-		}
-		return false, errors.New("no NETCONFA_FORWARDING in the answer")
-	}
-	if all, err = get(ifindexAll); err != nil {
+	if all, err = netconf.Forwarding(c, netconf.IndexAll); err != nil {
 		return false, false, err
 	}
-	def, err = get(ifindexDefault)
+	def, err = netconf.Forwarding(c, netconf.IndexDefault)
 	return all, def, err
 }
 

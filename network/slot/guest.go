@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/internal/netconf"
 	"github.com/phasegate/phasegate/network/netns"
 )
 
@@ -106,21 +106,43 @@ func (g Guest) insideGuest() inside.Guest {
 	return inside.Guest{Addr: g.Addr.Addr(), Tap: g.Tap, MAC: g.MAC}
 }
 
-// makeGuest adds the guest device to a new slot: forwarding on inside the
-// namespace, the tap with its MAC and the gateway address, IPv6 off on it,
-// up, and the guest tables (NAT, the tap's filter).
+// makeGuest adds the guest device to a new slot: the tap with its MAC and
+// the gateway address, IPv6 off on it, up; forwarding on between it and
+// the slot's uplink; and the guest tables (NAT, the tap's filter).
 func (m *Manager) makeGuest(fd int, s *Slot) error {
-	// /proc/sys/net is the namespace of the thread that opens it.
-	if err := netns.Do(fd, func() error {
-		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0)
-	}); err != nil {
+	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
+	if err != nil {
+		return fmt.Errorf("netlink handle in %s: %w", s.NetnsName, err)
+	}
+	defer h.Close()
+	tap, err := m.addTap(h, fd, s)
+	if err != nil {
+		return err
+	}
+	if err := m.forwardGuest(h, fd, s, tap); err != nil {
+		return err
+	}
+	return m.ensureGuestTables(fd, s)
+}
+
+// forwardGuest turns forwarding on for the tap (index tap) and the slot's
+// uplink, the two links the guest's packets are routed between, through
+// rtnetlink: the namespace's ip_forward is a /proc/sys file, whose lookup
+// walks every namespace's entry of that name (package netconf).
+func (m *Manager) forwardGuest(h *netlink.Handle, fd int, s *Slot, tap int) error {
+	up, err := h.LinkByName(s.InsideIf)
+	if err != nil {
+		return fmt.Errorf("find %s in %s: %w", s.InsideIf, s.NetnsName, err)
+	}
+	c, err := netconf.Dial(fd)
+	if err != nil {
 		return fmt.Errorf("forwarding on in %s: %w", s.NetnsName, err)
 	}
-	if err := m.addTap(fd, s); err != nil {
-		return err
-	}
-	if err := m.ensureGuestTables(fd, s); err != nil {
-		return err
+	defer c.Close()
+	for _, idx := range []int{tap, up.Attrs().Index} {
+		if err := netconf.SetForwarding(c, int32(idx), true); err != nil {
+			return fmt.Errorf("forwarding on in %s: %w", s.NetnsName, err)
+		}
 	}
 	return nil
 }
@@ -134,17 +156,13 @@ func (m *Manager) ensureGuestTables(fd int, s *Slot) error {
 }
 
 // addTap makes the tap (persistent, so that it outlives the VM monitor
-// that opens it) and configures it. /dev/net/tun makes a tap in the
-// namespace of the thread that opens it, whatever netlink handle asks, so
-// the creating call runs on a thread inside the namespace (netns.Do); the
-// rest goes through a handle on the namespace.
-func (m *Manager) addTap(fd int, s *Slot) error {
+// that opens it) and configures it, and returns its index. /dev/net/tun
+// makes a tap in the namespace of the thread that opens it, whatever
+// netlink handle asks, so the creating call runs on a thread inside the
+// namespace (netns.Do); the rest goes through h, a handle on the
+// namespace.
+func (m *Manager) addTap(h *netlink.Handle, fd int, s *Slot) (int, error) {
 	g := m.cfg.Guest
-	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
-	if err != nil {
-		return fmt.Errorf("netlink handle in %s: %w", s.NetnsName, err)
-	}
-	defer h.Close()
 	tap, err := h.LinkByName(g.Tap)
 	var notFound netlink.LinkNotFoundError
 	switch {
@@ -160,31 +178,31 @@ func (m *Manager) addTap(fd int, s *Slot) error {
 			}
 			return nil
 		}); err != nil {
-			return fmt.Errorf("add tap %s in %s: %w", g.Tap, s.NetnsName, err)
+			return 0, fmt.Errorf("add tap %s in %s: %w", g.Tap, s.NetnsName, err)
 		}
 		if tap, err = h.LinkByName(g.Tap); err != nil {
-			return fmt.Errorf("find tap %s in %s: %w", g.Tap, s.NetnsName, err)
+			return 0, fmt.Errorf("find tap %s in %s: %w", g.Tap, s.NetnsName, err)
 		}
 		// The guest network is IPv4, NATed: the tap gets no IPv6 address
 		// of its own (so the slot says nothing on it), and the tap filter
 		// drops the guest's IPv6 (inside.EnsureGuest). Before it is up.
 		if err := h.LinkSetIP6AddrGenMode(tap, in6AddrGenModeNone); err != nil && ipv6Enabled() {
-			return fmt.Errorf("IPv6 address generation off on %s in %s: %w", g.Tap, s.NetnsName, err)
+			return 0, fmt.Errorf("IPv6 address generation off on %s in %s: %w", g.Tap, s.NetnsName, err)
 		}
 		if err := h.LinkSetHardwareAddr(tap, TapMAC(s.Index)); err != nil {
-			return fmt.Errorf("MAC of %s in %s: %w", g.Tap, s.NetnsName, err)
+			return 0, fmt.Errorf("MAC of %s in %s: %w", g.Tap, s.NetnsName, err)
 		}
 	case err != nil:
-		return fmt.Errorf("find tap %s in %s: %w", g.Tap, s.NetnsName, err)
+		return 0, fmt.Errorf("find tap %s in %s: %w", g.Tap, s.NetnsName, err)
 	}
 	gw := netip.PrefixFrom(g.Gateway, g.Addr.Bits())
 	if err := h.AddrReplace(tap, &netlink.Addr{IPNet: ipNet(gw)}); err != nil {
-		return fmt.Errorf("address %s on %s in %s: %w", gw, g.Tap, s.NetnsName, err)
+		return 0, fmt.Errorf("address %s on %s in %s: %w", gw, g.Tap, s.NetnsName, err)
 	}
 	if err := h.LinkSetUp(tap); err != nil {
-		return fmt.Errorf("set %s up in %s: %w", g.Tap, s.NetnsName, err)
+		return 0, fmt.Errorf("set %s up in %s: %w", g.Tap, s.NetnsName, err)
 	}
-	return nil
+	return tap.Attrs().Index, nil
 }
 
 // in6AddrGenModeNone is IN6_ADDR_GEN_MODE_NONE (linux/if_link.h): a link
@@ -246,7 +264,8 @@ func (m *Manager) guestState(fd int, s *Slot) (GuestState, error) {
 		return st, fmt.Errorf("netlink handle in %s: %w", s.NetnsName, err)
 	}
 	defer h.Close()
-	if tap, err := h.LinkByName(m.cfg.Guest.Tap); err == nil {
+	tap, err := h.LinkByName(m.cfg.Guest.Tap)
+	if err == nil {
 		addrs, err := h.AddrList(tap, netlink.FAMILY_V4)
 		if err != nil {
 			return st, fmt.Errorf("addresses of %s in %s: %w", m.cfg.Guest.Tap, s.NetnsName, err)
@@ -257,12 +276,8 @@ func (m *Manager) guestState(fd int, s *Slot) (GuestState, error) {
 			}
 		}
 	}
-	if err := netns.Do(fd, func() error {
-		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
-		st.Forwarding = err == nil && strings.TrimSpace(string(b)) == "1"
-		return err
-	}); err != nil {
-		return st, fmt.Errorf("read forwarding in %s: %w", s.NetnsName, err)
+	if st.Forwarding, err = forwards(h, fd, s, tap); err != nil {
+		return st, err
 	}
 	f, err := inside.Inspect(insideSlot(fd, s), m.cfg.Guest.insideGuest())
 	if err != nil {
@@ -270,6 +285,31 @@ func (m *Manager) guestState(fd int, s *Slot) (GuestState, error) {
 	}
 	st.NAT, st.TapFilter = f.GuestNAT, f.TapFilter
 	return st, nil
+}
+
+// forwards reports whether slot s forwards on its uplink and on tap (nil
+// when there is none), as forwardGuest left them. A slot made by a build
+// that turned ip_forward on forwards on every link, these among them.
+func forwards(h *netlink.Handle, fd int, s *Slot, tap netlink.Link) (bool, error) {
+	up, err := h.LinkByName(s.InsideIf)
+	if err != nil {
+		return false, fmt.Errorf("find %s in %s: %w", s.InsideIf, s.NetnsName, err)
+	}
+	c, err := netconf.Dial(fd)
+	if err != nil {
+		return false, fmt.Errorf("read forwarding in %s: %w", s.NetnsName, err)
+	}
+	defer c.Close()
+	for _, l := range []netlink.Link{tap, up} {
+		if l == nil {
+			continue
+		}
+		on, err := netconf.Forwarding(c, int32(l.Attrs().Index))
+		if err != nil || !on {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // withInside runs fn on slot s's namespace (withNetns) as package inside

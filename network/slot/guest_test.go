@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/internal/netconf"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
@@ -110,14 +111,45 @@ func TestGuestDevice(t *testing.T) {
 	if v6, err := h.AddrList(tap, netlink.FAMILY_V6); err != nil || len(v6) != 0 {
 		t.Errorf("IPv6 addresses on the tap: %v, %v; want none (address generation off)", v6, err)
 	}
-	if got := readInside(t, fd, "/proc/sys/net/ipv4/ip_forward"); got != "1" {
-		t.Errorf("forwarding inside the slot: %q, want 1", got)
+	nc, err := netconf.Dial(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	up, err := h.LinkByName(s.InsideIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forwards := func(idx int) bool {
+		t.Helper()
+		on, err := netconf.Forwarding(nc, int32(idx))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+	if !forwards(tap.Attrs().Index) || !forwards(up.Attrs().Index) {
+		t.Errorf("forwarding inside the slot: tap0 %t, %s %t; want both on", forwards(tap.Attrs().Index), s.InsideIf, forwards(up.Attrs().Index))
+	}
+	// Per link, through rtnetlink: the namespace's ip_forward is a
+	// /proc/sys file, whose lookup walks every namespace's entry.
+	if got := readInside(t, fd, "/proc/sys/net/ipv4/ip_forward"); got != "0" {
+		t.Errorf("ip_forward inside the slot: %q, want 0 (forwarding is set per link)", got)
 	}
 	if hostHasMAC(t, slot.TapMAC(2)) {
 		t.Errorf("the tap's MAC is on a link of the host")
 	}
 	if rep, err := m.RepairGuest(s); err != nil || len(rep) != 0 {
 		t.Errorf("RepairGuest on an intact slot: %v, %v; want nothing repaired", rep, err)
+	}
+	if err := netconf.SetForwarding(nc, int32(up.Attrs().Index), false); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := m.RepairGuest(s); err != nil || !slices.Equal(rep, []string{"forwarding"}) {
+		t.Errorf("RepairGuest of a slot whose uplink stopped forwarding: %v, %v; want [forwarding]", rep, err)
+	}
+	if !forwards(up.Attrs().Index) {
+		t.Errorf("RepairGuest left %s not forwarding", s.InsideIf)
 	}
 
 	// A VM monitor attached to the tap: its repair must keep the tap (same

@@ -1,0 +1,117 @@
+// Package netconf reads and sets a namespace's IPv4 forwarding through
+// rtnetlink, not /proc/sys.
+//
+// /proc/sys keeps one entry per network namespace for each per-namespace
+// file, under one parent, and a lookup compares them one by one: with
+// thousands of slots, opening net/ipv4/ip_forward inside one of them walks
+// thousands of entries (docs/DESIGN.md §8). RTM_GETNETCONF and RTM_SETLINK
+// cost the same with one namespace or ten thousand.
+package netconf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	mnl "github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Interface indices that name a namespace's defaults rather than a link.
+const (
+	// IndexAll is net.ipv4.conf.all (net.ipv4.ip_forward is its
+	// forwarding).
+	IndexAll int32 = -1 // NETCONFA_IFINDEX_ALL
+	// IndexDefault is net.ipv4.conf.default, which a new link copies.
+	IndexDefault int32 = -2 // NETCONFA_IFINDEX_DEFAULT
+)
+
+// Attributes of linux/netconf.h, linux/if_link.h and linux/ip.h.
+const (
+	netconfaIfindex       = 1 // NETCONFA_IFINDEX
+	netconfaForwarding    = 2 // NETCONFA_FORWARDING
+	iflaAfSpec            = 26
+	iflaInetConf          = 1 // IFLA_INET_CONF
+	ipv4DevconfForwarding = 1 // IPV4_DEVCONF_FORWARDING
+)
+
+// Dial opens an rtnetlink connection in the namespace whose descriptor is
+// nsfd (0: the caller's).
+func Dial(nsfd int) (*mnl.Conn, error) {
+	c, err := mnl.Dial(unix.NETLINK_ROUTE, &mnl.Config{NetNS: nsfd})
+	if err != nil {
+		return nil, fmt.Errorf("netconf: dial rtnetlink: %w", err)
+	}
+	return c, nil
+}
+
+// Forwarding reports whether IPv4 forwarding is on for the link ifindex of
+// c's namespace, or for IndexAll or IndexDefault.
+func Forwarding(c *mnl.Conn, ifindex int32) (bool, error) {
+	ae := mnl.NewAttributeEncoder()
+	ae.Int32(netconfaIfindex, ifindex)
+	attrs, err := ae.Encode()
+	if err != nil {
+		return false, err
+	}
+	msgs, err := c.Execute(mnl.Message{
+		Header: mnl.Header{Type: unix.RTM_GETNETCONF, Flags: mnl.Request},
+		Data:   append([]byte{unix.AF_INET, 0, 0, 0}, attrs...), // struct netconfmsg, padded
+	})
+	if err != nil {
+		return false, fmt.Errorf("netconf: RTM_GETNETCONF of index %d: %w", ifindex, err)
+	}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := mnl.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return false, fmt.Errorf("netconf: RTM_GETNETCONF of index %d: %w", ifindex, err)
+		}
+		for ad.Next() {
+			if ad.Type() == netconfaForwarding {
+				return ad.Uint32() != 0, nil
+			}
+		}
+	}
+	return false, fmt.Errorf("netconf: RTM_GETNETCONF of index %d: %w", ifindex, errNoForwarding)
+}
+
+var errNoForwarding = errors.New("no NETCONFA_FORWARDING in the answer")
+
+// SetForwarding turns IPv4 forwarding on or off for the link ifindex of c's
+// namespace (its net.ipv4.conf.<link>.forwarding). The kernel decides
+// whether to forward a packet by the link it came in on, so a namespace
+// that routes between two links needs it on both, and not the
+// namespace's ip_forward.
+func SetForwarding(c *mnl.Conn, ifindex int32, on bool) error {
+	v := uint32(0)
+	if on {
+		v = 1
+	}
+	ae := mnl.NewAttributeEncoder()
+	ae.Nested(iflaAfSpec, func(ae *mnl.AttributeEncoder) error {
+		ae.Nested(unix.AF_INET, func(ae *mnl.AttributeEncoder) error {
+			ae.Nested(iflaInetConf, func(ae *mnl.AttributeEncoder) error {
+				ae.Uint32(ipv4DevconfForwarding, v)
+				return nil
+			})
+			return nil
+		})
+		return nil
+	})
+	attrs, err := ae.Encode()
+	if err != nil {
+		return err
+	}
+	ifi := make([]byte, unix.SizeofIfInfomsg) // struct ifinfomsg: family AF_UNSPEC, the index
+	binary.NativeEndian.PutUint32(ifi[4:8], uint32(ifindex))
+	if _, err := c.Execute(mnl.Message{
+		Header: mnl.Header{Type: unix.RTM_SETLINK, Flags: mnl.Request | mnl.Acknowledge},
+		Data:   append(ifi, attrs...),
+	}); err != nil {
+		return fmt.Errorf("netconf: RTM_SETLINK forwarding=%d of link %d: %w", v, ifindex, err)
+	}
+	return nil
+}
