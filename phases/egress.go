@@ -195,8 +195,10 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	s.mu.Unlock()
 	s.count("egress_policy_set")
 	s.log.Info("egress policy set", "slot", i, "owner", rec.Owner, "principal", c.Principal.String(), "policy", describePolicy(rec.Egress))
+	// EgressDroppedPackets stays 0: the rules just written, on both
+	// sides, count from 0, and reading them back would cost two more
+	// round trips for what is known.
 	out := s.describe(i, phasegatev1.SlotState_SLOT_STATE_ACQUIRED, &lease{rec: rec, slot: sl})
-	out.EgressDroppedPackets = s.egressDrops(wctx, &lease{rec: rec, slot: sl})
 	return &phasegatev1.SetEgressPolicyResponse{Slot: out}, nil
 }
 

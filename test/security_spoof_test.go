@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/internal/rawip"
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/test/internal/microvm"
@@ -187,7 +189,11 @@ func listenIn(t *testing.T, ns string, at netip.AddrPort) *victimListener {
 	t.Helper()
 	v := &victimListener{}
 	if err := microvm.InNamespace(ns, func() (err error) {
-		v.c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(at))
+		network := "udp4"
+		if at.Addr().Is6() {
+			network = "udp6"
+		}
+		v.c, err = net.ListenUDP(network, net.UDPAddrFromAddrPort(at))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -417,5 +423,23 @@ func TestGuestCannotSpoof(t *testing.T) {
 	if rules := insideRules(t, a.GetNetnsPath()); !strings.Contains(rules, "chain tap") {
 		t.Errorf("the attacker's slot has no tap filter:\n%s", rules)
 	}
+
+	// The guest network is IPv4: the guest's IPv6 reaches nothing in the
+	// slot, not even its all-nodes group, which every IPv6 link joins.
+	// The same datagram arrives once the tap filter's IPv6 table is gone:
+	// what dropped it was the filter.
+	l6 := listenIn(t, a.GetNetnsPath(), netip.MustParseAddrPort("[::]:7400"))
+	v6 := func(payload string) string {
+		return fmt.Sprintf("tap|[fe80::fc:ff:fe00:1]:7301|[ff02::1]:7400|%s|5|%s|33:33:00:00:00:01", payload, guestMAC)
+	}
+	attack(t, pub.testBinary, a.GetNetnsPath(), v6("guest v6 filtered"), "")
+	time.Sleep(300 * time.Millisecond)
+	if got := l6.received(); len(got) != 0 {
+		t.Errorf("the guest's IPv6 to ff02::1 reached a socket in the slot: %q", got)
+	}
+	run(t, "nsenter", "--net="+a.GetNetnsPath(), "--", "nft", "delete", "table", "ip6", inside.GuestTable)
+	attack(t, pub.testBinary, a.GetNetnsPath(), v6("guest v6 unfiltered"), "")
+	waitFor(t, 5*time.Second, "the guest's IPv6 datagram once the tap filter's IPv6 table is gone (else the test cannot tell a drop from a broken path)",
+		func() bool { return slices.Contains(l6.received(), "guest v6 unfiltered") })
 	before.same(t, observeVictimIn(t, n, d.slots(), b.GetIndex()), "the guest's frames")
 }

@@ -10,10 +10,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// UDP returns an IPv4 datagram from src to dst carrying payload, with
-// both checksums computed: the kernel sends it as it is.
+// UDP returns a datagram from src to dst carrying payload, IPv4 or IPv6
+// as their addresses are (both of one family), with its checksums
+// computed: the kernel sends it as it is.
 func UDP(src, dst netip.AddrPort, payload []byte) []byte {
-	const ipLen, udpLen = 20, 8
+	if src.Addr().Is6() {
+		return udp6(src, dst, payload)
+	}
+	const ipLen = 20
 	b := make([]byte, ipLen+udpLen+len(payload))
 	ip := b[:ipLen]
 	ip[0] = 0x45 // version 4, 5 words of header
@@ -25,24 +29,53 @@ func UDP(src, dst netip.AddrPort, payload []byte) []byte {
 	copy(ip[12:], s[:])
 	copy(ip[16:], d[:])
 	binary.BigEndian.PutUint16(ip[10:], ^fold(sum(0, ip)))
-
-	udp := b[ipLen:]
-	binary.BigEndian.PutUint16(udp[0:], src.Port())
-	binary.BigEndian.PutUint16(udp[2:], dst.Port())
-	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen+len(payload)))
-	copy(udp[udpLen:], payload)
 	// The pseudo-header: addresses, protocol, UDP length.
 	var pseudo [12]byte
 	copy(pseudo[0:], s[:])
 	copy(pseudo[4:], d[:])
 	pseudo[9] = unix.IPPROTO_UDP
-	binary.BigEndian.PutUint16(pseudo[10:], uint16(len(udp)))
-	c := ^fold(sum(sum(0, pseudo[:]), udp))
+	binary.BigEndian.PutUint16(pseudo[10:], uint16(udpLen+len(payload)))
+	fillUDP(b[ipLen:], src, dst, payload, pseudo[:])
+	return b
+}
+
+// udpLen is the length of a UDP header.
+const udpLen = 8
+
+// udp6 is UDP for IPv6 addresses.
+func udp6(src, dst netip.AddrPort, payload []byte) []byte {
+	const ipLen = 40
+	b := make([]byte, ipLen+udpLen+len(payload))
+	ip := b[:ipLen]
+	ip[0] = 0x60 // version 6
+	binary.BigEndian.PutUint16(ip[4:], uint16(udpLen+len(payload)))
+	ip[6] = unix.IPPROTO_UDP // next header
+	ip[7] = 64               // hop limit
+	s, d := src.Addr().As16(), dst.Addr().As16()
+	copy(ip[8:], s[:])
+	copy(ip[24:], d[:])
+	// The pseudo-header: addresses, UDP length, next header.
+	var pseudo [40]byte
+	copy(pseudo[0:], s[:])
+	copy(pseudo[16:], d[:])
+	binary.BigEndian.PutUint32(pseudo[32:], uint32(udpLen+len(payload)))
+	pseudo[39] = unix.IPPROTO_UDP
+	fillUDP(b[ipLen:], src, dst, payload, pseudo[:])
+	return b
+}
+
+// fillUDP writes the UDP header and payload into udp, its checksum over
+// the IP version's pseudo-header.
+func fillUDP(udp []byte, src, dst netip.AddrPort, payload, pseudo []byte) {
+	binary.BigEndian.PutUint16(udp[0:], src.Port())
+	binary.BigEndian.PutUint16(udp[2:], dst.Port())
+	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen+len(payload)))
+	copy(udp[udpLen:], payload)
+	c := ^fold(sum(sum(0, pseudo), udp))
 	if c == 0 {
 		c = 0xffff // 0 means "no checksum" in UDP
 	}
 	binary.BigEndian.PutUint16(udp[6:], c)
-	return b
 }
 
 // sum adds b to an Internet checksum's running one's-complement sum.
@@ -64,13 +97,17 @@ func fold(acc uint32) uint16 {
 	return uint16(acc)
 }
 
-// Ethernet returns packet (an IPv4 packet) in an Ethernet frame from src
-// to dst.
+// Ethernet returns packet (an IPv4 or IPv6 packet, as its first byte
+// says) in an Ethernet frame from src to dst.
 func Ethernet(src, dst net.HardwareAddr, packet []byte) []byte {
 	f := make([]byte, 14+len(packet))
 	copy(f[0:6], dst)
 	copy(f[6:12], src)
-	binary.BigEndian.PutUint16(f[12:], unix.ETH_P_IP)
+	ethType := uint16(unix.ETH_P_IP)
+	if len(packet) > 0 && packet[0]>>4 == 6 {
+		ethType = unix.ETH_P_IPV6
+	}
+	binary.BigEndian.PutUint16(f[12:], ethType)
 	copy(f[14:], packet)
 	return f
 }

@@ -33,3 +33,26 @@ func TestUDPChecksums(t *testing.T) {
 		}
 	}
 }
+
+// An IPv6 datagram's UDP checksum is over the IPv6 pseudo-header, and its
+// frame says IPv6.
+func TestUDP6Checksum(t *testing.T) {
+	src, dst := netip.MustParseAddrPort("[fe80::1]:7301"), netip.MustParseAddrPort("[ff02::1]:7400")
+	p := UDP(src, dst, []byte("odd"))
+	if p[0]>>4 != 6 || int(binary.BigEndian.Uint16(p[4:])) != len(p)-40 || p[6] != 17 {
+		t.Fatalf("IPv6 header % x: want version 6, payload length %d, next header UDP", p[:8], len(p)-40)
+	}
+	var pseudo [40]byte
+	copy(pseudo[:32], p[8:40])
+	binary.BigEndian.PutUint32(pseudo[32:], uint32(len(p)-40))
+	pseudo[39] = 17
+	if got := fold(sum(sum(0, pseudo[:]), p[40:])); got != 0xffff {
+		t.Errorf("UDP sums to %#x with its IPv6 pseudo-header, want 0xffff", got)
+	}
+	if f := Ethernet(nil, nil, p); binary.BigEndian.Uint16(f[12:]) != 0x86dd {
+		t.Errorf("the frame's type %#x, want IPv6 (0x86dd)", binary.BigEndian.Uint16(f[12:]))
+	}
+	if f := Ethernet(nil, nil, UDP(netip.MustParseAddrPort("10.0.0.1:1"), netip.MustParseAddrPort("10.0.0.2:2"), nil)); binary.BigEndian.Uint16(f[12:]) != 0x0800 {
+		t.Errorf("an IPv4 frame's type %#x, want 0x0800", binary.BigEndian.Uint16(f[12:]))
+	}
+}

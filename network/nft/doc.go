@@ -33,8 +33,8 @@
 //		chain egress {
 //			type filter hook prerouting priority mangle; policy accept;
 //			iifname @slots ct state established,related accept comment "table 3f1c…"
-//			iifname @slots iifname vmap @egress_policy
 //			iifname @slots ip daddr @egress_always_allow accept
+//			iifname @slots iifname vmap @egress_policy
 //			iifname @slots ip daddr 169.254.0.0/16 ip daddr != 169.254.128.0/19 counter drop comment "link-local"
 //		}
 //
@@ -62,9 +62,8 @@
 //		}
 //
 //		chain egress_pg-h2 {
-//			ip daddr @egress_always_allow accept comment "policy 4d9a3f5a…"
-//			ip daddr { 10.1.0.0/16 } accept
-//			ip daddr { 203.0.113.0/24 } counter drop
+//			ip daddr 10.1.0.0/16 accept comment "policy 4d9a3f5a…"
+//			ip daddr 203.0.113.0/24 counter drop
 //			ip daddr @egress_always_deny counter drop
 //		}
 //	}
@@ -136,7 +135,8 @@
 //     the slot's packets to its own chain, egress_<host interface>, which
 //     SetEgress writes in one transaction with the same rules as the
 //     slot's own egress table (package inside) and the daemon's
-//     always-allowed and always-denied sets (WithEgress). Root in the slot
+//     always-denied set (WithEgress); the always-allowed set is accepted
+//     in chain egress before the map, for every slot. Root in the slot
 //     can flush the tables of its namespace; it cannot reach these. A slot
 //     without a policy has no chain and only the link-local rule applies.
 //     The chain is made and replaced by SetEgress, and removed with the

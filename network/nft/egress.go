@@ -45,11 +45,11 @@ func EgressChain(name string) string { return egressChainPrefix + name }
 // them first).
 //
 // The rules are those of the slot's own egress table (package inside,
-// where the tenant's root could change them): the daemon's always-allowed
-// set, the egress proxy with RedirectTCP, DenyAll, the lease's allow and
-// deny lists, the daemon's always-denied set. The first rule's comment
-// carries p's fingerprint with the table's defaults, which EgressOf reads
-// back.
+// where the tenant's root could change them): the egress proxy with
+// RedirectTCP, DenyAll, the lease's allow and deny lists, the daemon's
+// always-denied set; the daemon's always-allowed set is accepted by chain
+// egress before the map. The first rule's comment carries p's
+// fingerprint with the table's defaults, which EgressOf reads back.
 func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -60,15 +60,6 @@ func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) err
 	}
 	if p.RedirectTCP && t.egress.ProxyPort == 0 {
 		return fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", inside.ErrInvalidPolicy)
-	}
-	// A replacement leaves the map's element as it is: adding it again
-	// would be a no-op in the table but not in the kernel's commit, which
-	// checks the table for every jump added. The rules this adds are
-	// checked so all the same, every slot's chain walked, whence the
-	// group commit (docs/BENCHMARKS.md, "The per-slot host rules").
-	mapped, err := t.hasEgress(name)
-	if err != nil {
-		return err
 	}
 	return t.changes.do(t, "egress chain "+EgressChain(name), func(c *nftables.Conn, ids *setIDs) error {
 		tbl := t.table()
@@ -85,10 +76,12 @@ func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) err
 			}
 			c.AddRule(rule)
 		}
-		if !mapped {
-			if err := c.SetAddElements(t.egressMap(), []nftables.SetElement{jumpTo(k, name)}); err != nil {
-				return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
-			}
+		// A replacement adds the element it has again, which the kernel
+		// takes as a no-op (the same key and jump, without NLM_F_EXCL):
+		// asking first would cost a round trip, and the commit checks
+		// the whole table anyway, for the rules it adds (group).
+		if err := c.SetAddElements(t.egressMap(), []nftables.SetElement{jumpTo(k, name)}); err != nil {
+			return fmt.Errorf("nft: encode egress map element %s: %w", name, err)
 		}
 		return nil
 	})
@@ -126,12 +119,16 @@ func jumpTo(k []byte, name string) nftables.SetElement {
 	return nftables.SetElement{Key: k, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: EgressChain(name)}}
 }
 
-// egressRules is a slot's egress chain for p, in order; the anonymous sets
-// of the lease's lists are added to c's transaction.
+// egressRules is a slot's egress chain for p, in order (never empty: the
+// always-denied set ends it, or DenyAll's drop); the anonymous sets of the
+// lease's lists are added to c's transaction.
 func (t *Table) egressRules(c *nftables.Conn, ids *setIDs, p inside.Policy) ([][]expr.Any, error) {
 	accept := []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
-	rules := [][]expr.Any{slices.Concat(daddrIn(t.addrSet(SetAlwaysAllow, 0)), accept)}
+	// The daemon's always-allowed set is accepted before the map sends a
+	// packet here (chain egress): a rule fewer in every lease's chain,
+	// which the kernel walks at each commit that adds a rule.
+	var rules [][]expr.Any
 	if p.RedirectTCP {
 		tcp := []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},

@@ -100,8 +100,9 @@ func (t *Table) Ensure(ctx context.Context) error {
 
 // rulesVersion names the fixed rules rules() writes: a change of rules()
 // comes with a new version, so that a table an earlier build wrote is
-// written again at the next start (written).
-const rulesVersion = 2
+// written again at the next start (written). 3: chain egress accepts the
+// always-allowed set before its map, no longer after.
+const rulesVersion = 3
 
 // layout is a fingerprint of what Ensure writes: the rules' version, the
 // policy, the slot network and the egress defaults as their sets hold
@@ -272,8 +273,8 @@ func (t *Table) rules(sets fixedSets) []*nftables.Rule {
 		rule(ChainSpoof, commentSpoofed, iifSlot, ownSource, v(&expr.Counter{}, drop)),
 
 		rule(ChainEgress, layoutPrefix+t.layout(), iifSlot, nftexpr.CtState(), v(accept)),
-		rule(ChainEgress, "", iifSlot, egressVmap),
 		rule(ChainEgress, "", iifSlot, daddrIn(sets.alwaysAllow), v(accept)),
+		rule(ChainEgress, "", iifSlot, egressVmap),
 		rule(ChainEgress, commentLinkLocal, iifSlot, daddrInPrefix(LinkLocal, t.slotNet), v(&expr.Counter{}, drop)),
 
 		rule(ChainForward, commentSlotToSlot, iifSlot, oifSlot, slotToSlot),

@@ -91,16 +91,21 @@ func (m *Manager) InspectEgress(ctx context.Context, s *Slot) (EgressState, erro
 
 // EgressDrops returns the packets slot s's egress policy dropped, on the
 // host and inside: what InspectEgress counts, without reading the rest.
+// The two sides are read at once, as ApplyEgress writes them.
 func (m *Manager) EgressDrops(ctx context.Context, s *Slot) (uint64, error) {
-	host, err := m.fw.EgressOf(ctx, s.HostIf)
-	if err != nil {
-		return 0, fmt.Errorf("slot %d: %w", s.Index, err)
-	}
 	var in uint64
-	if err := withInside(s, func(is inside.Slot) (err error) {
-		in, err = inside.Drops(is)
-		return err
-	}); err != nil {
+	insideDone := make(chan error, 1)
+	go func() {
+		insideDone <- withInside(s, func(is inside.Slot) (err error) {
+			in, err = inside.Drops(is)
+			return err
+		})
+	}()
+	host, err := m.fw.EgressOf(ctx, s.HostIf)
+	if ierr := <-insideDone; err == nil {
+		err = ierr
+	}
+	if err != nil {
 		return 0, fmt.Errorf("slot %d: %w", s.Index, err)
 	}
 	return host.Drops + in, nil

@@ -145,8 +145,8 @@ type Slot struct {
 	// enforced on the host, where the slot's root cannot change it, and
 	// written inside the slot too.
 	EgressPolicy *EgressPolicy `protobuf:"bytes,16,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
-	// Packets the egress policy dropped since the slot was made (on the host
-	// and inside the slot).
+	// Packets the egress policy dropped since it was written (on the host
+	// and inside the slot): each SetEgressPolicy starts the count again at 0.
 	EgressDroppedPackets uint64 `protobuf:"varint,17,opt,name=egress_dropped_packets,json=egressDroppedPackets,proto3" json:"egress_dropped_packets,omitempty"`
 	// The guest device inside the namespace, when the daemon makes one
 	// (--slot-guest-*): the tap's name, the guest's address with its prefix
