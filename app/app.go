@@ -602,42 +602,7 @@ func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {
 	defer a.close()
 	started := make(chan error, 1)
 	go func() { started <- a.Start(ctx) }()
-
-	var cause error // why the App stops: nil for an orderly stop
-	startReturned := false
-wait:
-	for {
-		select {
-		case err := <-started:
-			startReturned = true
-			a.logCaughtUp()
-			if err != nil {
-				cause = err
-				a.log.Error("startup failed", "error", err)
-				break wait
-			}
-			a.log.Info("serving", "addr", addrString(a.Addr(ctx)), "startup", time.Since(a.lc.Snapshot().Started).Round(time.Millisecond).String())
-			cause = a.serving(ctx, sigs)
-			break wait
-		case sig := <-sigs:
-			a.logCaughtUp() // the signal came after what was logged so far
-			if sig == syscall.SIGHUP && a.cfg.UpgradeOnHangup {
-				a.log.Warn("SIGHUP during the start: upgrade refused; send it again once serving")
-				continue
-			}
-			a.log.Info("draining during startup", "signal", sig.String())
-			break wait
-		case <-a.quit:
-			a.logCaughtUp()
-			a.log.Info("draining during startup", "reason", "shutdown requested")
-			break wait
-		case <-ctx.Done():
-			a.logCaughtUp()
-			a.log.Info("draining during startup", "reason", context.Cause(ctx).Error())
-			break wait
-		}
-	}
-
+	cause, startReturned := a.untilStop(ctx, sigs, started)
 	upgrade := errors.Is(cause, errUpgrade)
 	if upgrade {
 		cause = nil
@@ -645,35 +610,7 @@ wait:
 		a.upgrading = true
 		a.mu.Unlock()
 	}
-	// A second signal cuts the drain short: every wait of the stop
-	// functions sees this ctx end. So does the stop budget running out.
-	drainCtx, cutShort := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer cutShort(nil)
-	if a.stopBudget > 0 {
-		var cancel context.CancelFunc
-		drainCtx, cancel = context.WithTimeoutCause(drainCtx, a.stopBudget,
-			fmt.Errorf("stop budget of %v spent", a.stopBudget))
-		defer cancel()
-	}
-	go func() {
-		for {
-			select {
-			case sig := <-sigs:
-				if sig == syscall.SIGHUP && a.cfg.UpgradeOnHangup {
-					a.log.Warn("SIGHUP during a drain or an upgrade: refused")
-					continue
-				}
-				a.log.Warn("second signal: stopping now", "signal", sig.String())
-				cutShort(fmt.Errorf("second signal %s", sig))
-				return
-			case <-drainCtx.Done():
-				return
-			}
-		}
-	}()
-	drainErr := a.lc.Drain(drainCtx)
-	interrupted := context.Cause(drainCtx)
-	cutShort(nil)
+	drainErr, interrupted := a.drain(ctx, sigs)
 	if !startReturned {
 		<-started // returns at once: Drain waited for the start to end
 	}
@@ -701,6 +638,75 @@ wait:
 		a.log.Info("stopped")
 	}
 	return cause
+}
+
+// untilStop waits through the start (started is its outcome) and then,
+// once serving, for a reason to stop: a signal, Shutdown, ctx's end, or
+// a failure, which it returns as cause ([errUpgrade] for an upgrade).
+// startReturned says whether the start had ended.
+func (a *App) untilStop(ctx context.Context, sigs <-chan os.Signal, started <-chan error) (cause error, startReturned bool) {
+	for {
+		select {
+		case err := <-started:
+			a.logCaughtUp()
+			if err != nil {
+				a.log.Error("startup failed", "error", err)
+				return err, true
+			}
+			a.log.Info("serving", "addr", addrString(a.Addr(ctx)), "startup", time.Since(a.lc.Snapshot().Started).Round(time.Millisecond).String())
+			return a.serving(ctx, sigs), true
+		case sig := <-sigs:
+			a.logCaughtUp() // the signal came after what was logged so far
+			if sig == syscall.SIGHUP && a.cfg.UpgradeOnHangup {
+				a.log.Warn("SIGHUP during the start: upgrade refused; send it again once serving")
+				continue
+			}
+			a.log.Info("draining during startup", "signal", sig.String())
+			return nil, false
+		case <-a.quit:
+			a.logCaughtUp()
+			a.log.Info("draining during startup", "reason", "shutdown requested")
+			return nil, false
+		case <-ctx.Done():
+			a.logCaughtUp()
+			a.log.Info("draining during startup", "reason", context.Cause(ctx).Error())
+			return nil, false
+		}
+	}
+}
+
+// drain drains the lifecycle within the stop budget; a second signal cuts
+// it short: every wait of the stop functions sees its context end. It
+// returns the drain's error and, when it was cut short, why.
+func (a *App) drain(ctx context.Context, sigs <-chan os.Signal) (drainErr, interrupted error) {
+	drainCtx, cutShort := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cutShort(nil)
+	if a.stopBudget > 0 {
+		var cancel context.CancelFunc
+		drainCtx, cancel = context.WithTimeoutCause(drainCtx, a.stopBudget,
+			fmt.Errorf("stop budget of %v spent", a.stopBudget))
+		defer cancel()
+	}
+	go func() {
+		for {
+			select {
+			case sig := <-sigs:
+				if sig == syscall.SIGHUP && a.cfg.UpgradeOnHangup {
+					a.log.Warn("SIGHUP during a drain or an upgrade: refused")
+					continue
+				}
+				a.log.Warn("second signal: stopping now", "signal", sig.String())
+				cutShort(fmt.Errorf("second signal %s", sig))
+				return
+			case <-drainCtx.Done():
+				return
+			}
+		}
+	}()
+	drainErr = a.lc.Drain(drainCtx)
+	interrupted = context.Cause(drainCtx)
+	cutShort(nil)
+	return drainErr, interrupted
 }
 
 // serving waits, while the App serves, for a reason to stop, and returns

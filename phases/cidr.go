@@ -15,41 +15,6 @@ import (
 // upgrade, as lockHandover names the slots lock's.
 const cidrHandover = "cidr-lock"
 
-// runLocks is the lock phase: the slots of the prefix (runLock), then the
-// slot CIDR (claimCIDR), then the control socket (openControl), which
-// only the holder of both may bind. The check of the host's own use of
-// the CIDR is not here but in the reclaim phase (checkHost), beside the
-// scan: the port, which waits for this phase, binds without waiting for
-// it, and nothing on the host is changed before it passes. The prefix comes first, so that a
-// second daemon of the same prefix is still told that (exit 1, naming the
-// holder). A failed phase is not stopped: what a later step could not
-// do, the earlier steps' locks are let go here.
-func (d *Daemon) runLocks(ctx context.Context, p *lifecycle.Progress) error {
-	if err := d.runLock(ctx, p); err != nil {
-		return err
-	}
-	if err := d.claimCIDR(ctx); err != nil {
-		_ = d.lock.Unlock()
-		return err
-	}
-	if err := d.openControl(ctx); err != nil {
-		_ = d.cidrLock.Unlock()
-		_ = d.lock.Unlock()
-		return lifecycle.Permanent(err)
-	}
-	return nil
-}
-
-// stopLocks releases what runLocks took (all kept across an upgrade):
-// the control socket and the records first (stopLock), then the locks.
-func (d *Daemon) stopLocks(ctx context.Context) error {
-	err := d.stopLock(ctx)
-	if !d.app.Upgrading() && d.cidrLock != nil {
-		err = errors.Join(err, d.cidrLock.Unlock())
-	}
-	return err
-}
-
 // cidrInUseError refuses a slot CIDR, or a guest network, that overlaps
 // addresses or routes of the host that are not the daemon's own slots.
 type cidrInUseError struct {

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/server"
 	"github.com/phasegate/phasegate/tracing"
@@ -73,21 +74,19 @@ func (c Config) validateControl() error {
 	return control.CheckPath(path)
 }
 
-// mutatingSlotsMethods are the Slots API's calls that change something:
-// every one is audited, allowed or refused.
-var mutatingSlotsMethods = []string{"Acquire", "Release", "KeepAlive", "SetEgressPolicy"}
-
 // newGuard returns the guard of the Slots API on one surface.
 func (d *Daemon) newGuard(surface string) (*control.Guard, error) {
+	// Every mutating call is audited, allowed or refused.
+	mutating := phasegatev1.SlotsMutatingMethods()
 	var reads []string
 	for _, m := range slotsServiceDesc().Methods {
-		if !slices.Contains(mutatingSlotsMethods, m.MethodName) {
+		if !slices.Contains(mutating, m.MethodName) {
 			reads = append(reads, m.MethodName)
 		}
 	}
 	return control.NewGuard(d.cfg.controlPolicy(), control.GuardOptions{
 		Service:       slotsServiceName,
-		Mutating:      mutatingSlotsMethods,
+		Mutating:      mutating,
 		Reads:         reads,
 		Surface:       surface,
 		Logger:        d.log.With("audit", true),

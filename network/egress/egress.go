@@ -23,7 +23,7 @@ type Config struct {
 	// Table is the name of the slots' inet table (slot.Config.TableName).
 	Table string
 	// HostIfPrefix starts the name of every slot's host interface
-	// (slot.Config.Prefix + "h"). It is how rules of other tables that
+	// (slot.Config.HostIfPrefix). It is how rules of other tables that
 	// accept slot traffic are recognised, and it goes into the commands
 	// Check suggests.
 	HostIfPrefix string

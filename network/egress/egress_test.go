@@ -36,7 +36,7 @@ func host(t *testing.T, forwarding bool) (*fakehost.Host, egress.Config) {
 	if err := tbl.Add(ctx, h.HostIfs()...); err != nil {
 		t.Fatal(err)
 	}
-	return h, egress.Config{Table: h.Config.TableName(), HostIfPrefix: h.Config.Prefix + "h", NetNS: h.Path}
+	return h, egress.Config{Table: h.Config.TableName(), HostIfPrefix: h.Config.HostIfPrefix(), NetNS: h.Path}
 }
 
 // egressWorks says whether a datagram from slot 1 reaches the outside
@@ -117,7 +117,7 @@ func TestForwardingOff(t *testing.T) {
 
 func TestMissingTable(t *testing.T) {
 	h := fakehost.New(t, 1, true)
-	cfg := egress.Config{Table: h.Config.TableName(), HostIfPrefix: h.Config.Prefix + "h", NetNS: h.Path}
+	cfg := egress.Config{Table: h.Config.TableName(), HostIfPrefix: h.Config.HostIfPrefix(), NetNS: h.Path}
 	only(t, egress.Check(context.Background(), cfg), egress.Masquerade, "table inet "+cfg.Table)
 	if r := egress.Check(context.Background(), egress.Config{}); len(r.Problems) != 1 || r.Problems[0].Kind != egress.CheckFailed {
 		t.Errorf("empty config: %v", r)

@@ -14,7 +14,7 @@ func ExampleCheck() {
 	cfg := slot.DefaultConfig()
 	r := egress.Check(context.Background(), egress.Config{
 		Table:        cfg.TableName(),
-		HostIfPrefix: cfg.Prefix + "h",
+		HostIfPrefix: cfg.HostIfPrefix(),
 	})
 	for _, p := range r.Problems {
 		log.Printf("slot egress: %s", p) // e.g. "forwarding: net.ipv4.ip_forward is 0: ... run `sysctl -w net.ipv4.ip_forward=1` ..."

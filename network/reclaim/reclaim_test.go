@@ -227,7 +227,7 @@ func TestReclaim2000(t *testing.T) {
 	if err != nil || len(inv) != 0 {
 		t.Errorf("left after reclaim + reconcile: %v (%v)", inv, err)
 	}
-	links := nettest.HostLinks(t, c.Prefix+"h")
+	links := nettest.HostLinks(t, c.HostIfPrefix())
 	slices.Sort(links)
 	if !slices.Equal(links, []string{c.Prefix + "hx", c.Prefix + "hy"}) {
 		t.Errorf("host links left: %v", links)
@@ -334,7 +334,7 @@ func TestReclaimBeyondSlots(t *testing.T) {
 			t.Errorf("slot %d left", i)
 		}
 	}
-	if links := nettest.HostLinks(t, bigCfg.Prefix+"h"); len(links) != 0 {
+	if links := nettest.HostLinks(t, bigCfg.HostIfPrefix()); len(links) != 0 {
 		t.Errorf("host links left: %v", links)
 	}
 	if els, _ := m.Firewall().List(ctx); len(els) != 0 {

@@ -128,7 +128,7 @@ func TestTeardownBatches(t *testing.T) {
 	for i := 6; i <= 10; i++ {
 		checkGone(t, m, i)
 	}
-	if links := nettest.HostLinks(t, m.Config().Prefix+"h"); len(links) != 0 {
+	if links := nettest.HostLinks(t, m.Config().HostIfPrefix()); len(links) != 0 {
 		t.Errorf("host links left: %v", links)
 	}
 }

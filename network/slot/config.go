@@ -176,8 +176,12 @@ func (c Config) NetnsName(i int) string { return c.Prefix + strconv.Itoa(i) }
 // NetnsPath is the netns file path of slot i.
 func (c Config) NetnsPath(i int) string { return filepath.Join(c.NetnsDir, c.NetnsName(i)) }
 
+// HostIfPrefix starts the name of every slot's host link: the
+// root-namespace end of its veth pair is HostIfPrefix and its index.
+func (c Config) HostIfPrefix() string { return c.Prefix + "h" }
+
 // HostIfName is the root-namespace end of slot i's veth pair.
-func (c Config) HostIfName(i int) string { return c.Prefix + "h" + strconv.Itoa(i) }
+func (c Config) HostIfName(i int) string { return c.HostIfPrefix() + strconv.Itoa(i) }
 
 // MaxIndex is the largest index a slot name can carry: a /0 holds 2^31
 // /31s, so no valid Config has more slots (2^31 itself is left out so that
@@ -219,7 +223,7 @@ func (c Config) CanonicalNetnsIndex(name string) (int, bool) {
 // <Prefix>h<i>. (No such name is longer than IFNAMSIZ-1 bytes: see
 // HostIfFits.)
 func (c Config) CanonicalHostIfIndex(name string) (int, bool) {
-	s, ok := strings.CutPrefix(name, c.Prefix+"h")
+	s, ok := strings.CutPrefix(name, c.HostIfPrefix())
 	if !ok {
 		return 0, false
 	}

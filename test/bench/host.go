@@ -257,7 +257,7 @@ func (h *host) hostLinkIndices() ([]hostLink, error) {
 	}
 	var out []hostLink
 	for _, l := range links {
-		if a := l.Attrs(); strings.HasPrefix(a.Name, h.cfg.Prefix+"h") {
+		if a := l.Attrs(); strings.HasPrefix(a.Name, h.cfg.HostIfPrefix()) {
 			out = append(out, hostLink{index: a.Index, name: a.Name})
 		}
 	}

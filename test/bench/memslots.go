@@ -123,7 +123,7 @@ func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize
 	// policy (none: root alone may act).
 	guard, err := control.NewGuard(&control.Policy{}, control.GuardOptions{
 		Service:  phasegatev1.Slots_ServiceDesc.ServiceName,
-		Mutating: []string{"Acquire", "Release", "KeepAlive"},
+		Mutating: phasegatev1.SlotsMutatingMethods(),
 		Surface:  "socket",
 		Logger:   log.With("audit", true),
 	})

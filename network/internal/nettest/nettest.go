@@ -230,7 +230,7 @@ func Sweep(cfg slot.Config) error {
 		errs = append(errs, err)
 	}
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Name, cfg.Prefix+"h") {
+		if strings.HasPrefix(l.Attrs().Name, cfg.HostIfPrefix()) {
 			if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 				errs = append(errs, fmt.Errorf("delete link %s: %w", l.Attrs().Name, err))
 			}

@@ -1,0 +1,247 @@
+package phases
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/reclaim"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// runPopulate makes the pool, with the adopted slots warm and the restored
+// leases handed out, and waits for --pool-min-ready warm slots, made from
+// free indices before any dead slot is reclaimed: making a slot then never
+// waits on the kernel's clean-up of the dead. The reclaim of the dead, the
+// rest of the fill and the reconciler go on in the background.
+func (d *Daemon) runPopulate(ctx context.Context, p *lifecycle.Progress) error {
+	if d.pool == nil { // an attempt after a failed one has them already
+		if err := d.newPool(); err != nil {
+			return lifecycle.Permanent(err)
+		}
+		d.newSlotsService()
+	}
+	if err := d.reclaimForWarm(ctx, p); err != nil {
+		return err
+	}
+	if err := d.waitWarm(ctx, p); err != nil {
+		return err
+	}
+	d.deferTasks(p)
+	return nil
+}
+
+// newPool makes the pool over the adopted slots (idle), the restored
+// leases' (in use) and the indices the lost leases hold.
+func (d *Daemon) newPool() error {
+	d.repairAdopted()
+	var inUse []*slot.Slot
+	for _, l := range d.plan.restored {
+		inUse = append(inUse, l.slot)
+	}
+	// The lost leases' indices runStorage claimed, for PutLost.
+	var lost []int
+	for _, l := range d.plan.lost {
+		if l.rec.Index <= d.cfg.Slots.Slots {
+			lost = append(lost, l.rec.Index)
+		}
+	}
+	pl, err := pool.New(timedSlots{Slots: d.mgr, create: &d.waits.create}, d.idx, pool.Options{
+		Target:   d.cfg.PoolSize,
+		Grace:    d.cfg.PoolGrace,
+		Teardown: d.teardownOptions(),
+		Idle:     d.plan.adopted,
+		InUse:    inUse,
+		Lost:     lost,
+		OnMade:   d.recordIdle,
+		OnGone:   d.forget,
+	})
+	if err != nil {
+		return err
+	}
+	d.pool = pl
+	d.obs.setPool(pl)
+	return nil
+}
+
+// newSlotsService makes the Slots API's service over the pool, with the
+// restored and lost leases.
+func (d *Daemon) newSlotsService() {
+	d.slots = newSlotsService(d.mgr, d.pool, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
+		d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d)
+	d.slots.impaired = d.impairedFor
+	d.obs.setLeases(d.slots)
+}
+
+// waitWarm waits for --pool-min-ready warm slots.
+func (d *Daemon) waitWarm(ctx context.Context, p *lifecycle.Progress) error {
+	p.SetTotal(int64(d.cfg.PoolMinReady), "warm slots")
+	stopWatch := watchPool(d.pool, p)
+	err := d.pool.WaitReady(ctx, d.cfg.PoolMinReady)
+	stopWatch()
+	if err != nil {
+		return fmt.Errorf("wait for %d warm slots: %w (last pool error: %v)", d.cfg.PoolMinReady, err, d.pool.Snapshot().LastError)
+	}
+	p.SetDone(int64(d.cfg.PoolMinReady))
+	return nil
+}
+
+// deferTasks starts the background tasks, which run once the daemon
+// serves: the check of the restored leases, then the reclaim of the dead
+// and the check inside the leases' slots; the reconciler, the egress
+// check and the rest of the fill.
+func (d *Daemon) deferTasks(p *lifecycle.Progress) {
+	d.verifyDone = make(chan struct{})
+	if restored := d.plan.restored; len(restored) > 0 {
+		p.Defer(taskVerify, func(ctx context.Context, tp *lifecycle.Progress) error {
+			defer close(d.verifyDone)
+			return d.verifyLeases(ctx, tp, restored)
+		})
+	} else {
+		close(d.verifyDone)
+	}
+	d.deadDone = make(chan struct{})
+	d.reclaimCtx, d.cancelReclaim = context.WithCancel(context.Background())
+	if dead := d.deadToReclaim(); len(dead) > 0 {
+		p.Defer(taskReclaim, func(ctx context.Context, tp *lifecycle.Progress) error {
+			defer close(d.deadDone)
+			// After the leases' check: both need the kernel's networking
+			// lock, and owners wait for the check (a Release, a retry),
+			// not for the dead.
+			select {
+			case <-d.verifyDone:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return d.reclaimDead(ctx, tp, dead)
+		})
+	} else {
+		close(d.deadDone)
+	}
+	p.Defer(taskReconcile, d.runReconciler)
+	// Once the daemon serves: it only warns, and it lists every chain of
+	// the host's nftables, the leases' egress chains among them, which
+	// the kernel dumps in O(chains²) (each message of the dump walks the
+	// list again from its start): with 10,000 leases it was the largest
+	// part of a restart's critical path.
+	p.Defer(taskCheckEgress, func(ctx context.Context, _ *lifecycle.Progress) error {
+		d.checkEgress(ctx)
+		return nil
+	})
+	p.Defer(taskVerifyInside, func(ctx context.Context, tp *lifecycle.Progress) error {
+		// After the leases' check: a lease it finds lost has no slot to
+		// look into.
+		select {
+		case <-d.verifyDone:
+		case <-ctx.Done():
+			return nil
+		}
+		return d.verifyInside(ctx, tp, d.plan.restored)
+	})
+	if d.cfg.PoolSize > d.cfg.PoolMinReady {
+		p.Defer(taskFill, func(ctx context.Context, tp *lifecycle.Progress) error {
+			tp.SetTotal(int64(d.cfg.PoolSize), "warm slots")
+			stop := watchPool(d.pool, tp)
+			defer stop()
+			if err := d.pool.WaitReady(ctx, d.cfg.PoolSize); err != nil {
+				return err
+			}
+			tp.SetDone(int64(d.cfg.PoolSize))
+			return nil
+		})
+	}
+}
+
+// reclaimForWarm reclaims, before the warm slots are awaited, as many dead
+// slots as --pool-min-ready needs and no free index can give: on a host
+// whose every index is leaked, the background reclaim (which starts once
+// the warm slots are made) would otherwise wait for a warm slot that
+// waits for it. Those reclaimed are left out of the background's share.
+func (d *Daemon) reclaimForWarm(ctx context.Context, p *lifecycle.Progress) error {
+	dead := d.deadToReclaim()
+	need := d.cfg.PoolMinReady - len(d.pool.Snapshot().Idle) - d.pool.Indices().Free
+	if need <= 0 || len(dead) == 0 {
+		return nil
+	}
+	var pick []int
+	for _, i := range dead.Indices() {
+		if i <= d.cfg.Slots.Slots && len(pick) < need {
+			pick = append(pick, i)
+		}
+	}
+	p.SetMessage(fmt.Sprintf("no free index: reclaiming %d dead slots first", len(pick)))
+	rep, err := reclaim.Slots(ctx, d.mgr, dead.Only(pick), reclaim.Options{
+		Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReclaimKillOrphans,
+	})
+	if err != nil {
+		return err
+	}
+	for _, i := range rep.Reclaimed {
+		if ferr := d.pool.Free(i); ferr != nil {
+			d.log.Warn("reclaimed slot's index could not be freed", "slot", i, "error", ferr)
+		}
+		delete(d.plan.dead, i)
+	}
+	d.obs.reclaimed(rep)
+	d.logReport(rep)
+	return nil
+}
+
+// recordIdle records a slot the pool made (pool.Options.OnMade), so that a
+// restart adopts it.
+func (d *Daemon) recordIdle(ctx context.Context, s *slot.Slot) error {
+	now := time.Now()
+	return d.store.Put(ctx, leases.Record{Index: s.Index, State: leases.Idle, Netns: s.NetnsID, HostIfindex: s.HostIfIndex, Created: now})
+}
+
+// forget deletes the records of slots the pool tore down
+// (pool.Options.OnGone). A record left behind would only be found stale at
+// the next start.
+func (d *Daemon) forget(indices []int) {
+	if err := d.store.Delete(context.Background(), indices...); err != nil {
+		d.log.Warn("records of slots torn down could not be deleted", "slots", fmt.Sprint(indices), "error", err)
+	}
+}
+
+// watchPool reports the pool's warm count into p until stopped.
+func watchPool(pl *pool.Pool, p *lifecycle.Progress) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			p.SetDone(int64(len(pl.Snapshot().Idle)))
+			select {
+			case <-t.C:
+			case <-done:
+				return
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
+// stopPool waits for the background reclaim of dead slots to end, then
+// stops the pool and keeps its warm slots, recorded, for the next start to
+// adopt; leased slots are not touched: a restart, an upgrade
+// or a stop never cuts a workload off. `phasegate decommission` destroys
+// everything.
+func (d *Daemon) stopPool(ctx context.Context) error {
+	select {
+	case <-d.deadDone:
+	case <-ctx.Done():
+		d.cancelReclaim()
+		<-d.deadDone
+		d.log.Warn("stop: the background reclaim was cut short; the next start reclaims the rest")
+	}
+	kept, err := d.pool.Stop(ctx)
+	held, lost := d.slots.counts()
+	d.log.Info("pool stopped: slots kept for the next start", "warm", len(kept), "leased", held-lost, "lost_leases", lost)
+	return err
+}

@@ -1,0 +1,309 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/reclaim"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// openStore opens the records once the lock is held: only the holder of
+// the slots may read and change what they are. It is the reclaim phase's
+// first step rather than the lock's, so that the port binds while the
+// file is opened and checked.
+func (d *Daemon) openStore() error {
+	st, err := d.openState()
+	if err != nil {
+		return lifecycle.Permanent(err)
+	}
+	d.store = st
+	if d.stateLost != "" {
+		d.lc.Warn(warnStateLost, d.stateLost+"; slots something lives in are kept and quarantined")
+	}
+	return nil
+}
+
+// readStart is what the reclaim phase reads before it changes anything:
+// the host check (checkHostCIDR), the scan of the host and the records,
+// three independent reads run at once, so that the phase waits for the
+// longest rather than their sum. The scan is the package's read-only one
+// (the manager, which makes the firewall table, comes after): a CIDR the
+// host check refuses leaves nothing made on the host. Its refusal is the
+// error returned whatever the others' outcome. Records are read beside the
+// check only when their file exists: a first start has none to read, and
+// a refused one must not leave a state file it made.
+func (d *Daemon) readStart(ctx context.Context) (_ *slot.ScanResult, recs []leases.Record, bad []int, err error) {
+	var (
+		wg                 sync.WaitGroup
+		hostErr, recordErr error
+	)
+	wg.Go(func() { hostErr = d.checkHostCIDR() })
+	_, statErr := os.Lstat(d.cfg.StatePath())
+	loadAfter := d.store == nil && errors.Is(statErr, fs.ErrNotExist)
+	if !loadAfter {
+		wg.Go(func() { recs, bad, recordErr = d.loadRecords() })
+	}
+	var sr *slot.ScanResult
+	if d.mgr != nil {
+		sr, err = d.mgr.Survey(ctx)
+	} else {
+		sr, err = slot.Survey(ctx, d.cfg.Slots)
+	}
+	wg.Wait()
+	if err != nil {
+		err = fmt.Errorf("scan: %w", err)
+	}
+	if hostErr != nil {
+		return nil, nil, nil, hostErr
+	}
+	if loadAfter && err == nil {
+		recs, bad, recordErr = d.loadRecords()
+	}
+	if err := errors.Join(err, recordErr); err != nil {
+		return nil, nil, nil, err
+	}
+	return sr, recs, bad, nil
+}
+
+// loadRecords opens the records (once) and reads them: the indices of
+// the unreadable ones are bad, sorted.
+func (d *Daemon) loadRecords() ([]leases.Record, []int, error) {
+	if d.store == nil {
+		if err := d.openStore(); err != nil {
+			return nil, nil, err
+		}
+	}
+	recs, err := d.store.Load()
+	var bad []int
+	if re := (*leases.RecordsError)(nil); errors.As(err, &re) {
+		for i := range re.Bad {
+			bad = append(bad, i)
+		}
+		slices.Sort(bad)
+	} else if err != nil {
+		return nil, nil, lifecycle.Permanent(fmt.Errorf("load the records: %w", err))
+	}
+	return recs, bad, nil
+}
+
+// newManager makes the slot manager, which writes the slot table: its
+// rules, and the egress defaults of every lease's policy, resolved here
+// once (egressDefaults) with the host's addresses the host check read, or
+// read now when it did not run.
+func (d *Daemon) newManager(ctx context.Context) (*slot.Manager, error) {
+	egress, err := egressDefaults(d.cfg, d.hostAddrs, d.hostAddrsRead)
+	if err != nil {
+		return nil, lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
+	}
+	o := slot.DefaultOptions()
+	o.Firewall, o.Egress = d.cfg.Firewall, egress
+	return slot.NewManager(ctx, d.cfg.Slots, o)
+}
+
+// teardownOptions are the settings of every teardown but the start's.
+func (d *Daemon) teardownOptions() slot.TeardownOptions {
+	return slot.TeardownOptions{Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReclaimKillOrphans}
+}
+
+// runReclaim is the critical path of a restart: check that the host uses
+// nothing of the slot CIDR, scan what is on the host and read the records
+// (readStart, before anything is changed), match the two, restore the leases whose slots are intact
+// (touching nothing inside them), adopt the idle ones, and decide what is
+// dead. The dead are reclaimed here only with --reclaim=foreground; by
+// default they are reclaimed in the background once the warm slots are
+// made, so that serving never waits on the kernel's clean-up of the dead.
+func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
+	start := time.Now()
+	p.SetMessage("scanning")
+	sr, recs, bad, err := d.readStart(ctx)
+	if err != nil {
+		return err
+	}
+	inv := sr.Inventory
+	scanned := time.Since(start)
+	if d.mgr == nil {
+		mgr, err := d.newManager(ctx)
+		if err != nil {
+			return err
+		}
+		mgr.Surveyed(sr)
+		d.mgr = mgr
+	}
+	d.unreadable = sr.Unreadable
+	for _, u := range sr.Unreadable {
+		d.log.Warn("netns entry could not be inspected: neither reclaimed nor handed out, quarantined", "slot", u.Index, "name", u.Name, "error", u.Err)
+	}
+	d.obs.unreadable(len(sr.Unreadable))
+	if len(sr.Beyond) > 0 {
+		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
+	}
+	plan, err := d.classify(ctx, recs, bad, inv)
+	if err != nil {
+		return err
+	}
+	if err := d.renewLeases(ctx, plan, time.Now()); err != nil {
+		return err
+	}
+	d.plan = plan
+	d.logPlan(plan)
+	d.obs.restored(plan)
+	trace.SpanFromContext(ctx).SetAttributes(
+		attribute.Int("phasegate.restore.leases", len(plan.restored)),
+		attribute.Int("phasegate.restore.adopted", len(plan.adopted)),
+		attribute.Int("phasegate.restore.reclaim", len(plan.dead)),
+		attribute.Int("phasegate.restore.lost", len(plan.lost)),
+		attribute.Int("phasegate.restore.held", len(plan.held)),
+		attribute.String("phasegate.restore.scan", scanned.String()),
+	)
+	if len(plan.lost) > 0 {
+		var lost []leases.Record
+		var reasons []string
+		for _, l := range plan.lost {
+			lost, reasons = append(lost, l.rec), append(reasons, l.lostReason)
+		}
+		d.reportLost(lost, reasons)
+	}
+
+	if !d.cfg.reclaimInForeground() || len(plan.dead) == 0 {
+		p.SetMessage(plan.String())
+		return nil
+	}
+	p.SetTotal(int64(len(plan.dead)), "namespaces")
+	opts := reclaim.Options{
+		Workers:     d.cfg.ReclaimWorkers,
+		Budget:      d.cfg.ReclaimBudget,
+		KillOrphans: d.cfg.ReclaimKillOrphans,
+		Progress:    teardownProgress(p),
+	}
+	rep, err := reclaim.Slots(ctx, d.mgr, plan.dead, opts)
+	if err != nil {
+		return err
+	}
+	rep.Scan, rep.Unreadable = scanned, sr.Unreadable
+	p.SetDone(int64(len(rep.Reclaimed)))
+	d.report = rep
+	d.obs.reclaimed(rep)
+	d.logReport(rep)
+	return nil
+}
+
+// Messages of a teardown's progress: the count is of namespaces unlinked,
+// and once it is complete the teardown still waits for the kernel to
+// destroy them (their host links to vanish), which can take seconds.
+const (
+	msgUnlinking  = "unlinking"
+	msgKernelWait = "all unlinked; waiting for the kernel to destroy them"
+)
+
+// teardownProgress is a reclaim's Progress callback that keeps p's count
+// and its message saying the step under way: an earlier step's message
+// (the scan's) would claim a step that is over.
+func teardownProgress(p *lifecycle.Progress) func(done, total int) {
+	p.SetMessage(msgUnlinking)
+	return func(done, total int) {
+		p.SetDone(int64(done))
+		if done == total {
+			p.SetMessage(msgKernelWait)
+		}
+	}
+}
+
+// stopFirewall removes the daemon's nftables table once no slot is left in
+// it, so a clean stop leaves nothing behind.
+func (d *Daemon) stopFirewall(ctx context.Context) error {
+	kept, err := dropEmptyFirewall(ctx, d.mgr)
+	if kept > 0 {
+		d.log.Warn("firewall table kept: slots still listed", "table", d.mgr.Firewall().Name(), "slots", kept)
+	}
+	return err
+}
+
+// dropEmptyFirewall deletes m's nftables table if its set lists no slot,
+// and otherwise returns how many it lists: a table that still names slots
+// (stuck ones) stays for the next reclaim.
+func dropEmptyFirewall(ctx context.Context, m *slot.Manager) (kept int, err error) {
+	fw := m.Firewall()
+	names, err := fw.List(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("list firewall set: %w", err)
+	}
+	if len(names) > 0 {
+		return len(names), nil
+	}
+	return 0, fw.Delete(ctx)
+}
+
+func (d *Daemon) logReport(rep *reclaim.Report) {
+	attrs := []any{
+		"found", rep.Found, "reclaimed", len(rep.Reclaimed), "failed", len(rep.Failed),
+		"deferred", len(rep.Deferred), "orphans", len(rep.Orphans), "cut_off", len(rep.CutOff),
+		"duration", rep.Duration.Round(time.Millisecond).String(),
+		// Where the time went: the scan of what exists, the /proc scan for
+		// processes and holders, detach+unlink, the wait for the kernel to
+		// drop the host links, the one nftables transaction.
+		"scan", rep.Scan.Round(time.Millisecond).String(),
+		"procs", rep.Timings.Procs.Round(time.Millisecond).String(),
+		"unlink", rep.Timings.Unlink.Round(time.Millisecond).String(),
+		"wait", rep.Timings.Wait.Round(time.Millisecond).String(),
+		"firewall", rep.Timings.Firewall.Round(time.Millisecond).String(),
+	}
+	if rep.Duration > 0 && len(rep.Reclaimed) > 0 {
+		attrs = append(attrs, "rate_per_s", int(float64(len(rep.Reclaimed))/rep.Duration.Seconds()))
+	}
+	if len(rep.Beyond) > 0 {
+		attrs = append(attrs, "beyond", len(rep.Beyond))
+	}
+	if rep.Batches > 1 {
+		attrs = append(attrs, "batches", rep.Batches)
+	}
+	d.log.Info("reclaim report", attrs...)
+	d.logTeardownProblems(rep.Failed, rep.Orphans, rep.ProcScan, rep.WaitErr)
+}
+
+// logTeardownProblems logs what a teardown could not do or see: each
+// failed slot, each process found inside a leaked namespace, and what kept
+// the teardown from seeing everything (a /proc scan that could not read
+// every process, a failed wait for the kernel).
+func (d *Daemon) logTeardownProblems(failed []slot.Failure, orphans []slot.Orphan, procScan, waitErr error) {
+	for _, f := range failed {
+		d.log.Warn("slot teardown failed; quarantined for the reconciler", "slot", f.Index, "error", f.Err)
+	}
+	for _, o := range orphans {
+		attrs := []any{"slot", o.Index, "pid", o.PID, "comm", o.Comm, "killed", o.Killed}
+		if o.Gone {
+			attrs = append(attrs, "gone", true)
+		}
+		if o.Err != nil {
+			attrs = append(attrs, "error", o.Err)
+		}
+		d.log.Warn("process inside a leaked namespace", attrs...)
+	}
+	if procScan != nil {
+		msg := procScan.Error()
+		d.mu.Lock()
+		seen := d.procScanSeen[msg]
+		if d.procScanSeen == nil {
+			d.procScanSeen = map[string]bool{}
+		}
+		d.procScanSeen[msg] = true
+		d.mu.Unlock()
+		if !seen { // the same process is unreadable at every pass
+			d.log.Warn("process scan incomplete: namespaces of the processes it could not read are treated as held", "error", msg)
+		}
+	}
+	if waitErr != nil {
+		d.log.Warn("waiting for the kernel to remove host links failed; the links left were deleted", "error", waitErr)
+	}
+}
