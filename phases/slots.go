@@ -1,13 +1,11 @@
 package phases
 
 import (
-	"cmp"
 	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,7 +18,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -55,35 +52,6 @@ type lease struct {
 	// deferred: past its deadline, its expiry was deferred because the
 	// daemon was impaired (expiry.go); logged once until it is renewed.
 	deferred bool
-}
-
-// leaseCheck is the verification a restored lease still waits for. One
-// caller at a time runs it (the background task, or a Release, an Acquire
-// retry or an expiry of that lease); the others wait for done. A check
-// that fails is replaced by a fresh one, unclaimed, and done is closed, so
-// that a waiter runs it again.
-type leaseCheck struct {
-	claimed bool          // being run (under slotsService.mu)
-	done    chan struct{} // closed once the lease is settled or the run failed
-}
-
-func newLeaseCheck() *leaseCheck { return &leaseCheck{done: make(chan struct{})} }
-
-// verdict is what verifying a restored lease's slot found: intact (its host
-// side repaired), lost (why), or nothing certain (err: the check is run
-// again later).
-type verdict struct {
-	lost string
-	err  error
-}
-
-// leaseVerifier checks restored leases' slots against their records and
-// repairs their host side (the daemon's, restore.go): one verdict per
-// slot, in order, and reports the leases found lost once their state says
-// so.
-type leaseVerifier interface {
-	verify(ctx context.Context, slots []*slot.Slot) []verdict
-	reportLost(lost []leases.Record, reasons []string)
 }
 
 // slotsService implements phasegate.v1.Slots over the pool (which owns the
@@ -132,38 +100,6 @@ type slotsService struct {
 	// never change while it is held.
 	requests map[leaseRequest]*lease
 	pending  map[string]int // Acquires under way, by principal: counted against its quota
-}
-
-// leaseRequest is the Acquire request a lease answers: the owner and the
-// client's request id.
-type leaseRequest struct{ owner, id string }
-
-// requestOf returns the request rec holds; ok is false for a lease taken
-// without a request id (not idempotent, not indexed).
-func requestOf(rec leases.Record) (leaseRequest, bool) {
-	return leaseRequest{rec.Owner, rec.RequestID}, rec.RequestID != ""
-}
-
-// hold adds l to leased and requests. Call with s.mu held.
-func (s *slotsService) hold(l *lease) {
-	s.leased[l.rec.Index] = l
-	if rq, ok := requestOf(l.rec); ok {
-		s.requests[rq] = l
-	}
-}
-
-// unhold removes the lease of slot i from leased and requests, and
-// returns it (nil if none). Call with s.mu held.
-func (s *slotsService) unhold(i int) *lease {
-	l := s.leased[i]
-	if l == nil {
-		return nil
-	}
-	delete(s.leased, i)
-	if rq, ok := requestOf(l.rec); ok && s.requests[rq] == l {
-		delete(s.requests, rq)
-	}
-	return l
 }
 
 // LeaseStore is what the Slots service needs of the durable records: the
@@ -442,42 +378,6 @@ func retriedBy(l *lease, principal string) error {
 		l.rec.RequestID, l.rec.Owner)
 }
 
-// reserve counts an Acquire under way against its principal's quota of
-// leases (0: none), with the leases it holds; done ends the reservation,
-// once the lease is held or the Acquire failed.
-func (s *slotsService) reserve(principal string, quota int) (done func(), err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if quota > 0 {
-		held := s.pending[principal]
-		for _, l := range s.leased {
-			if l.rec.Principal == principal {
-				held++
-			}
-		}
-		if held >= quota {
-			return nil, status.Errorf(codes.ResourceExhausted, "%s holds %d leases, its quota (--max-leases, or max_leases in the control policy): release one first", principal, held)
-		}
-	}
-	s.pending[principal]++
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.pending[principal]--; s.pending[principal] == 0 {
-			delete(s.pending, principal)
-		}
-	}, nil
-}
-
-// byRequest finds the lease an earlier Acquire of this request took, lost
-// ones included.
-func (s *slotsService) byRequest(owner, requestID string) (*lease, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, ok := s.requests[leaseRequest{owner, requestID}]
-	return l, ok
-}
-
 // errWrongLease refuses a lease id that is not the slot's lease.
 var errWrongLease = errors.New("wrong lease id")
 
@@ -679,227 +579,4 @@ func (s *slotsService) List(ctx context.Context, req *phasegatev1.ListRequest) (
 		return nil, err
 	}
 	return &phasegatev1.ListResponse{Slots: s.states(req.GetIncludeFree(), c.Grant.MayRead)}, nil
-}
-
-// states describes every slot (indices 1..N in order), or every slot that is
-// not free, leaving out the leases of owners mayRead refuses.
-func (s *slotsService) states(includeFree bool, mayRead func(owner string) bool) []*phasegatev1.Slot {
-	ps := s.pool.Snapshot()
-	ss := s.pool.Indices()
-	s.mu.Lock()
-	held := make(map[int]*lease, len(s.leased))
-	for i, l := range s.leased {
-		c := *l
-		held[i] = &c
-	}
-	s.mu.Unlock()
-
-	// A set, not a search of ps.Idle per index: List walks every index.
-	idle := make(map[int]bool, len(ps.Idle))
-	for _, i := range ps.Idle {
-		idle[i] = true
-	}
-	var out []*phasegatev1.Slot
-	for i := 1; i <= ss.N; i++ {
-		st := phasegatev1.SlotState_SLOT_STATE_FREE
-		l := held[i]
-		switch {
-		case l != nil:
-			st = leaseState(l)
-		case idle[i]:
-			st = phasegatev1.SlotState_SLOT_STATE_WARM
-		case ss.States[i-1] == index.Quarantined:
-			st = phasegatev1.SlotState_SLOT_STATE_QUARANTINED
-		case ss.States[i-1] != index.Free:
-			st = phasegatev1.SlotState_SLOT_STATE_BUSY // being made or torn down
-		}
-		if st == phasegatev1.SlotState_SLOT_STATE_FREE && !includeFree || l != nil && !mayRead(l.rec.Owner) {
-			continue
-		}
-		out = append(out, s.describe(i, st, l))
-	}
-	return out
-}
-
-func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease) *phasegatev1.Slot {
-	sl := s.cfg.Slot(i)
-	out := &phasegatev1.Slot{
-		Index:           uint32(i),
-		State:           st,
-		NetnsName:       sl.NetnsName,
-		NetnsPath:       sl.NetnsPath,
-		HostInterface:   sl.HostIf,
-		InsideInterface: sl.InsideIf,
-		HostAddress:     sl.HostAddr.String(),
-		InsideAddress:   sl.InsideAddr.String(),
-	}
-	if g := s.cfg.Guest; g.Enabled() {
-		out.GuestInterface, out.GuestAddress, out.GuestGateway = g.Tap, g.Addr.String(), g.Gateway.String()
-	}
-	if l != nil {
-		out.Owner = l.rec.Owner
-		out.AcquiredAt = timestamppb.New(l.rec.Acquired)
-		out.RequestId = l.rec.RequestID
-		out.Ttl = durationpb.New(l.rec.TTL)
-		if !l.rec.Expires.IsZero() {
-			out.ExpiresAt = timestamppb.New(l.rec.Expires)
-		}
-		out.LostReason = l.lostReason
-		out.Principal = l.rec.Principal
-		out.EgressPolicy = egressProto(l.rec.Egress)
-	}
-	return out
-}
-
-// leaseState is the state of a held lease's slot. l's fields are read
-// under slotsService.mu, or on a copy made under it.
-func leaseState(l *lease) phasegatev1.SlotState {
-	switch {
-	case l.slot == nil:
-		return phasegatev1.SlotState_SLOT_STATE_LOST
-	case l.check != nil:
-		return phasegatev1.SlotState_SLOT_STATE_VERIFYING
-	}
-	return phasegatev1.SlotState_SLOT_STATE_ACQUIRED
-}
-
-// counts returns how many leases are held and how many of them are lost.
-func (s *slotsService) counts() (held, lost int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, l := range s.leased {
-		if l.slot == nil {
-			lost++
-		}
-	}
-	return len(s.leased), lost
-}
-
-// debugHandler serves List as JSON at /debug/slots (?all=1 adds free ones)
-// on the control surface, behind its guard ([control.Guard.HTTP]: the
-// caller identified, within its rate, granted something), each caller
-// seeing what List shows it.
-func (s *slotsService) debugHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, ok := control.CallerFrom(r.Context())
-		if !ok {
-			http.Error(w, "the slots are listed only on the control surface", http.StatusUnauthorized)
-			return
-		}
-		list := &phasegatev1.ListResponse{Slots: s.states(r.URL.Query().Has("all"), c.Grant.MayRead)}
-		b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(list)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		_, _ = w.Write(append(b, '\n'))
-	})
-}
-
-// settle verifies restored lease l if it still waits for that, or waits
-// for the check under way: on a nil return l is ACQUIRED or LOST.
-func (s *slotsService) settle(ctx context.Context, l *lease) error {
-	for {
-		s.mu.Lock()
-		c := l.check
-		if c == nil {
-			s.mu.Unlock()
-			return nil
-		}
-		if !c.claimed {
-			c.claimed = true
-			s.mu.Unlock()
-			_, err := s.runChecks(ctx, []*lease{l})
-			return err
-		}
-		s.mu.Unlock()
-		select {
-		case <-c.done:
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		}
-	}
-}
-
-// verifyRestored verifies those of ls that still wait for it and that
-// nobody else is verifying, and returns how many it settled and the first
-// error of those it could not (they stay VERIFYING, for a later try).
-func (s *slotsService) verifyRestored(ctx context.Context, ls []*lease) (settled int, err error) {
-	s.mu.Lock()
-	var mine []*lease
-	for _, l := range ls {
-		// A lease ended meanwhile is settled by whoever ended it.
-		if l.check != nil && !l.check.claimed && s.leased[l.rec.Index] == l {
-			l.check.claimed = true
-			mine = append(mine, l)
-		}
-	}
-	s.mu.Unlock()
-	return s.runChecks(ctx, mine)
-}
-
-// runChecks verifies ls, which the caller claimed, and settles each by its
-// verdict: ACQUIRED, LOST (its index stays the lease's, with no slot), or
-// unclaimed again when nothing certain was found.
-func (s *slotsService) runChecks(ctx context.Context, ls []*lease) (settled int, err error) {
-	if len(ls) == 0 {
-		return 0, nil
-	}
-	// A claimed lease's slot changes only here, by its claimer.
-	slots := make([]*slot.Slot, len(ls))
-	for i, l := range ls {
-		slots[i] = l.slot
-	}
-	vs := s.verifier.verify(ctx, slots)
-	var lost []leases.Record
-	var reasons []string
-	for i, l := range ls {
-		v := vs[i]
-		if v.lost != "" {
-			if perr := s.pool.Lose(l.slot); perr != nil {
-				s.log.Warn("lost lease's slot was not the pool's", "slot", l.rec.Index, "error", perr)
-			}
-		}
-		s.mu.Lock()
-		c := l.check
-		switch {
-		case v.err != nil:
-			l.check = newLeaseCheck()
-			err = cmp.Or(err, v.err)
-		case v.lost != "":
-			l.slot, l.lostReason, l.check = nil, v.lost, nil
-			lost, reasons = append(lost, l.rec), append(reasons, v.lost)
-			settled++
-		default:
-			l.check = nil
-			settled++
-		}
-		s.mu.Unlock()
-		close(c.done)
-	}
-	if len(lost) > 0 {
-		s.verifier.reportLost(lost, reasons)
-	}
-	if err != nil {
-		return settled, status.Errorf(codes.Unavailable, "a restored lease's slot could not be verified yet (retry): %v", err)
-	}
-	return settled, nil
-}
-
-// outcome returns how many of ls still wait for their verification, and
-// how many were found lost.
-func (s *slotsService) outcome(ls []*lease) (unverified, lost int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, l := range ls {
-		switch {
-		case l.check != nil:
-			unverified++
-		case l.slot == nil:
-			lost++
-		}
-	}
-	return unverified, lost
 }
