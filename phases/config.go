@@ -351,3 +351,9 @@ func DefaultExpected() map[string]time.Duration {
 		PhasePopulate: 30 * time.Second,
 	}
 }
+
+// withinSlots reports whether slot index i is one the pool may hand out
+// (at most --slots). A slot beyond it, which a run with more slots left,
+// is reclaimed unless leased, and its lease is lost: it never takes an
+// index of the pool.
+func (c Config) withinSlots(i int) bool { return i <= c.Slots.Slots }

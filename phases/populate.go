@@ -47,7 +47,7 @@ func (d *Daemon) newPool() error {
 	// The lost leases' indices runStorage claimed, for PutLost.
 	var lost []int
 	for _, l := range d.plan.lost {
-		if l.rec.Index <= d.cfg.Slots.Slots {
+		if d.cfg.withinSlots(l.rec.Index) {
 			lost = append(lost, l.rec.Index)
 		}
 	}
@@ -170,7 +170,7 @@ func (d *Daemon) reclaimForWarm(ctx context.Context, p *lifecycle.Progress) erro
 	}
 	var pick []int
 	for _, i := range dead.Indices() {
-		if i <= d.cfg.Slots.Slots && len(pick) < need {
+		if d.cfg.withinSlots(i) && len(pick) < need {
 			pick = append(pick, i)
 		}
 	}

@@ -63,9 +63,8 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 	st := pacer.Stats()
 	d.log.Info("background reclaim paced", "batches", st.Batches, "slowed", st.Slowed, "largest_batch", st.Largest,
 		"paused", st.Paused.Round(time.Millisecond).String(), "over", fmt.Sprint(st.Over))
-	n := d.cfg.Slots.Slots
 	for _, i := range rep.Reclaimed {
-		if i > n {
+		if !d.cfg.withinSlots(i) {
 			continue
 		}
 		if ferr := d.pool.Free(i); ferr != nil {

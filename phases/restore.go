@@ -63,7 +63,7 @@ func (d *Daemon) classify(ctx context.Context, recs []leases.Record, bad []int, 
 			return nil, err
 		}
 		recorded[rec.Index] = true
-		if rec.Index > d.cfg.Slots.Slots {
+		if !d.cfg.withinSlots(rec.Index) {
 			// Recorded by a run with more slots: a lease there cannot be
 			// served by this configuration, but must not be destroyed.
 			if rec.State == leases.Leased {

@@ -31,13 +31,13 @@ func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
 	for _, u := range d.unreadable {
 		quarantine = append(quarantine, u.Index)
 	}
-	quarantine = slices.DeleteFunc(quarantine, func(i int) bool { return i > n })
+	quarantine = slices.DeleteFunc(quarantine, func(i int) bool { return !d.cfg.withinSlots(i) })
 	idx, err := index.New(n, quarantine)
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
 	for _, l := range append(slices.Clone(d.plan.restored), d.plan.lost...) {
-		if l.rec.Index <= n {
+		if d.cfg.withinSlots(l.rec.Index) {
 			if err := idx.Claim(l.rec.Index); err != nil {
 				return lifecycle.Permanent(fmt.Errorf("lease of slot %d: %w", l.rec.Index, err))
 			}
