@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/internal/netconf"
+	"github.com/phasegate/phasegate/network/internal/osthread"
 )
 
 // Config says what Check looks at.
@@ -238,36 +238,25 @@ func legacyTables(path string) ([]string, error) {
 	return strings.Fields(string(b)), nil
 }
 
-// inNetns runs fn on an OS thread that has entered the namespace at path.
-// The thread is never handed back to Go: it exits with the goroutine (the
-// main thread, which cannot exit, is never used).
+// inNetns runs fn on an OS thread that has entered the namespace at path
+// and is never handed back to Go (osthread.Throwaway).
 func inNetns(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go runInNetns(path, fn, errc)
-	return <-errc
-}
-
-func runInNetns(path string, fn func() error, errc chan<- error) {
-	runtime.LockOSThread()
-	if unix.Gettid() == unix.Getpid() {
-		nested := make(chan error, 1)
-		go runInNetns(path, fn, nested)
-		errc <- <-nested
-		runtime.UnlockOSThread()
-		return
-	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		errc <- err
-		return
-	}
-	err = unix.Setns(fd, unix.CLONE_NEWNET)
-	unix.Close(fd)
-	if err != nil {
-		errc <- fmt.Errorf("setns %s: %w", path, err)
-		return
-	}
-	errc <- fn()
+	var err error
+	osthread.Throwaway(func() {
+		var fd int
+		if fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+			err = fmt.Errorf("open %s: %w", path, err)
+			return
+		}
+		err = unix.Setns(fd, unix.CLONE_NEWNET)
+		unix.Close(fd)
+		if err != nil {
+			err = fmt.Errorf("setns %s: %w", path, err)
+			return
+		}
+		err = fn()
+	})
+	return err
 }
 
 // checkTables reports a missing masquerade in the slot table and every

@@ -2,9 +2,10 @@ package netns
 
 import (
 	"fmt"
-	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/osthread"
 )
 
 // Do runs fn on an OS thread that has entered the network namespace of the
@@ -21,7 +22,7 @@ import (
 // which cannot exit, is never the one that changes namespace.
 func Do(fd int, fn func() error) error {
 	var err error
-	onThrowawayThread(func() {
+	osthread.Throwaway(func() {
 		if err = unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
 			err = fmt.Errorf("netns: setns(fd %d, CLONE_NEWNET): %w", fd, err)
 			return
@@ -29,29 +30,4 @@ func Do(fd int, fn func() error) error {
 		err = fn()
 	})
 	return err
-}
-
-// onThrowawayThread runs fn, and returns once it has, on a goroutine
-// locked to an OS thread that is never unlocked, so the thread, whose
-// network namespace fn may change, exits with the goroutine. The main
-// thread cannot exit (the runtime parks it forever instead): if the
-// goroutine lands there, it keeps the main thread busy and runs fn on a
-// nested goroutine, which then cannot run on the main thread.
-func onThrowawayThread(fn func()) {
-	done := make(chan struct{})
-	go runThrowaway(fn, done)
-	<-done
-}
-
-func runThrowaway(fn func(), done chan<- struct{}) {
-	defer close(done)
-	runtime.LockOSThread()
-	if unix.Gettid() == unix.Getpid() {
-		nested := make(chan struct{})
-		go runThrowaway(fn, nested)
-		<-nested
-		runtime.UnlockOSThread() // the main thread never changed namespace
-		return
-	}
-	fn()
 }

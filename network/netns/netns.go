@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/osthread"
 )
 
 // MaxNameLen is the longest name a namespace file may have (NAME_MAX).
@@ -168,7 +170,7 @@ func Create(ctx context.Context, dir, name string) (string, error) {
 	}
 
 	var c created
-	onThrowawayThread(func() { c = createHere(fdPath(fd), path) })
+	osthread.Throwaway(func() { c = createHere(fdPath(fd), path) })
 	unix.Close(fd)
 	if c.err == nil {
 		c.err = checkBound(path, c.id)
@@ -187,7 +189,7 @@ type created struct {
 }
 
 // createHere makes a network namespace for the calling thread, which
-// must be one of onThrowawayThread's, and binds it onto target.
+// must be one of osthread.Throwaway's, and binds it onto target.
 func createHere(target, path string) created {
 	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 		return created{err: fmt.Errorf("netns: create %s: unshare(CLONE_NEWNET): %w", path, err)}
