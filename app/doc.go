@@ -1,9 +1,10 @@
-// Package app runs a service whose startup is a declared graph of phases:
-// one port for gRPC and HTTP that binds in milliseconds, health that tells
-// the truth in every dialect from then on (grpc.health.v1; /health for
-// Nomad and Consul; /livez, /readyz and /startupz for Kubernetes;
-// sd_notify for systemd), a span per phase and metrics (exported by the
-// exporters Config gives: a binary links no other), the start as a
+// Package app runs a service whose startup is a declared graph of phases.
+//
+// It gives one port for gRPC and HTTP that binds in milliseconds, health
+// that tells the truth in every dialect from then on (grpc.health.v1;
+// /health for Nomad and Consul; /livez, /readyz and /startupz for
+// Kubernetes; sd_notify for systemd), a span per phase and metrics (exported
+// by the exporters Config gives: a binary links no other), the start as a
 // timeline at /debug/startup, and signals.
 //
 // An App is a [lifecycle.Lifecycle] with two phases of its own: listen,

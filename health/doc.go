@@ -1,5 +1,7 @@
 // Package health renders one source of truth, a [lifecycle.Lifecycle]'s
-// snapshots, in every dialect a node agent checks a daemon by:
+// snapshots, in every dialect a node agent checks a daemon by.
+//
+// The dialects:
 //
 //   - grpc.health.v1 (Check, Watch, List) through google.golang.org/grpc/health:
 //     the service "" is the overall readiness, each application service is

@@ -1,6 +1,7 @@
 // Package metrics exports a daemon's metrics through the OpenTelemetry
-// metrics SDK, over the exporters given to [Setup] by [WithExporters]:
-// with metrics/prometheus, always to a Prometheus registry that
+// metrics SDK, over the exporters given to [Setup] by [WithExporters].
+//
+// It exports, with metrics/prometheus, always to a Prometheus registry that
 // [Provider.Handler] serves (GET /metrics, text exposition format, on
 // whatever port the daemon mounts it), and also to the push exporters
 // (metrics/otlp, metrics/console) that OTEL_METRICS_EXPORTER lists. Each

@@ -1,7 +1,8 @@
-// Package network holds phasegate's network layer: slots made of a named
-// network namespace, a veth pair and an nftables set element, and the
-// machinery that creates, pools, reclaims and reconciles them on a real
-// Linux kernel.
+// Package network holds phasegate's network layer.
+//
+// It holds slots made of a named network namespace, a veth pair and an
+// nftables set element, and the machinery that creates, pools, reclaims and
+// reconciles them on a real Linux kernel.
 //
 // The subpackages each have one job and import one way:
 //

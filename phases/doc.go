@@ -1,6 +1,7 @@
-// Package phases is the phasegate daemon: its phases, their dependencies,
-// what each builds and what each stop keeps, and the Slots API over the
-// pool and the durable records.
+// Package phases is the phasegate daemon.
+//
+// It holds its phases, their dependencies, what each builds and what each
+// stop keeps, and the Slots API over the pool and the durable records.
 //
 //	lock ──► listen ─────────────────────────────► register ──► serve
 //	   \                                             ▲

@@ -1,10 +1,12 @@
 // Package phasetest helps test programs whose startup is a
-// [lifecycle.Lifecycle]: start and stop tied to the test, a recorder of
-// events, assertions on the order phases ran in, and waits with deadlines
-// and failure messages that say what happened instead. The same assertions
-// and waits work in process and against a running process's port, through
-// its event stream (package eventstream). Every helper takes a testing.TB,
-// so benchmarks can use them too.
+// [lifecycle.Lifecycle].
+//
+// It gives start and stop tied to the test, a recorder of events, assertions
+// on the order phases ran in, and waits with deadlines and failure messages
+// that say what happened instead. The same assertions and waits work in
+// process and against a running process's port, through its event stream
+// (package eventstream). Every helper takes a testing.TB, so benchmarks can
+// use them too.
 //
 // In process, a phase-order assertion:
 //

@@ -1,6 +1,8 @@
 // Package server serves gRPC and HTTP on one TCP port from the first
-// millisecond of a daemon's start, while the daemon's lifecycle is still
-// running its startup phases.
+// millisecond of a daemon's start.
+//
+// It serves while the daemon's lifecycle is still running its startup
+// phases.
 //
 // One listener is shared through a connection multiplexer (cmux, kept
 // private to this package): HTTP/2 connections whose first request has

@@ -1,6 +1,8 @@
 // Package tracing builds an OpenTelemetry tracer provider from the standard
 // OTEL_* environment, over the exporters given to [Setup] by
-// [WithExporters]: tracing/otlp and tracing/console, each a package of its
+// [WithExporters].
+//
+// The exporters are tracing/otlp and tracing/console, each a package of its
 // own so that a binary links only those it gives. One the environment asks
 // for but not given is an error naming its package.
 //

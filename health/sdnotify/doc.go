@@ -1,9 +1,10 @@
-// Package sdnotify tells systemd how a [lifecycle.Lifecycle] is doing,
-// over the sd_notify protocol: STATUS while it starts (with the running
-// phase's progress, rate and time left), EXTEND_TIMEOUT_USEC while the
-// start makes progress or once for a start budget, READY=1 when it serves,
-// STOPPING=1 when it drains, and WATCHDOG=1 while a liveness check passes.
-// See [Notifier].
+// Package sdnotify tells systemd how a [lifecycle.Lifecycle] is doing, over
+// the sd_notify protocol.
+//
+// It sends STATUS while it starts (with the running phase's progress, rate
+// and time left), EXTEND_TIMEOUT_USEC while the start makes progress or once
+// for a start budget, READY=1 when it serves, STOPPING=1 when it drains, and
+// WATCHDOG=1 while a liveness check passes. See [Notifier].
 //
 // It is a dialect of health of its own, apart from the request-answering
 // ones (grpc.health.v1, HTTP) in package health, because its job differs:

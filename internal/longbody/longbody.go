@@ -1,8 +1,10 @@
 // Package longbody makes, for tests, a lifecycle whose /health body is well
-// past the 4 KiB a checker such as Consul keeps: sixty phases with long
-// names (all succeeded but one, held running until the test ends) and eight
-// long warnings. The health package's tests cut the body themselves; the
-// end-to-end tests read it through a real Consul agent.
+// past the 4 KiB a checker such as Consul keeps.
+//
+// It has sixty phases with long names (all succeeded but one, held running
+// until the test ends) and eight long warnings. The health package's tests
+// cut the body themselves; the end-to-end tests read it through a real
+// Consul agent.
 package longbody
 
 import (

@@ -1,7 +1,8 @@
 // Package otelenv reads the OTEL_* variables that the tracing and metrics
-// packages share: OTEL_SDK_DISABLED, the exporter lists in
-// OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER, the OTLP protocol, and
-// the resource.
+// packages share.
+//
+// It reads OTEL_SDK_DISABLED, the exporter lists in OTEL_TRACES_EXPORTER and
+// OTEL_METRICS_EXPORTER, the OTLP protocol, and the resource.
 //
 // It is stricter than the specification asks: a value it does not know is
 // an error naming the variable, never a warning followed by a default, so a

@@ -1,8 +1,10 @@
 // Package rootdir is a directory only root controls, and the files in it
-// opened without following a link: what the daemon's state directory, its
-// lock directory and its control socket's directory must be, so that no
-// other user can plant a name the daemon then opens, binds or renames
-// (docs/SECURITY.md, "Files only root controls").
+// opened without following a link.
+//
+// It is what the daemon's state directory, its lock directory and its
+// control socket's directory must be, so that no other user can plant a name
+// the daemon then opens, binds or renames (docs/SECURITY.md, "Files only
+// root controls").
 //
 // # The rule
 //

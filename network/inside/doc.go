@@ -1,9 +1,11 @@
 // Package inside writes the nftables tables that live inside one slot's
-// network namespace: the NAT between a microVM guest's fixed address and
-// the slot's own inside address, and the egress policy of the slot's
-// lease. Both are tables of the namespace, not of the host, so they go
-// with the namespace when the slot is destroyed and need no per-slot state
-// on the host; a restart of the daemon finds them where the slot is.
+// network namespace.
+//
+// It writes the NAT between a microVM guest's fixed address and the slot's
+// own inside address, and the egress policy of the slot's lease. Both are
+// tables of the namespace, not of the host, so they go with the namespace
+// when the slot is destroyed and need no per-slot state on the host; a
+// restart of the daemon finds them where the slot is.
 //
 // Two tables, each written in one netlink batch (one nf_tables
 // transaction, which the kernel commits whole or not at all):

@@ -1,7 +1,8 @@
-// Package leases is the durable record of phasegate's network slots, so
-// that a restart of the daemon (an upgrade, a crash, kill -9) can tell the
-// slots it handed out from the ones it leaked, and leave the first untouched
-// (DESIGN.md, section 5b). Nomad's client keeps its allocations across
+// Package leases is the durable record of phasegate's network slots.
+//
+// With it a restart of the daemon (an upgrade, a crash, kill -9) can tell
+// the slots it handed out from the ones it leaked, and leave the first
+// untouched (DESIGN.md, section 5b). Nomad's client keeps its allocations across
 // restarts the same way (client/state.db) and containerd its sandboxes
 // (meta.db, with the record written before the namespace: containerd/cri#568);
 // E2B's orchestrator cannot (e2b-dev/infra#1215).

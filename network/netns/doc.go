@@ -1,7 +1,8 @@
 // Package netns creates, deletes, inspects and lists named network
-// namespaces in a directory, exactly the way iproute2's `ip netns add` does,
-// so that `ip netns list` and `ip netns exec` see and use what it makes and
-// it can delete what `ip netns add` made.
+// namespaces in a directory, as iproute2's `ip netns add` does.
+//
+// `ip netns list` and `ip netns exec` see and use what it makes, and it can
+// delete what `ip netns add` made.
 //
 // Create mounts the directory the iproute2 way (directory lock, recursive
 // self bind mount, made private then shared), makes a mode-0 placeholder with

@@ -1,7 +1,9 @@
 // Package nft manages the host firewall of network slots, where no tenant
-// can reach it: one nftables table per slot prefix that isolates the slots,
-// drops what they send from addresses not their own, and enforces their
-// leases' egress policies.
+// can reach it.
+//
+// It keeps one nftables table per slot prefix that isolates the slots, drops
+// what they send from addresses not their own, and enforces their leases'
+// egress policies.
 //
 // The table holds a set of the slots' host interfaces and a fixed handful of
 // rules that filter, forward and masquerade by set lookup, and a chain per

@@ -1,6 +1,7 @@
-// Package reclaim finds network slots leaked by an earlier run (a kill -9,
-// a crash, a failed teardown) and tears them down before the allocator is
-// built.
+// Package reclaim finds network slots leaked by an earlier run and tears
+// them down before the allocator is built.
+//
+// A kill -9, a crash or a failed teardown leaks them.
 //
 // A slot is leaked when any of its resources exists: a netns file
 // <prefix><i> (a bound network namespace or an empty regular file:

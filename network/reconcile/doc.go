@@ -1,12 +1,14 @@
 // Package reconcile runs the background loop that finishes what reclaim
-// deferred and what the pool could not remove: each pass surveys the host,
-// tears down the slots of quarantined indices, any stray resources of free
-// indices (a host link whose namespace is gone, a set element without a
-// slot, a netns file nobody owns) and every slot beyond the configured
-// number (left by a run with a larger --slots), and frees in the allocator
-// every quarantined index whose slot is now completely gone. Indices that
-// are acquired (warm in the pool or in use) are never touched; entries that
-// cannot be inspected are never touched and their indices stay quarantined.
+// deferred and what the pool could not remove.
+//
+// Each pass surveys the host, tears down the slots of quarantined indices,
+// any stray resources of free indices (a host link whose namespace is gone,
+// a set element without a slot, a netns file nobody owns) and every slot
+// beyond the configured number (left by a run with a larger --slots), and
+// frees in the allocator every quarantined index whose slot is now
+// completely gone. Indices that are acquired (warm in the pool or in use)
+// are never touched; entries that cannot be inspected are never touched and
+// their indices stay quarantined.
 //
 // Nothing a pass cannot do is dropped. A Pass carries the scan's error, the
 // per-slot failures, the unreadable entries and the teardown's result (with

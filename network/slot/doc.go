@@ -1,7 +1,8 @@
-// Package slot defines a network slot and does the kernel work for one:
-// configuration and its validation, naming and addressing, Create and
-// Destroy of a slot, a survey of what exists on the host, and the batched
-// teardown that reclaim, the pool and the reconciler share.
+// Package slot defines a network slot and does the kernel work for one.
+//
+// It holds the configuration and its validation, naming and addressing,
+// Create and Destroy of a slot, a survey of what exists on the host, and the
+// batched teardown that reclaim, the pool and the reconciler share.
 //
 // Slot i (1 ≤ i ≤ Config.Slots) is:
 //   - the netns file <NetnsDir>/<Prefix><i>, made the iproute2 way;

@@ -1,11 +1,12 @@
-// Package proc runs a service as a separate process for a black-box test
-// and watches the health its port answers: build its main package once per
-// test binary (or take a binary), start it with arguments and environment,
-// learn the address its port is bound to, follow its lifecycle through its
-// event stream (a [phasetest.Stream]), signal it, wait for its exit code,
-// and keep its output, printed when the test fails. The test's end kills
-// and reaps a process still running; the binaries go when the test binary
-// ends.
+// Package proc runs a service as a separate process for a black-box test and
+// watches the health its port answers.
+//
+// The steps: build its main package once per test binary (or take a binary),
+// start it with arguments and environment, learn the address its port is
+// bound to, follow its lifecycle through its event stream (a
+// [phasetest.Stream]), signal it, wait for its exit code, and keep its
+// output, printed when the test fails. The test's end kills and reaps a
+// process still running; the binaries go when the test binary ends.
 //
 // The address comes from a file, not from the log: every process Start
 // runs has [app.AddrFileEnv] naming a file of its own, which an App writes

@@ -1,9 +1,11 @@
 // Package fakehost builds, for tests, a small network made only of
-// namespaces the test owns: a namespace that plays the host (forwarding on,
-// so the machine's own forwarding setting is never touched), slots behind
-// it (a namespace and a veth pair each, addressed like real slots), and a
-// namespace that plays the outside network, reached through the host's
-// uplink with a default route. No packet leaves these namespaces.
+// namespaces the test owns.
+//
+// It makes a namespace that plays the host (forwarding on, so the machine's
+// own forwarding setting is never touched), slots behind it (a namespace and
+// a veth pair each, addressed like real slots), and a namespace that plays
+// the outside network, reached through the host's uplink with a default
+// route. No packet leaves these namespaces.
 //
 //	slot i  eth0 169.254.x.(2i-1)/31 ── <prefix>h<i> 169.254.x.(2i-2)/31  host  up0 192.0.2.1/24 ── eth0 192.0.2.2/24  outside
 //

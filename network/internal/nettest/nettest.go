@@ -1,5 +1,7 @@
 // Package nettest gives the network tests a private playground on the real
-// kernel: a unique slot prefix, a temporary netns directory, a random
+// kernel.
+//
+// It gives a unique slot prefix, a temporary netns directory, a random
 // link-local CIDR, and a cleanup that sweeps every netns file, mount, host
 // link and nftables table with that prefix, even when the test fails.
 package nettest

@@ -1,6 +1,8 @@
 // Package nftexpr builds the nftables expressions that the host's slot
-// table (package nft) and a slot's own tables (package inside) both write,
-// so that a rule both sides hold reads the same on each.
+// table and a slot's own tables both write.
+//
+// Package nft writes the one and package inside the others: a rule both
+// sides hold then reads the same on each.
 package nftexpr
 
 import (

@@ -1,7 +1,8 @@
 // Package osthread runs a function on an OS thread that no goroutine runs
-// on afterwards, for the kernel calls that change the calling thread's
-// state (its network namespace) and take no other argument to act
-// elsewhere.
+// on afterwards.
+//
+// It is for the kernel calls that change the calling thread's state (its
+// network namespace) and take no other argument to act elsewhere.
 package osthread
 
 import (

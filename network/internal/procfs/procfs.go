@@ -1,6 +1,7 @@
 // Package procfs reads files of /proc for the network packages (mountinfo in
-// netns, net/dev in slot), which grow with the number of slots: one mount
-// and one host link per slot.
+// netns, net/dev in slot), which grow with the number of slots.
+//
+// Those files hold a line per mount and per link: one of each per slot.
 package procfs
 
 import (

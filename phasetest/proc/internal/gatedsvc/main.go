@@ -1,7 +1,8 @@
-// Command gatedsvc is the service package proc's tests run: a config phase
-// that fails on -fail, a hold phase that waits for a line on its stdin
-// (so that the test sees the port before serving), and the App's own
-// listen and serve, logging in -log-format.
+// Command gatedsvc is the service package proc's tests run.
+//
+// It has a config phase that fails on -fail, a hold phase that waits for a
+// line on its stdin (so that the test sees the port before serving), and the
+// App's own listen and serve, logging in -log-format.
 package main
 
 import (
