@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -48,20 +49,12 @@ func TestDesignMapMatchesTheTree(t *testing.T) {
 		return row == pkg
 	}
 	for _, p := range pkgs {
-		covered := false
-		for _, r := range rows {
-			covered = covered || covers(r, p)
-		}
-		if !covered {
+		if !slices.ContainsFunc(rows, func(r string) bool { return covers(r, p) }) {
 			t.Errorf("package %s has no row in docs/DESIGN.md §2", p)
 		}
 	}
 	for _, r := range rows {
-		found := false
-		for _, p := range pkgs {
-			found = found || covers(r, p)
-		}
-		if !found {
+		if !slices.ContainsFunc(pkgs, func(p string) bool { return covers(r, p) }) {
 			t.Errorf("docs/DESIGN.md §2 has a row for %s, which is no package of the library", r)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 
+	mnl "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -130,21 +131,10 @@ func (m *Manager) makeGuest(fd int, s *Slot) error {
 // rtnetlink: the namespace's ip_forward is a /proc/sys file, whose lookup
 // walks every namespace's entry of that name (package netconf).
 func (m *Manager) forwardGuest(h *netlink.Handle, fd int, s *Slot, tap int) error {
-	up, err := h.LinkByName(s.InsideIf)
-	if err != nil {
-		return fmt.Errorf("find %s in %s: %w", s.InsideIf, s.NetnsName, err)
-	}
-	c, err := netconf.Dial(fd)
-	if err != nil {
-		return fmt.Errorf("forwarding on in %s: %w", s.NetnsName, err)
-	}
-	defer c.Close()
-	for _, idx := range []int{tap, up.Attrs().Index} {
-		if err := netconf.SetForwarding(c, int32(idx), true); err != nil {
-			return fmt.Errorf("forwarding on in %s: %w", s.NetnsName, err)
-		}
-	}
-	return nil
+	_, err := onGuestLinks(h, fd, s, tap, func(c *mnl.Conn, link int32) (bool, error) {
+		return true, netconf.SetForwarding(c, link, true)
+	})
+	return err
 }
 
 // ensureGuestTables writes the guest tables inside slot s.
@@ -276,7 +266,11 @@ func (m *Manager) guestState(fd int, s *Slot) (GuestState, error) {
 			}
 		}
 	}
-	if st.Forwarding, err = forwards(h, fd, s, tap); err != nil {
+	tapIndex := 0
+	if tap != nil {
+		tapIndex = tap.Attrs().Index
+	}
+	if st.Forwarding, err = forwards(h, fd, s, tapIndex); err != nil {
 		return st, err
 	}
 	f, err := inside.Inspect(insideSlot(fd, s), m.cfg.Guest.insideGuest())
@@ -287,26 +281,36 @@ func (m *Manager) guestState(fd int, s *Slot) (GuestState, error) {
 	return st, nil
 }
 
-// forwards reports whether slot s forwards on its uplink and on tap (nil
+// forwards reports whether slot s forwards on its uplink and on tap (0
 // when there is none), as forwardGuest left them. A slot made by a build
 // that turned ip_forward on forwards on every link, these among them.
-func forwards(h *netlink.Handle, fd int, s *Slot, tap netlink.Link) (bool, error) {
+func forwards(h *netlink.Handle, fd int, s *Slot, tap int) (bool, error) {
+	return onGuestLinks(h, fd, s, tap, netconf.Forwarding)
+}
+
+// onGuestLinks calls fn, over one rtnetlink connection in slot s's
+// namespace fd, for the tap (index tap, skipped when 0) and the slot's
+// uplink, until one fails or says false.
+func onGuestLinks(h *netlink.Handle, fd int, s *Slot, tap int, fn func(c *mnl.Conn, link int32) (bool, error)) (bool, error) {
 	up, err := h.LinkByName(s.InsideIf)
 	if err != nil {
 		return false, fmt.Errorf("find %s in %s: %w", s.InsideIf, s.NetnsName, err)
 	}
 	c, err := netconf.Dial(fd)
 	if err != nil {
-		return false, fmt.Errorf("read forwarding in %s: %w", s.NetnsName, err)
+		return false, fmt.Errorf("forwarding in %s: %w", s.NetnsName, err)
 	}
 	defer c.Close()
-	for _, l := range []netlink.Link{tap, up} {
-		if l == nil {
+	for _, link := range []int{tap, up.Attrs().Index} {
+		if link == 0 {
 			continue
 		}
-		on, err := netconf.Forwarding(c, int32(l.Attrs().Index))
-		if err != nil || !on {
-			return false, err
+		ok, err := fn(c, int32(link))
+		if err != nil {
+			return false, fmt.Errorf("forwarding of link %d in %s: %w", link, s.NetnsName, err)
+		}
+		if !ok {
+			return false, nil
 		}
 	}
 	return true, nil
