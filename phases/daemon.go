@@ -65,6 +65,7 @@ type Daemon struct {
 	idx        *index.Allocator // built by storage, owned by the pool from populate on
 	pool       *pool.Pool
 	slots      *slotsService
+	restore    *restoreCheck   // the check of the restored leases (populate)
 	tcpGuard   *control.Guard  // the Slots API's on the port (New)
 	ctl        *server.Server  // the control socket's server (lock phase)
 	ctlGuard   *control.Guard  // its guard: every route there spends its rate
@@ -83,7 +84,6 @@ type Daemon struct {
 
 	mu           sync.Mutex
 	procScanSeen map[string]bool // /proc scan errors logged already
-	lostSlots    []int           // indices of the leases lost since the start, sorted
 }
 
 // New validates cfg and declares the daemon's phases, its port and its

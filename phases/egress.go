@@ -136,9 +136,7 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	}
 	// A lease restored at a restart is verified first: its slot may turn
 	// out lost.
-	s.mu.Lock()
-	l := s.leased[i]
-	s.mu.Unlock()
+	l := s.table.at(i)
 	if l != nil {
 		if err := s.settle(ctx, l); err != nil {
 			return nil, err
@@ -147,15 +145,15 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	// One change of a slot's policy at a time: the rules and the record
 	// must end up saying the same. Other slots' changes go on meanwhile.
 	defer s.lockPolicy(i)()
-	s.mu.Lock()
-	l = s.leased[i]
+	s.table.mu.Lock()
+	l = s.table.leased[i]
 	var old leases.Record
 	var sl *slot.Slot
 	lostReason := ""
 	if l != nil {
 		old, sl, lostReason = l.rec, l.slot, l.lostReason
 	}
-	s.mu.Unlock()
+	s.table.mu.Unlock()
 	switch {
 	case l == nil:
 		return nil, leaseError(i, leases.ErrNotFound)
@@ -188,11 +186,11 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 		s.restoreEgress(wctx, i, sl, old.Egress)
 		return nil, leaseError(i, err)
 	}
-	s.mu.Lock()
-	if cur := s.leased[i]; cur != nil && cur.rec.LeaseID == rec.LeaseID {
+	s.table.mu.Lock()
+	if cur := s.table.leased[i]; cur != nil && cur.rec.LeaseID == rec.LeaseID {
 		cur.rec = rec
 	}
-	s.mu.Unlock()
+	s.table.mu.Unlock()
 	s.count("egress_policy_set")
 	s.log.Info("egress policy set", "slot", i, "owner", rec.Owner, "principal", c.Principal.String(), "policy", describePolicy(rec.Egress))
 	// EgressDroppedPackets stays 0: the rules just written, on both

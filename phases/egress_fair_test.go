@@ -52,9 +52,9 @@ func TestSetEgressPolicyLocksPerSlot(t *testing.T) {
 		}()
 		return done
 	}
-	r.svc.mu.Lock()
-	ns1 := *r.svc.leased[int(idx[1])].slot
-	r.svc.mu.Unlock()
+	r.svc.table.mu.Lock()
+	ns1 := *r.svc.table.leased[int(idx[1])].slot
+	r.svc.table.mu.Unlock()
 	// A change of slot 1 under way: its lock is held.
 	unlock := r.svc.lockPolicy(int(idx[1]))
 	blocked, ended := set(1), release(1)

@@ -34,9 +34,9 @@ func egressRig(t *testing.T) *slotsRig {
 // slot must hold the same policy.
 func inSlot(t *testing.T, r *slotsRig, i int) inside.Found {
 	t.Helper()
-	r.svc.mu.Lock()
-	l := r.svc.leased[i]
-	r.svc.mu.Unlock()
+	r.svc.table.mu.Lock()
+	l := r.svc.table.leased[i]
+	r.svc.table.mu.Unlock()
 	if l == nil || l.slot == nil {
 		t.Fatalf("slot %d is not leased", i)
 	}
@@ -71,9 +71,9 @@ func TestGetRepairsDrift(t *testing.T) {
 		t.Fatalf("Get of an intact slot: repaired %q, %v", got.GetSlot().GetRepaired(), err)
 	}
 	flushInside(t, resp.GetSlot().GetNetnsPath())
-	r.svc.mu.Lock()
-	sl := r.svc.leased[int(i)].slot
-	r.svc.mu.Unlock()
+	r.svc.table.mu.Lock()
+	sl := r.svc.table.leased[int(i)].slot
+	r.svc.table.mu.Unlock()
 	if st, err := r.svc.mgr.InspectEgress(context.Background(), sl); err != nil || st.Inside != "" || st.Host != fingerprint(t, r, p) {
 		t.Fatalf("after the flush: %+v, %v; want the host's chain alone", st, err)
 	}

@@ -69,9 +69,9 @@ func (s *slotsService) expiryDeferred(rec leases.Record, now time.Time) bool {
 // deferred): logged, counted, traced, and its slot reclaimed. It returns
 // how many it ended.
 func (s *slotsService) expire(ctx context.Context, now time.Time) int {
-	s.mu.Lock()
+	s.table.mu.Lock()
 	var due, deferred []*lease
-	for _, l := range s.leased {
+	for _, l := range s.table.leased {
 		switch {
 		case !l.rec.Expired(now):
 			l.deferred = false
@@ -84,7 +84,7 @@ func (s *slotsService) expire(ctx context.Context, now time.Time) int {
 			due = append(due, l)
 		}
 	}
-	s.mu.Unlock()
+	s.table.mu.Unlock()
 	for _, l := range deferred {
 		s.count("expiry_deferred")
 		s.log.Warn("lease expiry deferred: the daemon could not take its owner's calls within its TTL; it expires a TTL after the daemon can again, unless renewed",
@@ -117,9 +117,7 @@ func (s *slotsService) expireOne(ctx context.Context, l *lease, now time.Time) b
 	if err != nil {
 		return false
 	}
-	s.mu.Lock()
-	ended := s.unhold(i)
-	s.mu.Unlock()
+	ended := s.table.remove(i)
 	s.giveBack(ctx, ended)
 	s.count("expired")
 	s.log.Warn("lease expired: not kept alive within its TTL; slot reclaimed", "slot", i, "owner", l.rec.Owner,

@@ -69,9 +69,9 @@ func TestLeaseOutlivesAnImpairedWindow(t *testing.T) {
 	i := int(resp.GetSlot().GetIndex())
 	held := func() bool {
 		rec, ok, err := r.store.Get(i)
-		r.svc.mu.Lock()
-		l := r.svc.leased[i]
-		r.svc.mu.Unlock()
+		r.svc.table.mu.Lock()
+		l := r.svc.table.leased[i]
+		r.svc.table.mu.Unlock()
 		return err == nil && ok && rec.State == leases.Leased && rec.LeaseID == resp.GetLeaseId() && l != nil
 	}
 	deadline := time.Now().Add(ttl)

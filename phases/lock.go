@@ -74,7 +74,7 @@ func (d *Daemon) lockSlots(ctx context.Context, p *lifecycle.Progress) error {
 		if err != nil {
 			return lifecycle.Permanent(err)
 		}
-		l, err := d.adoptLock(f, path, legacy, func() (*lockfile.Lock, error) { return d.acquireLock(ctx, path, 0) })
+		l, err := d.adoptLock(f, path, legacy, func() (*lockfile.Lock, error) { return acquireLock(ctx, d.cfg, path, 0) })
 		if err != nil {
 			return lifecycle.Permanent(asConfig(fmt.Errorf("the lock handed over by the previous image: %w", err)))
 		}
@@ -86,7 +86,7 @@ func (d *Daemon) lockSlots(ctx context.Context, p *lifecycle.Progress) error {
 	if d.cfg.LockWait > 0 {
 		p.SetMessage("waiting up to " + d.cfg.LockWait.String() + " for " + path)
 	}
-	l, err := d.acquireLock(ctx, path, d.cfg.LockWait)
+	l, err := acquireLock(ctx, d.cfg, path, d.cfg.LockWait)
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
@@ -98,10 +98,10 @@ func (d *Daemon) lockSlots(ctx context.Context, p *lifecycle.Progress) error {
 // acquireLock takes the slots lock at path, waiting up to wait: a holder
 // is a *SlotsHeldError, a lock directory another user could change a
 // configuration error.
-func (d *Daemon) acquireLock(ctx context.Context, path string, wait time.Duration) (*lockfile.Lock, error) {
+func acquireLock(ctx context.Context, cfg Config, path string, wait time.Duration) (*lockfile.Lock, error) {
 	l, err := lockfile.Acquire(ctx, path, wait)
 	if held := (*lockfile.HeldError)(nil); errors.As(err, &held) {
-		return nil, d.cfg.HeldError(held)
+		return nil, cfg.HeldError(held)
 	}
 	return l, asConfig(err)
 }

@@ -182,7 +182,7 @@ func (o *observer) setLeases(s *slotsService) {
 		return
 	}
 	o.leaseReg, _ = o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
-		held, lost := s.counts()
+		held, lost := s.table.counts()
 		ob.ObserveInt64(g, int64(held-lost), metric.WithAttributes(attribute.String("state", "held")))
 		ob.ObserveInt64(g, int64(lost), metric.WithAttributes(attribute.String("state", "lost")))
 		return nil

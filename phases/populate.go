@@ -54,7 +54,7 @@ func (d *Daemon) newPool() error {
 	pl, err := pool.New(timedSlots{Slots: d.mgr, create: &d.waits.create}, d.idx, pool.Options{
 		Target:   d.cfg.PoolSize,
 		Grace:    d.cfg.PoolGrace,
-		Teardown: d.teardownOptions(),
+		Teardown: d.cfg.teardownOptions(),
 		Idle:     d.plan.adopted,
 		InUse:    inUse,
 		Lost:     lost,
@@ -70,10 +70,13 @@ func (d *Daemon) newPool() error {
 }
 
 // newSlotsService makes the Slots API's service over the pool, with the
-// restored and lost leases.
+// restored and lost leases, and the check of the restored ones.
 func (d *Daemon) newSlotsService() {
-	d.slots = newSlotsService(d.mgr, d.pool, d.store, append(slices.Clone(d.plan.restored), d.plan.lost...),
-		d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d)
+	table := newLeaseTable(append(slices.Clone(d.plan.restored), d.plan.lost...))
+	d.restore = &restoreCheck{table: table, pool: d.pool, mgr: d.mgr, found: d.plan.found, teardown: d.cfg.teardownOptions(),
+		log: d.log, health: d.lc, verified: d.obs.verified, lost: d.plan.lostIndices()}
+	d.slots = newSlotsService(d.mgr, d.pool, d.store, table,
+		d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d.restore)
 	d.slots.impaired = d.impairedFor
 	d.obs.setLeases(d.slots)
 }
@@ -100,7 +103,7 @@ func (d *Daemon) deferTasks(p *lifecycle.Progress) {
 	if restored := d.plan.restored; len(restored) > 0 {
 		p.Defer(taskVerify, func(ctx context.Context, tp *lifecycle.Progress) error {
 			defer close(d.verifyDone)
-			return d.verifyLeases(ctx, tp, restored)
+			return d.restore.run(ctx, tp, restored)
 		})
 	} else {
 		close(d.verifyDone)
@@ -241,7 +244,7 @@ func (d *Daemon) stopPool(ctx context.Context) error {
 		d.log.Warn("stop: the background reclaim was cut short; the next start reclaims the rest")
 	}
 	kept, err := d.pool.Stop(ctx)
-	held, lost := d.slots.counts()
+	held, lost := d.slots.table.counts()
 	d.log.Info("pool stopped: slots kept for the next start", "warm", len(kept), "leased", held-lost, "lost_leases", lost)
 	return err
 }

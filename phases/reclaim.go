@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"slices"
 	"sync"
@@ -24,11 +25,11 @@ import (
 // first step rather than the lock's, so that the port binds while the
 // file is opened and checked.
 func (d *Daemon) openStore() error {
-	st, err := d.openState()
+	st, err := openState(d.cfg, d.log)
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
-	d.store = st
+	d.store, d.safeMode, d.stateLost = st.store, st.safeMode, st.lost
 	if d.stateLost != "" {
 		d.lc.Warn(warnStateLost, d.stateLost+"; slots something lives in are kept and quarantined")
 	}
@@ -85,7 +86,17 @@ func (d *Daemon) loadRecords() ([]leases.Record, []int, error) {
 			return nil, nil, err
 		}
 	}
-	recs, err := d.store.Load()
+	recs, bad, err := loadRecords(d.store)
+	if err != nil {
+		return nil, nil, lifecycle.Permanent(err)
+	}
+	return recs, bad, nil
+}
+
+// loadRecords reads every record of store: the indices of the unreadable
+// ones are bad, sorted.
+func loadRecords(store *leases.Store) ([]leases.Record, []int, error) {
+	recs, err := store.Load()
 	var bad []int
 	if re := (*leases.RecordsError)(nil); errors.As(err, &re) {
 		for i := range re.Bad {
@@ -93,7 +104,7 @@ func (d *Daemon) loadRecords() ([]leases.Record, []int, error) {
 		}
 		slices.Sort(bad)
 	} else if err != nil {
-		return nil, nil, lifecycle.Permanent(fmt.Errorf("load the records: %w", err))
+		return nil, nil, fmt.Errorf("load the records: %w", err)
 	}
 	return recs, bad, nil
 }
@@ -103,18 +114,24 @@ func (d *Daemon) loadRecords() ([]leases.Record, []int, error) {
 // once (egressDefaults) with the host's addresses the host check read, or
 // read now when it did not run.
 func (d *Daemon) newManager(ctx context.Context) (*slot.Manager, error) {
-	egress, err := egressDefaults(d.cfg, d.hostAddrs, d.hostAddrsRead)
+	return newManager(ctx, d.cfg, d.hostAddrs, d.hostAddrsRead)
+}
+
+// newManager makes cfg's slot manager; hostAddrs are the host's own
+// addresses, when read.
+func newManager(ctx context.Context, cfg Config, hostAddrs []netip.Prefix, read bool) (*slot.Manager, error) {
+	egress, err := egressDefaults(cfg, hostAddrs, read)
 	if err != nil {
 		return nil, lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
 	}
 	o := slot.DefaultOptions()
-	o.Firewall, o.Egress = d.cfg.Firewall, egress
-	return slot.NewManager(ctx, d.cfg.Slots, o)
+	o.Firewall, o.Egress = cfg.Firewall, egress
+	return slot.NewManager(ctx, cfg.Slots, o)
 }
 
 // teardownOptions are the settings of every teardown but the start's.
-func (d *Daemon) teardownOptions() slot.TeardownOptions {
-	return slot.TeardownOptions{Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReclaimKillOrphans}
+func (c Config) teardownOptions() slot.TeardownOptions {
+	return slot.TeardownOptions{Workers: c.ReclaimWorkers, KillOrphans: c.ReclaimKillOrphans}
 }
 
 // runReclaim is the critical path of a restart: check that the host uses
@@ -149,7 +166,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if len(sr.Beyond) > 0 {
 		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
 	}
-	plan, err := d.classify(ctx, recs, bad, inv)
+	plan, err := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.safeMode}.classify(ctx, recs, bad, inv)
 	if err != nil {
 		return err
 	}
@@ -168,12 +185,9 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		attribute.String("phasegate.restore.scan", scanned.String()),
 	)
 	if len(plan.lost) > 0 {
-		var lost []leases.Record
-		var reasons []string
-		for _, l := range plan.lost {
-			lost, reasons = append(lost, l.rec), append(reasons, l.lostReason)
-		}
-		d.reportLost(lost, reasons)
+		// logPlan named each; the check of the restored leases adds to
+		// this list what it finds lost.
+		d.lc.Warn(warnLeasesLost, lostMessage(plan.lostIndices()))
 	}
 
 	if !d.cfg.reclaimInForeground() || len(plan.dead) == 0 {

@@ -31,7 +31,7 @@ func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error
 	}
 	rec := reconcile.New(d.mgr, d.pool, reconcile.Options{
 		Interval: d.cfg.ReconcileInterval,
-		Teardown: d.teardownOptions(),
+		Teardown: d.cfg.teardownOptions(),
 		OnPass:   d.reconciled,
 		Keep:     func(i int) bool { return keep[i] },
 	})

@@ -17,13 +17,7 @@ import (
 func (s *slotsService) states(includeFree bool, mayRead func(owner string) bool) []*phasegatev1.Slot {
 	ps := s.pool.Snapshot()
 	ss := s.pool.Indices()
-	s.mu.Lock()
-	held := make(map[int]*lease, len(s.leased))
-	for i, l := range s.leased {
-		c := *l
-		held[i] = &c
-	}
-	s.mu.Unlock()
+	held := s.table.copies()
 
 	// A set, not a search of ps.Idle per index: List walks every index.
 	idle := make(map[int]bool, len(ps.Idle))

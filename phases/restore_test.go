@@ -63,7 +63,7 @@ func newRestoreRig(t *testing.T, n, leased int, meanwhile func(ctx context.Conte
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := r.d.classify(ctx, recs, nil, sr.Inventory)
+	plan, err := classifier{cfg: r.d.cfg, mgr: mgr}.classify(ctx, recs, nil, sr.Inventory)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func newRestoreRig(t *testing.T, n, leased int, meanwhile func(ctx context.Conte
 	// background task of populate, started by verifyInBackground.
 	lc, err := lifecycle.New([]lifecycle.Phase{{Name: PhasePopulate, Run: func(_ context.Context, p *lifecycle.Progress) error {
 		p.Defer(taskVerify, func(ctx context.Context, tp *lifecycle.Progress) error {
-			return r.d.verifyLeases(ctx, tp, r.d.plan.restored)
+			return r.d.restore.run(ctx, tp, r.d.plan.restored)
 		})
 		return nil
 	}}})
@@ -98,7 +98,9 @@ func newRestoreRig(t *testing.T, n, leased int, meanwhile func(ctx context.Conte
 	}
 	r.d.lc = lc
 	t.Cleanup(func() { _ = lc.Drain(context.Background()) })
-	r.d.slots = newSlotsService(mgr, pl, store, plan.restored, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d)
+	table := newLeaseTable(plan.restored)
+	r.d.restore = &restoreCheck{table: table, pool: pl, mgr: mgr, found: plan.found, log: r.d.log, health: lc, lost: plan.lostIndices()}
+	r.d.slots = newSlotsService(mgr, pl, store, table, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d.restore)
 	return r
 }
 
@@ -253,11 +255,11 @@ func BenchmarkVerifyRestored(b *testing.B) {
 		}
 		slots[i] = s
 	}
-	d := &Daemon{log: slog.New(slog.DiscardHandler), obs: &observer{}, mgr: mgr}
+	c := &restoreCheck{log: slog.New(slog.DiscardHandler), mgr: mgr}
 	for _, w := range []int{1, 2, 4, 8, 16} {
 		b.Run(fmt.Sprintf("workers=%d", w), func(b *testing.B) {
 			for b.Loop() {
-				out, _ := d.checkSlots(slots, w)
+				out, _ := c.checkSlots(slots, w)
 				for i, v := range out {
 					if v != (verdict{}) {
 						b.Fatalf("slot %d: %+v", slots[i].Index, v)

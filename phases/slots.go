@@ -72,9 +72,9 @@ type slotsService struct {
 	log    *slog.Logger
 	tracer trace.Tracer
 	events leaseEvents
-	// verifier checks the leases restored unverified; nil when none was
+	// restore checks the leases restored unverified; nil when none was
 	// (NewSlotsServer).
-	verifier leaseVerifier
+	restore *restoreCheck
 
 	acquiring singleflight.Group // one Acquire per owner and request id at a time
 
@@ -91,15 +91,8 @@ type slotsService struct {
 	// are written at once.
 	policyMu []sync.Mutex
 
-	mu     sync.Mutex
-	leased map[int]*lease // by index, lost ones included
-	// requests indexes leased by the Acquire request that took each lease
-	// (those with a request id), so that a retry is answered without a
-	// read of the store: every lease record is written by this service or
-	// restored into leased at the start, and its owner and request id
-	// never change while it is held.
-	requests map[leaseRequest]*lease
-	pending  map[string]int // Acquires under way, by principal: counted against its quota
+	// table holds the leases; its mutex guards them (leasetable.go).
+	table *leaseTable
 }
 
 // LeaseStore is what the Slots service needs of the durable records: the
@@ -132,23 +125,29 @@ func NewSlotsServer(m *slot.Manager, pl *pool.Pool, store LeaseStore, log *slog.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return newSlotsService(m, pl, store, nil, log, noop.NewTracerProvider().Tracer(""), nil, nil)
+	return newSlotsService(m, pl, store, newLeaseTable(nil), log, noop.NewTracerProvider().Tracer(""), nil, nil)
 }
 
 // leaseEvents counts what happens to leases (the daemon's metrics); nil
 // functions count nothing.
 type leaseEvents func(event string, n int)
 
-func newSlotsService(m *slot.Manager, pl *pool.Pool, store LeaseStore, restored []*lease,
-	log *slog.Logger, tracer trace.Tracer, events leaseEvents, verifier leaseVerifier) *slotsService {
+// newSlotsService returns the service over table's leases; restore, when
+// a start restored leases, checks them.
+func newSlotsService(m *slot.Manager, pl *pool.Pool, store LeaseStore, table *leaseTable,
+	log *slog.Logger, tracer trace.Tracer, events leaseEvents, restore *restoreCheck) *slotsService {
 	cfg := m.Config()
-	s := &slotsService{cfg: cfg, pool: pl, mgr: m, store: store, log: log, tracer: tracer, events: events, verifier: verifier,
-		egress: m.EgressDefaults(), policyMu: make([]sync.Mutex, cfg.Slots+1),
-		leased: map[int]*lease{}, requests: map[leaseRequest]*lease{}, pending: map[string]int{}}
-	for _, l := range restored {
-		s.hold(l)
+	return &slotsService{cfg: cfg, pool: pl, mgr: m, store: store, log: log, tracer: tracer, events: events, restore: restore,
+		egress: m.EgressDefaults(), policyMu: make([]sync.Mutex, cfg.Slots+1), table: table}
+}
+
+// settle waits until restored lease l is verified, if it is one (see
+// restoreCheck.settle).
+func (s *slotsService) settle(ctx context.Context, l *lease) error {
+	if s.restore == nil {
+		return nil // no lease was restored: none waits for a check
 	}
-	return s
+	return s.restore.settle(ctx, l)
 }
 
 func (s *slotsService) count(event string) {
@@ -259,16 +258,14 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 		return nil, err
 	}
 	control.Note(ctx, "slot", a.l.rec.Index, "retry", a.retry)
-	s.mu.Lock()
-	l := *a.l
-	s.mu.Unlock()
+	l := s.table.copyOf(a.l)
 	return &phasegatev1.AcquireResponse{Slot: s.describe(l.rec.Index, leaseState(&l), &l), LeaseId: l.rec.LeaseID}, nil
 }
 
 func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration, pol *inside.Policy) (acquired, error) {
 	principal := c.Principal.String()
 	if requestID != "" {
-		if l, ok := s.byRequest(owner, requestID); ok {
+		if l, ok := s.table.byRequest(owner, requestID); ok {
 			if err := retriedBy(l, principal); err != nil {
 				return acquired{}, err
 			}
@@ -281,7 +278,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 			return acquired{l: l, retry: true}, nil
 		}
 	}
-	done, err := s.reserve(principal, c.Grant.MaxLeases)
+	done, err := s.table.reserve(principal, c.Grant.MaxLeases)
 	if err != nil {
 		return acquired{}, err
 	}
@@ -325,7 +322,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 		switch {
 		case errors.As(err, &dup):
 			// A retry on another daemon image's connection won the race.
-			if l, ok := s.byRequest(owner, requestID); ok {
+			if l, ok := s.table.byRequest(owner, requestID); ok {
 				if err := retriedBy(l, principal); err != nil {
 					return acquired{}, err
 				}
@@ -341,9 +338,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 		return acquired{}, status.Errorf(codes.Internal, "record the lease: %v", err)
 	}
 	l := &lease{rec: rec, slot: sl}
-	s.mu.Lock()
-	s.hold(l)
-	s.mu.Unlock()
+	s.table.add(l)
 	s.count("acquired")
 	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "principal", principal, "ttl", ttl.String())
 	return acquired{l: l}, nil
@@ -397,10 +392,7 @@ func (s *slotsService) endLease(ctx context.Context, i int, leaseID string) (*le
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	l := s.unhold(i)
-	s.mu.Unlock()
-	return l, nil
+	return s.table.remove(i), nil
 }
 
 // leaseError maps a lease check to the status Release and KeepAlive answer.
@@ -421,9 +413,7 @@ func leaseError(i int, err error) error {
 // lease's owner. A slot that is not leased is left for the lease check to
 // answer, the same for every caller.
 func (s *slotsService) mayChange(ctx context.Context, c control.Caller, i int) error {
-	s.mu.Lock()
-	l := s.leased[i]
-	s.mu.Unlock()
+	l := s.table.copyAt(i)
 	if l == nil {
 		return nil
 	}
@@ -489,9 +479,9 @@ func (s *slotsService) giveBack(ctx context.Context, l *lease) {
 	// A change of the slot's policy under way ends before the slot does.
 	unlock := s.lockPolicy(l.rec.Index)
 	defer unlock()
-	s.mu.Lock()
+	s.table.mu.Lock()
 	sl := l.slot
-	s.mu.Unlock()
+	s.table.mu.Unlock()
 	if sl == nil {
 		if err := s.pool.PutLost(l.rec.Index); err != nil {
 			s.log.Warn("index of a lost lease could not be freed", "slot", l.rec.Index, "error", err)
@@ -525,11 +515,7 @@ func (s *slotsService) KeepAlive(ctx context.Context, req *phasegatev1.KeepAlive
 	if err != nil {
 		return nil, leaseError(i, err)
 	}
-	s.mu.Lock()
-	if l := s.leased[i]; l != nil {
-		l.rec = rec
-	}
-	s.mu.Unlock()
+	s.table.setRecord(i, rec)
 	resp := &phasegatev1.KeepAliveResponse{Ttl: durationpb.New(rec.TTL)}
 	if !rec.Expires.IsZero() {
 		resp.ExpiresAt = timestamppb.New(rec.Expires)
@@ -551,13 +537,7 @@ func (s *slotsService) Get(ctx context.Context, req *phasegatev1.GetRequest) (*p
 	if sl.GetOwner() != "" && !c.Grant.MayRead(sl.GetOwner()) {
 		return nil, status.Errorf(codes.PermissionDenied, "slot %d is leased to an owner %s may not see", req.GetIndex(), c.Principal)
 	}
-	s.mu.Lock()
-	var l *lease
-	if cur := s.leased[int(req.GetIndex())]; cur != nil {
-		c := *cur
-		l = &c
-	}
-	s.mu.Unlock()
+	l := s.table.copyAt(int(req.GetIndex()))
 	if l != nil && s.hasInside(l) {
 		// What the slot's root changed is seen here, and put back.
 		repaired, err := s.repairLease(ctx, l.rec.Index, l.rec.LeaseID)

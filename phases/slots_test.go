@@ -69,7 +69,7 @@ func newSlotsRig(t testing.TB, n, target int, lost ...leases.Record) *slotsRig {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return &slotsRig{svc: newSlotsService(mgr, pl, store, restored, log, noop.NewTracerProvider().Tracer(""), nil, nil), pool: pl, store: store}
+	return &slotsRig{svc: newSlotsService(mgr, pl, store, newLeaseTable(restored), log, noop.NewTracerProvider().Tracer(""), nil, nil), pool: pl, store: store}
 }
 
 // newSlotHost makes a slot manager for n slots in a netns directory and
@@ -228,8 +228,8 @@ func TestAcquireOnAFullStateFilesystem(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("Acquire on a full filesystem: %v, want ResourceExhausted", err)
 	}
-	if s := r.pool.Snapshot(); len(s.InUse) != len(r.svc.leased) {
-		t.Fatalf("a slot is handed out unrecorded: pool in use %v, leases %d", s.InUse, len(r.svc.leased))
+	if s := r.pool.Snapshot(); len(s.InUse) != len(r.svc.table.leased) {
+		t.Fatalf("a slot is handed out unrecorded: pool in use %v, leases %d", s.InUse, len(r.svc.table.leased))
 	}
 }
 

@@ -3,6 +3,7 @@ package phases
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 
 	"github.com/phasegate/phasegate/internal/rootdir"
@@ -16,14 +17,23 @@ const StateFileName = "slots.db"
 // StatePath is the state file of this configuration.
 func (c Config) StatePath() string { return filepath.Join(c.StateDir, StateFileName) }
 
-// openState opens the durable records after the lock is taken. A file that
-// is corrupt or unreadable is moved aside for inspection and replaced by a
-// fresh one, and the daemon restores in safe mode: it cannot tell leased
-// slots from leaked ones, so it destroys none that something lives in. A
-// file of a newer schema is a configuration error (exit 2): starting would
-// lose what the newer daemon recorded.
-func (d *Daemon) openState() (*leases.Store, error) {
-	path := d.cfg.StatePath()
+// openedState is the durable records as openState found them.
+type openedState struct {
+	store *leases.Store
+	// safeMode: records were lost, so slots something lives in are kept
+	// (restorePlan.held); lost says why, for the health warning.
+	safeMode bool
+	lost     string
+}
+
+// openState opens the durable records of cfg after the lock is taken. A
+// file that is corrupt or unreadable is moved aside for inspection and
+// replaced by a fresh one, and the restore runs in safe mode: it cannot
+// tell leased slots from leaked ones, so it destroys none that something
+// lives in. A file of a newer schema is a configuration error (exit 2):
+// starting would lose what the newer daemon recorded.
+func openState(cfg Config, log *slog.Logger) (openedState, error) {
+	path := cfg.StatePath()
 	st, err := leases.Open(path, leases.Options{})
 	var corrupt *leases.CorruptError
 	var access *leases.AccessError
@@ -35,9 +45,9 @@ func (d *Daemon) openState() (*leases.Store, error) {
 		// Records must outlive the process, not the machine: commits are
 		// fsynced only where that buys a reboot's survival (leases.SyncAuto).
 		o := st.Opened()
-		d.log.Info("state file open", "path", path, "fsync", o.Fsync, "replayed", o.Replayed)
+		log.Info("state file open", "path", path, "fsync", o.Fsync, "replayed", o.Replayed)
 		if o.UpgradedFrom != 0 {
-			d.log.Info("state file upgraded", "path", path, "from_schema", o.UpgradedFrom,
+			log.Info("state file upgraded", "path", path, "from_schema", o.UpgradedFrom,
 				"to_schema", leases.SchemaVersion, "backup", o.Backup)
 		}
 		// A fresh store is a first start with this state directory (the
@@ -50,35 +60,34 @@ func (d *Daemon) openState() (*leases.Store, error) {
 		// must not take them for leaked. Removing the file (once
 		// inspected) ends safe mode at the next start.
 		if aside := keptAside(path); aside != "" {
-			d.stateLost = fmt.Sprintf("an unusable state file is kept aside at %s: safe mode until it is removed", aside)
-			d.log.Warn("restoring in safe mode (no slot with a process inside is destroyed) while an unusable state file is kept aside; remove it to end safe mode",
+			lost := fmt.Sprintf("an unusable state file is kept aside at %s: safe mode until it is removed", aside)
+			log.Warn("restoring in safe mode (no slot with a process inside is destroyed) while an unusable state file is kept aside; remove it to end safe mode",
 				"kept_aside", aside)
-			d.safeMode = true
+			return openedState{store: st, safeMode: true, lost: lost}, nil
 		}
-		return st, nil
+		return openedState{store: st}, nil
 	case errors.As(err, &schema):
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		return openedState{}, fmt.Errorf("%w: %v", ErrConfig, err)
 	case errors.As(err, &link):
 		// Only root can have put it in a state directory only root
 		// controls; what it points to is not the daemon's to judge.
-		return nil, fmt.Errorf("%w: state file: %w", ErrConfig, link)
+		return openedState{}, fmt.Errorf("%w: state file: %w", ErrConfig, link)
 	case errors.As(err, &locked):
-		return nil, fmt.Errorf("state file %s is open in another process (%s): two daemons must never share a state directory: %w", path, holder(locked.PID), err)
+		return openedState{}, fmt.Errorf("state file %s is open in another process (%s): two daemons must never share a state directory: %w", path, holder(locked.PID), err)
 	case errors.As(err, &corrupt), errors.As(err, &access):
 		aside, merr := leases.MoveAside(path)
 		if merr != nil {
-			return nil, fmt.Errorf("state file %s: %w; and it could not be moved aside: %w", path, err, merr)
+			return openedState{}, fmt.Errorf("state file %s: %w; and it could not be moved aside: %w", path, err, merr)
 		}
-		d.log.Error("state file unusable: moved aside for inspection; restoring in safe mode (no slot with a process inside is destroyed)",
+		log.Error("state file unusable: moved aside for inspection; restoring in safe mode (no slot with a process inside is destroyed)",
 			"error", err, "moved_to", aside)
-		d.stateLost = fmt.Sprintf("state file unusable (%v), moved to %s", err, aside)
+		lost := fmt.Sprintf("state file unusable (%v), moved to %s", err, aside)
 		if st, err = leases.Open(path, leases.Options{}); err != nil {
-			return nil, fmt.Errorf("state file %s after moving the unusable one aside: %w", path, err)
+			return openedState{}, fmt.Errorf("state file %s after moving the unusable one aside: %w", path, err)
 		}
-		d.safeMode = true
-		return st, nil
+		return openedState{store: st, safeMode: true, lost: lost}, nil
 	default:
-		return nil, fmt.Errorf("state file %s: %w", path, err)
+		return openedState{}, fmt.Errorf("state file %s: %w", path, err)
 	}
 }
 

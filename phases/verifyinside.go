@@ -30,11 +30,11 @@ func (s *slotsService) hasInside(l *lease) bool {
 // of those given (nil: every lease held now).
 func (s *slotsService) insideToVerify(of []*lease) []*lease {
 	if of == nil {
-		s.mu.Lock()
-		for _, l := range s.leased {
+		s.table.mu.Lock()
+		for _, l := range s.table.leased {
 			of = append(of, l)
 		}
-		s.mu.Unlock()
+		s.table.mu.Unlock()
 	}
 	var out []*lease
 	for _, l := range of {
@@ -114,15 +114,15 @@ func (s *slotsService) verifyPass(ctx context.Context, p *lifecycle.Progress, le
 // yet is left alone.
 func (s *slotsService) repairLease(ctx context.Context, i int, leaseID string) ([]string, error) {
 	defer s.lockPolicy(i)()
-	s.mu.Lock()
-	l := s.leased[i]
+	s.table.mu.Lock()
+	l := s.table.leased[i]
 	ok := l != nil && l.slot != nil && l.check == nil && l.rec.LeaseID == leaseID
 	var sl *slot.Slot
 	var egress *leases.EgressPolicy
 	if ok {
 		sl, egress = l.slot, l.rec.Egress
 	}
-	s.mu.Unlock()
+	s.table.mu.Unlock()
 	if !ok {
 		return nil, nil
 	}

@@ -4,49 +4,65 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
-// oneShot is a daemon that runs no phases: what `phasegate reclaim` and
-// `phasegate decommission` need, under the same lock and records as the
-// daemon.
-func oneShot(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, func(), error) {
+// offline is what the one-shot commands (`phasegate reclaim` and
+// `phasegate decommission`) run on: the daemon's lock, its records and its
+// slot manager, opened by the code a start opens them with, and nothing of
+// a running daemon (no lifecycle, no port, no metrics).
+type offline struct {
+	cfg   Config
+	log   *slog.Logger
+	lock  *lockfile.Lock
+	state openedState
+	mgr   *slot.Manager
+}
+
+// openOffline takes cfg's lock without waiting (a daemon holding it is a
+// *SlotsHeldError), then opens the records and the slot manager. Close it.
+func openOffline(ctx context.Context, cfg Config, log *slog.Logger) (*offline, error) {
 	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		log = slog.New(slog.DiscardHandler)
 	}
 	if err := cfg.ensureStateDir(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	path, err := cfg.LockPath()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log}
-	l, err := d.acquireLock(ctx, path, 0)
-	if err != nil {
-		return nil, nil, err
+	o := &offline{cfg: cfg, log: log}
+	if o.lock, err = acquireLock(ctx, cfg, path, 0); err != nil {
+		return nil, err
 	}
-	d.lock = l
-	if d.store, err = d.openState(); err != nil {
-		_ = l.Unlock()
-		return nil, nil, err
+	if o.state, err = openState(cfg, log); err != nil {
+		return nil, errors.Join(err, o.Close())
 	}
-	if d.mgr, err = d.newManager(ctx); err != nil {
-		_ = d.store.Close()
-		_ = l.Unlock()
-		return nil, nil, err
+	if o.mgr, err = newManager(ctx, cfg, nil, false); err != nil {
+		return nil, errors.Join(err, o.Close())
 	}
-	return d, func() {
-		_ = d.store.Close()
-		_ = l.Unlock()
-	}, nil
+	return o, nil
 }
+
+// Close closes the records, then lets the lock go.
+func (o *offline) Close() error {
+	var err error
+	if o.state.store != nil {
+		err = o.state.store.Close()
+		o.state.store = nil
+	}
+	return errors.Join(err, o.lock.Unlock())
+}
+
+// records reads every record: the indices of the unreadable ones are bad.
+func (o *offline) records() ([]leases.Record, []int, error) { return loadRecords(o.state.store) }
 
 // Reclaim tears down, once and without a daemon, the slots no record
 // accounts for: leaked by a run that was killed. Leased and recorded idle
@@ -55,41 +71,43 @@ func oneShot(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, func()
 // daemon's lock, so it refuses to run beside one. The summary says what it
 // found; the report what it tore down.
 func Reclaim(ctx context.Context, cfg Config, log *slog.Logger) (summary string, rep *reclaim.Report, err error) {
-	d, done, err := oneShot(ctx, cfg, log)
+	o, err := openOffline(ctx, cfg, log)
 	if err != nil {
 		return "", nil, err
 	}
-	defer done()
-	inv, err := d.mgr.Scan(ctx)
+	defer o.Close()
+	inv, err := o.mgr.Scan(ctx)
 	if err != nil {
 		return "", nil, fmt.Errorf("scan: %w", err)
 	}
-	recs, err := d.store.Load()
-	var bad []int
-	if re := (*leases.RecordsError)(nil); errors.As(err, &re) {
-		for i := range re.Bad {
-			bad = append(bad, i)
-		}
-	} else if err != nil {
-		return "", nil, err
-	}
-	plan, err := d.classify(ctx, recs, bad, inv)
+	recs, bad, err := o.records()
 	if err != nil {
 		return "", nil, err
 	}
-	if err := d.identifyRestored(plan); err != nil {
+	c := classifier{cfg: cfg, mgr: o.mgr, safeMode: o.state.safeMode}
+	plan, err := c.classify(ctx, recs, bad, inv)
+	if err != nil {
 		return "", nil, err
 	}
-	rep, err = reclaim.Slots(ctx, d.mgr, plan.dead, reclaim.Options{
+	if err := c.identifyRestored(plan); err != nil {
+		return "", nil, err
+	}
+	rep, err = reclaim.Slots(ctx, o.mgr, plan.dead, reclaim.Options{
 		Workers: cfg.ReclaimWorkers, Budget: cfg.ReclaimBudget, KillOrphans: cfg.ReclaimKillOrphans,
 	})
 	summary = fmt.Sprintf("%d leased and %d idle slots recorded, left as they are; %d leases lost; %d unknown slots with processes kept",
 		len(plan.restored), len(plan.adopted), len(plan.lost), len(plan.held))
+	if len(plan.bad) > 0 {
+		summary += fmt.Sprintf("; %d unreadable records, their slots kept (%v)", len(plan.bad), plan.bad)
+	}
+	if o.state.safeMode {
+		summary += "; safe mode: " + o.state.lost
+	}
 	if len(plan.restored)+len(plan.adopted) == 0 {
-		if kept, ferr := dropEmptyFirewall(ctx, d.mgr); ferr != nil {
-			d.log.Warn("removing the firewall table", "error", ferr)
+		if kept, ferr := dropEmptyFirewall(ctx, o.mgr); ferr != nil {
+			o.log.Warn("removing the firewall table", "error", ferr)
 		} else if kept > 0 {
-			d.log.Warn("firewall table kept: slots still listed", "slots", kept)
+			o.log.Warn("firewall table kept: slots still listed", "slots", kept)
 		}
 	}
 	return summary, rep, err
@@ -157,14 +175,13 @@ func (r *DecommissionResult) String() string {
 // the lock directory, unlocked: removing it would let a waiter lock a file
 // a newcomer then replaces (see lockfile.Lock.Unlock).
 func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog.Logger) (*DecommissionResult, error) {
-	d, done, err := oneShot(ctx, cfg, log)
+	o, err := openOffline(ctx, cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
-	recs, err := d.store.Load()
-	var re *leases.RecordsError
-	if err != nil && !errors.As(err, &re) {
+	defer o.Close()
+	recs, _, err := o.records()
+	if err != nil {
 		return nil, err
 	}
 	var leased []string
@@ -176,24 +193,26 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 	if len(leased) > 0 && !destroyLeased {
 		return nil, &LeasesExistError{Leases: leased}
 	}
-	inv, err := d.mgr.Scan(ctx)
+	inv, err := o.mgr.Scan(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("scan: %w", err)
 	}
 	// Processes inside are cut off, not killed (unless
 	// --reclaim-kill-orphans): they belong to the workloads, not to us.
-	res := &DecommissionResult{Teardown: d.mgr.Teardown(ctx, inv, d.teardownOptions())}
+	res := &DecommissionResult{Teardown: o.mgr.Teardown(ctx, inv, cfg.teardownOptions())}
 	if err := res.Teardown.Err(); err != nil {
 		// The records of what is left are kept: a later run finds it.
 		return res, fmt.Errorf("decommission: %w", err)
 	}
-	if err := d.mgr.Firewall().Delete(ctx); err != nil {
+	if err := o.mgr.Firewall().Delete(ctx); err != nil {
 		return res, fmt.Errorf("decommission: %w", err)
 	}
 	res.FirewallRemoved = true
 	// The records go last, once nothing they describe is left; the lock
 	// is still held, so no daemon opens the file meanwhile.
-	if err := d.store.Close(); err != nil {
+	store := o.state.store
+	o.state.store = nil
+	if err := store.Close(); err != nil {
 		return res, fmt.Errorf("decommission: close the records: %w", err)
 	}
 	path := cfg.StatePath()

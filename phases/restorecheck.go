@@ -1,0 +1,357 @@
+package phases
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// restoreCheck verifies the leases a start restored, from the first check
+// to the last (DESIGN.md section 6): in the background, batch by batch,
+// once the daemon serves (run), and at once for a call on one of those
+// leases that cannot wait for its batch (settle). A check compares the
+// slot with its record and repairs its host side; a lease found lost is
+// reported the moment its state says LOST, and what was at its index is
+// torn down. The leases are the service's table's: a check claims a lease
+// under the table's lock, so that one caller at a time runs it.
+type restoreCheck struct {
+	table    *leaseTable
+	pool     *pool.Pool    // takes a lost lease's slot back (Lose)
+	mgr      *slot.Manager // identifies, repairs and tears down
+	found    slot.Inventory
+	teardown slot.TeardownOptions
+	log      *slog.Logger
+	health   warnings
+	verified func(intact, lost int) // the daemon's metrics; nil counts nothing
+
+	mu   sync.Mutex // orders the leases-lost warnings
+	lost []int      // indices of the leases lost since the start, sorted
+}
+
+// warnings is where the check says what it is doing and what it found
+// lost: the daemon's lifecycle, whose health shows them.
+type warnings interface {
+	Warn(name, message string)
+	ClearWarning(name string)
+}
+
+// leaseCheck is the verification a restored lease still waits for. One
+// caller at a time runs it (the background task, or a Release, an Acquire
+// retry or an expiry of that lease); the others wait for done. A check
+// that fails is replaced by a fresh one, unclaimed, and done is closed, so
+// that a waiter runs it again.
+type leaseCheck struct {
+	claimed bool          // being run (under leaseTable.mu)
+	done    chan struct{} // closed once the lease is settled or the run failed
+}
+
+func newLeaseCheck() *leaseCheck { return &leaseCheck{done: make(chan struct{})} }
+
+// verdict is what verifying a restored lease's slot found: intact (its host
+// side repaired), lost (why), or nothing certain (err: the check is run
+// again later).
+type verdict struct {
+	lost string
+	err  error
+}
+
+// settle verifies restored lease l if it still waits for that, or waits
+// for the check under way: on a nil return l is ACQUIRED or LOST.
+func (c *restoreCheck) settle(ctx context.Context, l *lease) error {
+	for {
+		c.table.mu.Lock()
+		chk := l.check
+		if chk == nil {
+			c.table.mu.Unlock()
+			return nil
+		}
+		if !chk.claimed {
+			chk.claimed = true
+			c.table.mu.Unlock()
+			_, err := c.runChecks(ctx, []*lease{l})
+			return err
+		}
+		c.table.mu.Unlock()
+		select {
+		case <-chk.done:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// claimAndCheck verifies those of ls that still wait for it and that
+// nobody else is verifying, and returns how many it settled and the first
+// error of those it could not (they stay VERIFYING, for a later try).
+func (c *restoreCheck) claimAndCheck(ctx context.Context, ls []*lease) (settled int, err error) {
+	c.table.mu.Lock()
+	var mine []*lease
+	for _, l := range ls {
+		// A lease ended meanwhile is settled by whoever ended it.
+		if l.check != nil && !l.check.claimed && c.table.leased[l.rec.Index] == l {
+			l.check.claimed = true
+			mine = append(mine, l)
+		}
+	}
+	c.table.mu.Unlock()
+	return c.runChecks(ctx, mine)
+}
+
+// runChecks verifies ls, which the caller claimed, and settles each by its
+// verdict: ACQUIRED, LOST (its index stays the lease's, with no slot), or
+// unclaimed again when nothing certain was found.
+func (c *restoreCheck) runChecks(ctx context.Context, ls []*lease) (settled int, err error) {
+	if len(ls) == 0 {
+		return 0, nil
+	}
+	// A claimed lease's slot changes only here, by its claimer.
+	slots := make([]*slot.Slot, len(ls))
+	for i, l := range ls {
+		slots[i] = l.slot
+	}
+	vs := c.verify(ctx, slots)
+	var lost []leases.Record
+	var reasons []string
+	for i, l := range ls {
+		v := vs[i]
+		if v.lost != "" {
+			if perr := c.pool.Lose(l.slot); perr != nil {
+				c.log.Warn("lost lease's slot was not the pool's", "slot", l.rec.Index, "error", perr)
+			}
+		}
+		c.table.mu.Lock()
+		chk := l.check
+		switch {
+		case v.err != nil:
+			l.check = newLeaseCheck()
+			err = cmp.Or(err, v.err)
+		case v.lost != "":
+			l.slot, l.lostReason, l.check = nil, v.lost, nil
+			lost, reasons = append(lost, l.rec), append(reasons, v.lost)
+			settled++
+		default:
+			l.check = nil
+			settled++
+		}
+		c.table.mu.Unlock()
+		close(chk.done)
+	}
+	if len(lost) > 0 {
+		c.reportLost(lost, reasons)
+	}
+	if err != nil {
+		return settled, status.Errorf(codes.Unavailable, "a restored lease's slot could not be verified yet (retry): %v", err)
+	}
+	return settled, nil
+}
+
+// outcome returns how many of ls still wait for their verification, and
+// how many were found lost.
+func (c *restoreCheck) outcome(ls []*lease) (unverified, lost int) {
+	c.table.mu.Lock()
+	defer c.table.mu.Unlock()
+	for _, l := range ls {
+		switch {
+		case l.check != nil:
+			unverified++
+		case l.slot == nil:
+			lost++
+		}
+	}
+	return unverified, lost
+}
+
+// Verifying the restored leases after SERVING (DESIGN.md section 6).
+const (
+	// verifyWorkers bounds the slots checked at once: each check is a
+	// stat, two ioctls and a netlink request the kernel serialises
+	// (BenchmarkVerifyRestored: 4, 8 or 16 workers are no faster than 2,
+	// and 2 a little faster than 1; docs/BENCHMARKS.md). Two leave a core
+	// to serving on a small machine.
+	verifyWorkers = 2
+	// verifyBatch is how many leases the background verification claims
+	// at a time: a Release of one of them waits for its batch, and each
+	// batch adds its missing firewall elements in one transaction.
+	verifyBatch = 64
+	// verifyRetries bounds the passes over leases whose check found
+	// nothing certain (a netlink error), verifyBackoff spaces them.
+	verifyRetries = 3
+	verifyBackoff = time.Second
+)
+
+// run verifies every restored lease in the background, batch by
+// batch, while /health says warn with the progress. A lease found lost is
+// reported at once (reportLost). A drain stops it between batches: the
+// records are untouched by a check, so the next start verifies what is
+// left the same way.
+func (c *restoreCheck) run(ctx context.Context, p *lifecycle.Progress, ls []*lease) error {
+	total := len(ls)
+	start := time.Now()
+	c.health.Warn(taskVerify, fmt.Sprintf("verifying %d restored leases in the background", total))
+	defer c.health.ClearWarning(taskVerify)
+	p.SetTotal(int64(total), "leases")
+	var err error
+	for pass := range verifyRetries {
+		if pass > 0 {
+			select {
+			case <-time.After(verifyBackoff):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		err = nil
+		for chunk := range slices.Chunk(ls, verifyBatch) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			_, cerr := c.claimAndCheck(ctx, chunk)
+			err = cmp.Or(err, cerr)
+			left, _ := c.outcome(ls)
+			p.SetDone(int64(total - left))
+		}
+		if err == nil {
+			break
+		}
+		c.log.Warn("restored leases: some could not be verified; trying again", "pass", pass+1, "error", err)
+	}
+	left, lost := c.outcome(ls)
+	c.log.Info("restored leases verified", "leases", total, "intact", total-left-lost, "lost", lost, "unverified", left,
+		"duration", time.Since(start).Round(time.Millisecond).String())
+	if left > 0 {
+		return fmt.Errorf("%d restored leases could not be verified: %w", left, err)
+	}
+	return nil
+}
+
+// verify checks restored slots against their records and repairs their
+// host side : the namespace and host link identity, the
+// link up and its address, the firewall element (one transaction for
+// all); what was at a lost lease's index is torn down, so that the index
+// is clean for whoever gets it after the lease. Every step is idempotent:
+// a crash leaves the next start the same steps to take.
+func (c *restoreCheck) verify(ctx context.Context, slots []*slot.Slot) []verdict {
+	out, fixed := c.checkSlots(slots, verifyWorkers)
+	var missing []string
+	var missingAt []int
+	lostObjects := slot.Inventory{}
+	for i, sl := range slots {
+		switch {
+		case out[i].err != nil:
+		case out[i].lost != "":
+			if r, ok := c.found[sl.Index]; ok {
+				lostObjects[sl.Index] = r
+			}
+		case c.found[sl.Index]&slot.HasElement == 0:
+			missing, missingAt = append(missing, sl.HostIf), append(missingAt, i)
+			fixed[i] = append(fixed[i], "firewall element")
+		}
+	}
+	if len(missing) > 0 {
+		if err := c.mgr.Firewall().Add(ctx, missing...); err != nil {
+			for _, i := range missingAt {
+				out[i].err = fmt.Errorf("restore lease of slot %d: %w", slots[i].Index, err)
+			}
+		}
+	}
+	if len(lostObjects) > 0 {
+		if err := c.mgr.Teardown(ctx, lostObjects, c.teardown).Err(); err != nil {
+			for i, sl := range slots {
+				if _, ok := lostObjects[sl.Index]; ok {
+					out[i] = verdict{err: fmt.Errorf("clear the index of a lost lease: %w", err)}
+				}
+			}
+		}
+	}
+	c.countVerdicts(slots, out, fixed)
+	return out
+}
+
+// checkSlots runs verifyOne on every slot, workers at a time.
+func (c *restoreCheck) checkSlots(slots []*slot.Slot, workers int) ([]verdict, [][]string) {
+	out := make([]verdict, len(slots))
+	fixed := make([][]string, len(slots))
+	var g errgroup.Group
+	g.SetLimit(workers)
+	for i, sl := range slots {
+		g.Go(func() error {
+			out[i], fixed[i] = c.verifyOne(sl)
+			return nil
+		})
+	}
+	_ = g.Wait() // every check's outcome is in out
+	return out, fixed
+}
+
+// verifyOne checks one restored slot and repairs its host side: what it
+// repaired, or why the lease is lost, or what kept it from telling.
+func (c *restoreCheck) verifyOne(sl *slot.Slot) (verdict, []string) {
+	found, err := c.mgr.Identify(sl.Index, sl.NetnsID, sl.HostIfIndex)
+	if err == nil {
+		var fixed []string
+		if fixed, err = c.mgr.RepairHost(found); err == nil {
+			return verdict{}, fixed
+		}
+	}
+	if errors.Is(err, slot.ErrGone) {
+		return verdict{lost: err.Error()}, nil
+	}
+	return verdict{err: fmt.Errorf("restore lease of slot %d: %w", sl.Index, err)}, nil
+}
+
+// countVerdicts logs each restored lease whose host side needed repair and
+// counts the outcomes.
+func (c *restoreCheck) countVerdicts(slots []*slot.Slot, out []verdict, fixed [][]string) {
+	intact, lost := 0, 0
+	for i, sl := range slots {
+		switch {
+		case out[i].err != nil:
+		case out[i].lost != "":
+			lost++
+		default:
+			intact++
+			if len(fixed[i]) > 0 {
+				c.log.Info("restored lease: host side repaired, nothing inside touched", "slot", sl.Index, "repaired", strings.Join(fixed[i], ", "))
+			}
+		}
+	}
+	if c.verified != nil {
+		c.verified(intact, lost)
+	}
+}
+
+// reportLost says that leases were found lost , the moment
+// their state says LOST: a log line each and the health warning, which
+// names every lease lost since the start.
+func (c *restoreCheck) reportLost(lost []leases.Record, reasons []string) {
+	for i, rec := range lost {
+		c.log.Warn("lease lost across the restart", "slot", rec.Index, "owner", rec.Owner, "reason", reasons[i])
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, rec := range lost {
+		c.lost = append(c.lost, rec.Index)
+	}
+	slices.Sort(c.lost)
+	// Under c.mu: two batches' warnings must not overtake each other.
+	c.health.Warn(warnLeasesLost, lostMessage(c.lost))
+}
+
+// lostMessage is the leases-lost warning.
+func lostMessage(slots []int) string {
+	return fmt.Sprintf("%d leases lost across the restart (slots %v): their namespace or host link was gone or made again; owners see why in Get", len(slots), slots)
+}
