@@ -141,39 +141,23 @@ func (d *demo) run(ctx context.Context, leaked int, listen string, hold bool) in
 	defer wg.Wait()
 	stopSignals := make(chan struct{})
 	defer close(stopSignals)
-	wg.Go(func() {
-		select {
-		case sig := <-d.e.signals:
-			interrupted.Store(true)
-			fmt.Fprintf(d.e.stdout, "\n%s: stopping and cleaning up…\n", sig)
-			cancel()
-		case <-stopSignals:
-		}
-	})
+	wg.Go(func() { d.cancelOnSignal(cancel, &interrupted, stopSignals) })
 
 	d.say("phasegate demo: a node daemon restarting on a host that a crashed run left dirty.")
-	d.say("")
-	d.say("1. Leaking %d slots the way a killed daemon leaves them: a network namespace in %s,", leaked, d.cfg.NetnsDir)
-	d.say("   a veth pair and an nftables set element each, all named %s*.", d.prefix)
-	start := time.Now()
-	if err := d.leak(ctx, leaked); err != nil {
+	if err := d.leakStep(ctx, leaked); err != nil {
 		if interrupted.Load() {
 			return exitOK
 		}
 		fmt.Fprintf(d.e.stderr, "phasegate demo: leaking slots: %v\n", err)
 		return exitFailed
 	}
-	d.say("   done in %s.", time.Since(start).Round(time.Millisecond))
 
 	addr, err := pickAddr(listen)
 	if err != nil {
 		fmt.Fprintf(d.e.stderr, "phasegate demo: --listen %s: %v\n", listen, err)
 		return exitUsage
 	}
-	d.say("")
-	d.say("2. Starting `phasegate serve` on %s: it binds the port within milliseconds and", addr)
-	d.say("   answers health checks with 503 and its progress while it reclaims; log: %s", d.logPath)
-	if err := d.startDaemon(addr, leaked); err != nil {
+	if err := d.startStep(addr, leaked); err != nil {
 		fmt.Fprintf(d.e.stderr, "phasegate demo: %v\n", err)
 		return exitFailed
 	}
@@ -185,16 +169,63 @@ func (d *demo) run(ctx context.Context, leaked int, listen string, hold bool) in
 	if interrupted.Load() {
 		return exitOK
 	}
-	d.say("")
-	d.say("3. What a health checker (Nomad, Consul, Kubernetes) saw at GET /health meanwhile")
-	d.say("   (200 warn: serving, with something to look at, such as dead slots still being reclaimed):")
-	for _, a := range answers() {
-		d.say("   %s", a)
-	}
+	d.healthStep(answers())
 	if code != exitOK {
 		fmt.Fprintf(d.e.stderr, "phasegate demo: the daemon did not reach serving; see %s\n", d.logPath)
 		return exitFailed
 	}
+	d.servingStep(addr)
+	if !hold {
+		return exitOK
+	}
+	return d.holdUntilStopped(ctx)
+}
+
+// cancelOnSignal cancels the demo at the first signal, noting that it was
+// interrupted, unless stop is closed first.
+func (d *demo) cancelOnSignal(cancel context.CancelFunc, interrupted *atomic.Bool, stop <-chan struct{}) {
+	select {
+	case sig := <-d.e.signals:
+		interrupted.Store(true)
+		fmt.Fprintf(d.e.stdout, "\n%s: stopping and cleaning up…\n", sig)
+		cancel()
+	case <-stop:
+	}
+}
+
+// leakStep is step 1: it leaks the slots, saying so.
+func (d *demo) leakStep(ctx context.Context, leaked int) error {
+	d.say("")
+	d.say("1. Leaking %d slots the way a killed daemon leaves them: a network namespace in %s,", leaked, d.cfg.NetnsDir)
+	d.say("   a veth pair and an nftables set element each, all named %s*.", d.prefix)
+	start := time.Now()
+	if err := d.leak(ctx, leaked); err != nil {
+		return err
+	}
+	d.say("   done in %s.", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// startStep is step 2: it starts the daemon on addr, saying so.
+func (d *demo) startStep(addr string, leaked int) error {
+	d.say("")
+	d.say("2. Starting `phasegate serve` on %s: it binds the port within milliseconds and", addr)
+	d.say("   answers health checks with 503 and its progress while it reclaims; log: %s", d.logPath)
+	return d.startDaemon(addr, leaked)
+}
+
+// healthStep is step 3: it shows the health answers seen during the start.
+func (d *demo) healthStep(answers []string) {
+	d.say("")
+	d.say("3. What a health checker (Nomad, Consul, Kubernetes) saw at GET /health meanwhile")
+	d.say("   (200 warn: serving, with something to look at, such as dead slots still being reclaimed):")
+	for _, a := range answers {
+		d.say("   %s", a)
+	}
+}
+
+// servingStep is step 4: it says where to look at the serving daemon.
+func (d *demo) servingStep(addr string) {
 	d.say("")
 	d.say("4. The daemon serves. Look around, in another terminal:")
 	d.say("   the start as a timeline:   http://%s/debug/startup   (a browser; ssh -L %s:%s for a remote host)", addr, portOf(addr), addr)
@@ -205,9 +236,11 @@ func (d *demo) run(ctx context.Context, leaked int, listen string, hold bool) in
 	sock := filepath.Join(d.dir, "state", phases.ControlSocketName)
 	d.say("   a slot:                    %s slots acquire me --socket %s", self, sock)
 	d.say("   the slots:                 %s slots list --socket %s", self, sock)
-	if !hold {
-		return exitOK
-	}
+}
+
+// holdUntilStopped keeps the daemon up until ctx ends (Ctrl-C), or fails
+// when the daemon exits first.
+func (d *demo) holdUntilStopped(ctx context.Context) int {
 	d.say("")
 	d.say("Press Ctrl-C to stop the daemon and remove everything the demo made.")
 	select {

@@ -91,6 +91,23 @@ func (l *liveView) close() {
 
 // renderFrame is the live view of v, each line at most width columns.
 func renderFrame(v app.View, width int, now time.Time) []string {
+	out := []string{"\x1b[1m" + clip(frameHead(v, now), width) + "\x1b[0m"}
+	nameW := 8
+	for _, p := range append(append([]app.PhaseView{}, v.Phases...), v.Tasks...) {
+		nameW = max(nameW, utf8.RuneCountInString(p.Name)+5)
+	}
+	for _, p := range v.Phases {
+		out = append(out, frameRow(p, false, nameW, width))
+	}
+	for _, t := range v.Tasks {
+		out = append(out, frameRow(t, true, nameW, width))
+	}
+	return out
+}
+
+// frameHead is the frame's first line: the state, how long the start took
+// or has taken so far, and what is wrong.
+func frameHead(v app.View, now time.Time) string {
 	head := "phasegate " + string(v.State)
 	if !v.Started.IsZero() {
 		end := now
@@ -109,68 +126,72 @@ func renderFrame(v app.View, width int, now time.Time) []string {
 	if v.Error != "" {
 		head += ": " + v.Error
 	}
-	out := []string{"\x1b[1m" + clip(head, width) + "\x1b[0m"}
-	nameW := 8
-	for _, p := range append(append([]app.PhaseView{}, v.Phases...), v.Tasks...) {
-		nameW = max(nameW, utf8.RuneCountInString(p.Name)+5)
+	return head
+}
+
+// frameRow is the line of a phase, or of a background task, with its name
+// in a column nameW wide, at most width columns and coloured by its state.
+func frameRow(p app.PhaseView, task bool, nameW, width int) string {
+	name := p.Name
+	if task {
+		name = "task " + p.Name
 	}
-	row := func(p app.PhaseView, task bool) string {
-		name := p.Name
-		if task {
-			name = "task " + p.Name
-		}
-		mark := stateMarks[p.State] // task states are phase state names too
-		if mark == "" {
-			mark = "·"
-		}
-		prefix := fmt.Sprintf("  %s %-*s ", mark, nameW, name)
-		var detail string
-		switch {
-		case p.State == string(lifecycle.PhaseRunning) && p.Progress.Total > 0:
-			barW := min(30, max(10, width-len([]rune(prefix))-50))
-			detail = progressBar(p.Progress.Done, p.Progress.Total, barW) + "  " + p.Progress.String()
-			if e := viewEstimate(p); e.String() != "" {
-				detail += " · " + strings.ReplaceAll(e.String(), ", ", " · ")
-			} else {
-				detail += " · " + fmtDuration(p)
-			}
-		case p.State == string(lifecycle.PhaseRunning):
-			detail = fmtDuration(p)
-			if prog := p.Progress.String(); prog != "" {
-				detail += " · " + prog
-			}
-		case p.State == string(lifecycle.PhasePending):
-			detail = "pending"
-		case p.Started.IsZero():
-			detail = p.State
-		default:
-			detail = fmtDuration(p)
-			if p.State != string(lifecycle.PhaseSucceeded) {
-				detail = p.State + " after " + detail
-			}
-			if prog := p.Progress.String(); prog != "" {
-				detail += " · " + prog
-			}
-			if p.Rate > 0 && p.Progress.Done > 1 {
-				detail += " · " + lifecycle.FormatRate(p.Rate)
-			}
-			if p.Error != "" && p.State != string(lifecycle.PhaseSucceeded) {
-				detail += " · " + p.Error
-			}
-		}
-		line := clip(prefix+detail, width)
-		if c := stateColours[p.State]; c != "" {
-			line = c + line + "\x1b[0m"
-		}
-		return line
+	mark := stateMarks[p.State] // task states are phase state names too
+	if mark == "" {
+		mark = "·"
 	}
-	for _, p := range v.Phases {
-		out = append(out, row(p, false))
+	prefix := fmt.Sprintf("  %s %-*s ", mark, nameW, name)
+	line := clip(prefix+rowDetail(p, width-len([]rune(prefix))), width)
+	if c := stateColours[p.State]; c != "" {
+		line = c + line + "\x1b[0m"
 	}
-	for _, t := range v.Tasks {
-		out = append(out, row(t, true))
+	return line
+}
+
+// rowDetail is what a row says of p after its name: a progress bar while it
+// runs with a known total, otherwise how long it took and how far it got.
+// room is the width left after the name; the bar takes part of it.
+func rowDetail(p app.PhaseView, room int) string {
+	switch {
+	case p.State == string(lifecycle.PhaseRunning) && p.Progress.Total > 0:
+		barW := min(30, max(10, room-50))
+		detail := progressBar(p.Progress.Done, p.Progress.Total, barW) + "  " + p.Progress.String()
+		if e := viewEstimate(p); e.String() != "" {
+			return detail + " · " + strings.ReplaceAll(e.String(), ", ", " · ")
+		}
+		return detail + " · " + fmtDuration(p)
+	case p.State == string(lifecycle.PhaseRunning):
+		detail := fmtDuration(p)
+		if prog := p.Progress.String(); prog != "" {
+			detail += " · " + prog
+		}
+		return detail
+	case p.State == string(lifecycle.PhasePending):
+		return "pending"
+	case p.Started.IsZero():
+		return p.State
 	}
-	return out
+	return finishedDetail(p)
+}
+
+// finishedDetail is the detail of a phase or task that ended: how long it
+// took, its state unless it succeeded, how far it got, its rate and its
+// error.
+func finishedDetail(p app.PhaseView) string {
+	detail := fmtDuration(p)
+	if p.State != string(lifecycle.PhaseSucceeded) {
+		detail = p.State + " after " + detail
+	}
+	if prog := p.Progress.String(); prog != "" {
+		detail += " · " + prog
+	}
+	if p.Rate > 0 && p.Progress.Done > 1 {
+		detail += " · " + lifecycle.FormatRate(p.Rate)
+	}
+	if p.Error != "" && p.State != string(lifecycle.PhaseSucceeded) {
+		detail += " · " + p.Error
+	}
+	return detail
 }
 
 // progressBar draws done/total in w cells.

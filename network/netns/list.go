@@ -1,0 +1,73 @@
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Kind says what a directory entry is.
+type Kind uint8
+
+// Kinds of directory entries. Only KindFile entries can be namespaces.
+const (
+	KindFile Kind = iota
+	KindSymlink
+	KindDir
+	KindOther
+)
+
+// String returns the kind's name.
+func (k Kind) String() string {
+	switch k {
+	case KindFile:
+		return "file"
+	case KindSymlink:
+		return "symlink"
+	case KindDir:
+		return "dir"
+	}
+	return "other"
+}
+
+// Entry is one name in a netns directory.
+type Entry struct {
+	Name string
+	Kind Kind
+}
+
+// List returns the entries of dir whose names start with prefix, without
+// following symlinks. A missing directory is an empty list.
+func List(dir, prefix string) ([]Entry, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("netns: list: %w", err)
+	}
+	defer f.Close()
+	des, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, fmt.Errorf("netns: list: %w", err)
+	}
+	out := make([]Entry, 0, len(des))
+	for _, de := range des {
+		name := de.Name()
+		if !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		k := KindOther
+		switch t := de.Type(); {
+		case t.IsRegular():
+			k = KindFile
+		case t&os.ModeSymlink != 0:
+			k = KindSymlink
+		case t.IsDir():
+			k = KindDir
+		}
+		out = append(out, Entry{Name: name, Kind: k})
+	}
+	return out, nil
+}

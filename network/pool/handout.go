@@ -1,0 +1,156 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// Get returns the most recently returned idle slot, or creates one when the
+// pool is empty. It fails with ErrClosed after Close.
+func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if n := len(p.idle); n > 0 {
+		e := p.idle[n-1]
+		p.idle[n-1] = idleSlot{}
+		p.idle = p.idle[:n-1]
+		p.inUse[e.s.Index] = e.s
+		p.lastGet = p.opts.Clock.Now()
+		p.kick()
+		p.broadcast()
+		p.mu.Unlock()
+		return e.s, nil
+	}
+	p.wg.Add(1)
+	defer p.wg.Done()
+	p.kick()
+	p.mu.Unlock()
+
+	// On demand: abort when either the caller or Close says so.
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(p.ctx, cancel)
+	defer stop()
+	s, err := p.create(cctx)
+	if err != nil {
+		if p.ctx.Err() != nil {
+			return nil, errors.Join(ErrClosed, err)
+		}
+		return nil, err
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errors.Join(ErrClosed, p.destroy(context.WithoutCancel(ctx), s))
+	}
+	p.inUse[s.Index] = s
+	p.mu.Unlock()
+	return s, nil
+}
+
+// Return puts a slot handed out by Get back on top of the idle stack as it
+// is: for a caller that could not hand it on (its own record failed, its
+// client left), so no tenant ever had it. After Close or Stop the slot is
+// destroyed, or kept with the idle ones by Stop.
+func (p *Pool) Return(s *slot.Slot) error {
+	if s == nil {
+		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
+	}
+	p.mu.Lock()
+	if p.inUse[s.Index] != s {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
+	}
+	delete(p.inUse, s.Index)
+	if p.closed && !p.keep {
+		p.mu.Unlock()
+		return p.destroy(context.Background(), s)
+	}
+	p.idle = append(p.idle, idleSlot{s: s, since: p.opts.Clock.Now()})
+	p.scheduleTrim()
+	p.broadcast()
+	p.mu.Unlock()
+	return nil
+}
+
+// Put gives back a slot handed out by Get. The slot is never handed out
+// again: Put tears it down (namespace, veth pair, set element; a process
+// the tenant left inside is killed or cut off, see Options.Teardown) and
+// makes a fresh slot in its place on top of the idle stack, usually at the
+// same index, so the next Get hands out the index just given back, as
+// before. Concurrent Puts are torn down together in one batch. Put returns
+// once its slot is gone and its replacement made, with the teardown's
+// error (the index is then quarantined; a failed replacement is the fill's
+// LastError, not Put's); if ctx ends first, Put returns ctx's error and the
+// work still finishes. After Close, Put only destroys the slot.
+func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
+	if s == nil {
+		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
+	}
+	p.mu.Lock()
+	if p.inUse[s.Index] != s {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
+	}
+	delete(p.inUse, s.Index)
+	if p.closed {
+		p.mu.Unlock()
+		return p.destroy(context.WithoutCancel(ctx), s)
+	}
+	r := &retirement{s: s, done: make(chan error, 1)}
+	p.retireQ = append(p.retireQ, r)
+	p.retiring[s.Index] = true
+	p.mu.Unlock()
+	p.poke()
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("pool: put slot %d: %w (its teardown goes on)", s.Index, ctx.Err())
+	}
+}
+
+// PutLost gives back the index of a lost lease (Options.Lost, or Lose) once the
+// lease has ended: nothing of its slot is left on the host, so the index is
+// free at once. An index the pool was not given as lost (or given back
+// already) fails with ErrNotFromPool. It works after Close too: it only
+// changes the allocator.
+func (p *Pool) PutLost(i int) error {
+	p.mu.Lock()
+	if !p.lost[i] {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: %d is not a lost lease's index", ErrNotFromPool, i)
+	}
+	delete(p.lost, i)
+	p.mu.Unlock()
+	if err := p.idx.Release(i); err != nil {
+		return fmt.Errorf("pool: give back lost index %d: %w", i, err)
+	}
+	return nil
+}
+
+// Lose turns a slot handed out (Options.InUse) into a lost lease's index:
+// its objects were found gone or not the ones recorded, after the pool was
+// made (a restored lease verified once the daemon serves). The index stays
+// taken, with no slot, until PutLost gives it back. A slot not handed out
+// by the pool fails with ErrNotFromPool.
+func (p *Pool) Lose(s *slot.Slot) error {
+	if s == nil {
+		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inUse[s.Index] != s {
+		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
+	}
+	delete(p.inUse, s.Index)
+	p.lost[s.Index] = true
+	p.broadcast()
+	return nil
+}
