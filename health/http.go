@@ -62,11 +62,11 @@ const (
 // [HealthMaxAge] old, whichever comes first: checkers ask thousands of
 // times for every change, and rendering and encoding the document per
 // request was most of what a check cost the daemon under load
-// (docs/BENCHMARKS.md). A state change, a phase or task starting or
-// ending, a warning, and a shutdown of the checker are each published or
-// seen at once, so no answer is ever behind them; progress, rates and
-// times lag by at most HealthMaxAge, as they do for every other observer
-// of the lifecycle.
+// (docs/BENCHMARKS.md, "Figures behind the network code"). A state
+// change, a phase or task starting or ending, a warning, and a shutdown
+// of the checker are each published or seen at once, so no answer is ever
+// behind them; progress, rates and times lag by at most HealthMaxAge, as
+// they do for every other observer of the lifecycle.
 type Handler struct {
 	c    *Checker
 	last atomic.Pointer[healthAnswer] // the last compact /health answer rendered

@@ -105,13 +105,14 @@
 //
 // Why a journal and not a bbolt commit per group: a commit rewrites every
 // page on the path to each changed key, in both buckets, and the freelist
-// and the meta page, about 8 pages and 9 pwrites for one Acquire's record,
-// where the journal writes its ~200 bytes once (figures: docs/BENCHMARKS.md,
-// BenchmarkWrite). The checkpoint writes the journal's changes into the
-// file in one bbolt transaction, many groups at once, when the writes have
-// paused for checkpointIdle (a burst of Acquires never waits for it) or
-// when the journal holds maxPending changes (so that memory and the next
-// Open's replay stay bounded), and at Close; then it empties the journal.
+// and the meta page, several pages and pwrites for one Acquire's record,
+// where the journal writes the record once (figures: docs/BENCHMARKS.md,
+// "Figures behind the network code"; BenchmarkWrite). The checkpoint
+// writes the journal's changes into the file in one bbolt transaction,
+// many groups at once, when the writes have paused for checkpointIdle (a
+// burst of Acquires never waits for it) or when the journal holds
+// maxPending changes (so that memory and the next Open's replay stay
+// bounded), and at Close; then it empties the journal.
 // Until then the changes are kept in memory too (pending), under the
 // file's content for every read: Get, ByRequest, Load and the writes
 // themselves see the records as they stand. A kill between a checkpoint's

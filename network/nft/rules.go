@@ -53,7 +53,8 @@ func (t *Table) Ensure(ctx context.Context) error {
 	if readable && t.written(c) {
 		// As a start finds the table its last run left: writing it again
 		// would make the kernel walk every lease's egress chain at the
-		// commit (15-25 ms at 10,000) for nothing.
+		// commit, for nothing (the cost with 10,000 leases:
+		// docs/BENCHMARKS.md, "Restart with 10,000 leases").
 		return nil
 	}
 	slots := t.set()

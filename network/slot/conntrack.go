@@ -26,10 +26,10 @@ import (
 // host's table made after the link is gone removes them for good.
 //
 // Such a pass costs a walk of the whole conntrack hash table in the kernel
-// whatever the number of entries (262,144 buckets, ≈9 ms, on the test VM;
-// figures: docs/BENCHMARKS.md), and it was made twice (orig source, orig
-// destination) for every slot created, which capped slot creation at ~50/s
-// whatever the concurrency. So the passes are shared: the manager knows
+// whatever the number of entries, and it was made twice (orig source, orig
+// destination) for every slot created, which capped the rate of slot
+// creation whatever the concurrency (figures: docs/BENCHMARKS.md, "Figures
+// behind the network code"). So the passes are shared: the manager knows
 // which indices have had no slot since a moment it observed, and one pass
 // clears every such index at once. A Create waits for a pass that started
 // after its index's last slot was gone, or none if one has run since; the
@@ -194,8 +194,9 @@ const (
 
 // entryCostInBuckets is what sending and matching one conntrack entry costs
 // compared with the kernel's visit of one empty bucket of the hash table:
-// an estimate from the figures in docs/BENCHMARKS.md (≈35 ns a bucket;
-// ≈2-9 µs an entry sent and parsed).
+// an estimate, not a measurement with a full table, from the cost of a
+// bucket and of an entry sent and parsed (docs/BENCHMARKS.md, "Figures
+// behind the network code").
 const entryCostInBuckets = 100
 
 // flushHostConntrack deletes the root namespace's IPv4 conntrack entries

@@ -12,11 +12,12 @@ import (
 // rather than through vishvananda/netlink: with 10,000 slots they hold
 // ~30,000 entries, and the library builds a Go struct (with its net.IP
 // and attribute slices) for each before the check can drop its own: most
-// of the check's time went there (docs/BENCHMARKS.md). Here each message
-// is read in place from one reused buffer, an entry outside the range
-// checked is dropped as soon as its address or destination is read, and
-// only then is its link named (an ioctl; an address's fixed header, a
-// route's RTA_OIF) to drop those on the configuration's own links.
+// of the check's time went there (figures: docs/BENCHMARKS.md, "Figures
+// behind the network code"). Here each message is read in place from one
+// reused buffer, an entry outside the range checked is dropped as soon as
+// its address or destination is read, and only then is its link named
+// (an ioctl; an address's fixed header, a route's RTA_OIF) to drop those
+// on the configuration's own links.
 
 // errDumpInterrupted is a dump the kernel marked inconsistent
 // (NLM_F_DUMP_INTR): addresses or routes changed while it ran.
