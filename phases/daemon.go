@@ -56,6 +56,7 @@ type Daemon struct {
 	cidrLock   *lockfile.Lock
 	checkHost  bool          // the CIDR lock is new: check the host's use of it (reclaim)
 	store      *leases.Store // the durable records (lock phase)
+	records    *slotRecords  // their only writer from the restore on (reclaim)
 	safeMode   bool          // records lost: keep every slot something lives in
 	stateLost  string        // why, for the health warning
 	mgr        *slot.Manager

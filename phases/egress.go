@@ -171,7 +171,7 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 		}
 		return nil, egressError(i, err)
 	}
-	rec, err := s.store.Update(ctx, i, func(r *leases.Record) error {
+	rec, err := s.records.update(ctx, i, func(r *leases.Record) error {
 		if r.State != leases.Leased {
 			return leases.ErrNotFound
 		}

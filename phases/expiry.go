@@ -108,7 +108,7 @@ func (s *slotsService) expireOne(ctx context.Context, l *lease, now time.Time) b
 		attribute.String("phasegate.ttl", l.rec.TTL.String())))
 	defer span.End()
 	i := l.rec.Index
-	_, err := s.store.Update(ctx, i, func(r *leases.Record) error {
+	_, err := s.records.update(ctx, i, func(r *leases.Record) error {
 		if r.State != leases.Leased || !sameLease(r.LeaseID, l.rec.LeaseID) || !r.Expired(now) {
 			return leases.ErrNotFound // released or renewed meanwhile
 		}

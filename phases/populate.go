@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/lifecycle"
-	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
@@ -58,8 +57,8 @@ func (d *Daemon) newPool() error {
 		Idle:     d.plan.adopted,
 		InUse:    inUse,
 		Lost:     lost,
-		OnMade:   d.recordIdle,
-		OnGone:   d.forget,
+		OnIdle:   d.records.idle,
+		OnGone:   d.records.gone,
 	})
 	if err != nil {
 		return err
@@ -75,7 +74,7 @@ func (d *Daemon) newSlotsService() {
 	table := newLeaseTable(append(slices.Clone(d.plan.restored), d.plan.lost...))
 	d.restore = &restoreCheck{table: table, pool: d.pool, mgr: d.mgr, found: d.plan.found, teardown: d.cfg.teardownOptions(),
 		log: d.log, health: d.lc, verified: d.obs.verified, lost: d.plan.lostIndices()}
-	d.slots = newSlotsService(d.mgr, d.pool, d.store, table,
+	d.slots = newSlotsService(d.mgr, d.pool, d.records, table,
 		d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d.restore)
 	d.slots.impaired = d.impairedFor
 	d.obs.setLeases(d.slots)
@@ -193,22 +192,6 @@ func (d *Daemon) reclaimForWarm(ctx context.Context, p *lifecycle.Progress) erro
 	d.obs.reclaimed(rep)
 	d.logReport(rep)
 	return nil
-}
-
-// recordIdle records a slot the pool made (pool.Options.OnMade), so that a
-// restart adopts it.
-func (d *Daemon) recordIdle(ctx context.Context, s *slot.Slot) error {
-	now := time.Now()
-	return d.store.Put(ctx, leases.Record{Index: s.Index, State: leases.Idle, Netns: s.NetnsID, HostIfindex: s.HostIfIndex, Created: now})
-}
-
-// forget deletes the records of slots the pool tore down
-// (pool.Options.OnGone). A record left behind would only be found stale at
-// the next start.
-func (d *Daemon) forget(indices []int) {
-	if err := d.store.Delete(context.Background(), indices...); err != nil {
-		d.log.Warn("records of slots torn down could not be deleted", "slots", fmt.Sprint(indices), "error", err)
-	}
 }
 
 // watchPool reports the pool's warm count into p until stopped.

@@ -170,6 +170,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if err != nil {
 		return err
 	}
+	d.records = newSlotRecords(d.store, d.log, recordedIndices(recs, bad)...)
 	if err := d.renewLeases(ctx, plan, time.Now()); err != nil {
 		return err
 	}

@@ -210,12 +210,12 @@ func (d *Daemon) renewLeases(ctx context.Context, p *restorePlan, now time.Time)
 		}
 	}
 	if len(recs) > 0 {
-		if err := d.store.Put(ctx, recs...); err != nil {
+		if err := d.records.put(ctx, recs...); err != nil {
 			return fmt.Errorf("renew restored leases: %w", err)
 		}
 	}
 	if len(p.stale) > 0 {
-		if err := d.store.Delete(ctx, p.stale...); err != nil {
+		if err := d.records.remove(ctx, p.stale...); err != nil {
 			return fmt.Errorf("delete the records of slots gone: %w", err)
 		}
 	}

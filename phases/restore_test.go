@@ -100,7 +100,7 @@ func newRestoreRig(t *testing.T, n, leased int, meanwhile func(ctx context.Conte
 	t.Cleanup(func() { _ = lc.Drain(context.Background()) })
 	table := newLeaseTable(plan.restored)
 	r.d.restore = &restoreCheck{table: table, pool: pl, mgr: mgr, found: plan.found, log: r.d.log, health: lc, lost: plan.lostIndices()}
-	r.d.slots = newSlotsService(mgr, pl, store, table, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d.restore)
+	r.d.slots = newSlotsService(mgr, pl, newSlotRecords(store, r.d.log), table, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d.restore)
 	return r
 }
 

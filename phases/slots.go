@@ -65,13 +65,13 @@ type lease struct {
 type slotsService struct {
 	phasegatev1.UnimplementedSlotsServer
 
-	cfg    slot.Config
-	pool   *pool.Pool
-	mgr    *slot.Manager // writes the leases' egress policies
-	store  LeaseStore
-	log    *slog.Logger
-	tracer trace.Tracer
-	events leaseEvents
+	cfg     slot.Config
+	pool    *pool.Pool
+	mgr     *slot.Manager // writes the leases' egress policies
+	records *slotRecords
+	log     *slog.Logger
+	tracer  trace.Tracer
+	events  leaseEvents
 	// restore checks the leases restored unverified; nil when none was
 	// (NewSlotsServer).
 	restore *restoreCheck
@@ -100,8 +100,9 @@ type slotsService struct {
 // request another slot's lease holds with *leases.DuplicateRequestError,
 // and a full filesystem with leases.ErrNoSpace; Update refuses a missing
 // record with leases.ErrNotFound, and deletes it when fn returns
-// leases.ErrRemove). A retried Acquire is found in the service's own
-// leases, not in the store.
+// leases.ErrRemove; Delete deletes the records of the indices given, in
+// one transaction, and ignores those with none). A retried Acquire is
+// found in the service's own leases, not in the store.
 //
 // It is exported, with [NewSlotsServer], for the benchmark alone
 // (test/bench): its in-memory baseline is this service over a store in a
@@ -109,6 +110,7 @@ type slotsService struct {
 type LeaseStore interface {
 	Put(ctx context.Context, recs ...leases.Record) error
 	Update(ctx context.Context, index int, fn func(*leases.Record) error) (leases.Record, error)
+	Delete(ctx context.Context, indices ...int) error
 }
 
 var _ LeaseStore = (*leases.Store)(nil)
@@ -125,7 +127,7 @@ func NewSlotsServer(m *slot.Manager, pl *pool.Pool, store LeaseStore, log *slog.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return newSlotsService(m, pl, store, newLeaseTable(nil), log, noop.NewTracerProvider().Tracer(""), nil, nil)
+	return newSlotsService(m, pl, newSlotRecords(store, log), newLeaseTable(nil), log, noop.NewTracerProvider().Tracer(""), nil, nil)
 }
 
 // leaseEvents counts what happens to leases (the daemon's metrics); nil
@@ -134,10 +136,10 @@ type leaseEvents func(event string, n int)
 
 // newSlotsService returns the service over table's leases; restore, when
 // a start restored leases, checks them.
-func newSlotsService(m *slot.Manager, pl *pool.Pool, store LeaseStore, table *leaseTable,
+func newSlotsService(m *slot.Manager, pl *pool.Pool, records *slotRecords, table *leaseTable,
 	log *slog.Logger, tracer trace.Tracer, events leaseEvents, restore *restoreCheck) *slotsService {
 	cfg := m.Config()
-	return &slotsService{cfg: cfg, pool: pl, mgr: m, store: store, log: log, tracer: tracer, events: events, restore: restore,
+	return &slotsService{cfg: cfg, pool: pl, mgr: m, records: records, log: log, tracer: tracer, events: events, restore: restore,
 		egress: m.EgressDefaults(), policyMu: make([]sync.Mutex, cfg.Slots+1), table: table}
 }
 
@@ -316,7 +318,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	// The record first, the reply after: a lease the client hears of is a
 	// lease a restart restores. If the record cannot be written, or the
 	// caller left before it was, the slot goes back to the pool unused.
-	if err := s.store.Put(ctx, rec); err != nil {
+	if err := s.records.put(ctx, rec); err != nil {
 		s.returnUnleased(sl, pol != nil)
 		var dup *leases.DuplicateRequestError
 		switch {
@@ -380,7 +382,7 @@ var errWrongLease = errors.New("wrong lease id")
 // lease when leaseID is ""), and forgets the lease. The caller gives the
 // slot back.
 func (s *slotsService) endLease(ctx context.Context, i int, leaseID string) (*lease, error) {
-	_, err := s.store.Update(ctx, i, func(r *leases.Record) error {
+	_, err := s.records.update(ctx, i, func(r *leases.Record) error {
 		if r.State != leases.Leased {
 			return leases.ErrNotFound
 		}
@@ -500,7 +502,7 @@ func (s *slotsService) KeepAlive(ctx context.Context, req *phasegatev1.KeepAlive
 		return nil, err
 	}
 	now := time.Now()
-	rec, err := s.store.Update(ctx, i, func(r *leases.Record) error {
+	rec, err := s.records.update(ctx, i, func(r *leases.Record) error {
 		if r.State != leases.Leased {
 			return leases.ErrNotFound
 		}

@@ -69,7 +69,7 @@ func newSlotsRig(t testing.TB, n, target int, lost ...leases.Record) *slotsRig {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return &slotsRig{svc: newSlotsService(mgr, pl, store, newLeaseTable(restored), log, noop.NewTracerProvider().Tracer(""), nil, nil), pool: pl, store: store}
+	return &slotsRig{svc: newSlotsService(mgr, pl, newSlotRecords(store, log), newLeaseTable(restored), log, noop.NewTracerProvider().Tracer(""), nil, nil), pool: pl, store: store}
 }
 
 // newSlotHost makes a slot manager for n slots in a netns directory and
@@ -201,7 +201,7 @@ func TestAcquireOnAFullStateFilesystem(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	r.svc.store = store
+	r.svc.records = newSlotRecords(store, r.svc.log)
 	// Fill the filesystem.
 	f, err := os.Create(filepath.Join(dir, "filler"))
 	if err != nil {

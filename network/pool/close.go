@@ -21,7 +21,7 @@ func (p *Pool) Close(ctx context.Context) error {
 
 // Stop stops the pool without destroying its warm slots: filling stops,
 // slots being created are destroyed unless they are made by then (they are
-// then kept, OnMade having recorded them), slots given back are torn down,
+// then kept, OnIdle having recorded them), slots given back are torn down,
 // and Stop waits for that (or until ctx ends). It returns the slots kept
 // idle; slots handed out are not touched either. A daemon that restarts
 // adopts them (Options.Idle). After Stop the pool behaves as after Close.

@@ -61,7 +61,7 @@ func (p *Pool) fillOne() {
 // worker or a replacement (the caller counted it in p.filling). A failure
 // arms the fill's backoff.
 func (p *Pool) makeIdle() {
-	s, err := p.create(p.ctx)
+	s, err := p.create(p.ctx, true)
 	p.mu.Lock()
 	p.filling--
 	if err != nil {

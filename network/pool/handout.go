@@ -37,7 +37,7 @@ func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
 	defer cancel()
 	stop := context.AfterFunc(p.ctx, cancel)
 	defer stop()
-	s, err := p.create(cctx)
+	s, err := p.create(cctx, false)
 	if err != nil {
 		if p.ctx.Err() != nil {
 			return nil, errors.Join(ErrClosed, err)
@@ -56,8 +56,9 @@ func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
 
 // Return puts a slot handed out by Get back on top of the idle stack as it
 // is: for a caller that could not hand it on (its own record failed, its
-// client left), so no tenant ever had it. After Close or Stop the slot is
-// destroyed, or kept with the idle ones by Stop.
+// client left), so no tenant ever had it. OnIdle is called first; a slot
+// it refuses is destroyed. After Close or Stop the slot is destroyed, or
+// kept with the idle ones by Stop.
 func (p *Pool) Return(s *slot.Slot) error {
 	if s == nil {
 		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
@@ -68,6 +69,19 @@ func (p *Pool) Return(s *slot.Slot) error {
 		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
 	}
 	delete(p.inUse, s.Index)
+	if p.closed && !p.keep {
+		p.mu.Unlock()
+		return p.destroy(context.Background(), s)
+	}
+	p.wg.Add(1) // a Stop meanwhile waits for the slot to be kept
+	defer p.wg.Done()
+	p.mu.Unlock()
+	if p.opts.OnIdle != nil {
+		if err := p.opts.OnIdle(context.Background(), s); err != nil {
+			return errors.Join(fmt.Errorf("pool: return slot %d: record: %w", s.Index, err), p.destroy(context.Background(), s))
+		}
+	}
+	p.mu.Lock()
 	if p.closed && !p.keep {
 		p.mu.Unlock()
 		return p.destroy(context.Background(), s)

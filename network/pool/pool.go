@@ -104,11 +104,13 @@ type Options struct {
 	// acquired in the allocator already, with no slot; PutLost gives each
 	// back when its lease ends.
 	Lost []int
-	// OnMade, when set, is called with every slot the pool makes (a fill,
-	// a replacement, a Get on an empty pool) before anyone can have it;
-	// an error destroys the slot and counts as a failed creation. The
-	// daemon records the slot there.
-	OnMade func(ctx context.Context, s *slot.Slot) error
+	// OnIdle, when set, is called with every slot before it goes on the
+	// idle stack: one a fill or a replacement made, and one given back by
+	// Return. A slot made for a Get on an empty pool goes to its caller
+	// without it: the caller's own record is the slot's first. An error
+	// destroys the slot (for a made one, a failed creation). The daemon
+	// records the slot there, once, so that a restart adopts it.
+	OnIdle func(ctx context.Context, s *slot.Slot) error
 	// OnGone, when set, is called with the indices of slots the pool tore
 	// down (a trim, Close, a failed creation, a Put), whatever the
 	// teardown's outcome: the slots are no longer the pool's. It is not
@@ -230,9 +232,10 @@ func (p *Pool) addCloseErr(err error) {
 	p.mu.Unlock()
 }
 
-// create acquires an index and makes its slot. On failure the index is
-// released (or quarantined if the slot could not be cleaned).
-func (p *Pool) create(ctx context.Context) (*slot.Slot, error) {
+// create acquires an index and makes its slot, for the idle stack (idle:
+// OnIdle is called) or for a Get. On failure the index is released (or
+// quarantined if the slot could not be cleaned).
+func (p *Pool) create(ctx context.Context, idle bool) (*slot.Slot, error) {
 	i, err := p.idx.Acquire()
 	if err != nil {
 		return nil, fmt.Errorf("pool: acquire index: %w", err)
@@ -246,8 +249,8 @@ func (p *Pool) create(ctx context.Context) (*slot.Slot, error) {
 		p.mu.Unlock()
 	}()
 	s, err := p.slots.Create(ctx, i)
-	if err == nil && p.opts.OnMade != nil {
-		if err = p.opts.OnMade(ctx, s); err != nil {
+	if err == nil && idle && p.opts.OnIdle != nil {
+		if err = p.opts.OnIdle(ctx, s); err != nil {
 			err = fmt.Errorf("record: %w", err)
 		}
 	}

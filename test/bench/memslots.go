@@ -204,6 +204,19 @@ func (m *memStore) Put(ctx context.Context, recs ...leases.Record) error {
 	return nil
 }
 
+// Delete deletes the records of indices; those with none are ignored.
+func (m *memStore) Delete(ctx context.Context, indices ...int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, i := range indices {
+		m.remove(i)
+	}
+	return nil
+}
+
 // remove deletes the record of index i and the request it holds. Call
 // with m.mu held.
 func (m *memStore) remove(i int) {

@@ -63,4 +63,13 @@ func checkLeaseStore(t *testing.T, st phases.LeaseStore) {
 	if err := st.Put(ctx, lease(3, ""), lease(4, "")); err != nil {
 		t.Errorf("Put of two leases without a request id: %v, want both (no request is held)", err)
 	}
+	if err := st.Delete(ctx, 2, 3, 99); err != nil {
+		t.Errorf("Delete of two records and an index with none: %v", err)
+	}
+	if _, err := st.Update(ctx, 2, func(*leases.Record) error { return nil }); !errors.Is(err, leases.ErrNotFound) {
+		t.Errorf("Update after Delete = %v, want ErrNotFound", err)
+	}
+	if err := st.Put(ctx, lease(5, "r1")); err != nil {
+		t.Errorf("Put of a request freed by Delete: %v", err)
+	}
 }
