@@ -160,42 +160,68 @@ func DefaultConfig() Config {
 // Validate checks the configuration without changing anything on the host
 // and returns every problem found, joined, each wrapping [ErrConfig].
 func (c Config) Validate() error {
-	var errs []error
-	bad := func(format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...))
-	}
+	var p problems
+	c.checkListen(&p)
+	c.checkDirs(&p)
+	c.checkDurations(&p)
+	c.checkSlotRules(&p)
+	c.checkPool(&p)
+	return errors.Join(p...)
+}
+
+// problems collects what is wrong with a configuration, each wrapping
+// [ErrConfig].
+type problems []error
+
+func (p *problems) add(format string, a ...any) {
+	*p = append(*p, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...))
+}
+
+// checkListen checks the port's address, its TLS and its bound per peer.
+func (c Config) checkListen(p *problems) {
 	if host, port, err := net.SplitHostPort(c.Listen); err != nil {
-		bad("--listen %q: %v", c.Listen, err)
-	} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-		bad("--listen %q: port must be a number in [0, 65535]", c.Listen)
+		p.add("--listen %q: %v", c.Listen, err)
+	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		p.add("--listen %q: port must be a number in [0, 65535]", c.Listen)
 	} else if host != "" && net.ParseIP(host) == nil && host != "localhost" {
-		bad("--listen %q: host must be an IP address or localhost", c.Listen)
+		p.add("--listen %q: host must be an IP address or localhost", c.Listen)
 	}
 	if !ListenIsLoopback(c.Listen) && c.TLS == nil && !c.Insecure {
-		bad("--listen %s is not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", c.Listen)
+		p.add("--listen %s is not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", c.Listen)
 	}
 	if c.RequireClientCert && (c.TLS == nil || c.TLS.ClientCAs == nil) {
-		bad("--tls-client-ca needs --tls-cert and --tls-key")
+		p.add("--tls-client-ca needs --tls-cert and --tls-key")
 	}
+	if c.PortConnsPerPeer < 0 {
+		p.add("--port-conns-per-peer is %d, must not be negative", c.PortConnsPerPeer)
+	}
+}
+
+// checkDirs checks the directories and the slots.
+func (c Config) checkDirs(p *problems) {
 	if err := checkRootDir("--state-dir", c.StateDir); err != nil {
-		bad("%v", err)
+		p.add("%v", err)
 	} else if err := c.validateControl(); err != nil {
-		bad("%v", err)
+		p.add("%v", err)
 	}
 	if err := checkRootDir("--lock-dir", c.LockDir); err != nil {
-		bad("%v", err)
+		p.add("%v", err)
 	}
 	if err := checkDir("--netns-dir", c.Slots.NetnsDir); err != nil {
-		bad("%v", err)
+		p.add("%v", err)
 	}
 	if err := c.Slots.Validate(); err != nil {
 		for _, e := range unjoin(err) {
-			bad("%v", e)
+			p.add("%v", e)
 		}
 	}
+}
+
+// checkDurations checks that no duration flag is negative.
+func (c Config) checkDurations(p *problems) {
 	nonNegative := func(flag string, d time.Duration) {
 		if d < 0 {
-			bad("%s is %v, must not be negative", flag, d)
+			p.add("%s is %v, must not be negative", flag, d)
 		}
 	}
 	nonNegative("--lock-wait", c.LockWait)
@@ -204,46 +230,50 @@ func (c Config) Validate() error {
 	nonNegative("--check-interval", c.CheckInterval)
 	nonNegative("--start-timeout", c.StartTimeout)
 	nonNegative("--populate-timeout", c.PopulateTimeout)
+}
+
+// checkSlotRules checks the reclaim mode and the slots' firewall and egress rules.
+func (c Config) checkSlotRules(p *problems) {
 	if c.ReclaimMode != ReclaimBackground && c.ReclaimMode != ReclaimForeground {
-		bad("--reclaim %q: want %s or %s", c.ReclaimMode, ReclaimBackground, ReclaimForeground)
+		p.add("--reclaim %q: want %s or %s", c.ReclaimMode, ReclaimBackground, ReclaimForeground)
 	}
 	if err := c.Firewall.Validate(); err != nil {
-		bad("firewall policy: %v", err)
+		p.add("firewall policy: %v", err)
 	}
 	if err := c.Egress.Validate(); err != nil {
-		bad("--slot-egress-allow, --slot-egress-deny: %v", err)
+		p.add("--slot-egress-allow, --slot-egress-deny: %v", err)
 	}
-	if p := c.Egress.ProxyPort; p != 0 && !slices.Contains(c.Firewall.HostTCPPorts, p) {
-		bad("--slot-egress-proxy-port %d is not in --slot-host-tcp-ports: the slot firewall would drop what is sent to the proxy", p)
+	if port := c.Egress.ProxyPort; port != 0 && !slices.Contains(c.Firewall.HostTCPPorts, port) {
+		p.add("--slot-egress-proxy-port %d is not in --slot-host-tcp-ports: the slot firewall would drop what is sent to the proxy", port)
 	}
-	if c.PortConnsPerPeer < 0 {
-		bad("--port-conns-per-peer is %d, must not be negative", c.PortConnsPerPeer)
-	}
+}
+
+// checkPool checks the pool, the workers and the timers of the background work.
+func (c Config) checkPool(p *problems) {
 	if c.ReclaimWorkers < 1 {
-		bad("--reclaim-workers is %d, want at least 1", c.ReclaimWorkers)
+		p.add("--reclaim-workers is %d, want at least 1", c.ReclaimWorkers)
 	}
 	switch {
 	case c.PoolSize < 0:
-		bad("--pool-size is %d, must not be negative", c.PoolSize)
+		p.add("--pool-size is %d, must not be negative", c.PoolSize)
 	case c.Slots.Slots > 0 && c.PoolSize > c.Slots.Slots:
-		bad("--pool-size %d is larger than --slots %d", c.PoolSize, c.Slots.Slots)
+		p.add("--pool-size %d is larger than --slots %d", c.PoolSize, c.Slots.Slots)
 	}
 	switch {
 	case c.PoolMinReady < 0:
-		bad("--pool-min-ready is %d, must not be negative", c.PoolMinReady)
+		p.add("--pool-min-ready is %d, must not be negative", c.PoolMinReady)
 	case c.PoolMinReady > c.PoolSize:
-		bad("--pool-min-ready %d is larger than --pool-size %d", c.PoolMinReady, c.PoolSize)
+		p.add("--pool-min-ready %d is larger than --pool-size %d", c.PoolMinReady, c.PoolSize)
 	}
 	if c.PoolGrace <= 0 {
-		bad("--pool-grace is %v, must be positive", c.PoolGrace)
+		p.add("--pool-grace is %v, must be positive", c.PoolGrace)
 	}
 	if c.ReconcileInterval <= 0 {
-		bad("reconcile interval is %v, must be positive", c.ReconcileInterval)
+		p.add("reconcile interval is %v, must be positive", c.ReconcileInterval)
 	}
 	if c.StopTimeout <= 0 {
-		bad("--stop-timeout is %v, must be positive", c.StopTimeout)
+		p.add("--stop-timeout is %v, must be positive", c.StopTimeout)
 	}
-	return errors.Join(errs...)
 }
 
 // reclaimInForeground: dead slots are torn down before the warm slots are

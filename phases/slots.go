@@ -266,19 +266,8 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 
 func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration, pol *inside.Policy) (acquired, error) {
 	principal := c.Principal.String()
-	if requestID != "" {
-		if l, ok := s.table.byRequest(owner, requestID); ok {
-			if err := retriedBy(l, principal); err != nil {
-				return acquired{}, err
-			}
-			// The retry's answer says ACQUIRED or LOST, never "not
-			// checked yet": a client acts on it.
-			if err := s.settle(ctx, l); err != nil {
-				return acquired{}, err
-			}
-			s.log.Info("slot acquire retried: same lease", "slot", l.rec.Index, "owner", owner, "request_id", requestID)
-			return acquired{l: l, retry: true}, nil
-		}
+	if a, ok, err := s.retried(ctx, owner, requestID, principal); ok || err != nil {
+		return a, err
 	}
 	done, err := s.table.reserve(principal, c.Grant.MaxLeases)
 	if err != nil {
@@ -344,6 +333,28 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	s.count("acquired")
 	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "principal", principal, "ttl", ttl.String())
 	return acquired{l: l}, nil
+}
+
+// retried answers an Acquire whose request an earlier one took a lease
+// for (ok), with that lease once it is settled.
+func (s *slotsService) retried(ctx context.Context, owner, requestID, principal string) (a acquired, ok bool, err error) {
+	if requestID == "" {
+		return acquired{}, false, nil
+	}
+	l, ok := s.table.byRequest(owner, requestID)
+	if !ok {
+		return acquired{}, false, nil
+	}
+	if err := retriedBy(l, principal); err != nil {
+		return acquired{}, true, err
+	}
+	// The retry's answer says ACQUIRED or LOST, never "not checked yet":
+	// a client acts on it.
+	if err := s.settle(ctx, l); err != nil {
+		return acquired{}, true, err
+	}
+	s.log.Info("slot acquire retried: same lease", "slot", l.rec.Index, "owner", owner, "request_id", requestID)
+	return acquired{l: l, retry: true}, true, nil
 }
 
 // returnUnleased gives a slot that was not leased back to the pool, warm,

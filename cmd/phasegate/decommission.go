@@ -22,13 +22,8 @@ func decommissionCmd(ctx context.Context, e env) int {
 	slotFlags(fs, &cfg)
 	destroy := fs.Bool("destroy-leased-slots", false, "also destroy leased slots, cutting their workloads off (required while any slot is leased)")
 	lf.register(fs)
-	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			usage(e.stdout, fs, "decommission [flags]")
-			return exitOK
-		}
-		fmt.Fprintf(e.stderr, "phasegate decommission: %s\n", oneLine(err))
-		return exitUsage
+	if code, done := e.parseCommand(fs, "decommission [flags]"); done {
+		return code
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(e.stderr, "phasegate decommission: %s\n", oneLine(err))

@@ -45,13 +45,8 @@ func demoCmd(ctx context.Context, e env) int {
 	dir := fs.String("dir", "", "directory for the demo's namespaces, lock and log (default: a new temporary directory, removed on exit)")
 	listen := fs.String("listen", "127.0.0.1:0", "the daemon's address (port 0: a free port)")
 	hold := fs.Bool("hold", true, "once serving, keep the daemon up until Ctrl-C")
-	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			usage(e.stdout, fs, "demo [flags]")
-			return exitOK
-		}
-		fmt.Fprintf(e.stderr, "phasegate demo: %s\n", oneLine(err))
-		return exitUsage
+	if code, done := e.parseCommand(fs, "demo [flags]"); done {
+		return code
 	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(e.stderr, "phasegate demo: needs root: it makes network namespaces, veth pairs and an nftables table")

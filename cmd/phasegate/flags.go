@@ -29,6 +29,22 @@ func parseFlags(fs *flag.FlagSet, args []string, lookupEnv func(string) (string,
 	return nil
 }
 
+// parseCommand parses the flags of a command run as synopsis (parseFlags):
+// -h prints its usage and a bad flag one line; done says the command ends
+// there, with code.
+func (e env) parseCommand(fs *flag.FlagSet, synopsis string) (code int, done bool) {
+	err := parseFlags(fs, e.args, e.lookupEnv)
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, flag.ErrHelp):
+		usage(e.stdout, fs, synopsis)
+		return exitOK, true
+	}
+	fmt.Fprintf(e.stderr, "phasegate %s: %s\n", fs.Name(), oneLine(err))
+	return exitUsage, true
+}
+
 // parseFlagsKeepArgs is parseFlags for a command that takes arguments
 // after its flags: they are left in fs.Args().
 func parseFlagsKeepArgs(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, bool)) error {

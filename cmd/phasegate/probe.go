@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -24,13 +23,8 @@ func probeCmd(ctx context.Context, e env) int {
 	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for an answer")
 	var tf clientTLSFlags
 	tf.register(fs)
-	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			usage(e.stdout, fs, "probe [flags]")
-			return exitOK
-		}
-		fmt.Fprintf(e.stderr, "phasegate probe: %s\n", oneLine(err))
-		return exitUsage
+	if code, done := e.parseCommand(fs, "probe [flags]"); done {
+		return code
 	}
 	tc, err := tf.config()
 	if err != nil {

@@ -32,13 +32,8 @@ func reclaimCmd(ctx context.Context, e env) int {
 	slotFlags(fs, &cfg)
 	dryRun := fs.Bool("dry-run", false, "list what would be reclaimed and change nothing")
 	lf.register(fs)
-	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			usage(e.stdout, fs, "reclaim [flags]")
-			return exitOK
-		}
-		fmt.Fprintf(e.stderr, "phasegate reclaim: %s\n", oneLine(err))
-		return exitUsage
+	if code, done := e.parseCommand(fs, "reclaim [flags]"); done {
+		return code
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %s\n", oneLine(err))

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,13 +21,8 @@ func statusCmd(ctx context.Context, e env) int {
 	asJSON := fs.Bool("json", false, "print the lifecycle as JSON")
 	watch := fs.Bool("watch", false, "follow the phases until the daemon serves (or fails)")
 	interval := fs.Duration("interval", 250*time.Millisecond, "how often --watch asks")
-	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			usage(e.stdout, fs, "status [flags]")
-			return exitOK
-		}
-		fmt.Fprintf(e.stderr, "phasegate status: %s\n", oneLine(err))
-		return exitUsage
+	if code, done := e.parseCommand(fs, "status [flags]"); done {
+		return code
 	}
 	client := &http.Client{Timeout: 2 * time.Second}
 	url := "http://" + *addr + "/debug/lifecycle"
