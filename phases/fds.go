@@ -29,8 +29,9 @@ const (
 	// streams, the runtime's poller, the two lock files, the records and
 	// their journal, the listeners and their handover copies, the cgroup
 	// files the runtime reads, the netlink sockets kept open, exporters'
-	// connections and both ends of the self-probe. 16 measured at rest
-	// without exporters.
+	// connections and both ends of the self-probe: several times what was
+	// measured at rest without exporters (docs/BENCHMARKS.md, "Figures
+	// behind the network code").
 	fdsAtRest = 64
 	// fdsPerKernelOp is what one slot's creation or teardown holds at
 	// once: the namespace's file and descriptor, a netlink socket, a
@@ -38,8 +39,9 @@ const (
 	fdsPerKernelOp = 4
 	// acquireCreations are the slots made in Acquire's callers at once,
 	// when the pool is empty, counted like the fill's creations. The
-	// kernel serialises them: 64 Acquires at once on an empty pool held
-	// 24 descriptors beside the 16 at rest.
+	// kernel serialises them, so many Acquires at once on an empty pool
+	// hold few descriptors beyond those at rest (docs/BENCHMARKS.md,
+	// "Figures behind the network code").
 	acquireCreations = 16
 	// fdsMargin is for what the measurement did not see: a burst of
 	// short-lived files, a log sink.

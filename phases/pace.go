@@ -41,10 +41,11 @@ const (
 // waits for an expedited RCU grace period; a namespace's last reference
 // queues its clean-up), and the scheduler would weigh them like the
 // threads that answer health checks: a check waited behind them, where a
-// bare server on the same machine did not (docs/BENCHMARKS.md). At nice 10
-// a worker weighs a tenth of a handler; on an idle machine it runs as fast.
-// Measured since, nice 0 gave the same check latency: what the checks had
-// waited behind was mostly the Ps the workers held (reclaimProcs).
+// bare server on the same machine did not (docs/BENCHMARKS-HISTORY.md,
+// "The pace"). At nice 10 a worker weighs a tenth of a handler; on an idle
+// machine it runs as fast. Measured since, nice 0 gave the same check
+// latency: what the checks had waited behind was mostly the Ps the workers
+// held (reclaimProcs).
 const reclaimNice = 10
 
 // reclaimProcs raises GOMAXPROCS by half the background reclaim's
@@ -54,7 +55,9 @@ const reclaimNice = 10
 // system call keeps its P until the runtime's monitor takes it back, up to
 // milliseconds later: with as many Ps as CPUs the health handlers queued
 // behind the workers, where a bare server beside the daemon did not
-// (docs/BENCHMARKS.md, "Health under load: the workers held the Ps").
+// (figures: docs/BENCHMARKS.md, "Figures behind the network code"; the
+// runs: docs/BENCHMARKS-HISTORY.md, "Health under load: the workers held
+// the Ps").
 // Outside the reclaim GOMAXPROCS stays at the runtime's default, which
 // serves a CPU-bound burst of Acquires faster than spare Ps do. An
 // operator's GOMAXPROCS is raised the same way and put back as it was.

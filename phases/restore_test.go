@@ -242,7 +242,7 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 // BenchmarkVerifyRestored measures the check after SERVING of restored
 // leases' slots (Identify and RepairHost; nothing to repair) at each
 // number of workers, in one run: their ratios chose verifyWorkers
-// (docs/BENCHMARKS.md, "Restore").
+// (docs/BENCHMARKS.md, "Figures behind the network code", verifyWorkers).
 func BenchmarkVerifyRestored(b *testing.B) {
 	const n = 256
 	_, mgr, _ := newSlotHost(b, n)

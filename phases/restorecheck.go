@@ -180,9 +180,9 @@ func (c *restoreCheck) outcome(ls []*lease) (unverified, lost int) {
 const (
 	// verifyWorkers bounds the slots checked at once: each check is a
 	// stat, two ioctls and a netlink request the kernel serialises
-	// (BenchmarkVerifyRestored: 4, 8 or 16 workers are no faster than 2,
-	// and 2 a little faster than 1; docs/BENCHMARKS.md). Two leave a core
-	// to serving on a small machine.
+	// (BenchmarkVerifyRestored: more workers than 2 are no faster, and 2
+	// a little faster than 1; figures: docs/BENCHMARKS.md, "Figures behind
+	// the network code"). Two leave a core to serving on a small machine.
 	verifyWorkers = 2
 	// verifyBatch is how many leases the background verification claims
 	// at a time: a Release of one of them waits for its batch, and each

@@ -72,9 +72,9 @@ type Limits struct {
 // Defaults of [DefaultLimits].
 const (
 	// DefaultMaxConns bounds MaxConns whatever the descriptor limit: a
-	// held connection costs the server tens of kilobytes of memory (80 KB
-	// each for 20,000 silent ones, docs/DESIGN.md §10), and no health port
-	// needs more than a few hundred.
+	// held connection costs the server tens of kilobytes of memory
+	// (docs/BENCHMARKS.md, "Figures behind the network code"), and no
+	// health port needs more than a few hundred.
 	DefaultMaxConns = 4096
 	// DefaultMaxConnsPerPeer is more than any checker, scraper or client
 	// holds at once.

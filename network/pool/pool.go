@@ -23,9 +23,10 @@ const (
 	DefaultMaxBackoff = 30 * time.Second
 	// DefaultLull is how long Gets must pause before the background fill
 	// makes slots while the pool still holds its reserve: about two slot
-	// creations on a busy node (docs/BENCHMARKS.md, "The refill waits for
-	// a lull"), so that Gets further apart than that interleave with the
-	// fill and only a burst defers it.
+	// creations on a busy node (docs/BENCHMARKS.md, "Figures behind the
+	// network code"; the runs: docs/BENCHMARKS-HISTORY.md, "The refill
+	// waits for a lull"), so that Gets further apart than that interleave
+	// with the fill and only a burst defers it.
 	DefaultLull = 10 * time.Millisecond
 )
 
