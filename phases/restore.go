@@ -17,7 +17,7 @@ import (
 // the host or in the records (DESIGN.md, section 6):
 //
 //	found                     record                       decision
-//	anything                  leased                       restored, VERIFYING: checked after SERVING (verifyLeases)
+//	anything                  leased                       restored, VERIFYING: checked after SERVING (restoreCheck)
 //	intact, identity matches  idle                         adopted into the warm pool
 //	anything                  none, identity differs       dead: reclaimed
 //	anything                  leased beyond --slots        lost: reported; the record stays
@@ -64,7 +64,7 @@ type classifier struct {
 
 // classify matches the records with what is on the host. It reads the host
 // and the records and changes nothing. A leased record costs no system
-// call here: its slot is checked after SERVING (verifyLeases); an idle
+// call here: its slot is checked after SERVING (restoreCheck); an idle
 // one is checked now (there are as many as the pool holds).
 func (c classifier) classify(ctx context.Context, recs []leases.Record, bad []int, inv slot.Inventory) (*restorePlan, error) {
 	p := &restorePlan{dead: slot.Inventory{}, found: slot.Inventory{}, bad: bad}
