@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/phasegate/phasegate/internal/eta"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
@@ -204,10 +205,10 @@ func WarnSlowPhases(lc *lifecycle.Lifecycle, log *slog.Logger, expected map[stri
 				if prog := p.Progress.String(); prog != "" {
 					attrs = append(attrs, "progress", prog)
 				}
-				if e := p.ETAOrAverage(); e.Rate > 0 {
-					attrs = append(attrs, "rate", lifecycle.FormatRate(e.Rate))
+				if e := etaOrAverage(p); e.Rate > 0 {
+					attrs = append(attrs, "rate", eta.FormatRate(e.Rate))
 					if e.OK {
-						attrs = append(attrs, "eta", lifecycle.FormatRemaining(e.Remaining))
+						attrs = append(attrs, "eta", eta.FormatRemaining(e.Remaining))
 					}
 				}
 				log.Warn("phase slower than expected", attrs...)
@@ -222,4 +223,20 @@ func WarnSlowPhases(lc *lifecycle.Lifecycle, log *slog.Logger, expected map[stri
 		}
 		wg.Wait()
 	}
+}
+
+// etaOrAverage is the phase's ETA or, while the estimator states no rate
+// yet (its samples span too little time), the average since the phase
+// started, with the time left at that rate: a slow phase's warning has a
+// rate to give even when it is logged before the estimator has one.
+func etaOrAverage(p lifecycle.PhaseSnapshot) lifecycle.Estimate {
+	if p.ETA.Rate > 0 {
+		return p.ETA
+	}
+	rate := eta.Average(p.Progress.Done, p.Duration())
+	if rate <= 0 {
+		return p.ETA
+	}
+	left, ok := eta.Remaining(rate, p.Progress.Done, p.Progress.Total)
+	return lifecycle.Estimate{Rate: rate, Remaining: left, OK: ok}
 }
