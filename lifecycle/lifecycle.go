@@ -216,7 +216,7 @@ func (l *Lifecycle) startTimedOut() {
 				State:    s,
 				Attempt:  r.attempts,
 				For:      now.Sub(r.started),
-				Progress: r.progress.Snapshot(),
+				Progress: r.progress.snapshot(),
 			})
 		}
 	}

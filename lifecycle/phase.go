@@ -114,9 +114,9 @@ func Permanent(err error) error {
 	return &permanentError{err: err}
 }
 
-// IsPermanent reports whether err, or an error it wraps, was marked with
+// isPermanent reports whether err, or an error it wraps, was marked with
 // [Permanent].
-func IsPermanent(err error) bool {
+func isPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
 }
