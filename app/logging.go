@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/phasegate/phasegate/internal/eta"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
@@ -53,94 +54,120 @@ func EventLogger(log *slog.Logger) (hook func(lifecycle.Event), setLifecycle fun
 func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.State, e lifecycle.Event) {
 	switch e.Kind {
 	case lifecycle.EventLifecycle:
-		attrs := []any{"state", e.To, "from", e.From}
-		if e.To == string(lifecycle.StateServing) && lc != nil {
-			if s := lc.Snapshot(); !s.Started.IsZero() {
-				attrs = append(attrs, "startup", e.Time.Sub(s.Started).Round(time.Millisecond).String())
-			}
-		}
-		if e.Err != "" {
-			attrs = append(attrs, "error", e.Err)
-			log.Error("lifecycle", attrs...)
-			return
-		}
-		log.Info("lifecycle", attrs...)
+		logLifecycleEvent(log, lc, e)
 	case lifecycle.EventPhase:
-		switch lifecycle.PhaseState(e.To) {
-		case lifecycle.PhaseRunning:
-			if e.Attempt <= 1 {
-				log.Info("phase started", "phase", e.Name)
-			}
-		case lifecycle.PhaseRetrying:
-			log.Warn("phase retrying", "phase", e.Name, "attempt", e.Attempt, "last_error", e.Err)
-		default:
-			attrs := []any{"phase", e.Name, "state", e.To}
-			var err error
-			if lc != nil {
-				if p, ok := lc.Snapshot().Phase(e.Name); ok {
-					attrs = append(attrs, "duration", p.Duration().Round(time.Microsecond).String())
-					if prog := p.Progress.String(); prog != "" {
-						attrs = append(attrs, "progress", prog)
-					}
-					err = p.Err
-				}
-			}
-			drained := lifecycle.PhaseState(e.To) == lifecycle.PhaseCancelled && state == lifecycle.StateDraining
-			if e.Err != "" {
-				key := "error"
-				if drained {
-					key = "reason" // the drain, not a fault of the phase
-				}
-				attrs = append(attrs, key, e.Err)
-			}
-			if stack := PanicStack(err); stack != "" {
-				attrs = append(attrs, "stack", stack)
-			}
-			switch lifecycle.PhaseState(e.To) {
-			case lifecycle.PhaseSucceeded, lifecycle.PhaseSkipped:
-				log.Info("phase ended", attrs...)
-			case lifecycle.PhaseCancelled:
-				if drained {
-					log.Info("phase ended", attrs...)
-					return
-				}
-				log.Error("phase ended", attrs...)
-			default:
-				log.Error("phase ended", attrs...)
-			}
-		}
+		logPhaseEvent(log, lc, state, e)
 	case lifecycle.EventTask:
-		if e.To == string(lifecycle.TaskRunning) {
-			log.Info("background task started", "task", e.Name, "phase", e.Phase)
-			return
-		}
-		attrs := []any{"task", e.Name, "state", e.To}
-		var err error
-		if lc != nil {
-			for _, t := range lc.Snapshot().Tasks {
-				if t.Name == e.Name {
-					attrs = append(attrs, "duration", t.Duration().Round(time.Millisecond).String())
-					if prog := t.Progress.String(); prog != "" {
-						attrs = append(attrs, "progress", prog)
-					}
-					err = t.Err
-				}
-			}
-		}
-		if e.To == string(lifecycle.TaskFailed) {
-			attrs = append(attrs, "error", e.Err)
-			if stack := PanicStack(err); stack != "" {
-				attrs = append(attrs, "stack", stack)
-			}
-			log.Error("background task ended", attrs...)
-			return
-		}
-		log.Info("background task ended", attrs...)
+		logTaskEvent(log, lc, e)
 	case lifecycle.EventWarningSet:
 		log.Warn("warning", "name", e.Name, "message", e.Message)
 	case lifecycle.EventWarningCleared:
 		log.Info("warning cleared", "name", e.Name)
 	}
+}
+
+// logLifecycleEvent logs the lifecycle moving between states, with how
+// long the start took when it turns serving.
+func logLifecycleEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
+	attrs := []any{"state", e.To, "from", e.From}
+	if e.To == string(lifecycle.StateServing) && lc != nil {
+		if s := lc.Snapshot(); !s.Started.IsZero() {
+			attrs = append(attrs, "startup", e.Time.Sub(s.Started).Round(time.Millisecond).String())
+		}
+	}
+	if e.Err != "" {
+		attrs = append(attrs, "error", e.Err)
+		log.Error("lifecycle", attrs...)
+		return
+	}
+	log.Info("lifecycle", attrs...)
+}
+
+// logPhaseEvent logs a phase's first start, its retries and its end.
+func logPhaseEvent(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.State, e lifecycle.Event) {
+	switch lifecycle.PhaseState(e.To) {
+	case lifecycle.PhaseRunning:
+		if e.Attempt <= 1 {
+			log.Info("phase started", "phase", e.Name)
+		}
+	case lifecycle.PhaseRetrying:
+		log.Warn("phase retrying", "phase", e.Name, "attempt", e.Attempt, "last_error", e.Err)
+	default:
+		logPhaseEnded(log, lc, state, e)
+	}
+}
+
+// logPhaseEnded logs a phase's end with how long it ran and how far it
+// got: at INFO when it succeeded, was skipped or was cancelled by an
+// orderly drain (the drain is then its reason, not an error), else at
+// ERROR with the panic's stack if one ended it.
+func logPhaseEnded(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.State, e lifecycle.Event) {
+	attrs := []any{"phase", e.Name, "state", e.To}
+	var err error
+	if lc != nil {
+		if p, ok := lc.Snapshot().Phase(e.Name); ok {
+			attrs = append(attrs, "duration", p.Duration().Round(time.Microsecond).String())
+			if prog := p.Progress.String(); prog != "" {
+				attrs = append(attrs, "progress", prog)
+			}
+			err = p.Err
+		}
+	}
+	drained := lifecycle.PhaseState(e.To) == lifecycle.PhaseCancelled && state == lifecycle.StateDraining
+	if e.Err != "" {
+		key := "error"
+		if drained {
+			key = "reason" // the drain, not a fault of the phase
+		}
+		attrs = append(attrs, key, e.Err)
+	}
+	if stack := PanicStack(err); stack != "" {
+		attrs = append(attrs, "stack", stack)
+	}
+	switch lifecycle.PhaseState(e.To) {
+	case lifecycle.PhaseSucceeded, lifecycle.PhaseSkipped:
+		log.Info("phase ended", attrs...)
+	case lifecycle.PhaseCancelled:
+		if drained {
+			log.Info("phase ended", attrs...)
+			return
+		}
+		log.Error("phase ended", attrs...)
+	default:
+		log.Error("phase ended", attrs...)
+	}
+}
+
+// logTaskEvent logs a background task's start and its end, with how long
+// it ran and how far it got; a failure at ERROR with the panic's stack if
+// one ended it.
+func logTaskEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
+	if e.To == string(lifecycle.TaskRunning) {
+		log.Info("background task started", "task", e.Name, "phase", e.Phase)
+		return
+	}
+	attrs := []any{"task", e.Name, "state", e.To}
+	var err error
+	if lc != nil {
+		for _, t := range lc.Snapshot().Tasks {
+			if t.Name == e.Name {
+				attrs = append(attrs, "duration", t.Duration().Round(time.Millisecond).String())
+				if prog := t.Progress.String(); prog != "" {
+					attrs = append(attrs, "progress", prog)
+				}
+				err = t.Err
+			}
+		}
+	}
+	if e.To == string(lifecycle.TaskFailed) {
+		attrs = append(attrs, "error", e.Err)
+		if stack := PanicStack(err); stack != "" {
+			attrs = append(attrs, "stack", stack)
+		}
+		log.Error("background task ended", attrs...)
+		return
+	}
+	log.Info("background task ended", attrs...)
 }
 
 // PanicStack returns the stack of a panic that err records (a
@@ -204,10 +231,10 @@ func WarnSlowPhases(lc *lifecycle.Lifecycle, log *slog.Logger, expected map[stri
 				if prog := p.Progress.String(); prog != "" {
 					attrs = append(attrs, "progress", prog)
 				}
-				if e := p.ETAOrAverage(); e.Rate > 0 {
-					attrs = append(attrs, "rate", lifecycle.FormatRate(e.Rate))
+				if e := etaOrAverage(p); e.Rate > 0 {
+					attrs = append(attrs, "rate", eta.FormatRate(e.Rate))
 					if e.OK {
-						attrs = append(attrs, "eta", lifecycle.FormatRemaining(e.Remaining))
+						attrs = append(attrs, "eta", eta.FormatRemaining(e.Remaining))
 					}
 				}
 				log.Warn("phase slower than expected", attrs...)
@@ -222,4 +249,20 @@ func WarnSlowPhases(lc *lifecycle.Lifecycle, log *slog.Logger, expected map[stri
 		}
 		wg.Wait()
 	}
+}
+
+// etaOrAverage is the phase's ETA or, while the estimator states no rate
+// yet (its samples span too little time), the average since the phase
+// started, with the time left at that rate: a slow phase's warning has a
+// rate to give even when it is logged before the estimator has one.
+func etaOrAverage(p lifecycle.PhaseSnapshot) lifecycle.Estimate {
+	if p.ETA.Rate > 0 {
+		return p.ETA
+	}
+	rate := eta.Average(p.Progress.Done, p.Duration())
+	if rate <= 0 {
+		return p.ETA
+	}
+	left, ok := eta.Remaining(rate, p.Progress.Done, p.Progress.Total)
+	return lifecycle.Estimate{Rate: rate, Remaining: left, OK: ok}
 }

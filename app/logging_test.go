@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/phasegate/phasegate/lifecycle"
 )
@@ -86,5 +87,22 @@ func TestEventLoggerLogsAPanicsStack(t *testing.T) {
 	out := buf.String()
 	if !strings.Contains(out, "panic: schema drift") || !strings.Contains(out, "stack=") || !strings.Contains(out, "logging_test.go") {
 		t.Fatalf("the panic is logged without its stack:\n%s", out)
+	}
+}
+
+// etaOrAverage falls back on the average since the phase started while the
+// estimator states no rate yet, and keeps the estimate once it does.
+func TestETAOrAverage(t *testing.T) {
+	started := time.Now().Add(-2 * time.Second)
+	p := lifecycle.PhaseSnapshot{
+		Name: "reclaim", State: lifecycle.PhaseRunning, Attempts: 1, Started: started,
+		Progress: lifecycle.ProgressSnapshot{Done: 100, Total: 300},
+	}
+	if e := etaOrAverage(p); !e.OK || e.Rate <= 0 || e.Rate > 50 || e.Remaining < 4*time.Second {
+		t.Errorf("no estimate yet: %+v, want about 50/s and about 4s left", e)
+	}
+	p.ETA = lifecycle.Estimate{Rate: 200, Remaining: time.Second, OK: true}
+	if e := etaOrAverage(p); e != p.ETA {
+		t.Errorf("with an estimate: %+v, want %+v", e, p.ETA)
 	}
 }

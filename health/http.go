@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/phasegate/phasegate/internal/eta"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
@@ -253,7 +254,7 @@ type checkResult struct {
 func (c *checkResult) estimate(e lifecycle.Estimate) {
 	c.Rate = math.Round(e.Rate*100) / 100
 	if e.OK {
-		c.ETA = lifecycle.FormatRemaining(e.Remaining)
+		c.ETA = eta.FormatRemaining(e.Remaining)
 		c.ETASeconds = math.Round(e.Remaining.Seconds()*100) / 100
 	}
 }

@@ -14,63 +14,25 @@ import (
 // cancelled returns an error that wraps it.
 var ErrClosed = errors.New("lifecycle: drained")
 
-// EmptyNameError reports a phase without a name.
-type EmptyNameError struct {
-	// Index is the phase's position in the declaration.
-	Index int
-}
-
-func (e *EmptyNameError) Error() string {
-	return fmt.Sprintf("phase #%d has an empty name", e.Index)
-}
-
-// DuplicateNameError reports two phases with the same name.
-type DuplicateNameError struct {
-	Name string
-}
-
-func (e *DuplicateNameError) Error() string {
-	return fmt.Sprintf("phase %q is declared more than once", e.Name)
-}
-
-// UnknownDependencyError reports a dependency on a phase that is not declared.
-type UnknownDependencyError struct {
-	Phase, Dependency string
-}
-
-func (e *UnknownDependencyError) Error() string {
-	return fmt.Sprintf("phase %q depends on unknown phase %q", e.Phase, e.Dependency)
-}
-
-// SelfDependencyError reports a phase that depends on itself.
-type SelfDependencyError struct {
+// DeclarationError is one problem [New] found in the phases or the options
+// it was given: a phase without a name, declared twice or with a field it
+// cannot use (no Run, a negative timeout, a retry policy out of range), a
+// dependency unknown, on the phase itself, repeated or part of a cycle, an
+// [Option] given a value it cannot use. New reports every problem at once,
+// one DeclarationError each, joined with errors.Join; each reads on one
+// line, such as "dependency cycle: reclaim -> storage -> reclaim".
+type DeclarationError struct {
+	// Phase is the phase at fault; for a cycle, the one of its phases
+	// declared first. Empty for a phase without a name and for an option.
 	Phase string
+	msg   string
 }
 
-func (e *SelfDependencyError) Error() string {
-	return fmt.Sprintf("phase %q depends on itself", e.Phase)
-}
+func (e *DeclarationError) Error() string { return e.msg }
 
-// CycleError reports a dependency cycle. Path starts and ends with the same
-// phase: [reclaim storage reclaim] means reclaim depends on storage, which
-// depends on reclaim.
-type CycleError struct {
-	Path []string
-}
-
-func (e *CycleError) Error() string {
-	return "dependency cycle: " + strings.Join(e.Path, " -> ")
-}
-
-// InvalidPhaseError reports a phase whose fields cannot be used, such as a
-// missing Run function or a negative timeout.
-type InvalidPhaseError struct {
-	Phase  string
-	Reason string
-}
-
-func (e *InvalidPhaseError) Error() string {
-	return fmt.Sprintf("phase %q: %s", e.Phase, e.Reason)
+// declarationError is a problem of phase, described by format and args.
+func declarationError(phase, format string, args ...any) *DeclarationError {
+	return &DeclarationError{Phase: phase, msg: fmt.Sprintf(format, args...)}
 }
 
 // PhaseError is returned by Start when a phase failed for good.
@@ -106,19 +68,6 @@ func (e *AttemptTimeoutError) Error() string {
 }
 
 func (e *AttemptTimeoutError) Unwrap() error { return context.DeadlineExceeded }
-
-// InvalidOptionError reports an [Option] given a value it cannot use, such
-// as a negative duration.
-type InvalidOptionError struct {
-	// Option is the option's name, "WithStopTimeout".
-	Option string
-	// Reason says what is wrong with the value.
-	Reason string
-}
-
-func (e *InvalidOptionError) Error() string {
-	return fmt.Sprintf("lifecycle: %s: %s", e.Option, e.Reason)
-}
 
 // PanicError is a panic recovered from a phase's Run or Stop or from a
 // background task. The lifecycle treats it as that function's error; Stack

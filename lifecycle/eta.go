@@ -1,12 +1,11 @@
 package lifecycle
 
 import (
-	"fmt"
-	"math"
-	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/phasegate/phasegate/internal/eta"
 )
 
 // Parameters of the lifecycle's [estimator].
@@ -41,57 +40,11 @@ func (e Estimate) String() string {
 	if e.Rate <= 0 {
 		return ""
 	}
-	s := FormatRate(e.Rate)
+	s := eta.FormatRate(e.Rate)
 	if e.OK {
-		s += ", ~" + FormatRemaining(e.Remaining) + " left"
+		s += ", ~" + eta.FormatRemaining(e.Remaining) + " left"
 	}
 	return s
-}
-
-// FormatRate renders units per second with two or three significant
-// digits: "2400/s", "812/s", "3.5/s", "0.25/s".
-func FormatRate(r float64) string {
-	switch {
-	case r >= 100:
-		return strconv.FormatFloat(math.Round(r), 'f', -1, 64) + "/s"
-	case r >= 10:
-		return strconv.FormatFloat(math.Round(r*10)/10, 'f', -1, 64) + "/s"
-	}
-	return strconv.FormatFloat(math.Round(r*100)/100, 'f', -1, 64) + "/s"
-}
-
-// FormatRemaining renders a time left coarsely, as a person reads it:
-// "0.4s", "12s", "3m05s", "1h02m".
-func FormatRemaining(d time.Duration) string {
-	switch {
-	case d < 0:
-		d = 0
-		fallthrough
-	case d < 10*time.Second:
-		return strconv.FormatFloat(math.Round(d.Seconds()*10)/10, 'f', -1, 64) + "s"
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Round(time.Second).Seconds()))
-	case d < time.Hour:
-		d = d.Round(time.Second)
-		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
-	}
-	d = d.Round(time.Minute)
-	return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
-}
-
-// ETAOrAverage is the phase's ETA or, while the estimator states no rate
-// yet (its samples span too little time), the average since the phase
-// started, with the time left at that rate: a slow phase's warning has a
-// rate to give even when it is logged before the estimator has one.
-func (p PhaseSnapshot) ETAOrAverage() Estimate {
-	if p.ETA.Rate > 0 {
-		return p.ETA
-	}
-	rate := averageRate(p.Progress.Done, p.Duration())
-	if rate <= 0 {
-		return p.ETA
-	}
-	return withRemaining(rate, p.Progress)
 }
 
 // estimator turns the lifecycle's successive snapshots into rates and
@@ -165,12 +118,8 @@ func finishedEstimate(started time.Time, took time.Duration, p ProgressSnapshot)
 // withRemaining is a running item's estimate at rate: the time left is
 // known when the rate is positive and the total known and not reached.
 func withRemaining(rate float64, p ProgressSnapshot) Estimate {
-	est := Estimate{Rate: rate}
-	if rate > 0 && p.Total > 0 && p.Done < p.Total {
-		est.Remaining = time.Duration(float64(p.Total-p.Done) / rate * float64(time.Second))
-		est.OK = true
-	}
-	return est
+	left, ok := eta.Remaining(rate, p.Done, p.Total)
+	return Estimate{Rate: rate, Remaining: left, OK: ok}
 }
 
 func (e *estimator) observeItem(ser *etaSeries, name string, running bool, attempt int, started time.Time, took time.Duration, p ProgressSnapshot, now time.Time) Estimate {
@@ -230,14 +179,6 @@ func (e *estimator) estimate(ser *etaSeries, p ProgressSnapshot) Estimate {
 	return withRemaining(float64(last.done-first.done)/span.Seconds(), p)
 }
 
-// averageRate is done units over d, per second; zero when either is.
-func averageRate(done int64, d time.Duration) float64 {
-	if done <= 0 || d <= 0 {
-		return 0
-	}
-	return float64(done) / d.Seconds()
-}
-
 // Span attribute keys for a phase's rate and estimated time left, set when
 // its span ends: the rate of its last attempt, and, when it ended before
 // its total was reached (failed or cancelled), how long the rest would
@@ -249,7 +190,7 @@ const (
 
 // rateAttributes are a finished attempt's rate and time left.
 func rateAttributes(p ProgressSnapshot, took time.Duration) []attribute.KeyValue {
-	rate := averageRate(p.Done, took)
+	rate := eta.Average(p.Done, took)
 	if rate <= 0 {
 		return nil
 	}

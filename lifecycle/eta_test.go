@@ -106,20 +106,3 @@ func TestSnapshotsCarryETA(t *testing.T) {
 	}
 	_ = lc.Drain(context.Background())
 }
-
-// ETAOrAverage falls back on the average since the phase started while the
-// estimator states no rate yet, and keeps the estimate once it does.
-func TestETAOrAverage(t *testing.T) {
-	started := time.Now().Add(-2 * time.Second)
-	p := lifecycle.PhaseSnapshot{
-		Name: "reclaim", State: lifecycle.PhaseRunning, Attempts: 1, Started: started,
-		Progress: lifecycle.ProgressSnapshot{Done: 100, Total: 300},
-	}
-	if e := p.ETAOrAverage(); !e.OK || e.Rate <= 0 || e.Rate > 50 || e.Remaining < 4*time.Second {
-		t.Errorf("no estimate yet: %+v, want about 50/s and about 4s left", e)
-	}
-	p.ETA = lifecycle.Estimate{Rate: 200, Remaining: time.Second, OK: true}
-	if e := p.ETAOrAverage(); e != p.ETA {
-		t.Errorf("with an estimate: %+v, want %+v", e, p.ETA)
-	}
-}

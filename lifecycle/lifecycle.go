@@ -90,9 +90,7 @@ type deferredTask struct {
 
 // New validates phases and returns a lifecycle ready to [Lifecycle.Start].
 // Every problem in the declaration and the options is reported at once,
-// joined with errors.Join; each is one of [EmptyNameError],
-// [DuplicateNameError], [UnknownDependencyError], [SelfDependencyError],
-// [CycleError], [InvalidPhaseError] or [InvalidOptionError].
+// joined with errors.Join, one [*DeclarationError] each.
 func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
@@ -218,7 +216,7 @@ func (l *Lifecycle) startTimedOut() {
 				State:    s,
 				Attempt:  r.attempts,
 				For:      now.Sub(r.started),
-				Progress: r.progress.Snapshot(),
+				Progress: r.progress.snapshot(),
 			})
 		}
 	}

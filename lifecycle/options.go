@@ -8,7 +8,7 @@ import (
 )
 
 // An Option configures a [Lifecycle]. A value an option cannot use makes
-// [New] fail with an [*InvalidOptionError]; no option silently replaces a
+// [New] fail with a [*DeclarationError]; no option silently replaces a
 // value it was given, and an explicit zero means zero wherever zero means
 // something (each option says what its zero does).
 type Option func(*options)
@@ -41,7 +41,7 @@ func defaultOptions() options {
 }
 
 func (o *options) invalid(option, format string, args ...any) {
-	o.errs = append(o.errs, &InvalidOptionError{Option: option, Reason: fmt.Sprintf(format, args...)})
+	o.errs = append(o.errs, declarationError("", "lifecycle: %s: %s", option, fmt.Sprintf(format, args...)))
 }
 
 // WithMaxParallel bounds how many phases run at once. Zero or less means no

@@ -232,9 +232,7 @@ func TestInvalidOptionsAndRetryPolicies(t *testing.T) {
 			if err == nil || err.Error() != tc.want {
 				t.Fatalf("New = %v, want %q", err, tc.want)
 			}
-			var oe *lifecycle.InvalidOptionError
-			var pe *lifecycle.InvalidPhaseError
-			if !errors.As(err, &oe) && !errors.As(err, &pe) {
+			if _, ok := errors.AsType[*lifecycle.DeclarationError](err); !ok {
 				t.Fatalf("untyped %T", err)
 			}
 		})

@@ -49,7 +49,7 @@ type Phase struct {
 
 // RetryPolicy is a bounded exponential backoff with jitter. The zero value
 // makes a single attempt. [New] rejects a negative or out-of-range field
-// with an [*InvalidPhaseError] rather than correcting it.
+// with a [*DeclarationError] rather than correcting it.
 type RetryPolicy struct {
 	// Attempts is the total number of attempts, the first included. Zero
 	// means 1: a phase always runs at least once.
@@ -114,9 +114,9 @@ func Permanent(err error) error {
 	return &permanentError{err: err}
 }
 
-// IsPermanent reports whether err, or an error it wraps, was marked with
+// isPermanent reports whether err, or an error it wraps, was marked with
 // [Permanent].
-func IsPermanent(err error) bool {
+func isPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
 }

@@ -109,8 +109,8 @@ func (p *Progress) Defer(name string, fn func(ctx context.Context, p *Progress) 
 	p.lc.mu.Unlock()
 }
 
-// Snapshot returns the current values.
-func (p *Progress) Snapshot() ProgressSnapshot {
+// snapshot returns the current values.
+func (p *Progress) snapshot() ProgressSnapshot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return ProgressSnapshot{

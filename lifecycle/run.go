@@ -217,7 +217,7 @@ func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- ph
 	}
 	r.deferred = nil
 	attempts := r.attempts
-	prog := r.progress.Snapshot()
+	prog := r.progress.snapshot()
 	took := r.ended.Sub(r.attempt)
 	l.mu.Unlock()
 
@@ -279,7 +279,7 @@ func (l *Lifecycle) attempts(ctx context.Context, r *phaseRun, span trace.Span) 
 		if ctx.Err() != nil {
 			return ctxErr(ctx, err)
 		}
-		if IsPermanent(err) || attempt >= max {
+		if isPermanent(err) || attempt >= max {
 			return err
 		}
 

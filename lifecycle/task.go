@@ -53,7 +53,7 @@ func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
 			l.degraded = true
 		}
 		state := t.state
-		prog := t.progress.Snapshot()
+		prog := t.progress.snapshot()
 		e := Event{Time: t.ended, Kind: EventTask, Name: t.name, From: string(TaskRunning), To: string(state), Phase: t.phase}
 		if err != nil {
 			e.Err = err.Error()

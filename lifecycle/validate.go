@@ -13,13 +13,13 @@ func validate(phases []Phase) []error {
 	for i, p := range phases {
 		switch {
 		case p.Name == "":
-			errs = append(errs, &EmptyNameError{Index: i})
+			errs = append(errs, declarationError("", "phase #%d has an empty name", i))
 			continue
 		case strings.TrimSpace(p.Name) != p.Name || strings.ContainsAny(p.Name, "\x00\n\r\t"):
-			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "name has surrounding space or control characters"})
+			errs = append(errs, invalidPhase(p.Name, "name has surrounding space or control characters"))
 		}
 		if _, dup := index[p.Name]; dup {
-			errs = append(errs, &DuplicateNameError{Name: p.Name})
+			errs = append(errs, declarationError(p.Name, "phase %q is declared more than once", p.Name))
 			continue
 		}
 		index[p.Name] = i
@@ -29,43 +29,48 @@ func validate(phases []Phase) []error {
 			continue
 		}
 		if p.Run == nil {
-			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "Run is nil"})
+			errs = append(errs, invalidPhase(p.Name, "Run is nil"))
 		}
 		if p.Timeout < 0 {
-			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "negative Timeout"})
+			errs = append(errs, invalidPhase(p.Name, "negative Timeout"))
 		}
 		if p.StopTimeout < 0 {
-			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "negative StopTimeout"})
+			errs = append(errs, invalidPhase(p.Name, "negative StopTimeout"))
 		}
 		if p.Retry.Backoff < 0 || p.Retry.MaxBackoff < 0 {
-			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "negative retry backoff"})
+			errs = append(errs, invalidPhase(p.Name, "negative retry backoff"))
 		}
 		if p.Retry.Attempts < 0 {
-			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "negative retry attempts"})
+			errs = append(errs, invalidPhase(p.Name, "negative retry attempts"))
 		}
 		if m := p.Retry.Multiplier; m != 0 && !(m >= 1 && !math.IsInf(m, 1)) { // also NaN
-			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "retry multiplier below 1 or not finite"})
+			errs = append(errs, invalidPhase(p.Name, "retry multiplier below 1 or not finite"))
 		}
 		if j := p.Retry.Jitter; !(j >= 0 && j <= 1) {
-			errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "retry jitter outside [0, 1]"})
+			errs = append(errs, invalidPhase(p.Name, "retry jitter outside [0, 1]"))
 		}
 		seen := make(map[string]bool, len(p.DependsOn))
 		for _, d := range p.DependsOn {
 			switch _, known := index[d]; {
 			case d == p.Name:
-				errs = append(errs, &SelfDependencyError{Phase: p.Name})
+				errs = append(errs, declarationError(p.Name, "phase %q depends on itself", p.Name))
 			case !known:
-				errs = append(errs, &UnknownDependencyError{Phase: p.Name, Dependency: d})
+				errs = append(errs, declarationError(p.Name, "phase %q depends on unknown phase %q", p.Name, d))
 			case seen[d]:
-				errs = append(errs, &InvalidPhaseError{Phase: p.Name, Reason: "depends on " + d + " twice"})
+				errs = append(errs, invalidPhase(p.Name, "depends on "+d+" twice"))
 			}
 			seen[d] = true
 		}
 	}
 	for _, c := range findCycles(phases, index) {
-		errs = append(errs, &CycleError{Path: c})
+		errs = append(errs, declarationError(c[0], "dependency cycle: %s", strings.Join(c, " -> ")))
 	}
 	return errs
+}
+
+// invalidPhase is a phase whose fields cannot be used.
+func invalidPhase(phase, reason string) *DeclarationError {
+	return declarationError(phase, "phase %q: %s", phase, reason)
 }
 
 // findCycles returns one path per cycle reachable by depth-first search over

@@ -92,7 +92,7 @@ func (l *Lifecycle) snapshotLocked() Snapshot {
 			Attempts:  r.attempts,
 			Started:   r.started,
 			Ended:     r.ended,
-			Progress:  r.progress.Snapshot(),
+			Progress:  r.progress.snapshot(),
 			Err:       r.err,
 		}
 	}
@@ -105,7 +105,7 @@ func (l *Lifecycle) snapshotLocked() Snapshot {
 				State:    t.state,
 				Started:  t.started,
 				Ended:    t.ended,
-				Progress: t.progress.Snapshot(),
+				Progress: t.progress.snapshot(),
 				Err:      t.err,
 			}
 		}

@@ -96,6 +96,30 @@ func newModel() *model {
 func (m *model) apply(e lifecycle.Event) error {
 	var problems []string
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	m.applySeq(e, bad)
+	switch e.Kind {
+	case lifecycle.EventLifecycle:
+		m.applyLifecycle(e, bad)
+	case lifecycle.EventPhase:
+		m.applyPhase(e, bad)
+	case lifecycle.EventTask:
+		m.applyTask(e, bad)
+	case lifecycle.EventWarningSet, lifecycle.EventWarningCleared:
+		m.applyWarning(e, bad)
+	default:
+		bad("unknown kind %q", e.Kind)
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%v: %s", e, strings.Join(problems, "; "))
+}
+
+// complaint records one thing wrong with the event being applied.
+type complaint func(format string, args ...any)
+
+// applySeq checks that e is numbered next and comes before the final event.
+func (m *model) applySeq(e lifecycle.Event, bad complaint) {
 	switch {
 	case e.Seq == m.next+1:
 		bad("event %d is missing", m.next)
@@ -108,77 +132,88 @@ func (m *model) apply(e lifecycle.Event) error {
 	if m.final {
 		bad("recorded after the final event")
 	}
-	switch e.Kind {
-	case lifecycle.EventLifecycle:
-		from, to := lifecycle.State(e.From), lifecycle.State(e.To)
-		if from != m.state {
-			bad("the lifecycle leaves %s but was %s", from, m.state)
-		}
-		if !lifecycleEdges[[2]lifecycle.State{from, to}] {
-			bad("%s→%s is not a lifecycle transition", from, to)
-		}
-		m.state = to
-		m.path = append(m.path, to)
-		if to == lifecycle.StateFailed {
-			m.err = e.Err
-		}
-		m.final = e.Final()
-	case lifecycle.EventPhase:
-		p := m.phases[e.Name]
-		if p == nil {
-			p = &phaseModel{state: lifecycle.PhasePending, dependsOn: e.DependsOn}
-			m.phases[e.Name] = p
-			m.order = append(m.order, e.Name)
-		}
-		from, to := lifecycle.PhaseState(e.From), lifecycle.PhaseState(e.To)
-		if from != p.state {
-			bad("phase %s leaves %s but was %s", e.Name, from, p.state)
-		}
-		if !phaseEdges[[2]lifecycle.PhaseState{from, to}] {
-			bad("%s→%s is not a phase transition", from, to)
-		}
-		if m.state != lifecycle.StateStarting && m.state != lifecycle.StateDraining {
-			bad("a phase moves while the lifecycle is %s", m.state)
-		}
-		if !slices.Equal(e.DependsOn, p.dependsOn) {
-			bad("phase %s depends on %v here and on %v before", e.Name, e.DependsOn, p.dependsOn)
-		}
-		p.state, p.attempt, p.err = to, e.Attempt, e.Err
-		switch {
-		case to == lifecycle.PhaseRunning && p.started == 0:
-			p.started, p.startedAt = e.Seq, e.Time
-		case to == lifecycle.PhaseSucceeded:
-			p.succeeded = e.Seq
-		}
-		if to.Done() {
-			p.ended, p.endedAt = e.Seq, e.Time
-		}
-	case lifecycle.EventTask:
-		from, to := lifecycle.TaskState(e.From), lifecycle.TaskState(e.To)
-		if cur := m.tasks[e.Name]; from != cur {
-			bad("task %s leaves %q but was %q", e.Name, from, cur)
-		}
-		if !taskEdges[[2]lifecycle.TaskState{from, to}] {
-			bad("%q→%q is not a task transition", from, to)
-		}
-		m.tasks[e.Name] = to
-	case lifecycle.EventWarningSet:
+}
+
+// applyLifecycle checks a transition of the lifecycle against its machine
+// and the state it was last seen in.
+func (m *model) applyLifecycle(e lifecycle.Event, bad complaint) {
+	from, to := lifecycle.State(e.From), lifecycle.State(e.To)
+	if from != m.state {
+		bad("the lifecycle leaves %s but was %s", from, m.state)
+	}
+	if !lifecycleEdges[[2]lifecycle.State{from, to}] {
+		bad("%s→%s is not a lifecycle transition", from, to)
+	}
+	m.state = to
+	m.path = append(m.path, to)
+	if to == lifecycle.StateFailed {
+		m.err = e.Err
+	}
+	m.final = e.Final()
+}
+
+// applyPhase checks a transition of a phase against its machine, the
+// state it was last seen in, the lifecycle's state and its dependencies
+// as first declared, and records when it started and ended.
+func (m *model) applyPhase(e lifecycle.Event, bad complaint) {
+	p := m.phases[e.Name]
+	if p == nil {
+		p = &phaseModel{state: lifecycle.PhasePending, dependsOn: e.DependsOn}
+		m.phases[e.Name] = p
+		m.order = append(m.order, e.Name)
+	}
+	from, to := lifecycle.PhaseState(e.From), lifecycle.PhaseState(e.To)
+	if from != p.state {
+		bad("phase %s leaves %s but was %s", e.Name, from, p.state)
+	}
+	if !phaseEdges[[2]lifecycle.PhaseState{from, to}] {
+		bad("%s→%s is not a phase transition", from, to)
+	}
+	if m.state != lifecycle.StateStarting && m.state != lifecycle.StateDraining {
+		bad("a phase moves while the lifecycle is %s", m.state)
+	}
+	if !slices.Equal(e.DependsOn, p.dependsOn) {
+		bad("phase %s depends on %v here and on %v before", e.Name, e.DependsOn, p.dependsOn)
+	}
+	p.state, p.attempt, p.err = to, e.Attempt, e.Err
+	switch {
+	case to == lifecycle.PhaseRunning && p.started == 0:
+		p.started, p.startedAt = e.Seq, e.Time
+	case to == lifecycle.PhaseSucceeded:
+		p.succeeded = e.Seq
+	}
+	if to.Done() {
+		p.ended, p.endedAt = e.Seq, e.Time
+	}
+}
+
+// applyTask checks a transition of a background task against its machine
+// and the state it was last seen in.
+func (m *model) applyTask(e lifecycle.Event, bad complaint) {
+	from, to := lifecycle.TaskState(e.From), lifecycle.TaskState(e.To)
+	if cur := m.tasks[e.Name]; from != cur {
+		bad("task %s leaves %q but was %q", e.Name, from, cur)
+	}
+	if !taskEdges[[2]lifecycle.TaskState{from, to}] {
+		bad("%q→%q is not a task transition", from, to)
+	}
+	m.tasks[e.Name] = to
+}
+
+// applyWarning checks that a warning set changes its message and that a
+// warning cleared was set.
+func (m *model) applyWarning(e lifecycle.Event, bad complaint) {
+	if e.Kind == lifecycle.EventWarningSet {
 		if old, set := m.warnings[e.Name]; set && old == e.Message {
 			bad("warning %s set again to the same message", e.Name)
 		}
 		m.warnings[e.Name] = e.Message
-	case lifecycle.EventWarningCleared:
-		if _, set := m.warnings[e.Name]; !set {
-			bad("warning %s cleared but not set", e.Name)
-		}
-		delete(m.warnings, e.Name)
-	default:
-		bad("unknown kind %q", e.Kind)
+		return
 	}
-	if len(problems) == 0 {
-		return nil
+	if _, set := m.warnings[e.Name]; !set {
+		bad("warning %s cleared but not set", e.Name)
 	}
-	return fmt.Errorf("%v: %s", e, strings.Join(problems, "; "))
+	delete(m.warnings, e.Name)
 }
 
 // summary says where the lifecycle and each phase got to, for a failure

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/health"
+	"github.com/phasegate/phasegate/internal/eta"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
@@ -366,10 +367,10 @@ func fill(b *bar, started, ended time.Time, prog lifecycle.ProgressSnapshot, e l
 	}
 	b.Progress = prog.String()
 	if e.Rate > 0 {
-		b.Rate = lifecycle.FormatRate(e.Rate)
+		b.Rate = eta.FormatRate(e.Rate)
 	}
 	if e.OK {
-		b.ETA = "~" + lifecycle.FormatRemaining(e.Remaining)
+		b.ETA = "~" + eta.FormatRemaining(e.Remaining)
 	}
 	if err != nil {
 		b.Error = err.Error()

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/app"
+	"github.com/phasegate/phasegate/internal/eta"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
@@ -186,7 +187,7 @@ func finishedDetail(p app.PhaseView) string {
 		detail += " · " + prog
 	}
 	if p.Rate > 0 && p.Progress.Done > 1 {
-		detail += " · " + lifecycle.FormatRate(p.Rate)
+		detail += " · " + eta.FormatRate(p.Rate)
 	}
 	if p.Error != "" && p.State != string(lifecycle.PhaseSucceeded) {
 		detail += " · " + p.Error

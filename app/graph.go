@@ -1,0 +1,136 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/phasegate/phasegate/lifecycle"
+)
+
+// graph returns the phases with the App's own: listen, after ListenAfter,
+// and serve, after every phase that nothing depends on.
+func (a *App) graph(phases []lifecycle.Phase) []lifecycle.Phase {
+	depended := map[string]bool{}
+	for _, p := range phases {
+		for _, d := range p.DependsOn {
+			depended[d] = true
+		}
+	}
+	serveAfter := []string{PhaseListen}
+	for _, p := range phases {
+		if !depended[p.Name] && p.Name != PhaseListen {
+			serveAfter = append(serveAfter, p.Name)
+		}
+	}
+	budget := a.cfg.StopBudget()
+	// The listen phase's stop drains the port when the start fails before
+	// serve; after serve, serve's stop has done it already.
+	listen := lifecycle.Phase{Name: PhaseListen, DependsOn: a.cfg.ListenAfter, Run: a.runListen, Stop: a.stopServer, StopTimeout: budget}
+	// Declared right after the phases it waits for, so that views that
+	// list phases in declaration order read in the order things happen.
+	at := 0
+	for i, p := range phases {
+		if slices.Contains(a.cfg.ListenAfter, p.Name) {
+			at = i + 1
+		}
+	}
+	out := slices.Insert(slices.Clone(phases), at, listen)
+	return append(out, lifecycle.Phase{Name: PhaseServe, DependsOn: serveAfter, Run: runServe, Stop: a.stopServer, StopTimeout: budget})
+}
+
+func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
+	listen, err := a.resolvePort()
+	if err != nil {
+		return lifecycle.Permanent(err)
+	}
+	if err := a.srv.Serve(ctx); err != nil {
+		return lifecycle.Permanent(fmt.Errorf("listen on %s: %w", listen, err))
+	}
+	a.mu.Lock()
+	a.addr = a.srv.Addr()
+	a.mu.Unlock()
+	close(a.addrCh)
+	if err := reportAddr(a.addr); err != nil {
+		_ = a.stopServer(ctx) // at once: it never served
+		return lifecycle.Permanent(err)
+	}
+	a.logCaughtUp() // after "phase started phase=listen"
+	a.log.Info("listening", "addr", a.addr.String(), "tls", a.cfg.TLS != nil)
+	return nil
+}
+
+// resolvePort asks Config.PortFrom, when set, for the address and the
+// drain delay a phase decided, checks them and gives them to the server;
+// it returns the address to bind.
+func (a *App) resolvePort() (string, error) {
+	if a.cfg.PortFrom == nil {
+		return a.cfg.Listen, nil
+	}
+	p, err := a.cfg.PortFrom()
+	if err != nil {
+		return "", fmt.Errorf("%w: PortFrom: %w", ErrConfig, err)
+	}
+	if p.Listen == "" && a.handedAddr == nil {
+		return "", fmt.Errorf("%w: PortFrom gave no address to listen on (did a phase of ListenAfter %q fill it?)", ErrConfig, a.cfg.ListenAfter)
+	}
+	if p.DrainDelay < 0 || p.DrainDelay > a.cfg.DrainDelay {
+		return "", fmt.Errorf("%w: PortFrom gave a drain delay of %v: want 0 to Config.DrainDelay, %v, from which the stop budgets were computed",
+			ErrConfig, p.DrainDelay, a.cfg.DrainDelay)
+	}
+	if err := a.srv.SetPort(p.Listen, p.DrainDelay); err != nil {
+		return "", fmt.Errorf("PortFrom: %w", err)
+	}
+	return p.Listen, nil
+}
+
+// runServe has nothing left to do: the lifecycle turns serving when it
+// returns, which opens the gate for application calls, turns health
+// SERVING and sends READY=1.
+func runServe(context.Context, *lifecycle.Progress) error { return nil }
+
+// stopServer drains the port: the stop of listen and of serve, whichever
+// runs first. A lifecycle that never served never opened the gate, so no
+// checker can have routed traffic to the port and no application call is
+// in flight: the drain delay is skipped, and a start that fails or is
+// drained before serving ends in milliseconds.
+func (a *App) stopServer(ctx context.Context) error {
+	if !a.everServed() {
+		a.srv.SkipDrainDelay()
+	}
+	return a.srv.Drain(ctx)
+}
+
+// everServed reports whether the lifecycle ever turned serving.
+func (a *App) everServed() bool {
+	for _, t := range a.lc.Snapshot().History {
+		if t.State == lifecycle.StateServing {
+			return true
+		}
+	}
+	return false
+}
+
+// stopBudget is the longest the stops can take: they run one after the
+// other, each within its own bound (the phase's StopTimeout, else
+// Config.StopTimeout); the port's drain, a stop of both listen and serve,
+// runs once; and background tasks get one more StopTimeout to return. Zero
+// when any stop is unbounded.
+func stopBudget(graph []lifecycle.Phase, cfg Config) time.Duration {
+	if cfg.StopTimeout == 0 {
+		return 0
+	}
+	total := cfg.StopBudget() + cfg.StopTimeout // the port, once; the tasks
+	for _, p := range graph {
+		if p.Stop == nil || p.Name == PhaseListen || p.Name == PhaseServe {
+			continue
+		}
+		d := p.StopTimeout
+		if d == 0 {
+			d = cfg.StopTimeout
+		}
+		total += d
+	}
+	return total
+}
