@@ -16,18 +16,12 @@ import (
 // command does, and it refuses while slots are leased unless told
 // --destroy-leased-slots.
 func decommissionCmd(ctx context.Context, e env) int {
-	cfg := oneShotConfig()
-	var lf logFlags
-	fs := flag.NewFlagSet("decommission", flag.ContinueOnError)
-	slotFlags(fs, &cfg)
-	destroy := fs.Bool("destroy-leased-slots", false, "also destroy leased slots, cutting their workloads off (required while any slot is leased)")
-	lf.register(fs)
-	if code, done := e.parseCommand(fs, "decommission [flags]"); done {
+	var destroy *bool
+	cfg, lf, code, done := e.parseOneShot("decommission", func(fs *flag.FlagSet) {
+		destroy = fs.Bool("destroy-leased-slots", false, "also destroy leased slots, cutting their workloads off (required while any slot is leased)")
+	})
+	if done {
 		return code
-	}
-	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(e.stderr, "phasegate decommission: %s\n", oneLine(err))
-		return exitUsage
 	}
 	res, err := phases.Decommission(ctx, cfg, *destroy, lf.logger(e.stderr))
 	var leased *phases.LeasesExistError

@@ -22,34 +22,59 @@ func oneShotConfig() phases.Config {
 	return cfg
 }
 
+// parseOneShot parses the flags of one-shot command name: the slots' and
+// the log's over oneShotConfig, and those own adds; then validates them.
+// done says the command ends there, with code.
+func (e env) parseOneShot(name string, own func(*flag.FlagSet)) (cfg phases.Config, lf logFlags, code int, done bool) {
+	cfg = oneShotConfig()
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	slotFlags(fs, &cfg)
+	own(fs)
+	lf.register(fs)
+	if code, done := e.parseCommand(fs, name+" [flags]"); done {
+		return cfg, lf, code, true
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(e.stderr, "phasegate %s: %s\n", name, oneLine(err))
+		return cfg, lf, exitUsage, true
+	}
+	return cfg, lf, 0, false
+}
+
+// refuseIfHeld says, before anything is made, that a daemon holds cfg's
+// lock (exit 1, naming it, then hint) or that the lock cannot be asked
+// (exit 2); done says the command ends there, with code.
+func (e env) refuseIfHeld(ctx context.Context, cmd string, cfg phases.Config, hint string) (code int, done bool) {
+	lockPath, err := cfg.LockPath()
+	if err != nil {
+		fmt.Fprintf(e.stderr, "phasegate %s: %v\n", cmd, err)
+		return exitUsage, true
+	}
+	held, pid, err := lockfile.Probe(ctx, lockPath)
+	switch {
+	case err != nil:
+		fmt.Fprintf(e.stderr, "phasegate %s: %v\n", cmd, err)
+		return exitUsage, true
+	case held:
+		fmt.Fprintf(e.stderr, "phasegate %s: %v%s\n", cmd, cfg.HeldError(&lockfile.HeldError{Path: lockPath, PID: pid}), hint)
+		return exitFailed, true
+	}
+	return 0, false
+}
+
 // reclaimCmd tears down leaked slots once, without a daemon: for a host that
 // will not run phasegate again, or to measure a reclaim. It takes the
 // daemon's lock, so it refuses to run beside one.
 func reclaimCmd(ctx context.Context, e env) int {
-	cfg := oneShotConfig()
-	var lf logFlags
-	fs := flag.NewFlagSet("reclaim", flag.ContinueOnError)
-	slotFlags(fs, &cfg)
-	dryRun := fs.Bool("dry-run", false, "list what would be reclaimed and change nothing")
-	lf.register(fs)
-	if code, done := e.parseCommand(fs, "reclaim [flags]"); done {
+	var dryRun *bool
+	cfg, lf, code, done := e.parseOneShot("reclaim", func(fs *flag.FlagSet) {
+		dryRun = fs.Bool("dry-run", false, "list what would be reclaimed and change nothing")
+	})
+	if done {
 		return code
 	}
-	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(e.stderr, "phasegate reclaim: %s\n", oneLine(err))
-		return exitUsage
-	}
-	lockPath, err := cfg.LockPath()
-	if err != nil {
-		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
-		return exitUsage
-	}
-	if held, pid, err := lockfile.Probe(ctx, lockPath); err != nil {
-		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
-		return exitUsage
-	} else if held {
-		fmt.Fprintf(e.stderr, "phasegate reclaim: %v; a daemon reclaims by itself\n", cfg.HeldError(&lockfile.HeldError{Path: lockPath, PID: pid}))
-		return exitFailed
+	if code, done := e.refuseIfHeld(ctx, "reclaim", cfg, "; a daemon reclaims by itself"); done {
+		return code
 	}
 	log := lf.logger(e.stderr)
 	if *dryRun {

@@ -17,7 +17,6 @@ import (
 	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/phases"
-	"github.com/phasegate/phasegate/phases/lockfile"
 	"github.com/phasegate/phasegate/tracing"
 )
 
@@ -143,17 +142,8 @@ func serveCmd(ctx context.Context, e env) int {
 	if _, upgraded := e.lookupEnv(app.UpgradeFDsEnv); upgraded {
 		return runDaemon(ctx, e, cfg, lf)
 	}
-	lockPath, err := cfg.LockPath()
-	if err != nil {
-		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
-		return exitUsage
-	}
-	if held, pid, err := lockfile.Probe(ctx, lockPath); err != nil {
-		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
-		return exitUsage
-	} else if held {
-		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", cfg.HeldError(&lockfile.HeldError{Path: lockPath, PID: pid}))
-		return exitFailed
+	if code, done := e.refuseIfHeld(ctx, "serve", cfg, ""); done {
+		return code
 	}
 	if err := checkControlSocket(ctx, cfg); err != nil {
 		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)

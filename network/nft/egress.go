@@ -260,10 +260,7 @@ type EgressState struct {
 // EgressOf reads the egress chain of the slot whose host interface is
 // name; the zero EgressState when it has none.
 func (t *Table) EgressOf(ctx context.Context, name string) (EgressState, error) {
-	if err := ctx.Err(); err != nil {
-		return EgressState{}, err
-	}
-	c, release, err := t.conn()
+	c, release, err := t.connFor(ctx)
 	if err != nil {
 		return EgressState{}, err
 	}

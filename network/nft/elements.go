@@ -44,10 +44,7 @@ func (t *Table) list(ctx context.Context, c *nftables.Conn) ([]string, error) {
 // names returns the interface names set (the slots set or the egress map)
 // is keyed by, sorted, on a connection of its own.
 func (t *Table) names(ctx context.Context, set *nftables.Set) ([]string, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	c, release, err := t.conn()
+	c, release, err := t.connFor(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -123,10 +120,7 @@ func (t *Table) Remove(ctx context.Context, names ...string) error {
 	if len(names) == 0 {
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	c, release, err := t.conn()
+	c, release, err := t.connFor(ctx)
 	if err != nil {
 		return err
 	}

@@ -254,12 +254,17 @@ func (t *Table) conn() (c *nftables.Conn, release func(), err error) {
 	return c, release, nil
 }
 
+// connFor is conn for a call made under ctx: none once ctx has ended.
+func (t *Table) connFor(ctx context.Context) (*nftables.Conn, func(), error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	return t.conn()
+}
+
 // Exists reports whether the table exists with its set.
 func (t *Table) Exists(ctx context.Context) (bool, error) {
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	c, release, err := t.conn()
+	c, release, err := t.connFor(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -278,10 +283,7 @@ func policy(p nftables.ChainPolicy) *nftables.ChainPolicy { return &p }
 // Delete removes the table with everything in it. A missing table is not an
 // error.
 func (t *Table) Delete(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	c, release, err := t.conn()
+	c, release, err := t.connFor(ctx)
 	if err != nil {
 		return err
 	}
@@ -300,10 +302,7 @@ func (t *Table) RuleCount(ctx context.Context) (int, error) {
 }
 
 func (t *Table) allRules(ctx context.Context) ([]*nftables.Rule, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	c, release, err := t.conn()
+	c, release, err := t.connFor(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -60,15 +60,9 @@ func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
 // it refuses is destroyed. After Close or Stop the slot is destroyed, or
 // kept with the idle ones by Stop.
 func (p *Pool) Return(s *slot.Slot) error {
-	if s == nil {
-		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
+	if err := p.takeBack(s); err != nil {
+		return err
 	}
-	p.mu.Lock()
-	if p.inUse[s.Index] != s {
-		p.mu.Unlock()
-		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
-	}
-	delete(p.inUse, s.Index)
 	if p.closed && !p.keep {
 		p.mu.Unlock()
 		return p.destroy(context.Background(), s)
@@ -104,15 +98,9 @@ func (p *Pool) Return(s *slot.Slot) error {
 // LastError, not Put's); if ctx ends first, Put returns ctx's error and the
 // work still finishes. After Close, Put only destroys the slot.
 func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
-	if s == nil {
-		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
+	if err := p.takeBack(s); err != nil {
+		return err
 	}
-	p.mu.Lock()
-	if p.inUse[s.Index] != s {
-		p.mu.Unlock()
-		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
-	}
-	delete(p.inUse, s.Index)
 	if p.closed {
 		p.mu.Unlock()
 		return p.destroy(context.WithoutCancel(ctx), s)
@@ -166,5 +154,21 @@ func (p *Pool) Lose(s *slot.Slot) error {
 	delete(p.inUse, s.Index)
 	p.lost[s.Index] = true
 	p.broadcast()
+	return nil
+}
+
+// takeBack locks p.mu and takes s back from the slots handed out; it
+// returns with p.mu held, or, for a slot that is not handed out, unlocked
+// with ErrNotFromPool.
+func (p *Pool) takeBack(s *slot.Slot) error {
+	if s == nil {
+		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
+	}
+	p.mu.Lock()
+	if p.inUse[s.Index] != s {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
+	}
+	delete(p.inUse, s.Index)
 	return nil
 }
