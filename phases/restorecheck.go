@@ -31,9 +31,9 @@ import (
 // under the table's lock, so that one caller at a time runs it.
 type restoreCheck struct {
 	table    *leaseTable
-	pool     *pool.Pool    // takes a lost lease's slot back (Lose)
-	mgr      *slot.Manager // identifies, repairs and tears down
-	found    slot.Inventory
+	pool     *pool.Pool     // takes a lost lease's slot back (Lose)
+	mgr      *slot.Manager  // identifies, repairs and tears down
+	found    slot.Inventory // what the start's scan found at the restored indices
 	teardown slot.TeardownOptions
 	log      *slog.Logger
 	health   warnings
