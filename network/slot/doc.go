@@ -36,6 +36,12 @@
 // check): one walk costs the same for one address or thousands, so
 // creations do not pay one each.
 //
+// Manager.Attach moves a slot's inside end into a network namespace the
+// slot does not own (a container's, for a CNI attachment), named and
+// configured as the runtime asks: the slot's own namespace stays as its
+// identity, the host end and its rules as they were. A failed attach puts
+// the end back.
+//
 // Manager.Teardown hands the kernel the dead namespaces all at once or in
 // batches (TeardownOptions.Batch, BatchPause): the kernel's clean-up holds
 // the networking lock while it destroys a batch, so smaller batches keep a

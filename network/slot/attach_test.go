@@ -1,0 +1,216 @@
+package slot
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/phasegate/phasegate/network/internal/osthread"
+	"github.com/phasegate/phasegate/network/netns"
+)
+
+// containerNetns makes a network namespace standing for a container's,
+// as a runtime would (bound at a file of its own), opens it as Attach's
+// callers do, and removes it at the end: its links, the slot's attached
+// end included, go with it.
+func containerNetns(t *testing.T) (path string, fd int, h *netlink.Handle) {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	path, err := netns.Create(ctx, dir, "ctr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fd, err = netns.OpenForeign(path); err != nil {
+		t.Fatal(err)
+	}
+	if h, err = netlink.NewHandleAt(vns.NsHandle(fd)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.Close()
+		unix.Close(fd)
+		if err := netns.Delete(ctx, dir, "ctr"); err != nil {
+			t.Errorf("remove the container's namespace: %v", err)
+		}
+		for unix.Unmount(dir, unix.MNT_DETACH) == nil {
+		}
+	})
+	return path, fd, h
+}
+
+// addLink adds a link named name in the namespace of h: a veth, whose
+// peer is name with a "p" after it (the kernel here may lack dummy).
+func addLink(t *testing.T, h *netlink.Handle, name string) {
+	t.Helper()
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+		t.Fatalf("add %s: %v", name, err)
+	}
+}
+
+// checkConfigured fails unless the namespace of h has link name up, with
+// addr, and a default route through it via gw.
+func checkConfigured(t *testing.T, h *netlink.Handle, name string, addr, gw netip.Prefix) {
+	t.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatalf("find %s: %v", name, err)
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("%s is down", name)
+	}
+	addrs, err := h.AddrList(l, netlink.FAMILY_V4)
+	if err != nil || len(addrs) != 1 || addrs[0].IPNet.String() != addr.String() {
+		t.Errorf("%s's addresses: %v %v, want %s", name, addrs, err, addr)
+	}
+	routes, err := h.RouteList(l, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := false
+	for _, r := range routes {
+		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+			def = r.Gw.String() == gw.Addr().String()
+		}
+	}
+	if !def {
+		t.Errorf("%s: no default route via %s: %v", name, gw.Addr(), routes)
+	}
+}
+
+// insideHandle is a netlink handle in slot s's own namespace.
+func insideHandle(t *testing.T, s *Slot) *netlink.Handle {
+	t.Helper()
+	fd, err := netns.Open(s.NetnsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
+// echoIn serves one echo on addr, listening in the namespace at path.
+func echoIn(t *testing.T, path string, addr netip.Addr) net.Addr {
+	t.Helper()
+	var l net.Listener
+	var err error
+	osthread.Throwaway(func() {
+		var fd int
+		if fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+			return
+		}
+		err = unix.Setns(fd, unix.CLONE_NEWNET)
+		unix.Close(fd)
+		if err == nil {
+			l, err = net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
+		}
+	})
+	if err != nil {
+		t.Fatalf("listen in %s: %v", path, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			_, _ = io.Copy(c, c)
+			c.Close()
+		}
+	}()
+	return l.Addr()
+}
+
+// Attach moves a warm slot's inside end into a container's namespace,
+// named as the runtime asks, configured and reachable from the host
+// through the slot's host end; the slot's own namespace is left empty.
+func TestAttachMovesTheInsideEndIntoAContainersNamespace(t *testing.T) {
+	m := testManager(t)
+	ctx := context.Background()
+	s, err := m.Create(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, fd, h := containerNetns(t)
+	a, err := m.Attach(ctx, s, fd, "eth0")
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	checkConfigured(t, h, "eth0", s.InsideAddr, s.HostAddr)
+	if a.IfName != "eth0" || a.IfIndex == 0 || len(a.MAC) != 6 || len(a.HostMAC) != 6 {
+		t.Errorf("attachment %+v: want eth0 with its index and both MACs", a)
+	}
+	if _, err := insideHandle(t, s).LinkByName(s.InsideIf); !isNotFound(err) {
+		t.Errorf("the slot's namespace still has %s: %v", s.InsideIf, err)
+	}
+	addr := echoIn(t, path, s.InsideAddr.Addr())
+	c, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial the container through the slot: %v", err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo through the attached slot: %q %v", buf, err)
+	}
+	if _, err := m.Identify(s.Index, s.NetnsID, s.HostIfIndex); err != nil {
+		t.Errorf("the attached slot no longer identifies as itself: %v", err)
+	}
+}
+
+// A name the namespace has already is refused and a move that fails
+// halfway is undone: either way the slot is as Create left it. A
+// namespace whose own link bears the slot's inside end's name still takes
+// the slot under another name.
+func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
+	m := testManager(t)
+	ctx := context.Background()
+	s, err := m.Create(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, fd, h := containerNetns(t)
+	addLink(t, h, s.InsideIf)
+	addLink(t, h, "pgmv1") // the transit name: the move itself fails
+	for _, c := range []struct {
+		ifname string
+		want   error // nil: any error
+	}{
+		{s.InsideIf, ErrIfNameTaken},
+		{"eth1", nil},
+		{"a/b", nil},
+		{"much-too-long-name", nil},
+	} {
+		_, err := m.Attach(ctx, s, fd, c.ifname)
+		if err == nil || (c.want != nil && !errors.Is(err, c.want)) {
+			t.Errorf("Attach as %q: %v, want an error (%v)", c.ifname, err, c.want)
+		}
+		checkConfigured(t, insideHandle(t, s), s.InsideIf, s.InsideAddr, s.HostAddr)
+	}
+	transit, err := h.LinkByName("pgmv1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkDel(transit); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Attach(ctx, s, fd, "eth1"); err != nil {
+		t.Fatalf("Attach beside a link named %s: %v", s.InsideIf, err)
+	}
+	checkConfigured(t, h, "eth1", s.InsideAddr, s.HostAddr)
+}
