@@ -300,6 +300,16 @@ func TestEventPhasesCarryDependenciesAndTasks(t *testing.T) {
 	}
 	mustStart(t, lc)
 	<-taskDone
+	// The task's function has returned; its failure is recorded just
+	// after: a drain before that would cancel it instead.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if ts := lc.Snapshot().Tasks; len(ts) == 1 && ts[0].State == lifecycle.TaskFailed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the task's failure was not recorded: %+v", lc.Snapshot().Tasks)
+		}
+	}
 	mustDrain(t, lc)
 	log := lc.Events(0)
 	checkDense(t, log)
