@@ -78,6 +78,30 @@ func (m *Manager) Attach(ctx context.Context, s *Slot, nsFD int, ifname string) 
 	return a, nil
 }
 
+// Detach ends an attachment of slot s: it deletes the slot's host end,
+// which takes the inside end with it wherever it lives, never the
+// namespace it lives in (the runtime's). The slot's own namespace is left
+// for the teardown, which then has no link to wait for (a teardown waits
+// for the kernel to remove a pair with the slot's namespace, which an
+// attached pair, whose inside end lives elsewhere, never is). A host end
+// already gone (the container's namespace went, and the pair with it) is
+// not an error; a link of that name with another index is not the slot's
+// and is left alone.
+func (m *Manager) Detach(ctx context.Context, s *Slot) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("slot %d: detach: %w", s.Index, err)
+	}
+	p, err := newLinkProbe()
+	if err != nil {
+		return fmt.Errorf("slot %d: detach: %w", s.Index, err)
+	}
+	defer p.close()
+	if err := deleteLink(p, s.HostIfIndex, s.HostIf); err != nil {
+		return fmt.Errorf("slot %d: detach: %w", s.Index, err)
+	}
+	return nil
+}
+
 // validIfName checks a name the kernel would take for a link.
 func validIfName(name string) error {
 	switch {

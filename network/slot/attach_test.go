@@ -214,3 +214,38 @@ func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
 	}
 	checkConfigured(t, h, "eth1", s.InsideAddr, s.HostAddr)
 }
+
+// Detach deletes the host end, which takes the container's end with it and
+// leaves the container's namespace; the slot's teardown then has no link
+// to wait for. A second Detach finds nothing to do.
+func TestDetachEndsTheAttachment(t *testing.T) {
+	m := testManager(t)
+	m.hostGone = 10 * time.Minute // a teardown that waited for the pair would not end within the test's context
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := m.Create(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, fd, h := containerNetns(t)
+	if _, err := m.Attach(ctx, s, fd, "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := m.Detach(ctx, s); err != nil {
+			t.Fatalf("Detach: %v", err)
+		}
+	}
+	if _, err := h.LinkByName("eth0"); !isNotFound(err) {
+		t.Errorf("the container's end is still there: %v", err)
+	}
+	if !netns.IsMounted(path) {
+		t.Errorf("the container's namespace %s is gone: it is the runtime's", path)
+	}
+	if idx, err := linkIndex(s.HostIf); err != nil || idx != 0 {
+		t.Errorf("host end %s: index %d, %v; want it gone", s.HostIf, idx, err)
+	}
+	if err := m.Destroy(ctx, s.Index); err != nil {
+		t.Fatalf("the detached slot's teardown: %v", err)
+	}
+}

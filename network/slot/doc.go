@@ -40,7 +40,7 @@
 // slot does not own (a container's, for a CNI attachment), named and
 // configured as the runtime asks: the slot's own namespace stays as its
 // identity, the host end and its rules as they were. A failed attach puts
-// the end back.
+// the end back; Manager.Detach ends an attachment by deleting the host end.
 //
 // Manager.Teardown hands the kernel the dead namespaces all at once or in
 // batches (TeardownOptions.Batch, BatchPause): the kernel's clean-up holds
