@@ -17,7 +17,21 @@ import (
 // a caller acts on it. Who may name which namespace is the caller's to
 // decide.
 func OpenForeign(path string) (int, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	// O_PATH first: opening a FIFO or a device for reading can block or
+	// act; only an nsfs file is then opened for real.
+	pfd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("netns: %w", pathErr("open", path, err))
+	}
+	defer unix.Close(pfd)
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(pfd, &sfs); err != nil {
+		return -1, fmt.Errorf("netns: %w", pathErr("fstatfs", path, err))
+	}
+	if sfs.Type != unix.NSFS_MAGIC {
+		return -1, fmt.Errorf("netns: %s is not a namespace: %w", path, ErrNotNamespace)
+	}
+	fd, err := unix.Open(fdPath(pfd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("netns: %w", pathErr("open", path, err))
 	}

@@ -21,6 +21,10 @@ func TestOpenForeign(t *testing.T) {
 	if err := os.WriteFile(regular, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	fifo := filepath.Join(t.TempDir(), "fifo") // opening it to read would block
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name, path string
 		want       error // nil: opens
@@ -29,6 +33,8 @@ func TestOpenForeign(t *testing.T) {
 		{"a link to it", fmt.Sprintf("/proc/%d/ns/net", os.Getpid()), nil},
 		{"a namespace of another type", "/proc/self/ns/mnt", ErrNotNamespace},
 		{"a regular file", regular, ErrNotNamespace},
+		{"a FIFO", fifo, ErrNotNamespace},
+		{"a device", "/dev/null", ErrNotNamespace},
 		{"nothing", filepath.Join(t.TempDir(), "missing"), unix.ENOENT},
 	} {
 		t.Run(c.name, func(t *testing.T) {

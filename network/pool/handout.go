@@ -67,8 +67,13 @@ func (p *Pool) Return(s *slot.Slot) error {
 		p.mu.Unlock()
 		return p.destroy(context.Background(), s)
 	}
-	p.wg.Add(1) // a Stop meanwhile waits for the slot to be kept
-	defer p.wg.Done()
+	if !p.closed {
+		// A Stop from now on waits for the slot to be kept. After one
+		// (p.keep), the slot is recorded and kept all the same, as the
+		// slots Stop keeps are; only Stop's list lacks it.
+		p.wg.Add(1)
+		defer p.wg.Done()
+	}
 	p.mu.Unlock()
 	if p.opts.OnIdle != nil {
 		if err := p.opts.OnIdle(context.Background(), s); err != nil {

@@ -1,6 +1,7 @@
 package slot
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -36,8 +37,11 @@ type Attachment struct {
 // untouched. The end is renamed to a name unique to the slot before it
 // moves, so that a namespace that already has a link named like the
 // slot's inside end takes it; a namespace that has one named ifname is
-// refused with [ErrIfNameTaken]. On any failure the end is moved back and
-// configured as [Manager.Create] left it: the slot is as it was.
+// refused with [ErrIfNameTaken]. A default route the namespace has is
+// replaced: the container's traffic leaves through the slot. The host's
+// own namespace and the slot's are refused. On any failure the end is
+// moved back and configured as [Manager.Create] left it: the slot is as it
+// was.
 //
 // The namespace is the caller's (its runtime made it and destroys it);
 // Attach never closes nsFD. A guest-profile slot, whose inside is a
@@ -51,6 +55,14 @@ func (m *Manager) Attach(ctx context.Context, s *Slot, nsFD int, ifname string) 
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("slot %d: attach: %w", s.Index, err)
+	}
+	if err := notOurs(s, nsFD); err != nil {
+		return nil, fmt.Errorf("slot %d: attach: %w", s.Index, err)
+	}
+	// Read before the move: after it, a failure must undo the move.
+	host, err := netlink.LinkByIndex(s.HostIfIndex)
+	if err != nil {
+		return nil, fmt.Errorf("slot %d: attach: find host end %s: %w", s.Index, s.HostIf, err)
 	}
 	slotFD, err := netns.Open(s.NetnsPath)
 	if err != nil {
@@ -70,12 +82,29 @@ func (m *Manager) Attach(ctx context.Context, s *Slot, nsFD int, ifname string) 
 		}
 		return nil, err
 	}
-	host, err := netlink.LinkByIndex(s.HostIfIndex)
-	if err != nil {
-		return nil, fmt.Errorf("slot %d: attach: find host end %s: %w", s.Index, s.HostIf, err)
-	}
 	a.HostMAC = host.Attrs().HardwareAddr
 	return a, nil
+}
+
+// notOurs refuses a target namespace that is the host's own (whose
+// default route Attach would replace) or the slot's.
+func notOurs(s *Slot, nsFD int) error {
+	var target, root unix.Stat_t
+	if err := unix.Fstat(nsFD, &target); err != nil {
+		return fmt.Errorf("fstat the target namespace: %w", err)
+	}
+	// No goroutine that runs Go code changes namespace: this thread's is
+	// the host's.
+	if err := unix.Stat("/proc/thread-self/ns/net", &root); err != nil {
+		return fmt.Errorf("stat the host's namespace: %w", err)
+	}
+	switch id := (netns.ID{Dev: target.Dev, Ino: target.Ino}); {
+	case target.Dev == root.Dev && target.Ino == root.Ino:
+		return errors.New("the target is the host's own namespace")
+	case id == s.NetnsID:
+		return errors.New("the target is the slot's own namespace")
+	}
+	return nil
 }
 
 // Detach ends an attachment of slot s: it deletes the slot's host end,
@@ -121,7 +150,8 @@ type move struct {
 	s            *Slot
 	slotFD, toFD int
 	from, to     *netlink.Handle
-	transitName  string // unique to the slot while it moves
+	transitName  string           // unique to the slot while it moves
+	mac          net.HardwareAddr // the inside end's, to find it wherever it is
 }
 
 func newMove(s *Slot, slotFD, nsFD int) (*move, error) {
@@ -156,6 +186,7 @@ func (mv *move) attach(ifname string) (*Attachment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("find %s in %s: %w", s.InsideIf, s.NetnsName, err)
 	}
+	mv.mac = in.Attrs().HardwareAddr
 	// A link is renamed only while down; moving it drops its addresses
 	// and routes, which are set again on the other side.
 	if err := mv.from.LinkSetDown(in); err != nil {
@@ -219,15 +250,19 @@ func (mv *move) back(m *Manager) error {
 	return m.configureInside(mv.slotFD, s)
 }
 
-// findMoved finds the slot's inside end in the target namespace: the
-// peer of its host end.
+// findMoved finds the slot's inside end in the target namespace: the veth
+// with its hardware address whose peer has its host end's index. An index
+// alone could be another namespace's link's (indices are per namespace).
 func (mv *move) findMoved() (netlink.Link, error) {
+	if mv.mac == nil {
+		return nil, fmt.Errorf("the inside end of %s never left %s", mv.s.HostIf, mv.s.NetnsName)
+	}
 	links, err := mv.to.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("list the namespace's links: %w", err)
 	}
 	for _, l := range links {
-		if _, ok := l.(*netlink.Veth); ok && l.Attrs().ParentIndex == mv.s.HostIfIndex {
+		if _, ok := l.(*netlink.Veth); ok && l.Attrs().ParentIndex == mv.s.HostIfIndex && bytes.Equal(l.Attrs().HardwareAddr, mv.mac) {
 			return l, nil
 		}
 	}

@@ -202,6 +202,19 @@ func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
 		}
 		checkConfigured(t, insideHandle(t, s), s.InsideIf, s.InsideAddr, s.HostAddr)
 	}
+	// Neither the host's own namespace nor the slot's: the host's default
+	// route would be replaced.
+	for _, path := range []string{"/proc/self/ns/net", s.NetnsPath} {
+		own, err := netns.OpenForeign(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Attach(ctx, s, own, "pgown0"); err == nil {
+			t.Errorf("Attach into %s: no error", path)
+		}
+		unix.Close(own)
+		checkConfigured(t, insideHandle(t, s), s.InsideIf, s.InsideAddr, s.HostAddr)
+	}
 	transit, err := h.LinkByName("pgmv1")
 	if err != nil {
 		t.Fatal(err)
