@@ -70,7 +70,7 @@ func (s *slotsService) expiryDeferred(rec leases.Record, now time.Time) bool {
 // how many it ended.
 func (s *slotsService) expire(ctx context.Context, now time.Time) int {
 	s.table.mu.Lock()
-	var due, deferred []*lease
+	var due, deferred []lease // copies: a renewal may change a lease's record meanwhile
 	for _, l := range s.table.leased {
 		switch {
 		case !l.rec.Expired(now):
@@ -78,10 +78,10 @@ func (s *slotsService) expire(ctx context.Context, now time.Time) int {
 		case s.expiryDeferred(l.rec, now):
 			if !l.deferred {
 				l.deferred = true
-				deferred = append(deferred, l)
+				deferred = append(deferred, *l)
 			}
 		default:
-			due = append(due, l)
+			due = append(due, *l)
 		}
 	}
 	s.table.mu.Unlock()
@@ -100,9 +100,10 @@ func (s *slotsService) expire(ctx context.Context, now time.Time) int {
 	return n
 }
 
-// expireOne ends lease l if its record is still the lease's and still
-// past its deadline (a renewal may have come since the scan).
-func (s *slotsService) expireOne(ctx context.Context, l *lease, now time.Time) bool {
+// expireOne ends lease l (a copy taken by the scan) if its record is
+// still the lease's and still past its deadline (a renewal may have come
+// since the scan).
+func (s *slotsService) expireOne(ctx context.Context, l lease, now time.Time) bool {
 	_, span := s.tracer.Start(ctx, "lease expired", trace.WithAttributes(
 		attribute.Int("phasegate.slot", l.rec.Index), attribute.String("phasegate.owner", l.rec.Owner),
 		attribute.String("phasegate.ttl", l.rec.TTL.String())))

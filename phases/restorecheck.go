@@ -131,7 +131,7 @@ func (c *restoreCheck) runChecks(ctx context.Context, ls []*lease) (settled int,
 		v := vs[i]
 		if v.lost != "" {
 			if perr := c.pool.Lose(l.slot); perr != nil {
-				c.log.Warn("lost lease's slot was not the pool's", "slot", l.rec.Index, "error", perr)
+				c.log.Warn("lost lease's slot was not the pool's", "slot", l.slot.Index, "error", perr)
 			}
 		}
 		c.table.mu.Lock()

@@ -259,8 +259,8 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	if err != nil {
 		return nil, err
 	}
-	control.Note(ctx, "slot", a.l.rec.Index, "retry", a.retry)
 	l := s.table.copyOf(a.l)
+	control.Note(ctx, "slot", l.rec.Index, "retry", a.retry)
 	return &phasegatev1.AcquireResponse{Slot: s.describe(l.rec.Index, leaseState(&l), &l), LeaseId: l.rec.LeaseID}, nil
 }
 
@@ -314,7 +314,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 		case errors.As(err, &dup):
 			// A retry on another daemon image's connection won the race.
 			if l, ok := s.table.byRequest(owner, requestID); ok {
-				if err := retriedBy(l, principal); err != nil {
+				if err := retriedBy(s.table.copyOf(l), principal); err != nil {
 					return acquired{}, err
 				}
 				return acquired{l: l, retry: true}, nil
@@ -345,7 +345,7 @@ func (s *slotsService) retried(ctx context.Context, owner, requestID, principal 
 	if !ok {
 		return acquired{}, false, nil
 	}
-	if err := retriedBy(l, principal); err != nil {
+	if err := retriedBy(s.table.copyOf(l), principal); err != nil {
 		return acquired{}, true, err
 	}
 	// The retry's answer says ACQUIRED or LOST, never "not checked yet":
@@ -378,7 +378,7 @@ func (s *slotsService) returnUnleased(sl *slot.Slot, hadPolicy bool) {
 
 // retriedBy refuses a retried Acquire whose caller is not the principal
 // that took the lease: the lease id goes only to its principal.
-func retriedBy(l *lease, principal string) error {
+func retriedBy(l lease, principal string) error {
 	if l.rec.Principal == principal {
 		return nil
 	}

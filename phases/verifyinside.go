@@ -26,20 +26,21 @@ func (s *slotsService) hasInside(l *lease) bool {
 	return l.slot != nil && (s.cfg.Guest.Enabled() || l.rec.Egress != nil)
 }
 
-// insideToVerify returns the leases whose slots have something to verify,
-// of those given (nil: every lease held now).
-func (s *slotsService) insideToVerify(of []*lease) []*lease {
+// insideToVerify returns copies of the leases whose slots have something
+// to verify, of those given (nil: every lease held now), taken under the
+// table's lock.
+func (s *slotsService) insideToVerify(of []*lease) []lease {
+	s.table.mu.Lock()
+	defer s.table.mu.Unlock()
 	if of == nil {
-		s.table.mu.Lock()
 		for _, l := range s.table.leased {
 			of = append(of, l)
 		}
-		s.table.mu.Unlock()
 	}
-	var out []*lease
+	var out []lease
 	for _, l := range of {
 		if s.hasInside(l) {
-			out = append(out, l)
+			out = append(out, *l)
 		}
 	}
 	return out
@@ -70,7 +71,7 @@ func (d *Daemon) verifyInside(ctx context.Context, p *lifecycle.Progress, restor
 // verifyPass checks the slots of leases, spreading the checks over span
 // (0: one after the other), and logs what it repaired; what names the
 // leases in the log ("restored lease").
-func (s *slotsService) verifyPass(ctx context.Context, p *lifecycle.Progress, leases []*lease, span time.Duration, what string) {
+func (s *slotsService) verifyPass(ctx context.Context, p *lifecycle.Progress, leases []lease, span time.Duration, what string) {
 	p.SetTotal(int64(len(leases)), what+"s")
 	p.SetDone(0)
 	repairedN := 0
