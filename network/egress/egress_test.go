@@ -59,14 +59,6 @@ func egressWorks(t *testing.T, h *fakehost.Host, wait time.Duration) bool {
 	return ok
 }
 
-func kinds(r egress.Report) []egress.Kind {
-	var out []egress.Kind
-	for _, p := range r.Problems {
-		out = append(out, p.Kind)
-	}
-	return out
-}
-
 // only fails unless the report has exactly one problem, of kind k, whose
 // message contains every string of want.
 func only(t *testing.T, r egress.Report, k egress.Kind, want ...string) egress.Problem {
