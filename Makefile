@@ -13,11 +13,12 @@ GRPC_HEALTH_PROBE_VERSION := v0.4.62
 # never reach an adopter's go.mod.
 MODULES   := . test examples tracing/internal/autoexportcmp
 
-.PHONY: bench-compare bench-smoke bench-report bench-render reliability help demo run build test unit deps tools bench vet generate fuzz screenshot
+.PHONY: cni-plugin bench-compare bench-smoke bench-report bench-render reliability help demo run build test unit deps tools bench vet generate fuzz screenshot
 
 help:
 	@echo "make demo     the whole story: leaked slots, a daemon starting, health 503 -> 200 (as root)"
 	@echo "make run      build and run the daemon on its defaults (as root)"
+	@echo "make cni-plugin  build the CNI plugin and install it into CNI_PATH (default /opt/cni/bin; root)"
 	@echo "make test     every test: unit, kernel (root) and end-to-end; installs the tools they need"
 	@echo "make unit     the tests that need no root and no tools"
 	@echo "make bench    the Go micro-benchmarks (lifecycle, server)"
@@ -30,6 +31,12 @@ help:
 
 build:
 	$(GO) build -o bin/phasegate ./cmd/phasegate
+
+## cni-plugin: build the CNI plugin and install it where runtimes look for plugins (root).
+CNI_PATH ?= /opt/cni/bin
+cni-plugin:
+	$(GO) build -trimpath -o bin/phasegate-cni ./cmd/phasegate-cni
+	install -D -m 0755 bin/phasegate-cni $(CNI_PATH)/phasegate-cni
 
 ## demo: leaked slots, a daemon reclaiming them, health turning 503 → 200 (root).
 demo: build

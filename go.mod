@@ -3,6 +3,7 @@ module github.com/phasegate/phasegate
 go 1.26.0
 
 require (
+	github.com/containernetworking/cni v1.3.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/google/nftables v0.3.0
 	github.com/looplab/fsm v1.0.3

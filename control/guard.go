@@ -142,6 +142,24 @@ func (g *Guard) Intercept(ctx context.Context, req any, info *grpc.UnaryServerIn
 	if !ok {
 		return handler(ctx, req)
 	}
+	var resp any
+	err := g.Call(ctx, method, func(ctx context.Context) error {
+		var err error
+		resp, err = handler(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
+// Call is the guard around one call of method that does not come as a
+// gRPC call (a JSON route of the control socket): the caller identified
+// from ctx, taken from its rate unless a tap took the call already,
+// refused when the policy grants it nothing, and call run with its
+// [Caller]; the audit line and the metric are written as for a gRPC call,
+// under method, which should be one [GuardOptions] names. Its error is
+// the refusal or call's, a gRPC status error (or one converted to
+// Unknown).
+func (g *Guard) Call(ctx context.Context, method string, call func(ctx context.Context) error) error {
 	a := &audit{}
 	ctx = context.WithValue(ctx, auditKey{}, a)
 	pr, err := Identify(ctx)
@@ -151,23 +169,22 @@ func (g *Guard) Intercept(ctx context.Context, req any, info *grpc.UnaryServerIn
 		// Unless the surface's tap took this call from the rate already.
 		err = g.spend(pr)
 	}
-	var resp any
 	if err == nil {
-		resp, err = g.admit(ctx, pr, req, handler)
+		err = g.admit(ctx, pr, call)
 	}
 	g.record(ctx, method, pr, a, err)
-	return resp, err
+	return err
 }
 
-// admit refuses pr when the policy grants it nothing, and otherwise calls
-// handler with its Caller.
-func (g *Guard) admit(ctx context.Context, pr Principal, req any, handler grpc.UnaryHandler) (any, error) {
+// admit refuses pr when the policy grants it nothing, and otherwise runs
+// call with its Caller.
+func (g *Guard) admit(ctx context.Context, pr Principal, call func(ctx context.Context) error) error {
 	grant := g.policy.Grant(pr)
 	if grant.Empty() {
-		return nil, errNothingGranted(pr)
+		return errNothingGranted(pr)
 	}
 	ctx = context.WithValue(ctx, chargeKey{}, func(n int) error { return g.charge(pr, n) })
-	return handler(WithCaller(ctx, Caller{Principal: pr, Grant: grant}), req)
+	return call(WithCaller(ctx, Caller{Principal: pr, Grant: grant}))
 }
 
 type chargeKey struct{}

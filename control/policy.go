@@ -62,6 +62,12 @@ type Rule struct {
 	Owners []string `json:"owners"`
 	// ReadOnly grants Get and List of these owners' leases, nothing more.
 	ReadOnly bool `json:"read_only,omitempty"`
+	// Attach grants, beside leasing for Owners, attaching a slot to a
+	// network namespace the caller names (a CNI ADD, owner
+	// "cni/<network>"). The daemon opens that path and moves a link into
+	// it, so the right is given apart: root has it, and any other
+	// principal only by a rule that says so. A read-only rule cannot.
+	Attach bool `json:"attach,omitempty"`
 	// MaxLeases overrides the policy's quota for the selected principals.
 	MaxLeases *int `json:"max_leases,omitempty"`
 }
@@ -196,6 +202,9 @@ func (r *Rule) resolve() error {
 	if r.MaxLeases != nil && *r.MaxLeases < 0 {
 		return fmt.Errorf("%w: max_leases %d is negative", ErrPolicy, *r.MaxLeases)
 	}
+	if r.Attach && r.ReadOnly {
+		return fmt.Errorf("%w: a read-only rule cannot grant attach", ErrPolicy)
+	}
 	return nil
 }
 
@@ -277,7 +286,7 @@ func (r *Rule) selects(pr Principal) bool {
 // Grant is what one principal may do: computed once per call from the
 // policy.
 type Grant struct {
-	lease, read []string // owner patterns
+	lease, read, attach []string // owner patterns
 	// MaxLeases is the principal's quota of leases held at once; 0 is none.
 	MaxLeases int
 }
@@ -288,7 +297,7 @@ func (p *Policy) Grant(pr Principal) Grant {
 	if pr.IsRoot() {
 		// Root may do everything: no owner it may not lease for, and no
 		// quota unless a rule that names it sets one.
-		g.lease, g.MaxLeases = []string{"*"}, 0
+		g.lease, g.attach, g.MaxLeases = []string{"*"}, []string{"*"}, 0
 	}
 	quotaSet := false
 	for i := range p.Rules {
@@ -300,6 +309,9 @@ func (p *Policy) Grant(pr Principal) Grant {
 			g.read = append(g.read, r.Owners...)
 		} else {
 			g.lease = append(g.lease, r.Owners...)
+		}
+		if r.Attach {
+			g.attach = append(g.attach, r.Owners...)
 		}
 		if r.MaxLeases != nil && !quotaSet {
 			g.MaxLeases, quotaSet = *r.MaxLeases, true
@@ -314,6 +326,10 @@ func (g Grant) Empty() bool { return len(g.lease) == 0 && len(g.read) == 0 }
 // MayLease reports whether the principal may acquire, renew and release
 // leases for owner.
 func (g Grant) MayLease(owner string) bool { return matchAny(g.lease, owner) }
+
+// MayAttach reports whether the principal may attach slots it leases for
+// owner to network namespaces it names (see [Rule.Attach]).
+func (g Grant) MayAttach(owner string) bool { return matchAny(g.attach, owner) }
 
 // MayRead reports whether the principal may see owner's leases.
 func (g Grant) MayRead(owner string) bool { return matchAny(g.lease, owner) || matchAny(g.read, owner) }

@@ -30,6 +30,7 @@ func TestParsePolicyRefusesWhatCannotBeUsed(t *testing.T) {
 		{"identity of an unknown kind", `{"principals": [{"identity": "email:a@b", "owners": ["*"]}]}`, "does not say which part"},
 		{"identity as a principal's name", `{"principals": [{"identity": "x509:uri:spiffe://x/y", "owners": ["*"]}]}`, "does not say which part"},
 		{"identity kind without a value", `{"principals": [{"identity": "cn:", "owners": ["*"]}]}`, "empty identity pattern"},
+		{"attach read-only", `{"principals": [{"uid": 1, "owners": ["cni/*"], "read_only": true, "attach": true}]}`, "cannot grant attach"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := control.ParsePolicy(strings.NewReader(tc.json))
@@ -147,6 +148,37 @@ func TestGrant(t *testing.T) {
 		}
 		if tc.who.String() != tc.stringForm {
 			t.Errorf("String() = %q, want %q", tc.who.String(), tc.stringForm)
+		}
+	}
+}
+
+// Attaching a slot to a namespace the caller names is a right of its own:
+// leasing for an owner does not give it.
+func TestGrantAttach(t *testing.T) {
+	p, err := control.ParsePolicy(strings.NewReader(`{"principals": [
+	    {"user": "root", "owners": ["sandbox-*"]},
+	    {"uid": 1000, "owners": ["cni/*", "sandbox-*"]},
+	    {"uid": 1001, "owners": ["cni/pgnet"], "attach": true},
+	    {"gid": 3000, "owners": ["cni/*"], "attach": true}
+	  ]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		who    control.Principal
+		owner  string
+		attach bool
+	}{
+		{control.Principal{Kind: control.Unix}, "cni/anything", true},
+		{control.Principal{Kind: control.Unix, UID: 1000, GID: 1000}, "cni/pgnet", false},
+		{control.Principal{Kind: control.Unix, UID: 1001, GID: 1001}, "cni/pgnet", true},
+		{control.Principal{Kind: control.Unix, UID: 1001, GID: 1001}, "cni/other", false},
+		{control.Principal{Kind: control.Unix, UID: 1500, GID: 100, Groups: []uint32{3000}}, "cni/other", true},
+		{control.Principal{Kind: control.Unix, UID: 65534, GID: 65534}, "cni/pgnet", false},
+		{control.Principal{Kind: control.CommonName, Identity: "root"}, "cni/pgnet", false},
+	} {
+		if got := p.Grant(tc.who).MayAttach(tc.owner); got != tc.attach {
+			t.Errorf("%s may attach for %q: %v, want %v", tc.who, tc.owner, got, tc.attach)
 		}
 	}
 }

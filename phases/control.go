@@ -84,6 +84,8 @@ func (d *Daemon) newGuard(surface string) (*control.Guard, error) {
 			reads = append(reads, m.MethodName)
 		}
 	}
+	cniMutating, cniReads := cniMethods()
+	mutating, reads = append(mutating, cniMutating...), append(reads, cniReads...)
 	return control.NewGuard(d.cfg.controlPolicy(), control.GuardOptions{
 		Service:       slotsServiceName,
 		Mutating:      mutating,
@@ -142,7 +144,8 @@ func (d *Daemon) bindControl(ctx context.Context) (*net.UnixListener, *control.S
 	return l, sock, err
 }
 
-// serveControl serves the Slots API and /debug/slots on l, behind the
+// serveControl serves the Slots API, /debug/slots and the CNI plugin's
+// routes on l, behind the
 // socket's guard, and returns the server and a duplicate of l's
 // descriptor for an upgrade. Every route there spends its caller's rate:
 // each gRPC call (the Slots API, reflection, a method nobody serves) at the
@@ -174,6 +177,13 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 	}
 	if err := srv.DeclareHTTP(pathDebugSlots); err != nil {
 		return nil, nil, err
+	}
+	// The CNI plugin's routes: until the daemon serves, a call gets 503
+	// naming the phase, which STATUS turns into error 50.
+	for _, r := range cniRoutes(nil) {
+		if err := srv.DeclareHTTP(r.pattern()); err != nil {
+			return nil, nil, err
+		}
 	}
 	f, err := l.File()
 	if err != nil {

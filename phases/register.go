@@ -8,7 +8,8 @@ import (
 )
 
 // runRegister is the register phase: the Slots API bound on the port and
-// on the control socket (with /debug/slots there), and the expiry of
+// on the control socket (with /debug/slots and the CNI plugin's routes
+// there), and the expiry of
 // leases started (task leases).
 func (d *Daemon) runRegister(_ context.Context, p *lifecycle.Progress) error {
 	// The port serves the Slots API only to clients with a verified
@@ -21,6 +22,9 @@ func (d *Daemon) runRegister(_ context.Context, p *lifecycle.Progress) error {
 		return lifecycle.Permanent(err)
 	}
 	if err := d.ctl.BindHTTP(pathDebugSlots, d.ctlGuard.HTTP(d.slots.debugHandler())); err != nil {
+		return lifecycle.Permanent(err)
+	}
+	if err := d.bindCNI(); err != nil {
 		return lifecycle.Permanent(err)
 	}
 	p.Defer(taskLeases, func(ctx context.Context, _ *lifecycle.Progress) error {

@@ -241,7 +241,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	}
 	var a acquired
 	if req.GetRequestId() == "" {
-		a, err = s.acquire(ctx, c, owner, "", ttl, pol)
+		a, err = s.acquire(ctx, c, owner, "", ttl, pol, nil)
 	} else {
 		// Concurrent retries of one request wait for the first: they must
 		// get its slot, not one each. The key holds the principal: a
@@ -249,7 +249,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 		key := c.Principal.String() + "\x00" + owner + "\x00" + req.GetRequestId()
 		var v any
 		v, err, _ = s.acquiring.Do(key, func() (any, error) {
-			a, err := s.acquire(ctx, c, owner, req.GetRequestId(), ttl, pol)
+			a, err := s.acquire(ctx, c, owner, req.GetRequestId(), ttl, pol, nil)
 			return a, err
 		})
 		if err == nil {
@@ -264,9 +264,15 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	return &phasegatev1.AcquireResponse{Slot: s.describe(l.rec.Index, leaseState(&l), &l), LeaseId: l.rec.LeaseID}, nil
 }
 
-func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration, pol *inside.Policy) (acquired, error) {
+// acquire leases a slot to owner for request requestID (none: ""), with
+// egress policy pol (nil: none); to, when not nil, is the namespace the
+// slot is attached to (a CNI ADD), after its record and before the reply.
+func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration, pol *inside.Policy, to *attachTarget) (acquired, error) {
 	principal := c.Principal.String()
 	if a, ok, err := s.retried(ctx, owner, requestID, principal); ok || err != nil {
+		if err == nil && to != nil {
+			err = to.sameAs(s.table.copyOf(a.l))
+		}
 		return a, err
 	}
 	done, err := s.table.reserve(principal, c.Grant.MaxLeases)
@@ -299,7 +305,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 		Owner: owner, LeaseID: leases.NewLeaseID(), RequestID: requestID, Principal: principal,
 		Acquired: now, TTL: ttl,
 		Netns: sl.NetnsID, HostIfindex: sl.HostIfIndex, Created: now,
-		Egress: egressRecord(pol),
+		Egress: egressRecord(pol), Attachment: to.record(),
 	}
 	if ttl > 0 {
 		rec.Expires = now.Add(ttl)
@@ -327,6 +333,15 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 			return acquired{}, status.FromContextError(ctx.Err()).Err()
 		}
 		return acquired{}, status.Errorf(codes.Internal, "record the lease: %v", err)
+	}
+	// An attachment is recorded before the move: a start that finds the
+	// record with the move never made sees the slot's host end whole and
+	// its lease held, which DEL, which a runtime sends for an ADD that
+	// never answered, ends.
+	if to != nil {
+		if err := s.attach(ctx, sl, rec, to); err != nil {
+			return acquired{}, err
+		}
 	}
 	l := &lease{rec: rec, slot: sl}
 	s.table.add(l)
@@ -500,6 +515,14 @@ func (s *slotsService) giveBack(ctx context.Context, l *lease) {
 			s.log.Warn("index of a lost lease could not be freed", "slot", l.rec.Index, "error", err)
 		}
 		return
+	}
+	if l.rec.Attachment != nil {
+		// The host end first, which takes the container's end with it:
+		// the teardown then has no pair to wait for, and the container's
+		// namespace, the runtime's, is never touched.
+		if err := s.mgr.Detach(ctx, sl); err != nil {
+			s.log.Warn("attachment's host end could not be deleted; the teardown cuts it off", "slot", l.rec.Index, "error", err)
+		}
 	}
 	if err := s.pool.Put(ctx, sl); err != nil {
 		s.log.Warn("released slot: teardown failed; the index stays quarantined for the reconciler", "slot", l.rec.Index, "error", err)

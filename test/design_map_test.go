@@ -32,7 +32,7 @@ func TestDesignMapMatchesTheTree(t *testing.T) {
 		t.Fatal("docs/DESIGN.md has no section 2 followed by a section 3")
 	}
 	var rows []string
-	name := regexp.MustCompile("`([a-z0-9/._]+)`")
+	name := regexp.MustCompile("`([a-z0-9/._-]+)`")
 	for _, line := range strings.Split(doc[start:end], "\n") {
 		if !strings.HasPrefix(line, "| `") {
 			continue

@@ -56,6 +56,10 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "building phasegate:", err)
 		return 1
 	}
+	if err := installCNIPlugin(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "make cni-plugin:", err)
+		return 1
+	}
 	return m.Run()
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what `make test` needs on a Debian machine that has Go: the Debian
-# packages below (as root, with apt-get), grpc-health-probe (go install) and
+# packages below (as root, with apt-get), grpc-health-probe and cnitool (go install) and
 # cached Jaeger, Consul and microVM guest builds. Packages are checked by name with dpkg-query, not by
 # command: libprotobuf-dev has no command, and a command of the same name
 # from elsewhere would hide a missing package. Safe to run again: it does
@@ -56,6 +56,14 @@ if [ ! -x "$gobin/grpc-health-probe" ]; then
   version=$(awk '$1 == "GRPC_HEALTH_PROBE_VERSION" { print $3 }' "$here/../Makefile")
   echo "installing grpc-health-probe $version into $gobin" >&2
   go install "github.com/grpc-ecosystem/grpc-health-probe@$version"
+fi
+# cnitool drives the CNI plugin's tests as a runtime would (every verb of
+# spec 1.1), at the version of the CNI library the plugin is built with.
+cni=$(awk '$1 == "github.com/containernetworking/cni" { print $2 }' "$here/../go.mod")
+if [ "$(cat "$gobin/.cnitool-version" 2>/dev/null)" != "$cni" ] || [ ! -x "$gobin/cnitool" ]; then
+  echo "installing cnitool $cni into $gobin" >&2
+  go install "github.com/containernetworking/cni/cnitool@$cni"
+  echo "$cni" >"$gobin/.cnitool-version"
 fi
 
 "$here/jaeger/build.sh" >/dev/null

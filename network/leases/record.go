@@ -85,7 +85,25 @@ type Record struct {
 	// Egress is the lease's egress policy, nil for none. Set only when
 	// Leased.
 	Egress *EgressPolicy
+
+	// Attachment is set on a lease whose slot's inside end was moved into
+	// a network namespace the daemon does not own (a CNI ADD); nil for a
+	// lease of the slot as it was made. Set only when Leased.
+	Attachment *Attachment
 }
+
+// Attachment is where an attached slot's inside end lives: the runtime's
+// namespace, by kernel identity and by the path the runtime gave, and the
+// end's name there.
+type Attachment struct {
+	Netns     netns.ID
+	NetnsPath string
+	IfName    string
+}
+
+// MaxAttachmentPath bounds a recorded attachment's namespace path: a
+// path the kernel takes (PATH_MAX).
+const MaxAttachmentPath = 4096
 
 // EgressPolicy is a lease's egress policy as recorded: the client's CIDR
 // lists (canonical, sorted; package network/inside checks them) and modes.
@@ -126,10 +144,13 @@ func (r *Record) validate() error {
 	if e := r.Egress; e != nil && (len(e.Allow) > MaxEgressEntries || len(e.Deny) > MaxEgressEntries) {
 		return bad("egress policy lists are limited to %d entries", MaxEgressEntries)
 	}
+	if a := r.Attachment; a != nil && (a.IfName == "" || len(a.IfName) > 15 || len(a.NetnsPath) > MaxAttachmentPath) {
+		return bad("an attachment names its interface (1 to 15 bytes) and a namespace path of at most %d bytes", MaxAttachmentPath)
+	}
 	switch r.State {
 	case Idle:
-		if r.Owner != "" || r.LeaseID != "" || r.RequestID != "" || r.Principal != "" || !r.Acquired.IsZero() || r.TTL != 0 || !r.Expires.IsZero() || r.Egress != nil {
-			return bad("an idle record has no owner, lease, request, principal, acquisition time, TTL, expiry or egress policy")
+		if r.Owner != "" || r.LeaseID != "" || r.RequestID != "" || r.Principal != "" || !r.Acquired.IsZero() || r.TTL != 0 || !r.Expires.IsZero() || r.Egress != nil || r.Attachment != nil {
+			return bad("an idle record has no owner, lease, request, principal, acquisition time, TTL, expiry, egress policy or attachment")
 		}
 	case Leased:
 		if r.Owner == "" || r.LeaseID == "" || r.Principal == "" {
@@ -239,6 +260,10 @@ func fill(m *recordpb.Record, r *Record) {
 	if e := r.Egress; e != nil {
 		m.EgressPolicy = &recordpb.EgressPolicy{Allow: e.Allow, Deny: e.Deny, DenyAll: e.DenyAll, RedirectTcp: e.RedirectTCP}
 	}
+	m.Attachment = nil
+	if a := r.Attachment; a != nil {
+		m.Attachment = &recordpb.Attachment{NetnsDev: a.Netns.Dev, NetnsIno: a.Netns.Ino, NetnsPath: a.NetnsPath, IfName: a.IfName}
+	}
 }
 
 func encode(r *Record) ([]byte, error) {
@@ -279,6 +304,10 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 	}
 	if e := m.GetEgressPolicy(); e != nil {
 		r.Egress = &EgressPolicy{Allow: e.GetAllow(), Deny: e.GetDeny(), DenyAll: e.GetDenyAll(), RedirectTCP: e.GetRedirectTcp()}
+	}
+	if a := m.GetAttachment(); a != nil {
+		r.Attachment = &Attachment{Netns: netns.ID{Dev: a.GetNetnsDev(), Ino: a.GetNetnsIno()}, NetnsPath: a.GetNetnsPath(),
+			IfName: a.GetIfName()}
 	}
 	switch m.State {
 	case recordpb.State_STATE_IDLE:

@@ -25,7 +25,10 @@ import (
 //	   which a build that does not read it must not open without
 //	5  a certificate's principal names the kind of its identity; those
 //	   recorded before are read as LegacyCertificate ones
-const SchemaVersion = 5
+//	6  a lease may be an attachment (its slot's inside end in a namespace
+//	   the daemon does not own), which a build that does not know it would
+//	   "repair" by putting an inside end back into the slot's namespace
+const SchemaVersion = 6
 
 var (
 	bucketMeta     = []byte("meta")
@@ -59,6 +62,8 @@ var migrations = []migration{
 	// Records are read as they are: those of the file and of its journal
 	// written before are told apart by principal_kinds (fromMessage).
 	{to: 5, what: "certificate principals name their kind", run: func(*bolt.Tx) error { return nil }},
+	// Nothing to change: the version is what keeps an older build out.
+	{to: 6, what: "leases may be attachments", run: func(*bolt.Tx) error { return nil }},
 }
 
 // LegacyPrincipal is the principal schema 3 gives the leases recorded

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +37,15 @@ func idle(i int) Record {
 	return Record{Index: i, State: Idle, Netns: netns.ID{Dev: 4, Ino: uint64(4026532000 + i)}, HostIfindex: 100 + i, Created: t0}
 }
 
+// attached is a lease of a slot attached to a runtime's namespace.
+func attached(i int) Record {
+	r := leased(i, "cni/pgnet", "c0ffee/eth0")
+	r.TTL, r.Expires = 0, time.Time{}
+	r.Attachment = &Attachment{Netns: netns.ID{Dev: 4, Ino: 4026539999}, NetnsPath: "/var/run/netns/cni-1234",
+		IfName: "eth0"}
+	return r
+}
+
 func openTemp(t *testing.T) *Store {
 	t.Helper()
 	s, err := Open(filepath.Join(t.TempDir(), "leases.db"), Options{})
@@ -51,7 +61,8 @@ func sameRecord(t *testing.T, got, want Record) {
 	if got.Index != want.Index || got.State != want.State || got.Owner != want.Owner ||
 		got.LeaseID != want.LeaseID || got.RequestID != want.RequestID ||
 		!got.Acquired.Equal(want.Acquired) || got.TTL != want.TTL || !got.Expires.Equal(want.Expires) ||
-		got.Netns != want.Netns || got.HostIfindex != want.HostIfindex || !got.Created.Equal(want.Created) {
+		got.Netns != want.Netns || got.HostIfindex != want.HostIfindex || !got.Created.Equal(want.Created) ||
+		!reflect.DeepEqual(got.Attachment, want.Attachment) {
 		t.Fatalf("record differs:\n got %+v\nwant %+v", got, want)
 	}
 }
@@ -68,7 +79,7 @@ func TestPutGetLoadSurviveReopen(t *testing.T) {
 	ctx := context.Background()
 	want := []Record{leased(1, "ci", "r1"), idle(2), leased(7, "ci", ""), {
 		Index: 300, State: Leased, Owner: "sandbox", LeaseID: NewLeaseID(), Principal: "uid:0", Acquired: t0, // TTL 0: held until released
-	}}
+	}, attached(301)}
 	if err := s.Put(ctx, want...); err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +146,9 @@ func TestPutRefusesInvalidRecords(t *testing.T) {
 		{"expiry without TTL", []Record{mod(func(r *Record) { r.TTL = 0 })}},
 		{"negative TTL", []Record{mod(func(r *Record) { r.TTL = -time.Second })}},
 		{"idle with owner", []Record{func() Record { r := idle(5); r.Owner = "o"; return r }()}},
+		{"idle with attachment", []Record{func() Record { r := idle(5); r.Attachment = attached(5).Attachment; return r }()}},
+		{"attachment without interface", []Record{func() Record { r := attached(5); r.Attachment.IfName = ""; return r }()}},
+		{"attachment interface too long", []Record{func() Record { r := attached(5); r.Attachment.IfName = "sixteen-bytes-xx"; return r }()}},
 		{"owner too long", []Record{mod(func(r *Record) { r.Owner = long })}},
 		{"same index twice", []Record{idle(5), idle(5)}},
 		{"same request twice", []Record{leased(5, "o", "q"), leased(6, "o", "q")}},

@@ -19,6 +19,11 @@ import (
 // link of the name asked for already.
 var ErrIfNameTaken = errors.New("interface name taken")
 
+// ErrNotAttachable is wrapped by [Manager.Attach] when it refuses the
+// slot or the namespace before touching either: a guest-profile slot, the
+// host's namespace, the slot's own or another slot's.
+var ErrNotAttachable = errors.New("not attachable")
+
 // Attachment is where an attached slot's inside end lives: in a network
 // namespace the slot does not own (a container's), under another name.
 type Attachment struct {
@@ -47,17 +52,17 @@ type Attachment struct {
 // Attach never closes nsFD. A guest-profile slot, whose inside is a
 // microVM's tap, cannot be attached.
 func (m *Manager) Attach(ctx context.Context, s *Slot, nsFD int, ifname string) (*Attachment, error) {
-	if err := validIfName(ifname); err != nil {
+	if err := CheckIfName(ifname); err != nil {
 		return nil, fmt.Errorf("slot %d: attach: %w", s.Index, err)
 	}
 	if m.cfg.Guest.Enabled() {
-		return nil, fmt.Errorf("slot %d: attach: a guest-profile slot's inside is a microVM's tap: it cannot be attached", s.Index)
+		return nil, fmt.Errorf("slot %d: attach: %w: a guest-profile slot's inside is a microVM's tap", s.Index, ErrNotAttachable)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("slot %d: attach: %w", s.Index, err)
 	}
 	if err := notOurs(s, nsFD); err != nil {
-		return nil, fmt.Errorf("slot %d: attach: %w", s.Index, err)
+		return nil, fmt.Errorf("slot %d: attach: %w: %w", s.Index, ErrNotAttachable, err)
 	}
 	// Read before the move: after it, a failure must undo the move.
 	host, err := netlink.LinkByIndex(s.HostIfIndex)
@@ -74,6 +79,9 @@ func (m *Manager) Attach(ctx context.Context, s *Slot, nsFD int, ifname string) 
 		return nil, fmt.Errorf("slot %d: attach: %w", s.Index, err)
 	}
 	defer mv.close()
+	if err := mv.notASlots(m); err != nil {
+		return nil, fmt.Errorf("slot %d: attach: %w: %w", s.Index, ErrNotAttachable, err)
+	}
 	a, err := mv.attach(ifname)
 	if err != nil {
 		err = fmt.Errorf("slot %d: attach as %s: %w", s.Index, ifname, err)
@@ -131,8 +139,8 @@ func (m *Manager) Detach(ctx context.Context, s *Slot) error {
 	return nil
 }
 
-// validIfName checks a name the kernel would take for a link.
-func validIfName(name string) error {
+// CheckIfName refuses a name the kernel would not take for a link.
+func CheckIfName(name string) error {
 	switch {
 	case name == "" || name == "." || name == "..":
 		return fmt.Errorf("interface name %q is not a name", name)
@@ -170,6 +178,45 @@ func newMove(s *Slot, slotFD, nsFD int) (*move, error) {
 func (mv *move) close() {
 	mv.from.Close()
 	mv.to.Close()
+}
+
+// notASlots refuses a target namespace that holds a slot's inside end: a
+// veth whose peer is one of this manager's host ends, in the host's
+// namespace. Moving a link there would join a tenant's slot to another
+// tenant's workload. A target with no link whose peer is in the host's
+// namespace has no id for it (NETNSA_NSID_NOT_ASSIGNED, -1) and holds
+// no slot's end.
+func (mv *move) notASlots(m *Manager) error {
+	host, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the host's namespace: %w", err)
+	}
+	defer unix.Close(host)
+	hostID, err := mv.to.GetNetNsIdByFd(host)
+	if err != nil {
+		return fmt.Errorf("the host's namespace id in the target namespace: %w", err)
+	}
+	if hostID < 0 {
+		return nil
+	}
+	links, err := mv.to.LinkList()
+	if err != nil {
+		return fmt.Errorf("list the target namespace's links: %w", err)
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		if _, ok := l.(*netlink.Veth); !ok || a.NetNsID != hostID || a.ParentIndex == 0 {
+			continue
+		}
+		peer, err := netlink.LinkByIndex(a.ParentIndex)
+		if err != nil {
+			continue // gone meanwhile: not a slot's any more
+		}
+		if i, ok := m.cfg.CanonicalHostIfIndex(peer.Attrs().Name); ok {
+			return fmt.Errorf("the target holds %s, the inside end of slot %d: it is a slot's namespace", a.Name, i)
+		}
+	}
+	return nil
 }
 
 // attach moves the inside end into the target namespace as ifname and

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -173,6 +174,60 @@ func TestAttachMovesTheInsideEndIntoAContainersNamespace(t *testing.T) {
 	}
 }
 
+// Attached answers what Attach made, and names what differs once the
+// container's root changes it: each change fails the check, nothing is
+// put back.
+func TestAttachedNamesWhatDiffers(t *testing.T) {
+	m := testManager(t)
+	ctx := context.Background()
+	s, err := m.Create(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, fd, h := containerNetns(t)
+	made, err := m.Attach(ctx, s, fd, "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.Attached(s, fd, "eth0")
+	if err != nil {
+		t.Fatalf("Attached right after Attach: %v", err)
+	}
+	if got.IfIndex != made.IfIndex || got.MAC.String() != made.MAC.String() || got.HostMAC.String() != made.HostMAC.String() {
+		t.Errorf("Attached = %+v, Attach made %+v", got, made)
+	}
+	if _, err := m.Attached(s, fd, "eth1"); !errors.Is(err, ErrNotAttached) || !strings.Contains(err.Error(), "no link eth1") {
+		t.Errorf("Attached as a name never attached: %v", err)
+	}
+	link, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		change func() error
+		want   string
+	}{
+		{func() error {
+			return h.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: s.HostAddr.Addr().AsSlice()})
+		}, "no default route"},
+		{func() error { return h.AddrDel(link, &netlink.Addr{IPNet: ipNet(s.InsideAddr)}) }, "address " + s.InsideAddr.String() + " missing"},
+		{func() error { return h.LinkSetDown(link) }, "eth0 is down"},
+	} {
+		if err := c.change(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Attached(s, fd, "eth0"); !errors.Is(err, ErrNotAttached) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Attached: %v, want ErrNotAttached naming %q", err, c.want)
+		}
+	}
+	if err := m.Detach(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Attached(s, fd, "eth0"); !errors.Is(err, ErrNotAttached) || !strings.Contains(err.Error(), "host end") {
+		t.Errorf("Attached after Detach: %v, want the host end named", err)
+	}
+}
+
 // A name the namespace has already is refused and a move that fails
 // halfway is undone: either way the slot is as Create left it. A
 // namespace whose own link bears the slot's inside end's name still takes
@@ -202,19 +257,25 @@ func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
 		}
 		checkConfigured(t, insideHandle(t, s), s.InsideIf, s.InsideAddr, s.HostAddr)
 	}
-	// Neither the host's own namespace nor the slot's: the host's default
-	// route would be replaced.
-	for _, path := range []string{"/proc/self/ns/net", s.NetnsPath} {
+	// Neither the host's own namespace (its default route would be
+	// replaced), nor the slot's, nor another slot's (a tenant's slot would
+	// join another tenant's workload).
+	other, err := m.Create(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/proc/self/ns/net", s.NetnsPath, other.NetnsPath} {
 		own, err := netns.OpenForeign(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.Attach(ctx, s, own, "pgown0"); err == nil {
-			t.Errorf("Attach into %s: no error", path)
+		if _, err := m.Attach(ctx, s, own, "pgown0"); !errors.Is(err, ErrNotAttachable) || !strings.Contains(err.Error(), "namespace") {
+			t.Errorf("Attach into %s: %v, want ErrNotAttachable naming whose namespace it is", path, err)
 		}
 		unix.Close(own)
 		checkConfigured(t, insideHandle(t, s), s.InsideIf, s.InsideAddr, s.HostAddr)
 	}
+	checkConfigured(t, insideHandle(t, other), other.InsideIf, other.InsideAddr, other.HostAddr)
 	transit, err := h.LinkByName("pgmv1")
 	if err != nil {
 		t.Fatal(err)

@@ -111,8 +111,13 @@ type Record struct {
 	// before, when "x509:<identity>" did not say which: its principal is
 	// read as "legacy:x509:<identity>", which no live principal is.
 	PrincipalKinds bool `protobuf:"varint,14,opt,name=principal_kinds,json=principalKinds,proto3" json:"principal_kinds,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set on a lease whose slot is attached to a network namespace the
+	// daemon does not own (a CNI ADD); unset for every other. Schema 6:
+	// a build that does not know it would take the slot's empty namespace
+	// for a broken one and put an inside end back into it.
+	Attachment    *Attachment `protobuf:"bytes,15,opt,name=attachment,proto3" json:"attachment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Record) Reset() {
@@ -243,6 +248,85 @@ func (x *Record) GetPrincipalKinds() bool {
 	return false
 }
 
+func (x *Record) GetAttachment() *Attachment {
+	if x != nil {
+		return x.Attachment
+	}
+	return nil
+}
+
+// Attachment is where an attached slot's inside end lives.
+type Attachment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Kernel identity of the runtime's namespace (nsfs device and inode)
+	// and the path the runtime named it by.
+	NetnsDev  uint64 `protobuf:"varint,1,opt,name=netns_dev,json=netnsDev,proto3" json:"netns_dev,omitempty"`
+	NetnsIno  uint64 `protobuf:"varint,2,opt,name=netns_ino,json=netnsIno,proto3" json:"netns_ino,omitempty"`
+	NetnsPath string `protobuf:"bytes,3,opt,name=netns_path,json=netnsPath,proto3" json:"netns_path,omitempty"`
+	// The inside end's name there.
+	IfName        string `protobuf:"bytes,4,opt,name=if_name,json=ifName,proto3" json:"if_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Attachment) Reset() {
+	*x = Attachment{}
+	mi := &file_record_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Attachment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Attachment) ProtoMessage() {}
+
+func (x *Attachment) ProtoReflect() protoreflect.Message {
+	mi := &file_record_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Attachment.ProtoReflect.Descriptor instead.
+func (*Attachment) Descriptor() ([]byte, []int) {
+	return file_record_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Attachment) GetNetnsDev() uint64 {
+	if x != nil {
+		return x.NetnsDev
+	}
+	return 0
+}
+
+func (x *Attachment) GetNetnsIno() uint64 {
+	if x != nil {
+		return x.NetnsIno
+	}
+	return 0
+}
+
+func (x *Attachment) GetNetnsPath() string {
+	if x != nil {
+		return x.NetnsPath
+	}
+	return ""
+}
+
+func (x *Attachment) GetIfName() string {
+	if x != nil {
+		return x.IfName
+	}
+	return ""
+}
+
 // EgressPolicy is a lease's egress policy (package network/inside).
 type EgressPolicy struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -256,7 +340,7 @@ type EgressPolicy struct {
 
 func (x *EgressPolicy) Reset() {
 	*x = EgressPolicy{}
-	mi := &file_record_proto_msgTypes[1]
+	mi := &file_record_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -268,7 +352,7 @@ func (x *EgressPolicy) String() string {
 func (*EgressPolicy) ProtoMessage() {}
 
 func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[1]
+	mi := &file_record_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -281,7 +365,7 @@ func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
 func (*EgressPolicy) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{1}
+	return file_record_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *EgressPolicy) GetAllow() []string {
@@ -316,7 +400,7 @@ var File_record_proto protoreflect.FileDescriptor
 
 const file_record_proto_rawDesc = "" +
 	"\n" +
-	"\frecord.proto\x12\x13phasegate.leases.v1\"\x99\x04\n" +
+	"\frecord.proto\x12\x13phasegate.leases.v1\"\xda\x04\n" +
 	"\x06Record\x120\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1a.phasegate.leases.v1.StateR\x05state\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x19\n" +
@@ -333,7 +417,17 @@ const file_record_proto_rawDesc = "" +
 	"\x11created_unix_nano\x18\v \x01(\x03R\x0fcreatedUnixNano\x12\x1c\n" +
 	"\tprincipal\x18\f \x01(\tR\tprincipal\x12F\n" +
 	"\regress_policy\x18\r \x01(\v2!.phasegate.leases.v1.EgressPolicyR\fegressPolicy\x12'\n" +
-	"\x0fprincipal_kinds\x18\x0e \x01(\bR\x0eprincipalKinds\"v\n" +
+	"\x0fprincipal_kinds\x18\x0e \x01(\bR\x0eprincipalKinds\x12?\n" +
+	"\n" +
+	"attachment\x18\x0f \x01(\v2\x1f.phasegate.leases.v1.AttachmentR\n" +
+	"attachment\"~\n" +
+	"\n" +
+	"Attachment\x12\x1b\n" +
+	"\tnetns_dev\x18\x01 \x01(\x04R\bnetnsDev\x12\x1b\n" +
+	"\tnetns_ino\x18\x02 \x01(\x04R\bnetnsIno\x12\x1d\n" +
+	"\n" +
+	"netns_path\x18\x03 \x01(\tR\tnetnsPath\x12\x17\n" +
+	"\aif_name\x18\x04 \x01(\tR\x06ifName\"v\n" +
 	"\fEgressPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
 	"\x04deny\x18\x02 \x03(\tR\x04deny\x12\x19\n" +
@@ -358,20 +452,22 @@ func file_record_proto_rawDescGZIP() []byte {
 }
 
 var file_record_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_record_proto_goTypes = []any{
 	(State)(0),           // 0: phasegate.leases.v1.State
 	(*Record)(nil),       // 1: phasegate.leases.v1.Record
-	(*EgressPolicy)(nil), // 2: phasegate.leases.v1.EgressPolicy
+	(*Attachment)(nil),   // 2: phasegate.leases.v1.Attachment
+	(*EgressPolicy)(nil), // 3: phasegate.leases.v1.EgressPolicy
 }
 var file_record_proto_depIdxs = []int32{
 	0, // 0: phasegate.leases.v1.Record.state:type_name -> phasegate.leases.v1.State
-	2, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	3, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
+	2, // 2: phasegate.leases.v1.Record.attachment:type_name -> phasegate.leases.v1.Attachment
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_record_proto_init() }
@@ -385,7 +481,7 @@ func file_record_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_record_proto_rawDesc), len(file_record_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

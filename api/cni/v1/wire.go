@@ -1,0 +1,167 @@
+package cniv1
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
+
+// The routes of the control socket, each a POST of one request. Status is
+// served while the daemon starts too: its refusal then is the answer.
+const (
+	PathAdd    = "/cni/v1/add"
+	PathDel    = "/cni/v1/del"
+	PathCheck  = "/cni/v1/check"
+	PathGC     = "/cni/v1/gc"
+	PathStatus = "/cni/v1/status"
+)
+
+// OwnerPrefix begins the owner of every attachment's lease.
+const OwnerPrefix = "cni/"
+
+// Key names an attachment as the CNI spec does: the network's name (the
+// conflist's), the container's id and the interface's name inside it.
+type Key struct {
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+}
+
+// Owner is the owner of the attachment's lease: "cni/<network>", which the
+// control policy grants like any owner.
+func (k Key) Owner() string { return OwnerPrefix + k.Network }
+
+// RequestID is the attachment's request id under its owner:
+// "<container id>/<ifname>", unique per key, so that a repeated ADD finds
+// the first one's lease and nothing is handed out twice.
+func (k Key) RequestID() string { return k.ContainerID + "/" + k.IfName }
+
+// Egress is an attachment's egress policy (the Slots API's EgressPolicy):
+// CIDRs to allow and deny, or everything denied but replies.
+type Egress struct {
+	Allow   []string `json:"allow,omitempty"`
+	Deny    []string `json:"deny,omitempty"`
+	DenyAll bool     `json:"denyAll,omitempty"`
+}
+
+// UnmarshalJSON reads a policy strictly: a misspelt key ("alow") would
+// otherwise leave a policy weaker than the operator wrote, silently.
+func (e *Egress) UnmarshalJSON(b []byte) error {
+	type plain Egress
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var p plain
+	if err := dec.Decode(&p); err != nil {
+		return fmt.Errorf("egress policy: %w", err)
+	}
+	*e = Egress(p)
+	return nil
+}
+
+// AddRequest asks for a slot attached to the namespace at Netns.
+type AddRequest struct {
+	Key
+	// Netns is CNI_NETNS: the path of the container's network namespace.
+	Netns string `json:"netns"`
+	// Egress is the attachment's egress policy; nil for none.
+	Egress *Egress `json:"egress,omitempty"`
+}
+
+// Attachment is what ADD made: the slot, its two ends and the addresses.
+// A repeated ADD of the same key answers the same.
+type Attachment struct {
+	Slot int `json:"slot"`
+	// HostIf and HostMAC are the host end, in the host's namespace.
+	HostIf  string `json:"hostIf"`
+	HostMAC string `json:"hostMac"`
+	// IfName and MAC are the container's end, in Netns.
+	IfName string `json:"ifName"`
+	MAC    string `json:"mac"`
+	Netns  string `json:"netns"`
+	// Address is the container end's address with its prefix
+	// ("169.254.0.1/31"); Gateway the host end's, the default route's
+	// next hop.
+	Address string `json:"address"`
+	Gateway string `json:"gateway"`
+}
+
+// DelRequest ends an attachment; an unknown key is not an error.
+type DelRequest struct {
+	Key
+}
+
+// CheckRequest asks whether the attachment is as ADD left it.
+type CheckRequest struct {
+	Key
+	Netns string `json:"netns"`
+}
+
+// GCRequest ends every attachment of Network whose container id and
+// ifname are not in Valid (the runtime's cni.dev/valid-attachments).
+type GCRequest struct {
+	Network string     `json:"network"`
+	Valid   []ValidKey `json:"valid"`
+}
+
+// ValidKey is one attachment a runtime still knows.
+type ValidKey struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+}
+
+// GCAnswer says how many attachments GC ended.
+type GCAnswer struct {
+	Released int `json:"released"`
+}
+
+// StatusAnswer is the daemon's answer to STATUS while it serves: nothing
+// when its datapath is whole, an [Error] with [CodeLimited] otherwise.
+type StatusAnswer struct{}
+
+// Error codes of the CNI spec, and phasegate's own (100 and above).
+const (
+	CodeIncompatibleVersion = 1
+	CodeUnsupportedField    = 2
+	CodeUnknownContainer    = 3
+	CodeInvalidEnvironment  = 4
+	CodeIOFailure           = 5
+	CodeDecodingFailure     = 6
+	CodeInvalidConfig       = 7
+	CodeTryAgainLater       = 11
+	// CodeNotAvailable: STATUS while the daemon starts or drains.
+	CodeNotAvailable = 50
+	// CodeLimited: STATUS while the daemon serves degraded.
+	CodeLimited = 51
+	// CodeRefused: the control policy does not let the caller do this.
+	CodeRefused = 100
+	// CodeIfNameTaken: the container's namespace has a link of the name.
+	CodeIfNameTaken = 101
+	// CodeCheckFailed: CHECK found the attachment not as ADD left it.
+	CodeCheckFailed = 102
+)
+
+// Error is a refusal or failure the daemon answered, in the CNI spec's
+// terms: a code (the spec's, or phasegate's from 100) and a one-line
+// message naming the problem.
+type Error struct {
+	Code    uint   `json:"code"`
+	Msg     string `json:"msg"`
+	Details string `json:"details,omitempty"`
+}
+
+func (e *Error) Error() string {
+	if e.Details != "" {
+		return fmt.Sprintf("%s: %s", e.Msg, e.Details)
+	}
+	return e.Msg
+}
+
+// UnavailableError is a call the daemon did not take: nothing listens on
+// the socket (the daemon is down or restarting), or it answered that it
+// does not serve yet (starting, with its phase and progress) or any more
+// (draining). Nothing was changed: the call may be made again.
+type UnavailableError struct {
+	Reason string
+}
+
+func (e *UnavailableError) Error() string { return "phasegate daemon not available: " + e.Reason }

@@ -1,0 +1,29 @@
+// Command phasegate-cni is phasegate's CNI plugin: a container runtime
+// (podman, containerd, Nomad, Kubernetes through its runtime) execs it
+// once per call, with "type": "phasegate-cni" in a network's conflist, to
+// attach a phasegate slot to a container's network namespace. It speaks
+// CNI 0.4.0, 1.0.0 and 1.1.0: ADD, DEL, CHECK, GC, STATUS and VERSION.
+//
+// It holds no state: each verb is one call to the daemon on its control
+// socket (package api/cni/v1), which takes a warm slot and moves its
+// inside end into CNI_NETNS as CNI_IFNAME, with its address and default
+// route (docs/DESIGN.md §11). A call that finds the daemon down or
+// starting waits for it, up to the configuration's timeout, and then
+// fails naming why; STATUS answers at once.
+//
+// Its configuration, beside the spec's fields:
+//
+//	{
+//	  "cniVersion": "1.1.0",
+//	  "name": "pgnet",
+//	  "type": "phasegate-cni",
+//	  "socket": "/run/phasegate/control.sock",
+//	  "timeout": "30s",
+//	  "egress": {"allow": ["10.0.0.0/8"], "deny": [], "denyAll": false}
+//	}
+//
+// socket and timeout are optional (these are their defaults); egress is
+// the attachment's egress policy, none when absent. Install it as the
+// reference plugins are: `make cni-plugin CNI_PATH=/opt/cni/bin`
+// (docs/DEPLOYING.md, "CNI").
+package main

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
+)
+
+const (
+	// defaultSocket is the daemon's control socket on its defaults.
+	defaultSocket = "/run/phasegate/control.sock"
+	// defaultTimeout bounds a call, the wait for a daemon that is down or
+	// starting included: below the runtimes' own limits on a CNI call.
+	defaultTimeout = 30 * time.Second
+	// retryInterval spaces the calls to a daemon that is not available.
+	retryInterval = 100 * time.Millisecond
+)
+
+// netConf is the plugin's configuration: the spec's fields and its own.
+type netConf struct {
+	types.PluginConf
+	Socket  string        `json:"socket,omitempty"`
+	Timeout string        `json:"timeout,omitempty"`
+	Egress  *cniv1.Egress `json:"egress,omitempty"`
+
+	timeout time.Duration
+}
+
+func main() {
+	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, GC: cmdGC, Status: cmdStatus},
+		version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "phasegate-cni: phasegate slots for containers")
+}
+
+// loadConf reads the configuration on stdin, with its defaults.
+func loadConf(stdin []byte) (*netConf, error) {
+	conf := &netConf{}
+	if err := json.Unmarshal(stdin, conf); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "decode the network configuration", err.Error())
+	}
+	if conf.Name == "" {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "the network configuration has no name", "")
+	}
+	if conf.Socket == "" {
+		conf.Socket = defaultSocket
+	}
+	conf.timeout = defaultTimeout
+	if conf.Timeout != "" {
+		d, err := time.ParseDuration(conf.Timeout)
+		if err != nil || d <= 0 {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("timeout %q: want a positive duration such as \"30s\"", conf.Timeout), "")
+		}
+		conf.timeout = d
+	}
+	if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "decode prevResult", err.Error())
+	}
+	return conf, nil
+}
+
+// call makes one verb's call on the daemon, waiting for it while it is
+// down or starting, up to the configuration's timeout.
+func (c *netConf) call(path string, req, answer any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	err := cniv1.Client{Socket: c.Socket}.Wait(ctx, retryInterval, path, req, answer)
+	return asTypesError(err, types.ErrTryAgainLater)
+}
+
+// asTypesError is err as the spec's error object: the daemon's code, or
+// unavailable as the given code.
+func asTypesError(err error, unavailable uint) error {
+	var de *cniv1.Error
+	var un *cniv1.UnavailableError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &de):
+		return &types.Error{Code: de.Code, Msg: de.Msg, Details: de.Details}
+	case errors.As(err, &un):
+		return types.NewError(unavailable, err.Error(), "")
+	}
+	return types.NewError(types.ErrIOFailure, err.Error(), "")
+}
+
+func key(conf *netConf, args *skel.CmdArgs) cniv1.Key {
+	return cniv1.Key{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName}
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if args.Netns == "" {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is required for ADD", "")
+	}
+	var a cniv1.Attachment
+	req := cniv1.AddRequest{Key: key(conf, args), Netns: args.Netns, Egress: conf.Egress}
+	if err := conf.call(cniv1.PathAdd, req, &a); err != nil {
+		return err
+	}
+	res, err := result(conf, a)
+	if err != nil {
+		return err
+	}
+	return types.PrintResult(res, conf.CNIVersion)
+}
+
+// result is ADD's result: the host end and the container's end, the
+// address and the default route, after what a plugin before this one in
+// the conflist returned.
+func result(conf *netConf, a cniv1.Attachment) (*current.Result, error) {
+	ip, ipnet, err := net.ParseCIDR(a.Address)
+	gw := net.ParseIP(a.Gateway)
+	if err != nil || gw == nil {
+		return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("the daemon answered address %q and gateway %q", a.Address, a.Gateway), "")
+	}
+	res := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+	if conf.PrevResult != nil {
+		prev, err := current.NewResultFromResult(conf.PrevResult)
+		if err != nil {
+			return nil, types.NewError(types.ErrDecodingFailure, "convert prevResult", err.Error())
+		}
+		res = prev
+	}
+	inside := len(res.Interfaces) + 1
+	res.Interfaces = append(res.Interfaces,
+		&current.Interface{Name: a.HostIf, Mac: a.HostMAC},
+		&current.Interface{Name: a.IfName, Mac: a.MAC, Sandbox: a.Netns})
+	res.IPs = append(res.IPs, &current.IPConfig{Interface: current.Int(inside), Address: net.IPNet{IP: ip, Mask: ipnet.Mask}, Gateway: gw})
+	res.Routes = append(res.Routes, &types.Route{Dst: net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}, GW: gw})
+	return res, nil
+}
+
+func cmdDel(args *skel.CmdArgs) error {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	return conf.call(cniv1.PathDel, cniv1.DelRequest{Key: key(conf, args)}, nil)
+}
+
+func cmdCheck(args *skel.CmdArgs) error {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if args.Netns == "" {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is required for CHECK", "")
+	}
+	return conf.call(cniv1.PathCheck, cniv1.CheckRequest{Key: key(conf, args), Netns: args.Netns}, nil)
+}
+
+func cmdGC(args *skel.CmdArgs) error {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	req := cniv1.GCRequest{Network: conf.Name, Valid: make([]cniv1.ValidKey, 0, len(conf.ValidAttachments))}
+	for _, v := range conf.ValidAttachments {
+		req.Valid = append(req.Valid, cniv1.ValidKey{ContainerID: v.ContainerID, IfName: v.IfName})
+	}
+	return conf.call(cniv1.PathGC, req, &cniv1.GCAnswer{})
+}
+
+// cmdStatus answers at once: 50 while the daemon is down, starting or
+// draining (with its phase and progress), 51 while it serves degraded.
+func cmdStatus(args *skel.CmdArgs) error {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), conf.timeout)
+	defer cancel()
+	err = cniv1.Client{Socket: conf.Socket}.Call(ctx, cniv1.PathStatus, struct{}{}, &cniv1.StatusAnswer{})
+	return asTypesError(err, cniv1.CodeNotAvailable)
+}

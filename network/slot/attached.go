@@ -1,0 +1,97 @@
+package slot
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/vishvananda/netlink"
+	vns "github.com/vishvananda/netns"
+)
+
+// ErrNotAttached is wrapped by [Manager.Attached] when the attachment is
+// not as [Manager.Attach] left it; the error says what differs.
+var ErrNotAttached = errors.New("attachment not as made")
+
+// Attached returns slot s's attachment as ifname in the network namespace
+// open at nsFD, after checking that it is as [Manager.Attach] left it:
+// the host end up with its address, its peer in that namespace under
+// ifname, up, with the slot's inside address and a default route via the
+// host end. What differs fails with an error wrapping [ErrNotAttached]
+// that names it; nothing is changed, in either namespace. It answers a
+// repeated ADD and a CNI CHECK.
+func (m *Manager) Attached(s *Slot, nsFD int, ifname string) (*Attachment, error) {
+	fail := func(format string, a ...any) (*Attachment, error) {
+		return nil, fmt.Errorf("slot %d as %s: %w: %s", s.Index, ifname, ErrNotAttached, fmt.Sprintf(format, a...))
+	}
+	host, err := netlink.LinkByIndex(s.HostIfIndex)
+	if err != nil || host.Attrs().Name != s.HostIf {
+		return fail("host end %s (index %d) is gone", s.HostIf, s.HostIfIndex)
+	}
+	if host.Attrs().Flags&net.FlagUp == 0 {
+		return fail("host end %s is down", s.HostIf)
+	}
+	if err := hasAddr(netlink.AddrList, host, s.HostAddr.String()); err != nil {
+		return fail("host end %s: %v", s.HostIf, err)
+	}
+	to, err := netlink.NewHandleAt(vns.NsHandle(nsFD))
+	if err != nil {
+		return nil, fmt.Errorf("slot %d: netlink handle in the container's namespace: %w", s.Index, err)
+	}
+	defer to.Close()
+	in, err := to.LinkByName(ifname)
+	switch {
+	case isNotFound(err):
+		return fail("no link %s in the container's namespace", ifname)
+	case err != nil:
+		return nil, fmt.Errorf("slot %d: find %s in the container's namespace: %w", s.Index, ifname, err)
+	}
+	if _, ok := in.(*netlink.Veth); !ok || in.Attrs().ParentIndex != s.HostIfIndex {
+		return fail("%s in the container's namespace is not the peer of host end %s", ifname, s.HostIf)
+	}
+	if in.Attrs().Flags&net.FlagUp == 0 {
+		return fail("%s is down", ifname)
+	}
+	if err := hasAddr(to.AddrList, in, s.InsideAddr.String()); err != nil {
+		return fail("%s: %v", ifname, err)
+	}
+	if err := hasDefaultRoute(to, in, s.HostAddr.Addr().String()); err != nil {
+		return fail("%s: %v", ifname, err)
+	}
+	return &Attachment{IfName: ifname, IfIndex: in.Attrs().Index, MAC: in.Attrs().HardwareAddr, HostMAC: host.Attrs().HardwareAddr}, nil
+}
+
+// hasAddr fails unless link l carries addr (a prefix: "169.254.0.1/31").
+func hasAddr(list func(netlink.Link, int) ([]netlink.Addr, error), l netlink.Link, addr string) error {
+	addrs, err := list(l, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if a.IPNet.String() == addr {
+			return nil
+		}
+	}
+	return fmt.Errorf("address %s missing (has %d others)", addr, len(addrs))
+}
+
+// hasDefaultRoute fails unless the namespace of h routes by default
+// through link l via gw.
+func hasDefaultRoute(h *netlink.Handle, l netlink.Link, gw string) error {
+	routes, err := h.RouteList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list routes: %w", err)
+	}
+	for _, r := range routes {
+		if (r.Dst == nil || r.Dst.IP.IsUnspecified() && isDefaultMask(r.Dst)) && r.Gw.String() == gw {
+			return nil
+		}
+	}
+	return fmt.Errorf("no default route via %s", gw)
+}
+
+// isDefaultMask reports whether dst is 0.0.0.0/0.
+func isDefaultMask(dst *net.IPNet) bool {
+	ones, _ := dst.Mask.Size()
+	return ones == 0
+}

@@ -1,0 +1,403 @@
+package phases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// cniService serves the CNI plugin's calls (cmd/phasegate-cni, DESIGN.md
+// §11) over the Slots service's leases: an attachment is a lease of owner
+// "cni/<network>" and request "<container id>/<ifname>" whose slot's
+// inside end lives in the runtime's namespace. Every call comes through
+// the control socket's guard, under the method names of cniMethods.
+type cniService struct {
+	slots *slotsService
+	// degraded says why the daemon serves with its datapath not whole
+	// (STATUS answers 51), or "".
+	degraded func() string
+}
+
+// namePattern is what the CNI spec allows in a network's name and a
+// container id.
+var namePattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
+
+// gcWorkers bounds the attachments GC ends at once: their records are
+// written in shared commits and their slots torn down in the pool's
+// batches, whatever the number.
+const gcWorkers = 64
+
+// checkKey refuses a key the CNI spec would not give: the network's name
+// and the container id by the spec's pattern, the ifname by the kernel's
+// rules, and together within a request id's length.
+func checkKey(k cniv1.Key) error {
+	switch {
+	case !namePattern.MatchString(k.Network):
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidConfig, fmt.Sprintf("network name %q: want letters, digits, '_', '.' and '-', starting with a letter or digit", k.Network))
+	case !namePattern.MatchString(k.ContainerID):
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("CNI_CONTAINERID %q: want letters, digits, '_', '.' and '-', starting with a letter or digit", k.ContainerID))
+	case len(k.RequestID()) > maxIDLen || len(k.Owner()) > maxIDLen:
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("network name and container id together are limited to %d bytes", maxIDLen))
+	}
+	if err := slot.CheckIfName(k.IfName); err != nil {
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, "CNI_IFNAME: "+err.Error())
+	}
+	return nil
+}
+
+// mayAttach returns the caller if it may attach slots for key's network.
+func mayAttach(ctx context.Context, k cniv1.Key) (control.Caller, error) {
+	c, err := callerOf(ctx)
+	if err != nil {
+		return c, err
+	}
+	control.Note(ctx, "owner", k.Owner(), "request_id", k.RequestID())
+	if !c.Grant.MayAttach(k.Owner()) {
+		return c, cniErr(codes.PermissionDenied, cniv1.CodeRefused,
+			fmt.Sprintf("%s may not attach slots for %q (the control policy grants it no attach for that owner)", c.Principal, k.Owner()))
+	}
+	return c, nil
+}
+
+// add attaches a slot to the namespace at req.Netns, or answers the
+// attachment a first ADD of the key made.
+func (c *cniService) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Attachment, error) {
+	if err := checkKey(req.Key); err != nil {
+		return nil, err
+	}
+	caller, err := mayAttach(ctx, req.Key)
+	if err != nil {
+		return nil, err
+	}
+	pol, err := parseEgress(egressRequest(req.Egress), c.slots.egress)
+	if err != nil {
+		return nil, asCNI(err, cniv1.CodeInvalidConfig)
+	}
+	control.Note(ctx, "netns", req.Netns)
+	to, err := openTarget(req.Netns, req.IfName)
+	if err != nil {
+		return nil, err
+	}
+	defer to.close()
+	owner, requestID := req.Owner(), req.RequestID()
+	key := caller.Principal.String() + "\x00" + owner + "\x00" + requestID
+	v, err, _ := c.slots.acquiring.Do(key, func() (any, error) {
+		return c.slots.acquire(ctx, caller, owner, requestID, 0, pol, to)
+	})
+	if err != nil {
+		return nil, asCNI(err, cniv1.CodeIOFailure)
+	}
+	l := c.slots.table.copyOf(v.(acquired).l)
+	control.Note(ctx, "slot", l.rec.Index, "retry", v.(acquired).retry)
+	if l.slot == nil {
+		return nil, cniErr(codes.FailedPrecondition, cniv1.CodeTryAgainLater,
+			fmt.Sprintf("attachment %s/%s of %q was lost across a restart (%s): DEL it, then ADD again", req.ContainerID, req.IfName, req.Network, l.lostReason))
+	}
+	made, err := c.slots.mgr.Attached(l.slot, to.fd, req.IfName)
+	if err != nil {
+		return nil, cniErr(codes.FailedPrecondition, cniv1.CodeCheckFailed, err.Error())
+	}
+	return attachmentOf(l.slot, made, req.Netns), nil
+}
+
+// attachmentOf is ADD's answer for slot s attached as a in the namespace at
+// path.
+func attachmentOf(s *slot.Slot, a *slot.Attachment, path string) *cniv1.Attachment {
+	return &cniv1.Attachment{
+		Slot: s.Index, HostIf: s.HostIf, HostMAC: a.HostMAC.String(),
+		IfName: a.IfName, MAC: a.MAC.String(), Netns: path,
+		Address: s.InsideAddr.String(), Gateway: s.HostAddr.Addr().String(),
+	}
+}
+
+// egressRequest is the plugin's egress policy as the Slots API's.
+func egressRequest(e *cniv1.Egress) *phasegatev1.EgressPolicy {
+	if e == nil {
+		return nil
+	}
+	return &phasegatev1.EgressPolicy{Allow: e.Allow, Deny: e.Deny, DenyAll: e.DenyAll}
+}
+
+// del ends the attachment of req's key: an unknown key, one ended
+// meanwhile and one whose container's namespace is gone are all success.
+func (c *cniService) del(ctx context.Context, req cniv1.DelRequest) error {
+	if checkKey(req.Key) != nil {
+		return nil // no such key was ever attached
+	}
+	if _, err := mayAttach(ctx, req.Key); err != nil {
+		return err
+	}
+	l, ok := c.slots.table.byRequest(req.Owner(), req.RequestID())
+	if !ok {
+		return nil
+	}
+	rec := c.slots.table.copyOf(l).rec
+	control.Note(ctx, "slot", rec.Index)
+	return c.end(ctx, rec)
+}
+
+// end ends the attachment recorded as rec, unless its lease ended (and
+// perhaps a new one began at its index) meanwhile.
+func (c *cniService) end(ctx context.Context, rec leases.Record) error {
+	l, err := c.slots.endLease(ctx, rec.Index, rec.LeaseID)
+	switch {
+	case errors.Is(err, leases.ErrNotFound) || errors.Is(err, errWrongLease):
+		return nil
+	case err != nil:
+		return asCNI(leaseError(rec.Index, err), cniv1.CodeIOFailure)
+	}
+	c.slots.giveBack(context.WithoutCancel(ctx), l)
+	c.slots.count("released")
+	c.slots.log.Info("attachment ended", "slot", rec.Index, "owner", rec.Owner, "request_id", rec.RequestID)
+	return nil
+}
+
+// check fails naming what differs from what ADD made.
+func (c *cniService) check(ctx context.Context, req cniv1.CheckRequest) error {
+	if err := checkKey(req.Key); err != nil {
+		return err
+	}
+	if _, err := mayAttach(ctx, req.Key); err != nil {
+		return err
+	}
+	l, ok := c.slots.table.byRequest(req.Owner(), req.RequestID())
+	if !ok {
+		return cniErr(codes.NotFound, cniv1.CodeCheckFailed, fmt.Sprintf("no attachment %s/%s on network %q", req.ContainerID, req.IfName, req.Network))
+	}
+	if err := c.slots.settle(ctx, l); err != nil {
+		return asCNI(err, cniv1.CodeTryAgainLater)
+	}
+	cp := c.slots.table.copyOf(l)
+	control.Note(ctx, "slot", cp.rec.Index)
+	if cp.slot == nil {
+		return cniErr(codes.FailedPrecondition, cniv1.CodeCheckFailed, fmt.Sprintf("slot %d: lost across a restart: %s", cp.rec.Index, cp.lostReason))
+	}
+	to, err := openTarget(req.Netns, req.IfName)
+	if err != nil {
+		return err
+	}
+	defer to.close()
+	if err := to.sameAs(cp); err != nil {
+		return asCNI(err, cniv1.CodeCheckFailed)
+	}
+	if _, err := c.slots.mgr.Attached(cp.slot, to.fd, req.IfName); err != nil {
+		return cniErr(codes.FailedPrecondition, cniv1.CodeCheckFailed, err.Error())
+	}
+	return c.checkEgress(ctx, cp)
+}
+
+// checkEgress fails when the rules of lease l's egress policy are not the
+// ones it records, on the host or in the slot's own namespace.
+func (c *cniService) checkEgress(ctx context.Context, l lease) error {
+	st, err := c.slots.mgr.InspectEgress(ctx, l.slot)
+	if err != nil {
+		return cniErr(codes.Internal, cniv1.CodeIOFailure, fmt.Sprintf("slot %d: read its egress rules: %v", l.rec.Index, err))
+	}
+	pol, err := egressOf(l.rec.Egress)
+	if err != nil {
+		return cniErr(codes.Internal, cniv1.CodeIOFailure, fmt.Sprintf("slot %d: recorded egress policy: %v", l.rec.Index, err))
+	}
+	want := ""
+	if pol != nil {
+		want = pol.Fingerprint(c.slots.egress)
+	}
+	if drift := describeDrift(st, want); len(drift) > 0 {
+		return cniErr(codes.FailedPrecondition, cniv1.CodeCheckFailed, fmt.Sprintf("slot %d: %s", l.rec.Index, strings.Join(drift, ", ")))
+	}
+	return nil
+}
+
+// gc ends every attachment of req.Network the runtime does not list as
+// valid, at once: their records in shared commits, their slots in the
+// pool's batched teardown.
+func (c *cniService) gc(ctx context.Context, req cniv1.GCRequest) (cniv1.GCAnswer, error) {
+	k := cniv1.Key{Network: req.Network, ContainerID: "gc", IfName: "gc"}
+	if err := checkKey(k); err != nil {
+		return cniv1.GCAnswer{}, err
+	}
+	if _, err := mayAttach(ctx, k); err != nil {
+		return cniv1.GCAnswer{}, err
+	}
+	valid := make(map[string]bool, len(req.Valid))
+	for _, v := range req.Valid {
+		valid[cniv1.Key{ContainerID: v.ContainerID, IfName: v.IfName}.RequestID()] = true
+	}
+	var stale []leases.Record
+	for _, l := range c.slots.table.copies() {
+		if l.rec.Owner == k.Owner() && l.rec.Attachment != nil && !valid[l.rec.RequestID] {
+			stale = append(stale, l.rec)
+		}
+	}
+	slices.SortFunc(stale, func(a, b leases.Record) int { return a.Index - b.Index })
+	control.Note(ctx, "released", len(stale))
+	errs := make([]error, len(stale))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, gcWorkers)
+	for i, rec := range stale {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			errs[i] = c.end(ctx, rec)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return cniv1.GCAnswer{}, asCNI(err, cniv1.CodeIOFailure)
+	}
+	if len(stale) > 0 {
+		c.slots.log.Info("attachments collected", "network", req.Network, "released", len(stale), "valid", len(req.Valid))
+	}
+	return cniv1.GCAnswer{Released: len(stale)}, nil
+}
+
+// status answers STATUS while the daemon serves (before, the route's gate
+// answers): nothing, or 51 naming why the datapath is not whole.
+func (c *cniService) status(ctx context.Context, _ struct{}) (cniv1.StatusAnswer, error) {
+	if _, err := callerOf(ctx); err != nil {
+		return cniv1.StatusAnswer{}, err
+	}
+	if why := c.degraded(); why != "" {
+		return cniv1.StatusAnswer{}, cniErr(codes.Unavailable, cniv1.CodeLimited, why)
+	}
+	return cniv1.StatusAnswer{}, nil
+}
+
+// attachTarget is the namespace an ADD attaches to, open, and the name
+// the slot's end takes there.
+type attachTarget struct {
+	fd     int
+	id     netns.ID
+	path   string
+	ifname string
+}
+
+// openTarget opens the runtime's namespace at path (following it, as the
+// runtime named it) and checks that it is a network namespace.
+func openTarget(path, ifname string) (*attachTarget, error) {
+	if path == "" || !strings.HasPrefix(path, "/") || len(path) > leases.MaxAttachmentPath {
+		return nil, cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("CNI_NETNS %q: want the absolute path of the container's network namespace", path))
+	}
+	fd, err := netns.OpenForeign(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, cniErr(codes.NotFound, cniv1.CodeUnknownContainer, fmt.Sprintf("CNI_NETNS %s does not exist", path))
+	case errors.Is(err, netns.ErrNotNamespace):
+		return nil, cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("CNI_NETNS %s: %v", path, err))
+	case err != nil:
+		return nil, cniErr(codes.Internal, cniv1.CodeIOFailure, fmt.Sprintf("CNI_NETNS %s: %v", path, err))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, cniErr(codes.Internal, cniv1.CodeIOFailure, fmt.Sprintf("CNI_NETNS %s: fstat: %v", path, err))
+	}
+	return &attachTarget{fd: fd, id: netns.ID{Dev: st.Dev, Ino: st.Ino}, path: path, ifname: ifname}, nil
+}
+
+func (t *attachTarget) close() { unix.Close(t.fd) }
+
+// record is the attachment's part of the lease record; nil for no target.
+func (t *attachTarget) record() *leases.Attachment {
+	if t == nil {
+		return nil
+	}
+	return &leases.Attachment{Netns: t.id, NetnsPath: t.path, IfName: t.ifname}
+}
+
+// sameAs refuses a repeated ADD or a CHECK that names another namespace
+// than the one the key's slot is attached to, or a lease that is not an
+// attachment.
+func (t *attachTarget) sameAs(l lease) error {
+	a := l.rec.Attachment
+	switch {
+	case a == nil:
+		return cniErr(codes.AlreadyExists, cniv1.CodeInvalidConfig, fmt.Sprintf("request %q of %q is a lease of the Slots API, not an attachment", l.rec.RequestID, l.rec.Owner))
+	case a.Netns != t.id:
+		return cniErr(codes.AlreadyExists, cniv1.CodeInvalidEnvironment, fmt.Sprintf("%s of %q is attached to the namespace at %s, not to %s", l.rec.RequestID, l.rec.Owner, a.NetnsPath, t.path))
+	}
+	return nil
+}
+
+// attach moves slot sl's inside end into the target namespace; rec is the
+// lease just recorded. If the move fails, the record goes and the slot goes
+// back to the pool: warm as it was when Attach refused before touching it,
+// torn down and made again otherwise.
+func (s *slotsService) attach(ctx context.Context, sl *slot.Slot, rec leases.Record, to *attachTarget) error {
+	_, err := s.mgr.Attach(ctx, sl, to.fd, to.ifname)
+	if err == nil {
+		return nil
+	}
+	bg := context.WithoutCancel(ctx)
+	if rerr := s.records.remove(bg, rec.Index); rerr != nil {
+		s.log.Warn("attach failed and its record could not be removed", "slot", rec.Index, "error", rerr)
+	}
+	untouched := errors.Is(err, slot.ErrIfNameTaken) || errors.Is(err, slot.ErrNotAttachable)
+	if untouched {
+		s.returnUnleased(sl, rec.Egress != nil)
+	} else if perr := s.pool.Put(bg, sl); perr != nil {
+		s.log.Warn("slot of a failed attach could not be made again", "slot", rec.Index, "error", perr)
+	}
+	switch {
+	case errors.Is(err, slot.ErrIfNameTaken):
+		return cniErr(codes.AlreadyExists, cniv1.CodeIfNameTaken, err.Error())
+	case errors.Is(err, slot.ErrNotAttachable):
+		return cniErr(codes.PermissionDenied, cniv1.CodeRefused, err.Error())
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return cniErr(codes.Internal, cniv1.CodeIOFailure, err.Error())
+}
+
+// cniError is a refusal or failure in the CNI spec's terms, and a gRPC
+// status for the guard's audit line and metric.
+type cniError struct {
+	grpc codes.Code
+	e    cniv1.Error
+}
+
+func cniErr(grpc codes.Code, code uint, msg string) error {
+	return &cniError{grpc: grpc, e: cniv1.Error{Code: code, Msg: msg}}
+}
+
+func (e *cniError) Error() string { return e.e.Error() }
+
+// GRPCStatus makes the error a status for status.Convert.
+func (e *cniError) GRPCStatus() *status.Status { return status.New(e.grpc, e.e.Error()) }
+
+// asCNI returns err as a cniError: one already, or a gRPC status error of
+// the Slots service mapped to the CNI code a runtime acts on (fallback for
+// a code with no better one).
+func asCNI(err error, fallback uint) *cniError {
+	var ce *cniError
+	if errors.As(err, &ce) {
+		return ce
+	}
+	st := status.Convert(err)
+	code := fallback
+	switch st.Code() {
+	case codes.InvalidArgument:
+		code = cniv1.CodeInvalidConfig
+	case codes.PermissionDenied, codes.Unauthenticated, codes.AlreadyExists:
+		code = cniv1.CodeRefused
+	case codes.ResourceExhausted, codes.Unavailable, codes.Aborted, codes.DeadlineExceeded, codes.Canceled:
+		code = cniv1.CodeTryAgainLater
+	}
+	return &cniError{grpc: st.Code(), e: cniv1.Error{Code: code, Msg: st.Message()}}
+}
