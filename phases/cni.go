@@ -47,9 +47,10 @@ const gcWorkers = 64
 // and the container id by the spec's pattern, the ifname by the kernel's
 // rules, and together within a request id's length.
 func checkKey(k cniv1.Key) error {
+	if err := checkNetwork(k.Network); err != nil {
+		return err
+	}
 	switch {
-	case !namePattern.MatchString(k.Network):
-		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidConfig, fmt.Sprintf("network name %q: want letters, digits, '_', '.' and '-', starting with a letter or digit", k.Network))
 	case !namePattern.MatchString(k.ContainerID):
 		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("CNI_CONTAINERID %q: want letters, digits, '_', '.' and '-', starting with a letter or digit", k.ContainerID))
 	case len(k.RequestID()) > maxIDLen || len(k.Owner()) > maxIDLen:
@@ -61,16 +62,30 @@ func checkKey(k cniv1.Key) error {
 	return nil
 }
 
+// checkNetwork refuses a network name the CNI spec would not give.
+func checkNetwork(name string) error {
+	if !namePattern.MatchString(name) || len(cniv1.OwnerPrefix+name) > maxIDLen {
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidConfig, fmt.Sprintf("network name %q: want letters, digits, '_', '.' and '-', starting with a letter or digit", name))
+	}
+	return nil
+}
+
 // mayAttach returns the caller if it may attach slots for key's network.
 func mayAttach(ctx context.Context, k cniv1.Key) (control.Caller, error) {
+	control.Note(ctx, "request_id", k.RequestID())
+	return mayAttachFor(ctx, k.Owner())
+}
+
+// mayAttachFor returns the caller if it may attach slots for owner.
+func mayAttachFor(ctx context.Context, owner string) (control.Caller, error) {
 	c, err := callerOf(ctx)
 	if err != nil {
 		return c, err
 	}
-	control.Note(ctx, "owner", k.Owner(), "request_id", k.RequestID())
-	if !c.Grant.MayAttach(k.Owner()) {
+	control.Note(ctx, "owner", owner)
+	if !c.Grant.MayAttach(owner) {
 		return c, cniErr(codes.PermissionDenied, cniv1.CodeRefused,
-			fmt.Sprintf("%s may not attach slots for %q (the control policy grants it no attach for that owner)", c.Principal, k.Owner()))
+			fmt.Sprintf("%s may not attach slots for %q (the control policy grants it no attach for that owner)", c.Principal, owner))
 	}
 	return c, nil
 }
@@ -227,11 +242,11 @@ func (c *cniService) checkEgress(ctx context.Context, l lease) error {
 // valid, at once: their records in shared commits, their slots in the
 // pool's batched teardown.
 func (c *cniService) gc(ctx context.Context, req cniv1.GCRequest) (cniv1.GCAnswer, error) {
-	k := cniv1.Key{Network: req.Network, ContainerID: "gc", IfName: "gc"}
-	if err := checkKey(k); err != nil {
+	if err := checkNetwork(req.Network); err != nil {
 		return cniv1.GCAnswer{}, err
 	}
-	if _, err := mayAttach(ctx, k); err != nil {
+	owner := cniv1.Key{Network: req.Network}.Owner()
+	if _, err := mayAttachFor(ctx, owner); err != nil {
 		return cniv1.GCAnswer{}, err
 	}
 	valid := make(map[string]bool, len(req.Valid))
@@ -240,7 +255,7 @@ func (c *cniService) gc(ctx context.Context, req cniv1.GCRequest) (cniv1.GCAnswe
 	}
 	var stale []leases.Record
 	for _, l := range c.slots.table.copies() {
-		if l.rec.Owner == k.Owner() && l.rec.Attachment != nil && !valid[l.rec.RequestID] {
+		if l.rec.Owner == owner && l.rec.Attachment != nil && !valid[l.rec.RequestID] {
 			stale = append(stale, l.rec)
 		}
 	}
