@@ -12,7 +12,7 @@ import (
 // socket is, who may connect, and what each principal may do.
 type controlFlags struct {
 	socket, group, policyFile string
-	allow, allowRead          rulesValue
+	allow, allowRead, attach  rulesValue
 	maxLeases                 int
 	rate                      float64
 }
@@ -24,6 +24,8 @@ func (f *controlFlags) register(fs *flag.FlagSet) {
 	f.allowRead.readOnly = true
 	fs.Var(&f.allow, "allow", "SELECTOR=OWNER,…: let principals lease for these owners (exact, or a prefix ending in *); SELECTOR is uid:N, user:NAME, gid:N, group:NAME or id:KIND:IDENTITY (a client certificate: id:uri:…, id:dns:…, id:cn:…, or id:spiffe://… for a URI SAN); repeatable")
 	fs.Var(&f.allowRead, "allow-read", "SELECTOR=OWNER,…: let principals see these owners' leases, nothing more; repeatable")
+	f.attach.attach = true
+	fs.Var(&f.attach, "allow-attach", "SELECTOR=OWNER,…: let principals lease for these owners and attach their slots to network namespaces they name (the CNI plugin; owner cni/<network>); root may without it; repeatable")
 	fs.IntVar(&f.maxLeases, "max-leases", 0, "leases one principal may hold at once, unless the policy says otherwise (0: no limit but --slots)")
 	fs.Float64Var(&f.rate, "control-rate", control.DefaultRate, "calls a second one principal may make on the control surface, in bursts of twice that: a finite number, 0 or more (0: no limit)")
 }
@@ -55,7 +57,7 @@ func (f *controlFlags) config(fs *flag.FlagSet) (phases.ControlConfig, error) {
 	if set["control-rate"] || f.policyFile == "" {
 		p.Rate = f.rate
 	}
-	p.Rules = append(append(p.Rules, f.allow.rules...), f.allowRead.rules...)
+	p.Rules = append(append(append(p.Rules, f.allow.rules...), f.allowRead.rules...), f.attach.rules...)
 	if err := p.Resolve(); err != nil {
 		return cc, err
 	}
@@ -65,9 +67,9 @@ func (f *controlFlags) config(fs *flag.FlagSet) (phases.ControlConfig, error) {
 
 // rulesValue is a repeatable flag of policy rules.
 type rulesValue struct {
-	rules    []control.Rule
-	readOnly bool
-	texts    []string
+	rules            []control.Rule
+	readOnly, attach bool
+	texts            []string
 }
 
 func (v *rulesValue) String() string { return strings.Join(v.texts, " ") }
@@ -77,6 +79,7 @@ func (v *rulesValue) Set(s string) error {
 	if err != nil {
 		return err
 	}
+	r.Attach = v.attach
 	v.rules, v.texts = append(v.rules, r), append(v.texts, s)
 	return nil
 }

@@ -1,0 +1,210 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+)
+
+// A container's root holds CAP_NET_ADMIN and CAP_NET_RAW in its own
+// namespace: the host-side rules of an attachment are out of its reach,
+// exactly as a daemon-owned slot's. From an attached container, as root
+// there and as a user holding CAP_NET_RAW alone, a datagram with another
+// slot's address is dropped as spoofed and never reaches the outside nor
+// the victim; one from its own address to another slot, or to the host,
+// is dropped too; root that flushes its namespace's tables lifts nothing
+// of the egress policy its conflist gave. The victim, a daemon-owned
+// slot with a workload, is untouched afterwards and answers.
+func TestCNIContainerCannotSpoofReachAcrossNorLiftItsPolicy(t *testing.T) {
+	nd := newNode(t)
+	o := newOutside(t, nd)
+	pub := newPublicDir(t)
+	h, d, slots := slotsInNode(t, nd, nil, []string{"victim"}, nil)
+	b := slots["victim"]
+	victimAt := addrOf(t, b.GetInsideAddress(), 7200)
+	victim := listenIn(t, b.GetNetnsPath(), victimAt)
+	before := observeVictimIn(t, nd, d.slots(), b.GetIndex())
+
+	open := newCNINet(t, h.prefix+"open", d.control, nil)
+	// An empty policy: the daemon's always-denied set, which covers the
+	// outside network here, is all it holds.
+	closed := newCNINet(t, h.prefix+"closed", d.control, map[string]any{"egress": map[string]any{}})
+	ctr, ctrP := containerNetns(t, "attacker"), containerNetns(t, "policied")
+	own := netip.AddrPortFrom(netip.MustParseAddr(parseResult(t, open.mustTool("add", ctr), ctr).insideAddr()), 7300)
+	ownP := netip.AddrPortFrom(netip.MustParseAddr(parseResult(t, closed.mustTool("add", ctrP), ctrP).insideAddr()), 7300)
+
+	attack(t, pub.testBinary, ctr, fmt.Sprintf("udp|%s|%s|own|5", own, o.reflector), "")
+	if !waitSeen(o, "own") {
+		t.Fatal("the container's datagram from its own address never reached the outside: the test cannot tell a drop from a broken path")
+	}
+	for _, tc := range []struct{ name, caps string }{{"root in the container", ""}, {"CAP_NET_RAW alone", "net_raw"}} {
+		spoofed0 := counter(t, nd, h.prefix, "spoofed")
+		payload := "spoofed by " + tc.name
+		attack(t, pub.testBinary, ctr, fmt.Sprintf("udp|%s|%s|%s|5", victimAt, o.reflector, payload), tc.caps)
+		waitFor(t, 10*time.Second, "the spoofed datagrams counted", func() bool { return counter(t, nd, h.prefix, "spoofed") >= spoofed0+5 })
+		time.Sleep(300 * time.Millisecond) // what the reflector would have answered by now
+		if o.saw(payload) {
+			t.Errorf("%s: a datagram with the victim's address reached the outside", tc.name)
+		}
+	}
+	across0, host0 := counter(t, nd, h.prefix, "slot-to-slot"), counter(t, nd, h.prefix, "to-host")
+	attack(t, pub.testBinary, ctr, fmt.Sprintf("udp|%s|%s|across|5", own, victimAt), "")
+	attack(t, pub.testBinary, ctr, fmt.Sprintf("udp|%s|%s|host|5", own, netip.AddrPortFrom(nd.ip, 9)), "")
+	waitFor(t, 10*time.Second, "the datagrams to the victim and to the host counted", func() bool {
+		return counter(t, nd, h.prefix, "slot-to-slot") >= across0+5 && counter(t, nd, h.prefix, "to-host") >= host0+5
+	})
+	if got := victim.received(); len(got) > 0 {
+		t.Errorf("the victim's workload received %d datagrams from the container, the first %q", len(got), got[0])
+	}
+
+	// Root in the container flushes what it can: its own namespace's
+	// tables. The policy is on the host.
+	inNetns(t, ctrP, "nft", "flush", "ruleset")
+	attack(t, pub.testBinary, ctrP, fmt.Sprintf("udp|%s|%s|lifted|5", ownP, o.reflector), "")
+	attack(t, pub.testBinary, ctr, fmt.Sprintf("udp|%s|%s|open|5", own, o.reflector), "")
+	if !waitSeen(o, "open") {
+		t.Fatal("the container without a policy no longer reaches the outside")
+	}
+	if o.saw("lifted") {
+		t.Error("a container whose root flushed its tables went around its egress policy")
+	}
+	closed.mustTool("check", ctrP)
+
+	before.same(t, observeVictimIn(t, nd, d.slots(), b.GetIndex()), "the container's attacks")
+	if !answers(t, nd, victimAt) {
+		t.Error("the victim's workload no longer answers")
+	}
+	open.mustTool("del", ctr)
+	closed.mustTool("del", ctrP)
+}
+
+// plugin runs the CNI plugin, copied into the public directory, as user
+// (in group, when set), as a runtime running as that user would; it
+// returns the plugin's error object, nil on success.
+func (p *publicDir) plugin(t *testing.T, user, group, verb string, conf []byte, env ...string) *pluginError {
+	t.Helper()
+	bin := filepath.Join(p.dir, "phasegate-cni")
+	copyFile(t, filepath.Join(cniPath, "phasegate-cni"), bin, 0o755)
+	ra := []string{"-u", user}
+	if group != "" {
+		ra = append(ra, "-g", group)
+	}
+	cmd := exec.Command("runuser", append(ra, "--", "env", "-i")...)
+	cmd.Args = append(cmd.Args, append(append([]string{"CNI_COMMAND=" + verb, "CNI_PATH=" + p.dir}, env...), bin)...)
+	cmd.Stdin = bytes.NewReader(conf)
+	out, err := cmd.Output()
+	if err == nil {
+		return nil
+	}
+	var pe pluginError
+	if jerr := json.Unmarshal(out, &pe); jerr != nil || pe.Code == 0 {
+		t.Fatalf("plugin %s as %s: %v, no error object: %q", verb, user, err, out)
+	}
+	return &pe
+}
+
+// The control socket's attacks through the plugin. A user outside the
+// socket's group cannot connect. A tenant the policy lets lease for the
+// CNI networks, without attach, can neither attach nor end nor collect
+// anyone's attachment. A tenant granted attach for its own network cannot
+// attach into the host's namespace or a slot's, and neither DEL nor GC of
+// its network reaches another network's attachment. The victims — root's
+// attachment with a workload in its container, and a daemon-owned lease —
+// are untouched: same records, same namespaces, both workloads answering.
+func TestCNIControlPlaneAttacks(t *testing.T) {
+	pub := newPublicDir(t)
+	h := newHost(t)
+	addr := freePort(t)
+	sock := filepath.Join(pub.dir, "control.sock")
+	d := start(t, nil, h.args(addr, "--slots=64", "--control-socket="+sock, "--control-group=nogroup",
+		"--allow=uid:65534=cni/*", "--allow-attach=uid:1="+"cni/"+h.prefix+"tenant")...)
+	d.waitServing(time.Minute)
+	root := d.slots()
+	victimNet := newCNINet(t, h.prefix+"victim", sock, nil)
+	vctr := containerNetns(t, "victim")
+	vres := parseResult(t, victimNet.mustTool("add", vctr), vctr)
+	vlease := cniLeases(t, d, victimNet.name)[0]
+	vwork := startWorkload(t, vlease.GetIndex(), vctr, vres.insideAddr())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	owned, err := root.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "victim", RequestId: "sandbox-abc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inside, _, _ := strings.Cut(owned.GetSlot().GetInsideAddress(), "/")
+	owork := startWorkload(t, owned.GetSlot().GetIndex(), owned.GetSlot().GetNetnsPath(), inside)
+	waitFor(t, 10*time.Second, "both victims to answer", func() bool { return vwork.ok.Load() > 0 && owork.ok.Load() > 0 })
+	beforeAttached := observeVictim(t, root, vlease.GetIndex())
+	beforeOwned := observeVictim(t, root, owned.GetSlot().GetIndex())
+	vInode := nsInode(t, vctr)
+
+	victimKey := []string{"CNI_CONTAINERID=" + cnitoolContainerID(vctr), "CNI_IFNAME=eth0", "CNI_NETNS=" + vctr}
+	tenantNet := newCNINet(t, h.prefix+"tenant", sock, nil)
+	mine := containerNetns(t, "mine")
+	for _, tc := range []struct {
+		what, user, group, verb string
+		conf                    []byte
+		env                     []string
+		code                    uint
+		want                    string
+	}{
+		{"connect outside the socket's group", "daemon", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 5, "permission denied"},
+		{"attach without the grant", "nobody", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 100, "may not attach"},
+		{"DEL of the victim's attachment", "nobody", "", "DEL", victimNet.conf, victimKey, 100, "may not attach"},
+		{"GC of the victim's network", "nobody", "", "GC", victimNet.conf, nil, 100, "may not attach"},
+		{"CHECK of the victim's attachment", "nobody", "", "CHECK", victimNet.conf, victimKey, 100, "may not attach"},
+		{"granted attach, into the host's namespace", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + fmt.Sprintf("/proc/%d/ns/net", d.Pid())}, 100, "the host's own namespace"},
+		{"granted attach, into a daemon-owned slot", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + owned.GetSlot().GetNetnsPath()}, 100, "a slot's namespace"},
+		{"granted attach, DEL on the victim's network", "daemon", "nogroup", "DEL", victimNet.conf, victimKey, 100, "may not attach"},
+	} {
+		perr := pub.plugin(t, tc.user, tc.group, tc.verb, tc.conf, tc.env...)
+		if perr == nil || perr.Code != tc.code || !strings.Contains(perr.Msg+perr.Details, tc.want) {
+			t.Errorf("%s (as %s): %+v, want code %d naming %q", tc.what, tc.user, perr, tc.code, tc.want)
+		}
+	}
+	// The tenant's own network works, and its DEL and GC reach nothing of
+	// the victim's, whose container id it knows.
+	if perr := pub.plugin(t, "daemon", "nogroup", "ADD", tenantNet.conf, "CNI_CONTAINERID=mine", "CNI_IFNAME=eth0", "CNI_NETNS="+mine); perr != nil {
+		t.Fatalf("the tenant's ADD on its own network: %+v", perr)
+	}
+	if perr := pub.plugin(t, "daemon", "nogroup", "DEL", tenantNet.conf, victimKey...); perr != nil {
+		t.Errorf("the tenant's DEL of an unknown key of its network: %+v", perr)
+	}
+	if perr := pub.plugin(t, "daemon", "nogroup", "GC", tenantNet.conf); perr != nil {
+		t.Errorf("the tenant's GC of its network: %+v", perr)
+	}
+	if l := cniLeases(t, d, tenantNet.name); len(l) != 0 {
+		t.Errorf("the tenant's GC (nothing valid) left %d of its attachments", len(l))
+	}
+
+	beforeAttached.same(t, observeVictim(t, root, vlease.GetIndex()), "the attacks on the CNI routes")
+	beforeOwned.same(t, observeVictim(t, root, owned.GetSlot().GetIndex()), "the attacks on the CNI routes")
+	if nsInode(t, vctr) != vInode {
+		t.Error("the victim container's namespace was replaced")
+	}
+	victimNet.mustTool("check", vctr)
+	for name, w := range map[string]*workload{"attached": vwork, "daemon-owned": owork} {
+		if ok, failed, last := w.finish(); ok == 0 || failed != 0 {
+			t.Errorf("the %s victim's workload: %d answered, %d failed (last: %v)", name, ok, failed, last)
+		}
+	}
+	if !strings.Contains(d.Output(), `msg="control call refused" audit=true method=CNIDel surface=socket principal=uid:65534`) {
+		t.Error("no audit line of nobody's refused DEL")
+	}
+	victimNet.mustTool("del", vctr)
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("stop: exit %d", code)
+	}
+	h.decommission(h.prefix)
+}
