@@ -37,16 +37,23 @@ type cniNet struct {
 	cnitool string
 }
 
-// newCNINet writes the conflist of network name: the plugin talking to
-// the daemon on socket, with the plugin fields extra adds. cnitool's cache
-// of the network's results is removed when the test ends.
+// newCNINet writes the conflist of network name, of spec 1.1.0: the plugin
+// talking to the daemon on socket, with the plugin fields extra adds.
+// cnitool's cache of the network's results is removed when the test ends.
 func newCNINet(t *testing.T, name, socket string, extra map[string]any) *cniNet {
+	t.Helper()
+	return newCNINetOf(t, "1.1.0", name, socket, extra)
+}
+
+// newCNINetOf is newCNINet of spec version: 1.0.0 for the runtimes here,
+// whose CNI library predates 1.1.0.
+func newCNINetOf(t *testing.T, version, name, socket string, extra map[string]any) *cniNet {
 	t.Helper()
 	plugin := map[string]any{"type": "phasegate-cni", "socket": socket, "timeout": "20s"}
 	for k, v := range extra {
 		plugin[k] = v
 	}
-	list := map[string]any{"cniVersion": "1.1.0", "name": name, "plugins": []any{plugin}}
+	list := map[string]any{"cniVersion": version, "name": name, "plugins": []any{plugin}}
 	b, err := json.MarshalIndent(list, "", "  ")
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +65,7 @@ func newCNINet(t *testing.T, name, socket string, extra map[string]any) *cniNet 
 	if err := os.WriteFile(filepath.Join(dir, "10-"+name+".conflist"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	plugin["cniVersion"], plugin["name"] = "1.1.0", name
+	plugin["cniVersion"], plugin["name"] = version, name
 	conf, err := json.Marshal(plugin)
 	if err != nil {
 		t.Fatal(err)

@@ -49,7 +49,6 @@ func runWorkload(addr string) int {
 type workload struct {
 	slot     uint32
 	addr     string
-	cmd      *exec.Cmd
 	ok, fail atomic.Int64
 	mu       sync.Mutex
 	lastErr  error
@@ -63,25 +62,31 @@ const workloadPort = "7777"
 // insideAddr (no prefix length), and starts probing it once it answers.
 func startWorkload(t *testing.T, index uint32, netnsPath, insideAddr string) *workload {
 	t.Helper()
-	w := &workload{slot: index, addr: net.JoinHostPort(insideAddr, workloadPort), stop: make(chan struct{}), done: make(chan struct{})}
-	w.cmd = exec.Command("nsenter", "--net="+netnsPath, os.Args[0])
-	w.cmd.Env = append(os.Environ(), workloadEnv+"="+w.addr)
-	out, err := w.cmd.StdoutPipe()
+	cmd := exec.Command("nsenter", "--net="+netnsPath, os.Args[0])
+	cmd.Env = append(os.Environ(), workloadEnv+"="+net.JoinHostPort(insideAddr, workloadPort))
+	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.cmd.Stderr = os.Stderr
-	if err := w.cmd.Start(); err != nil {
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = w.cmd.Process.Kill()
-		_ = w.cmd.Wait()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
 	})
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil || line != "listening\n" {
 		t.Fatalf("workload in slot %d: %q %v", index, line, err)
 	}
+	return probeEcho(index, net.JoinHostPort(insideAddr, workloadPort))
+}
+
+// probeEcho starts probing a line echo at addr that something else runs
+// (a container's), labelled with slot index.
+func probeEcho(index uint32, addr string) *workload {
+	w := &workload{slot: index, addr: addr, stop: make(chan struct{}), done: make(chan struct{})}
 	go w.probe()
 	return w
 }

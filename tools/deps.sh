@@ -31,6 +31,11 @@ packages=(
   git               # gofmt check over the tracked files
   make
   ca-certificates   # module downloads over HTTPS
+  podman            # a container runtime that attaches networks through CNI (its CNI backend here:
+                    # no netavark), run by the CNI plugin's tests
+  runc              # podman's and containerd's OCI runtime (crun refuses this host's hybrid cgroups)
+  containerd        # ctr run --cni: the second runtime of the CNI plugin's tests
+  containernetworking-plugins # the reference bridge and host-local plugins, measured beside phasegate's
 )
 
 missing=()

@@ -1,0 +1,181 @@
+package test
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+)
+
+// shortLived is what one run of the Nomad incident's pattern saw: errors,
+// and how long each `podman run` took, sorted.
+type shortLived struct {
+	errs []string
+	took []time.Duration
+}
+
+func (s shortLived) String() string {
+	if len(s.took) == 0 {
+		return fmt.Sprintf("%d errors", len(s.errs))
+	}
+	return fmt.Sprintf("%d runs, %d errors, podman run p50 %v p99 %v", len(s.took), len(s.errs),
+		s.took[len(s.took)/2].Round(time.Millisecond), s.took[len(s.took)*99/100].Round(time.Millisecond))
+}
+
+// runShortLived runs n `exit 0` containers on network, parallel at a time.
+func runShortLived(p *podman, network string, n, parallel int) shortLived {
+	var mu sync.Mutex
+	var out shortLived
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range parallel {
+		wg.Go(func() {
+			for i := range next {
+				start := time.Now()
+				o, err := p.run(network, "/bin/true")
+				took := time.Since(start)
+				mu.Lock()
+				out.took = append(out.took, took)
+				if err != nil {
+					out.errs = append(out.errs, fmt.Sprintf("run %d: %v: %s", i, err, strings.TrimSpace(o)))
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	slices.Sort(out.took)
+	return out
+}
+
+// runtimeNetns lists the namespaces runtimes bind under /run/netns (podman
+// names its "cni-<uuid>").
+func runtimeNetns() []string {
+	m, _ := filepath.Glob("/run/netns/cni-*")
+	return m
+}
+
+// The Nomad incident's pattern (hashicorp/nomad#25610): 200 short-lived
+// `exit 0` containers, 4 at a time, with podman on a phasegate network.
+// Every one succeeds, and nothing is left: no lease, no namespace, no link
+// or address beyond the daemon's warm slots. The same run on the reference
+// bridge + host-local network is reported beside it.
+func TestPodmanShortLivedContainersLeakNothing(t *testing.T) {
+	const runs, parallel = 200, 4
+	h := newHost(t)
+	addr := freePort(t)
+	d := start(t, nil, h.args(addr, "--slots=64")...)
+	d.waitServing(time.Minute)
+	n := newCNINetOf(t, "1.0.0", h.prefix+"pm", d.control, nil)
+	ref := h.prefix + "ref"
+	ipam := refNet(t, n.confDir, ref, h.prefix+"br", lastSubnet(t, h.cidr))
+	p := newPodman(t, n.confDir)
+	before := runtimeNetns()
+
+	pg := runShortLived(p, n.name, runs, parallel)
+	t.Logf("phasegate: %s", pg)
+	if len(pg.errs) > 0 {
+		t.Errorf("%d of %d containers failed on the phasegate network, the first: %s", len(pg.errs), runs, pg.errs[0])
+	}
+	if l := cniLeases(t, d, n.name); len(l) != 0 {
+		t.Errorf("%d attachments left after every container ended", len(l))
+	}
+	warm := 0
+	for _, s := range listSlots(t, d.slots(), true) {
+		if s.GetState() == phasegatev1.SlotState_SLOT_STATE_WARM {
+			warm++
+		}
+	}
+	if links, files := len(h.links(h.prefix+"h")), len(h.netnsFiles(h.prefix)); links != warm || files != warm {
+		t.Errorf("after the runs: %d host links and %d slot namespaces of the prefix, want the %d warm slots' alone", links, files, warm)
+	}
+	if left := len(runtimeNetns()) - len(before); left > 0 {
+		t.Errorf("%d runtime namespaces left under /run/netns", left)
+	}
+
+	rf := runShortLived(p, ref, runs, parallel)
+	ports := strings.Count(run(t, "ip", "-o", "link", "show", "master", h.prefix+"br"), "\n")
+	ips, _ := filepath.Glob(filepath.Join(ipam, ref, "[0-9]*"))
+	t.Logf("reference bridge + host-local: %s; left: %d bridge ports, %d addresses allocated, %d runtime namespaces",
+		rf, ports, len(ips), len(runtimeNetns())-len(before))
+	writeReport(t, "cni-short-lived.txt", fmt.Sprintf("%d `podman run --rm … /bin/true`, %d at a time:\nphasegate: %s, 0 left\nreference bridge + host-local: %s; left %d bridge ports, %d addresses\n",
+		runs, parallel, pg, rf, ports, len(ips)))
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	h.decommission(h.prefix)
+}
+
+// A long-running container started by podman on the phasegate network
+// keeps answering a TCP echo through kill -9, SIGTERM and a start, and a
+// SIGHUP upgrade of the daemon; `podman rm -f` ends its attachment.
+func TestPodmanContainerKeepsAnsweringAcrossRestarts(t *testing.T) {
+	h := newHost(t)
+	addr := freePort(t)
+	args := h.args(addr, "--slots=64")
+	d := start(t, nil, args...)
+	d.waitServing(time.Minute)
+	n := newCNINetOf(t, "1.0.0", h.prefix+"pl", d.control, nil)
+	p := newPodman(t, n.confDir)
+	name := h.prefix + "echo"
+	out, err := p.cmd(append(p.runArgs(n.name, "-d", "--name", name), "/bin/nc", "-ll", "-p", "7777", "-e", "/bin/cat")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("podman run -d: %v\n%s", err, out)
+	}
+	leased := cniLeases(t, d, n.name)
+	if len(leased) != 1 {
+		t.Fatalf("%d attachments for the container, want 1", len(leased))
+	}
+	inside, _, _ := strings.Cut(leased[0].GetInsideAddress(), "/")
+	w := probeEcho(leased[0].GetIndex(), inside+":7777")
+	waitFor(t, 10*time.Second, "the container to answer", func() bool { return w.ok.Load() > 0 })
+
+	for _, how := range []string{"kill -9", "SIGTERM and a start", "SIGHUP upgrade"} {
+		switch how {
+		case "kill -9":
+			d.signal(syscall.SIGKILL)
+			d.wait(time.Minute)
+			d = start(t, nil, args...)
+		case "SIGTERM and a start":
+			d.signal(syscall.SIGTERM)
+			if code := d.wait(time.Minute); code != 0 {
+				t.Fatalf("SIGTERM: exit %d", code)
+			}
+			d = start(t, nil, args...)
+		case "SIGHUP upgrade":
+			served := strings.Count(d.Output(), "msg=serving ")
+			d.signal(syscall.SIGHUP)
+			waitFor(t, 2*time.Minute, "the upgraded image to serve", func() bool { return strings.Count(d.Output(), "msg=serving ") > served })
+		}
+		d.waitServing(time.Minute)
+		before := w.ok.Load()
+		waitFor(t, 10*time.Second, "the container to keep answering after "+how, func() bool { return w.ok.Load() > before+5 })
+	}
+	ok, failed, last := w.finish()
+	t.Logf("the container answered %d probes across the restarts, %d failed", ok, failed)
+	if failed != 0 {
+		t.Errorf("the container lost its network: %d probes failed (last: %v)", failed, last)
+	}
+	if out, err := p.cmd("rm", "-f", "-t", "0", name).CombinedOutput(); err != nil {
+		t.Fatalf("podman rm -f: %v\n%s", err, out)
+	}
+	if l := cniLeases(t, d, n.name); len(l) != 0 {
+		t.Errorf("podman rm -f left %d attachments", len(l))
+	}
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	h.decommission(h.prefix)
+}
