@@ -118,15 +118,19 @@ func (c *cniService) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Atta
 	if err != nil {
 		return nil, asCNI(err, cniv1.CodeIOFailure)
 	}
-	l := c.slots.table.copyOf(v.(acquired).l)
-	control.Note(ctx, "slot", l.rec.Index, "retry", v.(acquired).retry)
+	a := v.(acquired)
+	l := c.slots.table.copyOf(a.l)
+	control.Note(ctx, "slot", l.rec.Index, "retry", a.retry)
 	if l.slot == nil {
 		return nil, cniErr(codes.FailedPrecondition, cniv1.CodeTryAgainLater,
 			fmt.Sprintf("attachment %s/%s of %q was lost across a restart (%s): DEL it, then ADD again", req.ContainerID, req.IfName, req.Network, l.lostReason))
 	}
-	made, err := c.slots.mgr.Attached(l.slot, to.fd, req.IfName)
-	if err != nil {
-		return nil, cniErr(codes.FailedPrecondition, cniv1.CodeCheckFailed, err.Error())
+	made := a.made
+	if made == nil {
+		// A repeated ADD answers what the first one made, as it is now.
+		if made, err = c.slots.mgr.Attached(l.slot, to.fd, req.IfName); err != nil {
+			return nil, cniErr(codes.FailedPrecondition, cniv1.CodeCheckFailed, err.Error())
+		}
 	}
 	return attachmentOf(l.slot, made, req.Netns), nil
 }
@@ -177,7 +181,9 @@ func (c *cniService) end(ctx context.Context, rec leases.Record) error {
 	case err != nil:
 		return asCNI(leaseError(rec.Index, err), cniv1.CodeIOFailure)
 	}
-	c.slots.giveBack(context.WithoutCancel(ctx), l)
+	// The runtime's call returns once the slot is torn down: its
+	// replacement is the pool's to make, not the runtime's to wait for.
+	c.slots.giveBackBy(context.WithoutCancel(ctx), l, c.slots.pool.Retire)
 	c.slots.count("released")
 	c.slots.log.Info("attachment ended", "slot", rec.Index, "owner", rec.Owner, "request_id", rec.RequestID)
 	return nil
@@ -354,10 +360,10 @@ func (t *attachTarget) sameAs(l lease) error {
 // lease just recorded. If the move fails, the record goes and the slot goes
 // back to the pool: warm as it was when Attach refused before touching it,
 // torn down and made again otherwise.
-func (s *slotsService) attach(ctx context.Context, sl *slot.Slot, rec leases.Record, to *attachTarget) error {
-	_, err := s.mgr.Attach(ctx, sl, to.fd, to.ifname)
+func (s *slotsService) attach(ctx context.Context, sl *slot.Slot, rec leases.Record, to *attachTarget) (*slot.Attachment, error) {
+	made, err := s.mgr.Attach(ctx, sl, to.fd, to.ifname)
 	if err == nil {
-		return nil
+		return made, nil
 	}
 	bg := context.WithoutCancel(ctx)
 	if rerr := s.records.remove(bg, rec.Index); rerr != nil {
@@ -371,13 +377,13 @@ func (s *slotsService) attach(ctx context.Context, sl *slot.Slot, rec leases.Rec
 	}
 	switch {
 	case errors.Is(err, slot.ErrIfNameTaken):
-		return cniErr(codes.AlreadyExists, cniv1.CodeIfNameTaken, err.Error())
+		return nil, cniErr(codes.AlreadyExists, cniv1.CodeIfNameTaken, err.Error())
 	case errors.Is(err, slot.ErrNotAttachable):
-		return cniErr(codes.PermissionDenied, cniv1.CodeRefused, err.Error())
+		return nil, cniErr(codes.PermissionDenied, cniv1.CodeRefused, err.Error())
 	case ctx.Err() != nil:
-		return status.FromContextError(ctx.Err()).Err()
+		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	return cniErr(codes.Internal, cniv1.CodeIOFailure, err.Error())
+	return nil, cniErr(codes.Internal, cniv1.CodeIOFailure, err.Error())
 }
 
 // cniError is a refusal or failure in the CNI spec's terms, and a gRPC

@@ -23,7 +23,6 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
-	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
@@ -206,6 +205,9 @@ func sameLease(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), 
 type acquired struct {
 	l     *lease
 	retry bool
+	// made is what the Attach of a CNI ADD made; nil for a retry, and for
+	// a lease of the Slots API.
+	made *slot.Attachment
 }
 
 // Acquire implements phasegate.v1.Slots.
@@ -280,16 +282,9 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 		return acquired{}, err
 	}
 	defer done()
-	sl, err := s.pool.Get(ctx)
-	switch {
-	case errors.Is(err, pool.ErrClosed):
-		return acquired{}, status.Error(codes.Unavailable, "draining: the slot pool is closed")
-	case errors.Is(err, index.ErrExhausted):
-		return acquired{}, status.Errorf(codes.ResourceExhausted, "all %d slots are leased or quarantined", s.cfg.Slots)
-	case ctx.Err() != nil && err != nil:
-		return acquired{}, status.FromContextError(ctx.Err()).Err()
-	case err != nil:
-		return acquired{}, status.Errorf(codes.Internal, "make a slot: %v", err)
+	sl, err := s.takeSlot(ctx)
+	if err != nil {
+		return acquired{}, err
 	}
 	// The policy before the record and the reply: a lease never runs
 	// without the policy it was asked with.
@@ -338,8 +333,9 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	// record with the move never made sees the slot's host end whole and
 	// its lease held, which DEL, which a runtime sends for an ADD that
 	// never answered, ends.
+	var made *slot.Attachment
 	if to != nil {
-		if err := s.attach(ctx, sl, rec, to); err != nil {
+		if made, err = s.attach(ctx, sl, rec, to); err != nil {
 			return acquired{}, err
 		}
 	}
@@ -347,7 +343,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	s.table.add(l)
 	s.count("acquired")
 	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "principal", principal, "ttl", ttl.String())
-	return acquired{l: l}, nil
+	return acquired{l: l, made: made}, nil
 }
 
 // retried answers an Acquire whose request an earlier one took a lease
@@ -370,25 +366,6 @@ func (s *slotsService) retried(ctx context.Context, owner, requestID, principal 
 	}
 	s.log.Info("slot acquire retried: same lease", "slot", l.rec.Index, "owner", owner, "request_id", requestID)
 	return acquired{l: l, retry: true}, true, nil
-}
-
-// returnUnleased gives a slot that was not leased back to the pool, warm,
-// without the egress policy written for the lease that did not happen.
-// One whose policy cannot be cleared is put back as used instead: the pool
-// tears it down and makes a fresh one.
-func (s *slotsService) returnUnleased(sl *slot.Slot, hadPolicy bool) {
-	if hadPolicy {
-		if err := s.mgr.ClearEgress(context.Background(), sl); err != nil {
-			s.log.Warn("slot not leased: its egress policy could not be cleared; the slot is made again", "slot", sl.Index, "error", err)
-			if perr := s.pool.Put(context.Background(), sl); perr != nil {
-				s.log.Warn("slot not leased could not be made again", "slot", sl.Index, "error", perr)
-			}
-			return
-		}
-	}
-	if err := s.pool.Return(sl); err != nil {
-		s.log.Warn("slot not leased could not go back to the pool", "slot", sl.Index, "error", err)
-	}
 }
 
 // retriedBy refuses a retried Acquire whose caller is not the principal
@@ -490,43 +467,6 @@ func (s *slotsService) Release(ctx context.Context, req *phasegatev1.ReleaseRequ
 	s.count("released")
 	s.log.Info("slot released", "slot", i, "owner", l.rec.Owner, "principal", c.Principal.String(), "held", time.Since(l.rec.Acquired).Round(time.Millisecond).String())
 	return &phasegatev1.ReleaseResponse{}, nil
-}
-
-// giveBack returns the slot of an ended lease to the pool, which tears it
-// down and makes a fresh one in its place; a lost lease's index, which no
-// slot occupies, goes back to the pool too, which frees it.
-func (s *slotsService) giveBack(ctx context.Context, l *lease) {
-	if l == nil {
-		return
-	}
-	if err := s.settle(ctx, l); err != nil {
-		// Whatever is at the index is this lease's or dead: the pool's
-		// teardown, by name and idempotent, is right either way.
-		s.log.Warn("ended lease's slot could not be verified; torn down as it is", "slot", l.rec.Index, "error", err)
-	}
-	// A change of the slot's policy under way ends before the slot does.
-	unlock := s.lockPolicy(l.rec.Index)
-	defer unlock()
-	s.table.mu.Lock()
-	sl := l.slot
-	s.table.mu.Unlock()
-	if sl == nil {
-		if err := s.pool.PutLost(l.rec.Index); err != nil {
-			s.log.Warn("index of a lost lease could not be freed", "slot", l.rec.Index, "error", err)
-		}
-		return
-	}
-	if l.rec.Attachment != nil {
-		// The host end first, which takes the container's end with it:
-		// the teardown then has no pair to wait for, and the container's
-		// namespace, the runtime's, is never touched.
-		if err := s.mgr.Detach(ctx, sl); err != nil {
-			s.log.Warn("attachment's host end could not be deleted; the teardown cuts it off", "slot", l.rec.Index, "error", err)
-		}
-	}
-	if err := s.pool.Put(ctx, sl); err != nil {
-		s.log.Warn("released slot: teardown failed; the index stays quarantined for the reconciler", "slot", l.rec.Index, "error", err)
-	}
 }
 
 // KeepAlive implements phasegate.v1.Slots.

@@ -25,6 +25,7 @@ func TestContainerdOnPhasegateNetwork(t *testing.T) {
 	d := start(t, nil, h.args(addr, "--slots=64")...)
 	d.waitServing(time.Minute)
 	n := newCNINetOf(t, "1.0.0", h.prefix+"ctd", d.control, nil)
+	hostForwarding(t)
 	c := startContainerd(t)
 
 	var wg sync.WaitGroup

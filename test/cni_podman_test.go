@@ -79,7 +79,12 @@ func TestPodmanShortLivedContainersLeakNothing(t *testing.T) {
 	n := newCNINetOf(t, "1.0.0", h.prefix+"pm", d.control, nil)
 	ref := h.prefix + "ref"
 	ipam := refNet(t, n.confDir, ref, h.prefix+"br", lastSubnet(t, h.cidr))
+	hostForwarding(t)
 	p := newPodman(t, n.confDir)
+	// podman and its plugins run in a namespace of the test's, for both
+	// networks alike: the reference bridge and the forwarding it turns on
+	// are there, not on the host.
+	p.netns = containerNetns(t, "runtime")
 	before := runtimeNetns()
 
 	pg := runShortLived(p, n.name, runs, parallel)
@@ -104,7 +109,7 @@ func TestPodmanShortLivedContainersLeakNothing(t *testing.T) {
 	}
 
 	rf := runShortLived(p, ref, runs, parallel)
-	ports := strings.Count(run(t, "ip", "-o", "link", "show", "master", h.prefix+"br"), "\n")
+	ports := strings.Count(inNetns(t, p.netns, "ip", "-o", "link", "show", "master", h.prefix+"br"), "\n")
 	ips, _ := filepath.Glob(filepath.Join(ipam, ref, "[0-9]*"))
 	t.Logf("reference bridge + host-local: %s; left: %d bridge ports, %d addresses allocated, %d runtime namespaces",
 		rf, ports, len(ips), len(runtimeNetns())-len(before))
@@ -127,6 +132,7 @@ func TestPodmanContainerKeepsAnsweringAcrossRestarts(t *testing.T) {
 	d := start(t, nil, args...)
 	d.waitServing(time.Minute)
 	n := newCNINetOf(t, "1.0.0", h.prefix+"pl", d.control, nil)
+	hostForwarding(t)
 	p := newPodman(t, n.confDir)
 	name := h.prefix + "echo"
 	out, err := p.cmd(append(p.runArgs(n.name, "-d", "--name", name), "/bin/nc", "-ll", "-p", "7777", "-e", "/bin/cat")...).CombinedOutput()

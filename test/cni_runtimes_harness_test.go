@@ -35,7 +35,8 @@ func busyboxRootfs(t *testing.T) string {
 
 // refNet writes the conflist of a network of the reference plugins (bridge
 // and host-local) on subnet, with its IPAM state in a directory of the
-// test's, into dir.
+// test's, into dir. The bridge plugin turns on IPv4 forwarding in the
+// namespace it runs in: run it in one of the test's (podman.netns).
 func refNet(t *testing.T, dir, name, bridge string, subnet netip.Prefix) (ipamDir string) {
 	t.Helper()
 	ipamDir = filepath.Join(t.TempDir(), "ipam")
@@ -53,7 +54,6 @@ func refNet(t *testing.T, dir, name, bridge string, subnet netip.Prefix) (ipamDi
 	if err := os.WriteFile(filepath.Join(dir, "20-"+name+".conflist"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
 	return ipamDir
 }
 
@@ -77,6 +77,10 @@ type podman struct {
 	root, runroot string
 	conf          string
 	rootfs        string
+	// netns, when set, is the network namespace podman runs in, and with
+	// it the plugins it execs: the reference bridge plugin turns on IPv4
+	// forwarding where it runs, which must not be the host.
+	netns string
 }
 
 func newPodman(t *testing.T, confDir string) *podman {
@@ -109,7 +113,11 @@ func newPodman(t *testing.T, confDir string) *podman {
 
 // cmd is podman with the test's state.
 func (p *podman) cmd(args ...string) *exec.Cmd {
-	cmd := exec.Command("podman", append([]string{"--root", p.root, "--runroot", p.runroot, "--cgroup-manager", "cgroupfs"}, args...)...)
+	argv := append([]string{"podman", "--root", p.root, "--runroot", p.runroot, "--cgroup-manager", "cgroupfs"}, args...)
+	if p.netns != "" {
+		argv = append([]string{"nsenter", "--net=" + p.netns, "--"}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+p.conf)
 	return cmd
 }
@@ -213,4 +221,25 @@ func (c *containerd) ctr(confDir string, args ...string) *exec.Cmd {
 	script := `mount --bind "$1" /etc/cni/net.d && mount -t tmpfs tmpfs /opt && mkdir -p /opt/cni/bin && mount --bind "$2" /opt/cni/bin && shift 2 && exec ctr "$@"`
 	argv := append([]string{"--mount", "--propagation", "private", "sh", "-c", script, "ctr", confDir, c.binDir, "--address", c.sock}, args...)
 	return exec.Command("unshare", argv...)
+}
+
+// hostForwarding reads the host's net.ipv4.ip_forward, and checks at the
+// end of the test that it is what it was: no runtime or plugin the test
+// ran may change the machine's forwarding.
+func hostForwarding(t *testing.T) {
+	t.Helper()
+	read := func() string {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	before := read()
+	t.Cleanup(func() {
+		if after := read(); after != before {
+			t.Errorf("the host's net.ipv4.ip_forward went from %s to %s during the test", before, after)
+			_ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(before), 0o644)
+		}
+	})
 }

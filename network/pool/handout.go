@@ -103,6 +103,19 @@ func (p *Pool) Return(s *slot.Slot) error {
 // LastError, not Put's); if ctx ends first, Put returns ctx's error and the
 // work still finishes. After Close, Put only destroys the slot.
 func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
+	return p.giveBack(ctx, s, false)
+}
+
+// Retire is [Pool.Put] for a caller ending many slots at once (a CNI GC),
+// whose answer must not wait for their replacements: it returns once its
+// slot is torn down, and the replacement is made after, as Put's is.
+func (p *Pool) Retire(ctx context.Context, s *slot.Slot) error {
+	return p.giveBack(ctx, s, true)
+}
+
+// giveBack queues s for the retire loop and waits for its report: after
+// the teardown (early) or after the replacement too.
+func (p *Pool) giveBack(ctx context.Context, s *slot.Slot, early bool) error {
 	if err := p.takeBack(s); err != nil {
 		return err
 	}
@@ -110,7 +123,7 @@ func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
 		p.mu.Unlock()
 		return p.destroy(context.WithoutCancel(ctx), s)
 	}
-	r := &retirement{s: s, done: make(chan error, 1)}
+	r := &retirement{s: s, done: make(chan error, 1), early: early}
 	p.retireQ = append(p.retireQ, r)
 	p.retiring[s.Index] = true
 	p.mu.Unlock()

@@ -555,3 +555,43 @@ func TestPutLostAndFree(t *testing.T) {
 		t.Errorf("Indices = %v, want %v", snap.States, want)
 	}
 }
+
+// Retire returns once its slot is torn down, while its replacement is
+// still being made (Put waits for that: TestPutBatches).
+func TestRetireReturnsBeforeTheReplacement(t *testing.T) {
+	f := newFake()
+	p, _ := newPool(t, f, 10, Options{Target: 0, Grace: time.Hour, FillConcurrency: 1})
+	ctx := context.Background()
+	a, err := p.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRest(t, p)
+	f.mu.Lock()
+	f.gate = make(chan struct{}) // the replacement hangs
+	f.mu.Unlock()
+	retired := make(chan error, 1)
+	go func() { retired <- p.Retire(ctx, a) }()
+	select {
+	case err := <-retired:
+		if err != nil {
+			t.Fatalf("Retire: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Retire waited for the replacement")
+	}
+	if st, _ := p.State(a.Index); st == index.Quarantined {
+		t.Errorf("index %d quarantined after a teardown that succeeded", a.Index)
+	}
+	f.mu.Lock()
+	close(f.gate)
+	f.gate = nil
+	f.mu.Unlock()
+	waitRest(t, p)
+	if idle := p.Snapshot().Idle; len(idle) != 1 {
+		t.Errorf("idle = %v, want the replacement", idle)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -9,10 +9,14 @@ import (
 	"github.com/phasegate/phasegate/network/slot"
 )
 
-// retirement is a slot given back with Put, waiting to be torn down.
+// retirement is a slot given back with Put or Retire, waiting to be torn
+// down.
 type retirement struct {
 	s    *slot.Slot
 	done chan error // 1-buffered: the teardown's outcome for this slot
+	// early: done is sent once the slot is torn down (Retire), not once its
+	// replacement is made too (Put).
+	early bool
 }
 
 // poke wakes the retire loop.
@@ -48,8 +52,8 @@ func (p *Pool) retireLoop() {
 }
 
 // retire tears a batch down, gives the indices back (or quarantines them),
-// makes a fresh slot for each slot torn down (FillConcurrency at a time),
-// and then reports to each Put.
+// reports to each Retire, makes a fresh slot for each slot torn down
+// (FillConcurrency at a time), and then reports to each Put.
 func (p *Pool) retire(batch []*retirement) {
 	idx := make([]int, 0, len(batch))
 	for _, r := range batch {
@@ -88,6 +92,11 @@ func (p *Pool) retire(batch []*retirement) {
 	p.filling += replace // counted toward the target: kick makes no extra
 	p.broadcast()
 	p.mu.Unlock()
+	for _, r := range batch {
+		if r.early {
+			r.done <- errs[r.s.Index]
+		}
+	}
 	// The replacements, made here so that a Put returns with its fresh
 	// slot on top of the idle stack (usually at the same index: the
 	// allocator hands out the index freed last). A failure is the fill's
@@ -103,6 +112,8 @@ func (p *Pool) retire(batch []*retirement) {
 	}
 	wg.Wait()
 	for _, r := range batch {
-		r.done <- errs[r.s.Index]
+		if !r.early {
+			r.done <- errs[r.s.Index]
+		}
 	}
 }

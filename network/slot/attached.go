@@ -15,9 +15,10 @@ var ErrNotAttached = errors.New("attachment not as made")
 
 // Attached returns slot s's attachment as ifname in the network namespace
 // open at nsFD, after checking that it is as [Manager.Attach] left it:
-// the host end up with its address, its peer in that namespace under
-// ifname, up, with the slot's inside address and a default route via the
-// host end. What differs fails with an error wrapping [ErrNotAttached]
+// the host end there and up, its peer in that namespace under ifname, up,
+// with the slot's inside address and a default route via the host end.
+// The host end's address is the daemon's to keep ([Manager.RepairHost]),
+// and not read here: the host's address dump grows with the slots. What differs fails with an error wrapping [ErrNotAttached]
 // that names it; nothing is changed, in either namespace. It answers a
 // repeated ADD and a CNI CHECK.
 func (m *Manager) Attached(s *Slot, nsFD int, ifname string) (*Attachment, error) {
@@ -30,9 +31,6 @@ func (m *Manager) Attached(s *Slot, nsFD int, ifname string) (*Attachment, error
 	}
 	if host.Attrs().Flags&net.FlagUp == 0 {
 		return fail("host end %s is down", s.HostIf)
-	}
-	if err := hasAddr(netlink.AddrList, host, s.HostAddr.String()); err != nil {
-		return fail("host end %s: %v", s.HostIf, err)
 	}
 	to, err := netlink.NewHandleAt(vns.NsHandle(nsFD))
 	if err != nil {
@@ -52,7 +50,7 @@ func (m *Manager) Attached(s *Slot, nsFD int, ifname string) (*Attachment, error
 	if in.Attrs().Flags&net.FlagUp == 0 {
 		return fail("%s is down", ifname)
 	}
-	if err := hasAddr(to.AddrList, in, s.InsideAddr.String()); err != nil {
+	if err := hasAddr(to, in, s.InsideAddr.String()); err != nil {
 		return fail("%s: %v", ifname, err)
 	}
 	if err := hasDefaultRoute(to, in, s.HostAddr.Addr().String()); err != nil {
@@ -61,9 +59,28 @@ func (m *Manager) Attached(s *Slot, nsFD int, ifname string) (*Attachment, error
 	return &Attachment{IfName: ifname, IfIndex: in.Attrs().Index, MAC: in.Attrs().HardwareAddr, HostMAC: host.Attrs().HardwareAddr}, nil
 }
 
-// hasAddr fails unless link l carries addr (a prefix: "169.254.0.1/31").
-func hasAddr(list func(netlink.Link, int) ([]netlink.Addr, error), l netlink.Link, addr string) error {
-	addrs, err := list(l, netlink.FAMILY_V4)
+// dumpTries bounds the reads of a container's namespace that a change
+// there interrupts (NLM_F_DUMP_INTR): it holds a few entries, and a
+// second read is consistent unless something changes it all the time.
+const dumpTries = 3
+
+// retried runs dump until it is not interrupted by a change, dumpTries at
+// most.
+func retried[T any](dump func() (T, error)) (T, error) {
+	var v T
+	var err error
+	for range dumpTries {
+		if v, err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return v, err
+		}
+	}
+	return v, err
+}
+
+// hasAddr fails unless link l, in the namespace of h, carries addr (a
+// prefix: "169.254.0.1/31").
+func hasAddr(h *netlink.Handle, l netlink.Link, addr string) error {
+	addrs, err := retried(func() ([]netlink.Addr, error) { return h.AddrList(l, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}
@@ -78,7 +95,7 @@ func hasAddr(list func(netlink.Link, int) ([]netlink.Addr, error), l netlink.Lin
 // hasDefaultRoute fails unless the namespace of h routes by default
 // through link l via gw.
 func hasDefaultRoute(h *netlink.Handle, l netlink.Link, gw string) error {
-	routes, err := h.RouteList(l, netlink.FAMILY_V4)
+	routes, err := retried(func() ([]netlink.Route, error) { return h.RouteList(l, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list routes: %w", err)
 	}

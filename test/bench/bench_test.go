@@ -47,7 +47,8 @@ func TestSmoke(t *testing.T) {
 	// falls in it) and ~0.1 s for 200.
 	cmd := exec.Command(bin, "-n", "0,20", "-reps", "1", "-load-n", "200", "-load-reps", "1",
 		"-idle-duration", "1s", "-settle", "200ms", "-acquire-n", "40", "-slotrate-n", "20", "-upgrades", "2", "-restarts", "1",
-		"-upgrade-leases", "4", "-flood-duration", "2s", "-out", out, "-results", cache, "-doc", doc, "-headline", readme)
+		"-upgrade-leases", "4", "-flood-duration", "2s", "-cni-calls", "10", "-cni-gc", "20", "-cni-podman", "1",
+		"-out", out, "-results", cache, "-doc", doc, "-headline", readme)
 	start := time.Now()
 	stdout, err := cmd.Output()
 	if err != nil {
@@ -65,6 +66,15 @@ func TestSmoke(t *testing.T) {
 	res, err := readResults(filepath.Join(cache, "results.json"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c := res.CNI; c == nil || len(c.Sides) != 4 || len(c.GCMs) != 1 || len(c.FloorMs) != 1 || len(c.Podman[pluginReference]) != 1 {
+		t.Errorf("results.json: the CNI part is not all there: %+v", c)
+	} else {
+		for _, sd := range c.Sides {
+			if sd.Add.Requests != 10 || sd.Add.Errors+sd.Del.Errors != 0 {
+				t.Errorf("results.json: CNI %s with %d callers: %d ADDs, %d errors", sd.Plugin, sd.Callers, sd.Add.Requests, sd.Add.Errors+sd.Del.Errors)
+			}
+		}
 	}
 	for _, s := range deadStrategies {
 		for _, n := range []int{0, 20} {

@@ -39,27 +39,9 @@ func kernelFloor(ctx context.Context, h *host, n, workers int) (floorResult, err
 		return r, fmt.Errorf("floor: %d host ends, want %d", len(links), n)
 	}
 	start := time.Now()
-	ents, err := os.ReadDir(h.cfg.NetnsDir)
-	if err != nil {
+	if err := unlinkNetns(h, workers); err != nil {
 		return r, fmt.Errorf("floor: %w", err)
 	}
-	paths := make(chan string, len(ents))
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), h.cfg.Prefix) {
-			paths <- filepath.Join(h.cfg.NetnsDir, e.Name())
-		}
-	}
-	close(paths)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for p := range paths {
-				_ = unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
-				_ = unix.Unlink(p)
-			}
-		})
-	}
-	wg.Wait()
 	r.Unlink = time.Since(start)
 	if err := waitLinksGone(ctx, links, 10*time.Minute); err != nil {
 		return r, fmt.Errorf("floor: %w", err)
@@ -80,6 +62,33 @@ func kernelFloor(ctx context.Context, h *host, n, workers int) (floorResult, err
 	}
 	r.Firewall = time.Since(t0)
 	return r, nil
+}
+
+// unlinkNetns detaches (MNT_DETACH) and unlinks every netns file of the
+// prefix, from workers goroutines.
+func unlinkNetns(h *host, workers int) error {
+	ents, err := os.ReadDir(h.cfg.NetnsDir)
+	if err != nil {
+		return err
+	}
+	paths := make(chan string, len(ents))
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), h.cfg.Prefix) {
+			paths <- filepath.Join(h.cfg.NetnsDir, e.Name())
+		}
+	}
+	close(paths)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for p := range paths {
+				_ = unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+				_ = unix.Unlink(p)
+			}
+		})
+	}
+	wg.Wait()
+	return nil
 }
 
 // waitLinksGone polls (from 1 ms backing off to 20 ms) until none of the

@@ -48,6 +48,7 @@ func evaluateGoals(r *Results) []Goal {
 		}
 	}
 	goals = append(goals, acquireLoadGoal(r), acquireThroughputGoal(r), acquireP99Goal(r), slotRateGoal(r), upgradeGoal(r), rssGoal(r))
+	goals = append(goals, cniGoals(r)...)
 	return append(goals, floodGoal(r, []string{kindGRPC, kindHTTP}), floodGoal(r, []string{kindAcquire}))
 }
 

@@ -122,9 +122,10 @@ const (
 	partUpgrade  = "upgrade"
 	partSlotRate = "slotrate"
 	partFlood    = "flood"
+	partCNI      = "cni"
 )
 
-var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade, partFlood}
+var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade, partFlood, partCNI}
 
 // options are the benchmark's settings, from its flags.
 type options struct {
@@ -151,6 +152,9 @@ type options struct {
 	upLeases      int
 	floodDuration time.Duration
 	floodConns    int
+	cniCalls      int
+	cniGC         int
+	cniPodman     int
 	workers       int
 	poolSize      int
 	settle        time.Duration
@@ -210,6 +214,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.upLeases, "upgrade-leases", 64, "slots leased before the upgrades, checked after each")
 	fs.DurationVar(&o.floodDuration, "flood-duration", 10*time.Second, "part flood: the length of each window, quiet and flooded (0: skip the part)")
 	fs.IntVar(&o.floodConns, "flood-conns", 2000, "part flood: the gRPC connections nobody tops up to each second (a Check each, held)")
+	fs.IntVar(&o.cniCalls, "cni-calls", 200, "part cni: ADDs, then DELs, per plugin and number of callers in each rep (0: skip the part)")
+	fs.IntVar(&o.cniGC, "cni-gc", 1000, "part cni: attachments a runtime forgot, ended by one GC, against the kernel floor")
+	fs.IntVar(&o.cniPodman, "cni-podman", 10, "part cni: `podman run` on each network in each rep (0: none)")
 	fs.IntVar(&o.workers, "workers", slot.DefaultWorkers, "reclaim workers for phasegate (--reclaim-workers; default the daemon's) and the kernel floor")
 	fs.IntVar(&o.poolSize, "pool-size", 16, "daemon --pool-size (warm slots; --pool-min-ready stays 1)")
 	fs.DurationVar(&o.settle, "settle", 2*time.Second, "pause after each run so the kernel's namespace clean-up does not overlap the next")
@@ -265,6 +272,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if o.floodDuration == 0 {
 		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partFlood })
 	}
+	if o.cniCalls == 0 {
+		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partCNI })
+	}
 	switch {
 	case o.reps < 1, o.serialReps < 0, o.loadReps < 1:
 		return o, errors.New("-reps and -load-reps must be ≥ 1, -serial-reps ≥ 0")
@@ -278,6 +288,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-upgrades and -restarts must be ≥ 0")
 	case o.floodDuration < 0 || o.floodDuration%time.Second != 0, o.floodConns < 1:
 		return o, errors.New("-flood-duration must be whole seconds ≥ 0, -flood-conns ≥ 1")
+	case o.cniCalls < 0 || o.cniCalls > maxSlots/2, o.cniGC < 1 || o.cniGC > maxSlots/2, o.cniPodman < 0:
+		return o, fmt.Errorf("-cni-calls must be in [0, %d], -cni-gc in [1, %d], -cni-podman ≥ 0", maxSlots/2, maxSlots/2)
 	}
 	o.args = args
 	return o, nil

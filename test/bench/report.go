@@ -157,6 +157,9 @@ func printTable(w io.Writer, res *Results) {
 				fmtMs(s.sd.Latency.P50Ms), fmtMs(s.sd.Latency.P99Ms), fmtMs(s.sd.Latency.MaxMs), s.sd.Latency.Errors)
 		}
 	}
+	if c := res.CNI; c != nil {
+		printCNI(w, c)
+	}
 	if s := res.SlotRate; s != nil {
 		printSlotRate(w, s)
 	}
@@ -284,6 +287,9 @@ func markdown(res *Results, img string) string {
 	}
 	if a := res.Acquire; a != nil {
 		markdownAcquire(&b, a, img)
+	}
+	if c := res.CNI; c != nil {
+		markdownCNI(&b, c)
 	}
 	if s := res.SlotRate; s != nil {
 		markdownSlotRate(&b, s)

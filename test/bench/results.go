@@ -60,6 +60,7 @@ type Results struct {
 	Load       *LoadResult     `json:"load,omitempty"`
 	Acquire    *AcquireResult  `json:"acquire,omitempty"`
 	SlotRate   *SlotRateResult `json:"slotRate,omitempty"`
+	CNI        *CNIResult      `json:"cni,omitempty"`
 	Upgrade    *UpgradeResult  `json:"upgrade,omitempty"`
 	Flood      *FloodResult    `json:"flood,omitempty"`
 	Goals      []Goal          `json:"goals"`
@@ -471,6 +472,8 @@ func (r *Results) dropPart(part string) {
 		r.Upgrade = nil
 	case partFlood:
 		r.Flood = nil
+	case partCNI:
+		r.CNI = nil
 	}
 	delete(r.Parts, part)
 }

@@ -31,7 +31,7 @@ type runner struct {
 // merged into prev when it is given. The host is swept and every child
 // process ended on every return path, including cancellation.
 func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Results, err error) {
-	slots := max(slices.Max(o.ns), o.loadN, 2*o.acquireN, o.upLeases, o.slotRateN) + spareSlots
+	slots := max(slices.Max(o.ns), o.loadN, 2*o.acquireN, o.upLeases, o.slotRateN, o.cniCalls, o.cniGC) + spareSlots
 	h, err := newHost(slots, o.cidr, o.stateParent)
 	if err != nil {
 		return nil, err
@@ -82,6 +82,7 @@ func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Res
 		partSlotRate: r.measureSlotRate,
 		partUpgrade:  r.measureUpgrade,
 		partFlood:    r.measureFlood,
+		partCNI:      r.measureCNI,
 	}
 	for _, part := range o.parts {
 		res.dropPart(part)

@@ -1,0 +1,92 @@
+package phases
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/phasegate/phasegate/network/index"
+	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// The Slots service's side of the pool: a slot taken for a lease, one
+// given back unleased, and the slot of an ended lease given back.
+
+// takeSlot takes a slot from the pool for a lease, or says why it cannot.
+func (s *slotsService) takeSlot(ctx context.Context) (*slot.Slot, error) {
+	sl, err := s.pool.Get(ctx)
+	switch {
+	case errors.Is(err, pool.ErrClosed):
+		return nil, status.Error(codes.Unavailable, "draining: the slot pool is closed")
+	case errors.Is(err, index.ErrExhausted):
+		return nil, status.Errorf(codes.ResourceExhausted, "all %d slots are leased or quarantined", s.cfg.Slots)
+	case ctx.Err() != nil && err != nil:
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case err != nil:
+		return nil, status.Errorf(codes.Internal, "make a slot: %v", err)
+	}
+	return sl, nil
+}
+
+// returnUnleased gives a slot that was not leased back to the pool, warm,
+// without the egress policy written for the lease that did not happen.
+// One whose policy cannot be cleared is put back as used instead: the pool
+// tears it down and makes a fresh one.
+func (s *slotsService) returnUnleased(sl *slot.Slot, hadPolicy bool) {
+	if hadPolicy {
+		if err := s.mgr.ClearEgress(context.Background(), sl); err != nil {
+			s.log.Warn("slot not leased: its egress policy could not be cleared; the slot is made again", "slot", sl.Index, "error", err)
+			if perr := s.pool.Put(context.Background(), sl); perr != nil {
+				s.log.Warn("slot not leased could not be made again", "slot", sl.Index, "error", perr)
+			}
+			return
+		}
+	}
+	if err := s.pool.Return(sl); err != nil {
+		s.log.Warn("slot not leased could not go back to the pool", "slot", sl.Index, "error", err)
+	}
+}
+
+// giveBack returns the slot of an ended lease to the pool, which tears it
+// down and makes a fresh one in its place; a lost lease's index, which no
+// slot occupies, goes back to the pool too, which frees it.
+func (s *slotsService) giveBack(ctx context.Context, l *lease) { s.giveBackBy(ctx, l, s.pool.Put) }
+
+// giveBackBy is giveBack through put: pool.Put, which returns once the
+// replacement is made too, or pool.Retire, once the slot is torn down.
+func (s *slotsService) giveBackBy(ctx context.Context, l *lease, put func(context.Context, *slot.Slot) error) {
+	if l == nil {
+		return
+	}
+	if err := s.settle(ctx, l); err != nil {
+		// Whatever is at the index is this lease's or dead: the pool's
+		// teardown, by name and idempotent, is right either way.
+		s.log.Warn("ended lease's slot could not be verified; torn down as it is", "slot", l.rec.Index, "error", err)
+	}
+	// A change of the slot's policy under way ends before the slot does.
+	unlock := s.lockPolicy(l.rec.Index)
+	defer unlock()
+	s.table.mu.Lock()
+	sl := l.slot
+	s.table.mu.Unlock()
+	if sl == nil {
+		if err := s.pool.PutLost(l.rec.Index); err != nil {
+			s.log.Warn("index of a lost lease could not be freed", "slot", l.rec.Index, "error", err)
+		}
+		return
+	}
+	if l.rec.Attachment != nil {
+		// The host end first, which takes the container's end with it:
+		// the teardown then has no pair to wait for, and the container's
+		// namespace, the runtime's, is never touched.
+		if err := s.mgr.Detach(ctx, sl); err != nil {
+			s.log.Warn("attachment's host end could not be deleted; the teardown cuts it off", "slot", l.rec.Index, "error", err)
+		}
+	}
+	if err := put(ctx, sl); err != nil {
+		s.log.Warn("released slot: teardown failed; the index stays quarantined for the reconciler", "slot", l.rec.Index, "error", err)
+	}
+}
