@@ -1,0 +1,91 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
+)
+
+func TestLoadConf(t *testing.T) {
+	for _, tc := range []struct {
+		name, conf string
+		socket     string
+		timeout    time.Duration
+		err        string
+	}{
+		{"defaults", `{"cniVersion":"1.1.0","name":"pgnet","type":"phasegate-cni"}`, defaultSocket, defaultTimeout, ""},
+		{"given", `{"cniVersion":"1.0.0","name":"pgnet","type":"phasegate-cni","socket":"/run/pg/c.sock","timeout":"5s"}`, "/run/pg/c.sock", 5 * time.Second, ""},
+		{"egress", `{"cniVersion":"1.0.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"],"denyAll":true}}`, defaultSocket, defaultTimeout, ""},
+		{"misspelt egress", `{"cniVersion":"1.0.0","name":"pgnet","egress":{"alow":["10.0.0.0/8"]}}`, "", 0, "alow"},
+		{"no name", `{"cniVersion":"1.0.0","type":"phasegate-cni"}`, "", 0, "no name"},
+		{"bad timeout", `{"cniVersion":"1.0.0","name":"pgnet","timeout":"30"}`, "", 0, `timeout "30"`},
+		{"negative timeout", `{"cniVersion":"1.0.0","name":"pgnet","timeout":"-1s"}`, "", 0, "positive"},
+		{"not JSON", `{"name":`, "", 0, "decode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConf([]byte(tc.conf))
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("loadConf: %v, want an error naming %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || c.Socket != tc.socket || c.timeout != tc.timeout {
+				t.Fatalf("loadConf: %+v %v, want socket %s timeout %v", c, err, tc.socket, tc.timeout)
+			}
+		})
+	}
+}
+
+var made = cniv1.Attachment{Slot: 3, HostIf: "pg-h3", HostMAC: "e2:97:ef:89:88:12", IfName: "eth0", MAC: "a2:e8:18:ad:eb:3d",
+	Netns: "/var/run/netns/c1", Address: "169.254.200.5/31", Gateway: "169.254.200.4"}
+
+// The result lists the host end, the container's end in its sandbox, the
+// address on the container's end and the default route; a plugin before
+// this one in the conflist keeps what it returned, and the indices point
+// at the right interfaces.
+func TestResult(t *testing.T) {
+	alone, err := loadConf([]byte(`{"cniVersion":"1.1.0","name":"pgnet"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chained, err := loadConf([]byte(`{"cniVersion":"1.1.0","name":"pgnet","prevResult":{"cniVersion":"1.1.0",
+		"interfaces":[{"name":"lo","sandbox":"/var/run/netns/c1"}],
+		"ips":[{"address":"127.0.0.1/8","interface":0}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		conf  *netConf
+		first int // index of the host end
+	}{{"alone", alone, 0}, {"after another plugin", chained, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := result(tc.conf, made)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Interfaces) != tc.first+2 || r.Interfaces[tc.first].Name != "pg-h3" || r.Interfaces[tc.first].Sandbox != "" ||
+				r.Interfaces[tc.first+1].Name != "eth0" || r.Interfaces[tc.first+1].Sandbox != made.Netns {
+				t.Fatalf("interfaces %+v", r.Interfaces)
+			}
+			ip := r.IPs[len(r.IPs)-1]
+			if ip.Address.String() != made.Address || ip.Gateway.String() != made.Gateway || *ip.Interface != tc.first+1 {
+				t.Fatalf("ip %+v on interface %d", ip, *ip.Interface)
+			}
+			if len(r.Routes) != 1 || r.Routes[0].Dst.String() != "0.0.0.0/0" || r.Routes[0].GW.String() != made.Gateway {
+				t.Fatalf("routes %+v", r.Routes)
+			}
+			if _, err := r.GetAsVersion("0.4.0"); err != nil {
+				t.Fatalf("as 0.4.0: %v", err)
+			}
+		})
+	}
+	bad := made
+	bad.Address = "not an address"
+	if _, err := result(alone, bad); err == nil {
+		t.Fatal("a result of an unreadable address")
+	}
+}
