@@ -32,6 +32,8 @@ type cniService struct {
 	// degraded says why the daemon serves with its datapath not whole
 	// (STATUS answers 51), or "".
 	degraded func() string
+	// keys orders an ADD and a DEL of one key (cnijoin.go).
+	keys keyLocks
 }
 
 // namePattern is what the CNI spec allows in a network's name and a
@@ -104,25 +106,34 @@ func (c *cniService) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Atta
 	if err != nil {
 		return nil, asCNI(err, cniv1.CodeInvalidConfig)
 	}
+	// A large policy costs its principal as much of its rate as through
+	// the Slots API.
+	if err := control.Charge(ctx, egressCost(pol)); err != nil {
+		return nil, asCNI(err, cniv1.CodeTryAgainLater)
+	}
 	control.Note(ctx, "netns", req.Netns)
 	to, err := openTarget(req.Netns, req.IfName)
 	if err != nil {
 		return nil, err
 	}
 	defer to.close()
+	if err := c.mayJoin(to); err != nil {
+		return nil, err
+	}
 	owner, requestID := req.Owner(), req.RequestID()
-	key := caller.Principal.String() + "\x00" + owner + "\x00" + requestID
-	v, err, _ := c.slots.acquiring.Do(key, func() (any, error) {
-		return c.slots.acquire(ctx, caller, owner, requestID, 0, pol, to)
-	})
+	unlock, err := c.keys.lock(ctx, owner+"\x00"+requestID)
+	if err != nil {
+		return nil, asCNI(status.FromContextError(err).Err(), cniv1.CodeTryAgainLater)
+	}
+	defer unlock()
+	a, err := c.slots.acquire(ctx, caller, owner, requestID, 0, pol, to)
 	if err != nil {
 		return nil, asCNI(err, cniv1.CodeIOFailure)
 	}
-	a := v.(acquired)
 	l := c.slots.table.copyOf(a.l)
 	control.Note(ctx, "slot", l.rec.Index, "retry", a.retry)
 	if l.slot == nil {
-		return nil, cniErr(codes.FailedPrecondition, cniv1.CodeTryAgainLater,
+		return nil, cniErr(codes.FailedPrecondition, cniv1.CodeCheckFailed,
 			fmt.Sprintf("attachment %s/%s of %q was lost across a restart (%s): DEL it, then ADD again", req.ContainerID, req.IfName, req.Network, l.lostReason))
 	}
 	made := a.made
@@ -156,17 +167,27 @@ func egressRequest(e *cniv1.Egress) *phasegatev1.EgressPolicy {
 // del ends the attachment of req's key: an unknown key, one ended
 // meanwhile and one whose container's namespace is gone are all success.
 func (c *cniService) del(ctx context.Context, req cniv1.DelRequest) error {
-	if checkKey(req.Key) != nil {
-		return nil // no such key was ever attached
-	}
 	if _, err := mayAttach(ctx, req.Key); err != nil {
 		return err
 	}
+	if checkKey(req.Key) != nil {
+		return nil // no such key was ever attached
+	}
+	// An ADD of the key under way finishes first: this DEL ends what it
+	// made.
+	unlock, err := c.keys.lock(ctx, req.Owner()+"\x00"+req.RequestID())
+	if err != nil {
+		return asCNI(status.FromContextError(err).Err(), cniv1.CodeTryAgainLater)
+	}
+	defer unlock()
 	l, ok := c.slots.table.byRequest(req.Owner(), req.RequestID())
 	if !ok {
 		return nil
 	}
 	rec := c.slots.table.copyOf(l).rec
+	if rec.Attachment == nil {
+		return nil // a lease of the Slots API, not an attachment: not DEL's
+	}
 	control.Note(ctx, "slot", rec.Index)
 	return c.end(ctx, rec)
 }
@@ -289,15 +310,14 @@ func (c *cniService) gc(ctx context.Context, req cniv1.GCRequest) (cniv1.GCAnswe
 }
 
 // status answers STATUS while the daemon serves (before, the route's gate
-// answers): nothing, or 51 naming why the datapath is not whole.
+// answers): why the datapath is not whole, if it is not. A degraded
+// daemon is an answer, not a refused call: runtimes poll STATUS, and the
+// audit log must not fill with it.
 func (c *cniService) status(ctx context.Context, _ struct{}) (cniv1.StatusAnswer, error) {
 	if _, err := callerOf(ctx); err != nil {
 		return cniv1.StatusAnswer{}, err
 	}
-	if why := c.degraded(); why != "" {
-		return cniv1.StatusAnswer{}, cniErr(codes.Unavailable, cniv1.CodeLimited, why)
-	}
-	return cniv1.StatusAnswer{}, nil
+	return cniv1.StatusAnswer{Degraded: c.degraded()}, nil
 }
 
 // attachTarget is the namespace an ADD attaches to, open, and the name

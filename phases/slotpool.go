@@ -61,32 +61,34 @@ func (s *slotsService) giveBackBy(ctx context.Context, l *lease, put func(contex
 	if l == nil {
 		return
 	}
+	// The lease is out of the table already; its fields are read under
+	// the table's lock all the same, as everywhere.
+	i := s.table.copyOf(l).rec.Index
 	if err := s.settle(ctx, l); err != nil {
 		// Whatever is at the index is this lease's or dead: the pool's
 		// teardown, by name and idempotent, is right either way.
-		s.log.Warn("ended lease's slot could not be verified; torn down as it is", "slot", l.rec.Index, "error", err)
+		s.log.Warn("ended lease's slot could not be verified; torn down as it is", "slot", i, "error", err)
 	}
 	// A change of the slot's policy under way ends before the slot does.
-	unlock := s.lockPolicy(l.rec.Index)
+	unlock := s.lockPolicy(i)
 	defer unlock()
-	s.table.mu.Lock()
-	sl := l.slot
-	s.table.mu.Unlock()
+	cp := s.table.copyOf(l)
+	sl := cp.slot
 	if sl == nil {
-		if err := s.pool.PutLost(l.rec.Index); err != nil {
-			s.log.Warn("index of a lost lease could not be freed", "slot", l.rec.Index, "error", err)
+		if err := s.pool.PutLost(i); err != nil {
+			s.log.Warn("index of a lost lease could not be freed", "slot", i, "error", err)
 		}
 		return
 	}
-	if l.rec.Attachment != nil {
+	if cp.rec.Attachment != nil {
 		// The host end first, which takes the container's end with it:
 		// the teardown then has no pair to wait for, and the container's
 		// namespace, the runtime's, is never touched.
 		if err := s.mgr.Detach(ctx, sl); err != nil {
-			s.log.Warn("attachment's host end could not be deleted; the teardown cuts it off", "slot", l.rec.Index, "error", err)
+			s.log.Warn("attachment's host end could not be deleted; the teardown cuts it off", "slot", i, "error", err)
 		}
 	}
 	if err := put(ctx, sl); err != nil {
-		s.log.Warn("released slot: teardown failed; the index stays quarantined for the reconciler", "slot", l.rec.Index, "error", err)
+		s.log.Warn("released slot: teardown failed; the index stays quarantined for the reconciler", "slot", i, "error", err)
 	}
 }

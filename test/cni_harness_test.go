@@ -85,10 +85,10 @@ func (n *cniNet) forgetCache() {
 }
 
 // tool runs cnitool verb on the network for the namespace at netns (whose
-// path cnitool hashes into the container id).
-func (n *cniNet) tool(verb, netns string) (string, error) {
+// path cnitool hashes into the container id), with env added (CNI_IFNAME).
+func (n *cniNet) tool(verb, netns string, env ...string) (string, error) {
 	cmd := exec.Command(n.cnitool, verb, n.name, netns)
-	cmd.Env = append(os.Environ(), "NETCONFPATH="+n.confDir, "CNI_PATH="+cniPath)
+	cmd.Env = append(append(os.Environ(), "NETCONFPATH="+n.confDir, "CNI_PATH="+cniPath), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -99,9 +99,9 @@ func (n *cniNet) tool(verb, netns string) (string, error) {
 }
 
 // mustTool is tool that fails the test on error.
-func (n *cniNet) mustTool(verb, netns string) string {
+func (n *cniNet) mustTool(verb, netns string, env ...string) string {
 	n.t.Helper()
-	out, err := n.tool(verb, netns)
+	out, err := n.tool(verb, netns, env...)
 	if err != nil {
 		n.t.Fatal(err)
 	}

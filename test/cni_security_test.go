@@ -165,6 +165,7 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 		{"CHECK of the victim's attachment", "nobody", "", "CHECK", victimNet.conf, victimKey, 100, "may not attach"},
 		{"granted attach, into the host's namespace", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + fmt.Sprintf("/proc/%d/ns/net", d.Pid())}, 100, "the host's own namespace"},
 		{"granted attach, into a daemon-owned slot", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + owned.GetSlot().GetNetnsPath()}, 100, "a slot's namespace"},
+		{"granted attach, into the attached victim's own slot namespace", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + vlease.GetNetnsPath()}, 100, "own namespace"},
 		{"granted attach, DEL on the victim's network", "daemon", "nogroup", "DEL", victimNet.conf, victimKey, 100, "may not attach"},
 	} {
 		perr := pub.plugin(t, tc.user, tc.group, tc.verb, tc.conf, tc.env...)
@@ -185,6 +186,19 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 	}
 	if l := cniLeases(t, d, tenantNet.name); len(l) != 0 {
 		t.Errorf("the tenant's GC (nothing valid) left %d of its attachments", len(l))
+	}
+	// A lease of the Slots API whose owner is a CNI network's is not an
+	// attachment: DEL of its request id, by one granted attach for that
+	// owner, leaves it.
+	api, err := root.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "cni/" + tenantNet.name, RequestId: "mine/eth0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perr := pub.plugin(t, "daemon", "nogroup", "DEL", tenantNet.conf, "CNI_CONTAINERID=mine", "CNI_IFNAME=eth0", "CNI_NETNS="+mine); perr != nil {
+		t.Errorf("DEL of a key whose lease is the Slots API's: %+v", perr)
+	}
+	if got, err := root.Get(ctx, &phasegatev1.GetRequest{Index: api.GetSlot().GetIndex()}); err != nil || got.GetSlot().GetOwner() != "cni/"+tenantNet.name {
+		t.Errorf("the Slots API's lease after the DEL: %v %v", got, err)
 	}
 
 	beforeAttached.same(t, observeVictim(t, root, vlease.GetIndex()), "the attacks on the CNI routes")

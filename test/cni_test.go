@@ -70,6 +70,18 @@ func TestCNIAttachmentLifeWithCnitool(t *testing.T) {
 	}
 	n.mustTool("check", ns)
 
+	// A second network of the same container: its own slot, beside the
+	// first.
+	second := newCNINet(t, h.prefix+"two", d.control, nil)
+	two := parseResult(t, second.mustTool("add", ns, "CNI_IFNAME=eth1"), ns)
+	if two.IPs[0].Address == res.IPs[0].Address || two.Interfaces[1].Name != "eth1" {
+		t.Errorf("a second network's ADD: %+v", two)
+	}
+	if got := inNetns(t, ns, "ip", "-4", "-o", "addr"); !strings.Contains(got, res.IPs[0].Address) || !strings.Contains(got, two.IPs[0].Address) {
+		t.Errorf("the container does not carry both networks' addresses: %s", got)
+	}
+	second.mustTool("del", ns, "CNI_IFNAME=eth1")
+
 	// What the container's root may change is seen by CHECK, which names
 	// it and repairs nothing.
 	inNetns(t, ns, "ip", "route", "del", "default")

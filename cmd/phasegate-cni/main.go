@@ -182,6 +182,12 @@ func cmdStatus(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), conf.timeout)
 	defer cancel()
-	err = cniv1.Client{Socket: conf.Socket}.Call(ctx, cniv1.PathStatus, struct{}{}, &cniv1.StatusAnswer{})
-	return asTypesError(err, cniv1.CodeNotAvailable)
+	var st cniv1.StatusAnswer
+	if err := (cniv1.Client{Socket: conf.Socket}).Call(ctx, cniv1.PathStatus, struct{}{}, &st); err != nil {
+		return asTypesError(err, cniv1.CodeNotAvailable)
+	}
+	if st.Degraded != "" {
+		return types.NewError(cniv1.CodeLimited, st.Degraded, "")
+	}
+	return nil
 }

@@ -106,8 +106,8 @@ func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
 	return p.giveBack(ctx, s, false)
 }
 
-// Retire is [Pool.Put] for a caller ending many slots at once (a CNI GC),
-// whose answer must not wait for their replacements: it returns once its
+// Retire is [Pool.Put] for a caller whose answer must not wait for the
+// replacement (a CNI DEL or GC, answering a runtime): it returns once its
 // slot is torn down, and the replacement is made after, as Put's is.
 func (p *Pool) Retire(ctx context.Context, s *slot.Slot) error {
 	return p.giveBack(ctx, s, true)

@@ -21,7 +21,7 @@ var ErrIfNameTaken = errors.New("interface name taken")
 
 // ErrNotAttachable is wrapped by [Manager.Attach] when it refuses the
 // slot or the namespace before touching either: a guest-profile slot, the
-// host's namespace, the slot's own or another slot's.
+// host's namespace or the slot's own.
 var ErrNotAttachable = errors.New("not attachable")
 
 // Attachment is where an attached slot's inside end lives: in a network
@@ -44,9 +44,11 @@ type Attachment struct {
 // slot's inside end takes it; a namespace that has one named ifname is
 // refused with [ErrIfNameTaken]. A default route the namespace has is
 // replaced: the container's traffic leaves through the slot. The host's
-// own namespace and the slot's are refused. On any failure the end is
-// moved back and configured as [Manager.Create] left it: the slot is as it
-// was.
+// own namespace and the slot's are refused; which other namespaces a slot
+// may join is the caller's to decide ([Manager.SlotsIn] names the slots
+// whose ends a namespace holds). On any failure after the move began the
+// end is moved back and configured as [Manager.Create] left it: the slot
+// is as it was.
 //
 // The namespace is the caller's (its runtime made it and destroys it);
 // Attach never closes nsFD. A guest-profile slot, whose inside is a
@@ -79,8 +81,10 @@ func (m *Manager) Attach(ctx context.Context, s *Slot, nsFD int, ifname string) 
 		return nil, fmt.Errorf("slot %d: attach: %w", s.Index, err)
 	}
 	defer mv.close()
-	if err := mv.notASlots(m); err != nil {
-		return nil, fmt.Errorf("slot %d: attach: %w: %w", s.Index, ErrNotAttachable, err)
+	// The name first: a namespace that has it is refused before anything
+	// is touched, so that there is nothing to undo.
+	if err := mv.nameFree(ifname); err != nil {
+		return nil, fmt.Errorf("slot %d: attach as %s: %w", s.Index, ifname, err)
 	}
 	a, err := mv.attach(ifname)
 	if err != nil {
@@ -180,41 +184,13 @@ func (mv *move) close() {
 	mv.to.Close()
 }
 
-// notASlots refuses a target namespace that holds a slot's inside end: a
-// veth whose peer is one of this manager's host ends, in the host's
-// namespace. Moving a link there would join a tenant's slot to another
-// tenant's workload. A target with no link whose peer is in the host's
-// namespace has no id for it (NETNSA_NSID_NOT_ASSIGNED, -1) and holds
-// no slot's end.
-func (mv *move) notASlots(m *Manager) error {
-	host, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open the host's namespace: %w", err)
-	}
-	defer unix.Close(host)
-	hostID, err := mv.to.GetNetNsIdByFd(host)
-	if err != nil {
-		return fmt.Errorf("the host's namespace id in the target namespace: %w", err)
-	}
-	if hostID < 0 {
-		return nil
-	}
-	links, err := mv.to.LinkList()
-	if err != nil {
-		return fmt.Errorf("list the target namespace's links: %w", err)
-	}
-	for _, l := range links {
-		a := l.Attrs()
-		if _, ok := l.(*netlink.Veth); !ok || a.NetNsID != hostID || a.ParentIndex == 0 {
-			continue
-		}
-		peer, err := netlink.LinkByIndex(a.ParentIndex)
-		if err != nil {
-			continue // gone meanwhile: not a slot's any more
-		}
-		if i, ok := m.cfg.CanonicalHostIfIndex(peer.Attrs().Name); ok {
-			return fmt.Errorf("the target holds %s, the inside end of slot %d: it is a slot's namespace", a.Name, i)
-		}
+// nameFree refuses a target namespace that has a link named ifname.
+func (mv *move) nameFree(ifname string) error {
+	switch _, err := mv.to.LinkByName(ifname); {
+	case err == nil:
+		return fmt.Errorf("the namespace has a link named %s: %w", ifname, ErrIfNameTaken)
+	case !isNotFound(err):
+		return fmt.Errorf("look for %s in the namespace: %w", ifname, err)
 	}
 	return nil
 }
@@ -223,12 +199,6 @@ func (mv *move) notASlots(m *Manager) error {
 // configures it there.
 func (mv *move) attach(ifname string) (*Attachment, error) {
 	s := mv.s
-	switch _, err := mv.to.LinkByName(ifname); {
-	case err == nil:
-		return nil, fmt.Errorf("the namespace has a link named %s: %w", ifname, ErrIfNameTaken)
-	case !isNotFound(err):
-		return nil, fmt.Errorf("look for %s in the namespace: %w", ifname, err)
-	}
 	in, err := mv.from.LinkByName(s.InsideIf)
 	if err != nil {
 		return nil, fmt.Errorf("find %s in %s: %w", s.InsideIf, s.NetnsName, err)

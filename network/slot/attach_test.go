@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -228,6 +229,50 @@ func TestAttachedNamesWhatDiffers(t *testing.T) {
 	}
 }
 
+// SlotsIn names the slots whose inside ends a namespace holds: a slot's
+// own namespace holds its slot's, a container's those attached to it, and
+// a namespace of nothing but its own links none.
+func TestSlotsInNamesTheSlotsANamespaceHolds(t *testing.T) {
+	m := testManager(t)
+	ctx := context.Background()
+	a, err := m.Create(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Create(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, fd, h := containerNetns(t)
+	addLink(t, h, "eth7")
+	in := func(what string, fd int, want ...int) {
+		t.Helper()
+		got, err := m.SlotsIn(fd)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("SlotsIn(%s) = %v, %v; want %v", what, got, err, want)
+		}
+	}
+	bfd, err := netns.OpenForeign(b.NetnsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(bfd)
+	in("slot 2's own namespace", bfd, 2)
+	in("a container with nothing attached", fd)
+	if _, err := m.Attach(ctx, a, fd, "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Attach(ctx, b, fd, "eth1"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.SlotsIn(fd)
+	slices.Sort(got)
+	if err != nil || !slices.Equal(got, []int{1, 2}) {
+		t.Errorf("SlotsIn(a container with both attached) = %v, %v", got, err)
+	}
+	in("slot 2's own namespace, once attached elsewhere", bfd)
+}
+
 // A name the namespace has already is refused and a move that fails
 // halfway is undone: either way the slot is as Create left it. A
 // namespace whose own link bears the slot's inside end's name still takes
@@ -258,13 +303,8 @@ func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
 		checkConfigured(t, insideHandle(t, s), s.InsideIf, s.InsideAddr, s.HostAddr)
 	}
 	// Neither the host's own namespace (its default route would be
-	// replaced), nor the slot's, nor another slot's (a tenant's slot would
-	// join another tenant's workload).
-	other, err := m.Create(ctx, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, path := range []string{"/proc/self/ns/net", s.NetnsPath, other.NetnsPath} {
+	// replaced) nor the slot's.
+	for _, path := range []string{"/proc/self/ns/net", s.NetnsPath} {
 		own, err := netns.OpenForeign(path)
 		if err != nil {
 			t.Fatal(err)
@@ -275,7 +315,6 @@ func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
 		unix.Close(own)
 		checkConfigured(t, insideHandle(t, s), s.InsideIf, s.InsideAddr, s.HostAddr)
 	}
-	checkConfigured(t, insideHandle(t, other), other.InsideIf, other.InsideAddr, other.HostAddr)
 	transit, err := h.LinkByName("pgmv1")
 	if err != nil {
 		t.Fatal(err)

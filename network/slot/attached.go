@@ -7,6 +7,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // ErrNotAttached is wrapped by [Manager.Attached] when the attachment is
@@ -111,4 +112,50 @@ func hasDefaultRoute(h *netlink.Handle, l netlink.Link, gw string) error {
 func isDefaultMask(dst *net.IPNet) bool {
 	ones, _ := dst.Mask.Size()
 	return ones == 0
+}
+
+// SlotsIn returns the indices of this manager's slots whose inside end is
+// in the network namespace open at nsFD: a veth there whose peer, in the
+// host's namespace, is one of the manager's host ends. A slot's own
+// namespace holds its slot's end (until it is attached elsewhere); a
+// container's holds those of the slots attached to it. A namespace with
+// no link whose peer is in the host's has no id for the host
+// (NETNSA_NSID_NOT_ASSIGNED, -1) and holds none.
+func (m *Manager) SlotsIn(nsFD int) ([]int, error) {
+	to, err := netlink.NewHandleAt(vns.NsHandle(nsFD))
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle in the namespace: %w", err)
+	}
+	defer to.Close()
+	host, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open the host's namespace: %w", err)
+	}
+	defer unix.Close(host)
+	hostID, err := to.GetNetNsIdByFd(host)
+	if err != nil {
+		return nil, fmt.Errorf("the host's namespace id in the namespace: %w", err)
+	}
+	if hostID < 0 {
+		return nil, nil
+	}
+	links, err := retried(to.LinkList)
+	if err != nil {
+		return nil, fmt.Errorf("list the namespace's links: %w", err)
+	}
+	var out []int
+	for _, l := range links {
+		a := l.Attrs()
+		if _, ok := l.(*netlink.Veth); !ok || a.NetNsID != hostID || a.ParentIndex == 0 {
+			continue
+		}
+		peer, err := netlink.LinkByIndex(a.ParentIndex)
+		if err != nil {
+			continue // gone meanwhile: not a slot's any more
+		}
+		if i, ok := m.cfg.CanonicalHostIfIndex(peer.Attrs().Name); ok {
+			out = append(out, i)
+		}
+	}
+	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -70,8 +71,15 @@ func (c Client) roundTrip(ctx context.Context, path string, body []byte) ([]byte
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", c.Socket)
 	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+		switch {
+		case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED):
 			return nil, &UnavailableError{Reason: fmt.Sprintf("nothing listens on %s (is the daemon running, or restarting?)", c.Socket)}
+		case errors.Is(err, syscall.EAGAIN):
+			return nil, &UnavailableError{Reason: fmt.Sprintf("%s takes no more connections for now", c.Socket)}
+		case ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded):
+			// The dialer's deadline is the context's, and may pass a moment
+			// before the context says so.
+			return nil, &UnavailableError{Reason: fmt.Sprintf("no connection to %s within the timeout", c.Socket)}
 		}
 		return nil, fmt.Errorf("connect to phasegate control socket %s: %w", c.Socket, err)
 	}
@@ -100,8 +108,11 @@ func (c Client) roundTrip(ctx context.Context, path string, body []byte) ([]byte
 // ioError names a failed send or read, and the context's end when that
 // was the cause.
 func (c Client) ioError(ctx context.Context, path, what string, err error) error {
-	if ctx.Err() != nil {
-		err = ctx.Err()
+	if ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		// The daemon took the call and did not answer in time: whether it
+		// finished is unknown, as with any timed-out call; the runtime's
+		// DEL ends what it made.
+		return &UnavailableError{Reason: fmt.Sprintf("%s: no answer on %s within the timeout (%s)", path, c.Socket, what)}
 	}
 	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
 		// The daemon closed the connection unread: it stopped or

@@ -114,9 +114,13 @@ type GCAnswer struct {
 	Released int `json:"released"`
 }
 
-// StatusAnswer is the daemon's answer to STATUS while it serves: nothing
-// when its datapath is whole, an [Error] with [CodeLimited] otherwise.
-type StatusAnswer struct{}
+// StatusAnswer is the daemon's answer to STATUS while it serves.
+type StatusAnswer struct {
+	// Degraded names what keeps the daemon's datapath from being whole
+	// (its warnings: restored leases being verified, forwarding off), ""
+	// when nothing does: the plugin answers [CodeLimited] with it.
+	Degraded string `json:"degraded,omitempty"`
+}
 
 // Error codes of the CNI spec, and phasegate's own (100 and above).
 const (
@@ -149,6 +153,7 @@ type Error struct {
 	Details string `json:"details,omitempty"`
 }
 
+// Error is the message and its details, on one line.
 func (e *Error) Error() string {
 	if e.Details != "" {
 		return fmt.Sprintf("%s: %s", e.Msg, e.Details)
@@ -164,4 +169,5 @@ type UnavailableError struct {
 	Reason string
 }
 
+// Error says that the daemon is not available, and why.
 func (e *UnavailableError) Error() string { return "phasegate daemon not available: " + e.Reason }
