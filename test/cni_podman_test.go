@@ -20,11 +20,26 @@ type shortLived struct {
 	took []time.Duration
 }
 
+// networkErrors are the errors that name the network: the plugin's, or
+// the CNI setup's. podman 4.3 has its own under load ("getting exit code
+// of container … no such exit code"), on either network.
+func (s shortLived) networkErrors() []string {
+	var out []string
+	for _, e := range s.errs {
+		// podman says `plugin type="…" failed (add): …` for a plugin's
+		// error, and "… network namespace …" for its own setup of it.
+		if strings.Contains(e, "plugin type=") || strings.Contains(e, "network namespace") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 func (s shortLived) String() string {
 	if len(s.took) == 0 {
 		return fmt.Sprintf("%d errors", len(s.errs))
 	}
-	return fmt.Sprintf("%d runs, %d errors, podman run p50 %v p99 %v", len(s.took), len(s.errs),
+	return fmt.Sprintf("%d runs, %d errors (%d naming the network), podman run p50 %v p99 %v", len(s.took), len(s.errs), len(s.networkErrors()),
 		s.took[len(s.took)/2].Round(time.Millisecond), s.took[len(s.took)*99/100].Round(time.Millisecond))
 }
 
@@ -89,8 +104,20 @@ func TestPodmanShortLivedContainersLeakNothing(t *testing.T) {
 
 	pg := runShortLived(p, n.name, runs, parallel)
 	t.Logf("phasegate: %s", pg)
-	if len(pg.errs) > 0 {
-		t.Errorf("%d of %d containers failed on the phasegate network, the first: %s", len(pg.errs), runs, pg.errs[0])
+	if mine := pg.networkErrors(); len(mine) > 0 {
+		t.Errorf("%d of %d containers failed on the phasegate network, the first: %s", len(mine), runs, mine[0])
+	}
+	// podman ends a container's network from conmon's exit command, after
+	// `podman run --rm` returns: every attachment left is one of a
+	// container podman still has, and goes with it.
+	waitFor(t, time.Minute, "podman's clean-up of the ended containers", func() bool {
+		return len(cniLeases(t, d, n.name)) <= p.containers()
+	})
+	if left, kept := len(cniLeases(t, d, n.name)), p.containers(); left > 0 {
+		t.Logf("%d attachments of the %d containers podman kept (its own errors above); removing them", left, kept)
+		if out, err := p.cmd("rm", "-a", "-f", "-t", "0").CombinedOutput(); err != nil {
+			t.Fatalf("podman rm -a: %v\n%s", err, out)
+		}
 	}
 	if l := cniLeases(t, d, n.name); len(l) != 0 {
 		t.Errorf("%d attachments left after every container ended", len(l))

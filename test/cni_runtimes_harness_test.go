@@ -122,6 +122,15 @@ func (p *podman) cmd(args ...string) *exec.Cmd {
 	return cmd
 }
 
+// containers is how many containers podman has, running or not.
+func (p *podman) containers() int {
+	out, err := p.cmd("ps", "-a", "-q").Output()
+	if err != nil {
+		p.t.Fatalf("podman ps: %v", err)
+	}
+	return len(strings.Fields(string(out)))
+}
+
 // runArgs are podman run's arguments for a container of the busybox
 // rootfs on network (crun refuses this host's hybrid cgroups; the host's
 // hard nofile limit is below podman's default).

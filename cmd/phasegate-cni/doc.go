@@ -1,8 +1,10 @@
-// Command phasegate-cni is phasegate's CNI plugin: a container runtime
-// (podman, containerd, Nomad, Kubernetes through its runtime) execs it
-// once per call, with "type": "phasegate-cni" in a network's conflist, to
-// attach a phasegate slot to a container's network namespace. It speaks
-// CNI 0.4.0, 1.0.0 and 1.1.0: ADD, DEL, CHECK, GC, STATUS and VERSION.
+// Command phasegate-cni is the CNI plugin that attaches a phasegate slot to
+// a container's network namespace.
+//
+// A container runtime (podman, containerd, Nomad, Kubernetes through its
+// runtime) execs it once per call, with "type": "phasegate-cni" in a
+// network's conflist. It speaks CNI 0.4.0, 1.0.0 and 1.1.0: ADD, DEL,
+// CHECK, GC, STATUS and VERSION.
 //
 // It holds no state: each verb is one call to the daemon on its control
 // socket (package api/cni/v1), which takes a warm slot and moves its

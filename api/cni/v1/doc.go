@@ -1,8 +1,9 @@
-// Package cniv1 is the wire between phasegate's CNI plugin
-// (cmd/phasegate-cni) and the daemon: one JSON request and one JSON answer
-// per call, as HTTP/1.0 on the daemon's control socket, under the same
-// guard as the Slots API (the caller's principal from SO_PEERCRED, the
-// control policy, the rate, the audit line).
+// Package cniv1 is the wire between the CNI plugin and the daemon: one JSON
+// request and answer per call, as HTTP/1.0 on the control socket.
+//
+// The calls go through the same guard as the Slots API (the caller's
+// principal from SO_PEERCRED, the control policy, the rate, the audit
+// line).
 //
 // The plugin is exec'd by a container runtime once per call, so what it
 // links is paid at every ADD and DEL: this package imports nothing beyond
