@@ -25,7 +25,7 @@ func busyboxRootfs(t *testing.T) string {
 		}
 	}
 	copyFile(t, "/bin/busybox", filepath.Join(dir, "bin", "busybox"), 0o755)
-	for _, a := range []string{"sh", "ip", "nc", "sleep", "cat", "true", "ping", "echo"} {
+	for _, a := range []string{"sh", "ip", "nc", "sleep", "cat", "true", "ping", "echo", "grep"} {
 		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil {
 			t.Fatal(err)
 		}

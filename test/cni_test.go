@@ -70,8 +70,16 @@ func TestCNIAttachmentLifeWithCnitool(t *testing.T) {
 	}
 	n.mustTool("check", ns)
 
+	// What the container's root may change is seen by CHECK, which names
+	// it and repairs nothing.
+	inNetns(t, ns, "ip", "route", "del", "default")
+	if _, err := n.tool("check", ns); err == nil || !strings.Contains(err.Error(), "no default route via "+res.IPs[0].Gateway) {
+		t.Errorf("CHECK after the default route was removed: %v, want it named", err)
+	}
+	inNetns(t, ns, "ip", "route", "add", "default", "via", res.IPs[0].Gateway, "dev", "eth0")
+
 	// A second network of the same container: its own slot, beside the
-	// first.
+	// first; the last network attached carries the default route.
 	second := newCNINet(t, h.prefix+"two", d.control, nil)
 	two := parseResult(t, second.mustTool("add", ns, "CNI_IFNAME=eth1"), ns)
 	if two.IPs[0].Address == res.IPs[0].Address || two.Interfaces[1].Name != "eth1" {
@@ -80,15 +88,10 @@ func TestCNIAttachmentLifeWithCnitool(t *testing.T) {
 	if got := inNetns(t, ns, "ip", "-4", "-o", "addr"); !strings.Contains(got, res.IPs[0].Address) || !strings.Contains(got, two.IPs[0].Address) {
 		t.Errorf("the container does not carry both networks' addresses: %s", got)
 	}
-	second.mustTool("del", ns, "CNI_IFNAME=eth1")
-
-	// What the container's root may change is seen by CHECK, which names
-	// it and repairs nothing.
-	inNetns(t, ns, "ip", "route", "del", "default")
-	if _, err := n.tool("check", ns); err == nil || !strings.Contains(err.Error(), "no default route via "+res.IPs[0].Gateway) {
-		t.Errorf("CHECK after the default route was removed: %v, want it named", err)
+	if got := inNetns(t, ns, "ip", "-4", "route", "show", "default"); !strings.Contains(got, "dev eth1") {
+		t.Errorf("the default route is not the last network's: %s", got)
 	}
-	inNetns(t, ns, "ip", "route", "add", "default", "via", res.IPs[0].Gateway, "dev", "eth0")
+	second.mustTool("del", ns, "CNI_IFNAME=eth1")
 
 	n.mustTool("del", ns)
 	if got := inNetns(t, ns, "ip", "-o", "link"); strings.Contains(got, "eth0") {
