@@ -110,8 +110,10 @@ func TestPodmanShortLivedContainersLeakNothing(t *testing.T) {
 	// podman ends a container's network from conmon's exit command, after
 	// `podman run --rm` returns: every attachment left is one of a
 	// container podman still has, and goes with it.
+	c := d.slots()
 	waitFor(t, time.Minute, "podman's clean-up of the ended containers", func() bool {
-		return len(cniLeases(t, d, n.name)) <= p.containers()
+		time.Sleep(100 * time.Millisecond)
+		return len(cniLeasesOf(t, c, n.name)) <= p.containers()
 	})
 	if left, kept := len(cniLeases(t, d, n.name)), p.containers(); left > 0 {
 		t.Logf("%d attachments of the %d containers podman kept (its own errors above); removing them", left, kept)

@@ -22,8 +22,16 @@ func cnitoolContainerID(netns string) string {
 // cniLeases lists the daemon's leases of network name's attachments.
 func cniLeases(t *testing.T, d *daemon, name string) []*phasegatev1.Slot {
 	t.Helper()
+	return cniLeasesOf(t, d.slots(), name)
+}
+
+// cniLeasesOf is cniLeases over a client the caller holds: a poll on one
+// connection, not a connection each time (the control socket bounds them
+// per uid).
+func cniLeasesOf(t *testing.T, c phasegatev1.SlotsClient, name string) []*phasegatev1.Slot {
+	t.Helper()
 	var out []*phasegatev1.Slot
-	for _, s := range listSlots(t, d.slots(), false) {
+	for _, s := range listSlots(t, c, false) {
 		if s.GetOwner() == "cni/"+name {
 			out = append(out, s)
 		}
