@@ -8,8 +8,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -288,19 +288,12 @@ func (c *cniService) gc(ctx context.Context, req cniv1.GCRequest) (cniv1.GCAnswe
 	}
 	slices.SortFunc(stale, func(a, b leases.Record) int { return a.Index - b.Index })
 	control.Note(ctx, "released", len(stale))
-	errs := make([]error, len(stale))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, gcWorkers)
-	for i, rec := range stale {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			errs[i] = c.end(ctx, rec)
-		}()
+	var g errgroup.Group
+	g.SetLimit(gcWorkers)
+	for _, rec := range stale {
+		g.Go(func() error { return c.end(ctx, rec) })
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := g.Wait(); err != nil {
 		return cniv1.GCAnswer{}, asCNI(err, cniv1.CodeIOFailure)
 	}
 	if len(stale) > 0 {
