@@ -123,12 +123,29 @@ func (p *podman) cmd(args ...string) *exec.Cmd {
 }
 
 // containers is how many containers podman has, running or not.
-func (p *podman) containers() int {
-	out, err := p.cmd("ps", "-a", "-q").Output()
+func (p *podman) containers() int { return len(p.containerIDs()) }
+
+// containerIDs are the full ids of podman's containers, running or not.
+func (p *podman) containerIDs() []string {
+	out, err := p.cmd("ps", "-a", "-q", "--no-trunc").Output()
 	if err != nil {
 		p.t.Fatalf("podman ps: %v", err)
 	}
-	return len(strings.Fields(string(out)))
+	return strings.Fields(string(out))
+}
+
+// gc is the GC podman 4.3 never makes: the plugin exec'd on network n
+// with every container podman has (on eth0) as a valid attachment.
+func (p *podman) gc(t *testing.T, n *cniNet) {
+	t.Helper()
+	valid := []map[string]string{}
+	for _, id := range p.containerIDs() {
+		valid = append(valid, map[string]string{"containerID": id, "ifname": "eth0"})
+	}
+	conf := n.confWith(map[string]any{"cniVersion": "1.1.0", "cni.dev/valid-attachments": valid})
+	if out, perr := n.exec("GC", conf); perr != nil {
+		t.Fatalf("GC keeping podman's %d containers: %+v\n%s", len(valid), perr, out)
+	}
 }
 
 // runArgs are podman run's arguments for a container of the busybox

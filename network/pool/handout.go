@@ -5,16 +5,38 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
 // Get returns the most recently returned idle slot, or creates one when the
-// pool is empty. It fails with ErrClosed after Close.
+// pool is empty. When every index is taken but some are being made into
+// idle slots (a fill, or the replacement of a slot given back), it waits
+// for one of them rather than failing: a caller that just gave a slot back
+// finds its index busy with the replacement. It fails with ErrClosed
+// after Close.
 func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
+	for {
+		s, filled, err := p.get(ctx)
+		if filled == nil {
+			return s, err
+		}
+		select {
+		case <-filled:
+		case <-ctx.Done():
+			return nil, errors.Join(err, ctx.Err())
+		}
+	}
+}
+
+// get is one try of Get. When the indices are exhausted while slots are
+// being filled, it returns the error with a channel that is closed at the
+// next change of the pool, to try again then.
+func (p *Pool) get(ctx context.Context) (*slot.Slot, <-chan struct{}, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	if n := len(p.idle); n > 0 {
 		e := p.idle[n-1]
@@ -25,7 +47,7 @@ func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
 		p.kick()
 		p.broadcast()
 		p.mu.Unlock()
-		return e.s, nil
+		return e.s, nil, nil
 	}
 	p.wg.Add(1)
 	defer p.wg.Done()
@@ -40,18 +62,40 @@ func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
 	s, err := p.create(cctx, false)
 	if err != nil {
 		if p.ctx.Err() != nil {
-			return nil, errors.Join(ErrClosed, err)
+			return nil, nil, errors.Join(ErrClosed, err)
 		}
-		return nil, err
+		if errors.Is(err, index.ErrExhausted) {
+			if filled := p.whenFilled(); filled != nil {
+				return nil, filled, err
+			}
+		}
+		return nil, nil, err
 	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, errors.Join(ErrClosed, p.destroy(context.WithoutCancel(ctx), s))
+		return nil, nil, errors.Join(ErrClosed, p.destroy(context.WithoutCancel(ctx), s))
 	}
 	p.inUse[s.Index] = s
 	p.mu.Unlock()
-	return s, nil
+	return s, nil, nil
+}
+
+// whenFilled is a channel closed when a Get should try again: at once if
+// an idle slot is there already, at the pool's next change if one is
+// being made; nil if none is, or the pool is closed.
+func (p *Pool) whenFilled() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed || p.filling+len(p.idle) == 0:
+		return nil
+	case len(p.idle) > 0:
+		now := make(chan struct{})
+		close(now)
+		return now
+	}
+	return p.changed
 }
 
 // Return puts a slot handed out by Get back on top of the idle stack as it

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -590,6 +591,62 @@ func TestRetireReturnsBeforeTheReplacement(t *testing.T) {
 	waitRest(t, p)
 	if idle := p.Snapshot().Idle; len(idle) != 1 {
 		t.Errorf("idle = %v, want the replacement", idle)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A Get on a pool whose every index is taken, one of them by the
+// replacement of a slot just retired, waits for that replacement rather
+// than failing as exhausted; with nothing being made, it fails at once.
+func TestGetWaitsForTheReplacementOfAFullPool(t *testing.T) {
+	f := newFake()
+	p, _ := newPool(t, f, 2, Options{Target: 0, Grace: time.Hour, FillConcurrency: 1})
+	ctx := context.Background()
+	a, err := p.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Get(ctx); !errors.Is(err, index.ErrExhausted) {
+		t.Fatalf("Get on a full pool with nothing being made: %v, want ErrExhausted", err)
+	}
+	f.mu.Lock()
+	f.gate = make(chan struct{}) // the replacement hangs with a's index
+	f.started = make(chan int, 1)
+	started := f.started
+	f.mu.Unlock()
+	if err := p.Retire(ctx, a); err != nil {
+		t.Fatalf("Retire: %v", err)
+	}
+	<-started
+	got := make(chan error, 1)
+	go func() {
+		s, err := p.Get(ctx)
+		if err == nil && s.Index != a.Index {
+			err = fmt.Errorf("got slot %d, want the replacement at %d", s.Index, a.Index)
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("Get returned before the replacement was made: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	f.mu.Lock()
+	close(f.gate)
+	f.gate, f.started = nil, nil
+	f.mu.Unlock()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("Get once the replacement is made: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Get never got the replacement")
 	}
 	if err := p.Close(ctx); err != nil {
 		t.Fatal(err)
