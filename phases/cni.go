@@ -189,12 +189,13 @@ func (c *cniService) del(ctx context.Context, req cniv1.DelRequest) error {
 		return nil // a lease of the Slots API, not an attachment: not DEL's
 	}
 	control.Note(ctx, "slot", rec.Index)
-	return c.end(ctx, rec)
+	return c.end(ctx, rec, c.slots.pool.Discard)
 }
 
 // end ends the attachment recorded as rec, unless its lease ended (and
-// perhaps a new one began at its index) meanwhile.
-func (c *cniService) end(ctx context.Context, rec leases.Record) error {
+// perhaps a new one began at its index) meanwhile, and gives its slot to
+// the pool through put.
+func (c *cniService) end(ctx context.Context, rec leases.Record, put func(context.Context, *slot.Slot) error) error {
 	l, err := c.slots.endLease(ctx, rec.Index, rec.LeaseID)
 	switch {
 	case errors.Is(err, leases.ErrNotFound) || errors.Is(err, errWrongLease):
@@ -202,9 +203,12 @@ func (c *cniService) end(ctx context.Context, rec leases.Record) error {
 	case err != nil:
 		return asCNI(leaseError(rec.Index, err), cniv1.CodeIOFailure)
 	}
-	// The runtime's call returns once the slot is torn down: its
-	// replacement is the pool's to make, not the runtime's to wait for.
-	c.slots.giveBackBy(context.WithoutCancel(ctx), l, c.slots.pool.Retire)
+	// The attachment is cut off before put (its host end deleted, the
+	// container's end with it). With pool.Discard, DEL answers then: the
+	// teardown of the slot's own namespace and the replacement are the
+	// pool's, not the runtime's to wait for, and the index comes back only
+	// once the teardown is done (or stays quarantined for the reconciler).
+	c.slots.giveBackBy(context.WithoutCancel(ctx), l, put)
 	c.slots.count("released")
 	c.slots.log.Info("attachment ended", "slot", rec.Index, "owner", rec.Owner, "request_id", rec.RequestID)
 	return nil
@@ -291,7 +295,9 @@ func (c *cniService) gc(ctx context.Context, req cniv1.GCRequest) (cniv1.GCAnswe
 	var g errgroup.Group
 	g.SetLimit(gcWorkers)
 	for _, rec := range stale {
-		g.Go(func() error { return c.end(ctx, rec) })
+		// GC answers once the slots are torn down: it is the runtime's
+		// clean-up, and its measure against the kernel's floor.
+		g.Go(func() error { return c.end(ctx, rec, c.slots.pool.Retire) })
 	}
 	if err := g.Wait(); err != nil {
 		return cniv1.GCAnswer{}, asCNI(err, cniv1.CodeIOFailure)
@@ -369,24 +375,20 @@ func (t *attachTarget) sameAs(l lease) error {
 	return nil
 }
 
-// attach moves slot sl's inside end into the target namespace; rec is the
-// lease just recorded. If the move fails, the record goes and the slot goes
-// back to the pool: warm as it was when Attach refused before touching it,
-// torn down and made again otherwise.
-func (s *slotsService) attach(ctx context.Context, sl *slot.Slot, rec leases.Record, to *attachTarget) (*slot.Attachment, error) {
+// attach gives slot sl an inside end in the target namespace. If that
+// fails, the slot goes back to the pool: warm as it was when Attach
+// refused before touching it, torn down and made again otherwise.
+// hadPolicy says an egress policy was written for the lease.
+func (s *slotsService) attach(ctx context.Context, sl *slot.Slot, to *attachTarget, hadPolicy bool) (*slot.Attachment, error) {
 	made, err := s.mgr.Attach(ctx, sl, to.fd, to.ifname)
 	if err == nil {
 		return made, nil
 	}
-	bg := context.WithoutCancel(ctx)
-	if rerr := s.records.remove(bg, rec.Index); rerr != nil {
-		s.log.Warn("attach failed and its record could not be removed", "slot", rec.Index, "error", rerr)
-	}
 	untouched := errors.Is(err, slot.ErrIfNameTaken) || errors.Is(err, slot.ErrNotAttachable)
 	if untouched {
-		s.returnUnleased(sl, rec.Egress != nil)
-	} else if perr := s.pool.Put(bg, sl); perr != nil {
-		s.log.Warn("slot of a failed attach could not be made again", "slot", rec.Index, "error", perr)
+		s.returnUnleased(sl, hadPolicy)
+	} else if perr := s.pool.Put(context.WithoutCancel(ctx), sl); perr != nil {
+		s.log.Warn("slot of a failed attach could not be made again", "slot", sl.Index, "error", perr)
 	}
 	switch {
 	case errors.Is(err, slot.ErrIfNameTaken):
@@ -397,6 +399,19 @@ func (s *slotsService) attach(ctx context.Context, sl *slot.Slot, rec leases.Rec
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	return nil, cniErr(codes.Internal, cniv1.CodeIOFailure, err.Error())
+}
+
+// unattach undoes an attachment whose lease could not be recorded: the
+// new pair deleted (the container's end with it), and the slot torn down
+// and made again.
+func (s *slotsService) unattach(ctx context.Context, sl *slot.Slot) {
+	bg := context.WithoutCancel(ctx)
+	if err := s.mgr.Detach(bg, sl); err != nil {
+		s.log.Warn("attachment not recorded could not be undone", "slot", sl.Index, "error", err)
+	}
+	if err := s.pool.Put(bg, sl); err != nil {
+		s.log.Warn("slot of an attachment not recorded could not be made again", "slot", sl.Index, "error", err)
+	}
 }
 
 // cniError is a refusal or failure in the CNI spec's terms, and a gRPC

@@ -56,7 +56,8 @@ func (s *slotsService) returnUnleased(sl *slot.Slot, hadPolicy bool) {
 func (s *slotsService) giveBack(ctx context.Context, l *lease) { s.giveBackBy(ctx, l, s.pool.Put) }
 
 // giveBackBy is giveBack through put: pool.Put, which returns once the
-// replacement is made too, or pool.Retire, once the slot is torn down.
+// replacement is made too, pool.Retire, once the slot is torn down, or
+// pool.Discard, at once.
 func (s *slotsService) giveBackBy(ctx context.Context, l *lease, put func(context.Context, *slot.Slot) error) {
 	if l == nil {
 		return

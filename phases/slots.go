@@ -294,6 +294,17 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 			return acquired{}, egressError(sl.Index, err)
 		}
 	}
+	// An attachment's pair is made before the record, which carries its
+	// new host end's index. A start that finds it made and not recorded
+	// finds the slot's host end not the one its idle record names, and
+	// reclaims the slot, the container's end with it: the ADD that made
+	// it never answered.
+	var made *slot.Attachment
+	if to != nil {
+		if made, err = s.attach(ctx, sl, to, pol != nil); err != nil {
+			return acquired{}, err
+		}
+	}
 	now := time.Now()
 	rec := leases.Record{
 		Index: sl.Index, State: leases.Leased,
@@ -309,7 +320,11 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 	// lease a restart restores. If the record cannot be written, or the
 	// caller left before it was, the slot goes back to the pool unused.
 	if err := s.records.put(ctx, rec); err != nil {
-		s.returnUnleased(sl, pol != nil)
+		if made != nil {
+			s.unattach(ctx, sl)
+		} else {
+			s.returnUnleased(sl, pol != nil)
+		}
 		var dup *leases.DuplicateRequestError
 		switch {
 		case errors.As(err, &dup):
@@ -328,16 +343,6 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 			return acquired{}, status.FromContextError(ctx.Err()).Err()
 		}
 		return acquired{}, status.Errorf(codes.Internal, "record the lease: %v", err)
-	}
-	// An attachment is recorded before the move: a start that finds the
-	// record with the move never made sees the slot's host end whole and
-	// its lease held, which DEL, which a runtime sends for an ADD that
-	// never answered, ends.
-	var made *slot.Attachment
-	if to != nil {
-		if made, err = s.attach(ctx, sl, rec, to); err != nil {
-			return acquired{}, err
-		}
 	}
 	l := &lease{rec: rec, slot: sl}
 	s.table.add(l)

@@ -11,10 +11,10 @@ import (
 
 // Get returns the most recently returned idle slot, or creates one when the
 // pool is empty. When every index is taken but some are being made into
-// idle slots (a fill, or the replacement of a slot given back), it waits
-// for one of them rather than failing: a caller that just gave a slot back
-// finds its index busy with the replacement. It fails with ErrClosed
-// after Close.
+// idle slots (a fill, or the replacement of a slot given back) or torn
+// down, it waits for one of them rather than failing: a caller that just
+// gave a slot back finds its index busy with the teardown or the
+// replacement. It fails with ErrClosed after Close.
 func (p *Pool) Get(ctx context.Context) (*slot.Slot, error) {
 	for {
 		s, filled, err := p.get(ctx)
@@ -83,12 +83,13 @@ func (p *Pool) get(ctx context.Context) (*slot.Slot, <-chan struct{}, error) {
 
 // whenFilled is a channel closed when a Get should try again: at once if
 // an idle slot is there already, at the pool's next change if one is
-// being made; nil if none is, or the pool is closed.
+// being made, or a slot is being torn down (its index comes back, and its
+// replacement is made); nil if neither, or the pool is closed.
 func (p *Pool) whenFilled() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case p.closed || p.filling+len(p.idle) == 0:
+	case p.closed || p.filling+len(p.idle)+len(p.retiring) == 0:
 		return nil
 	case len(p.idle) > 0:
 		now := make(chan struct{})
@@ -155,6 +156,29 @@ func (p *Pool) Put(ctx context.Context, s *slot.Slot) error {
 // slot is torn down, and the replacement is made after, as Put's is.
 func (p *Pool) Retire(ctx context.Context, s *slot.Slot) error {
 	return p.giveBack(ctx, s, true)
+}
+
+// Discard queues slot s, handed out by Get, for the teardown as Retire
+// does, and returns at once: for a caller that answers before the
+// teardown (a CNI DEL, once the attachment is cut off). The index is
+// given back when the slot is torn down, or quarantined for the caller's
+// reconciler if it cannot be; the pool makes a replacement, as for Put.
+// It takes ctx for the signature of Put and Retire, and fails only as
+// they do before queueing (a slot not handed out fails with
+// ErrNotFromPool).
+func (p *Pool) Discard(ctx context.Context, s *slot.Slot) error {
+	if err := p.takeBack(s); err != nil {
+		return err
+	}
+	if p.closed {
+		p.mu.Unlock()
+		return p.destroy(context.WithoutCancel(ctx), s)
+	}
+	p.retireQ = append(p.retireQ, &retirement{s: s, done: make(chan error, 1), early: true})
+	p.retiring[s.Index] = true
+	p.mu.Unlock()
+	p.poke()
+	return nil
 }
 
 // giveBack queues s for the retire loop and waits for its report: after

@@ -652,3 +652,45 @@ func TestGetWaitsForTheReplacementOfAFullPool(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A Get on a full pool waits for a slot given to Discard, which returns
+// before the teardown: its index comes back, and its replacement is the
+// Get's.
+func TestGetWaitsForADiscardedSlot(t *testing.T) {
+	f := newFake()
+	f.tdGate = make(chan struct{}) // the teardown hangs
+	p, _ := newPool(t, f, 1, Options{Target: 0, Grace: time.Hour, FillConcurrency: 1})
+	ctx := context.Background()
+	a, err := p.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Discard(ctx, a); err != nil {
+		t.Fatalf("Discard: %v", err)
+	}
+	if err := p.Discard(ctx, a); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("a second Discard of the slot: %v, want ErrNotFromPool", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := p.Get(ctx)
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("Get returned during the teardown: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(f.tdGate)
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("Get once the discarded slot is torn down: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Get never got a slot")
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,7 +1,6 @@
 package slot
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -34,21 +33,32 @@ type Attachment struct {
 	MAC, HostMAC net.HardwareAddr
 }
 
-// Attach moves slot s's inside end into the network namespace open at
-// nsFD (see [netns.OpenForeign]), names it ifname there, gives it the
-// slot's inside address and a default route via the slot's host address,
-// and sets it up: a few netlink calls, nothing made (DESIGN.md §11). The
-// slot's own namespace stays, empty, and the host end and its rules are
-// untouched. The end is renamed to a name unique to the slot before it
-// moves, so that a namespace that already has a link named like the
-// slot's inside end takes it; a namespace that has one named ifname is
-// refused with [ErrIfNameTaken]. A default route the namespace has is
-// replaced: the container's traffic leaves through the slot. The host's
-// own namespace and the slot's are refused; which other namespaces a slot
-// may join is the caller's to decide ([Manager.SlotsIn] names the slots
-// whose ends a namespace holds). On any failure after the move began the
-// end is moved back and configured as [Manager.Create] left it: the slot
-// is as it was.
+// Attach gives slot s an inside end in the network namespace open at nsFD
+// (see [netns.OpenForeign]), named ifname there, with the slot's inside
+// address and a default route via the slot's host address. A default
+// route the namespace has is replaced: the container's traffic leaves
+// through the slot.
+//
+// The pair is made there, its inside end created in that namespace: a
+// link moved between namespaces waits for the kernel's pending RCU
+// callbacks while it holds the networking lock (rcu_barrier in
+// dev_change_net_namespace), which every other attach then queues behind,
+// where a pair made in place waits for nothing (DESIGN.md §11). The
+// slot's warm pair is parked first: its host end set down, renamed to
+// [Config.ParkedIfName] and stripped of the slot's host address, so that
+// the new host end takes the slot's name, and with it the slot's firewall
+// element and egress policy, which are keyed by name. The parked pair's
+// inside end stays in the slot's own namespace and goes with it when the
+// slot is torn down. s.HostIfIndex becomes the new host end's: the caller
+// records it.
+//
+// A name the namespace has already is refused with [ErrIfNameTaken], the
+// host's own namespace and the slot's with [ErrNotAttachable] (which
+// other namespaces a slot may join is the caller's to decide:
+// [Manager.SlotsIn] names the slots whose ends a namespace holds); then,
+// as when parking fails, the slot is as it was. A failure after the warm
+// pair is parked deletes what was made, leaves nothing in the namespace,
+// and leaves the slot for the caller to tear down.
 //
 // The namespace is the caller's (its runtime made it and destroys it);
 // Attach never closes nsFD. A guest-profile slot, whose inside is a
@@ -66,36 +76,159 @@ func (m *Manager) Attach(ctx context.Context, s *Slot, nsFD int, ifname string) 
 	if err := notOurs(s, nsFD); err != nil {
 		return nil, fmt.Errorf("slot %d: attach: %w: %w", s.Index, ErrNotAttachable, err)
 	}
-	// Read before the move: after it, a failure must undo the move.
-	host, err := netlink.LinkByIndex(s.HostIfIndex)
+	to, err := netlink.NewHandleAt(vns.NsHandle(nsFD))
 	if err != nil {
-		return nil, fmt.Errorf("slot %d: attach: find host end %s: %w", s.Index, s.HostIf, err)
+		return nil, fmt.Errorf("slot %d: attach: netlink handle in the target namespace: %w", s.Index, err)
 	}
-	slotFD, err := netns.Open(s.NetnsPath)
-	if err != nil {
-		return nil, fmt.Errorf("slot %d: attach: %w", s.Index, err)
-	}
-	defer unix.Close(slotFD)
-	mv, err := newMove(s, slotFD, nsFD)
-	if err != nil {
-		return nil, fmt.Errorf("slot %d: attach: %w", s.Index, err)
-	}
-	defer mv.close()
+	defer to.Close()
 	// The name first: a namespace that has it is refused before anything
 	// is touched, so that there is nothing to undo.
-	if err := mv.nameFree(ifname); err != nil {
+	if err := nameFree(to, ifname); err != nil {
 		return nil, fmt.Errorf("slot %d: attach as %s: %w", s.Index, ifname, err)
 	}
-	a, err := mv.attach(ifname)
+	warm, err := netlink.LinkByIndex(s.HostIfIndex)
+	if err != nil || warm.Attrs().Name != s.HostIf {
+		return nil, fmt.Errorf("slot %d: attach: host end %s (index %d) is gone: %v", s.Index, s.HostIf, s.HostIfIndex, err)
+	}
+	if err := m.park(s, warm); err != nil {
+		return nil, fmt.Errorf("slot %d: attach: %w", s.Index, err)
+	}
+	a, err := m.pairInto(s, nsFD, to, ifname)
 	if err != nil {
-		err = fmt.Errorf("slot %d: attach as %s: %w", s.Index, ifname, err)
-		if berr := mv.back(m); berr != nil {
-			return nil, errors.Join(err, fmt.Errorf("slot %d: put the inside end back: %w", s.Index, berr))
+		return nil, fmt.Errorf("slot %d: attach as %s: %w", s.Index, ifname, err)
+	}
+	return a, nil
+}
+
+// park sets the warm host end down, renames it to the slot's parked name
+// and takes the slot's host address off it, so that a new host end can
+// take both. A step that fails undoes those before it.
+func (m *Manager) park(s *Slot, warm netlink.Link) (err error) {
+	parked := m.cfg.ParkedIfName(s.Index)
+	if err := clearParked(parked); err != nil {
+		return err
+	}
+	// A link is renamed only while down.
+	if err := netlink.LinkSetDown(warm); err != nil {
+		return fmt.Errorf("set %s down: %w", s.HostIf, err)
+	}
+	defer func() {
+		if err != nil {
+			if uerr := netlink.LinkSetUp(warm); uerr != nil {
+				err = errors.Join(err, fmt.Errorf("set %s up again: %w", s.HostIf, uerr))
+			}
 		}
+	}()
+	if err := netlink.LinkSetName(warm, parked); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", s.HostIf, parked, err)
+	}
+	if err := netlink.AddrDel(warm, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		if uerr := netlink.LinkSetName(warm, s.HostIf); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("rename %s back to %s: %w", parked, s.HostIf, uerr))
+		}
+		return fmt.Errorf("take %s off %s: %w", s.HostAddr, parked, err)
+	}
+	return nil
+}
+
+// clearParked deletes the parked end of an earlier slot at the same index,
+// still on the host: the teardown that unlinked its namespace does not wait
+// for the kernel to remove it (nothing else waits on a parked end), so an
+// index soon used again may find it. The name is unique to the prefix and
+// the index; a link of that name that is no veth is not a parked end, and
+// refused.
+func clearParked(name string) error {
+	p, err := newLinkProbe()
+	if err != nil {
+		return err
+	}
+	defer p.close()
+	idx, err := p.index(name)
+	if err != nil || idx == 0 {
+		return err
+	}
+	l, err := netlink.LinkByIndex(idx)
+	if err != nil {
+		return nil // gone meanwhile
+	}
+	if _, ok := l.(*netlink.Veth); !ok {
+		return fmt.Errorf("the host has a link named %s, which is no parked end (a %s)", name, l.Type())
+	}
+	return deleteLink(p, idx, name)
+}
+
+// pairInto makes the slot's new pair: its host end under the slot's name,
+// its inside end as ifname in the namespace open at nsFD (handle to), and
+// configures both. On failure the new pair is deleted (its host end takes
+// the inside end with it).
+func (m *Manager) pairInto(s *Slot, nsFD int, to *netlink.Handle, ifname string) (a *Attachment, err error) {
+	// One queue each way, as Create's pair (see there).
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: s.HostIf, NumTxQueues: 1, NumRxQueues: 1},
+		PeerName:      ifname,
+		PeerNamespace: netlink.NsFd(nsFD),
+	}
+	// Not ErrIfNameTaken, should the name have come meanwhile: the warm
+	// pair is parked, so this is no refusal that left the slot as it was.
+	if err := netlink.LinkAdd(veth); err != nil {
+		return nil, fmt.Errorf("add veth %s<->%s: %w", s.HostIf, ifname, err)
+	}
+	p, err := newLinkProbe()
+	if err != nil {
+		return nil, errors.Join(err, netlink.LinkDel(veth))
+	}
+	defer p.close()
+	idx, err := p.index(s.HostIf)
+	if err != nil || idx == 0 {
+		return nil, errors.Join(fmt.Errorf("find the new %s: index %d: %v", s.HostIf, idx, err), netlink.LinkDel(veth))
+	}
+	defer func() {
+		if err != nil {
+			if derr := deleteLink(p, idx, s.HostIf); derr != nil {
+				err = errors.Join(err, fmt.Errorf("delete the new pair: %w", derr))
+			}
+		}
+	}()
+	host, err := netlink.LinkByIndex(idx)
+	if err != nil {
+		return nil, fmt.Errorf("find the new %s: %w", s.HostIf, err)
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil {
+		return nil, fmt.Errorf("address %s on %s: %w", s.HostAddr, s.HostIf, err)
+	}
+	if err := quietIPv6(s.HostIf); err != nil {
 		return nil, err
 	}
-	a.HostMAC = host.Attrs().HardwareAddr
-	return a, nil
+	if err := netlink.LinkSetUp(host); err != nil {
+		return nil, fmt.Errorf("set %s up: %w", s.HostIf, err)
+	}
+	in, err := to.LinkByName(ifname)
+	if err != nil {
+		return nil, fmt.Errorf("find %s in the namespace: %w", ifname, err)
+	}
+	if err := to.AddrReplace(in, &netlink.Addr{IPNet: ipNet(s.InsideAddr)}); err != nil {
+		return nil, fmt.Errorf("address %s on %s: %w", s.InsideAddr, ifname, err)
+	}
+	if err := to.LinkSetUp(in); err != nil {
+		return nil, fmt.Errorf("set %s up: %w", ifname, err)
+	}
+	def := &netlink.Route{LinkIndex: in.Attrs().Index, Gw: s.HostAddr.Addr().AsSlice()}
+	if err := to.RouteReplace(def); err != nil {
+		return nil, fmt.Errorf("default route via %s on %s: %w", s.HostAddr.Addr(), ifname, err)
+	}
+	s.HostIfIndex = idx
+	return &Attachment{IfName: ifname, IfIndex: in.Attrs().Index, MAC: in.Attrs().HardwareAddr, HostMAC: host.Attrs().HardwareAddr}, nil
+}
+
+// nameFree refuses a namespace (handle h) that has a link named ifname.
+func nameFree(h *netlink.Handle, ifname string) error {
+	switch _, err := h.LinkByName(ifname); {
+	case err == nil:
+		return fmt.Errorf("the namespace has a link named %s: %w", ifname, ErrIfNameTaken)
+	case !isNotFound(err):
+		return fmt.Errorf("look for %s in the namespace: %w", ifname, err)
+	}
+	return nil
 }
 
 // notOurs refuses a target namespace that is the host's own (whose
@@ -154,136 +287,6 @@ func CheckIfName(name string) error {
 		return fmt.Errorf("interface name %q holds '/', ':' or a space", name)
 	}
 	return nil
-}
-
-// move is the inside end of slot s on its way between the slot's
-// namespace and another, with a netlink handle in each.
-type move struct {
-	s            *Slot
-	slotFD, toFD int
-	from, to     *netlink.Handle
-	transitName  string           // unique to the slot while it moves
-	mac          net.HardwareAddr // the inside end's, to find it wherever it is
-}
-
-func newMove(s *Slot, slotFD, nsFD int) (*move, error) {
-	from, err := netlink.NewHandleAt(vns.NsHandle(slotFD))
-	if err != nil {
-		return nil, fmt.Errorf("netlink handle in %s: %w", s.NetnsName, err)
-	}
-	to, err := netlink.NewHandleAt(vns.NsHandle(nsFD))
-	if err != nil {
-		from.Close()
-		return nil, fmt.Errorf("netlink handle in the target namespace: %w", err)
-	}
-	return &move{s: s, slotFD: slotFD, toFD: nsFD, from: from, to: to, transitName: fmt.Sprintf("pgmv%d", s.Index)}, nil
-}
-
-func (mv *move) close() {
-	mv.from.Close()
-	mv.to.Close()
-}
-
-// nameFree refuses a target namespace that has a link named ifname.
-func (mv *move) nameFree(ifname string) error {
-	switch _, err := mv.to.LinkByName(ifname); {
-	case err == nil:
-		return fmt.Errorf("the namespace has a link named %s: %w", ifname, ErrIfNameTaken)
-	case !isNotFound(err):
-		return fmt.Errorf("look for %s in the namespace: %w", ifname, err)
-	}
-	return nil
-}
-
-// attach moves the inside end into the target namespace as ifname and
-// configures it there.
-func (mv *move) attach(ifname string) (*Attachment, error) {
-	s := mv.s
-	in, err := mv.from.LinkByName(s.InsideIf)
-	if err != nil {
-		return nil, fmt.Errorf("find %s in %s: %w", s.InsideIf, s.NetnsName, err)
-	}
-	mv.mac = in.Attrs().HardwareAddr
-	// A link is renamed only while down; moving it drops its addresses
-	// and routes, which are set again on the other side.
-	if err := mv.from.LinkSetDown(in); err != nil {
-		return nil, fmt.Errorf("set %s down in %s: %w", s.InsideIf, s.NetnsName, err)
-	}
-	if err := mv.from.LinkSetName(in, mv.transitName); err != nil {
-		return nil, fmt.Errorf("rename %s to %s in %s: %w", s.InsideIf, mv.transitName, s.NetnsName, err)
-	}
-	if err := mv.from.LinkSetNsFd(in, mv.toFD); err != nil {
-		return nil, fmt.Errorf("move %s out of %s: %w", mv.transitName, s.NetnsName, err)
-	}
-	link, err := mv.to.LinkByName(mv.transitName)
-	if err != nil {
-		return nil, fmt.Errorf("find %s in the namespace: %w", mv.transitName, err)
-	}
-	if err := mv.to.LinkSetName(link, ifname); err != nil {
-		return nil, fmt.Errorf("rename %s to %s: %w", mv.transitName, ifname, err)
-	}
-	if err := mv.to.AddrReplace(link, &netlink.Addr{IPNet: ipNet(s.InsideAddr)}); err != nil {
-		return nil, fmt.Errorf("address %s on %s: %w", s.InsideAddr, ifname, err)
-	}
-	if err := mv.to.LinkSetUp(link); err != nil {
-		return nil, fmt.Errorf("set %s up: %w", ifname, err)
-	}
-	def := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: s.HostAddr.Addr().AsSlice()}
-	if err := mv.to.RouteReplace(def); err != nil {
-		return nil, fmt.Errorf("default route via %s on %s: %w", s.HostAddr.Addr(), ifname, err)
-	}
-	return &Attachment{IfName: ifname, IfIndex: link.Attrs().Index, MAC: link.Attrs().HardwareAddr}, nil
-}
-
-// back puts the inside end back into the slot's namespace, under its own
-// name, configured as Create left it, from wherever a failed attach left
-// it: still in the slot's namespace (under either name), or moved (under
-// the transit name or the name asked for).
-func (mv *move) back(m *Manager) error {
-	s := mv.s
-	if _, err := mv.from.LinkByName(s.InsideIf); err != nil {
-		link, err := mv.from.LinkByName(mv.transitName)
-		if err != nil {
-			if link, err = mv.findMoved(); err != nil {
-				return err
-			}
-			if err := mv.to.LinkSetDown(link); err != nil {
-				return fmt.Errorf("set %s down: %w", link.Attrs().Name, err)
-			}
-			if err := mv.to.LinkSetName(link, mv.transitName); err != nil {
-				return fmt.Errorf("rename %s to %s: %w", link.Attrs().Name, mv.transitName, err)
-			}
-			if err := mv.to.LinkSetNsFd(link, mv.slotFD); err != nil {
-				return fmt.Errorf("move %s back into %s: %w", mv.transitName, s.NetnsName, err)
-			}
-			if link, err = mv.from.LinkByName(mv.transitName); err != nil {
-				return fmt.Errorf("find %s in %s: %w", mv.transitName, s.NetnsName, err)
-			}
-		}
-		if err := mv.from.LinkSetName(link, s.InsideIf); err != nil {
-			return fmt.Errorf("rename %s to %s in %s: %w", mv.transitName, s.InsideIf, s.NetnsName, err)
-		}
-	}
-	return m.configureInside(mv.slotFD, s)
-}
-
-// findMoved finds the slot's inside end in the target namespace: the veth
-// with its hardware address whose peer has its host end's index. An index
-// alone could be another namespace's link's (indices are per namespace).
-func (mv *move) findMoved() (netlink.Link, error) {
-	if mv.mac == nil {
-		return nil, fmt.Errorf("the inside end of %s never left %s", mv.s.HostIf, mv.s.NetnsName)
-	}
-	links, err := mv.to.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("list the namespace's links: %w", err)
-	}
-	for _, l := range links {
-		if _, ok := l.(*netlink.Veth); ok && l.Attrs().ParentIndex == mv.s.HostIfIndex && bytes.Equal(l.Attrs().HardwareAddr, mv.mac) {
-			return l, nil
-		}
-	}
-	return nil, fmt.Errorf("the inside end of %s is in neither namespace", mv.s.HostIf)
 }
 
 // isNotFound reports whether err says that no link has the name asked.

@@ -134,16 +134,18 @@ func echoIn(t *testing.T, path string, addr netip.Addr) net.Addr {
 	return l.Addr()
 }
 
-// Attach moves a warm slot's inside end into a container's namespace,
+// Attach makes a pair with its inside end in a container's namespace,
 // named as the runtime asks, configured and reachable from the host
-// through the slot's host end; the slot's own namespace is left empty.
-func TestAttachMovesTheInsideEndIntoAContainersNamespace(t *testing.T) {
+// through a new host end of the slot's name; the warm pair is parked,
+// its host end down and without the slot's address.
+func TestAttachMakesAPairInAContainersNamespace(t *testing.T) {
 	m := testManager(t)
 	ctx := context.Background()
 	s, err := m.Create(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
+	warm := s.HostIfIndex
 	path, fd, h := containerNetns(t)
 	a, err := m.Attach(ctx, s, fd, "eth0")
 	if err != nil {
@@ -153,8 +155,15 @@ func TestAttachMovesTheInsideEndIntoAContainersNamespace(t *testing.T) {
 	if a.IfName != "eth0" || a.IfIndex == 0 || len(a.MAC) != 6 || len(a.HostMAC) != 6 {
 		t.Errorf("attachment %+v: want eth0 with its index and both MACs", a)
 	}
-	if _, err := insideHandle(t, s).LinkByName(s.InsideIf); !isNotFound(err) {
-		t.Errorf("the slot's namespace still has %s: %v", s.InsideIf, err)
+	if idx, err := linkIndex(s.HostIf); err != nil || idx != s.HostIfIndex || idx == warm {
+		t.Errorf("host end %s: index %d (%v), slot says %d, the warm one was %d: want a new host end, recorded", s.HostIf, idx, err, s.HostIfIndex, warm)
+	}
+	parked, err := netlink.LinkByIndex(warm)
+	if err != nil || parked.Attrs().Name != m.cfg.ParkedIfName(1) || parked.Attrs().Flags&net.FlagUp != 0 {
+		t.Fatalf("the warm host end: %v %v, want it parked as %s and down", parked, err, m.cfg.ParkedIfName(1))
+	}
+	if addrs, err := netlink.AddrList(parked, netlink.FAMILY_V4); err != nil || len(addrs) != 0 {
+		t.Errorf("the parked host end keeps addresses %v (%v)", addrs, err)
 	}
 	addr := echoIn(t, path, s.InsideAddr.Addr())
 	c, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
@@ -273,10 +282,10 @@ func TestSlotsInNamesTheSlotsANamespaceHolds(t *testing.T) {
 	in("slot 2's own namespace, once attached elsewhere", bfd)
 }
 
-// A name the namespace has already is refused and a move that fails
-// halfway is undone: either way the slot is as Create left it. A
-// namespace whose own link bears the slot's inside end's name still takes
-// the slot under another name.
+// A name the namespace has already is refused, and a park that fails is
+// undone: either way the slot is as Create left it. A namespace whose own
+// link bears the slot's inside end's name still takes the slot under
+// another name.
 func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
 	m := testManager(t)
 	ctx := context.Background()
@@ -286,7 +295,27 @@ func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
 	}
 	_, fd, h := containerNetns(t)
 	addLink(t, h, s.InsideIf)
-	addLink(t, h, "pgmv1") // the transit name: the move itself fails
+	// A host link with the parked name that is no parked end (a bridge):
+	// parking itself fails.
+	if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: m.cfg.ParkedIfName(1)}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(m.cfg.ParkedIfName(1)); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	warm := s.HostIfIndex
+	asMade := func() {
+		t.Helper()
+		checkConfigured(t, insideHandle(t, s), s.InsideIf, s.InsideAddr, s.HostAddr)
+		if up, err := linkUp(s.HostIf); err != nil || !up || s.HostIfIndex != warm {
+			t.Errorf("host end %s (index %d, was %d): up %v, %v", s.HostIf, s.HostIfIndex, warm, up, err)
+		}
+		if _, err := m.Identify(s.Index, s.NetnsID, warm); err != nil {
+			t.Errorf("the slot no longer identifies as made: %v", err)
+		}
+	}
 	for _, c := range []struct {
 		ifname string
 		want   error // nil: any error
@@ -300,7 +329,7 @@ func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
 		if err == nil || (c.want != nil && !errors.Is(err, c.want)) {
 			t.Errorf("Attach as %q: %v, want an error (%v)", c.ifname, err, c.want)
 		}
-		checkConfigured(t, insideHandle(t, s), s.InsideIf, s.InsideAddr, s.HostAddr)
+		asMade()
 	}
 	// Neither the host's own namespace (its default route would be
 	// replaced) nor the slot's.
@@ -313,13 +342,16 @@ func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
 			t.Errorf("Attach into %s: %v, want ErrNotAttachable naming whose namespace it is", path, err)
 		}
 		unix.Close(own)
-		checkConfigured(t, insideHandle(t, s), s.InsideIf, s.InsideAddr, s.HostAddr)
+		asMade()
 	}
-	transit, err := h.LinkByName("pgmv1")
+	if links, err := h.LinkList(); err != nil || len(links) != 3 {
+		t.Errorf("the failed attaches left links in the container's namespace: %v %v", links, err)
+	}
+	blocker, err := netlink.LinkByName(m.cfg.ParkedIfName(1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.LinkDel(transit); err != nil {
+	if err := netlink.LinkDel(blocker); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.Attach(ctx, s, fd, "eth1"); err != nil {
@@ -360,5 +392,50 @@ func TestDetachEndsTheAttachment(t *testing.T) {
 	}
 	if err := m.Destroy(ctx, s.Index); err != nil {
 		t.Fatalf("the detached slot's teardown: %v", err)
+	}
+}
+
+// linkUp reports whether the host's link name is up.
+func linkUp(name string) (bool, error) {
+	p, err := newLinkProbe()
+	if err != nil {
+		return false, err
+	}
+	defer p.close()
+	return p.up(name)
+}
+
+// An earlier slot's parked end still on the host at the index (its
+// namespace's clean-up not done yet) is deleted by the next Attach there.
+func TestAttachClearsAStaleParkedEnd(t *testing.T) {
+	m := testManager(t)
+	ctx := context.Background()
+	s, err := m.Create(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostNS, err := netlink.NewHandle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostNS.Close()
+	stale := m.cfg.ParkedIfName(2)
+	addLink(t, hostNS, stale)
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(stale + "p"); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	old, err := linkIndex(stale)
+	if err != nil || old == 0 {
+		t.Fatalf("the stale end: %d %v", old, err)
+	}
+	_, fd, h := containerNetns(t)
+	if _, err := m.Attach(ctx, s, fd, "eth0"); err != nil {
+		t.Fatalf("Attach beside a stale parked end: %v", err)
+	}
+	checkConfigured(t, h, "eth0", s.InsideAddr, s.HostAddr)
+	if idx, err := linkIndex(stale); err != nil || idx == 0 || idx == old {
+		t.Errorf("%s: index %d (%v), the stale one was %d: want the slot's own parked end", stale, idx, err, old)
 	}
 }

@@ -183,6 +183,13 @@ func (c Config) HostIfPrefix() string { return c.Prefix + "h" }
 // HostIfName is the root-namespace end of slot i's veth pair.
 func (c Config) HostIfName(i int) string { return c.HostIfPrefix() + strconv.Itoa(i) }
 
+// ParkedIfName is the name slot i's warm host end takes while the slot is
+// attached to a namespace it does not own ([Manager.Attach]): down, with
+// no address, its peer still in the slot's own namespace, with which it
+// goes. It is as long as [Config.HostIfName], so it fits wherever that
+// does, and no prefix's host end or parked end bears it but this one's.
+func (c Config) ParkedIfName(i int) string { return c.Prefix + "x" + strconv.Itoa(i) }
+
 // MaxIndex is the largest index a slot name can carry: a /0 holds 2^31
 // /31s, so no valid Config has more slots (2^31 itself is left out so that
 // an index fits an int32 everywhere).

@@ -36,11 +36,14 @@
 // check): one walk costs the same for one address or thousands, so
 // creations do not pay one each.
 //
-// Manager.Attach moves a slot's inside end into a network namespace the
+// Manager.Attach gives a slot an inside end in a network namespace the
 // slot does not own (a container's, for a CNI attachment), named and
-// configured as the runtime asks: the slot's own namespace stays as its
-// identity, the host end and its rules as they were. A failed attach puts
-// the end back; Manager.Detach ends an attachment by deleting the host end.
+// configured as the runtime asks: a new pair made in place, never a link
+// moved (a move waits for the kernel's RCU callbacks while holding the
+// networking lock). The slot's warm pair is parked (Config.ParkedIfName)
+// and its own namespace stays as its identity; the new host end takes the
+// slot's name, and with it the slot's firewall element and egress policy.
+// Manager.Detach ends an attachment by deleting the new host end.
 //
 // Manager.Teardown hands the kernel the dead namespaces all at once or in
 // batches (TeardownOptions.Batch, BatchPause): the kernel's clean-up holds
