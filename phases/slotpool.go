@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/phasegate/phasegate/network/index"
+	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
 )
@@ -81,15 +82,28 @@ func (s *slotsService) giveBackBy(ctx context.Context, l *lease, put func(contex
 		}
 		return
 	}
-	if cp.rec.Attachment != nil {
-		// The host end first, which takes the container's end with it:
-		// the teardown then has no pair to wait for, and the container's
-		// namespace, the runtime's, is never touched.
-		if err := s.mgr.Detach(ctx, sl); err != nil {
-			s.log.Warn("attachment's host end could not be deleted; the teardown cuts it off", "slot", i, "error", err)
+	if a := cp.rec.Attachment; a != nil {
+		// Cut off first, the pair's deletion left to the teardown, which
+		// knows it by the slot's parked end; the container's namespace,
+		// the runtime's, is never removed.
+		if err := s.unplug(ctx, sl, a); err != nil {
+			s.log.Warn("attachment could not be cut off; the teardown deletes its pair", "slot", i, "error", err)
 		}
 	}
 	if err := put(ctx, sl); err != nil {
 		s.log.Warn("released slot: teardown failed; the index stays quarantined for the reconciler", "slot", i, "error", err)
 	}
+}
+
+// unplug cuts attachment a of slot sl off (slot.Manager.Unplug): in the
+// container's namespace too if it is still the one recorded at its path.
+func (s *slotsService) unplug(ctx context.Context, sl *slot.Slot, a *leases.Attachment) error {
+	fd := -1
+	if t, err := openTarget(a.NetnsPath, a.IfName); err == nil {
+		defer t.close()
+		if t.id == a.Netns {
+			fd = t.fd
+		}
+	}
+	return s.mgr.Unplug(ctx, sl, fd, a.IfName)
 }

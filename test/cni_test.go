@@ -103,8 +103,13 @@ func TestCNIAttachmentLifeWithCnitool(t *testing.T) {
 
 	n.mustTool("del", ns)
 	if got := inNetns(t, ns, "ip", "-o", "link"); strings.Contains(got, "eth0") {
-		t.Errorf("DEL left the container's end: %s", got)
+		t.Errorf("DEL left the container's end under its name: %s", got)
 	}
+	// DEL answers once the attachment is cut off (the name free at
+	// once); the pair goes with the slot's teardown, just after.
+	waitFor(t, 30*time.Second, "the teardown to delete the container's end", func() bool {
+		return strings.Count(inNetns(t, ns, "ip", "-o", "link"), "\n") == 1 // lo
+	})
 	if nsInode(t, ns) != inode {
 		t.Error("DEL replaced the container's namespace")
 	}

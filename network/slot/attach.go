@@ -276,6 +276,64 @@ func (m *Manager) Detach(ctx context.Context, s *Slot) error {
 	return nil
 }
 
+// Unplug cuts slot s's attachment off at once and leaves the deletion of
+// its pair to the slot's teardown: deleting a link waits for the kernel's
+// pending RCU callbacks, which a runtime's DEL need not wait for, and
+// concurrent deletions in the teardown's workers share. The host end is
+// set down; the container's end, in the namespace open at nsFD (-1 when
+// it is gone), is set down and renamed to the slot's parked name there,
+// so that ifname is free for the runtime at once. A link named ifname
+// there that is not the host end's peer is the container's own, and left
+// alone; a host end already gone is not an error. The teardown knows the
+// slot attached by its parked end, and cuts the host end off rather than
+// wait for the kernel to remove it with the slot's namespace, which it
+// never would (the pair's inside end is elsewhere).
+func (m *Manager) Unplug(ctx context.Context, s *Slot, nsFD int, ifname string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("slot %d: unplug: %w", s.Index, err)
+	}
+	p, err := newLinkProbe()
+	if err != nil {
+		return fmt.Errorf("slot %d: unplug: %w", s.Index, err)
+	}
+	defer p.close()
+	switch ok, err := p.exists(s.HostIfIndex, s.HostIf); {
+	case err != nil:
+		return fmt.Errorf("slot %d: unplug: %w", s.Index, err)
+	case !ok:
+		return nil // gone, the container's end with it
+	}
+	host := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: s.HostIfIndex, Name: s.HostIf}}
+	if err := netlink.LinkSetDown(host); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("slot %d: unplug: set %s down: %w", s.Index, s.HostIf, err)
+	}
+	if nsFD < 0 {
+		return nil
+	}
+	h, err := netlink.NewHandleAt(vns.NsHandle(nsFD))
+	if err != nil {
+		return fmt.Errorf("slot %d: unplug: netlink handle in the container's namespace: %w", s.Index, err)
+	}
+	defer h.Close()
+	in, err := h.LinkByName(ifname)
+	switch {
+	case isNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("slot %d: unplug: find %s in the container's namespace: %w", s.Index, ifname, err)
+	}
+	if _, ok := in.(*netlink.Veth); !ok || in.Attrs().ParentIndex != s.HostIfIndex {
+		return nil
+	}
+	if err := h.LinkSetDown(in); err != nil {
+		return fmt.Errorf("slot %d: unplug: set %s down in the container's namespace: %w", s.Index, ifname, err)
+	}
+	if err := h.LinkSetName(in, m.cfg.ParkedIfName(s.Index)); err != nil {
+		return fmt.Errorf("slot %d: unplug: rename %s in the container's namespace: %w", s.Index, ifname, err)
+	}
+	return nil
+}
+
 // CheckIfName refuses a name the kernel would not take for a link.
 func CheckIfName(name string) error {
 	switch {

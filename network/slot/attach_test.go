@@ -439,3 +439,52 @@ func TestAttachClearsAStaleParkedEnd(t *testing.T) {
 		t.Errorf("%s: index %d (%v), the stale one was %d: want the slot's own parked end", stale, idx, err, old)
 	}
 }
+
+// Unplug cuts an attachment off at once: the host end down, the
+// container's end down and renamed, so that its name is free; the slot's
+// teardown then deletes the pair without waiting for the kernel to remove
+// it with the slot's namespace (it never would), and leaves the
+// container's namespace. A second Unplug, and one of a slot whose
+// container's namespace is gone (-1), find nothing to do.
+func TestUnplugCutsOffAndTheTeardownDeletes(t *testing.T) {
+	m := testManager(t)
+	m.hostGone = 10 * time.Minute // a teardown that waited for the pair would not end within the test's context
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := m.Create(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, fd, h := containerNetns(t)
+	if _, err := m.Attach(ctx, s, fd, "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := m.Unplug(ctx, s, fd, "eth0"); err != nil {
+			t.Fatalf("Unplug: %v", err)
+		}
+	}
+	if err := m.Unplug(ctx, s, -1, "eth0"); err != nil {
+		t.Fatalf("Unplug with no namespace: %v", err)
+	}
+	if _, err := h.LinkByName("eth0"); !isNotFound(err) {
+		t.Errorf("eth0 is still named so in the container: %v", err)
+	}
+	cut, err := h.LinkByName(m.cfg.ParkedIfName(1))
+	if err != nil || cut.Attrs().Flags&net.FlagUp != 0 || cut.Attrs().ParentIndex != s.HostIfIndex {
+		t.Fatalf("the container's end after Unplug: %v %v, want it down, renamed %s", cut, err, m.cfg.ParkedIfName(1))
+	}
+	if up, err := linkUp(s.HostIf); err != nil || up {
+		t.Errorf("host end %s up after Unplug (%v)", s.HostIf, err)
+	}
+	res := m.Teardown(ctx, Assume(1), TeardownOptions{})
+	if len(res.Reclaimed) != 1 || len(res.CutOff) != 1 {
+		t.Fatalf("teardown of the unplugged slot: %+v", res)
+	}
+	if _, err := h.LinkByName(m.cfg.ParkedIfName(1)); !isNotFound(err) {
+		t.Errorf("the container's end outlived the teardown: %v", err)
+	}
+	if !netns.IsMounted(path) {
+		t.Errorf("the container's namespace %s is gone: it is the runtime's", path)
+	}
+}

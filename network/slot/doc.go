@@ -43,7 +43,10 @@
 // networking lock). The slot's warm pair is parked (Config.ParkedIfName)
 // and its own namespace stays as its identity; the new host end takes the
 // slot's name, and with it the slot's firewall element and egress policy.
-// Manager.Detach ends an attachment by deleting the new host end.
+// Manager.Unplug cuts an attachment off at once (both ends down, the
+// container's renamed) and leaves the pair to the teardown, which knows an
+// attached slot by its parked end and deletes its host end rather than
+// wait for the kernel; Manager.Detach deletes the host end at once.
 //
 // Manager.Teardown hands the kernel the dead namespaces all at once or in
 // batches (TeardownOptions.Batch, BatchPause): the kernel's clean-up holds

@@ -292,7 +292,8 @@ func (m *Manager) configureInside(fd int, s *Slot) error {
 // EBUSY-safe), and then waits up to Options.HostGoneTimeout for the kernel to
 // remove the veth pair with the namespace. If the host link is still there
 // (a process or descriptor keeps the namespace alive) it is deleted, which
-// cuts whatever lives in the namespace off. Destroy is idempotent; a netns
+// cuts whatever lives in the namespace off; an attached slot's (known by
+// its parked end) is deleted without the wait. Destroy is idempotent; a netns
 // file that stays stuck is reported as a *netns.BusyError.
 func (m *Manager) Destroy(ctx context.Context, i int) error {
 	if err := m.checkIndex(i); err != nil {
@@ -302,6 +303,12 @@ func (m *Manager) Destroy(ctx context.Context, i int) error {
 	m.ct.busy(i)
 	var errs []error
 	hostIdx, err := linkIndex(s.HostIf)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	// A parked end: the host link pairs with an attachment's end, which
+	// the namespace's end does not take (see Manager.Unplug).
+	parkedIdx, err := linkIndex(m.cfg.ParkedIfName(i))
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -318,9 +325,12 @@ func (m *Manager) Destroy(ctx context.Context, i int) error {
 		}
 		defer p.close()
 		link := hostLink{index: hostIdx, name: s.HostIf}
-		stuck, err := awaitLinksGone(ctx, p, []hostLink{link}, time.Now().Add(m.hostGone))
-		if err != nil {
-			errs = append(errs, err)
+		stuck := []hostLink{link}
+		if parkedIdx == 0 {
+			stuck, err = awaitLinksGone(ctx, p, stuck, time.Now().Add(m.hostGone))
+			if err != nil {
+				errs = append(errs, err)
+			}
 		}
 		if len(stuck) > 0 {
 			if err := deleteLink(p, hostIdx, s.HostIf); err != nil {

@@ -21,7 +21,9 @@ type TeardownResult struct {
 	// namespace; their slots are cut off without waiting.
 	Holders []Holder
 	// CutOff slots had their host link deleted explicitly because their
-	// namespace outlived its file (a process or descriptor holds it).
+	// namespace outlived its file (a process or descriptor holds it), or
+	// because the link pairs with an attachment's end, which lives in a
+	// namespace not the slot's (Manager.Unplug).
 	CutOff []int
 	// ProcScan is why the /proc scans for processes inside the namespaces
 	// or holding descriptors on them failed or were incomplete (a

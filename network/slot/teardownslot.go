@@ -42,6 +42,19 @@ func (m *Manager) unlinkOne(ctx context.Context, i int, r Resources, probe *link
 			o.link = hostLink{index: idx, name: s.HostIf}
 		}
 	}
+	// A parked end, looked for before the namespace goes (it goes with
+	// it): the host link pairs with an attachment's end in a namespace not
+	// the slot's, which the kernel never removes with the slot's
+	// (Manager.Attach, Manager.Unplug).
+	attached := false
+	if o.link.index != 0 {
+		idx, err := probe.index(m.cfg.ParkedIfName(i))
+		if err != nil {
+			o.err = err
+			return o
+		}
+		attached = idx != 0
+	}
 	if r&HasNetns != 0 {
 		// The identity only to match the /proc scans: Delete checks the
 		// file is a network namespace before it touches it.
@@ -56,7 +69,7 @@ func (m *Manager) unlinkOne(ctx context.Context, i int, r Resources, probe *link
 	if o.link.index == 0 {
 		return o
 	}
-	if r&HasNetns == 0 || held {
+	if r&HasNetns == 0 || held || attached {
 		// Nothing will make the kernel drop this link: cut it off.
 		if err := deleteLink(probe, o.link.index, o.link.name); err != nil {
 			o.err = err
