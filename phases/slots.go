@@ -325,30 +325,36 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 		} else {
 			s.returnUnleased(sl, pol != nil)
 		}
-		var dup *leases.DuplicateRequestError
-		switch {
-		case errors.As(err, &dup):
-			// A retry on another daemon image's connection won the race.
-			if l, ok := s.table.byRequest(owner, requestID); ok {
-				if err := retriedBy(s.table.copyOf(l), principal); err != nil {
-					return acquired{}, err
-				}
-				return acquired{l: l, retry: true}, nil
-			}
-			return acquired{}, status.Errorf(codes.Aborted, "request %q of %q is being served: retry", requestID, owner)
-		case errors.Is(err, leases.ErrNoSpace):
-			s.log.Error("lease not recorded: the state filesystem is full; nothing handed out", "slot", sl.Index, "owner", owner, "error", err)
-			return acquired{}, status.Errorf(codes.ResourceExhausted, "cannot record the lease: the daemon's state filesystem is full")
-		case ctx.Err() != nil:
-			return acquired{}, status.FromContextError(ctx.Err()).Err()
-		}
-		return acquired{}, status.Errorf(codes.Internal, "record the lease: %v", err)
+		return s.notRecorded(ctx, err, rec)
 	}
 	l := &lease{rec: rec, slot: sl}
 	s.table.add(l)
 	s.count("acquired")
 	s.log.Info("slot acquired", "slot", sl.Index, "owner", owner, "request_id", requestID, "principal", principal, "ttl", ttl.String())
 	return acquired{l: l, made: made}, nil
+}
+
+// notRecorded answers an Acquire whose lease rec could not be recorded
+// (its slot given back already): with the lease a retry on another
+// daemon image's connection won the race with, or the error.
+func (s *slotsService) notRecorded(ctx context.Context, err error, rec leases.Record) (acquired, error) {
+	var dup *leases.DuplicateRequestError
+	switch {
+	case errors.As(err, &dup):
+		if l, ok := s.table.byRequest(rec.Owner, rec.RequestID); ok {
+			if err := retriedBy(s.table.copyOf(l), rec.Principal); err != nil {
+				return acquired{}, err
+			}
+			return acquired{l: l, retry: true}, nil
+		}
+		return acquired{}, status.Errorf(codes.Aborted, "request %q of %q is being served: retry", rec.RequestID, rec.Owner)
+	case errors.Is(err, leases.ErrNoSpace):
+		s.log.Error("lease not recorded: the state filesystem is full; nothing handed out", "slot", rec.Index, "owner", rec.Owner, "error", err)
+		return acquired{}, status.Errorf(codes.ResourceExhausted, "cannot record the lease: the daemon's state filesystem is full")
+	case ctx.Err() != nil:
+		return acquired{}, status.FromContextError(ctx.Err()).Err()
+	}
+	return acquired{}, status.Errorf(codes.Internal, "record the lease: %v", err)
 }
 
 // retried answers an Acquire whose request an earlier one took a lease
