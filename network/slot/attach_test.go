@@ -162,7 +162,8 @@ func TestAttachMakesAPairInAContainersNamespace(t *testing.T) {
 	if err != nil || parked.Attrs().Name != m.cfg.ParkedIfName(1) || parked.Attrs().Flags&net.FlagUp != 0 {
 		t.Fatalf("the warm host end: %v %v, want it parked as %s and down", parked, err, m.cfg.ParkedIfName(1))
 	}
-	if addrs, err := netlink.AddrList(parked, netlink.FAMILY_V4); err != nil || len(addrs) != 0 {
+	addrs, err := retried(func() ([]netlink.Addr, error) { return netlink.AddrList(parked, netlink.FAMILY_V4) })
+	if err != nil || len(addrs) != 0 {
 		t.Errorf("the parked host end keeps addresses %v (%v)", addrs, err)
 	}
 	addr := echoIn(t, path, s.InsideAddr.Addr())
