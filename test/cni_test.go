@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -125,6 +126,61 @@ func TestCNIAttachmentLifeWithCnitool(t *testing.T) {
 		if !strings.Contains(d.Output(), "msg=\"control call\" audit=true "+m+" surface=socket principal=uid:0") {
 			t.Errorf("no audit line for %s", m)
 		}
+	}
+}
+
+// A runtime that passes capability args gives a container its own egress
+// policy through the "egress" capability the conflist declares: it
+// replaces the network's for that attachment alone, is what the lease
+// records and what CHECK finds applied; a container without one gets the
+// network's.
+func TestCNIEgressFromTheRuntimesCapability(t *testing.T) {
+	h := newHost(t)
+	addr := freePort(t)
+	d := start(t, nil, h.args(addr)...)
+	d.waitServing(time.Minute)
+	n := newCNINet(t, h.prefix+"cap", d.control, map[string]any{
+		"egress":       map[string]any{"allow": []string{"198.51.100.0/24"}},
+		"capabilities": map[string]any{"egress": true},
+	})
+	own, plain := containerNetns(t, "own"), containerNetns(t, "plain")
+	capArgs := `CAP_ARGS={"egress":{"allow":["192.0.2.0/24"],"denyAll":true}}`
+	made := map[string]string{ // container → its address
+		"own":   parseResult(t, n.mustTool("add", own, capArgs), own).IPs[0].Address,
+		"plain": parseResult(t, n.mustTool("add", plain), plain).IPs[0].Address,
+	}
+	byNetns := map[string]*phasegatev1.Slot{}
+	for _, l := range cniLeases(t, d, n.name) {
+		for ns, a := range made {
+			if l.GetInsideAddress() == a {
+				byNetns[ns] = l
+			}
+		}
+	}
+	for _, c := range []struct {
+		ns       string
+		allow    string
+		denyAll  bool
+		checkEnv []string
+	}{
+		{"own", "192.0.2.0/24", true, []string{capArgs}},
+		{"plain", "198.51.100.0/24", false, nil},
+	} {
+		l := byNetns[c.ns]
+		if l == nil {
+			t.Fatalf("no attachment of the %s container: %v", c.ns, byNetns)
+		}
+		p := l.GetEgressPolicy()
+		if !slices.Equal(p.GetAllow(), []string{c.allow}) || p.GetDenyAll() != c.denyAll {
+			t.Errorf("the %s container's policy: %v, want allow %s, denyAll %v", c.ns, p, c.allow, c.denyAll)
+		}
+	}
+	n.mustTool("check", own, capArgs)
+	n.mustTool("check", plain)
+	n.mustTool("del", own, capArgs)
+	n.mustTool("del", plain)
+	if l := cniLeases(t, d, n.name); len(l) != 0 {
+		t.Errorf("%d attachments left after DEL", len(l))
 	}
 }
 

@@ -7,9 +7,9 @@
 // CHECK, GC, STATUS and VERSION.
 //
 // It holds no state: each verb is one call to the daemon on its control
-// socket (package api/cni/v1), which takes a warm slot and moves its
-// inside end into CNI_NETNS as CNI_IFNAME, with its address and default
-// route (docs/DESIGN.md §11). A call that finds the daemon down or
+// socket (package api/cni/v1), which takes a warm slot and makes it a new
+// pair whose inside end is created in CNI_NETNS as CNI_IFNAME, with its
+// address and default route (docs/DESIGN.md §11). A call that finds the daemon down or
 // starting waits for it, up to the configuration's timeout, and then
 // fails naming why; STATUS answers at once.
 //
@@ -21,11 +21,16 @@
 //	  "type": "phasegate-cni",
 //	  "socket": "/run/phasegate/control.sock",
 //	  "timeout": "30s",
-//	  "egress": {"allow": ["10.0.0.0/8"], "deny": [], "denyAll": false}
+//	  "egress": {"allow": ["10.0.0.0/8"], "deny": [], "denyAll": false},
+//	  "capabilities": {"egress": true}
 //	}
 //
 // socket and timeout are optional (these are their defaults); egress is
-// the attachment's egress policy, none when absent. Install it as the
+// the attachments' egress policy, none when absent. With the "egress"
+// capability declared, a runtime that passes capability args (libcni's
+// CapabilityArgs, cnitool's CAP_ARGS) gives a container its own policy as
+// {"egress": {…}}, which the runtime puts in runtimeConfig and which
+// replaces the network's for that attachment. Install it as the
 // reference plugins are: `make cni-plugin CNI_PATH=/opt/cni/bin`
 // (docs/DEPLOYING.md, "CNI").
 package main

@@ -32,8 +32,23 @@ type netConf struct {
 	Socket  string        `json:"socket,omitempty"`
 	Timeout string        `json:"timeout,omitempty"`
 	Egress  *cniv1.Egress `json:"egress,omitempty"`
+	// RuntimeConfig holds the capability args the runtime passes for
+	// the capabilities the conflist declares: "egress", a container's
+	// own policy, which replaces the network's.
+	RuntimeConfig struct {
+		Egress *cniv1.Egress `json:"egress,omitempty"`
+	} `json:"runtimeConfig,omitzero"`
 
 	timeout time.Duration
+}
+
+// egress is the attachment's egress policy: the container's own from the
+// runtime's "egress" capability, or else the network's.
+func (c *netConf) egress() *cniv1.Egress {
+	if c.RuntimeConfig.Egress != nil {
+		return c.RuntimeConfig.Egress
+	}
+	return c.Egress
 }
 
 func main() {
@@ -105,7 +120,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is required for ADD", "")
 	}
 	var a cniv1.Attachment
-	req := cniv1.AddRequest{Key: key(conf, args), Netns: args.Netns, Egress: conf.Egress}
+	req := cniv1.AddRequest{Key: key(conf, args), Netns: args.Netns, Egress: conf.egress()}
 	if err := conf.call(cniv1.PathAdd, req, &a); err != nil {
 		return err
 	}

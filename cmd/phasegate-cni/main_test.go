@@ -89,3 +89,42 @@ func TestResult(t *testing.T) {
 		t.Fatal("a result of an unreadable address")
 	}
 }
+
+// A container's own policy, passed by the runtime for the "egress"
+// capability in runtimeConfig, replaces the network's; without one the
+// network's applies; a misspelt one is refused as the network's is.
+func TestEgressFromRuntimeConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, conf string
+		allow      string // the policy's first allowed prefix; "" for none
+		err        string
+	}{
+		{"none", `{"cniVersion":"1.1.0","name":"pgnet"}`, "", ""},
+		{"the network's", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]}}`, "10.0.0.0/8", ""},
+		{"the container's", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},
+			"capabilities":{"egress":true},"runtimeConfig":{"egress":{"allow":["192.0.2.0/24"],"denyAll":true}}}`, "192.0.2.0/24", ""},
+		{"another capability only", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},
+			"runtimeConfig":{"portMappings":[]}}`, "10.0.0.0/8", ""},
+		{"misspelt", `{"cniVersion":"1.1.0","name":"pgnet","runtimeConfig":{"egress":{"alow":["192.0.2.0/24"]}}}`, "", "alow"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConf([]byte(tc.conf))
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("loadConf: %v, want an error naming %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := ""
+			if e := c.egress(); e != nil && len(e.Allow) > 0 {
+				got = e.Allow[0]
+			}
+			if got != tc.allow {
+				t.Errorf("egress allows %q first, want %q", got, tc.allow)
+			}
+		})
+	}
+}
