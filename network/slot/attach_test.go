@@ -365,18 +365,7 @@ func TestAttachThatFailsLeavesTheSlotAsItWas(t *testing.T) {
 // leaves the container's namespace; the slot's teardown then has no link
 // to wait for. A second Detach finds nothing to do.
 func TestDetachEndsTheAttachment(t *testing.T) {
-	m := testManager(t)
-	m.hostGone = 10 * time.Minute // a teardown that waited for the pair would not end within the test's context
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s, err := m.Create(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path, fd, h := containerNetns(t)
-	if _, err := m.Attach(ctx, s, fd, "eth0"); err != nil {
-		t.Fatal(err)
-	}
+	m, ctx, s, path, _, h := attachedSlot(t)
 	for range 2 {
 		if err := m.Detach(ctx, s); err != nil {
 			t.Fatalf("Detach: %v", err)
@@ -448,18 +437,7 @@ func TestAttachClearsAStaleParkedEnd(t *testing.T) {
 // container's namespace. A second Unplug, and one of a slot whose
 // container's namespace is gone (-1), find nothing to do.
 func TestUnplugCutsOffAndTheTeardownDeletes(t *testing.T) {
-	m := testManager(t)
-	m.hostGone = 10 * time.Minute // a teardown that waited for the pair would not end within the test's context
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s, err := m.Create(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path, fd, h := containerNetns(t)
-	if _, err := m.Attach(ctx, s, fd, "eth0"); err != nil {
-		t.Fatal(err)
-	}
+	m, ctx, s, path, fd, h := attachedSlot(t)
 	for range 2 {
 		if err := m.Unplug(ctx, s, fd, "eth0"); err != nil {
 			t.Fatalf("Unplug: %v", err)
@@ -488,4 +466,25 @@ func TestUnplugCutsOffAndTheTeardownDeletes(t *testing.T) {
 	if !netns.IsMounted(path) {
 		t.Errorf("the container's namespace %s is gone: it is the runtime's", path)
 	}
+}
+
+// attachedSlot is slot 1 of a test manager, attached as eth0 to a
+// container's namespace (its path, descriptor and a netlink handle in
+// it), with a context of a minute; the manager's own teardown would not
+// end within it if it waited for the pair.
+func attachedSlot(t *testing.T) (m *Manager, ctx context.Context, s *Slot, path string, fd int, h *netlink.Handle) {
+	t.Helper()
+	m = testManager(t)
+	m.hostGone = 10 * time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	s, err := m.Create(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, fd, h = containerNetns(t)
+	if _, err := m.Attach(ctx, s, fd, "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	return m, ctx, s, path, fd, h
 }
