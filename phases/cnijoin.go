@@ -13,8 +13,8 @@ import (
 
 // mayJoin refuses a namespace no slot may join: one that holds the inside
 // end of a slot not attached to it (a slot's own namespace: the slot
-// would join another tenant's workload), and an attached slot's own,
-// emptied namespace. A container's namespace that holds the ends of its
+// would join another tenant's workload), and an attached slot's own
+// namespace (which holds only its parked pair's end). A container's namespace that holds the ends of its
 // other attachments (another network of the same container) may.
 // slot.Manager.Attach refuses the host's namespace and the slot's own
 // itself.

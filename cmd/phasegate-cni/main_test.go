@@ -8,21 +8,30 @@ import (
 	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
 )
 
+// The configuration with its defaults, and the attachment's egress
+// policy: the network's, or a container's own, passed by the runtime for
+// the "egress" capability in runtimeConfig, which replaces it.
 func TestLoadConf(t *testing.T) {
 	for _, tc := range []struct {
 		name, conf string
 		socket     string
 		timeout    time.Duration
+		allow      string // the egress policy's first allowed prefix; "" for none
 		err        string
 	}{
-		{"defaults", `{"cniVersion":"1.1.0","name":"pgnet","type":"phasegate-cni"}`, defaultSocket, defaultTimeout, ""},
-		{"given", `{"cniVersion":"1.0.0","name":"pgnet","type":"phasegate-cni","socket":"/run/pg/c.sock","timeout":"5s"}`, "/run/pg/c.sock", 5 * time.Second, ""},
-		{"egress", `{"cniVersion":"1.0.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"],"denyAll":true}}`, defaultSocket, defaultTimeout, ""},
-		{"misspelt egress", `{"cniVersion":"1.0.0","name":"pgnet","egress":{"alow":["10.0.0.0/8"]}}`, "", 0, "alow"},
-		{"no name", `{"cniVersion":"1.0.0","type":"phasegate-cni"}`, "", 0, "no name"},
-		{"bad timeout", `{"cniVersion":"1.0.0","name":"pgnet","timeout":"30"}`, "", 0, `timeout "30"`},
-		{"negative timeout", `{"cniVersion":"1.0.0","name":"pgnet","timeout":"-1s"}`, "", 0, "positive"},
-		{"not JSON", `{"name":`, "", 0, "decode"},
+		{"defaults", `{"cniVersion":"1.1.0","name":"pgnet","type":"phasegate-cni"}`, defaultSocket, defaultTimeout, "", ""},
+		{"given", `{"cniVersion":"1.0.0","name":"pgnet","type":"phasegate-cni","socket":"/run/pg/c.sock","timeout":"5s"}`, "/run/pg/c.sock", 5 * time.Second, "", ""},
+		{"egress", `{"cniVersion":"1.0.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"],"denyAll":true}}`, defaultSocket, defaultTimeout, "10.0.0.0/8", ""},
+		{"the container's egress", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},
+			"capabilities":{"egress":true},"runtimeConfig":{"egress":{"allow":["192.0.2.0/24"],"denyAll":true}}}`, defaultSocket, defaultTimeout, "192.0.2.0/24", ""},
+		{"another capability only", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},
+			"runtimeConfig":{"portMappings":[]}}`, defaultSocket, defaultTimeout, "10.0.0.0/8", ""},
+		{"misspelt egress", `{"cniVersion":"1.0.0","name":"pgnet","egress":{"alow":["10.0.0.0/8"]}}`, "", 0, "", "alow"},
+		{"misspelt container's egress", `{"cniVersion":"1.1.0","name":"pgnet","runtimeConfig":{"egress":{"alow":["192.0.2.0/24"]}}}`, "", 0, "", "alow"},
+		{"no name", `{"cniVersion":"1.0.0","type":"phasegate-cni"}`, "", 0, "", "no name"},
+		{"bad timeout", `{"cniVersion":"1.0.0","name":"pgnet","timeout":"30"}`, "", 0, "", `timeout "30"`},
+		{"negative timeout", `{"cniVersion":"1.0.0","name":"pgnet","timeout":"-1s"}`, "", 0, "", "positive"},
+		{"not JSON", `{"name":`, "", 0, "", "decode"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := loadConf([]byte(tc.conf))
@@ -34,6 +43,13 @@ func TestLoadConf(t *testing.T) {
 			}
 			if err != nil || c.Socket != tc.socket || c.timeout != tc.timeout {
 				t.Fatalf("loadConf: %+v %v, want socket %s timeout %v", c, err, tc.socket, tc.timeout)
+			}
+			allow := ""
+			if e := c.egress(); e != nil && len(e.Allow) > 0 {
+				allow = e.Allow[0]
+			}
+			if allow != tc.allow {
+				t.Errorf("egress allows %q first, want %q", allow, tc.allow)
 			}
 		})
 	}
@@ -87,44 +103,5 @@ func TestResult(t *testing.T) {
 	bad.Address = "not an address"
 	if _, err := result(alone, bad); err == nil {
 		t.Fatal("a result of an unreadable address")
-	}
-}
-
-// A container's own policy, passed by the runtime for the "egress"
-// capability in runtimeConfig, replaces the network's; without one the
-// network's applies; a misspelt one is refused as the network's is.
-func TestEgressFromRuntimeConfig(t *testing.T) {
-	for _, tc := range []struct {
-		name, conf string
-		allow      string // the policy's first allowed prefix; "" for none
-		err        string
-	}{
-		{"none", `{"cniVersion":"1.1.0","name":"pgnet"}`, "", ""},
-		{"the network's", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]}}`, "10.0.0.0/8", ""},
-		{"the container's", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},
-			"capabilities":{"egress":true},"runtimeConfig":{"egress":{"allow":["192.0.2.0/24"],"denyAll":true}}}`, "192.0.2.0/24", ""},
-		{"another capability only", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},
-			"runtimeConfig":{"portMappings":[]}}`, "10.0.0.0/8", ""},
-		{"misspelt", `{"cniVersion":"1.1.0","name":"pgnet","runtimeConfig":{"egress":{"alow":["192.0.2.0/24"]}}}`, "", "alow"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c, err := loadConf([]byte(tc.conf))
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("loadConf: %v, want an error naming %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := ""
-			if e := c.egress(); e != nil && len(e.Allow) > 0 {
-				got = e.Allow[0]
-			}
-			if got != tc.allow {
-				t.Errorf("egress allows %q first, want %q", got, tc.allow)
-			}
-		})
 	}
 }

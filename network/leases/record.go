@@ -86,8 +86,8 @@ type Record struct {
 	// Leased.
 	Egress *EgressPolicy
 
-	// Attachment is set on a lease whose slot's inside end was moved into
-	// a network namespace the daemon does not own (a CNI ADD); nil for a
+	// Attachment is set on a lease whose slot has its inside end in a
+	// network namespace the daemon does not own (a CNI ADD); nil for a
 	// lease of the slot as it was made. Set only when Leased.
 	Attachment *Attachment
 }

@@ -167,41 +167,42 @@ func (p *Pool) Retire(ctx context.Context, s *slot.Slot) error {
 // they do before queueing (a slot not handed out fails with
 // ErrNotFromPool).
 func (p *Pool) Discard(ctx context.Context, s *slot.Slot) error {
-	if err := p.takeBack(s); err != nil {
-		return err
-	}
-	if p.closed {
-		p.mu.Unlock()
-		return p.destroy(context.WithoutCancel(ctx), s)
-	}
-	p.retireQ = append(p.retireQ, &retirement{s: s, done: make(chan error, 1), early: true})
-	p.retiring[s.Index] = true
-	p.mu.Unlock()
-	p.poke()
-	return nil
+	_, err := p.queue(ctx, s, true)
+	return err
 }
 
 // giveBack queues s for the retire loop and waits for its report: after
 // the teardown (early) or after the replacement too.
 func (p *Pool) giveBack(ctx context.Context, s *slot.Slot, early bool) error {
-	if err := p.takeBack(s); err != nil {
+	r, err := p.queue(ctx, s, early)
+	if r == nil {
 		return err
 	}
-	if p.closed {
-		p.mu.Unlock()
-		return p.destroy(context.WithoutCancel(ctx), s)
-	}
-	r := &retirement{s: s, done: make(chan error, 1), early: early}
-	p.retireQ = append(p.retireQ, r)
-	p.retiring[s.Index] = true
-	p.mu.Unlock()
-	p.poke()
 	select {
 	case err := <-r.done:
 		return err
 	case <-ctx.Done():
 		return fmt.Errorf("pool: put slot %d: %w (its teardown goes on)", s.Index, ctx.Err())
 	}
+}
+
+// queue takes s back and queues it for the retire loop, whose report
+// comes on the retirement's done; after Close it destroys s at once and
+// returns no retirement.
+func (p *Pool) queue(ctx context.Context, s *slot.Slot, early bool) (*retirement, error) {
+	if err := p.takeBack(s); err != nil {
+		return nil, err
+	}
+	if p.closed {
+		p.mu.Unlock()
+		return nil, p.destroy(context.WithoutCancel(ctx), s)
+	}
+	r := &retirement{s: s, done: make(chan error, 1), early: early}
+	p.retireQ = append(p.retireQ, r)
+	p.retiring[s.Index] = true
+	p.mu.Unlock()
+	p.poke()
+	return r, nil
 }
 
 // PutLost gives back the index of a lost lease (Options.Lost, or Lose) once the
