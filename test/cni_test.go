@@ -107,7 +107,13 @@ func TestCNIAttachmentLifeWithCnitool(t *testing.T) {
 		t.Errorf("DEL left the container's end under its name: %s", got)
 	}
 	// DEL answers once the attachment is cut off (the name free at
-	// once); the pair goes with the slot's teardown, just after.
+	// once), and the runtime may attach the namespace again at once; the
+	// pair goes with the slot's teardown, just after.
+	readd := parseResult(t, n.mustTool("add", ns), ns)
+	n.mustTool("del", ns)
+	if readd.IPs[0].Address == "" {
+		t.Errorf("an ADD right after DEL: %+v", readd)
+	}
 	waitFor(t, 30*time.Second, "the teardown to delete the container's end", func() bool {
 		return strings.Count(inNetns(t, ns, "ip", "-o", "link"), "\n") == 1 // lo
 	})

@@ -153,9 +153,18 @@ func (m *Manager) SlotsIn(nsFD int) ([]int, error) {
 		if err != nil {
 			continue // gone meanwhile: not a slot's any more
 		}
-		if i, ok := m.cfg.CanonicalHostIfIndex(peer.Attrs().Name); ok {
-			out = append(out, i)
+		i, ok := m.cfg.CanonicalHostIfIndex(peer.Attrs().Name)
+		if !ok {
+			continue
 		}
+		// An attachment's end that Unplug cut off (down, renamed to the
+		// slot's parked name) and the teardown has yet to delete: the
+		// namespace is still the container's, which the runtime may
+		// attach again at once.
+		if a.Name == m.cfg.ParkedIfName(i) && a.Flags&net.FlagUp == 0 {
+			continue
+		}
+		out = append(out, i)
 	}
 	return out, nil
 }
