@@ -196,7 +196,7 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	// EgressDroppedPackets stays 0: the rules just written, on both
 	// sides, count from 0, and reading them back would cost two more
 	// round trips for what is known.
-	out := s.describe(i, phasegatev1.SlotState_SLOT_STATE_ACQUIRED, &lease{rec: rec, slot: sl})
+	out := s.describe(i, phasegatev1.SlotState_SLOT_STATE_ACQUIRED, &lease{rec: rec, slot: sl}, c)
 	return &phasegatev1.SetEgressPolicyResponse{Slot: out}, nil
 }
 

@@ -12,41 +12,61 @@ import (
 	"github.com/phasegate/phasegate/network/index"
 )
 
-// states describes every slot (indices 1..N in order), or every slot that is
-// not free, leaving out the leases of owners mayRead refuses.
-func (s *slotsService) states(includeFree bool, mayRead func(owner string) bool) []*phasegatev1.Slot {
+// slotView is one moment of the slots' states: the pool's idle set, the
+// index's states and the leases held, read once for a List or a Get.
+type slotView struct {
+	n      int
+	idle   map[int]bool
+	states []index.State
+	held   map[int]*lease
+}
+
+func (s *slotsService) view() slotView {
 	ps := s.pool.Snapshot()
 	ss := s.pool.Indices()
-	held := s.table.copies()
-
 	// A set, not a search of ps.Idle per index: List walks every index.
 	idle := make(map[int]bool, len(ps.Idle))
 	for _, i := range ps.Idle {
 		idle[i] = true
 	}
+	return slotView{n: ss.N, idle: idle, states: ss.States, held: s.table.copies()}
+}
+
+// at is slot i's state and its lease, nil when it has none.
+func (v slotView) at(i int) (phasegatev1.SlotState, *lease) {
+	l := v.held[i]
+	switch {
+	case l != nil:
+		return leaseState(l), l
+	case v.idle[i]:
+		return phasegatev1.SlotState_SLOT_STATE_WARM, nil
+	case v.states[i-1] == index.Quarantined:
+		return phasegatev1.SlotState_SLOT_STATE_QUARANTINED, nil
+	case v.states[i-1] != index.Free:
+		return phasegatev1.SlotState_SLOT_STATE_BUSY, nil // being made or torn down
+	}
+	return phasegatev1.SlotState_SLOT_STATE_FREE, nil
+}
+
+// states describes every slot (indices 1..N in order), or every slot that
+// is not free, as caller c may see them: the leases of owners it may not
+// read left out.
+func (s *slotsService) states(includeFree bool, c control.Caller) []*phasegatev1.Slot {
+	v := s.view()
 	var out []*phasegatev1.Slot
-	for i := 1; i <= ss.N; i++ {
-		st := phasegatev1.SlotState_SLOT_STATE_FREE
-		l := held[i]
-		switch {
-		case l != nil:
-			st = leaseState(l)
-		case idle[i]:
-			st = phasegatev1.SlotState_SLOT_STATE_WARM
-		case ss.States[i-1] == index.Quarantined:
-			st = phasegatev1.SlotState_SLOT_STATE_QUARANTINED
-		case ss.States[i-1] != index.Free:
-			st = phasegatev1.SlotState_SLOT_STATE_BUSY // being made or torn down
-		}
-		if st == phasegatev1.SlotState_SLOT_STATE_FREE && !includeFree || l != nil && !mayRead(l.rec.Owner) {
+	for i := 1; i <= v.n; i++ {
+		st, l := v.at(i)
+		if st == phasegatev1.SlotState_SLOT_STATE_FREE && !includeFree || l != nil && !c.Grant.MayRead(l.rec.Owner) {
 			continue
 		}
-		out = append(out, s.describe(i, st, l))
+		out = append(out, s.describe(i, st, l, c))
 	}
 	return out
 }
 
-func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease) *phasegatev1.Slot {
+// describe is slot i in state st with lease l (nil: none), as caller c
+// sees it.
+func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease, c control.Caller) *phasegatev1.Slot {
 	sl := s.cfg.Slot(i)
 	out := &phasegatev1.Slot{
 		Index:           uint32(i),
@@ -72,6 +92,14 @@ func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease) *phas
 		out.LostReason = l.lostReason
 		out.Principal = l.rec.Principal
 		out.EgressPolicy = egressProto(l.rec.Egress)
+		if a := l.rec.Attachment; a != nil {
+			out.AttachedNetnsPath = a.NetnsPath
+			// The runtime never sees its attachment's lease id: the
+			// principals that may release the lease learn it here.
+			if mayAct(c, l.rec) {
+				out.LeaseId = l.rec.LeaseID
+			}
+		}
 	}
 	return out
 }
@@ -99,7 +127,7 @@ func (s *slotsService) debugHandler() http.Handler {
 			http.Error(w, "the slots are listed only on the control surface", http.StatusUnauthorized)
 			return
 		}
-		list := &phasegatev1.ListResponse{Slots: s.states(r.URL.Query().Has("all"), c.Grant.MayRead)}
+		list := &phasegatev1.ListResponse{Slots: s.states(r.URL.Query().Has("all"), c)}
 		b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(list)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
@@ -107,7 +108,7 @@ func newRestoreRig(t *testing.T, n, leased int, meanwhile func(ctx context.Conte
 // states returns every slot's state by index.
 func (r *restoreRig) states() map[int]*phasegatev1.Slot {
 	out := map[int]*phasegatev1.Slot{}
-	for _, s := range r.d.slots.states(false, func(string) bool { return true }) {
+	for _, s := range r.d.slots.states(false, control.Caller{Principal: root, Grant: (&control.Policy{}).Grant(root)}) {
 		out[int(s.GetIndex())] = s
 	}
 	return out

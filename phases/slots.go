@@ -263,7 +263,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	}
 	l := s.table.copyOf(a.l)
 	control.Note(ctx, "slot", l.rec.Index, "retry", a.retry)
-	return &phasegatev1.AcquireResponse{Slot: s.describe(l.rec.Index, leaseState(&l), &l), LeaseId: l.rec.LeaseID}, nil
+	return &phasegatev1.AcquireResponse{Slot: s.describe(l.rec.Index, leaseState(&l), &l, c), LeaseId: l.rec.LeaseID}, nil
 }
 
 // acquire leases a slot to owner for request requestID (none: ""), with
@@ -434,10 +434,24 @@ func (s *slotsService) mayChange(ctx context.Context, c control.Caller, i int) e
 		return nil
 	}
 	control.Note(ctx, "owner", l.rec.Owner)
-	if l.rec.Principal == c.Principal.String() || c.Grant.MayLease(l.rec.Owner) {
+	if mayAct(c, l.rec) {
 		return nil
 	}
 	return status.Errorf(codes.PermissionDenied, "slot %d: %s may not act for the owner of its lease", i, c.Principal)
+}
+
+// mayAct reports whether caller c may change lease rec: it is the lease's
+// principal, or one the policy lets act for its owner. For a CNI
+// attachment that is a principal granted attach for its network, as DEL
+// asks: leasing its owner alone is not enough.
+func mayAct(c control.Caller, rec leases.Record) bool {
+	switch {
+	case rec.Principal == c.Principal.String():
+		return true
+	case rec.Attachment != nil:
+		return c.Grant.MayAttach(rec.Owner)
+	}
+	return c.Grant.MayLease(rec.Owner)
 }
 
 // leaseCall is the opening of every call on a lease (Release,
@@ -519,11 +533,11 @@ func (s *slotsService) Get(ctx context.Context, req *phasegatev1.GetRequest) (*p
 	if err := s.checkIndex(req.GetIndex()); err != nil {
 		return nil, err
 	}
-	all := s.states(true, func(string) bool { return true })
-	sl := all[req.GetIndex()-1]
-	if sl.GetOwner() != "" && !c.Grant.MayRead(sl.GetOwner()) {
+	st, held := s.view().at(int(req.GetIndex()))
+	if held != nil && !c.Grant.MayRead(held.rec.Owner) {
 		return nil, status.Errorf(codes.PermissionDenied, "slot %d is leased to an owner %s may not see", req.GetIndex(), c.Principal)
 	}
+	sl := s.describe(int(req.GetIndex()), st, held, c)
 	l := s.table.copyAt(int(req.GetIndex()))
 	if l != nil && s.hasInside(l) {
 		// What the slot's root changed is seen here, and put back.
@@ -545,5 +559,5 @@ func (s *slotsService) List(ctx context.Context, req *phasegatev1.ListRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return &phasegatev1.ListResponse{Slots: s.states(req.GetIncludeFree(), c.Grant.MayRead)}, nil
+	return &phasegatev1.ListResponse{Slots: s.states(req.GetIncludeFree(), c)}, nil
 }

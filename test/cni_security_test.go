@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
 
@@ -79,6 +81,7 @@ func TestCNIContainerCannotSpoofReachAcrossNorLiftItsPolicy(t *testing.T) {
 		t.Error("a container whose root flushed its tables went around its egress policy")
 	}
 	closed.mustTool("check", ctrP)
+	operatorClosesEgress(t, d.slots(), o, pub, open, ctr, own)
 
 	before.same(t, observeVictimIn(t, nd, d.slots(), b.GetIndex()), "the container's attacks")
 	if !answers(t, nd, victimAt) {
@@ -86,6 +89,113 @@ func TestCNIContainerCannotSpoofReachAcrossNorLiftItsPolicy(t *testing.T) {
 	}
 	open.mustTool("del", ctr)
 	closed.mustTool("del", ctrP)
+}
+
+// operatorClosesEgress changes the egress policy of the attachment of
+// network n in the container at ctr (its workload's address own), which
+// reaches the outside o, as an operator does: root finds the lease by the
+// container's namespace in List, where an attachment's lease id is shown
+// to those who may release it, and sets a deny-all policy with it. The
+// container's next datagrams to the outside are dropped and counted,
+// CHECK finds the rules the lease now records, and clearing the policy
+// opens the way again.
+func operatorClosesEgress(t *testing.T, c phasegatev1.SlotsClient, o *outside, pub *publicDir, n *cniNet, ctr string, own netip.AddrPort) {
+	t.Helper()
+	l := attachmentIn(t, c, n.name, ctr)
+	if l.GetLeaseId() == "" {
+		t.Fatalf("root's List shows no lease id for the attachment in %s: %v", ctr, l)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	set := func(p *phasegatev1.EgressPolicy) {
+		t.Helper()
+		if _, err := c.SetEgressPolicy(ctx, &phasegatev1.SetEgressPolicyRequest{Index: l.GetIndex(), LeaseId: l.GetLeaseId(), EgressPolicy: p}); err != nil {
+			t.Fatalf("SetEgressPolicy of the attachment in %s: %v", ctr, err)
+		}
+	}
+	// New source ports: a flow the old policy let through stays up.
+	fresh := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(own.Addr(), port) }
+	set(&phasegatev1.EgressPolicy{DenyAll: true})
+	attack(t, pub.testBinary, ctr, fmt.Sprintf("udp|%s|%s|closed by the operator|5", fresh(7301), o.reflector), "")
+	waitFor(t, 10*time.Second, "the closed attachment's datagrams counted as dropped", func() bool {
+		got, err := c.Get(ctx, &phasegatev1.GetRequest{Index: l.GetIndex()})
+		return err == nil && got.GetSlot().GetEgressDroppedPackets() >= 5
+	})
+	if o.saw("closed by the operator") {
+		t.Error("the attachment reached the outside after the operator set a deny-all policy")
+	}
+	n.mustTool("check", ctr)
+	set(nil)
+	attack(t, pub.testBinary, ctr, fmt.Sprintf("udp|%s|%s|reopened|5", fresh(7302), o.reflector), "")
+	if !waitSeen(o, "reopened") {
+		t.Error("the attachment does not reach the outside after its policy was cleared")
+	}
+}
+
+// attachmentIn is network name's attachment in the container namespace at
+// ctr, as c's List shows it.
+func attachmentIn(t *testing.T, c phasegatev1.SlotsClient, name, ctr string) *phasegatev1.Slot {
+	t.Helper()
+	for _, l := range cniLeasesOf(t, c, name) {
+		if l.GetAttachedNetnsPath() == ctr {
+			return l
+		}
+	}
+	t.Fatalf("no attachment of network %s shows namespace %s", name, ctr)
+	return nil
+}
+
+// leaseIDsShownToWhoMayRelease: an attachment's lease id, which the
+// runtime never sees, is shown by Get and List to root, which may attach
+// for every network, and not to nobody, whom the policy lets lease (and
+// read) cni/* but not attach. Given the id all the same, nobody can
+// neither change the attachment's egress policy nor release it.
+func leaseIDsShownToWhoMayRelease(t *testing.T, pub *publicDir, root phasegatev1.SlotsClient, sock string, victimNet *cniNet, vctr string) {
+	t.Helper()
+	v := attachmentIn(t, root, victimNet.name, vctr)
+	if v.GetLeaseId() == "" {
+		t.Fatalf("root's List shows no lease id for the victim's attachment: %v", v)
+	}
+	idx, S := fmt.Sprint(v.GetIndex()), "--socket="+sock
+	for _, call := range [][]string{{"get", idx}, {"list"}} {
+		out, code := pub.as(t, "nobody", "", append(append([]string{"slots"}, call...), S)...)
+		if code != 0 || !strings.Contains(out, vctr) || strings.Contains(out, v.GetLeaseId()) {
+			t.Errorf("slots %s as nobody (may read cni/*, not attach): exit %d, want the attachment without its lease id:\n%s", call[0], code, out)
+		}
+	}
+	for _, call := range [][]string{
+		{"egress", idx, v.GetLeaseId(), "--egress-allow=0.0.0.0/1,128.0.0.0/1"},
+		{"release", idx, v.GetLeaseId()},
+	} {
+		out, code := pub.as(t, "nobody", "", append(append([]string{"slots"}, call...), S)...)
+		wantRefused(t, "as nobody with the victim's lease id: "+call[0], out, code, "PermissionDenied")
+	}
+}
+
+// tenantSetsItsOwnPolicy: the tenant, which attached the container at ctr
+// on its network n as its own principal, sees its attachment's lease id
+// and sets its egress policy with the CLI as the README shows it.
+func tenantSetsItsOwnPolicy(t *testing.T, pub *publicDir, sock string, n *cniNet, ctr string) {
+	t.Helper()
+	out, code := pub.as(t, "daemon", "nogroup", "slots", "list", "--socket="+sock)
+	var list phasegatev1.ListResponse
+	if code != 0 || protojson.Unmarshal([]byte(out), &list) != nil {
+		t.Fatalf("slots list as the tenant: exit %d\n%s", code, out)
+	}
+	var mine *phasegatev1.Slot
+	for _, l := range list.GetSlots() {
+		if l.GetAttachedNetnsPath() == ctr && l.GetOwner() == "cni/"+n.name {
+			mine = l
+		}
+	}
+	if mine.GetLeaseId() == "" {
+		t.Fatalf("the tenant's list shows no lease id for its own attachment in %s:\n%s", ctr, out)
+	}
+	out, code = pub.as(t, "daemon", "nogroup", "slots", "egress", fmt.Sprint(mine.GetIndex()), mine.GetLeaseId(), "--egress-deny-all", "--socket="+sock)
+	var set phasegatev1.SetEgressPolicyResponse
+	if code != 0 || protojson.Unmarshal([]byte(out), &set) != nil || !set.GetSlot().GetEgressPolicy().GetDenyAll() {
+		t.Errorf("slots egress --egress-deny-all as the tenant, on its own attachment: exit %d\n%s", code, out)
+	}
 }
 
 // plugin runs the CNI plugin, copied into the public directory, as user
@@ -173,11 +283,13 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 			t.Errorf("%s (as %s): %+v, want code %d naming %q", tc.what, tc.user, perr, tc.code, tc.want)
 		}
 	}
+	leaseIDsShownToWhoMayRelease(t, pub, root, sock, victimNet, vctr)
 	// The tenant's own network works, and its DEL and GC reach nothing of
 	// the victim's, whose container id it knows.
 	if perr := pub.plugin(t, "daemon", "nogroup", "ADD", tenantNet.conf, "CNI_CONTAINERID=mine", "CNI_IFNAME=eth0", "CNI_NETNS="+mine); perr != nil {
 		t.Fatalf("the tenant's ADD on its own network: %+v", perr)
 	}
+	tenantSetsItsOwnPolicy(t, pub, sock, tenantNet, mine)
 	if perr := pub.plugin(t, "daemon", "nogroup", "DEL", tenantNet.conf, victimKey...); perr != nil {
 		t.Errorf("the tenant's DEL of an unknown key of its network: %+v", perr)
 	}

@@ -159,7 +159,19 @@ type Slot struct {
 	// table the slot's root flushed, a missing guest NAT) and put back:
 	// "egress policy inside (missing)", "guest NAT", "tap filter". Empty
 	// when all was as written; set only by Get and SetEgressPolicy.
-	Repaired      []string `protobuf:"bytes,21,rep,name=repaired,proto3" json:"repaired,omitempty"`
+	Repaired []string `protobuf:"bytes,21,rep,name=repaired,proto3" json:"repaired,omitempty"`
+	// A CNI attachment's lease (owner "cni/<network>", request_id
+	// "<container id>/<ifname>"): the path of the runtime's namespace
+	// (CNI_NETNS) that holds the slot's inside end. Empty for any other
+	// lease.
+	AttachedNetnsPath string `protobuf:"bytes,22,opt,name=attached_netns_path,json=attachedNetnsPath,proto3" json:"attached_netns_path,omitempty"`
+	// A CNI attachment's lease id, shown only to a caller that may release
+	// the lease: its principal, or one granted attach for its network (for
+	// an attachment, leasing its owner is not enough). The runtime that
+	// attached it never sees the id; an operator needs it to change the
+	// attachment's egress policy with SetEgressPolicy. Empty for any other
+	// lease: only Acquire returns theirs.
+	LeaseId       string `protobuf:"bytes,23,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -341,6 +353,20 @@ func (x *Slot) GetRepaired() []string {
 	return nil
 }
 
+func (x *Slot) GetAttachedNetnsPath() string {
+	if x != nil {
+		return x.AttachedNetnsPath
+	}
+	return ""
+}
+
+func (x *Slot) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
 // EgressPolicy is what a leased slot may send out of its uplink, on top of
 // the daemon's always-allowed set (accepted first) and always-denied set
 // (private, link-local and the host's own addresses; dropped unless
@@ -502,7 +528,8 @@ func (x *AcquireRequest) GetEgressPolicy() *EgressPolicy {
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Slot  *Slot                  `protobuf:"bytes,1,opt,name=slot,proto3" json:"slot,omitempty"`
-	// The lease's id: Release and KeepAlive need it. Only Acquire returns it.
+	// The lease's id: Release and KeepAlive need it. Only Acquire returns it
+	// (but see Slot.lease_id for a CNI attachment).
 	LeaseId       string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1031,7 +1058,7 @@ var File_slots_proto protoreflect.FileDescriptor
 
 const file_slots_proto_rawDesc = "" +
 	"\n" +
-	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc4\x06\n" +
+	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\a\n" +
 	"\x04Slot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12-\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x17.phasegate.v1.SlotStateR\x05state\x12\x1d\n" +
@@ -1060,7 +1087,9 @@ const file_slots_proto_rawDesc = "" +
 	"\x0fguest_interface\x18\x12 \x01(\tR\x0eguestInterface\x12#\n" +
 	"\rguest_address\x18\x13 \x01(\tR\fguestAddress\x12#\n" +
 	"\rguest_gateway\x18\x14 \x01(\tR\fguestGateway\x12\x1a\n" +
-	"\brepaired\x18\x15 \x03(\tR\brepaired\"v\n" +
+	"\brepaired\x18\x15 \x03(\tR\brepaired\x12.\n" +
+	"\x13attached_netns_path\x18\x16 \x01(\tR\x11attachedNetnsPath\x12\x19\n" +
+	"\blease_id\x18\x17 \x01(\tR\aleaseId\"v\n" +
 	"\fEgressPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
 	"\x04deny\x18\x02 \x03(\tR\x04deny\x12\x19\n" +

@@ -70,7 +70,8 @@ type SlotsClient interface {
 	// FAILED_PRECONDITION: the slot is not leased (e.g. released twice).
 	// PERMISSION_DENIED: lease_id missing or not the slot's lease, or the
 	// caller is neither the lease's principal nor one the policy lets act for
-	// its owner. A refused Release changes nothing.
+	// its owner (for a CNI attachment: granted attach for its network). A
+	// refused Release changes nothing.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// KeepAlive renews a lease with a TTL for another TTL from now. A lease
 	// whose TTL runs out is ended and its slot reclaimed. After a restart of
@@ -206,7 +207,8 @@ type SlotsServer interface {
 	// FAILED_PRECONDITION: the slot is not leased (e.g. released twice).
 	// PERMISSION_DENIED: lease_id missing or not the slot's lease, or the
 	// caller is neither the lease's principal nor one the policy lets act for
-	// its owner. A refused Release changes nothing.
+	// its owner (for a CNI attachment: granted attach for its network). A
+	// refused Release changes nothing.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// KeepAlive renews a lease with a TTL for another TTL from now. A lease
 	// whose TTL runs out is ended and its slot reclaimed. After a restart of
