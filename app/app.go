@@ -215,6 +215,14 @@ func (a *App) Stop(ctx context.Context) error {
 	return err
 }
 
+// SkipDrainDelay makes the next [App.Stop] drain the port without the
+// drain delay: health still turns NOT_SERVING first, and in-flight calls
+// still end gracefully within Config.StopTimeout, but nothing waits for
+// checkers to notice. For a stop that knows no checker routes traffic
+// here: phasetest's Harness calls it in every test unless the test asks
+// for the delay (phasetest's Harness.KeepDrainDelay).
+func (a *App) SkipDrainDelay() { a.srv.SkipDrainDelay() }
+
 // Shutdown asks a running [App.Run] for an orderly stop, as a SIGTERM
 // would. It does not wait; calling it again does nothing.
 func (a *App) Shutdown() {

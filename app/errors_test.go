@@ -72,3 +72,26 @@ func TestTheAppsRoutesAreRefused(t *testing.T) {
 		t.Errorf("DeclareHTTP of a debug page of the service's own: %v", err)
 	}
 }
+
+// An exporter the environment asks for that the App was not given fails
+// New naming what an App user does: the package to link and the Config
+// field to give its Exporter in (not a Setup an App user never calls).
+func TestNewNamesTheExporterFieldToFill(t *testing.T) {
+	for _, tc := range []struct{ env, field, pkg string }{
+		{"OTEL_TRACES_EXPORTER", "app.Config.TraceExporters", "phasegate/tracing/otlp"},
+		{"OTEL_METRICS_EXPORTER", "app.Config.MetricExporters", "phasegate/metrics/otlp"},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			t.Setenv(tc.env, "otlp")
+			cfg := DefaultConfig("catalog", "127.0.0.1:0")
+			a, err := New(cfg, lifecycle.Phase{Name: "config", Run: func(context.Context, *lifecycle.Progress) error { return nil }})
+			if err == nil {
+				_ = a.Stop(context.Background())
+				t.Fatalf("New with %s=otlp and no exporter given: no error", tc.env)
+			}
+			if !strings.Contains(err.Error(), tc.field) || !strings.Contains(err.Error(), tc.pkg) {
+				t.Errorf("New with %s=otlp: %v; want it to name %s and %s", tc.env, err, tc.pkg, tc.field)
+			}
+		})
+	}
+}

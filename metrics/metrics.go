@@ -229,7 +229,7 @@ func chosen(given map[string]Exporter, names []string) ([]Exporter, error) {
 	for _, name := range names {
 		e, ok := given[name]
 		if !ok {
-			return nil, fmt.Errorf("metrics: %w", otelenv.NotLinked("OTEL_METRICS_EXPORTER", name, "metrics/"+name))
+			return nil, fmt.Errorf("metrics: %w", otelenv.NotLinked("OTEL_METRICS_EXPORTER", name, "metrics/"+name, "MetricExporters"))
 		}
 		if !seen[name] {
 			use, seen[name] = append(use, e), true

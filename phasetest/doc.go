@@ -8,13 +8,23 @@
 // (package eventstream). Every helper takes a testing.TB, so benchmarks can
 // use them too.
 //
-// In process, a phase-order assertion:
+// In process, a phase-order assertion on a service's *app.App (newApp
+// stands for the service's own constructor):
 //
 //	func TestStartupOrder(t *testing.T) {
-//		h := phasetest.New(t, app.Phases()).RequireStart()
-//		phasetest.AssertOrder(t, h.Events(0), "lock", "reclaim", "storage", "serve")
+//		a, err := newApp(app.DefaultConfig("runner", "127.0.0.1:0"))
+//		if err != nil {
+//			t.Fatal(err)
+//		}
+//		h := phasetest.Wrap(t, a).RequireStart()
+//		phasetest.AssertOrder(t, h.Events(0), "lock", "config", "serve")
 //		phasetest.AssertRespectsDependencies(t, h.Events(0))
 //	}
+//
+// or on bare phases, with [New] in place of app.New and Wrap. The
+// Harness stops what it runs when the test ends. A wrapped App is stopped
+// without its drain delay, which only gives checkers time to see the port
+// go NOT_SERVING; a test of that sets [Harness.KeepDrainDelay].
 //
 // and against a running process, black-box:
 //
@@ -49,5 +59,7 @@
 // phasetest/proc; examples/adopter in the repository is a whole service
 // tested that way.
 //
-// The file adopter_test.go in this package is a complete example to copy.
+// The package's examples (Recorder, AssertOverlap) are whole tests to copy;
+// examples/adopter in the repository is a whole service tested both in
+// process and black-box.
 package phasetest

@@ -28,6 +28,13 @@ type Harness struct {
 	// Timeout bounds RequireStart and RequireStop, and the drain at
 	// cleanup. New sets it to DefaultTimeout; zero means no bound.
 	Timeout time.Duration
+	// KeepDrainDelay stops a wrapped Runner that has a drain delay (an
+	// *app.App) with it. By default RequireStop, Drain and the cleanup
+	// skip it: in a test no checker routes traffic that the delay would
+	// let finish, and every test would wait it out (5 s with
+	// app.DefaultConfig). Set it in a test of what a checker sees while
+	// the port drains.
+	KeepDrainDelay bool
 
 	t       testing.TB
 	stopped bool
@@ -38,11 +45,18 @@ type Harness struct {
 
 // Runner is a program built on a lifecycle that starts and stops as a
 // whole, such as an *app.App: its Start runs the phases (and binds its
-// port), its Stop drains the port and then the lifecycle.
+// port), its Stop drains the port and then the lifecycle. A Runner that
+// also has a SkipDrainDelay method (an *app.App does) is stopped without
+// its drain delay unless [Harness.KeepDrainDelay] is set.
 type Runner interface {
 	Start(ctx context.Context) error
 	Stop(ctx context.Context) error
 	Lifecycle() *lifecycle.Lifecycle
+}
+
+// drainDelaySkipper is a Runner whose next stop can skip its drain delay.
+type drainDelaySkipper interface {
+	SkipDrainDelay()
 }
 
 // New makes a lifecycle of phases with opts, failing the test at once if
@@ -69,7 +83,13 @@ func New(t testing.TB, phases []lifecycle.Phase, opts ...lifecycle.Option) *Harn
 //	phasetest.AssertOrder(t, h.Events(0), "config", "migrate", "serve")
 func Wrap(t testing.TB, r Runner) *Harness {
 	t.Helper()
-	h := &Harness{Lifecycle: r.Lifecycle(), Timeout: DefaultTimeout, t: t, start: r.Start, stop: r.Stop}
+	h := &Harness{Lifecycle: r.Lifecycle(), Timeout: DefaultTimeout, t: t, start: r.Start}
+	h.stop = func(ctx context.Context) error {
+		if s, ok := r.(drainDelaySkipper); ok && !h.KeepDrainDelay {
+			s.SkipDrainDelay()
+		}
+		return r.Stop(ctx)
+	}
 	t.Cleanup(h.cleanup)
 	return h
 }
@@ -146,7 +166,8 @@ func (h *Harness) awaitStart() {
 
 // RequireStop drains the lifecycle and fails the test with t.Fatalf if the
 // drain returns an error (a stop function failed) or does not end within
-// the Timeout. The cleanup then has nothing left to do.
+// the Timeout. The cleanup then has nothing left to do. A wrapped App's
+// drain delay is skipped unless [Harness.KeepDrainDelay] is set.
 func (h *Harness) RequireStop() {
 	h.t.Helper()
 	h.stopped = true

@@ -145,7 +145,7 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 	}
 	for _, name := range names {
 		if _, ok := given[name]; !ok {
-			return nil, fmt.Errorf("tracing: %w", otelenv.NotLinked("OTEL_TRACES_EXPORTER", name, "tracing/"+name))
+			return nil, fmt.Errorf("tracing: %w", otelenv.NotLinked("OTEL_TRACES_EXPORTER", name, "tracing/"+name, "TraceExporters"))
 		}
 	}
 	if len(names) == 0 {

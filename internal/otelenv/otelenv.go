@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path"
 	"slices"
 	"strings"
 
@@ -105,8 +106,10 @@ func Resource(ctx context.Context, serviceName, version string) (*resource.Resou
 
 // NotLinked is the error for an exporter the variable key names, which the
 // specification knows, but which the binary was built without: pkg is the
-// package of this module that provides it.
-func NotLinked(key, name, pkg string) error {
-	return fmt.Errorf("%s=%q: exporter %q is not in this binary: build it with package %s (its Exporter, given to Setup)",
-		key, os.Getenv(key), name, "github.com/phasegate/phasegate/"+pkg)
+// package of this module that provides it, and field the app.Config field
+// an App is given it in ("TraceExporters"); a program on the packages
+// alone gives it to pkg's parent's Setup.
+func NotLinked(key, name, pkg, field string) error {
+	return fmt.Errorf("%s=%q: exporter %q is not in this binary: build it with package %s and give its Exporter in app.Config.%s (or, without an App, to %s.Setup)",
+		key, os.Getenv(key), name, "github.com/phasegate/phasegate/"+pkg, field, path.Dir(pkg))
 }
