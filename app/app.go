@@ -63,11 +63,12 @@ type App struct {
 	inherit  *inherited
 	stops    []func() // observers, stopped in reverse at close
 
-	addrCh     chan struct{} // closed once the port is bound
-	logged     chan struct{} // closed once the logger saw the final event
-	stopBudget time.Duration // see StopBudget
-	execPath   string        // the binary an upgrade executes
-	handedAddr net.Addr      // the address of a socket handed over, not bound by the App
+	addrCh      chan struct{} // closed once the port is bound
+	logged      chan struct{} // closed once the logger saw the final event
+	stopBudget  time.Duration // see StopBudget
+	startBudget time.Duration // see StartBudget
+	execPath    string        // the binary an upgrade executes
+	handedAddr  net.Addr      // the address of a socket handed over, not bound by the App
 
 	mu        sync.Mutex
 	addr      net.Addr
@@ -158,6 +159,17 @@ func newApp(cfg Config) (*App, error) {
 // terminationGracePeriodSeconds) must exceed it. Zero means unbounded
 // (Config.StopTimeout is zero).
 func (a *App) StopBudget() time.Duration { return a.stopBudget }
+
+// StartBudget is the longest a start can take before it fails: each
+// phase's worst case ([lifecycle.Phase.WorstCase]: every attempt timing
+// out, every backoff at its longest) summed along the slowest chain of
+// dependencies, since phases apart run in parallel, and never more than
+// Config.StartTimeout. Zero means unbounded: a phase without a Timeout
+// and no StartTimeout. A start that succeeds, or fails at once, takes
+// less; a supervisor's start timeout (systemd's TimeoutStartSec, a
+// Kubernetes startup probe's failureThreshold × periodSeconds) must
+// exceed it.
+func (a *App) StartBudget() time.Duration { return a.startBudget }
 
 // HandedAddr returns the address of the listening socket the App was
 // handed (Config.Listener, systemd socket activation, an upgrade's earlier

@@ -45,3 +45,60 @@ func checkPhases(phases []lifecycle.Phase) error {
 	}
 	return errors.Join(errs...)
 }
+
+// The exit codes of [App.Main] and [ExitCode]: a supervisor's contract.
+const (
+	// ExitOK: an orderly stop (a signal, [App.Shutdown], a drain during
+	// the start).
+	ExitOK = 0
+	// ExitFailure: a failure that a restart may cure (a dependency
+	// unreachable, a start that timed out, a failure after serving).
+	ExitFailure = 1
+	// ExitConfig: a configuration error, which no restart cures: an error
+	// of [New], or a phase's error marked with [BadConfig]. systemd stops
+	// restarting on it with RestartPreventExitStatus=2.
+	ExitConfig = 2
+)
+
+// BadConfig marks err as a configuration error: the phase that returns
+// it is not retried ([lifecycle.Permanent]), and [App.Main] exits
+// [ExitConfig] for it. err keeps its message and its chain; errors.Is
+// sees [ErrConfig] through it. BadConfig(nil) is nil.
+//
+//	n, err := strconv.Atoi(flags.entries)
+//	if err != nil {
+//		return app.BadConfig(fmt.Errorf("-cache-entries %q: %w", flags.entries, err))
+//	}
+func BadConfig(err error) error {
+	if err == nil {
+		return nil
+	}
+	return lifecycle.Permanent(&configError{err: err})
+}
+
+// configError is an error marked by BadConfig.
+type configError struct{ err error }
+
+func (e *configError) Error() string        { return e.err.Error() }
+func (e *configError) Unwrap() error        { return e.err }
+func (e *configError) Is(target error) bool { return target == ErrConfig }
+
+// ExitCode is the exit code for err, the error of [New] or of [App.Run]:
+// [ExitOK] for nil, [ExitConfig] for a configuration error (errors.Is
+// [ErrConfig]), [ExitFailure] for any other.
+//
+//	a, err := app.New(cfg, phases...)
+//	if err != nil {
+//		fmt.Fprintln(os.Stderr, err)
+//		os.Exit(app.ExitCode(err))
+//	}
+//	os.Exit(a.Main())
+func ExitCode(err error) int {
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, ErrConfig):
+		return ExitConfig
+	}
+	return ExitFailure
+}

@@ -95,3 +95,46 @@ func TestNewNamesTheExporterFieldToFill(t *testing.T) {
 		})
 	}
 }
+
+// The exit code is a supervisor's contract: a phase's configuration
+// error exits 2 and is not retried; any other failure exits 1; New's
+// errors are configuration errors.
+func TestExitCodeTellsConfigurationFromFailure(t *testing.T) {
+	errUnreachable := errors.New("registry unreachable")
+	for _, tc := range []struct {
+		name     string
+		err      error
+		code     int
+		attempts int
+	}{
+		{"configuration error", BadConfig(errors.New(`-cache-entries "x": want a positive number`)), ExitConfig, 1},
+		{"dependency unreachable", errUnreachable, ExitFailure, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			attempts := 0
+			cfg := DefaultConfig("runner", "127.0.0.1:0")
+			a, err := New(cfg, lifecycle.Phase{Name: "config", Retry: lifecycle.RetryPolicy{Attempts: 3},
+				Run: func(context.Context, *lifecycle.Progress) error { attempts++; return tc.err }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = a.Run(context.Background())
+			if got := ExitCode(err); got != tc.code || attempts != tc.attempts {
+				t.Errorf("Run: %v: exit code %d after %d attempts, want %d after %d", err, got, attempts, tc.code, tc.attempts)
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err.Error()) {
+				t.Errorf("Run's error %v does not say the phase's %v", err, tc.err)
+			}
+		})
+	}
+	_, err := New(DefaultConfig("runner", ""))
+	if got := ExitCode(err); got != ExitConfig {
+		t.Errorf("New without an address: %v, exit code %d, want %d", err, got, ExitConfig)
+	}
+	if got := ExitCode(nil); got != ExitOK {
+		t.Errorf("ExitCode(nil) = %d", got)
+	}
+	if BadConfig(nil) != nil {
+		t.Error("BadConfig(nil) is not nil")
+	}
+}

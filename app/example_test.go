@@ -114,6 +114,33 @@ func ExampleApp_StopBudget() {
 	// the whole stop: 1m15s
 }
 
+// A start fails at the latest when the slowest chain of phases has run
+// out every attempt: here config (2s), then the longer of registry (5
+// attempts of 300ms, 50ms apart doubling, 10% jitter: 2.325s) and
+// cache-dir (1 attempt of 1m, which wins). The graph of the CI runner of
+// docs/FRAMEWORK.md.
+func ExampleApp_StartBudget() {
+	nop := func(context.Context, *lifecycle.Progress) error { return nil }
+	phases := []lifecycle.Phase{
+		{Name: "config", Run: nop, Timeout: 2 * time.Second},
+		{Name: "registry", DependsOn: []string{"config"}, Run: nop, Timeout: 300 * time.Millisecond,
+			Retry: lifecycle.RetryPolicy{Attempts: 5, Backoff: 50 * time.Millisecond, Jitter: 0.1}},
+		{Name: "cache-dir", DependsOn: []string{"config"}, Run: nop, Timeout: time.Minute},
+	}
+	registry, _ := phases[1].WorstCase()
+	fmt.Println("registry alone:", registry)
+	a, err := app.New(app.DefaultConfig("runner", "127.0.0.1:0"), phases...)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer a.Stop(context.Background())
+	fmt.Println("the whole start:", a.StartBudget())
+	// Output:
+	// registry alone: 2.325s
+	// the whole start: 1m2s
+}
+
 // A service links only the exporters it gives: here the Prometheus
 // registry that /metrics serves, and spans to OTLP when
 // OTEL_TRACES_EXPORTER=otlp asks. Without MetricExporters the App serves

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -133,4 +134,66 @@ func stopBudget(graph []lifecycle.Phase, cfg Config) time.Duration {
 		total += d
 	}
 	return total
+}
+
+// startBudget is the longest the start of graph can take before it
+// fails: the phases' worst cases ([lifecycle.Phase.WorstCase]) summed
+// along the slowest chain of dependencies (phases apart run in parallel),
+// the App's own listen and serve counted as nothing, and never more than
+// Config.StartTimeout. Zero when unbounded: a phase on some chain has no
+// Timeout and there is no StartTimeout. graph must be valid (New checked
+// it has no cycle).
+func startBudget(graph []lifecycle.Phase, cfg Config) time.Duration {
+	byName := make(map[string]lifecycle.Phase, len(graph))
+	for _, p := range graph {
+		byName[p.Name] = p
+	}
+	const unbounded = time.Duration(-1)
+	done := map[string]time.Duration{} // the longest chain ending with the phase
+	var finish func(name string) time.Duration
+	finish = func(name string) time.Duration {
+		if d, ok := done[name]; ok {
+			return d
+		}
+		p := byName[name]
+		own, bounded := p.WorstCase()
+		if name == PhaseListen || name == PhaseServe {
+			own, bounded = 0, true
+		}
+		longest := time.Duration(0)
+		for _, dep := range p.DependsOn {
+			d := finish(dep)
+			if d == unbounded {
+				longest = unbounded
+				break
+			}
+			longest = max(longest, d)
+		}
+		d := unbounded
+		if bounded && longest != unbounded {
+			d = saturatedSum(longest, own)
+		}
+		done[name] = d
+		return d
+	}
+	total := time.Duration(0)
+	for _, p := range graph {
+		d := finish(p.Name)
+		if d == unbounded {
+			return cfg.StartTimeout
+		}
+		total = max(total, d)
+	}
+	if cfg.StartTimeout > 0 {
+		total = min(total, cfg.StartTimeout)
+	}
+	return total
+}
+
+// saturatedSum is a+b, or the longest Duration when that overflows.
+func saturatedSum(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }

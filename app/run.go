@@ -37,20 +37,22 @@ func (a *App) Run(ctx context.Context) error {
 	return a.run(ctx, sigs)
 }
 
-// Main runs the App on the process's signals and returns the exit code,
-// which is 0 or 1 and nothing else: 0 after an orderly stop (a signal,
-// [App.Shutdown], a drain during the start included), 1 after a failure
-// (a start that failed or timed out, a failure after serving, a drain that
-// failed or was cut short, an upgrade whose exec failed), logged as
-// "exiting after a failure". A successful upgrade does not return: the
-// process is the new image. An error from [New] happens before Main; its
-// exit code is the program's choice (the examples exit 2).
+// Main runs the App on the process's signals and returns the exit code
+// ([ExitCode]): 0 after an orderly stop (a signal, [App.Shutdown], a drain
+// during the start included); 2 when a phase failed with a configuration
+// error ([BadConfig]), which no restart cures; 1 after any other failure
+// (a start that failed or timed out, a failure after serving, a drain
+// that failed or was cut short, an upgrade whose exec failed). A failure
+// is logged as "exiting after a failure" with its exit code. A successful
+// upgrade does not return: the process is the new image. An error from
+// [New] happens before Main: exit with ExitCode(err), which is 2.
 func (a *App) Main() int {
-	if err := a.Run(context.Background()); err != nil {
-		a.log.Error("exiting after a failure", "error", err)
-		return 1
+	err := a.Run(context.Background())
+	code := ExitCode(err)
+	if err != nil {
+		a.log.Error("exiting after a failure", "error", err, "exit_code", code)
 	}
-	return 0
+	return code
 }
 
 func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {

@@ -67,6 +67,7 @@ func (a *App) setupLifecycle(phases []lifecycle.Phase) error {
 	if a.lc, err = lifecycle.New(graph, append(opts, cfg.LifecycleOptions...)...); err != nil {
 		return err
 	}
+	a.startBudget = startBudget(graph, cfg)
 	setLC(a.lc)
 	return nil
 }

@@ -56,18 +56,35 @@ func (e *PhaseError) Error() string {
 func (e *PhaseError) Unwrap() error { return e.Err }
 
 // AttemptTimeoutError is the error of an attempt that ran past its
-// Phase.Timeout. It wraps context.DeadlineExceeded.
+// Phase.Timeout. It wraps context.DeadlineExceeded and the error the
+// attempt itself returned, which usually names what it was waiting for
+// ("Get http://registry/v2/: context deadline exceeded").
 type AttemptTimeoutError struct {
 	Phase   string
 	Attempt int
 	Timeout time.Duration
+	// Err is what the attempt's Run returned when its deadline passed; nil
+	// when it returned the context's own error and nothing more.
+	Err error
 }
 
+// Error reads "attempt 5 timed out after 300ms: Get "http://…/v2/":
+// context deadline exceeded", the attempt's own error last.
 func (e *AttemptTimeoutError) Error() string {
-	return fmt.Sprintf("attempt %d timed out after %s", e.Attempt, e.Timeout)
+	if e.Err == nil {
+		return fmt.Sprintf("attempt %d timed out after %s", e.Attempt, e.Timeout)
+	}
+	return fmt.Sprintf("attempt %d timed out after %s: %v", e.Attempt, e.Timeout, e.Err)
 }
 
-func (e *AttemptTimeoutError) Unwrap() error { return context.DeadlineExceeded }
+// Unwrap returns context.DeadlineExceeded and the attempt's own error, so
+// that errors.Is and errors.As see both.
+func (e *AttemptTimeoutError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{context.DeadlineExceeded}
+	}
+	return []error{context.DeadlineExceeded, e.Err}
+}
 
 // PanicError is a panic recovered from a phase's Run or Stop or from a
 // background task. The lifecycle treats it as that function's error; Stack

@@ -75,6 +75,16 @@ func (r RetryPolicy) attempts() int {
 
 // delay returns the wait after the given failed attempt (1-based).
 func (r RetryPolicy) delay(attempt int) time.Duration {
+	d := r.backoff(attempt)
+	if j := r.Jitter; j > 0 {
+		d *= 1 + j*(2*rand.Float64()-1)
+	}
+	return saturated(d)
+}
+
+// backoff is the wait after the given failed attempt before jitter, in
+// nanoseconds.
+func (r RetryPolicy) backoff(attempt int) float64 {
 	d := float64(r.Backoff)
 	m := r.Multiplier
 	if m == 0 {
@@ -89,13 +99,37 @@ func (r RetryPolicy) delay(attempt int) time.Duration {
 	if r.MaxBackoff > 0 && d > float64(r.MaxBackoff) {
 		d = float64(r.MaxBackoff)
 	}
-	if j := r.Jitter; j > 0 {
-		d *= 1 + j*(2*rand.Float64()-1)
-	}
+	return d
+}
+
+// saturated is d nanoseconds as a Duration, the longest one when it does
+// not fit.
+func saturated(d float64) time.Duration {
 	if d >= math.MaxInt64 {
 		return math.MaxInt64
 	}
 	return time.Duration(d)
+}
+
+// WorstCase is the longest the phase can run before it fails for good:
+// every attempt running out its Timeout, and every wait between attempts
+// at its longest (the Backoff grown by the Multiplier, capped by
+// MaxBackoff, at the top of its Jitter). bounded is false when Timeout is
+// zero, since nothing then bounds an attempt. A phase that succeeds, or
+// fails with a [Permanent] error, ends sooner. A phase of 5 attempts of
+// 300ms each, 50ms apart doubling with 10% jitter, is bounded by 2.325s:
+//
+//	(5 × 300ms) + (50 + 100 + 200 + 400ms) × 1.1
+func (p Phase) WorstCase() (d time.Duration, bounded bool) {
+	if p.Timeout <= 0 {
+		return 0, false
+	}
+	n := p.Retry.attempts()
+	total := float64(n) * float64(p.Timeout)
+	for i := 1; i < n; i++ {
+		total += p.Retry.backoff(i) * (1 + p.Retry.Jitter)
+	}
+	return saturated(total), true
 }
 
 // permanentError marks an error that retrying cannot fix.

@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -43,6 +44,34 @@ func TestAttemptTimeout(t *testing.T) {
 	}
 	if s := lc.State(); s != lifecycle.StateFailed {
 		t.Fatalf("state = %s, want failed", s)
+	}
+}
+
+// An attempt that times out keeps the error its Run returned, which names
+// what it waited for: the message ends with it, and errors.Is sees both
+// the deadline and the phase's own sentinel.
+func TestAttemptTimeoutKeepsThePhasesError(t *testing.T) {
+	errRegistry := errors.New("registry 127.0.0.1:5000 unreachable")
+	lc, err := lifecycle.New([]lifecycle.Phase{{
+		Name:    "registry",
+		Timeout: 20 * time.Millisecond,
+		Run: func(ctx context.Context, _ *lifecycle.Progress) error {
+			<-ctx.Done()
+			return fmt.Errorf("%w: GET /v2/: %w", errRegistry, ctx.Err())
+		},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = lc.Start(context.Background())
+	var te *lifecycle.AttemptTimeoutError
+	switch {
+	case !errors.As(err, &te) || !errors.Is(te.Err, errRegistry):
+		t.Fatalf("err = %v, want an AttemptTimeoutError holding the phase's own error", err)
+	case !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errRegistry):
+		t.Fatalf("err = %v: want it to wrap both context.DeadlineExceeded and the phase's error", err)
+	case err.Error() != `phase "registry" failed after 1 attempt: attempt 1 timed out after 20ms: registry 127.0.0.1:5000 unreachable: GET /v2/: context deadline exceeded`:
+		t.Fatalf("message = %q", err)
 	}
 }
 
@@ -124,5 +153,30 @@ func collectPhaseStates(lc *lifecycle.Lifecycle, name string) (chan struct{}, fu
 		cancel()
 		<-done
 		return got
+	}
+}
+
+// A phase's worst case is every attempt timing out and every wait at the
+// top of its jitter; without a timeout nothing bounds it.
+func TestWorstCase(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		p       lifecycle.Phase
+		want    time.Duration
+		bounded bool
+	}{
+		{"no timeout", lifecycle.Phase{Retry: lifecycle.RetryPolicy{Attempts: 5}}, 0, false},
+		{"one attempt", lifecycle.Phase{Timeout: time.Second}, time.Second, true},
+		{"the adopter's registry", lifecycle.Phase{Timeout: 300 * time.Millisecond, Retry: lifecycle.RetryPolicy{
+			Attempts: 5, Backoff: 50 * time.Millisecond, Jitter: 0.1}}, 2325 * time.Millisecond, true},
+		{"capped", lifecycle.Phase{Timeout: time.Second, Retry: lifecycle.RetryPolicy{
+			Attempts: 4, Backoff: time.Second, MaxBackoff: 2 * time.Second, Multiplier: 3}}, 9 * time.Second, true},
+		{"saturates", lifecycle.Phase{Timeout: time.Hour, Retry: lifecycle.RetryPolicy{
+			Attempts: 100, Backoff: time.Hour, Multiplier: 10}}, time.Duration(1<<63 - 1), true},
+	} {
+		got, bounded := tc.p.WorstCase()
+		if bounded != tc.bounded || (got-tc.want).Abs() > time.Microsecond {
+			t.Errorf("%s: WorstCase %v %v, want %v %v", tc.name, got, bounded, tc.want, tc.bounded)
+		}
 	}
 }

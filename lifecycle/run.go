@@ -325,7 +325,11 @@ func (l *Lifecycle) attempt(ctx context.Context, r *phaseRun, n int) (err error)
 			err = recovered(v)
 		}
 		if err != nil && r.Timeout > 0 && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
-			err = &AttemptTimeoutError{Phase: r.Name, Attempt: n, Timeout: r.Timeout}
+			own := err
+			if own == context.DeadlineExceeded || own == context.Cause(actx) {
+				own = nil // the context's error alone: nothing of the phase's to keep
+			}
+			err = &AttemptTimeoutError{Phase: r.Name, Attempt: n, Timeout: r.Timeout, Err: own}
 		}
 	}()
 	return r.Run(actx, &r.progress)

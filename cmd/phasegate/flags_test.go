@@ -110,7 +110,8 @@ func TestVersionAndHelp(t *testing.T) {
 }
 
 // serve --check prints the configuration resolved from flags and
-// environment, with the worst-case stop time, and changes nothing.
+// environment, with the worst-case stop and start times, and changes
+// nothing.
 func TestServeCheckPrintsTheStopBudget(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
@@ -135,6 +136,11 @@ func TestServeCheckPrintsTheStopBudget(t *testing.T) {
 		}
 		if got.StopBudgetSeconds != tc.budget {
 			t.Errorf("%v %v: stop budget %vs, want %vs", args, tc.env, got.StopBudgetSeconds, tc.budget)
+		}
+		// reclaim has no timeout of its own (it lasts as long as there is
+		// to reclaim): the start's bound is --start-timeout's default.
+		if got.StartBudgetSeconds != 300 {
+			t.Errorf("%v %v: start budget %vs, want 300s", args, tc.env, got.StartBudgetSeconds)
 		}
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {

@@ -92,7 +92,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	guestFlags(fs, &cfg)
 	fs.Var(expectValue{&cfg.Expected}, "expect", "phase=duration,…: log a warning, with the progress, when a phase runs longer")
 	fs.BoolVar(&cfg.UpgradeOnHangup, "upgrade-on-hup", cfg.UpgradeOnHangup, "SIGHUP upgrades in place: check the binary at this path, drain keeping slots, port and lock, exec it (false: SIGHUP stops)")
-	fs.BoolVar(&opts.check, "check", false, "check the configuration, print it resolved with the worst-case stop time, and exit (0 valid, 2 not)")
+	fs.BoolVar(&opts.check, "check", false, "check the configuration, print it resolved with the worst-case start and stop times, and exit (0 valid, 2 not)")
 	lf.register(fs)
 	if err := parseFlags(fs, e.args, e.lookupEnv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -250,6 +250,11 @@ type resolvedConfig struct {
 	// kill timeout must exceed it.
 	StopBudget        string  `json:"stop_budget"`
 	StopBudgetSeconds float64 `json:"stop_budget_seconds"`
+	// StartBudget is the longest a start can take before it fails (the
+	// phases' timeouts and retries along the slowest chain, at most
+	// StartTimeout); a supervisor's start timeout must exceed it.
+	StartBudget        string  `json:"start_budget"`
+	StartBudgetSeconds float64 `json:"start_budget_seconds"`
 	// OpenFiles is the soft RLIMIT_NOFILE the daemon runs with, and the
 	// connections of the port and of the control socket what it leaves
 	// them (docs/SECURITY.md).
@@ -275,7 +280,7 @@ func checkConfig(ctx context.Context, e env, cfg phases.Config) int {
 		fmt.Fprintf(e.stderr, "phasegate serve: %v\n", err)
 		return exitUsage
 	}
-	budget := d.StopBudget()
+	budget, start := d.StopBudget(), d.App().StartBudget()
 	fds := d.Descriptors()
 	out, _ := json.MarshalIndent(resolvedConfig{
 		Listen: cfg.Listen, TLS: cfg.TLS != nil, ClientCerts: cfg.RequireClientCert,
@@ -287,6 +292,7 @@ func checkConfig(ctx context.Context, e env, cfg phases.Config) int {
 		StartTimeout: cfg.StartTimeout.String(), PopulateTimeout: cfg.PopulateTimeout.String(),
 		DrainDelay: cfg.DrainDelay.String(), StopTimeout: cfg.StopTimeout.String(),
 		StopBudget: budget.String(), StopBudgetSeconds: budget.Seconds(),
+		StartBudget: start.String(), StartBudgetSeconds: start.Seconds(),
 		OpenFiles: fds.Soft, FDReserve: fds.Reserve, PortConns: fds.Port.MaxConns,
 		PortConnsPerPeer: fds.Port.MaxConnsPerPeer, ControlConns: fds.Control.MaxConns,
 	}, "", "  ")

@@ -99,8 +99,9 @@ func TestProcess(t *testing.T) {
 	}
 }
 
-// A bad flag value fails config, and the process exits 1 well within the
-// default drain delay, which a port that never served does not spend.
+// A bad flag value fails config, and the process exits 2, a configuration
+// error, well within the default drain delay, which a port that never
+// served does not spend.
 func TestBadFlagFailsFast(t *testing.T) {
 	if d := app.DefaultConfig("", "").DrainDelay; d < 2*prompt {
 		t.Fatalf("the default drain delay %v is too short to show it is skipped", d)
@@ -108,14 +109,14 @@ func TestBadFlagFailsFast(t *testing.T) {
 	// The race detector sleeps a second at exit by default.
 	p := proc.Start(t, bins.Build(t, "."), proc.Env("GORACE=atexit_sleep_ms=0"),
 		proc.Args("-listen", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "adopter.db"), "-cache-entries", "lots"))
-	if code := p.Wait(wait); code != 1 {
-		t.Fatalf("exit code %d, want 1", code)
+	if code := p.Wait(wait); code != app.ExitConfig {
+		t.Fatalf("exit code %d, want %d (a configuration error)", code, app.ExitConfig)
 	}
 	took := p.Took()
 	if took >= prompt {
 		t.Errorf("the process exited %v after it started, want under %v (the drain delay is 5 s)", took, prompt)
 	}
-	t.Logf("exited 1 %v after exec", took)
+	t.Logf("exited 2 %v after exec", took)
 	if !strings.Contains(p.Output(), `-cache-entries \"lots\": want a positive number`) {
 		t.Errorf("the output does not name the bad flag")
 	}

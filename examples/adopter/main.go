@@ -56,7 +56,7 @@ func main() {
 	a, err := newService(cfg, f)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "adopter:", err)
-		os.Exit(2)
+		os.Exit(app.ExitCode(err))
 	}
 	os.Exit(a.Main())
 }

@@ -44,22 +44,24 @@ type service struct {
 }
 
 // config checks the flags' values. A bad value does not get better by
-// retrying: the error is permanent, and the process exits 1 at once.
+// retrying, nor by restarting: the error is a configuration error
+// (app.BadConfig), so the phase is not retried and the process exits 2 at
+// once, which tells a supervisor to stop restarting it.
 func (s *service) config(context.Context, *lifecycle.Progress) error {
 	n, err := strconv.Atoi(s.flags.entries)
 	if err != nil || n <= 0 {
-		return lifecycle.Permanent(fmt.Errorf("-cache-entries %q: want a positive number", s.flags.entries))
+		return app.BadConfig(fmt.Errorf("-cache-entries %q: want a positive number", s.flags.entries))
 	}
 	u, err := url.Parse(s.flags.upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return lifecycle.Permanent(fmt.Errorf("-upstream %q: want an http or https URL", s.flags.upstream))
+		return app.BadConfig(fmt.Errorf("-upstream %q: want an http or https URL", s.flags.upstream))
 	}
 	drain, err := time.ParseDuration(s.flags.drainDelay)
 	if err != nil || drain < 0 {
-		return lifecycle.Permanent(fmt.Errorf("-drain-delay %q: want a duration of 0s or more", s.flags.drainDelay))
+		return app.BadConfig(fmt.Errorf("-drain-delay %q: want a duration of 0s or more", s.flags.drainDelay))
 	}
 	if _, _, err := net.SplitHostPort(s.flags.listen); err != nil {
-		return lifecycle.Permanent(fmt.Errorf("-listen %q: want host:port: %w", s.flags.listen, err))
+		return app.BadConfig(fmt.Errorf("-listen %q: want host:port: %w", s.flags.listen, err))
 	}
 	s.cfg = config{port: app.Port{Listen: s.flags.listen, DrainDelay: drain}, db: s.flags.db, upstream: u, entries: n}
 	return nil
