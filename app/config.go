@@ -46,11 +46,10 @@ type Config struct {
 	// place of Listen and DrainDelay, so that a config phase is the one
 	// place that reads them: the listen phase calls it once the phases
 	// ListenAfter names have succeeded, and ListenAfter must name the one
-	// that fills what it returns. DrainDelay is then the most the delay
-	// may be: the stop budgets (of the phases, of [App.Run], told to
-	// systemd) are computed from it in New. An error, an empty address
-	// or a delay out of bounds fails the listen phase, and so the start,
-	// with an error that wraps [ErrConfig].
+	// that fills what it returns. MaxDrainDelay is the most the delay may
+	// be. An error, an empty address or a delay out of bounds fails the
+	// listen phase, and so the start, with an error that wraps
+	// [ErrConfig].
 	PortFrom func() (Port, error)
 	// ListenAfter names phases the port waits for. Binding early is the
 	// point, so usually none: a daemon that must hold a lock before it
@@ -77,7 +76,13 @@ type Config struct {
 	StartTimeout time.Duration
 	// DrainDelay is the time between health turning NOT_SERVING and the
 	// servers stopping: for checkers to notice and in-flight calls to end.
+	// With PortFrom, the Port's DrainDelay is the delay instead.
 	DrainDelay time.Duration
+	// MaxDrainDelay is the most PortFrom's drain delay may be: the stop
+	// budgets (of the phases, of [App.Run], told to systemd) are computed
+	// from it in New, before PortFrom is asked. Zero means DrainDelay. It
+	// needs PortFrom: without it, the delay is DrainDelay, known in New.
+	MaxDrainDelay time.Duration
 	// StopTimeout bounds the graceful stop of the servers after the delay,
 	// and each phase's Stop that sets no StopTimeout; zero means no bound.
 	StopTimeout time.Duration
@@ -128,7 +133,7 @@ type Port struct {
 	// is not used when the process was handed a listening socket.
 	Listen string
 	// DrainDelay is the drain delay, as Config.DrainDelay: from zero to
-	// Config.DrainDelay.
+	// Config.MaxDrainDelay.
 	DrainDelay time.Duration
 }
 
@@ -163,7 +168,10 @@ func (c Config) validate() error {
 	if c.PortFrom != nil && len(c.ListenAfter) == 0 {
 		bad("PortFrom needs ListenAfter to name the phase that fills it: the listen phase would call it before any phase ran")
 	}
-	for name, d := range map[string]time.Duration{"StartTimeout": c.StartTimeout, "DrainDelay": c.DrainDelay, "StopTimeout": c.StopTimeout} {
+	if c.MaxDrainDelay != 0 && c.PortFrom == nil {
+		bad("MaxDrainDelay bounds the drain delay PortFrom gives, and PortFrom is not set: the drain delay is DrainDelay")
+	}
+	for name, d := range map[string]time.Duration{"StartTimeout": c.StartTimeout, "DrainDelay": c.DrainDelay, "MaxDrainDelay": c.MaxDrainDelay, "StopTimeout": c.StopTimeout} {
 		if d < 0 {
 			bad("%s is %v, must not be negative", name, d)
 		}
@@ -172,12 +180,21 @@ func (c Config) validate() error {
 }
 
 // StopBudget is the longest an orderly stop of the port alone can take
-// with these settings: the drain delay, the graceful stop and, for handlers
-// that ignore their cancelled context, one more stop timeout. Zero means
-// unbounded (no StopTimeout). [App.StopBudget] adds the phases' stops.
+// with these settings: the drain delay (with PortFrom, the most it may
+// be), the graceful stop and, for handlers that ignore their cancelled
+// context, one more stop timeout. Zero means unbounded (no StopTimeout).
+// [App.StopBudget] adds the phases' stops.
 func (c Config) StopBudget() time.Duration {
 	if c.StopTimeout == 0 {
 		return 0
 	}
-	return c.DrainDelay + 2*c.StopTimeout
+	return c.drainCeiling() + 2*c.StopTimeout
+}
+
+// drainCeiling is the longest the drain delay can be.
+func (c Config) drainCeiling() time.Duration {
+	if c.MaxDrainDelay > 0 {
+		return c.MaxDrainDelay
+	}
+	return c.DrainDelay
 }

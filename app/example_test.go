@@ -190,11 +190,12 @@ func ExampleConfig_exporters() {
 
 // A config phase is the one place that reads configuration, the port's
 // included: PortFrom hands the listen phase what the config phase parsed,
-// once it ran (ListenAfter). Config.DrainDelay is the most the phase may
-// choose.
+// once it ran (ListenAfter). Config.MaxDrainDelay is the most the phase
+// may choose, and what the stop budgets count.
 func ExampleConfig_portFrom() {
 	var port app.Port // filled by the config phase
 	cfg := app.DefaultConfig("catalog", "")
+	cfg.MaxDrainDelay = 30 * time.Second
 	cfg.ListenAfter = []string{"config"}
 	cfg.PortFrom = func() (app.Port, error) { return port, nil }
 	a, err := app.New(cfg, lifecycle.Phase{Name: "config", Run: func(context.Context, *lifecycle.Progress) error {

@@ -76,9 +76,9 @@ func (a *App) resolvePort() (string, error) {
 	if p.Listen == "" && a.handedAddr == nil {
 		return "", fmt.Errorf("%w: PortFrom gave no address to listen on (did a phase of ListenAfter %q fill it?)", ErrConfig, a.cfg.ListenAfter)
 	}
-	if p.DrainDelay < 0 || p.DrainDelay > a.cfg.DrainDelay {
-		return "", fmt.Errorf("%w: PortFrom gave a drain delay of %v: want 0 to Config.DrainDelay, %v, from which the stop budgets were computed",
-			ErrConfig, p.DrainDelay, a.cfg.DrainDelay)
+	if ceiling := a.cfg.drainCeiling(); p.DrainDelay < 0 || p.DrainDelay > ceiling {
+		return "", fmt.Errorf("%w: PortFrom gave a drain delay of %v: want 0 to Config.MaxDrainDelay, %v, from which the stop budgets were computed",
+			ErrConfig, p.DrainDelay, ceiling)
 	}
 	if err := a.srv.SetPort(p.Listen, p.DrainDelay); err != nil {
 		return "", fmt.Errorf("PortFrom: %w", err)

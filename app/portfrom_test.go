@@ -114,3 +114,32 @@ func TestPortFromNeedsListenAfter(t *testing.T) {
 		t.Errorf("New: %v, want ErrConfig naming ListenAfter", err)
 	}
 }
+
+// The drain delay's ceiling is a field of its own: a config phase may
+// choose up to MaxDrainDelay, which the stop budget counts, while
+// DrainDelay stays the delay of a variant without PortFrom. MaxDrainDelay
+// without PortFrom is refused: it would bound nothing.
+func TestMaxDrainDelayIsTheCeiling(t *testing.T) {
+	cfg := testConfig()
+	cfg.Listen, cfg.DrainDelay, cfg.MaxDrainDelay, cfg.StopTimeout = "", 100*time.Millisecond, 30*time.Second, time.Second
+	cfg.ListenAfter = []string{"config"}
+	cfg.PortFrom = func() (Port, error) { return Port{Listen: "127.0.0.1:0", DrainDelay: 20 * time.Second}, nil }
+	if got, want := cfg.StopBudget(), 32*time.Second; got != want {
+		t.Errorf("StopBudget %v, want %v: the ceiling and two stop timeouts", got, want)
+	}
+	a, err := New(cfg, lifecycle.Phase{Name: "config", Run: nop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Errorf("Start with a drain delay of 20s under a MaxDrainDelay of 30s: %v", err)
+	}
+	a.SkipDrainDelay()
+	_ = a.Stop(context.Background())
+
+	plain := testConfig()
+	plain.MaxDrainDelay = 30 * time.Second
+	if _, err := New(plain, lifecycle.Phase{Name: "config", Run: nop}); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "MaxDrainDelay") {
+		t.Errorf("New with MaxDrainDelay and no PortFrom: %v, want ErrConfig naming MaxDrainDelay", err)
+	}
+}
