@@ -30,7 +30,11 @@ func Example() {
 		}},
 		{Name: "reclaim", DependsOn: []string{"lock"}, Run: noop},
 		{Name: "register", DependsOn: []string{"listen", "reclaim"}, Run: func(context.Context, *lifecycle.Progress) error {
-			return srv.Bind("grpc.testing.TestService", testpb.UnimplementedTestServiceServer{})
+			// The generated Register function binds the declared service:
+			// its name and its interface are checked by the compiler.
+			b := srv.Binder()
+			testpb.RegisterTestServiceServer(b, testpb.UnimplementedTestServiceServer{})
+			return b.Err()
 		}},
 		// Stop must outlast DrainDelay + StopTimeout.
 		{Name: "serve", DependsOn: []string{"register"}, Run: noop, Stop: drain, StopTimeout: time.Minute},

@@ -178,6 +178,24 @@ func TestDeclareAndBindErrors(t *testing.T) {
 	_ = bare.Drain(context.Background())
 }
 
+// The Binder binds through a service's generated Register function: the
+// service it names is bound, and an undeclared one is an error Err keeps,
+// not lost to a later success.
+func TestBinderBindsThroughTheGeneratedRegister(t *testing.T) {
+	st := newStack(t, server.Config{})
+	b := st.srv.Binder()
+	testpb.RegisterTestServiceServer(b, st.impl)
+	if err := b.Err(); err != nil {
+		t.Fatalf("binding the declared TestService: %v", err)
+	}
+	undeclared := st.srv.Binder()
+	testpb.RegisterReconnectServiceServer(undeclared, testpb.UnimplementedReconnectServiceServer{})
+	testpb.RegisterTestServiceServer(undeclared, st.impl)
+	if err := undeclared.Err(); err == nil || !strings.Contains(err.Error(), "grpc.testing.ReconnectService") {
+		t.Errorf("binding an undeclared service: %v, want an error naming it", err)
+	}
+}
+
 // A listener that fails while serving closes Done and reports why.
 func TestServeFailureIsReported(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

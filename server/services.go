@@ -178,3 +178,35 @@ func (s *Server) Bind(service string, impl any) error {
 	}
 	return nil
 }
+
+// Binder returns a [grpc.ServiceRegistrar] that binds declared services
+// instead of registering them: a service's generated Register function
+// then binds it with an implementation the compiler checks against the
+// service's interface, and a service named by its generated ServiceDesc,
+// never by a string that a typo breaks only at run time:
+//
+//	b := srv.Binder()
+//	catalogv1.RegisterCatalogServer(b, impl)
+//	if err := b.Err(); err != nil { … }
+//
+// A hand-written ServiceDesc binds the same way: b.RegisterService(&desc,
+// impl).
+func (s *Server) Binder() *Binder { return &Binder{s: s} }
+
+// Binder binds services through the [grpc.ServiceRegistrar] interface; see
+// [Server.Binder]. It is not safe for concurrent use.
+type Binder struct {
+	s   *Server
+	err error
+}
+
+// RegisterService binds impl as the implementation of the declared service
+// desc describes, as [Server.Bind] does; an error is kept for [Binder.Err],
+// since the interface returns none.
+func (b *Binder) RegisterService(desc *grpc.ServiceDesc, impl any) {
+	b.err = errors.Join(b.err, b.s.Bind(desc.ServiceName, impl))
+}
+
+// Err returns the errors of every RegisterService so far, joined; nil
+// when each bound its service.
+func (b *Binder) Err() error { return b.err }

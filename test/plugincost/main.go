@@ -1,12 +1,13 @@
 // Command plugincost measures what a CNI plugin's exec costs by what it
 // links: a runtime execs the plugin once per call, so the packages it
 // imports are paid at every ADD and DEL. It builds the variants under
-// variants/ (nothing; the CNI library's skel and types with net, which any
-// plugin needs; those and net/http; those and a grpc-go client) and execs
+// variants/ (nothing; the CNI library's types without its skel; skel and
+// types with net, which the plugin links; those and net/http; those and a
+// grpc-go client) and execs
 // each -n times, interleaved, from exec to exit, and prints p50 and p99 as
 // a Markdown table (docs/BENCHMARKS.md, "The CNI plugin's exec cost").
 //
-//	cd test && go run ./plugincost -n 300
+//	cd test && go run ./plugincost -n 400
 package main
 
 import (
@@ -21,7 +22,7 @@ import (
 )
 
 // variants are the packages under variants/, cheapest first.
-var variants = []string{"empty", "cni", "nethttp", "grpc"}
+var variants = []string{"empty", "noskel", "cni", "nethttp", "grpc"}
 
 func main() {
 	n := flag.Int("n", 300, "execs of each variant")
