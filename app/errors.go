@@ -55,8 +55,9 @@ const (
 	// unreachable, a start that timed out, a failure after serving).
 	ExitFailure = 1
 	// ExitConfig: a configuration error, which no restart cures: an error
-	// of [New], or a phase's error marked with [BadConfig]. systemd stops
-	// restarting on it with RestartPreventExitStatus=2.
+	// of [New], a phase's error marked with [BadConfig], or a phase policy
+	// its PolicyFrom could not give. systemd stops restarting on it with
+	// RestartPreventExitStatus=2.
 	ExitConfig = 2
 )
 
@@ -85,7 +86,8 @@ func (e *configError) Is(target error) bool { return target == ErrConfig }
 
 // ExitCode is the exit code for err, the error of [New] or of [App.Run]:
 // [ExitOK] for nil, [ExitConfig] for a configuration error (errors.Is
-// [ErrConfig]), [ExitFailure] for any other.
+// [ErrConfig], or a [*lifecycle.PolicyError]), [ExitFailure] for any
+// other.
 //
 //	a, err := app.New(cfg, phases...)
 //	if err != nil {
@@ -97,7 +99,7 @@ func ExitCode(err error) int {
 	switch {
 	case err == nil:
 		return ExitOK
-	case errors.Is(err, ErrConfig):
+	case errors.Is(err, ErrConfig), errors.As(err, new(*lifecycle.PolicyError)):
 		return ExitConfig
 	}
 	return ExitFailure

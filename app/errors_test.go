@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -130,6 +131,10 @@ func TestExitCodeTellsConfigurationFromFailure(t *testing.T) {
 	_, err := New(DefaultConfig("runner", ""))
 	if got := ExitCode(err); got != ExitConfig {
 		t.Errorf("New without an address: %v, exit code %d, want %d", err, got, ExitConfig)
+	}
+	policy := &lifecycle.PolicyError{Phase: "registry", Err: errors.New("negative Timeout")}
+	if got := ExitCode(fmt.Errorf("start: %w", policy)); got != ExitConfig {
+		t.Errorf("a phase's refused policy: exit code %d, want %d", got, ExitConfig)
 	}
 	if got := ExitCode(nil); got != ExitOK {
 		t.Errorf("ExitCode(nil) = %d", got)

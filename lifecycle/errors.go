@@ -55,6 +55,22 @@ func (e *PhaseError) Error() string {
 
 func (e *PhaseError) Unwrap() error { return e.Err }
 
+// PolicyError is the error of a phase whose [Phase.PolicyFrom] failed or
+// gave a policy New would refuse: a configuration error, which fails the
+// phase at once, not retried, before its Run is called.
+type PolicyError struct {
+	// Phase is the phase whose policy it was.
+	Phase string
+	// Err is PolicyFrom's error, or what is wrong with its policy.
+	Err error
+}
+
+func (e *PolicyError) Error() string {
+	return fmt.Sprintf("phase %q: its policy from PolicyFrom: %v", e.Phase, e.Err)
+}
+
+func (e *PolicyError) Unwrap() error { return e.Err }
+
 // AttemptTimeoutError is the error of an attempt that ran past its
 // Phase.Timeout. It wraps context.DeadlineExceeded and the error the
 // attempt itself returned, which usually names what it was waiting for

@@ -45,6 +45,47 @@ type Phase struct {
 	// Retry says whether and how a failed attempt is retried. The zero
 	// value runs the phase once.
 	Retry RetryPolicy
+	// PolicyFrom, when set, gives the phase's Timeout and Retry at run
+	// time, in place of those fields (which must then be zero): a
+	// service whose timeouts live in its configuration file reads them
+	// in a config phase and hands them over here, as app.Config.PortFrom
+	// hands over the port. It is called once, as the phase's first
+	// attempt begins, after every phase it depends on has succeeded, so
+	// what it returns may come from those phases and no other: the
+	// dependency graph says which phase may set which. The policy is
+	// checked as New checks the fields before Run is called; a policy New
+	// would refuse, or an error, fails the phase at once, not retried,
+	// with a [*PolicyError]. [Phase.WorstCase] cannot know it beforehand.
+	PolicyFrom func() (Policy, error)
+}
+
+// Policy is how a phase's attempts are bounded and retried, as
+// [Phase.PolicyFrom] gives it at run time.
+type Policy struct {
+	// Timeout and Retry mean what Phase's fields of those names mean.
+	Timeout time.Duration
+	Retry   RetryPolicy
+}
+
+// problems lists what is wrong with the policy, as New words it.
+func (p Policy) problems() []string {
+	var out []string
+	if p.Timeout < 0 {
+		out = append(out, "negative Timeout")
+	}
+	if p.Retry.Backoff < 0 || p.Retry.MaxBackoff < 0 {
+		out = append(out, "negative retry backoff")
+	}
+	if p.Retry.Attempts < 0 {
+		out = append(out, "negative retry attempts")
+	}
+	if m := p.Retry.Multiplier; m != 0 && !(m >= 1 && !math.IsInf(m, 1)) { // also NaN
+		out = append(out, "retry multiplier below 1 or not finite")
+	}
+	if j := p.Retry.Jitter; !(j >= 0 && j <= 1) {
+		out = append(out, "retry jitter outside [0, 1]")
+	}
+	return out
 }
 
 // RetryPolicy is a bounded exponential backoff with jitter. The zero value
@@ -115,13 +156,14 @@ func saturated(d float64) time.Duration {
 // every attempt running out its Timeout, and every wait between attempts
 // at its longest (the Backoff grown by the Multiplier, capped by
 // MaxBackoff, at the top of its Jitter). bounded is false when Timeout is
-// zero, since nothing then bounds an attempt. A phase that succeeds, or
+// zero, since nothing then bounds an attempt, and when PolicyFrom gives
+// the policy only at run time. A phase that succeeds, or
 // fails with a [Permanent] error, ends sooner. A phase of 5 attempts of
 // 300ms each, 50ms apart doubling with 10% jitter, is bounded by 2.325s:
 //
 //	(5 × 300ms) + (50 + 100 + 200 + 400ms) × 1.1
 func (p Phase) WorstCase() (d time.Duration, bounded bool) {
-	if p.Timeout <= 0 {
+	if p.Timeout <= 0 || p.PolicyFrom != nil {
 		return 0, false
 	}
 	n := p.Retry.attempts()

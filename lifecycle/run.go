@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/codes"
@@ -261,6 +262,9 @@ func (l *Lifecycle) beginAttemptLocked(r *phaseRun, n int) {
 // attempts or ctx ends; runPhase began the first attempt. It leaves the
 // phase running or retrying; the caller fires the final event.
 func (l *Lifecycle) attempts(ctx context.Context, r *phaseRun, span trace.Span) error {
+	if err := r.resolvePolicy(); err != nil {
+		return Permanent(err)
+	}
 	max := r.Retry.attempts()
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
@@ -333,4 +337,34 @@ func (l *Lifecycle) attempt(ctx context.Context, r *phaseRun, n int) (err error)
 		}
 	}()
 	return r.Run(actx, &r.progress)
+}
+
+// resolvePolicy sets r's Timeout and Retry from its PolicyFrom, if any,
+// checked as New checks the fields. Only r's own goroutine reads them, and
+// only after this.
+func (r *phaseRun) resolvePolicy() error {
+	if r.PolicyFrom == nil {
+		return nil
+	}
+	p, err := callPolicyFrom(r.PolicyFrom)
+	if err == nil {
+		if problems := p.problems(); len(problems) > 0 {
+			err = errors.New(strings.Join(problems, ", "))
+		}
+	}
+	if err != nil {
+		return &PolicyError{Phase: r.Name, Err: err}
+	}
+	r.Timeout, r.Retry = p.Timeout, p.Retry
+	return nil
+}
+
+// callPolicyFrom calls f, turning a panic into a *PanicError.
+func callPolicyFrom(f func() (Policy, error)) (p Policy, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = recovered(v)
+		}
+	}()
+	return f()
 }

@@ -1,7 +1,6 @@
 package lifecycle
 
 import (
-	"math"
 	"slices"
 	"strings"
 )
@@ -31,23 +30,14 @@ func validate(phases []Phase) []error {
 		if p.Run == nil {
 			errs = append(errs, invalidPhase(p.Name, "Run is nil"))
 		}
-		if p.Timeout < 0 {
-			errs = append(errs, invalidPhase(p.Name, "negative Timeout"))
+		for _, problem := range (Policy{Timeout: p.Timeout, Retry: p.Retry}).problems() {
+			errs = append(errs, invalidPhase(p.Name, problem))
+		}
+		if p.PolicyFrom != nil && (p.Timeout != 0 || p.Retry != RetryPolicy{}) {
+			errs = append(errs, invalidPhase(p.Name, "Timeout or Retry set beside PolicyFrom, which gives them"))
 		}
 		if p.StopTimeout < 0 {
 			errs = append(errs, invalidPhase(p.Name, "negative StopTimeout"))
-		}
-		if p.Retry.Backoff < 0 || p.Retry.MaxBackoff < 0 {
-			errs = append(errs, invalidPhase(p.Name, "negative retry backoff"))
-		}
-		if p.Retry.Attempts < 0 {
-			errs = append(errs, invalidPhase(p.Name, "negative retry attempts"))
-		}
-		if m := p.Retry.Multiplier; m != 0 && !(m >= 1 && !math.IsInf(m, 1)) { // also NaN
-			errs = append(errs, invalidPhase(p.Name, "retry multiplier below 1 or not finite"))
-		}
-		if j := p.Retry.Jitter; !(j >= 0 && j <= 1) {
-			errs = append(errs, invalidPhase(p.Name, "retry jitter outside [0, 1]"))
 		}
 		seen := make(map[string]bool, len(p.DependsOn))
 		for _, d := range p.DependsOn {
