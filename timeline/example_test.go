@@ -37,7 +37,7 @@ func ExampleRender() {
 	defer lc.Drain(context.Background())
 
 	var page bytes.Buffer
-	if err := timeline.Render(&page, lc.Snapshot(), time.Now(), timeline.Options{Title: "catalog"}); err != nil {
+	if err := timeline.Render(&page, lc.Snapshot(), lc.Events(0), time.Now(), timeline.Options{Title: "catalog"}); err != nil {
 		fmt.Println(err)
 		return
 	}

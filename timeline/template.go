@@ -22,7 +22,7 @@ svg text.bartext.inside { fill: #fff; }
 svg line.grid { stroke: #eceff1; }
 svg path.edge { fill: none; stroke: #546e7a; stroke-width: 1.2; opacity: 0.7; stroke-linejoin: round; }
 svg path.edge.task { stroke-dasharray: 4 3; }
-svg rect.bar { stroke: rgba(0,0,0,0.25); stroke-width: 1; }
+svg rect.bar, svg rect.try { stroke: rgba(0,0,0,0.25); stroke-width: 1; }
 svg rect.done { fill: rgba(0,0,0,0.22); }
 svg rect.pending { fill: none; stroke: #b0bec5; stroke-dasharray: 3 3; }
 table { border-collapse: collapse; margin-top: 18px; font-size: 13px; }
@@ -58,9 +58,13 @@ footer { margin-top: 14px; color: #90a4ae; font-size: 12px; }
 {{- end}}
 </g>
 {{- range .Bars}}
+{{- $bar := .}}
 <g class="bar {{.Kind}}" data-name="{{.Name}}" data-state="{{.State}}">
 <title>{{.Title}}</title>
 <text class="name" x="8" y="{{.BarY}}" dy="13">{{.Label}}</text>
+{{- range .Tries}}
+<rect class="try" x="{{printf "%.1f" .X}}" y="{{$bar.BarY}}" width="{{printf "%.1f" .W}}" height="18" rx="3" fill="{{$.TryColour}}"><title>{{.Title}}</title></rect>
+{{- end}}
 {{- if .W}}
 <rect class="bar" x="{{printf "%.1f" .X}}" y="{{.BarY}}" width="{{printf "%.1f" .W}}" height="18" rx="3" fill="{{.Colour}}"/>
 {{- if .Done}}
@@ -80,10 +84,10 @@ footer { margin-top: 14px; color: #90a4ae; font-size: 12px; }
 </g>
 </svg>
 <table id="phases">
-<thead><tr><th>phase / task</th><th>state</th><th>after</th><th>duration</th><th>progress</th><th>rate</th><th>left</th><th>error</th></tr></thead>
+<thead><tr><th>phase / task</th><th>state</th><th>after</th><th>duration</th><th>progress</th><th>rate</th><th>left</th><th>failed attempts</th><th>error</th></tr></thead>
 <tbody>
 {{- range .Bars}}
-<tr class="{{.Kind}}" data-name="{{.Name}}"><td>{{.Label}}</td><td class="state"><span style="background: {{.Colour}}"></span>{{.State}}</td><td>{{if .From}}{{.From}}{{else}}{{range $i, $d := .DependsOn}}{{if $i}}, {{end}}{{$d}}{{end}}{{end}}</td><td>{{.Duration}}</td><td>{{.Progress}}</td><td>{{.Rate}}</td><td>{{.ETA}}</td><td>{{.Error}}</td></tr>
+<tr class="{{.Kind}}" data-name="{{.Name}}"><td>{{.Label}}</td><td class="state"><span style="background: {{.Colour}}"></span>{{.State}}</td><td>{{if .From}}{{.From}}{{else}}{{range $i, $d := .DependsOn}}{{if $i}}, {{end}}{{$d}}{{end}}{{end}}</td><td>{{.Duration}}</td><td>{{.Progress}}</td><td>{{.Rate}}</td><td>{{.ETA}}</td><td>{{.Failed}}</td><td>{{.Error}}</td></tr>
 {{- end}}
 </tbody>
 </table>

@@ -50,7 +50,7 @@ func Handler(lc *lifecycle.Lifecycle, opts Options) http.Handler {
 		now := time.Now()
 		s := lc.Snapshot()
 		var buf bytes.Buffer
-		if err := Render(&buf, s, now, opts); err != nil {
+		if err := Render(&buf, s, lc.Events(0), now, opts); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -84,9 +84,13 @@ var colours = map[string]string{
 	string(lifecycle.PhaseFailed):    "#e53935",
 	string(lifecycle.PhaseCancelled): "#8d6e63",
 	string(lifecycle.PhaseSkipped):   "#b0bec5",
+	attemptFailed:                    "#ef9a9a",
 }
 
-var legendOrder = []string{"pending", "running", "retrying", "succeeded", "failed", "cancelled", "skipped"}
+var legendOrder = []string{"pending", "running", "retrying", "succeeded", "failed", "cancelled", "skipped", attemptFailed}
+
+// attemptFailed is the legend's name of a retried phase's failed attempt.
+const attemptFailed = "failed attempt"
 
 // bar is one row of the chart.
 type bar struct {
@@ -105,10 +109,84 @@ type bar struct {
 	Inside  bool // the text is drawn on the bar
 	Title   string
 
-	// For the table.
-	Duration, Progress, Rate, ETA, Error string
-	From                                 string // tasks: the phase that deferred it
-	DependsOn                            []string
+	// Tries are a retried phase's failed attempts, drawn before its
+	// bar, which then covers its last attempt alone.
+	Tries []try
+
+	// For the table. Failed sums up the Tries.
+	Duration, Progress, Rate, ETA, Error, Failed string
+	From                                         string // tasks: the phase that deferred it
+	DependsOn                                    []string
+}
+
+// try is one failed attempt of a phase, drawn in the colour of failed
+// attempts with its error in its title.
+type try struct {
+	X, W  float64
+	Title string
+}
+
+// attempts is what the event log says of one phase's attempts: when each
+// began, by number, and those that failed and were retried.
+type attempts struct {
+	began  map[int]time.Time
+	failed []failedAttempt
+}
+
+// failedAttempt is an attempt that failed and was retried.
+type failedAttempt struct {
+	n      int
+	ended  time.Time
+	errMsg string
+}
+
+// attemptsOf reads each phase's attempts from the event log.
+func attemptsOf(events []lifecycle.Event) map[string]attempts {
+	out := map[string]attempts{}
+	for _, e := range events {
+		if e.Kind != lifecycle.EventPhase || e.Attempt == 0 {
+			continue
+		}
+		a, ok := out[e.Name]
+		if !ok {
+			a.began = map[int]time.Time{}
+		}
+		switch lifecycle.PhaseState(e.To) {
+		case lifecycle.PhaseRunning:
+			a.began[e.Attempt] = e.Time
+		case lifecycle.PhaseRetrying:
+			a.failed = append(a.failed, failedAttempt{n: e.Attempt, ended: e.Time, errMsg: e.Err})
+		}
+		out[e.Name] = a
+	}
+	return out
+}
+
+// drawTries draws the failed attempts of a phase now at attempt last
+// before its bar, and narrows the bar to the last attempt. Without the
+// event log (att empty) the bar stays whole.
+func (b *bar) drawTries(att attempts, last int, ax axis) {
+	for _, f := range att.failed {
+		began, ok := att.began[f.n]
+		if !ok {
+			continue
+		}
+		x := ax.xOf(ax.clip(began))
+		b.Tries = append(b.Tries, try{
+			X: x, W: math.Max(2, ax.xOf(ax.clip(f.ended))-x),
+			Title: fmt.Sprintf("%s: attempt %d failed after %s: %s", b.Label, f.n, fmtDuration(f.ended.Sub(began)), f.errMsg),
+		})
+	}
+	if n := len(att.failed); n > 0 {
+		lastErr := att.failed[n-1].errMsg
+		b.Failed = fmt.Sprintf("%d failed, the last: %s", n, truncate(lastErr, 120))
+	}
+	if began, ok := att.began[last]; ok && b.W > 0 {
+		end := b.X + b.W
+		b.X = ax.xOf(ax.clip(began))
+		b.W = math.Max(3, end-b.X)
+		b.Done = math.Min(b.Done, b.W)
+	}
 }
 
 // edge is a dependency arrow from one bar's end to another's start.
@@ -150,13 +228,16 @@ type page struct {
 	TaskSepY   int
 	HasTasks   bool
 	Links      []Link
+	TryColour  string // of failed attempts
 }
 
 // Render writes the page for snapshot s as of now, with the rates and
-// times left s carries.
-func Render(w io.Writer, s lifecycle.Snapshot, now time.Time, opts Options) error {
+// times left s carries. events is the lifecycle's event log (its
+// Events(0)), from which each attempt of a retried phase is drawn; nil
+// draws each phase as one bar.
+func Render(w io.Writer, s lifecycle.Snapshot, events []lifecycle.Event, now time.Time, opts Options) error {
 	opts = opts.withDefaults()
-	p := build(s, now, opts)
+	p := build(s, attemptsOf(events), now, opts)
 	if err := pageTemplate.Execute(w, p); err != nil {
 		return fmt.Errorf("timeline: %w", err)
 	}
@@ -165,14 +246,14 @@ func Render(w io.Writer, s lifecycle.Snapshot, now time.Time, opts Options) erro
 
 // build lays out the page for s as of now: its heading, the time axis,
 // a row per phase and per task, the dependency arrows and the legend.
-func build(s lifecycle.Snapshot, now time.Time, opts Options) page {
+func build(s lifecycle.Snapshot, att map[string]attempts, now time.Time, opts Options) page {
 	p := newPage(s, now, opts)
 	ax := newAxis(s, now)
 	p.Ticks = ticks(ax.span, ax.left, ax.right)
 	if ax.running && ax.starting {
 		p.ShowNow, p.NowX = true, ax.right
 	}
-	y, index := p.addRows(s, now, ax)
+	y, index := p.addRows(s, att, now, ax)
 	p.addEdges(index)
 	p.addLegend(y)
 	return p
@@ -190,6 +271,7 @@ func newPage(s lifecycle.Snapshot, now time.Time, opts Options) page {
 		Generated:  now.UTC().Format(time.RFC3339),
 		Status:     health.DescribeWithETA(s),
 		Links:      opts.Links,
+		TryColour:  colours[attemptFailed],
 	}
 	switch s.State {
 	case lifecycle.StateCreated, lifecycle.StateStarting:
@@ -261,7 +343,7 @@ func (a axis) clip(t time.Time) time.Time {
 // addRows adds a bar per phase, then, below a gap, one per task. It
 // returns the y below the last row and each bar's place in p.Bars by kind
 // and name.
-func (p *page) addRows(s lifecycle.Snapshot, now time.Time, ax axis) (int, map[string]int) {
+func (p *page) addRows(s lifecycle.Snapshot, att map[string]attempts, now time.Time, ax axis) (int, map[string]int) {
 	y := axisHeight + 8
 	index := map[string]int{}
 	for _, ph := range s.Phases {
@@ -270,9 +352,17 @@ func (p *page) addRows(s lifecycle.Snapshot, now time.Time, ax axis) (int, map[s
 			Colour: colours[string(ph.State)], Y: y, BarY: y + (rowHeight-barHeight)/2,
 			DependsOn: ph.DependsOn,
 		}
-		fill(&b, ph.Started, ph.Ended, ph.Progress, ph.ETA, ph.Err, now, ax.clip, ax.xOf, ax.right)
+		// The phase's error is its outcome only when it did not
+		// succeed: a retried phase's failed attempts are its Tries.
+		var outcome error
+		switch ph.State {
+		case lifecycle.PhaseFailed, lifecycle.PhaseRetrying, lifecycle.PhaseCancelled:
+			outcome = ph.Err
+		}
+		fill(&b, ph.Started, ph.Ended, ph.Progress, ph.ETA, outcome, now, ax.clip, ax.xOf, ax.right)
 		if ph.Attempts > 1 {
 			b.Text += fmt.Sprintf(" · attempt %d", ph.Attempts)
+			b.drawTries(att[ph.Name], ph.Attempts, ax)
 		}
 		index["phase\x00"+ph.Name] = len(p.Bars)
 		p.Bars = append(p.Bars, b)

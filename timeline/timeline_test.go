@@ -82,7 +82,7 @@ type svgDoc struct {
 func render(t *testing.T, s lifecycle.Snapshot, now time.Time) (string, svgDoc) {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := timeline.Render(&buf, s, now, timeline.Options{Links: []timeline.Link{{Text: "/health", Href: "/health"}}}); err != nil {
+	if err := timeline.Render(&buf, s, nil, now, timeline.Options{Links: []timeline.Link{{Text: "/health", Href: "/health"}}}); err != nil {
 		t.Fatal(err)
 	}
 	page := buf.String()
@@ -224,5 +224,68 @@ func TestHandlerServesThePage(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") ||
 		resp.Header.Get("Cache-Control") != "no-store" {
 		t.Errorf("%d %v", resp.StatusCode, resp.Header)
+	}
+}
+
+// A phase that failed 3 attempts and then succeeded is drawn as 3 failed
+// attempts, each in the failed attempts' colour with its error, and a
+// green bar for the fourth; its table row keeps the errors to the failed
+// attempts' column and shows no error as the phase's outcome.
+func TestRenderDrawsEachAttempt(t *testing.T) {
+	var n int
+	lc, err := lifecycle.New([]lifecycle.Phase{{Name: "registry",
+		Retry: lifecycle.RetryPolicy{Attempts: 5, Backoff: 5 * time.Millisecond, Multiplier: 1},
+		Run: func(context.Context, *lifecycle.Progress) error {
+			if n++; n <= 3 {
+				time.Sleep(2 * time.Millisecond)
+				return errors.New("dial tcp 127.0.0.1:5000: connection refused")
+			}
+			return nil
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lc.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Drain(context.Background())
+	var buf bytes.Buffer
+	if err := timeline.Render(&buf, lc.Snapshot(), lc.Events(0), time.Now(), timeline.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	page := buf.String()
+	var doc svgDoc
+	start, end := strings.Index(page, "<svg"), strings.Index(page, "</svg>")
+	if err := xml.Unmarshal([]byte(page[start:end+len("</svg>")]), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var tries, barFill string
+	count := 0
+	for _, g := range doc.Groups {
+		if g.Name != "registry" {
+			continue
+		}
+		for _, r := range g.Rects {
+			switch r.Class {
+			case "try":
+				count++
+				tries = r.Fill
+			case "bar":
+				barFill = r.Fill
+			}
+		}
+	}
+	if count != 3 || tries != "#ef9a9a" || barFill != "#43a047" {
+		t.Errorf("registry drawn with %d failed attempts (fill %q) and a bar of %q, want 3 in #ef9a9a and a green bar", count, tries, barFill)
+	}
+	for _, needle := range []string{"registry: attempt 1 failed after", "attempt 3 failed after", "3 failed, the last: dial tcp 127.0.0.1:5000: connection refused"} {
+		if !strings.Contains(page, needle) {
+			t.Errorf("page lacks %q", needle)
+		}
+	}
+	row := page[strings.Index(page, `<tr class="phase" data-name="registry">`):]
+	row = row[:strings.Index(row, "</tr>")]
+	if !strings.HasSuffix(row, "<td></td>") {
+		t.Errorf("the succeeded phase's row shows an error as its outcome: %s", row)
 	}
 }
