@@ -65,6 +65,7 @@ type App struct {
 
 	addrCh      chan struct{} // closed once the port is bound
 	logged      chan struct{} // closed once the logger saw the final event
+	history     historyLog    // Config.History
 	stopBudget  time.Duration // see StopBudget
 	startBudget time.Duration // see StartBudget
 	execPath    string        // the binary an upgrade executes
@@ -112,6 +113,9 @@ func (a *App) build(phases []lifecycle.Phase) error {
 		return err
 	}
 	if err := a.setupLifecycle(phases); err != nil {
+		return err
+	}
+	if err := a.setupHistory(phases); err != nil {
 		return err
 	}
 	checks, err := a.setupObservers()

@@ -89,6 +89,21 @@ type Config struct {
 	// Expected maps a phase to the time after which, still running, it is
 	// logged as slow with its progress (and again each time that passes).
 	Expected map[string]time.Duration
+	// History, when set, is the file of the start history: each start's
+	// phases and background tasks (how long, attempts, progress totals,
+	// outcome) are kept there, the last HistorySize (20 when zero), and
+	// /health, the timeline and the log show each step beside what it
+	// usually takes, flagging one much slower than usual in the log and
+	// in the metric phasegate.start.slow_steps. A missing or damaged file
+	// starts a new history; it never stops a start. Empty: none kept.
+	History     string
+	HistorySize int
+	// HistoryAfter, when set, names the phase after which the history's
+	// file is read and written: a service whose History lives in a
+	// directory a phase makes and checks (the daemon's lock phase checks
+	// that only root controls its state directory) touches nothing there
+	// before that phase succeeded, nor at all when it failed.
+	HistoryAfter string
 
 	// Logger receives the App's logs: every transition, slow phases,
 	// signals. Nil discards them.

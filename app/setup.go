@@ -91,6 +91,13 @@ func (a *App) setupObservers() (*metrics.HealthChecks, error) {
 		return nil, err
 	}
 	a.stops = append(a.stops, stop, WarnSlowPhases(a.lc, a.log, cfg.Expected))
+	if a.history.path != "" {
+		slow, err := metrics.NewSlowSteps(a.metrics)
+		if err != nil {
+			return nil, err
+		}
+		a.stops = append(a.stops, recordStart(a.lc, &a.history, slow))
+	}
 
 	onHTTP := checks.HTTP
 	if f := cfg.OnHTTPCheck; f != nil {
@@ -98,7 +105,7 @@ func (a *App) setupObservers() (*metrics.HealthChecks, error) {
 	}
 	a.checker = health.New(a.lc, health.Options{
 		Version: cfg.Version, ServiceID: cfg.Name, Description: cfg.Description,
-		OnHTTPCheck: onHTTP,
+		OnHTTPCheck: onHTTP, Usual: a.history.usual(),
 	})
 	a.stops = append(a.stops, a.checker.Close)
 	return checks, nil
@@ -174,7 +181,7 @@ func (a *App) setupRoutes() error {
 		routes["GET "+PathMetrics] = h
 		links = append(links, timeline.Link{Text: PathMetrics, Href: PathMetrics})
 	}
-	routes["GET "+PathStartup] = timeline.Handler(a.lc, timeline.Options{Title: a.cfg.Name, Links: links})
+	routes["GET "+PathStartup] = timeline.Handler(a.lc, timeline.Options{Title: a.cfg.Name, Links: links, Usual: a.history.usual()})
 	for pattern, h := range routes {
 		if err := a.srv.Handle(pattern, h); err != nil {
 			return err

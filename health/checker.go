@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/lifecycle/history"
 )
 
 // PhaseServicePrefix starts the grpc.health.v1 service name of every phase:
@@ -36,6 +37,11 @@ type Options struct {
 	// PathStartupz) and the status code sent, for metrics. It must be
 	// quick and safe for concurrent use.
 	OnHTTPCheck func(path string, code int)
+	// Usual, when set, says what a phase (or, with task, a background
+	// task) usually takes, from the start history: /health shows it
+	// beside each step's duration, and flags a step much slower than
+	// usual.
+	Usual func(name string, task bool) (history.Usual, bool)
 }
 
 // Checker follows a lifecycle and keeps a grpc-go health server in step with

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -123,11 +124,16 @@ func New(cfg Config) (*Daemon, error) {
 			func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 				return d.tcpGuard.Intercept(ctx, req, info, h)
 			})),
-		OnHTTPCheck:      func(string, int) { d.waits.checked() },
-		StartTimeout:     cfg.StartTimeout,
-		DrainDelay:       cfg.DrainDelay,
-		StopTimeout:      cfg.StopTimeout,
-		Expected:         expected,
+		OnHTTPCheck:  func(string, int) { d.waits.checked() },
+		StartTimeout: cfg.StartTimeout,
+		DrainDelay:   cfg.DrainDelay,
+		StopTimeout:  cfg.StopTimeout,
+		Expected:     expected,
+		// The lock phase makes the state directory or checks that only
+		// root controls it: nothing of the history is read or written
+		// there before.
+		History:          filepath.Join(cfg.StateDir, HistoryFileName),
+		HistoryAfter:     PhaseLock,
 		Logger:           log,
 		TracerProvider:   cfg.TracerProvider,
 		TraceExporters:   TraceExporters(),

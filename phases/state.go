@@ -14,6 +14,11 @@ import (
 // state directory.
 const StateFileName = "slots.db"
 
+// HistoryFileName is the start history (package lifecycle/history), in
+// the state directory: the last starts' phases and tasks, which the views
+// compare this start with.
+const HistoryFileName = "starts.json"
+
 // StatePath is the state file of this configuration.
 func (c Config) StatePath() string { return filepath.Join(c.StateDir, StateFileName) }
 

@@ -28,6 +28,7 @@ svg rect.pending { fill: none; stroke: #b0bec5; stroke-dasharray: 3 3; }
 table { border-collapse: collapse; margin-top: 18px; font-size: 13px; }
 th, td { text-align: left; padding: 3px 14px 3px 0; border-bottom: 1px solid #eceff1; }
 td.state span { display: inline-block; width: 10px; height: 10px; margin-right: 6px; border-radius: 2px; }
+td.slow { color: #c62828; font-weight: bold; }
 footer { margin-top: 14px; color: #90a4ae; font-size: 12px; }
 </style>
 </head>
@@ -84,10 +85,10 @@ footer { margin-top: 14px; color: #90a4ae; font-size: 12px; }
 </g>
 </svg>
 <table id="phases">
-<thead><tr><th>phase / task</th><th>state</th><th>after</th><th>duration</th><th>progress</th><th>rate</th><th>left</th><th>failed attempts</th><th>error</th></tr></thead>
+<thead><tr><th>phase / task</th><th>state</th><th>after</th><th>duration</th><th>progress</th><th>rate</th><th>left</th><th>usually</th><th>failed attempts</th><th>error</th></tr></thead>
 <tbody>
 {{- range .Bars}}
-<tr class="{{.Kind}}" data-name="{{.Name}}"><td>{{.Label}}</td><td class="state"><span style="background: {{.Colour}}"></span>{{.State}}</td><td>{{if .From}}{{.From}}{{else}}{{range $i, $d := .DependsOn}}{{if $i}}, {{end}}{{$d}}{{end}}{{end}}</td><td>{{.Duration}}</td><td>{{.Progress}}</td><td>{{.Rate}}</td><td>{{.ETA}}</td><td>{{.Failed}}</td><td>{{.Error}}</td></tr>
+<tr class="{{.Kind}}" data-name="{{.Name}}"><td>{{.Label}}</td><td class="state"><span style="background: {{.Colour}}"></span>{{.State}}</td><td>{{if .From}}{{.From}}{{else}}{{range $i, $d := .DependsOn}}{{if $i}}, {{end}}{{$d}}{{end}}{{end}}</td><td>{{.Duration}}</td><td>{{.Progress}}</td><td>{{.Rate}}</td><td>{{.ETA}}</td><td{{if .Slow}} class="slow"{{end}}>{{.Usual}}{{if .Slow}} — slower than usual{{end}}</td><td>{{.Failed}}</td><td>{{.Error}}</td></tr>
 {{- end}}
 </tbody>
 </table>

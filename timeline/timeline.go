@@ -12,6 +12,7 @@ import (
 	"github.com/phasegate/phasegate/health"
 	"github.com/phasegate/phasegate/internal/eta"
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/lifecycle/history"
 )
 
 // Options adjust the page. The zero value is usable.
@@ -25,6 +26,10 @@ type Options struct {
 	// Links are listed at the bottom of the page, such as the daemon's
 	// other endpoints.
 	Links []Link
+	// Usual, when set, says what a phase (or, with task, a background
+	// task) usually takes, from the start history: each bar's text says
+	// it, and a step much slower than usual is marked so.
+	Usual func(name string, task bool) (history.Usual, bool)
 }
 
 // Link is a hyperlink in the page's footer.
@@ -113,10 +118,31 @@ type bar struct {
 	// bar, which then covers its last attempt alone.
 	Tries []try
 
-	// For the table. Failed sums up the Tries.
-	Duration, Progress, Rate, ETA, Error, Failed string
-	From                                         string // tasks: the phase that deferred it
-	DependsOn                                    []string
+	// For the table. Failed sums up the Tries; Usual is what the step
+	// usually takes, and Slow marks one much slower than that.
+	Duration, Progress, Rate, ETA, Error, Failed, Usual string
+	Slow                                                bool
+	From                                                string // tasks: the phase that deferred it
+	DependsOn                                           []string
+}
+
+// usual adds what the step usually takes to its text, title and table
+// row, marking it when it took much longer.
+func (b *bar) usual(of func(string, bool) (history.Usual, bool), name string, task bool, took time.Duration) {
+	if of == nil || b.W == 0 {
+		return
+	}
+	u, ok := of(name, task)
+	if !ok {
+		return
+	}
+	b.Usual = u.String()
+	b.Text += " · usually " + fmtDuration(u.Median)
+	if u.Slow(took) {
+		b.Slow = true
+		b.Text += " · slower than usual"
+	}
+	b.Title += " — " + b.Usual
 }
 
 // try is one failed attempt of a phase, drawn in the colour of failed
@@ -229,6 +255,8 @@ type page struct {
 	HasTasks   bool
 	Links      []Link
 	TryColour  string // of failed attempts
+
+	usual func(string, bool) (history.Usual, bool) // Options.Usual
 }
 
 // Render writes the page for snapshot s as of now, with the rates and
@@ -272,6 +300,7 @@ func newPage(s lifecycle.Snapshot, now time.Time, opts Options) page {
 		Status:     health.DescribeWithETA(s),
 		Links:      opts.Links,
 		TryColour:  colours[attemptFailed],
+		usual:      opts.Usual,
 	}
 	switch s.State {
 	case lifecycle.StateCreated, lifecycle.StateStarting:
@@ -364,6 +393,7 @@ func (p *page) addRows(s lifecycle.Snapshot, att map[string]attempts, now time.T
 			b.Text += fmt.Sprintf(" · attempt %d", ph.Attempts)
 			b.drawTries(att[ph.Name], ph.Attempts, ax)
 		}
+		b.usual(p.usual, ph.Name, false, ph.Duration())
 		index["phase\x00"+ph.Name] = len(p.Bars)
 		p.Bars = append(p.Bars, b)
 		y += rowHeight
@@ -379,6 +409,7 @@ func (p *page) addRows(s lifecycle.Snapshot, att map[string]attempts, now time.T
 			Colour: colours[string(t.State)], Y: y, BarY: y + (rowHeight-barHeight)/2,
 		}
 		fill(&b, t.Started, t.Ended, t.Progress, t.ETA, t.Err, now, ax.clip, ax.xOf, ax.right)
+		b.usual(p.usual, t.Name, true, t.Duration())
 		index["task\x00"+t.Name] = len(p.Bars)
 		p.Bars = append(p.Bars, b)
 		y += rowHeight

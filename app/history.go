@@ -1,0 +1,213 @@
+package app
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/lifecycle/history"
+	"github.com/phasegate/phasegate/metrics"
+)
+
+// historyLog is the App's start history: opened at New, or once the
+// phase Config.HistoryAfter names has succeeded; nil until then, and
+// without Config.History.
+type historyLog struct {
+	path, after string
+	size        int
+	log         *slog.Logger
+	l           atomic.Pointer[history.Log]
+}
+
+// setupHistory opens the start history Config.History names, unless
+// Config.HistoryAfter defers it to that phase's success. One that cannot
+// be read is started anew, with a warning: a history never stops a start.
+func (a *App) setupHistory(phases []lifecycle.Phase) error {
+	h := &a.history
+	h.path, h.after, h.size, h.log = a.cfg.History, a.cfg.HistoryAfter, a.cfg.HistorySize, a.log
+	if h.after != "" && !slices.ContainsFunc(phases, func(p lifecycle.Phase) bool { return p.Name == h.after }) {
+		return fmt.Errorf("HistoryAfter names %q, which is not a phase", h.after)
+	}
+	if h.path != "" && h.after == "" {
+		h.open()
+	}
+	return nil
+}
+
+// open reads the history's file.
+func (h *historyLog) open() *history.Log {
+	began := time.Now()
+	l, err := history.Open(h.path, h.size)
+	if err != nil {
+		h.log.Warn("start history", "error", err)
+	}
+	h.l.Store(l)
+	h.log.Debug("start history read", "path", h.path, "starts", len(l.Starts()), "took", time.Since(began).String())
+	return l
+}
+
+// usual is what the views ask of the history; nil without one.
+func (h *historyLog) usual() func(string, bool) (history.Usual, bool) {
+	if h.path == "" {
+		return nil
+	}
+	return func(name string, task bool) (history.Usual, bool) {
+		if l := h.l.Load(); l != nil {
+			return l.Usual(name, task)
+		}
+		return history.Usual{}, false
+	}
+}
+
+// recordStart follows lc's start and keeps it in h: once the start is
+// over (served, failed or drained), its phases, each compared with what it
+// usually takes, the slow ones logged and counted; then each background
+// task as it ends, the same way. The record is written when the start is
+// over, again as each task ends, and a last time at stop. The goroutine
+// it starts is stopped and waited for by the function it returns.
+func recordStart(lc *lifecycle.Lifecycle, h *historyLog, slow *metrics.SlowSteps) (stop func()) {
+	snaps, unsubscribe := lc.Subscribe()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	r := &recorder{h: h, slow: slow, judged: map[string]bool{}}
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case s := <-snaps:
+				if !r.follow(s) {
+					return
+				}
+			}
+		}
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+			unsubscribe()
+			r.final(lc.Snapshot())
+		})
+	}
+}
+
+// recorder is recordStart's state, owned by its goroutine until stop.
+type recorder struct {
+	h        *historyLog
+	slow     *metrics.SlowSteps
+	recorded bool            // the start is in the history
+	judged   map[string]bool // steps compared with their usual, by kind and name
+	warned   bool            // a write error was logged
+}
+
+// log is the history, opened once the phase HistoryAfter names has
+// succeeded in s; nil before, and for good when it did not.
+func (r *recorder) log(s lifecycle.Snapshot) *history.Log {
+	if l := r.h.l.Load(); l != nil {
+		return l
+	}
+	for _, p := range s.Phases {
+		if p.Name == r.h.after && p.State == lifecycle.PhaseSucceeded {
+			return r.h.open()
+		}
+	}
+	return nil
+}
+
+// follow takes the latest snapshot: it records the start once over and
+// each task as it ends. It returns false once there is nothing left to
+// follow.
+func (r *recorder) follow(s lifecycle.Snapshot) bool {
+	l := r.log(s)
+	if !startOver(s) {
+		return true
+	}
+	if l == nil {
+		return false // the phase the history waits for never succeeded
+	}
+	now := time.Now()
+	changed := !r.recorded
+	for _, p := range s.Phases {
+		if !p.Ended.IsZero() {
+			r.judge(l, p.Name, false, p.Ended.Sub(p.Started), p.Progress, &changed)
+		}
+	}
+	running := false
+	for _, t := range s.Tasks {
+		if t.Ended.IsZero() {
+			running = true
+			continue
+		}
+		r.judge(l, t.Name, true, t.Ended.Sub(t.Started), t.Progress, &changed)
+	}
+	if changed {
+		r.write(l, history.StartOf(s, now))
+	}
+	return running || s.State == lifecycle.StateStarting
+}
+
+// final writes the start as it stands at stop: tasks still running are
+// kept with how long they ran.
+func (r *recorder) final(s lifecycle.Snapshot) {
+	if l := r.h.l.Load(); l != nil && startOver(s) {
+		r.write(l, history.StartOf(s, time.Now()))
+	}
+}
+
+// judge compares a step that ended, once, with what it usually takes,
+// logging and counting it when much slower; changed is set when it was
+// not judged before.
+func (r *recorder) judge(l *history.Log, name string, task bool, took time.Duration, prog lifecycle.ProgressSnapshot, changed *bool) {
+	kind := "phase"
+	if task {
+		kind = "task"
+	}
+	key := kind + "\x00" + name
+	if r.judged[key] {
+		return
+	}
+	r.judged[key], *changed = true, true
+	u, ok := l.Usual(name, task)
+	if !ok || !u.Slow(took) {
+		return
+	}
+	attrs := []any{kind, name, "took", took.Round(time.Millisecond).String(), "usual", u.String()}
+	if p := prog.String(); p != "" {
+		attrs = append(attrs, "progress", p)
+	}
+	r.h.log.Warn(kind+" slower than usual", attrs...)
+	r.slow.Add(name, task)
+}
+
+// write keeps s in the history, replacing the record of the same start.
+func (r *recorder) write(l *history.Log, s history.Start) {
+	var err error
+	if r.recorded {
+		err = l.Replace(s)
+	} else {
+		err = l.Add(s)
+	}
+	r.recorded = true
+	if err != nil && !r.warned {
+		r.warned = true
+		r.h.log.Warn("start history not written", "error", err)
+	}
+}
+
+// startOver reports whether s's start is over: it served, failed, or was
+// drained.
+func startOver(s lifecycle.Snapshot) bool {
+	for _, t := range s.History {
+		switch t.State {
+		case lifecycle.StateServing, lifecycle.StateFailed, lifecycle.StateDraining:
+			return true
+		}
+	}
+	return false
+}

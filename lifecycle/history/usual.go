@@ -1,0 +1,96 @@
+package history
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// minStarts is how many earlier starts a step needs before Usual speaks
+// of it: one or two are an anecdote, not a habit.
+const minStarts = 3
+
+// Usual is what a step usually takes, over the starts kept in which it
+// succeeded.
+type Usual struct {
+	// Starts is how many starts the figures are from.
+	Starts int
+	// Median, Low and High are the median, least and most it took.
+	Median, Low, High time.Duration
+	// Total is the median of its progress totals, 0 when it reported
+	// none; Unit their unit.
+	Total int64
+	Unit  string
+}
+
+// Usual is what the step name (a task when task is set) usually takes, over
+// the starts Open read in which it succeeded: those before this process's
+// own, which it is compared with. ok is false when fewer than 3 starts
+// have it: there is no usual yet.
+func (l *Log) Usual(name string, task bool) (u Usual, ok bool) {
+	var took []time.Duration
+	var totals []int64
+	for _, s := range l.before {
+		for _, st := range s.Steps {
+			if st.Name != name || st.Task != task || st.Outcome != "succeeded" {
+				continue
+			}
+			took = append(took, st.Took)
+			totals = append(totals, st.Total)
+			if st.Unit != "" {
+				u.Unit = st.Unit
+			}
+		}
+	}
+	if len(took) < minStarts {
+		return Usual{}, false
+	}
+	slices.Sort(took)
+	slices.Sort(totals)
+	u.Starts = len(took)
+	u.Median, u.Low, u.High = took[len(took)/2], took[0], took[len(took)-1]
+	u.Total = totals[len(totals)/2]
+	return u, true
+}
+
+// slowFactor and slowMargin say what "much slower than usual" is: at least
+// three times the median and at least half a second more, so that a step
+// of milliseconds is not flagged for a few more.
+const (
+	slowFactor = 3
+	slowMargin = 500 * time.Millisecond
+)
+
+// Slow reports whether a step that took took is much slower than usual:
+// at least 3 times its median and at least 500ms more.
+func (u Usual) Slow(took time.Duration) bool {
+	return u.Starts > 0 && took >= slowFactor*u.Median && took-u.Median >= slowMargin
+}
+
+// String reads "usually 310ms (280ms–350ms) over the last 20 starts, ~10
+// namespaces".
+func (u Usual) String() string {
+	s := fmt.Sprintf("usually %s (%s–%s) over the last %d starts", round(u.Median), round(u.Low), round(u.High), u.Starts)
+	if u.Total > 0 {
+		s += ", ~" + strconv.FormatInt(u.Total, 10)
+		if u.Unit != "" {
+			s += " " + u.Unit
+		}
+	}
+	return s
+}
+
+// round rounds d for a reader: to the millisecond under a second, to the
+// 10ms under a minute, to the second beyond.
+func round(d time.Duration) time.Duration {
+	switch {
+	case d < time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	case d < time.Second:
+		return d.Round(time.Millisecond)
+	case d < time.Minute:
+		return d.Round(10 * time.Millisecond)
+	}
+	return d.Round(time.Second)
+}

@@ -1,0 +1,92 @@
+package test
+
+import (
+	"encoding/json"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The start history end to end, as an operator meets it: the daemon is
+// started five times with ~10 dead slots to reclaim and a sixth time with
+// 2,000. The sixth start's reclaim of the dead is flagged: in the log
+// ("task slower than usual", naming the task, its figure and the usual),
+// in /health beside its duration, on the timeline, and in the metric. The
+// five usual starts flag nothing, and every start is kept in the state
+// directory's history.
+func TestStartHistoryFlagsTheSlowStart(t *testing.T) {
+	h := newHost(t)
+	addr := freePort(t)
+	for i := range 6 {
+		dead := 10
+		if i == 5 {
+			dead = 2000
+		}
+		if n := h.leak(h.prefix, 100, dead); n != dead {
+			t.Fatalf("start %d: leaked %d dead slots, want %d", i+1, n, dead)
+		}
+		d := start(t, nil, h.args(addr)...)
+		d.waitReclaimed(3 * time.Minute)
+		if i < 5 {
+			if strings.Contains(d.Output(), "slower than usual") {
+				t.Fatalf("start %d of the usual 10 dead slots flagged slow:\n%s", i+1, d.Output())
+			}
+		} else {
+			checkFlaggedSlow(t, d)
+		}
+		d.signal(syscall.SIGTERM)
+		if code := d.wait(time.Minute); code != 0 {
+			t.Fatalf("start %d: exit %d", i+1, code)
+		}
+	}
+	var kept struct {
+		Starts []struct {
+			Outcome string `json:"outcome"`
+		} `json:"starts"`
+	}
+	b := run(t, "cat", h.stateDir+"/starts.json")
+	if err := json.Unmarshal([]byte(b), &kept); err != nil || len(kept.Starts) != 6 {
+		t.Errorf("the state directory's history: %v, %d starts, want 6", err, len(kept.Starts))
+	}
+	h.decommission(h.prefix)
+}
+
+// checkFlaggedSlow checks every view of d flags its reclaim of the dead as
+// slower than usual.
+func checkFlaggedSlow(t *testing.T, d *daemon) {
+	t.Helper()
+	// Logged as the task ends, a moment after the lifecycle says so.
+	waitFor(t, 30*time.Second, "the slow reclaim logged", func() bool {
+		return strings.Contains(d.Output(), `msg="task slower than usual" task=reclaim-dead`)
+	})
+	out := d.Output()
+	if !strings.Contains(out, "over the last 5 starts, ~10 namespaces") || !strings.Contains(out, `progress="2000/2000 namespaces`) {
+		t.Errorf("the log does not flag the reclaim of 2,000 dead slots, with its figures, against the last 5 starts:\n%s", out)
+	}
+	_, body, err := d.get("/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var health struct {
+		Checks map[string][]struct {
+			Duration string `json:"duration"`
+			Usual    string `json:"usual"`
+			Slow     bool   `json:"slow"`
+		} `json:"checks"`
+	}
+	if err := json.Unmarshal([]byte(body), &health); err != nil {
+		t.Fatal(err)
+	}
+	if c := health.Checks["task:reclaim-dead"]; len(c) != 1 || !c[0].Slow || !strings.HasPrefix(c[0].Usual, "usually ") {
+		t.Errorf("/health's check of the reclaim: %+v, want it slow, beside its usual\n%s", c, body)
+	} else {
+		t.Logf("/health: reclaim-dead %s, %s", c[0].Duration, c[0].Usual)
+	}
+	if _, page, err := d.get("/debug/startup"); err != nil || !strings.Contains(page, "slower than usual") {
+		t.Errorf("the timeline does not mark the reclaim slower than usual (%v)", err)
+	}
+	if _, m, err := d.get("/metrics"); err != nil || !strings.Contains(m, `phasegate_start_slow_steps_total{kind="task"`) || !strings.Contains(m, `step="reclaim-dead"`) {
+		t.Errorf("the metric does not count the slow reclaim (%v)", err)
+	}
+}
