@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/phasegate/phasegate/app/status"
 	"github.com/phasegate/phasegate/eventstream"
 	"github.com/phasegate/phasegate/health"
 	"github.com/phasegate/phasegate/health/sdnotify"
@@ -174,7 +175,7 @@ func (a *App) setupRoutes() error {
 		{Text: PathLifecycle, Href: PathLifecycle},
 	}
 	routes := map[string]http.Handler{
-		"GET " + PathLifecycle: viewHandler(a.lc),
+		"GET " + PathLifecycle: status.Handler(a.lc),
 		"GET " + PathEvents:    events,
 	}
 	if h := a.metrics.Handler(); h != nil {

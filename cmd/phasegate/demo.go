@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/app/status"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/phases"
@@ -160,7 +161,8 @@ func (d *demo) run(ctx context.Context, leaked int, listen string, hold bool) in
 	d.say("")
 	d.e.args = nil
 	client := &http.Client{Timeout: 2 * time.Second}
-	code := watchStatus(ctx, d.e, client, "http://"+addr+"/debug/lifecycle", 150*time.Millisecond)
+	code := status.Follow(ctx, client, "http://"+addr+"/debug/lifecycle",
+		status.Watch{Out: d.e.stdout, Err: d.e.stderr, Name: "phasegate status", Terminal: d.e.isTTY, Every: 150 * time.Millisecond})
 	if interrupted.Load() {
 		return exitOK
 	}

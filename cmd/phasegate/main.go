@@ -63,6 +63,7 @@ const usageText = `usage: phasegate <command> [flags]
 commands:
   serve     run the daemon (binds its port at once, reclaims leaked slots, serves)
   status    show a daemon's phases: state, duration, progress (--watch to follow)
+  events    a daemon's lifecycle events, one a line (--until-over to stop once the start is over)
   probe     exit 0 when a daemon serves, 1 when not, 2 when it cannot ask
   slots     lease, release, renew and list slots on a daemon (acquire, release, keepalive, get, list)
   reclaim   one-shot reclaim of leaked slots (leased ones are kept); refuses while a daemon runs
@@ -89,6 +90,8 @@ func run(ctx context.Context, e env) int {
 		return serveCmd(ctx, e)
 	case "status":
 		return statusCmd(ctx, e)
+	case "events":
+		return eventsCmd(ctx, e)
 	case "probe":
 		return probeCmd(ctx, e)
 	case "reclaim":

@@ -5,14 +5,14 @@ import (
 	"crypto/tls"
 	"flag"
 	"fmt"
-	"io"
-	"net/http"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/phasegate/phasegate/app/status"
 )
 
 func probeCmd(ctx context.Context, e env) int {
@@ -36,7 +36,7 @@ func probeCmd(ctx context.Context, e env) int {
 	var serving bool
 	var detail string
 	if *useHTTP {
-		serving, detail, err = probeHTTP(ctx, *addr, tc)
+		serving, detail, err = status.ProbeHTTP(ctx, *addr, tc)
 	} else {
 		serving, detail, err = probeGRPC(ctx, *addr, *service, tc)
 	}
@@ -66,34 +66,4 @@ func probeGRPC(ctx context.Context, addr, service string, tc *tls.Config) (bool,
 		return false, "", err
 	}
 	return resp.GetStatus() == healthpb.HealthCheckResponse_SERVING, resp.GetStatus().String(), nil
-}
-
-func probeHTTP(ctx context.Context, addr string, tc *tls.Config) (bool, string, error) {
-	scheme, client := "http", http.DefaultClient
-	if tc != nil {
-		tr := &http.Transport{TLSClientConfig: tc}
-		defer tr.CloseIdleConnections()
-		scheme, client = "https", &http.Client{Transport: tr}
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+"/readyz?verbose", nil)
-	if err != nil {
-		return false, "", err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return false, "", err
-	}
-	defer resp.Body.Close()
-	// One Read may return part of the body; the verbose check list is small.
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if err != nil {
-		return false, "", err
-	}
-	switch resp.StatusCode {
-	case http.StatusOK:
-		return true, string(body), nil
-	case http.StatusServiceUnavailable:
-		return false, string(body), nil
-	}
-	return false, "", fmt.Errorf("unexpected HTTP status %s", resp.Status)
 }

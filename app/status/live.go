@@ -1,4 +1,4 @@
-package main
+package status
 
 import (
 	"fmt"
@@ -10,7 +10,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/internal/eta"
 	"github.com/phasegate/phasegate/lifecycle"
 )
@@ -62,7 +61,7 @@ var stateColours = map[string]string{
 	string(lifecycle.PhaseFailed):    "\x1b[31m",
 }
 
-func (l *liveView) draw(v app.View) {
+func (l *liveView) draw(v View) {
 	frame := renderFrame(v, l.width, time.Now())
 	var b strings.Builder
 	if !l.hidden {
@@ -91,10 +90,10 @@ func (l *liveView) close() {
 }
 
 // renderFrame is the live view of v, each line at most width columns.
-func renderFrame(v app.View, width int, now time.Time) []string {
+func renderFrame(v View, width int, now time.Time) []string {
 	out := []string{"\x1b[1m" + clip(frameHead(v, now), width) + "\x1b[0m"}
 	nameW := 8
-	for _, p := range append(append([]app.PhaseView{}, v.Phases...), v.Tasks...) {
+	for _, p := range append(append([]PhaseView{}, v.Phases...), v.Tasks...) {
 		nameW = max(nameW, utf8.RuneCountInString(p.Name)+5)
 	}
 	for _, p := range v.Phases {
@@ -108,7 +107,7 @@ func renderFrame(v app.View, width int, now time.Time) []string {
 
 // frameHead is the frame's first line: the state, how long the start took
 // or has taken so far, and what is wrong.
-func frameHead(v app.View, now time.Time) string {
+func frameHead(v View, now time.Time) string {
 	head := "phasegate " + string(v.State)
 	if !v.Started.IsZero() {
 		end := now
@@ -132,7 +131,7 @@ func frameHead(v app.View, now time.Time) string {
 
 // frameRow is the line of a phase, or of a background task, with its name
 // in a column nameW wide, at most width columns and coloured by its state.
-func frameRow(p app.PhaseView, task bool, nameW, width int) string {
+func frameRow(p PhaseView, task bool, nameW, width int) string {
 	name := p.Name
 	if task {
 		name = "task " + p.Name
@@ -152,7 +151,7 @@ func frameRow(p app.PhaseView, task bool, nameW, width int) string {
 // rowDetail is what a row says of p after its name: a progress bar while it
 // runs with a known total, otherwise how long it took and how far it got.
 // room is the width left after the name; the bar takes part of it.
-func rowDetail(p app.PhaseView, room int) string {
+func rowDetail(p PhaseView, room int) string {
 	switch {
 	case p.State == string(lifecycle.PhaseRunning) && p.Progress.Total > 0:
 		barW := min(30, max(10, room-50))
@@ -178,7 +177,7 @@ func rowDetail(p app.PhaseView, room int) string {
 // finishedDetail is the detail of a phase or task that ended: how long it
 // took, its state unless it succeeded, how far it got, its rate and its
 // error.
-func finishedDetail(p app.PhaseView) string {
+func finishedDetail(p PhaseView) string {
 	detail := fmtDuration(p)
 	if p.State != string(lifecycle.PhaseSucceeded) {
 		detail = p.State + " after " + detail
