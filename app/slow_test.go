@@ -82,4 +82,3 @@ func TestWarnSlowPhases(t *testing.T) {
 	}
 	_ = lc.Drain(context.Background())
 }
-
