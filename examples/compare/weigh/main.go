@@ -1,11 +1,12 @@
 // Command weigh measures the minimal service of package compare/minimal
 // on each wiring, in one run, and prints the table of docs/FRAMEWORK.md:
-// the binary's size, the modules linked into it (go version -m), the
-// modules of its module graph (go list -m all in a module of its own that
-// requires only what the service imports, as an adopter's would) and the
-// time from exec to exit 1 when the config step fails (the median of
-// -runs, with each wiring's default drain delay). Run it from the examples
-// module:
+// its lines of wiring, the binary's size (plain and stripped), the modules
+// linked into it (go version -m), the modules of its module graph (go list
+// -m all in a module of its own that requires only what the service
+// imports, as an adopter's would), the time from exec to the first 200 of
+// its /health, and from exec to exit when the config step fails (medians
+// of -runs, with each wiring's default drain delay). Run it from the
+// examples module:
 //
 //	go run ./compare/weigh
 //	go run ./compare/weigh -before /tmp/before # also phasegate at an older tree
@@ -23,11 +24,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -41,9 +45,12 @@ type wiring struct {
 
 // weight is what the table reports for one wiring.
 type weight struct {
+	lines      int // of wiring in main.go
 	size       int64
+	stripped   int64 // built with -ldflags=-s -w
 	linked     int
 	graph      int
+	serving    time.Duration // exec → the first 200 from GET /health
 	failFast   time.Duration
 	failedWith int // the exit code of the failing runs
 }
@@ -76,15 +83,15 @@ func weighAll(ctx context.Context, before string, runs int) error {
 		}
 		wirings = slices.Insert(wirings, 0, wiring{"phasegate (" + filepath.Base(abs) + ")", min + "pgmin", abs})
 	}
-	fmt.Println("| minimal service | binary | linked modules | module graph | exec → exit 1, config failing |")
-	fmt.Println("|---|---|---|---|---|")
+	fmt.Println("| minimal service | lines of wiring | binary | stripped | linked modules | module graph | exec → serving (`/health` 200) | exec → exit, config failing |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, w := range wirings {
 		m, err := weighOne(ctx, w, runs)
 		if err != nil {
 			return fmt.Errorf("%s: %w", w.name, err)
 		}
-		fmt.Printf("| %s | %.1f MB | %d | %d | %s (exit %d) |\n", w.name, float64(m.size)/1e6, m.linked, m.graph,
-			m.failFast.Round(100*time.Microsecond), m.failedWith)
+		fmt.Printf("| %s | %d | %.1f MB | %.1f MB | %d | %d | %s | %s (exit %d) |\n", w.name, m.lines, float64(m.size)/1e6, float64(m.stripped)/1e6,
+			m.linked, m.graph, m.serving.Round(100*time.Microsecond), m.failFast.Round(100*time.Microsecond), m.failedWith)
 	}
 	return nil
 }
@@ -104,12 +111,23 @@ func weighOne(ctx context.Context, w wiring, runs int) (weight, error) {
 	if _, err := goOut(ctx, dir, "build", "-o", bin, "."); err != nil {
 		return weight{}, err
 	}
-	var m weight
-	fi, err := os.Stat(bin)
-	if err != nil {
+	stripped := filepath.Join(dir, "service-stripped")
+	if _, err := goOut(ctx, dir, "build", "-ldflags=-s -w", "-o", stripped, "."); err != nil {
 		return weight{}, err
 	}
-	m.size = fi.Size()
+	var m weight
+	if m.lines, err = wiringLines(filepath.Join(dir, "main.go")); err != nil {
+		return weight{}, err
+	}
+	if m.size, err = sizeOf(bin); err != nil {
+		return weight{}, err
+	}
+	if m.stripped, err = sizeOf(stripped); err != nil {
+		return weight{}, err
+	}
+	if m.serving, err = toServing(ctx, bin, runs); err != nil {
+		return weight{}, err
+	}
 	if m.linked, err = linkedModules(ctx, bin); err != nil {
 		return weight{}, err
 	}
@@ -209,6 +227,83 @@ func failFast(ctx context.Context, bin string, runs int) (time.Duration, int, er
 	}
 	slices.Sort(took)
 	return took[len(took)/2], code, nil
+}
+
+func sizeOf(path string) (int64, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+// wiringLines counts the lines of Go in path that are neither blank,
+// comments, the package clause nor imports, as docs/FRAMEWORK.md counts
+// the catalogs'.
+func wiringLines(path string) (int, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	n, inImports, inComment := 0, false, false
+	for line := range strings.SplitSeq(string(src), "\n") {
+		l := strings.TrimSpace(line)
+		switch {
+		case inComment:
+			inComment = !strings.Contains(l, "*/")
+		case strings.HasPrefix(l, "/*"):
+			inComment = !strings.Contains(l, "*/")
+		case inImports:
+			inImports = l != ")"
+		case l == "import (":
+			inImports = true
+		case l == "", strings.HasPrefix(l, "//"), strings.HasPrefix(l, "package "), strings.HasPrefix(l, "import "):
+		default:
+			n++
+		}
+	}
+	return n, nil
+}
+
+// toServing runs bin on a free loopback port runs times and returns the
+// median time from exec to the first 200 its GET /health answers, asked
+// every 200µs; each run is then stopped with SIGTERM.
+func toServing(ctx context.Context, bin string, runs int) (time.Duration, error) {
+	var took []time.Duration
+	client := &http.Client{Timeout: time.Second}
+	defer client.CloseIdleConnections()
+	for range runs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		addr := l.Addr().String()
+		l.Close()
+		cmd := exec.CommandContext(ctx, bin, "-listen", addr)
+		began := time.Now()
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		served := time.Duration(0)
+		for deadline := began.Add(30 * time.Second); served == 0 && time.Now().Before(deadline); {
+			if resp, err := client.Get("http://" + addr + "/health"); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					served = time.Since(began)
+					break
+				}
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if served == 0 {
+			return 0, fmt.Errorf("%s: /health never answered 200 within 30s", bin)
+		}
+		took = append(took, served)
+	}
+	slices.Sort(took)
+	return took[len(took)/2], nil
 }
 
 // goOut runs the go command in dir (the current one when empty), offline,

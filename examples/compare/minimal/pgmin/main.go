@@ -19,12 +19,12 @@ func main() {
 	a, err := app.New(app.DefaultConfig("minimal", *listen),
 		lifecycle.Phase{Name: "config", Run: func(context.Context, *lifecycle.Progress) error {
 			if *fail {
-				return lifecycle.Permanent(errors.New("config: bad value"))
+				return app.BadConfig(errors.New("config: bad value"))
 			}
 			return nil
 		}})
 	if err != nil {
-		os.Exit(2)
+		os.Exit(app.ExitCode(err))
 	}
 	os.Exit(a.Main())
 }
