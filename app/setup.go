@@ -175,7 +175,7 @@ func (a *App) setupRoutes() error {
 		{Text: PathLifecycle, Href: PathLifecycle},
 	}
 	routes := map[string]http.Handler{
-		"GET " + PathLifecycle: status.Handler(a.lc),
+		"GET " + PathLifecycle: status.Handler(a.lc, a.history.usual()),
 		"GET " + PathEvents:    events,
 	}
 	if h := a.metrics.Handler(); h != nil {

@@ -2,6 +2,7 @@ package test
 
 import (
 	"encoding/json"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,7 +13,8 @@ import (
 // started five times with ~10 dead slots to reclaim and a sixth time with
 // 2,000. The sixth start's reclaim of the dead is flagged: in the log
 // ("task slower than usual", naming the task, its figure and the usual),
-// in /health beside its duration, on the timeline, and in the metric. The
+// in /health beside its duration, in `phasegate status`, on the timeline,
+// and in the metric. The
 // five usual starts flag nothing, and every start is kept in the state
 // directory's history.
 func TestStartHistoryFlagsTheSlowStart(t *testing.T) {
@@ -82,6 +84,12 @@ func checkFlaggedSlow(t *testing.T, d *daemon) {
 		t.Errorf("/health's check of the reclaim: %+v, want it slow, beside its usual\n%s", c, body)
 	} else {
 		t.Logf("/health: reclaim-dead %s, %s", c[0].Duration, c[0].Usual)
+	}
+	// The CLI as the README shows it: status names the reclaim slower than
+	// usual, beside the usual figure.
+	cli, err := exec.Command(binary, "status", "--addr", d.addr).CombinedOutput()
+	if err != nil || !strings.Contains(string(cli), "SLOWER THAN USUAL: usually") {
+		t.Errorf("phasegate status: %v\n%s", err, cli)
 	}
 	if _, page, err := d.get("/debug/startup"); err != nil || !strings.Contains(page, "slower than usual") {
 		t.Errorf("the timeline does not mark the reclaim slower than usual (%v)", err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -66,14 +67,38 @@ func WriteTable(w io.Writer, v View) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PHASE\tSTATE\tDURATION\tPROGRESS")
+	withUsual := slices.ContainsFunc(append(slices.Clone(v.Phases), v.Tasks...), func(p PhaseView) bool { return p.Usual != "" })
+	row := func(name string, p PhaseView) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s", name, p.State, fmtDuration(p), fmtProgress(p))
+		if withUsual {
+			fmt.Fprintf(tw, "\t%s", fmtUsual(p))
+		}
+		fmt.Fprintln(tw)
+	}
+	if withUsual {
+		fmt.Fprintln(tw, "PHASE\tSTATE\tDURATION\tPROGRESS\tUSUALLY")
+	} else {
+		fmt.Fprintln(tw, "PHASE\tSTATE\tDURATION\tPROGRESS")
+	}
 	for _, p := range v.Phases {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.State, fmtDuration(p), fmtProgress(p))
+		row(p.Name, p)
 	}
 	for _, t := range v.Tasks {
-		fmt.Fprintf(tw, "%s (task of %s)\t%s\t%s\t%s\n", t.Name, t.Phase, t.State, fmtDuration(t), fmtProgress(t))
+		row(t.Name+" (task of "+t.Phase+")", t)
 	}
 	_ = tw.Flush()
+}
+
+// fmtUsual is the USUALLY column: the step's usual, marked when it is
+// much slower this time.
+func fmtUsual(p PhaseView) string {
+	switch {
+	case p.Usual == "":
+		return "-"
+	case p.Slow:
+		return "SLOWER THAN USUAL: " + p.Usual
+	}
+	return p.Usual
 }
 
 // ExitCode is the exit code for a View: ExitServing when it serves,

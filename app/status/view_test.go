@@ -15,7 +15,7 @@ func TestViewWithETA(t *testing.T) {
 		Name: "reclaim", State: lifecycle.PhaseRunning, Attempts: 1, Started: t0,
 		Progress: lifecycle.ProgressSnapshot{Done: 500, Total: 1000, Unit: "namespaces"},
 		ETA:      lifecycle.Estimate{Rate: 500, Remaining: time.Second, OK: true},
-	}}})
+	}}}, nil)
 	if p := v.Phases[0]; p.Rate != 500 || p.ETA != time.Second {
 		t.Errorf("rate %v eta %v, want 500/s and 1s", p.Rate, p.ETA)
 	}
