@@ -130,10 +130,11 @@ func New(cfg Config) (*Daemon, error) {
 		StopTimeout:  cfg.StopTimeout,
 		Expected:     expected,
 		// The lock phase makes the state directory or checks that only
-		// root controls it: nothing of the history is read or written
-		// there before.
+		// root controls it, reclaim that the state file is no link:
+		// nothing of the history is read or written there before, nor
+		// after a start either refused.
 		History:          filepath.Join(cfg.StateDir, HistoryFileName),
-		HistoryAfter:     PhaseLock,
+		HistoryAfter:     PhaseReclaim,
 		Logger:           log,
 		TracerProvider:   cfg.TracerProvider,
 		TraceExporters:   TraceExporters(),

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/phasegate/phasegate/network/leases"
@@ -218,6 +220,14 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 	path := cfg.StatePath()
 	res.Removed, err = leases.Remove(path)
 	if err != nil {
+		return res, fmt.Errorf("decommission: %w", err)
+	}
+	// The start history describes a daemon that is no more.
+	history := filepath.Join(cfg.StateDir, HistoryFileName)
+	switch err := os.Remove(history); {
+	case err == nil:
+		res.Removed = append(res.Removed, history)
+	case !errors.Is(err, os.ErrNotExist):
 		return res, fmt.Errorf("decommission: %w", err)
 	}
 	res.KeptAside = leases.KeptAside(path).All()
