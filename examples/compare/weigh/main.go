@@ -13,8 +13,9 @@
 //
 // where /tmp/before holds an older tree of the repository (git archive
 // REF | tar -x -C /tmp/before). It builds in temporary directories, with
-// GOPROXY=off: every module comes from the module cache, which building
-// the examples module fills.
+// GOPROXY=off: every module it links comes from the module cache, which
+// building the examples module fills; listing the module graph asks the
+// proxy for the go.mod files of modules nothing links.
 package main
 
 import (
@@ -131,7 +132,9 @@ func weighOne(ctx context.Context, w wiring, runs int) (weight, error) {
 	if m.linked, err = linkedModules(ctx, bin); err != nil {
 		return weight{}, err
 	}
-	all, err := goOut(ctx, dir, "list", "-m", "all")
+	// The graph needs every go.mod in it, not only the built modules':
+	// those may not be in the module cache, so this asks the proxy.
+	all, err := goOnline(ctx, dir, "list", "-m", "all")
 	if err != nil {
 		return weight{}, err
 	}
@@ -309,9 +312,20 @@ func toServing(ctx context.Context, bin string, runs int) (time.Duration, error)
 // goOut runs the go command in dir (the current one when empty), offline,
 // and returns its trimmed output.
 func goOut(ctx context.Context, dir string, args ...string) (string, error) {
+	return goEnv(ctx, dir, []string{"GOPROXY=off"}, args...)
+}
+
+// goOnline is goOut with the environment's GOPROXY.
+func goOnline(ctx context.Context, dir string, args ...string) (string, error) {
+	return goEnv(ctx, dir, nil, args...)
+}
+
+// goEnv runs the go command in dir with env added, and returns its trimmed
+// output.
+func goEnv(ctx context.Context, dir string, env []string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=mod", "GOWORK=off")
+	cmd.Env = append(append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off"), env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
