@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/lifecycle/history"
 	"github.com/phasegate/phasegate/metrics"
@@ -60,6 +62,33 @@ func (h *historyLog) usual() func(string, bool) (history.Usual, bool) {
 			return l.Usual(name, task)
 		}
 		return history.Usual{}, false
+	}
+}
+
+// Attributes of a phase's span from the start history.
+var (
+	attrUsualMedian = attribute.Key("phasegate.phase.usual.median_ms")
+	attrUsualStarts = attribute.Key("phasegate.phase.usual.starts")
+	attrUsual       = attribute.Key("phasegate.phase.usual")
+	attrSlow        = attribute.Key("phasegate.phase.slower_than_usual")
+)
+
+// spanAttributes is what a phase's span says of its usual, once the
+// history is open; nothing before, or for a phase without a usual yet.
+func (h *historyLog) spanAttributes(phase string, took time.Duration) []attribute.KeyValue {
+	l := h.l.Load()
+	if l == nil {
+		return nil
+	}
+	u, ok := l.Usual(phase, false)
+	if !ok {
+		return nil
+	}
+	return []attribute.KeyValue{
+		attrUsual.String(u.String()),
+		attrUsualMedian.Float64(float64(u.Median.Microseconds()) / 1000),
+		attrUsualStarts.Int(u.Starts),
+		attrSlow.Bool(u.Slow(took)),
 	}
 }
 

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/lifecycle/history"
 )
@@ -20,15 +23,17 @@ import (
 // The start history end to end in process: four starts whose reclaim
 // takes a few milliseconds over 10 namespaces, then one of 800ms over
 // 5,000. The fifth start's reclaim is flagged slow in the log, naming the
-// phase, its figure and the usual, and /health says so beside its
-// duration; the history file keeps the five starts.
+// phase, its figure and the usual, in /health beside its duration, and on
+// its span; the history file keeps the five starts.
 func TestStartHistoryFlagsASlowStart(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "starts.json")
+	spans := tracetest.NewSpanRecorder()
 	run := func(took time.Duration, total int64) (log string, body []byte) {
 		t.Helper()
 		var buf lockedBuffer
 		cfg := DefaultConfig("runner", "127.0.0.1:0")
 		cfg.DrainDelay, cfg.History = 0, path
+		cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 		cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
 		a, err := New(cfg, lifecycle.Phase{Name: "reclaim", Run: func(ctx context.Context, p *lifecycle.Progress) error {
 			p.SetTotal(total, "namespaces")
@@ -73,6 +78,17 @@ func TestStartHistoryFlagsASlowStart(t *testing.T) {
 	}
 	if c := h.Checks["phase:reclaim"]; len(c) != 1 || !c[0].Slow || !strings.HasPrefix(c[0].Usual, "usually ") {
 		t.Errorf("/health's reclaim check: %+v, want it slow beside its usual\n%s", c, body)
+	}
+	var slow []string
+	for _, sp := range spans.Ended() {
+		for _, kv := range sp.Attributes() {
+			if kv.Key == "phasegate.phase.slower_than_usual" && kv.Value.AsBool() {
+				slow = append(slow, sp.Name())
+			}
+		}
+	}
+	if len(slow) != 1 || slow[0] != "phase reclaim" {
+		t.Errorf("spans flagged slower than usual: %v, want the fifth start's reclaim alone", slow)
 	}
 	l, err := history.Open(path, 0)
 	if err != nil || len(l.Starts()) != 5 {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -20,6 +21,7 @@ type options struct {
 	progressInterval time.Duration
 	tracerProvider   trace.TracerProvider
 	hook             func(Event)
+	spanAttributes   func(phase string, took time.Duration) []attribute.KeyValue
 	errs             []error
 }
 
@@ -104,6 +106,14 @@ func WithProgressInterval(d time.Duration) Option {
 // or with nil, no spans are recorded.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) { o.tracerProvider = tp }
+}
+
+// WithPhaseSpanAttributes adds attrs(phase, took) to each phase's span as
+// the phase ends, took being how long it ran: what the lifecycle does not
+// know of a phase, such as what it usually takes (an App's start history).
+// attrs runs on the phase's goroutine and must be quick; nil adds nothing.
+func WithPhaseSpanAttributes(attrs func(phase string, took time.Duration) []attribute.KeyValue) Option {
+	return func(o *options) { o.spanAttributes = attrs }
 }
 
 // WithEventHook hands every [Event] to hook: each exactly once, in sequence

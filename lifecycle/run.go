@@ -220,6 +220,7 @@ func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- ph
 	attempts := r.attempts
 	prog := r.progress.snapshot()
 	took := r.ended.Sub(r.attempt)
+	ran := r.ended.Sub(r.started) // every attempt and backoff
 	l.mu.Unlock()
 
 	if span.IsRecording() {
@@ -229,6 +230,9 @@ func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- ph
 			attrProgressTotal.Int64(prog.Total),
 			attrOutcome.String(string(outcome)),
 		)
+		if f := l.opts.spanAttributes; f != nil {
+			span.SetAttributes(f(r.Name, ran)...)
+		}
 		span.SetAttributes(rateAttributes(prog, took)...)
 	}
 	if outcome != PhaseSucceeded {

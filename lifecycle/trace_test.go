@@ -160,3 +160,42 @@ func TestSpanTreeOnFailure(t *testing.T) {
 		t.Error("stop lock is not under rollback")
 	}
 }
+
+// WithPhaseSpanAttributes adds what the caller knows of a phase to its
+// span as it ends, with how long it ran, retries included.
+func TestPhaseSpanAttributes(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	n := 0
+	var ran time.Duration
+	lc, err := lifecycle.New([]lifecycle.Phase{{Name: "registry", Retry: lifecycle.RetryPolicy{Attempts: 2, Backoff: 20 * time.Millisecond},
+		Run: func(context.Context, *lifecycle.Progress) error {
+			if n++; n == 1 {
+				return errors.New("refused")
+			}
+			return nil
+		}}},
+		lifecycle.WithTracerProvider(tp),
+		lifecycle.WithPhaseSpanAttributes(func(phase string, took time.Duration) []attribute.KeyValue {
+			ran = took
+			return []attribute.KeyValue{attribute.String("usual", "usually 3ms for "+phase)}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lc.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Drain(context.Background())
+	sp, ok := byName(rec.Ended())["phase registry"]
+	if !ok {
+		t.Fatal("no span of the phase")
+	}
+	if got := attrs(sp)["usual"].AsString(); got != "usually 3ms for registry" {
+		t.Errorf("the span's attribute: %q", got)
+	}
+	if ran < 20*time.Millisecond {
+		t.Errorf("took %v, want the whole phase with its 20ms backoff", ran)
+	}
+}
