@@ -61,6 +61,10 @@ func TestStatusToolAsksTheDaemon(t *testing.T) {
 			t.Errorf("phasegate-status %v: exit %d, want 0 and %q\n%s", tc.args, code, tc.want, out)
 		}
 	}
+	// The daemon's own CLI runs the same code, as the README shows it.
+	if out, err := exec.Command(binary, "events", "--until-over", "--addr", addr).CombinedOutput(); err != nil || !containsAll(string(out), []string{"phase lock", "serving"}) {
+		t.Errorf("phasegate events --until-over: %v\n%s", err, out)
+	}
 	d.signal(syscall.SIGTERM)
 	if code := d.wait(time.Minute); code != 0 {
 		t.Fatalf("stop: exit %d", code)
