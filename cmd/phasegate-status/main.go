@@ -1,7 +1,8 @@
-// Command phasegate-status asks a phasegate App's port what it is doing:
-// the phases and background tasks once (status) or until the start is over
-// (status --watch), whether it serves (probe), and its lifecycle's events
-// (events). It is package app/status's Main and nothing else, so it links
+// Command phasegate-status asks a phasegate App's port what it is doing.
+//
+// It shows the phases and background tasks once (status) or until the
+// start is over (status --watch), whether it serves (probe), and its
+// lifecycle's events (events). It is package app/status's Main and nothing else, so it links
 // no gRPC, no App and no OpenTelemetry SDK: a few MB, for any service
 // built on the framework, the daemon included (whose own CLI runs the same
 // code).
