@@ -31,6 +31,7 @@ help:
 
 build:
 	$(GO) build -o bin/phasegate ./cmd/phasegate
+	$(GO) build -trimpath -o bin/phasegate-status ./cmd/phasegate-status
 
 ## cni-plugin: build the CNI plugin and install it where runtimes look for plugins (root).
 CNI_PATH ?= /opt/cni/bin
