@@ -66,9 +66,10 @@ type Log struct {
 	path string
 	size int
 
-	// before are the starts Open read: those before this process's,
-	// which Usual compares it with. Never changed after Open.
-	before []Start
+	// usual is what each step took over the starts Open read, those
+	// before this process's, which Usual compares it with. Never changed
+	// after Open.
+	usual map[stepKey]Usual
 
 	mu     sync.Mutex
 	starts []Start // oldest first, at most size
@@ -92,7 +93,7 @@ func Open(path string, size int) (*Log, error) {
 	if len(starts) > size {
 		starts = starts[len(starts)-size:]
 	}
-	l.starts, l.before = starts, slices.Clone(starts)
+	l.starts, l.usual = starts, usualOf(starts)
 	return l, nil
 }
 

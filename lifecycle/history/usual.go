@@ -27,31 +27,57 @@ type Usual struct {
 // Usual is what the step name (a task when task is set) usually takes, over
 // the starts Open read in which it succeeded: those before this process's
 // own, which it is compared with. ok is false when fewer than 3 starts
-// have it: there is no usual yet.
+// have it: there is no usual yet. The figures were computed once, by Open:
+// this is a map lookup, cheap enough for every /health answer.
 func (l *Log) Usual(name string, task bool) (u Usual, ok bool) {
-	var took []time.Duration
-	var totals []int64
-	for _, s := range l.before {
+	u, ok = l.usual[stepKey{name, task}]
+	return u, ok
+}
+
+// stepKey names a step: phases and tasks may share a name.
+type stepKey struct {
+	name string
+	task bool
+}
+
+// usualOf is each step's Usual over starts, for the steps that succeeded
+// in at least minStarts of them.
+func usualOf(starts []Start) map[stepKey]Usual {
+	type samples struct {
+		took   []time.Duration
+		totals []int64
+		unit   string
+	}
+	by := map[stepKey]*samples{}
+	for _, s := range starts {
 		for _, st := range s.Steps {
-			if st.Name != name || st.Task != task || st.Outcome != "succeeded" {
+			if st.Outcome != "succeeded" {
 				continue
 			}
-			took = append(took, st.Took)
-			totals = append(totals, st.Total)
+			k := stepKey{st.Name, st.Task}
+			x := by[k]
+			if x == nil {
+				x = &samples{}
+				by[k] = x
+			}
+			x.took = append(x.took, st.Took)
+			x.totals = append(x.totals, st.Total)
 			if st.Unit != "" {
-				u.Unit = st.Unit
+				x.unit = st.Unit
 			}
 		}
 	}
-	if len(took) < minStarts {
-		return Usual{}, false
+	out := make(map[stepKey]Usual, len(by))
+	for k, x := range by {
+		if len(x.took) < minStarts {
+			continue
+		}
+		slices.Sort(x.took)
+		slices.Sort(x.totals)
+		out[k] = Usual{Starts: len(x.took), Median: x.took[len(x.took)/2], Low: x.took[0], High: x.took[len(x.took)-1],
+			Total: x.totals[len(x.totals)/2], Unit: x.unit}
 	}
-	slices.Sort(took)
-	slices.Sort(totals)
-	u.Starts = len(took)
-	u.Median, u.Low, u.High = took[len(took)/2], took[0], took[len(took)-1]
-	u.Total = totals[len(totals)/2]
-	return u, true
+	return out
 }
 
 // slowFactor and slowMargin say what "much slower than usual" is: at least
