@@ -60,7 +60,8 @@ type Config struct {
 	TLS               *tls.Config
 	RequireClientCert bool
 	// GRPCOptions are added to the gRPC server's options, after the App's
-	// own (tracing, health-check metrics).
+	// own (the calls' spans and metrics when it exports either, the
+	// health checks' metrics).
 	GRPCOptions []grpc.ServerOption
 	// Limits bound what the port's peers can take of it (connections in
 	// total and per peer, message sizes, calls in flight); nil is
@@ -108,9 +109,12 @@ type Config struct {
 	// Logger receives the App's logs: every transition, slow phases,
 	// signals. Nil discards them.
 	Logger *slog.Logger
-	// TracerProvider receives the spans of the phases and of gRPC calls.
-	// Nil builds one from the OTEL_* environment (none unless
-	// OTEL_TRACES_EXPORTER says otherwise) and flushes it at the end.
+	// TracerProvider receives the spans of the phases, and of gRPC calls
+	// when the App exports metrics. Nil builds one from the OTEL_*
+	// environment (none unless OTEL_TRACES_EXPORTER says otherwise) and
+	// flushes it at the end. A provider of one's own with no metric
+	// exporter gets the calls' spans from
+	// tracing/grpccalls.ServerOption in GRPCOptions.
 	TracerProvider trace.TracerProvider
 	// TraceExporters are the span exporters OTEL_TRACES_EXPORTER may name
 	// when TracerProvider is nil: tracing/otlp's and tracing/console's

@@ -125,11 +125,9 @@ func (a *App) setupServer(checks *metrics.HealthChecks) error {
 	if lis != nil {
 		a.handedAddr = lis.Addr()
 	}
-	grpcOpts := append([]grpc.ServerOption{
-		tracing.GRPCServerOption(a.tracer, a.metrics),
-		grpc.ChainUnaryInterceptor(checks.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(checks.StreamServerInterceptor()),
-	}, cfg.GRPCOptions...)
+	grpcOpts := append(a.callsOption(), grpc.ChainUnaryInterceptor(checks.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(checks.StreamServerInterceptor()))
+	grpcOpts = append(grpcOpts, cfg.GRPCOptions...)
 	sc := server.DefaultConfig()
 	sc.Addr, sc.Listener = cfg.Listen, lis
 	sc.DrainDelay, sc.StopTimeout = cfg.DrainDelay, cfg.StopTimeout
@@ -142,6 +140,21 @@ func (a *App) setupServer(checks *metrics.HealthChecks) error {
 	sc.Logger = a.log
 	a.srv, err = server.New(sc)
 	return err
+}
+
+// callsOption traces and measures the port's gRPC calls when the App
+// exports spans (to its tracer and meter providers) or else metrics (to
+// its meter and tracer providers): the instrumentation comes with the
+// exporters, and with none the calls are neither traced nor measured.
+func (a *App) callsOption() []grpc.ServerOption {
+	o := a.ownTP.GRPCServerOption(a.metrics)
+	if o == nil {
+		o = a.metrics.GRPCServerOption(a.tracer)
+	}
+	if o == nil {
+		return nil
+	}
+	return []grpc.ServerOption{o}
 }
 
 // setupNotifier tells systemd: STATUS, READY=1, STOPPING=1;

@@ -1,6 +1,12 @@
 // Package metrics exports a daemon's metrics through the OpenTelemetry
 // metrics SDK, over the exporters given to [Setup] by [WithExporters].
 //
+// This package uses the OpenTelemetry API alone: the SDK comes with the
+// exporters, built on metrics/export, which builds the SDK provider that
+// every exporter in use reads and measures gRPC calls with it
+// ([Provider.GRPCServerOption]). With no exporter the provider is the
+// API's no-op, and a binary links neither the SDK nor otelgrpc.
+//
 // It exports, with metrics/prometheus, always to a Prometheus registry that
 // [Provider.Handler] serves (GET /metrics, text exposition format, on
 // whatever port the daemon mounts it), and also to the push exporters
@@ -28,10 +34,10 @@
 // typo does not silently drop metrics; so is an exporter the binary was
 // not given, naming the package that provides it.
 //
-// One SDK behind every exporter means every instrument is declared once,
-// with the OpenTelemetry API that the rest of the project (tracing,
-// otelgrpc) already uses, and pulled by Prometheus or pushed to a
-// collector without a second instrumentation. The resource follows the
+// One SDK provider behind every exporter means every instrument is
+// declared once, with the OpenTelemetry API that the rest of the project
+// (tracing, otelgrpc) already uses, and pulled by Prometheus or pushed to
+// a collector without a second instrumentation. The resource follows the
 // tracing package's rule: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
 // win over the name given to [Setup].
 //

@@ -12,7 +12,8 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
 
 	"github.com/phasegate/phasegate/internal/otelenv"
 )
@@ -50,15 +51,17 @@ type Provider struct {
 	// meter provider is a no-op and the handler serves an empty registry.
 	Disabled bool
 
-	sdk     *sdkmetric.MeterProvider
+	joined  Joined       // the zero Joined when no exporter is in use
 	handler http.Handler // the pull exporter's; nil without one
 }
 
 // An Exporter is a metric exporter that OTEL_METRICS_EXPORTER can name. A
 // binary holds only the exporters given to [Setup] by [WithExporters]:
 // packages metrics/otlp, metrics/console and metrics/prometheus provide
-// the three the specification names, so a service that exports no metric
-// links none of them (nor the Prometheus client).
+// the three the specification names, and package metrics/export makes
+// one of any OpenTelemetry SDK exporter or reader. The SDK comes with
+// them: this package names no SDK type, so that a service exporting no
+// metric links neither the SDK nor the Prometheus client.
 type Exporter struct {
 	// Name is the exporter's name in OTEL_METRICS_EXPORTER, lower case.
 	Name string
@@ -66,33 +69,53 @@ type Exporter struct {
 	// lists it (the Prometheus registry that /metrics serves, which costs
 	// nothing until scraped).
 	Always bool
-	// New builds the exporter; Setup calls it when the environment names
+	// Open opens the exporter; Setup calls it when the environment names
 	// it (or Always). It must not dial: a collector that is down must not
 	// delay the start.
-	New func(ctx context.Context, s ExportSettings) (Export, error)
+	Open func(ctx context.Context, s ExportSettings) (Pipeline, error)
 }
 
-// ExportSettings is what [Setup] hands an [Exporter]'s New.
+// ExportSettings is what [Setup] hands an [Exporter]'s Open.
 type ExportSettings struct {
 	// Protocol is the OTLP protocol the environment asks for, "grpc" or
 	// "http/protobuf"; empty unless OTEL_METRICS_EXPORTER lists "otlp".
 	Protocol string
 	// Console is where a console exporter writes ([WithConsoleWriter]).
 	Console io.Writer
-	// Disabled is true under OTEL_SDK_DISABLED=true: New is then called
+	// Disabled is true under OTEL_SDK_DISABLED=true: Open is then called
 	// only for an Always exporter, for its Handler (which serves nothing),
-	// and its Reader is not used.
+	// and the pipeline is not joined.
 	Disabled bool
+	// ServiceName and Version are the service's, as given to Setup: the
+	// resource's defaults, which the environment overrides.
+	ServiceName, Version string
 }
 
-// Export is what an [Exporter] adds to the provider.
-type Export struct {
-	// Reader is added to the meter provider: a periodic reader for a push
-	// exporter, the exporter itself for a pull one.
-	Reader sdkmetric.Reader
+// A Pipeline is an opened [Exporter]: for package metrics/export, an SDK
+// reader (a periodic one for a push exporter).
+type Pipeline interface {
 	// Handler serves a pull exporter's scrape ([Provider.Handler]); nil
 	// for a push exporter.
-	Handler http.Handler
+	Handler() http.Handler
+	// Join builds the meter provider that every pipeline of all reads:
+	// those Setup opened, the receiver first. A pipeline may refuse to
+	// join one another package opened.
+	Join(ctx context.Context, all []Pipeline) (Joined, error)
+	// Shutdown stops the exporter of a pipeline that was opened but not
+	// joined, because another failed.
+	Shutdown(ctx context.Context) error
+}
+
+// Joined is the meter provider a [Pipeline] built, with what Setup's
+// [Provider] needs of it.
+type Joined struct {
+	metric.MeterProvider
+	// Shutdown flushes the push exporters and stops every joined one; a
+	// second call returns nil.
+	Shutdown func(ctx context.Context) error
+	// ServerOption measures a gRPC server's calls on the provider and
+	// traces them to tp ([Provider.GRPCServerOption]).
+	ServerOption func(tp trace.TracerProvider) grpc.ServerOption
 }
 
 // WithExporters gives Setup the exporters OTEL_METRICS_EXPORTER may name.
@@ -111,7 +134,6 @@ type config struct {
 	serviceName string
 	version     string
 	console     io.Writer
-	readers     []sdkmetric.Reader
 	exporters   []Exporter
 }
 
@@ -124,12 +146,6 @@ func WithVersion(v string) Option { return func(c *config) { c.version = v } }
 
 // WithConsoleWriter sets where the console exporter writes; stderr by default.
 func WithConsoleWriter(w io.Writer) Option { return func(c *config) { c.console = w } }
-
-// WithReader adds a reader, such as an sdkmetric.ManualReader in tests. It
-// is unused when OTEL_SDK_DISABLED=true.
-func WithReader(r sdkmetric.Reader) Option {
-	return func(c *config) { c.readers = append(c.readers, r) }
-}
 
 // Setup returns a meter provider configured from the environment.
 //
@@ -179,40 +195,48 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := otelenv.Resource(ctx, c.serviceName, c.version)
+	settings := ExportSettings{Protocol: p.Protocol, Console: c.console, ServiceName: c.serviceName, Version: c.version}
+	opened, err := open(ctx, use, settings)
 	if err != nil {
-		return nil, fmt.Errorf("metrics: %w", err)
+		return nil, err
 	}
-	mpOpts := []sdkmetric.Option{sdkmetric.WithResource(res)}
-	for _, r := range c.readers {
-		mpOpts = append(mpOpts, sdkmetric.WithReader(r))
-	}
-	readers := len(c.readers)
-	var made []sdkmetric.Reader
-	for _, e := range use {
-		x, err := e.New(ctx, ExportSettings{Protocol: p.Protocol, Console: c.console})
-		if err != nil {
-			for _, r := range made {
-				err = errors.Join(err, r.Shutdown(ctx))
-			}
-			return nil, fmt.Errorf("metrics: %s exporter: %w", e.Name, err)
-		}
-		if x.Handler != nil {
-			p.handler = x.Handler
-		}
-		if x.Reader != nil {
-			made = append(made, x.Reader)
-			mpOpts = append(mpOpts, sdkmetric.WithReader(x.Reader))
-			readers++
-		}
-	}
-	if readers == 0 {
+	if len(opened) == 0 {
 		p.MeterProvider = metricnoop.NewMeterProvider()
 		return p, nil
 	}
-	p.sdk = sdkmetric.NewMeterProvider(mpOpts...)
-	p.MeterProvider = p.sdk
+	if p.joined, err = opened[0].Join(ctx, opened); err != nil {
+		return nil, fmt.Errorf("metrics: %w", shutdown(ctx, opened, err))
+	}
+	p.MeterProvider = p.joined.MeterProvider
+	for _, o := range opened {
+		if h := o.Handler(); h != nil {
+			p.handler = h
+		}
+	}
 	return p, nil
+}
+
+// open opens the exporters use, in order; when one fails, it shuts those
+// it opened.
+func open(ctx context.Context, use []Exporter, s ExportSettings) ([]Pipeline, error) {
+	var opened []Pipeline
+	for _, e := range use {
+		o, err := e.Open(ctx, s)
+		if err != nil {
+			return nil, fmt.Errorf("metrics: %s exporter: %w", e.Name, shutdown(ctx, opened, err))
+		}
+		opened = append(opened, o)
+	}
+	return opened, nil
+}
+
+// shutdown stops pipelines that will not be joined, and returns err with
+// whatever that failed with.
+func shutdown(ctx context.Context, ps []Pipeline, err error) error {
+	for _, p := range ps {
+		err = errors.Join(err, p.Shutdown(ctx))
+	}
+	return err
 }
 
 // chosen returns the exporters to build: those Always there, then those
@@ -246,12 +270,12 @@ func disabledProvider(ctx context.Context, given map[string]Exporter, console io
 		if !e.Always {
 			continue
 		}
-		x, err := e.New(ctx, ExportSettings{Console: console, Disabled: true})
+		o, err := e.Open(ctx, ExportSettings{Console: console, Disabled: true})
 		if err != nil {
 			return nil, fmt.Errorf("metrics: %s exporter: %w", e.Name, err)
 		}
-		if x.Handler != nil {
-			p.handler = x.Handler
+		if h := o.Handler(); h != nil {
+			p.handler = h
 		}
 	}
 	return p, nil
@@ -268,11 +292,23 @@ func (p *Provider) Handler() http.Handler { return p.handler }
 // stops the provider. It is safe to call more than once, and on a disabled
 // provider.
 func (p *Provider) Shutdown(ctx context.Context) error {
-	if p == nil || p.sdk == nil {
+	if p == nil || p.joined.Shutdown == nil {
 		return nil
 	}
-	if err := p.sdk.Shutdown(ctx); err != nil && !errors.Is(err, sdkmetric.ErrReaderShutdown) {
+	if err := p.joined.Shutdown(ctx); err != nil {
 		return fmt.Errorf("metrics: shutdown: %w", err)
 	}
 	return nil
+}
+
+// GRPCServerOption measures a gRPC server's calls on p (the rpc.server.*
+// metrics), and traces them to tp (package tracing/grpccalls). It is nil
+// when no metric is exported: the calls' instrumentation comes with the
+// exporters, so that a service exporting nothing neither links otelgrpc
+// nor pays for it on each call. p may be nil.
+func (p *Provider) GRPCServerOption(tp trace.TracerProvider) grpc.ServerOption {
+	if p == nil || p.joined.ServerOption == nil {
+		return nil
+	}
+	return p.joined.ServerOption(tp)
 }

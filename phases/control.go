@@ -14,7 +14,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/server"
-	"github.com/phasegate/phasegate/tracing"
+	"github.com/phasegate/phasegate/tracing/grpccalls"
 )
 
 // ControlSocketName is the control socket's name in the state directory,
@@ -163,7 +163,7 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 	sc.DrainDelay, sc.StopTimeout = 0, d.cfg.StopTimeout
 	sc.Gate = server.LifecycleGate(d.lc)
 	sc.GRPCOptions = []grpc.ServerOption{
-		tracing.GRPCServerOption(d.app.TracerProvider(), d.app.MeterProvider()),
+		grpccalls.ServerOption(d.app.TracerProvider(), d.app.MeterProvider()),
 		grpc.InTapHandle(guard.Tap),
 		grpc.ChainUnaryInterceptor(d.obs.timeAcquire, guard.Intercept),
 		grpc.ChainStreamInterceptor(guard.InterceptStream),

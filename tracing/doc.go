@@ -4,7 +4,12 @@
 //
 // The exporters are tracing/otlp and tracing/console, each a package of its
 // own so that a binary links only those it gives. One the environment asks
-// for but not given is an error naming its package.
+// for but not given is an error naming its package. This package uses the
+// OpenTelemetry API alone: the SDK comes with the exporters, built on
+// tracing/export, which builds the SDK provider from every exporter the
+// environment names and traces gRPC calls with it
+// ([Provider.GRPCServerOption]). With no exporter the provider is the
+// API's no-op, and a binary links neither the SDK nor otelgrpc.
 //
 // Tracing is off unless asked for: OTEL_TRACES_EXPORTER defaults to "none",
 // so a daemon makes no network connection it was not told to. Otherwise it

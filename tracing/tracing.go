@@ -9,9 +9,10 @@ import (
 	"slices"
 	"strings"
 
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
 
 	"github.com/phasegate/phasegate/internal/otelenv"
 )
@@ -38,19 +39,32 @@ type Provider struct {
 	// Disabled is true when OTEL_SDK_DISABLED=true turned tracing off.
 	Disabled bool
 
-	sdk *sdktrace.TracerProvider // nil when Exporter is "none"
+	joined Joined // the zero Joined when Exporter is "none"
 }
 
 // Shutdown flushes buffered spans and stops the exporters. It is safe to
 // call on a provider whose exporter is "none", and more than once.
 func (p *Provider) Shutdown(ctx context.Context) error {
-	if p == nil || p.sdk == nil {
+	if p == nil || p.joined.Shutdown == nil {
 		return nil
 	}
-	if err := p.sdk.Shutdown(ctx); err != nil {
+	if err := p.joined.Shutdown(ctx); err != nil {
 		return fmt.Errorf("tracing: shutdown: %w", err)
 	}
 	return nil
+}
+
+// GRPCServerOption traces a gRPC server's calls to p, and measures them
+// on mp (a server span per call, continuing the caller's trace; package
+// tracing/grpccalls). It is nil when no span is exported: the calls'
+// instrumentation comes with the exporters, so that a service exporting
+// nothing neither links otelgrpc nor pays for it on each call. p may be
+// nil.
+func (p *Provider) GRPCServerOption(mp metric.MeterProvider) grpc.ServerOption {
+	if p == nil || p.joined.ServerOption == nil {
+		return nil
+	}
+	return p.joined.ServerOption(mp)
 }
 
 // An Option adjusts [Setup].
@@ -60,31 +74,59 @@ type config struct {
 	serviceName string
 	version     string
 	console     io.Writer
-	spanOpts    []sdktrace.TracerProviderOption
 	exporters   []Exporter
 }
 
 // An Exporter is a span exporter that OTEL_TRACES_EXPORTER can name. A
 // binary holds only the exporters given to [Setup] by [WithExporters]:
 // packages tracing/otlp and tracing/console provide the two the
-// specification names, so a service that exports no span links neither
-// (nor gRPC's or HTTP's OTLP client).
+// specification names, and package tracing/export makes one of any
+// OpenTelemetry SDK span exporter. The SDK comes with them: this package
+// names no SDK type, so that a service exporting no span links neither
+// the SDK nor any client.
 type Exporter struct {
 	// Name is the exporter's name in OTEL_TRACES_EXPORTER, lower case.
 	Name string
-	// New builds the exporter; Setup calls it only when the environment
-	// names it. It must not dial: a collector that is down must not
-	// delay the start.
-	New func(ctx context.Context, s ExportSettings) (sdktrace.SpanExporter, error)
+	// Open opens the exporter; Setup calls it only when the environment
+	// names it. It must not dial: a collector that is down must not delay
+	// the start.
+	Open func(ctx context.Context, s ExportSettings) (Pipeline, error)
 }
 
-// ExportSettings is what [Setup] hands an [Exporter]'s New.
+// ExportSettings is what [Setup] hands an [Exporter]'s Open.
 type ExportSettings struct {
 	// Protocol is the OTLP protocol the environment asks for, "grpc" or
 	// "http/protobuf"; empty unless OTEL_TRACES_EXPORTER lists "otlp".
 	Protocol string
 	// Console is where a console exporter writes ([WithConsoleWriter]).
 	Console io.Writer
+	// ServiceName and Version are the service's, as given to Setup: the
+	// resource's defaults, which the environment overrides.
+	ServiceName, Version string
+}
+
+// A Pipeline is an opened [Exporter]: for package tracing/export, an SDK
+// span exporter that a batch processor of its own will feed.
+type Pipeline interface {
+	// Join builds the tracer provider that sends each span to every
+	// pipeline of all: those Setup opened, in the order
+	// OTEL_TRACES_EXPORTER names them, the receiver first. A pipeline
+	// may refuse to join one another package opened.
+	Join(ctx context.Context, all []Pipeline) (Joined, error)
+	// Shutdown stops the exporter of a pipeline that was opened but not
+	// joined, because another failed.
+	Shutdown(ctx context.Context) error
+}
+
+// Joined is the tracer provider a [Pipeline] built, with what Setup's
+// [Provider] needs of it.
+type Joined struct {
+	trace.TracerProvider
+	// Shutdown flushes buffered spans and stops every joined exporter.
+	Shutdown func(ctx context.Context) error
+	// ServerOption traces a gRPC server's calls to the provider and
+	// measures them on mp ([Provider.GRPCServerOption]).
+	ServerOption func(mp metric.MeterProvider) grpc.ServerOption
 }
 
 // WithExporters gives Setup the exporters OTEL_TRACES_EXPORTER may name.
@@ -105,21 +147,15 @@ func WithVersion(v string) Option { return func(c *config) { c.version = v } }
 // WithConsoleWriter sets where the console exporter writes; stderr by default.
 func WithConsoleWriter(w io.Writer) Option { return func(c *config) { c.console = w } }
 
-// WithProviderOptions passes extra options to the SDK tracer provider, after
-// Setup's own (a sampler, a span processor for tests). They are unused when
-// no exporter is configured: the provider is then a no-op.
-func WithProviderOptions(opts ...sdktrace.TracerProviderOption) Option {
-	return func(c *config) { c.spanOpts = append(c.spanOpts, opts...) }
-}
-
 // Setup returns a tracer provider configured from the environment.
 //
 // OTEL_SDK_DISABLED=true returns a no-op provider and reads nothing else.
 // Otherwise OTEL_TRACES_EXPORTER is a comma-separated list of "otlp",
 // "console" and the names of the other exporters given by
-// [WithExporters]; each must have been given. Unset, empty or "none" returns a no-op provider that makes no
-// connection. Each exporter gets its own batch processor, so a collector
-// that is slow or down does not hold up the others. An unknown exporter or
+// [WithExporters]; each must have been given. Unset, empty or "none"
+// returns a no-op provider that makes no connection, with no SDK behind
+// it. Each exporter gets its own batch processor, so a collector that is
+// slow or down does not hold up the others. An unknown exporter or
 // protocol is an error, so that a typo does not silently turn tracing off.
 func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 	c := config{serviceName: "phasegate", console: os.Stderr}
@@ -157,24 +193,37 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 			return nil, fmt.Errorf("tracing: %w", err)
 		}
 	}
-	res, err := otelenv.Resource(ctx, c.serviceName, c.version)
+	settings := ExportSettings{Protocol: p.Protocol, Console: c.console, ServiceName: c.serviceName, Version: c.version}
+	opened, err := open(ctx, given, names, settings)
 	if err != nil {
-		return nil, fmt.Errorf("tracing: %w", err)
+		return nil, err
 	}
-	spOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
-	var made []sdktrace.SpanExporter
-	for _, name := range names {
-		exp, err := given[name].New(ctx, ExportSettings{Protocol: p.Protocol, Console: c.console})
-		if err != nil {
-			for _, e := range made {
-				err = errors.Join(err, e.Shutdown(ctx))
-			}
-			return nil, fmt.Errorf("tracing: %s exporter: %w", name, err)
-		}
-		made = append(made, exp)
-		spOpts = append(spOpts, sdktrace.WithBatcher(exp))
+	if p.joined, err = opened[0].Join(ctx, opened); err != nil {
+		return nil, fmt.Errorf("tracing: %w", shutdown(ctx, opened, err))
 	}
-	p.sdk = sdktrace.NewTracerProvider(append(spOpts, c.spanOpts...)...)
-	p.TracerProvider = p.sdk
+	p.TracerProvider = p.joined.TracerProvider
 	return p, nil
+}
+
+// open opens the exporters names, in order; when one fails, it shuts
+// those it opened.
+func open(ctx context.Context, given map[string]Exporter, names []string, s ExportSettings) ([]Pipeline, error) {
+	var opened []Pipeline
+	for _, name := range names {
+		o, err := given[name].Open(ctx, s)
+		if err != nil {
+			return nil, fmt.Errorf("tracing: %s exporter: %w", name, shutdown(ctx, opened, err))
+		}
+		opened = append(opened, o)
+	}
+	return opened, nil
+}
+
+// shutdown stops pipelines that will not be joined, and returns err with
+// whatever that failed with.
+func shutdown(ctx context.Context, ps []Pipeline, err error) error {
+	for _, p := range ps {
+		err = errors.Join(err, p.Shutdown(ctx))
+	}
+	return err
 }

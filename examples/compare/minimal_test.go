@@ -1,7 +1,12 @@
 package compare
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -67,4 +72,67 @@ func grpcServing(addr string) bool {
 	defer cancel()
 	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 	return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+}
+
+// The minimal service on phasegate links the App and nothing it does not
+// use: with no exporter given, neither the OpenTelemetry SDKs nor
+// otelgrpc, nor an HTTP client. Issue 36's goal, which compare/weigh
+// measures for docs/FRAMEWORK.md: at most fx's modules + 4, and a
+// stripped binary at most 1.1 times fx's (sizes are the same from one
+// build to the next with one toolchain).
+func TestMinimalServiceWeight(t *testing.T) {
+	dir := t.TempDir()
+	pg := weighBinary(t, "./minimal/pgmin", filepath.Join(dir, "pgmin"))
+	fx := weighBinary(t, "./minimal/fxmin", filepath.Join(dir, "fxmin"))
+	for _, m := range pg.modules {
+		for _, unwanted := range []string{"go.opentelemetry.io/otel/sdk", "otelgrpc", "github.com/go-logr/", "github.com/google/uuid", "go.opentelemetry.io/auto/sdk", "go.opentelemetry.io/otel/log"} {
+			if strings.Contains(m, unwanted) {
+				t.Errorf("the minimal service links %s, which only an exporter needs", m)
+			}
+		}
+	}
+	if len(pg.modules) > len(fx.modules)+4 {
+		t.Errorf("%d modules linked, want at most fx's %d + 4: %q", len(pg.modules), len(fx.modules), pg.modules)
+	}
+	if ratio := float64(pg.stripped) / float64(fx.stripped); ratio > 1.1 {
+		t.Errorf("stripped %d bytes, %.3f times fx's %d: want at most 1.1", pg.stripped, ratio, fx.stripped)
+	}
+	if bytes.Contains(pg.symbols, []byte("net/http.(*Transport).roundTrip")) {
+		t.Error("the minimal service links net/http's client Transport")
+	}
+}
+
+// binaryWeight is what TestMinimalServiceWeight reads of a build.
+type binaryWeight struct {
+	modules  []string // go version -m's deps
+	stripped int64    // built with -ldflags=-s -w
+	symbols  []byte   // go tool nm of the unstripped build
+}
+
+// weighBinary builds pkg plain and stripped at out and reads their weight.
+func weighBinary(t *testing.T, pkg, out string) binaryWeight {
+	t.Helper()
+	goCmd := func(args ...string) []byte {
+		t.Helper()
+		b, err := exec.Command("go", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
+		}
+		return b
+	}
+	goCmd("build", "-o", out, pkg)
+	goCmd("build", "-ldflags=-s -w", "-o", out+".stripped", pkg)
+	var w binaryWeight
+	for line := range strings.Lines(string(goCmd("version", "-m", out))) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "dep" {
+			w.modules = append(w.modules, f[1])
+		}
+	}
+	w.symbols = goCmd("tool", "nm", out)
+	fi, err := os.Stat(out + ".stripped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.stripped = fi.Size()
+	return w
 }

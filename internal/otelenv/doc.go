@@ -2,7 +2,9 @@
 // packages share.
 //
 // It reads OTEL_SDK_DISABLED, the exporter lists in OTEL_TRACES_EXPORTER and
-// OTEL_METRICS_EXPORTER, the OTLP protocol, and the resource.
+// OTEL_METRICS_EXPORTER, and the OTLP protocol. It imports no part of the
+// SDK: tracing and metrics read the environment whether or not an
+// exporter, and with it the SDK, is linked (the resource is in otelsdk).
 //
 // It is stricter than the specification asks: a value it does not know is
 // an error naming the variable, never a warning followed by a default, so a

@@ -7,16 +7,13 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/metrics/export"
 )
 
 // Exporter returns the "console" exporter, for [metrics.WithExporters] or
 // app.Config.MetricExporters.
 func Exporter() metrics.Exporter {
-	return metrics.Exporter{Name: metrics.ExporterConsole, New: func(_ context.Context, s metrics.ExportSettings) (metrics.Export, error) {
-		exp, err := stdoutmetric.New(stdoutmetric.WithWriter(s.Console))
-		if err != nil {
-			return metrics.Export{}, err
-		}
-		return metrics.Export{Reader: sdkmetric.NewPeriodicReader(exp)}, nil
-	}}
+	return export.Push(metrics.ExporterConsole, func(_ context.Context, s metrics.ExportSettings) (sdkmetric.Exporter, error) {
+		return stdoutmetric.New(stdoutmetric.WithWriter(s.Console))
+	})
 }

@@ -9,26 +9,20 @@ import (
 
 	"github.com/phasegate/phasegate/internal/otelenv"
 	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/metrics/export"
 )
 
 // Exporter returns the "otlp" exporter, for [metrics.WithExporters] or
 // app.Config.MetricExporters.
 func Exporter() metrics.Exporter {
-	return metrics.Exporter{Name: metrics.ExporterOTLP, New: newExporter}
+	return export.Push(metrics.ExporterOTLP, open)
 }
 
-func newExporter(ctx context.Context, s metrics.ExportSettings) (metrics.Export, error) {
+func open(ctx context.Context, s metrics.ExportSettings) (sdkmetric.Exporter, error) {
 	// Both read the OTEL_EXPORTER_OTLP_* endpoint, header, timeout and
 	// certificate variables themselves, and dial at the first push.
-	var exp sdkmetric.Exporter
-	var err error
 	if s.Protocol == otelenv.ProtocolGRPC {
-		exp, err = otlpmetricgrpc.New(ctx)
-	} else {
-		exp, err = otlpmetrichttp.New(ctx)
+		return otlpmetricgrpc.New(ctx)
 	}
-	if err != nil {
-		return metrics.Export{}, err
-	}
-	return metrics.Export{Reader: sdkmetric.NewPeriodicReader(exp)}, nil
+	return otlpmetrichttp.New(ctx)
 }

@@ -2,33 +2,36 @@ package prometheus
 
 import (
 	"context"
+	"net/http"
 
 	promclient "github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/otlptranslator"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/phasegate/phasegate/metrics"
+	"github.com/phasegate/phasegate/metrics/export"
 )
 
 // Exporter returns the "prometheus" exporter, for [metrics.WithExporters]
 // or app.Config.MetricExporters.
 func Exporter() metrics.Exporter {
-	return metrics.Exporter{Name: metrics.ExporterPrometheus, Always: true, New: newExporter}
+	return export.Pull(metrics.ExporterPrometheus, open)
 }
 
-func newExporter(_ context.Context, s metrics.ExportSettings) (metrics.Export, error) {
+func open(_ context.Context, s metrics.ExportSettings) (sdkmetric.Reader, http.Handler, error) {
 	reg := promclient.NewRegistry()
-	x := metrics.Export{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})}
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 	if s.Disabled {
-		return x, nil // an empty registry: the scraper sees the target up
+		return nil, h, nil // an empty registry: the scraper sees the target up
 	}
 	if err := reg.Register(collectors.NewGoCollector()); err != nil {
-		return metrics.Export{}, err
+		return nil, nil, err
 	}
 	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
-		return metrics.Export{}, err
+		return nil, nil, err
 	}
 	reader, err := otelprom.New(
 		otelprom.WithRegisterer(reg),
@@ -36,8 +39,7 @@ func newExporter(_ context.Context, s metrics.ExportSettings) (metrics.Export, e
 		otelprom.WithoutScopeInfo(),
 	)
 	if err != nil {
-		return metrics.Export{}, err
+		return nil, nil, err
 	}
-	x.Reader = reader
-	return x, nil
+	return reader, h, nil
 }

@@ -9,15 +9,16 @@ import (
 
 	"github.com/phasegate/phasegate/internal/otelenv"
 	"github.com/phasegate/phasegate/tracing"
+	"github.com/phasegate/phasegate/tracing/export"
 )
 
 // Exporter returns the "otlp" exporter, for [tracing.WithExporters] or
 // app.Config.TraceExporters.
 func Exporter() tracing.Exporter {
-	return tracing.Exporter{Name: tracing.ExporterOTLP, New: newExporter}
+	return export.Exporter(tracing.ExporterOTLP, open)
 }
 
-func newExporter(ctx context.Context, s tracing.ExportSettings) (sdktrace.SpanExporter, error) {
+func open(ctx context.Context, s tracing.ExportSettings) (sdktrace.SpanExporter, error) {
 	// The exporters read OTEL_EXPORTER_OTLP_ENDPOINT, _HEADERS, _TIMEOUT,
 	// _INSECURE and the certificate variables themselves. Neither dials
 	// before the first export, so a collector that is down does not delay

@@ -1,4 +1,4 @@
-package tracing_test
+package grpccalls_test
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
-	"github.com/phasegate/phasegate/tracing"
+	"github.com/phasegate/phasegate/tracing/grpccalls"
 )
 
 type slotsStub struct {
@@ -32,12 +32,12 @@ func (slotsStub) List(context.Context, *phasegatev1.ListRequest) (*phasegatev1.L
 
 // Application calls get a server span that continues the caller's trace;
 // health checks and reflection get none.
-func TestGRPCServerOption(t *testing.T) {
+func TestServerOption(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 
-	srv := grpc.NewServer(tracing.GRPCServerOption(tp, nil))
+	srv := grpc.NewServer(grpccalls.ServerOption(tp, nil))
 	phasegatev1.RegisterSlotsServer(srv, slotsStub{})
 	healthpb.RegisterHealthServer(srv, grpchealth.NewServer())
 	reflection.Register(srv)

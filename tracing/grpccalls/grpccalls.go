@@ -1,4 +1,4 @@
-package tracing
+package grpccalls
 
 import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -18,13 +18,13 @@ func Propagator() propagation.TextMapPropagator {
 	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 }
 
-// GRPCServerOption traces and measures a gRPC server's calls with otelgrpc:
+// ServerOption traces and measures a gRPC server's calls with otelgrpc:
 // a server span per call, child of the caller's span when the call carries
 // a W3C traceparent, and the rpc.server.* metrics on mp. Health checks
 // (grpc.health.v1) and server reflection are left out of both: a checker
 // polling every few seconds would flood the trace store with spans that
 // say nothing. tp and mp may be nil (no spans, no metrics).
-func GRPCServerOption(tp trace.TracerProvider, mp metric.MeterProvider) grpc.ServerOption {
+func ServerOption(tp trace.TracerProvider, mp metric.MeterProvider) grpc.ServerOption {
 	opts := []otelgrpc.Option{
 		otelgrpc.WithPropagators(Propagator()),
 		otelgrpc.WithFilter(filters.None(
