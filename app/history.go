@@ -23,6 +23,7 @@ type historyLog struct {
 	size        int
 	log         *slog.Logger
 	l           atomic.Pointer[history.Log]
+	opening     sync.Mutex // held while the file is read, so that it is read once
 }
 
 // setupHistory opens the start history Config.History names, unless
@@ -40,8 +41,13 @@ func (a *App) setupHistory(phases []lifecycle.Phase) error {
 	return nil
 }
 
-// open reads the history's file.
+// open reads the history's file, once.
 func (h *historyLog) open() *history.Log {
+	h.opening.Lock()
+	defer h.opening.Unlock()
+	if l := h.l.Load(); l != nil {
+		return l
+	}
 	began := time.Now()
 	l, err := history.Open(h.path, h.size)
 	if err != nil {
@@ -50,6 +56,20 @@ func (h *historyLog) open() *history.Log {
 	h.l.Store(l)
 	h.log.Debug("start history read", "path", h.path, "starts", len(l.Starts()), "took", time.Since(began).String())
 	return l
+}
+
+// openAfter is the history, opened once the phase HistoryAfter names has
+// succeeded among phases; nil before, and for good when it did not.
+func (h *historyLog) openAfter(phases []lifecycle.PhaseSnapshot) *history.Log {
+	if l := h.l.Load(); l != nil || h.path == "" {
+		return l
+	}
+	for _, p := range phases {
+		if p.Name == h.after && p.State == lifecycle.PhaseSucceeded {
+			return h.open()
+		}
+	}
+	return nil
 }
 
 // usual is what the views ask of the history; nil without one.
@@ -65,22 +85,35 @@ func (h *historyLog) usual() func(string, bool) (history.Usual, bool) {
 	}
 }
 
-// Attributes of a phase's span from the start history.
+// Attributes of the start's spans from the start history: a phase's or
+// a task's usual, and the start's steps much slower than usual.
 var (
-	attrUsualMedian = attribute.Key("phasegate.phase.usual.median_ms")
-	attrUsualStarts = attribute.Key("phasegate.phase.usual.starts")
-	attrUsual       = attribute.Key("phasegate.phase.usual")
-	attrSlow        = attribute.Key("phasegate.phase.slower_than_usual")
+	attrUsualMedian  = attribute.Key("phasegate.usual.median_ms")
+	attrUsualStarts  = attribute.Key("phasegate.usual.starts")
+	attrUsual        = attribute.Key("phasegate.usual")
+	attrSlow         = attribute.Key("phasegate.slower_than_usual")
+	attrStartSlow    = attribute.Key("phasegate.start.slower_than_usual")
+	attrStartCompare = attribute.Key("phasegate.start.steps_compared")
 )
 
-// spanAttributes is what a phase's span says of its usual, once the
-// history is open; nothing before, or for a phase without a usual yet.
-func (h *historyLog) spanAttributes(phase string, took time.Duration) []attribute.KeyValue {
+// spanAttributes is what a span of the start says of the history: a
+// phase's or a task's usual once the history is open (nothing before, nor
+// for a step without a usual yet); for the start's own span, which ends
+// once the start is over, every step that ended much slower than usual,
+// those that ended before the history could be read included.
+func (a *App) spanAttributes(e lifecycle.SpanEnd) []attribute.KeyValue {
+	h := &a.history
+	if e.Name == "" {
+		if h.path == "" {
+			return nil
+		}
+		return h.startAttributes(a.lc.Snapshot())
+	}
 	l := h.l.Load()
 	if l == nil {
 		return nil
 	}
-	u, ok := l.Usual(phase, false)
+	u, ok := l.Usual(e.Name, e.Task)
 	if !ok {
 		return nil
 	}
@@ -88,8 +121,38 @@ func (h *historyLog) spanAttributes(phase string, took time.Duration) []attribut
 		attrUsual.String(u.String()),
 		attrUsualMedian.Float64(float64(u.Median.Microseconds()) / 1000),
 		attrUsualStarts.Int(u.Starts),
-		attrSlow.Bool(u.Slow(took)),
+		attrSlow.Bool(u.Slow(e.Took)),
 	}
+}
+
+// startAttributes compares each step of s that ended with its usual.
+func (h *historyLog) startAttributes(s lifecycle.Snapshot) []attribute.KeyValue {
+	l := h.openAfter(s.Phases)
+	if l == nil {
+		return nil
+	}
+	compared, slow := 0, []string{}
+	judge := func(kind, name string, task bool, took time.Duration) {
+		u, ok := l.Usual(name, task)
+		if !ok {
+			return
+		}
+		compared++
+		if u.Slow(took) {
+			slow = append(slow, fmt.Sprintf("%s %s took %v, %s", kind, name, took.Round(time.Millisecond), u))
+		}
+	}
+	for _, p := range s.Phases {
+		if !p.Ended.IsZero() {
+			judge("phase", p.Name, false, p.Ended.Sub(p.Started))
+		}
+	}
+	for _, t := range s.Tasks {
+		if !t.Ended.IsZero() {
+			judge("task", t.Name, true, t.Ended.Sub(t.Started))
+		}
+	}
+	return []attribute.KeyValue{attrStartCompare.Int(compared), attrStartSlow.StringSlice(slow)}
 }
 
 // recordStart follows lc's start and keeps it in h: once the start is
@@ -135,25 +198,11 @@ type recorder struct {
 	warned   bool            // a write error was logged
 }
 
-// log is the history, opened once the phase HistoryAfter names has
-// succeeded in s; nil before, and for good when it did not.
-func (r *recorder) log(s lifecycle.Snapshot) *history.Log {
-	if l := r.h.l.Load(); l != nil {
-		return l
-	}
-	for _, p := range s.Phases {
-		if p.Name == r.h.after && p.State == lifecycle.PhaseSucceeded {
-			return r.h.open()
-		}
-	}
-	return nil
-}
-
 // follow takes the latest snapshot: it records the start once over and
 // each task as it ends. It returns false once there is nothing left to
 // follow.
 func (r *recorder) follow(s lifecycle.Snapshot) bool {
-	l := r.log(s)
+	l := r.h.openAfter(s.Phases)
 	if !startOver(s) {
 		return true
 	}

@@ -45,7 +45,7 @@ func (a *App) setupLifecycle(phases []lifecycle.Phase) error {
 	logEvent, setLC := EventLogger(a.log)
 	opts := []lifecycle.Option{
 		lifecycle.WithTracerProvider(a.tracer),
-		lifecycle.WithPhaseSpanAttributes(a.history.spanAttributes),
+		lifecycle.WithSpanAttributes(a.spanAttributes),
 		lifecycle.WithProgressInterval(100 * time.Millisecond),
 		lifecycle.WithStartTimeout(cfg.StartTimeout),
 		lifecycle.WithEventHook(func(e lifecycle.Event) {

@@ -21,7 +21,7 @@ type options struct {
 	progressInterval time.Duration
 	tracerProvider   trace.TracerProvider
 	hook             func(Event)
-	spanAttributes   func(phase string, took time.Duration) []attribute.KeyValue
+	spanAttributes   func(SpanEnd) []attribute.KeyValue
 	errs             []error
 }
 
@@ -108,11 +108,27 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) { o.tracerProvider = tp }
 }
 
-// WithPhaseSpanAttributes adds attrs(phase, took) to each phase's span as
-// the phase ends, took being how long it ran: what the lifecycle does not
-// know of a phase, such as what it usually takes (an App's start history).
-// attrs runs on the phase's goroutine and must be quick; nil adds nothing.
-func WithPhaseSpanAttributes(attrs func(phase string, took time.Duration) []attribute.KeyValue) Option {
+// SpanEnd is what [WithSpanAttributes] is told of a span as it ends.
+type SpanEnd struct {
+	// Name is the phase's or the task's; empty for the start's own span,
+	// "startup", which ends once the start is over (serving, failed or
+	// rolled back).
+	Name string
+	// Task is true for a background task's span.
+	Task bool
+	// Took is how long it ran: a phase's every attempt and backoff, or
+	// the whole start.
+	Took time.Duration
+}
+
+// WithSpanAttributes adds attrs(end) to each span of the start as it
+// ends: the start's own, each phase's and each background task's. It is
+// for what the lifecycle does not know of them, such as what each usually
+// takes (an App's start history), which may be known only once a phase
+// has run. attrs runs on the goroutine of the phase, the task or the
+// start, outside the lifecycle's lock, and must be quick; nil adds
+// nothing.
+func WithSpanAttributes(attrs func(SpanEnd) []attribute.KeyValue) Option {
 	return func(o *options) { o.spanAttributes = attrs }
 }
 

@@ -21,11 +21,17 @@ type phaseResult struct {
 
 // run schedules the phases and carries a start through to serving or failed.
 func (l *Lifecycle) run(ctx context.Context) error {
+	began := time.Now()
 	ctx, span := l.tracer.Start(ctx, "startup")
 	if span.IsRecording() {
 		span.SetAttributes(attrPhaseCount.Int(len(l.phases)))
 	}
-	defer span.End()
+	defer func() {
+		if f := l.opts.spanAttributes; f != nil && span.IsRecording() {
+			span.SetAttributes(f(SpanEnd{Took: time.Since(began)})...)
+		}
+		span.End()
+	}()
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
@@ -231,7 +237,7 @@ func (l *Lifecycle) runPhase(ctx context.Context, r *phaseRun, results chan<- ph
 			attrOutcome.String(string(outcome)),
 		)
 		if f := l.opts.spanAttributes; f != nil {
-			span.SetAttributes(f(r.Name, ran)...)
+			span.SetAttributes(f(SpanEnd{Name: r.Name, Took: ran})...)
 		}
 		span.SetAttributes(rateAttributes(prog, took)...)
 	}

@@ -52,7 +52,7 @@ func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
 			t.state = TaskFailed
 			l.degraded = true
 		}
-		state := t.state
+		state, took := t.state, t.ended.Sub(t.started)
 		prog := t.progress.snapshot()
 		e := Event{Time: t.ended, Kind: EventTask, Name: t.name, From: string(TaskRunning), To: string(state), Phase: t.phase}
 		if err != nil {
@@ -70,6 +70,9 @@ func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
 			attrProgressDone.Int64(prog.Done),
 			attrProgressTotal.Int64(prog.Total),
 		)
+		if f := l.opts.spanAttributes; f != nil && span.IsRecording() {
+			span.SetAttributes(f(SpanEnd{Name: t.name, Task: true, Took: took})...)
+		}
 		if state == TaskFailed {
 			recordOutcome(span, err)
 		}

@@ -3,6 +3,8 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -161,25 +163,33 @@ func TestSpanTreeOnFailure(t *testing.T) {
 	}
 }
 
-// WithPhaseSpanAttributes adds what the caller knows of a phase to its
-// span as it ends, with how long it ran, retries included.
-func TestPhaseSpanAttributes(t *testing.T) {
+// WithSpanAttributes adds what the caller knows of a phase, a task and
+// the start to their spans as they end, with how long each ran, a phase's
+// retries included.
+func TestSpanAttributes(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 	n := 0
-	var ran time.Duration
+	var mu sync.Mutex
+	took := map[string]time.Duration{}
 	lc, err := lifecycle.New([]lifecycle.Phase{{Name: "registry", Retry: lifecycle.RetryPolicy{Attempts: 2, Backoff: 20 * time.Millisecond},
-		Run: func(context.Context, *lifecycle.Progress) error {
+		Run: func(_ context.Context, p *lifecycle.Progress) error {
 			if n++; n == 1 {
 				return errors.New("refused")
 			}
+			p.Defer("warm", func(context.Context, *lifecycle.Progress) error {
+				time.Sleep(10 * time.Millisecond)
+				return nil
+			})
 			return nil
 		}}},
 		lifecycle.WithTracerProvider(tp),
-		lifecycle.WithPhaseSpanAttributes(func(phase string, took time.Duration) []attribute.KeyValue {
-			ran = took
-			return []attribute.KeyValue{attribute.String("usual", "usually 3ms for "+phase)}
+		lifecycle.WithSpanAttributes(func(e lifecycle.SpanEnd) []attribute.KeyValue {
+			mu.Lock()
+			defer mu.Unlock()
+			took[fmt.Sprint(e.Name, e.Task)] = e.Took
+			return []attribute.KeyValue{attribute.String("usual", fmt.Sprintf("usually 3ms for %q (task %v)", e.Name, e.Task))}
 		}))
 	if err != nil {
 		t.Fatal(err)
@@ -187,15 +197,33 @@ func TestPhaseSpanAttributes(t *testing.T) {
 	if err := lc.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	defer lc.Drain(context.Background())
-	sp, ok := byName(rec.Ended())["phase registry"]
-	if !ok {
-		t.Fatal("no span of the phase")
+	if err := lc.Drain(context.Background()); err != nil { // waits for the task
+		t.Fatal(err)
 	}
-	if got := attrs(sp)["usual"].AsString(); got != "usually 3ms for registry" {
-		t.Errorf("the span's attribute: %q", got)
+	spans := byName(rec.Ended())
+	for span, want := range map[string]string{
+		"phase registry": `usually 3ms for "registry" (task false)`,
+		"task warm":      `usually 3ms for "warm" (task true)`,
+		"startup":        `usually 3ms for "" (task false)`,
+	} {
+		sp, ok := spans[span]
+		if !ok {
+			t.Errorf("no span %q", span)
+			continue
+		}
+		if got := attrs(sp)["usual"].AsString(); got != want {
+			t.Errorf("span %q: the attribute is %q, want %q", span, got, want)
+		}
 	}
-	if ran < 20*time.Millisecond {
-		t.Errorf("took %v, want the whole phase with its 20ms backoff", ran)
+	mu.Lock()
+	defer mu.Unlock()
+	if ran := took["registryfalse"]; ran < 20*time.Millisecond {
+		t.Errorf("the phase took %v, want the whole phase with its 20ms backoff", ran)
+	}
+	if ran := took["warmtrue"]; ran < 10*time.Millisecond {
+		t.Errorf("the task took %v, want its 10ms", ran)
+	}
+	if ran := took["false"]; ran < took["registryfalse"] {
+		t.Errorf("the start took %v, less than its phase's %v", ran, took["registryfalse"])
 	}
 }

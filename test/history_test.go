@@ -14,21 +14,30 @@ import (
 // 2,000. The sixth start's reclaim of the dead is flagged: in the log
 // ("task slower than usual", naming the task, its figure and the usual),
 // in /health beside its duration, in `phasegate status`, on the timeline,
-// and in the metric. The
-// five usual starts flag nothing, and every start is kept in the state
-// directory's history.
+// in the metric, and on its span in Jaeger. The five usual starts flag
+// nothing, and every start is kept in the state directory's history.
 func TestStartHistoryFlagsTheSlowStart(t *testing.T) {
+	jaeger := startJaeger(t)
 	h := newHost(t)
 	addr := freePort(t)
+	service := "phasegate-history-" + h.prefix
 	for i := range 6 {
 		dead := 10
+		var env []string
 		if i == 5 {
 			dead = 2000
+			env = []string{
+				"OTEL_TRACES_EXPORTER=otlp",
+				"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+				"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + jaeger.otlpHTTP,
+				"OTEL_SERVICE_NAME=" + service,
+			}
 		}
 		if n := h.leak(h.prefix, 100, dead); n != dead {
 			t.Fatalf("start %d: leaked %d dead slots, want %d", i+1, n, dead)
 		}
-		d := start(t, nil, h.args(addr)...)
+		began := time.Now()
+		d := start(t, env, h.args(addr)...)
 		d.waitReclaimed(3 * time.Minute)
 		if i < 5 {
 			if strings.Contains(d.Output(), "slower than usual") {
@@ -40,6 +49,9 @@ func TestStartHistoryFlagsTheSlowStart(t *testing.T) {
 		d.signal(syscall.SIGTERM)
 		if code := d.wait(time.Minute); code != 0 {
 			t.Fatalf("start %d: exit %d", i+1, code)
+		}
+		if i == 5 {
+			checkSpanFlaggedSlow(t, jaeger, service, began)
 		}
 	}
 	var kept struct {
@@ -96,5 +108,31 @@ func checkFlaggedSlow(t *testing.T, d *daemon) {
 	}
 	if _, m, err := d.get("/metrics"); err != nil || !strings.Contains(m, `phasegate_start_slow_steps_total{kind="task"`) || !strings.Contains(m, `step="reclaim-dead"`) {
 		t.Errorf("the metric does not count the slow reclaim (%v)", err)
+	}
+}
+
+// checkSpanFlaggedSlow reads the slow start's reclaim of the dead back
+// from Jaeger: its span says it was slower than usual, and what is usual.
+func checkSpanFlaggedSlow(t *testing.T, j *jaeger, service string, since time.Time) {
+	t.Helper()
+	var task otlpSpan
+	waitFor(t, 30*time.Second, "the reclaim's span in jaeger", func() bool {
+		spans, err := j.spans(service, since)
+		if err != nil {
+			t.Logf("jaeger: %v", err)
+			return false
+		}
+		for _, s := range spans {
+			if s.Name == "task reclaim-dead" {
+				task = s
+				return true
+			}
+		}
+		return false
+	})
+	slow, _ := task.attr("phasegate.slower_than_usual")
+	usual, _ := task.attr("phasegate.usual")
+	if slow != "true" || !strings.Contains(usual, "over the last 5 starts, ~10 namespaces") {
+		t.Errorf("the reclaim's span: slower_than_usual %q, usual %q; want true, beside the last 5 starts' usual", slow, usual)
 	}
 }

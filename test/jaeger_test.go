@@ -83,6 +83,28 @@ type otlpSpan struct {
 	Name         string `json:"name"`
 	Start        string `json:"startTimeUnixNano"`
 	End          string `json:"endTimeUnixNano"`
+	Attributes   []struct {
+		Key   string `json:"key"`
+		Value struct {
+			String *string `json:"stringValue"`
+			Bool   *bool   `json:"boolValue"`
+		} `json:"value"`
+	} `json:"attributes"`
+}
+
+// attr returns the span's attribute key as a string ("true" or "false"
+// for a bool), and whether it has it.
+func (s otlpSpan) attr(key string) (string, bool) {
+	for _, a := range s.Attributes {
+		switch {
+		case a.Key != key:
+		case a.Value.String != nil:
+			return *a.Value.String, true
+		case a.Value.Bool != nil:
+			return strconv.FormatBool(*a.Value.Bool), true
+		}
+	}
+	return "", false
 }
 
 func (s otlpSpan) times() (start, end int64) {
