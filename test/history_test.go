@@ -134,5 +134,7 @@ func checkSpanFlaggedSlow(t *testing.T, j *jaeger, service string, since time.Ti
 	usual, _ := task.attr("phasegate.usual")
 	if slow != "true" || !strings.Contains(usual, "over the last 5 starts, ~10 namespaces") {
 		t.Errorf("the reclaim's span: slower_than_usual %q, usual %q; want true, beside the last 5 starts' usual", slow, usual)
+	} else {
+		t.Logf("jaeger: span %q: slower_than_usual %s, %s", task.Name, slow, usual)
 	}
 }

@@ -22,18 +22,22 @@ import (
 // each serves grpc.health.v1 SERVING and /health 200 on its port, exits 0
 // on SIGTERM, and exits non-zero when its config step fails: 2 on
 // phasegate, whose config phase says it is a configuration error
-// (app.BadConfig), 1 on the others, which have no such contract. phasegate's keeps
-// DefaultConfig's 5 s drain delay and still exits in under a second (a
-// fifth of it): a port that never served skips the delay.
+// (app.BadConfig), 1 on the others, which have no such contract.
+// phasegate's keeps DefaultConfig's 5 s drain delay and still exits in
+// under a second (a fifth of it): a port that never served skips the
+// delay. A SIGTERM during the start (a config step of 5 s) ends
+// phasegate's with exit 0 at once, for the same reason, and kills the
+// others: their signal handling begins after the config step.
 func TestMinimalServices(t *testing.T) {
 	const failBound = time.Second
 	for _, w := range []struct {
-		name, pkg string
-		failExit  int
+		name, pkg         string
+		failExit          int
+		killedDuringStart bool
 	}{
-		{"phasegate", "./minimal/pgmin", 2},
-		{"fx", "./minimal/fxmin", 1},
-		{"run", "./minimal/runmin", 1},
+		{"phasegate", "./minimal/pgmin", 2, false},
+		{"fx", "./minimal/fxmin", 1, true},
+		{"run", "./minimal/runmin", 1, true},
 	} {
 		t.Run(w.name, func(t *testing.T) {
 			bin := bins.Build(t, w.pkg)
@@ -45,6 +49,19 @@ func TestMinimalServices(t *testing.T) {
 			}
 			if took := time.Since(began); took > failBound {
 				t.Errorf("-fail: exited %v after exec, want under %v", took, failBound)
+			}
+
+			starting := proc.Start(t, bin, proc.Args("-listen", freePort(t), "-slow", "5s"))
+			time.Sleep(300 * time.Millisecond) // into the config step
+			signalled := time.Now()
+			starting.Signal(syscall.SIGTERM)
+			st := starting.WaitState(wait)
+			if took := time.Since(signalled); !w.killedDuringStart && took > 3*time.Second {
+				t.Errorf("SIGTERM during the start: ended %v after it, want before the config step's 5 s or the drain delay's", took)
+			}
+			ws, _ := st.Sys().(syscall.WaitStatus)
+			if killed := ws.Signaled(); killed != w.killedDuringStart || (!killed && st.ExitCode() != 0) {
+				t.Errorf("SIGTERM during the start: %v, want killed %v or else exit 0\n%s", st, w.killedDuringStart, starting.Output())
 			}
 
 			addr := freePort(t)

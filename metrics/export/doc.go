@@ -1,6 +1,8 @@
 // Package export builds the metrics package's meter provider on the
-// OpenTelemetry SDK: [Push] makes a [metrics.Exporter] of any SDK metric
-// exporter, [Pull] of any SDK reader scraped over HTTP.
+// OpenTelemetry SDK.
+//
+// [Push] makes a [metrics.Exporter] of any SDK metric exporter, [Pull] of
+// any SDK reader scraped over HTTP.
 //
 // The SDK is linked here and not in package metrics, so that a service
 // exporting no metric does not link it: metrics/otlp, metrics/console

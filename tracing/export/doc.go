@@ -1,5 +1,7 @@
 // Package export builds tracing's tracer provider on the OpenTelemetry
-// SDK: [Exporter] makes a [tracing.Exporter] of any SDK span exporter.
+// SDK.
+//
+// [Exporter] makes a [tracing.Exporter] of any SDK span exporter.
 //
 // The SDK is linked here and not in package tracing, so that a service
 // exporting no span does not link it: tracing/otlp and tracing/console

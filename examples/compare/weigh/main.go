@@ -5,8 +5,9 @@
 // -m all in a module of its own that requires only what the service
 // imports, as an adopter's would), the time from exec to the first 200 of
 // its /health, and from exec to exit when the config step fails (medians
-// of -runs, with each wiring's default drain delay). Run it from the
-// examples module:
+// of -runs, with each wiring's default drain delay), and how it ends when
+// SIGTERM arrives during its start (its config step made to take 5 s with
+// -slow). Run it from the examples module:
 //
 //	go run ./compare/weigh
 //	go run ./compare/weigh -before /tmp/before # also phasegate at an older tree
@@ -53,7 +54,8 @@ type weight struct {
 	graph      int
 	serving    time.Duration // exec → the first 200 from GET /health
 	failFast   time.Duration
-	failedWith int // the exit code of the failing runs
+	failedWith int    // the exit code of the failing runs
+	signalled  string // how a SIGTERM during the start ends it
 }
 
 func main() {
@@ -84,15 +86,15 @@ func weighAll(ctx context.Context, before string, runs int) error {
 		}
 		wirings = slices.Insert(wirings, 0, wiring{"phasegate (" + filepath.Base(abs) + ")", min + "pgmin", abs})
 	}
-	fmt.Println("| minimal service | lines of wiring | binary | stripped | linked modules | module graph | exec → serving (`/health` 200) | exec → exit, config failing |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| minimal service | lines of wiring | binary | stripped | linked modules | module graph | exec → serving (`/health` 200) | exec → exit, config failing | SIGTERM during the start |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, w := range wirings {
 		m, err := weighOne(ctx, w, runs)
 		if err != nil {
 			return fmt.Errorf("%s: %w", w.name, err)
 		}
-		fmt.Printf("| %s | %d | %.1f MB | %.1f MB | %d | %d | %s | %s (exit %d) |\n", w.name, m.lines, float64(m.size)/1e6, float64(m.stripped)/1e6,
-			m.linked, m.graph, m.serving.Round(100*time.Microsecond), m.failFast.Round(100*time.Microsecond), m.failedWith)
+		fmt.Printf("| %s | %d | %.1f MB | %.1f MB | %d | %d | %s | %s (exit %d) | %s |\n", w.name, m.lines, float64(m.size)/1e6, float64(m.stripped)/1e6,
+			m.linked, m.graph, m.serving.Round(100*time.Microsecond), m.failFast.Round(100*time.Microsecond), m.failedWith, m.signalled)
 	}
 	return nil
 }
@@ -139,7 +141,10 @@ func weighOne(ctx context.Context, w wiring, runs int) (weight, error) {
 		return weight{}, err
 	}
 	m.graph = len(strings.Split(all, "\n")) - 1 // not the service's own module
-	m.failFast, m.failedWith, err = failFast(ctx, bin, runs)
+	if m.failFast, m.failedWith, err = failFast(ctx, bin, runs); err != nil {
+		return weight{}, err
+	}
+	m.signalled, err = signalDuringStart(ctx, bin, runs)
 	return m, err
 }
 
@@ -232,6 +237,55 @@ func failFast(ctx context.Context, bin string, runs int) (time.Duration, int, er
 	return took[len(took)/2], code, nil
 }
 
+// signalDuringStart runs bin runs times with its config step taking 5 s,
+// sends it SIGTERM 300 ms after exec, well into that step, and says how it
+// ended, which must be the same each time, and the median time from the
+// signal to its end.
+func signalDuringStart(ctx context.Context, bin string, runs int) (string, error) {
+	var took []time.Duration
+	how := ""
+	for range runs {
+		addr, err := freeAddr()
+		if err != nil {
+			return "", err
+		}
+		cmd := exec.CommandContext(ctx, bin, "-listen", addr, "-slow", "5s")
+		if err := cmd.Start(); err != nil {
+			return "", err
+		}
+		time.Sleep(300 * time.Millisecond)
+		signalled := time.Now()
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			return "", err
+		}
+		_ = cmd.Wait() // how it ended is in its state
+		took = append(took, time.Since(signalled))
+		ended := fmt.Sprintf("exit %d", cmd.ProcessState.ExitCode())
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			ended = "killed by " + ws.Signal().String()
+			if ws.Signal() == syscall.SIGTERM {
+				ended = "killed by the signal"
+			}
+		}
+		if how != "" && ended != how {
+			return "", fmt.Errorf("%s: SIGTERM during the start: %s, then %s", bin, how, ended)
+		}
+		how = ended
+	}
+	slices.Sort(took)
+	return fmt.Sprintf("%s, %s after it", how, took[len(took)/2].Round(100*time.Microsecond)), nil
+}
+
+// freeAddr is a loopback address with a port nothing listens on.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
 func sizeOf(path string) (int64, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -276,12 +330,10 @@ func toServing(ctx context.Context, bin string, runs int) (time.Duration, error)
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
 	for range runs {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		addr, err := freeAddr()
 		if err != nil {
 			return 0, err
 		}
-		addr := l.Addr().String()
-		l.Close()
 		cmd := exec.CommandContext(ctx, bin, "-listen", addr)
 		began := time.Now()
 		if err := cmd.Start(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"go.uber.org/fx"
 	"google.golang.org/grpc"
@@ -19,6 +20,7 @@ import (
 type flags struct {
 	listen string
 	fail   bool
+	slow   time.Duration
 }
 
 type config struct{ listen string }
@@ -27,6 +29,7 @@ func main() {
 	var f flags
 	flag.StringVar(&f.listen, "listen", "127.0.0.1:0", "the address of the one port for gRPC and HTTP")
 	flag.BoolVar(&f.fail, "fail", false, "make the config step fail")
+	flag.DurationVar(&f.slow, "slow", 0, "how long the config step takes")
 	flag.Parse()
 	fx.New(fx.Supply(f), fx.Provide(loadConfig, newServer), fx.Invoke(func(*http.Server) {})).Run()
 }
@@ -35,6 +38,7 @@ func loadConfig(f flags) (config, error) {
 	if f.fail {
 		return config{}, errors.New("config: bad value")
 	}
+	time.Sleep(f.slow) // a constructor has no context
 	return config{listen: f.listen}, nil
 }
 

@@ -24,17 +24,19 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "the address of the one port for gRPC and HTTP")
 	fail := flag.Bool("fail", false, "make the config step fail")
+	slow := flag.Duration("slow", 0, "how long the config step takes")
 	flag.Parse()
-	if err := serve(*listen, *fail); err != nil {
+	if err := serve(*listen, *fail, *slow); err != nil {
 		fmt.Fprintln(os.Stderr, "runmin:", err)
 		os.Exit(1)
 	}
 }
 
-func serve(listen string, fail bool) error {
+func serve(listen string, fail bool, slow time.Duration) error {
 	if fail {
 		return errors.New("config: bad value")
 	}
+	time.Sleep(slow) // the group, and its signal handler, start after the config step
 	hs := health.NewServer()
 	gs := grpc.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
