@@ -254,6 +254,10 @@ type checkResult struct {
 	// namespaces"); Slow flags a duration much slower than that.
 	Usual string `json:"usual,omitempty"`
 	Slow  bool   `json:"slow,omitempty"`
+	// WorstCase is, for a phase not yet over, the longest it can run
+	// before it fails for good: every attempt timing out, every backoff
+	// at its longest (lifecycle.Phase.WorstCase).
+	WorstCase string `json:"worstCase,omitempty"`
 }
 
 // usual adds what the step usually takes to c, which took took.
@@ -368,6 +372,9 @@ func phaseCheck(p lifecycle.PhaseSnapshot, lifecycleFailed bool, now time.Time) 
 	observe(&c, p.Progress)
 	if p.State != lifecycle.PhaseSucceeded && p.State != lifecycle.PhasePending {
 		c.Output = checkDetail(p)
+	}
+	if p.WorstCase > 0 && p.Ended.IsZero() {
+		c.WorstCase = round(p.WorstCase).String()
 	}
 	return c
 }

@@ -111,6 +111,7 @@ type healthDoc struct {
 		ObservedUnit  string    `json:"observedUnit"`
 		ObservedTotal int64     `json:"observedTotal"`
 		Output        string    `json:"output"`
+		WorstCase     string    `json:"worstCase"`
 	} `json:"checks"`
 }
 

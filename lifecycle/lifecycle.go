@@ -75,12 +75,15 @@ type phaseRun struct {
 
 	fsm      *fsm.FSM // the phase's state: the one copy, read with Current
 	attempts int
-	started  time.Time
-	attempt  time.Time // when the current attempt began
-	ended    time.Time
-	err      error
-	spanCtx  trace.SpanContext
-	deferred []deferredTask // handed over by the current attempt
+	// worstCase is Phase.WorstCase once known: from New, or once
+	// PolicyFrom gave the policy; zero while nothing bounds the phase.
+	worstCase time.Duration
+	started   time.Time
+	attempt   time.Time // when the current attempt began
+	ended     time.Time
+	err       error
+	spanCtx   trace.SpanContext
+	deferred  []deferredTask // handed over by the current attempt
 }
 
 type deferredTask struct {
@@ -125,6 +128,9 @@ func New(phases []Phase, opts ...Option) (*Lifecycle, error) {
 		// caller reuses its slice.
 		p.DependsOn = slices.Clip(slices.Clone(p.DependsOn))
 		r := &phaseRun{Phase: p, index: i, fsm: newPhaseFSM()}
+		if d, bounded := p.WorstCase(); bounded {
+			r.worstCase = d
+		}
 		r.progress.lc, r.progress.phase = l, r
 		for _, d := range p.DependsOn {
 			r.deps = append(r.deps, index[d])

@@ -37,6 +37,13 @@ func TestPolicyFromAnEarlierPhase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	worstCase := func() time.Duration {
+		p, _ := lc.Snapshot().Phase("registry")
+		return p.WorstCase
+	}
+	if d := worstCase(); d != 0 {
+		t.Errorf("registry's worst case before its policy was given: %v, want none", d)
+	}
 	err = lc.Start(context.Background())
 	var pe *lifecycle.PhaseError
 	var te *lifecycle.AttemptTimeoutError
@@ -45,6 +52,10 @@ func TestPolicyFromAnEarlierPhase(t *testing.T) {
 	}
 	if attempts.Load() != 3 {
 		t.Errorf("Run called %d times, want 3", attempts.Load())
+	}
+	want, _ := lifecycle.Phase{Timeout: read.Timeout, Retry: read.Retry}.WorstCase()
+	if d := worstCase(); d != want || d < 30*time.Millisecond {
+		t.Errorf("registry's worst case once its policy was given: %v, want %v", d, want)
 	}
 }
 

@@ -178,5 +178,14 @@ func TestWorstCase(t *testing.T) {
 		if bounded != tc.bounded || (got-tc.want).Abs() > time.Microsecond {
 			t.Errorf("%s: WorstCase %v %v, want %v %v", tc.name, got, bounded, tc.want, tc.bounded)
 		}
+		// The views read it from the snapshot, zero when unbounded.
+		tc.p.Name, tc.p.Run = "registry", func(context.Context, *lifecycle.Progress) error { return nil }
+		lc, err := lifecycle.New([]lifecycle.Phase{tc.p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p, _ := lc.Snapshot().Phase("registry"); (p.WorstCase - tc.want).Abs() > time.Microsecond {
+			t.Errorf("%s: the snapshot's WorstCase %v, want %v", tc.name, p.WorstCase, tc.want)
+		}
 	}
 }

@@ -275,6 +275,14 @@ func (l *Lifecycle) attempts(ctx context.Context, r *phaseRun, span trace.Span) 
 	if err := r.resolvePolicy(); err != nil {
 		return Permanent(err)
 	}
+	if r.PolicyFrom != nil {
+		// The views show the bound the policy just given sets.
+		d, _ := Phase{Timeout: r.Timeout, Retry: r.Retry}.WorstCase()
+		l.mu.Lock()
+		r.worstCase = d
+		l.publishLocked()
+		l.mu.Unlock()
+	}
 	max := r.Retry.attempts()
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {

@@ -59,6 +59,10 @@ type PhaseSnapshot struct {
 	ETA Estimate
 	// Err is the last attempt's error, if it failed.
 	Err error
+	// WorstCase is the longest the phase can run before it fails for good
+	// ([Phase.WorstCase]); for a phase whose policy comes from PolicyFrom,
+	// once that gave it. Zero while nothing bounds the phase.
+	WorstCase time.Duration
 }
 
 // Duration is how long the phase has run: up to Ended once done, up to now

@@ -94,6 +94,7 @@ func (l *Lifecycle) snapshotLocked() Snapshot {
 			Ended:     r.ended,
 			Progress:  r.progress.snapshot(),
 			Err:       r.err,
+			WorstCase: r.worstCase,
 		}
 	}
 	if len(l.tasks) > 0 {

@@ -110,11 +110,17 @@ func ExitCode(v View) int {
 	return ExitNotServing
 }
 
+// fmtDuration is the DURATION column: how long the step ran, and for a
+// phase not yet over the most it can take before it fails for good.
 func fmtDuration(p PhaseView) string {
-	if p.Started.IsZero() {
-		return "-"
+	d := "-"
+	if !p.Started.IsZero() {
+		d = p.Duration.Round(time.Millisecond).String()
 	}
-	return p.Duration.Round(time.Millisecond).String()
+	if p.WorstCase > 0 && p.Ended.IsZero() {
+		d += ", at most " + p.WorstCase.Round(time.Millisecond).String()
+	}
+	return d
 }
 
 func fmtProgress(p PhaseView) string {

@@ -44,6 +44,9 @@ type PhaseView struct {
 	// namespaces"); Slow marks it much slower than that this time.
 	Usual string `json:"usual,omitempty"`
 	Slow  bool   `json:"slow,omitempty"`
+	// WorstCase is, for a phase, the longest it can run before it fails
+	// for good (lifecycle.Phase.WorstCase); zero when nothing bounds it.
+	WorstCase time.Duration `json:"worstCaseNs,omitempty"`
 }
 
 // UsualFunc says what a phase, or with task a background task, usually
@@ -58,6 +61,7 @@ func NewView(s lifecycle.Snapshot, usual UsualFunc) View {
 		v.Phases = append(v.Phases, PhaseView{
 			Name: p.Name, DependsOn: p.DependsOn, State: string(p.State), Attempts: p.Attempts,
 			Started: p.Started, Ended: p.Ended, Duration: p.Duration(), Progress: p.Progress, Error: errString(p.Err),
+			WorstCase: p.WorstCase,
 		})
 		v.Phases[len(v.Phases)-1].setEstimate(p.ETA)
 		v.Phases[len(v.Phases)-1].setUsual(usual, false)
