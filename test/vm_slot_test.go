@@ -288,11 +288,17 @@ func replacePolicy(t *testing.T, ctx context.Context, c phasegatev1.SlotsClient,
 // checkPolicy checks that Get shows v's lease with policy p.
 func checkPolicy(t *testing.T, ctx context.Context, c phasegatev1.SlotsClient, v *vmSlot, p *phasegatev1.EgressPolicy) {
 	t.Helper()
-	got, err := c.Get(ctx, &phasegatev1.GetRequest{Index: v.slot.GetIndex()})
-	if err != nil {
-		t.Fatalf("Get(slot %d): %v", v.slot.GetIndex(), err)
-	}
-	s := got.GetSlot()
+	var s *phasegatev1.Slot
+	// A lease restored by a new start is verified in the background, after
+	// the daemon serves: until then Get says so.
+	waitFor(t, 30*time.Second, "the restored lease verified", func() bool {
+		got, err := c.Get(ctx, &phasegatev1.GetRequest{Index: v.slot.GetIndex()})
+		if err != nil {
+			t.Fatalf("Get(slot %d): %v", v.slot.GetIndex(), err)
+		}
+		s = got.GetSlot()
+		return s.GetState() != phasegatev1.SlotState_SLOT_STATE_VERIFYING
+	})
 	if s.GetState() != phasegatev1.SlotState_SLOT_STATE_ACQUIRED || s.GetOwner() != v.slot.GetOwner() || !proto.Equal(s.GetEgressPolicy(), p) {
 		t.Fatalf("slot %d: %v for %q with policy %v, want acquired for %q with %v", s.GetIndex(), s.GetState(), s.GetOwner(), s.GetEgressPolicy(), v.slot.GetOwner(), p)
 	}
