@@ -132,27 +132,40 @@ func (h *historyLog) startAttributes(s lifecycle.Snapshot) []attribute.KeyValue 
 		return nil
 	}
 	compared, slow := 0, []string{}
-	judge := func(kind, name string, task bool, took time.Duration) {
+	eachEnded(s, func(name string, task bool, took time.Duration, _ lifecycle.ProgressSnapshot) {
 		u, ok := l.Usual(name, task)
 		if !ok {
 			return
 		}
 		compared++
 		if u.Slow(took) {
-			slow = append(slow, fmt.Sprintf("%s %s took %v, %s", kind, name, took.Round(time.Millisecond), u))
+			slow = append(slow, fmt.Sprintf("%s %s took %v, %s", stepKind(task), name, took.Round(time.Millisecond), u))
 		}
-	}
+	})
+	return []attribute.KeyValue{attrStartCompare.Int(compared), attrStartSlow.StringSlice(slow)}
+}
+
+// eachEnded calls f for each phase, then each background task, of s that
+// has ended, with how long it ran and its last progress.
+func eachEnded(s lifecycle.Snapshot, f func(name string, task bool, took time.Duration, prog lifecycle.ProgressSnapshot)) {
 	for _, p := range s.Phases {
 		if !p.Ended.IsZero() {
-			judge("phase", p.Name, false, p.Ended.Sub(p.Started))
+			f(p.Name, false, p.Ended.Sub(p.Started), p.Progress)
 		}
 	}
 	for _, t := range s.Tasks {
 		if !t.Ended.IsZero() {
-			judge("task", t.Name, true, t.Ended.Sub(t.Started))
+			f(t.Name, true, t.Ended.Sub(t.Started), t.Progress)
 		}
 	}
-	return []attribute.KeyValue{attrStartCompare.Int(compared), attrStartSlow.StringSlice(slow)}
+}
+
+// stepKind names a phase or, with task, a background task.
+func stepKind(task bool) string {
+	if task {
+		return "task"
+	}
+	return "phase"
 }
 
 // recordStart follows lc's start and keeps it in h: once the start is
@@ -211,19 +224,10 @@ func (r *recorder) follow(s lifecycle.Snapshot) bool {
 	}
 	now := time.Now()
 	changed := !r.recorded
-	for _, p := range s.Phases {
-		if !p.Ended.IsZero() {
-			r.judge(l, p.Name, false, p.Ended.Sub(p.Started), p.Progress, &changed)
-		}
-	}
-	running := false
-	for _, t := range s.Tasks {
-		if t.Ended.IsZero() {
-			running = true
-			continue
-		}
-		r.judge(l, t.Name, true, t.Ended.Sub(t.Started), t.Progress, &changed)
-	}
+	eachEnded(s, func(name string, task bool, took time.Duration, prog lifecycle.ProgressSnapshot) {
+		r.judge(l, name, task, took, prog, &changed)
+	})
+	running := slices.ContainsFunc(s.Tasks, func(t lifecycle.TaskSnapshot) bool { return t.Ended.IsZero() })
 	if changed {
 		r.write(l, history.StartOf(s, now))
 	}
@@ -242,10 +246,7 @@ func (r *recorder) final(s lifecycle.Snapshot) {
 // logging and counting it when much slower; changed is set when it was
 // not judged before.
 func (r *recorder) judge(l *history.Log, name string, task bool, took time.Duration, prog lifecycle.ProgressSnapshot, changed *bool) {
-	kind := "phase"
-	if task {
-		kind = "task"
-	}
+	kind := stepKind(task)
 	key := kind + "\x00" + name
 	if r.judged[key] {
 		return
