@@ -100,18 +100,24 @@ type floodRig struct {
 	before    victimState
 	work      *workload
 	w         *watch
-	portConns int // the port's bound, as the daemon's log says
+	notify    *notifySocket // systemd's end of sd_notify, with a watchdog
+	portConns int           // the port's bound, as the daemon's log says
 	perPeer   int
 }
+
+// floodWatchdog is the WatchdogSec the flood rig's daemon is given: it
+// sends WATCHDOG=1 only once its self-probe got /livez from its own port.
+const floodWatchdog = 2 * time.Second
 
 const victimTTL = 6 * time.Second
 
 func newFloodRig(t *testing.T, extra ...string) *floodRig {
 	t.Helper()
-	r := &floodRig{t: t, pub: newPublicDir(t), h: newHost(t)}
+	r := &floodRig{t: t, pub: newPublicDir(t), h: newHost(t), notify: newNotifySocket(t)}
 	addr := freePort(t)
 	args := r.h.args(addr, append([]string{"--slots=64"}, extra...)...)
 	cmd := exec.Command("prlimit", append([]string{fmt.Sprintf("--nofile=%d", floodLimit), "--", binary}, args...)...)
+	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+r.notify.path, fmt.Sprintf("WATCHDOG_USEC=%d", floodWatchdog.Microseconds()))
 	r.d = &daemon{Process: startCmd(t, cmd), t: t, addr: addr, control: filepath.Join(r.h.stateDir, "control.sock")}
 	for _, a := range extra {
 		if v, ok := strings.CutPrefix(a, "--control-socket="); ok {
@@ -418,7 +424,32 @@ func (r *floodRig) floodAs(pub *publicDir, mode, addr string, n int, d time.Dura
 	r.t.Helper()
 	from := time.Now()
 	rep := pub.portFlood(r.t, mode, addr, n, d)()
-	return rep, r.w.window("flood "+mode+" "+addr, from, time.Now())
+	to := time.Now()
+	r.watchdogKept(from, to)
+	return rep, r.w.window("flood "+mode+" "+addr, from, to)
+}
+
+// watchdogKept checks that systemd's watchdog would not have fired
+// between from and to: the daemon's self-probe of its own port, which
+// goes before every WATCHDOG=1, was answered under the flood, never more
+// than WatchdogSec apart.
+func (r *floodRig) watchdogKept(from, to time.Time) {
+	t := r.t
+	t.Helper()
+	last, widest, n := from, time.Duration(0), 0
+	for _, m := range r.notify.all(0, "WATCHDOG") {
+		if m.at.After(from) && m.at.Before(to) {
+			widest, last, n = max(widest, m.at.Sub(last)), m.at, n+1
+		}
+	}
+	widest = max(widest, to.Sub(last))
+	t.Logf("under the flood: WATCHDOG=1 %d times, at most %v apart", n, widest.Round(time.Millisecond))
+	if widest >= floodWatchdog {
+		t.Errorf("WATCHDOG=1 %v apart under the flood, WatchdogSec=%v: systemd would have killed the daemon", widest, floodWatchdog)
+	}
+	if strings.Contains(r.d.Output(), "liveness self-check failed") {
+		t.Errorf("the daemon's self-probe failed under the flood:\n%s", r.d.Output())
+	}
 }
 
 // quiet lets d pass without a flood and returns what the watch saw.

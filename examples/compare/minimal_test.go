@@ -51,8 +51,19 @@ func TestMinimalServices(t *testing.T) {
 				t.Errorf("-fail: exited %v after exec, want under %v", took, failBound)
 			}
 
-			starting := proc.Start(t, bin, proc.Args("-listen", freePort(t), "-slow", "5s"))
-			time.Sleep(300 * time.Millisecond) // into the config step
+			startingAddr := freePort(t)
+			starting := proc.Start(t, bin, proc.Args("-listen", startingAddr, "-slow", "5s"))
+			if w.killedDuringStart {
+				// fx and run show nothing during their config step (no
+				// port, no output): well past the runtime's start is the
+				// best that can be known of being in it.
+				time.Sleep(300 * time.Millisecond)
+			} else {
+				eventually(t, "/health naming the config phase", func() bool {
+					code, body, err := tryGet(startingAddr, "/health")
+					return err == nil && code == 503 && strings.Contains(body, "phase config")
+				})
+			}
 			signalled := time.Now()
 			starting.Signal(syscall.SIGTERM)
 			st := starting.WaitState(wait)
