@@ -113,6 +113,9 @@ func (c Config) fdBudget(soft, hard uint64) (FDBudget, error) {
 		MaxRecvMsgSize:       maxSlotsRequest(),
 		MaxConcurrentStreams: server.DefaultMaxConcurrentStreams,
 		MaxHeaderBytes:       server.DefaultMaxHeaderBytes,
+		MaxSniffBytes:        server.DefaultMaxSniffBytes,
+		MaxSniffing:          min(server.DefaultMaxSniffing, controlMaxConns),
+		MaxSniffingPerPeer:   min(server.DefaultMaxSniffingPerPeer, controlConnsPerPeer),
 	}
 	b := FDBudget{Soft: soft, Hard: hard, Control: ctl,
 		Reserve: fdsAtRest + fdsPerKernelOp*kernelOps + ctl.MaxConns + fdsMargin}
@@ -165,6 +168,7 @@ const maxDurationSeconds = 315_576_000_000
 func (b FDBudget) attrs() []any {
 	return []any{"open_files", b.Soft, "hard_limit", b.Hard, "reserve", b.Reserve,
 		"port_conns", b.Port.MaxConns, "port_conns_per_peer", b.Port.MaxConnsPerPeer,
+		"port_sniffing", b.Port.MaxSniffing, "port_sniff_bytes", b.Port.MaxSniffBytes,
 		"control_conns", b.Control.MaxConns, "control_conns_per_uid", b.Control.MaxConnsPerPeer,
 		"max_request_bytes", b.Control.MaxRecvMsgSize}
 }

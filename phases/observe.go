@@ -96,8 +96,13 @@ func (o *observer) initConns() error {
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
+	sniffing, err := o.meter.Int64ObservableGauge("phasegate.conns.sniffing",
+		metric.WithDescription("Connections accepted whose protocol (gRPC or HTTP) is not known yet, by surface."))
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	refused, err := o.meter.Int64ObservableCounter("phasegate.conns.refused",
-		metric.WithDescription("Connections not taken, by surface and reason: per_peer and total (over a bound, closed at accept), accept_failed (an accept that failed for want of descriptors)."))
+		metric.WithDescription("Connections not taken, by surface and reason: per_peer, total and sniffing (over a bound, closed at accept), protocol (closed before its protocol was known for what it sent: more than the bound, or a frame no client sends first), accept_failed (an accept that failed for want of descriptors)."))
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
@@ -108,12 +113,14 @@ func (o *observer) initConns() error {
 			st := srv.ConnStats()
 			at := attribute.String("surface", surface)
 			ob.ObserveInt64(open, int64(st.Open), metric.WithAttributes(at))
-			for reason, n := range map[string]uint64{"per_peer": st.RefusedPerPeer, "total": st.RefusedTotal, "accept_failed": st.AcceptErrors} {
+			ob.ObserveInt64(sniffing, int64(st.Sniffing), metric.WithAttributes(at))
+			for reason, n := range map[string]uint64{"per_peer": st.RefusedPerPeer, "total": st.RefusedTotal, "sniffing": st.RefusedSniffing,
+				"protocol": st.RefusedProtocol, "accept_failed": st.AcceptErrors} {
 				ob.ObserveInt64(refused, int64(n), metric.WithAttributes(at, attribute.String("reason", reason)))
 			}
 		}
 		return nil
-	}, open, refused)
+	}, open, sniffing, refused)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}

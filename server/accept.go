@@ -21,6 +21,15 @@ type ConnStats struct {
 	// accept because their peer held MaxConnsPerPeer, or because the
 	// server held MaxConns (or unprivileged peers their part of it).
 	RefusedPerPeer, RefusedTotal uint64
+	// Sniffing counts the connections accepted and not yet handed to the
+	// gRPC or the HTTP server.
+	Sniffing int
+	// RefusedSniffing counts the connections closed at accept because
+	// MaxSniffing connections, or their peer's MaxSniffingPerPeer, were
+	// being sniffed; RefusedProtocol those closed before the handover for
+	// what they sent: more than MaxSniffBytes, or an HTTP/2 frame no
+	// client sends before its first request.
+	RefusedSniffing, RefusedProtocol uint64
 	// AcceptErrors counts accepts that failed for want of resources:
 	// descriptors (EMFILE, ENFILE) or kernel memory (ENOBUFS, ENOMEM).
 	// The accept loop backs off (5 ms, doubling to 1 s) and goes on.
@@ -36,35 +45,44 @@ type ConnStats struct {
 }
 
 // connGate is what the server decides at accept: who a connection comes
-// from, whether the [Limits] let it open, and what the accept loop went
-// through, logged at most once a second.
+// from, whether the [Limits] let it open and be sniffed, and what the
+// accept loop and the sniffing went through, logged at most once a second.
 type connGate struct {
-	limiter *connLimiter
+	limiter *connLimiter // open connections
+	sniff   *connLimiter // those not handed over yet
 	owners  *ownerFinder
 	log     *slog.Logger
 
 	refusedPeer, refusedTotal, acceptErrors atomic.Uint64
+	refusedSniffing, refusedProtocol        atomic.Uint64
 	impaired                                atomic.Int64 // Unix ns of the last impairment; 0: none
 	impairedNow                             atomic.Bool
 	refusedLog, acceptLog, ownerLog         throttle
+	protocolLog                             throttle
 }
 
 func newConnGate(l Limits, log *slog.Logger) *connGate {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &connGate{limiter: newConnLimiter(l, uint32(os.Geteuid())), owners: newOwnerFinder(), log: log}
+	self := uint32(os.Geteuid())
+	sniff := Limits{MaxConns: l.MaxSniffing, MaxConnsPerPeer: l.MaxSniffingPerPeer, PrivilegedConns: l.MaxSniffing / 4}
+	return &connGate{limiter: newConnLimiter(l, self), sniff: newConnLimiter(sniff, self), owners: newOwnerFinder(), log: log}
 }
 
 // stats returns what the gate counted.
 func (g *connGate) stats() ConnStats {
 	open, _ := g.limiter.counts()
+	sniffing, _ := g.sniff.counts()
 	st := ConnStats{
-		Open:           open,
-		RefusedPerPeer: g.refusedPeer.Load(),
-		RefusedTotal:   g.refusedTotal.Load(),
-		AcceptErrors:   g.acceptErrors.Load(),
-		ImpairedNow:    g.impairedNow.Load(),
+		Open:            open,
+		Sniffing:        sniffing,
+		RefusedPerPeer:  g.refusedPeer.Load(),
+		RefusedTotal:    g.refusedTotal.Load(),
+		RefusedSniffing: g.refusedSniffing.Load(),
+		RefusedProtocol: g.refusedProtocol.Load(),
+		AcceptErrors:    g.acceptErrors.Load(),
+		ImpairedNow:     g.impairedNow.Load(),
 	}
 	if ns := g.impaired.Load(); ns != 0 {
 		st.Impaired = time.Unix(0, ns)
@@ -100,18 +118,32 @@ func (g *connGate) peerOf(c net.Conn, cred *PeerCred) peerKey {
 	return remotePeer(remote.Addr())
 }
 
-// admit counts c's peer in, or refuses it: counted, logged at most once
-// a second, and closed at once (a TCP connection with a reset, so that
-// neither end keeps it in TIME_WAIT).
+// admit counts c's peer in, among the open connections and those being
+// sniffed, or refuses it: counted, logged at most once a second, and
+// closed at once (a TCP connection with a reset, so that neither end keeps
+// it in TIME_WAIT).
 func (g *connGate) admit(c net.Conn, p peerKey) bool {
 	why := g.limiter.admit(p)
 	if why == admitted {
-		return true
+		if why = g.sniff.admit(p); why == admitted {
+			return true
+		}
+		g.limiter.release(p)
+		why = overSniffing
 	}
-	lim, what := g.limiter.limits.MaxConnsPerPeer, "per peer"
-	if why == overPeer {
+	var lim int
+	var what string
+	switch why {
+	case overPeer:
 		g.refusedPeer.Add(1)
-	} else {
+		lim, what = g.limiter.limits.MaxConnsPerPeer, "per peer"
+	case overSniffing:
+		// A flood of the port's first bytes; the server is not impaired:
+		// a privileged peer's share is kept, and connections are handed
+		// over within a round trip.
+		g.refusedSniffing.Add(1)
+		lim, what = g.sniff.limits.MaxConns, "being sniffed"
+	default:
 		g.refusedTotal.Add(1)
 		g.impaired.Store(time.Now().UnixNano())
 		lim, what = g.limiter.limits.MaxConns, "in total"
@@ -126,6 +158,19 @@ func (g *connGate) admit(c net.Conn, p peerKey) bool {
 			"open", open, "peers", peers, "refused_since_last", n)
 	}
 	return false
+}
+
+// sniffed gives back the sniffing share of p's connection: it was handed
+// over, or closed before.
+func (g *connGate) sniffed(p peerKey) { g.sniff.release(p) }
+
+// refuseProtocol counts a connection closed before the handover for what
+// it sent, and logs it at most once a second.
+func (g *connGate) refuseProtocol(p peerKey, err error) {
+	g.refusedProtocol.Add(1)
+	if n, ok := g.protocolLog.allow(time.Now()); ok {
+		g.log.Warn("connection refused before its protocol was known", "peer", p.String(), "error", err, "refused_since_last", n)
+	}
 }
 
 // acceptFailed records an accept that failed for want of resources, and

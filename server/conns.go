@@ -1,10 +1,14 @@
 package server
 
 import (
+	"errors"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http2/hpack"
 )
 
 // trackingListener remembers the connections it accepted until they are
@@ -14,7 +18,8 @@ import (
 // when the process is out of descriptors (cmux would spin on the error).
 type trackingListener struct {
 	net.Listener
-	gate *connGate
+	gate  *connGate
+	sniff sniffBounds
 
 	// stopped: Accept takes no more connections, so that those still
 	// queued in the backlog are left to whoever holds the socket next (an
@@ -32,8 +37,16 @@ type trackingListener struct {
 	closed bool
 }
 
-func newTrackingListener(l net.Listener, gate *connGate) *trackingListener {
-	return &trackingListener{Listener: l, gate: gate, conns: make(map[*trackedConn]struct{}),
+// sniffBounds bound a connection until it is handed over: the bytes read
+// (MaxSniffBytes; zero, none) and the time, writes included
+// (SniffTimeout; zero, none).
+type sniffBounds struct {
+	bytes   int
+	timeout time.Duration
+}
+
+func newTrackingListener(l net.Listener, gate *connGate, sniff sniffBounds) *trackingListener {
+	return &trackingListener{Listener: l, gate: gate, sniff: sniff, conns: make(map[*trackedConn]struct{}),
 		released: make(chan struct{}), stopping: make(chan struct{})}
 }
 
@@ -70,9 +83,17 @@ func (l *trackingListener) Accept() (net.Conn, error) {
 }
 
 // track wraps c, once the gate admitted it, and remembers it; nil when the
-// gate refused it (closed already).
+// gate refused it (closed already). The sniff deadline starts now: it
+// covers the whole decision, a TLS handshake and the server's preface
+// included.
 func (l *trackingListener) track(c net.Conn) (*trackedConn, error) {
-	tc := &trackedConn{Conn: c, l: l, accepted: time.Now()}
+	tc := &trackedConn{Conn: c, l: l, accepted: time.Now(), sniffLeft: l.sniff.bytes}
+	if l.sniff.bytes == 0 {
+		tc.sniffLeft = -1
+	}
+	if l.sniff.timeout > 0 {
+		_ = c.SetDeadline(tc.accepted.Add(l.sniff.timeout))
+	}
 	if uc, ok := c.(*net.UnixConn); ok {
 		// The kernel keeps what the peer was at connect time. Without it
 		// (an error here), peer stays nil and every call on the
@@ -86,6 +107,7 @@ func (l *trackingListener) track(c net.Conn) (*trackedConn, error) {
 	if !l.gate.admit(c, tc.who) {
 		return nil, nil
 	}
+	tc.sniffing.Store(true)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -194,7 +216,48 @@ type trackedConn struct {
 	peer       *PeerCred // who connected, on a Unix socket
 	who        peerKey   // whose share of the bounds it takes
 	handedOver atomic.Bool
+	sniffing   atomic.Bool // holds a share of MaxSniffing, until handed over or closed
 	closeOnce  sync.Once
+
+	// Until the handover, read only by the multiplexer's goroutine.
+	sniffLeft int      // bytes it may still read; -1: no bound
+	protocol  protocol // what it speaks, once decided
+}
+
+// errSniffBytes ends a connection that sent more than MaxSniffBytes before
+// its protocol was known.
+var errSniffBytes = errors.New("server: more than MaxSniffBytes sent before the protocol was known")
+
+// Read reads at most what is left of MaxSniffBytes until the connection is
+// handed over; then it is the connection's own.
+func (c *trackedConn) Read(p []byte) (int, error) {
+	if c.handedOver.Load() || c.sniffLeft < 0 {
+		return c.Conn.Read(p)
+	}
+	if c.sniffLeft == 0 {
+		return 0, errSniffBytes
+	}
+	if len(p) > c.sniffLeft {
+		p = p[:c.sniffLeft]
+	}
+	n, err := c.Conn.Read(p)
+	c.sniffLeft -= n
+	return n, err
+}
+
+// handOver marks the connection as the server's: its sniff deadline and
+// bound are lifted, its share of MaxSniffing given back.
+func (c *trackedConn) handOver() {
+	c.handedOver.Store(true)
+	_ = c.Conn.SetDeadline(time.Time{})
+	c.endSniffing()
+}
+
+// endSniffing gives back the connection's share of MaxSniffing, once.
+func (c *trackedConn) endSniffing() {
+	if c.sniffing.CompareAndSwap(true, false) {
+		c.l.gate.sniffed(c.who)
+	}
 }
 
 func (c *trackedConn) Close() error {
@@ -202,6 +265,7 @@ func (c *trackedConn) Close() error {
 		c.l.mu.Lock()
 		delete(c.l.conns, c)
 		c.l.mu.Unlock()
+		c.endSniffing()
 		c.l.gate.limiter.release(c.who)
 	})
 	return c.Conn.Close()
@@ -219,7 +283,42 @@ func (l handoffListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	if tc, ok := rawConnOf(c).(*trackedConn); ok {
-		tc.handedOver.Store(true)
+		tc.handOver()
 	}
 	return c, nil
+}
+
+// matcher is the multiplexer's matcher of the connections that speak p:
+// the first one asked reads the connection ([decide]) and the others read
+// its answer, so a connection is read once, by the server's own reader.
+func (g *connGate) matcher(p protocol) func(io.Writer, io.Reader) bool {
+	return func(w io.Writer, r io.Reader) bool {
+		c, ok := w.(net.Conn)
+		if !ok {
+			return false
+		}
+		tc, ok := rawConnOf(c).(*trackedConn)
+		if !ok {
+			return false
+		}
+		if tc.protocol == undecided {
+			var err error
+			if tc.protocol, err = decide(w, r); tc.protocol == refused && refusedForWhatItSent(err) {
+				g.refuseProtocol(tc.who, err)
+			}
+		}
+		return tc.protocol == p
+	}
+}
+
+// refusedForWhatItSent reports whether the port refused a connection for
+// what it sent: more than MaxSniffBytes, a frame it does not take before a
+// first request, or a header block that does not decode. A connection
+// that sent nothing before SniffTimeout, or closed first (a TCP check), is
+// closed without a word.
+func refusedForWhatItSent(err error) bool {
+	var fe *frameRefusedError
+	var de hpack.DecodingError
+	var ie hpack.InvalidIndexError
+	return errors.Is(err, errSniffBytes) || errors.As(err, &fe) || errors.As(err, &de) || errors.As(err, &ie)
 }

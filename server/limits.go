@@ -67,6 +67,29 @@ type Limits struct {
 	// SETTINGS_MAX_HEADER_LIST_SIZE). Zero is each library's own bound:
 	// 1 MiB for HTTP, 16 MiB for gRPC.
 	MaxHeaderBytes int
+
+	// MaxSniffBytes bounds what the server reads of a connection before
+	// it knows whether the connection speaks gRPC or HTTP, in bytes as
+	// they come off the wire (a TLS handshake included): what the
+	// multiplexer keeps to replay to the server it hands the connection
+	// to. A connection that needs more is closed unserved. An HTTP/1
+	// request needs one byte (one TLS record over TLS), a gRPC call its
+	// first HEADERS frames, so at least MaxHeaderBytes plus a TLS
+	// handshake lets any call the gRPC server would take through. Zero
+	// is no bound.
+	MaxSniffBytes int
+	// MaxSniffing bounds the connections accepted and not yet handed to
+	// the gRPC or the HTTP server, every peer's together: with
+	// MaxSniffBytes, it bounds the memory they hold, however many
+	// connections the other bounds let in. A quarter of it is kept for
+	// privileged peers, as PrivilegedConns is of MaxConns. A connection
+	// over it is closed at accept. Zero is no bound.
+	MaxSniffing int
+	// MaxSniffingPerPeer bounds the connections of one unprivileged
+	// peer that are being sniffed at once: a client's connection is
+	// sniffed for a round trip, a flood's for up to SniffTimeout. Zero is
+	// no bound.
+	MaxSniffingPerPeer int
 }
 
 // Defaults of [DefaultLimits].
@@ -90,6 +113,17 @@ const (
 	// DefaultMaxRecvMsgSize is grpc-go's own bound; a daemon whose
 	// messages are small sets its own.
 	DefaultMaxRecvMsgSize = 4 << 20
+	// DefaultMaxSniffBytes lets a first gRPC call with DefaultMaxHeaderBytes
+	// of metadata through, and a TLS handshake with a client
+	// certificate's chain before it.
+	DefaultMaxSniffBytes = DefaultMaxHeaderBytes + 16<<10
+	// DefaultMaxSniffing is what a port takes of new connections at once
+	// before it knows their protocol: they hold at most 10 MiB of what
+	// they sent (docs/SECURITY.md, "Bounds of the two surfaces").
+	DefaultMaxSniffing = 128
+	// DefaultMaxSniffingPerPeer is more than any client opens in one
+	// round trip.
+	DefaultMaxSniffingPerPeer = 16
 )
 
 // DefaultLimits returns the recommended limits for a process whose
@@ -107,9 +141,10 @@ func DefaultLimits() Limits {
 }
 
 // LimitsFor returns the recommended limits with MaxConns set to maxConns:
-// the per-peer bound and the privileged share are scaled down when
+// the per-peer bounds and the privileged share are scaled down when
 // maxConns is small, so that one peer never takes more than a quarter of
-// it and the privileged share is an eighth at most.
+// it (an eighth of it being sniffed) and the privileged share is an eighth
+// at most.
 func LimitsFor(maxConns int) Limits {
 	return Limits{
 		MaxConns:             maxConns,
@@ -118,6 +153,9 @@ func LimitsFor(maxConns int) Limits {
 		MaxRecvMsgSize:       DefaultMaxRecvMsgSize,
 		MaxConcurrentStreams: DefaultMaxConcurrentStreams,
 		MaxHeaderBytes:       DefaultMaxHeaderBytes,
+		MaxSniffBytes:        DefaultMaxSniffBytes,
+		MaxSniffing:          min(DefaultMaxSniffing, maxConns),
+		MaxSniffingPerPeer:   max(1, min(DefaultMaxSniffingPerPeer, maxConns/8)),
 	}
 }
 
@@ -130,6 +168,7 @@ func (l Limits) validate() []error {
 	}{
 		{"MaxConns", l.MaxConns}, {"MaxConnsPerPeer", l.MaxConnsPerPeer}, {"PrivilegedConns", l.PrivilegedConns},
 		{"MaxRecvMsgSize", l.MaxRecvMsgSize}, {"MaxHeaderBytes", l.MaxHeaderBytes},
+		{"MaxSniffBytes", l.MaxSniffBytes}, {"MaxSniffing", l.MaxSniffing}, {"MaxSniffingPerPeer", l.MaxSniffingPerPeer},
 	} {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("server: Config.%s is %d, must not be negative (zero means none)", f.name, f.v))
@@ -137,6 +176,9 @@ func (l Limits) validate() []error {
 	}
 	if l.MaxConns > 0 && l.PrivilegedConns > l.MaxConns {
 		errs = append(errs, fmt.Errorf("server: Config.PrivilegedConns %d is more than MaxConns %d", l.PrivilegedConns, l.MaxConns))
+	}
+	if l.MaxSniffBytes > 0 && l.MaxSniffBytes < minSniffBytes {
+		errs = append(errs, fmt.Errorf("server: Config.MaxSniffBytes %d is below %d, what HTTP/2's preface and first frames take", l.MaxSniffBytes, minSniffBytes))
 	}
 	if l.Window != 0 && l.Window < 64<<10 {
 		errs = append(errs, fmt.Errorf("server: Config.Window %d is below HTTP/2's 64 KiB", l.Window))
@@ -146,6 +188,10 @@ func (l Limits) validate() []error {
 	}
 	return errs
 }
+
+// minSniffBytes is the least MaxSniffBytes: HTTP/2's client preface, a
+// SETTINGS frame, a WINDOW_UPDATE and a HEADERS frame of a small call.
+const minSniffBytes = 1 << 10
 
 // keepaliveEnforcement is grpc-go's own policy, said here so that it is
 // one the server states: a client that pings more often than every 5
@@ -210,9 +256,10 @@ func (p peerKey) String() string {
 type refusal int
 
 const (
-	admitted  refusal = iota
-	overPeer          // its peer holds MaxConnsPerPeer
-	overTotal         // the server holds MaxConns, or unprivileged peers their part of it
+	admitted     refusal = iota
+	overPeer             // its peer holds MaxConnsPerPeer
+	overTotal            // the server holds MaxConns, or unprivileged peers their part of it
+	overSniffing         // MaxSniffing connections, or the peer's share of them, are being sniffed
 )
 
 // connLimiter counts the open connections, by peer and in total, and

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
@@ -45,7 +44,7 @@ func (s *Server) Listen(ctx context.Context) (net.Addr, error) {
 			return nil, fmt.Errorf("server: listen: %w", err)
 		}
 	}
-	s.lis = newTrackingListener(l, s.conns)
+	s.lis = newTrackingListener(l, s.conns, sniffBounds{bytes: s.cfg.MaxSniffBytes, timeout: s.cfg.SniffTimeout})
 	return l.Addr(), nil
 }
 
@@ -99,16 +98,16 @@ func (s *Server) Serve(ctx context.Context) error {
 
 	var base net.Listener = s.lis
 	if s.cfg.TLS != nil {
-		// The handshake happens on cmux's first read, so the sniff timeout
-		// bounds a client that never completes it.
+		// The handshake happens on the first read of the sniffing, so its
+		// deadline and MaxSniffBytes bound a client that never completes
+		// it, or sends a certificate chain of megabytes.
 		base = tls.NewListener(s.lis, s.cfg.TLS)
 	}
+	// The sniff deadline is the connection's own, set at accept (see
+	// trackingListener.track), so cmux's read timeout stays off.
 	m := cmux.New(base)
-	m.SetReadTimeout(s.cfg.SniffTimeout)
-	// gRPC clients wait for the server's SETTINGS frame before they send
-	// their headers, so the matcher must send it.
-	grpcL := handoffListener{m.MatchWithWriters(cmux.HTTP2MatchHeaderFieldSendSettings("content-type", "application/grpc"))}
-	httpL := handoffListener{m.Match(sentSomething)}
+	grpcL := handoffListener{m.MatchWithWriters(s.conns.matcher(speaksGRPC))}
+	httpL := handoffListener{m.MatchWithWriters(s.conns.matcher(speaksHTTP))}
 	s.cm = m
 
 	s.wg.Add(3)
@@ -125,18 +124,6 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.served("HTTP", s.http.Serve(httpL))
 	}()
 	return nil
-}
-
-// sentSomething matches every connection that sent at least one byte
-// within the sniff timeout: the HTTP server answers what is not HTTP with
-// 400. One that sent nothing matches no listener, and the multiplexer
-// closes it. cmux.Any would hand it to the HTTP server, whose Shutdown takes
-// a connection that never sent a byte for an active one during its first 5 s
-// and so waits for it for up to the whole stop timeout.
-func sentSomething(r io.Reader) bool {
-	var b [1]byte
-	n, _ := r.Read(b[:])
-	return n > 0
 }
 
 // served records how a serving goroutine ended. Any end before Drain is a
