@@ -9,6 +9,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/phasegate/phasegate/internal/memlimit"
 )
 
 // Run starts the App and blocks until it is told to stop, then stops it:
@@ -30,6 +32,11 @@ import (
 //     [lifecycle.Lifecycle.Fail]): the lifecycle turns failed, health says
 //     so, the App drains and Run returns the cause, so that the process
 //     exits non-zero and its supervisor restarts it.
+//
+// In a cgroup with a memory limit (a container's, a Nomad task's, a
+// systemd unit's MemoryMax=) Run first gives the Go runtime 90% of it as
+// its soft limit, unless GOMEMLIMIT says otherwise: the heap is collected
+// harder near the limit instead of the process being killed at it.
 func (a *App) Run(ctx context.Context) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
@@ -57,6 +64,7 @@ func (a *App) Main() int {
 
 func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {
 	defer a.close()
+	applyMemoryLimit(a.log, memlimit.Host())
 	started := make(chan error, 1)
 	go func() { started <- a.Start(ctx) }()
 	cause, startReturned := a.untilStop(ctx, sigs, started)
