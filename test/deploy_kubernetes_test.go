@@ -119,7 +119,13 @@ func TestDeployKubernetes(t *testing.T) {
 	}
 
 	addr := r.Listen
-	d := n.start(addr, n.command(envList, append(append([]string{binary}, args...), confine(h)...)...))
+	// The container's memory limit, as the runtime sets it: a cgroup.
+	limit := c.Resources.Limits.Memory().Value()
+	if limit == 0 {
+		t.Fatal("the container has no memory limit (resources.limits.memory): the test floods the port under it")
+	}
+	cg := newMemoryCgroup(t, limit)
+	d := n.start(addr, n.command(envList, cg.wrap(append(append([]string{binary}, args...), confine(h)...)...)...))
 	// The kubelet runs the startup probe until it passes, then the others.
 	waitPass(t, serveTimeout, "the startupProbe to pass", func() error { return kubeletProbe(n, c, sp) })
 	waitPass(t, serveTimeout, "the readinessProbe to pass", func() error { return kubeletProbe(n, c, rp) })
@@ -128,6 +134,8 @@ func TestDeployKubernetes(t *testing.T) {
 		t.Errorf("a client verifying the certificate against the CA: %v: %s", err, out)
 	}
 	assertControlGuarded(t, n, d, h, certs)
+	floodUnderTheLimit(t, n, d, cg, addr)
+	waitPass(t, serveTimeout, "the livenessProbe to pass after the floods", func() error { return kubeletProbe(n, c, lp) })
 
 	stop := syscall.SIGTERM
 	if c.Lifecycle != nil && c.Lifecycle.StopSignal != nil {

@@ -236,7 +236,17 @@ func testNomadJob(t *testing.T, file string) {
 		t.Fatal("the job has no service check")
 	}
 
-	d := n.start(addr, n.command(env, append(append([]string{binary}, args...), confine(h)...)...))
+	// The task's memory limit, as Nomad's executor sets it (MiB): a cgroup.
+	res := block(t, task, "resources")
+	mem, ok := ev.value(res, "memory_max")
+	if !ok {
+		if mem, ok = ev.value(res, "memory"); !ok {
+			t.Fatal("the task has no resources.memory: the test floods the port under it")
+		}
+	}
+	mib, _ := mem.AsBigFloat().Int64()
+	cg := newMemoryCgroup(t, mib<<20)
+	d := n.start(addr, n.command(env, cg.wrap(append(append([]string{binary}, args...), confine(h)...)...)...))
 	for _, c := range checks {
 		waitPass(t, serveTimeout, fmt.Sprintf("%s %s check %q to pass", c.provider, c.typ, c.name), c.run)
 	}
@@ -244,6 +254,10 @@ func testNomadJob(t *testing.T, file string) {
 		t.Errorf("a client verifying the certificate against the CA: %v: %s", err, out)
 	}
 	assertControlGuarded(t, n, d, h, certs)
+	floodUnderTheLimit(t, n, d, cg, addr)
+	for _, c := range checks {
+		waitPass(t, serveTimeout, fmt.Sprintf("%s check %q after the floods", c.typ, c.name), c.run)
+	}
 
 	// A renewed certificate: the template re-renders and signals.
 	for _, tm := range templates {

@@ -58,7 +58,21 @@ func init() {
 // ready, and returns a function that waits for its report.
 func (p *publicDir) portFlood(t *testing.T, mode, addr string, n int, d time.Duration) (wait func() portflood.Report) {
 	t.Helper()
-	cmd := exec.Command("runuser", "-u", "nobody", "--", p.testBinary)
+	return p.portFloodVia(t, []string{"runuser", "-u", "nobody", "--"}, mode, addr, n, d)
+}
+
+// asUID runs a command as uid (and its gid), with no supplementary group:
+// a user that need not exist in the password file.
+func asUID(uid int) []string {
+	id := strconv.Itoa(uid)
+	return []string{"setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups", "--"}
+}
+
+// portFloodVia is portFlood with the client run by the command via, which
+// ends in the one that drops root (runuser, asUID).
+func (p *publicDir) portFloodVia(t *testing.T, via []string, mode, addr string, n int, d time.Duration) (wait func() portflood.Report) {
+	t.Helper()
+	cmd := exec.Command(via[0], append(via[1:], p.testBinary)...)
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%d|%d", portFloodEnv, mode, addr, n, int(d.Seconds())))
 	cmd.Dir, cmd.Stderr = p.dir, os.Stderr
 	out, err := cmd.StdoutPipe()

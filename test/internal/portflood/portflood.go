@@ -1,9 +1,11 @@
 // Package portflood is a client that floods a server's port the way a
 // local user starved the daemon through it: as many gRPC connections as it
 // can get, one call each, held; TCP connections that never send a byte; big
-// unauthenticated calls in flight. The end-to-end tests run it as another
-// user (the test binary re-executed under runuser), and so does the
-// benchmark's flood part. Traffic goes only where it is told.
+// unauthenticated calls in flight; and, before the port knows a
+// connection's protocol, HTTP/2 frames no client sends first (h2.go). The
+// end-to-end tests run it as another user (the test binary re-executed
+// under runuser), and so does the benchmark's flood part. Traffic goes
+// only where it is told.
 package portflood
 
 import (
@@ -29,7 +31,9 @@ import (
 )
 
 // Run runs the flood spec names, "MODE|ADDR|N|SECONDS" with MODE grpc,
-// silent or bigacquire (see GRPC, Silent, BigAcquire): it writes "ready"
+// silent or bigacquire (see GRPC, Silent, BigAcquire), or one of the
+// floods of the port's first bytes (h2data, h2header, stall, noread: see
+// H2; ADDR tls://host:port for them over TLS): it writes "ready"
 // to stdout after its first round and its Report as JSON when the time is
 // up, and returns the exit code.
 func Run(spec string, stdout, stderr io.Writer) int {
@@ -41,8 +45,11 @@ func Run(spec string, stdout, stderr io.Writer) int {
 	n, err1 := strconv.Atoi(parts[2])
 	secs, err2 := strconv.Atoi(parts[3])
 	flood := map[string]func(string, int, time.Time, func()) Report{"grpc": GRPC, "silent": Silent, "bigacquire": BigAcquire}[parts[0]]
+	if h2, ok := h2FloodNamed(parts[0]); ok {
+		flood = func(addr string, n int, until time.Time, ready func()) Report { return H2(h2, addr, n, until, ready) }
+	}
 	if err1 != nil || err2 != nil || flood == nil {
-		fmt.Fprintf(stderr, "portflood %q: want MODE (grpc, silent, bigacquire)|ADDR|N|SECONDS\n", spec)
+		fmt.Fprintf(stderr, "portflood %q: want MODE (grpc, silent, bigacquire, h2data, h2header, stall, noread)|ADDR|N|SECONDS\n", spec)
 		return 2
 	}
 	rep := flood(parts[1], n, time.Now().Add(time.Duration(secs)*time.Second), func() { fmt.Fprintln(stdout, "ready") })
@@ -62,6 +69,11 @@ type Report struct {
 	Refused  int `json:"refused"`
 	// Codes counts how the big Acquires ended.
 	Codes map[string]int `json:"codes,omitempty"`
+	// Sent is what the floods of the first bytes wrote that the kernel
+	// took, in bytes; Longest the longest one of their connections lived
+	// before the server ended it, in seconds.
+	Sent    int64   `json:"sent,omitempty"`
+	Longest float64 `json:"longest_s,omitempty"`
 }
 
 // inParallel runs f(i) for i in [0, n) on 64 goroutines.
