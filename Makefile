@@ -111,6 +111,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseNames$$' -fuzztime $(FUZZTIME) ./network/slot/
 	$(GO) test -run '^$$' -fuzz '^FuzzServeConfiguration$$' -fuzztime $(FUZZTIME) ./cmd/phasegate/
 	$(GO) test -run '^$$' -fuzz '^FuzzHealthQuery$$' -fuzztime $(FUZZTIME) ./health/
+	$(GO) test -run '^$$' -fuzz '^FuzzShown$$' -fuzztime $(FUZZTIME) ./internal/names/
+	$(GO) test -run '^$$' -fuzz '^FuzzASCIIJSON$$' -fuzztime $(FUZZTIME) ./internal/names/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./lifecycle/... ./server/...

@@ -7,6 +7,8 @@ import (
 	"os/user"
 	"strconv"
 	"strings"
+
+	"github.com/phasegate/phasegate/internal/names"
 )
 
 // Policy says what each principal may do on the control surface. Root on
@@ -41,7 +43,8 @@ type Policy struct {
 
 // Rule grants the principals it selects the right to act for Owners:
 // exact names, or prefixes written with a trailing "*" ("sandbox-*"; "*"
-// alone is every owner). A rule selects by exactly one of UID, User, GID,
+// alone is every owner), each within the names rule that owners follow
+// (printable ASCII but space, '"' and '\'; docs/SECURITY.md, "Names"). A rule selects by exactly one of UID, User, GID,
 // Group or Identity.
 type Rule struct {
 	UID *uint32 `json:"uid,omitempty"`
@@ -89,7 +92,7 @@ func ParseRule(s string, readOnly bool) (Rule, error) {
 	sel, owners, ok := strings.Cut(s, "=")
 	kind, val, ok2 := strings.Cut(sel, ":")
 	if !ok || !ok2 || val == "" || owners == "" {
-		return Rule{}, fmt.Errorf("%w: %q: want SELECTOR=OWNER,… with SELECTOR uid:N, user:NAME, gid:N, group:NAME or id:KIND:IDENTITY (KIND uri, dns or cn)", ErrPolicy, s)
+		return Rule{}, fmt.Errorf("%w: \"%s\": want SELECTOR=OWNER,… with SELECTOR uid:N, user:NAME, gid:N, group:NAME or id:KIND:IDENTITY (KIND uri, dns or cn)", ErrPolicy, names.Shown(s))
 	}
 	r := Rule{Owners: strings.Split(owners, ","), ReadOnly: readOnly}
 	num := func() (*uint32, error) {
@@ -119,7 +122,7 @@ func ParseRule(s string, readOnly bool) (Rule, error) {
 		return Rule{}, err
 	}
 	if err := r.resolve(); err != nil {
-		return Rule{}, fmt.Errorf("%q: %w", s, err)
+		return Rule{}, fmt.Errorf("\"%s\": %w", names.Shown(s), err)
 	}
 	return r, nil
 }
@@ -127,7 +130,7 @@ func ParseRule(s string, readOnly bool) (Rule, error) {
 // Resolve turns the rules' user and group names into ids, writes every
 // identity pattern with its kind, and checks every field: a policy that
 // names an unknown user, an identity pattern without its kind, an owner
-// pattern with "*" inside it, a negative quota or a rate that is not a
+// pattern with "*" inside it or outside the names rule, a negative quota or a rate that is not a
 // finite number, 0 or more, is refused whole.
 func (p *Policy) Resolve() error {
 	var errs []error
@@ -194,8 +197,8 @@ func (r *Rule) resolve() error {
 	if len(r.Owners) == 0 {
 		return fmt.Errorf("%w: a rule needs owners (\"*\" for every owner)", ErrPolicy)
 	}
-	for _, o := range r.Owners {
-		if err := checkPattern("owner", o); err != nil {
+	for i, o := range r.Owners {
+		if err := checkOwnerPattern(i, o); err != nil {
 			return err
 		}
 	}
@@ -246,6 +249,19 @@ func parseIdentity(p string) (Kind, string, error) {
 	}
 	return 0, "", fmt.Errorf("%w: identity pattern %q does not say which part of a certificate it matches: write uri:%s (a URI SAN), dns:%s (a DNS SAN) or cn:%s (the subject's common name); only a pattern starting spiffe:// may go without, as a URI SAN's",
 		ErrPolicy, p, p, p, p)
+}
+
+// checkOwnerPattern refuses owner pattern i, p, if it is not a name of
+// the names rule (internal/names) with "*" at most at its end: a pattern
+// that could look like another owner's is refused with the rest of the
+// policy, naming the code point, never written raw.
+func checkOwnerPattern(i int, p string) error {
+	if p != "" {
+		if err := names.Check(fmt.Sprintf("owners[%d]", i), p); err != nil {
+			return fmt.Errorf("%w: %w", ErrPolicy, err)
+		}
+	}
+	return checkPattern("owner", p)
 }
 
 func checkPattern(what, p string) error {

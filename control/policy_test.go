@@ -31,6 +31,15 @@ func TestParsePolicyRefusesWhatCannotBeUsed(t *testing.T) {
 		{"identity as a principal's name", `{"principals": [{"identity": "x509:uri:spiffe://x/y", "owners": ["*"]}]}`, "does not say which part"},
 		{"identity kind without a value", `{"principals": [{"identity": "cn:", "owners": ["*"]}]}`, "empty identity pattern"},
 		{"attach read-only", `{"principals": [{"uid": 1, "owners": ["cni/*"], "read_only": true, "attach": true}]}`, "cannot grant attach"},
+		// Owner patterns follow the names rule, whether the file writes
+		// the character raw or as a JSON escape; the error names the
+		// field and the code point, and shows the pattern escaped.
+		{"U+3164 in an owner", "{\"principals\": [{\"uid\": 1, \"owners\": [\"a\", \"rt-victim\u3164\"]}]}", `principals[0]: control policy: owners[1] "rt-victim\u3164": U+3164, outside ASCII (Lo, Hangul), at byte 9: names are`},
+		{"U+3164 escaped in JSON", `{"principals": [{"uid": 1, "owners": ["rt-victim\u3164"]}]}`, `owners[0] "rt-victim\u3164": U+3164`},
+		{"a Cyrillic a in a prefix", `{"principals": [{"uid": 1, "owners": ["rt-vict\u0430*"]}]}`, `owners[0] "rt-vict\u0430*": U+0430, outside ASCII (Ll, Cyrillic)`},
+		{"a zero-width space", `{"principals": [{"uid": 1, "owners": ["\u200b*"]}]}`, `"\u200b*": U+200B`},
+		{"a space", `{"principals": [{"uid": 1, "owners": ["rt-victim "]}]}`, `"rt-victim\x20": U+0020, a space`},
+		{"ESC", `{"principals": [{"uid": 1, "owners": ["\u001b[2K"]}]}`, "U+001B, a control character"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := control.ParsePolicy(strings.NewReader(tc.json))
@@ -71,6 +80,8 @@ func TestParseRule(t *testing.T) {
 		{"uid:1000", "want SELECTOR=OWNER"},
 		{"pid:1=*", "unknown selector"},
 		{"uid:1=a*b", `"*" may only end`},
+		{"uid:1=a,rt-victim\u3164", `"uid:1=a,rt-victim\u3164": control policy: owners[1] "rt-victim\u3164": U+3164`},
+		{"uid:1=\uff52\uff54-*", `U+FF52, outside ASCII (Ll, Latin)`},
 	} {
 		_, err := control.ParseRule(tc.in, false)
 		switch {

@@ -17,6 +17,7 @@ import (
 	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
@@ -54,9 +55,9 @@ func checkKey(k cniv1.Key) error {
 	}
 	switch {
 	case !namePattern.MatchString(k.ContainerID):
-		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("CNI_CONTAINERID %q: want letters, digits, '_', '.' and '-', starting with a letter or digit", k.ContainerID))
-	case len(k.RequestID()) > maxIDLen || len(k.Owner()) > maxIDLen:
-		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("network name and container id together are limited to %d bytes", maxIDLen))
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("CNI_CONTAINERID \"%s\": want letters, digits, '_', '.' and '-', starting with a letter or digit", names.Shown(k.ContainerID)))
+	case len(k.RequestID()) > names.MaxLen || len(k.Owner()) > names.MaxLen:
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("network name and container id together are limited to %d bytes", names.MaxLen))
 	}
 	if err := slot.CheckIfName(k.IfName); err != nil {
 		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, "CNI_IFNAME: "+err.Error())
@@ -64,17 +65,32 @@ func checkKey(k cniv1.Key) error {
 	return nil
 }
 
+// checkNewKey refuses what checkKey refuses, and a key whose lease would
+// break the names rule (internal/names): the spec leaves the interface
+// name to the kernel, which takes any byte but '/', ':' and whitespace,
+// and it is part of the lease's request id. Only ADD checks it: a key
+// attached before the rule is still DEL's and CHECK's.
+func checkNewKey(k cniv1.Key) error {
+	if err := checkKey(k); err != nil {
+		return err
+	}
+	if err := names.Check("CNI_IFNAME", k.IfName); err != nil {
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, err.Error())
+	}
+	return nil
+}
+
 // checkNetwork refuses a network name the CNI spec would not give.
 func checkNetwork(name string) error {
-	if !namePattern.MatchString(name) || len(cniv1.OwnerPrefix+name) > maxIDLen {
-		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidConfig, fmt.Sprintf("network name %q: want letters, digits, '_', '.' and '-', starting with a letter or digit", name))
+	if !namePattern.MatchString(name) || len(cniv1.OwnerPrefix+name) > names.MaxLen {
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidConfig, fmt.Sprintf("network name \"%s\": want letters, digits, '_', '.' and '-', starting with a letter or digit", names.Shown(name)))
 	}
 	return nil
 }
 
 // mayAttach returns the caller if it may attach slots for key's network.
 func mayAttach(ctx context.Context, k cniv1.Key) (control.Caller, error) {
-	control.Note(ctx, "request_id", k.RequestID())
+	control.Note(ctx, "request_id", names.Shown(k.RequestID()))
 	return mayAttachFor(ctx, k.Owner())
 }
 
@@ -84,10 +100,10 @@ func mayAttachFor(ctx context.Context, owner string) (control.Caller, error) {
 	if err != nil {
 		return c, err
 	}
-	control.Note(ctx, "owner", owner)
+	control.Note(ctx, "owner", names.Shown(owner))
 	if !c.Grant.MayAttach(owner) {
 		return c, cniErr(codes.PermissionDenied, cniv1.CodeRefused,
-			fmt.Sprintf("%s may not attach slots for %q (the control policy grants it no attach for that owner)", c.Principal, owner))
+			fmt.Sprintf("%s may not attach slots for \"%s\" (the control policy grants it no attach for that owner)", c.Principal, names.Shown(owner)))
 	}
 	return c, nil
 }
@@ -95,7 +111,7 @@ func mayAttachFor(ctx context.Context, owner string) (control.Caller, error) {
 // add attaches a slot to the namespace at req.Netns, or answers the
 // attachment a first ADD of the key made.
 func (c *cniService) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Attachment, error) {
-	if err := checkKey(req.Key); err != nil {
+	if err := checkNewKey(req.Key); err != nil {
 		return nil, err
 	}
 	caller, err := mayAttach(ctx, req.Key)
@@ -210,7 +226,7 @@ func (c *cniService) end(ctx context.Context, rec leases.Record, put func(contex
 	// once the teardown is done (or stays quarantined for the reconciler).
 	c.slots.giveBackBy(context.WithoutCancel(ctx), l, put)
 	c.slots.count("released")
-	c.slots.log.Info("attachment ended", "slot", rec.Index, "owner", rec.Owner, "request_id", rec.RequestID)
+	c.slots.log.Info("attachment ended", "slot", rec.Index, "owner", names.Shown(rec.Owner), "request_id", names.Shown(rec.RequestID))
 	return nil
 }
 
@@ -224,7 +240,7 @@ func (c *cniService) check(ctx context.Context, req cniv1.CheckRequest) error {
 	}
 	l, ok := c.slots.table.byRequest(req.Owner(), req.RequestID())
 	if !ok {
-		return cniErr(codes.NotFound, cniv1.CodeCheckFailed, fmt.Sprintf("no attachment %s/%s on network %q", req.ContainerID, req.IfName, req.Network))
+		return cniErr(codes.NotFound, cniv1.CodeCheckFailed, fmt.Sprintf("no attachment %s on network %q", names.Shown(req.RequestID()), req.Network))
 	}
 	if err := c.slots.settle(ctx, l); err != nil {
 		return asCNI(err, cniv1.CodeTryAgainLater)
@@ -368,9 +384,9 @@ func (t *attachTarget) sameAs(l lease) error {
 	a := l.rec.Attachment
 	switch {
 	case a == nil:
-		return cniErr(codes.AlreadyExists, cniv1.CodeInvalidConfig, fmt.Sprintf("request %q of %q is a lease of the Slots API, not an attachment", l.rec.RequestID, l.rec.Owner))
+		return cniErr(codes.AlreadyExists, cniv1.CodeInvalidConfig, fmt.Sprintf("request \"%s\" of \"%s\" is a lease of the Slots API, not an attachment", names.Shown(l.rec.RequestID), names.Shown(l.rec.Owner)))
 	case a.Netns != t.id:
-		return cniErr(codes.AlreadyExists, cniv1.CodeInvalidEnvironment, fmt.Sprintf("%s of %q is attached to the namespace at %s, not to %s", l.rec.RequestID, l.rec.Owner, a.NetnsPath, t.path))
+		return cniErr(codes.AlreadyExists, cniv1.CodeInvalidEnvironment, fmt.Sprintf("%s of \"%s\" is attached to the namespace at %s, not to %s", names.Shown(l.rec.RequestID), names.Shown(l.rec.Owner), a.NetnsPath, t.path))
 	}
 	return nil
 }

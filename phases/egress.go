@@ -12,6 +12,7 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/slot"
@@ -192,7 +193,7 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 	}
 	s.table.mu.Unlock()
 	s.count("egress_policy_set")
-	s.log.Info("egress policy set", "slot", i, "owner", rec.Owner, "principal", c.Principal.String(), "policy", describePolicy(rec.Egress))
+	s.log.Info("egress policy set", "slot", i, "owner", names.Shown(rec.Owner), "principal", c.Principal.String(), "policy", describePolicy(rec.Egress))
 	// EgressDroppedPackets stays 0: the rules just written, on both
 	// sides, count from 0, and reading them back would cost two more
 	// round trips for what is known.

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/leases"
 )
 
@@ -88,7 +89,7 @@ func (s *slotsService) expire(ctx context.Context, now time.Time) int {
 	for _, l := range deferred {
 		s.count("expiry_deferred")
 		s.log.Warn("lease expiry deferred: the daemon could not take its owner's calls within its TTL; it expires a TTL after the daemon can again, unless renewed",
-			"slot", l.rec.Index, "owner", l.rec.Owner, "ttl", l.rec.TTL.String(),
+			"slot", l.rec.Index, "owner", names.Shown(l.rec.Owner), "ttl", l.rec.TTL.String(),
 			"deadline", now.Sub(l.rec.Expires).Round(time.Millisecond).String()+" ago")
 	}
 	n := 0
@@ -105,7 +106,7 @@ func (s *slotsService) expire(ctx context.Context, now time.Time) int {
 // since the scan).
 func (s *slotsService) expireOne(ctx context.Context, l lease, now time.Time) bool {
 	_, span := s.tracer.Start(ctx, "lease expired", trace.WithAttributes(
-		attribute.Int("phasegate.slot", l.rec.Index), attribute.String("phasegate.owner", l.rec.Owner),
+		attribute.Int("phasegate.slot", l.rec.Index), attribute.String("phasegate.owner", names.Shown(l.rec.Owner)),
 		attribute.String("phasegate.ttl", l.rec.TTL.String())))
 	defer span.End()
 	i := l.rec.Index
@@ -121,7 +122,7 @@ func (s *slotsService) expireOne(ctx context.Context, l lease, now time.Time) bo
 	ended := s.table.remove(i)
 	s.giveBack(ctx, ended)
 	s.count("expired")
-	s.log.Warn("lease expired: not kept alive within its TTL; slot reclaimed", "slot", i, "owner", l.rec.Owner,
+	s.log.Warn("lease expired: not kept alive within its TTL; slot reclaimed", "slot", i, "owner", names.Shown(l.rec.Owner),
 		"ttl", l.rec.TTL.String(), "expired", now.Sub(l.rec.Expires).Round(time.Millisecond).String()+" ago")
 	return true
 }

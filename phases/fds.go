@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
@@ -141,7 +142,7 @@ func (c Config) fdBudget(soft, hard uint64) (FDBudget, error) {
 }
 
 // maxSlotsRequest is the size of the largest request of the Slots API the
-// daemon accepts: an Acquire whose owner and request id are maxIDLen
+// daemon accepts: an Acquire whose owner and request id are names.MaxLen
 // bytes, whose TTL is the longest a Duration holds, and whose egress
 // policy's two lists hold inside.MaxEntries entries of the longest text an
 // entry may have; or a SetEgressPolicy with such a policy, a lease id and
@@ -153,7 +154,7 @@ func maxSlotsRequest() int {
 		entries[i] = strings.Repeat("9", inside.MaxEntryLen)
 	}
 	pol := &phasegatev1.EgressPolicy{Allow: entries, Deny: entries, DenyAll: true, RedirectTcp: true}
-	id := strings.Repeat("x", maxIDLen)
+	id := strings.Repeat("x", names.MaxLen)
 	acquire := &phasegatev1.AcquireRequest{Owner: id, RequestId: id, EgressPolicy: pol,
 		Ttl: &durationpb.Duration{Seconds: maxDurationSeconds, Nanos: 999_999_999}}
 	set := &phasegatev1.SetEgressPolicyRequest{Index: math.MaxUint32, LeaseId: leases.NewLeaseID(), EgressPolicy: pol}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/server"
 )
@@ -100,8 +101,8 @@ func TestMaxSlotsRequestIsTheLargestValidAcquire(t *testing.T) {
 	if _, err := parseEgress(pol, inside.Defaults{ProxyPort: 8080}); err != nil {
 		t.Fatalf("the largest policy is refused: %v", err)
 	}
-	id := strings.Repeat("é", maxIDLen/2) // printable, maxIDLen bytes
-	if err := validID("owner", id, true); err != nil {
+	id := strings.Repeat("x", names.MaxLen)
+	if err := checkNames(id, id); err != nil {
 		t.Fatal(err)
 	}
 	req := &phasegatev1.AcquireRequest{Owner: id, RequestId: id, EgressPolicy: pol,

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
@@ -189,7 +190,7 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 	var leased []string
 	for _, r := range recs {
 		if r.State == leases.Leased {
-			leased = append(leased, fmt.Sprintf("slot %d (owner %s)", r.Index, r.Owner))
+			leased = append(leased, fmt.Sprintf("slot %d (owner %s)", r.Index, names.Shown(r.Owner)))
 		}
 	}
 	if len(leased) > 0 && !destroyLeased {

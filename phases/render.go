@@ -9,6 +9,7 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/index"
 )
 
@@ -119,7 +120,8 @@ func leaseState(l *lease) phasegatev1.SlotState {
 // debugHandler serves List as JSON at /debug/slots (?all=1 adds free ones)
 // on the control surface, behind its guard ([control.Guard.HTTP]: the
 // caller identified, within its rate, granted something), each caller
-// seeing what List shows it.
+// seeing what List shows it. The JSON is ASCII: a name recorded before
+// the names rule is escaped, never shown as a look-alike.
 func (s *slotsService) debugHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, ok := control.CallerFrom(r.Context())
@@ -135,6 +137,6 @@ func (s *slotsService) debugHandler() http.Handler {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		_, _ = w.Write(append(b, '\n'))
+		_, _ = w.Write(append(names.ASCIIJSON(b), '\n'))
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
@@ -234,7 +235,7 @@ func (d *Daemon) logPlan(p *restorePlan) {
 	}
 	d.log.Info("restore: "+p.String(), attrs...)
 	for _, l := range p.lost {
-		d.log.Warn("lease lost across the restart", "slot", l.rec.Index, "owner", l.rec.Owner, "reason", l.lostReason)
+		d.log.Warn("lease lost across the restart", "slot", l.rec.Index, "owner", names.Shown(l.rec.Owner), "reason", l.lostReason)
 	}
 	if len(p.held) > 0 {
 		d.log.Warn("safe mode: slots with processes inside are kept, quarantined, and reported: they may be leased",

@@ -34,7 +34,10 @@ type restoreRig struct {
 	recs map[int]leases.Record
 }
 
-func newRestoreRig(t *testing.T, n, leased int, meanwhile func(ctx context.Context, mgr *slot.Manager, made []*slot.Slot)) *restoreRig {
+// newRestoreRig records a lease of owner "owner-<i>" for slots 1..leased
+// of n, changed by edit when it is not nil, as a build before this one
+// wrote it; then meanwhile does what happens while the daemon is down.
+func newRestoreRig(t *testing.T, n, leased int, edit func(*leases.Record), meanwhile func(ctx context.Context, mgr *slot.Manager, made []*slot.Slot)) *restoreRig {
 	t.Helper()
 	cfg, mgr, store := newSlotHost(t, n)
 	ctx := context.Background()
@@ -48,6 +51,9 @@ func newRestoreRig(t *testing.T, n, leased int, meanwhile func(ctx context.Conte
 		r.made = append(r.made, s)
 		rec := leases.Record{Index: i, State: leases.Leased, Owner: fmt.Sprint("owner-", i), LeaseID: leases.NewLeaseID(),
 			Principal: root.String(), Acquired: now, Created: now, Netns: s.NetnsID, HostIfindex: s.HostIfIndex}
+		if edit != nil {
+			edit(&rec)
+		}
 		if err := store.Put(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +164,7 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 		gone     = 4 // nothing left
 		keptLive = 5 // intact, kept alive before it is verified
 	)
-	r := newRestoreRig(t, 8, 5, func(ctx context.Context, mgr *slot.Manager, made []*slot.Slot) {
+	r := newRestoreRig(t, 8, 5, nil, func(ctx context.Context, mgr *slot.Manager, made []*slot.Slot) {
 		if err := netlink.LinkSetDown(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: made[repair-1].HostIfIndex}}); err != nil {
 			t.Fatal(err)
 		}

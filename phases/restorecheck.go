@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
@@ -339,7 +340,7 @@ func (c *restoreCheck) countVerdicts(slots []*slot.Slot, out []verdict, fixed []
 // names every lease lost since the start.
 func (c *restoreCheck) reportLost(lost []leases.Record, reasons []string) {
 	for i, rec := range lost {
-		c.log.Warn("lease lost across the restart", "slot", rec.Index, "owner", rec.Owner, "reason", reasons[i])
+		c.log.Warn("lease lost across the restart", "slot", rec.Index, "owner", names.Shown(rec.Owner), "reason", reasons[i])
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

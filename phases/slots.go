@@ -4,13 +4,11 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode"
 
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -23,6 +21,7 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
@@ -31,10 +30,6 @@ import (
 
 // slotsServiceName is the Slots API's full gRPC name.
 const slotsServiceName = "phasegate.v1.Slots"
-
-// maxIDLen bounds Acquire's owner and request id: they are logged, listed
-// and recorded.
-const maxIDLen = 256
 
 func slotsServiceDesc() *grpc.ServiceDesc { return &phasegatev1.Slots_ServiceDesc }
 
@@ -157,17 +152,17 @@ func (s *slotsService) count(event string) {
 	}
 }
 
-func validID(what, id string, required bool) error {
-	switch {
-	case id == "" && required:
-		return fmt.Errorf("%s is required", what)
-	case len(id) > maxIDLen:
-		return fmt.Errorf("%s is %d bytes, at most %d", what, len(id), maxIDLen)
+// checkNames refuses an Acquire whose owner or request id (when given)
+// breaks the names rule (internal/names): a name that could look like
+// another's is never leased. A name recorded before the rule is not
+// checked again: its lease keeps working by index and lease id.
+func checkNames(owner, requestID string) error {
+	err := names.Check("owner", owner)
+	if err == nil && requestID != "" {
+		err = names.Check("request_id", requestID)
 	}
-	for _, r := range id {
-		if !unicode.IsPrint(r) || r == unicode.ReplacementChar {
-			return fmt.Errorf("%s must be printable UTF-8", what)
-		}
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	return nil
 }
@@ -212,11 +207,8 @@ type acquired struct {
 
 // Acquire implements phasegate.v1.Slots.
 func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequest) (*phasegatev1.AcquireResponse, error) {
-	if err := validID("owner", req.GetOwner(), true); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	if err := validID("request_id", req.GetRequestId(), false); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+	if err := checkNames(req.GetOwner(), req.GetRequestId()); err != nil {
+		return nil, err
 	}
 	// A TTL that is set must be positive: a client's arithmetic gone
 	// wrong (a negative or zero TTL) must not be taken for "held until
@@ -433,7 +425,7 @@ func (s *slotsService) mayChange(ctx context.Context, c control.Caller, i int) e
 	if l == nil {
 		return nil
 	}
-	control.Note(ctx, "owner", l.rec.Owner)
+	control.Note(ctx, "owner", names.Shown(l.rec.Owner))
 	if mayAct(c, l.rec) {
 		return nil
 	}
@@ -490,7 +482,7 @@ func (s *slotsService) Release(ctx context.Context, req *phasegatev1.ReleaseRequ
 	}
 	s.giveBack(context.WithoutCancel(ctx), l)
 	s.count("released")
-	s.log.Info("slot released", "slot", i, "owner", l.rec.Owner, "principal", c.Principal.String(), "held", time.Since(l.rec.Acquired).Round(time.Millisecond).String())
+	s.log.Info("slot released", "slot", i, "owner", names.Shown(l.rec.Owner), "principal", c.Principal.String(), "held", time.Since(l.rec.Acquired).Round(time.Millisecond).String())
 	return &phasegatev1.ReleaseResponse{}, nil
 }
 
@@ -545,7 +537,7 @@ func (s *slotsService) Get(ctx context.Context, req *phasegatev1.GetRequest) (*p
 		if err != nil {
 			s.log.Warn("get: the slot could not be verified", "slot", l.rec.Index, "error", err)
 		} else if len(repaired) > 0 {
-			s.log.Warn("lease: inside of its slot repaired", "slot", l.rec.Index, "owner", l.rec.Owner, "repaired", strings.Join(repaired, ", "), "by", "get")
+			s.log.Warn("lease: inside of its slot repaired", "slot", l.rec.Index, "owner", names.Shown(l.rec.Owner), "repaired", strings.Join(repaired, ", "), "by", "get")
 		}
 		sl.Repaired = repaired
 		sl.EgressDroppedPackets = s.egressDrops(ctx, l)

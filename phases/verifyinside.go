@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/slot"
@@ -96,7 +97,7 @@ func (s *slotsService) verifyPass(ctx context.Context, p *lifecycle.Progress, le
 			s.log.Error(what+": inside of its slot could not be verified", "slot", l.rec.Index, "error", err)
 		case len(fixed) > 0:
 			repairedN++
-			s.log.Warn(what+": inside of its slot repaired", "slot", l.rec.Index, "owner", l.rec.Owner, "repaired", strings.Join(fixed, ", "))
+			s.log.Warn(what+": inside of its slot repaired", "slot", l.rec.Index, "owner", names.Shown(l.rec.Owner), "repaired", strings.Join(fixed, ", "))
 		}
 		p.SetDone(int64(n + 1))
 	}

@@ -277,6 +277,12 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 		{"granted attach, into a daemon-owned slot", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + owned.GetSlot().GetNetnsPath()}, 100, "a slot's namespace"},
 		{"granted attach, into the attached victim's own slot namespace", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + vlease.GetNetnsPath()}, 100, "own namespace"},
 		{"granted attach, DEL on the victim's network", "daemon", "nogroup", "DEL", victimNet.conf, victimKey, 100, "may not attach"},
+		// Names: the spec's rule for the container id and the network
+		// (the plugin's own check, libcni's), and the names rule for the
+		// interface name, which the lease's request id holds.
+		{"granted attach, an interface name with U+3164", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0\u3164", "CNI_NETNS=" + mine}, 4, `CNI_IFNAME "eth0\u3164": U+3164, outside ASCII (Lo, Hangul), at byte 4: names are`},
+		{"granted attach, a container id with U+3164", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x\u3164", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 4, "invalid characters in containerID"},
+		{"granted attach, a network name with a Cyrillic a", "daemon", "nogroup", "ADD", tenantNet.confWith(map[string]any{"name": tenantNet.name + "\u0430"}), []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 7, "invalid characters found in network name"},
 	} {
 		perr := pub.plugin(t, tc.user, tc.group, tc.verb, tc.conf, tc.env...)
 		if perr == nil || perr.Code != tc.code || !strings.Contains(perr.Msg+perr.Details, tc.want) {

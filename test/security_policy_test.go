@@ -314,6 +314,8 @@ func TestPolicyFileSmugglingRefusedAtStart(t *testing.T) {
 		{"writable by everyone", file("world.json", good, 0o666, 0), "owner uid 0, mode 0666: must not be writable by group or others"},
 		{"owned by nobody", nobodys, "owner uid 65534, mode 0644: must be owned by root"},
 		{"a symlink owned by nobody", link, "a symlink (owner uid 65534, mode 0777)"},
+		{"an owner that looks like another", file("lookalike.json", "{\"principals\": [{\"uid\": 65534, \"owners\": [\"team1-*\", \"rt-victim\u3164\"]}]}", 0o600, 0),
+			`principals[0]: control policy: owners[1] "rt-victim\u3164": U+3164, outside ASCII (Lo, Hangul), at byte 9: names are printable ASCII`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHost(t)

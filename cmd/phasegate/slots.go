@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/phases"
 )
 
@@ -155,7 +156,9 @@ func slotsCmd(ctx context.Context, e env) int {
 		fmt.Fprintf(e.stderr, "phasegate slots: %v\n", err)
 		return exitFailed
 	}
-	fmt.Fprintln(e.stdout, string(b))
+	// ASCII: a name recorded before the names rule reads escaped
+	// ("rt-victim\u3164"), never as the name it looks like.
+	fmt.Fprintln(e.stdout, string(names.ASCIIJSON(b)))
 	return exitOK
 }
 

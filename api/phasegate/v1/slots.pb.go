@@ -121,7 +121,9 @@ type Slot struct {
 	// also the inside default route's gateway.
 	HostAddress   string `protobuf:"bytes,7,opt,name=host_address,json=hostAddress,proto3" json:"host_address,omitempty"`
 	InsideAddress string `protobuf:"bytes,8,opt,name=inside_address,json=insideAddress,proto3" json:"inside_address,omitempty"`
-	// Owner and since when; set only when ACQUIRED, VERIFYING or LOST.
+	// Owner and since when; set only when ACQUIRED, VERIFYING or LOST. The
+	// owner and request id are the bytes Acquire was given (a lease recorded
+	// before the names rule may hold a name it refuses today).
 	Owner      string                 `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`
 	AcquiredAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=acquired_at,json=acquiredAt,proto3" json:"acquired_at,omitempty"`
 	// The owner's request id, the lease's TTL (0: held until released) and
@@ -449,7 +451,9 @@ func (x *EgressPolicy) GetRedirectTcp() bool {
 
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Who takes the slot (a sandbox id, a job name). Required.
+	// Who takes the slot (a sandbox id, a job name). Required: printable
+	// ASCII but space, '"' and '\', at most 256 bytes, as is request_id.
+	// Both are stored, compared and answered exactly as given.
 	Owner string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
 	// Makes the call idempotent: a retry with the same owner and request_id
 	// returns the slot and lease of the first call. Strongly recommended;

@@ -57,8 +57,9 @@ type SlotsClient interface {
 	// ALREADY_EXISTS, never the lease id.
 	// PERMISSION_DENIED: the caller may not lease for owner.
 	// RESOURCE_EXHAUSTED also: the caller holds its quota of leases.
-	// INVALID_ARGUMENT: owner empty, longer than 256 bytes or not printable;
-	// request_id longer than 256 bytes or not printable; ttl set and not
+	// INVALID_ARGUMENT: owner, or request_id when given, outside the names
+	// rule (printable ASCII but space, '"' and '\', 1 to 256 bytes; the
+	// error names the first code point that breaks it); ttl set and not
 	// positive.
 	// RESOURCE_EXHAUSTED: every slot index is in use or quarantined, or the
 	// daemon cannot record the lease (its state filesystem is full): nothing
@@ -194,8 +195,9 @@ type SlotsServer interface {
 	// ALREADY_EXISTS, never the lease id.
 	// PERMISSION_DENIED: the caller may not lease for owner.
 	// RESOURCE_EXHAUSTED also: the caller holds its quota of leases.
-	// INVALID_ARGUMENT: owner empty, longer than 256 bytes or not printable;
-	// request_id longer than 256 bytes or not printable; ttl set and not
+	// INVALID_ARGUMENT: owner, or request_id when given, outside the names
+	// rule (printable ASCII but space, '"' and '\', 1 to 256 bytes; the
+	// error names the first code point that breaks it); ttl set and not
 	// positive.
 	// RESOURCE_EXHAUSTED: every slot index is in use or quarantined, or the
 	// daemon cannot record the lease (its state filesystem is full): nothing
