@@ -354,3 +354,57 @@ func servedCert(t *testing.T, addr string, tc *tls.Config) string {
 	defer c.Close()
 	return sha256Of(c.ConnectionState().PeerCertificates[0].Raw)
 }
+
+// The binary that passed its check is replaced during the drain by one
+// that cannot be executed: the exec fails, and the image that was running
+// (/proc/self/exe) is executed instead, as the same pid, handed the same
+// port and the policy read at SIGHUP; the port answers throughout. A new
+// image that fails its start instead exits like any failed start, and the
+// port closes until the supervisor starts the daemon again (DESIGN.md,
+// section 7): this is the one failure an upgrade still recovers by itself.
+func TestUpgradeFallsBackToTheRunningImageWhenTheExecFails(t *testing.T) {
+	h := newHost(t)
+	bin := filepath.Join(t.TempDir(), "phasegate")
+	run(t, "cp", binary, bin)
+	policy := filepath.Join(t.TempDir(), "policy.json")
+	const body = `{"principals": [{"uid": 65534, "owners": ["kept-*"]}]}`
+	if err := os.WriteFile(policy, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	d := startBinary(t, bin, nil, h.args(addr, "--slots=64", "--pool-size=2", "--drain-delay=3s", "--control-policy="+policy)...)
+	d.waitServing(time.Minute)
+	pid := d.Pid()
+
+	live := watchLivez("http://"+addr, nil)
+	d.signal(syscall.SIGHUP)
+	waitFor(t, time.Minute, "the daemon to report draining", func() bool {
+		return lifecycleState(&http.Client{Timeout: 2 * time.Second}, "http://"+addr) == "draining"
+	})
+	if err := os.WriteFile(bin+".new", []byte("\x7fELF garbage"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(bin+".new", bin); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(d.Output(), "upgrading in place: exec") {
+		t.Fatal("the binary was replaced after the exec, not during the drain: lengthen --drain-delay")
+	}
+	waitNewImage(t, d, live)
+	d.waitServing(time.Minute)
+	finishLivez(t, d, live)
+	if d.Pid() != pid {
+		t.Fatalf("pid %d after the upgrade, want %d", d.Pid(), pid)
+	}
+	out := d.Output()
+	if !strings.Contains(out, "exec of the new binary failed; restarting the running one") {
+		t.Errorf("the failed exec is not logged:\n%s", out)
+	}
+	if took := fmt.Sprintf("path=%s size=%d sha256=%s", policy, len(body), sha256Of([]byte(body))); !strings.Contains(out, took) {
+		t.Errorf("the running image, executed again, does not say it took the policy read at SIGHUP (%s):\n%s", took, out)
+	}
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
