@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -238,7 +239,10 @@ func (c *ConfigFiles) snapshot() (*configSnapshot, error) {
 		data, err := src.read(src.path)
 		if err != nil {
 			s.close()
-			return nil, fmt.Errorf("%s: %w", src.path, err)
+			if !strings.Contains(err.Error(), src.path) { // os.ReadFile's errors name it
+				err = fmt.Errorf("%s: %w", src.path, err)
+			}
+			return nil, err
 		}
 		f, err := sealedMemfd(filepath.Base(src.path), data)
 		if err != nil {
