@@ -80,7 +80,7 @@ type App struct {
 	logWake   chan struct{}       // closed at the hook's next event; nil while nobody waits
 	upgrading bool                // draining for an in-place upgrade
 	handover  map[string]*os.File // passed to the new image
-	upgradeCf *configSnapshot     // the configuration files read at SIGHUP, for the new image
+	upgradeIn *upgradeInputs      // what SIGHUP checked, for the new image
 }
 
 // New checks cfg and the phases and returns an App that has run no phase
@@ -149,7 +149,8 @@ func newApp(cfg Config) (*App, error) {
 	}
 	cfg.ConfigFiles.logInherited(a.log)
 	if cfg.UpgradeOnHangup {
-		// The binary at this path now; an upgrade execs what is there then.
+		// The binary at this path now; an upgrade execs what is there
+		// at its SIGHUP.
 		if a.execPath, err = os.Executable(); err != nil {
 			a.inherit.close()
 			return nil, fmt.Errorf("%w: upgrade on SIGHUP: %w", ErrConfig, err)

@@ -131,10 +131,12 @@ type Config struct {
 	LifecycleOptions []lifecycle.Option
 
 	// UpgradeOnHangup makes SIGHUP an in-place upgrade instead of a stop:
-	// the App checks the binary at its path (UpgradePreflight), turns
-	// NOT_SERVING and drains, keeping its listening socket and what was
-	// registered with [App.HandOver] open, and executes that binary with
-	// the same arguments, as the same process. Clients that connect
+	// the App opens the binary at its path and checks it
+	// (UpgradePreflight), turns NOT_SERVING and drains, keeping its
+	// listening socket and what was registered with [App.HandOver] open,
+	// and executes that binary (the file it checked, by its descriptor,
+	// whatever the path holds by then) with the same arguments, as the
+	// same process. Clients that connect
 	// meanwhile wait in the socket's backlog. A binary or a configuration
 	// file (ConfigFiles) that fails the check leaves the App serving, and
 	// says why in the log; a binary whose exec fails is replaced by the

@@ -82,9 +82,14 @@ func configFilesHelper(args []string) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
+		f, err := os.Open(bin)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
 		os.Setenv(configFilesHelperEnv, "report|"+path+"|"+snap.entries[0].SHA256)
-		a := &App{log: slog.New(slog.NewTextHandler(os.Stderr, nil)), upgradeCf: snap}
-		fmt.Fprintln(os.Stderr, a.execUpgrade(bin))
+		a := &App{log: slog.New(slog.NewTextHandler(os.Stderr, nil)), execPath: bin, upgradeIn: &upgradeInputs{bin: f, files: snap}}
+		fmt.Fprintln(os.Stderr, a.execUpgrade())
 		return 2
 	}
 	fmt.Fprintf(os.Stderr, "%s=%q: unknown\n", configFilesHelperEnv, strings.Join(args, "|"))
@@ -210,11 +215,16 @@ func TestConfigFilesHandedToThePreflight(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv(configFilesHelperEnv, "report|"+path+"|"+sha256Hex([]byte(`{"principals": []}`)))
-	a := &App{cfg: Config{UpgradePreflight: []string{"-test.run=^$"}}}
-	if err := a.preflight(context.Background(), bin, snap); err != nil {
+	f, err := os.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	a := &App{cfg: Config{UpgradePreflight: []string{"-test.run=^$"}}, execPath: bin}
+	if err := a.preflight(context.Background(), &upgradeInputs{bin: f, files: snap}); err != nil {
 		t.Fatalf("preflight with the snapshot: %v", err)
 	}
-	if err := a.preflight(context.Background(), bin, &configSnapshot{}); err == nil || !strings.Contains(err.Error(), "read from the path") {
+	if err := a.preflight(context.Background(), &upgradeInputs{bin: f, files: &configSnapshot{}}); err == nil || !strings.Contains(err.Error(), "read from the path") {
 		t.Fatalf("preflight without the snapshot = %v, want the path read", err)
 	}
 }
@@ -228,10 +238,14 @@ func TestConfigFilesHandedAcrossTheExec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	notExecutable := filepath.Join(t.TempDir(), "not-executable")
+	if err := os.WriteFile(notExecutable, []byte("\x7fELF garbage"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ name, action, bin string }{
 		{"garbled", "garble", self},
 		{"removed", "remove", self},
-		{"exec failed", "garble", filepath.Join(t.TempDir(), "no-such-binary")},
+		{"exec failed", "garble", notExecutable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const body = `{"principals": [{"uid": 65534, "owners": ["kept-*"]}]}`

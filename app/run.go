@@ -82,13 +82,13 @@ func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {
 		// The drain's errors do not stop an upgrade: what the new image
 		// needs is durable, and it reclaims whatever was left.
 		a.close()
-		return a.execUpgrade(a.execPath)
+		return a.execUpgrade()
 	}
 	if upgrade {
 		a.log.Warn("upgrade abandoned: the drain was cut short", "cause", interrupted.Error())
 		a.mu.Lock()
-		a.upgradeCf.close()
-		a.upgradeCf = nil
+		a.upgradeIn.close()
+		a.upgradeIn = nil
 		a.mu.Unlock()
 	}
 	if cause == nil && drainErr != nil {

@@ -355,14 +355,14 @@ func servedCert(t *testing.T, addr string, tc *tls.Config) string {
 	return sha256Of(c.ConnectionState().PeerCertificates[0].Raw)
 }
 
-// The binary that passed its check is replaced during the drain by one
-// that cannot be executed: the exec fails, and the image that was running
-// (/proc/self/exe) is executed instead, as the same pid, handed the same
-// port and the policy read at SIGHUP; the port answers throughout. A new
-// image that fails its start instead exits like any failed start, and the
-// port closes until the supervisor starts the daemon again (DESIGN.md,
-// section 7): this is the one failure an upgrade still recovers by itself.
-func TestUpgradeFallsBackToTheRunningImageWhenTheExecFails(t *testing.T) {
+// upgradeWithBinaryChanged starts a daemon from a copy of the binary, with
+// a policy file, installs a new copy at its path (renamed over it, as an
+// operator's upgrade does), sends SIGHUP and, once the daemon reports
+// draining, calls during(bin). It returns the daemon once its next image
+// serves, having checked that the port answered /livez throughout, the
+// pid is the same and the next image took the policy read at SIGHUP.
+func upgradeWithBinaryChanged(t *testing.T, during func(bin string) error) *daemon {
+	t.Helper()
 	h := newHost(t)
 	bin := filepath.Join(t.TempDir(), "phasegate")
 	run(t, "cp", binary, bin)
@@ -375,20 +375,21 @@ func TestUpgradeFallsBackToTheRunningImageWhenTheExecFails(t *testing.T) {
 	d := startBinary(t, bin, nil, h.args(addr, "--slots=64", "--pool-size=2", "--drain-delay=3s", "--control-policy="+policy)...)
 	d.waitServing(time.Minute)
 	pid := d.Pid()
+	run(t, "cp", binary, bin+".new")
+	if err := os.Rename(bin+".new", bin); err != nil {
+		t.Fatal(err)
+	}
 
 	live := watchLivez("http://"+addr, nil)
 	d.signal(syscall.SIGHUP)
 	waitFor(t, time.Minute, "the daemon to report draining", func() bool {
 		return lifecycleState(&http.Client{Timeout: 2 * time.Second}, "http://"+addr) == "draining"
 	})
-	if err := os.WriteFile(bin+".new", []byte("\x7fELF garbage"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(bin+".new", bin); err != nil {
+	if err := during(bin); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(d.Output(), "upgrading in place: exec") {
-		t.Fatal("the binary was replaced after the exec, not during the drain: lengthen --drain-delay")
+		t.Fatal("the binary was changed after the exec, not during the drain: lengthen --drain-delay")
 	}
 	waitNewImage(t, d, live)
 	d.waitServing(time.Minute)
@@ -396,15 +397,44 @@ func TestUpgradeFallsBackToTheRunningImageWhenTheExecFails(t *testing.T) {
 	if d.Pid() != pid {
 		t.Fatalf("pid %d after the upgrade, want %d", d.Pid(), pid)
 	}
-	out := d.Output()
-	if !strings.Contains(out, "exec of the new binary failed; restarting the running one") {
-		t.Errorf("the failed exec is not logged:\n%s", out)
+	if took := fmt.Sprintf("path=%s size=%d sha256=%s", policy, len(body), sha256Of([]byte(body))); !strings.Contains(d.Output(), took) {
+		t.Errorf("the next image does not say it took the policy read at SIGHUP (%s):\n%s", took, d.Output())
 	}
-	if took := fmt.Sprintf("path=%s size=%d sha256=%s", policy, len(body), sha256Of([]byte(body))); !strings.Contains(out, took) {
-		t.Errorf("the running image, executed again, does not say it took the policy read at SIGHUP (%s):\n%s", took, out)
+	t.Cleanup(func() {
+		d.signal(syscall.SIGTERM)
+		if code := d.wait(time.Minute); code != 0 {
+			t.Errorf("exit %d", code)
+		}
+	})
+	return d
+}
+
+// The binary checked at SIGHUP is the one executed: one put at the path
+// during the drain (here a script that exits 3) is not, and the checked
+// one serves. Before, the exec took whatever the path held then: the
+// script ran, exited 3, and the port closed.
+func TestUpgradeExecutesTheBinaryCheckedAtSIGHUP(t *testing.T) {
+	d := upgradeWithBinaryChanged(t, func(bin string) error {
+		if err := os.WriteFile(bin+".broken", []byte("#!/bin/sh\necho broken build >&2\nexit 3\n"), 0o755); err != nil {
+			return err
+		}
+		return os.Rename(bin+".broken", bin)
+	})
+	if out := d.Output(); strings.Contains(out, "broken build") || strings.Contains(out, "exec of the new binary failed") {
+		t.Errorf("the binary put at the path during the drain was executed:\n%s", out)
 	}
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
-		t.Fatalf("exit %d", code)
+}
+
+// The binary checked at SIGHUP cannot be executed any more when the drain
+// ends (here made 0644): the exec fails, and the image that was running
+// (/proc/self/exe) is executed instead, as the same pid, handed the same
+// port and the policy read at SIGHUP; the port answers throughout. A new
+// image that fails its start instead exits like any failed start, and the
+// port closes until the supervisor starts the daemon again (DESIGN.md,
+// section 7).
+func TestUpgradeFallsBackToTheRunningImageWhenTheExecFails(t *testing.T) {
+	d := upgradeWithBinaryChanged(t, func(bin string) error { return os.Chmod(bin, 0o644) })
+	if !strings.Contains(d.Output(), "exec of the new binary failed; restarting the running one") {
+		t.Errorf("the failed exec is not logged:\n%s", d.Output())
 	}
 }
