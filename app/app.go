@@ -80,6 +80,7 @@ type App struct {
 	logWake   chan struct{}       // closed at the hook's next event; nil while nobody waits
 	upgrading bool                // draining for an in-place upgrade
 	handover  map[string]*os.File // passed to the new image
+	upgradeIn *upgradeInputs      // what SIGHUP checked, for the new image
 }
 
 // New checks cfg and the phases and returns an App that has run no phase
@@ -146,8 +147,10 @@ func newApp(cfg Config) (*App, error) {
 		a.inherit.close()
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	cfg.ConfigFiles.logInherited(a.log)
 	if cfg.UpgradeOnHangup {
-		// The binary at this path now; an upgrade execs what is there then.
+		// The binary at this path now; an upgrade execs what is there
+		// at its SIGHUP.
 		if a.execPath, err = os.Executable(); err != nil {
 			a.inherit.close()
 			return nil, fmt.Errorf("%w: upgrade on SIGHUP: %w", ErrConfig, err)

@@ -131,19 +131,32 @@ type Config struct {
 	LifecycleOptions []lifecycle.Option
 
 	// UpgradeOnHangup makes SIGHUP an in-place upgrade instead of a stop:
-	// the App checks the binary at its path (UpgradePreflight), turns
-	// NOT_SERVING and drains, keeping its listening socket and what was
-	// registered with [App.HandOver] open, and executes that binary with
-	// the same arguments, as the same process. Clients that connect
-	// meanwhile wait in the socket's backlog. A binary that fails the
-	// check leaves the App serving, and says why in the log; one whose
-	// exec fails is replaced by the image that was running. A SIGHUP
-	// during an upgrade or a start is refused, with a log line.
+	// the App opens the binary at its path and checks it
+	// (UpgradePreflight), turns NOT_SERVING and drains, keeping its
+	// listening socket and what was registered with [App.HandOver] open,
+	// and executes that binary (the file it checked, by its descriptor,
+	// whatever the path holds by then) with the same arguments, as the
+	// same process. Clients that connect
+	// meanwhile wait in the socket's backlog. A binary or a configuration
+	// file (ConfigFiles) that fails the check leaves the App serving, and
+	// says why in the log; a binary whose exec fails is replaced by the
+	// image that was running. A new image that fails its start anyway
+	// exits, as any failed start does, and the port closes with it until
+	// the supervisor starts the service again. A SIGHUP during an upgrade
+	// or a start is refused, with a log line.
 	UpgradeOnHangup bool
 	// UpgradePreflight are the arguments the new binary is run with, as a
 	// child process, before anything is stopped; it must exit 0. Empty
 	// means only that the file must exist.
 	UpgradePreflight []string
+	// ConfigFiles, when set, is what the service read its configuration
+	// files through ([InheritConfigFiles], [ConfigFiles.ReadFile]): at
+	// SIGHUP each is read again with the service's own checks, before
+	// anything is stopped (a file that fails refuses the upgrade, and the
+	// App keeps serving), and the bytes read are handed to the check and
+	// to the new image, which use them instead of reading the paths
+	// again. New logs the files the previous image handed over.
+	ConfigFiles *ConfigFiles
 }
 
 // Port is what a phase decides about the App's port: see Config.PortFrom.

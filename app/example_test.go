@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -218,4 +220,49 @@ func ExampleConfig_portFrom() {
 	// Output:
 	// 127.0.0.1
 	// <nil>
+}
+
+// A service reads its configuration files through a ConfigFiles, with its
+// own checks, and gives it to the App. At SIGHUP the App reads each file
+// again with the same checks (one that fails refuses the upgrade) and
+// hands the new image what it read: there, ReadFile returns those bytes
+// instead of reading the path, which may have changed during the drain.
+// Started by anything but an upgrade, every file comes from its path.
+func ExampleConfigFiles() {
+	dir, err := os.MkdirTemp("", "example-config")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "limits.json")
+	if err := os.WriteFile(path, []byte(`{"max": 10}`), 0o600); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	files := app.InheritConfigFiles() // first in main: it unsets the variable
+	// The service's checks of the file, at a start and at each SIGHUP.
+	readChecked := func(path string) ([]byte, error) {
+		st, err := os.Lstat(path)
+		if err != nil {
+			return nil, err
+		}
+		if !st.Mode().IsRegular() || st.Mode().Perm()&0o022 != 0 {
+			return nil, fmt.Errorf("%s: mode %v: want a regular file only its owner writes", path, st.Mode())
+		}
+		return os.ReadFile(path)
+	}
+	b, err := files.ReadFile(path, readChecked)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%s; %d handed over by a previous image\n", b, len(files.Handed()))
+
+	cfg := app.DefaultConfig("limits", "127.0.0.1:0")
+	cfg.UpgradeOnHangup = true
+	cfg.ConfigFiles = files
+	_ = cfg // app.New(cfg, phases...), and Main
+	// Output: {"max": 10}; 0 handed over by a previous image
 }

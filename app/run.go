@@ -90,10 +90,14 @@ func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {
 		// The drain's errors do not stop an upgrade: what the new image
 		// needs is durable, and it reclaims whatever was left.
 		a.close()
-		return a.execUpgrade(a.execPath)
+		return a.execUpgrade()
 	}
 	if upgrade {
 		a.log.Warn("upgrade abandoned: the drain was cut short", "cause", interrupted.Error())
+		a.mu.Lock()
+		a.upgradeIn.close()
+		a.upgradeIn = nil
+		a.mu.Unlock()
 	}
 	if cause == nil && drainErr != nil {
 		cause = fmt.Errorf("drain: %w", drainErr)
@@ -181,21 +185,10 @@ func (a *App) serving(ctx context.Context, sigs <-chan os.Signal) error {
 		select {
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP && a.cfg.UpgradeOnHangup {
-				if err := a.preflight(ctx, a.execPath); err != nil {
-					a.log.Error("SIGHUP: upgrade refused, the new binary failed its check; still serving", "binary", a.execPath, "error", err)
-					continue
+				if a.prepareUpgrade(ctx) {
+					return errUpgrade
 				}
-				// The port's socket, kept open across the drain: its
-				// backlog holds the connections that arrive meanwhile.
-				f, err := a.srv.ListenerFile()
-				if err != nil {
-					a.log.Error("SIGHUP: upgrade refused; still serving", "error", err)
-					continue
-				}
-				a.HandOver(ListenFDName, f)
-				a.srv.DrainForHandover()
-				a.log.Info("SIGHUP: upgrading in place", "binary", a.execPath)
-				return errUpgrade
+				continue
 			}
 			a.log.Info("draining", "signal", sig.String())
 			return nil

@@ -35,10 +35,16 @@ const MaxPolicySize = 1 << 20
 // refused, naming the key and its line. A file without "rate" gets
 // [DefaultRate].
 func LoadPolicy(path string) (*Policy, error) {
-	b, err := readPolicyFile(path)
+	b, err := ReadPolicyFile(path)
 	if err != nil {
 		return nil, err
 	}
+	return ParsePolicyFile(path, b)
+}
+
+// ParsePolicyFile parses b, the content of the policy file at path that
+// [ReadPolicyFile] returned, as [LoadPolicy] does: errors name path.
+func ParsePolicyFile(path string, b []byte) (*Policy, error) {
 	p, err := parsePolicy(b)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -78,10 +84,13 @@ func parsePolicy(b []byte) (*Policy, error) {
 	return &p, nil
 }
 
-// readPolicyFile opens path without following a symlink at its last
-// component, checks the descriptor it opened (not the path, which could
-// be swapped meanwhile) and reads it.
-func readPolicyFile(path string) ([]byte, error) {
+// ReadPolicyFile reads the policy file at path with every check of
+// [LoadPolicy] but the parsing: it opens path without following a symlink
+// at its last component, checks the directories above it and the
+// descriptor it opened (not the path, which could be swapped meanwhile),
+// and reads it. A daemon's in-place upgrade reads the file with it again
+// at SIGHUP (app.ConfigFiles).
+func ReadPolicyFile(path string) ([]byte, error) {
 	// Whoever may write the directory may replace the file between two
 	// starts: it must be root's too, and every directory above it.
 	if err := rootdir.Check(filepath.Dir(path)); err != nil {

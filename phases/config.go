@@ -14,6 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/internal/rootdir"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/nft"
@@ -125,6 +126,11 @@ type Config struct {
 	// UpgradePreflight are the arguments the new binary is checked with
 	// (the daemon's own with --check).
 	UpgradePreflight []string
+	// ConfigFiles is what the policy file and the TLS files were read
+	// through: an upgrade reads them again at SIGHUP, with the same
+	// checks, and hands the new image what it read (see
+	// [app.Config.ConfigFiles]). Nil: they are not handed over.
+	ConfigFiles *app.ConfigFiles
 	// Version is reported by health endpoints and spans.
 	Version string
 	// Logger receives the daemon's logs; nil discards them.

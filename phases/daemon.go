@@ -141,6 +141,7 @@ func New(cfg Config) (*Daemon, error) {
 		MetricExporters:  MetricExporters(),
 		UpgradeOnHangup:  cfg.UpgradeOnHangup,
 		UpgradePreflight: cfg.UpgradePreflight,
+		ConfigFiles:      cfg.ConfigFiles,
 	}, d.graph()...)
 	if err != nil {
 		return nil, fmt.Errorf("phases: %w", err) // the config was validated: a bug in the graph

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"strings"
 
+	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/phases"
 )
@@ -31,9 +32,10 @@ func (f *controlFlags) register(fs *flag.FlagSet) {
 }
 
 // config resolves the flags into the daemon's ControlConfig: the policy
-// file first, then the rules and limits given as flags. Unknown users and
-// groups, and a policy that does not parse, are refused here.
-func (f *controlFlags) config(fs *flag.FlagSet) (phases.ControlConfig, error) {
+// file first (read through files), then the rules and limits given as
+// flags. Unknown users and groups, and a policy that does not parse, are
+// refused here.
+func (f *controlFlags) config(fs *flag.FlagSet, files *app.ConfigFiles) (phases.ControlConfig, error) {
 	cc := phases.ControlConfig{Socket: f.socket, GID: -1}
 	if f.group != "" {
 		gid, err := control.LookupGroup(f.group)
@@ -44,8 +46,11 @@ func (f *controlFlags) config(fs *flag.FlagSet) (phases.ControlConfig, error) {
 	}
 	p := &control.Policy{Rate: control.DefaultRate}
 	if f.policyFile != "" {
-		var err error
-		if p, err = control.LoadPolicy(f.policyFile); err != nil {
+		b, err := files.ReadFile(f.policyFile, control.ReadPolicyFile)
+		if err != nil {
+			return cc, err
+		}
+		if p, err = control.ParsePolicyFile(f.policyFile, b); err != nil {
 			return cc, err
 		}
 	}

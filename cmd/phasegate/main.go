@@ -20,6 +20,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/phasegate/phasegate/app"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -41,6 +43,10 @@ type env struct {
 	stderr    io.Writer
 	isTTY     bool
 	signals   <-chan os.Signal
+	// configFiles are the configuration files an earlier image of this
+	// process handed over across an in-place upgrade; serve reads its
+	// policy and TLS files through it. Nil reads them from their paths.
+	configFiles *app.ConfigFiles
 }
 
 func main() {
@@ -54,6 +60,8 @@ func main() {
 		stderr:    os.Stderr,
 		isTTY:     fi != nil && fi.Mode()&os.ModeCharDevice != 0,
 		signals:   sigs,
+		// Taken whatever the command, so that no child of it sees them.
+		configFiles: app.InheritConfigFiles(),
 	}
 	os.Exit(run(context.Background(), e))
 }

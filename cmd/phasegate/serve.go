@@ -100,14 +100,17 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 		}
 		return cfg, opts, err
 	}
-	tc, err := tf.config()
+	// The files are read through e.configFiles: an upgrade reads them
+	// again at SIGHUP and hands the new image what it read.
+	tc, err := tf.config(e.configFiles)
 	if err != nil {
 		return cfg, opts, err
 	}
 	cfg.TLS, cfg.RequireClientCert, cfg.Insecure = tc, tf.clientCA != "", tf.insecure
-	if cfg.Control, err = cf.config(fs); err != nil {
+	if cfg.Control, err = cf.config(fs, e.configFiles); err != nil {
 		return cfg, opts, err
 	}
+	cfg.ConfigFiles = e.configFiles
 	return cfg, opts, nil
 }
 

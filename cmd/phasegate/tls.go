@@ -6,7 +6,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"syscall"
+
+	"github.com/phasegate/phasegate/app"
 )
 
 // tlsFlags are a server's TLS settings.
@@ -22,21 +26,34 @@ func (f *tlsFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.insecure, "insecure", false, "allow a non-loopback --listen without TLS")
 }
 
-// config loads the files. It returns nil without --tls-cert.
-func (f *tlsFlags) config() (*tls.Config, error) {
+// config loads the files, read through files (an upgrade hands the new
+// image what it read at SIGHUP). It returns nil without --tls-cert.
+func (f *tlsFlags) config(files *app.ConfigFiles) (*tls.Config, error) {
 	switch {
 	case f.cert == "" && f.key == "" && f.clientCA == "":
 		return nil, nil
 	case f.cert == "" || f.key == "":
 		return nil, errors.New("--tls-cert and --tls-key go together")
 	}
-	cert, err := tls.LoadX509KeyPair(f.cert, f.key)
+	certPEM, err := files.ReadFile(f.cert, readPEMFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert: %w", err)
+	}
+	keyPEM, err := files.ReadFile(f.key, readPEMFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-key: %w", err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if f.clientCA != "" {
-		pool, err := loadPool(f.clientCA)
+		pem, err := files.ReadFile(f.clientCA, readPEMFile)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-client-ca: %w", err)
+		}
+		pool, err := parsePool(f.clientCA, pem)
 		if err != nil {
 			return nil, fmt.Errorf("--tls-client-ca: %w", err)
 		}
@@ -45,11 +62,50 @@ func (f *tlsFlags) config() (*tls.Config, error) {
 	return cfg, nil
 }
 
+// maxPEMFile bounds a certificate, key or CA bundle file: a system's whole
+// CA bundle is a few hundred KiB.
+const maxPEMFile = 4 << 20
+
+// readPEMFile reads a PEM file of the daemon's: a regular file (through
+// links: a Kubernetes Secret's files are links) of at most maxPEMFile
+// bytes. Opened without blocking, so that a FIFO put at the path is
+// refused, not waited on, at a start and at an upgrade's SIGHUP alike.
+func readPEMFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, st.Mode().Type())
+	}
+	if st.Size() > maxPEMFile {
+		return nil, fmt.Errorf("%s: %d bytes, larger than %d", path, st.Size(), maxPEMFile)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxPEMFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxPEMFile {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxPEMFile)
+	}
+	return b, nil
+}
+
 func loadPool(path string) (*x509.CertPool, error) {
 	pem, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
+	return parsePool(path, pem)
+}
+
+// parsePool parses the PEM CA bundle read from path.
+func parsePool(path string, pem []byte) (*x509.CertPool, error) {
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
 		return nil, fmt.Errorf("%s holds no PEM certificate", path)
