@@ -18,6 +18,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/internal/names"
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
@@ -118,13 +119,13 @@ func (c *cniService) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Atta
 	if err != nil {
 		return nil, err
 	}
-	pol, err := parseEgress(egressRequest(req.Egress), c.slots.egress)
+	pol, cost, err := c.egressOf(req)
 	if err != nil {
 		return nil, asCNI(err, cniv1.CodeInvalidConfig)
 	}
 	// A large policy costs its principal as much of its rate as through
 	// the Slots API.
-	if err := control.Charge(ctx, egressCost(pol)); err != nil {
+	if err := control.Charge(ctx, cost); err != nil {
 		return nil, asCNI(err, cniv1.CodeTryAgainLater)
 	}
 	control.Note(ctx, "netns", req.Netns)
@@ -170,6 +171,27 @@ func attachmentOf(s *slot.Slot, a *slot.Attachment, path string) *cniv1.Attachme
 		IfName: a.IfName, MAC: a.MAC.String(), Netns: path,
 		Address: s.InsideAddr.String(), Gateway: s.HostAddr.Addr().String(),
 	}
+}
+
+// egressOf is ADD's egress policy (nil: none), and what it costs of the
+// caller's rate: the network's policy, narrowed by the container's own
+// when the runtime passed one (inside.Narrow: the attachment lets out
+// only what both let out). It costs as many calls as the larger of what
+// it was given and what it is.
+func (c *cniService) egressOf(req cniv1.AddRequest) (*inside.Policy, int, error) {
+	network, err := parseEgress(egressRequest(req.Egress), c.slots.egress)
+	if err != nil {
+		return nil, 0, err
+	}
+	container, err := parseEgress(egressRequest(req.ContainerEgress), c.slots.egress)
+	if err != nil {
+		return nil, 0, status.Error(codes.InvalidArgument, "the container's "+status.Convert(err).Message())
+	}
+	pol, err := inside.Narrow(network, container, c.slots.egress)
+	if err != nil {
+		return nil, 0, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return pol, max(egressCost(pol), egressCost(network)+egressCost(container)), nil
 }
 
 // egressRequest is the plugin's egress policy as the Slots API's.

@@ -63,8 +63,15 @@ type AddRequest struct {
 	Key
 	// Netns is CNI_NETNS: the path of the container's network namespace.
 	Netns string `json:"netns"`
-	// Egress is the attachment's egress policy; nil for none.
+	// Egress is the network's egress policy (the conflist's); nil for
+	// none.
 	Egress *Egress `json:"egress,omitempty"`
+	// ContainerEgress is the container's own policy (the runtime's
+	// "egress" capability args), which the daemon narrows to Egress: the
+	// attachment lets out only what both let out. Nil: the network's
+	// alone. A conflist that lets the container's replace the network's
+	// ("egressCapability": "replace") sends it as Egress instead.
+	ContainerEgress *Egress `json:"containerEgress,omitempty"`
 }
 
 // Attachment is what ADD made: the slot, its two ends and the addresses.
