@@ -123,9 +123,9 @@ func TestSlotsAuthorization(t *testing.T) {
 }
 
 // Who may change a lease: its principal, or one the policy lets act for
-// its owner; for a CNI attachment, whose lease id the runtime never sees
-// and Get shows to exactly these, leasing its owner is not enough: the
-// attach right DEL asks for is.
+// its owner; a CNI attachment, whose lease id the runtime never sees and
+// Get shows to exactly these, is its principal's and root's: neither
+// leasing its owner nor attach for its network is enough.
 func TestMayAct(t *testing.T) {
 	p, err := control.ParsePolicy(strings.NewReader(`{"principals": [
 	    {"uid": 1000, "owners": ["cni/*", "sandbox-*"]},
@@ -154,7 +154,8 @@ func TestMayAct(t *testing.T) {
 		{"leases cni/*, without attach", caller(1000), attached, false},
 		{"leases cni/*, its own attachment", caller(1000), ownAttachment, true},
 		{"leases sandbox-*", caller(1000), leased, true},
-		{"attach for the network", caller(1001), attached, true},
+		{"attach for the network, root's attachment", caller(1001), attached, false},
+		{"attach for the network, its own attachment", caller(1001), func() leases.Record { r := attached; r.Principal = "uid:1001"; return r }(), true},
 		{"attach for the network, a lease of another owner", caller(1001), leased, false},
 		{"reads everything", caller(1002), attached, false},
 		{"reads everything, a lease", caller(1002), leased, false},

@@ -18,6 +18,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/internal/names"
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
@@ -118,13 +119,13 @@ func (c *cniService) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Atta
 	if err != nil {
 		return nil, err
 	}
-	pol, err := parseEgress(egressRequest(req.Egress), c.slots.egress)
+	pol, cost, err := c.egressOf(req)
 	if err != nil {
 		return nil, asCNI(err, cniv1.CodeInvalidConfig)
 	}
 	// A large policy costs its principal as much of its rate as through
 	// the Slots API.
-	if err := control.Charge(ctx, egressCost(pol)); err != nil {
+	if err := control.Charge(ctx, cost); err != nil {
 		return nil, asCNI(err, cniv1.CodeTryAgainLater)
 	}
 	control.Note(ctx, "netns", req.Netns)
@@ -142,6 +143,11 @@ func (c *cniService) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Atta
 		return nil, asCNI(status.FromContextError(err).Err(), cniv1.CodeTryAgainLater)
 	}
 	defer unlock()
+	if l, ok := c.slots.table.byRequest(owner, requestID); ok {
+		if err := keyTaken(caller, req.Key, c.slots.table.copyOf(l)); err != nil {
+			return nil, err
+		}
+	}
 	a, err := c.slots.acquire(ctx, caller, owner, requestID, 0, pol, to)
 	if err != nil {
 		return nil, asCNI(err, cniv1.CodeIOFailure)
@@ -172,6 +178,27 @@ func attachmentOf(s *slot.Slot, a *slot.Attachment, path string) *cniv1.Attachme
 	}
 }
 
+// egressOf is ADD's egress policy (nil: none), and what it costs of the
+// caller's rate: the network's policy, narrowed by the container's own
+// when the runtime passed one (inside.Narrow: the attachment lets out
+// only what both let out). It costs as many calls as the larger of what
+// it was given and what it is.
+func (c *cniService) egressOf(req cniv1.AddRequest) (*inside.Policy, int, error) {
+	network, err := parseEgress(egressRequest(req.Egress), c.slots.egress)
+	if err != nil {
+		return nil, 0, err
+	}
+	container, err := parseEgress(egressRequest(req.ContainerEgress), c.slots.egress)
+	if err != nil {
+		return nil, 0, status.Error(codes.InvalidArgument, "the container's "+status.Convert(err).Message())
+	}
+	pol, err := inside.Narrow(network, container, c.slots.egress)
+	if err != nil {
+		return nil, 0, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return pol, max(egressCost(pol), egressCost(network)+egressCost(container)), nil
+}
+
 // egressRequest is the plugin's egress policy as the Slots API's.
 func egressRequest(e *cniv1.Egress) *phasegatev1.EgressPolicy {
 	if e == nil {
@@ -182,8 +209,11 @@ func egressRequest(e *cniv1.Egress) *phasegatev1.EgressPolicy {
 
 // del ends the attachment of req's key: an unknown key, one ended
 // meanwhile and one whose container's namespace is gone are all success.
+// Another principal's attachment is refused, naming it (cnikeys.go); a
+// lease of the Slots API that squats the key is ended.
 func (c *cniService) del(ctx context.Context, req cniv1.DelRequest) error {
-	if _, err := mayAttach(ctx, req.Key); err != nil {
+	caller, err := mayAttach(ctx, req.Key)
+	if err != nil {
 		return err
 	}
 	if checkKey(req.Key) != nil {
@@ -201,10 +231,15 @@ func (c *cniService) del(ctx context.Context, req cniv1.DelRequest) error {
 		return nil
 	}
 	rec := c.slots.table.copyOf(l).rec
-	if rec.Attachment == nil {
-		return nil // a lease of the Slots API, not an attachment: not DEL's
-	}
 	control.Note(ctx, "slot", rec.Index)
+	if why := whyKept(caller, rec); why != "" {
+		return cniErr(codes.PermissionDenied, cniv1.CodeRefused, fmt.Sprintf("attachment %s of network %q: %s", names.Shown(req.RequestID()), req.Network, why))
+	}
+	if rec.Attachment == nil {
+		control.Note(ctx, "squatted_by", names.Shown(rec.Principal))
+		c.slots.log.Warn("a lease of the Slots API held a CNI key: DEL ends it", "slot", rec.Index, "owner", names.Shown(rec.Owner),
+			"request_id", names.Shown(rec.RequestID), "principal", names.Shown(rec.Principal))
+	}
 	return c.end(ctx, rec, c.slots.pool.Discard)
 }
 
@@ -286,28 +321,44 @@ func (c *cniService) checkEgress(ctx context.Context, l lease) error {
 }
 
 // gc ends every attachment of req.Network the runtime does not list as
-// valid, at once: their records in shared commits, their slots in the
-// pool's batched teardown.
+// valid and its caller may end (its own; root, every one), and every
+// lease of the Slots API squatting the network's keys, at once: their
+// records in shared commits, their slots in the pool's batched teardown.
+// What it may not end it keeps, and answers, with why.
 func (c *cniService) gc(ctx context.Context, req cniv1.GCRequest) (cniv1.GCAnswer, error) {
 	if err := checkNetwork(req.Network); err != nil {
 		return cniv1.GCAnswer{}, err
 	}
 	owner := cniv1.Key{Network: req.Network}.Owner()
-	if _, err := mayAttachFor(ctx, owner); err != nil {
+	caller, err := mayAttachFor(ctx, owner)
+	if err != nil {
 		return cniv1.GCAnswer{}, err
 	}
 	valid := make(map[string]bool, len(req.Valid))
 	for _, v := range req.Valid {
 		valid[cniv1.Key{ContainerID: v.ContainerID, IfName: v.IfName}.RequestID()] = true
 	}
-	var stale []leases.Record
+	var stale, kept []leases.Record
 	for _, l := range c.slots.table.copies() {
-		if l.rec.Owner == owner && l.rec.Attachment != nil && !valid[l.rec.RequestID] {
+		switch {
+		case l.rec.Owner != owner || valid[l.rec.RequestID]:
+		case whyKept(caller, l.rec) != "":
+			kept = append(kept, l.rec)
+		default:
 			stale = append(stale, l.rec)
 		}
 	}
-	slices.SortFunc(stale, func(a, b leases.Record) int { return a.Index - b.Index })
+	byIndex := func(a, b leases.Record) int { return a.Index - b.Index }
+	slices.SortFunc(stale, byIndex)
+	slices.SortFunc(kept, byIndex)
+	answer := cniv1.GCAnswer{Released: len(stale)}
+	for _, rec := range kept {
+		answer.Kept = append(answer.Kept, keptOf(rec, whyKept(caller, rec)))
+	}
 	control.Note(ctx, "released", len(stale))
+	if len(kept) > 0 {
+		control.Note(ctx, "kept", len(kept), "kept_by", keptBy(answer.Kept))
+	}
 	var g errgroup.Group
 	g.SetLimit(gcWorkers)
 	for _, rec := range stale {
@@ -318,10 +369,14 @@ func (c *cniService) gc(ctx context.Context, req cniv1.GCRequest) (cniv1.GCAnswe
 	if err := g.Wait(); err != nil {
 		return cniv1.GCAnswer{}, asCNI(err, cniv1.CodeIOFailure)
 	}
-	if len(stale) > 0 {
-		c.slots.log.Info("attachments collected", "network", req.Network, "released", len(stale), "valid", len(req.Valid))
+	if len(stale)+len(kept) > 0 {
+		attrs := []any{"network", req.Network, "released", len(stale), "valid", len(req.Valid)}
+		if len(kept) > 0 {
+			attrs = append(attrs, "kept", len(kept), "kept_by", keptBy(answer.Kept))
+		}
+		c.slots.log.Info("attachments collected", attrs...)
 	}
-	return cniv1.GCAnswer{Released: len(stale)}, nil
+	return answer, nil
 }
 
 // status answers STATUS while the daemon serves (before, the route's gate

@@ -227,6 +227,9 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 	}
 	owner := req.GetOwner()
 	control.Note(ctx, "owner", owner, "request_id", req.GetRequestId())
+	if err := refuseCNIOwner(owner); err != nil {
+		return nil, err
+	}
 	if !c.Grant.MayLease(owner) {
 		return nil, status.Errorf(codes.PermissionDenied, "%s may not lease slots for owner %q (the control policy grants it no such owner)", c.Principal, owner)
 	}
@@ -433,15 +436,15 @@ func (s *slotsService) mayChange(ctx context.Context, c control.Caller, i int) e
 }
 
 // mayAct reports whether caller c may change lease rec: it is the lease's
-// principal, or one the policy lets act for its owner. For a CNI
-// attachment that is a principal granted attach for its network, as DEL
-// asks: leasing its owner alone is not enough.
+// principal, or one the policy lets act for its owner. A CNI attachment
+// is its principal's and root's alone: neither leasing its network's
+// owner nor attach for it is enough (cnikeys.go).
 func mayAct(c control.Caller, rec leases.Record) bool {
 	switch {
 	case rec.Principal == c.Principal.String():
 		return true
 	case rec.Attachment != nil:
-		return c.Grant.MayAttach(rec.Owner)
+		return c.Principal.IsRoot()
 	}
 	return c.Grant.MayLease(rec.Owner)
 }

@@ -137,9 +137,10 @@ func TestCNIAttachmentLifeWithCnitool(t *testing.T) {
 
 // A runtime that passes capability args gives a container its own egress
 // policy through the "egress" capability the conflist declares: it
-// replaces the network's for that attachment alone, is what the lease
-// records and what CHECK finds applied; a container without one gets the
-// network's.
+// narrows the network's for that attachment alone (a deny-all within the
+// network's allowance is taken as given), is what the lease records and
+// what CHECK finds applied; a container without one gets the network's.
+// That it never widens the network's: TestCNICapabilityCannotLiftTheNetworksPolicy.
 func TestCNIEgressFromTheRuntimesCapability(t *testing.T) {
 	h := newHost(t)
 	addr := freePort(t)

@@ -32,9 +32,15 @@ type netConf struct {
 	Socket  string        `json:"socket,omitempty"`
 	Timeout string        `json:"timeout,omitempty"`
 	Egress  *cniv1.Egress `json:"egress,omitempty"`
+	// EgressCapability says what a container's own policy (the
+	// "egress" capability's args) does to the network's: "narrow" (the
+	// default: the attachment lets out only what both let out) or
+	// "replace" (the container's is taken whole, the network's
+	// ignored).
+	EgressCapability string `json:"egressCapability,omitempty"`
 	// RuntimeConfig holds the capability args the runtime passes for
 	// the capabilities the conflist declares: "egress", a container's
-	// own policy, which replaces the network's.
+	// own policy.
 	RuntimeConfig struct {
 		Egress *cniv1.Egress `json:"egress,omitempty"`
 	} `json:"runtimeConfig,omitzero"`
@@ -42,13 +48,21 @@ type netConf struct {
 	timeout time.Duration
 }
 
-// egress is the attachment's egress policy: the container's own from the
-// runtime's "egress" capability, or else the network's.
-func (c *netConf) egress() *cniv1.Egress {
-	if c.RuntimeConfig.Egress != nil {
-		return c.RuntimeConfig.Egress
+// The values of egressCapability.
+const (
+	egressNarrow  = "narrow"
+	egressReplace = "replace"
+)
+
+// egress is ADD's policies: the network's, and the container's own from
+// the runtime's "egress" capability, which the daemon narrows to the
+// network's; with "egressCapability": "replace", the container's alone,
+// as the network's.
+func (c *netConf) egress() (network, container *cniv1.Egress) {
+	if c.EgressCapability == egressReplace && c.RuntimeConfig.Egress != nil {
+		return c.RuntimeConfig.Egress, nil
 	}
-	return c.Egress
+	return c.Egress, c.RuntimeConfig.Egress
 }
 
 func main() {
@@ -64,6 +78,11 @@ func loadConf(stdin []byte) (*netConf, error) {
 	}
 	if conf.Name == "" {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "the network configuration has no name", "")
+	}
+	switch conf.EgressCapability {
+	case "", egressNarrow, egressReplace:
+	default:
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("egressCapability %q: want %q (the default) or %q", conf.EgressCapability, egressNarrow, egressReplace), "")
 	}
 	if conf.Socket == "" {
 		conf.Socket = defaultSocket
@@ -120,7 +139,8 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is required for ADD", "")
 	}
 	var a cniv1.Attachment
-	req := cniv1.AddRequest{Key: key(conf, args), Netns: args.Netns, Egress: conf.egress()}
+	req := cniv1.AddRequest{Key: key(conf, args), Netns: args.Netns}
+	req.Egress, req.ContainerEgress = conf.egress()
 	if err := conf.call(cniv1.PathAdd, req, &a); err != nil {
 		return err
 	}

@@ -8,30 +8,35 @@ import (
 	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
 )
 
-// The configuration with its defaults, and the attachment's egress
-// policy: the network's, or a container's own, passed by the runtime for
-// the "egress" capability in runtimeConfig, which replaces it.
+// The configuration with its defaults, and ADD's egress policies: the
+// network's, and a container's own, passed by the runtime for the
+// "egress" capability in runtimeConfig, which the daemon narrows to the
+// network's, unless the conflist says "egressCapability": "replace".
 func TestLoadConf(t *testing.T) {
+	const container = `"capabilities":{"egress":true},"runtimeConfig":{"egress":{"allow":["192.0.2.0/24"],"denyAll":true}}`
 	for _, tc := range []struct {
-		name, conf string
-		socket     string
-		timeout    time.Duration
-		allow      string // the egress policy's first allowed prefix; "" for none
-		err        string
+		name, conf         string
+		socket             string
+		timeout            time.Duration
+		network, container string // each egress policy's first allowed prefix; "" for none
+		err                string
 	}{
-		{"defaults", `{"cniVersion":"1.1.0","name":"pgnet","type":"phasegate-cni"}`, defaultSocket, defaultTimeout, "", ""},
-		{"given", `{"cniVersion":"1.0.0","name":"pgnet","type":"phasegate-cni","socket":"/run/pg/c.sock","timeout":"5s"}`, "/run/pg/c.sock", 5 * time.Second, "", ""},
-		{"egress", `{"cniVersion":"1.0.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"],"denyAll":true}}`, defaultSocket, defaultTimeout, "10.0.0.0/8", ""},
-		{"the container's egress", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},
-			"capabilities":{"egress":true},"runtimeConfig":{"egress":{"allow":["192.0.2.0/24"],"denyAll":true}}}`, defaultSocket, defaultTimeout, "192.0.2.0/24", ""},
+		{"defaults", `{"cniVersion":"1.1.0","name":"pgnet","type":"phasegate-cni"}`, defaultSocket, defaultTimeout, "", "", ""},
+		{"given", `{"cniVersion":"1.0.0","name":"pgnet","type":"phasegate-cni","socket":"/run/pg/c.sock","timeout":"5s"}`, "/run/pg/c.sock", 5 * time.Second, "", "", ""},
+		{"egress", `{"cniVersion":"1.0.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"],"denyAll":true}}`, defaultSocket, defaultTimeout, "10.0.0.0/8", "", ""},
+		{"the container's egress", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},` + container + `}`, defaultSocket, defaultTimeout, "10.0.0.0/8", "192.0.2.0/24", ""},
+		{"the container's egress, narrowing by name", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},"egressCapability":"narrow",` + container + `}`, defaultSocket, defaultTimeout, "10.0.0.0/8", "192.0.2.0/24", ""},
+		{"the container's egress replacing the network's", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},"egressCapability":"replace",` + container + `}`, defaultSocket, defaultTimeout, "192.0.2.0/24", "", ""},
+		{"replacing, without the container's", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},"egressCapability":"replace"}`, defaultSocket, defaultTimeout, "10.0.0.0/8", "", ""},
 		{"another capability only", `{"cniVersion":"1.1.0","name":"pgnet","egress":{"allow":["10.0.0.0/8"]},
-			"runtimeConfig":{"portMappings":[]}}`, defaultSocket, defaultTimeout, "10.0.0.0/8", ""},
-		{"misspelt egress", `{"cniVersion":"1.0.0","name":"pgnet","egress":{"alow":["10.0.0.0/8"]}}`, "", 0, "", "alow"},
-		{"misspelt container's egress", `{"cniVersion":"1.1.0","name":"pgnet","runtimeConfig":{"egress":{"alow":["192.0.2.0/24"]}}}`, "", 0, "", "alow"},
-		{"no name", `{"cniVersion":"1.0.0","type":"phasegate-cni"}`, "", 0, "", "no name"},
-		{"bad timeout", `{"cniVersion":"1.0.0","name":"pgnet","timeout":"30"}`, "", 0, "", `timeout "30"`},
-		{"negative timeout", `{"cniVersion":"1.0.0","name":"pgnet","timeout":"-1s"}`, "", 0, "", "positive"},
-		{"not JSON", `{"name":`, "", 0, "", "decode"},
+			"runtimeConfig":{"portMappings":[]}}`, defaultSocket, defaultTimeout, "10.0.0.0/8", "", ""},
+		{"misspelt egress", `{"cniVersion":"1.0.0","name":"pgnet","egress":{"alow":["10.0.0.0/8"]}}`, "", 0, "", "", "alow"},
+		{"misspelt container's egress", `{"cniVersion":"1.1.0","name":"pgnet","runtimeConfig":{"egress":{"alow":["192.0.2.0/24"]}}}`, "", 0, "", "", "alow"},
+		{"unknown egressCapability", `{"cniVersion":"1.1.0","name":"pgnet","egressCapability":"widen"}`, "", 0, "", "", `egressCapability "widen"`},
+		{"no name", `{"cniVersion":"1.0.0","type":"phasegate-cni"}`, "", 0, "", "", "no name"},
+		{"bad timeout", `{"cniVersion":"1.0.0","name":"pgnet","timeout":"30"}`, "", 0, "", "", `timeout "30"`},
+		{"negative timeout", `{"cniVersion":"1.0.0","name":"pgnet","timeout":"-1s"}`, "", 0, "", "", "positive"},
+		{"not JSON", `{"name":`, "", 0, "", "", "decode"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := loadConf([]byte(tc.conf))
@@ -44,12 +49,15 @@ func TestLoadConf(t *testing.T) {
 			if err != nil || c.Socket != tc.socket || c.timeout != tc.timeout {
 				t.Fatalf("loadConf: %+v %v, want socket %s timeout %v", c, err, tc.socket, tc.timeout)
 			}
-			allow := ""
-			if e := c.egress(); e != nil && len(e.Allow) > 0 {
-				allow = e.Allow[0]
+			first := func(e *cniv1.Egress) string {
+				if e == nil || len(e.Allow) == 0 {
+					return ""
+				}
+				return e.Allow[0]
 			}
-			if allow != tc.allow {
-				t.Errorf("egress allows %q first, want %q", allow, tc.allow)
+			network, container := c.egress()
+			if first(network) != tc.network || first(container) != tc.container {
+				t.Errorf("egress: the network's allows %q first, the container's %q; want %q and %q", first(network), first(container), tc.network, tc.container)
 			}
 		})
 	}

@@ -156,6 +156,13 @@ type Defaults struct {
 	// and link-local ranges and the host's own addresses
 	// (DefaultAlwaysDeny with the host's addresses).
 	AlwaysDeny []netip.Prefix
+	// LinkLocal is dropped from every slot, with a policy or without,
+	// unless AlwaysAllow or the policy's Allow accepts it: the link-local
+	// range but the slot network, which the host's table drops after the
+	// policy's own rules (package nft, whose Table.EgressDefaults fills
+	// it). No rule of a policy writes it: it is part of what a policy lets
+	// out (Narrow, Within), not of its fingerprint.
+	LinkLocal []netip.Prefix
 	// ProxyPort is the TCP port on the host, at each slot's gateway
 	// address, of the egress proxy that RedirectTCP sends to; 0: none,
 	// and a policy with RedirectTCP is refused.

@@ -3,7 +3,6 @@ package inside
 import (
 	"encoding/binary"
 	"net/netip"
-	"slices"
 
 	"github.com/google/nftables"
 )
@@ -27,24 +26,7 @@ func spans(ps []netip.Prefix) []span {
 	for _, p := range ps {
 		out = append(out, spanOf(p))
 	}
-	slices.SortFunc(out, func(a, b span) int {
-		switch {
-		case a.lo < b.lo:
-			return -1
-		case a.lo > b.lo:
-			return 1
-		}
-		return 0
-	})
-	merged := out[:0]
-	for _, s := range out {
-		if n := len(merged); n > 0 && (merged[n-1].hi == ^uint32(0) || s.lo <= merged[n-1].hi+1) {
-			merged[n-1].hi = max(merged[n-1].hi, s.hi)
-			continue
-		}
-		merged = append(merged, s)
-	}
-	return merged
+	return merge(out)
 }
 
 // IntervalElements encodes prefixes for an interval set of IPv4 addresses

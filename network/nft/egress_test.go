@@ -2,6 +2,7 @@ package nft_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -333,5 +334,33 @@ func TestEnsureWritesOnlyWhatDiffers(t *testing.T) {
 	out, err = exec.Command("nsenter", "--net="+h.Path, "nft", "list", "set", "inet", tbl.Name(), nft.SetAlwaysDeny).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "198.18.0.0/15") {
 		t.Errorf("the always-denied set after Ensure with other defaults:\n%s (%v)", out, err)
+	}
+}
+
+// The defaults a table gives name the ranges its rule against link-local
+// destinations drops, the slot network cut out, so that what a policy
+// lets out (inside.Narrow) is what the table does; they are not written
+// into any policy's fingerprint.
+func TestEgressDefaultsNameTheLinkLocalRule(t *testing.T) {
+	d := inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
+	for _, tc := range []struct {
+		slots netip.Prefix
+		want  string
+	}{
+		{netip.MustParsePrefix("169.254.100.0/22"), "[169.254.0.0/18 169.254.64.0/19 169.254.96.0/22 169.254.104.0/21 169.254.112.0/20 169.254.128.0/17]"},
+		{netip.MustParsePrefix("100.64.0.0/18"), "[169.254.0.0/16]"},
+	} {
+		tbl, err := nft.New("pgtest", nft.WithEgress(d), nft.WithSlotNetwork(tc.slots))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := tbl.EgressDefaults()
+		if s := fmt.Sprint(got.LinkLocal); s != tc.want {
+			t.Errorf("slot network %s: LinkLocal %s, want %s", tc.slots, s, tc.want)
+		}
+		var p inside.Policy
+		if p.Fingerprint(got) != p.Fingerprint(d) {
+			t.Errorf("slot network %s: the link-local ranges changed a policy's fingerprint", tc.slots)
+		}
 	}
 }

@@ -184,8 +184,18 @@ func (t *Table) Name() string { return t.name }
 // Policy returns the policy Ensure writes.
 func (t *Table) Policy() Policy { return t.policy }
 
-// EgressDefaults returns the egress defaults Ensure writes.
-func (t *Table) EgressDefaults() inside.Defaults { return t.egress }
+// EgressDefaults returns the egress defaults Ensure writes, with the
+// ranges the rule against link-local destinations drops (LinkLocal but
+// the slot network) as their LinkLocal: what a policy lets out depends on
+// them (inside.Narrow).
+func (t *Table) EgressDefaults() inside.Defaults {
+	d := t.egress
+	d.LinkLocal = []netip.Prefix{LinkLocal}
+	if t.slotNet.IsValid() {
+		d.LinkLocal = inside.Without(LinkLocal, t.slotNet)
+	}
+	return d
+}
 
 func (t *Table) table() *nftables.Table {
 	return &nftables.Table{Name: t.name, Family: nftables.TableFamilyINet}

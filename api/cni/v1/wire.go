@@ -63,8 +63,15 @@ type AddRequest struct {
 	Key
 	// Netns is CNI_NETNS: the path of the container's network namespace.
 	Netns string `json:"netns"`
-	// Egress is the attachment's egress policy; nil for none.
+	// Egress is the network's egress policy (the conflist's); nil for
+	// none.
 	Egress *Egress `json:"egress,omitempty"`
+	// ContainerEgress is the container's own policy (the runtime's
+	// "egress" capability args), which the daemon narrows to Egress: the
+	// attachment lets out only what both let out. Nil: the network's
+	// alone. A conflist that lets the container's replace the network's
+	// ("egressCapability": "replace") sends it as Egress instead.
+	ContainerEgress *Egress `json:"containerEgress,omitempty"`
 }
 
 // Attachment is what ADD made: the slot, its two ends and the addresses.
@@ -109,9 +116,25 @@ type ValidKey struct {
 	IfName      string `json:"ifName"`
 }
 
-// GCAnswer says how many attachments GC ended.
+// GCAnswer says how many attachments GC ended, and which of those the
+// runtime did not list it kept, and why: a GC ends only what its caller
+// may end (its principal's own attachments; root, every one). The spec's
+// GC prints nothing on success, so the plugin does not show it: the
+// daemon's audit line does.
 type GCAnswer struct {
-	Released int `json:"released"`
+	Released int              `json:"released"`
+	Kept     []KeptAttachment `json:"kept,omitempty"`
+}
+
+// KeptAttachment is an attachment GC did not end though the runtime did
+// not list it.
+type KeptAttachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	// Principal made the attachment.
+	Principal string `json:"principal"`
+	// Reason says why the caller may not end it.
+	Reason string `json:"reason"`
 }
 
 // StatusAnswer is the daemon's answer to STATUS while it serves.

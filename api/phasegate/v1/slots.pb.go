@@ -168,8 +168,8 @@ type Slot struct {
 	// lease.
 	AttachedNetnsPath string `protobuf:"bytes,22,opt,name=attached_netns_path,json=attachedNetnsPath,proto3" json:"attached_netns_path,omitempty"`
 	// A CNI attachment's lease id, shown only to a caller that may release
-	// the lease: its principal, or one granted attach for its network (for
-	// an attachment, leasing its owner is not enough). The runtime that
+	// the lease: its principal, or root (for an attachment, leasing its
+	// owner or attach for its network is not enough). The runtime that
 	// attached it never sees the id; an operator needs it to change the
 	// attachment's egress policy with SetEgressPolicy. Empty for any other
 	// lease: only Acquire returns theirs.

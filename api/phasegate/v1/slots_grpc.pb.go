@@ -55,7 +55,9 @@ type SlotsClient interface {
 	// lease, so a client that timed out and retries neither leaks a slot nor
 	// gets two. Only to the principal that took it: anyone else's retry gets
 	// ALREADY_EXISTS, never the lease id.
-	// PERMISSION_DENIED: the caller may not lease for owner.
+	// PERMISSION_DENIED: the caller may not lease for owner; or owner is
+	// under "cni/", whoever asks: a CNI network's leases are attachments,
+	// made by the CNI plugin's ADD alone.
 	// RESOURCE_EXHAUSTED also: the caller holds its quota of leases.
 	// INVALID_ARGUMENT: owner, or request_id when given, outside the names
 	// rule (printable ASCII but space, '"' and '\', 1 to 256 bytes; the
@@ -71,8 +73,8 @@ type SlotsClient interface {
 	// FAILED_PRECONDITION: the slot is not leased (e.g. released twice).
 	// PERMISSION_DENIED: lease_id missing or not the slot's lease, or the
 	// caller is neither the lease's principal nor one the policy lets act for
-	// its owner (for a CNI attachment: granted attach for its network). A
-	// refused Release changes nothing.
+	// its owner (for a CNI attachment: root). A refused Release changes
+	// nothing.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// KeepAlive renews a lease with a TTL for another TTL from now. A lease
 	// whose TTL runs out is ended and its slot reclaimed. After a restart of
@@ -193,7 +195,9 @@ type SlotsServer interface {
 	// lease, so a client that timed out and retries neither leaks a slot nor
 	// gets two. Only to the principal that took it: anyone else's retry gets
 	// ALREADY_EXISTS, never the lease id.
-	// PERMISSION_DENIED: the caller may not lease for owner.
+	// PERMISSION_DENIED: the caller may not lease for owner; or owner is
+	// under "cni/", whoever asks: a CNI network's leases are attachments,
+	// made by the CNI plugin's ADD alone.
 	// RESOURCE_EXHAUSTED also: the caller holds its quota of leases.
 	// INVALID_ARGUMENT: owner, or request_id when given, outside the names
 	// rule (printable ASCII but space, '"' and '\', 1 to 256 bytes; the
@@ -209,8 +213,8 @@ type SlotsServer interface {
 	// FAILED_PRECONDITION: the slot is not leased (e.g. released twice).
 	// PERMISSION_DENIED: lease_id missing or not the slot's lease, or the
 	// caller is neither the lease's principal nor one the policy lets act for
-	// its owner (for a CNI attachment: granted attach for its network). A
-	// refused Release changes nothing.
+	// its owner (for a CNI attachment: root). A refused Release changes
+	// nothing.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// KeepAlive renews a lease with a TTL for another TTL from now. A lease
 	// whose TTL runs out is ended and its slot reclaimed. After a restart of
