@@ -46,8 +46,8 @@ type Limits struct {
 	// [Config.Admit] says are permitted, each still bound by
 	// MaxConnsPerPeer. Peers a surface knows (its tenants) so keep
 	// connections that peers it merely lets connect cannot take. Without
-	// Admit every peer is ordinary and the share is unused. At most
-	// MaxConns less PrivilegedConns.
+	// Admit every peer is ordinary and the share goes unused: leave it
+	// zero. At most MaxConns less PrivilegedConns.
 	PermittedConns int
 
 	// MaxRecvMsgSize bounds a gRPC message the server receives, in
