@@ -7,6 +7,7 @@ import (
 	"os/user"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/phasegate/phasegate/internal/names"
 )
@@ -31,8 +32,10 @@ import (
 type Policy struct {
 	// MaxLeases is how many leases one principal may hold at once unless
 	// its rule says otherwise; 0 is no limit of its own (the daemon's
-	// slots are).
-	MaxLeases int `json:"max_leases,omitempty"`
+	// slots are). Nil, unsaid, is the service's default share of what it
+	// leases, [DefaultMaxLeases] of its capacity, which the service sets
+	// ([Policy.WithDefaultMaxLeases]); with none set, no limit.
+	MaxLeases *int `json:"max_leases,omitempty"`
 	// Rate is how many calls a second one principal may make, in bursts
 	// of up to twice as many; 0 is no limit. A policy file without it
 	// gets [DefaultRate].
@@ -84,6 +87,40 @@ var ErrPolicy = errors.New("control policy")
 // others.
 const DefaultRate = 100
 
+// leaseShare is the part of a service's capacity one principal may hold
+// unless the policy says otherwise, as a divisor: a quarter, as one peer
+// may hold at most a quarter of a server's connections
+// (server.LimitsFor). One tenant at its share leaves root, which has no
+// quota, and the others three quarters; it takes four tenants at their
+// shares together to leave nothing.
+const leaseShare = 4
+
+// DefaultMaxLeases is the quota of leases one principal may hold at once
+// when the policy does not say: a quarter of capacity, the leases the
+// service can hold at all, and at least one.
+func DefaultMaxLeases(capacity int) int { return max(1, capacity/leaseShare) }
+
+// WithDefaultMaxLeases returns a copy of p whose quota, unless p says
+// one, is [DefaultMaxLeases] of capacity: what a service that leases
+// capacity things at most enforces.
+func (p *Policy) WithDefaultMaxLeases(capacity int) *Policy {
+	c := *p
+	if c.MaxLeases == nil {
+		q := DefaultMaxLeases(capacity)
+		c.MaxLeases = &q
+	}
+	return &c
+}
+
+// Quota is the policy's quota of leases for principals no rule sets one
+// for: 0 is none.
+func (p *Policy) Quota() int {
+	if p.MaxLeases == nil {
+		return 0
+	}
+	return *p.MaxLeases
+}
+
 // ParseRule parses the command-line form of a rule, "SELECTOR=OWNER,…"
 // with SELECTOR one of uid:N, user:NAME, gid:N, group:NAME or id:IDENTITY
 // (an identity pattern, see [Rule]): "uid:1000=sandbox-*",
@@ -134,8 +171,8 @@ func ParseRule(s string, readOnly bool) (Rule, error) {
 // finite number, 0 or more, is refused whole.
 func (p *Policy) Resolve() error {
 	var errs []error
-	if p.MaxLeases < 0 {
-		errs = append(errs, fmt.Errorf("%w: max_leases %d is negative", ErrPolicy, p.MaxLeases))
+	if p.MaxLeases != nil && *p.MaxLeases < 0 {
+		errs = append(errs, fmt.Errorf("%w: max_leases %d is negative", ErrPolicy, *p.MaxLeases))
 	}
 	if err := checkRate(p.Rate); err != nil {
 		errs = append(errs, err)
@@ -192,6 +229,9 @@ func (r *Rule) resolve() error {
 		if err := checkPattern("identity", pattern); err != nil {
 			return err
 		}
+		if err := checkIdentityChars(pattern); err != nil {
+			return err
+		}
 		r.Identity = kind.word() + ":" + pattern
 	}
 	if len(r.Owners) == 0 {
@@ -227,9 +267,10 @@ func resolveName(kind, name string, lookup func(string) (string, error)) (*uint3
 }
 
 // checkRate refuses a rate the limiter cannot keep: NaN, an infinity or a
-// negative number.
+// negative number, negative zero included (a sign that means nothing
+// here is a mistake, not a limit of none).
 func checkRate(r float64) error {
-	if math.IsNaN(r) || math.IsInf(r, 0) || r < 0 {
+	if math.IsNaN(r) || math.IsInf(r, 0) || math.Signbit(r) {
 		return fmt.Errorf("%w: rate %v: want a finite number of calls a second, 0 or more (0: no limit)", ErrPolicy, r)
 	}
 	return nil
@@ -274,6 +315,19 @@ func checkPattern(what, p string) error {
 	return nil
 }
 
+// checkIdentityChars refuses an identity pattern with a control
+// character (NUL, ESC, DEL, C1): a certificate may carry any UTF-8 in a
+// common name, but a pattern that holds them would be read one way in a
+// log and match another.
+func checkIdentityChars(p string) error {
+	for i, r := range p {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: identity pattern \"%s\": %U, a control character, at byte %d", ErrPolicy, names.Shown(p), r, i)
+		}
+	}
+	return nil
+}
+
 // matchPattern reports whether s is p, or starts with p's prefix when p
 // ends in "*".
 func matchPattern(p, s string) bool {
@@ -309,7 +363,7 @@ type Grant struct {
 
 // Grant returns what p may do.
 func (p *Policy) Grant(pr Principal) Grant {
-	g := Grant{MaxLeases: p.MaxLeases}
+	g := Grant{MaxLeases: p.Quota()}
 	if pr.IsRoot() {
 		// Root may do everything: no owner it may not lease for, and no
 		// quota unless a rule that names it sets one.

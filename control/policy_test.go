@@ -40,6 +40,18 @@ func TestParsePolicyRefusesWhatCannotBeUsed(t *testing.T) {
 		{"a zero-width space", `{"principals": [{"uid": 1, "owners": ["\u200b*"]}]}`, `"\u200b*": U+200B`},
 		{"a space", `{"principals": [{"uid": 1, "owners": ["rt-victim "]}]}`, `"rt-victim\x20": U+0020, a space`},
 		{"ESC", `{"principals": [{"uid": 1, "owners": ["\u001b[2K"]}]}`, "U+001B, a control character"},
+		{"NUL in an owner", `{"principals": [{"uid": 1, "owners": ["sandbox-\u0000*"]}]}`, `owners[0] "sandbox-\x00*": U+0000, a control character, at byte 8`},
+		{"NUL in an owner prefix's end", `{"principals": [{"uid": 1, "owners": ["a", "rt-victim\u0000"]}]}`, `owners[1] "rt-victim\x00": U+0000`},
+		{"NUL in an identity", `{"principals": [{"identity": "cn:sched\u0000uler", "owners": ["*"]}]}`, `identity pattern "sched\x00uler": U+0000, a control character, at byte 5`},
+		{"ESC in an identity", `{"principals": [{"identity": "spiffe://x/\u001b*", "owners": ["*"]}]}`, `U+001B, a control character`},
+		// A negative zero is refused wherever a number goes, however it
+		// is written: JSON decodes it as 0 without a word.
+		{"rate -0", `{"rate": -0, "principals": []}`, "rate at line 1: -0 is a negative zero"},
+		{"rate -0.0", `{"rate": -0.0, "principals": []}`, "-0.0 is a negative zero"},
+		{"rate -0e5", "{\n\"rate\": -0e5, \"principals\": []}", "rate at line 2: -0e5 is a negative zero"},
+		{"rate that rounds to -0", `{"rate": -1e-400, "principals": []}`, "-1e-400 is a negative zero"},
+		{"max_leases -0", `{"max_leases": -0, "principals": []}`, "max_leases at line 1: -0 is a negative zero"},
+		{"a rule's max_leases -0", `{"principals": [{"uid": 1, "owners": ["*"], "max_leases": -0}]}`, "principals[0].max_leases at line 1: -0 is a negative zero"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := control.ParsePolicy(strings.NewReader(tc.json))
@@ -191,5 +203,61 @@ func TestGrantAttach(t *testing.T) {
 		if got := p.Grant(tc.who).MayAttach(tc.owner); got != tc.attach {
 			t.Errorf("%s may attach for %q: %v, want %v", tc.who, tc.owner, got, tc.attach)
 		}
+	}
+}
+
+// The quota of leases of a principal no rule gives one: the policy's
+// max_leases when it says one (0: none), and a quarter of the service's
+// capacity, at least one, when it does not; root has none unless a rule
+// that selects it sets one.
+func TestDefaultMaxLeases(t *testing.T) {
+	quota := func(n int) *int { return &n }
+	var (
+		root   = control.Principal{Kind: control.Unix}
+		nobody = control.Principal{Kind: control.Unix, UID: 65534, GID: 65534}
+		orch   = control.Principal{Kind: control.Unix, UID: 1000, GID: 1000}
+	)
+	rules := func(t *testing.T) []control.Rule {
+		var rs []control.Rule
+		for _, s := range []string{"uid:65534=nb-*", "uid:1000=sandbox-*"} {
+			r, err := control.ParseRule(s, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs = append(rs, r)
+		}
+		rs[1].MaxLeases = quota(100)
+		return rs
+	}
+	for _, tc := range []struct {
+		name      string
+		maxLeases *int
+		capacity  int
+		who       control.Principal
+		want      int
+	}{
+		{"unsaid: a quarter", nil, 16, nobody, 4},
+		{"unsaid: a quarter, rounded down", nil, 1023, nobody, 255},
+		{"unsaid: at least one", nil, 3, nobody, 1},
+		{"unsaid: root has none", nil, 16, root, 0},
+		{"unsaid: a rule's own quota", nil, 16, orch, 100},
+		{"said", quota(10), 16, nobody, 10},
+		{"said above the capacity", quota(64), 16, nobody, 64},
+		{"said 0: none", quota(0), 16, nobody, 0},
+		{"said: root still has none", quota(10), 16, root, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &control.Policy{MaxLeases: tc.maxLeases, Rules: rules(t)}
+			got := p.WithDefaultMaxLeases(tc.capacity)
+			if g := got.Grant(tc.who).MaxLeases; g != tc.want {
+				t.Errorf("%s's quota %d, want %d", tc.who, g, tc.want)
+			}
+			if p.MaxLeases != tc.maxLeases {
+				t.Error("WithDefaultMaxLeases changed the policy it was given")
+			}
+		})
+	}
+	if got := control.DefaultMaxLeases(1024); got != 256 {
+		t.Errorf("DefaultMaxLeases(1024) = %d, want 256", got)
 	}
 }

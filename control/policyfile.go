@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -216,6 +217,9 @@ func (w keyWalker) value(t reflect.Type, path string) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	if n, ok := tok.(json.Number); ok {
+		return w.number(n, path)
+	}
 	switch tok {
 	case json.Delim('{'):
 		if t.Kind() != reflect.Struct {
@@ -233,6 +237,17 @@ func (w keyWalker) value(t reflect.Type, path string) error {
 		}
 		_, err := w.token() // ]
 		return err
+	}
+	return nil
+}
+
+// number refuses a number written as a negative zero ("-0", "-0.0",
+// "-1e-400"): encoding/json takes it as 0 (or -0, which compares equal),
+// and a sign that means nothing is a mistake to show, not a value to
+// guess at.
+func (w keyWalker) number(n json.Number, path string) error {
+	if f, err := strconv.ParseFloat(string(n), 64); err == nil && f == 0 && strings.HasPrefix(string(n), "-") {
+		return w.fail(path, "%s is a negative zero: write 0, or the negative number meant", n)
 	}
 	return nil
 }

@@ -78,7 +78,8 @@ func TestParsePolicyRate(t *testing.T) {
 			t.Errorf("%s: rate %v, %v; want %v", tc.json, p.Rate, err, tc.want)
 		}
 	}
-	for _, r := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -1} {
+	// -0 as --control-rate gives it: no limit it does not say.
+	for _, r := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -1, math.Copysign(0, -1)} {
 		p := &control.Policy{Rate: r}
 		if err := p.Resolve(); !errors.Is(err, control.ErrPolicy) || !strings.Contains(err.Error(), "want a finite number") {
 			t.Errorf("Resolve of rate %v: %v", r, err)

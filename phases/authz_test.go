@@ -2,6 +2,7 @@ package phases
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -16,7 +17,7 @@ import (
 // policyOf builds a resolved policy from command-line rules.
 func policyOf(t testing.TB, maxLeases int, rules ...string) *control.Policy {
 	t.Helper()
-	p := &control.Policy{MaxLeases: maxLeases}
+	p := &control.Policy{MaxLeases: &maxLeases}
 	for _, r := range rules {
 		rule, err := control.ParseRule(r, false)
 		if err != nil {
@@ -162,6 +163,41 @@ func TestMayAct(t *testing.T) {
 	} {
 		if got := mayAct(tc.c, tc.rec); got != tc.want {
 			t.Errorf("%s: mayAct %v, want %v", tc.what, got, tc.want)
+		}
+	}
+}
+
+// With no quota said (--max-leases unset, no max_leases in the policy), a
+// tenant leases a quarter of the slots and is refused the next, naming
+// its quota; root, which has none, leases the rest.
+func TestDefaultQuotaLeavesRootTheRest(t *testing.T) {
+	const n = 8
+	r := newSlotsRig(t, n, 2)
+	rule, err := control.ParseRule("uid:65534=tenant-b-*", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Slots.Slots, cfg.Control.Policy = n, &control.Policy{Rules: []control.Rule{rule}}
+	policy := cfg.ControlPolicy()
+	ctx := context.Background()
+	held := 0
+	for i := range n {
+		_, err := r.svc.Acquire(as(ctx, mallet, policy), &phasegatev1.AcquireRequest{Owner: fmt.Sprintf("tenant-b-%d", i)})
+		if err != nil {
+			if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "quota") {
+				t.Fatalf("Acquire %d as %s: %v, want ResourceExhausted naming the quota", i, mallet, err)
+			}
+			break
+		}
+		held++
+	}
+	if held != n/4 {
+		t.Errorf("%s leased %d of %d slots, want its share, %d", mallet, held, n, n/4)
+	}
+	for i := range n - held {
+		if _, err := r.svc.Acquire(as(ctx, root, policy), &phasegatev1.AcquireRequest{Owner: fmt.Sprintf("root-%d", i)}); err != nil {
+			t.Fatalf("root's Acquire %d, with %d slots leased: %v", i, held+i, err)
 		}
 	}
 }

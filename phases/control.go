@@ -38,7 +38,9 @@ type ControlConfig struct {
 	// group can reach the socket and nothing else there.
 	GID int
 	// Policy says what each principal may do; nil lets root on the socket
-	// do everything and nobody else anything.
+	// do everything and nobody else anything. A policy that sets no
+	// MaxLeases gets control.DefaultMaxLeases of Slots.Slots
+	// ([Config.ControlPolicy]).
 	Policy *control.Policy
 }
 
@@ -50,12 +52,15 @@ func (c Config) ControlSocket() string {
 	return filepath.Join(c.StateDir, ControlSocketName)
 }
 
-// controlPolicy is the policy in force.
-func (c Config) controlPolicy() *control.Policy {
-	if c.Control.Policy == nil {
-		return &control.Policy{}
+// ControlPolicy is the policy in force: Control.Policy, with the default
+// quota of leases, a share of the slots, unless it sets one. One tenant
+// so never leases every slot, whatever the flags forgot.
+func (c Config) ControlPolicy() *control.Policy {
+	p := c.Control.Policy
+	if p == nil {
+		p = &control.Policy{}
 	}
-	return c.Control.Policy
+	return p.WithDefaultMaxLeases(c.Slots.Slots)
 }
 
 // validateControl checks the control surface's settings without touching
@@ -86,7 +91,7 @@ func (d *Daemon) newGuard(surface string) (*control.Guard, error) {
 	}
 	cniMutating, cniReads := cniMethods()
 	mutating, reads = append(mutating, cniMutating...), append(reads, cniReads...)
-	return control.NewGuard(d.cfg.controlPolicy(), control.GuardOptions{
+	return control.NewGuard(d.cfg.ControlPolicy(), control.GuardOptions{
 		Service:       slotsServiceName,
 		Mutating:      mutating,
 		Reads:         reads,
@@ -145,9 +150,10 @@ func (d *Daemon) bindControl(ctx context.Context) (*net.UnixListener, *control.S
 }
 
 // serveControl serves the Slots API, /debug/slots and the CNI plugin's
-// routes on l, behind the
-// socket's guard, and returns the server and a duplicate of l's
-// descriptor for an upgrade. Every route there spends its caller's rate:
+// routes on l, behind the socket's guard, which admits at accept only the
+// peers its policy grants something, and returns the server and a
+// duplicate of l's descriptor for an upgrade. Every route there spends
+// its caller's rate:
 // each gRPC call (the Slots API, reflection, a method nobody serves) at the
 // tap, before its request is read; each further message of a stream; and
 // /debug/slots, bound behind d.ctlGuard with the slots.
@@ -158,6 +164,9 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 	}
 	sc := server.DefaultConfig()
 	sc.Listener, sc.Limits, sc.Logger = l, d.fds.Control, d.log.With("surface", "socket")
+	// A uid the policy grants nothing is closed at accept: it would hold
+	// connections the principals need, for calls that are all refused.
+	sc.Admit = guard.Admit
 	// The lifecycle's drain has closed the gate already when this one
 	// drains: no delay is needed for calls to see it.
 	sc.DrainDelay, sc.StopTimeout = 0, d.cfg.StopTimeout

@@ -53,10 +53,14 @@ const (
 )
 
 // The control socket's bounds: the node's orchestrator and the operator
-// need a few connections each; root keeps a share no tenant can take.
+// need a few connections each; root keeps a share no tenant can take. A
+// uid the policy grants nothing is closed at accept (control.Guard.Admit),
+// and what root's share leaves is the permitted principals': were any
+// other peer admitted, it could take none of it.
 const (
 	controlMaxConns        = 128
 	controlPrivilegedConns = 32
+	controlPermittedConns  = controlMaxConns - controlPrivilegedConns
 	controlConnsPerPeer    = 16
 )
 
@@ -110,6 +114,7 @@ func (c Config) fdBudget(soft, hard uint64) (FDBudget, error) {
 	ctl := server.Limits{
 		MaxConns:             controlMaxConns,
 		PrivilegedConns:      controlPrivilegedConns,
+		PermittedConns:       controlPermittedConns,
 		MaxConnsPerPeer:      controlConnsPerPeer,
 		MaxRecvMsgSize:       maxSlotsRequest(),
 		MaxConcurrentStreams: server.DefaultMaxConcurrentStreams,

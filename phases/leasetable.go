@@ -146,7 +146,7 @@ func (t *leaseTable) reserve(principal string, quota int) (done func(), err erro
 			}
 		}
 		if held >= quota {
-			return nil, status.Errorf(codes.ResourceExhausted, "%s holds %d leases, its quota (--max-leases, or max_leases in the control policy): release one first", principal, held)
+			return nil, status.Errorf(codes.ResourceExhausted, "%s holds %d leases, its quota (--max-leases, or max_leases in the control policy; unless either says, a quarter of --slots): release one first", principal, held)
 		}
 	}
 	t.pending[principal]++

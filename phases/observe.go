@@ -33,7 +33,7 @@ const meterScope = "github.com/phasegate/phasegate/phases"
 //	phasegate.reconcile.passes        counter        result   ok, failed
 //	phasegate.reconcile.slots         counter        result   claimed, freed
 //	phasegate.conns.open              gauge          surface  connections open on the port, the socket
-//	phasegate.conns.refused           counter        surface, reason  per_peer, total (closed at accept), accept_failed (no descriptor)
+//	phasegate.conns.refused           counter        surface, reason  per_peer, total, sniffing, admission (closed at accept), protocol, accept_failed (no descriptor)
 type observer struct {
 	meter     metric.Meter
 	acquire   metric.Float64Histogram
@@ -102,7 +102,7 @@ func (o *observer) initConns() error {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	refused, err := o.meter.Int64ObservableCounter("phasegate.conns.refused",
-		metric.WithDescription("Connections not taken, by surface and reason: per_peer, total and sniffing (over a bound, closed at accept), protocol (closed before its protocol was known for what it sent: more than the bound, or a frame no client sends first), accept_failed (an accept that failed for want of descriptors)."))
+		metric.WithDescription("Connections not taken, by surface and reason: per_peer, total and sniffing (over a bound, closed at accept), protocol (closed before its protocol was known for what it sent: more than the bound, or a frame no client sends first), admission (closed at accept: on the control socket, a uid the policy grants nothing), accept_failed (an accept that failed for want of descriptors)."))
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
@@ -115,7 +115,7 @@ func (o *observer) initConns() error {
 			ob.ObserveInt64(open, int64(st.Open), metric.WithAttributes(at))
 			ob.ObserveInt64(sniffing, int64(st.Sniffing), metric.WithAttributes(at))
 			for reason, n := range map[string]uint64{"per_peer": st.RefusedPerPeer, "total": st.RefusedTotal, "sniffing": st.RefusedSniffing,
-				"protocol": st.RefusedProtocol, "accept_failed": st.AcceptErrors} {
+				"protocol": st.RefusedProtocol, "accept_failed": st.AcceptErrors, "admission": st.RefusedAdmission} {
 				ob.ObserveInt64(refused, int64(n), metric.WithAttributes(at, attribute.String("reason", reason)))
 			}
 		}

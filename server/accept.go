@@ -24,6 +24,9 @@ type ConnStats struct {
 	// Sniffing counts the connections accepted and not yet handed to the
 	// gRPC or the HTTP server.
 	Sniffing int
+	// RefusedAdmission counts the connections closed at accept because
+	// [Config.Admit] refused their peer.
+	RefusedAdmission uint64
 	// RefusedSniffing counts the connections closed at accept because
 	// MaxSniffing connections, or their peer's MaxSniffingPerPeer, were
 	// being sniffed; RefusedProtocol those closed before the handover for
@@ -45,29 +48,43 @@ type ConnStats struct {
 }
 
 // connGate is what the server decides at accept: who a connection comes
-// from, whether the [Limits] let it open and be sniffed, and what the
-// accept loop and the sniffing went through, logged at most once a second.
+// from, whether it is admitted and the [Limits] let it open and be
+// sniffed, and what the accept loop and the sniffing went through, logged
+// at most once a second.
 type connGate struct {
 	limiter *connLimiter // open connections
 	sniff   *connLimiter // those not handed over yet
 	owners  *ownerFinder
+	self    uint32                         // the server's own uid
+	classOf func(cred *PeerCred) PeerClass // Config.Admit; nil: every peer ordinary
 	log     *slog.Logger
 
-	refusedPeer, refusedTotal, acceptErrors atomic.Uint64
-	refusedSniffing, refusedProtocol        atomic.Uint64
-	impaired                                atomic.Int64 // Unix ns of the last impairment; 0: none
-	impairedNow                             atomic.Bool
-	refusedLog, acceptLog, ownerLog         throttle
-	protocolLog                             throttle
+	refusedPeer, refusedTotal, acceptErrors   atomic.Uint64
+	refusedSniffing, refusedProtocol          atomic.Uint64
+	refusedAdmission                          atomic.Uint64
+	impaired                                  atomic.Int64 // Unix ns of the last impairment; 0: none
+	impairedNow                               atomic.Bool
+	refusedLog, acceptLog, ownerLog, admitLog throttle
+	protocolLog                               throttle
 }
 
-func newConnGate(l Limits, log *slog.Logger) *connGate {
+func newConnGate(l Limits, admit func(*PeerCred) PeerClass, log *slog.Logger) *connGate {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	self := uint32(os.Geteuid())
-	sniff := Limits{MaxConns: l.MaxSniffing, MaxConnsPerPeer: l.MaxSniffingPerPeer, PrivilegedConns: l.MaxSniffing / 4}
-	return &connGate{limiter: newConnLimiter(l, self), sniff: newConnLimiter(sniff, self), owners: newOwnerFinder(), log: log}
+	return &connGate{limiter: newConnLimiter(l), sniff: newConnLimiter(sniffLimits(l)), owners: newOwnerFinder(),
+		self: uint32(os.Geteuid()), classOf: admit, log: log}
+}
+
+// sniffLimits are the bounds of the connections being sniffed, as a
+// connLimiter's: a quarter of MaxSniffing kept for privileged peers, and
+// for permitted ones the part PermittedConns is of MaxConns.
+func sniffLimits(l Limits) Limits {
+	s := Limits{MaxConns: l.MaxSniffing, MaxConnsPerPeer: l.MaxSniffingPerPeer, PrivilegedConns: l.MaxSniffing / 4}
+	if l.MaxConns > 0 {
+		s.PermittedConns = min(l.MaxSniffing*l.PermittedConns/l.MaxConns, s.MaxConns-s.PrivilegedConns)
+	}
+	return s
 }
 
 // stats returns what the gate counted.
@@ -75,14 +92,15 @@ func (g *connGate) stats() ConnStats {
 	open, _ := g.limiter.counts()
 	sniffing, _ := g.sniff.counts()
 	st := ConnStats{
-		Open:            open,
-		Sniffing:        sniffing,
-		RefusedPerPeer:  g.refusedPeer.Load(),
-		RefusedTotal:    g.refusedTotal.Load(),
-		RefusedSniffing: g.refusedSniffing.Load(),
-		RefusedProtocol: g.refusedProtocol.Load(),
-		AcceptErrors:    g.acceptErrors.Load(),
-		ImpairedNow:     g.impairedNow.Load(),
+		Open:             open,
+		Sniffing:         sniffing,
+		RefusedPerPeer:   g.refusedPeer.Load(),
+		RefusedTotal:     g.refusedTotal.Load(),
+		RefusedSniffing:  g.refusedSniffing.Load(),
+		RefusedAdmission: g.refusedAdmission.Load(),
+		RefusedProtocol:  g.refusedProtocol.Load(),
+		AcceptErrors:     g.acceptErrors.Load(),
+		ImpairedNow:      g.impairedNow.Load(),
 	}
 	if ns := g.impaired.Load(); ns != 0 {
 		st.Impaired = time.Unix(0, ns)
@@ -118,18 +136,42 @@ func (g *connGate) peerOf(c net.Conn, cred *PeerCred) peerKey {
 	return remotePeer(remote.Addr())
 }
 
-// admit counts c's peer in, among the open connections and those being
-// sniffed, or refuses it: counted, logged at most once a second, and
-// closed at once (a TCP connection with a reset, so that neither end keeps
-// it in TIME_WAIT).
-func (g *connGate) admit(c net.Conn, p peerKey) bool {
-	why := g.limiter.admit(p)
+// class says which share of the bounds a connection of peer p, whose
+// Unix credentials are cred (nil: none), may use: uid 0 and the server's
+// own user are privileged, the others what Config.Admit says.
+func (g *connGate) class(p peerKey, cred *PeerCred) PeerClass {
+	switch {
+	case p.local && (p.uid == 0 || p.uid == g.self):
+		return PeerPrivileged
+	case g.classOf == nil:
+		return PeerOrdinary
+	}
+	return g.classOf(cred)
+}
+
+// admit counts c's peer p, of class k, in, among the open connections
+// and those being sniffed, or refuses it: counted, logged at most once a
+// second, and closed at once.
+func (g *connGate) admit(c net.Conn, p peerKey, k PeerClass) bool {
+	why := notAdmitted
+	if k != PeerRefused {
+		why = g.limiter.admit(p, k)
+	}
 	if why == admitted {
-		if why = g.sniff.admit(p); why == admitted {
+		if why = g.sniff.admit(p, k); why == admitted {
 			return true
 		}
-		g.limiter.release(p)
+		g.limiter.release(p, k)
 		why = overSniffing
+	}
+	if why == notAdmitted {
+		// On the peer's account: the server is not impaired.
+		g.refuse(c)
+		g.refusedAdmission.Add(1)
+		if n, ok := g.admitLog.allow(time.Now()); ok {
+			g.log.Warn("connection refused: its peer is not admitted here", "peer", p.String(), "refused_since_last", n)
+		}
+		return false
 	}
 	var lim int
 	var what string
@@ -148,10 +190,7 @@ func (g *connGate) admit(c net.Conn, p peerKey) bool {
 		g.impaired.Store(time.Now().UnixNano())
 		lim, what = g.limiter.limits.MaxConns, "in total"
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = c.Close()
+	g.refuse(c)
 	if n, ok := g.refusedLog.allow(time.Now()); ok {
 		open, peers := g.limiter.counts()
 		g.log.Warn("connection refused: over the server's bound", "peer", p.String(), "bound", what, "limit", lim,
@@ -160,9 +199,18 @@ func (g *connGate) admit(c net.Conn, p peerKey) bool {
 	return false
 }
 
-// sniffed gives back the sniffing share of p's connection: it was handed
-// over, or closed before.
-func (g *connGate) sniffed(p peerKey) { g.sniff.release(p) }
+// refuse closes a connection refused at accept (a TCP one with a reset,
+// so that neither end keeps it in TIME_WAIT).
+func (g *connGate) refuse(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+// sniffed gives back the sniffing share of p's connection, of class k: it
+// was handed over, or closed before.
+func (g *connGate) sniffed(p peerKey, k PeerClass) { g.sniff.release(p, k) }
 
 // refuseProtocol counts a connection closed before the handover for what
 // it sent, and logs it at most once a second.

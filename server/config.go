@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc"
@@ -49,6 +50,18 @@ type Config struct {
 
 	// Limits bound the connections and what one may send; see [Limits].
 	Limits
+	// Admit, when set, is asked at accept what the peer of a new
+	// connection is, before the connection takes any share of the
+	// Limits: a peer it refuses is closed at once, counted in
+	// [ConnStats].RefusedAdmission; a permitted one may use
+	// PermittedConns. It is how a surface whose callers must be known
+	// (a control socket with a policy) keeps the rest from holding
+	// connections there. cred is the kernel's record of a Unix socket's
+	// peer, nil for a TCP connection or when it could not be read. It is
+	// not asked about uid 0 or the server's own user, which are always
+	// privileged. It runs on the accept loop: it must be quick and must
+	// not block. Nil: every other peer is ordinary.
+	Admit func(cred *PeerCred) PeerClass
 	// Logger receives what the server decides on its own: connections
 	// refused over a bound, accepts that failed for want of resources,
 	// each kind at most once a second with the count since its last line.
@@ -141,4 +154,37 @@ func noBound(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// PeerClass is what [Config.Admit] says of a connection's peer: which
+// share of the [Limits] it may use, or none.
+type PeerClass uint8
+
+const (
+	// PeerOrdinary is bound by MaxConnsPerPeer, and ordinary peers
+	// together by MaxConns less PrivilegedConns and PermittedConns.
+	PeerOrdinary PeerClass = iota
+	// PeerPermitted is bound by MaxConnsPerPeer, and unprivileged peers
+	// together by MaxConns less PrivilegedConns: PermittedConns of that
+	// are kept from ordinary peers.
+	PeerPermitted
+	// PeerPrivileged is bound by MaxConns alone, as uid 0 and the
+	// server's own user are.
+	PeerPrivileged
+	// PeerRefused is closed at accept.
+	PeerRefused
+)
+
+func (c PeerClass) String() string {
+	switch c {
+	case PeerOrdinary:
+		return "ordinary"
+	case PeerPermitted:
+		return "permitted"
+	case PeerPrivileged:
+		return "privileged"
+	case PeerRefused:
+		return "refused"
+	}
+	return "PeerClass(" + strconv.Itoa(int(c)) + ")"
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -46,7 +47,12 @@ type held struct {
 // connection, keeping it.
 func open(t *testing.T, s *Server, uid int, src string) held {
 	t.Helper()
-	c := dialFrom(t, uid, src, s.Addr().String())
+	return ask(t, dialFrom(t, uid, src, s.Addr().String()))
+}
+
+// ask asks for /ok on c, keeping it, closed at the test's end.
+func ask(t *testing.T, c net.Conn) held {
+	t.Helper()
 	t.Cleanup(func() { c.Close() })
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.WriteString(c, "GET /ok HTTP/1.1\r\nHost: t\r\n\r\n"); err != nil {
@@ -64,9 +70,11 @@ func open(t *testing.T, s *Server, uid int, src string) held {
 }
 
 // refused reports whether the server closed the connection at accept
-// (a reset; an end of file if the reset came first).
+// (a reset; an end of file if the reset came first; on a Unix socket, a
+// broken pipe if the close came before the request).
 func (h held) refused() bool {
-	return h.err != nil && (errors.Is(h.err, io.EOF) || errors.Is(h.err, io.ErrUnexpectedEOF) || strings.Contains(h.err.Error(), "reset"))
+	return h.err != nil && (errors.Is(h.err, io.EOF) || errors.Is(h.err, io.ErrUnexpectedEOF) || errors.Is(h.err, syscall.EPIPE) ||
+		strings.Contains(h.err.Error(), "reset"))
 }
 
 // waitOpen waits until the server counts n open connections.

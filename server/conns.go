@@ -104,7 +104,8 @@ func (l *trackingListener) track(c net.Conn) (*trackedConn, error) {
 		}
 	}
 	tc.who = l.gate.peerOf(c, tc.peer)
-	if !l.gate.admit(c, tc.who) {
+	tc.class = l.gate.class(tc.who, tc.peer)
+	if !l.gate.admit(c, tc.who, tc.class) {
 		return nil, nil
 	}
 	tc.sniffing.Store(true)
@@ -215,6 +216,7 @@ type trackedConn struct {
 	accepted   time.Time
 	peer       *PeerCred // who connected, on a Unix socket
 	who        peerKey   // whose share of the bounds it takes
+	class      PeerClass // which share: never PeerRefused
 	handedOver atomic.Bool
 	sniffing   atomic.Bool // holds a share of MaxSniffing, until handed over or closed
 	closeOnce  sync.Once
@@ -256,7 +258,7 @@ func (c *trackedConn) handOver() {
 // endSniffing gives back the connection's share of MaxSniffing, once.
 func (c *trackedConn) endSniffing() {
 	if c.sniffing.CompareAndSwap(true, false) {
-		c.l.gate.sniffed(c.who)
+		c.l.gate.sniffed(c.who, c.class)
 	}
 }
 
@@ -266,7 +268,7 @@ func (c *trackedConn) Close() error {
 		delete(c.l.conns, c)
 		c.l.mu.Unlock()
 		c.endSniffing()
-		c.l.gate.limiter.release(c.who)
+		c.l.gate.limiter.release(c.who, c.class)
 	})
 	return c.Conn.Close()
 }

@@ -14,7 +14,9 @@
 // total and per peer, counted from the moment they are accepted (a peer is
 // a local user, told apart by the kernel's record of its uid even on
 // loopback, or a remote address), with a share kept for root and the
-// server's own user; the size of a gRPC message and the calls in flight on
+// server's own user, and, on a surface that says at accept which peers it
+// knows ([Config.Admit]), a share kept for them and the others refused at
+// once; the size of a gRPC message and the calls in flight on
 // a connection; idle connections, HTTP and gRPC alike, are closed. A
 // connection over a bound is closed at once; an accept that fails for want
 // of descriptors is retried with a backoff, and [Server.ConnStats] says

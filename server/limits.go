@@ -41,6 +41,14 @@ type Limits struct {
 	// other users leaves the operator's tools, the self-probe ([Server.Alive])
 	// and root's calls this many connections. At most MaxConns.
 	PrivilegedConns int
+	// PermittedConns is the part of MaxConns, beside PrivilegedConns,
+	// that ordinary peers together may not take: it is kept for the peers
+	// [Config.Admit] says are permitted, each still bound by
+	// MaxConnsPerPeer. Peers a surface knows (its tenants) so keep
+	// connections that peers it merely lets connect cannot take. Without
+	// Admit every peer is ordinary and the share goes unused: leave it
+	// zero. At most MaxConns less PrivilegedConns.
+	PermittedConns int
 
 	// MaxRecvMsgSize bounds a gRPC message the server receives, in
 	// bytes: a larger one is refused with ResourceExhausted once its
@@ -82,8 +90,9 @@ type Limits struct {
 	// the gRPC or the HTTP server, every peer's together: with
 	// MaxSniffBytes, it bounds the memory they hold, however many
 	// connections the other bounds let in. A quarter of it is kept for
-	// privileged peers, as PrivilegedConns is of MaxConns. A connection
-	// over it is closed at accept. Zero is no bound.
+	// privileged peers, as PrivilegedConns is of MaxConns, and the same
+	// part of it as PermittedConns is of MaxConns for permitted peers. A
+	// connection over it is closed at accept. Zero is no bound.
 	MaxSniffing int
 	// MaxSniffingPerPeer bounds the connections of one unprivileged
 	// peer that are being sniffed at once: a client's connection is
@@ -167,6 +176,7 @@ func (l Limits) validate() []error {
 		v    int
 	}{
 		{"MaxConns", l.MaxConns}, {"MaxConnsPerPeer", l.MaxConnsPerPeer}, {"PrivilegedConns", l.PrivilegedConns},
+		{"PermittedConns", l.PermittedConns},
 		{"MaxRecvMsgSize", l.MaxRecvMsgSize}, {"MaxHeaderBytes", l.MaxHeaderBytes},
 		{"MaxSniffBytes", l.MaxSniffBytes}, {"MaxSniffing", l.MaxSniffing}, {"MaxSniffingPerPeer", l.MaxSniffingPerPeer},
 	} {
@@ -176,6 +186,8 @@ func (l Limits) validate() []error {
 	}
 	if l.MaxConns > 0 && l.PrivilegedConns > l.MaxConns {
 		errs = append(errs, fmt.Errorf("server: Config.PrivilegedConns %d is more than MaxConns %d", l.PrivilegedConns, l.MaxConns))
+	} else if l.MaxConns > 0 && l.PermittedConns > l.MaxConns-l.PrivilegedConns {
+		errs = append(errs, fmt.Errorf("server: Config.PermittedConns %d is more than MaxConns %d less PrivilegedConns %d", l.PermittedConns, l.MaxConns, l.PrivilegedConns))
 	}
 	if l.MaxSniffBytes > 0 && l.MaxSniffBytes < minSniffBytes {
 		errs = append(errs, fmt.Errorf("server: Config.MaxSniffBytes %d is below %d, what HTTP/2's preface and first frames take", l.MaxSniffBytes, minSniffBytes))
@@ -260,45 +272,53 @@ const (
 	overPeer             // its peer holds MaxConnsPerPeer
 	overTotal            // the server holds MaxConns, or unprivileged peers their part of it
 	overSniffing         // MaxSniffing connections, or the peer's share of them, are being sniffed
+	notAdmitted          // Config.Admit refused its peer
 )
 
 // connLimiter counts the open connections, by peer and in total, and
 // admits a new one only within the [Limits]. Privileged peers (uid 0, the
-// server's own uid) may use all of MaxConns; the others together all but
-// PrivilegedConns of it, each at most MaxConnsPerPeer. So the open
-// connections never exceed MaxConns, and privileged peers always find
-// PrivilegedConns of them free of anyone else's.
+// server's own uid, or those Config.Admit says are) may use all of
+// MaxConns; the others together all but PrivilegedConns of it, each at
+// most MaxConnsPerPeer, and ordinary peers together all but
+// PermittedConns of that. So the open connections never exceed
+// MaxConns, privileged peers always find PrivilegedConns of them free of
+// anyone else's, and permitted peers PermittedConns free of ordinary
+// peers'.
 type connLimiter struct {
 	limits Limits
-	self   uint32 // the server's own uid
 
-	mu     sync.Mutex
-	open   int             // all admitted and not released
-	others int             // those of unprivileged peers
-	byPeer map[peerKey]int // unprivileged peers' open connections; no zero entries
+	mu       sync.Mutex
+	open     int             // all admitted and not released
+	others   int             // those of unprivileged peers
+	ordinary int             // those of ordinary peers
+	byPeer   map[peerKey]int // unprivileged peers' open connections; no zero entries
 }
 
-func newConnLimiter(l Limits, self uint32) *connLimiter {
-	return &connLimiter{limits: l, self: self, byPeer: make(map[peerKey]int)}
+func newConnLimiter(l Limits) *connLimiter {
+	return &connLimiter{limits: l, byPeer: make(map[peerKey]int)}
 }
 
-// privileged reports whether p is uid 0 or the server's own user.
-func (l *connLimiter) privileged(p peerKey) bool { return p.local && (p.uid == 0 || p.uid == l.self) }
-
-// admit counts a new connection of p, or says why it may not be opened.
-func (l *connLimiter) admit(p peerKey) refusal {
+// admit counts a new connection of p, of class c, or says why it may not
+// be opened.
+func (l *connLimiter) admit(p peerKey, c PeerClass) refusal {
 	lim := l.limits
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if lim.MaxConns > 0 && l.open >= lim.MaxConns {
 		return overTotal
 	}
-	if !l.privileged(p) {
+	if c != PeerPrivileged {
 		if lim.MaxConnsPerPeer > 0 && l.byPeer[p] >= lim.MaxConnsPerPeer {
 			return overPeer
 		}
 		if lim.MaxConns > 0 && l.others >= lim.MaxConns-lim.PrivilegedConns {
 			return overTotal
+		}
+		if c == PeerOrdinary && lim.MaxConns > 0 && l.ordinary >= lim.MaxConns-lim.PrivilegedConns-lim.PermittedConns {
+			return overTotal
+		}
+		if c == PeerOrdinary {
+			l.ordinary++
 		}
 		l.others++
 		l.byPeer[p]++
@@ -307,12 +327,15 @@ func (l *connLimiter) admit(p peerKey) refusal {
 	return admitted
 }
 
-// release uncounts a connection admit counted.
-func (l *connLimiter) release(p peerKey) {
+// release uncounts a connection admit counted with the same class.
+func (l *connLimiter) release(p peerKey, c PeerClass) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.open--
-	if !l.privileged(p) {
+	if c != PeerPrivileged {
+		if c == PeerOrdinary {
+			l.ordinary--
+		}
 		l.others--
 		if n := l.byPeer[p] - 1; n > 0 {
 			l.byPeer[p] = n

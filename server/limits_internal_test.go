@@ -13,8 +13,8 @@ import (
 )
 
 // The limiter's rules, step by step: a peer's bound, the total, the part
-// kept for privileged peers, what a release gives back, and zero as no
-// bound.
+// kept for privileged peers and the part kept for permitted ones, what a
+// release gives back, and zero as no bound.
 func TestConnLimiter(t *testing.T) {
 	const self = 1000
 	var (
@@ -29,10 +29,21 @@ func TestConnLimiter(t *testing.T) {
 	type step struct {
 		release bool
 		p       peerKey
+		class   PeerClass
 		want    refusal
 	}
-	admit := func(p peerKey, want refusal) step { return step{p: p, want: want} }
-	release := func(p peerKey) step { return step{release: true, p: p} }
+	// As the gate classes them without Config.Admit.
+	class := func(p peerKey) PeerClass {
+		if p.local && (p.uid == 0 || p.uid == self) {
+			return PeerPrivileged
+		}
+		return PeerOrdinary
+	}
+	admit := func(p peerKey, want refusal) step { return step{p: p, class: class(p), want: want} }
+	release := func(p peerKey) step { return step{release: true, p: p, class: class(p)} }
+	// As Config.Admit may class them.
+	permit := func(p peerKey, want refusal) step { return step{p: p, class: PeerPermitted, want: want} }
+	unpermit := func(p peerKey) step { return step{release: true, p: p, class: PeerPermitted} }
 	for _, tc := range []struct {
 		name   string
 		limits Limits
@@ -57,18 +68,32 @@ func TestConnLimiter(t *testing.T) {
 				admit(root, admitted)}, 2},
 		{"an IPv6 peer is its /64", Limits{MaxConnsPerPeer: 1},
 			[]step{admit(v6a, admitted), admit(v6b, overPeer)}, 1},
+		{"the permitted part is kept from ordinary peers", Limits{MaxConns: 6, PrivilegedConns: 1, PermittedConns: 3},
+			[]step{admit(nobody, admitted), admit(daemon, admitted), admit(remote, overTotal),
+				permit(nobody, admitted), permit(daemon, admitted), permit(remote, admitted), permit(v6a, overTotal),
+				admit(root, admitted), admit(root, overTotal)}, 6},
+		{"permitted peers may use the ordinary part too", Limits{MaxConns: 4, PrivilegedConns: 1, PermittedConns: 1},
+			[]step{permit(nobody, admitted), permit(daemon, admitted), permit(remote, admitted), permit(v6a, overTotal),
+				admit(v6a, overTotal), admit(root, admitted)}, 4},
+		{"a permitted peer keeps its per-peer bound", Limits{MaxConns: 8, PermittedConns: 4, MaxConnsPerPeer: 2},
+			[]step{permit(nobody, admitted), permit(nobody, admitted), permit(nobody, overPeer), admit(nobody, overPeer)}, 2},
+		{"a permitted release frees the permitted part", Limits{MaxConns: 3, PrivilegedConns: 1, PermittedConns: 1},
+			[]step{admit(nobody, admitted), permit(daemon, admitted), admit(remote, overTotal), unpermit(daemon),
+				admit(remote, overTotal), permit(remote, admitted)}, 2},
+		{"all but the privileged part permitted: ordinary peers get nothing", Limits{MaxConns: 4, PrivilegedConns: 1, PermittedConns: 3},
+			[]step{admit(nobody, overTotal), permit(nobody, admitted), admit(root, admitted)}, 2},
 		{"zero is no bound", Limits{},
 			[]step{admit(nobody, admitted), admit(nobody, admitted), admit(nobody, admitted), admit(root, admitted)}, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newConnLimiter(tc.limits, self)
+			l := newConnLimiter(tc.limits)
 			for i, s := range tc.steps {
 				if s.release {
-					l.release(s.p)
+					l.release(s.p, s.class)
 					continue
 				}
-				if got := l.admit(s.p); got != s.want {
-					t.Fatalf("step %d: admit(%v) = %d, want %d", i, s.p, got, s.want)
+				if got := l.admit(s.p, s.class); got != s.want {
+					t.Fatalf("step %d: admit(%v, %v) = %d, want %d", i, s.p, s.class, got, s.want)
 				}
 			}
 			if open, _ := l.counts(); open != tc.open {
@@ -80,17 +105,17 @@ func TestConnLimiter(t *testing.T) {
 
 // Releasing everything leaves nothing counted: no peer entry is kept.
 func TestConnLimiterForgetsIdlePeers(t *testing.T) {
-	l := newConnLimiter(Limits{MaxConnsPerPeer: 3}, 1000)
+	l := newConnLimiter(Limits{MaxConnsPerPeer: 3})
 	var ps []peerKey
 	for i := range 100 {
 		p := remotePeer(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}))
-		if l.admit(p) != admitted {
+		if l.admit(p, PeerOrdinary) != admitted {
 			t.Fatal("refused below every bound")
 		}
 		ps = append(ps, p)
 	}
 	for _, p := range ps {
-		l.release(p)
+		l.release(p, PeerOrdinary)
 	}
 	if open, peers := l.counts(); open != 0 || peers != 0 {
 		t.Errorf("after every release: %d open, %d peers remembered", open, peers)
@@ -228,6 +253,8 @@ func TestLimitsValidate(t *testing.T) {
 		{"negative total", Limits{MaxConns: -1}, "MaxConns"},
 		{"negative per peer", Limits{MaxConnsPerPeer: -1}, "MaxConnsPerPeer"},
 		{"privileged above the total", Limits{MaxConns: 8, PrivilegedConns: 9}, "PrivilegedConns"},
+		{"permitted above what the privileged part leaves", Limits{MaxConns: 8, PrivilegedConns: 2, PermittedConns: 7}, "PermittedConns"},
+		{"negative permitted", Limits{PermittedConns: -1}, "PermittedConns"},
 		{"negative message size", Limits{MaxRecvMsgSize: -1}, "MaxRecvMsgSize"},
 		{"a window below HTTP/2's", Limits{Window: 1 << 10}, "Window"},
 		{"negative header bytes", Limits{MaxHeaderBytes: -1}, "MaxHeaderBytes"},
@@ -240,11 +267,36 @@ func TestLimitsValidate(t *testing.T) {
 			}
 		})
 	}
-	for _, l := range []Limits{{}, DefaultLimits(), LimitsFor(1), {MaxConns: 8, PrivilegedConns: 8, Window: 64 << 10}} {
+	for _, l := range []Limits{{}, DefaultLimits(), LimitsFor(1), {MaxConns: 8, PrivilegedConns: 8, Window: 64 << 10}, {MaxConns: 8, PrivilegedConns: 2, PermittedConns: 6}} {
 		cfg := DefaultConfig()
 		cfg.Addr, cfg.Limits = "127.0.0.1:0", l
 		if _, err := New(cfg); err != nil {
 			t.Errorf("New with %+v: %v", l, err)
+		}
+	}
+}
+
+// The connections being sniffed keep the same shares as the open ones: a
+// quarter for privileged peers, and for permitted ones the part
+// PermittedConns is of MaxConns, within what the quarter leaves.
+func TestSniffLimits(t *testing.T) {
+	for _, tc := range []struct {
+		l                          Limits
+		max, privileged, permitted int
+	}{
+		{Limits{MaxConns: 128, PrivilegedConns: 32, PermittedConns: 96, MaxSniffing: 128}, 128, 32, 96},
+		{Limits{MaxConns: 128, PrivilegedConns: 32, PermittedConns: 64, MaxSniffing: 64}, 64, 16, 32},
+		{Limits{MaxConns: 8, PrivilegedConns: 2, PermittedConns: 6, MaxSniffing: 128}, 128, 32, 96},
+		{Limits{MaxConns: 4096, PrivilegedConns: 64, MaxSniffing: 128}, 128, 32, 0},
+		{Limits{PermittedConns: 6, MaxSniffing: 16}, 16, 4, 0},
+	} {
+		s := sniffLimits(tc.l)
+		if s.MaxConns != tc.max || s.PrivilegedConns != tc.privileged || s.PermittedConns != tc.permitted {
+			t.Errorf("sniffLimits(%+v) = %d, %d privileged, %d permitted; want %d, %d, %d", tc.l,
+				s.MaxConns, s.PrivilegedConns, s.PermittedConns, tc.max, tc.privileged, tc.permitted)
+		}
+		if errs := s.validate(); len(errs) != 0 {
+			t.Errorf("sniffLimits(%+v) = %+v: %v", tc.l, s, errs)
 		}
 	}
 }

@@ -85,7 +85,7 @@ func New(cfg Config) (*Server, error) {
 		services: make(map[string]*service),
 		routes:   make(map[string]*route),
 		done:     make(chan struct{}),
-		conns:    newConnGate(cfg.Limits, cfg.Logger),
+		conns:    newConnGate(cfg.Limits, cfg.Admit, cfg.Logger),
 	}
 	s.http = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -2,7 +2,9 @@ package test
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +16,16 @@ import (
 // cli runs the binary and returns its output and exit code.
 func cli(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	out, err := exec.Command(binary, args...).CombinedOutput()
+	return cliIn(t, "", nil, args...)
+}
+
+// cliIn is cli run in directory dir ("": this one), with env added to
+// this process's environment.
+func cliIn(t *testing.T, dir string, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Dir, cmd.Env = dir, append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
 	code := exitCode(err)
 	if code < 0 {
 		t.Fatalf("phasegate %v: %v", args, err)
@@ -118,6 +129,25 @@ func TestProbeStatusAndReclaimCommands(t *testing.T) {
 	}
 	if out, code := cli(t, "slots", "release", idx, "wrong-lease", "--socket="+d.control); code != 1 || !strings.Contains(out, "PermissionDenied") {
 		t.Errorf("slots release with a wrong lease: exit %d\n%s", code, out)
+	}
+	// The socket from the environment, as every flag may be given, with
+	// or without arguments after the verb; and a relative path, from the
+	// directory it is relative to.
+	dir, base := filepath.Split(d.control)
+	for _, tc := range []struct {
+		dir  string
+		env  []string
+		args []string
+	}{
+		{"", []string{"PHASEGATE_SOCKET=" + d.control}, []string{"slots", "list"}},
+		{"", []string{"PHASEGATE_SOCKET=" + d.control}, []string{"slots", "get", idx}},
+		{dir, nil, []string{"slots", "list", "--socket=" + base}},
+		{dir, nil, []string{"slots", "list", "--socket=./" + base}},
+		{dir, []string{"PHASEGATE_SOCKET=" + base}, []string{"slots", "list"}},
+	} {
+		if out, code := cliIn(t, tc.dir, tc.env, tc.args...); code != 0 || !strings.Contains(out, `"sandbox-42"`) {
+			t.Errorf("%v %v in %q: exit %d\n%s", tc.env, tc.args, tc.dir, code, out)
+		}
 	}
 	if out, code := cli(t, "slots", "release", idx, acq.LeaseID, "--socket="+d.control); code != 0 {
 		t.Errorf("slots release: exit %d\n%s", code, out)

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -283,6 +284,7 @@ type resolved struct {
 	StopBudgetSeconds float64 `json:"stop_budget_seconds"`
 	OpenFiles         uint64  `json:"open_files"`
 	PortConns         int     `json:"port_conns"`
+	MaxLeases         int     `json:"max_leases"`
 }
 
 // stopBudget is the daemon's worst-case orderly stop.
@@ -326,6 +328,11 @@ func (n *node) checkUnder(env, wrap, args []string) resolved {
 	}
 	if r.StopBudgetSeconds <= 0 {
 		n.t.Fatalf("--check: stop budget %v: the deployment's stop is unbounded (--stop-timeout 0), so no supervisor timeout can cover it", r.StopBudgetSeconds)
+	}
+	// A shipped file says each principal's quota of leases, so that an
+	// operator sees it (docs/SECURITY.md, "The policy").
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--max-leases=") }) || r.MaxLeases <= 0 {
+		n.t.Errorf("the deployment does not set --max-leases (max_leases %d): one tenant could lease every slot", r.MaxLeases)
 	}
 	return r
 }

@@ -27,7 +27,7 @@ func (f *controlFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.allowRead, "allow-read", "SELECTOR=OWNER,…: let principals see these owners' leases, nothing more; repeatable")
 	f.attach.attach = true
 	fs.Var(&f.attach, "allow-attach", "SELECTOR=OWNER,…: let principals lease for these owners and attach their slots to network namespaces they name (the CNI plugin; owner cni/<network>); root may without it; repeatable")
-	fs.IntVar(&f.maxLeases, "max-leases", 0, "leases one principal may hold at once, unless the policy says otherwise (0: no limit but --slots)")
+	fs.IntVar(&f.maxLeases, "max-leases", 0, "leases one principal may hold at once, unless the policy says otherwise (unset: a quarter of --slots; 0: no limit but --slots); root has none unless a rule sets one")
 	fs.Float64Var(&f.rate, "control-rate", control.DefaultRate, "calls a second one principal may make on the control surface, in bursts of twice that: a finite number, 0 or more (0: no limit)")
 }
 
@@ -56,8 +56,10 @@ func (f *controlFlags) config(fs *flag.FlagSet, files *app.ConfigFiles) (phases.
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	if set["max-leases"] || f.policyFile == "" {
-		p.MaxLeases = f.maxLeases
+	// Unset here and in the file, the quota is the daemon's default
+	// share of its slots (phases.Config.ControlPolicy).
+	if set["max-leases"] {
+		p.MaxLeases = &f.maxLeases
 	}
 	if set["control-rate"] || f.policyFile == "" {
 		p.Rate = f.rate

@@ -63,7 +63,9 @@ func parseFlagsKeepArgs(fs *flag.FlagSet, args []string, lookupEnv func(string) 
 		if !ok {
 			return
 		}
-		if err := f.Value.Set(v); err != nil {
+		// Through the set, so that a flag set from the environment counts
+		// as given (fs.Visit): --max-leases unset is not --max-leases=0.
+		if err := fs.Set(f.Name, v); err != nil {
 			errs = append(errs, fmt.Errorf("%s=%q: %v", envName(f.Name), v, err))
 		}
 	})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -110,6 +111,14 @@ func (f *slotsFlags) register(fs *flag.FlagSet) {
 	f.tls.register(fs)
 }
 
+// newSlotsFlagSet returns the client's flag set and the flags it sets.
+func newSlotsFlagSet() (*flag.FlagSet, *slotsFlags) {
+	fs := flag.NewFlagSet("slots", flag.ContinueOnError)
+	f := &slotsFlags{}
+	f.register(fs)
+	return fs, f
+}
+
 // slotsVerbs are the client's verbs and how many arguments each takes.
 var slotsVerbs = map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "egress": 2, "get": 1, "list": 0}
 
@@ -119,9 +128,7 @@ var errShownHelp = errors.New("help shown")
 // slotsCmd is a client of the Slots API on a running daemon, printing its
 // answers as JSON: what an operator or a script needs without grpcurl.
 func slotsCmd(ctx context.Context, e env) int {
-	fs := flag.NewFlagSet("slots", flag.ContinueOnError)
-	var f slotsFlags
-	f.register(fs)
+	fs, f := newSlotsFlagSet()
 	verb, pos, err := parseSlotsArgs(fs, e)
 	switch {
 	case errors.Is(err, errShownHelp):
@@ -175,7 +182,10 @@ func parseSlotsArgs(fs *flag.FlagSet, e env) (verb string, pos []string, err err
 		return "", nil, errShownHelp
 	}
 	verb, rest := e.args[0], e.args[1:]
-	for len(rest) > 0 {
+	// At least once, with no argument left too: the parse is also what
+	// sets the flags the command line left alone from the environment
+	// (PHASEGATE_SOCKET for "slots list").
+	for first := true; first || len(rest) > 0; first = false {
 		if err := parseFlagsKeepArgs(fs, rest, e.lookupEnv); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				usage(e.stdout, fs, slotsUsage)
@@ -200,7 +210,8 @@ func (f *slotsFlags) dial() (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	target, creds := "unix://"+f.socket, insecure.NewCredentials()
+	creds := insecure.NewCredentials()
+	var target string
 	switch {
 	case f.addr != "":
 		target = f.addr
@@ -209,6 +220,16 @@ func (f *slotsFlags) dial() (*grpc.ClientConn, error) {
 		}
 	case tc != nil:
 		return nil, errors.New("--tls-ca and --tls-cert are for --addr: the control socket needs none")
+	case f.socket == "":
+		return nil, errors.New("--socket is empty: give the daemon's control socket")
+	default:
+		// gRPC's unix:// target takes an absolute path only: a relative
+		// one would be read as an authority ("unix://run/pg.sock").
+		path, err := filepath.Abs(f.socket)
+		if err != nil {
+			return nil, fmt.Errorf("--socket %q: %w", f.socket, err)
+		}
+		target = "unix://" + path
 	}
 	return grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 }

@@ -117,6 +117,9 @@ job "phasegate" {
           "--tls-key=${NOMAD_SECRETS_DIR}/phasegate.pem",
           "--state-dir=/run/phasegate",
           "--netns-dir=/run/netns",
+          # A principal other than root may hold 256 leases at once, a
+          # quarter of the 1024 slots, as the daemon has it when unset.
+          "--max-leases=256",
           "--start-timeout=5m",
           "--drain-delay=2s",
           "--stop-timeout=3s",

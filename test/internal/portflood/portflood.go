@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -31,7 +32,7 @@ import (
 )
 
 // Run runs the flood spec names, "MODE|ADDR|N|SECONDS" with MODE grpc,
-// silent or bigacquire (see GRPC, Silent, BigAcquire), or one of the
+// hold, silent or bigacquire (see GRPC, Hold, Silent, BigAcquire), or one of the
 // floods of the port's first bytes (h2data, h2header, stall, noread: see
 // H2; ADDR tls://host:port for them over TLS): it writes "ready"
 // to stdout after its first round and its Report as JSON when the time is
@@ -44,12 +45,12 @@ func Run(spec string, stdout, stderr io.Writer) int {
 	}
 	n, err1 := strconv.Atoi(parts[2])
 	secs, err2 := strconv.Atoi(parts[3])
-	flood := map[string]func(string, int, time.Time, func()) Report{"grpc": GRPC, "silent": Silent, "bigacquire": BigAcquire}[parts[0]]
+	flood := map[string]func(string, int, time.Time, func()) Report{"grpc": GRPC, "hold": Hold, "silent": Silent, "bigacquire": BigAcquire}[parts[0]]
 	if h2, ok := h2FloodNamed(parts[0]); ok {
 		flood = func(addr string, n int, until time.Time, ready func()) Report { return H2(h2, addr, n, until, ready) }
 	}
 	if err1 != nil || err2 != nil || flood == nil {
-		fmt.Fprintf(stderr, "portflood %q: want MODE (grpc, silent, bigacquire, h2data, h2header, stall, noread)|ADDR|N|SECONDS\n", spec)
+		fmt.Fprintf(stderr, "portflood %q: want MODE (grpc, hold, silent, bigacquire, h2data, h2header, stall, noread)|ADDR|N|SECONDS\n", spec)
 		return 2
 	}
 	rep := flood(parts[1], n, time.Now().Add(time.Duration(secs)*time.Second), func() { fmt.Fprintln(stdout, "ready") })
@@ -94,6 +95,25 @@ func inParallel(n int, f func(i int)) {
 // and holds them until until: a health Check on TCP, a Slots List on a
 // Unix socket (unix:///path). ready is called after the first round.
 func GRPC(addr string, n int, until time.Time, ready func()) Report {
+	return hold(addr, n, until, ready, func(err error) bool { return err == nil })
+}
+
+// Hold is GRPC that holds a connection whatever its call's answer, as
+// long as the server answered it: a caller the server lets connect and
+// refuses every call (PermissionDenied) still holds a connection of it.
+func Hold(addr string, n int, until time.Time, ready func()) Report {
+	return hold(addr, n, until, ready, func(err error) bool {
+		switch status.Code(err) {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+			return false // not answered: no connection, or not served
+		}
+		return true
+	})
+}
+
+// hold tops up to n connections whose call's error answered says is
+// served, once a second, and holds them until until.
+func hold(addr string, n int, until time.Time, ready func(), answered func(error) bool) Report {
 	var (
 		mu   sync.Mutex
 		held []*grpc.ClientConn
@@ -118,7 +138,7 @@ func GRPC(addr string, n int, until time.Time, ready func()) Report {
 			mu.Lock()
 			defer mu.Unlock()
 			rep.Attempts++
-			if err != nil {
+			if !answered(err) {
 				rep.Refused++
 				conn.Close()
 				return

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// The quota of leases a principal may hold: --max-leases or the policy
+// file's max_leases when said (0: none), from the environment as from
+// the command line; unsaid, a quarter of --slots, at least one.
+func TestMaxLeasesResolved(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	with := file("with.json", `{"max_leases": 5, "principals": []}`)
+	zero := file("zero.json", `{"max_leases": 0, "principals": []}`)
+	without := file("without.json", `{"principals": []}`)
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want int
+	}{
+		{"unset: a quarter of the default 1024 slots", nil, nil, 256},
+		{"unset: a quarter of --slots", []string{"--slots=16"}, nil, 4},
+		{"unset: at least one", []string{"--slots=3"}, nil, 1},
+		{"--max-leases=0 is no limit", []string{"--slots=16", "--max-leases=0"}, nil, 0},
+		{"--max-leases", []string{"--slots=16", "--max-leases=10"}, nil, 10},
+		{"PHASEGATE_MAX_LEASES", []string{"--slots=16"}, map[string]string{"PHASEGATE_MAX_LEASES": "7"}, 7},
+		{"PHASEGATE_MAX_LEASES=0", []string{"--slots=16"}, map[string]string{"PHASEGATE_MAX_LEASES": "0"}, 0},
+		{"the file's", []string{"--slots=16", "--control-policy=" + with}, nil, 5},
+		{"the file's 0", []string{"--slots=16", "--control-policy=" + zero}, nil, 0},
+		{"a file without", []string{"--slots=16", "--control-policy=" + without}, nil, 4},
+		{"the flag over the file", []string{"--slots=16", "--control-policy=" + with, "--max-leases=9"}, nil, 9},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := env{args: tc.args, lookupEnv: envFrom(tc.env), stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+			cfg, _, err := serveFlags(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.ControlPolicy().Quota(); got != tc.want {
+				t.Errorf("quota %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// The slots client takes its flags from the environment when the command
+// line leaves them (a verb with no argument too), and dials a relative
+// --socket as the absolute path it names.
+func TestSlotsSocket(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // the socket the client dials
+	}{
+		{"the default", []string{"list"}, nil, "unix:///run/phasegate/control.sock"},
+		{"PHASEGATE_SOCKET, a verb without arguments", []string{"list"}, map[string]string{"PHASEGATE_SOCKET": "/tmp/a.sock"}, "unix:///tmp/a.sock"},
+		{"PHASEGATE_SOCKET, a verb with arguments", []string{"get", "3"}, map[string]string{"PHASEGATE_SOCKET": "/tmp/a.sock"}, "unix:///tmp/a.sock"},
+		{"--socket over PHASEGATE_SOCKET", []string{"list", "--socket=/tmp/b.sock"}, map[string]string{"PHASEGATE_SOCKET": "/tmp/a.sock"}, "unix:///tmp/b.sock"},
+		{"a relative --socket", []string{"list", "--socket=run/pg.sock"}, nil, "unix://" + filepath.Join(wd, "run/pg.sock")},
+		{"a relative PHASEGATE_SOCKET", []string{"list"}, map[string]string{"PHASEGATE_SOCKET": "./pg.sock"}, "unix://" + filepath.Join(wd, "pg.sock")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs, f := newSlotsFlagSet()
+			if _, _, err := parseSlotsArgs(fs, env{args: tc.args, lookupEnv: envFrom(tc.env), stdout: &bytes.Buffer{}}); err != nil {
+				t.Fatal(err)
+			}
+			conn, err := f.dial()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if got := conn.Target(); got != tc.want {
+				t.Errorf("dials %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
