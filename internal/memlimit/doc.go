@@ -1,7 +1,8 @@
-// Package memlimit finds the memory limit of the cgroup the process runs
-// in, so that the Go runtime can collect garbage harder as the process
-// nears it (runtime/debug.SetMemoryLimit) instead of letting the kernel's
-// OOM killer end the process: a node daemon's deployment sets such a limit
+// Package memlimit reads the memory limit of the cgroup the process runs in.
+//
+// The Go runtime told it (runtime/debug.SetMemoryLimit) collects garbage
+// harder as the process nears it, instead of letting the kernel's OOM
+// killer end the process: a node daemon's deployment sets such a limit
 // (a Kubernetes container's resources.limits.memory, a Nomad task's
 // resources.memory, systemd's MemoryMax=), and the runtime, which bounds
 // GOMAXPROCS by the cgroup's CPU limit, does not read its memory limit.

@@ -1,7 +1,8 @@
 // Package names is the one rule for the names a client gives the daemon
-// and others read back: the owners and request ids of leases, the owner
-// patterns of the control policy, and what a CNI attachment's key adds to
-// them.
+// and others read back.
+//
+// They are the owners and request ids of leases, the owner patterns of
+// the control policy, and what a CNI attachment's key adds to them.
 //
 // A name is printable ASCII other than space, '"' and '\', from 1 to
 // [MaxLen] bytes. Its canonical form is its bytes: it is stored, compared
