@@ -101,17 +101,28 @@ func (s *slotsService) checkLeased(ctx context.Context, sr *slot.ScanResult, sin
 	for _, u := range sr.Unreadable {
 		unreadable[u.Index] = true
 	}
-	var found []suspect
+	// The leases to look at are copied under the table's lock, and
+	// looked up in the survey after: Acquires wait for the copy only.
+	type leased struct {
+		l  *lease
+		sl *slot.Slot
+	}
 	s.table.mu.Lock()
+	held := make([]leased, 0, len(s.table.leased))
 	for i, l := range s.table.leased {
-		if l.slot == nil || l.check != nil || l.rec.Attachment != nil || unreadable[i] || !l.rec.Acquired.Before(since) {
-			continue
-		}
-		if k := brokenBy(sr, l.slot); k != intact {
-			found = append(found, suspect{l: l, sl: l.slot, rec: l.rec, kind: k})
+		if l.slot != nil && l.check == nil && l.rec.Attachment == nil && !unreadable[i] && l.rec.Acquired.Before(since) {
+			held = append(held, leased{l, l.slot})
 		}
 	}
 	s.table.mu.Unlock()
+	var found []suspect
+	for _, h := range held {
+		// A slot's kernel identity never changes while it is leased but
+		// here (relink, under its policy lock): read without the table's.
+		if k := brokenBy(sr, h.sl); k != intact {
+			found = append(found, suspect{l: h.l, sl: h.sl, rec: s.table.copyOf(h.l).rec, kind: k})
+		}
+	}
 	slices.SortFunc(found, func(a, b suspect) int { return a.rec.Index - b.rec.Index })
 	for _, f := range found {
 		if ctx.Err() != nil {
