@@ -228,7 +228,7 @@ func TestStateDirAndControlSocketRemoved(t *testing.T) {
 	if err := os.Remove(d.control); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "the control-socket warning", func() bool {
+	waitFor(t, 20*time.Second, "the control-socket warning", func() bool {
 		return strings.Contains(d.warning("control-socket"), d.control)
 	})
 	if _, body, _ := d.get("/health"); !strings.Contains(body, `"status":"warn"`) {
@@ -244,13 +244,13 @@ func TestStateDirAndControlSocketRemoved(t *testing.T) {
 		t.Fatalf("the control socket after the upgrade: %v %v", fi, err)
 	}
 	checkLeases(t, d.slots(), leases, "after the upgrade bound the control socket again")
-	waitFor(t, 15*time.Second, "the control-socket warning to go", func() bool { return d.warning("control-socket") == "" })
+	waitFor(t, 20*time.Second, "the control-socket warning to go", func() bool { return d.warning("control-socket") == "" })
 
 	// The whole state directory.
 	if err := os.RemoveAll(h.stateDir); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "the state-dir warning", func() bool {
+	waitFor(t, 20*time.Second, "the state-dir warning", func() bool {
 		w := d.warning("state-dir")
 		return strings.Contains(w, h.stateDir) && strings.Contains(w, filepath.Join(h.stateDir, "slots.db")+" was removed")
 	})
