@@ -18,6 +18,7 @@ import (
 	"github.com/phasegate/phasegate/internal/rootdir"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/nft"
+	"github.com/phasegate/phasegate/network/reconcile"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/phases/lockfile"
 )
@@ -87,7 +88,11 @@ type Config struct {
 	// that outlives it fails, naming the phase and its progress, and the
 	// daemon exits 1.
 	StartTimeout time.Duration
-	// ReconcileInterval is the background reconciler's period.
+	// ReconcileInterval is the period of the daemon's checks of the host
+	// against what it holds: the reconciler's pass (strays, quarantine,
+	// and the leased slots broken from outside: lost or repaired), and the
+	// check of the state directory and the control socket. A slot broken
+	// while the daemon runs is seen within one interval.
 	ReconcileInterval time.Duration
 	// DrainDelay is the time between health turning NOT_SERVING and the
 	// servers stopping, for checkers to notice and in-flight calls to end.
@@ -156,7 +161,7 @@ func DefaultConfig() Config {
 		PopulateTimeout:   time.Minute,
 		StartTimeout:      5 * time.Minute,
 		UpgradeOnHangup:   true,
-		ReconcileInterval: 30 * time.Second,
+		ReconcileInterval: reconcile.DefaultInterval,
 		DrainDelay:        5 * time.Second,
 		StopTimeout:       10 * time.Second,
 		Version:           "dev",

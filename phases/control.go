@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
@@ -122,6 +124,7 @@ func (d *Daemon) openControl(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("control socket %s: %w", sock.Path, err), sock.Remove())
 	}
 	d.ctl, d.ctlSocket, d.ctlFile = srv, sock, f
+	d.state.bound()
 	d.obs.watchConns("socket", srv)
 	d.app.HandOver(controlHandover, f)
 	d.log.Info("control socket", "path", sock.Path, "gid", d.cfg.Control.GID, "mode", control.SocketMode.String())
@@ -135,7 +138,13 @@ func (d *Daemon) bindControl(ctx context.Context) (*net.UnixListener, *control.S
 	path := d.cfg.ControlSocket()
 	if f := d.app.Inherited(controlHandover); f != nil {
 		defer f.Close() // Adopt makes its own descriptor
-		return control.Adopt(f, path)
+		if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+			return control.Adopt(f, path)
+		}
+		// Removed from outside while the previous image served (the
+		// control-socket warning said so): nobody can reach the socket
+		// handed over, so it is let go and the path bound again.
+		d.log.Warn("the control socket handed over was removed from outside the daemon: bound again", "path", path)
 	}
 	if gid := d.cfg.Control.GID; gid >= 0 && filepath.Dir(path) == filepath.Clean(d.cfg.StateDir) {
 		if err := control.OpenDir(d.cfg.StateDir, gid); err != nil {
@@ -143,10 +152,21 @@ func (d *Daemon) bindControl(ctx context.Context) (*net.UnixListener, *control.S
 		}
 	}
 	l, sock, err := control.Listen(ctx, path, control.SocketOptions{GID: d.cfg.Control.GID})
-	if errors.Is(err, control.ErrSocket) {
+	if errors.Is(err, control.ErrSocket) && !ioFault(err) {
 		return nil, nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return l, sock, err
+}
+
+// ioFault reports whether err is the filesystem failing (full, read-only,
+// an I/O error) rather than a path that cannot be: exit 1, not 2.
+func ioFault(err error) bool {
+	for _, e := range []error{unix.ENOSPC, unix.EDQUOT, unix.EROFS, unix.EIO} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // serveControl serves the Slots API, /debug/slots and the CNI plugin's
@@ -217,5 +237,9 @@ func (d *Daemon) closeControl(ctx context.Context) error {
 		return d.ctl.Drain(ctx)
 	}
 	err := d.ctl.Drain(ctx)
-	return errors.Join(err, d.ctlSocket.Remove(), d.ctlFile.Close())
+	rerr := d.ctlSocket.Remove()
+	if errors.Is(rerr, fs.ErrNotExist) {
+		rerr = nil // its directory is gone (removed from outside): nothing to remove
+	}
+	return errors.Join(err, rerr, d.ctlFile.Close())
 }

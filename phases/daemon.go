@@ -58,6 +58,7 @@ type Daemon struct {
 	checkHost  bool          // the CIDR lock is new: check the host's use of it (reclaim)
 	store      *leases.Store // the durable records (lock phase)
 	records    *slotRecords  // their only writer from the restore on (reclaim)
+	state      *stateWatch   // the state directory's health (statedir.go)
 	safeMode   bool          // records lost: keep every slot something lives in
 	stateLost  string        // why, for the health warning
 	mgr        *slot.Manager
@@ -102,7 +103,7 @@ func New(cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, obs: &observer{}, fds: fds}
+	d := &Daemon{cfg: cfg, log: log, obs: &observer{}, fds: fds, state: newStateWatch(cfg, log)}
 	log.Info("descriptors shared", fds.attrs()...)
 	d.obs.acquireWait = &d.waits.acquire
 	expected := cfg.Expected
@@ -147,6 +148,7 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("phases: %w", err) // the config was validated: a bug in the graph
 	}
 	d.app, d.lc = a, a.Lifecycle()
+	d.state.health = d.lc
 	fail := func(err error) (*Daemon, error) {
 		_ = a.Stop(context.Background()) // nothing started: releases the observers
 		return nil, err
@@ -210,15 +212,20 @@ func (d *Daemon) StopBudget() time.Duration { return d.app.StopBudget() }
 // Names of the daemon's health warnings and background tasks. A warning
 // named like a running task is shown with the task's progress.
 const (
-	warnStateLost    = "state-lost"
-	warnLeasesLost   = "leases-lost"
-	warnEgress       = "egress"
-	warnDrainDelay   = "drain-delay"
-	taskReclaim      = "reclaim-dead"
-	taskReconcile    = "reconcile"
-	taskFill         = "fill"
-	taskLeases       = "leases"
-	taskVerify       = "verify-leases"
-	taskVerifyInside = "verify-inside"
-	taskCheckEgress  = "check-egress"
+	warnStateLost     = "state-lost"
+	warnLeasesLost    = "leases-lost"
+	warnEgress        = "egress"
+	warnDrainDelay    = "drain-delay"
+	warnSlotsBroken   = "slots-broken"
+	warnPool          = "pool"
+	warnStateDir      = "state-dir"
+	warnControlSocket = "control-socket"
+	taskReclaim       = "reclaim-dead"
+	taskReconcile     = "reconcile"
+	taskFill          = "fill"
+	taskLeases        = "leases"
+	taskVerify        = "verify-leases"
+	taskVerifyInside  = "verify-inside"
+	taskCheckEgress   = "check-egress"
+	taskWatch         = "watch"
 )

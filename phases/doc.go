@@ -6,7 +6,7 @@
 //	lock ──► listen ─────────────────────────────► register ──► serve
 //	   \                                             ▲
 //	    └──► reclaim ──► storage ──► populate ───────┘
-//	                                    └─► background: verify-leases, verify-inside, reclaim-dead, reconcile, check-egress, fill, leases
+//	                                    └─► background: verify-leases, verify-inside, reclaim-dead, reconcile, check-egress, fill, leases, watch
 //
 // listen and serve are the [app.App]'s own phases; listen waits only for
 // lock, so the port answers health checks within milliseconds while the

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/phasegate/phasegate/internal/rootdir"
 	"github.com/phasegate/phasegate/phases/lockfile"
 )
@@ -31,7 +33,23 @@ func (c Config) ensureStateDir() error {
 	if err != nil {
 		return asConfig(fmt.Errorf("state directory %w", err))
 	}
-	return dir.Close()
+	defer dir.Close()
+	return writable(c.StateDir, dir.File())
+}
+
+// writable refuses a state directory on a read-only filesystem, before
+// anything is made there: the daemon writes every lease there before it
+// answers. It is an I/O fault of the host, not of the configuration (exit
+// 1, not 2): the same flags serve once the filesystem is writable again.
+func writable(path string, dir *os.File) error {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(dir.Fd()), &st); err != nil {
+		return fmt.Errorf("state directory %s: statfs: %w", path, err)
+	}
+	if st.Flags&unix.ST_RDONLY != 0 {
+		return fmt.Errorf("state directory %s is on a read-only filesystem: the daemon records every lease there before it answers; remount it read-write: %w", path, unix.EROFS)
+	}
+	return nil
 }
 
 // adoptLock takes over a lock the previous image handed over as f: at

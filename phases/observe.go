@@ -26,9 +26,9 @@ const meterScope = "github.com/phasegate/phasegate/phases"
 //	phasegate.slot.acquire.duration   histogram, s   code     Slots/Acquire latency
 //	phasegate.reclaim.slots           counter        result   found, reclaimed, failed, deferred
 //	phasegate.pool.size               gauge                   the target number of warm slots
-//	phasegate.pool.slots              gauge          state    idle, acquired, creating
+//	phasegate.pool.slots              gauge          state    idle, acquired, creating; free, quarantined (indices)
 //	phasegate.restore.slots           counter        result   restored, adopted, lost, held (each start)
-//	phasegate.lease.events            counter        event    acquired, released, expired, expiry_deferred
+//	phasegate.lease.events            counter        event    acquired, released, expired, expiry_deferred, lost, repaired (broken from outside)
 //	phasegate.leases                  gauge          state    held, lost
 //	phasegate.reconcile.passes        counter        result   ok, failed
 //	phasegate.reconcile.slots         counter        result   claimed, freed
@@ -74,7 +74,7 @@ func (o *observer) init(mp metric.MeterProvider) error {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	if o.leaseEv, err = o.meter.Int64Counter("phasegate.lease.events",
-		metric.WithDescription("Leases acquired, released and expired.")); err != nil {
+		metric.WithDescription("Leases acquired, released and expired; leased slots found broken from outside the daemon, lost or repaired.")); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	if o.passes, err = o.meter.Int64Counter("phasegate.reconcile.passes",
@@ -241,14 +241,15 @@ func (o *observer) setPool(p *pool.Pool) {
 		return
 	}
 	size, err1 := o.meter.Int64ObservableGauge("phasegate.pool.size", metric.WithDescription("Warm slots the pool keeps ready (--pool-size)."))
-	slots, err2 := o.meter.Int64ObservableGauge("phasegate.pool.slots", metric.WithDescription("Slots of the pool by state: idle (warm), acquired, creating."))
+	slots, err2 := o.meter.Int64ObservableGauge("phasegate.pool.slots", metric.WithDescription("Slots of the pool by state: idle (warm), acquired, creating; and the indices free (a warm slot can be made there) and quarantined. Idle and free both 0: the node is full, an Acquire fails until a lease ends."))
 	if err1 != nil || err2 != nil {
 		return // the SDK only fails on invalid names, which these are not
 	}
 	o.poolReg, _ = o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
-		s := p.Snapshot()
-		ob.ObserveInt64(size, int64(s.Target))
-		for state, n := range map[string]int{"idle": len(s.Idle), "acquired": len(s.InUse), "creating": len(s.Creating)} {
+		lv := p.Level() // counts only: a scrape costs nothing per lease
+		ob.ObserveInt64(size, int64(lv.Target))
+		for state, n := range map[string]int{"idle": lv.Idle, "acquired": lv.InUse, "creating": lv.Creating,
+			"free": lv.Free, "quarantined": lv.Quarantined} {
 			ob.ObserveInt64(slots, int64(n), metric.WithAttributes(attribute.String("state", state)))
 		}
 		return nil

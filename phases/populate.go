@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
-	"time"
 
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/pool"
@@ -77,20 +75,8 @@ func (d *Daemon) newSlotsService() {
 	d.slots = newSlotsService(d.mgr, d.pool, d.records, table,
 		d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d.restore)
 	d.slots.impaired = d.impairedFor
+	d.slots.breaks.health = d.lc
 	d.obs.setLeases(d.slots)
-}
-
-// waitWarm waits for --pool-min-ready warm slots.
-func (d *Daemon) waitWarm(ctx context.Context, p *lifecycle.Progress) error {
-	p.SetTotal(int64(d.cfg.PoolMinReady), "warm slots")
-	stopWatch := watchPool(d.pool, p)
-	err := d.pool.WaitReady(ctx, d.cfg.PoolMinReady)
-	stopWatch()
-	if err != nil {
-		return fmt.Errorf("wait for %d warm slots: %w (last pool error: %v)", d.cfg.PoolMinReady, err, d.pool.Snapshot().LastError)
-	}
-	p.SetDone(int64(d.cfg.PoolMinReady))
-	return nil
 }
 
 // deferTasks starts the background tasks, which run once the daemon
@@ -146,17 +132,9 @@ func (d *Daemon) deferTasks(p *lifecycle.Progress) {
 		return d.verifyInside(ctx, tp, d.plan.restored)
 	})
 	if d.cfg.PoolSize > d.cfg.PoolMinReady {
-		p.Defer(taskFill, func(ctx context.Context, tp *lifecycle.Progress) error {
-			tp.SetTotal(int64(d.cfg.PoolSize), "warm slots")
-			stop := watchPool(d.pool, tp)
-			defer stop()
-			if err := d.pool.WaitReady(ctx, d.cfg.PoolSize); err != nil {
-				return err
-			}
-			tp.SetDone(int64(d.cfg.PoolSize))
-			return nil
-		})
+		p.Defer(taskFill, d.fillTask)
 	}
+	p.Defer(taskWatch, d.runWatch)
 }
 
 // reclaimForWarm reclaims, before the warm slots are awaited, as many dead
@@ -192,25 +170,6 @@ func (d *Daemon) reclaimForWarm(ctx context.Context, p *lifecycle.Progress) erro
 	d.obs.reclaimed(rep)
 	d.logReport(rep)
 	return nil
-}
-
-// watchPool reports the pool's warm count into p until stopped.
-func watchPool(pl *pool.Pool, p *lifecycle.Progress) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(50 * time.Millisecond)
-		defer t.Stop()
-		for {
-			p.SetDone(int64(len(pl.Snapshot().Idle)))
-			select {
-			case <-t.C:
-			case <-done:
-				return
-			}
-		}
-	})
-	return func() { close(done); wg.Wait() }
 }
 
 // stopPool waits for the background reclaim of dead slots to end, then

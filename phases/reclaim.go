@@ -30,6 +30,7 @@ func (d *Daemon) openStore() error {
 		return lifecycle.Permanent(err)
 	}
 	d.store, d.safeMode, d.stateLost = st.store, st.safeMode, st.lost
+	d.state.opened()
 	if d.stateLost != "" {
 		d.lc.Warn(warnStateLost, d.stateLost+"; slots something lives in are kept and quarantined")
 	}
@@ -171,6 +172,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		return err
 	}
 	d.records = newSlotRecords(d.store, d.log, recordedIndices(recs, bad)...)
+	d.records.onWrite = d.state.wrote
 	if err := d.renewLeases(ctx, plan, time.Now()); err != nil {
 		return err
 	}

@@ -13,7 +13,8 @@ import (
 
 // runReconciler sweeps quarantined and stray slots every interval, once
 // the background reclaim of the dead is over (they would fight over the
-// same indices). Its passes are logged when they do something or fail, and
+// same indices), and checks the leased slots against each pass's scan
+// (broken.go). Its passes are logged when they do something or fail, and
 // counted.
 func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error {
 	select {
@@ -32,8 +33,13 @@ func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error
 	rec := reconcile.New(d.mgr, d.pool, reconcile.Options{
 		Interval: d.cfg.ReconcileInterval,
 		Teardown: d.cfg.teardownOptions(),
-		OnPass:   d.reconciled,
-		Keep:     func(i int) bool { return keep[i] },
+		OnPass: func(pass reconcile.Pass) {
+			d.reconciled(pass)
+			if pass.Survey != nil {
+				d.slots.checkLeased(ctx, pass.Survey, pass.Start)
+			}
+		},
+		Keep: func(i int) bool { return keep[i] },
 	})
 	err := rec.Run(ctx)
 	if ctx.Err() != nil {

@@ -30,6 +30,9 @@ import (
 type slotRecords struct {
 	store LeaseStore
 	log   *slog.Logger
+	// onWrite, when set, is told every write's outcome (the state
+	// directory's health: stateWatch.wrote). Set before the first write.
+	onWrite func(error)
 
 	mu  sync.Mutex
 	has map[int]bool // indices with a record (those of unreadable ones included)
@@ -73,9 +76,17 @@ func (r *slotRecords) idle(ctx context.Context, s *slot.Slot) error {
 	return r.put(ctx, leases.Record{Index: s.Index, State: leases.Idle, Netns: s.NetnsID, HostIfindex: s.HostIfIndex, Created: time.Now()})
 }
 
+// wrote tells onWrite the outcome of a write, and returns err.
+func (r *slotRecords) wrote(err error) error {
+	if r.onWrite != nil {
+		r.onWrite(err)
+	}
+	return err
+}
+
 // put writes recs, each replacing its index's record.
 func (r *slotRecords) put(ctx context.Context, recs ...leases.Record) error {
-	if err := r.store.Put(ctx, recs...); err != nil {
+	if err := r.wrote(r.store.Put(ctx, recs...)); err != nil {
 		return err
 	}
 	for _, rec := range recs {
@@ -93,6 +104,7 @@ func (r *slotRecords) update(ctx context.Context, index int, fn func(*leases.Rec
 		removed = errors.Is(err, leases.ErrRemove)
 		return err
 	})
+	r.wrote(err)
 	if err == nil && removed {
 		r.mark(false, index)
 	}
@@ -101,7 +113,7 @@ func (r *slotRecords) update(ctx context.Context, index int, fn func(*leases.Rec
 
 // remove deletes the records of indices, in one transaction.
 func (r *slotRecords) remove(ctx context.Context, indices ...int) error {
-	if err := r.store.Delete(ctx, indices...); err != nil {
+	if err := r.wrote(r.store.Delete(ctx, indices...)); err != nil {
 		return err
 	}
 	r.mark(false, indices...)

@@ -2,6 +2,7 @@ package phases
 
 import (
 	"net/http"
+	"slices"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -91,6 +92,7 @@ func (s *slotsService) describe(i int, st phasegatev1.SlotState, l *lease, c con
 			out.ExpiresAt = timestamppb.New(l.rec.Expires)
 		}
 		out.LostReason = l.lostReason
+		out.Repaired = slices.Clone(l.repaired)
 		out.Principal = l.rec.Principal
 		out.EgressPolicy = egressProto(l.rec.Egress)
 		if a := l.rec.Attachment; a != nil {

@@ -201,7 +201,10 @@ func inhabited(inv slot.Inventory, cfg slot.Config) ([]int, error) {
 // leader change: owners get a whole TTL to reconnect) and records that,
 // and deletes stale idle records, in one transaction each: the records
 // stay the truth, so a crash at any point of the verification that follows
-// leaves the next start the same work.
+// leaves the next start the same work. A state filesystem that takes no
+// write (full, read-only) does not stop the start: the fresh TTLs hold in
+// memory, the stale records stay for the next start, and the daemon
+// serves degraded, the state-dir warning saying why.
 func (d *Daemon) renewLeases(ctx context.Context, p *restorePlan, now time.Time) error {
 	var recs []leases.Record
 	for _, l := range slices.Concat(p.restored, p.lost) {
@@ -211,12 +214,16 @@ func (d *Daemon) renewLeases(ctx context.Context, p *restorePlan, now time.Time)
 		}
 	}
 	if len(recs) > 0 {
-		if err := d.records.put(ctx, recs...); err != nil {
+		if err := d.records.put(ctx, recs...); stateFault(err) {
+			d.log.Error("restored leases' fresh TTLs cannot be recorded: they hold in memory; serving degraded", "leases", len(recs), "error", err)
+		} else if err != nil {
 			return fmt.Errorf("renew restored leases: %w", err)
 		}
 	}
 	if len(p.stale) > 0 {
-		if err := d.records.remove(ctx, p.stale...); err != nil {
+		if err := d.records.remove(ctx, p.stale...); stateFault(err) {
+			d.log.Error("records of slots gone cannot be deleted: the next start finds them again", "slots", len(p.stale), "error", err)
+		} else if err != nil {
 			return fmt.Errorf("delete the records of slots gone: %w", err)
 		}
 	}

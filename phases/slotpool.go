@@ -53,7 +53,8 @@ func (s *slotsService) returnUnleased(sl *slot.Slot, hadPolicy bool) {
 
 // giveBack returns the slot of an ended lease to the pool, which tears it
 // down and makes a fresh one in its place; a lost lease's index, which no
-// slot occupies, goes back to the pool too, which frees it.
+// slot occupies, goes back to the pool too, which frees it, once what is
+// left of a slot lost while held is torn down.
 func (s *slotsService) giveBack(ctx context.Context, l *lease) { s.giveBackBy(ctx, l, s.pool.Put) }
 
 // giveBackBy is giveBack through put: pool.Put, which returns once the
@@ -76,7 +77,14 @@ func (s *slotsService) giveBackBy(ctx context.Context, l *lease, put func(contex
 	defer unlock()
 	cp := s.table.copyOf(l)
 	sl := cp.slot
-	if sl == nil {
+	switch {
+	case sl == nil && cp.remains:
+		// Lost while held: what is left of its slot goes now.
+		if err := s.pool.RetireLost(ctx, i); err != nil {
+			s.log.Warn("remains of a lost lease's slot could not be torn down; the index stays quarantined for the reconciler", "slot", i, "error", err)
+		}
+		return
+	case sl == nil:
 		if err := s.pool.PutLost(i); err != nil {
 			s.log.Warn("index of a lost lease could not be freed", "slot", i, "error", err)
 		}

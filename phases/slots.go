@@ -46,6 +46,12 @@ type lease struct {
 	// deferred: past its deadline, its expiry was deferred because the
 	// daemon was impaired (expiry.go); logged once until it is renewed.
 	deferred bool
+	// remains: lost while held (broken from outside, broken.go), with
+	// what is left of its slot kept until the lease ends, which tears it
+	// down. repaired: what was put back of its slot while held, shown by
+	// Get and List.
+	remains  bool
+	repaired []string
 }
 
 // slotsService implements phasegate.v1.Slots over the pool (which owns the
@@ -64,6 +70,8 @@ type slotsService struct {
 	mgr     *slot.Manager // writes the leases' egress policies
 	records *slotRecords
 	log     *slog.Logger
+	audit   *slog.Logger // log with audit=true: what happened to a lease but a call
+	breaks  *breaks      // leases found broken from outside (broken.go)
 	tracer  trace.Tracer
 	events  leaseEvents
 	// restore checks the leases restored unverified; nil when none was
@@ -133,7 +141,8 @@ type leaseEvents func(event string, n int)
 func newSlotsService(m *slot.Manager, pl *pool.Pool, records *slotRecords, table *leaseTable,
 	log *slog.Logger, tracer trace.Tracer, events leaseEvents, restore *restoreCheck) *slotsService {
 	cfg := m.Config()
-	return &slotsService{cfg: cfg, pool: pl, mgr: m, records: records, log: log, tracer: tracer, events: events, restore: restore,
+	return &slotsService{cfg: cfg, pool: pl, mgr: m, records: records, log: log, audit: log.With("audit", true), breaks: &breaks{},
+		tracer: tracer, events: events, restore: restore,
 		egress: m.EgressDefaults(), policyMu: make([]sync.Mutex, cfg.Slots+1), table: table}
 }
 
@@ -542,7 +551,7 @@ func (s *slotsService) Get(ctx context.Context, req *phasegatev1.GetRequest) (*p
 		} else if len(repaired) > 0 {
 			s.log.Warn("lease: inside of its slot repaired", "slot", l.rec.Index, "owner", names.Shown(l.rec.Owner), "repaired", strings.Join(repaired, ", "), "by", "get")
 		}
-		sl.Repaired = repaired
+		sl.Repaired = append(sl.Repaired, repaired...)
 		sl.EgressDroppedPackets = s.egressDrops(ctx, l)
 	}
 	return &phasegatev1.GetResponse{Slot: sl}, nil

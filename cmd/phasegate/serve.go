@@ -83,6 +83,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	fs.IntVar(&cfg.PoolMinReady, "pool-min-ready", cfg.PoolMinReady, "warm slots needed before serving; the rest fills in the background")
 	fs.DurationVar(&cfg.PoolGrace, "pool-grace", cfg.PoolGrace, "how long an idle slot above --pool-size is kept")
 	fs.DurationVar(&cfg.PopulateTimeout, "populate-timeout", cfg.PopulateTimeout, "bound on each of populate's 3 attempts to make --pool-min-ready warm slots (0: none)")
+	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", cfg.ReconcileInterval, "how often the host is checked against what the daemon holds: strays swept, leased slots broken from outside found lost or repaired, the state directory and the control socket checked")
 	fs.DurationVar(&cfg.StartTimeout, "start-timeout", cfg.StartTimeout, "bound on the whole start; past it the daemon exits 1 naming the phase (0: none)")
 	fs.DurationVar(&cfg.DrainDelay, "drain-delay", cfg.DrainDelay, "time between health turning NOT_SERVING and the servers stopping")
 	fs.DurationVar(&cfg.CheckInterval, "check-interval", cfg.CheckInterval, "the longest interval of a health check that takes this daemon out of rotation (0: unknown); warns at start when --drain-delay is not longer")

@@ -224,6 +224,20 @@ func (s *Allocator) Quarantined() []int {
 	return out
 }
 
+// Counts is how many indices are in each state, read in O(1): for a
+// caller that watches the allocator often (a health check, a metric) and
+// needs no index's own state.
+type Counts struct {
+	Free, Acquired, Quarantined int
+}
+
+// Counts returns how many indices are in each state now.
+func (s *Allocator) Counts() Counts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Counts{Free: len(s.free), Acquired: s.acq, Quarantined: s.quar}
+}
+
 // Snapshot is a consistent copy of the allocator's state.
 type Snapshot struct {
 	// N is the number of indices.

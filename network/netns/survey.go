@@ -19,6 +19,11 @@ type Found struct {
 	Name string
 	// State is Bound or Placeholder when Err is nil.
 	State State
+	// ID is the identity of the namespace bound there (Bound only), as
+	// Stat gives it: read from mountinfo (the mount's root, net:[inode],
+	// and its device) at no cost of its own, so that a caller can tell a
+	// namespace made again under the name from the one it recorded.
+	ID ID
 	// Err is nil for a namespace or a placeholder. It wraps
 	// ErrNotNamespace for a look-alike (a symlink, a directory, a file
 	// with content, a mount of something else), which must never be
@@ -71,10 +76,13 @@ func Survey(dir string, match func(name string) bool) ([]Found, error) {
 		case !t.IsRegular():
 			f.Err = fmt.Errorf("%s is a special file: %w", path, ErrNotNamespace)
 		case mountsErr != nil:
-			f.State, f.Err = Inspect(path)
+			if f.State, f.Err = Inspect(path); f.Err == nil && f.State == Bound {
+				f.ID, f.Err = Stat(path)
+			}
 		default:
 			if m, ok := mounts[name]; ok {
 				f.State, f.Err = m.state(path)
+				f.ID = m.id
 			} else {
 				f.State, f.Err = unmounted(dirfd, name, path)
 			}
@@ -107,10 +115,12 @@ func unmounted(dirfd int, name, path string) (State, error) {
 	return Placeholder, nil
 }
 
-// mount is the mount visible at one name of a directory.
+// mount is the mount visible at one name of a directory, and the
+// namespace's identity when it is one (zero if not).
 type mount struct {
 	fstype string
 	root   string
+	id     ID
 }
 
 func (m mount) state(path string) (State, error) {
@@ -191,9 +201,28 @@ func visibleMounts(entries []mountEntry, dir string, base int) map[string]mount 
 				}
 			}
 		}
-		out[name] = mount{fstype: top.fstype, root: top.root}
+		out[name] = mount{fstype: top.fstype, root: top.root, id: nsfsID(top.dev, top.root)}
 	}
 	return out
+}
+
+// nsfsID is the identity of the namespace an nsfs mount shows, from its
+// device (major:minor) and its root (net:[inode]); zero when they are not
+// of that form.
+func nsfsID(dev, root string) ID {
+	ino, ok := strings.CutPrefix(root, "net:[")
+	ino, ok2 := strings.CutSuffix(ino, "]")
+	major, minor, ok3 := strings.Cut(dev, ":")
+	if !ok || !ok2 || !ok3 {
+		return ID{}
+	}
+	i, err1 := strconv.ParseUint(ino, 10, 64)
+	ma, err2 := strconv.ParseUint(major, 10, 32)
+	mi, err3 := strconv.ParseUint(minor, 10, 32)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return ID{}
+	}
+	return ID{Dev: unix.Mkdev(uint32(ma), uint32(mi)), Ino: i}
 }
 
 // parseMountinfo parses the lines of a mountinfo file (proc(5)). Every

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestParseMountinfo(t *testing.T) {
@@ -35,12 +37,12 @@ func TestParseMountinfo(t *testing.T) {
 	}
 	got := visibleMounts(entries, "/run/netns", 30)
 	want := map[string]mount{
-		"pg-1": {"nsfs", "net:[4026532281]"},
-		"pg-2": {"nsfs", "net:[4026532283]"}, // the top of the stack
-		"pg-3": {"nsfs", "net:[4026532284]"}, // a namespace over a foreign mount
-		"pg-4": {"nsfs", "uts:[4026531838]"},
-		"pg 5": {"nsfs", "net:[4026532285]"},
-		"pg-8": {"ext4", "/"},
+		"pg-1": {"nsfs", "net:[4026532281]", ID{Dev: unix.Mkdev(0, 4), Ino: 4026532281}},
+		"pg-2": {"nsfs", "net:[4026532283]", ID{Dev: unix.Mkdev(0, 4), Ino: 4026532283}}, // the top of the stack
+		"pg-3": {"nsfs", "net:[4026532284]", ID{Dev: unix.Mkdev(0, 4), Ino: 4026532284}}, // a namespace over a foreign mount
+		"pg-4": {"nsfs", "uts:[4026531838]", ID{}},                                       // not a network namespace: no identity
+		"pg 5": {"nsfs", "net:[4026532285]", ID{Dev: unix.Mkdev(0, 4), Ino: 4026532285}},
+		"pg-8": {"ext4", "/", ID{}},
 		// pg-6: under the directory's own mount (parent 22), hidden;
 		// pg-7: in a subdirectory.
 	}

@@ -93,6 +93,13 @@ func TestSurveyAgreesWithInspect(t *testing.T) {
 		if f.State != st || errors.Is(f.Err, netns.ErrNotNamespace) != errors.Is(ierr, netns.ErrNotNamespace) || (f.Err == nil) != (ierr == nil) {
 			t.Errorf("%q: Survey says %v, %v; Inspect says %v, %v", f.Name, f.State, f.Err, st, ierr)
 		}
+		// A bound namespace's identity is the one Stat gives, read from
+		// mountinfo: a namespace made again under the name is told apart.
+		if id, serr := netns.Stat(filepath.Join(dir, f.Name)); f.State == netns.Bound && (serr != nil || f.ID != id || id.Ino == 0) {
+			t.Errorf("%q: Survey says namespace %+v, Stat says %+v (%v)", f.Name, f.ID, id, serr)
+		} else if f.State != netns.Bound && f.ID != (netns.ID{}) {
+			t.Errorf("%q: Survey gives %v an identity %+v", f.Name, f.State, f.ID)
+		}
 		if w, ours := want[f.Name]; ours {
 			if f.Err != nil || f.State != w {
 				t.Errorf("%q: Survey says %v, %v; want %v", f.Name, f.State, f.Err, w)

@@ -4,10 +4,16 @@ import "github.com/phasegate/phasegate/network/index"
 
 // Free returns a quarantined index to the free ones once its slot is gone,
 // torn down by someone else than the pool: the background reclaim of the
-// dead slots, the reconciler. It does not wake the fill (a fill that found
-// no free index retries after its backoff).
+// dead slots, the reconciler. A fill that stopped for want of a free index
+// resumes.
 func (p *Pool) Free(i int) error {
-	return p.idx.Free(i)
+	if err := p.idx.Free(i); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.indexBack()
+	p.mu.Unlock()
+	return nil
 }
 
 // QuarantineIfFree claims i for a teardown outside the pool if it is free,

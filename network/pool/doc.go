@@ -52,6 +52,16 @@
 // target after a burst and is trimmed after the grace period, as
 // buildkit's is.
 //
+// # A full node
+//
+// When every index is handed out, lost or quarantined, the fill has
+// nothing to make a slot at. That is no failure: it stops without an
+// error or a backoff (Level.Exhausted) and resumes the moment an index
+// comes back (Put, Retire, Discard, PutLost, RetireLost, Free), and a Get
+// on an empty pool fails at once with index.ErrExhausted. Level and
+// Changed let a caller follow the pool (a health check, a metric) at no
+// cost per slot.
+//
 // Slots are never destroyed while the pool's lock is held. Every goroutine
 // the pool starts is accounted for and finished by Close.
 package pool

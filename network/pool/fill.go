@@ -2,8 +2,10 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -13,7 +15,7 @@ func (p *Pool) kick() {
 	if p.waitForLull() {
 		return
 	}
-	for !p.closed && p.retry == nil && p.filling < p.opts.FillConcurrency &&
+	for !p.closed && p.retry == nil && !p.exhausted && p.filling < p.opts.FillConcurrency &&
 		len(p.idle)+p.filling < p.opts.Target {
 		p.filling++
 		p.wg.Add(1)
@@ -59,11 +61,18 @@ func (p *Pool) fillOne() {
 
 // makeIdle creates a slot and puts it on top of the idle stack, for a fill
 // worker or a replacement (the caller counted it in p.filling). A failure
-// arms the fill's backoff.
+// arms the fill's backoff; no free index stops the fill until one comes
+// back (a full node is no failure: nothing is retried, nothing is wrong).
 func (p *Pool) makeIdle() {
 	s, err := p.create(p.ctx, true)
 	p.mu.Lock()
 	p.filling--
+	if errors.Is(err, index.ErrExhausted) {
+		p.exhausted = true
+		p.broadcast()
+		p.mu.Unlock()
+		return
+	}
 	if err != nil {
 		p.lastErr = err
 		if p.retry == nil && !p.closed {
@@ -72,7 +81,7 @@ func (p *Pool) makeIdle() {
 			p.retry = p.opts.Clock.AfterFunc(d, func() {
 				p.mu.Lock()
 				defer p.mu.Unlock()
-				p.retry = nil
+				p.retry, p.exhausted = nil, false // a retry looks for a free index again
 				p.kick()
 			})
 		}

@@ -43,6 +43,7 @@ func (p *Pool) get(ctx context.Context) (*slot.Slot, <-chan struct{}, error) {
 		p.idle[n-1] = idleSlot{}
 		p.idle = p.idle[:n-1]
 		p.inUse[e.s.Index] = e.s
+		p.fromIdle[e.s.Index] = true
 		p.lastGet = p.opts.Clock.Now()
 		p.kick()
 		p.broadcast()
@@ -101,11 +102,14 @@ func (p *Pool) whenFilled() <-chan struct{} {
 
 // Return puts a slot handed out by Get back on top of the idle stack as it
 // is: for a caller that could not hand it on (its own record failed, its
-// client left), so no tenant ever had it. OnIdle is called first; a slot
-// it refuses is destroyed. After Close or Stop the slot is destroyed, or
-// kept with the idle ones by Stop.
+// client left), so no tenant ever had it. OnIdle is called first for a
+// slot Get made on an empty pool; a slot it refuses is destroyed. One Get
+// took from the idle stack went through OnIdle already and goes back
+// without it (Options.OnIdle). After Close or Stop the slot is destroyed,
+// or kept with the idle ones by Stop.
 func (p *Pool) Return(s *slot.Slot) error {
-	if err := p.takeBack(s); err != nil {
+	wasIdle, err := p.takeBack(s)
+	if err != nil {
 		return err
 	}
 	if p.closed && !p.keep {
@@ -120,7 +124,7 @@ func (p *Pool) Return(s *slot.Slot) error {
 		defer p.wg.Done()
 	}
 	p.mu.Unlock()
-	if p.opts.OnIdle != nil {
+	if p.opts.OnIdle != nil && !wasIdle {
 		if err := p.opts.OnIdle(context.Background(), s); err != nil {
 			return errors.Join(fmt.Errorf("pool: return slot %d: record: %w", s.Index, err), p.destroy(context.Background(), s))
 		}
@@ -190,7 +194,7 @@ func (p *Pool) giveBack(ctx context.Context, s *slot.Slot, early bool) error {
 // comes on the retirement's done; after Close it destroys s at once and
 // returns no retirement.
 func (p *Pool) queue(ctx context.Context, s *slot.Slot, early bool) (*retirement, error) {
-	if err := p.takeBack(s); err != nil {
+	if _, err := p.takeBack(s); err != nil {
 		return nil, err
 	}
 	if p.closed {
@@ -221,6 +225,9 @@ func (p *Pool) PutLost(i int) error {
 	if err := p.idx.Release(i); err != nil {
 		return fmt.Errorf("pool: give back lost index %d: %w", i, err)
 	}
+	p.mu.Lock()
+	p.indexBack()
+	p.mu.Unlock()
 	return nil
 }
 
@@ -239,23 +246,51 @@ func (p *Pool) Lose(s *slot.Slot) error {
 		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
 	}
 	delete(p.inUse, s.Index)
+	delete(p.fromIdle, s.Index)
 	p.lost[s.Index] = true
 	p.broadcast()
 	return nil
 }
 
-// takeBack locks p.mu and takes s back from the slots handed out; it
-// returns with p.mu held, or, for a slot that is not handed out, unlocked
-// with ErrNotFromPool.
-func (p *Pool) takeBack(s *slot.Slot) error {
+// RetireLost is PutLost for a lost lease whose index may still hold what
+// is left of its slot: one lost while handed out ([Pool.Lose] of a slot
+// broken from outside), whose remains (a host link to a namespace
+// something keeps alive, the firewall element, an empty netns file) were
+// left alone while the lease was held. They are torn down, as a slot
+// given back with Put is (Options.Teardown), and the index given back, or
+// quarantined for the caller's reconciler when they could not all be; no
+// replacement is made but by the fill. An index the pool was not given as
+// lost fails with ErrNotFromPool.
+func (p *Pool) RetireLost(ctx context.Context, i int) error {
+	p.mu.Lock()
+	if !p.lost[i] {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: %d is not a lost lease's index", ErrNotFromPool, i)
+	}
+	delete(p.lost, i)
+	if !p.closed { // Close waits for it; after Close, nobody waits
+		p.wg.Add(1)
+		defer p.wg.Done()
+	}
+	p.mu.Unlock()
+	return p.destroyIndices(ctx, []int{i})
+}
+
+// takeBack locks p.mu and takes s back from the slots handed out, and
+// says whether Get took it from the idle stack; it returns with p.mu
+// held, or, for a slot that is not handed out, unlocked with
+// ErrNotFromPool.
+func (p *Pool) takeBack(s *slot.Slot) (wasIdle bool, err error) {
 	if s == nil {
-		return fmt.Errorf("%w: nil slot", ErrNotFromPool)
+		return false, fmt.Errorf("%w: nil slot", ErrNotFromPool)
 	}
 	p.mu.Lock()
 	if p.inUse[s.Index] != s {
 		p.mu.Unlock()
-		return fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
+		return false, fmt.Errorf("%w: slot %d", ErrNotFromPool, s.Index)
 	}
+	wasIdle = p.fromIdle[s.Index]
 	delete(p.inUse, s.Index)
-	return nil
+	delete(p.fromIdle, s.Index)
+	return wasIdle, nil
 }

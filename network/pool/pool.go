@@ -107,10 +107,14 @@ type Options struct {
 	Lost []int
 	// OnIdle, when set, is called with every slot before it goes on the
 	// idle stack: one a fill or a replacement made, and one given back by
-	// Return. A slot made for a Get on an empty pool goes to its caller
-	// without it: the caller's own record is the slot's first. An error
-	// destroys the slot (for a made one, a failed creation). The daemon
-	// records the slot there, once, so that a restart adopts it.
+	// Return that was made for a Get on an empty pool. A slot made for
+	// such a Get goes to its caller without it: the caller's own record
+	// is the slot's first. A slot Return gives back that a Get took from
+	// the idle stack went through OnIdle already, unchanged since: it goes
+	// back without a second call, so that a caller whose own record failed
+	// (a full filesystem) never drains the pool. An error destroys the
+	// slot (for a made one, a failed creation). The daemon records the
+	// slot there, once, so that a restart adopts it.
 	OnIdle func(ctx context.Context, s *slot.Slot) error
 	// OnGone, when set, is called with the indices of slots the pool tore
 	// down (a trim, Close, a failed creation, a Put), whatever the
@@ -143,14 +147,19 @@ type Pool struct {
 
 	wake chan struct{} // 1-buffered: the retire loop has work (or the pool closed)
 
-	mu        sync.Mutex
-	idle      []idleSlot // stack: oldest at 0, next Get at the end
-	inUse     map[int]*slot.Slot
-	lost      map[int]bool // indices of lost leases, until PutLost
-	creating  map[int]bool
-	retireQ   []*retirement // given back, not yet taken by the retire loop
-	retiring  map[int]bool  // given back, until their teardown is over
-	filling   int
+	mu       sync.Mutex
+	idle     []idleSlot // stack: oldest at 0, next Get at the end
+	inUse    map[int]*slot.Slot
+	fromIdle map[int]bool // handed out from the idle stack: through OnIdle already
+	lost     map[int]bool // indices of lost leases, until PutLost
+	creating map[int]bool
+	retireQ  []*retirement // given back, not yet taken by the retire loop
+	retiring map[int]bool  // given back, until their teardown is over
+	filling  int
+	// exhausted: the fill found no free index (every one handed out, lost
+	// or quarantined: a full node). It waits for one to come back
+	// (indexBack) rather than back off: that is no failure.
+	exhausted bool
 	closed    bool
 	keep      bool          // closed by Stop: slots made from now on are kept, not destroyed
 	changed   chan struct{} // closed and replaced on every change
@@ -194,7 +203,7 @@ func New(slots Slots, idx *index.Allocator, opts Options) (*Pool, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Pool{
 		slots: slots, idx: idx, opts: opts, ctx: ctx, cancel: cancel,
-		inUse: map[int]*slot.Slot{}, lost: map[int]bool{}, creating: map[int]bool{}, retiring: map[int]bool{},
+		inUse: map[int]*slot.Slot{}, fromIdle: map[int]bool{}, lost: map[int]bool{}, creating: map[int]bool{}, retiring: map[int]bool{},
 		wake: make(chan struct{}, 1), changed: make(chan struct{}), backoff: opts.MinBackoff,
 	}
 	now := opts.Clock.Now()
@@ -218,10 +227,30 @@ func New(slots Slots, idx *index.Allocator, opts Options) (*Pool, error) {
 	return p, nil
 }
 
-// broadcast wakes WaitReady callers. Call with p.mu held.
+// broadcast wakes WaitReady callers and those of Changed. Call with p.mu
+// held.
 func (p *Pool) broadcast() {
 	close(p.changed)
 	p.changed = make(chan struct{})
+}
+
+// Changed returns a channel closed at the pool's next change (a slot made,
+// handed out, given back or torn down, a fill that failed or found no
+// free index): for a caller that follows the pool's Level.
+func (p *Pool) Changed() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.changed
+}
+
+// indexBack resumes a fill that stopped for want of a free index, now that
+// one has come back. Call with p.mu held.
+func (p *Pool) indexBack() {
+	if p.exhausted {
+		p.exhausted = false
+		p.kick()
+		p.broadcast()
+	}
 }
 
 func (p *Pool) addCloseErr(err error) {
@@ -286,6 +315,11 @@ func (p *Pool) destroyIndices(ctx context.Context, idx []int) error {
 		if err := p.idx.Release(i); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if len(res.Reclaimed) > 0 {
+		p.mu.Lock()
+		p.indexBack()
+		p.mu.Unlock()
 	}
 	for _, i := range append(res.FailedIndices(), res.Deferred...) {
 		if err := p.idx.Quarantine(i); err != nil {

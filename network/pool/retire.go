@@ -89,6 +89,9 @@ func (p *Pool) retire(batch []*retirement) {
 	if p.closed {
 		replace = 0
 	}
+	if replace > 0 {
+		p.exhausted = false // indices came back: the fill may find one
+	}
 	p.filling += replace // counted toward the target: kick makes no extra
 	p.broadcast()
 	p.mu.Unlock()

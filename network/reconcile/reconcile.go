@@ -11,8 +11,11 @@ import (
 	"github.com/phasegate/phasegate/network/slot"
 )
 
-// DefaultInterval is the time between two passes.
-const DefaultInterval = 30 * time.Second
+// DefaultInterval is the time between two passes: a pass surveys the host
+// in one read of each listing (tens of milliseconds for 10,000 slots:
+// docs/BENCHMARKS.md), and a leased slot broken from outside is seen
+// within it.
+const DefaultInterval = 10 * time.Second
 
 // Options tune a Reconciler. The zero value is the default.
 type Options struct {
@@ -65,6 +68,10 @@ type Pass struct {
 	// Scan is the scan's error when the pass could not scan the host;
 	// then nothing else was done.
 	Scan error
+	// Survey is what the pass's scan found, read after Start (nil when
+	// Scan failed): the caller checks the slots it holds against it (the
+	// pass never touches an acquired index), at no cost of another scan.
+	Survey *slot.ScanResult
 	// Err is nil when the pass did everything it set out to do; otherwise
 	// it joins Scan, Failed and Unreadable (also returned by Once).
 	Err error
@@ -150,6 +157,7 @@ func (r *Reconciler) once(ctx context.Context) Pass {
 		return p
 	}
 	inv := sr.Inventory
+	p.Survey = sr
 	p.Unreadable = sr.Unreadable
 	unreadable := map[int]bool{}
 	for _, u := range sr.Unreadable {

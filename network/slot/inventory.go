@@ -118,6 +118,12 @@ type ScanResult struct {
 	// Unreadable are the netns entries that could not be inspected,
 	// ascending by index. None of them is in Inventory.
 	Unreadable []Unreadable
+	// Bound is the identity of the namespace bound at each index's netns
+	// file, for the indices of Inventory whose file has one (HasNetns
+	// without an entry here is an empty file, nothing mounted on it):
+	// read from the same mountinfo, so that a caller can check a recorded
+	// slot's namespace without a system call of its own.
+	Bound map[int]netns.ID
 }
 
 // Quarantine returns the indices in [1, slots] that must not be handed out
@@ -265,7 +271,7 @@ func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc) (*S
 	}
 
 	inv := Inventory{}
-	res := &ScanResult{Inventory: inv}
+	res := &ScanResult{Inventory: inv, Bound: make(map[int]netns.ID, len(found))}
 	for _, f := range found {
 		i, ok := cfg.CanonicalNetnsIndex(f.Name)
 		switch {
@@ -275,6 +281,9 @@ func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc) (*S
 			res.Unreadable = append(res.Unreadable, Unreadable{Index: i, Name: f.Name, Err: f.Err})
 		default:
 			inv[i] |= HasNetns
+			if f.State == netns.Bound {
+				res.Bound[i] = f.ID
+			}
 		}
 	}
 	for _, name := range links {
@@ -293,6 +302,7 @@ func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc) (*S
 	slices.SortFunc(res.Unreadable, func(a, b Unreadable) int { return a.Index - b.Index })
 	for _, u := range res.Unreadable {
 		delete(inv, u.Index)
+		delete(res.Bound, u.Index)
 	}
 	res.Beyond = inv.Beyond(cfg.Slots)
 	return res, nil

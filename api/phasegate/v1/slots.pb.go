@@ -132,7 +132,11 @@ type Slot struct {
 	RequestId string                 `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	Ttl       *durationpb.Duration   `protobuf:"bytes,12,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
-	// Why the lease was lost; set only when LOST.
+	// Why the lease was lost; set only when LOST: at a restart (its
+	// namespace or host link gone or made again), or while it was held (its
+	// namespace file deleted or unmounted from outside the daemon: "lost
+	// while leased: …"; a workload in the namespace keeps running, and what
+	// is left of the slot is torn down when the lease is released).
 	LostReason string `protobuf:"bytes,14,opt,name=lost_reason,json=lostReason,proto3" json:"lost_reason,omitempty"`
 	// Who took the lease, as the control surface identified it: "uid:1000"
 	// on the control socket; over mutual TLS "x509:uri:<URI SAN>",
@@ -157,10 +161,13 @@ type Slot struct {
 	GuestInterface string `protobuf:"bytes,18,opt,name=guest_interface,json=guestInterface,proto3" json:"guest_interface,omitempty"`
 	GuestAddress   string `protobuf:"bytes,19,opt,name=guest_address,json=guestAddress,proto3" json:"guest_address,omitempty"`
 	GuestGateway   string `protobuf:"bytes,20,opt,name=guest_gateway,json=guestGateway,proto3" json:"guest_gateway,omitempty"`
-	// What Get found in or for the slot other than the daemon wrote it (a
-	// table the slot's root flushed, a missing guest NAT) and put back:
-	// "egress policy inside (missing)", "guest NAT", "tap filter". Empty
-	// when all was as written; set only by Get and SetEgressPolicy.
+	// What was found in or for the slot other than the daemon wrote it and
+	// put back: by Get (a table the slot's root flushed, a missing guest
+	// NAT: "egress policy inside (missing)", "guest NAT", "tap filter") and
+	// SetEgressPolicy, at that call; and, for as long as the lease is held,
+	// what the daemon's check of the host found broken from outside and made
+	// again ("host link … (deleted from outside) made again into its
+	// namespace at <time>"). Empty when all was as written.
 	Repaired []string `protobuf:"bytes,21,rep,name=repaired,proto3" json:"repaired,omitempty"`
 	// A CNI attachment's lease (owner "cni/<network>", request_id
 	// "<container id>/<ifname>"): the path of the runtime's namespace
