@@ -18,7 +18,7 @@ const nobody = 65534
 // heldIn starts `cat` as uid nobody in a user namespace of its own (which
 // nobody owns, mapping its root to nobody) and a network namespace made
 // in it, with more unshare flags in args; it ends when the test does.
-func heldIn(t *testing.T, args ...string) *exec.Cmd {
+func heldIn(t testing.TB, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command("unshare", append(append([]string{"--user", "--map-root-user"}, args...), "cat")...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
@@ -36,7 +36,7 @@ func heldIn(t *testing.T, args ...string) *exec.Cmd {
 
 // waitExec waits until process pid runs cat: unshare execs it once the
 // namespaces are made.
-func waitExec(t *testing.T, pid int) {
+func waitExec(t testing.TB, pid int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -193,6 +193,40 @@ func TestCheckPassed(t *testing.T) {
 	} {
 		if _, err := CheckPassed(fd); !errors.Is(err, ErrNotNamespace) {
 			t.Errorf("CheckPassed of %s: %v, want ErrNotNamespace", name, err)
+		}
+	}
+}
+
+// What the daemon adds to an ADD of a caller other than root: the passed
+// descriptor checked, the caller's credentials read through its pidfd, the
+// walk up the user namespaces.
+func BenchmarkEnterChecks(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	owned := heldIn(b, "--net")
+	fd, err := unix.Open("/proc/"+strconv.Itoa(owned.Process.Pid)+"/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(fd)
+	pid := owned.Process.Pid
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(pidfd)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := CheckPassed(fd); err != nil {
+			b.Fatal(err)
+		}
+		c, err := ReadCreds(pidfd, pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if ok, err := MayEnter(fd, c); !ok || err != nil {
+			b.Fatal(ok, err)
 		}
 	}
 }
