@@ -81,9 +81,10 @@ func (c Client) roundTrip(ctx context.Context, path string, body []byte) ([]byte
 			return nil, &UnavailableError{Reason: fmt.Sprintf("nothing listens on %s (is the daemon running, or restarting?)", c.Socket)}
 		case errors.Is(err, syscall.EAGAIN):
 			return nil, &UnavailableError{Reason: fmt.Sprintf("%s takes no more connections for now", c.Socket)}
-		case ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded):
+		case ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded):
 			// The dialer's deadline is the context's, and may pass a moment
-			// before the context says so.
+			// before the context says so; net's "i/o timeout" of a dial is
+			// context.DeadlineExceeded, not os.ErrDeadlineExceeded.
 			return nil, &UnavailableError{Reason: fmt.Sprintf("no connection to %s within the timeout", c.Socket)}
 		}
 		return nil, fmt.Errorf("connect to phasegate control socket %s: %w", c.Socket, err)
