@@ -88,6 +88,13 @@ type bench struct {
 }
 
 func main() {
+	if err := run(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// run is the benchmark; every path out of it removes what it made.
+func run() error {
 	baseline := flag.String("baseline", "", "directory with the baseline build's phasegate and phasegate-cni")
 	n := flag.Int("n", 200, "ADDs, then DELs, per side and run")
 	reps := flag.Int("reps", 4, "repetitions of every run")
@@ -96,28 +103,28 @@ func main() {
 	settle := flag.Duration("settle", 2*time.Second, "pause after each run, so that the kernel's namespace clean-up does not overlap the next")
 	flag.Parse()
 	if *baseline == "" || os.Geteuid() != 0 {
-		log.Fatal("cnicost: needs root and -baseline DIR")
+		return errors.New("cnicost: needs root and -baseline DIR")
 	}
 	var callers []int
 	for _, f := range strings.Split(*callersList, ",") {
 		c, err := strconv.Atoi(f)
 		if err != nil || c < 1 {
-			log.Fatalf("-callers: %q", f)
+			return fmt.Errorf("-callers: %q", f)
 		}
 		callers = append(callers, c)
 	}
 	halves, err := split(*cidr)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	base, err := os.MkdirTemp("", "cnicost-")
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	defer os.RemoveAll(base)
 	// The tenant reaches the control sockets and the plugins here.
 	if err := os.Chmod(base, 0o755); err != nil {
-		log.Fatal(err)
+		return err
 	}
 	tag := fmt.Sprintf("%c%c%c", 'a'+rand.IntN(26), 'a'+rand.IntN(26), 'a'+rand.IntN(26))
 	sides := []*side{
@@ -127,21 +134,21 @@ func main() {
 	for i, s := range sides {
 		dir := filepath.Join(base, strconv.Itoa(i))
 		if err := os.Mkdir(dir, 0o755); err != nil {
-			log.Fatal(err)
+			return err
 		}
 		s.prefix, s.cidr = fmt.Sprintf("c%d%s-", i, tag), halves[i].String()
 		s.netnsDir, s.ctrDir, s.sock = filepath.Join(dir, "netns"), filepath.Join(dir, "ctr"), filepath.Join(dir, "control.sock")
 	}
 	for pkg, out := range map[string]string{"cmd/phasegate": sides[0].daemon, "cmd/phasegate-cni": sides[0].plugin} {
 		if out, err := exec.Command("go", "build", "-trimpath", "-o", out, "github.com/phasegate/phasegate/"+pkg).CombinedOutput(); err != nil {
-			log.Fatalf("build %s: %v\n%s", pkg, err, out)
+			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
 		}
 	}
 	b := &bench{n: *n, settle: *settle}
 	err = b.containers(context.Background(), sides)
 	defer b.cleanup(sides)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	kinds := []kind{{name: "root"}, {name: "tenant (nobody, its own user namespaces)", cred: &syscall.Credential{Uid: nobody, Gid: nobody}, tenant: true}}
 	adds, dels, pluginCPU, daemonCPU := map[key][]time.Duration{}, map[key][]time.Duration{}, map[key][]time.Duration{}, map[key][]time.Duration{}
@@ -154,7 +161,7 @@ func main() {
 				}
 				r, err := b.run(order, k, c)
 				if err != nil {
-					log.Fatalf("rep %d, %s, %d callers: %v", rep+1, k.name, c, err)
+					return fmt.Errorf("rep %d, %s, %d callers: %w", rep+1, k.name, c, err)
 				}
 				for _, s := range sides {
 					kk := key{s.name, k.name, c}
@@ -177,6 +184,7 @@ func main() {
 			fmt.Printf("| %s | %d | %s | %s | %s | %s | %s |\n", k.name, c, cell(adds, 0.5), cell(adds, 0.99), cell(dels, 0.5), cell(pluginCPU, 0.5), cell(daemonCPU, 0.5))
 		}
 	}
+	return nil
 }
 
 // split returns the two halves of cidr.
@@ -347,8 +355,13 @@ func (b *bench) start(s *side) (func() error, error) {
 		_ = d.Process.Signal(syscall.SIGTERM)
 		werr := d.Wait()
 		dec := exec.Command(s.daemon, append([]string{"decommission", "--destroy-leased-slots"}, slotArgs...)...)
-		if o, err := dec.CombinedOutput(); err != nil {
-			return fmt.Errorf("%s: decommission: %w\n%s", s.name, err, o)
+		o, derr := dec.CombinedOutput()
+		// The daemon bind-mounts its netns directory on itself, as `ip
+		// netns` does; decommission leaves the mount.
+		for unix.Unmount(s.netnsDir, unix.MNT_DETACH) == nil {
+		}
+		if derr != nil {
+			return fmt.Errorf("%s: decommission: %w\n%s", s.name, derr, o)
 		}
 		if werr != nil {
 			logMu.Lock()
