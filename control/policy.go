@@ -69,10 +69,11 @@ type Rule struct {
 	// ReadOnly grants Get and List of these owners' leases, nothing more.
 	ReadOnly bool `json:"read_only,omitempty"`
 	// Attach grants, beside leasing for Owners, attaching a slot to a
-	// network namespace the caller names (a CNI ADD, owner
-	// "cni/<network>"). The daemon opens that path and moves a link into
-	// it, so the right is given apart: root has it, and any other
-	// principal only by a rule that says so. A read-only rule cannot.
+	// network namespace the caller passes (a CNI ADD, owner
+	// "cni/<network>"), one it could enter itself (docs/SECURITY.md, "The
+	// CNI plugin"). The daemon puts a link of its own there, so the right
+	// is given apart: root has it, and any other principal only by a rule
+	// that says so. A read-only rule cannot.
 	Attach bool `json:"attach,omitempty"`
 	// MaxLeases overrides the policy's quota for the selected principals.
 	MaxLeases *int `json:"max_leases,omitempty"`
@@ -398,7 +399,7 @@ func (g Grant) Empty() bool { return len(g.lease) == 0 && len(g.read) == 0 }
 func (g Grant) MayLease(owner string) bool { return matchAny(g.lease, owner) }
 
 // MayAttach reports whether the principal may attach slots it leases for
-// owner to network namespaces it names (see [Rule.Attach]).
+// owner to network namespaces it could enter (see [Rule.Attach]).
 func (g Grant) MayAttach(owner string) bool { return matchAny(g.attach, owner) }
 
 // MayRead reports whether the principal may see owner's leases.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"regexp"
 	"slices"
 	"strings"
 
@@ -38,26 +37,23 @@ type cniService struct {
 	keys keyLocks
 }
 
-// namePattern is what the CNI spec allows in a network's name and a
-// container id.
-var namePattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
-
 // gcWorkers bounds the attachments GC ends at once: their records are
 // written in shared commits and their slots torn down in the pool's
 // batches, whatever the number.
 const gcWorkers = 64
 
 // checkKey refuses a key the CNI spec would not give: the network's name
-// and the container id by the spec's pattern, the ifname by the kernel's
-// rules, and together within a request id's length.
+// and the container id by the spec's rule, the ifname by the kernel's,
+// and together within a request id's length. DEL and CHECK check this
+// much, so that a key attached before the names rule stays theirs.
 func checkKey(k cniv1.Key) error {
 	if err := checkNetwork(k.Network); err != nil {
 		return err
 	}
-	switch {
-	case !namePattern.MatchString(k.ContainerID):
-		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("CNI_CONTAINERID \"%s\": want letters, digits, '_', '.' and '-', starting with a letter or digit", names.Shown(k.ContainerID)))
-	case len(k.RequestID()) > names.MaxLen || len(k.Owner()) > names.MaxLen:
+	if err := names.CheckCNIName("CNI_CONTAINERID", k.ContainerID); err != nil {
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, err.Error())
+	}
+	if len(k.RequestID()) > names.MaxLen {
 		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("network name and container id together are limited to %d bytes", names.MaxLen))
 	}
 	if err := slot.CheckIfName(k.IfName); err != nil {
@@ -66,25 +62,48 @@ func checkKey(k cniv1.Key) error {
 	return nil
 }
 
-// checkNewKey refuses what checkKey refuses, and a key whose lease would
-// break the names rule (internal/names): the spec leaves the interface
-// name to the kernel, which takes any byte but '/', ':' and whitespace,
-// and it is part of the lease's request id. Only ADD checks it: a key
-// attached before the rule is still DEL's and CHECK's.
+// checkNewKey refuses a key for a new attachment as every door does
+// (cniv1.Key.Check: the plugin before it calls, the Slots API for a CNI
+// owner): the names rule for all three parts, and the kernel's for the
+// interface name, which the lease's request id holds and the kernel must
+// make as it is.
 func checkNewKey(k cniv1.Key) error {
-	if err := checkKey(k); err != nil {
+	var ke *cniv1.KeyError
+	if err := k.Check(); errors.As(err, &ke) {
+		return cniErr(codes.InvalidArgument, ke.Code, err.Error())
+	}
+	return nil
+}
+
+// checkCNIOwned refuses, for an Acquire of the Slots API whose owner is a
+// CNI network's ("cni/<network>"), a network name or a request id
+// ("<container id>/<ifname>") the plugin and the CNI routes would refuse
+// (cniv1.Key.Check): one rule for the key at every door.
+func checkCNIOwned(owner, requestID string) error {
+	k, ok := cniv1.KeyOf(owner, requestID)
+	switch {
+	case !ok:
+		return nil
+	case requestID == "":
+		err := names.CheckCNIName("network name", k.Network)
+		if err == nil && len(owner) > names.MaxLen {
+			err = fmt.Errorf("owner is %d bytes: at most %d", len(owner), names.MaxLen)
+		}
 		return err
 	}
-	if err := names.Check("CNI_IFNAME", k.IfName); err != nil {
-		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, err.Error())
+	if err := k.Check(); err != nil {
+		return fmt.Errorf("owner %q is a CNI network's, whose request ids are <CNI_CONTAINERID>/<CNI_IFNAME>: %w", owner, err)
 	}
 	return nil
 }
 
 // checkNetwork refuses a network name the CNI spec would not give.
 func checkNetwork(name string) error {
-	if !namePattern.MatchString(name) || len(cniv1.OwnerPrefix+name) > names.MaxLen {
-		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidConfig, fmt.Sprintf("network name \"%s\": want letters, digits, '_', '.' and '-', starting with a letter or digit", names.Shown(name)))
+	if err := names.CheckCNIName("network name", name); err != nil {
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidConfig, err.Error())
+	}
+	if len(cniv1.OwnerPrefix+name) > names.MaxLen {
+		return cniErr(codes.InvalidArgument, cniv1.CodeInvalidConfig, fmt.Sprintf("network name is %d bytes: at most %d", len(name), names.MaxLen-len(cniv1.OwnerPrefix)))
 	}
 	return nil
 }
@@ -129,7 +148,7 @@ func (c *cniService) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Atta
 		return nil, asCNI(err, cniv1.CodeTryAgainLater)
 	}
 	control.Note(ctx, "netns", req.Netns)
-	to, err := openTarget(req.Netns, req.IfName)
+	to, err := target(ctx, caller.Principal, req.Netns, req.IfName)
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +289,8 @@ func (c *cniService) check(ctx context.Context, req cniv1.CheckRequest) error {
 	if err := checkKey(req.Key); err != nil {
 		return err
 	}
-	if _, err := mayAttach(ctx, req.Key); err != nil {
+	caller, err := mayAttach(ctx, req.Key)
+	if err != nil {
 		return err
 	}
 	l, ok := c.slots.table.byRequest(req.Owner(), req.RequestID())
@@ -285,7 +305,7 @@ func (c *cniService) check(ctx context.Context, req cniv1.CheckRequest) error {
 	if cp.slot == nil {
 		return cniErr(codes.FailedPrecondition, cniv1.CodeCheckFailed, fmt.Sprintf("slot %d: lost across a restart: %s", cp.rec.Index, cp.lostReason))
 	}
-	to, err := openTarget(req.Netns, req.IfName)
+	to, err := target(ctx, caller.Principal, req.Netns, req.IfName)
 	if err != nil {
 		return err
 	}
@@ -400,7 +420,9 @@ type attachTarget struct {
 }
 
 // openTarget opens the runtime's namespace at path (following it, as the
-// runtime named it) and checks that it is a network namespace.
+// runtime named it) and checks that it is a network namespace: for root's
+// call that passed none (target), and to find an attachment's namespace
+// again at its end (unplug), whose answer goes to no caller.
 func openTarget(path, ifname string) (*attachTarget, error) {
 	if path == "" || !strings.HasPrefix(path, "/") || len(path) > leases.MaxAttachmentPath {
 		return nil, cniErr(codes.InvalidArgument, cniv1.CodeInvalidEnvironment, fmt.Sprintf("CNI_NETNS %q: want the absolute path of the container's network namespace", path))

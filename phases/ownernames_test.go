@@ -15,6 +15,7 @@ import (
 	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/slot"
 )
@@ -176,8 +177,8 @@ func TestCNIKeysFollowTheSpecAndTheRule(t *testing.T) {
 	} {
 		wantID := utils.ValidateContainerID(s) == nil
 		wantNet := utils.ValidateNetworkName(s) == nil
-		if got := namePattern.MatchString(s); got != wantID || got != wantNet {
-			t.Errorf("namePattern(%q) = %v; libcni: container id %v, network name %v", s, got, wantID, wantNet)
+		if got := names.CheckCNIName("name", s) == nil; got != wantID || got != wantNet {
+			t.Errorf("names.CheckCNIName(%q) takes it: %v; libcni: container id %v, network name %v", s, got, wantID, wantNet)
 		}
 	}
 	good := cniv1.Key{Network: "pgnet", ContainerID: "abc123", IfName: "eth0"}
@@ -202,6 +203,32 @@ func TestCNIKeysFollowTheSpecAndTheRule(t *testing.T) {
 		}
 		if add != nil && status.Code(add) != codes.InvalidArgument {
 			t.Errorf("%s: ADD refused with %v, want InvalidArgument", tc.what, status.Code(add))
+		}
+	}
+}
+
+// The Slots API takes a CNI network's owner only with a request id the
+// plugin and the CNI routes would take: one rule for a key at every door.
+func TestSlotsAPIChecksACNIKeyAsTheCNIRoutes(t *testing.T) {
+	for _, tc := range []struct {
+		owner, requestID string
+		want             string // "" for taken
+	}{
+		{"sandbox", "any/thing:1", ""},
+		{"cni/pgnet", "abc123/eth0", ""},
+		{"cni/pgnet", "", ""},
+		{"cni/pgnet", "abc123/eth0:1", `CNI_IFNAME "eth0:1": ':' at byte 4`},
+		{"cni/pgnet", "abc123/eth%d", `'%' at byte 3`},
+		{"cni/pgnet", "abc123", `CNI_IFNAME is empty`},
+		{"cni/pgnet", "abc123/abcdefghijklmnop", "16 bytes"},
+		{"cni/-pgnet", "", `network name "-pgnet"`},
+	} {
+		err := checkNames(tc.owner, tc.requestID)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s %s: %v, want taken", tc.owner, tc.requestID, err)
+		case tc.want != "" && (status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s %s: %v, want InvalidArgument naming %q", tc.owner, tc.requestID, err, tc.want)
 		}
 	}
 }

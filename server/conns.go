@@ -102,6 +102,7 @@ func (l *trackingListener) track(c net.Conn) (*trackedConn, error) {
 		if pc, err := readPeerCred(uc); err == nil {
 			tc.peer = &pc
 		}
+		tc.Conn = newRightsConn(uc) // a descriptor its peer passes (passfd.go)
 	}
 	tc.who = l.gate.peerOf(c, tc.peer)
 	tc.class = l.gate.class(tc.who, tc.peer)

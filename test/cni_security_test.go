@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
 
@@ -203,6 +204,13 @@ func tenantSetsItsOwnPolicy(t *testing.T, pub *publicDir, sock string, n *cniNet
 // returns the plugin's error object, nil on success.
 func (p *publicDir) plugin(t *testing.T, user, group, verb string, conf []byte, env ...string) *pluginError {
 	t.Helper()
+	_, perr := p.pluginOut(t, user, group, verb, conf, env...)
+	return perr
+}
+
+// pluginOut is plugin that returns what the plugin printed too.
+func (p *publicDir) pluginOut(t *testing.T, user, group, verb string, conf []byte, env ...string) (string, *pluginError) {
+	t.Helper()
 	bin := filepath.Join(p.dir, "phasegate-cni")
 	copyFile(t, filepath.Join(cniPath, "phasegate-cni"), bin, 0o755)
 	ra := []string{"-u", user}
@@ -214,21 +222,25 @@ func (p *publicDir) plugin(t *testing.T, user, group, verb string, conf []byte, 
 	cmd.Stdin = bytes.NewReader(conf)
 	out, err := cmd.Output()
 	if err == nil {
-		return nil
+		return string(out), nil
 	}
 	var pe pluginError
 	if jerr := json.Unmarshal(out, &pe); jerr != nil || pe.Code == 0 {
 		t.Fatalf("plugin %s as %s: %v, no error object: %q", verb, user, err, out)
 	}
-	return &pe
+	return string(out), &pe
 }
 
 // The control socket's attacks through the plugin. A user outside the
 // socket's group cannot connect. A tenant the policy lets lease for the
 // CNI networks, without attach, can neither attach nor end nor collect
 // anyone's attachment. A tenant granted attach for its own network cannot
-// attach into the host's namespace or a slot's, and neither DEL nor GC of
-// its network reaches another network's attachment. The victims — root's
+// open the host's namespace or a slot's, nor attach into root's container,
+// which it can open but not enter, nor the host's namespace passed
+// straight to the socket; root, which may enter them all, is still kept
+// out of the host's and the slots'. Neither DEL nor GC of the tenant's
+// network reaches another network's attachment; its own container, made
+// as a rootless runtime makes one, attaches. The victims — root's
 // attachment with a workload in its container, and a daemon-owned lease —
 // are untouched: same records, same namespaces, both workloads answering.
 func TestCNIControlPlaneAttacks(t *testing.T) {
@@ -241,7 +253,9 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 	d.waitServing(time.Minute)
 	root := d.slots()
 	victimNet := newCNINet(t, h.prefix+"victim", sock, nil)
-	vctr := containerNetns(t, "victim")
+	// Every user may open the victim's namespace, as /run/netns/<name>:
+	// what refuses the attacks below is the daemon, not the file's mode.
+	vctr := containerNetnsIn(t, pub.dir, "victim")
 	vres := parseResult(t, victimNet.mustTool("add", vctr), vctr)
 	vlease := cniLeases(t, d, victimNet.name)[0]
 	vwork := startWorkload(t, vlease.GetIndex(), vctr, vres.insideAddr())
@@ -260,7 +274,10 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 
 	victimKey := []string{"CNI_CONTAINERID=" + cnitoolContainerID(vctr), "CNI_IFNAME=eth0", "CNI_NETNS=" + vctr}
 	tenantNet := newCNINet(t, h.prefix+"tenant", sock, nil)
-	mine := containerNetns(t, "mine")
+	// The tenant's own container, made as a rootless runtime makes one; and
+	// one of root's that every user may open.
+	mine, _ := ownNetns(t, 1, 1)
+	public := containerNetnsIn(t, pub.dir, "public")
 	for _, tc := range []struct {
 		what, user, group, verb string
 		conf                    []byte
@@ -269,13 +286,21 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 		want                    string
 	}{
 		{"connect outside the socket's group", "daemon", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 5, "permission denied"},
-		{"attach without the grant", "nobody", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 100, "may not attach"},
+		{"attach without the grant", "nobody", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + public}, 100, "may not attach"},
 		{"DEL of the victim's attachment", "nobody", "", "DEL", victimNet.conf, victimKey, 100, "may not attach"},
 		{"GC of the victim's network", "nobody", "", "GC", victimNet.conf, nil, 100, "may not attach"},
 		{"CHECK of the victim's attachment", "nobody", "", "CHECK", victimNet.conf, victimKey, 100, "may not attach"},
-		{"granted attach, into the host's namespace", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + fmt.Sprintf("/proc/%d/ns/net", d.Pid())}, 100, "the host's own namespace"},
-		{"granted attach, into a daemon-owned slot", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + owned.GetSlot().GetNetnsPath()}, 100, "a slot's namespace"},
-		{"granted attach, into the attached victim's own slot namespace", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + vlease.GetNetnsPath()}, 100, "own namespace"},
+		// Namespaces the tenant cannot open: the host's (its /proc link is
+		// the daemon's, root's), a slot's (in the daemon's directory).
+		{"granted attach, into the host's namespace", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + fmt.Sprintf("/proc/%d/ns/net", d.Pid())}, 4, "CNI_NETNS cannot be opened: permission denied"},
+		{"granted attach, into a daemon-owned slot", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + owned.GetSlot().GetNetnsPath()}, 4, "CNI_NETNS cannot be opened: permission denied"},
+		// One it can open but not enter.
+		{"granted attach, into root's container", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + public}, 100, "CNI_NETNS: not a network namespace uid:1 may enter"},
+		// Root may enter them all: the daemon still keeps a slot to a
+		// container's namespace.
+		{"root, into the host's namespace", "root", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + fmt.Sprintf("/proc/%d/ns/net", d.Pid())}, 100, "the host's own namespace"},
+		{"root, into a daemon-owned slot", "root", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + owned.GetSlot().GetNetnsPath()}, 100, "a slot's namespace"},
+		{"root, into the attached victim's own slot namespace", "root", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + vlease.GetNetnsPath()}, 100, "own namespace"},
 		{"granted attach, DEL on the victim's network", "daemon", "nogroup", "DEL", victimNet.conf, victimKey, 100, "may not attach"},
 		// Names: the spec's rule for the container id and the network
 		// (the plugin's own check, libcni's), and the names rule for the
@@ -288,6 +313,12 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 		if perr == nil || perr.Code != tc.code || !strings.Contains(perr.Msg+perr.Details, tc.want) {
 			t.Errorf("%s (as %s): %+v, want code %d naming %q", tc.what, tc.user, perr, tc.code, tc.want)
 		}
+	}
+	// Straight to the socket, the tenant passes the host's namespace,
+	// which it may open as its own process's.
+	if perr := pub.raw(t, "daemon", "nogroup", sock, cniv1.PathAdd, "/proc/self/ns/net",
+		map[string]any{"network": tenantNet.name, "containerID": "x", "ifName": "eth9", "netns": "/proc/self/ns/net"}); perr == nil || perr.Code != 100 || !strings.Contains(perr.Msg, "not a network namespace uid:1 may enter") {
+		t.Errorf("granted attach, the host's namespace passed straight to the socket: %+v, want code 100", perr)
 	}
 	leaseIDsShownToWhoMayRelease(t, pub, root, sock, victimNet, vctr)
 	// The tenant's own network works, and its DEL and GC reach nothing of

@@ -25,6 +25,15 @@
 //	  "capabilities": {"egress": true}
 //	}
 //
+// ADD and CHECK open CNI_NETNS themselves, with the credentials the
+// runtime runs them with and in its mount namespace, and pass the
+// namespace to the daemon open: the daemon attaches only where its caller
+// could enter itself (docs/SECURITY.md, "CNI"). ADD checks the key first
+// as the daemon does (the CNI spec's names, the kernel's rules for the
+// interface name). The configuration on stdin is read up to 1 MiB, the
+// daemon's bound on a request; beyond, the plugin fails at once with the
+// spec's code for an invalid configuration (7).
+//
 // socket and timeout are optional (these are their defaults); egress is
 // the attachments' egress policy, none when absent. With the "egress"
 // capability declared, a runtime that passes capability args (libcni's

@@ -5,18 +5,28 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"net"
+	"os"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"golang.org/x/sys/unix"
 
 	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
+	"github.com/phasegate/phasegate/network/netns"
 )
 
 const (
+	// maxStdin bounds the configuration read on stdin: the daemon's own
+	// bound on a request (1 MiB), which an egress policy of thousands of
+	// ranges fits in. A CNI configuration is kilobytes; one larger would
+	// be refused by the daemon anyway, after the plugin had read it whole.
+	maxStdin = 1 << 20
 	// defaultSocket is the daemon's control socket on its defaults.
 	defaultSocket = "/run/phasegate/control.sock"
 	// defaultTimeout bounds a call, the wait for a daemon that is down or
@@ -66,8 +76,44 @@ func (c *netConf) egress() (network, container *cniv1.Egress) {
 }
 
 func main() {
+	if err := boundStdin(); err != nil {
+		_ = err.Print()
+		os.Exit(1)
+	}
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, GC: cmdGC, Status: cmdStatus},
 		version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "phasegate-cni: phasegate slots for containers")
+}
+
+// boundStdin reads at most maxStdin bytes of the configuration on stdin,
+// before skel reads it whole, and fails with the spec's code for an
+// invalid configuration (7) at the first byte beyond, without reading
+// the rest; else it gives skel what it read, as stdin. skel reads no stdin
+// for VERSION, nor without CNI_COMMAND: neither does it.
+func boundStdin() *types.Error {
+	if cmd := os.Getenv("CNI_COMMAND"); cmd == "" || cmd == "VERSION" {
+		return nil
+	}
+	b, err := io.ReadAll(io.LimitReader(os.Stdin, maxStdin+1))
+	switch {
+	case err != nil:
+		return types.NewError(types.ErrIOFailure, "read the network configuration on stdin", err.Error())
+	case len(b) > maxStdin:
+		return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("the network configuration on stdin is over %d bytes", maxStdin),
+			"a CNI configuration is kilobytes; the daemon takes no request over 1 MiB")
+	}
+	fd, err := unix.MemfdCreate("stdin", unix.MFD_CLOEXEC)
+	if err != nil {
+		return types.NewError(types.ErrIOFailure, "hold the network configuration", err.Error())
+	}
+	f := os.NewFile(uintptr(fd), "stdin")
+	if _, err := f.Write(b); err != nil {
+		return types.NewError(types.ErrIOFailure, "hold the network configuration", err.Error())
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return types.NewError(types.ErrIOFailure, "hold the network configuration", err.Error())
+	}
+	os.Stdin = f
+	return nil
 }
 
 // loadConf reads the configuration on stdin, with its defaults.
@@ -102,12 +148,36 @@ func loadConf(stdin []byte) (*netConf, error) {
 }
 
 // call makes one verb's call on the daemon, waiting for it while it is
-// down or starting, up to the configuration's timeout.
-func (c *netConf) call(path string, req, answer any) error {
+// down or starting, up to the configuration's timeout; netns, when set, is
+// passed with it.
+func (c *netConf) call(path string, netns *os.File, req, answer any) error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	err := cniv1.Client{Socket: c.Socket}.Wait(ctx, retryInterval, path, req, answer)
+	err := cniv1.Client{Socket: c.Socket, File: netns}.Wait(ctx, retryInterval, path, req, answer)
 	return asTypesError(err, types.ErrTryAgainLater)
+}
+
+// openNetns opens CNI_NETNS as the daemon takes it: with this process's
+// own credentials, in its own mount namespace, checked to be a network
+// namespace. The daemon opens no path for a caller but root: what this
+// process cannot open, it cannot attach to, and nothing tells it more than
+// its own open does. The messages do not repeat the path, which the
+// runtime knows: two paths refused alike are answered alike.
+func openNetns(path string) (*os.File, error) {
+	fd, err := netns.OpenForeign(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, types.NewError(types.ErrUnknownContainer, "CNI_NETNS does not exist", "")
+	case errors.Is(err, netns.ErrNotNamespace):
+		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is not a namespace: want a network namespace's file (a bind mount, /proc/<pid>/ns/net)", "")
+	case err != nil:
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS cannot be opened: "+err.Error(), "")
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 // asTypesError is err as the spec's error object: the daemon's code, or
@@ -138,10 +208,20 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if args.Netns == "" {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is required for ADD", "")
 	}
+	k := key(conf, args)
+	var ke *cniv1.KeyError
+	if err := k.Check(); errors.As(err, &ke) {
+		return types.NewError(ke.Code, err.Error(), "")
+	}
+	ns, err := openNetns(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
 	var a cniv1.Attachment
-	req := cniv1.AddRequest{Key: key(conf, args), Netns: args.Netns}
+	req := cniv1.AddRequest{Key: k, Netns: args.Netns}
 	req.Egress, req.ContainerEgress = conf.egress()
-	if err := conf.call(cniv1.PathAdd, req, &a); err != nil {
+	if err := conf.call(cniv1.PathAdd, ns, req, &a); err != nil {
 		return err
 	}
 	res, err := result(conf, a)
@@ -182,7 +262,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	return conf.call(cniv1.PathDel, cniv1.DelRequest{Key: key(conf, args)}, nil)
+	return conf.call(cniv1.PathDel, nil, cniv1.DelRequest{Key: key(conf, args)}, nil)
 }
 
 func cmdCheck(args *skel.CmdArgs) error {
@@ -193,7 +273,12 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if args.Netns == "" {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is required for CHECK", "")
 	}
-	return conf.call(cniv1.PathCheck, cniv1.CheckRequest{Key: key(conf, args), Netns: args.Netns}, nil)
+	ns, err := openNetns(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return conf.call(cniv1.PathCheck, ns, cniv1.CheckRequest{Key: key(conf, args), Netns: args.Netns}, nil)
 }
 
 func cmdGC(args *skel.CmdArgs) error {
@@ -205,7 +290,7 @@ func cmdGC(args *skel.CmdArgs) error {
 	for _, v := range conf.ValidAttachments {
 		req.Valid = append(req.Valid, cniv1.ValidKey{ContainerID: v.ContainerID, IfName: v.IfName})
 	}
-	return conf.call(cniv1.PathGC, req, &cniv1.GCAnswer{})
+	return conf.call(cniv1.PathGC, nil, req, &cniv1.GCAnswer{})
 }
 
 // cmdStatus answers at once: 50 while the daemon is down, starting or

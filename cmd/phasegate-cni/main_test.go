@@ -1,9 +1,14 @@
 package main
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
 
 	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
 )
@@ -111,5 +116,27 @@ func TestResult(t *testing.T) {
 	bad.Address = "not an address"
 	if _, err := result(alone, bad); err == nil {
 		t.Fatal("a result of an unreadable address")
+	}
+}
+
+// CNI_NETNS is opened with the plugin's own credentials; a refusal names
+// the variable, not the path, so that two paths refused alike read alike.
+func TestOpenNetns(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := openNetns("/proc/self/ns/net")
+	if err != nil {
+		t.Fatalf("openNetns of this process's namespace: %v", err)
+	}
+	f.Close()
+	for path, code := range map[string]uint{filepath.Join(dir, "missing"): types.ErrUnknownContainer, file: types.ErrInvalidEnvironmentVariables, "/proc/self/ns/mnt": types.ErrInvalidEnvironmentVariables} {
+		_, err := openNetns(path)
+		var te *types.Error
+		if !errors.As(err, &te) || te.Code != code || strings.Contains(te.Error(), path) {
+			t.Errorf("openNetns(%s) = %v, want code %d, the path not repeated", path, err, code)
+		}
 	}
 }

@@ -26,7 +26,7 @@ func (f *controlFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.allow, "allow", "SELECTOR=OWNER,…: let principals lease for these owners (exact, or a prefix ending in *); SELECTOR is uid:N, user:NAME, gid:N, group:NAME or id:KIND:IDENTITY (a client certificate: id:uri:…, id:dns:…, id:cn:…, or id:spiffe://… for a URI SAN); repeatable")
 	fs.Var(&f.allowRead, "allow-read", "SELECTOR=OWNER,…: let principals see these owners' leases, nothing more; repeatable")
 	f.attach.attach = true
-	fs.Var(&f.attach, "allow-attach", "SELECTOR=OWNER,…: let principals lease for these owners and attach their slots to network namespaces they name (the CNI plugin; owner cni/<network>); root may without it; repeatable")
+	fs.Var(&f.attach, "allow-attach", "SELECTOR=OWNER,…: let principals lease for these owners and attach their slots to network namespaces they could enter themselves (the CNI plugin; owner cni/<network>); root may without it; repeatable")
 	fs.IntVar(&f.maxLeases, "max-leases", 0, "leases one principal may hold at once, unless the policy says otherwise (unset: a quarter of --slots; 0: no limit but --slots); root has none unless a rule sets one")
 	fs.Float64Var(&f.rate, "control-rate", control.DefaultRate, "calls a second one principal may make on the control surface, in bursts of twice that: a finite number, 0 or more (0: no limit)")
 }

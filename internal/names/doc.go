@@ -13,6 +13,13 @@
 // allowed nowhere today; a door that needs it declares its own rule here.
 // docs/SECURITY.md ("Names") says why ASCII and not a PRECIS profile.
 //
+// A CNI attachment's key narrows the rule for its parts: a network's name
+// and a container id follow the CNI spec's ([CheckCNIName]), an interface
+// name the kernel's too ([CheckIfName]: at most 15 bytes, not "." or "..",
+// no '/', ':' or '%'), so that the link the kernel makes bears the name
+// recorded. The plugin, the daemon's CNI routes and the Slots API check a
+// key with these alone (api/cni/v1's Key.Check).
+//
 // A refusal is an [*Error] naming the rule and the first code point that
 // breaks it ("U+3164 ... outside ASCII (Lo, Hangul)"), and shows the name
 // as [Shown] does, never raw. [Shown] is also how a name recorded before

@@ -37,4 +37,11 @@
 // signals a process only through a pidfd, after checking through that pidfd
 // that it is still in the namespace: a scan is stale by the time it is acted
 // on.
+//
+// For a namespace another process opened and passed, CheckPassed tells a
+// network namespace's descriptor from anything else without asking the
+// file's file system (one a FUSE server could leave unanswered), and
+// MayEnter applies the kernel's capability rule to the credentials
+// ReadCreds read of a process pinned by a pidfd: whether that process
+// could setns(2) into it itself.
 package netns

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/netns"
 )
 
@@ -334,17 +334,10 @@ func (m *Manager) Unplug(ctx context.Context, s *Slot, nsFD int, ifname string) 
 	return nil
 }
 
-// CheckIfName refuses a name the kernel would not take for a link.
+// CheckIfName refuses a name the kernel would not take for a link: the
+// kernel's rule, which internal/names holds (names.CheckKernelIfName).
 func CheckIfName(name string) error {
-	switch {
-	case name == "" || name == "." || name == "..":
-		return fmt.Errorf("interface name %q is not a name", name)
-	case len(name) >= unix.IFNAMSIZ:
-		return fmt.Errorf("interface name %q is %d bytes, at most %d", name, len(name), unix.IFNAMSIZ-1)
-	case strings.ContainsAny(name, "/: \t\n"):
-		return fmt.Errorf("interface name %q holds '/', ':' or a space", name)
-	}
-	return nil
+	return names.CheckKernelIfName("interface name", name)
 }
 
 // isNotFound reports whether err says that no link has the name asked.

@@ -22,6 +22,11 @@ const maxAnswer = 1 << 20
 type Client struct {
 	// Socket is the control socket's path.
 	Socket string
+	// File, when set, is passed with the request's first bytes
+	// (SCM_RIGHTS): for ADD and CHECK, the container's network namespace,
+	// opened by the caller with its own credentials, which the daemon
+	// uses instead of opening CNI_NETNS itself (docs/DESIGN.md §11).
+	File *os.File
 }
 
 // Call sends req to path and decodes the answer into answer (nil: the
@@ -76,9 +81,10 @@ func (c Client) roundTrip(ctx context.Context, path string, body []byte) ([]byte
 			return nil, &UnavailableError{Reason: fmt.Sprintf("nothing listens on %s (is the daemon running, or restarting?)", c.Socket)}
 		case errors.Is(err, syscall.EAGAIN):
 			return nil, &UnavailableError{Reason: fmt.Sprintf("%s takes no more connections for now", c.Socket)}
-		case ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded):
+		case ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded):
 			// The dialer's deadline is the context's, and may pass a moment
-			// before the context says so.
+			// before the context says so; net's "i/o timeout" of a dial is
+			// context.DeadlineExceeded, not os.ErrDeadlineExceeded.
 			return nil, &UnavailableError{Reason: fmt.Sprintf("no connection to %s within the timeout", c.Socket)}
 		}
 		return nil, fmt.Errorf("connect to phasegate control socket %s: %w", c.Socket, err)
@@ -92,7 +98,7 @@ func (c Client) roundTrip(ctx context.Context, path string, body []byte) ([]byte
 	var req bytes.Buffer
 	fmt.Fprintf(&req, "POST %s HTTP/1.0\r\nHost: phasegate\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", path, len(body))
 	req.Write(body)
-	if _, err := conn.Write(req.Bytes()); err != nil {
+	if err := c.send(conn, req.Bytes()); err != nil {
 		return nil, c.ioError(ctx, path, "send", err)
 	}
 	raw, err := io.ReadAll(io.LimitReader(conn, maxAnswer+1))
@@ -103,6 +109,31 @@ func (c Client) roundTrip(ctx context.Context, path string, body []byte) ([]byte
 		return nil, fmt.Errorf("phasegate control socket %s: %s: answer longer than %d bytes", c.Socket, path, maxAnswer)
 	}
 	return raw, nil
+}
+
+// send writes b on conn, with File's descriptor on its first bytes when
+// File is set. A stream socket may take only part of b with the
+// descriptor; the rest follows as plain bytes.
+func (c Client) send(conn net.Conn, b []byte) error {
+	uc, ok := conn.(*net.UnixConn)
+	if c.File == nil || !ok {
+		_, err := conn.Write(b)
+		return err
+	}
+	rc, err := c.File.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("pass %s: %w", c.File.Name(), err)
+	}
+	var n int
+	if cerr := rc.Control(func(fd uintptr) {
+		n, _, err = uc.WriteMsgUnix(b, syscall.UnixRights(int(fd)), nil)
+	}); cerr != nil {
+		return fmt.Errorf("pass %s: %w", c.File.Name(), cerr)
+	}
+	if err == nil && n < len(b) {
+		_, err = conn.Write(b[n:])
+	}
+	return err
 }
 
 // ioError names a failed send or read, and the context's end when that

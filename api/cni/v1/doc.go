@@ -16,5 +16,11 @@
 //
 // An attachment is keyed by its [Key], the (network, container id,
 // ifname) triple of the CNI spec; the daemon holds it as a lease of owner
-// "cni/<network>" (see [Owner]).
+// "cni/<network>" (see [Key.Owner]). [Key.Check] is the one rule for a new
+// key, which the plugin, the daemon and the Slots API apply alike.
+//
+// ADD and CHECK pass the container's network namespace open
+// ([Client.File]): the plugin opens CNI_NETNS with its own credentials and
+// the daemon acts on that descriptor, never opening a path for a caller
+// but root (docs/DESIGN.md §11).
 package cniv1
