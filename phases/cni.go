@@ -75,28 +75,6 @@ func checkNewKey(k cniv1.Key) error {
 	return nil
 }
 
-// checkCNIOwned refuses, for an Acquire of the Slots API whose owner is a
-// CNI network's ("cni/<network>"), a network name or a request id
-// ("<container id>/<ifname>") the plugin and the CNI routes would refuse
-// (cniv1.Key.Check): one rule for the key at every door.
-func checkCNIOwned(owner, requestID string) error {
-	k, ok := cniv1.KeyOf(owner, requestID)
-	switch {
-	case !ok:
-		return nil
-	case requestID == "":
-		err := names.CheckCNIName("network name", k.Network)
-		if err == nil && len(owner) > names.MaxLen {
-			err = fmt.Errorf("owner is %d bytes: at most %d", len(owner), names.MaxLen)
-		}
-		return err
-	}
-	if err := k.Check(); err != nil {
-		return fmt.Errorf("owner %q is a CNI network's, whose request ids are <CNI_CONTAINERID>/<CNI_IFNAME>: %w", owner, err)
-	}
-	return nil
-}
-
 // checkNetwork refuses a network name the CNI spec would not give.
 func checkNetwork(name string) error {
 	if err := names.CheckCNIName("network name", name); err != nil {

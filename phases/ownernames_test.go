@@ -206,29 +206,3 @@ func TestCNIKeysFollowTheSpecAndTheRule(t *testing.T) {
 		}
 	}
 }
-
-// The Slots API takes a CNI network's owner only with a request id the
-// plugin and the CNI routes would take: one rule for a key at every door.
-func TestSlotsAPIChecksACNIKeyAsTheCNIRoutes(t *testing.T) {
-	for _, tc := range []struct {
-		owner, requestID string
-		want             string // "" for taken
-	}{
-		{"sandbox", "any/thing:1", ""},
-		{"cni/pgnet", "abc123/eth0", ""},
-		{"cni/pgnet", "", ""},
-		{"cni/pgnet", "abc123/eth0:1", `CNI_IFNAME "eth0:1": ':' at byte 4`},
-		{"cni/pgnet", "abc123/eth%d", `'%' at byte 3`},
-		{"cni/pgnet", "abc123", `CNI_IFNAME is empty`},
-		{"cni/pgnet", "abc123/abcdefghijklmnop", "16 bytes"},
-		{"cni/-pgnet", "", `network name "-pgnet"`},
-	} {
-		err := checkNames(tc.owner, tc.requestID)
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s %s: %v, want taken", tc.owner, tc.requestID, err)
-		case tc.want != "" && (status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%s %s: %v, want InvalidArgument naming %q", tc.owner, tc.requestID, err, tc.want)
-		}
-	}
-}

@@ -162,17 +162,15 @@ func (s *slotsService) count(event string) {
 }
 
 // checkNames refuses an Acquire whose owner or request id (when given)
-// breaks the names rule (internal/names), or, for a CNI network's owner,
-// the rule of an attachment's key (checkCNIOwned): a name that could look
-// like another's is never leased. A name recorded before the rule is not
-// checked again: its lease keeps working by index and lease id.
+// breaks the names rule (internal/names): a name that could look like
+// another's is never leased. A name recorded before the rule is not
+// checked again: its lease keeps working by index and lease id. (A CNI
+// network's owner is refused whatever its request id, refuseCNIOwner: an
+// attachment's key is checked by the ADD that alone makes one.)
 func checkNames(owner, requestID string) error {
 	err := names.Check("owner", owner)
 	if err == nil && requestID != "" {
 		err = names.Check("request_id", requestID)
-	}
-	if err == nil {
-		err = checkCNIOwned(owner, requestID)
 	}
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())

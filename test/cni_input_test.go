@@ -70,8 +70,11 @@ func TestCNIInputAtEveryDoor(t *testing.T) {
 			}
 			if tc.viaSlotsAPI {
 				out, code := pub.as(t, "nobody", "", "slots", "acquire", cniv1.OwnerPrefix+tc.network, "--request-id="+tc.id+"/"+tc.ifname, "--socket="+sock)
-				if code == 0 || !strings.Contains(out, "InvalidArgument") || !strings.Contains(out, tc.want) {
-					t.Errorf("through the Slots API: exit %d, want InvalidArgument naming %q:\n%s", code, tc.want, out)
+				// The Slots API makes no attachment at all (Acquire refuses
+				// every owner under cni/): a bad key is refused there too,
+				// by the names rule or as a CNI network's owner.
+				if code == 0 || !strings.Contains(out, "InvalidArgument") && !strings.Contains(out, "PermissionDenied") {
+					t.Errorf("through the Slots API: exit %d, want InvalidArgument or PermissionDenied:\n%s", code, out)
 				}
 			}
 		})
