@@ -63,8 +63,8 @@ func checkKey(k cniv1.Key) error {
 }
 
 // checkNewKey refuses a key for a new attachment as every door does
-// (cniv1.Key.Check: the plugin before it calls, the Slots API for a CNI
-// owner): the names rule for all three parts, and the kernel's for the
+// (cniv1.Key.Check: the plugin before it calls, and the ADD route; the
+// Slots API makes no attachment): the names rule for all three parts, and the kernel's for the
 // interface name, which the lease's request id holds and the kernel must
 // make as it is.
 func checkNewKey(k cniv1.Key) error {

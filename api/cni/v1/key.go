@@ -2,7 +2,6 @@ package cniv1
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/phasegate/phasegate/internal/names"
 )
@@ -45,17 +44,4 @@ func (k Key) Check() error {
 		return &KeyError{Code: CodeInvalidEnvironment, Err: fmt.Errorf("CNI_CONTAINERID and CNI_IFNAME together are %d bytes: at most %d", len(k.RequestID())-1, names.MaxLen-1)}
 	}
 	return nil
-}
-
-// KeyOf returns the key whose lease has owner and requestID, and false
-// when owner is not under [OwnerPrefix] (not an attachment's). The key is
-// not checked: a request id without a '/' gives an empty interface name,
-// which [Key.Check] refuses.
-func KeyOf(owner, requestID string) (Key, bool) {
-	network, ok := strings.CutPrefix(owner, OwnerPrefix)
-	if !ok {
-		return Key{}, false
-	}
-	id, ifname, _ := strings.Cut(requestID, "/")
-	return Key{Network: network, ContainerID: id, IfName: ifname}, true
 }

@@ -41,16 +41,3 @@ func TestKeyCheck(t *testing.T) {
 		}
 	}
 }
-
-func TestKeyOf(t *testing.T) {
-	k, ok := cniv1.KeyOf("cni/pgnet", "0123/eth0")
-	if !ok || k != (cniv1.Key{Network: "pgnet", ContainerID: "0123", IfName: "eth0"}) || k.Owner() != "cni/pgnet" || k.RequestID() != "0123/eth0" {
-		t.Errorf("KeyOf(cni/pgnet, 0123/eth0) = %+v, %v", k, ok)
-	}
-	if _, ok := cniv1.KeyOf("sandbox", "x"); ok {
-		t.Error("KeyOf of an owner outside cni/ is a key")
-	}
-	if k, _ := cniv1.KeyOf("cni/pgnet", "future"); k.Check() == nil {
-		t.Error("a request id without an interface name is a key")
-	}
-}
