@@ -218,7 +218,7 @@ func (t *Table) unmap(c *nftables.Conn, names []string) error {
 	// By key alone: a message holds elemsPerMessage keys, where the
 	// verdicts' chain names would take it past a netlink attribute's
 	// 64 KiB.
-	els, err := elements(names)
+	els, err := elements(names, "")
 	if err != nil {
 		return err
 	}
@@ -300,12 +300,17 @@ func (t *Table) egressNames(ctx context.Context, c *nftables.Conn) ([]string, er
 func elementNames(els []nftables.SetElement) []string {
 	out := make([]string, 0, len(els))
 	for _, e := range els {
-		n := string(e.Key)
-		if i := strings.IndexByte(n, 0); i >= 0 {
-			n = n[:i]
-		}
-		out = append(out, n)
+		out = append(out, keyName(e.Key))
 	}
 	slices.Sort(out)
 	return out
+}
+
+// keyName is the interface name an ifname key holds.
+func keyName(k []byte) string {
+	n := string(k)
+	if i := strings.IndexByte(n, 0); i >= 0 {
+		n = n[:i]
+	}
+	return n
 }

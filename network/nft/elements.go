@@ -19,14 +19,16 @@ func key(name string) ([]byte, error) {
 	return k, nil
 }
 
-func elements(names []string) ([]nftables.SetElement, error) {
+// elements returns the set elements of names, each with comment (none
+// when empty).
+func elements(names []string, comment string) ([]nftables.SetElement, error) {
 	els := make([]nftables.SetElement, 0, len(names))
 	for _, n := range names {
 		k, err := key(n)
 		if err != nil {
 			return nil, err
 		}
-		els = append(els, nftables.SetElement{Key: k})
+		els = append(els, nftables.SetElement{Key: k, Comment: comment})
 	}
 	return els, nil
 }
@@ -35,6 +37,28 @@ func elements(names []string) ([]nftables.SetElement, error) {
 // an empty list.
 func (t *Table) List(ctx context.Context) ([]string, error) {
 	return t.names(ctx, t.set())
+}
+
+// ListStamped is List with the stamp (WithStamp) of each element that
+// carries one, by name, from the same dump of the set: a stamp costs
+// nothing to read beside the names.
+func (t *Table) ListStamped(ctx context.Context) (names []string, stamps map[string]string, err error) {
+	c, release, err := t.connFor(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer release()
+	els, err := t.elements(ctx, c, t.set())
+	if err != nil || len(els) == 0 {
+		return nil, nil, err
+	}
+	stamps = map[string]string{}
+	for _, e := range els {
+		if e.Comment != "" {
+			stamps[keyName(e.Key)] = e.Comment
+		}
+	}
+	return elementNames(els), stamps, nil
 }
 
 func (t *Table) list(ctx context.Context, c *nftables.Conn) ([]string, error) {
@@ -55,6 +79,15 @@ func (t *Table) names(ctx context.Context, set *nftables.Set) ([]string, error) 
 // keys returns the interface names set is keyed by, sorted; none when the
 // table is missing.
 func (t *Table) keys(ctx context.Context, c *nftables.Conn, set *nftables.Set) ([]string, error) {
+	els, err := t.elements(ctx, c, set)
+	if err != nil {
+		return nil, err
+	}
+	return elementNames(els), nil
+}
+
+// elements returns the elements of set; none when the table is missing.
+func (t *Table) elements(ctx context.Context, c *nftables.Conn, set *nftables.Set) ([]nftables.SetElement, error) {
 	els, err := c.GetSetElements(set)
 	if err != nil {
 		// The library does not always wrap the errno: ask whether the
@@ -64,11 +97,11 @@ func (t *Table) keys(ctx context.Context, c *nftables.Conn, set *nftables.Set) (
 		}
 		return nil, fmt.Errorf("nft: list %s/%s: %w", t.name, set.Name, err)
 	}
-	return elementNames(els), nil
+	return els, nil
 }
 
-// Add adds interface names to the set in one transaction. Names already in
-// the set are fine.
+// Add adds interface names to the set in one transaction, each stamped
+// (WithStamp). Names already in the set are fine: they keep their stamp.
 func (t *Table) Add(ctx context.Context, names ...string) error {
 	return t.add(ctx, names, false)
 }
@@ -87,7 +120,7 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	els, err := elements(names)
+	els, err := elements(names, t.stamp)
 	if err != nil {
 		return err
 	}
@@ -101,7 +134,7 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 	// the kernel's commit lock behind theirs anyway, each of which checks
 	// the whole table.
 	return t.changes.do(t, fmt.Sprintf("%d element(s) of set %s", len(names), SetName), func(c *nftables.Conn, _ *setIDs) error {
-		for chunk := range slices.Chunk(els, elemsPerMessage) {
+		for chunk := range slices.Chunk(els, stampedPerMessage(len(t.stamp))) {
 			if err := c.SetAddElements(t.set(), chunk); err != nil {
 				return fmt.Errorf("nft: encode elements: %w", err)
 			}
@@ -161,7 +194,7 @@ func (t *Table) remove(c *nftables.Conn, els, chains []string, present bool) err
 	if len(els) == 0 && len(chains) == 0 {
 		return nil
 	}
-	keys, err := elements(els)
+	keys, err := elements(els, "")
 	if err != nil {
 		return err
 	}

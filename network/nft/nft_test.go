@@ -3,7 +3,9 @@ package nft_test
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/phasegate/phasegate/network/internal/nettest"
@@ -83,5 +85,51 @@ func TestTable(t *testing.T) {
 	}
 	if err := tbl.Remove(ctx, "a", "b"); err != nil {
 		t.Errorf("Remove on missing table: %v", err)
+	}
+}
+
+// TestStampedElements: elements carry the table's stamp as their comment,
+// thousands in one transaction with the longest stamp, read back from the
+// same dump as the names; an element added again keeps its first stamp,
+// and nft lists the comment.
+func TestStampedElements(t *testing.T) {
+	env := nettest.New(t, 4)
+	ctx := context.Background()
+	long := strings.Repeat("s", 128)
+	tbl, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithStamp(long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tbl.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := 1; i <= 3000; i++ {
+		names = append(names, fmt.Sprintf("%sh%d", env.Config.Prefix, i))
+	}
+	if err := tbl.Add(ctx, names...); err != nil {
+		t.Fatal(err)
+	}
+	other, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithStamp("store 0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := env.Config.Prefix + "h9999"
+	if err := other.Add(ctx, names[0], extra); err != nil {
+		t.Fatal(err)
+	}
+	got, stamps, err := tbl.ListStamped(ctx)
+	if err != nil || len(got) != 3001 || len(stamps) != 3001 {
+		t.Fatalf("ListStamped = %d names, %d stamps, %v", len(got), len(stamps), err)
+	}
+	if stamps[names[0]] != long || stamps[names[2999]] != long || stamps[extra] != "store 0123456789abcdef" {
+		t.Fatalf("stamps of %s, %s, %s: %.20q %.20q %q", names[0], names[2999], extra, stamps[names[0]], stamps[names[2999]], stamps[extra])
+	}
+	out, err := exec.Command("nft", "list", "set", "inet", env.Config.TableName(), nft.SetName).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `comment "store 0123456789abcdef"`) {
+		t.Fatalf("nft list set: %v\n%.2000s", err, out)
+	}
+	if _, err := nft.New("x", nft.WithStamp(long+"s")); err == nil {
+		t.Fatal("a stamp of 129 bytes accepted")
 	}
 }

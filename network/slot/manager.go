@@ -45,6 +45,13 @@ type Options struct {
 	// always-allowed and always-denied sets, the egress proxy's port),
 	// written into the slot table and read by ApplyEgress.
 	Egress inside.Defaults
+	// Stamp names the records the manager's slots are made under (the
+	// lease store's generation): every slot it makes, or whose firewall
+	// element it puts back, carries it in that element, and a survey
+	// reads it back (ScanResult.Stamps), so that a slot made under
+	// records that are gone is told from one made by something that kept
+	// none (DESIGN.md section 6). Empty stamps nothing. At most 64 bytes.
+	Stamp string
 }
 
 // DefaultOptions returns the recommended options.
@@ -60,6 +67,7 @@ type Manager struct {
 	fw       *nft.Table
 	hostGone time.Duration
 	ct       *ctCleaner
+	stamp    string // Options.Stamp
 }
 
 // NewManager validates cfg and opts, prepares the netns directory and writes
@@ -75,7 +83,14 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 	if err := opts.Egress.Validate(); err != nil {
 		return nil, err
 	}
-	fw, err := nft.New(cfg.TableName(), nft.WithPolicy(opts.Firewall), nft.WithEgress(opts.Egress), nft.WithSlotNetwork(cfg.CIDR))
+	if len(opts.Stamp) > 64 {
+		return nil, fmt.Errorf("slot: stamp of %d bytes, more than 64", len(opts.Stamp))
+	}
+	nopts := []nft.Option{nft.WithPolicy(opts.Firewall), nft.WithEgress(opts.Egress), nft.WithSlotNetwork(cfg.CIDR)}
+	if opts.Stamp != "" {
+		nopts = append(nopts, nft.WithStamp(stampComment(opts.Stamp)))
+	}
+	fw, err := nft.New(cfg.TableName(), nopts...)
 	if err != nil {
 		return nil, err
 	}
@@ -86,8 +101,17 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 		return nil, err
 	}
 	ct := newCTCleaner(func(i int) netip.Addr { _, in := cfg.Addrs(i); return in.Addr() })
-	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout, ct: ct}, nil
+	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout, ct: ct, stamp: opts.Stamp}, nil
 }
+
+// stampPrefix begins the comment of a stamped element: "store <stamp>"
+// in `nft list`.
+const stampPrefix = "store "
+
+func stampComment(stamp string) string { return stampPrefix + stamp }
+
+// Stamp returns the manager's stamp (Options.Stamp).
+func (m *Manager) Stamp() string { return m.stamp }
 
 // Config returns the manager's configuration.
 func (m *Manager) Config() Config { return m.cfg }
