@@ -29,9 +29,9 @@ func (d *Daemon) openStore() error {
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
-	d.store, d.safeMode, d.stateLost = st.store, st.safeMode, st.lost
+	d.store, d.safeMode, d.stateLost, d.journal = st.store, st.safeMode, st.lost, st.journal
 	if d.stateLost != "" {
-		d.lc.Warn(warnStateLost, d.stateLost+"; slots something lives in are kept and quarantined")
+		d.lc.Warn(warnStateLost, d.stateLost+lossNamed(st.journal)+"; slots something lives in are kept and quarantined")
 	}
 	return nil
 }
@@ -114,18 +114,19 @@ func loadRecords(store *leases.Store) ([]leases.Record, []int, error) {
 // once (egressDefaults) with the host's addresses the host check read, or
 // read now when it did not run.
 func (d *Daemon) newManager(ctx context.Context) (*slot.Manager, error) {
-	return newManager(ctx, d.cfg, d.hostAddrs, d.hostAddrsRead)
+	return newManager(ctx, d.cfg, d.hostAddrs, d.hostAddrsRead, d.store.Opened().Generation)
 }
 
-// newManager makes cfg's slot manager; hostAddrs are the host's own
+// newManager makes cfg's slot manager, which stamps the slots it makes
+// with stamp (the records' generation); hostAddrs are the host's own
 // addresses, when read.
-func newManager(ctx context.Context, cfg Config, hostAddrs []netip.Prefix, read bool) (*slot.Manager, error) {
+func newManager(ctx context.Context, cfg Config, hostAddrs []netip.Prefix, read bool, stamp string) (*slot.Manager, error) {
 	egress, err := egressDefaults(cfg, hostAddrs, read)
 	if err != nil {
 		return nil, lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
 	}
 	o := slot.DefaultOptions()
-	o.Firewall, o.Egress = cfg.Firewall, egress
+	o.Firewall, o.Egress, o.Stamp = cfg.Firewall, egress, stamp
 	return slot.NewManager(ctx, cfg.Slots, o)
 }
 
@@ -166,7 +167,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if len(sr.Beyond) > 0 {
 		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
 	}
-	plan, err := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.safeMode}.classify(ctx, recs, bad, inv)
+	plan, err := d.classifier(sr).classify(ctx, recs, bad, inv)
 	if err != nil {
 		return err
 	}
@@ -174,7 +175,16 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if err := d.renewLeases(ctx, plan, time.Now()); err != nil {
 		return err
 	}
+	if d.journal != nil {
+		// The held slots are recorded: a later start keeps them without
+		// the loss.
+		if err := d.store.ClearLoss(ctx); err != nil {
+			return fmt.Errorf("forget the journal's loss once the slots are held: %w", err)
+		}
+	}
 	d.plan = plan
+	d.held = newHeldSlots(d.lc, plan.held)
+	d.reportUnvouched(plan)
 	d.logPlan(plan)
 	d.obs.restored(plan)
 	trace.SpanFromContext(ctx).SetAttributes(
@@ -183,6 +193,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		attribute.Int("phasegate.restore.reclaim", len(plan.dead)),
 		attribute.Int("phasegate.restore.lost", len(plan.lost)),
 		attribute.Int("phasegate.restore.held", len(plan.held)),
+		attribute.Int("phasegate.restore.uncertain", len(plan.uncertain)),
 		attribute.String("phasegate.restore.scan", scanned.String()),
 	)
 	if len(plan.lost) > 0 {
@@ -212,6 +223,46 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	d.obs.reclaimed(rep)
 	d.logReport(rep)
 	return nil
+}
+
+// classifier is the restore's classifier for what the survey sr found.
+func (d *Daemon) classifier(sr *slot.ScanResult) classifier {
+	c := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.safeMode, lost: d.stateLost,
+		generation: d.store.Opened().Generation, stamps: sr.Stamps, now: time.Now()}
+	if d.journal != nil {
+		c.hints = map[int]leases.LostChange{}
+		for _, n := range d.journal.Named {
+			if n.Owner != "" {
+				c.hints[n.Index] = n
+			}
+		}
+	}
+	return c
+}
+
+// reportUnvouched says in health what this start found that the records
+// could not vouch for: why (safe mode's reason, or slots made under
+// records that are gone), the slots held, and those reclaimed with
+// nothing inside, whose leases, if they had one, are lost.
+func (d *Daemon) reportUnvouched(p *restorePlan) {
+	if !d.safeMode && len(p.uncertain) == 0 && len(p.heldNow) == 0 {
+		return
+	}
+	msg := d.stateLost + lossNamed(d.journal)
+	if !d.safeMode {
+		msg = "slots made under records that are gone (their firewall elements name another store than " + d.store.Opened().Generation + ")"
+	}
+	msg += fmt.Sprintf("; held, something lives in them: slots %v; reclaimed, nothing inside, a lease they carried is lost: slots %v",
+		p.heldNow, p.uncertain)
+	d.lc.Warn(warnStateLost, msg)
+}
+
+// lossNamed names what a lost journal still told, for the health warning.
+func lossNamed(l *leases.JournalLoss) string {
+	if l == nil || len(l.Named) == 0 {
+		return ""
+	}
+	return "; it still names " + namedLoss(l.Named)
 }
 
 // Messages of a teardown's progress: the count is of namespaces unlinked,

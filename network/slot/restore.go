@@ -233,3 +233,12 @@ func (m *Manager) RecreateHost(ctx context.Context, s *Slot) error {
 	s.HostIfIndex = host.Attrs().Index
 	return nil
 }
+
+// HostLinkIndex returns the index of slot i's host link in the root
+// namespace, 0 when there is none. It only reads.
+func (m *Manager) HostLinkIndex(i int) (int, error) {
+	if err := m.checkIndex(i); err != nil {
+		return 0, err
+	}
+	return linkIndex(m.cfg.HostIfName(i))
+}
