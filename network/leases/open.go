@@ -125,7 +125,8 @@ func openIn(dir *rootdir.Dir, path string, opts Options, migs []migration) (*Sto
 // (and a loss the journal shows). A fresh file's journal belongs to a
 // file that is gone (removed, or moved aside without it): its changes
 // would bring back a part of that file's records, so it is moved aside
-// too, beside the file's own name with .orphan-<UTC time>.
+// too, beside the file's own name with .orphan-<UTC time>, when it holds
+// any (a header alone is a journal at rest: nothing to keep).
 func (s *Store) openJournal() error {
 	jname := s.name + JournalSuffix
 	if s.opened.Fresh {
@@ -133,7 +134,7 @@ func (s *Store) openJournal() error {
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("leases: %w", err)
 		}
-		if err == nil && st.Size > 0 {
+		if err == nil && st.Size > headerLen {
 			dst := jname + orphanInfix + time.Now().UTC().Format(asideTime)
 			if err := s.dir.RenameNoReplace(jname, dst); err != nil {
 				return fmt.Errorf("leases: the journal of a file that is gone: %w", err)
