@@ -108,8 +108,11 @@ func Reclaim(ctx context.Context, cfg Config, log *slog.Logger) (summary string,
 	rep, err = reclaim.Slots(ctx, o.mgr, plan.dead, reclaim.Options{
 		Workers: cfg.ReclaimWorkers, Budget: cfg.ReclaimBudget, KillOrphans: cfg.ReclaimKillOrphans,
 	})
-	summary = fmt.Sprintf("%d leased and %d idle slots recorded, left as they are; %d leases lost; %d slots held (something lives in them and no record vouches for them: `phasegate held` once a daemon runs)",
+	summary = fmt.Sprintf("%d leased and %d idle slots recorded, left as they are; %d leases lost; %d unknown slots with processes kept",
 		len(plan.restored), len(plan.adopted), len(plan.lost), len(plan.held))
+	if len(plan.held) > 0 {
+		summary += fmt.Sprintf(" (held %v: `phasegate held` adopts or releases them once a daemon runs)", plan.heldIndices())
+	}
 	if len(plan.bad) > 0 {
 		summary += fmt.Sprintf("; %d unreadable records, their slots kept (%v)", len(plan.bad), plan.bad)
 	}

@@ -36,9 +36,10 @@ import (
 // changes the file already holds (a kill between a checkpoint's commit and
 // the truncation) changes nothing: replay is idempotent. Only the last
 // entry can be torn (the writer was killed inside its write(2), or a power
-// loss cut an entry no writer had been told of); Open drops it. A bad entry
-// with more after it is damage, and Open refuses the store (*CorruptError
-// naming the journal).
+// loss cut an entry no writer had been told of); Open drops it when it lies
+// past the header's reach, and reports a loss (JournalLoss) when the
+// journal ends short of its reach. A bad entry with more after it is
+// damage, and Open refuses the store (*CorruptError naming the journal).
 
 // JournalSuffix names a store's journal: <path>.journal beside its file.
 // MoveAside takes it along, to <copy>.journal.

@@ -155,10 +155,9 @@ func (s *Store) ClearLoss(ctx context.Context) error {
 	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyLost) })
 }
 
-// markClosed records that every change is in the file: Close's last
-// write, after its checkpoint.
-func (s *Store) markClosed() error {
-	return s.update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketMeta).Put(keyClosed, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
-	})
+// markClosed records in tx that every change is in the file: in Close's
+// checkpoint, and in an upgrade that wrote the older journal into the
+// file.
+func markClosed(tx *bolt.Tx) error {
+	return tx.Bucket(bucketMeta).Put(keyClosed, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
 }

@@ -280,7 +280,7 @@ func (s *Store) prepare(migs []migration) error {
 			return err
 		}
 		if version < 7 {
-			if err := tx.Bucket(bucketMeta).Put(keyClosed, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
+			if err := markClosed(tx); err != nil {
 				return err
 			}
 		}

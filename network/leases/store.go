@@ -153,12 +153,8 @@ func (s *Store) Close() error {
 	}
 	s.closed = true
 	var errs []error
-	if err := s.checkpoint(); err != nil {
+	if err := s.checkpointClosed(); err != nil {
 		errs = append(errs, fmt.Errorf("leases: %s: the journal's records stay in %s for the next Open: %w", s.path, s.jnl.path, err))
-	} else if err := s.markClosed(); err != nil {
-		// The next Open reads the journal, which holds nothing more: a
-		// missing one would be reported lost, falsely but safely.
-		errs = append(errs, fmt.Errorf("leases: %s: mark closed: %w", s.path, err))
 	}
 	if err := s.jnl.close(); err != nil {
 		errs = append(errs, err)
