@@ -122,29 +122,40 @@ func (h *heldSlots) list() []heldSlot {
 // put holds s (or replaces what was held at its index).
 func (h *heldSlots) put(s heldSlot) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.at[s.Index] = s
-	h.mu.Unlock()
-	h.report()
+	h.reportLocked()
 }
 
 // remove forgets the slot held at i.
 func (h *heldSlots) remove(i int) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	delete(h.at, i)
-	h.mu.Unlock()
-	h.report()
+	h.reportLocked()
 }
 
 // report puts the held slots in health, or clears the warning once none
 // is left.
 func (h *heldSlots) report() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.reportLocked()
+}
+
+// reportLocked is report with h.mu held: two changes' warnings never
+// overtake each other.
+func (h *heldSlots) reportLocked() {
 	if h.warn == nil {
 		return
 	}
-	l := h.list()
-	if len(l) == 0 {
+	if len(h.at) == 0 {
 		h.warn.ClearWarning(warnHeld)
 		return
+	}
+	l := make([]heldSlot, 0, len(h.at))
+	for _, i := range slices.Sorted(maps.Keys(h.at)) {
+		l = append(l, h.at[i])
 	}
 	h.warn.Warn(warnHeld, heldMessage(l))
 }
