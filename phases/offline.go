@@ -92,7 +92,7 @@ func Reclaim(ctx context.Context, cfg Config, log *slog.Logger) (summary string,
 		return "", nil, err
 	}
 	c := classifier{cfg: cfg, mgr: o.mgr, safeMode: o.state.safeMode, lost: o.state.lost,
-		generation: o.state.store.Opened().Generation, stamps: sr.Stamps, now: time.Now()}
+		generation: o.state.store.Opened().Generation, now: time.Now()}
 	plan, err := c.classify(ctx, recs, bad, sr.Inventory)
 	if err != nil {
 		return "", nil, err
@@ -151,9 +151,11 @@ func (o *offline) recordHeld(ctx context.Context, plan *restorePlan) error {
 		}
 	}
 	if o.state.journal != nil {
-		return st.ClearLoss(ctx)
+		if err := st.ClearLoss(ctx); err != nil {
+			return err
+		}
 	}
-	return nil
+	return o.mgr.DropOtherStamps(ctx)
 }
 
 // LeasesExistError refuses to decommission a host whose slots are leased

@@ -167,7 +167,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if len(sr.Beyond) > 0 {
 		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
 	}
-	plan, err := d.classifier(sr).classify(ctx, recs, bad, inv)
+	plan, err := d.classifier().classify(ctx, recs, bad, inv)
 	if err != nil {
 		return err
 	}
@@ -181,6 +181,10 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		if err := d.store.ClearLoss(ctx); err != nil {
 			return fmt.Errorf("forget the journal's loss once the slots are held: %w", err)
 		}
+	}
+	// Likewise the stamps of other records than these.
+	if err := d.mgr.DropOtherStamps(ctx); err != nil {
+		return fmt.Errorf("forget the stamps of other records once the slots are held: %w", err)
 	}
 	d.plan = plan
 	d.held = newHeldSlots(d.lc, plan.held)
@@ -225,10 +229,10 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	return nil
 }
 
-// classifier is the restore's classifier for what the survey sr found.
-func (d *Daemon) classifier(sr *slot.ScanResult) classifier {
+// classifier is the restore's classifier.
+func (d *Daemon) classifier() classifier {
 	c := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.safeMode, lost: d.stateLost,
-		generation: d.store.Opened().Generation, stamps: sr.Stamps, now: time.Now()}
+		generation: d.store.Opened().Generation, now: time.Now()}
 	if d.journal != nil {
 		c.hints = map[int]leases.LostChange{}
 		for _, n := range d.journal.Named {
@@ -250,7 +254,7 @@ func (d *Daemon) reportUnvouched(p *restorePlan) {
 	}
 	msg := d.stateLost + lossNamed(d.journal)
 	if !d.safeMode {
-		msg = "slots made under records that are gone (their firewall elements name another store than " + d.store.Opened().Generation + ")"
+		msg = "slots made under records that are gone (the firewall table's stamp sets name another store than " + d.store.Opened().Generation + ")"
 	}
 	msg += fmt.Sprintf("; held, something lives in them: slots %v; reclaimed, nothing inside, a lease they carried is lost: slots %v",
 		p.heldNow, p.uncertain)

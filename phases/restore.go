@@ -92,32 +92,29 @@ type classifier struct {
 	// lost); lost says why.
 	safeMode bool
 	lost     string
-	// generation is the records' own; stamps the survey's (another
-	// generation's, by index).
+	// generation is the records' own: a slot the table's stamp sets say
+	// was made under another was made under records that are gone.
 	generation string
-	stamps     map[int]string
 	// hints are what a lost journal still told of the slots, by index.
 	hints map[int]leases.LostChange
 	now   time.Time
 }
 
-// foreign reports whether slot i's firewall element names records other
-// than these: it was made under records that are gone.
-func (c classifier) foreign(i int) bool {
-	st := c.stamps[i]
-	return st != "" && st != c.generation
+// vouchless reports whether the records cannot vouch for slot i, which
+// has no lease record, by the stamps of the slots made under other
+// records (slot.Manager.Stamps): something living in it may be a
+// tenant's.
+func (c classifier) vouchless(i int, stamps map[int]string) bool {
+	st := stamps[i]
+	return c.safeMode || (st != "" && st != c.generation)
 }
 
-// vouchless reports whether the records cannot vouch for slot i, which
-// has no lease record: something living in it may be a tenant's.
-func (c classifier) vouchless(i int) bool { return c.safeMode || c.foreign(i) }
-
 // heldReason says why slot i is held.
-func (c classifier) heldReason(i int) string {
+func (c classifier) heldReason(i int, stamps map[int]string) string {
 	if c.safeMode {
 		return c.lost + "; something lives in it"
 	}
-	return fmt.Sprintf("made under records that are gone (store %s), and something lives in it", c.stamps[i])
+	return fmt.Sprintf("made under records that are gone (store %s), and something lives in it", stamps[i])
 }
 
 // classify matches the records with what is on the host. It reads the host
@@ -190,7 +187,7 @@ func (c classifier) classify(ctx context.Context, recs []leases.Record, bad []in
 			p.dead[i] = r
 		}
 	}
-	if err := c.holdInhabited(p, unsure, inv); err != nil {
+	if err := c.holdInhabited(ctx, p, unsure, inv); err != nil {
 		return nil, err
 	}
 	slices.SortFunc(p.restored, func(a, b *lease) int { return a.rec.Index - b.rec.Index })
@@ -204,11 +201,21 @@ func (c classifier) classify(ctx context.Context, recs []leases.Record, bad []in
 // holdInhabited holds the dead slots the records cannot vouch for, and
 // the idle ones safe mode may not adopt (unsure), in which something
 // lives; the others are reclaimed, those that may have been leased named
-// (uncertain). One scan of /proc, only when there is such a slot.
-func (c classifier) holdInhabited(p *restorePlan, unsure []*slot.Slot, inv slot.Inventory) error {
+// (uncertain). The stamps are read only when there are dead slots and
+// the records are not known short already (a list of the table's sets,
+// and a dump of any other store's), the processes scanned only when
+// there is such a slot.
+func (c classifier) holdInhabited(ctx context.Context, p *restorePlan, unsure []*slot.Slot, inv slot.Inventory) error {
+	var stamps map[int]string
+	if !c.safeMode && len(p.dead) > 0 {
+		var err error
+		if stamps, err = c.mgr.Stamps(ctx); err != nil {
+			return fmt.Errorf("the stamps of the slots no record names: %w", err)
+		}
+	}
 	var check []int
 	for i, r := range p.dead {
-		if c.vouchless(i) && r&slot.HasNetns != 0 {
+		if c.vouchless(i, stamps) && r&slot.HasNetns != 0 {
 			check = append(check, i)
 		}
 	}
@@ -231,7 +238,7 @@ func (c classifier) holdInhabited(p *restorePlan, unsure []*slot.Slot, inv slot.
 			p.uncertain = append(p.uncertain, i)
 			continue
 		}
-		h := heldSlot{Index: i, Netns: id, Reason: c.heldReason(i), Since: c.now, Stamp: c.stamps[i]}
+		h := heldSlot{Index: i, Netns: id, Reason: c.heldReason(i, stamps), Since: c.now, Stamp: stamps[i]}
 		if n, ok := c.hints[i]; ok {
 			h.Owner, h.RequestID = n.Owner, n.RequestID
 		}

@@ -218,7 +218,7 @@ func (t *Table) unmap(c *nftables.Conn, names []string) error {
 	// By key alone: a message holds elemsPerMessage keys, where the
 	// verdicts' chain names would take it past a netlink attribute's
 	// 64 KiB.
-	els, err := elements(names, "")
+	els, err := elements(names)
 	if err != nil {
 		return err
 	}

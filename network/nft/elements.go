@@ -19,16 +19,14 @@ func key(name string) ([]byte, error) {
 	return k, nil
 }
 
-// elements returns the set elements of names, each with comment (none
-// when empty).
-func elements(names []string, comment string) ([]nftables.SetElement, error) {
+func elements(names []string) ([]nftables.SetElement, error) {
 	els := make([]nftables.SetElement, 0, len(names))
 	for _, n := range names {
 		k, err := key(n)
 		if err != nil {
 			return nil, err
 		}
-		els = append(els, nftables.SetElement{Key: k, Comment: comment})
+		els = append(els, nftables.SetElement{Key: k})
 	}
 	return els, nil
 }
@@ -37,28 +35,6 @@ func elements(names []string, comment string) ([]nftables.SetElement, error) {
 // an empty list.
 func (t *Table) List(ctx context.Context) ([]string, error) {
 	return t.names(ctx, t.set())
-}
-
-// ListStamped is List with the stamp (WithStamp) of each element that
-// carries one, by name, from the same dump of the set: a stamp costs
-// nothing to read beside the names.
-func (t *Table) ListStamped(ctx context.Context) (names []string, stamps map[string]string, err error) {
-	c, release, err := t.connFor(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer release()
-	els, err := t.elements(ctx, c, t.set())
-	if err != nil || len(els) == 0 {
-		return nil, nil, err
-	}
-	stamps = map[string]string{}
-	for _, e := range els {
-		if e.Comment != "" {
-			stamps[keyName(e.Key)] = e.Comment
-		}
-	}
-	return elementNames(els), stamps, nil
 }
 
 func (t *Table) list(ctx context.Context, c *nftables.Conn) ([]string, error) {
@@ -100,8 +76,8 @@ func (t *Table) elements(ctx context.Context, c *nftables.Conn, set *nftables.Se
 	return els, nil
 }
 
-// Add adds interface names to the set in one transaction, each stamped
-// (WithStamp). Names already in the set are fine: they keep their stamp.
+// Add adds interface names to the set in one transaction, and to the
+// table's stamp set (WithStamp). Names already in the set are fine.
 func (t *Table) Add(ctx context.Context, names ...string) error {
 	return t.add(ctx, names, false)
 }
@@ -120,7 +96,7 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	els, err := elements(names, t.stamp)
+	els, err := elements(names)
 	if err != nil {
 		return err
 	}
@@ -134,9 +110,14 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 	// the kernel's commit lock behind theirs anyway, each of which checks
 	// the whole table.
 	return t.changes.do(t, fmt.Sprintf("%d element(s) of set %s", len(names), SetName), func(c *nftables.Conn, _ *setIDs) error {
-		for chunk := range slices.Chunk(els, stampedPerMessage(len(t.stamp))) {
+		for chunk := range slices.Chunk(els, elemsPerMessage) {
 			if err := c.SetAddElements(t.set(), chunk); err != nil {
 				return fmt.Errorf("nft: encode elements: %w", err)
+			}
+			if st := t.stampSet(); st != nil {
+				if err := c.SetAddElements(st, chunk); err != nil {
+					return fmt.Errorf("nft: encode elements: %w", err)
+				}
 			}
 		}
 		return t.clearEgress(c, stale)
@@ -194,7 +175,7 @@ func (t *Table) remove(c *nftables.Conn, els, chains []string, present bool) err
 	if len(els) == 0 && len(chains) == 0 {
 		return nil
 	}
-	keys, err := elements(els, "")
+	keys, err := elements(els)
 	if err != nil {
 		return err
 	}

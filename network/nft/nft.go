@@ -28,17 +28,6 @@ const ifNameSize = 16
 // list is one attribute and attributes are limited to 64 KiB.
 const elemsPerMessage = 1024
 
-// stampedPerMessage is elemsPerMessage for elements that carry a comment
-// of n bytes: each element's ~32 bytes of key and nesting, and its user
-// data (a TLV of the comment and its NUL in an attribute), kept under 60
-// KiB.
-func stampedPerMessage(n int) int {
-	if n == 0 {
-		return elemsPerMessage
-	}
-	return min(elemsPerMessage, 60<<10/(32+4+2+n+1+3))
-}
-
 // sockBuf is the netlink socket buffer asked for, so that one batch with
 // thousands of elements goes in one write.
 const sockBuf = 8 << 20
@@ -161,15 +150,6 @@ func WithNetNS(path string) Option {
 	return func(t *Table) { t.netns = path }
 }
 
-// WithStamp has every element Add and AddNew add carry stamp as its
-// comment (at most 128 bytes), read back by ListStamped: the daemon stamps
-// each slot with the generation of the records it was made under
-// (DESIGN.md section 6). It costs nothing: the comment rides in the add's
-// own message, and in the dump that lists the set.
-func WithStamp(stamp string) Option {
-	return func(t *Table) { t.stamp = stamp }
-}
-
 // Table is a handle on one per-prefix inet table. It holds no socket and no
 // descriptor: every method opens a netlink socket for its own transaction
 // and closes it. A Table is safe for concurrent use.
@@ -179,7 +159,7 @@ type Table struct {
 	egress  inside.Defaults
 	slotNet netip.Prefix
 	netns   string
-	stamp   string // each added element's comment
+	stamp   string // WithStamp: the slots made under it are in its stamp set
 	changes group  // the policy changes committed together
 }
 
@@ -196,8 +176,8 @@ func New(name string, opts ...Option) (*Table, error) {
 	if err := t.policy.Validate(); err != nil {
 		return nil, err
 	}
-	if len(t.stamp) > 128 {
-		return nil, fmt.Errorf("nft: stamp of %d bytes, more than 128", len(t.stamp))
+	if t.stamp != "" && !validStamp(t.stamp) {
+		return nil, fmt.Errorf("nft: stamp %q: 1 to 64 letters, digits and underscores", t.stamp)
 	}
 	return t, nil
 }

@@ -88,15 +88,15 @@ func TestTable(t *testing.T) {
 	}
 }
 
-// TestStampedElements: elements carry the table's stamp as their comment,
-// thousands in one transaction with the longest stamp, read back from the
-// same dump as the names; an element added again keeps its first stamp,
-// and nft lists the comment.
-func TestStampedElements(t *testing.T) {
+// TestStampSets: the names a table with a stamp adds are in its stamp
+// set, thousands in one transaction, beside the slots set's; another
+// stamp's table handle adds to its own; Stamps names the names of the
+// other stamps' sets; DropStamps deletes those sets.
+func TestStampSets(t *testing.T) {
 	env := nettest.New(t, 4)
 	ctx := context.Background()
-	long := strings.Repeat("s", 128)
-	tbl, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithStamp(long))
+	mine, other := "0123456789abcdef", "fedcba9876543210"
+	tbl, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithStamp(mine))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,29 +107,47 @@ func TestStampedElements(t *testing.T) {
 	for i := 1; i <= 3000; i++ {
 		names = append(names, fmt.Sprintf("%sh%d", env.Config.Prefix, i))
 	}
-	if err := tbl.Add(ctx, names...); err != nil {
-		t.Fatal(err)
-	}
-	other, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithStamp("store 0123456789abcdef"))
+	// Written by another stamp's run first: the table is there, its set
+	// is made by Ensure all the same.
+	old, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithStamp(other))
 	if err != nil {
 		t.Fatal(err)
 	}
-	extra := env.Config.Prefix + "h9999"
-	if err := other.Add(ctx, names[0], extra); err != nil {
+	if err := old.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got, stamps, err := tbl.ListStamped(ctx)
-	if err != nil || len(got) != 3001 || len(stamps) != 3001 {
-		t.Fatalf("ListStamped = %d names, %d stamps, %v", len(got), len(stamps), err)
+	extra := env.Config.Prefix + "h9999"
+	if err := old.AddNew(ctx, names[0], extra); err != nil {
+		t.Fatal(err)
 	}
-	if stamps[names[0]] != long || stamps[names[2999]] != long || stamps[extra] != "store 0123456789abcdef" {
-		t.Fatalf("stamps of %s, %s, %s: %.20q %.20q %q", names[0], names[2999], extra, stamps[names[0]], stamps[names[2999]], stamps[extra])
+	if err := tbl.Add(ctx, names...); err != nil {
+		t.Fatal(err)
 	}
-	out, err := exec.Command("nft", "list", "set", "inet", env.Config.TableName(), nft.SetName).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), `comment "store 0123456789abcdef"`) {
-		t.Fatalf("nft list set: %v\n%.2000s", err, out)
+	st, err := tbl.Stamps(ctx)
+	if err != nil || len(st) != 2 || st[names[0]] != other || st[extra] != other {
+		t.Fatalf("Stamps = %v (%v), want %s and %s of %s", st, err, names[0], extra, other)
 	}
-	if _, err := nft.New("x", nft.WithStamp(long+"s")); err == nil {
-		t.Fatal("a stamp of 129 bytes accepted")
+	if st, err := old.Stamps(ctx); err != nil || len(st) != 3000 || st[names[2999]] != mine {
+		t.Fatalf("the other handle's Stamps: %d names (%v), %s: %q", len(st), err, names[2999], st[names[2999]])
+	}
+	got, err := tbl.List(ctx)
+	if err != nil || len(got) != 3001 {
+		t.Fatalf("List = %d elements, %v", len(got), err)
+	}
+	out, err := exec.Command("nft", "list", "set", "inet", env.Config.TableName(), "stamp_"+other).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), extra) {
+		t.Fatalf("nft list set stamp_%s: %v\n%.2000s", other, err, out)
+	}
+	if err := tbl.DropStamps(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := tbl.Stamps(ctx); err != nil || len(st) != 0 {
+		t.Fatalf("Stamps after DropStamps = %v (%v)", st, err)
+	}
+	if st, err := old.Stamps(ctx); err != nil || len(st) != 3000 {
+		t.Fatalf("the own stamp set after another's DropStamps: %d names (%v)", len(st), err)
+	}
+	if _, err := nft.New("x", nft.WithStamp("not-a-stamp")); err == nil {
+		t.Fatal("a stamp with a dash accepted")
 	}
 }

@@ -94,7 +94,7 @@ func TestSurveyReportsUnreadable(t *testing.T) {
 		}
 		return found, err
 	}
-	sr, err := survey(ctx, m.cfg, m.fw, failing, "")
+	sr, err := survey(ctx, m.cfg, m.fw, failing)
 	if err != nil {
 		t.Fatal(err)
 	}

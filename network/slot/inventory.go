@@ -118,13 +118,6 @@ type ScanResult struct {
 	// Unreadable are the netns entries that could not be inspected,
 	// ascending by index. None of them is in Inventory.
 	Unreadable []Unreadable
-	// Stamps are the stamps (Options.Stamp) of the slots whose firewall
-	// element carries one, by index, read from the dump that lists the
-	// elements; a manager's Survey leaves its own stamp out. A slot
-	// without one here was made by a build that stamped nothing, by
-	// something else than a manager, or (Manager.Survey) by this
-	// manager's records.
-	Stamps map[int]string
 }
 
 // Quarantine returns the indices in [1, slots] that must not be handed out
@@ -173,7 +166,7 @@ func (e *UnreadableError) Unwrap() []error {
 // The indices in [1, Slots] it finds without anything of a slot are known
 // to the manager from then on as free of one (see [Manager.Surveyed]).
 func (m *Manager) Survey(ctx context.Context) (*ScanResult, error) {
-	r, err := survey(ctx, m.cfg, m.fw, netns.Survey, m.stamp)
+	r, err := survey(ctx, m.cfg, m.fw, netns.Survey)
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +217,7 @@ func Survey(ctx context.Context, cfg Config) (*ScanResult, error) {
 	} else if !ok {
 		fw = nil
 	}
-	return survey(ctx, cfg, fw, netns.Survey, "")
+	return survey(ctx, cfg, fw, netns.Survey)
 }
 
 // Scan is Survey's inventory, like Manager.Scan.
@@ -245,21 +238,19 @@ func scanOnly(r *ScanResult, err error) (Inventory, error) {
 // surveyFunc is netns.Survey (tests substitute failures).
 type surveyFunc func(dir string, match func(name string) bool) ([]netns.Found, error)
 
-// survey is Survey with fw nil when there is no table, leaving the stamp
-// own out of ScanResult.Stamps. The three listings are independent and
-// mostly kernel time, so they run at once: with an idle core the scan
-// costs about the longest of them rather than their sum (figures:
-// docs/BENCHMARKS.md).
-func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc, own string) (*ScanResult, error) {
+// survey is Survey with fw nil when there is no table. The three listings
+// are independent and mostly kernel time, so they run at once: with an idle
+// core the scan costs about the longest of them rather than their sum
+// (figures: docs/BENCHMARKS.md).
+func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc) (*ScanResult, error) {
 	var (
 		wg              sync.WaitGroup
 		links, els      []string
-		comments        map[string]string
 		linksErr, elErr error
 	)
 	wg.Go(func() { links, linksErr = listLinkNames() })
 	if fw != nil {
-		wg.Go(func() { els, comments, elErr = fw.ListStamped(ctx) })
+		wg.Go(func() { els, elErr = fw.List(ctx) })
 	}
 	found, err := list(cfg.NetnsDir, func(name string) bool {
 		_, ok := cfg.CanonicalNetnsIndex(name)
@@ -294,12 +285,6 @@ func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc, own
 	for _, name := range els {
 		if i, ok := cfg.CanonicalHostIfIndex(name); ok {
 			inv[i] |= HasElement
-			if st, ok := strings.CutPrefix(comments[name], stampPrefix); ok && st != own && st != "" {
-				if res.Stamps == nil {
-					res.Stamps = map[int]string{}
-				}
-				res.Stamps[i] = st
-			}
 		}
 	}
 	// What cannot be inspected is not torn down, whatever else the index

@@ -47,10 +47,11 @@ type Options struct {
 	Egress inside.Defaults
 	// Stamp names the records the manager's slots are made under (the
 	// lease store's generation): every slot it makes, or whose firewall
-	// element it puts back, carries it in that element, and a survey
-	// reads it back (ScanResult.Stamps), so that a slot made under
-	// records that are gone is told from one made by something that kept
-	// none (DESIGN.md section 6). Empty stamps nothing. At most 64 bytes.
+	// element it puts back, is named in the firewall table's set of that
+	// stamp (nft.WithStamp), which Stamps reads back, so that a slot made
+	// under records that are gone is told from one made by something that
+	// kept none (DESIGN.md section 6). Empty stamps nothing; else 1 to 64
+	// letters, digits and underscores.
 	Stamp string
 }
 
@@ -83,12 +84,9 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 	if err := opts.Egress.Validate(); err != nil {
 		return nil, err
 	}
-	if len(opts.Stamp) > 64 {
-		return nil, fmt.Errorf("slot: stamp of %d bytes, more than 64", len(opts.Stamp))
-	}
 	nopts := []nft.Option{nft.WithPolicy(opts.Firewall), nft.WithEgress(opts.Egress), nft.WithSlotNetwork(cfg.CIDR)}
 	if opts.Stamp != "" {
-		nopts = append(nopts, nft.WithStamp(stampComment(opts.Stamp)))
+		nopts = append(nopts, nft.WithStamp(opts.Stamp))
 	}
 	fw, err := nft.New(cfg.TableName(), nopts...)
 	if err != nil {
@@ -104,14 +102,38 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout, ct: ct, stamp: opts.Stamp}, nil
 }
 
-// stampPrefix begins the comment of a stamped element: "store <stamp>"
-// in `nft list`.
-const stampPrefix = "store "
-
-func stampComment(stamp string) string { return stampPrefix + stamp }
-
 // Stamp returns the manager's stamp (Options.Stamp).
 func (m *Manager) Stamp() string { return m.stamp }
+
+// Stamps returns the stamp each slot was made under, by index, for the
+// slots a manager with another stamp than this one's made (a name made
+// again under this stamp may still be there): a dump of the table's set
+// names, and of each other stamp's set, made only when asked. A slot not
+// in it was made under this stamp, by a build that stamped nothing, or
+// by something else than a manager.
+func (m *Manager) Stamps(ctx context.Context) (map[int]string, error) {
+	byName, err := m.fw.Stamps(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("slot: %w", err)
+	}
+	out := make(map[int]string, len(byName))
+	for name, st := range byName {
+		if i, ok := m.cfg.CanonicalHostIfIndex(name); ok {
+			out[i] = st
+		}
+	}
+	return out, nil
+}
+
+// DropOtherStamps forgets the stamps of other records than the manager's
+// (nft.Table.DropStamps), once the slots they name are held, recorded,
+// or reclaimed.
+func (m *Manager) DropOtherStamps(ctx context.Context) error {
+	if err := m.fw.DropStamps(ctx); err != nil {
+		return fmt.Errorf("slot: %w", err)
+	}
+	return nil
+}
 
 // Config returns the manager's configuration.
 func (m *Manager) Config() Config { return m.cfg }

@@ -638,12 +638,15 @@ func TestRecreateHost(t *testing.T) {
 	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
 		t.Fatalf("echo inside after the repair: %q %v", buf, err)
 	}
-	sr, err := slot.Survey(ctx, env.Config)
-	if err != nil || sr.Stamps[2] != "0123456789abcdef" {
-		t.Fatalf("survey: stamps %v, %v; want slot 2's element stamped", sr.Stamps, err)
+	other, err := slot.NewManager(ctx, env.Config, slot.Options{Stamp: "fedcba9876543210"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if own, err := m.Survey(ctx); err != nil || len(own.Stamps) != 0 {
-		t.Fatalf("the manager's own survey lists its own stamps: %v, %v", own.Stamps, err)
+	if st, err := other.Stamps(ctx); err != nil || st[2] != "0123456789abcdef" {
+		t.Fatalf("stamps another manager sees: %v, %v; want slot 2 stamped by the first", st, err)
+	}
+	if st, err := m.Stamps(ctx); err != nil || len(st) != 0 {
+		t.Fatalf("stamps the manager that made slot 2 sees: %v, %v; want none but its own", st, err)
 	}
 }
 
