@@ -27,8 +27,8 @@ import (
 //
 // The records cannot vouch for a slot without a lease record when they may
 // miss leases (a file set aside, a journal lost: safe mode), or when the
-// slot's firewall element names another generation of records than these
-// (it was made under records that are gone). A slot stamped by nobody was
+// firewall table's stamp set of another generation of records than these
+// names the slot (it was made under records that are gone). A slot stamped by nobody was
 // made by something that kept no records: a leak, reclaimed (DESIGN.md
 // section 6, "When the records cannot vouch").
 //
