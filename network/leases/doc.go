@@ -186,8 +186,12 @@
 // so the safe default is to move the file aside (MoveAside names the copy
 // path.corrupt-<UTC time>), open a fresh store, and quarantine every slot it
 // finds (report them, touch none) rather than reclaim them as leaks. The
-// same holds for a Fresh store next to existing slots, and for a journal
-// Open found beside a fresh file and set aside (Opened.OrphanJournal).
+// same holds for a journal Open found beside a fresh file and set aside
+// (Opened.OrphanJournal). A Fresh store next to existing slots is told
+// by the slots themselves: the daemon stamps each slot it makes with the
+// generation of its store (Opened.Generation), so that the slots stamped
+// with another were made under records that are gone, and are kept if
+// something lives in them, while those stamped by none are leaks.
 // KeptAside lists everything set aside, so that the daemon can report it
 // and stay in safe mode while it is there. A journal found missing, emptied
 // or cut short of its reach after a process ended without Close is a
