@@ -91,8 +91,9 @@ func Reclaim(ctx context.Context, cfg Config, log *slog.Logger) (summary string,
 	if err != nil {
 		return "", nil, err
 	}
+	opened := o.state.store.Opened()
 	c := classifier{cfg: cfg, mgr: o.mgr, safeMode: o.state.safeMode, lost: o.state.lost,
-		generation: o.state.store.Opened().Generation, now: time.Now()}
+		generation: opened.Generation, unvouched: opened.Unvouched, now: time.Now()}
 	plan, err := c.classify(ctx, recs, bad, sr.Inventory)
 	if err != nil {
 		return "", nil, err
@@ -155,7 +156,7 @@ func (o *offline) recordHeld(ctx context.Context, plan *restorePlan) error {
 			return err
 		}
 	}
-	return o.mgr.DropOtherStamps(ctx)
+	return vouch(ctx, st, o.mgr)
 }
 
 // LeasesExistError refuses to decommission a host whose slots are leased

@@ -182,9 +182,8 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 			return fmt.Errorf("forget the journal's loss once the slots are held: %w", err)
 		}
 	}
-	// Likewise the stamps of other records than these.
-	if err := d.mgr.DropOtherStamps(ctx); err != nil {
-		return fmt.Errorf("forget the stamps of other records once the slots are held: %w", err)
+	if err := vouch(ctx, d.store, d.mgr); err != nil {
+		return err
 	}
 	d.plan = plan
 	d.held = newHeldSlots(d.lc, plan.held)
@@ -231,8 +230,9 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 
 // classifier is the restore's classifier.
 func (d *Daemon) classifier() classifier {
+	o := d.store.Opened()
 	c := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.safeMode, lost: d.stateLost,
-		generation: d.store.Opened().Generation, now: time.Now()}
+		generation: o.Generation, unvouched: o.Unvouched, now: time.Now()}
 	if d.journal != nil {
 		c.hints = map[int]leases.LostChange{}
 		for _, n := range d.journal.Named {
@@ -259,6 +259,23 @@ func (d *Daemon) reportUnvouched(p *restorePlan) {
 	msg += fmt.Sprintf("; held, something lives in them: slots %v; reclaimed, nothing inside, a lease they carried is lost: slots %v",
 		p.heldNow, p.uncertain)
 	d.lc.Warn(warnStateLost, msg)
+}
+
+// vouch ends a new store's check of the slots against other records once
+// the slots it held are recorded: the other records' stamp sets are
+// dropped, and the store says it is vouched for, so that later starts read
+// no stamps. A start killed before does it again.
+func vouch(ctx context.Context, store *leases.Store, mgr *slot.Manager) error {
+	if !store.Opened().Unvouched {
+		return nil
+	}
+	if err := mgr.DropOtherStamps(ctx); err != nil {
+		return fmt.Errorf("forget the stamps of other records once the slots are held: %w", err)
+	}
+	if err := store.Vouched(ctx); err != nil {
+		return fmt.Errorf("record that the slots were checked against other records: %w", err)
+	}
+	return nil
 }
 
 // lossNamed names what a lost journal still told, for the health warning.

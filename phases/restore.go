@@ -94,7 +94,11 @@ type classifier struct {
 	lost     string
 	// generation is the records' own: a slot the table's stamp sets say
 	// was made under another was made under records that are gone.
+	// unvouched: the records are new (leases.Opened.Unvouched), so the
+	// stamp sets of others are read; records that are not were checked
+	// against them by the start that made them.
 	generation string
+	unvouched  bool
 	// hints are what a lost journal still told of the slots, by index.
 	hints map[int]leases.LostChange
 	now   time.Time
@@ -201,13 +205,13 @@ func (c classifier) classify(ctx context.Context, recs []leases.Record, bad []in
 // holdInhabited holds the dead slots the records cannot vouch for, and
 // the idle ones safe mode may not adopt (unsure), in which something
 // lives; the others are reclaimed, those that may have been leased named
-// (uncertain). The stamps are read only when there are dead slots and
-// the records are not known short already (a list of the table's sets,
-// and a dump of any other store's), the processes scanned only when
-// there is such a slot.
+// (uncertain). The stamps are read only when the records are new, there
+// are dead slots and the records are not known short already (a list of
+// the table's sets, and a dump of any other store's), the processes
+// scanned only when there is such a slot.
 func (c classifier) holdInhabited(ctx context.Context, p *restorePlan, unsure []*slot.Slot, inv slot.Inventory) error {
 	var stamps map[int]string
-	if !c.safeMode && len(p.dead) > 0 {
+	if c.unvouched && !c.safeMode && len(p.dead) > 0 {
 		var err error
 		if stamps, err = c.mgr.Stamps(ctx); err != nil {
 			return fmt.Errorf("the stamps of the slots no record names: %w", err)

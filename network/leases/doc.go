@@ -31,6 +31,7 @@
 //	    generation -> 16 hex digits           names the store (loss.go)
 //	    closed     -> RFC 3339                set by Close, removed by Open
 //	    lost       -> JSON JournalLoss        a loss Open found, until ClearLoss
+//	    unvouched  -> RFC 3339                set when made, until Vouched
 //	slots/
 //	    <index: uint32 big-endian> -> Record (protobuf, internal/recordpb)
 //	requests/

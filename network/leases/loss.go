@@ -65,6 +65,10 @@ var (
 	// keyLost holds the JournalLoss an Open found (JSON), until
 	// ClearLoss.
 	keyLost = []byte("lost")
+	// keyUnvouched is set, to the RFC 3339 time, when the file is made,
+	// and removed by Vouched: until then the slots on the host may have
+	// been made under records that are gone, which the daemon checks.
+	keyUnvouched = []byte("unvouched")
 )
 
 // newGeneration draws a store's generation.
@@ -94,6 +98,7 @@ func (s *Store) readMeta() error {
 		}
 		s.opened.Generation = string(g)
 		s.opened.WasClosed = meta.Get(keyClosed) != nil
+		s.opened.Unvouched = meta.Get(keyUnvouched) != nil
 		if v := meta.Get(keyLost); v != nil {
 			var l JournalLoss
 			if err := json.Unmarshal(v, &l); err != nil {
@@ -153,6 +158,20 @@ func (s *Store) ClearLoss(ctx context.Context) error {
 	// The records the caller wrote first are in the journal already
 	// (their writes returned): a kill after this commit replays them.
 	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyLost) })
+}
+
+// Vouched records that the caller has checked the slots on the host
+// against records other than these (Opened.Unvouched): the next Open
+// reports the store vouched for.
+func (s *Store) Vouched(ctx context.Context) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.leave()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyUnvouched) })
 }
 
 // markClosed records in tx that every change is in the file: in Close's

@@ -162,6 +162,31 @@ func TestJournalHeaderNamesTheStore(t *testing.T) {
 	}
 }
 
+// TestNewStoreIsUnvouchedUntilVouched: a store is unvouched from its
+// making until Vouched, across Opens in between.
+func TestNewStoreIsUnvouchedUntilVouched(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Opened().Unvouched {
+		t.Fatal("a new store is not unvouched")
+	}
+	abandon(t, s)
+	if s, err = Open(path, Options{}); err != nil || !s.Opened().Unvouched {
+		t.Fatalf("reopened before Vouched: %+v %v, want unvouched", s.Opened(), err)
+	}
+	if err := s.Vouched(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, s)
+	if s, err = Open(path, Options{}); err != nil || s.Opened().Unvouched {
+		t.Fatalf("reopened after Vouched: %+v %v, want vouched", s.Opened(), err)
+	}
+	s.Close()
+}
+
 // TestHeldRecord: a held record keeps its identity and hints, needs its
 // time and reason, and is in no request index.
 func TestHeldRecord(t *testing.T) {

@@ -246,7 +246,11 @@ func (s *Store) prepare(migs []migration) error {
 			if err := meta.Put(keyGeneration, []byte(newGeneration())); err != nil {
 				return err
 			}
-			return meta.Put(keyCreated, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
+			now := []byte(time.Now().UTC().Format(time.RFC3339Nano))
+			if err := meta.Put(keyUnvouched, now); err != nil {
+				return err
+			}
+			return meta.Put(keyCreated, now)
 		})
 	}
 	if version > SchemaVersion {

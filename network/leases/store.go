@@ -79,6 +79,11 @@ type Opened struct {
 	// WasClosed: the last process that held the store closed it, every
 	// change in the file. False after a kill, and for a fresh store.
 	WasClosed bool
+	// Unvouched: the store is new (Fresh now, or at an Open whose caller
+	// did not call Vouched after): slots on the host may have been made
+	// under records that are gone, which the caller checks, then calls
+	// Vouched.
+	Unvouched bool
 	// JournalLoss is set when writes that had returned are not in the
 	// store (its journal missing, emptied, cut or not its own, after a
 	// process ended without closing it): found by this Open, or by an
