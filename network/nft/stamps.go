@@ -21,7 +21,7 @@ import (
 //
 // A set of its own rather than a comment on each element of the slots
 // set: a comment rides in every dump of the slots set, which every survey
-// makes, and made the dump of 10,000 elements 1.3 to 2.5 times slower
+// makes, and made the dump of 10,000 elements 1.4 to 2.6 times slower
 // (docs/BENCHMARKS.md, "When the records cannot vouch"); the stamp sets
 // are read only when a start finds slots no record names. Names are never
 // taken out of a stamp set when their slot goes: a name in it says only
