@@ -133,7 +133,7 @@ func openJournal(dir *rootdir.Dir, name, gen string, fsync, trusted bool, c *cha
 	}
 	j := &journal{path: path, f: f, gen: gen, fsync: fsync}
 	if err := j.load(dir, name, trusted, c, &found); err != nil {
-		f.Close()
+		j.f.Close() // load may have replaced f with a journal it made
 		return nil, found, err
 	}
 	return j, found, nil
