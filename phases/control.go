@@ -93,6 +93,8 @@ func (d *Daemon) newGuard(surface string) (*control.Guard, error) {
 	}
 	cniMutating, cniReads := cniMethods()
 	mutating, reads = append(mutating, cniMutating...), append(reads, cniReads...)
+	heldMutating, heldReads := heldMethods()
+	mutating, reads = append(mutating, heldMutating...), append(reads, heldReads...)
 	return control.NewGuard(d.cfg.ControlPolicy(), control.GuardOptions{
 		Service:       slotsServiceName,
 		Mutating:      mutating,
@@ -211,6 +213,12 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 	// naming the phase, which STATUS turns into error 50.
 	for _, r := range cniRoutes(nil) {
 		if err := srv.DeclareHTTP(r.pattern()); err != nil {
+			return nil, nil, err
+		}
+	}
+	// The operator's routes for the held slots (`phasegate held`).
+	for _, r := range heldRoutes(nil) {
+		if err := srv.DeclareHTTP(r.pattern); err != nil {
 			return nil, nil, err
 		}
 	}

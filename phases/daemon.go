@@ -55,12 +55,14 @@ type Daemon struct {
 	// synchronisation.
 	lock       *lockfile.Lock
 	cidrLock   *lockfile.Lock
-	checkHost  bool          // the CIDR lock is new: check the host's use of it (reclaim)
-	store      *leases.Store // the durable records (lock phase)
-	records    *slotRecords  // their only writer from the restore on (reclaim)
-	state      *stateWatch   // the state directory's health (statedir.go)
-	safeMode   bool          // records lost: keep every slot something lives in
-	stateLost  string        // why, for the health warning
+	checkHost  bool                // the CIDR lock is new: check the host's use of it (reclaim)
+	store      *leases.Store       // the durable records (lock phase)
+	records    *slotRecords        // their only writer from the restore on (reclaim)
+	state      *stateWatch         // the state directory's health (statedir.go)
+	safeMode   bool                // records lost: keep every slot something lives in
+	stateLost  string              // why, for the health warning
+	journal    *leases.JournalLoss // writes the journal lost, when it did (safe mode)
+	held       *heldSlots          // the slots held (reclaim phase on)
 	mgr        *slot.Manager
 	plan       *restorePlan    // what the restore decided (reclaim phase)
 	report     *reclaim.Report // the foreground reclaim's, when there is one (storage reads its quarantine)
@@ -213,6 +215,7 @@ func (d *Daemon) StopBudget() time.Duration { return d.app.StopBudget() }
 // named like a running task is shown with the task's progress.
 const (
 	warnStateLost     = "state-lost"
+	warnHeld          = "held-slots"
 	warnLeasesLost    = "leases-lost"
 	warnEgress        = "egress"
 	warnDrainDelay    = "drain-delay"

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/leases"
@@ -48,7 +49,7 @@ func openOffline(ctx context.Context, cfg Config, log *slog.Logger) (*offline, e
 	if o.state, err = openState(cfg, log); err != nil {
 		return nil, errors.Join(err, o.Close())
 	}
-	if o.mgr, err = newManager(ctx, cfg, nil, false); err != nil {
+	if o.mgr, err = newManager(ctx, cfg, nil, false, o.state.store.Opened().Generation); err != nil {
 		return nil, errors.Join(err, o.Close())
 	}
 	return o, nil
@@ -79,17 +80,27 @@ func Reclaim(ctx context.Context, cfg Config, log *slog.Logger) (summary string,
 		return "", nil, err
 	}
 	defer o.Close()
-	inv, err := o.mgr.Scan(ctx)
+	sr, err := o.mgr.Survey(ctx)
 	if err != nil {
 		return "", nil, fmt.Errorf("scan: %w", err)
+	}
+	if len(sr.Unreadable) > 0 {
+		return "", nil, fmt.Errorf("scan: %w", &slot.UnreadableError{Entries: sr.Unreadable})
 	}
 	recs, bad, err := o.records()
 	if err != nil {
 		return "", nil, err
 	}
-	c := classifier{cfg: cfg, mgr: o.mgr, safeMode: o.state.safeMode}
-	plan, err := c.classify(ctx, recs, bad, inv)
+	opened := o.state.store.Opened()
+	c := classifier{cfg: cfg, mgr: o.mgr, safeMode: o.state.safeMode, lost: o.state.lost,
+		generation: opened.Generation, unvouched: opened.Unvouched, now: time.Now()}
+	plan, err := c.classify(ctx, recs, bad, sr.Inventory)
 	if err != nil {
+		return "", nil, err
+	}
+	// The held slots are recorded, as a start records them, so that the
+	// daemon keeps them; the loss that made them so is then dealt with.
+	if err := o.recordHeld(ctx, plan); err != nil {
 		return "", nil, err
 	}
 	if err := c.identifyRestored(plan); err != nil {
@@ -100,6 +111,9 @@ func Reclaim(ctx context.Context, cfg Config, log *slog.Logger) (summary string,
 	})
 	summary = fmt.Sprintf("%d leased and %d idle slots recorded, left as they are; %d leases lost; %d unknown slots with processes kept",
 		len(plan.restored), len(plan.adopted), len(plan.lost), len(plan.held))
+	if len(plan.held) > 0 {
+		summary += fmt.Sprintf(" (held %v: `phasegate held` adopts or releases them once a daemon runs)", plan.heldIndices())
+	}
 	if len(plan.bad) > 0 {
 		summary += fmt.Sprintf("; %d unreadable records, their slots kept (%v)", len(plan.bad), plan.bad)
 	}
@@ -114,6 +128,35 @@ func Reclaim(ctx context.Context, cfg Config, log *slog.Logger) (summary string,
 		}
 	}
 	return summary, rep, err
+}
+
+// recordHeld records the slots plan holds, and deletes the stale idle and
+// held records, as a start's restore does; then forgets the journal's
+// loss, if any.
+func (o *offline) recordHeld(ctx context.Context, plan *restorePlan) error {
+	st := o.state.store
+	if len(plan.stale) > 0 {
+		if err := st.Delete(ctx, plan.stale...); err != nil {
+			return fmt.Errorf("delete the records of slots gone: %w", err)
+		}
+	}
+	var held []leases.Record
+	for _, h := range plan.held {
+		if !h.recorded {
+			held = append(held, h.record())
+		}
+	}
+	if len(held) > 0 {
+		if err := st.Put(ctx, held...); err != nil {
+			return fmt.Errorf("record the held slots: %w", err)
+		}
+	}
+	if o.state.journal != nil {
+		if err := st.ClearLoss(ctx); err != nil {
+			return err
+		}
+	}
+	return vouch(ctx, st, o.mgr)
 }
 
 // LeasesExistError refuses to decommission a host whose slots are leased
@@ -189,8 +232,12 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 	}
 	var leased []string
 	for _, r := range recs {
-		if r.State == leases.Leased {
+		switch r.State {
+		case leases.Leased:
 			leased = append(leased, fmt.Sprintf("slot %d (owner %s)", r.Index, names.Shown(r.Owner)))
+		case leases.Held:
+			// Something lives in it and may be a tenant's.
+			leased = append(leased, fmt.Sprintf("slot %d (held: %s)", r.Index, r.HeldReason))
 		}
 	}
 	if len(leased) > 0 && !destroyLeased {

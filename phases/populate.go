@@ -71,11 +71,12 @@ func (d *Daemon) newPool() error {
 func (d *Daemon) newSlotsService() {
 	table := newLeaseTable(append(slices.Clone(d.plan.restored), d.plan.lost...))
 	d.restore = &restoreCheck{table: table, pool: d.pool, mgr: d.mgr, found: d.plan.found, teardown: d.cfg.teardownOptions(),
-		log: d.log, health: d.lc, verified: d.obs.verified, lost: d.plan.lostIndices()}
+		log: d.log, health: d.lc, verified: d.obs.verified, lost: d.plan.lostIndices(), records: d.records, held: d.held}
 	d.slots = newSlotsService(d.mgr, d.pool, d.records, table,
 		d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d.restore)
 	d.slots.impaired = d.impairedFor
 	d.slots.breaks.health = d.lc
+	d.slots.held = d.held
 	d.obs.setLeases(d.slots)
 }
 

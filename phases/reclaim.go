@@ -29,10 +29,10 @@ func (d *Daemon) openStore() error {
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
-	d.store, d.safeMode, d.stateLost = st.store, st.safeMode, st.lost
+	d.store, d.safeMode, d.stateLost, d.journal = st.store, st.safeMode, st.lost, st.journal
 	d.state.opened()
 	if d.stateLost != "" {
-		d.lc.Warn(warnStateLost, d.stateLost+"; slots something lives in are kept and quarantined")
+		d.lc.Warn(warnStateLost, d.stateLost+lossNamed(st.journal)+"; slots something lives in are kept and quarantined")
 	}
 	return nil
 }
@@ -115,18 +115,19 @@ func loadRecords(store *leases.Store) ([]leases.Record, []int, error) {
 // once (egressDefaults) with the host's addresses the host check read, or
 // read now when it did not run.
 func (d *Daemon) newManager(ctx context.Context) (*slot.Manager, error) {
-	return newManager(ctx, d.cfg, d.hostAddrs, d.hostAddrsRead)
+	return newManager(ctx, d.cfg, d.hostAddrs, d.hostAddrsRead, d.store.Opened().Generation)
 }
 
-// newManager makes cfg's slot manager; hostAddrs are the host's own
+// newManager makes cfg's slot manager, which stamps the slots it makes
+// with stamp (the records' generation); hostAddrs are the host's own
 // addresses, when read.
-func newManager(ctx context.Context, cfg Config, hostAddrs []netip.Prefix, read bool) (*slot.Manager, error) {
+func newManager(ctx context.Context, cfg Config, hostAddrs []netip.Prefix, read bool, stamp string) (*slot.Manager, error) {
 	egress, err := egressDefaults(cfg, hostAddrs, read)
 	if err != nil {
 		return nil, lifecycle.Permanent(fmt.Errorf("egress policy defaults: %w", err))
 	}
 	o := slot.DefaultOptions()
-	o.Firewall, o.Egress = cfg.Firewall, egress
+	o.Firewall, o.Egress, o.Stamp = cfg.Firewall, egress, stamp
 	return slot.NewManager(ctx, cfg.Slots, o)
 }
 
@@ -167,7 +168,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if len(sr.Beyond) > 0 {
 		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
 	}
-	plan, err := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.safeMode}.classify(ctx, recs, bad, inv)
+	plan, err := d.classifier().classify(ctx, recs, bad, inv)
 	if err != nil {
 		return err
 	}
@@ -176,7 +177,19 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if err := d.renewLeases(ctx, plan, time.Now()); err != nil {
 		return err
 	}
+	if d.journal != nil {
+		// The held slots are recorded: a later start keeps them without
+		// the loss.
+		if err := d.store.ClearLoss(ctx); err != nil {
+			return fmt.Errorf("forget the journal's loss once the slots are held: %w", err)
+		}
+	}
+	if err := vouch(ctx, d.store, d.mgr); err != nil {
+		return err
+	}
 	d.plan = plan
+	d.held = newHeldSlots(d.lc, plan.held)
+	d.reportUnvouched(plan)
 	d.logPlan(plan)
 	d.obs.restored(plan)
 	trace.SpanFromContext(ctx).SetAttributes(
@@ -185,6 +198,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		attribute.Int("phasegate.restore.reclaim", len(plan.dead)),
 		attribute.Int("phasegate.restore.lost", len(plan.lost)),
 		attribute.Int("phasegate.restore.held", len(plan.held)),
+		attribute.Int("phasegate.restore.uncertain", len(plan.uncertain)),
 		attribute.String("phasegate.restore.scan", scanned.String()),
 	)
 	if len(plan.lost) > 0 {
@@ -214,6 +228,64 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	d.obs.reclaimed(rep)
 	d.logReport(rep)
 	return nil
+}
+
+// classifier is the restore's classifier.
+func (d *Daemon) classifier() classifier {
+	o := d.store.Opened()
+	c := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.safeMode, lost: d.stateLost,
+		generation: o.Generation, unvouched: o.Unvouched, now: time.Now()}
+	if d.journal != nil {
+		c.hints = map[int]leases.LostChange{}
+		for _, n := range d.journal.Named {
+			if n.Owner != "" {
+				c.hints[n.Index] = n
+			}
+		}
+	}
+	return c
+}
+
+// reportUnvouched says in health what this start found that the records
+// could not vouch for: why (safe mode's reason, or slots made under
+// records that are gone), the slots held, and those reclaimed with
+// nothing inside, whose leases, if they had one, are lost.
+func (d *Daemon) reportUnvouched(p *restorePlan) {
+	if !d.safeMode && len(p.uncertain) == 0 && len(p.heldNow) == 0 {
+		return
+	}
+	msg := d.stateLost + lossNamed(d.journal)
+	if !d.safeMode {
+		msg = "slots made under records that are gone (the firewall table's stamp sets name another store than " + d.store.Opened().Generation + ")"
+	}
+	msg += fmt.Sprintf("; held, something lives in them: slots %v; reclaimed, nothing inside, a lease they carried is lost: slots %v",
+		p.heldNow, p.uncertain)
+	d.lc.Warn(warnStateLost, msg)
+}
+
+// vouch ends a new store's check of the slots against other records once
+// the slots it held are recorded: the other records' stamp sets are
+// dropped, and the store says it is vouched for, so that later starts read
+// no stamps. A start killed before does it again.
+func vouch(ctx context.Context, store *leases.Store, mgr *slot.Manager) error {
+	if !store.Opened().Unvouched {
+		return nil
+	}
+	if err := mgr.DropOtherStamps(ctx); err != nil {
+		return fmt.Errorf("forget the stamps of other records once the slots are held: %w", err)
+	}
+	if err := store.Vouched(ctx); err != nil {
+		return fmt.Errorf("record that the slots were checked against other records: %w", err)
+	}
+	return nil
+}
+
+// lossNamed names what a lost journal still told, for the health warning.
+func lossNamed(l *leases.JournalLoss) string {
+	if l == nil || len(l.Named) == 0 {
+		return ""
+	}
+	return "; it still names " + namedLoss(l.Named)
 }
 
 // Messages of a teardown's progress: the count is of namespaces unlinked,

@@ -3,7 +3,6 @@ package phases
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/phasegate/phasegate/lifecycle"
@@ -22,12 +21,14 @@ func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	// Slots kept in safe mode, and those whose record cannot be read, may
-	// be somebody's workload: quarantined, never torn down by a pass.
-	keep := map[int]bool{}
+	// Slots held, and those whose record cannot be read, may be
+	// somebody's workload: quarantined, never torn down by a pass. The
+	// held ones change while the daemon runs (an operator adopts or
+	// releases them, the check of the restored leases holds more).
+	bad := map[int]bool{}
 	if d.plan != nil {
-		for _, i := range slices.Concat(d.plan.held, d.plan.bad) {
-			keep[i] = true
+		for _, i := range d.plan.bad {
+			bad[i] = true
 		}
 	}
 	rec := reconcile.New(d.mgr, d.pool, reconcile.Options{
@@ -39,7 +40,7 @@ func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error
 				d.slots.checkLeased(ctx, pass.Survey, pass.Start)
 			}
 		},
-		Keep: func(i int) bool { return keep[i] },
+		Keep: func(i int) bool { return bad[i] || d.held.has(i) },
 	})
 	err := rec.Run(ctx)
 	if ctx.Err() != nil {

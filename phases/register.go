@@ -27,6 +27,9 @@ func (d *Daemon) runRegister(_ context.Context, p *lifecycle.Progress) error {
 	if err := d.bindCNI(); err != nil {
 		return lifecycle.Permanent(err)
 	}
+	if err := d.bindHeld(); err != nil {
+		return lifecycle.Permanent(err)
+	}
 	p.Defer(taskLeases, func(ctx context.Context, _ *lifecycle.Progress) error {
 		if err := d.slots.runExpiry(ctx, time.Second); ctx.Err() == nil {
 			return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -13,12 +14,14 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"go.opentelemetry.io/otel/trace/noop"
+	"golang.org/x/sys/unix"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
 )
@@ -106,8 +109,12 @@ func newRestoreRig(t *testing.T, n, leased int, edit func(*leases.Record), meanw
 	r.d.lc = lc
 	t.Cleanup(func() { _ = lc.Drain(context.Background()) })
 	table := newLeaseTable(plan.restored)
-	r.d.restore = &restoreCheck{table: table, pool: pl, mgr: mgr, found: plan.found, log: r.d.log, health: lc, lost: plan.lostIndices()}
-	r.d.slots = newSlotsService(mgr, pl, newSlotRecords(store, r.d.log), table, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d.restore)
+	records := newSlotRecords(store, r.d.log)
+	r.d.records, r.d.held = records, newHeldSlots(lc, plan.held)
+	r.d.restore = &restoreCheck{table: table, pool: pl, mgr: mgr, found: plan.found, log: r.d.log, health: lc, lost: plan.lostIndices(),
+		records: records, held: r.d.held}
+	r.d.slots = newSlotsService(mgr, pl, records, table, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d.restore)
+	r.d.slots.held = r.d.held
 	return r
 }
 
@@ -263,10 +270,11 @@ func BenchmarkVerifyRestored(b *testing.B) {
 		slots[i] = s
 	}
 	c := &restoreCheck{log: slog.New(slog.DiscardHandler), mgr: mgr}
+	recs := make([]leases.Record, n)
 	for _, w := range []int{1, 2, 4, 8, 16} {
 		b.Run(fmt.Sprintf("workers=%d", w), func(b *testing.B) {
 			for b.Loop() {
-				out, _ := c.checkSlots(slots, w)
+				out, _ := c.checkSlots(ctx, slots, recs, w)
 				for i, v := range out {
 					if v != (verdict{}) {
 						b.Fatalf("slot %d: %+v", slots[i].Index, v)
@@ -276,4 +284,114 @@ func BenchmarkVerifyRestored(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/lease")
 		})
 	}
+}
+
+// The verification after a restart destroys nothing something lives in: a
+// slot whose host link was deleted gets it made again into its intact
+// namespace (ACQUIRED, the new link recorded); a lost lease's index where
+// a process lives in a namespace made again, or in the recorded one whose
+// file was unmounted, is held, not torn down, and stays held (recorded,
+// quarantined) once the lease ends.
+func TestVerificationKeepsWhatLives(t *testing.T) {
+	const (
+		relinked = 1 // host link deleted, a process inside
+		madeNew  = 2 // another namespace at its path, a process inside
+		unbound  = 3 // its file unmounted, a process keeps the namespace
+	)
+	var procs = map[int]*exec.Cmd{}
+	var ids = map[int]netns.ID{}
+	r := newRestoreRig(t, 8, 3, nil, func(ctx context.Context, mgr *slot.Manager, made []*slot.Slot) {
+		procs[relinked] = startIn(t, made[relinked-1].NetnsPath)
+		if err := netlink.LinkDel(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: made[relinked-1].HostIfIndex}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := mgr.Destroy(ctx, madeNew); err != nil {
+			t.Fatal(err)
+		}
+		s, err := mgr.Create(ctx, madeNew)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[madeNew] = s.NetnsID
+		procs[madeNew] = startIn(t, s.NetnsPath)
+		procs[unbound] = startIn(t, made[unbound-1].NetnsPath)
+		if err := unix.Unmount(made[unbound-1].NetnsPath, unix.MNT_DETACH); err != nil {
+			t.Fatal(err)
+		}
+	})
+	ctx := as(context.Background(), root, nil)
+	r.verifyInBackground(t)
+	st := r.states()
+	if got := st[relinked].GetState(); got != phasegatev1.SlotState_SLOT_STATE_ACQUIRED {
+		t.Errorf("slot %d (host link deleted): %v, want ACQUIRED", relinked, got)
+	}
+	if id, err := netns.Stat(r.made[relinked-1].NetnsPath); err != nil || id != r.made[relinked-1].NetnsID {
+		t.Errorf("slot %d's namespace after the repair: %v %v, want %v", relinked, id, err, r.made[relinked-1].NetnsID)
+	}
+	idx, err := r.mgr.HostLinkIndex(relinked)
+	if err != nil || idx == 0 {
+		t.Fatalf("slot %d's host link after the repair: %d %v", relinked, idx, err)
+	}
+	if rec, ok, err := r.d.store.Get(relinked); err != nil || !ok || rec.HostIfindex != idx {
+		t.Errorf("slot %d's record after the repair: ifindex %d (%v %v), want %d", relinked, rec.HostIfindex, ok, err, idx)
+	}
+	for _, i := range []int{madeNew, unbound} {
+		if got := st[i].GetState(); got != phasegatev1.SlotState_SLOT_STATE_LOST {
+			t.Errorf("slot %d: %v, want LOST", i, got)
+		}
+		if h, ok := r.d.held.get(i); !ok || !h.LostLease || h.Owner != r.recs[i].Owner {
+			t.Errorf("slot %d: held %+v %v, want held for its lost lease of %s", i, h, ok, r.recs[i].Owner)
+		}
+	}
+	if id, err := netns.Stat(r.made[madeNew-1].NetnsPath); err != nil || id != ids[madeNew] {
+		t.Errorf("the namespace lived in at slot %d was torn down: %v %v", madeNew, id, err)
+	}
+	if idx, _ := r.mgr.HostLinkIndex(unbound); idx == 0 {
+		t.Errorf("the host link of slot %d, whose namespace a process keeps, was deleted", unbound)
+	}
+	for i, p := range procs {
+		if err := p.Process.Signal(unix.Signal(0)); err != nil {
+			t.Errorf("the process in slot %d: %v", i, err)
+		}
+	}
+	// The lost lease ends: what is at its index stays held, recorded.
+	if _, err := r.d.slots.Release(ctx, &phasegatev1.ReleaseRequest{Index: madeNew, LeaseId: r.recs[madeNew].LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.d.pool.Indices().States[madeNew-1]; s != index.Quarantined {
+		t.Errorf("index %d after its lost lease ended: %v, want quarantined", madeNew, s)
+	}
+	if rec, ok, err := r.d.store.Get(madeNew); err != nil || !ok || rec.State != leases.Held || rec.Netns != ids[madeNew] {
+		t.Errorf("slot %d's record after its lost lease ended: %+v %v %v, want held", madeNew, rec, ok, err)
+	}
+	if h, ok := r.d.held.get(madeNew); !ok || h.LostLease {
+		t.Errorf("slot %d held after its lease ended: %+v %v", madeNew, h, ok)
+	}
+}
+
+// startIn starts a long sleep in the namespace at path and waits until it
+// is there; the test's end kills it.
+func startIn(t *testing.T, path string) *exec.Cmd {
+	t.Helper()
+	want, err := netns.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("nsenter", "--net="+path, "sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var st unix.Stat_t
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid))
+		if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid), &st) == nil && st.Dev == want.Dev && st.Ino == want.Ino &&
+			strings.TrimSpace(string(comm)) == "sleep" {
+			return cmd
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("no process entered %s", path)
+	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
 )
@@ -39,6 +40,10 @@ type restoreCheck struct {
 	log      *slog.Logger
 	health   warnings
 	verified func(intact, lost int) // the daemon's metrics; nil counts nothing
+	// records takes a repaired lease's new host link; held takes what is
+	// at a lost lease's index when something lives in it.
+	records *slotRecords
+	held    *heldSlots
 
 	mu   sync.Mutex // orders the leases-lost warnings
 	lost []int      // indices of the leases lost since the start, sorted
@@ -64,11 +69,12 @@ type leaseCheck struct {
 func newLeaseCheck() *leaseCheck { return &leaseCheck{done: make(chan struct{})} }
 
 // verdict is what verifying a restored lease's slot found: intact (its host
-// side repaired), lost (why), or nothing certain (err: the check is run
-// again later).
+// side repaired; relinked when its host link was made again), lost (why),
+// or nothing certain (err: the check is run again later).
 type verdict struct {
-	lost string
-	err  error
+	lost     string
+	err      error
+	relinked bool
 }
 
 // settle verifies restored lease l if it still waits for that, or waits
@@ -120,12 +126,14 @@ func (c *restoreCheck) runChecks(ctx context.Context, ls []*lease) (settled int,
 	if len(ls) == 0 {
 		return 0, nil
 	}
-	// A claimed lease's slot changes only here, by its claimer.
+	// A claimed lease's slot changes only here, by its claimer; its
+	// owner, request id and attachment never change.
 	slots := make([]*slot.Slot, len(ls))
+	recs := make([]leases.Record, len(ls))
 	for i, l := range ls {
-		slots[i] = l.slot
+		slots[i], recs[i] = l.slot, c.table.copyOf(l).rec
 	}
-	vs := c.verify(ctx, slots)
+	vs := c.verify(ctx, slots, recs)
 	var lost []leases.Record
 	var reasons []string
 	for i, l := range ls {
@@ -151,6 +159,9 @@ func (c *restoreCheck) runChecks(ctx context.Context, ls []*lease) (settled int,
 		}
 		c.table.mu.Unlock()
 		close(chk.done)
+		if v.relinked {
+			c.recordLink(ctx, l)
+		}
 	}
 	if len(lost) > 0 {
 		c.reportLost(lost, reasons)
@@ -240,13 +251,15 @@ func (c *restoreCheck) run(ctx context.Context, p *lifecycle.Progress, ls []*lea
 }
 
 // verify checks restored slots against their records and repairs their
-// host side : the namespace and host link identity, the
-// link up and its address, the firewall element (one transaction for
-// all); what was at a lost lease's index is torn down, so that the index
-// is clean for whoever gets it after the lease. Every step is idempotent:
-// a crash leaves the next start the same steps to take.
-func (c *restoreCheck) verify(ctx context.Context, slots []*slot.Slot) []verdict {
-	out, fixed := c.checkSlots(slots, verifyWorkers)
+// host side: the namespace and host link identity, the link up and its
+// address, the host link made again into an intact namespace when it was
+// deleted, the firewall element (one transaction for all). What was at a
+// lost lease's index is torn down, so that the index is clean for whoever
+// gets it after the lease, unless something lives in it: that is held,
+// never destroyed. Every step is idempotent: a crash leaves the next
+// start the same steps to take.
+func (c *restoreCheck) verify(ctx context.Context, slots []*slot.Slot, recs []leases.Record) []verdict {
+	out, fixed := c.checkSlots(ctx, slots, recs, verifyWorkers)
 	var missing []string
 	var missingAt []int
 	lostObjects := slot.Inventory{}
@@ -257,7 +270,7 @@ func (c *restoreCheck) verify(ctx context.Context, slots []*slot.Slot) []verdict
 			if r, ok := c.found[sl.Index]; ok {
 				lostObjects[sl.Index] = r
 			}
-		case c.found[sl.Index]&slot.HasElement == 0:
+		case c.found[sl.Index]&slot.HasElement == 0 && !out[i].relinked:
 			missing, missingAt = append(missing, sl.HostIf), append(missingAt, i)
 			fixed[i] = append(fixed[i], "firewall element")
 		}
@@ -268,6 +281,14 @@ func (c *restoreCheck) verify(ctx context.Context, slots []*slot.Slot) []verdict
 				out[i].err = fmt.Errorf("restore lease of slot %d: %w", slots[i].Index, err)
 			}
 		}
+	}
+	if err := c.holdLived(lostObjects, slots, recs, out); err != nil {
+		for i, sl := range slots {
+			if _, ok := lostObjects[sl.Index]; ok {
+				out[i] = verdict{err: fmt.Errorf("look for processes in a lost lease's slot: %w", err)}
+			}
+		}
+		lostObjects = nil
 	}
 	if len(lostObjects) > 0 {
 		if err := c.mgr.Teardown(ctx, lostObjects, c.teardown).Err(); err != nil {
@@ -282,15 +303,48 @@ func (c *restoreCheck) verify(ctx context.Context, slots []*slot.Slot) []verdict
 	return out
 }
 
+// holdLived takes out of lostObjects, and holds, what is at a lost
+// lease's index when something lives in it: the namespace bound at the
+// slot's file, or the one the lease recorded (its file unmounted, the
+// namespace kept alive by a process, its host link still there).
+func (c *restoreCheck) holdLived(lostObjects slot.Inventory, slots []*slot.Slot, recs []leases.Record, out []verdict) error {
+	if len(lostObjects) == 0 {
+		return nil
+	}
+	live, err := scanLiveness()
+	if err != nil {
+		return err
+	}
+	for i, sl := range slots {
+		if _, ok := lostObjects[sl.Index]; !ok {
+			continue
+		}
+		id, serr := netns.Stat(sl.NetnsPath)
+		if serr != nil || !live.livesIn(id) {
+			id = recs[i].Netns
+			if !live.livesIn(id) {
+				continue
+			}
+		}
+		delete(lostObjects, sl.Index)
+		c.held.put(heldSlot{Index: sl.Index, Netns: id, Since: time.Now(), LostLease: true,
+			Owner: recs[i].Owner, RequestID: recs[i].RequestID,
+			Reason: "its lease's slot was not the one recorded (" + out[i].lost + ") and something lives in it"})
+		c.log.Warn("lost lease's index kept: something lives in what is there; held, not torn down", "slot", sl.Index,
+			"netns_inode", id.Ino, "pids", fmt.Sprint(live.pids(id)))
+	}
+	return nil
+}
+
 // checkSlots runs verifyOne on every slot, workers at a time.
-func (c *restoreCheck) checkSlots(slots []*slot.Slot, workers int) ([]verdict, [][]string) {
+func (c *restoreCheck) checkSlots(ctx context.Context, slots []*slot.Slot, recs []leases.Record, workers int) ([]verdict, [][]string) {
 	out := make([]verdict, len(slots))
 	fixed := make([][]string, len(slots))
 	var g errgroup.Group
 	g.SetLimit(workers)
 	for i, sl := range slots {
 		g.Go(func() error {
-			out[i], fixed[i] = c.verifyOne(sl)
+			out[i], fixed[i] = c.verifyOne(ctx, sl, recs[i].Attachment == nil)
 			return nil
 		})
 	}
@@ -299,8 +353,12 @@ func (c *restoreCheck) checkSlots(slots []*slot.Slot, workers int) ([]verdict, [
 }
 
 // verifyOne checks one restored slot and repairs its host side: what it
-// repaired, or why the lease is lost, or what kept it from telling.
-func (c *restoreCheck) verifyOne(sl *slot.Slot) (verdict, []string) {
+// repaired, or why the lease is lost, or what kept it from telling. A
+// slot whose host link was deleted while its namespace stayed, the one
+// recorded, gets its veth pair made again (not an attached one, whose
+// inside end was in the runtime's namespace): the workload inside keeps
+// running, reachable again.
+func (c *restoreCheck) verifyOne(ctx context.Context, sl *slot.Slot, relinkable bool) (verdict, []string) {
 	found, err := c.mgr.Identify(sl.Index, sl.NetnsID, sl.HostIfIndex)
 	if err == nil {
 		var fixed []string
@@ -308,10 +366,39 @@ func (c *restoreCheck) verifyOne(sl *slot.Slot) (verdict, []string) {
 			return verdict{}, fixed
 		}
 	}
+	if errors.Is(err, slot.ErrGone) && relinkable {
+		if rerr := c.mgr.RecreateHost(ctx, sl); rerr == nil {
+			return verdict{relinked: true}, []string{"host link made again into its namespace"}
+		} else if !errors.Is(rerr, slot.ErrGone) {
+			c.log.Warn("restored lease: its host link could not be made again", "slot", sl.Index, "error", rerr)
+		}
+	}
 	if errors.Is(err, slot.ErrGone) {
 		return verdict{lost: err.Error()}, nil
 	}
 	return verdict{err: fmt.Errorf("restore lease of slot %d: %w", sl.Index, err)}, nil
+}
+
+// recordLink records the new host link of l's slot, made again by the
+// check, so that the next start finds it the one recorded.
+func (c *restoreCheck) recordLink(ctx context.Context, l *lease) {
+	cp := c.table.copyOf(l)
+	if cp.slot == nil {
+		return
+	}
+	ifindex := cp.slot.HostIfIndex
+	rec, err := c.records.update(ctx, cp.rec.Index, func(r *leases.Record) error {
+		if r.State != leases.Leased || r.LeaseID != cp.rec.LeaseID {
+			return fmt.Errorf("slot %d: the lease changed meanwhile", r.Index)
+		}
+		r.HostIfindex = ifindex
+		return nil
+	})
+	if err != nil {
+		c.log.Warn("restored lease: the host link made again could not be recorded; the next start makes it again", "slot", cp.rec.Index, "error", err)
+		return
+	}
+	c.table.setRecord(cp.rec.Index, rec)
 }
 
 // countVerdicts logs each restored lease whose host side needed repair and

@@ -78,8 +78,11 @@ func (s *slotsService) giveBackBy(ctx context.Context, l *lease, put func(contex
 	cp := s.table.copyOf(l)
 	sl := cp.slot
 	switch {
+	case sl == nil && s.keepHeld(ctx, i):
+		// Lost at a restart, and something lives at its index: held.
+		return
 	case sl == nil && cp.remains:
-		// Lost while held: what is left of its slot goes now.
+		// Lost while leased: what is left of its slot goes now.
 		if err := s.pool.RetireLost(ctx, i); err != nil {
 			s.log.Warn("remains of a lost lease's slot could not be torn down; the index stays quarantined for the reconciler", "slot", i, "error", err)
 		}
@@ -114,4 +117,27 @@ func (s *slotsService) unplug(ctx context.Context, sl *slot.Slot, a *leases.Atta
 		}
 	}
 	return s.mgr.Unplug(ctx, sl, fd, a.IfName)
+}
+
+// keepHeld keeps what is at the index of an ended lost lease when it is
+// held (something lives in it): the index quarantined, not freed, and the
+// slot recorded held, for the operator. It reports whether it was held.
+func (s *slotsService) keepHeld(ctx context.Context, i int) bool {
+	h, ok := s.held.get(i)
+	if !ok || !h.LostLease {
+		return false
+	}
+	if err := s.pool.HoldLost(i); err != nil {
+		s.log.Warn("lost lease's held index could not be quarantined", "slot", i, "error", err)
+		return false
+	}
+	h.LostLease = false
+	if err := s.records.put(context.WithoutCancel(ctx), h.record()); err != nil {
+		s.log.Warn("held slot could not be recorded: it is kept until this daemon stops", "slot", i, "error", err)
+	} else {
+		h.recorded = true
+	}
+	s.held.put(h)
+	s.log.Info("lost lease ended: what is at its index stays held", "slot", i)
+	return true
 }

@@ -95,6 +95,10 @@ type slotsService struct {
 
 	// table holds the leases; its mutex guards them (leasetable.go).
 	table *leaseTable
+
+	// held are the daemon's held slots: a lost lease's index held keeps
+	// what is there when the lease ends (nil: none is ever held).
+	held *heldSlots
 }
 
 // LeaseStore is what the Slots service needs of the durable records: the

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 
+	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/internal/rootdir"
 	"github.com/phasegate/phasegate/network/leases"
 )
@@ -29,6 +31,8 @@ type openedState struct {
 	// (restorePlan.held); lost says why, for the health warning.
 	safeMode bool
 	lost     string
+	// journal is the journal's loss, when that is why (leases.JournalLoss).
+	journal *leases.JournalLoss
 }
 
 // openState opens the durable records of cfg after the lock is taken. A
@@ -50,19 +54,29 @@ func openState(cfg Config, log *slog.Logger) (openedState, error) {
 		// Records must outlive the process, not the machine: commits are
 		// fsynced only where that buys a reboot's survival (leases.SyncAuto).
 		o := st.Opened()
-		log.Info("state file open", "path", path, "fsync", o.Fsync, "replayed", o.Replayed)
+		log.Info("state file open", "path", path, "fsync", o.Fsync, "replayed", o.Replayed, "generation", o.Generation,
+			"fresh", o.Fresh, "was_closed", o.WasClosed)
 		if o.UpgradedFrom != 0 {
 			log.Info("state file upgraded", "path", path, "from_schema", o.UpgradedFrom,
 				"to_schema", leases.SchemaVersion, "backup", o.Backup)
 		}
+		// A journal that lost writes after they returned: the records
+		// may miss leases, so no slot without a lease record that
+		// something lives in is taken for leaked.
+		if l := o.JournalLoss; l != nil {
+			lost := "the state file's journal lost writes after they were acknowledged (" + l.Reason + ")"
+			log.Error("restoring in safe mode (no slot with a process inside is destroyed): the journal lost writes that had returned",
+				"journal", l.Path, "reason", l.Reason, "found_at", l.At, "named", namedLoss(l.Named))
+			return openedState{store: st, safeMode: true, lost: lost, journal: l}, nil
+		}
 		// A fresh store is a first start with this state directory (the
 		// records live on tmpfs and vanish at a reboot with the
-		// namespaces): what is on the host was left by a run that kept no
-		// records, and is reclaimed as leaked. Only records that existed
-		// and are lost put the daemon in safe mode, and it stays there
-		// while the unusable file is kept aside: the slots kept at the
-		// start that lost them still have no record, and a later start
-		// must not take them for leaked. Removing the file (once
+		// namespaces), or one whose records are gone: the slots'
+		// stamps tell which slots were made under records (held when
+		// something lives in them) and which by something that kept none
+		// (reclaimed as leaked). Records that existed and are kept aside
+		// unusable put the daemon in safe mode, and it stays there
+		// while the unusable file is kept aside: removing the file (once
 		// inspected) ends safe mode at the next start.
 		if aside := keptAside(path); aside != "" {
 			lost := fmt.Sprintf("an unusable state file is kept aside at %s: safe mode until it is removed", aside)
@@ -115,4 +129,22 @@ func holder(pid int) string {
 		return "pid unknown"
 	}
 	return fmt.Sprintf("pid %d", pid)
+}
+
+// namedLoss lists what a lost journal still told, for a log line.
+func namedLoss(named []leases.LostChange) string {
+	var b strings.Builder
+	for i, n := range named {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "slot %d", n.Index)
+		if n.Owner != "" {
+			fmt.Fprintf(&b, " owner %s request %s", names.Shown(n.Owner), names.Shown(n.RequestID))
+		}
+		if n.Removed {
+			b.WriteString(" (ended)")
+		}
+	}
+	return b.String()
 }

@@ -27,7 +27,7 @@ func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
 			quarantine = append(quarantine, i)
 		}
 	}
-	quarantine = append(append(quarantine, d.plan.held...), d.plan.bad...)
+	quarantine = append(append(quarantine, d.plan.heldIndices()...), d.plan.bad...)
 	for _, u := range d.unreadable {
 		quarantine = append(quarantine, u.Index)
 	}

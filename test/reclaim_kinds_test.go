@@ -132,17 +132,27 @@ func spoilOwner(t *testing.T, path, owner string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every copy: the live record, and those a commit left in pages it
+	// freed (a small bucket lives inline in its parent's page, which
+	// every commit of meta rewrites).
 	field := append([]byte{0x12, byte(len(owner))}, owner...)
-	if n := bytes.Count(b, field); n != 1 {
-		t.Fatalf("%s's owner field found %d times in %s, want 1 (records still in the journal?)", owner, n, path)
+	if n := bytes.Count(b, field); n == 0 {
+		t.Fatalf("%s's owner field not found in %s (records still in the journal?)", owner, path)
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := f.WriteAt([]byte{0x00}, int64(bytes.Index(b, field))); err != nil {
-		t.Fatal(err)
+	for off := 0; ; {
+		i := bytes.Index(b[off:], field)
+		if i < 0 {
+			break
+		}
+		if _, err := f.WriteAt([]byte{0x00}, int64(off+i)); err != nil {
+			t.Fatal(err)
+		}
+		off += i + len(field)
 	}
 }
 

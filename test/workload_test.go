@@ -49,6 +49,7 @@ func runWorkload(addr string) int {
 type workload struct {
 	slot     uint32
 	addr     string
+	pid      int // the workload's process, when startWorkload ran it
 	ok, fail atomic.Int64
 	mu       sync.Mutex
 	lastErr  error
@@ -80,7 +81,9 @@ func startWorkload(t *testing.T, index uint32, netnsPath, insideAddr string) *wo
 	if err != nil || line != "listening\n" {
 		t.Fatalf("workload in slot %d: %q %v", index, line, err)
 	}
-	return probeEcho(index, net.JoinHostPort(insideAddr, workloadPort))
+	w := probeEcho(index, net.JoinHostPort(insideAddr, workloadPort))
+	w.pid = cmd.Process.Pid // nsenter execs the workload: one pid
+	return w
 }
 
 // probeEcho starts probing a line echo at addr that something else runs

@@ -4,6 +4,7 @@
 //	phasegate status    show the phases of a running daemon
 //	phasegate probe     exit 0 when a daemon serves (for scripts and exec checks)
 //	phasegate slots     a client of the Slots API (acquire, release, keepalive, get, list)
+//	phasegate held      the slots a daemon holds when its records were lost (list, adopt, release)
 //	phasegate reclaim   one-shot clean-up of leaked slots, without a daemon
 //	phasegate decommission  destroy every slot, leased ones included, and the records
 //	phasegate demo      the whole story on this host, in one command (root)
@@ -74,6 +75,7 @@ commands:
   events    a daemon's lifecycle events, one a line (--until-over to stop once the start is over)
   probe     exit 0 when a daemon serves, 1 when not, 2 when it cannot ask
   slots     lease, release, renew and list slots on a daemon (acquire, release, keepalive, get, list)
+  held      slots a daemon keeps because its records were lost: list, adopt back as leases, release
   reclaim   one-shot reclaim of leaked slots (leased ones are kept); refuses while a daemon runs
   decommission  destroy every slot, leased ones too (--destroy-leased-slots), for a host leaving service
   demo      leak slots, start a daemon, watch it start and serve, clean up (root)
@@ -108,6 +110,8 @@ func run(ctx context.Context, e env) int {
 		return decommissionCmd(ctx, e)
 	case "slots":
 		return slotsCmd(ctx, e)
+	case "held":
+		return heldCmd(ctx, e)
 	case "demo":
 		return demoCmd(ctx, e)
 	case "version", "--version", "-version":

@@ -276,3 +276,22 @@ func (s *Allocator) Claim(i int) error {
 	s.acq++
 	return nil
 }
+
+// Unquarantine marks a quarantined index acquired: its slot, kept as it
+// was while quarantined (a slot held because something lives in it), is
+// taken back as an operator adopts it. An index that is not quarantined
+// fails with ErrNotQuarantined.
+func (s *Allocator) Unquarantine(i int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(i); err != nil {
+		return err
+	}
+	if s.state[i] != Quarantined {
+		return fmt.Errorf("%w: %d is %s", ErrNotQuarantined, i, s.state[i])
+	}
+	s.state[i] = Acquired
+	s.quar--
+	s.acq++
+	return nil
+}

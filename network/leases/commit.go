@@ -233,6 +233,31 @@ func (s *Store) checkpoint() error {
 	return err
 }
 
+// checkpointClosed is Close's checkpoint: the journal's changes into the
+// file and the file marked closed (meta/closed), in one transaction, so
+// that the next Open knows the journal holds nothing the file does not.
+// A checkpoint that fails leaves the file not closed: the next Open reads
+// the journal.
+func (s *Store) checkpointClosed() error {
+	if err := s.update(func(tx *bolt.Tx) error {
+		if err := s.pending.applyTo(tx); err != nil {
+			return err
+		}
+		return markClosed(tx)
+	}); err != nil {
+		return err
+	}
+	if s.pending.len() == 0 {
+		return nil
+	}
+	s.checkpoints.Add(1)
+	err := s.jnl.reset()
+	s.pmu.Lock()
+	s.pending.reset()
+	s.pmu.Unlock()
+	return err
+}
+
 // flush asks the lead for a checkpoint and waits for it.
 func (s *Store) flush() error {
 	if err := s.enter(); err != nil {

@@ -9,8 +9,10 @@
 //
 // # What is recorded
 //
-// One Record per slot index: Idle (warm in the pool) or Leased (owner,
-// lease id, the client's request id, when acquired, TTL and expiry), the
+// One Record per slot index: Idle (warm in the pool), Leased (owner,
+// lease id, the client's request id, when acquired, TTL and expiry) or
+// Held (found with something living in it that no record vouched for:
+// kept until an operator acts, with since when and why), the
 // kernel identity of its objects (the netns file's device and inode, the
 // host veth's ifindex), so that a namespace recreated under the same name is
 // never taken for the recorded one, and when the slot was made. The file
@@ -19,13 +21,17 @@
 //
 // # Layout
 //
-// One bbolt file (go.etcd.io/bbolt), schema 5, and its journal beside it
+// One bbolt file (go.etcd.io/bbolt), schema 7, and its journal beside it
 // (<path>.journal, below):
 //
 //	meta/
-//	    schema   -> "5"                       ASCII decimal
-//	    created  -> RFC 3339                  when the file was made
-//	    upgraded -> "1 -> 2 at <RFC 3339>"    the last upgrade, if any
+//	    schema     -> "7"                     ASCII decimal
+//	    created    -> RFC 3339                when the file was made
+//	    upgraded   -> "1 -> 2 at <RFC 3339>"  the last upgrade, if any
+//	    generation -> 16 hex digits           names the store (loss.go)
+//	    closed     -> RFC 3339                set by Close, removed by Open
+//	    lost       -> JSON JournalLoss        a loss Open found, until ClearLoss
+//	    unvouched  -> RFC 3339                set when made, until Vouched
 //	slots/
 //	    <index: uint32 big-endian> -> Record (protobuf, internal/recordpb)
 //	requests/
@@ -54,16 +60,20 @@
 // not open without (it would miss them); schema 5 records a certificate's
 // principal with the kind of its identity ("x509:uri:…", "x509:dns:…",
 // "x509:cn:…"), which an older build would take for an identity of its
-// own form. Open reads the version and:
+// own form; schema 7 adds the Held state, the generation, the closed mark
+// and the journal's header (an older build would read the header as a
+// damaged entry). Open reads the version and:
 //
-//   - no buckets at all (a new or empty file): writes schema 5 (Fresh);
+//   - no buckets at all (a new or empty file): writes schema 7 (Fresh);
 //   - current: checks the file and opens it;
 //   - older: checks it, copies it to <path>.schema<N>.bak (fsynced), then
 //     runs every migration from N in one transaction that ends by writing
 //     the new version: the file is upgraded whole or not at all. 1 -> 2
 //     builds the index; where two records hold one request, the lower index
-//     keeps it (what schema 1's scan answered); 3 -> 4 and 4 -> 5 write
-//     the version;
+//     keeps it (what schema 1's scan answered); 3 -> 4, 4 -> 5 and
+//     5 -> 6 write the version; to 7 the journal of schema 4 to 6 (no
+//     header) goes into the file in the same transaction, which marks
+//     the file closed and draws its generation;
 //   - newer: refuses with *SchemaError, which names the path, the version
 //     found and the version supported, in one line, and changes nothing.
 //
@@ -147,9 +157,12 @@
 //	bbolt panics or faults on a page   *CorruptError (recovered)       same
 //	one record's bytes do not decode   Load: the rest + *RecordsError  quarantine that slot
 //	newest meta page torn or damaged   opens as of the commit before   a checkpoint cut there: still in the journal
-//	journal: last entry torn           opens without it                no writer was told of it
+//	journal: torn entry past its reach opens without it                no writer was told of it
 //	journal: damaged entry, more after *CorruptError (the journal)     MoveAside (takes the journal too)
-//	journal beside a fresh file        Opened().OrphanJournal          moved aside, not replayed
+//	journal beside a fresh file        Opened().OrphanJournal          moved aside (if it holds entries), not replayed
+//	journal missing, emptied, cut      Opened().JournalLoss            safe mode: hold what lives in slots
+//	  short of its reach, or another     (recorded until ClearLoss);     without a lease record; a Close
+//	  store's, after no Close            whole entries replayed          before makes none of these a loss
 //	unreadable (permissions, EROFS)    *AccessError                    fix, or MoveAside
 //	newer schema                       *SchemaError                    exit 2 with its one line
 //	another process holds the file     *LockedError (with its pid)     exit: one daemon per store
@@ -163,7 +176,9 @@
 // into panics (runtime/debug.SetPanicOnFault): both are linear in the file,
 // a small part of a start (BenchmarkOpen, BenchmarkCheck; figures in
 // docs/BENCHMARKS.md). An empty (0-byte) file is a new store: bbolt cannot tell it from
-// a file made by a process that died before its first write. When bbolt
+// a file made by a process that died before its first write. Its fresh
+// generation is what tells the daemon its slots' records are gone: every
+// slot it finds stamped with another was made under them. When bbolt
 // panics inside bolt.Open itself, its mapping of the file cannot be
 // released; it stays until the process exits.
 //
@@ -172,16 +187,25 @@
 // so the safe default is to move the file aside (MoveAside names the copy
 // path.corrupt-<UTC time>), open a fresh store, and quarantine every slot it
 // finds (report them, touch none) rather than reclaim them as leaks. The
-// same holds for a Fresh store next to existing slots, and for a journal
-// Open found beside a fresh file and set aside (Opened.OrphanJournal).
+// same holds for a journal Open found beside a fresh file and set aside
+// (Opened.OrphanJournal). A Fresh store next to existing slots is told
+// by the slots themselves: the daemon stamps each slot it makes with the
+// generation of its store (Opened.Generation), so that the slots stamped
+// with another were made under records that are gone, and are kept if
+// something lives in them, while those stamped by none are leaks.
 // KeptAside lists everything set aside, so that the daemon can report it
-// and stay in safe mode while it is there.
+// and stay in safe mode while it is there. A journal found missing, emptied
+// or cut short of its reach after a process ended without Close is a
+// loss too (Opened.JournalLoss): the records may miss leases written
+// after the last checkpoint, and the daemon holds every slot something
+// lives in that has no lease record.
 //
 // # Use by the daemon
 //
 // At start, after the lock: Open, Load, classify every slot found against
 // its record, then Put the restored leases with a fresh full TTL (one
-// transaction). Acquire: a retry (owner, request id) is answered from the
+// transaction), and the Held records of the slots it holds; then
+// ClearLoss, if Open reported a loss. Acquire: a retry (owner, request id) is answered from the
 // daemon's own leases, which Load filled and every Put since has kept (no
 // read of the store per call); otherwise take a slot and Put its Leased
 // record (a *DuplicateRequestError means a concurrent retry won: return its

@@ -76,6 +76,10 @@ func TestJournalTornTailIsDropped(t *testing.T) {
 			if s.Opened().Replayed == 0 {
 				t.Fatal("nothing replayed")
 			}
+			// Past the header's reach: no writer was told of it.
+			if l := s.Opened().JournalLoss; l != nil {
+				t.Fatalf("a torn entry past the journal's reach reported lost: %+v", l)
+			}
 			if st, err := os.Stat(jpath); err != nil || st.Size() != whole {
 				t.Fatalf("journal after Open: %v bytes (%v), want the %d bytes of its whole entries", st.Size(), err, whole)
 			}
@@ -127,14 +131,14 @@ func TestDamagedJournalGivesCorruptError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b[entryHeader+3] ^= 0x40 // inside the first entry's payload: more entries follow
+	b[headerLen+entryHeader+3] ^= 0x40 // inside the first entry's payload: more entries follow
 	if err := os.WriteFile(jpath, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	_, err = Open(path, Options{})
 	var ce *CorruptError
-	if !errors.As(err, &ce) || ce.Path != jpath || !strings.Contains(err.Error(), "offset 0") {
-		t.Fatalf("Open with a damaged first entry: %v, want a *CorruptError naming %s at offset 0", err, jpath)
+	if !errors.As(err, &ce) || ce.Path != jpath || !strings.Contains(err.Error(), fmt.Sprintf("offset %d", headerLen)) {
+		t.Fatalf("Open with a damaged first entry: %v, want a *CorruptError naming %s at offset %d", err, jpath, headerLen)
 	}
 	// Moved aside, the file and its journal go together, and a fresh
 	// store opens in their place.
@@ -196,8 +200,8 @@ func TestCloseCheckpointsTheJournal(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := os.Stat(path + JournalSuffix); err != nil || st.Size() != 0 {
-		t.Fatalf("journal after Close: %v, %v; want empty", st, err)
+	if st, err := os.Stat(path + JournalSuffix); err != nil || st.Size() != headerLen {
+		t.Fatalf("journal after Close: %v, %v; want its header alone", st, err)
 	}
 	s = holds(t, path, told)
 	if s.Opened().Replayed != 0 {
@@ -325,7 +329,7 @@ func TestIdleCheckpoint(t *testing.T) {
 		s.pmu.RLock()
 		left := s.pending.len()
 		s.pmu.RUnlock()
-		if s.checkpoints.Load() > 0 && st.Size() == 0 && left == 0 {
+		if s.checkpoints.Load() > 0 && st.Size() == headerLen && left == 0 {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -121,10 +121,12 @@ func openIn(dir *rootdir.Dir, path string, opts Options, migs []migration) (*Sto
 }
 
 // openJournal opens the journal beside the file and reads the changes it
-// holds that the file does not. A fresh file's journal belongs to a file
-// that is gone (removed, or moved aside without it): its changes would
-// bring back a part of that file's records, so it is moved aside too,
-// beside the file's own name with .orphan-<UTC time>.
+// holds that the file does not, then records in the file that it is open
+// (and a loss the journal shows). A fresh file's journal belongs to a
+// file that is gone (removed, or moved aside without it): its changes
+// would bring back a part of that file's records, so it is moved aside
+// too, beside the file's own name with .orphan-<UTC time>, when it holds
+// any (a header alone is a journal at rest: nothing to keep).
 func (s *Store) openJournal() error {
 	jname := s.name + JournalSuffix
 	if s.opened.Fresh {
@@ -132,7 +134,7 @@ func (s *Store) openJournal() error {
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("leases: %w", err)
 		}
-		if err == nil && st.Size > 0 {
+		if err == nil && st.Size > headerLen {
 			dst := jname + orphanInfix + time.Now().UTC().Format(asideTime)
 			if err := s.dir.RenameNoReplace(jname, dst); err != nil {
 				return fmt.Errorf("leases: the journal of a file that is gone: %w", err)
@@ -140,12 +142,24 @@ func (s *Store) openJournal() error {
 			s.opened.OrphanJournal = s.dir.Join(dst)
 		}
 	}
+	if err := s.readMeta(); err != nil {
+		return err
+	}
 	s.pending, s.group = newChangeSet(), newChangeSet()
-	j, n, err := openJournal(s.dir, jname, s.opened.Fsync, s.pending)
+	trusted := s.opened.Fresh || s.opened.WasClosed
+	j, found, err := openJournal(s.dir, jname, s.opened.Generation, s.opened.Fsync, trusted, s.pending)
 	if err != nil {
 		return err
 	}
-	s.jnl, s.opened.Replayed = j, n
+	s.jnl = j
+	s.opened.Replayed += found.replayed
+	if found.aside != "" {
+		s.opened.OrphanJournal = found.aside
+	}
+	if err := s.noteOpen(found.loss); err != nil {
+		j.close()
+		return err
+	}
 	return nil
 }
 

@@ -25,6 +25,12 @@ const (
 	// Leased: the slot is handed to Owner under LeaseID. At a restart an
 	// intact leased slot is kept for its owner, untouched.
 	Leased State = 2
+	// Held: the slot was found with something living in it that no record
+	// vouched for (the records were lost, or a lease's slot was not the
+	// one recorded): it is kept as it is and quarantined, start after
+	// start, until an operator adopts it back as a lease (a Put of a
+	// Leased record) or releases it (a Delete, once it is torn down).
+	Held State = 3
 )
 
 func (s State) String() string {
@@ -33,6 +39,8 @@ func (s State) String() string {
 		return "idle"
 	case Leased:
 		return "leased"
+	case Held:
+		return "held"
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
@@ -52,7 +60,9 @@ type Record struct {
 	State State
 
 	// Owner, LeaseID and RequestID are set only when Leased (Owner and
-	// LeaseID non-empty). RequestID is the client's id for the Acquire
+	// LeaseID non-empty); Owner and RequestID may be set when Held, as
+	// hints of the lease the slot may carry (no lease, and not in the
+	// request index). RequestID is the client's id for the Acquire
 	// that took the slot; empty means the client sent none, and the record
 	// is then not in the request index (ByRequest cannot find it).
 	Owner, LeaseID, RequestID string
@@ -90,6 +100,11 @@ type Record struct {
 	// network namespace the daemon does not own (a CNI ADD); nil for a
 	// lease of the slot as it was made. Set only when Leased.
 	Attachment *Attachment
+
+	// HeldSince and HeldReason say since when and why a Held slot is
+	// kept; set exactly when Held.
+	HeldSince  time.Time
+	HeldReason string
 }
 
 // Attachment is where an attached slot's inside end lives: the runtime's
@@ -132,8 +147,12 @@ func (r *Record) validate() error {
 	if err := checkIndex(r.Index); err != nil {
 		return err
 	}
-	if len(r.Owner) > MaxIDLen || len(r.LeaseID) > MaxIDLen || len(r.RequestID) > MaxIDLen || len(r.Principal) > MaxIDLen+len(LegacyCertificate) {
-		return bad("owner, lease id, request id and principal are limited to %d bytes", MaxIDLen)
+	if len(r.Owner) > MaxIDLen || len(r.LeaseID) > MaxIDLen || len(r.RequestID) > MaxIDLen || len(r.Principal) > MaxIDLen+len(LegacyCertificate) ||
+		len(r.HeldReason) > MaxIDLen {
+		return bad("owner, lease id, request id, principal and held reason are limited to %d bytes", MaxIDLen)
+	}
+	if (r.State == Held) != !r.HeldSince.IsZero() || (r.State != Held && r.HeldReason != "") {
+		return bad("a held record, and only one, says since when and why it is held")
 	}
 	if r.HostIfindex < 0 || r.HostIfindex > math.MaxInt32 {
 		return bad("host ifindex %d out of range", r.HostIfindex)
@@ -162,8 +181,12 @@ func (r *Record) validate() error {
 		if (r.TTL == 0) != r.Expires.IsZero() {
 			return bad("expiry must be set exactly when the TTL is not zero (TTL %v, expires %v)", r.TTL, r.Expires)
 		}
+	case Held:
+		if r.LeaseID != "" || r.Principal != "" || !r.Acquired.IsZero() || r.TTL != 0 || !r.Expires.IsZero() || r.Egress != nil || r.Attachment != nil {
+			return bad("a held record has no lease, principal, acquisition time, TTL, expiry, egress policy or attachment")
+		}
 	default:
-		return bad("state %v is neither idle nor leased", r.State)
+		return bad("state %v is neither idle, leased nor held", r.State)
 	}
 	return nil
 }
@@ -247,6 +270,8 @@ func fill(m *recordpb.Record, r *Record) {
 		m.State = recordpb.State_STATE_IDLE
 	case Leased:
 		m.State = recordpb.State_STATE_LEASED
+	case Held:
+		m.State = recordpb.State_STATE_HELD
 	}
 	m.Owner, m.LeaseId, m.RequestId, m.Principal = r.Owner, r.LeaseID, r.RequestID, r.Principal
 	m.PrincipalKinds = r.State == Leased
@@ -264,6 +289,7 @@ func fill(m *recordpb.Record, r *Record) {
 	if a := r.Attachment; a != nil {
 		m.Attachment = &recordpb.Attachment{NetnsDev: a.Netns.Dev, NetnsIno: a.Netns.Ino, NetnsPath: a.NetnsPath, IfName: a.IfName}
 	}
+	m.HeldUnixNano, m.HeldReason = unixNano(r.HeldSince), r.HeldReason
 }
 
 func encode(r *Record) ([]byte, error) {
@@ -301,6 +327,8 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 		Netns:       netns.ID{Dev: m.NetnsDev, Ino: m.NetnsIno},
 		HostIfindex: int(m.HostIfindex),
 		Created:     fromUnixNano(m.CreatedUnixNano),
+		HeldSince:   fromUnixNano(m.HeldUnixNano),
+		HeldReason:  m.HeldReason,
 	}
 	if e := m.GetEgressPolicy(); e != nil {
 		r.Egress = &EgressPolicy{Allow: e.GetAllow(), Deny: e.GetDeny(), DenyAll: e.GetDenyAll(), RedirectTCP: e.GetRedirectTcp()}
@@ -314,6 +342,8 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 		r.State = Idle
 	case recordpb.State_STATE_LEASED:
 		r.State = Leased
+	case recordpb.State_STATE_HELD:
+		r.State = Held
 	default:
 		return Record{}, fmt.Errorf("unknown state %d", m.State)
 	}

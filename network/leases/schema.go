@@ -28,7 +28,11 @@ import (
 //	6  a lease may be an attachment (its slot's inside end in a namespace
 //	   the daemon does not own), which a build that does not know it would
 //	   "repair" by putting an inside end back into the slot's namespace
-const SchemaVersion = 6
+//	7  a slot may be held (State Held); meta names the store's generation
+//	   and whether its last holder closed it; the journal starts with a
+//	   header (the generation, how far it reached), which a build that
+//	   does not know it would read as a damaged entry
+const SchemaVersion = 7
 
 var (
 	bucketMeta     = []byte("meta")
@@ -64,6 +68,12 @@ var migrations = []migration{
 	{to: 5, what: "certificate principals name their kind", run: func(*bolt.Tx) error { return nil }},
 	// Nothing to change: the version is what keeps an older build out.
 	{to: 6, what: "leases may be attachments", run: func(*bolt.Tx) error { return nil }},
+	// prepare writes the older journal's changes into the file first, in
+	// the same transaction, and marks the file closed: the journal is
+	// then started again with its header.
+	{to: 7, what: "held slots, the store's generation, the journal's header", run: func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keyGeneration, []byte(newGeneration()))
+	}},
 }
 
 // LegacyPrincipal is the principal schema 3 gives the leases recorded
@@ -233,7 +243,14 @@ func (s *Store) prepare(migs []migration) error {
 			if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
 				return err
 			}
-			return meta.Put(keyCreated, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
+			if err := meta.Put(keyGeneration, []byte(newGeneration())); err != nil {
+				return err
+			}
+			now := []byte(time.Now().UTC().Format(time.RFC3339Nano))
+			if err := meta.Put(keyUnvouched, now); err != nil {
+				return err
+			}
+			return meta.Put(keyCreated, now)
 		})
 	}
 	if version > SchemaVersion {
@@ -251,7 +268,26 @@ func (s *Store) prepare(migs []migration) error {
 		return err
 	}
 	s.opened.UpgradedFrom, s.opened.Backup = version, backup
+	// Schemas 4 to 6 kept their latest writes in a journal without a
+	// header: they go into the file with the upgrade, which then holds
+	// every change (closed), so that the journal starts again in this
+	// schema's form. The backup is of the file alone, as before.
+	legacy := newChangeSet()
+	if version >= 4 && version < 7 {
+		if err := readLegacy(s.dir, s.name+JournalSuffix, legacy); err != nil {
+			return err
+		}
+		s.opened.Replayed = legacy.len()
+	}
 	return s.update(func(tx *bolt.Tx) error {
+		if err := legacy.applyTo(tx); err != nil {
+			return err
+		}
+		if version < 7 {
+			if err := markClosed(tx); err != nil {
+				return err
+			}
+		}
 		for _, m := range migs {
 			if m.to <= version {
 				continue

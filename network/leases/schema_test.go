@@ -414,16 +414,12 @@ func TestOpenUpgradesSchema4CertificatePrincipalsToLegacy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dir.Close()
-	j, _, err := openJournal(dir, filepath.Base(path)+JournalSuffix, false, newChangeSet())
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Schema 4's journal: its entries, without the header of schema 7.
 	c := newChangeSet()
 	c.put(inSlots, string(slotKey(6)), encodeSchema4(t, recs[6]))
-	if err := j.append(c); err != nil {
+	if err := os.WriteFile(path+JournalSuffix, encodeEntry(nil, c), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	j.close()
 
 	want := map[int]string{
 		2: "legacy:x509:spiffe://x/ns/ci/sa/builder",
@@ -476,4 +472,91 @@ func TestOpenUpgradesSchema4CertificatePrincipalsToLegacy(t *testing.T) {
 	}
 	defer s.Close()
 	check(s)
+}
+
+// TestUpgradeTo7CarriesTheOldJournal: schema 6's journal, without a
+// header, goes into the file with the upgrade to 7, which draws the
+// store's generation; a kill after the upgrade's commit leaves the old
+// journal beside a file marked closed, which the next Open starts again
+// without a loss and without setting anything aside.
+func TestUpgradeTo7CarriesTheOldJournal(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, r2 := leased(1, "ci", "req-1"), leased(2, "ci", "req-2")
+	if err := db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucket(bucketMeta)
+		if err != nil {
+			return err
+		}
+		for _, b := range required(6) {
+			if _, err := tx.CreateBucket(b); err != nil {
+				return err
+			}
+		}
+		v, err := encode(&r1)
+		if err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketSlots).Put(slotKey(1), v); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketRequests).Put(requestKeyOf(&r1), slotKey(1)); err != nil {
+			return err
+		}
+		return meta.Put(keySchema, []byte("6"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	// Schema 6's journal: r2, written after the file's last checkpoint.
+	c := newChangeSet()
+	v, err := encode(&r2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.put(inSlots, string(slotKey(2)), v)
+	c.put(inRequests, string(requestKeyOf(&r2)), slotKey(2))
+	legacy := encodeEntry(nil, c)
+	if err := os.WriteFile(path+JournalSuffix, legacy, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := s.Opened()
+	if o.UpgradedFrom != 6 || o.Replayed != 2 || !validGeneration([]byte(o.Generation)) || o.JournalLoss != nil {
+		t.Fatalf("Opened() = %+v; want an upgrade from 6, the old journal's 2 changes, a generation, no loss", o)
+	}
+	for _, want := range []Record{r1, r2} {
+		if got, ok, err := s.Get(want.Index); err != nil || !ok || got.LeaseID != want.LeaseID {
+			t.Fatalf("slot %d after the upgrade: %+v %v %v", want.Index, got, ok, err)
+		}
+	}
+	checkRequestIndex(t, s)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// What a kill between the upgrade's commit and the journal's start
+	// leaves: the old journal beside a closed file.
+	if err := os.WriteFile(path+JournalSuffix, legacy, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if o := s.Opened(); o.JournalLoss != nil || o.OrphanJournal != "" || o.Generation == "" {
+		t.Fatalf("Opened() after a kill mid-upgrade = %+v; want no loss and nothing set aside", o)
+	}
+	if k := KeptAside(path).All(); len(k) != 0 {
+		t.Fatalf("set aside: %v", k)
+	}
+	if got, ok, _ := s.Get(2); !ok || got.LeaseID != r2.LeaseID {
+		t.Fatalf("slot 2 after a kill mid-upgrade: %+v %v", got, ok)
+	}
 }

@@ -70,8 +70,25 @@ type Opened struct {
 	// them into the file (a kill, a crash, a full filesystem at Close).
 	Replayed int
 	// OrphanJournal is where a journal found beside a fresh file (its own
-	// file gone) was moved; "" if none.
+	// file gone), or one that was not the file's, was moved; "" if none.
 	OrphanJournal string
+	// Generation names the store (16 hex digits), drawn when its file was
+	// made: the journal's header carries it, and the daemon stamps it on
+	// the slots it makes.
+	Generation string
+	// WasClosed: the last process that held the store closed it, every
+	// change in the file. False after a kill, and for a fresh store.
+	WasClosed bool
+	// Unvouched: the store is new (Fresh now, or at an Open whose caller
+	// did not call Vouched after): slots on the host may have been made
+	// under records that are gone, which the caller checks, then calls
+	// Vouched.
+	Unvouched bool
+	// JournalLoss is set when writes that had returned are not in the
+	// store (its journal missing, emptied, cut or not its own, after a
+	// process ended without closing it): found by this Open, or by an
+	// earlier one and not cleared (ClearLoss). nil: nothing is known lost.
+	JournalLoss *JournalLoss
 }
 
 // Store is the durable record of every slot: one bbolt file, opened by one
@@ -141,7 +158,7 @@ func (s *Store) Close() error {
 	}
 	s.closed = true
 	var errs []error
-	if err := s.checkpoint(); err != nil {
+	if err := s.checkpointClosed(); err != nil {
 		errs = append(errs, fmt.Errorf("leases: %s: the journal's records stay in %s for the next Open: %w", s.path, s.jnl.path, err))
 	}
 	if err := s.jnl.close(); err != nil {

@@ -300,12 +300,17 @@ func (t *Table) egressNames(ctx context.Context, c *nftables.Conn) ([]string, er
 func elementNames(els []nftables.SetElement) []string {
 	out := make([]string, 0, len(els))
 	for _, e := range els {
-		n := string(e.Key)
-		if i := strings.IndexByte(n, 0); i >= 0 {
-			n = n[:i]
-		}
-		out = append(out, n)
+		out = append(out, keyName(e.Key))
 	}
 	slices.Sort(out)
 	return out
+}
+
+// keyName is the interface name an ifname key holds.
+func keyName(k []byte) string {
+	n := string(k)
+	if i := strings.IndexByte(n, 0); i >= 0 {
+		n = n[:i]
+	}
+	return n
 }

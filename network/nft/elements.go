@@ -55,6 +55,15 @@ func (t *Table) names(ctx context.Context, set *nftables.Set) ([]string, error) 
 // keys returns the interface names set is keyed by, sorted; none when the
 // table is missing.
 func (t *Table) keys(ctx context.Context, c *nftables.Conn, set *nftables.Set) ([]string, error) {
+	els, err := t.elements(ctx, c, set)
+	if err != nil {
+		return nil, err
+	}
+	return elementNames(els), nil
+}
+
+// elements returns the elements of set; none when the table is missing.
+func (t *Table) elements(ctx context.Context, c *nftables.Conn, set *nftables.Set) ([]nftables.SetElement, error) {
 	els, err := c.GetSetElements(set)
 	if err != nil {
 		// The library does not always wrap the errno: ask whether the
@@ -64,11 +73,11 @@ func (t *Table) keys(ctx context.Context, c *nftables.Conn, set *nftables.Set) (
 		}
 		return nil, fmt.Errorf("nft: list %s/%s: %w", t.name, set.Name, err)
 	}
-	return elementNames(els), nil
+	return els, nil
 }
 
-// Add adds interface names to the set in one transaction. Names already in
-// the set are fine.
+// Add adds interface names to the set in one transaction, and to the
+// table's stamp set (WithStamp). Names already in the set are fine.
 func (t *Table) Add(ctx context.Context, names ...string) error {
 	return t.add(ctx, names, false)
 }
@@ -104,6 +113,11 @@ func (t *Table) add(ctx context.Context, names []string, clean bool) error {
 		for chunk := range slices.Chunk(els, elemsPerMessage) {
 			if err := c.SetAddElements(t.set(), chunk); err != nil {
 				return fmt.Errorf("nft: encode elements: %w", err)
+			}
+			if st := t.stampSet(); st != nil {
+				if err := c.SetAddElements(st, chunk); err != nil {
+					return fmt.Errorf("nft: encode elements: %w", err)
+				}
 			}
 		}
 		return t.clearEgress(c, stale)

@@ -159,7 +159,8 @@ type Table struct {
 	egress  inside.Defaults
 	slotNet netip.Prefix
 	netns   string
-	changes group // the policy changes committed together
+	stamp   string // WithStamp: the slots made under it are in its stamp set
+	changes group  // the policy changes committed together
 }
 
 // New returns a handle on the inet table called name. Nothing is created
@@ -174,6 +175,9 @@ func New(name string, opts ...Option) (*Table, error) {
 	}
 	if err := t.policy.Validate(); err != nil {
 		return nil, err
+	}
+	if t.stamp != "" && !validStamp(t.stamp) {
+		return nil, fmt.Errorf("nft: stamp %q: 1 to 64 letters, digits and underscores", t.stamp)
 	}
 	return t, nil
 }

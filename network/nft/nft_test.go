@@ -3,7 +3,9 @@ package nft_test
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/phasegate/phasegate/network/internal/nettest"
@@ -83,5 +85,69 @@ func TestTable(t *testing.T) {
 	}
 	if err := tbl.Remove(ctx, "a", "b"); err != nil {
 		t.Errorf("Remove on missing table: %v", err)
+	}
+}
+
+// TestStampSets: the names a table with a stamp adds are in its stamp
+// set, thousands in one transaction, beside the slots set's; another
+// stamp's table handle adds to its own; Stamps names the names of the
+// other stamps' sets; DropStamps deletes those sets.
+func TestStampSets(t *testing.T) {
+	env := nettest.New(t, 4)
+	ctx := context.Background()
+	mine, other := "0123456789abcdef", "fedcba9876543210"
+	tbl, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithStamp(mine))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tbl.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := 1; i <= 3000; i++ {
+		names = append(names, fmt.Sprintf("%sh%d", env.Config.Prefix, i))
+	}
+	// Written by another stamp's run first: the table is there, its set
+	// is made by Ensure all the same.
+	old, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithStamp(other))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	extra := env.Config.Prefix + "h9999"
+	if err := old.AddNew(ctx, names[0], extra); err != nil {
+		t.Fatal(err)
+	}
+	if err := tbl.Add(ctx, names...); err != nil {
+		t.Fatal(err)
+	}
+	st, err := tbl.Stamps(ctx)
+	if err != nil || len(st) != 2 || st[names[0]] != other || st[extra] != other {
+		t.Fatalf("Stamps = %v (%v), want %s and %s of %s", st, err, names[0], extra, other)
+	}
+	if st, err := old.Stamps(ctx); err != nil || len(st) != 3000 || st[names[2999]] != mine {
+		t.Fatalf("the other handle's Stamps: %d names (%v), %s: %q", len(st), err, names[2999], st[names[2999]])
+	}
+	got, err := tbl.List(ctx)
+	if err != nil || len(got) != 3001 {
+		t.Fatalf("List = %d elements, %v", len(got), err)
+	}
+	out, err := exec.Command("nft", "list", "set", "inet", env.Config.TableName(), "stamp_"+other).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), extra) {
+		t.Fatalf("nft list set stamp_%s: %v\n%.2000s", other, err, out)
+	}
+	if err := tbl.DropStamps(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := tbl.Stamps(ctx); err != nil || len(st) != 0 {
+		t.Fatalf("Stamps after DropStamps = %v (%v)", st, err)
+	}
+	if st, err := old.Stamps(ctx); err != nil || len(st) != 3000 {
+		t.Fatalf("the own stamp set after another's DropStamps: %d names (%v)", len(st), err)
+	}
+	if _, err := nft.New("x", nft.WithStamp("not-a-stamp")); err == nil {
+		t.Fatal("a stamp with a dash accepted")
 	}
 }

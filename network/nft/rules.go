@@ -55,7 +55,7 @@ func (t *Table) Ensure(ctx context.Context) error {
 		// would make the kernel walk every lease's egress chain at the
 		// commit, for nothing (the cost with 10,000 leases:
 		// docs/BENCHMARKS.md, "Restart with 10,000 leases").
-		return nil
+		return t.ensureStampSet(c)
 	}
 	slots := t.set()
 	var keep []nftables.SetElement
@@ -82,6 +82,11 @@ func (t *Table) Ensure(ctx context.Context) error {
 	}
 	if err := c.AddSet(slots, nil); err != nil {
 		return fmt.Errorf("nft: add set %s: %w", slots.Name, err)
+	}
+	if st := t.stampSet(); st != nil {
+		if err := c.AddSet(st, nil); err != nil {
+			return fmt.Errorf("nft: add set %s: %w", st.Name, err)
+		}
 	}
 	for chunk := range slices.Chunk(keep, elemsPerMessage) {
 		if err := c.SetAddElements(slots, chunk); err != nil {

@@ -557,6 +557,56 @@ func TestPutLostAndFree(t *testing.T) {
 	}
 }
 
+// A held slot's quarantined index is adopted as handed out, and given back
+// by Put; a lost lease's index whose slot is held is quarantined when the
+// lease ends, not freed.
+func TestAdoptAndHoldLost(t *testing.T) {
+	f := newFake()
+	st, err := index.New(4, []int{3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Claim(2); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(f, st, Options{Lost: []int{2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Close(context.Background()) }()
+	s3 := &slot.Slot{Index: 3}
+	if err := p.Adopt(&slot.Slot{Index: 1}); !errors.Is(err, index.ErrNotQuarantined) {
+		t.Errorf("Adopt of a free index = %v, want ErrNotQuarantined", err)
+	}
+	if err := p.Adopt(s3); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := p.State(3); s != index.Acquired {
+		t.Errorf("State(3) after Adopt = %v, want acquired", s)
+	}
+	if err := p.Adopt(s3); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("Adopt twice = %v, want ErrNotFromPool", err)
+	}
+	if err := p.HoldLost(1); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("HoldLost of an index not lost = %v, want ErrNotFromPool", err)
+	}
+	if err := p.HoldLost(2); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := p.State(2); s != index.Quarantined {
+		t.Errorf("State(2) after HoldLost = %v, want quarantined", s)
+	}
+	if err := p.PutLost(2); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("PutLost after HoldLost = %v, want ErrNotFromPool", err)
+	}
+	if err := p.Put(context.Background(), s3); err != nil {
+		t.Fatalf("Put of the adopted slot: %v", err)
+	}
+	if !slices.Contains(f.tornDown(), 3) {
+		t.Errorf("the adopted slot was not torn down by Put: %v", f.tornDown())
+	}
+}
+
 // Retire returns once its slot is torn down, while its replacement is
 // still being made (Put waits for that: TestPutBatches).
 func TestRetireReturnsBeforeTheReplacement(t *testing.T) {

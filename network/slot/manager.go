@@ -45,6 +45,14 @@ type Options struct {
 	// always-allowed and always-denied sets, the egress proxy's port),
 	// written into the slot table and read by ApplyEgress.
 	Egress inside.Defaults
+	// Stamp names the records the manager's slots are made under (the
+	// lease store's generation): every slot it makes, or whose firewall
+	// element it puts back, is named in the firewall table's set of that
+	// stamp (nft.WithStamp), which Stamps reads back, so that a slot made
+	// under records that are gone is told from one made by something that
+	// kept none (DESIGN.md section 6). Empty stamps nothing; else 1 to 64
+	// letters, digits and underscores.
+	Stamp string
 }
 
 // DefaultOptions returns the recommended options.
@@ -60,6 +68,7 @@ type Manager struct {
 	fw       *nft.Table
 	hostGone time.Duration
 	ct       *ctCleaner
+	stamp    string // Options.Stamp
 }
 
 // NewManager validates cfg and opts, prepares the netns directory and writes
@@ -75,7 +84,11 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 	if err := opts.Egress.Validate(); err != nil {
 		return nil, err
 	}
-	fw, err := nft.New(cfg.TableName(), nft.WithPolicy(opts.Firewall), nft.WithEgress(opts.Egress), nft.WithSlotNetwork(cfg.CIDR))
+	nopts := []nft.Option{nft.WithPolicy(opts.Firewall), nft.WithEgress(opts.Egress), nft.WithSlotNetwork(cfg.CIDR)}
+	if opts.Stamp != "" {
+		nopts = append(nopts, nft.WithStamp(opts.Stamp))
+	}
+	fw, err := nft.New(cfg.TableName(), nopts...)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +99,40 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 		return nil, err
 	}
 	ct := newCTCleaner(func(i int) netip.Addr { _, in := cfg.Addrs(i); return in.Addr() })
-	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout, ct: ct}, nil
+	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout, ct: ct, stamp: opts.Stamp}, nil
+}
+
+// Stamp returns the manager's stamp (Options.Stamp).
+func (m *Manager) Stamp() string { return m.stamp }
+
+// Stamps returns the stamp each slot was made under, by index, for the
+// slots a manager with another stamp than this one's made (a name made
+// again under this stamp may still be there): a dump of the table's set
+// names, and of each other stamp's set, made only when asked. A slot not
+// in it was made under this stamp, by a build that stamped nothing, or
+// by something else than a manager.
+func (m *Manager) Stamps(ctx context.Context) (map[int]string, error) {
+	byName, err := m.fw.Stamps(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("slot: %w", err)
+	}
+	out := make(map[int]string, len(byName))
+	for name, st := range byName {
+		if i, ok := m.cfg.CanonicalHostIfIndex(name); ok {
+			out[i] = st
+		}
+	}
+	return out, nil
+}
+
+// DropOtherStamps forgets the stamps of other records than the manager's
+// (nft.Table.DropStamps), once the slots they name are held, recorded,
+// or reclaimed.
+func (m *Manager) DropOtherStamps(ctx context.Context) error {
+	if err := m.fw.DropStamps(ctx); err != nil {
+		return fmt.Errorf("slot: %w", err)
+	}
+	return nil
 }
 
 // Config returns the manager's configuration.

@@ -1,10 +1,12 @@
 package slot
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/vishvananda/netlink"
+	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/netns"
@@ -145,4 +147,98 @@ func (m *Manager) RepairHost(s *Slot) (repaired []string, err error) {
 		return repaired, fmt.Errorf("slot %d: address %s on %s: %w", s.Index, s.HostAddr, s.HostIf, err)
 	}
 	return repaired, nil
+}
+
+// RecreateHost makes slot s's veth pair again, into its namespace, when
+// the host end is gone (deleted from outside, which takes the inside end
+// with it) and the namespace bound at its netns file is still the one s
+// names (s.NetnsID): the host end with its address, IPv6 off, up; the
+// inside end with its address, up, and the inside default route; the
+// firewall element, stamped. Nothing else inside changes: the processes
+// there, their other interfaces and tables stay as they are. It sets
+// s.HostIfIndex to the new host end's.
+//
+// It refuses, changing nothing, when the namespace is not s's (an error
+// wrapping [ErrGone]), when a host link of the slot's name is there
+// already, or an interface of the inside end's name inside: a slot it
+// cannot put back is the caller's to quarantine, never to tear down
+// while something lives in it.
+func (m *Manager) RecreateHost(ctx context.Context, s *Slot) error {
+	if err := m.checkIndex(s.Index); err != nil {
+		return err
+	}
+	cur, err := m.boundSlot(s.Index)
+	if err != nil {
+		return err
+	}
+	if cur.NetnsID != s.NetnsID {
+		return fmt.Errorf("slot %d: the namespace at %s is not the one recorded: %w", s.Index, s.NetnsPath, ErrGone)
+	}
+	if idx, err := linkIndex(s.HostIf); err != nil {
+		return fmt.Errorf("slot %d: %w", s.Index, err)
+	} else if idx != 0 {
+		return fmt.Errorf("slot %d: a host link %s is there already (index %d): not put back over it", s.Index, s.HostIf, idx)
+	}
+	fd, err := netns.Open(s.NetnsPath)
+	if err != nil {
+		return fmt.Errorf("slot %d: %w", s.Index, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || (netns.ID{Dev: st.Dev, Ino: st.Ino}) != s.NetnsID {
+		return fmt.Errorf("slot %d: the namespace opened at %s is not the one recorded (%v): %w", s.Index, s.NetnsPath, err, ErrGone)
+	}
+	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
+	if err != nil {
+		return fmt.Errorf("slot %d: netlink handle in %s: %w", s.Index, s.NetnsName, err)
+	}
+	_, err = h.LinkByName(s.InsideIf)
+	h.Close()
+	if err == nil {
+		return fmt.Errorf("slot %d: an interface %s is inside %s already: not put back over it", s.Index, s.InsideIf, s.NetnsName)
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: s.HostIf, NumTxQueues: 1, NumRxQueues: 1},
+		PeerName:      s.InsideIf,
+		PeerNamespace: netlink.NsFd(fd),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("slot %d: add veth %s<->%s: %w", s.Index, s.HostIf, s.InsideIf, err)
+	}
+	undo := func(err error) error {
+		if idx, lerr := linkIndex(s.HostIf); lerr == nil && idx != 0 {
+			_ = netlink.LinkDel(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: idx, Name: s.HostIf}})
+		}
+		return fmt.Errorf("slot %d: put the host link back: %w", s.Index, err)
+	}
+	host, err := netlink.LinkByName(s.HostIf)
+	if err != nil {
+		return undo(fmt.Errorf("find %s: %w", s.HostIf, err))
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil {
+		return undo(fmt.Errorf("address %s on %s: %w", s.HostAddr, s.HostIf, err))
+	}
+	if err := quietIPv6(s.HostIf); err != nil {
+		return undo(err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return undo(fmt.Errorf("set %s up: %w", s.HostIf, err))
+	}
+	if err := m.configureInside(fd, s); err != nil {
+		return undo(err)
+	}
+	if err := m.fw.Add(ctx, s.HostIf); err != nil {
+		return undo(err)
+	}
+	s.HostIfIndex = host.Attrs().Index
+	return nil
+}
+
+// HostLinkIndex returns the index of slot i's host link in the root
+// namespace, 0 when there is none. It only reads.
+func (m *Manager) HostLinkIndex(i int) (int, error) {
+	if err := m.checkIndex(i); err != nil {
+		return 0, err
+	}
+	return linkIndex(m.cfg.HostIfName(i))
 }

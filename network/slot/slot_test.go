@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -18,6 +21,7 @@ import (
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/network/internal/nettest"
+	"github.com/phasegate/phasegate/network/internal/osthread"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
@@ -568,4 +572,111 @@ func hostAddrs(t *testing.T, link netlink.Link, family int) []netlink.Addr {
 		return err
 	})
 	return addrs
+}
+
+// RecreateHost puts the veth pair of a slot whose host link was deleted
+// back into its namespace, with a process inside kept as it was (same
+// namespace, alive, reachable again); a slot whose namespace is not the
+// one given, or whose host link is there, is refused untouched.
+func TestRecreateHost(t *testing.T) {
+	env := nettest.New(t, 4)
+	m, err := slot.NewManager(context.Background(), env.Config, slot.Options{Stamp: "0123456789abcdef"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := m.Create(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inside := nettest.StartInside(t, s.NetnsPath)
+	echo := listenIn(t, s.NetnsPath, s.InsideAddr.Addr())
+	if err := m.RecreateHost(ctx, s); err == nil || errors.Is(err, slot.ErrGone) {
+		t.Fatalf("RecreateHost of an intact slot: %v; want a refusal naming its host link", err)
+	}
+	old := s.HostIfIndex
+	link, err := netlink.LinkByIndex(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkDel(link); err != nil {
+		t.Fatal(err)
+	}
+	wrong := *s
+	wrong.NetnsID.Ino++
+	if err := m.RecreateHost(ctx, &wrong); !errors.Is(err, slot.ErrGone) {
+		t.Fatalf("RecreateHost of another namespace: %v; want ErrGone", err)
+	}
+	if err := m.RecreateHost(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if s.HostIfIndex == old || s.HostIfIndex == 0 {
+		t.Fatalf("host ifindex %d after the repair (was %d)", s.HostIfIndex, old)
+	}
+	checkSlot(t, m, s)
+	if id, err := netns.Stat(s.NetnsPath); err != nil || id != s.NetnsID {
+		t.Fatalf("namespace after the repair: %v %v, want %v", id, err, s.NetnsID)
+	}
+	if err := inside.Process.Signal(unix.Signal(0)); err != nil {
+		t.Fatalf("the process inside: %v", err)
+	}
+	if _, err := m.Identify(2, s.NetnsID, s.HostIfIndex); err != nil {
+		t.Fatalf("Identify after the repair: %v", err)
+	}
+	// The listener made before the host link went answers through the
+	// new one.
+	c, err := net.DialTimeout("tcp", echo.String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial inside after the repair: %v", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4)
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo inside after the repair: %q %v", buf, err)
+	}
+	other, err := slot.NewManager(ctx, env.Config, slot.Options{Stamp: "fedcba9876543210"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := other.Stamps(ctx); err != nil || st[2] != "0123456789abcdef" {
+		t.Fatalf("stamps another manager sees: %v, %v; want slot 2 stamped by the first", st, err)
+	}
+	if st, err := m.Stamps(ctx); err != nil || len(st) != 0 {
+		t.Fatalf("stamps the manager that made slot 2 sees: %v, %v; want none but its own", st, err)
+	}
+}
+
+// listenIn listens on addr inside the namespace at path and echoes one
+// connection.
+func listenIn(t *testing.T, path string, addr netip.Addr) net.Addr {
+	t.Helper()
+	var l net.Listener
+	var err error
+	osthread.Throwaway(func() {
+		var fd int
+		if fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+			return
+		}
+		err = unix.Setns(fd, unix.CLONE_NEWNET)
+		unix.Close(fd)
+		if err == nil {
+			l, err = net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
+		}
+	})
+	if err != nil {
+		t.Fatalf("listen in %s: %v", path, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			_, _ = io.Copy(c, c)
+			c.Close()
+		}
+	}()
+	return l.Addr()
 }

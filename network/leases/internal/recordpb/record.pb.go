@@ -37,6 +37,11 @@ const (
 	State_STATE_IDLE State = 1
 	// LEASED: handed to an owner.
 	State_STATE_LEASED State = 2
+	// HELD: found with something living in it that no record vouched for
+	// (the records were lost): kept as it is, quarantined, until an operator
+	// adopts it back as a lease or releases it. Schema 7: a build that does
+	// not know it reads the record as unreadable and quarantines the slot.
+	State_STATE_HELD State = 3
 )
 
 // Enum value maps for State.
@@ -45,11 +50,13 @@ var (
 		0: "STATE_UNSPECIFIED",
 		1: "STATE_IDLE",
 		2: "STATE_LEASED",
+		3: "STATE_HELD",
 	}
 	State_value = map[string]int32{
 		"STATE_UNSPECIFIED": 0,
 		"STATE_IDLE":        1,
 		"STATE_LEASED":      2,
+		"STATE_HELD":        3,
 	}
 )
 
@@ -115,7 +122,13 @@ type Record struct {
 	// daemon does not own (a CNI ADD); unset for every other. Schema 6:
 	// a build that does not know it would take the slot's empty namespace
 	// for a broken one and put an inside end back into it.
-	Attachment    *Attachment `protobuf:"bytes,15,opt,name=attachment,proto3" json:"attachment,omitempty"`
+	Attachment *Attachment `protobuf:"bytes,15,opt,name=attachment,proto3" json:"attachment,omitempty"`
+	// Set only when HELD: since when, and why. owner and request_id may be
+	// set then too, as hints of the lease the slot may carry (what a torn
+	// journal entry still told): they are no lease, and no request index
+	// entry points at them.
+	HeldUnixNano  int64  `protobuf:"varint,16,opt,name=held_unix_nano,json=heldUnixNano,proto3" json:"held_unix_nano,omitempty"`
+	HeldReason    string `protobuf:"bytes,17,opt,name=held_reason,json=heldReason,proto3" json:"held_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -253,6 +266,20 @@ func (x *Record) GetAttachment() *Attachment {
 		return x.Attachment
 	}
 	return nil
+}
+
+func (x *Record) GetHeldUnixNano() int64 {
+	if x != nil {
+		return x.HeldUnixNano
+	}
+	return 0
+}
+
+func (x *Record) GetHeldReason() string {
+	if x != nil {
+		return x.HeldReason
+	}
+	return ""
 }
 
 // Attachment is where an attached slot's inside end lives.
@@ -400,7 +427,7 @@ var File_record_proto protoreflect.FileDescriptor
 
 const file_record_proto_rawDesc = "" +
 	"\n" +
-	"\frecord.proto\x12\x13phasegate.leases.v1\"\xda\x04\n" +
+	"\frecord.proto\x12\x13phasegate.leases.v1\"\xa1\x05\n" +
 	"\x06Record\x120\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1a.phasegate.leases.v1.StateR\x05state\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x19\n" +
@@ -420,7 +447,10 @@ const file_record_proto_rawDesc = "" +
 	"\x0fprincipal_kinds\x18\x0e \x01(\bR\x0eprincipalKinds\x12?\n" +
 	"\n" +
 	"attachment\x18\x0f \x01(\v2\x1f.phasegate.leases.v1.AttachmentR\n" +
-	"attachment\"~\n" +
+	"attachment\x12$\n" +
+	"\x0eheld_unix_nano\x18\x10 \x01(\x03R\fheldUnixNano\x12\x1f\n" +
+	"\vheld_reason\x18\x11 \x01(\tR\n" +
+	"heldReason\"~\n" +
 	"\n" +
 	"Attachment\x12\x1b\n" +
 	"\tnetns_dev\x18\x01 \x01(\x04R\bnetnsDev\x12\x1b\n" +
@@ -432,12 +462,14 @@ const file_record_proto_rawDesc = "" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
 	"\x04deny\x18\x02 \x03(\tR\x04deny\x12\x19\n" +
 	"\bdeny_all\x18\x03 \x01(\bR\adenyAll\x12!\n" +
-	"\fredirect_tcp\x18\x04 \x01(\bR\vredirectTcp*@\n" +
+	"\fredirect_tcp\x18\x04 \x01(\bR\vredirectTcp*P\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
 	"STATE_IDLE\x10\x01\x12\x10\n" +
-	"\fSTATE_LEASED\x10\x02BJZHgithub.com/phasegate/phasegate/network/leases/internal/recordpb;recordpbb\x06proto3"
+	"\fSTATE_LEASED\x10\x02\x12\x0e\n" +
+	"\n" +
+	"STATE_HELD\x10\x03BJZHgithub.com/phasegate/phasegate/network/leases/internal/recordpb;recordpbb\x06proto3"
 
 var (
 	file_record_proto_rawDescOnce sync.Once
