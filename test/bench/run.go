@@ -83,6 +83,7 @@ func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Res
 		partUpgrade:  r.measureUpgrade,
 		partFlood:    r.measureFlood,
 		partCNI:      r.measureCNI,
+		partAB:       r.measureAB,
 	}
 	for _, part := range o.parts {
 		res.dropPart(part)
@@ -230,13 +231,17 @@ func (r *runner) leak(ctx context.Context, n int) error {
 // reset removes every slot a daemon kept (leased and warm, recorded) with
 // `phasegate decommission --destroy-leased-slots`, then waits until
 // nothing with our prefix is left and pauses for -settle.
-func (r *runner) reset(ctx context.Context) error {
-	args := append([]string{"decommission", "--destroy-leased-slots", "--log-format=json"}, slotArgs(r.h, r.o)...)
-	cmd := exec.CommandContext(ctx, r.bin, args...)
+func (r *runner) reset(ctx context.Context) error { return r.resetOn(ctx, r.bin, r.h) }
+
+// resetOn is reset on h with the decommission of bin: the build whose
+// daemon kept the slots, which reads its own records.
+func (r *runner) resetOn(ctx context.Context, bin string, h *host) error {
+	args := append([]string{"decommission", "--destroy-leased-slots", "--log-format=json"}, slotArgs(h, r.o)...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("phasegate decommission: %w\n%s", err, out)
 	}
-	return r.h.settle(ctx, r.o.settle)
+	return h.settle(ctx, r.o.settle)
 }
 
 // startTimeout bounds a start: generous, for a machine shared with other
