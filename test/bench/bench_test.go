@@ -48,6 +48,7 @@ func TestSmoke(t *testing.T) {
 	cmd := exec.Command(bin, "-n", "0,20", "-reps", "1", "-load-n", "200", "-load-reps", "1",
 		"-idle-duration", "1s", "-settle", "200ms", "-acquire-n", "40", "-slotrate-n", "20", "-upgrades", "2", "-restarts", "1",
 		"-upgrade-leases", "4", "-flood-duration", "2s", "-cni-calls", "10", "-cni-gc", "20", "-cni-podman", "1",
+		"-parts", strings.Join(allParts, ","), "-ab-reps", "1", "-ab-starts", "1", "-ab-window", "1s", "-ab-slot", "250ms", "-ab-rates", "100", "-ab-tls-rates", "100",
 		"-out", out, "-results", cache, "-doc", doc, "-headline", readme)
 	start := time.Now()
 	stdout, err := cmd.Output()
@@ -189,6 +190,24 @@ func TestSmoke(t *testing.T) {
 		// The sink refuses everything; the port holds nobody's bound.
 		if r := f.Runs[0]; r.Report.Held == 0 || r.Report.Refused == 0 || r.MaxFDs == 0 || r.Sink.Held != 0 || r.Sink.Refused == 0 {
 			t.Errorf("results.json: flood part: the flood %+v, the daemon's descriptors %d, the flood elsewhere %+v", r.Report, r.MaxFDs, r.Sink)
+		}
+	}
+	// Part ab, A/A (no -ab-binary): both sides started, timed and probed,
+	// plain and over TLS, every check answered.
+	if ab := res.AB; ab == nil || len(ab.Runs) != 4 || len(ab.Windows) != 4 || len(ab.Checks) != 4 {
+		t.Errorf("results.json: ab part: %+v", res.AB)
+	} else {
+		for _, r := range ab.Runs {
+			if r.FirstAnswerMs <= 0 || r.ServingMs < r.FirstAnswerMs {
+				t.Errorf("ab start %+v: no times", r)
+			}
+		}
+		for _, c := range ab.Checks {
+			for _, st := range c.Side {
+				if st.Requests == 0 || st.Errors != 0 {
+					t.Errorf("ab checks %s at %d/s, TLS %v: %+v", c.Kind, c.Rate, c.TLS, st)
+				}
+			}
 		}
 	}
 	if len(res.Goals) == 0 || len(res.Parts) != len(allParts) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +20,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/phasegate/phasegate/phases"
@@ -125,9 +125,13 @@ type daemon struct {
 	// served: from --control-socket, else in --state-dir.
 	control string
 	began   time.Time
-	done    chan struct{} // closed when the process has exited
-	err     error         // Wait's result, set before done is closed
-	logs    *logTail
+	// tlsClient is how the benchmark's own clients (the start's pollers, the
+	// lifecycle view) reach a daemon started with --tls-cert: its
+	// certificate, self-signed, as their only root; nil for plain text.
+	tlsClient *tls.Config
+	done      chan struct{} // closed when the process has exited
+	err       error         // Wait's result, set before done is closed
+	logs      *logTail
 }
 
 // heldSocketScript hands the inherited descriptor 3 to the daemon the way
@@ -160,6 +164,13 @@ func startDaemon(bin string, args []string, held *os.File) (*daemon, error) {
 		}
 		if v, ok := strings.CutPrefix(a, "--control-socket="); ok {
 			d.control = v
+		}
+		if v, ok := strings.CutPrefix(a, "--tls-cert="); ok {
+			cfg, err := clientTLS(v)
+			if err != nil {
+				return nil, err
+			}
+			d.tlsClient = cfg
 		}
 	}
 	if d.control == "" && stateDir != "" {
@@ -273,12 +284,12 @@ func (d *daemon) measureStartup(ctx context.Context, timeout time.Duration) (sta
 	)
 	wg.Go(func() {
 		var at time.Time
-		su.FirstStatus, at, httpErr = firstHTTPAnswer(ctx, d.addr)
+		su.FirstStatus, at, httpErr = firstHTTPAnswer(ctx, d.addr, d.tlsClient)
 		su.FirstAnswer = at.Sub(d.began)
 	})
 	wg.Go(func() {
 		var first time.Time
-		su.FirstGRPCSt, first, su.ServingAt, grpcErr = watchUntilServing(ctx, d.addr)
+		su.FirstGRPCSt, first, su.ServingAt, grpcErr = watchUntilServing(ctx, d.addr, d.tlsClient)
 		su.FirstGRPC, su.Serving = first.Sub(d.began), su.ServingAt.Sub(d.began)
 	})
 	wg.Wait()
@@ -291,17 +302,18 @@ func (d *daemon) measureStartup(ctx context.Context, timeout time.Duration) (sta
 	return su, nil
 }
 
-// firstHTTPAnswer polls GET /health on new connections until any HTTP
-// response arrives: every millisecond for the first second, then every 5 ms.
-func firstHTTPAnswer(ctx context.Context, addr string) (int, time.Time, error) {
+// firstHTTPAnswer polls GET /health on new connections (with TLS, when
+// tlsCfg is not nil) until any HTTP response arrives: every millisecond
+// for the first second, then every 5 ms.
+func firstHTTPAnswer(ctx context.Context, addr string, tlsCfg *tls.Config) (int, time.Time, error) {
 	client := &http.Client{
 		Timeout:   2 * time.Second,
-		Transport: &http.Transport{DisableKeepAlives: true},
+		Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: tlsCfg},
 	}
 	defer client.CloseIdleConnections()
 	start := time.Now()
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL(addr, tlsCfg)+"/health", nil)
 		if err != nil {
 			return 0, time.Time{}, err
 		}
@@ -323,12 +335,12 @@ func firstHTTPAnswer(ctx context.Context, addr string) (int, time.Time, error) {
 }
 
 // watchUntilServing opens a grpc.health.v1 Watch on service "" (waiting for
-// the port with a fast reconnect backoff: 1 ms doubling to 20 ms) and
-// returns the first status received, when it arrived and when SERVING
-// arrived.
-func watchUntilServing(ctx context.Context, addr string) (string, time.Time, time.Time, error) {
+// the port with a fast reconnect backoff: 1 ms doubling to 20 ms; with TLS
+// when tlsCfg is not nil) and returns the first status received, when it
+// arrived and when SERVING arrived.
+func watchUntilServing(ctx context.Context, addr string, tlsCfg *tls.Config) (string, time.Time, time.Time, error) {
 	conn, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(transportCreds(tlsCfg)),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: time.Millisecond, Multiplier: 2, Jitter: 0.1, MaxDelay: 20 * time.Millisecond},
 			MinConnectTimeout: 2 * time.Second,
@@ -393,21 +405,37 @@ func (v lifecycleView) task(name string) (phaseView, bool) {
 // lifecycle fetches GET /debug/lifecycle.
 func (d *daemon) lifecycle(ctx context.Context) (lifecycleView, error) {
 	var v lifecycleView
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.addr+"/debug/lifecycle", nil)
-	if err != nil {
-		return v, err
+	b, err := d.get(ctx, "/debug/lifecycle")
+	if err == nil {
+		err = json.Unmarshal(b, &v)
 	}
-	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return v, fmt.Errorf("GET /debug/lifecycle: %w", err)
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
 		return v, fmt.Errorf("GET /debug/lifecycle: %w", err)
 	}
 	return v, nil
+}
+
+// get fetches path from the daemon's port (with TLS when it serves it)
+// and returns the body, within 5 s.
+func (d *daemon) get(ctx context.Context, path string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL(d.addr, d.tlsClient)+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	client := http.DefaultClient
+	if d.tlsClient != nil {
+		tr := &http.Transport{TLSClientConfig: d.tlsClient}
+		defer tr.CloseIdleConnections()
+		client = &http.Client{Transport: tr}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return io.ReadAll(resp.Body)
 }
 
 // Background tasks of the daemon the benchmark waits for.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -80,6 +81,9 @@ type sample struct {
 	// refused (ECONNREFUSED) or failed (anything else).
 	Err string `json:"err,omitempty"`
 	Out string `json:"out,omitempty"`
+	// Side is the daemon probed, when a probe generator has two (-addr2):
+	// 0 for -addr, 1 for -addr2.
+	Side int `json:"side,omitempty"`
 }
 
 // loadgenMain is the `loadgen` subcommand: it waits for the port, then
@@ -99,6 +103,9 @@ func loadgenMain(args []string, stderr io.Writer) int {
 	duration := fs.Duration("duration", 10*time.Second, "longest run once the port answers")
 	wait := fs.Duration("wait", 30*time.Second, "longest wait for the port")
 	out := fs.String("out", "", "file for the samples (JSON)")
+	ca := fs.String("tls-cert", "", "-mode probe: the daemon's self-signed certificate (its --tls-cert): probe with TLS, trusting it alone")
+	addr2 := fs.String("addr2", "", "-mode probe: a second daemon (127.0.0.1:port); the probes go to -addr and to it in turn, a -slot each, in ABBA order")
+	slot := fs.Duration("slot", 500*time.Millisecond, "-mode probe with -addr2: how long the probes go to one daemon before the other")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -109,8 +116,9 @@ func loadgenMain(args []string, stderr io.Writer) int {
 	grpcHost, _, gerr := net.SplitHostPort(*grpcAddr)
 	if err != nil || gerr != nil || host != "127.0.0.1" || grpcHost != "127.0.0.1" || *out == "" || *rate < 1 || *httpRate < 1 || *grpcRate < 1 ||
 		*duration <= 0 || *duration > 10*time.Minute ||
-		(*mode != genHealth && *mode != genAcquire && *mode != genProbe && *mode != genChecker) || (*mode == genAcquire && *control == "") {
-		fmt.Fprintln(stderr, "loadgen: need -addr (and -grpc-addr) 127.0.0.1:port, -out, -mode health|acquire|probe|checker (acquire with -control SOCKET), rates ≥ 1 and a duration in (0, 10m]")
+		(*mode != genHealth && *mode != genAcquire && *mode != genProbe && *mode != genChecker) || (*mode == genAcquire && *control == "") ||
+		((*ca != "" || *addr2 != "") && *mode != genProbe) || *slot <= 0 || (*addr2 != "" && !strings.HasPrefix(*addr2, "127.0.0.1:")) {
+		fmt.Fprintln(stderr, "loadgen: need -addr (and -grpc-addr, -addr2) 127.0.0.1:port, -out, -mode health|acquire|probe|checker (acquire with -control SOCKET; -tls-cert and -addr2 with probe only), rates ≥ 1, a -slot > 0 and a duration in (0, 10m]")
 		return exitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -120,9 +128,16 @@ func loadgenMain(args []string, stderr io.Writer) int {
 		return exitError
 	}
 	var samples []sample
-	if *mode == genChecker {
+	switch {
+	case *mode == genChecker:
 		samples, err = check(ctx, *addr, *grpcAddr, *httpRate, *grpcRate, *duration)
-	} else {
+	case *ca != "" || *addr2 != "":
+		addrs := []string{*addr}
+		if *addr2 != "" {
+			addrs = append(addrs, *addr2)
+		}
+		samples, err = probeSides(ctx, addrs, *ca, *rate, *slot, *duration)
+	default:
 		samples, err = generate(ctx, *addr, *grpcAddr, *control, *mode, *rate, *duration)
 	}
 	if err != nil {
@@ -340,11 +355,50 @@ func acquireOne(slots phasegatev1.SlotsClient, requestID string) sample {
 	return s
 }
 
+// abba is the order in which probeSides gives its slots to two daemons:
+// the first one goes first in every other pair, so that a drift of the
+// machine's load over the window falls on both alike.
+var abba = [4]int{0, 1, 1, 0}
+
+// probeSides is -mode probe with TLS (trusting the certificate in
+// certFile, when given) or to two daemons: the probes of genProbe, each on
+// a new connection, to addrs[0] alone, or to addrs[0] and addrs[1] in
+// turn, a slot of time each in ABBA order, each sample marked with its
+// daemon's index.
+func probeSides(ctx context.Context, addrs []string, certFile string, rate int, slot, duration time.Duration) ([]sample, error) {
+	var cfg *tls.Config
+	if certFile != "" {
+		var err error
+		if cfg, err = clientTLS(certFile); err != nil {
+			return nil, err
+		}
+	}
+	perSlot := max(1, int(float64(rate)*slot.Seconds()))
+	return schedule(ctx, genProbe, func(k int) sample {
+		side := 0
+		if len(addrs) > 1 {
+			side = abba[(k/perSlot)%len(abba)]
+		}
+		var s sample
+		if k%2 == 0 {
+			s = probeHTTPWith(addrs[side], cfg)
+		} else {
+			s = probeGRPCWith(addrs[side], cfg)
+		}
+		s.Side = side
+		return s
+	}, rate, duration), nil
+}
+
 // probeHTTP does one GET /health on a new connection.
-func probeHTTP(addr string) sample {
-	tr := &http.Transport{DisableKeepAlives: true}
+func probeHTTP(addr string) sample { return probeHTTPWith(addr, nil) }
+
+// probeHTTPWith does one GET /health on a new connection, with TLS when
+// tlsCfg is not nil.
+func probeHTTPWith(addr string, tlsCfg *tls.Config) sample {
+	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: tlsCfg}
 	defer tr.CloseIdleConnections()
-	s := getHTTP(&http.Client{Timeout: 2 * time.Second, Transport: tr}, "http://"+addr+"/health")
+	s := getHTTP(&http.Client{Timeout: 2 * time.Second, Transport: tr}, baseURL(addr, tlsCfg)+"/health")
 	if s.Err != "" && isRefused(s.Err) {
 		s.Out = outRefused
 	}
@@ -354,8 +408,11 @@ func probeHTTP(addr string) sample {
 // probeGRPC does one grpc.health.v1 Check on a new connection, without
 // waiting for the connection to become ready: a refused connection fails
 // the call at once, as it does for a checker.
-func probeGRPC(addr string) sample {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func probeGRPC(addr string) sample { return probeGRPCWith(addr, nil) }
+
+// probeGRPCWith is probeGRPC, with TLS when tlsCfg is not nil.
+func probeGRPCWith(addr string, tlsCfg *tls.Config) sample {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(transportCreds(tlsCfg)))
 	if err != nil {
 		return sample{Kind: kindGRPC, At: time.Now().UnixNano(), Err: err.Error(), Out: outFailed}
 	}

@@ -44,6 +44,11 @@
 //     on the control socket while nobody floods the port with as many gRPC
 //     connections as it can get (`bench flood`, run under runuser), beside
 //     a quiet window of the same length on the same daemon.
+//   - ab (run only when named): two builds side by side, -ab-binary (A,
+//     the baseline) and -binary (B), started in turn in the same minutes:
+//     exec → first answer and SERVING, then health checks on a new TCP
+//     connection each at -ab-rates, plain and over TLS; without
+//     -ab-binary, the build beside itself (the noise of the machine).
 //
 // Output: a table on stdout, report.md and PNG plots in -out, and the raw
 // figures, results.json, in -results (a cache outside the repository,
@@ -65,6 +70,7 @@
 //	cd test && sudo go run ./bench -parts load -merge -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md
 //	cd test && sudo go run ./bench -from -out ../docs/bench -doc ../docs/BENCHMARKS.md -headline ../README.md   # re-render
 //	cd test && sudo go run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -flood-duration 2s -out /tmp/bench -results /tmp/bench   # smoke, < 2 min
+//	cd test && sudo go run ./bench -parts ab -binary /tmp/phasegate-new -ab-binary /tmp/phasegate-old -out /tmp/ab -results /tmp/ab
 package main
 
 import (
@@ -123,9 +129,14 @@ const (
 	partSlotRate = "slotrate"
 	partFlood    = "flood"
 	partCNI      = "cni"
+	partAB       = "ab"
 )
 
-var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade, partFlood, partCNI}
+var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade, partFlood, partCNI, partAB}
+
+// defaultParts run without -parts: all but ab, a comparison of two builds
+// asked for by name.
+var defaultParts = slices.DeleteFunc(slices.Clone(allParts), func(p string) bool { return p == partAB })
 
 // options are the benchmark's settings, from its flags.
 type options struct {
@@ -155,6 +166,7 @@ type options struct {
 	cniCalls      int
 	cniGC         int
 	cniPodman     int
+	ab            abOptions
 	workers       int
 	poolSize      int
 	settle        time.Duration
@@ -190,7 +202,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	)
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&parts, "parts", strings.Join(allParts, ","), "parts to run: "+strings.Join(allParts, ", "))
+	fs.StringVar(&parts, "parts", strings.Join(defaultParts, ","), "parts to run: "+strings.Join(allParts, ", ")+" (ab only when named)")
 	fs.BoolVar(&o.merge, "merge", false, "keep the parts not run from -results/results.json (to measure one part again)")
 	fs.StringVar(&nList, "n", "0,1000,5000,10000", "comma-separated numbers of dead slots (part dead) and of leased slots (part restore)")
 	fs.BoolVar(&skip10k, "skip-10k", false, "leave out N ≥ 10,000 (small machines); the report says so")
@@ -217,6 +229,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.cniCalls, "cni-calls", 200, "part cni: ADDs, then DELs, per plugin and number of callers in each rep (0: skip the part)")
 	fs.IntVar(&o.cniGC, "cni-gc", 1000, "part cni: attachments a runtime forgot, ended by one GC, against the kernel floor")
 	fs.IntVar(&o.cniPodman, "cni-podman", 10, "part cni: `podman run` on each network in each rep (0: none)")
+	abRates, abTLSRates := o.ab.register(fs)
 	fs.IntVar(&o.workers, "workers", slot.DefaultWorkers, "reclaim workers for phasegate (--reclaim-workers; default the daemon's) and the kernel floor")
 	fs.IntVar(&o.poolSize, "pool-size", 16, "daemon --pool-size (warm slots; --pool-min-ready stays 1)")
 	fs.DurationVar(&o.settle, "settle", 2*time.Second, "pause after each run so the kernel's namespace clean-up does not overlap the next")
@@ -241,6 +254,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	}
 	o.ns = ns
 	if o.parts, err = parseParts(parts); err != nil {
+		return o, err
+	}
+	if err := o.ab.parse(*abRates, *abTLSRates); err != nil {
 		return o, err
 	}
 	if o.guestAddr, err = netip.ParsePrefix(*guestAddr); err != nil {

@@ -178,6 +178,9 @@ func printTable(w io.Writer, res *Results) {
 				fmtMs(q.P99Ms), fmtMs(fl.P99Ms), fmtMs(el.P99Ms), q.Errors, fl.Errors, el.Errors)
 		}
 	}
+	if ab := res.AB; ab != nil {
+		printAB(w, ab)
+	}
 	fmt.Fprintln(w, "\ngoals (never asserted):")
 	for _, g := range res.Goals {
 		fmt.Fprintf(w, "  [%s] %s %s: %s", g.Status, g.Name, g.Target, g.Measured)
@@ -299,6 +302,9 @@ func markdown(res *Results, img string) string {
 	}
 	if f := res.Flood; f != nil {
 		markdownFlood(&b, f)
+	}
+	if ab := res.AB; ab != nil {
+		markdownAB(&b, ab)
 	}
 	if len(res.Breakdowns) > 0 {
 		markdownBreakdowns(&b, res.Breakdowns)

@@ -63,6 +63,7 @@ type Results struct {
 	CNI        *CNIResult      `json:"cni,omitempty"`
 	Upgrade    *UpgradeResult  `json:"upgrade,omitempty"`
 	Flood      *FloodResult    `json:"flood,omitempty"`
+	AB         *ABResult       `json:"ab,omitempty"`
 	Goals      []Goal          `json:"goals"`
 	Notes      []string        `json:"notes,omitempty"`
 }
@@ -474,6 +475,8 @@ func (r *Results) dropPart(part string) {
 		r.Flood = nil
 	case partCNI:
 		r.CNI = nil
+	case partAB:
+		r.AB = nil
 	}
 	delete(r.Parts, part)
 }

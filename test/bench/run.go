@@ -7,6 +7,7 @@ import (
 	"io"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -83,6 +84,7 @@ func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Res
 		partUpgrade:  r.measureUpgrade,
 		partFlood:    r.measureFlood,
 		partCNI:      r.measureCNI,
+		partAB:       r.measureAB,
 	}
 	for _, part := range o.parts {
 		res.dropPart(part)
@@ -230,13 +232,40 @@ func (r *runner) leak(ctx context.Context, n int) error {
 // reset removes every slot a daemon kept (leased and warm, recorded) with
 // `phasegate decommission --destroy-leased-slots`, then waits until
 // nothing with our prefix is left and pauses for -settle.
-func (r *runner) reset(ctx context.Context) error {
-	args := append([]string{"decommission", "--destroy-leased-slots", "--log-format=json"}, slotArgs(r.h, r.o)...)
-	cmd := exec.CommandContext(ctx, r.bin, args...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("phasegate decommission: %w\n%s", err, out)
+func (r *runner) reset(ctx context.Context) error { return r.resetOn(ctx, r.bin, r.h) }
+
+// resetOn is reset on h with the decommission of bin: the build whose
+// daemon kept the slots, which reads its own records.
+//
+// A decommission that fails is run again, up to decommissionAttempts
+// times a second apart: on a host where others make and remove thousands
+// of addresses, its reads of the host's addresses can be interrupted on
+// every try for the seconds it allows them.
+func (r *runner) resetOn(ctx context.Context, bin string, h *host) error {
+	args := append([]string{"decommission", "--destroy-leased-slots", "--log-format=json"}, slotArgs(h, r.o)...)
+	for attempt := 1; ; attempt++ {
+		out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+		if err == nil {
+			break
+		}
+		if attempt == decommissionAttempts || ctx.Err() != nil {
+			return fmt.Errorf("phasegate decommission (%d attempts): %w\n%s", attempt, err, out)
+		}
+		r.logf("phasegate decommission failed (%s); again in a second", lastLine(out))
+		if err := sleep(ctx, time.Second); err != nil {
+			return err
+		}
 	}
-	return r.h.settle(ctx, r.o.settle)
+	return h.settle(ctx, r.o.settle)
+}
+
+// decommissionAttempts bounds resetOn's tries.
+const decommissionAttempts = 5
+
+// lastLine is the last non-empty line of a program's output.
+func lastLine(out []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
 }
 
 // startTimeout bounds a start: generous, for a machine shared with other
