@@ -21,8 +21,9 @@ type ConnStats struct {
 	// accept because their peer held MaxConnsPerPeer, or because the
 	// server held MaxConns (or unprivileged peers their part of it).
 	RefusedPerPeer, RefusedTotal uint64
-	// Sniffing counts the connections accepted and not yet handed to the
-	// gRPC or the HTTP server.
+	// Sniffing counts the connections of unprivileged peers accepted and
+	// not yet handed to the gRPC or the HTTP server: what MaxSniffing
+	// bounds.
 	Sniffing int
 	// RefusedAdmission counts the connections closed at accept because
 	// [Config.Admit] refused their peer.
@@ -76,13 +77,14 @@ func newConnGate(l Limits, admit func(*PeerCred) PeerClass, log *slog.Logger) *c
 		self: uint32(os.Geteuid()), classOf: admit, log: log}
 }
 
-// sniffLimits are the bounds of the connections being sniffed, as a
-// connLimiter's: a quarter of MaxSniffing kept for privileged peers, and
-// for permitted ones the part PermittedConns is of MaxConns.
+// sniffLimits are the bounds of unprivileged peers' connections being
+// sniffed, as a connLimiter's (privileged peers' are not counted): for
+// permitted peers, the part of MaxSniffing that PermittedConns is of
+// MaxConns.
 func sniffLimits(l Limits) Limits {
-	s := Limits{MaxConns: l.MaxSniffing, MaxConnsPerPeer: l.MaxSniffingPerPeer, PrivilegedConns: l.MaxSniffing / 4}
+	s := Limits{MaxConns: l.MaxSniffing, MaxConnsPerPeer: l.MaxSniffingPerPeer}
 	if l.MaxConns > 0 {
-		s.PermittedConns = min(l.MaxSniffing*l.PermittedConns/l.MaxConns, s.MaxConns-s.PrivilegedConns)
+		s.PermittedConns = min(l.MaxSniffing*l.PermittedConns/l.MaxConns, s.MaxConns)
 	}
 	return s
 }
@@ -158,6 +160,9 @@ func (g *connGate) admit(c net.Conn, p peerKey, k PeerClass) bool {
 		why = g.limiter.admit(p, k)
 	}
 	if why == admitted {
+		if k == PeerPrivileged {
+			return true // not counted among those being sniffed
+		}
 		if why = g.sniff.admit(p, k); why == admitted {
 			return true
 		}
@@ -180,9 +185,9 @@ func (g *connGate) admit(c net.Conn, p peerKey, k PeerClass) bool {
 		g.refusedPeer.Add(1)
 		lim, what = g.limiter.limits.MaxConnsPerPeer, "per peer"
 	case overSniffing:
-		// A flood of the port's first bytes; the server is not impaired:
-		// a privileged peer's share is kept, and connections are handed
-		// over within a round trip.
+		// A flood of the port's first bytes by unprivileged peers; the
+		// server is not impaired: privileged peers are not counted, and
+		// connections are handed over within a round trip.
 		g.refusedSniffing.Add(1)
 		lim, what = g.sniff.limits.MaxConns, "being sniffed"
 	default:

@@ -109,7 +109,7 @@ func (l *trackingListener) track(c net.Conn) (*trackedConn, error) {
 	if !l.gate.admit(c, tc.who, tc.class) {
 		return nil, nil
 	}
-	tc.sniffing.Store(true)
+	tc.sniffing.Store(tc.class != PeerPrivileged) // those the gate counted
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -219,7 +219,7 @@ type trackedConn struct {
 	who        peerKey   // whose share of the bounds it takes
 	class      PeerClass // which share: never PeerRefused
 	handedOver atomic.Bool
-	sniffing   atomic.Bool // holds a share of MaxSniffing, until handed over or closed
+	sniffing   atomic.Bool // holds a share of MaxSniffing (unprivileged), until handed over or closed
 	closeOnce  sync.Once
 
 	// Until the handover, read only by the multiplexer's goroutine.

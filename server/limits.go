@@ -86,13 +86,16 @@ type Limits struct {
 	// handshake lets any call the gRPC server would take through. Zero
 	// is no bound.
 	MaxSniffBytes int
-	// MaxSniffing bounds the connections accepted and not yet handed to
-	// the gRPC or the HTTP server, every peer's together: with
-	// MaxSniffBytes, it bounds the memory they hold, however many
-	// connections the other bounds let in. A quarter of it is kept for
-	// privileged peers, as PrivilegedConns is of MaxConns, and the same
-	// part of it as PermittedConns is of MaxConns for permitted peers. A
-	// connection over it is closed at accept. Zero is no bound.
+	// MaxSniffing bounds the connections of unprivileged peers accepted
+	// and not yet handed to the gRPC or the HTTP server, all of them
+	// together: with MaxSniffBytes, it bounds the memory they hold,
+	// however many connections the other bounds let in. The same part of
+	// it as PermittedConns is of MaxConns is kept for permitted peers. A
+	// connection over it is closed at accept. Privileged peers (uid 0,
+	// the server's own user) are not counted: they could stop the process
+	// anyway, and their checkers' connections, which a starved machine
+	// may keep in the decision for a while, must be answered late rather
+	// than refused. Zero is no bound.
 	MaxSniffing int
 	// MaxSniffingPerPeer bounds the connections of one unprivileged
 	// peer that are being sniffed at once: a client's connection is

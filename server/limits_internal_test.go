@@ -276,24 +276,24 @@ func TestLimitsValidate(t *testing.T) {
 	}
 }
 
-// The connections being sniffed keep the same shares as the open ones: a
-// quarter for privileged peers, and for permitted ones the part
-// PermittedConns is of MaxConns, within what the quarter leaves.
+// The connections of unprivileged peers being sniffed keep the open ones'
+// share for permitted peers: the part PermittedConns is of MaxConns.
+// Privileged peers' are not counted, so none is kept for them.
 func TestSniffLimits(t *testing.T) {
 	for _, tc := range []struct {
-		l                          Limits
-		max, privileged, permitted int
+		l              Limits
+		max, permitted int
 	}{
-		{Limits{MaxConns: 128, PrivilegedConns: 32, PermittedConns: 96, MaxSniffing: 128}, 128, 32, 96},
-		{Limits{MaxConns: 128, PrivilegedConns: 32, PermittedConns: 64, MaxSniffing: 64}, 64, 16, 32},
-		{Limits{MaxConns: 8, PrivilegedConns: 2, PermittedConns: 6, MaxSniffing: 128}, 128, 32, 96},
-		{Limits{MaxConns: 4096, PrivilegedConns: 64, MaxSniffing: 128}, 128, 32, 0},
-		{Limits{PermittedConns: 6, MaxSniffing: 16}, 16, 4, 0},
+		{Limits{MaxConns: 128, PrivilegedConns: 32, PermittedConns: 96, MaxSniffing: 128}, 128, 96},
+		{Limits{MaxConns: 128, PrivilegedConns: 32, PermittedConns: 64, MaxSniffing: 64}, 64, 32},
+		{Limits{MaxConns: 8, PrivilegedConns: 2, PermittedConns: 6, MaxSniffing: 128}, 128, 96},
+		{Limits{MaxConns: 4096, PrivilegedConns: 64, MaxSniffing: 128}, 128, 0},
+		{Limits{PermittedConns: 6, MaxSniffing: 16}, 16, 0},
 	} {
 		s := sniffLimits(tc.l)
-		if s.MaxConns != tc.max || s.PrivilegedConns != tc.privileged || s.PermittedConns != tc.permitted {
-			t.Errorf("sniffLimits(%+v) = %d, %d privileged, %d permitted; want %d, %d, %d", tc.l,
-				s.MaxConns, s.PrivilegedConns, s.PermittedConns, tc.max, tc.privileged, tc.permitted)
+		if s.MaxConns != tc.max || s.PrivilegedConns != 0 || s.PermittedConns != tc.permitted {
+			t.Errorf("sniffLimits(%+v) = %d, %d privileged, %d permitted; want %d, none (privileged peers are not counted), %d", tc.l,
+				s.MaxConns, s.PrivilegedConns, s.PermittedConns, tc.max, tc.permitted)
 		}
 		if errs := s.validate(); len(errs) != 0 {
 			t.Errorf("sniffLimits(%+v) = %+v: %v", tc.l, s, errs)

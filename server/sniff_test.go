@@ -222,17 +222,17 @@ func isTimeoutErr(err error) bool {
 
 // Connections being sniffed are bounded apart from the others: an
 // unprivileged peer gets MaxSniffingPerPeer of them, unprivileged peers
-// together all but a quarter of MaxSniffing, and the rest is closed at
-// accept; root's connection is still served, and once handed over it
-// gives its share back. Silent connections give theirs back at the sniff
-// timeout.
+// together MaxSniffing, and the rest is closed at accept. Root's are not
+// counted: its silent connections are kept past the bound, and its
+// requests are served beside the flood. Silent connections give their
+// share back at the sniff timeout.
 func TestSniffingBoundedInTotal(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the peers are sockets made as other users")
 	}
-	const nobody, nogroup = 65534, 65533
+	const nobody, nogroup, other = 65534, 65533, 65532
 	lim := Limits{MaxSniffing: 8, MaxSniffingPerPeer: 4}
-	s := sniffServer(t, lim, time.Second, nil)
+	s := sniffServer(t, lim, 3*time.Second, nil)
 	addr := s.Addr().String()
 	silent := func(uid int) net.Conn {
 		c := dialFrom(t, uid, "", addr)
@@ -246,21 +246,31 @@ func TestSniffingBoundedInTotal(t *testing.T) {
 	if c := silent(nobody); !closedByServer(c) {
 		t.Error("nobody's fifth connection being sniffed was taken, its bound is 4")
 	}
-	silent(nogroup)
-	silent(nogroup)
-	waitFor(t, "6 sniffing", func() bool { return s.ConnStats().Sniffing == 6 })
-	if c := silent(nogroup); !closedByServer(c) {
-		t.Error("a seventh unprivileged connection being sniffed was taken; 2 of 8 are root's")
+	for range 4 {
+		silent(nogroup)
 	}
-	for i := range 3 { // root's share and more: each is handed over at once
+	waitFor(t, "8 sniffing", func() bool { return s.ConnStats().Sniffing == 8 })
+	if c := silent(other); !closedByServer(c) {
+		t.Error("a ninth unprivileged connection being sniffed was taken; the bound is 8")
+	}
+	for range 10 {
+		silent(0)
+	}
+	for i := range 3 {
 		if h := open(t, s, 0, ""); h.err != nil {
 			t.Fatalf("root's request %d beside the sniffing flood: %v", i, h.err)
 		}
 	}
-	if st := s.ConnStats(); st.RefusedSniffing != 2 || st.Sniffing != 6 || st.ImpairedNow || !st.Impaired.IsZero() {
-		t.Errorf("ConnStats = %+v, want 2 refused over the sniffing bound, 6 being sniffed, not impaired", st)
+	// 8 unprivileged, root's 10 silent and 3 served.
+	if st := s.ConnStats(); st.Open != 21 || st.RefusedSniffing != 2 || st.Sniffing != 8 || st.ImpairedNow || !st.Impaired.IsZero() {
+		t.Errorf("ConnStats = %+v, want 21 open, 2 refused over the sniffing bound, 8 being sniffed, not impaired", st)
 	}
-	waitFor(t, "the silent connections closed at the sniff timeout", func() bool { return s.ConnStats().Sniffing == 0 })
+	// Root's three requests' connections are kept alive; every silent
+	// one, root's included, is closed at the sniff timeout.
+	waitFor(t, "the silent connections closed at the sniff timeout", func() bool {
+		st := s.ConnStats()
+		return st.Open == 3 && st.Sniffing == 0
+	})
 	for range 4 {
 		if h := open(t, s, nobody, ""); h.err != nil {
 			t.Fatalf("nobody after the flood: %v", h.err)
@@ -278,12 +288,15 @@ func closedByServer(c net.Conn) bool {
 
 // What a flood of the port's first bytes can make the process hold is
 // bounded by MaxSniffing connections of MaxSniffBytes each, however many
-// it opens and whatever they send: 64 connections that each send a
-// preface and the header of a 16 MiB frame, 64 that send DATA frames of
-// 16 MiB, and 64 that stall just under MaxSniffBytes, while they are all
-// open. cmux read such frames whole into memory: the first kind alone
-// took 1 GiB.
+// it opens and whatever they send: 8 users' 16 connections each that stall
+// just under MaxSniffBytes (the bound, filled), then 64 connections that
+// each send a preface and the header of a 16 MiB frame and 64 that send
+// DATA frames of 16 MiB, while they are all open. cmux read such frames
+// whole into memory: the header kind alone took 1 GiB.
 func TestSniffHoldsBoundedMemory(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the peers are sockets made as other users")
+	}
 	s := sniffServer(t, DefaultLimits(), 10*time.Second, nil)
 	ping := frame(http2.FramePing, 0, 0, 8, make([]byte, 8))
 	base := heapInUse()
@@ -295,28 +308,28 @@ func TestSniffHoldsBoundedMemory(t *testing.T) {
 		}
 		wg.Wait()
 	}()
-	flood := func(b []byte) {
-		for range 64 {
-			c, err := net.Dial("tcp", s.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
+	flood := func(uid, n int, b []byte) {
+		for range n {
+			c := dialFrom(t, uid, "", s.Addr().String())
 			conns = append(conns, c)
 			wg.Go(func() { _, _ = c.Write(b) })
 		}
 	}
-	flood(h2(bytes.Repeat(ping, (DefaultMaxSniffBytes-200)/len(ping))))
-	waitFor(t, "the stalling connections sniffed", func() bool { return s.ConnStats().Sniffing == 64 })
-	flood(h2(frame(http2.FrameHeaders, 0, 1, 1<<24-1, nil)))
-	flood(h2(frame(http2.FrameData, 0, 1, 1<<24-1, make([]byte, 4<<20))))
-	waitFor(t, "the frames of 16 MiB refused", func() bool {
+	stall := h2(bytes.Repeat(ping, (DefaultMaxSniffBytes-200)/len(ping)))
+	for uid := 60000; uid < 60008; uid++ {
+		flood(uid, DefaultMaxSniffingPerPeer, stall)
+	}
+	waitFor(t, "the stalling connections sniffed", func() bool { return s.ConnStats().Sniffing == DefaultMaxSniffing })
+	flood(60008, 64, h2(frame(http2.FrameHeaders, 0, 1, 1<<24-1, nil)))
+	flood(60009, 64, h2(frame(http2.FrameData, 0, 1, 1<<24-1, make([]byte, 4<<20))))
+	waitFor(t, "the other connections refused", func() bool {
 		st := s.ConnStats()
 		return st.RefusedProtocol+st.RefusedSniffing == 128
 	})
 	time.Sleep(200 * time.Millisecond) // the stalled ones' last bytes: no event says they were read
 	grown := heapInUse() - base
 	bound := uint64(DefaultMaxSniffing) * (2*DefaultMaxSniffBytes + 64<<10)
-	t.Logf("192 flooding connections, %d being sniffed: the heap grew %d KiB (bound %d KiB)", s.ConnStats().Sniffing, grown>>10, bound>>10)
+	t.Logf("256 flooding connections, %d being sniffed: the heap grew %d KiB (bound %d KiB)", s.ConnStats().Sniffing, grown>>10, bound>>10)
 	if grown > bound {
 		t.Errorf("the heap grew %d MiB under the flood; its bound is %d MiB", grown>>20, bound>>20)
 	}
