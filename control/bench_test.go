@@ -66,7 +66,7 @@ func BenchmarkHealthDuringControlFlood(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	g, err := control.NewGuard(&control.Policy{Rate: 100, Rules: []control.Rule{rule}},
+	g, err := control.NewGuard(&control.AccessPolicy{Rate: 100, Rules: []control.Rule{rule}},
 		control.GuardOptions{Service: "grpc.testing.TestService", Mutating: []string{"EmptyCall"}, Surface: "bench"})
 	if err != nil {
 		b.Fatal(err)
