@@ -158,3 +158,45 @@ func (v portsValue) Set(s string) error {
 	*v.p = out
 	return nil
 }
+
+// verbs are the verbs of a command that takes one (slots, held), each
+// with its number of arguments.
+type verbs struct {
+	command, usage string
+	args           map[string]int
+}
+
+// parse reads the verb, its arguments and the flags, which may come
+// before or after the arguments. The error is the line to print;
+// errShownHelp when the help was printed.
+func (v verbs) parse(fs *flag.FlagSet, e env, args []string) (verb string, pos []string, err error) {
+	badUsage := fmt.Errorf("usage: phasegate %s", v.usage)
+	if len(args) == 0 {
+		return "", nil, badUsage
+	}
+	if isHelp(args[0]) {
+		usage(e.stdout, fs, v.usage)
+		return "", nil, errShownHelp
+	}
+	verb, rest := args[0], args[1:]
+	// At least once, with no argument left too: the parse is also what
+	// sets the flags the command line left alone from the environment
+	// (PHASEGATE_SOCKET for "slots list").
+	for first := true; first || len(rest) > 0; first = false {
+		if err := parseFlagsKeepArgs(fs, rest, e.lookupEnv); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				usage(e.stdout, fs, v.usage)
+				return "", nil, errShownHelp
+			}
+			return "", nil, fmt.Errorf("phasegate %s: %s", v.command, oneLine(err))
+		}
+		rest = fs.Args()
+		if len(rest) > 0 {
+			pos, rest = append(pos, rest[0]), rest[1:]
+		}
+	}
+	if n, ok := v.args[verb]; !ok || len(pos) != n {
+		return "", nil, badUsage
+	}
+	return verb, pos, nil
+}
