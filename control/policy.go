@@ -196,31 +196,21 @@ func (r *Rule) resolve() error {
 	if n != 1 {
 		return fmt.Errorf("%w: a rule selects by exactly one of uid, user, gid, group or identity (this one by %d)", ErrPolicy, n)
 	}
-	if r.User != "" {
-		id, err := resolveName("user", r.User, func(n string) (string, error) {
-			u, err := user.Lookup(n)
-			if err != nil {
-				return "", err
-			}
-			return u.Uid, nil
-		})
+	// A user or a group by name is resolved to its id once, here.
+	for _, n := range []struct {
+		kind   string
+		name   *string
+		id     **uint32
+		lookup func(string) (string, error)
+	}{{"user", &r.User, &r.UID, lookupUID}, {"group", &r.Group, &r.GID, lookupGID}} {
+		if *n.name == "" {
+			continue
+		}
+		id, err := resolveName(n.kind, *n.name, n.lookup)
 		if err != nil {
 			return err
 		}
-		r.UID, r.User = id, ""
-	}
-	if r.Group != "" {
-		id, err := resolveName("group", r.Group, func(n string) (string, error) {
-			g, err := user.LookupGroup(n)
-			if err != nil {
-				return "", err
-			}
-			return g.Gid, nil
-		})
-		if err != nil {
-			return err
-		}
-		r.GID, r.Group = id, ""
+		*n.id, *n.name = id, ""
 	}
 	if r.Identity != "" {
 		kind, pattern, err := parseIdentity(r.Identity)
@@ -250,6 +240,24 @@ func (r *Rule) resolve() error {
 		return fmt.Errorf("%w: a read-only rule cannot grant attach", ErrPolicy)
 	}
 	return nil
+}
+
+// lookupUID is the uid of the user called name.
+func lookupUID(name string) (string, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return "", err
+	}
+	return u.Uid, nil
+}
+
+// lookupGID is the gid of the group called name.
+func lookupGID(name string) (string, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return "", err
+	}
+	return g.Gid, nil
 }
 
 // resolveName returns the numeric id of a user or group name, as lookup

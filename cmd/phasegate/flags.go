@@ -166,6 +166,21 @@ type verbs struct {
 	args           map[string]int
 }
 
+// parseOrExit is parse for a command: done when the command ends there,
+// with the code to exit with (0 when the help was printed, 2 with the
+// usage error printed).
+func (v verbs) parseOrExit(fs *flag.FlagSet, e env, args []string) (verb string, pos []string, code int, done bool) {
+	verb, pos, err := v.parse(fs, e, args)
+	switch {
+	case errors.Is(err, errShownHelp):
+		return "", nil, exitOK, true
+	case err != nil:
+		fmt.Fprintf(e.stderr, "%s\n", err)
+		return "", nil, exitUsage, true
+	}
+	return verb, pos, 0, false
+}
+
 // parse reads the verb, its arguments and the flags, which may come
 // before or after the arguments. The error is the line to print;
 // errShownHelp when the help was printed.

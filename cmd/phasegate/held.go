@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -52,18 +51,15 @@ func heldCmd(ctx context.Context, e env) int {
 	if len(args) == 0 || (args[0] != "" && args[0][0] == '-' && !isHelp(args[0])) {
 		args = append([]string{"list"}, args...)
 	}
-	verb, pos, err := heldVerbs().parse(fs, e, args)
-	switch {
-	case errors.Is(err, errShownHelp):
-		return exitOK
-	case err != nil:
-		fmt.Fprintf(e.stderr, "%s\n", err)
-		return exitUsage
+	verb, pos, code, done := heldVerbs().parseOrExit(fs, e, args)
+	if done {
+		return code
 	}
 	c := heldClient{socket: *socket}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	var answer any
+	var err error
 	switch verb {
 	case "list":
 		var l phases.HeldList

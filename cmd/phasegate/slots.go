@@ -131,13 +131,9 @@ var errShownHelp = errors.New("help shown")
 // answers as JSON: what an operator or a script needs without grpcurl.
 func slotsCmd(ctx context.Context, e env) int {
 	fs, f := newSlotsFlagSet()
-	verb, pos, err := slotsVerbs().parse(fs, e, e.args)
-	switch {
-	case errors.Is(err, errShownHelp):
-		return exitOK
-	case err != nil:
-		fmt.Fprintf(e.stderr, "%s\n", err)
-		return exitUsage
+	verb, pos, code, done := slotsVerbs().parseOrExit(fs, e, e.args)
+	if done {
+		return code
 	}
 	conn, err := f.dial()
 	if err != nil {
