@@ -72,26 +72,53 @@ func parseFlagsKeepArgs(fs *flag.FlagSet, args []string, lookupEnv func(string) 
 	return errors.Join(errs...)
 }
 
-// prefixValue is a flag.Value for a netip.Prefix.
-type prefixValue struct{ p *netip.Prefix }
-
-func (v prefixValue) String() string {
-	if v.p == nil || !v.p.IsValid() {
-		return ""
-	}
-	return v.p.String()
+// parsedValue is a flag.Value that parse sets and show prints: "" while
+// unset, as flag's help prints a default of nothing.
+type parsedValue[T any] struct {
+	p     *T
+	parse func(string) (T, error)
+	show  func(T) string
 }
 
-func (v prefixValue) Set(s string) error {
-	p, err := netip.ParsePrefix(s)
+func (v parsedValue[T]) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return v.show(*v.p)
+}
+
+func (v parsedValue[T]) Set(s string) error {
+	x, err := v.parse(s)
 	if err != nil {
-		return fmt.Errorf("not a CIDR prefix: %q", s)
+		return err
 	}
-	if p != p.Masked() {
-		return fmt.Errorf("%s has host bits set; did you mean %s?", s, p.Masked())
-	}
-	*v.p = p
+	*v.p = x
 	return nil
+}
+
+// showValid prints x, or "" when it is not valid (netip's zero values).
+func showValid[T interface {
+	IsValid() bool
+	String() string
+}](x T) string {
+	if !x.IsValid() {
+		return ""
+	}
+	return x.String()
+}
+
+// prefixValue is a CIDR prefix, with no host bits set.
+func prefixValue(p *netip.Prefix) parsedValue[netip.Prefix] {
+	return parsedValue[netip.Prefix]{p: p, show: showValid[netip.Prefix], parse: func(s string) (netip.Prefix, error) {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return p, fmt.Errorf("not a CIDR prefix: %q", s)
+		}
+		if p != p.Masked() {
+			return p, fmt.Errorf("%s has host bits set; did you mean %s?", s, p.Masked())
+		}
+		return p, nil
+	}}
 }
 
 // choiceValue is a flag.Value restricted to a few words.
