@@ -107,6 +107,18 @@ func showValid[T interface {
 	return x.String()
 }
 
+// parsing is parse with its error replaced by one saying what s is not
+// (the parsers' own errors name the Go type, not the flag's meaning).
+func parsing[T any](parse func(string) (T, error), what string) func(string) (T, error) {
+	return func(s string) (T, error) {
+		x, err := parse(s)
+		if err != nil {
+			return x, fmt.Errorf("not %s: %q", what, s)
+		}
+		return x, nil
+	}
+}
+
 // prefixValue is a CIDR prefix, with no host bits set.
 func prefixValue(p *netip.Prefix) parsedValue[netip.Prefix] {
 	return parsedValue[netip.Prefix]{p: p, show: showValid[netip.Prefix], parse: func(s string) (netip.Prefix, error) {

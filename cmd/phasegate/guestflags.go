@@ -25,13 +25,7 @@ func guestFlags(fs *flag.FlagSet, cfg *phases.Config) {
 
 // addrPrefixValue is an address with a prefix length (host bits kept).
 func addrPrefixValue(p *netip.Prefix) parsedValue[netip.Prefix] {
-	return parsedValue[netip.Prefix]{p: p, show: showValid[netip.Prefix], parse: func(s string) (netip.Prefix, error) {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return p, fmt.Errorf("not an address with a prefix length: %q", s)
-		}
-		return p, nil
-	}}
+	return parsedValue[netip.Prefix]{p: p, show: showValid[netip.Prefix], parse: parsing(netip.ParsePrefix, "an address with a prefix length")}
 }
 
 // macValue is an Ethernet MAC.
@@ -47,13 +41,7 @@ func macValue(m *net.HardwareAddr) parsedValue[net.HardwareAddr] {
 
 // addrValue is an IP address.
 func addrValue(a *netip.Addr) parsedValue[netip.Addr] {
-	return parsedValue[netip.Addr]{p: a, show: showValid[netip.Addr], parse: func(s string) (netip.Addr, error) {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return a, fmt.Errorf("not an IP address: %q", s)
-		}
-		return a, nil
-	}}
+	return parsedValue[netip.Addr]{p: a, show: showValid[netip.Addr], parse: parsing(netip.ParseAddr, "an IP address")}
 }
 
 // prefixesValue is a comma-separated list of CIDRs; "none" is the empty
