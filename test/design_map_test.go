@@ -51,6 +51,11 @@ func TestDesignMapMatchesTheTree(t *testing.T) {
 				t.Errorf("docs/DESIGN.md §2 has a row for %s, which is no package of the library", n)
 			}
 		}
+		for member := range r.also {
+			if !slices.Contains(r.names, member) {
+				t.Errorf("docs/DESIGN.md §2: %s's row says what %s also may import, which is not in the row", r.names[0], member)
+			}
+		}
 		for _, n := range slices.Concat(r.may, slices.Concat(slices.Collect(maps.Values(r.also))...)) {
 			if !slices.ContainsFunc(rows, func(o mapRow) bool {
 				return slices.ContainsFunc(o.names, func(on string) bool { return covers(n, on) || covers(on, n) })
