@@ -110,16 +110,10 @@ func (a *App) listener() (net.Listener, error) {
 
 // isListeningSocket reports whether f is a socket in the listening state.
 func isListeningSocket(f *os.File) bool {
-	sc, err := f.SyscallConn()
-	if err != nil {
-		return false
-	}
-	listening := false
-	_ = sc.Control(func(fd uintptr) {
-		v, err := getsockoptInt(int(fd))
-		listening = err == nil && v == 1
+	return socketIs(f, func(fd int) bool {
+		v, err := getsockoptInt(fd)
+		return err == nil && v == 1
 	})
-	return listening
 }
 
 // Inherited returns, and hands over to the caller, a descriptor this
@@ -133,16 +127,22 @@ func (a *App) Inherited(name string) *os.File {
 // isInetSocket reports whether f is an IPv4 or IPv6 socket: a listening
 // Unix socket handed over (a daemon's control socket) is not the port.
 func isInetSocket(f *os.File) bool {
+	return socketIs(f, func(fd int) bool {
+		d, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+		return err == nil && (d == unix.AF_INET || d == unix.AF_INET6)
+	})
+}
+
+// socketIs reports whether test holds of f's descriptor; false when f
+// has none to give.
+func socketIs(f *os.File, test func(fd int) bool) bool {
 	sc, err := f.SyscallConn()
 	if err != nil {
 		return false
 	}
-	inet := false
-	_ = sc.Control(func(fd uintptr) {
-		d, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
-		inet = err == nil && (d == unix.AF_INET || d == unix.AF_INET6)
-	})
-	return inet
+	is := false
+	_ = sc.Control(func(fd uintptr) { is = test(int(fd)) })
+	return is
 }
 
 func getsockoptInt(fd int) (int, error) {

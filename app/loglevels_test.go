@@ -17,13 +17,6 @@ import (
 // the drain as its reason, and the App's own lines ("serving", "stopped")
 // come after the lifecycle lines that led to them.
 func TestLogLevelsAndOrder(t *testing.T) {
-	blocking := func(started chan<- struct{}) func(context.Context, *lifecycle.Progress) error {
-		return func(ctx context.Context, _ *lifecycle.Progress) error {
-			close(started)
-			<-ctx.Done()
-			return ctx.Err()
-		}
-	}
 	tests := []struct {
 		name string
 		// cache is the slow phase; serve says whether the App is let serve
@@ -63,56 +56,80 @@ func TestLogLevelsAndOrder(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var buf lockedBuffer
-			cfg := testConfig()
-			cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
-			started := make(chan struct{})
-			cache := lifecycle.Phase{Name: "cache", Run: blocking(started)}
-			if tt.serve {
-				cache.Run = func(context.Context, *lifecycle.Progress) error { close(started); return nil }
-			}
-			a, err := New(cfg, cache,
-				// Parallel with cache, and slower than serving's own line
-				// would be if it did not wait for the log to catch up.
-				lifecycle.Phase{Name: "upstream", Run: nop},
-			)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sigs := make(chan os.Signal, 1)
-			done := make(chan error, 1)
-			go func() { done <- a.run(context.Background(), sigs) }()
-			<-started
-			if tt.serve {
-				if err := waitState(a, lifecycle.StateServing); err != nil {
-					t.Fatal(err)
-				}
-			}
-			sigs <- syscall.SIGTERM
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("run = %v, want an orderly stop", err)
-				}
-			case <-time.After(wait):
-				t.Fatal("run did not return")
-			}
-			out := buf.String()
-			for _, chain := range tt.inOrder {
-				rest := out
-				for _, want := range chain {
-					i := strings.Index(rest, want)
-					if i < 0 {
-						t.Fatalf("the log lacks %q after the fragments before it, %q:\n%s", want, chain, out)
-					}
-					rest = rest[i+len(want):]
-				}
-			}
-			for _, bad := range tt.absent {
-				if strings.Contains(out, bad) {
-					t.Errorf("the log has %q:\n%s", bad, out)
-				}
-			}
+			out := logOfARunStoppedBySIGTERM(t, tt.serve)
+			checkLogFragments(t, out, tt.inOrder, tt.absent)
 		})
+	}
+}
+
+// blocking is a phase's Run that closes started and returns when cancelled.
+func blocking(started chan<- struct{}) func(context.Context, *lifecycle.Progress) error {
+	return func(ctx context.Context, _ *lifecycle.Progress) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+}
+
+// logOfARunStoppedBySIGTERM runs an App with a phase cache (slow unless
+// serve) beside a quick one, sends SIGTERM once cache started (and, with
+// serve, once the App serves), and returns its text log.
+func logOfARunStoppedBySIGTERM(t *testing.T, serve bool) string {
+	t.Helper()
+	var buf lockedBuffer
+	cfg := testConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	started := make(chan struct{})
+	cache := lifecycle.Phase{Name: "cache", Run: blocking(started)}
+	if serve {
+		cache.Run = func(context.Context, *lifecycle.Progress) error { close(started); return nil }
+	}
+	a, err := New(cfg, cache,
+		// Parallel with cache, and slower than serving's own line
+		// would be if it did not wait for the log to catch up.
+		lifecycle.Phase{Name: "upstream", Run: nop},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sigs := make(chan os.Signal, 1)
+	done := make(chan error, 1)
+	go func() { done <- a.run(context.Background(), sigs) }()
+	<-started
+	if serve {
+		if err := waitState(a, lifecycle.StateServing); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sigs <- syscall.SIGTERM
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run = %v, want an orderly stop", err)
+		}
+	case <-time.After(wait):
+		t.Fatal("run did not return")
+	}
+	return buf.String()
+}
+
+// checkLogFragments checks that out holds each chain of inOrder's fragments
+// in its order, and none of absent.
+func checkLogFragments(t *testing.T, out string, inOrder [][]string, absent []string) {
+	t.Helper()
+	for _, chain := range inOrder {
+		rest := out
+		for _, want := range chain {
+			i := strings.Index(rest, want)
+			if i < 0 {
+				t.Fatalf("the log lacks %q after the fragments before it, %q:\n%s", want, chain, out)
+			}
+			rest = rest[i+len(want):]
+		}
+	}
+	for _, bad := range absent {
+		if strings.Contains(out, bad) {
+			t.Errorf("the log has %q:\n%s", bad, out)
+		}
 	}
 }

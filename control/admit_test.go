@@ -46,7 +46,7 @@ func TestGuardAdmit(t *testing.T) {
 		}
 	}
 	// With no rule at all, only root (which the server never asks about).
-	none, err := control.NewGuard(&control.Policy{}, control.GuardOptions{Service: "grpc.testing.TestService"})
+	none, err := control.NewGuard(&control.AccessPolicy{}, control.GuardOptions{Service: "grpc.testing.TestService"})
 	if err != nil {
 		t.Fatal(err)
 	}

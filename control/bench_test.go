@@ -37,66 +37,10 @@ import (
 // p99s is what the flood costs a checker.
 func BenchmarkHealthDuringControlFlood(b *testing.B) {
 	ctx := context.Background()
-	var pub *server.Server
-	lc, err := lifecycle.New([]lifecycle.Phase{{
-		Name: "listen",
-		Run:  func(ctx context.Context, _ *lifecycle.Progress) error { return pub.Serve(ctx) },
-	}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	hc := health.New(lc, health.Options{})
-	defer hc.Close()
-	cfg := server.DefaultConfig()
-	cfg.Addr, cfg.Health, cfg.DrainDelay = "127.0.0.1:0", hc, 0
-	if pub, err = server.New(cfg); err != nil {
-		b.Fatal(err)
-	}
-	if err := lc.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = lc.Drain(ctx); _ = pub.Drain(ctx) }()
-
-	sock := filepath.Join(b.TempDir(), "control.sock")
-	lis, _, err := control.Listen(ctx, sock, control.SocketOptions{GID: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	rule, err := control.ParseRule(fmt.Sprintf("uid:%d=*", os.Getuid()), false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	g, err := control.NewGuard(&control.Policy{Rate: 100, Rules: []control.Rule{rule}},
-		control.GuardOptions{Service: "grpc.testing.TestService", Mutating: []string{"EmptyCall"}, Surface: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctl, err := server.New(server.Config{Listener: lis, StopTimeout: time.Second,
-		GRPCOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(g.Intercept)}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := ctl.Declare(&testpb.TestService_ServiceDesc); err != nil {
-		b.Fatal(err)
-	}
-	if err := ctl.Bind("grpc.testing.TestService", guarded{}); err != nil {
-		b.Fatal(err)
-	}
-	if err := ctl.Serve(ctx); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = ctl.Drain(ctx) }()
-
-	dial := func(target string) *grpc.ClientConn {
-		c, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { c.Close() })
-		return c
-	}
-	checker := healthpb.NewHealthClient(dial(pub.Addr().String()))
-	flooder := testpb.NewTestServiceClient(dial("unix://" + sock))
+	pub := servePublicPort(ctx, b)
+	sock := serveGuardedControl(ctx, b)
+	checker := healthpb.NewHealthClient(dialBench(b, pub.Addr().String()))
+	flooder := testpb.NewTestServiceClient(dialBench(b, "unix://"+sock))
 	check := func() time.Duration {
 		t0 := time.Now()
 		if _, err := checker.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
@@ -104,25 +48,7 @@ func BenchmarkHealthDuringControlFlood(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
-	flood := func() (stop func() int64) {
-		done := make(chan struct{})
-		var calls atomic.Int64
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Go(func() {
-				for {
-					select {
-					case <-done:
-						return
-					default:
-					}
-					_, _ = flooder.UnaryCall(ctx, &testpb.SimpleRequest{})
-					calls.Add(1)
-				}
-			})
-		}
-		return func() int64 { close(done); wg.Wait(); return calls.Load() }
-	}
+	flood := func() (stop func() int64) { return floodControl(ctx, flooder) }
 	for range 200 { // warm up both connections
 		check()
 		_, _ = flooder.UnaryCall(ctx, &testpb.SimpleRequest{})
@@ -165,4 +91,99 @@ func BenchmarkHealthDuringControlFlood(b *testing.B) {
 	b.ReportMetric(pct(flooded, 99)/pct(quiet, 99), "p99-ratio")
 	b.ReportMetric(float64(floodCalls)/floodTime.Seconds(), "flood-calls/s")
 	b.ReportMetric(0, "ns/op")
+}
+
+// servePublicPort serves, until the benchmark ends, a port whose health
+// follows a lifecycle with one phase, listen.
+func servePublicPort(ctx context.Context, b *testing.B) *server.Server {
+	var pub *server.Server
+	lc, err := lifecycle.New([]lifecycle.Phase{{
+		Name: "listen",
+		Run:  func(ctx context.Context, _ *lifecycle.Progress) error { return pub.Serve(ctx) },
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	hc := health.New(lc, health.Options{})
+	b.Cleanup(hc.Close)
+	cfg := server.DefaultConfig()
+	cfg.Addr, cfg.Health, cfg.DrainDelay = "127.0.0.1:0", hc, 0
+	if pub, err = server.New(cfg); err != nil {
+		b.Fatal(err)
+	}
+	if err := lc.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = lc.Drain(ctx); _ = pub.Drain(ctx) })
+
+	return pub
+}
+
+// serveGuardedControl serves, until the benchmark ends, a control socket
+// whose guard lets this process's user call grpc.testing.TestService 100
+// times a second, and returns the socket's path.
+func serveGuardedControl(ctx context.Context, b *testing.B) string {
+	sock := filepath.Join(b.TempDir(), "control.sock")
+	lis, _, err := control.Listen(ctx, sock, control.SocketOptions{GID: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rule, err := control.ParseRule(fmt.Sprintf("uid:%d=*", os.Getuid()), false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g, err := control.NewGuard(&control.AccessPolicy{Rate: 100, Rules: []control.Rule{rule}},
+		control.GuardOptions{Service: "grpc.testing.TestService", Mutating: []string{"EmptyCall"}, Surface: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctl, err := server.New(server.Config{Listener: lis, StopTimeout: time.Second,
+		GRPCOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(g.Intercept)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ctl.Declare(&testpb.TestService_ServiceDesc); err != nil {
+		b.Fatal(err)
+	}
+	if err := ctl.Bind("grpc.testing.TestService", guarded{}); err != nil {
+		b.Fatal(err)
+	}
+	if err := ctl.Serve(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = ctl.Drain(ctx) })
+
+	return sock
+}
+
+// dialBench is a client of target, closed when the benchmark ends.
+func dialBench(b *testing.B, target string) *grpc.ClientConn {
+	c, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+// floodControl calls flooder from four goroutines without pause until
+// stop, which returns how many calls were made.
+func floodControl(ctx context.Context, flooder testpb.TestServiceClient) (stop func() int64) {
+	done := make(chan struct{})
+	var calls atomic.Int64
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				_, _ = flooder.UnaryCall(ctx, &testpb.SimpleRequest{})
+				calls.Add(1)
+			}
+		})
+	}
+	return func() int64 { close(done); wg.Wait(); return calls.Load() }
 }

@@ -18,7 +18,7 @@ import (
 // spending nothing, lets a charge larger than the bucket through when it
 // is full, and charges root nothing.
 func TestCharge(t *testing.T) {
-	p := &control.Policy{Rate: 10, Rules: []control.Rule{{UID: new(uint32(1001)), Owners: []string{"*"}}}}
+	p := &control.AccessPolicy{Rate: 10, Rules: []control.Rule{{UID: new(uint32(1001)), Owners: []string{"*"}}}}
 	if err := p.Resolve(); err != nil {
 		t.Fatal(err)
 	}

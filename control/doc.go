@@ -12,7 +12,7 @@
 // principal that never match one another. [Identify] turns either into a
 // [Principal].
 //
-// A [Policy] maps principals — a uid, a gid or group, a certificate
+// An [AccessPolicy] maps principals — a uid, a gid or group, a certificate
 // identity — to a [Grant]: the owners they may lease for (exact names or
 // prefixes), read-only or not, and a quota of leases. Root on the socket
 // may do everything; nothing else may do anything unless the policy says

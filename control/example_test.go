@@ -9,7 +9,7 @@ import (
 
 // A policy says what each principal may do; root on the socket may do
 // everything without a rule, anyone else only what a rule grants.
-func ExamplePolicy_Grant() {
+func ExampleAccessPolicy_Grant() {
 	p, err := control.ParsePolicy(strings.NewReader(`{
 	  "max_leases": 16,
 	  "principals": [

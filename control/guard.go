@@ -90,7 +90,7 @@ type GuardOptions struct {
 // Guard is the gRPC interceptor in front of a control API: see the
 // package documentation. Make it with [NewGuard].
 type Guard struct {
-	policy   *Policy
+	policy   *AccessPolicy
 	opts     GuardOptions
 	log      *slog.Logger
 	calls    metric.Int64Counter
@@ -100,10 +100,10 @@ type Guard struct {
 }
 
 // NewGuard returns a Guard that enforces p. p must have been resolved
-// ([LoadPolicy], [ParsePolicy] or [Policy.Resolve]) and is not changed
+// ([LoadPolicy], [ParsePolicy] or [AccessPolicy.Resolve]) and is not changed
 // afterwards; a rate the limiter cannot keep (NaN, infinite, negative) is
 // refused with [ErrPolicy].
-func NewGuard(p *Policy, opts GuardOptions) (*Guard, error) {
+func NewGuard(p *AccessPolicy, opts GuardOptions) (*Guard, error) {
 	if opts.Service == "" {
 		return nil, errors.New("control: GuardOptions.Service is required")
 	}

@@ -82,7 +82,7 @@ func (l *lockedBuffer) lines(t *testing.T) []map[string]any {
 
 // serveGuarded serves the test service behind a guard of p on lis and
 // returns a client and the audit log.
-func serveGuarded(t *testing.T, lis net.Listener, p *control.Policy, target string) (testpb.TestServiceClient, *lockedBuffer) {
+func serveGuarded(t *testing.T, lis net.Listener, p *control.AccessPolicy, target string) (testpb.TestServiceClient, *lockedBuffer) {
 	t.Helper()
 	logs := &lockedBuffer{}
 	g, err := control.NewGuard(p, control.GuardOptions{
@@ -135,7 +135,7 @@ func TestGuardOnTheSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, logs := serveGuarded(t, lis, &control.Policy{Rules: []control.Rule{rule}}, "unix://"+path)
+	c, logs := serveGuarded(t, lis, &control.AccessPolicy{Rules: []control.Rule{rule}}, "unix://"+path)
 	ctx := context.Background()
 	if _, err := c.EmptyCall(ctx, &testpb.Empty{}); err != nil {
 		t.Fatalf("EmptyCall as %s: %v", self, err)
@@ -162,7 +162,7 @@ func TestGuardRefusesTCPWithoutCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, logs := serveGuarded(t, lis, &control.Policy{}, lis.Addr().String())
+	c, logs := serveGuarded(t, lis, &control.AccessPolicy{}, lis.Addr().String())
 	_, err = c.UnaryCall(context.Background(), &testpb.SimpleRequest{})
 	if st := status.Convert(err); st.Code() != codes.Unauthenticated || !strings.Contains(st.Message(), "client certificate") {
 		t.Fatalf("UnaryCall over TCP: %v, want Unauthenticated naming the client certificate", err)
@@ -176,7 +176,7 @@ func TestGuardRefusesTCPWithoutCertificate(t *testing.T) {
 // A principal past its rate gets ResourceExhausted naming the limit; root,
 // which may do everything, has no rate.
 func TestGuardRateLimit(t *testing.T) {
-	p := &control.Policy{Rate: 0.5, Rules: []control.Rule{}} // a burst of one, then one call every 2 s
+	p := &control.AccessPolicy{Rate: 0.5, Rules: []control.Rule{}} // a burst of one, then one call every 2 s
 	for _, r := range []string{"uid:1000=*"} {
 		rule, err := control.ParseRule(r, false)
 		if err != nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/phasegate/phasegate/internal/names"
 )
 
-// Policy says what each principal may do on the control surface. Root on
+// AccessPolicy says what each principal may do on the control surface. Root on
 // the Unix socket may do everything, without quota or rate limit unless a
 // rule that selects it sets a quota; any other principal may do what the
 // rules that select it grant, together, and nothing if none does.
@@ -29,12 +29,12 @@ import (
 //	    {"identity": "cn:sandbox-scheduler", "owners": ["scheduler"]}
 //	  ]
 //	}
-type Policy struct {
+type AccessPolicy struct {
 	// MaxLeases is how many leases one principal may hold at once unless
 	// its rule says otherwise; 0 is no limit of its own (the daemon's
 	// slots are). Nil, unsaid, is the service's default share of what it
 	// leases, [DefaultMaxLeases] of its capacity, which the service sets
-	// ([Policy.WithDefaultMaxLeases]); with none set, no limit.
+	// ([AccessPolicy.WithDefaultMaxLeases]); with none set, no limit.
 	MaxLeases *int `json:"max_leases,omitempty"`
 	// Rate is how many calls a second one principal may make, in bursts
 	// of up to twice as many; 0 is no limit. A policy file without it
@@ -104,7 +104,7 @@ func DefaultMaxLeases(capacity int) int { return max(1, capacity/leaseShare) }
 // WithDefaultMaxLeases returns a copy of p whose quota, unless p says
 // one, is [DefaultMaxLeases] of capacity: what a service that leases
 // capacity things at most enforces.
-func (p *Policy) WithDefaultMaxLeases(capacity int) *Policy {
+func (p *AccessPolicy) WithDefaultMaxLeases(capacity int) *AccessPolicy {
 	c := *p
 	if c.MaxLeases == nil {
 		q := DefaultMaxLeases(capacity)
@@ -115,7 +115,7 @@ func (p *Policy) WithDefaultMaxLeases(capacity int) *Policy {
 
 // Quota is the policy's quota of leases for principals no rule sets one
 // for: 0 is none.
-func (p *Policy) Quota() int {
+func (p *AccessPolicy) Quota() int {
 	if p.MaxLeases == nil {
 		return 0
 	}
@@ -170,7 +170,7 @@ func ParseRule(s string, readOnly bool) (Rule, error) {
 // names an unknown user, an identity pattern without its kind, an owner
 // pattern with "*" inside it or outside the names rule, a negative quota or a rate that is not a
 // finite number, 0 or more, is refused whole.
-func (p *Policy) Resolve() error {
+func (p *AccessPolicy) Resolve() error {
 	var errs []error
 	if p.MaxLeases != nil && *p.MaxLeases < 0 {
 		errs = append(errs, fmt.Errorf("%w: max_leases %d is negative", ErrPolicy, *p.MaxLeases))
@@ -196,31 +196,21 @@ func (r *Rule) resolve() error {
 	if n != 1 {
 		return fmt.Errorf("%w: a rule selects by exactly one of uid, user, gid, group or identity (this one by %d)", ErrPolicy, n)
 	}
-	if r.User != "" {
-		id, err := resolveName("user", r.User, func(n string) (string, error) {
-			u, err := user.Lookup(n)
-			if err != nil {
-				return "", err
-			}
-			return u.Uid, nil
-		})
+	// A user or a group by name is resolved to its id once, here.
+	for _, n := range []struct {
+		kind   string
+		name   *string
+		id     **uint32
+		lookup func(string) (string, error)
+	}{{"user", &r.User, &r.UID, lookupUID}, {"group", &r.Group, &r.GID, lookupGID}} {
+		if *n.name == "" {
+			continue
+		}
+		id, err := resolveName(n.kind, *n.name, n.lookup)
 		if err != nil {
 			return err
 		}
-		r.UID, r.User = id, ""
-	}
-	if r.Group != "" {
-		id, err := resolveName("group", r.Group, func(n string) (string, error) {
-			g, err := user.LookupGroup(n)
-			if err != nil {
-				return "", err
-			}
-			return g.Gid, nil
-		})
-		if err != nil {
-			return err
-		}
-		r.GID, r.Group = id, ""
+		*n.id, *n.name = id, ""
 	}
 	if r.Identity != "" {
 		kind, pattern, err := parseIdentity(r.Identity)
@@ -250,6 +240,24 @@ func (r *Rule) resolve() error {
 		return fmt.Errorf("%w: a read-only rule cannot grant attach", ErrPolicy)
 	}
 	return nil
+}
+
+// lookupUID is the uid of the user called name.
+func lookupUID(name string) (string, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return "", err
+	}
+	return u.Uid, nil
+}
+
+// lookupGID is the gid of the group called name.
+func lookupGID(name string) (string, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return "", err
+	}
+	return g.Gid, nil
 }
 
 // resolveName returns the numeric id of a user or group name, as lookup
@@ -363,7 +371,7 @@ type Grant struct {
 }
 
 // Grant returns what p may do.
-func (p *Policy) Grant(pr Principal) Grant {
+func (p *AccessPolicy) Grant(pr Principal) Grant {
 	g := Grant{MaxLeases: p.Quota()}
 	if pr.IsRoot() {
 		// Root may do everything: no owner it may not lease for, and no

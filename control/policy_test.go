@@ -247,7 +247,7 @@ func TestDefaultMaxLeases(t *testing.T) {
 		{"said: root still has none", quota(10), 16, root, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &control.Policy{MaxLeases: tc.maxLeases, Rules: rules(t)}
+			p := &control.AccessPolicy{MaxLeases: tc.maxLeases, Rules: rules(t)}
 			got := p.WithDefaultMaxLeases(tc.capacity)
 			if g := got.Grant(tc.who).MaxLeases; g != tc.want {
 				t.Errorf("%s's quota %d, want %d", tc.who, g, tc.want)

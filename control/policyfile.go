@@ -35,7 +35,7 @@ const MaxPolicySize = 1 << 20
 // value, bytes that are not UTF-8 and a file over [MaxPolicySize] are
 // refused, naming the key and its line. A file without "rate" gets
 // [DefaultRate].
-func LoadPolicy(path string) (*Policy, error) {
+func LoadPolicy(path string) (*AccessPolicy, error) {
 	b, err := ReadPolicyFile(path)
 	if err != nil {
 		return nil, err
@@ -45,7 +45,7 @@ func LoadPolicy(path string) (*Policy, error) {
 
 // ParsePolicyFile parses b, the content of the policy file at path that
 // [ReadPolicyFile] returned, as [LoadPolicy] does: errors name path.
-func ParsePolicyFile(path string, b []byte) (*Policy, error) {
+func ParsePolicyFile(path string, b []byte) (*AccessPolicy, error) {
 	p, err := parsePolicy(b)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -55,7 +55,7 @@ func ParsePolicyFile(path string, b []byte) (*Policy, error) {
 
 // ParsePolicy parses a policy in its JSON form, as strictly as
 // [LoadPolicy].
-func ParsePolicy(r io.Reader) (*Policy, error) {
+func ParsePolicy(r io.Reader) (*AccessPolicy, error) {
 	b, err := io.ReadAll(io.LimitReader(r, MaxPolicySize+1))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
@@ -66,16 +66,16 @@ func ParsePolicy(r io.Reader) (*Policy, error) {
 	return parsePolicy(b)
 }
 
-func parsePolicy(b []byte) (*Policy, error) {
+func parsePolicy(b []byte) (*AccessPolicy, error) {
 	if !utf8.Valid(b) {
 		return nil, fmt.Errorf("%w: not UTF-8 (at line %d)", ErrPolicy, lineOf(b, invalidUTF8(b)))
 	}
-	if err := checkKeys(b, reflect.TypeFor[Policy]()); err != nil {
+	if err := checkKeys(b, reflect.TypeFor[AccessPolicy]()); err != nil {
 		return nil, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	p := Policy{Rate: DefaultRate}
+	p := AccessPolicy{Rate: DefaultRate}
 	if err := dec.Decode(&p); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
 	}

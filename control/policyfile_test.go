@@ -80,7 +80,7 @@ func TestParsePolicyRate(t *testing.T) {
 	}
 	// -0 as --control-rate gives it: no limit it does not say.
 	for _, r := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -1, math.Copysign(0, -1)} {
-		p := &control.Policy{Rate: r}
+		p := &control.AccessPolicy{Rate: r}
 		if err := p.Resolve(); !errors.Is(err, control.ErrPolicy) || !strings.Contains(err.Error(), "want a finite number") {
 			t.Errorf("Resolve of rate %v: %v", r, err)
 		}

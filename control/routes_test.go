@@ -39,7 +39,7 @@ func serveRateLimited(t *testing.T, certs *testcerts.Set) (*control.Guard, *grpc
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &control.Policy{Rate: 0.1, Rules: []control.Rule{rule}}
+	p := &control.AccessPolicy{Rate: 0.1, Rules: []control.Rule{rule}}
 	logs := &lockedBuffer{}
 	g, err := control.NewGuard(p, control.GuardOptions{Service: "grpc.testing.TestService", Surface: "test", Reads: []string{"UnaryCall"},
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
@@ -155,7 +155,7 @@ func TestGuardHTTPRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := control.NewGuard(&control.Policy{Rate: 0.25, Rules: []control.Rule{rule}}, control.GuardOptions{Service: "x"})
+	g, err := control.NewGuard(&control.AccessPolicy{Rate: 0.25, Rules: []control.Rule{rule}}, control.GuardOptions{Service: "x"})
 	if err != nil {
 		t.Fatal(err)
 	}

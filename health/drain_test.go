@@ -10,6 +10,7 @@ import (
 	"github.com/phasegate/phasegate/health/internal/healthtest"
 	"github.com/phasegate/phasegate/health/sdnotify"
 	"github.com/phasegate/phasegate/lifecycle"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // A drain that arrives while reclaim still holds the start open reads as
@@ -39,47 +40,7 @@ func TestDrainDuringStart(t *testing.T) {
 		t.Fatalf("lifecycle is %s, want draining", got)
 	}
 
-	endpoints := func(when string, state lifecycle.State) {
-		t.Helper()
-		for _, tt := range []struct {
-			path string
-			code int
-			body string
-		}{
-			{health.PathLivez, http.StatusOK, "ok"},
-			{health.PathReadyz, http.StatusServiceUnavailable, "[-]lifecycle " + string(state)},
-			{health.PathStartupz, http.StatusServiceUnavailable, "[-]lifecycle " + string(state)},
-			{health.PathStartupz + "?verbose", http.StatusServiceUnavailable, "[-]phase/reclaim cancelled"},
-			{health.PathLivez + "?verbose", http.StatusOK, "[+]lifecycle ok"},
-		} {
-			w := get(h, http.MethodGet, tt.path)
-			if w.Code != tt.code || !strings.Contains(w.Body.String(), tt.body) {
-				t.Errorf("%s: GET %s = %d %q, want %d with %q", when, tt.path, w.Code, w.Body, tt.code, tt.body)
-			}
-			if strings.Contains(w.Body.String(), "failed") && !strings.Contains(w.Body.String(), "check failed") {
-				t.Errorf("%s: GET %s says failed: %q", when, tt.path, w.Body)
-			}
-		}
-		w := get(h, http.MethodGet, health.PathHealth)
-		doc := decodeHealth(t, w)
-		if w.Code != http.StatusServiceUnavailable || doc.State != string(state) || doc.Output != string(state) {
-			t.Errorf("%s: /health = %d state %q output %q, want 503 %s", when, w.Code, doc.State, doc.Output, state)
-		}
-		// Phases a drain cut short were cancelled or skipped, not failed.
-		for name, want := range map[string]string{"phase:lock": "pass", "phase:listen": "pass", "phase:reclaim": "warn", "phase:serve": "warn"} {
-			if c := doc.Checks[name]; len(c) != 1 || c[0].Status != want {
-				t.Errorf("%s: /health %s = %+v, want status %s", when, name, c, want)
-			}
-		}
-		if c := doc.Checks["phase:reclaim"]; len(c) == 1 && c[0].State != "cancelled" {
-			t.Errorf("%s: phase:reclaim state %q, want cancelled", when, c[0].State)
-		}
-		wantStatus(t, cl, "", notServing)
-		if ok, why := c.Ready(); ok || why != string(state) {
-			t.Errorf("%s: Ready() = %v, %q", when, ok, why)
-		}
-	}
-	endpoints("draining", lifecycle.StateDraining)
+	checkCutShortStart(t, h, cl, c, "draining", lifecycle.StateDraining)
 	ns.WaitLine(t, "STOPPING=1", func(l string) bool { return l == "STOPPING=1" })
 	ns.WaitLine(t, "STATUS=draining", func(l string) bool { return l == "STATUS=draining" })
 
@@ -90,7 +51,7 @@ func TestDrainDuringStart(t *testing.T) {
 	if err := healthtest.Recv(t, r.StartErr, "Start to return"); err == nil {
 		t.Error("Start returned nil after a drain cut it short")
 	}
-	endpoints("stopped", lifecycle.StateStopped)
+	checkCutShortStart(t, h, cl, c, "stopped", lifecycle.StateStopped)
 	ns.WaitLine(t, "STATUS=stopped", func(l string) bool { return l == "STATUS=stopped" })
 
 	lines := ns.Snapshot()
@@ -106,6 +67,51 @@ func TestDrainDuringStart(t *testing.T) {
 	case s := <-overall:
 		t.Errorf(`Watch("") sent %v; it was NOT_SERVING throughout`, s)
 	default:
+	}
+}
+
+// checkCutShortStart checks what every dialect but sd_notify says of a
+// start a drain cut short, when the lifecycle is in state: live, not
+// ready, not started, the phases cut short cancelled or skipped and never
+// failed.
+func checkCutShortStart(t *testing.T, h http.Handler, cl healthpb.HealthClient, c *health.Checker, when string, state lifecycle.State) {
+	t.Helper()
+	for _, tt := range []struct {
+		path string
+		code int
+		body string
+	}{
+		{health.PathLivez, http.StatusOK, "ok"},
+		{health.PathReadyz, http.StatusServiceUnavailable, "[-]lifecycle " + string(state)},
+		{health.PathStartupz, http.StatusServiceUnavailable, "[-]lifecycle " + string(state)},
+		{health.PathStartupz + "?verbose", http.StatusServiceUnavailable, "[-]phase/reclaim cancelled"},
+		{health.PathLivez + "?verbose", http.StatusOK, "[+]lifecycle ok"},
+	} {
+		w := get(h, http.MethodGet, tt.path)
+		if w.Code != tt.code || !strings.Contains(w.Body.String(), tt.body) {
+			t.Errorf("%s: GET %s = %d %q, want %d with %q", when, tt.path, w.Code, w.Body, tt.code, tt.body)
+		}
+		if strings.Contains(w.Body.String(), "failed") && !strings.Contains(w.Body.String(), "check failed") {
+			t.Errorf("%s: GET %s says failed: %q", when, tt.path, w.Body)
+		}
+	}
+	w := get(h, http.MethodGet, health.PathHealth)
+	doc := decodeHealth(t, w)
+	if w.Code != http.StatusServiceUnavailable || doc.State != string(state) || doc.Output != string(state) {
+		t.Errorf("%s: /health = %d state %q output %q, want 503 %s", when, w.Code, doc.State, doc.Output, state)
+	}
+	// Phases a drain cut short were cancelled or skipped, not failed.
+	for name, want := range map[string]string{"phase:lock": "pass", "phase:listen": "pass", "phase:reclaim": "warn", "phase:serve": "warn"} {
+		if c := doc.Checks[name]; len(c) != 1 || c[0].Status != want {
+			t.Errorf("%s: /health %s = %+v, want status %s", when, name, c, want)
+		}
+	}
+	if c := doc.Checks["phase:reclaim"]; len(c) == 1 && c[0].State != "cancelled" {
+		t.Errorf("%s: phase:reclaim state %q, want cancelled", when, c[0].State)
+	}
+	wantStatus(t, cl, "", notServing)
+	if ok, why := c.Ready(); ok || why != string(state) {
+		t.Errorf("%s: Ready() = %v, %q", when, ok, why)
 	}
 }
 

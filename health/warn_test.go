@@ -107,6 +107,33 @@ func TestWarnings(t *testing.T) {
 		t.Errorf("warning:reclaim-dead = %+v", r)
 	}
 
+	checkKubeEndpointsPassWithWarnings(t, h)
+	if ok, why := c.Ready(); !ok || !strings.HasPrefix(why, prefix) {
+		t.Errorf("Ready() = %v, %q", ok, why)
+	}
+	wantStatus(t, cl, "", serving)
+
+	// STATUS names both, with the task's rate and time left.
+	status := regexp.MustCompile(`^STATUS=serving; 2 warnings: egress: net.ipv4.ip_forward is 0; reclaim-dead: dead slots left from the last run \(\d+/100000 namespaces, [0-9.]+/s, ~[0-9.hms]+ left\)$`)
+	ns.WaitLine(t, "naming the warnings", status.MatchString)
+	if !rated.MatchString(strings.SplitN(doc.Output, "; ", 3)[2]) {
+		t.Errorf("/health output %q: the task's part lacks its rate", doc.Output)
+	}
+
+	lc.ClearWarning("egress")
+	lc.ClearWarning("reclaim-dead")
+	ns.WaitLine(t, "without warnings", func(l string) bool { return l == "STATUS=serving" })
+	w := get(h, http.MethodGet, health.PathHealth)
+	if doc := decodeWarnDoc(t, w); w.Code != http.StatusOK || doc.Status != "pass" || doc.Output != "" || len(doc.Checks) != 2 {
+		t.Errorf("/health once cleared = %d %+v", w.Code, doc)
+	}
+}
+
+// checkKubeEndpointsPassWithWarnings checks that /livez, /readyz and
+// /startupz pass while TestWarnings' two warnings are set, listing them
+// when verbose.
+func checkKubeEndpointsPassWithWarnings(t *testing.T, h http.Handler) {
+	t.Helper()
 	for _, tt := range []struct {
 		target string
 		want   []string // in order
@@ -134,25 +161,6 @@ func TestWarnings(t *testing.T) {
 			}
 			rest = rest[i+len(line):]
 		}
-	}
-	if ok, why := c.Ready(); !ok || !strings.HasPrefix(why, prefix) {
-		t.Errorf("Ready() = %v, %q", ok, why)
-	}
-	wantStatus(t, cl, "", serving)
-
-	// STATUS names both, with the task's rate and time left.
-	status := regexp.MustCompile(`^STATUS=serving; 2 warnings: egress: net.ipv4.ip_forward is 0; reclaim-dead: dead slots left from the last run \(\d+/100000 namespaces, [0-9.]+/s, ~[0-9.hms]+ left\)$`)
-	ns.WaitLine(t, "naming the warnings", status.MatchString)
-	if !rated.MatchString(strings.SplitN(doc.Output, "; ", 3)[2]) {
-		t.Errorf("/health output %q: the task's part lacks its rate", doc.Output)
-	}
-
-	lc.ClearWarning("egress")
-	lc.ClearWarning("reclaim-dead")
-	ns.WaitLine(t, "without warnings", func(l string) bool { return l == "STATUS=serving" })
-	w := get(h, http.MethodGet, health.PathHealth)
-	if doc := decodeWarnDoc(t, w); w.Code != http.StatusOK || doc.Status != "pass" || doc.Output != "" || len(doc.Checks) != 2 {
-		t.Errorf("/health once cleared = %d %+v", w.Code, doc)
 	}
 }
 

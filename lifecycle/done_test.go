@@ -88,20 +88,23 @@ func TestDoneErrAndWait(t *testing.T) {
 			}
 		})
 	}
-	t.Run("serving is not done", func(t *testing.T) {
-		lc, err := lifecycle.New(chain("lock"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		mustStart(t, lc)
-		ctx, cancel := context.WithCancelCause(context.Background())
-		cause := errors.New("test over")
-		cancel(cause)
-		if err := lc.Wait(ctx); err != cause {
-			t.Fatalf("Wait on a serving lifecycle = %v, want ctx's cause", err)
-		}
-		mustDrain(t, lc)
-	})
+}
+
+// A serving lifecycle is not done: Wait returns only when its ctx ends, with
+// ctx's cause.
+func TestServingIsNotDone(t *testing.T) {
+	lc, err := lifecycle.New(chain("lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustStart(t, lc)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cause := errors.New("test over")
+	cancel(cause)
+	if err := lc.Wait(ctx); err != cause {
+		t.Fatalf("Wait on a serving lifecycle = %v, want ctx's cause", err)
+	}
+	mustDrain(t, lc)
 }
 
 // Done closes when the start fails, before its rollback has run; a Drain

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/phasegate/phasegate/internal/eventlog"
 )
 
 // EventKind says what an [Event] is about.
@@ -118,10 +120,7 @@ func (l *Lifecycle) recordLocked(e Event) {
 	}
 	e.Seq = uint64(len(l.events)) + 1
 	l.events = append(l.events, e)
-	if l.eventWake != nil {
-		close(l.eventWake)
-		l.eventWake = nil
-	}
+	l.eventWake.Signal()
 	if l.opts.hook != nil && !l.delivering {
 		l.delivering = true
 		go l.deliverEvents()
@@ -132,10 +131,7 @@ func (l *Lifecycle) recordLocked(e Event) {
 // readers waiting for one are told so.
 func (l *Lifecycle) finishEventsLocked() {
 	l.eventsDone = true
-	if l.eventWake != nil {
-		close(l.eventWake)
-		l.eventWake = nil
-	}
+	l.eventWake.Signal()
 }
 
 // deliverEvents hands the events the hook has not seen to it, one at a time
@@ -194,35 +190,9 @@ func (l *Lifecycle) Events(after uint64) []Event {
 // event exactly once: those before the snapshot in it, the rest on the
 // channel.
 func (l *Lifecycle) WatchEvents(ctx context.Context, after uint64) <-chan Event {
-	ch := make(chan Event)
-	go l.watchEvents(ctx, after, ch)
-	return ch
-}
-
-func (l *Lifecycle) watchEvents(ctx context.Context, after uint64, ch chan<- Event) {
-	defer close(ch)
-	for {
-		batch, wake, done := l.eventsSince(after)
-		for _, e := range batch {
-			select {
-			case ch <- e:
-				after = e.Seq
-			case <-ctx.Done():
-				return
-			}
-		}
-		switch {
-		case len(batch) > 0:
-			continue
-		case done:
-			return
-		}
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			return
-		}
-	}
+	// A position in the log is its last event's Seq: events are numbered
+	// from 1 with no gap.
+	return eventlog.Follow(ctx, after, l.eventsSince)
 }
 
 // eventsSince returns the events after after, sharing the log's array (see
@@ -231,14 +201,5 @@ func (l *Lifecycle) watchEvents(ctx context.Context, after uint64, ch chan<- Eve
 func (l *Lifecycle) eventsSince(after uint64) (batch []Event, wake <-chan struct{}, done bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if n := uint64(len(l.events)); after < n {
-		return l.events[after:n:n], nil, false
-	}
-	if l.eventsDone {
-		return nil, nil, true
-	}
-	if l.eventWake == nil {
-		l.eventWake = make(chan struct{})
-	}
-	return nil, l.eventWake, false
+	return eventlog.Since(l.events, after, l.eventsDone, &l.eventWake)
 }

@@ -60,22 +60,37 @@ func chain(names ...string) []lifecycle.Phase {
 	return phases
 }
 
+// eventLogCase is a run of a lifecycle and the event log it must leave.
+type eventLogCase struct {
+	name   string
+	phases func() ([]lifecycle.Phase, chan struct{})
+	drive  func(t *testing.T, lc *lifecycle.Lifecycle, running chan struct{})
+	final  bool // the log ends with stopped
+	want   []string
+}
+
 func TestEventsRecordEveryTransitionOnceInOrder(t *testing.T) {
-	errBusy := errors.New("device busy")
-	blockUntilCancelled := func(running chan struct{}) func(context.Context, *lifecycle.Progress) error {
-		return func(ctx context.Context, _ *lifecycle.Progress) error {
-			close(running)
-			<-ctx.Done()
-			return ctx.Err()
-		}
+	for _, tc := range slices.Concat(startEventCases(), stopEventCases()) {
+		t.Run(tc.name, func(t *testing.T) { checkEventLog(t, tc) })
 	}
-	tests := []struct {
-		name   string
-		phases func() ([]lifecycle.Phase, chan struct{})
-		drive  func(t *testing.T, lc *lifecycle.Lifecycle, running chan struct{})
-		final  bool // the log ends with stopped
-		want   []string
-	}{
+}
+
+// errBusy is the error of a phase's first attempt that is retried.
+var errBusy = errors.New("device busy")
+
+// blockUntilCancelled is a phase's Run that closes running once it runs and
+// returns when cancelled.
+func blockUntilCancelled(running chan struct{}) func(context.Context, *lifecycle.Progress) error {
+	return func(ctx context.Context, _ *lifecycle.Progress) error {
+		close(running)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+}
+
+// startEventCases are the runs whose start ends: served, retried, failed.
+func startEventCases() []eventLogCase {
+	return []eventLogCase{
 		{
 			name:   "serves and drains",
 			phases: func() ([]lifecycle.Phase, chan struct{}) { return chain("lock", "listen"), nil },
@@ -150,6 +165,13 @@ func TestEventsRecordEveryTransitionOnceInOrder(t *testing.T) {
 				"lifecycle failed→stopped",
 			},
 		},
+	}
+}
+
+// stopEventCases are the runs that end otherwise: a drain during the
+// start, a fault while serving, warnings.
+func stopEventCases() []eventLogCase {
+	return []eventLogCase{
 		{
 			name: "a drain during the start cancels it",
 			phases: func() ([]lifecycle.Phase, chan struct{}) {
@@ -216,54 +238,55 @@ func TestEventsRecordEveryTransitionOnceInOrder(t *testing.T) {
 			},
 		},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			phases, running := tc.phases()
-			hook := newHookRecorder(0)
-			lc, err := lifecycle.New(phases, lifecycle.WithMaxParallel(1), lifecycle.WithEventHook(hook.record))
-			if err != nil {
-				t.Fatal(err)
-			}
-			// A watcher from the very beginning, reading as events come.
-			watched := make(chan []lifecycle.Event, 1)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			go func() { watched <- watchAll(ctx, lc, 0) }()
+}
 
-			tc.drive(t, lc, running)
+// checkEventLog runs tc and checks the log, and that the hook, a watcher
+// from the beginning and one resuming from the middle saw exactly it.
+func checkEventLog(t *testing.T, tc eventLogCase) {
+	phases, running := tc.phases()
+	hook := newHookRecorder(0)
+	lc, err := lifecycle.New(phases, lifecycle.WithMaxParallel(1), lifecycle.WithEventHook(hook.record))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A watcher from the very beginning, reading as events come.
+	watched := make(chan []lifecycle.Event, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { watched <- watchAll(ctx, lc, 0) }()
 
-			log := lc.Events(0)
-			checkDense(t, log)
-			if got := describe(log); !slices.Equal(got, tc.want) {
-				t.Fatalf("events:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.want, "\n  "))
-			}
-			if got := log[len(log)-1].Final(); got != tc.final {
-				t.Fatalf("last event %v: Final() = %v, want %v", log[len(log)-1], got, tc.final)
-			}
-			// The hook and the watcher saw exactly the log.
-			if got := hook.waitFor(t, len(log)); !reflect.DeepEqual(got, log) {
-				t.Fatalf("the hook saw\n%v\nthe log is\n%v", got, log)
-			}
-			// Every run here ends the log, final event or not: the watcher's
-			// channel closes by itself.
-			if got := <-watched; !reflect.DeepEqual(got, log) {
-				t.Fatalf("the watcher saw\n%v\nthe log is\n%v", got, log)
-			}
-			// Resuming from the middle yields exactly the rest.
-			mid := uint64(len(log) / 2)
-			if got := watchAll(context.Background(), lc, mid); !reflect.DeepEqual(got, log[mid:]) {
-				t.Fatalf("resumed after %d: %v, want %v", mid, got, log[mid:])
-			}
-			if got := lc.Events(mid); !reflect.DeepEqual(got, log[mid:]) {
-				t.Fatalf("Events(%d) = %v, want %v", mid, got, log[mid:])
-			}
-			if got := lc.Events(uint64(len(log))); len(got) != 0 {
-				t.Fatalf("Events after the last = %v", got)
-			}
-			if s := lc.Snapshot(); s.EventSeq != uint64(len(log)) {
-				t.Fatalf("snapshot EventSeq %d, want %d", s.EventSeq, len(log))
-			}
-		})
+	tc.drive(t, lc, running)
+
+	log := lc.Events(0)
+	checkDense(t, log)
+	if got := describe(log); !slices.Equal(got, tc.want) {
+		t.Fatalf("events:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.want, "\n  "))
+	}
+	if got := log[len(log)-1].Final(); got != tc.final {
+		t.Fatalf("last event %v: Final() = %v, want %v", log[len(log)-1], got, tc.final)
+	}
+	// The hook and the watcher saw exactly the log.
+	if got := hook.waitFor(t, len(log)); !reflect.DeepEqual(got, log) {
+		t.Fatalf("the hook saw\n%v\nthe log is\n%v", got, log)
+	}
+	// Every run here ends the log, final event or not: the watcher's
+	// channel closes by itself.
+	if got := <-watched; !reflect.DeepEqual(got, log) {
+		t.Fatalf("the watcher saw\n%v\nthe log is\n%v", got, log)
+	}
+	// Resuming from the middle yields exactly the rest.
+	mid := uint64(len(log) / 2)
+	if got := watchAll(context.Background(), lc, mid); !reflect.DeepEqual(got, log[mid:]) {
+		t.Fatalf("resumed after %d: %v, want %v", mid, got, log[mid:])
+	}
+	if got := lc.Events(mid); !reflect.DeepEqual(got, log[mid:]) {
+		t.Fatalf("Events(%d) = %v, want %v", mid, got, log[mid:])
+	}
+	if got := lc.Events(uint64(len(log))); len(got) != 0 {
+		t.Fatalf("Events after the last = %v", got)
+	}
+	if s := lc.Snapshot(); s.EventSeq != uint64(len(log)) {
+		t.Fatalf("snapshot EventSeq %d, want %d", s.EventSeq, len(log))
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"github.com/looplab/fsm"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/phasegate/phasegate/internal/eventlog"
 )
 
 // errDrainDuringStart is the cause given to a start that a drain cancelled.
@@ -59,7 +61,7 @@ type Lifecycle struct {
 	// The event log (event.go).
 	events     []Event
 	eventsDone bool          // the final event is in: nothing more is recorded
-	eventWake  chan struct{} // closed at the next event; nil while nobody waits
+	eventWake  eventlog.Wake // readers waiting for the next event
 	delivered  int           // how many events the hook has been handed
 	delivering bool          // a goroutine is handing events to the hook
 }

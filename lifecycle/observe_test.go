@@ -141,42 +141,8 @@ func TestObserverSeesEveryChangeInOrderWhileKeepingUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch, cancel := lc.Subscribe()
-	type history struct {
-		states []lifecycle.State
-		phases map[string][]lifecycle.PhaseState
-	}
-	out := make(chan history)
-	go func() {
-		h := history{phases: map[string][]lifecycle.PhaseState{}}
-		var last uint64
-		for s := range ch {
-			if s.Seq < last {
-				t.Errorf("seq went back from %d to %d", last, s.Seq)
-			}
-			last = s.Seq
-			if n := len(h.states); n == 0 || h.states[n-1] != s.State {
-				h.states = append(h.states, s.State)
-				switch s.State {
-				case lifecycle.StateCreated:
-					close(seen["created"])
-				case lifecycle.StateServing:
-					close(seen["serving"])
-				case lifecycle.StateDraining:
-					close(seen["drain"])
-				}
-			}
-			for _, p := range s.Phases {
-				ps := h.phases[p.Name]
-				if n := len(ps); n == 0 || ps[n-1] != p.State {
-					h.phases[p.Name] = append(ps, p.State)
-					if p.State == lifecycle.PhaseRunning {
-						close(seen[p.Name])
-					}
-				}
-			}
-		}
-		out <- h
-	}()
+	out := make(chan observed)
+	go func() { out <- observe(t, ch, seen) }()
 	<-seen["created"]
 	if err := lc.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -197,6 +163,48 @@ func TestObserverSeesEveryChangeInOrderWhileKeepingUp(t *testing.T) {
 			t.Errorf("phase %s states %v, want %v", name, got, wantPhase)
 		}
 	}
+}
+
+// observed is what an observer saw: each state of the lifecycle and of
+// each phase once, in order.
+type observed struct {
+	states []lifecycle.State
+	phases map[string][]lifecycle.PhaseState
+}
+
+// observe reads ch to its end, closing seen's channel for a state or a
+// phase the first time it sees the lifecycle in that state (created,
+// serving, "drain" for draining) or the phase running.
+func observe(t *testing.T, ch <-chan lifecycle.Snapshot, seen map[string]chan struct{}) observed {
+	h := observed{phases: map[string][]lifecycle.PhaseState{}}
+	var last uint64
+	for s := range ch {
+		if s.Seq < last {
+			t.Errorf("seq went back from %d to %d", last, s.Seq)
+		}
+		last = s.Seq
+		if n := len(h.states); n == 0 || h.states[n-1] != s.State {
+			h.states = append(h.states, s.State)
+			switch s.State {
+			case lifecycle.StateCreated:
+				close(seen["created"])
+			case lifecycle.StateServing:
+				close(seen["serving"])
+			case lifecycle.StateDraining:
+				close(seen["drain"])
+			}
+		}
+		for _, p := range s.Phases {
+			ps := h.phases[p.Name]
+			if n := len(ps); n == 0 || ps[n-1] != p.State {
+				h.phases[p.Name] = append(ps, p.State)
+				if p.State == lifecycle.PhaseRunning {
+					close(seen[p.Name])
+				}
+			}
+		}
+	}
+	return h
 }
 
 func TestSlowObserverNeitherBlocksNorSeesStaleState(t *testing.T) {

@@ -60,13 +60,7 @@ func WithMaxParallel(n int) Option {
 // function's context's deadline; the lifecycle still waits for the function
 // to return. A negative duration is an error.
 func WithStopTimeout(d time.Duration) Option {
-	return func(o *options) {
-		if d < 0 {
-			o.invalid("WithStopTimeout", "negative duration %s", d)
-			return
-		}
-		o.stopTimeout = d
-	}
+	return nonNegative("WithStopTimeout", d, func(o *options) *time.Duration { return &o.stopTimeout })
 }
 
 // WithStartTimeout bounds the whole start, from Start until every phase has
@@ -78,13 +72,7 @@ func WithStopTimeout(d time.Duration) Option {
 // cannot mean that); the ctx given to Start can still end it. A negative
 // duration is an error.
 func WithStartTimeout(d time.Duration) Option {
-	return func(o *options) {
-		if d < 0 {
-			o.invalid("WithStartTimeout", "negative duration %s", d)
-			return
-		}
-		o.startTimeout = d
-	}
+	return nonNegative("WithStartTimeout", d, func(o *options) *time.Duration { return &o.startTimeout })
 }
 
 // WithProgressInterval sets how often at most progress reports are published
@@ -93,13 +81,7 @@ func WithStartTimeout(d time.Duration) Option {
 // costs a lock and a snapshot per report while someone subscribes. State
 // changes are always published at once. A negative duration is an error.
 func WithProgressInterval(d time.Duration) Option {
-	return func(o *options) {
-		if d < 0 {
-			o.invalid("WithProgressInterval", "negative duration %s", d)
-			return
-		}
-		o.progressInterval = d
-	}
+	return nonNegative("WithProgressInterval", d, func(o *options) *time.Duration { return &o.progressInterval })
 }
 
 // WithTracerProvider makes the lifecycle emit spans through tp. Without it,
@@ -155,4 +137,16 @@ func WithSpanAttributes(attrs func(SpanEnd) []attribute.KeyValue) Option {
 // program.
 func WithEventHook(hook func(Event)) Option {
 	return func(o *options) { o.hook = hook }
+}
+
+// nonNegative is the option called name that sets the duration field
+// returns to d, and is an error for a negative d.
+func nonNegative(name string, d time.Duration, field func(*options) *time.Duration) Option {
+	return func(o *options) {
+		if d < 0 {
+			o.invalid(name, "negative duration %s", d)
+			return
+		}
+		*field(o) = d
+	}
 }

@@ -56,19 +56,19 @@ type Phase struct {
 	// checked as New checks the fields before Run is called; a policy New
 	// would refuse, or an error, fails the phase at once, not retried,
 	// with a [*PolicyError]. [Phase.WorstCase] cannot know it beforehand.
-	PolicyFrom func() (Policy, error)
+	PolicyFrom func() (AttemptBounds, error)
 }
 
-// Policy is how a phase's attempts are bounded and retried, as
+// AttemptBounds is how a phase's attempts are bounded and retried, as
 // [Phase.PolicyFrom] gives it at run time.
-type Policy struct {
+type AttemptBounds struct {
 	// Timeout and Retry mean what Phase's fields of those names mean.
 	Timeout time.Duration
 	Retry   RetryPolicy
 }
 
 // problems lists what is wrong with the policy, as New words it.
-func (p Policy) problems() []string {
+func (p AttemptBounds) problems() []string {
 	var out []string
 	if p.Timeout < 0 {
 		out = append(out, "negative Timeout")

@@ -15,10 +15,10 @@ import (
 // earlier phase read: the registry phase, after config, times out and
 // retries as config said, and its worst case is unknown until then.
 func TestPolicyFromAnEarlierPhase(t *testing.T) {
-	var read lifecycle.Policy // filled by config
+	var read lifecycle.AttemptBounds // filled by config
 	var attempts atomic.Int32
 	registry := lifecycle.Phase{Name: "registry", DependsOn: []string{"config"},
-		PolicyFrom: func() (lifecycle.Policy, error) { return read, nil },
+		PolicyFrom: func() (lifecycle.AttemptBounds, error) { return read, nil },
 		Run: func(ctx context.Context, _ *lifecycle.Progress) error {
 			attempts.Add(1)
 			<-ctx.Done()
@@ -29,7 +29,7 @@ func TestPolicyFromAnEarlierPhase(t *testing.T) {
 	}
 	lc, err := lifecycle.New([]lifecycle.Phase{
 		{Name: "config", Run: func(context.Context, *lifecycle.Progress) error {
-			read = lifecycle.Policy{Timeout: 10 * time.Millisecond, Retry: lifecycle.RetryPolicy{Attempts: 3, Backoff: time.Millisecond}}
+			read = lifecycle.AttemptBounds{Timeout: 10 * time.Millisecond, Retry: lifecycle.RetryPolicy{Attempts: 3, Backoff: time.Millisecond}}
 			return nil
 		}},
 		registry,
@@ -66,15 +66,15 @@ func TestPolicyFromRefused(t *testing.T) {
 	errUnreadable := errors.New("timeouts.toml unreadable")
 	for _, tc := range []struct {
 		name string
-		from func() (lifecycle.Policy, error)
+		from func() (lifecycle.AttemptBounds, error)
 		want string
 	}{
-		{"negative timeout", func() (lifecycle.Policy, error) { return lifecycle.Policy{Timeout: -time.Second}, nil }, "negative Timeout"},
-		{"jitter out of range", func() (lifecycle.Policy, error) {
-			return lifecycle.Policy{Retry: lifecycle.RetryPolicy{Attempts: 5, Jitter: 2}}, nil
+		{"negative timeout", func() (lifecycle.AttemptBounds, error) { return lifecycle.AttemptBounds{Timeout: -time.Second}, nil }, "negative Timeout"},
+		{"jitter out of range", func() (lifecycle.AttemptBounds, error) {
+			return lifecycle.AttemptBounds{Retry: lifecycle.RetryPolicy{Attempts: 5, Jitter: 2}}, nil
 		}, "jitter outside [0, 1]"},
-		{"PolicyFrom fails", func() (lifecycle.Policy, error) { return lifecycle.Policy{}, errUnreadable }, errUnreadable.Error()},
-		{"PolicyFrom panics", func() (lifecycle.Policy, error) { panic("no config") }, "panic: no config"},
+		{"PolicyFrom fails", func() (lifecycle.AttemptBounds, error) { return lifecycle.AttemptBounds{}, errUnreadable }, errUnreadable.Error()},
+		{"PolicyFrom panics", func() (lifecycle.AttemptBounds, error) { panic("no config") }, "panic: no config"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ran := false
@@ -94,7 +94,7 @@ func TestPolicyFromRefused(t *testing.T) {
 		})
 	}
 	_, err := lifecycle.New([]lifecycle.Phase{{Name: "registry", Timeout: time.Second,
-		PolicyFrom: func() (lifecycle.Policy, error) { return lifecycle.Policy{}, nil },
+		PolicyFrom: func() (lifecycle.AttemptBounds, error) { return lifecycle.AttemptBounds{}, nil },
 		Run:        func(context.Context, *lifecycle.Progress) error { return nil }}})
 	var de *lifecycle.DeclarationError
 	if !errors.As(err, &de) || !strings.Contains(err.Error(), "PolicyFrom") {

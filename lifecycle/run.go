@@ -378,7 +378,7 @@ func (r *phaseRun) resolvePolicy() error {
 }
 
 // callPolicyFrom calls f, turning a panic into a *PanicError.
-func callPolicyFrom(f func() (Policy, error)) (p Policy, err error) {
+func callPolicyFrom(f func() (AttemptBounds, error)) (p AttemptBounds, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = recovered(v)

@@ -81,14 +81,22 @@ func TestSpanTree(t *testing.T) {
 			t.Errorf("%s is not a child of startup", name)
 		}
 	}
-	rc := attrs(spans["phase reclaim"])
+	checkRetriedPhaseSpan(t, spans["phase reclaim"])
+	checkTaskAndStopSpans(t, spans)
+}
+
+// checkRetriedPhaseSpan checks the span of the phase reclaim, which
+// succeeded at its second attempt: its attributes and its retry event.
+func checkRetriedPhaseSpan(t *testing.T, reclaim sdktrace.ReadOnlySpan) {
+	t.Helper()
+	rc := attrs(reclaim)
 	if rc["phasegate.phase"].AsString() != "reclaim" || rc["phasegate.phase.attempts"].AsInt64() != 2 ||
 		rc["phasegate.progress.done"].AsInt64() != 10 || rc["phasegate.progress.total"].AsInt64() != 10 ||
 		rc["phasegate.outcome"].AsString() != "succeeded" ||
 		len(rc["phasegate.phase.depends_on"].AsStringSlice()) != 1 {
 		t.Errorf("phase reclaim attributes %v", rc)
 	}
-	ev := spans["phase reclaim"].Events()
+	ev := reclaim.Events()
 	if len(ev) != 1 || ev[0].Name != "retry" {
 		t.Fatalf("phase reclaim events %v, want one retry", ev)
 	}
@@ -99,7 +107,13 @@ func TestSpanTree(t *testing.T) {
 	if evAttrs["error.message"].AsString() != "EBUSY" || evAttrs["phasegate.attempt"].AsInt64() != 1 || evAttrs["phasegate.backoff"].AsString() == "" {
 		t.Errorf("retry event attributes %v", evAttrs)
 	}
+}
 
+// checkTaskAndStopSpans checks that the background task's span is a root
+// linked to the phase that deferred it, and that the stops are children of
+// the drain, in reverse order of the phases, with the failed one an error.
+func checkTaskAndStopSpans(t *testing.T, spans map[string]sdktrace.ReadOnlySpan) {
+	t.Helper()
 	task := spans["task reclaim-rest"]
 	if task.Parent().IsValid() {
 		t.Error("a background task's span has a parent; it should be a linked root")

@@ -30,7 +30,7 @@ func validate(phases []Phase) []error {
 		if p.Run == nil {
 			errs = append(errs, invalidPhase(p.Name, "Run is nil"))
 		}
-		for _, problem := range (Policy{Timeout: p.Timeout, Retry: p.Retry}).problems() {
+		for _, problem := range (AttemptBounds{Timeout: p.Timeout, Retry: p.Retry}).problems() {
 			errs = append(errs, invalidPhase(p.Name, problem))
 		}
 		if p.PolicyFrom != nil && (p.Timeout != 0 || p.Retry != RetryPolicy{}) {

@@ -18,68 +18,23 @@ func TestNewReportsEachProblem(t *testing.T) {
 		phase  string // the DeclarationError's Phase
 		msg    string
 	}{
-		{
-			name:   "empty name",
-			phases: []lifecycle.Phase{{Name: "lock", Run: nop}, {Name: "", Run: nop}},
-			phase:  "",
-			msg:    "phase #1 has an empty name",
-		},
-		{
-			name:   "duplicate",
-			phases: []lifecycle.Phase{{Name: "lock", Run: nop}, {Name: "lock", Run: nop}},
-			phase:  "lock",
-			msg:    `phase "lock" is declared more than once`,
-		},
-		{
-			name:   "unknown dependency",
-			phases: []lifecycle.Phase{{Name: "listen", DependsOn: []string{"lokc"}, Run: nop}},
-			phase:  "listen",
-			msg:    `phase "listen" depends on unknown phase "lokc"`,
-		},
-		{
-			name:   "self dependency",
-			phases: []lifecycle.Phase{{Name: "serve", DependsOn: []string{"serve"}, Run: nop}},
-			phase:  "serve",
-			msg:    `phase "serve" depends on itself`,
-		},
-		{
-			name: "two-phase cycle",
-			phases: []lifecycle.Phase{
-				{Name: "reclaim", DependsOn: []string{"storage"}, Run: nop},
-				{Name: "storage", DependsOn: []string{"reclaim"}, Run: nop},
-			},
-			phase: "reclaim",
-			msg:   "dependency cycle: reclaim -> storage -> reclaim",
-		},
-		{
-			name: "long cycle found from its middle",
-			phases: []lifecycle.Phase{
-				{Name: "lock", Run: nop},
-				{Name: "populate", DependsOn: []string{"lock", "reclaim"}, Run: nop},
-				{Name: "reclaim", DependsOn: []string{"storage"}, Run: nop},
-				{Name: "storage", DependsOn: []string{"populate"}, Run: nop},
-			},
-			phase: "populate",
-			msg:   "dependency cycle: populate -> reclaim -> storage -> populate",
-		},
-		{
-			name:   "missing run",
-			phases: []lifecycle.Phase{{Name: "lock"}},
-			phase:  "lock",
-			msg:    `phase "lock": Run is nil`,
-		},
-		{
-			name:   "negative timeout",
-			phases: []lifecycle.Phase{{Name: "lock", Run: nop, Timeout: -1}},
-			phase:  "lock",
-			msg:    `phase "lock": negative Timeout`,
-		},
-		{
-			name:   "repeated dependency",
-			phases: []lifecycle.Phase{{Name: "lock", Run: nop}, {Name: "listen", DependsOn: []string{"lock", "lock"}, Run: nop}},
-			phase:  "listen",
-			msg:    `phase "listen": depends on lock twice`,
-		},
+		{"empty name", []lifecycle.Phase{{Name: "lock", Run: nop}, {Name: "", Run: nop}}, "", "phase #1 has an empty name"},
+		{"duplicate", []lifecycle.Phase{{Name: "lock", Run: nop}, {Name: "lock", Run: nop}}, "lock", `phase "lock" is declared more than once`},
+		{"unknown dependency", []lifecycle.Phase{{Name: "listen", DependsOn: []string{"lokc"}, Run: nop}}, "listen", `phase "listen" depends on unknown phase "lokc"`},
+		{"self dependency", []lifecycle.Phase{{Name: "serve", DependsOn: []string{"serve"}, Run: nop}}, "serve", `phase "serve" depends on itself`},
+		{"two-phase cycle", []lifecycle.Phase{
+			{Name: "reclaim", DependsOn: []string{"storage"}, Run: nop},
+			{Name: "storage", DependsOn: []string{"reclaim"}, Run: nop},
+		}, "reclaim", "dependency cycle: reclaim -> storage -> reclaim"},
+		{"long cycle found from its middle", []lifecycle.Phase{
+			{Name: "lock", Run: nop},
+			{Name: "populate", DependsOn: []string{"lock", "reclaim"}, Run: nop},
+			{Name: "reclaim", DependsOn: []string{"storage"}, Run: nop},
+			{Name: "storage", DependsOn: []string{"populate"}, Run: nop},
+		}, "populate", "dependency cycle: populate -> reclaim -> storage -> populate"},
+		{"missing run", []lifecycle.Phase{{Name: "lock"}}, "lock", `phase "lock": Run is nil`},
+		{"negative timeout", []lifecycle.Phase{{Name: "lock", Run: nop, Timeout: -1}}, "lock", `phase "lock": negative Timeout`},
+		{"repeated dependency", []lifecycle.Phase{{Name: "lock", Run: nop}, {Name: "listen", DependsOn: []string{"lock", "lock"}, Run: nop}}, "listen", `phase "listen": depends on lock twice`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

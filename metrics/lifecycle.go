@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -94,43 +95,43 @@ type lifecycleInstruments struct {
 
 // newLifecycleInstruments creates the instruments on m.
 func newLifecycleInstruments(m metric.Meter) (*lifecycleInstruments, error) {
-	var in lifecycleInstruments
-	var err error
-	in.phaseDur, err = m.Float64Histogram("phasegate.phase.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long each startup phase ran, by outcome."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...))
-	if err != nil {
-		return nil, err
+	var errs []error
+	kept := func(err error) { errs = append(errs, err) }
+	histogram := func(name, desc string) metric.Float64Histogram {
+		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(durationBuckets...))
+		kept(err)
+		return h
 	}
-	in.taskDur, err = m.Float64Histogram("phasegate.task.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long each background task ran, by outcome."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...))
-	if err != nil {
-		return nil, err
+	ints := func(name, desc string) metric.Int64ObservableGauge {
+		g, err := m.Int64ObservableGauge(name, metric.WithDescription(desc))
+		kept(err)
+		return g
 	}
-	var err1, err2, err3, err4, err5, err6, err7, err8, err9 error
-	in.state, err1 = m.Int64ObservableGauge("phasegate.lifecycle.state",
-		metric.WithDescription("1 for the lifecycle's current state, 0 for the others."))
-	in.degraded, err2 = m.Int64ObservableGauge("phasegate.lifecycle.degraded",
-		metric.WithDescription("1 once a background task failed."))
-	in.since, err3 = m.Float64ObservableGauge("phasegate.lifecycle.since_start", metric.WithUnit("s"),
-		metric.WithDescription("Time since the start began."))
-	in.startup, err4 = m.Float64ObservableGauge("phasegate.lifecycle.startup", metric.WithUnit("s"),
-		metric.WithDescription("How long the start took, from Start to serving."))
-	in.done, err5 = m.Int64ObservableGauge("phasegate.phase.progress.done",
-		metric.WithDescription("Units of work done by each running phase."))
-	in.total, err6 = m.Int64ObservableGauge("phasegate.phase.progress.total",
-		metric.WithDescription("Units of work of each running phase, when known."))
-	in.rate, err7 = m.Float64ObservableGauge("phasegate.phase.rate",
-		metric.WithDescription("Recent units of work per second of each running phase."))
-	in.eta, err8 = m.Float64ObservableGauge("phasegate.phase.eta", metric.WithUnit("s"),
-		metric.WithDescription("Estimated time left of each running phase."))
-	in.warnings, err9 = m.Int64ObservableGauge("phasegate.lifecycle.warnings",
-		metric.WithDescription("1 for each warning the lifecycle carries: a condition that leaves it serving but needs an operator."))
-	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8, err9} {
-		if err != nil {
-			return nil, err
+	floats := func(name, unit, desc string) metric.Float64ObservableGauge {
+		opts := []metric.Float64ObservableGaugeOption{metric.WithDescription(desc)}
+		if unit != "" {
+			opts = append(opts, metric.WithUnit(unit))
 		}
+		g, err := m.Float64ObservableGauge(name, opts...)
+		kept(err)
+		return g
+	}
+	in := lifecycleInstruments{
+		phaseDur: histogram("phasegate.phase.duration", "How long each startup phase ran, by outcome."),
+		taskDur:  histogram("phasegate.task.duration", "How long each background task ran, by outcome."),
+		state:    ints("phasegate.lifecycle.state", "1 for the lifecycle's current state, 0 for the others."),
+		degraded: ints("phasegate.lifecycle.degraded", "1 once a background task failed."),
+		since:    floats("phasegate.lifecycle.since_start", "s", "Time since the start began."),
+		startup:  floats("phasegate.lifecycle.startup", "s", "How long the start took, from Start to serving."),
+		done:     ints("phasegate.phase.progress.done", "Units of work done by each running phase."),
+		total:    ints("phasegate.phase.progress.total", "Units of work of each running phase, when known."),
+		rate:     floats("phasegate.phase.rate", "", "Recent units of work per second of each running phase."),
+		eta:      floats("phasegate.phase.eta", "s", "Estimated time left of each running phase."),
+		warnings: ints("phasegate.lifecycle.warnings", "1 for each warning the lifecycle carries: a condition that leaves it serving but needs an operator."),
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return &in, nil
 }

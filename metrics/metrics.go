@@ -2,13 +2,11 @@ package metrics
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"slices"
-	"strings"
 
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
@@ -31,7 +29,7 @@ import (
 const (
 	ExporterNone       = otelenv.None
 	ExporterPrometheus = "prometheus"
-	ExporterOTLP       = "otlp"
+	ExporterOTLP       = otelenv.OTLP
 	ExporterConsole    = "console"
 )
 
@@ -170,10 +168,10 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 		o(&c)
 	}
 	given := map[string]Exporter{}
-	known := []string{ExporterOTLP, ExporterConsole, ExporterPrometheus}
+	var linked []string
 	for _, e := range c.exporters {
 		given[e.Name] = e
-		known = append(known, e.Name)
+		linked = append(linked, e.Name)
 	}
 	disabled, err := otelenv.Disabled()
 	if err != nil {
@@ -183,29 +181,22 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 		return disabledProvider(ctx, given, c.console)
 	}
 	p := &Provider{}
-	if p.Exporters, err = otelenv.Exporters("OTEL_METRICS_EXPORTER", known...); err != nil {
+	signal := otelenv.Signal{Name: "METRICS", Package: "metrics", Field: "MetricExporters"}
+	if p.Exporters, p.Protocol, err = signal.Choose([]string{ExporterOTLP, ExporterConsole, ExporterPrometheus}, linked); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	if p.OTLP = slices.Contains(p.Exporters, ExporterOTLP); p.OTLP {
-		if p.Protocol, err = otelenv.Protocol("METRICS"); err != nil {
-			return nil, fmt.Errorf("metrics: %w", err)
-		}
-	}
-	use, err := chosen(given, p.Exporters)
-	if err != nil {
-		return nil, err
-	}
+	p.OTLP = slices.Contains(p.Exporters, ExporterOTLP)
 	settings := ExportSettings{Protocol: p.Protocol, Console: c.console, ServiceName: c.serviceName, Version: c.version}
-	opened, err := open(ctx, use, settings)
+	opened, err := otelenv.Open(ctx, chosen(given, p.Exporters), func(name string) (Pipeline, error) { return given[name].Open(ctx, settings) })
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	if len(opened) == 0 {
 		p.MeterProvider = metricnoop.NewMeterProvider()
 		return p, nil
 	}
 	if p.joined, err = opened[0].Join(ctx, opened); err != nil {
-		return nil, fmt.Errorf("metrics: %w", shutdown(ctx, opened, err))
+		return nil, fmt.Errorf("metrics: %w", otelenv.Shutdown(ctx, opened, err))
 	}
 	p.MeterProvider = p.joined.MeterProvider
 	for _, o := range opened {
@@ -216,50 +207,22 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 	return p, nil
 }
 
-// open opens the exporters use, in order; when one fails, it shuts those
-// it opened.
-func open(ctx context.Context, use []Exporter, s ExportSettings) ([]Pipeline, error) {
-	var opened []Pipeline
-	for _, e := range use {
-		o, err := e.Open(ctx, s)
-		if err != nil {
-			return nil, fmt.Errorf("metrics: %s exporter: %w", e.Name, shutdown(ctx, opened, err))
-		}
-		opened = append(opened, o)
-	}
-	return opened, nil
-}
-
-// shutdown stops pipelines that will not be joined, and returns err with
-// whatever that failed with.
-func shutdown(ctx context.Context, ps []Pipeline, err error) error {
-	for _, p := range ps {
-		err = errors.Join(err, p.Shutdown(ctx))
-	}
-	return err
-}
-
-// chosen returns the exporters to build: those Always there, then those
-// the environment names, each once; a name not given is an error.
-func chosen(given map[string]Exporter, names []string) ([]Exporter, error) {
-	var use []Exporter
-	seen := map[string]bool{}
+// chosen names the exporters to open: those Always there, then those the
+// environment names, each once.
+func chosen(given map[string]Exporter, names []string) []string {
+	var use []string
 	for _, e := range given {
 		if e.Always {
-			use, seen[e.Name] = append(use, e), true
+			use = append(use, e.Name)
 		}
 	}
-	slices.SortFunc(use, func(a, b Exporter) int { return strings.Compare(a.Name, b.Name) })
+	slices.Sort(use)
 	for _, name := range names {
-		e, ok := given[name]
-		if !ok {
-			return nil, fmt.Errorf("metrics: %w", otelenv.NotLinked("OTEL_METRICS_EXPORTER", name, "metrics/"+name, "MetricExporters"))
-		}
-		if !seen[name] {
-			use, seen[name] = append(use, e), true
+		if !slices.Contains(use, name) {
+			use = append(use, name)
 		}
 	}
-	return use, nil
+	return use
 }
 
 // disabledProvider is Setup under OTEL_SDK_DISABLED=true: a no-op provider

@@ -142,25 +142,7 @@ func TestLifecycleMetrics(t *testing.T) {
 	go func() { started <- lc.Start(context.Background()) }()
 	<-blocked
 
-	fams := scrape(t, p.Handler())
-	if v := value(sample(fams, "phasegate_lifecycle_state", map[string]string{"state": "starting"})); v != 1 {
-		t.Errorf("state starting = %v, want 1", v)
-	}
-	if v := value(sample(fams, "phasegate_lifecycle_state", map[string]string{"state": "serving"})); v != 0 {
-		t.Errorf("state serving = %v, want 0", v)
-	}
-	if v := value(sample(fams, "phasegate_phase_progress_done", map[string]string{"phase": "reclaim"})); v != 30 {
-		t.Errorf("reclaim done = %v, want 30", v)
-	}
-	if v := value(sample(fams, "phasegate_phase_progress_total", map[string]string{"phase": "reclaim"})); v != 100 {
-		t.Errorf("reclaim total = %v, want 100", v)
-	}
-	if v := value(sample(fams, "phasegate_lifecycle_since_start_seconds", nil)); v < 0 {
-		t.Errorf("since_start = %v", v)
-	}
-	if m := sample(fams, "phasegate_lifecycle_startup_seconds", nil); m != nil {
-		t.Errorf("startup duration reported while starting: %v", m)
-	}
+	checkMetricsWhileStarting(t, scrape(t, p.Handler()))
 
 	close(release)
 	if err := <-started; err != nil {
@@ -180,6 +162,49 @@ func TestLifecycleMetrics(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	checkMetricsOnceServing(t, fam)
+
+	lc.Warn("egress", "net.ipv4.ip_forward is 0")
+	fam = scrape(t, p.Handler())
+	if v := value(sample(fam, "phasegate_lifecycle_warnings", map[string]string{"warning": "egress"})); v != 1 {
+		t.Errorf("warning egress = %v, want 1", v)
+	}
+	lc.ClearWarning("egress")
+	fam = scrape(t, p.Handler())
+	if m := sample(fam, "phasegate_lifecycle_warnings", map[string]string{"warning": "egress"}); m != nil {
+		t.Errorf("a cleared warning is still reported: %v", m)
+	}
+	_ = lc.Drain(context.Background())
+}
+
+// checkMetricsWhileStarting checks fams, scraped while reclaim ran with
+// 30 of its 100 namespaces done.
+func checkMetricsWhileStarting(t *testing.T, fams map[string]*dto.MetricFamily) {
+	t.Helper()
+	if v := value(sample(fams, "phasegate_lifecycle_state", map[string]string{"state": "starting"})); v != 1 {
+		t.Errorf("state starting = %v, want 1", v)
+	}
+	if v := value(sample(fams, "phasegate_lifecycle_state", map[string]string{"state": "serving"})); v != 0 {
+		t.Errorf("state serving = %v, want 0", v)
+	}
+	if v := value(sample(fams, "phasegate_phase_progress_done", map[string]string{"phase": "reclaim"})); v != 30 {
+		t.Errorf("reclaim done = %v, want 30", v)
+	}
+	if v := value(sample(fams, "phasegate_phase_progress_total", map[string]string{"phase": "reclaim"})); v != 100 {
+		t.Errorf("reclaim total = %v, want 100", v)
+	}
+	if v := value(sample(fams, "phasegate_lifecycle_since_start_seconds", nil)); v < 0 {
+		t.Errorf("since_start = %v", v)
+	}
+	if m := sample(fams, "phasegate_lifecycle_startup_seconds", nil); m != nil {
+		t.Errorf("startup duration reported while starting: %v", m)
+	}
+}
+
+// checkMetricsOnceServing checks fam, scraped once the start succeeded
+// and the task fill ended, and its durations were recorded.
+func checkMetricsOnceServing(t *testing.T, fam map[string]*dto.MetricFamily) {
+	t.Helper()
 	for _, ph := range []string{"lock", "reclaim", "serve"} {
 		if v := value(sample(fam, "phasegate_phase_duration_seconds", map[string]string{"phase": ph, "outcome": "succeeded"})); v != 1 {
 			t.Errorf("phase %s duration count = %v, want 1", ph, v)
@@ -203,18 +228,6 @@ func TestLifecycleMetrics(t *testing.T) {
 	if fam["go_goroutines"] == nil || fam["process_cpu_seconds_total"] == nil {
 		t.Error("no Go runtime or process metrics")
 	}
-
-	lc.Warn("egress", "net.ipv4.ip_forward is 0")
-	fam = scrape(t, p.Handler())
-	if v := value(sample(fam, "phasegate_lifecycle_warnings", map[string]string{"warning": "egress"})); v != 1 {
-		t.Errorf("warning egress = %v, want 1", v)
-	}
-	lc.ClearWarning("egress")
-	fam = scrape(t, p.Handler())
-	if m := sample(fam, "phasegate_lifecycle_warnings", map[string]string{"warning": "egress"}); m != nil {
-		t.Errorf("a cleared warning is still reported: %v", m)
-	}
-	_ = lc.Drain(context.Background())
 }
 
 // Health checks are counted by dialect and result, over HTTP and gRPC

@@ -15,9 +15,9 @@ import (
 )
 
 // policyOf builds a resolved policy from command-line rules.
-func policyOf(t testing.TB, maxLeases int, rules ...string) *control.Policy {
+func policyOf(t testing.TB, maxLeases int, rules ...string) *control.AccessPolicy {
 	t.Helper()
-	p := &control.Policy{MaxLeases: &maxLeases}
+	p := &control.AccessPolicy{MaxLeases: &maxLeases}
 	for _, r := range rules {
 		rule, err := control.ParseRule(r, false)
 		if err != nil {
@@ -178,7 +178,7 @@ func TestDefaultQuotaLeavesRootTheRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
-	cfg.Slots.Slots, cfg.Control.Policy = n, &control.Policy{Rules: []control.Rule{rule}}
+	cfg.Slots.Slots, cfg.Control.Policy = n, &control.AccessPolicy{Rules: []control.Rule{rule}}
 	policy := cfg.ControlPolicy()
 	ctx := context.Background()
 	held := 0

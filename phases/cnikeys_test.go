@@ -33,7 +33,7 @@ func TestAcquireRefusesCNIOwners(t *testing.T) {
 	attach.Rules = append(attach.Rules, rule)
 	for _, tc := range []struct {
 		who       control.Principal
-		p         *control.Policy
+		p         *control.AccessPolicy
 		requestID string
 	}{
 		{mallet, policy, "future/eth0"},
@@ -99,9 +99,9 @@ func (r *cniRig) attachAs(t *testing.T, c control.Caller, k cniv1.Key, path stri
 	return a.l
 }
 
-func callerOfPolicy(pr control.Principal, p *control.Policy) control.Caller {
+func callerOfPolicy(pr control.Principal, p *control.AccessPolicy) control.Caller {
 	if p == nil {
-		p = &control.Policy{}
+		p = &control.AccessPolicy{}
 	}
 	return control.Caller{Principal: pr, Grant: p.Grant(pr)}
 }

@@ -43,7 +43,7 @@ type ControlConfig struct {
 	// do everything and nobody else anything. A policy that sets no
 	// MaxLeases gets control.DefaultMaxLeases of Slots.Slots
 	// ([Config.ControlPolicy]).
-	Policy *control.Policy
+	Policy *control.AccessPolicy
 }
 
 // ControlSocket returns the control socket's path.
@@ -57,10 +57,10 @@ func (c Config) ControlSocket() string {
 // ControlPolicy is the policy in force: Control.Policy, with the default
 // quota of leases, a share of the slots, unless it sets one. One tenant
 // so never leases every slot, whatever the flags forgot.
-func (c Config) ControlPolicy() *control.Policy {
+func (c Config) ControlPolicy() *control.AccessPolicy {
 	p := c.Control.Policy
 	if p == nil {
-		p = &control.Policy{}
+		p = &control.AccessPolicy{}
 	}
 	return p.WithDefaultMaxLeases(c.Slots.Slots)
 }

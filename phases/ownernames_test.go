@@ -158,7 +158,7 @@ func TestNamesRecordedBeforeTheRuleKeepWorking(t *testing.T) {
 	}
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodGet, "/debug/slots", nil)
-	req = req.WithContext(control.WithCaller(req.Context(), control.Caller{Principal: root, Grant: (&control.Policy{}).Grant(root)}))
+	req = req.WithContext(control.WithCaller(req.Context(), control.Caller{Principal: root, Grant: (&control.AccessPolicy{}).Grant(root)}))
 	r.d.slots.debugHandler().ServeHTTP(rec, req)
 	body := rec.Body.String()
 	if !printable(strings.ReplaceAll(body, "\n", " ")) || !strings.Contains(body, `"rt-victim\u3164"`) || !strings.Contains(body, `"cafe\u0301"`) {

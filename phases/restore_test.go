@@ -121,7 +121,7 @@ func newRestoreRig(t *testing.T, n, leased int, edit func(*leases.Record), meanw
 // states returns every slot's state by index.
 func (r *restoreRig) states() map[int]*phasegatev1.Slot {
 	out := map[int]*phasegatev1.Slot{}
-	for _, s := range r.d.slots.states(false, control.Caller{Principal: root, Grant: (&control.Policy{}).Grant(root)}) {
+	for _, s := range r.d.slots.states(false, control.Caller{Principal: root, Grant: (&control.AccessPolicy{}).Grant(root)}) {
 		out[int(s.GetIndex())] = s
 	}
 	return out

@@ -129,9 +129,9 @@ var (
 
 // as returns ctx as the guard leaves it for a call of pr under policy p
 // (nil: no rule, root alone may act).
-func as(ctx context.Context, pr control.Principal, p *control.Policy) context.Context {
+func as(ctx context.Context, pr control.Principal, p *control.AccessPolicy) context.Context {
 	if p == nil {
-		p = &control.Policy{}
+		p = &control.AccessPolicy{}
 	}
 	return control.WithCaller(ctx, control.Caller{Principal: pr, Grant: p.Grant(pr)})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -115,22 +116,52 @@ func timedLog() []lifecycle.Event {
 	return l
 }
 
+// assertionCase is an assertion of a log, and the substrings of its
+// failure (none: it passes).
+type assertionCase struct {
+	name   string
+	log    func() []lifecycle.Event
+	assert func(t testing.TB, log []lifecycle.Event) bool
+	want   []string
+}
+
 func TestAssertions(t *testing.T) {
-	drop := func(log []lifecycle.Event, seq uint64) []lifecycle.Event {
-		var out []lifecycle.Event
-		for _, e := range log {
-			if e.Seq != seq {
-				out = append(out, e)
-			}
-		}
-		return out
+	for _, tc := range slices.Concat(consistencyCases(), orderCases(), overlapCases(), durationCases(), dependencyCases()) {
+		t.Run(tc.name, func(t *testing.T) { checkAssertion(t, tc) })
 	}
-	tests := []struct {
-		name   string
-		log    func() []lifecycle.Event
-		assert func(t testing.TB, log []lifecycle.Event) bool
-		want   []string // substrings of the failure; none: it passes
-	}{
+}
+
+// checkAssertion runs tc's assertion on a spy and checks that it passes,
+// or fails saying each of tc.want.
+func checkAssertion(t *testing.T, tc assertionCase) {
+	spy := newSpy(t)
+	var ok bool
+	spy.run(func(tb testing.TB) { ok = tc.assert(tb, tc.log()) })
+	if ok != (len(tc.want) == 0) || ok != (len(spy.errors) == 0) {
+		t.Fatalf("returned %v with errors %q", ok, spy.errors)
+	}
+	for _, w := range tc.want {
+		if !strings.Contains(strings.Join(spy.errors, "\n"), w) {
+			t.Errorf("failure does not say %q:\n%s", w, strings.Join(spy.errors, "\n"))
+		}
+	}
+}
+
+// drop is log without the event numbered seq.
+func drop(log []lifecycle.Event, seq uint64) []lifecycle.Event {
+	var out []lifecycle.Event
+	for _, e := range log {
+		if e.Seq != seq {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// consistencyCases are AssertConsistent's: a whole log, and one with a
+// transition lost, repeated or impossible.
+func consistencyCases() []assertionCase {
+	return []assertionCase{
 		{
 			name:   "a whole log is consistent",
 			log:    goodLog,
@@ -161,6 +192,13 @@ func TestAssertions(t *testing.T) {
 			assert: phasetest.AssertConsistent,
 			want:   []string{"starting→stopped is not a lifecycle transition"},
 		},
+	}
+}
+
+// orderCases are AssertOrder's: phases in order, overlapping, or one that
+// never ran.
+func orderCases() []assertionCase {
+	return []assertionCase{
 		{
 			name: "phases in order",
 			log:  goodLog,
@@ -184,6 +222,13 @@ func TestAssertions(t *testing.T) {
 			},
 			want: []string{"phase register never started: it has no event", "#10 lifecycle starting→serving"},
 		},
+	}
+}
+
+// overlapCases are AssertOverlap's: phases side by side, one after the
+// other, one still running, one never started.
+func overlapCases() []assertionCase {
+	return []assertionCase{
 		{
 			name: "phases side by side overlap",
 			log:  goodLog,
@@ -214,6 +259,12 @@ func TestAssertions(t *testing.T) {
 			},
 			want: []string{"phase register never started: it has no event"},
 		},
+	}
+}
+
+// durationCases are AssertTookAtMost's and AssertTookAtLeast's.
+func durationCases() []assertionCase {
+	return []assertionCase{
 		{
 			name: "a phase within its bound",
 			log:  timedLog,
@@ -246,6 +297,12 @@ func TestAssertions(t *testing.T) {
 			},
 			want: []string{"phase reclaim has not ended: it is running"},
 		},
+	}
+}
+
+// dependencyCases are AssertRespectsDependencies'.
+func dependencyCases() []assertionCase {
+	return []assertionCase{
 		{
 			name:   "dependencies respected",
 			log:    goodLog,
@@ -262,21 +319,6 @@ func TestAssertions(t *testing.T) {
 			assert: phasetest.AssertRespectsDependencies,
 			want:   []string{"phase serve started attempt 1 (event 7) before its dependency reclaim succeeded"},
 		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			spy := newSpy(t)
-			var ok bool
-			spy.run(func(tb testing.TB) { ok = tc.assert(tb, tc.log()) })
-			if ok != (len(tc.want) == 0) || ok != (len(spy.errors) == 0) {
-				t.Fatalf("returned %v with errors %q", ok, spy.errors)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(strings.Join(spy.errors, "\n"), w) {
-					t.Errorf("failure does not say %q:\n%s", w, strings.Join(spy.errors, "\n"))
-				}
-			}
-		})
 	}
 }
 

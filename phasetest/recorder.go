@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/phasegate/phasegate/internal/eventlog"
 	"github.com/phasegate/phasegate/lifecycle"
 )
 
@@ -27,7 +28,7 @@ type Recorder struct {
 	err    error         // the first event out of sequence, or why recording ended
 	ended  bool          // no event will follow
 	reason string        // why recording ended without the final event, when it ended well
-	wake   chan struct{} // closed at the next change; nil while nobody waits
+	wake   eventlog.Wake // readers waiting for the next change
 }
 
 // Record appends e. It is a [lifecycle.WithEventHook] hook.
@@ -41,7 +42,7 @@ func (r *Recorder) Record(e lifecycle.Event) {
 	if e.Final() {
 		r.ended = true
 	}
-	r.wakeLocked()
+	r.wake.Signal()
 }
 
 // end marks the recording over, with the reason when it ended badly.
@@ -52,7 +53,7 @@ func (r *Recorder) end(err error) {
 		r.err = err
 	}
 	r.ended = true
-	r.wakeLocked()
+	r.wake.Signal()
 }
 
 // endBecause marks the recording over before the final event for a reason
@@ -62,14 +63,7 @@ func (r *Recorder) endBecause(reason string) {
 	defer r.mu.Unlock()
 	r.reason = reason
 	r.ended = true
-	r.wakeLocked()
-}
-
-func (r *Recorder) wakeLocked() {
-	if r.wake != nil {
-		close(r.wake)
-		r.wake = nil
-	}
+	r.wake.Signal()
 }
 
 // Events returns a copy of the events recorded after the one numbered
@@ -96,49 +90,16 @@ func (r *Recorder) Err() error {
 // and closes after the final event, when the recording ends, or when ctx
 // ends. It makes a Recorder a [Source].
 func (r *Recorder) WatchEvents(ctx context.Context, after uint64) <-chan lifecycle.Event {
-	ch := make(chan lifecycle.Event)
-	go func() {
-		defer close(ch)
-		for {
-			// A position in the slice, not a Seq: a broken recording is
-			// still replayed whole, for Err and the assertions to explain.
-			batch, wake, ended := r.since(after)
-			for _, e := range batch {
-				select {
-				case ch <- e:
-					after++
-				case <-ctx.Done():
-					return
-				}
-			}
-			switch {
-			case len(batch) > 0:
-				continue
-			case ended:
-				return
-			}
-			select {
-			case <-wake:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return ch
+	// A position in the slice, not a Seq: a broken recording is still
+	// replayed whole, for Err and the assertions to explain.
+	return eventlog.Follow(ctx, after, r.since)
 }
 
+// since returns the recorded events after position after; with none, a
+// channel closed at the next change, or ended when none will come.
+// Recorded events are never changed, only appended after.
 func (r *Recorder) since(after uint64) ([]lifecycle.Event, <-chan struct{}, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if n := uint64(len(r.events)); after < n {
-		// Recorded events are never changed, only appended after.
-		return r.events[after:n:n], nil, false
-	}
-	if r.ended {
-		return nil, nil, true
-	}
-	if r.wake == nil {
-		r.wake = make(chan struct{})
-	}
-	return nil, r.wake, false
+	return eventlog.Since(r.events, after, r.ended, &r.wake)
 }

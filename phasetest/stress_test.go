@@ -164,97 +164,106 @@ func (s *scenario) run(t *testing.T, lc *lifecycle.Lifecycle) {
 func TestNoTransitionLostOrDuplicated(t *testing.T) {
 	n := stressStarts(t)
 	workers := 2
-	t.Run("in process", func(t *testing.T) {
-		var events atomic.Int64
-		parallel(t, n, workers, func(t *testing.T, i int) bool {
-			s := newScenario(rand.New(rand.NewPCG(uint64(i), 1)))
-			hook := &slowRecorder{}
-			lc, err := lifecycle.New(s.phases, lifecycle.WithEventHook(hook.record))
-			if err != nil {
-				t.Error(err)
-				return false
-			}
-			watched := make(chan []lifecycle.Event, 1)
-			go func() {
-				var got []lifecycle.Event
-				for e := range lc.WatchEvents(context.Background(), 0) {
-					time.Sleep(observerDelay)
-					got = append(got, e)
-				}
-				watched <- got
-			}()
-			s.run(t, lc)
-			log := lc.Events(0)
-			events.Add(int64(len(log)))
-			ok := checkLog(t, i, log)
-			if got := <-watched; !reflect.DeepEqual(got, log) {
-				t.Errorf("start %d: the watcher saw %d events, the log has %d", i, len(got), len(log))
-				ok = false
-			}
-			if got := hook.wait(len(log)); !reflect.DeepEqual(got, log) {
-				t.Errorf("start %d: the hook saw %d events, the log has %d", i, len(got), len(log))
-				ok = false
-			}
-			return ok
-		})
-		t.Logf("%d starts, %d events, each seen by a slow hook and a slow watcher: none lost or duplicated", n, events.Load())
-	})
-	t.Run("over the port", func(t *testing.T) {
-		var events, connections atomic.Int64
-		handlers := make([]atomic.Pointer[http.Handler], workers)
-		mux := http.NewServeMux()
-		mux.HandleFunc("/w/{k}", func(w http.ResponseWriter, r *http.Request) {
-			k, _ := strconv.Atoi(r.PathValue("k"))
-			connections.Add(1)
-			(*handlers[k].Load()).ServeHTTP(w, r)
-		})
-		srv := httptest.NewServer(mux)
-		defer srv.Close()
-		client := &http.Client{Transport: &http.Transport{}}
-		defer client.CloseIdleConnections()
+	t.Run("in process", func(t *testing.T) { stressInProcess(t, n, workers) })
+	t.Run("over the port", func(t *testing.T) { stressOverThePort(t, n, workers) })
+}
 
-		parallel(t, n, workers, func(t *testing.T, i int) bool {
-			k := i % workers
-			r := rand.New(rand.NewPCG(uint64(i), 2))
-			s := newScenario(r)
-			lc, err := lifecycle.New(s.phases)
-			if err != nil {
-				t.Error(err)
-				return false
-			}
-			var h http.Handler = &cutter{
-				h:     eventstream.NewHandler(lc),
-				every: 1 + r.IntN(8),
-				abort: r.IntN(2) == 0,
-			}
-			handlers[k].Store(&h)
-			followed := make(chan error, 1)
+// stressInProcess makes n starts, each watched by a slow hook and a slow
+// WatchEvents reader, and checks each log and what both saw of it.
+func stressInProcess(t *testing.T, n, workers int) {
+	var events atomic.Int64
+	parallel(t, n, workers, func(t *testing.T, i int) bool {
+		s := newScenario(rand.New(rand.NewPCG(uint64(i), 1)))
+		hook := &slowRecorder{}
+		lc, err := lifecycle.New(s.phases, lifecycle.WithEventHook(hook.record))
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		watched := make(chan []lifecycle.Event, 1)
+		go func() {
 			var got []lifecycle.Event
-			go func() {
-				c := eventstream.Client{HTTPClient: client}
-				followed <- c.Follow(context.Background(), fmt.Sprintf("%s/w/%d", srv.URL, k), 0, func(e lifecycle.Event) error {
-					time.Sleep(observerDelay)
-					got = append(got, e)
-					return nil
-				})
-			}()
-			s.run(t, lc)
-			if err := <-followed; err != nil {
-				t.Errorf("start %d: Follow = %v", i, err)
-				return false
+			for e := range lc.WatchEvents(context.Background(), 0) {
+				time.Sleep(observerDelay)
+				got = append(got, e)
 			}
-			log := lc.Events(0)
-			events.Add(int64(len(log)))
-			ok := checkLog(t, i, got)
-			if !sameEvents(got, log) {
-				t.Errorf("start %d: followed %d events over the port, the log has %d", i, len(got), len(log))
-				ok = false
-			}
-			return ok
-		})
-		t.Logf("%d starts, %d events followed over %d connections by a slow SSE reader: none lost or duplicated",
-			n, events.Load(), connections.Load())
+			watched <- got
+		}()
+		s.run(t, lc)
+		log := lc.Events(0)
+		events.Add(int64(len(log)))
+		ok := checkLog(t, i, log)
+		if got := <-watched; !reflect.DeepEqual(got, log) {
+			t.Errorf("start %d: the watcher saw %d events, the log has %d", i, len(got), len(log))
+			ok = false
+		}
+		if got := hook.wait(len(log)); !reflect.DeepEqual(got, log) {
+			t.Errorf("start %d: the hook saw %d events, the log has %d", i, len(got), len(log))
+			ok = false
+		}
+		return ok
 	})
+	t.Logf("%d starts, %d events, each seen by a slow hook and a slow watcher: none lost or duplicated", n, events.Load())
+}
+
+// stressOverThePort makes n starts, each followed over an eventstream
+// handler by a slow SSE reader whose connection is cut every few events,
+// and checks what it followed against the log.
+func stressOverThePort(t *testing.T, n, workers int) {
+	var events, connections atomic.Int64
+	handlers := make([]atomic.Pointer[http.Handler], workers)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/w/{k}", func(w http.ResponseWriter, r *http.Request) {
+		k, _ := strconv.Atoi(r.PathValue("k"))
+		connections.Add(1)
+		(*handlers[k].Load()).ServeHTTP(w, r)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	parallel(t, n, workers, func(t *testing.T, i int) bool {
+		k := i % workers
+		r := rand.New(rand.NewPCG(uint64(i), 2))
+		s := newScenario(r)
+		lc, err := lifecycle.New(s.phases)
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		var h http.Handler = &cutter{
+			h:     eventstream.NewHandler(lc),
+			every: 1 + r.IntN(8),
+			abort: r.IntN(2) == 0,
+		}
+		handlers[k].Store(&h)
+		followed := make(chan error, 1)
+		var got []lifecycle.Event
+		go func() {
+			c := eventstream.Client{HTTPClient: client}
+			followed <- c.Follow(context.Background(), fmt.Sprintf("%s/w/%d", srv.URL, k), 0, func(e lifecycle.Event) error {
+				time.Sleep(observerDelay)
+				got = append(got, e)
+				return nil
+			})
+		}()
+		s.run(t, lc)
+		if err := <-followed; err != nil {
+			t.Errorf("start %d: Follow = %v", i, err)
+			return false
+		}
+		log := lc.Events(0)
+		events.Add(int64(len(log)))
+		ok := checkLog(t, i, got)
+		if !sameEvents(got, log) {
+			t.Errorf("start %d: followed %d events over the port, the log has %d", i, len(got), len(log))
+			ok = false
+		}
+		return ok
+	})
+	t.Logf("%d starts, %d events followed over %d connections by a slow SSE reader: none lost or duplicated",
+		n, events.Load(), connections.Load())
 }
 
 // parallel runs check for starts 0..n-1 on workers goroutines, start i on

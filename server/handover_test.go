@@ -38,40 +38,13 @@ func TestDrainForHandoverDropsNoConnection(t *testing.T) {
 	}
 	addr := srv.Addr().String()
 
-	var old, neu, failed atomic.Int64
-	var firstErr atomic.Value
+	var who whoClients
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 8 {
-		wg.Go(func() {
-			c := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				resp, err := c.Get("http://" + addr + "/who")
-				if err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-					continue
-				}
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				switch string(b) {
-				case "old":
-					old.Add(1)
-				case "new":
-					neu.Add(1)
-				default:
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, fmt.Errorf("answer %d %q", resp.StatusCode, b))
-				}
-			}
-		})
+		wg.Go(func() { who.ask(addr, stop) })
 	}
-	waitUntil(t, "answers from the old server", func() bool { return old.Load() > 50 })
+	waitUntil(t, "answers from the old server", func() bool { return who.old.Load() > 50 })
 
 	f, err := srv.ListenerFile()
 	if err != nil {
@@ -91,13 +64,49 @@ func TestDrainForHandoverDropsNoConnection(t *testing.T) {
 	}
 	next := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "new") })}
 	go func() { _ = next.Serve(l) }()
-	waitUntil(t, "answers from the new server", func() bool { return neu.Load() > 50 })
+	waitUntil(t, "answers from the new server", func() bool { return who.neu.Load() > 50 })
 	close(stop)
 	wg.Wait()
 	_ = next.Shutdown(context.Background())
 
-	t.Logf("%d answered by the old server, %d by the new one, %d failed", old.Load(), neu.Load(), failed.Load())
-	if failed.Load() != 0 {
-		t.Fatalf("%d requests failed across the handover; first: %v", failed.Load(), firstErr.Load())
+	t.Logf("%d answered by the old server, %d by the new one, %d failed", who.old.Load(), who.neu.Load(), who.failed.Load())
+	if who.failed.Load() != 0 {
+		t.Fatalf("%d requests failed across the handover; first: %v", who.failed.Load(), who.firstErr.Load())
+	}
+}
+
+// whoClients counts the answers to clients asking /who without pause: the
+// old server's, the new one's, and the failures with the first of them.
+type whoClients struct {
+	old, neu, failed atomic.Int64
+	firstErr         atomic.Value
+}
+
+// ask asks addr's /who on a new connection each time until stop closes.
+func (w *whoClients) ask(addr string, stop <-chan struct{}) {
+	c := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		resp, err := c.Get("http://" + addr + "/who")
+		if err != nil {
+			w.failed.Add(1)
+			w.firstErr.CompareAndSwap(nil, err)
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch string(b) {
+		case "old":
+			w.old.Add(1)
+		case "new":
+			w.neu.Add(1)
+		default:
+			w.failed.Add(1)
+			w.firstErr.CompareAndSwap(nil, fmt.Errorf("answer %d %q", resp.StatusCode, b))
+		}
 	}
 }

@@ -95,30 +95,8 @@ func TestWatchThroughLifecycle(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	type update struct {
-		status healthpb.HealthCheckResponse_ServingStatus
-		err    error
-	}
-	watch := func(service string) <-chan update {
-		stream, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: service})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := make(chan update, 16)
-		go func() {
-			defer close(c)
-			for {
-				resp, err := stream.Recv()
-				if err != nil {
-					c <- update{err: err}
-					return
-				}
-				c <- update{status: resp.Status}
-			}
-		}()
-		return c
-	}
-	next := func(c <-chan update, service string) update {
+	watch := func(service string) <-chan healthUpdate { return watchHealth(ctx, t, hc, service) }
+	next := func(c <-chan healthUpdate, service string) healthUpdate {
 		t.Helper()
 		return recv(t, c, "a Watch update of "+service)
 	}
@@ -126,7 +104,7 @@ func TestWatchThroughLifecycle(t *testing.T) {
 	reclaim := watch(health.PhaseServicePrefix + "reclaim")
 	app := watch(testService)
 	for _, w := range []struct {
-		c       <-chan update
+		c       <-chan healthUpdate
 		service string
 	}{{overall, `""`}, {reclaim, "reclaim"}, {app, testService}} {
 		if u := next(w.c, w.service); u.status != notServing {
@@ -136,19 +114,7 @@ func TestWatchThroughLifecycle(t *testing.T) {
 	waitUntil(t, "phase listen to be reported SERVING", func() bool {
 		return checkHealth(t, conn, health.PhaseServicePrefix+"listen") == serving
 	})
-	list, err := hc.List(ctx, &healthpb.HealthListRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for name := range list.Statuses {
-		names = append(names, name)
-	}
-	for _, want := range []string{"", testService, "phasegate.phase.lock", "phasegate.phase.listen", "phasegate.phase.reclaim", "phasegate.phase.register", "phasegate.phase.serve"} {
-		if _, ok := list.Statuses[want]; !ok {
-			t.Errorf("List lacks %q: %q", want, names)
-		}
-	}
+	checkListNamesEveryService(ctx, t, hc)
 
 	st.serve(t)
 	if u := next(reclaim, "reclaim"); u.status != serving {
@@ -175,6 +141,55 @@ func TestWatchThroughLifecycle(t *testing.T) {
 	}
 	if err := recv(t, drained, "the drain"); err != nil {
 		t.Errorf("Drain: %v", err)
+	}
+}
+
+// healthUpdate is one message of a health Watch stream, or the error that
+// ended it.
+type healthUpdate struct {
+	status healthpb.HealthCheckResponse_ServingStatus
+	err    error
+}
+
+// watchHealth watches service until ctx ends, each update sent on the
+// channel it returns, which closes after the stream's error.
+func watchHealth(ctx context.Context, t *testing.T, hc healthpb.HealthClient, service string) <-chan healthUpdate {
+	t.Helper()
+	stream, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := make(chan healthUpdate, 16)
+	go func() {
+		defer close(c)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				c <- healthUpdate{err: err}
+				return
+			}
+			c <- healthUpdate{status: resp.Status}
+		}
+	}()
+	return c
+}
+
+// checkListNamesEveryService checks that List names the overall service,
+// the App's and each phase's.
+func checkListNamesEveryService(ctx context.Context, t *testing.T, hc healthpb.HealthClient) {
+	t.Helper()
+	list, err := hc.List(ctx, &healthpb.HealthListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for name := range list.Statuses {
+		names = append(names, name)
+	}
+	for _, want := range []string{"", testService, "phasegate.phase.lock", "phasegate.phase.listen", "phasegate.phase.reclaim", "phasegate.phase.register", "phasegate.phase.serve"} {
+		if _, ok := list.Statuses[want]; !ok {
+			t.Errorf("List lacks %q: %q", want, names)
+		}
 	}
 }
 

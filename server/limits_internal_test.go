@@ -16,90 +16,115 @@ import (
 // kept for privileged peers and the part kept for permitted ones, what a
 // release gives back, and zero as no bound.
 func TestConnLimiter(t *testing.T) {
-	const self = 1000
 	var (
 		root   = peerKey{uid: 0, local: true}
-		owner  = peerKey{uid: self, local: true}
+		owner  = peerKey{uid: selfUID, local: true}
 		nobody = peerKey{uid: 65534, local: true}
 		daemon = peerKey{uid: 1, local: true}
 		remote = remotePeer(netip.MustParseAddr("192.0.2.7"))
 		v6a    = remotePeer(netip.MustParseAddr("2001:db8::1"))
 		v6b    = remotePeer(netip.MustParseAddr("2001:db8::2")) // same /64
 	)
-	type step struct {
-		release bool
-		p       peerKey
-		class   PeerClass
-		want    refusal
-	}
-	// As the gate classes them without Config.Admit.
-	class := func(p peerKey) PeerClass {
-		if p.local && (p.uid == 0 || p.uid == self) {
-			return PeerPrivileged
-		}
-		return PeerOrdinary
-	}
-	admit := func(p peerKey, want refusal) step { return step{p: p, class: class(p), want: want} }
-	release := func(p peerKey) step { return step{release: true, p: p, class: class(p)} }
-	// As Config.Admit may class them.
-	permit := func(p peerKey, want refusal) step { return step{p: p, class: PeerPermitted, want: want} }
-	unpermit := func(p peerKey) step { return step{release: true, p: p, class: PeerPermitted} }
+	admit, release, permit, unpermit := admitStep, releaseStep, permitStep, unpermitStep
 	for _, tc := range []struct {
 		name   string
 		limits Limits
-		steps  []step
+		steps  []limiterStep
 		open   int
 	}{
 		{"per peer", Limits{MaxConnsPerPeer: 2},
-			[]step{admit(nobody, admitted), admit(nobody, admitted), admit(nobody, overPeer), admit(daemon, admitted)}, 3},
+			[]limiterStep{admit(nobody, admitted), admit(nobody, admitted), admit(nobody, overPeer), admit(daemon, admitted)}, 3},
 		{"a release gives the share back", Limits{MaxConnsPerPeer: 1},
-			[]step{admit(nobody, admitted), admit(nobody, overPeer), release(nobody), admit(nobody, admitted)}, 1},
+			[]limiterStep{admit(nobody, admitted), admit(nobody, overPeer), release(nobody), admit(nobody, admitted)}, 1},
 		{"total", Limits{MaxConns: 3},
-			[]step{admit(nobody, admitted), admit(daemon, admitted), admit(remote, admitted), admit(root, overTotal)}, 3},
+			[]limiterStep{admit(nobody, admitted), admit(daemon, admitted), admit(remote, admitted), admit(root, overTotal)}, 3},
 		{"the privileged part is kept from the others", Limits{MaxConns: 4, PrivilegedConns: 2},
-			[]step{admit(nobody, admitted), admit(daemon, admitted), admit(remote, overTotal), admit(nobody, overTotal),
+			[]limiterStep{admit(nobody, admitted), admit(daemon, admitted), admit(remote, overTotal), admit(nobody, overTotal),
 				admit(root, admitted), admit(owner, admitted), admit(root, overTotal)}, 4},
 		{"privileged peers may use all of it", Limits{MaxConns: 3, PrivilegedConns: 1, MaxConnsPerPeer: 1},
-			[]step{admit(root, admitted), admit(root, admitted), admit(root, admitted), admit(nobody, overTotal)}, 3},
+			[]limiterStep{admit(root, admitted), admit(root, admitted), admit(root, admitted), admit(nobody, overTotal)}, 3},
 		{"privileged peers have no per-peer bound", Limits{MaxConnsPerPeer: 1},
-			[]step{admit(root, admitted), admit(root, admitted), admit(owner, admitted), admit(owner, admitted)}, 4},
+			[]limiterStep{admit(root, admitted), admit(root, admitted), admit(owner, admitted), admit(owner, admitted)}, 4},
 		{"a release of a privileged peer frees the total", Limits{MaxConns: 2, PrivilegedConns: 1},
-			[]step{admit(root, admitted), admit(nobody, admitted), admit(daemon, overTotal), release(root), admit(daemon, overTotal),
+			[]limiterStep{admit(root, admitted), admit(nobody, admitted), admit(daemon, overTotal), release(root), admit(daemon, overTotal),
 				admit(root, admitted)}, 2},
 		{"an IPv6 peer is its /64", Limits{MaxConnsPerPeer: 1},
-			[]step{admit(v6a, admitted), admit(v6b, overPeer)}, 1},
+			[]limiterStep{admit(v6a, admitted), admit(v6b, overPeer)}, 1},
 		{"the permitted part is kept from ordinary peers", Limits{MaxConns: 6, PrivilegedConns: 1, PermittedConns: 3},
-			[]step{admit(nobody, admitted), admit(daemon, admitted), admit(remote, overTotal),
+			[]limiterStep{admit(nobody, admitted), admit(daemon, admitted), admit(remote, overTotal),
 				permit(nobody, admitted), permit(daemon, admitted), permit(remote, admitted), permit(v6a, overTotal),
 				admit(root, admitted), admit(root, overTotal)}, 6},
 		{"permitted peers may use the ordinary part too", Limits{MaxConns: 4, PrivilegedConns: 1, PermittedConns: 1},
-			[]step{permit(nobody, admitted), permit(daemon, admitted), permit(remote, admitted), permit(v6a, overTotal),
+			[]limiterStep{permit(nobody, admitted), permit(daemon, admitted), permit(remote, admitted), permit(v6a, overTotal),
 				admit(v6a, overTotal), admit(root, admitted)}, 4},
 		{"a permitted peer keeps its per-peer bound", Limits{MaxConns: 8, PermittedConns: 4, MaxConnsPerPeer: 2},
-			[]step{permit(nobody, admitted), permit(nobody, admitted), permit(nobody, overPeer), admit(nobody, overPeer)}, 2},
+			[]limiterStep{permit(nobody, admitted), permit(nobody, admitted), permit(nobody, overPeer), admit(nobody, overPeer)}, 2},
 		{"a permitted release frees the permitted part", Limits{MaxConns: 3, PrivilegedConns: 1, PermittedConns: 1},
-			[]step{admit(nobody, admitted), permit(daemon, admitted), admit(remote, overTotal), unpermit(daemon),
+			[]limiterStep{admit(nobody, admitted), permit(daemon, admitted), admit(remote, overTotal), unpermit(daemon),
 				admit(remote, overTotal), permit(remote, admitted)}, 2},
 		{"all but the privileged part permitted: ordinary peers get nothing", Limits{MaxConns: 4, PrivilegedConns: 1, PermittedConns: 3},
-			[]step{admit(nobody, overTotal), permit(nobody, admitted), admit(root, admitted)}, 2},
+			[]limiterStep{admit(nobody, overTotal), permit(nobody, admitted), admit(root, admitted)}, 2},
 		{"zero is no bound", Limits{},
-			[]step{admit(nobody, admitted), admit(nobody, admitted), admit(nobody, admitted), admit(root, admitted)}, 4},
+			[]limiterStep{admit(nobody, admitted), admit(nobody, admitted), admit(nobody, admitted), admit(root, admitted)}, 4},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			l := newConnLimiter(tc.limits)
-			for i, s := range tc.steps {
-				if s.release {
-					l.release(s.p, s.class)
-					continue
-				}
-				if got := l.admit(s.p, s.class); got != s.want {
-					t.Fatalf("step %d: admit(%v, %v) = %d, want %d", i, s.p, s.class, got, s.want)
-				}
-			}
-			if open, _ := l.counts(); open != tc.open {
-				t.Errorf("open %d, want %d", open, tc.open)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { runLimiterSteps(t, tc.limits, tc.steps, tc.open) })
+	}
+}
+
+// selfUID is the uid the limiter's test runs as, which the gate classes
+// privileged as it does root.
+const selfUID = 1000
+
+// limiterStep is a connection a peer of a class opens, and the refusal
+// the limiter must answer, or one it closes (release).
+type limiterStep struct {
+	release bool
+	p       peerKey
+	class   PeerClass
+	want    refusal
+}
+
+// gateClass is p's class as the gate gives it without Config.Admit.
+func gateClass(p peerKey) PeerClass {
+	if p.local && (p.uid == 0 || p.uid == selfUID) {
+		return PeerPrivileged
+	}
+	return PeerOrdinary
+}
+
+// admitStep and releaseStep are the steps of a peer of the gate's class.
+func admitStep(p peerKey, want refusal) limiterStep {
+	return limiterStep{p: p, class: gateClass(p), want: want}
+}
+
+func releaseStep(p peerKey) limiterStep { return limiterStep{release: true, p: p, class: gateClass(p)} }
+
+// permitStep and unpermitStep are the steps of a peer Config.Admit
+// classes as permitted.
+func permitStep(p peerKey, want refusal) limiterStep {
+	return limiterStep{p: p, class: PeerPermitted, want: want}
+}
+
+func unpermitStep(p peerKey) limiterStep {
+	return limiterStep{release: true, p: p, class: PeerPermitted}
+}
+
+// runLimiterSteps takes steps on a limiter of limits and checks each
+// answer, and that open connections are counted at the end.
+func runLimiterSteps(t *testing.T, limits Limits, steps []limiterStep, open int) {
+	t.Helper()
+	l := newConnLimiter(limits)
+	for i, s := range steps {
+		if s.release {
+			l.release(s.p, s.class)
+			continue
+		}
+		if got := l.admit(s.p, s.class); got != s.want {
+			t.Fatalf("step %d: admit(%v, %v) = %d, want %d", i, s.p, s.class, got, s.want)
+		}
+	}
+	if got, _ := l.counts(); got != open {
+		t.Errorf("open %d, want %d", got, open)
 	}
 }
 

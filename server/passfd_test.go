@@ -28,44 +28,7 @@ func TestPassedDescriptor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Listener: lis, DisableReflection: true, StopTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// /take answers the inode of the passed descriptor (or -1), whether a
-	// second take finds one, and the pid of the peer's pidfd.
-	if err := srv.Handle("POST /take", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		fd := server.TakePassedFD(r.Context())
-		ino := int64(-1)
-		if fd >= 0 {
-			var st unix.Stat_t
-			if err := unix.Fstat(fd, &st); err == nil {
-				ino = int64(st.Ino)
-			}
-			unix.Close(fd)
-		}
-		again := server.TakePassedFD(r.Context())
-		pid := -1
-		if pidfd, err := server.PeerPidfd(r.Context()); err == nil {
-			pid = pidOf(t, pidfd)
-			unix.Close(pidfd)
-		}
-		fmt.Fprintf(w, "%d %d %d", ino, again, pid)
-	})); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Handle("POST /ignore", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-	})); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := srv.Serve(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Drain(context.Background()) })
+	servePassedFDRoutes(t, lis)
 
 	files := make([]*os.File, 3)
 	for i := range files {
@@ -104,6 +67,52 @@ func TestPassedDescriptor(t *testing.T) {
 	// Every descriptor the server received is closed: taken and closed by
 	// the handler, or by the server.
 	waitFor(t, func() bool { return openFDs(t) == held })
+}
+
+// servePassedFDRoutes serves on lis, until the test ends, /take, which
+// answers the inode of the passed descriptor (or -1), whether a second
+// take finds one, and the pid of the peer's pidfd; and /ignore, which
+// takes nothing.
+func servePassedFDRoutes(t *testing.T, lis net.Listener) {
+	t.Helper()
+	srv, err := server.New(server.Config{Listener: lis, DisableReflection: true, StopTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// /take answers the inode of the passed descriptor (or -1), whether a
+	// second take finds one, and the pid of the peer's pidfd.
+	if err := srv.Handle("POST /take", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		fd := server.TakePassedFD(r.Context())
+		ino := int64(-1)
+		if fd >= 0 {
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err == nil {
+				ino = int64(st.Ino)
+			}
+			unix.Close(fd)
+		}
+		again := server.TakePassedFD(r.Context())
+		pid := -1
+		if pidfd, err := server.PeerPidfd(r.Context()); err == nil {
+			pid = pidOf(t, pidfd)
+			unix.Close(pidfd)
+		}
+		fmt.Fprintf(w, "%d %d %d", ino, again, pid)
+	})); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Handle("POST /ignore", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	})); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if err := srv.Serve(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Drain(context.Background()) })
 }
 
 // post sends one HTTP/1.0 request to route, passing first with its first

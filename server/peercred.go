@@ -2,14 +2,12 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"strconv"
 	"unsafe"
 
-	"github.com/soheilhy/cmux"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -138,18 +136,8 @@ func (unixCreds) OverrideServerName(string) error { return nil }
 // trackedConnOf finds the server's own record of an accepted connection
 // under the multiplexer's and TLS's wrappers.
 func trackedConnOf(c net.Conn) *trackedConn {
-	for {
-		switch v := c.(type) {
-		case *trackedConn:
-			return v
-		case *tls.Conn:
-			c = v.NetConn()
-		case *cmux.MuxConn:
-			c = v.Conn
-		default:
-			return nil
-		}
-	}
+	tc, _ := rawConnOf(c).(*trackedConn)
+	return tc
 }
 
 // PeerCredFromContext returns the Unix peer credentials of the connection

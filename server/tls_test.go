@@ -70,6 +70,21 @@ func TestTLSOnOnePortWithClientCertificatesForAppServices(t *testing.T) {
 		t.Fatalf("app call with a client certificate: %v", err)
 	}
 
+	checkHTTPSWithClientCertificates(t, st, certs)
+	// The self-probe speaks TLS to its own port, without a client
+	// certificate: /livez is open to checkers.
+	if err := st.srv.Alive(ctx); err != nil {
+		t.Errorf("Alive over TLS: %v", err)
+	}
+
+	checkPlainTextGetsNowhere(t, st.addr())
+}
+
+// checkHTTPSWithClientCertificates checks the port's HTTP side over TLS:
+// h2 offered, http/1.1 served; a gated route refused without a client
+// certificate and served with one.
+func checkHTTPSWithClientCertificates(t *testing.T, st *stack, certs *testcerts.Set) {
+	t.Helper()
 	// HTTP clients that offer h2 get http/1.1, which the port serves.
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: certs.CAPool}, ForceAttemptHTTP2: true}
 	defer tr.CloseIdleConnections()
@@ -102,15 +117,14 @@ func TestTLSOnOnePortWithClientCertificatesForAppServices(t *testing.T) {
 			t.Errorf("HTTPS /v1/hello with a client certificate %v: %s %q, want %d", withCert, resp.Status, body, want)
 		}
 	}
+}
 
-	// The self-probe speaks TLS to its own port, without a client
-	// certificate: /livez is open to checkers.
-	if err := st.srv.Alive(ctx); err != nil {
-		t.Errorf("Alive over TLS: %v", err)
-	}
-
+// checkPlainTextGetsNowhere checks that plain HTTP on the TLS port at addr
+// is not served and does not hang.
+func checkPlainTextGetsNowhere(t *testing.T, addr string) {
+	t.Helper()
 	// Plain text on the TLS port gets nowhere and does not hang.
-	c, err := net.Dial("tcp", st.addr())
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

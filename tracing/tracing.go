@@ -2,11 +2,9 @@ package tracing
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 
 	"go.opentelemetry.io/otel/metric"
@@ -20,7 +18,7 @@ import (
 // Exporter names accepted in OTEL_TRACES_EXPORTER, a comma-separated list.
 const (
 	ExporterNone    = otelenv.None
-	ExporterOTLP    = "otlp"
+	ExporterOTLP    = otelenv.OTLP
 	ExporterConsole = "console"
 )
 
@@ -170,60 +168,28 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 		return &Provider{TracerProvider: noop.NewTracerProvider(), Exporter: ExporterNone, Disabled: true}, nil
 	}
 	given := map[string]Exporter{}
-	known := []string{ExporterOTLP, ExporterConsole}
+	var linked []string
 	for _, e := range c.exporters {
 		given[e.Name] = e
-		known = append(known, e.Name)
+		linked = append(linked, e.Name)
 	}
-	names, err := otelenv.Exporters("OTEL_TRACES_EXPORTER", known...)
+	traces := otelenv.Signal{Name: "TRACES", Package: "tracing", Field: "TraceExporters"}
+	names, protocol, err := traces.Choose([]string{ExporterOTLP, ExporterConsole}, linked)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
-	}
-	for _, name := range names {
-		if _, ok := given[name]; !ok {
-			return nil, fmt.Errorf("tracing: %w", otelenv.NotLinked("OTEL_TRACES_EXPORTER", name, "tracing/"+name, "TraceExporters"))
-		}
 	}
 	if len(names) == 0 {
 		return &Provider{TracerProvider: noop.NewTracerProvider(), Exporter: ExporterNone}, nil
 	}
-	p := &Provider{Exporter: strings.Join(names, ","), Exporters: names}
-	if slices.Contains(names, ExporterOTLP) {
-		if p.Protocol, err = otelenv.Protocol("TRACES"); err != nil {
-			return nil, fmt.Errorf("tracing: %w", err)
-		}
-	}
+	p := &Provider{Exporter: strings.Join(names, ","), Exporters: names, Protocol: protocol}
 	settings := ExportSettings{Protocol: p.Protocol, Console: c.console, ServiceName: c.serviceName, Version: c.version}
-	opened, err := open(ctx, given, names, settings)
+	opened, err := otelenv.Open(ctx, names, func(name string) (Pipeline, error) { return given[name].Open(ctx, settings) })
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	if p.joined, err = opened[0].Join(ctx, opened); err != nil {
-		return nil, fmt.Errorf("tracing: %w", shutdown(ctx, opened, err))
+		return nil, fmt.Errorf("tracing: %w", otelenv.Shutdown(ctx, opened, err))
 	}
 	p.TracerProvider = p.joined.TracerProvider
 	return p, nil
-}
-
-// open opens the exporters names, in order; when one fails, it shuts
-// those it opened.
-func open(ctx context.Context, given map[string]Exporter, names []string, s ExportSettings) ([]Pipeline, error) {
-	var opened []Pipeline
-	for _, name := range names {
-		o, err := given[name].Open(ctx, s)
-		if err != nil {
-			return nil, fmt.Errorf("tracing: %s exporter: %w", name, shutdown(ctx, opened, err))
-		}
-		opened = append(opened, o)
-	}
-	return opened, nil
-}
-
-// shutdown stops pipelines that will not be joined, and returns err with
-// whatever that failed with.
-func shutdown(ctx context.Context, ps []Pipeline, err error) error {
-	for _, p := range ps {
-		err = errors.Join(err, p.Shutdown(ctx))
-	}
-	return err
 }

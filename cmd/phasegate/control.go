@@ -44,7 +44,7 @@ func (f *controlFlags) config(fs *flag.FlagSet, files *app.ConfigFiles) (phases.
 		}
 		cc.GID = gid
 	}
-	p := &control.Policy{Rate: control.DefaultRate}
+	p := &control.AccessPolicy{Rate: control.DefaultRate}
 	if f.policyFile != "" {
 		b, err := files.ReadFile(f.policyFile, control.ReadPolicyFile)
 		if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"os"
 	"path/filepath"
 	"testing"
@@ -76,7 +77,7 @@ func TestSlotsSocket(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs, f := newSlotsFlagSet()
-			if _, _, err := parseSlotsArgs(fs, env{args: tc.args, lookupEnv: envFrom(tc.env), stdout: &bytes.Buffer{}}); err != nil {
+			if _, _, err := slotsVerbs().parse(fs, env{lookupEnv: envFrom(tc.env), stdout: &bytes.Buffer{}}, tc.args); err != nil {
 				t.Fatal(err)
 			}
 			conn, err := f.dial()
@@ -88,5 +89,21 @@ func TestSlotsSocket(t *testing.T) {
 				t.Errorf("dials %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// "held list" reads PHASEGATE_SOCKET as "slots list" does: the flags are
+// parsed, and so taken from the environment, with no argument after the
+// verb too.
+func TestHeldVerbWithoutArgumentsReadsTheEnvironment(t *testing.T) {
+	fs := flag.NewFlagSet("held", flag.ContinueOnError)
+	socket := fs.String("socket", "/run/phasegate/control.sock", "")
+	e := env{lookupEnv: envFrom(map[string]string{"PHASEGATE_SOCKET": "/tmp/a.sock"}), stdout: &bytes.Buffer{}}
+	verb, pos, err := heldVerbs().parse(fs, e, []string{"list"})
+	if err != nil || verb != "list" || len(pos) != 0 {
+		t.Fatalf("parse = %q, %q, %v", verb, pos, err)
+	}
+	if *socket != "/tmp/a.sock" {
+		t.Errorf("--socket is %q, want PHASEGATE_SOCKET's /tmp/a.sock", *socket)
 	}
 }

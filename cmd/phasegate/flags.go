@@ -72,26 +72,65 @@ func parseFlagsKeepArgs(fs *flag.FlagSet, args []string, lookupEnv func(string) 
 	return errors.Join(errs...)
 }
 
-// prefixValue is a flag.Value for a netip.Prefix.
-type prefixValue struct{ p *netip.Prefix }
-
-func (v prefixValue) String() string {
-	if v.p == nil || !v.p.IsValid() {
-		return ""
-	}
-	return v.p.String()
+// parsedValue is a flag.Value that parse sets and show prints: "" while
+// unset, as flag's help prints a default of nothing.
+type parsedValue[T any] struct {
+	p     *T
+	parse func(string) (T, error)
+	show  func(T) string
 }
 
-func (v prefixValue) Set(s string) error {
-	p, err := netip.ParsePrefix(s)
+func (v parsedValue[T]) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return v.show(*v.p)
+}
+
+func (v parsedValue[T]) Set(s string) error {
+	x, err := v.parse(s)
 	if err != nil {
-		return fmt.Errorf("not a CIDR prefix: %q", s)
+		return err
 	}
-	if p != p.Masked() {
-		return fmt.Errorf("%s has host bits set; did you mean %s?", s, p.Masked())
-	}
-	*v.p = p
+	*v.p = x
 	return nil
+}
+
+// showValid prints x, or "" when it is not valid (netip's zero values).
+func showValid[T interface {
+	IsValid() bool
+	String() string
+}](x T) string {
+	if !x.IsValid() {
+		return ""
+	}
+	return x.String()
+}
+
+// parsing is parse with its error replaced by one saying what s is not
+// (the parsers' own errors name the Go type, not the flag's meaning).
+func parsing[T any](parse func(string) (T, error), what string) func(string) (T, error) {
+	return func(s string) (T, error) {
+		x, err := parse(s)
+		if err != nil {
+			return x, fmt.Errorf("not %s: %q", what, s)
+		}
+		return x, nil
+	}
+}
+
+// prefixValue is a CIDR prefix, with no host bits set.
+func prefixValue(p *netip.Prefix) parsedValue[netip.Prefix] {
+	return parsedValue[netip.Prefix]{p: p, show: showValid[netip.Prefix], parse: func(s string) (netip.Prefix, error) {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return p, fmt.Errorf("not a CIDR prefix: %q", s)
+		}
+		if p != p.Masked() {
+			return p, fmt.Errorf("%s has host bits set; did you mean %s?", s, p.Masked())
+		}
+		return p, nil
+	}}
 }
 
 // choiceValue is a flag.Value restricted to a few words.
@@ -157,4 +196,61 @@ func (v portsValue) Set(s string) error {
 	}
 	*v.p = out
 	return nil
+}
+
+// verbs are the verbs of a command that takes one (slots, held), each
+// with its number of arguments.
+type verbs struct {
+	command, usage string
+	args           map[string]int
+}
+
+// parseOrExit is parse for a command: done when the command ends there,
+// with the code to exit with (0 when the help was printed, 2 with the
+// usage error printed).
+func (v verbs) parseOrExit(fs *flag.FlagSet, e env, args []string) (verb string, pos []string, code int, done bool) {
+	verb, pos, err := v.parse(fs, e, args)
+	switch {
+	case errors.Is(err, errShownHelp):
+		return "", nil, exitOK, true
+	case err != nil:
+		fmt.Fprintf(e.stderr, "%s\n", err)
+		return "", nil, exitUsage, true
+	}
+	return verb, pos, 0, false
+}
+
+// parse reads the verb, its arguments and the flags, which may come
+// before or after the arguments. The error is the line to print;
+// errShownHelp when the help was printed.
+func (v verbs) parse(fs *flag.FlagSet, e env, args []string) (verb string, pos []string, err error) {
+	badUsage := fmt.Errorf("usage: phasegate %s", v.usage)
+	if len(args) == 0 {
+		return "", nil, badUsage
+	}
+	if isHelp(args[0]) {
+		usage(e.stdout, fs, v.usage)
+		return "", nil, errShownHelp
+	}
+	verb, rest := args[0], args[1:]
+	// At least once, with no argument left too: the parse is also what
+	// sets the flags the command line left alone from the environment
+	// (PHASEGATE_SOCKET for "slots list").
+	for first := true; first || len(rest) > 0; first = false {
+		if err := parseFlagsKeepArgs(fs, rest, e.lookupEnv); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				usage(e.stdout, fs, v.usage)
+				return "", nil, errShownHelp
+			}
+			return "", nil, fmt.Errorf("phasegate %s: %s", v.command, oneLine(err))
+		}
+		rest = fs.Args()
+		if len(rest) > 0 {
+			pos, rest = append(pos, rest[0]), rest[1:]
+		}
+	}
+	if n, ok := v.args[verb]; !ok || len(pos) != n {
+		return "", nil, badUsage
+	}
+	return verb, pos, nil
 }

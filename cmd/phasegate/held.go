@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -33,8 +32,10 @@ state file or journal lost next to slots in use): it keeps and quarantines
 every slot something lives in rather than reclaim it. This command asks the
 running daemon on its control socket, as root.`
 
-// heldVerbs are the verbs and their number of arguments.
-var heldVerbs = map[string]int{"list": 0, "adopt": 1, "release": 1}
+// heldVerbs are the command's verbs and their number of arguments.
+func heldVerbs() verbs {
+	return verbs{command: "held", usage: heldUsage, args: map[string]int{"list": 0, "adopt": 1, "release": 1}}
+}
 
 // heldCmd lists, adopts and releases the held slots of a running daemon,
 // on its control socket.
@@ -50,18 +51,15 @@ func heldCmd(ctx context.Context, e env) int {
 	if len(args) == 0 || (args[0] != "" && args[0][0] == '-' && !isHelp(args[0])) {
 		args = append([]string{"list"}, args...)
 	}
-	verb, pos, err := parseHeldArgs(fs, e, args)
-	switch {
-	case errors.Is(err, errShownHelp):
-		return exitOK
-	case err != nil:
-		fmt.Fprintf(e.stderr, "%s\n", err)
-		return exitUsage
+	verb, pos, code, done := heldVerbs().parseOrExit(fs, e, args)
+	if done {
+		return code
 	}
 	c := heldClient{socket: *socket}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	var answer any
+	var err error
 	switch verb {
 	case "list":
 		var l phases.HeldList
@@ -102,34 +100,6 @@ func heldCmd(ctx context.Context, e env) int {
 	// ASCII: a name recorded before the names rule reads escaped.
 	fmt.Fprintln(e.stdout, string(names.ASCIIJSON(b)))
 	return exitOK
-}
-
-// parseHeldArgs reads the verb, its arguments and the flags, which may
-// come before or after the arguments.
-func parseHeldArgs(fs *flag.FlagSet, e env, args []string) (verb string, pos []string, err error) {
-	badUsage := fmt.Errorf("usage: phasegate %s", heldUsage)
-	if isHelp(args[0]) {
-		usage(e.stdout, fs, heldUsage)
-		return "", nil, errShownHelp
-	}
-	verb, rest := args[0], args[1:]
-	for len(rest) > 0 {
-		if err := parseFlagsKeepArgs(fs, rest, e.lookupEnv); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				usage(e.stdout, fs, heldUsage)
-				return "", nil, errShownHelp
-			}
-			return "", nil, fmt.Errorf("phasegate held: %s", oneLine(err))
-		}
-		rest = fs.Args()
-		if len(rest) > 0 {
-			pos, rest = append(pos, rest[0]), rest[1:]
-		}
-	}
-	if n, ok := heldVerbs[verb]; !ok || len(pos) != n {
-		return "", nil, badUsage
-	}
-	return verb, pos, nil
 }
 
 // heldClient calls the held slots' routes on the control socket.

@@ -95,25 +95,10 @@ func run(ctx context.Context, e env) int {
 		cmd, rest = rest[0], []string{"--help"}
 	}
 	e.args = rest
+	if run, ok := commands()[cmd]; ok {
+		return run(ctx, e)
+	}
 	switch cmd {
-	case "serve":
-		return serveCmd(ctx, e)
-	case "status":
-		return statusCmd(ctx, e)
-	case "events":
-		return eventsCmd(ctx, e)
-	case "probe":
-		return probeCmd(ctx, e)
-	case "reclaim":
-		return reclaimCmd(ctx, e)
-	case "decommission":
-		return decommissionCmd(ctx, e)
-	case "slots":
-		return slotsCmd(ctx, e)
-	case "held":
-		return heldCmd(ctx, e)
-	case "demo":
-		return demoCmd(ctx, e)
 	case "version", "--version", "-version":
 		if len(rest) > 0 && isHelp(rest[0]) {
 			fmt.Fprint(e.stdout, "usage: phasegate version\n\nprints the version; no flags\n")
@@ -127,6 +112,15 @@ func run(ctx context.Context, e env) int {
 	}
 	fmt.Fprintf(e.stderr, "phasegate: unknown command %q\n\n%s", cmd, usageText)
 	return exitUsage
+}
+
+// commands are the commands that take flags of their own, by name.
+func commands() map[string]func(context.Context, env) int {
+	return map[string]func(context.Context, env) int{
+		"serve": serveCmd, "status": statusCmd, "events": eventsCmd, "probe": probeCmd,
+		"reclaim": reclaimCmd, "decommission": decommissionCmd, "slots": slotsCmd, "held": heldCmd,
+		"demo": demoCmd,
+	}
 }
 
 // isHelp reports whether arg asks for help, in any spelling the flag

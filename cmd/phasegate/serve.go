@@ -49,7 +49,7 @@ func slotFlags(fs *flag.FlagSet, cfg *phases.Config) {
 	fs.StringVar(&cfg.Slots.NetnsDir, "netns-dir", cfg.Slots.NetnsDir, "directory of the network namespace files")
 	fs.StringVar(&cfg.Slots.Prefix, "slot-prefix", cfg.Slots.Prefix, "prefix of every name this daemon owns (netns <prefix><i>, host veth <prefix>h<i>)")
 	fs.IntVar(&cfg.Slots.Slots, "slots", cfg.Slots.Slots, "number of slot indices, 1..N")
-	fs.Var(prefixValue{&cfg.Slots.CIDR}, "slot-cidr", "IPv4 network the slots' /31s are cut from")
+	fs.Var(prefixValue(&cfg.Slots.CIDR), "slot-cidr", "IPv4 network the slots' /31s are cut from")
 	fs.IntVar(&cfg.ReclaimWorkers, "reclaim-workers", cfg.ReclaimWorkers, "concurrent namespace teardowns during reclaim")
 	fs.DurationVar(&cfg.ReclaimBudget, "reclaim-budget", cfg.ReclaimBudget, "time reclaim may take before the rest is deferred to the background (0: reclaim everything first)")
 	fs.BoolVar(&cfg.ReclaimKillOrphans, "reclaim-kill-orphans", cfg.ReclaimKillOrphans, "kill processes found inside leaked namespaces (otherwise they are reported and cut off)")

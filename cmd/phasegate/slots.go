@@ -120,7 +120,9 @@ func newSlotsFlagSet() (*flag.FlagSet, *slotsFlags) {
 }
 
 // slotsVerbs are the client's verbs and how many arguments each takes.
-var slotsVerbs = map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "egress": 2, "get": 1, "list": 0}
+func slotsVerbs() verbs {
+	return verbs{command: "slots", usage: slotsUsage, args: map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "egress": 2, "get": 1, "list": 0}}
+}
 
 // errShownHelp says the help was printed: exit 0.
 var errShownHelp = errors.New("help shown")
@@ -129,13 +131,9 @@ var errShownHelp = errors.New("help shown")
 // answers as JSON: what an operator or a script needs without grpcurl.
 func slotsCmd(ctx context.Context, e env) int {
 	fs, f := newSlotsFlagSet()
-	verb, pos, err := parseSlotsArgs(fs, e)
-	switch {
-	case errors.Is(err, errShownHelp):
-		return exitOK
-	case err != nil:
-		fmt.Fprintf(e.stderr, "%s\n", err)
-		return exitUsage
+	verb, pos, code, done := slotsVerbs().parseOrExit(fs, e, e.args)
+	if done {
+		return code
 	}
 	conn, err := f.dial()
 	if err != nil {
@@ -167,41 +165,6 @@ func slotsCmd(ctx context.Context, e env) int {
 	// ("rt-victim\u3164"), never as the name it looks like.
 	fmt.Fprintln(e.stdout, string(names.ASCIIJSON(b)))
 	return exitOK
-}
-
-// parseSlotsArgs reads the verb, its arguments and the flags, which may
-// come before or after the arguments. The error is the line to print;
-// errShownHelp when the help was printed.
-func parseSlotsArgs(fs *flag.FlagSet, e env) (verb string, pos []string, err error) {
-	badUsage := fmt.Errorf("usage: phasegate %s", slotsUsage)
-	if len(e.args) == 0 {
-		return "", nil, badUsage
-	}
-	if isHelp(e.args[0]) {
-		usage(e.stdout, fs, slotsUsage)
-		return "", nil, errShownHelp
-	}
-	verb, rest := e.args[0], e.args[1:]
-	// At least once, with no argument left too: the parse is also what
-	// sets the flags the command line left alone from the environment
-	// (PHASEGATE_SOCKET for "slots list").
-	for first := true; first || len(rest) > 0; first = false {
-		if err := parseFlagsKeepArgs(fs, rest, e.lookupEnv); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				usage(e.stdout, fs, slotsUsage)
-				return "", nil, errShownHelp
-			}
-			return "", nil, fmt.Errorf("phasegate slots: %s", oneLine(err))
-		}
-		rest = fs.Args()
-		if len(rest) > 0 {
-			pos, rest = append(pos, rest[0]), rest[1:]
-		}
-	}
-	if n, ok := slotsVerbs[verb]; !ok || len(pos) != n {
-		return "", nil, badUsage
-	}
-	return verb, pos, nil
 }
 
 // dial connects to the control socket, or to --addr over TLS when given.

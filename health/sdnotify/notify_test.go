@@ -276,53 +276,8 @@ func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
 	t.Setenv("WATCHDOG_USEC", strconv.FormatInt(watchdog.Microseconds(), 10))
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
 	r := healthtest.NewRig(t, false)
-	errStuck := errors.New("port 5008 does not answer /livez")
-	var (
-		mu        sync.Mutex
-		failing   = true
-		hang      = false
-		checks    int // failed checks, counted as they return
-		passed    int
-		deadlines []time.Duration // time left to each check's deadline
-		reported  []error
-	)
-	counts := func() (failed, ok int) {
-		mu.Lock()
-		defer mu.Unlock()
-		return checks, passed
-	}
-	n, err := sdnotify.New(r.LC, sdnotify.Options{
-		Alive: func(ctx context.Context) error {
-			mu.Lock()
-			dl, ok := ctx.Deadline()
-			if ok {
-				deadlines = append(deadlines, time.Until(dl))
-			} else {
-				deadlines = append(deadlines, -1)
-			}
-			f, h := failing, hang
-			mu.Unlock()
-			if h {
-				<-ctx.Done() // a check that hangs until its deadline, then says nothing is wrong
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if f || h {
-				checks++
-				if h {
-					return nil
-				}
-				return errStuck
-			}
-			passed++
-			return nil
-		},
-		OnAliveError: func(err error) {
-			mu.Lock()
-			reported = append(reported, err)
-			mu.Unlock()
-		},
-	})
+	live := &liveness{failing: true}
+	n, err := sdnotify.New(r.LC, sdnotify.Options{Alive: live.check, OnAliveError: live.report})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,37 +287,37 @@ func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
 	}
 
 	// Failing from the first check: not one WATCHDOG=1.
-	healthtest.Eventually(t, "three failed checks", func() bool { f, _ := counts(); return f >= 3 })
+	healthtest.Eventually(t, "three failed checks", func() bool { return live.failed() >= 3 })
 	if k := watchdogs(ns.BeforeMark(t)); k != 0 {
 		t.Fatalf("%d WATCHDOG=1 while the check failed", k)
 	}
 	if err := n.AliveErr(); !errors.Is(err, errStuck) {
 		t.Errorf("AliveErr() = %v, want it to wrap the check's error", err)
 	}
-	mu.Lock()
-	if len(reported) < 3 || !errors.Is(reported[0], errStuck) {
-		t.Errorf("OnAliveError got %v", reported)
+	live.mu.Lock()
+	if len(live.reported) < 3 || !errors.Is(live.reported[0], errStuck) {
+		t.Errorf("OnAliveError got %v", live.reported)
 	}
-	for _, d := range deadlines {
+	for _, d := range live.deadlines {
 		if d <= 0 || d > watchdog/2 {
 			t.Errorf("a check's deadline was %v away, want within half the watchdog period (%v)", d, watchdog/2)
 		}
 	}
-	failing = false
-	mu.Unlock()
+	live.failing = false
+	live.mu.Unlock()
 
 	// Passing: WATCHDOG=1 resumes.
 	ns.WaitLine(t, "WATCHDOG=1 once the check passes", func(l string) bool { return l == "WATCHDOG=1" })
 	healthtest.Eventually(t, "AliveErr to clear", func() bool { return n.AliveErr() == nil })
 
 	// A check that overruns its deadline fails, whatever it returns.
-	mu.Lock()
-	hang = true
-	mu.Unlock()
-	f0, _ := counts()
-	healthtest.Eventually(t, "two checks to overrun", func() bool { f, _ := counts(); return f >= f0+2 })
+	live.mu.Lock()
+	live.hang = true
+	live.mu.Unlock()
+	f0 := live.failed()
+	healthtest.Eventually(t, "two checks to overrun", func() bool { return live.failed() >= f0+2 })
 	from := ns.Mark(t) // after it, only checks that began hanging
-	healthtest.Eventually(t, "two more checks to overrun", func() bool { f, _ := counts(); return f >= f0+4 })
+	healthtest.Eventually(t, "two more checks to overrun", func() bool { return live.failed() >= f0+4 })
 	lines := ns.Snapshot()
 	if k := watchdogs(lines[from:ns.Mark(t)]); k != 0 {
 		t.Errorf("%d WATCHDOG=1 while the check overran its deadline", k)
@@ -370,6 +325,63 @@ func TestNotifierWatchdogFollowsLiveness(t *testing.T) {
 	if err := n.AliveErr(); err == nil || !strings.Contains(err.Error(), "took longer than") {
 		t.Errorf("AliveErr() = %v, want the overrun", err)
 	}
+}
+
+// errStuck is the error of liveness's failing check.
+var errStuck = errors.New("port 5008 does not answer /livez")
+
+// liveness is a liveness check the test steers: failing, or hanging until
+// its deadline and then saying nothing is wrong; it keeps each check's
+// time to its deadline and the errors reported to OnAliveError.
+type liveness struct {
+	mu        sync.Mutex
+	failing   bool
+	hang      bool
+	checks    int // failed checks, counted as they return
+	passed    int
+	deadlines []time.Duration // time left to each check's deadline
+	reported  []error
+}
+
+// check is the Notifier's Alive.
+func (l *liveness) check(ctx context.Context) error {
+	l.mu.Lock()
+	dl, ok := ctx.Deadline()
+	if ok {
+		l.deadlines = append(l.deadlines, time.Until(dl))
+	} else {
+		l.deadlines = append(l.deadlines, -1)
+	}
+	f, h := l.failing, l.hang
+	l.mu.Unlock()
+	if h {
+		<-ctx.Done() // a check that hangs until its deadline, then says nothing is wrong
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if f || h {
+		l.checks++
+		if h {
+			return nil
+		}
+		return errStuck
+	}
+	l.passed++
+	return nil
+}
+
+// report is the Notifier's OnAliveError.
+func (l *liveness) report(err error) {
+	l.mu.Lock()
+	l.reported = append(l.reported, err)
+	l.mu.Unlock()
+}
+
+// failed is how many checks failed so far.
+func (l *liveness) failed() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.checks
 }
 
 // stepper is a lifecycle whose one phase, reclaim, counts one namespace

@@ -1,10 +1,15 @@
 // Package otelenv reads the OTEL_* variables that the tracing and metrics
-// packages share.
+// packages share, and holds what their Setup functions share of choosing
+// and opening exporters.
 //
 // It reads OTEL_SDK_DISABLED, the exporter lists in OTEL_TRACES_EXPORTER and
-// OTEL_METRICS_EXPORTER, and the OTLP protocol. It imports no part of the
-// SDK: tracing and metrics read the environment whether or not an
-// exporter, and with it the SDK, is linked (the resource is in otelsdk).
+// OTEL_METRICS_EXPORTER, and the OTLP protocol; a [Signal] chooses among
+// the exporters a binary was given those its variable names, and [Open]
+// opens them, stopping the opened ones when one fails. The two signals'
+// exporter and pipeline types stay their own packages': a tracing exporter
+// is not a metrics one. It imports no part of the SDK: tracing and
+// metrics read the environment whether or not an exporter, and with it
+// the SDK, is linked (the resource is in otelsdk).
 //
 // It is stricter than the specification asks: a value it does not know is
 // an error naming the variable, never a warning followed by a default, so a

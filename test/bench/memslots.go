@@ -121,7 +121,7 @@ func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize
 	defer l.Close() // unlinks the path, if the server has not closed it
 	// The daemon's guard on its control socket, with the daemon's default
 	// policy (none: root alone may act).
-	guard, err := control.NewGuard(&control.Policy{}, control.GuardOptions{
+	guard, err := control.NewGuard(&control.AccessPolicy{}, control.GuardOptions{
 		Service:  phasegatev1.Slots_ServiceDesc.ServiceName,
 		Mutating: phasegatev1.SlotsMutatingMethods(),
 		Surface:  "socket",

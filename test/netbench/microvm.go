@@ -178,7 +178,7 @@ func benchAcquire(ctx context.Context, m *slot.Manager, dir string, n int) ([]ro
 	}
 	defer store.Close()
 	svc := phases.NewSlotsServer(m2, pl, store, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	cctx := control.WithCaller(ctx, control.Caller{Principal: control.Principal{Kind: control.Unix}, Grant: (&control.Policy{}).Grant(control.Principal{Kind: control.Unix})})
+	cctx := control.WithCaller(ctx, control.Caller{Principal: control.Principal{Kind: control.Unix}, Grant: (&control.AccessPolicy{}).Grant(control.Principal{Kind: control.Unix})})
 	one := &phasegatev1.EgressPolicy{Allow: []string{"192.0.2.1"}}
 	thousand := &phasegatev1.EgressPolicy{Allow: cidrs(1000, 0)}
 	other := &phasegatev1.EgressPolicy{Allow: cidrs(1000, 1), Deny: []string{"203.0.113.0/24"}}

@@ -42,102 +42,126 @@ func clearEnv(tb testing.TB) {
 // What autoexport v0.72.0 does with the settings phasegate honours. Each
 // case is a reason the tracing and metrics packages read OTEL_* themselves.
 func TestAutoexportFacts(t *testing.T) {
+	for _, fact := range []struct {
+		name  string
+		check func(t *testing.T)
+	}{
+		{"a list is one unknown name", aListIsOneUnknownName},
+		{"names are case- and space-sensitive", namesAreCaseAndSpaceSensitive},
+		{"an unknown name is not named in the error", anUnknownNameIsNotNamed},
+		{"OTEL_SDK_DISABLED is ignored", sdkDisabledIsIgnored},
+		{"nothing set means otlp", nothingSetMeansOTLP},
+		{"prometheus binds a port of its own", prometheusBindsAPortOfItsOwn},
+	} {
+		t.Run(fact.name, fact.check)
+	}
+}
+
+// aListIsOneUnknownName checks that, with autoexport, a list is one unknown name.
+func aListIsOneUnknownName(t *testing.T) {
 	ctx := context.Background()
+	// open-telemetry/opentelemetry-go-contrib#4471: OTEL_TRACES_EXPORTER
+	// is looked up whole, and it reads os.Getenv itself, so a caller
+	// cannot hand it one name of a list at a time either.
+	clearEnv(t)
+	t.Setenv("OTEL_TRACES_EXPORTER", "otlp,console")
+	if exp, err := autoexport.NewSpanExporter(ctx); err == nil {
+		_ = exp.Shutdown(ctx)
+		t.Error("autoexport now accepts otlp,console: reconsider it")
+	}
+	p, err := tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()), tracing.WithConsoleWriter(io.Discard))
+	if err != nil {
+		t.Fatalf("tracing: %v", err)
+	}
+	_ = p.Shutdown(ctx)
+}
 
-	t.Run("a list is one unknown name", func(t *testing.T) {
-		// open-telemetry/opentelemetry-go-contrib#4471: OTEL_TRACES_EXPORTER
-		// is looked up whole, and it reads os.Getenv itself, so a caller
-		// cannot hand it one name of a list at a time either.
-		clearEnv(t)
-		t.Setenv("OTEL_TRACES_EXPORTER", "otlp,console")
-		if exp, err := autoexport.NewSpanExporter(ctx); err == nil {
-			_ = exp.Shutdown(ctx)
-			t.Error("autoexport now accepts otlp,console: reconsider it")
-		}
-		p, err := tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()), tracing.WithConsoleWriter(io.Discard))
-		if err != nil {
-			t.Fatalf("tracing: %v", err)
-		}
-		_ = p.Shutdown(ctx)
-	})
+// namesAreCaseAndSpaceSensitive checks that, with autoexport, names are case- and space-sensitive.
+func namesAreCaseAndSpaceSensitive(t *testing.T) {
+	ctx := context.Background()
+	clearEnv(t)
+	t.Setenv("OTEL_TRACES_EXPORTER", " OTLP")
+	if exp, err := autoexport.NewSpanExporter(ctx); err == nil {
+		_ = exp.Shutdown(ctx)
+		t.Error(`autoexport now accepts " OTLP"`)
+	}
+}
 
-	t.Run("names are case- and space-sensitive", func(t *testing.T) {
-		clearEnv(t)
-		t.Setenv("OTEL_TRACES_EXPORTER", " OTLP")
-		if exp, err := autoexport.NewSpanExporter(ctx); err == nil {
-			_ = exp.Shutdown(ctx)
-			t.Error(`autoexport now accepts " OTLP"`)
-		}
-	})
+// anUnknownNameIsNotNamed checks that, with autoexport, an unknown name is not named in the error.
+func anUnknownNameIsNotNamed(t *testing.T) {
+	ctx := context.Background()
+	clearEnv(t)
+	t.Setenv("OTEL_TRACES_EXPORTER", "zipkin")
+	_, err := autoexport.NewSpanExporter(ctx)
+	if err == nil || strings.Contains(err.Error(), "zipkin") {
+		t.Errorf("autoexport's error is now %v", err)
+	}
+	_, err = tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()))
+	if err == nil || !strings.Contains(err.Error(), `OTEL_TRACES_EXPORTER="zipkin"`) {
+		t.Errorf("tracing: %v", err)
+	}
+}
 
-	t.Run("an unknown name is not named in the error", func(t *testing.T) {
-		clearEnv(t)
-		t.Setenv("OTEL_TRACES_EXPORTER", "zipkin")
-		_, err := autoexport.NewSpanExporter(ctx)
-		if err == nil || strings.Contains(err.Error(), "zipkin") {
-			t.Errorf("autoexport's error is now %v", err)
-		}
-		_, err = tracing.Setup(ctx, tracing.WithExporters(tracingotlp.Exporter(), tracingconsole.Exporter()))
-		if err == nil || !strings.Contains(err.Error(), `OTEL_TRACES_EXPORTER="zipkin"`) {
-			t.Errorf("tracing: %v", err)
-		}
-	})
+// sdkDisabledIsIgnored checks that, with autoexport, OTEL_SDK_DISABLED is ignored.
+func sdkDisabledIsIgnored(t *testing.T) {
+	ctx := context.Background()
+	clearEnv(t)
+	t.Setenv("OTEL_SDK_DISABLED", "true")
+	t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
+	exp, err := autoexport.NewSpanExporter(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = exp.Shutdown(ctx) }()
+	if autoexport.IsNoneSpanExporter(exp) {
+		t.Error("autoexport now honours OTEL_SDK_DISABLED")
+	}
+}
 
-	t.Run("OTEL_SDK_DISABLED is ignored", func(t *testing.T) {
-		clearEnv(t)
-		t.Setenv("OTEL_SDK_DISABLED", "true")
-		t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
-		exp, err := autoexport.NewSpanExporter(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = exp.Shutdown(ctx) }()
-		if autoexport.IsNoneSpanExporter(exp) {
-			t.Error("autoexport now honours OTEL_SDK_DISABLED")
-		}
-	})
+// nothingSetMeansOTLP checks that, with autoexport, nothing set means otlp.
+func nothingSetMeansOTLP(t *testing.T) {
+	ctx := context.Background()
+	// Fixable with WithFallbackSpanExporter; listed because a daemon
+	// must not dial a collector nobody configured.
+	clearEnv(t)
+	exp, err := autoexport.NewSpanExporter(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = exp.Shutdown(ctx) }()
+	if autoexport.IsNoneSpanExporter(exp) {
+		t.Error("autoexport's default is now none")
+	}
+}
 
-	t.Run("nothing set means otlp", func(t *testing.T) {
-		// Fixable with WithFallbackSpanExporter; listed because a daemon
-		// must not dial a collector nobody configured.
-		clearEnv(t)
-		exp, err := autoexport.NewSpanExporter(ctx)
-		if err != nil {
-			t.Fatal(err)
+// prometheusBindsAPortOfItsOwn checks that, with autoexport, prometheus binds a port of its own.
+func prometheusBindsAPortOfItsOwn(t *testing.T) {
+	ctx := context.Background()
+	// Hold a port; autoexport's prometheus reader tries to bind it (and
+	// would serve a second registry there), the metrics package does
+	// not.
+	clearEnv(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	addr := lis.Addr().(*net.TCPAddr)
+	t.Setenv("OTEL_METRICS_EXPORTER", "prometheus")
+	t.Setenv("OTEL_EXPORTER_PROMETHEUS_HOST", addr.IP.String())
+	t.Setenv("OTEL_EXPORTER_PROMETHEUS_PORT", strings.TrimPrefix(lis.Addr().String(), addr.IP.String()+":"))
+	r, err := autoexport.NewMetricReader(ctx)
+	if err == nil || !strings.Contains(err.Error(), "binding address") {
+		if r != nil {
+			_ = r.Shutdown(ctx)
 		}
-		defer func() { _ = exp.Shutdown(ctx) }()
-		if autoexport.IsNoneSpanExporter(exp) {
-			t.Error("autoexport's default is now none")
-		}
-	})
-
-	t.Run("prometheus binds a port of its own", func(t *testing.T) {
-		// Hold a port; autoexport's prometheus reader tries to bind it (and
-		// would serve a second registry there), the metrics package does
-		// not.
-		clearEnv(t)
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer lis.Close()
-		addr := lis.Addr().(*net.TCPAddr)
-		t.Setenv("OTEL_METRICS_EXPORTER", "prometheus")
-		t.Setenv("OTEL_EXPORTER_PROMETHEUS_HOST", addr.IP.String())
-		t.Setenv("OTEL_EXPORTER_PROMETHEUS_PORT", strings.TrimPrefix(lis.Addr().String(), addr.IP.String()+":"))
-		r, err := autoexport.NewMetricReader(ctx)
-		if err == nil || !strings.Contains(err.Error(), "binding address") {
-			if r != nil {
-				_ = r.Shutdown(ctx)
-			}
-			t.Errorf("autoexport's prometheus reader no longer binds its own port: %v", err)
-		}
-		p, err := metrics.Setup(ctx, metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()))
-		if err != nil {
-			t.Fatalf("metrics: %v", err)
-		}
-		_ = p.Shutdown(ctx)
-	})
+		t.Errorf("autoexport's prometheus reader no longer binds its own port: %v", err)
+	}
+	p, err := metrics.Setup(ctx, metrics.WithExporters(metricsotlp.Exporter(), metricsconsole.Exporter(), metricsprom.Exporter()))
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	_ = p.Shutdown(ctx)
 }
 
 func resourceFor(ctx context.Context) (*resource.Resource, error) {
