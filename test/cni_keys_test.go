@@ -124,9 +124,7 @@ func (r *cniKeysRig) start(t *testing.T) {
 
 // cniKey is the CNI key of a container's eth0 in namespace netns, as the
 // runtime's environment names it.
-func cniKey(id, netns string) []string {
-	return []string{"CNI_CONTAINERID=" + id, "CNI_IFNAME=eth0", "CNI_NETNS=" + netns}
-}
+func cniKey(id, netns string) []string { return cniKeyIf("eth0", id, netns) }
 
 // squatsThroughTheSlotsAPIRefused checks that neither uid 1 nor root can
 // take a key of root's network through the Slots API, whatever the
