@@ -226,17 +226,21 @@ func (d *describer) inside(nsPath string, skipSysctls bool) {
 }
 
 // settled describes slot s once the kernel has given eth0 its IPv6
-// link-local address, which it does asynchronously after the link comes up.
+// link-local address, which it does asynchronously after the link comes up,
+// and the local route of that address, which it adds once duplicate
+// address detection has ended (a fresh slot described between the two
+// differed from a warm one in that route alone).
 func settled(t *testing.T, s *slot.Slot) state {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	localRoute := func(r string) bool { return strings.HasPrefix(r, "table 255 LINKLOCAL6 ") }
 	for {
 		st := describe(t, s, "", true)
-		if slices.Contains(st["addrs"], "eth0 LINKLOCAL6") {
+		if slices.Contains(st["addrs"], "eth0 LINKLOCAL6") && slices.ContainsFunc(st["routes"], localRoute) {
 			return describe(t, s, "")
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("slot %d: eth0 has no IPv6 link-local address: %v", s.Index, st["addrs"])
+			t.Fatalf("slot %d: eth0 has no IPv6 link-local address, or not its local route: %v %v", s.Index, st["addrs"], st["routes"])
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
