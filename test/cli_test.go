@@ -33,6 +33,10 @@ func cliIn(t *testing.T, dir string, env []string, args ...string) (string, int)
 	return string(out), code
 }
 
+// The command line beside the daemon: probe with nothing listening, when
+// serving and while draining; reclaim's dry run, its refusal beside a
+// running daemon and its one-shot run after it; status as a table, as
+// JSON and watching; the Slots API's verbs.
 func TestProbeStatusAndReclaimCommands(t *testing.T) {
 	h := newHost(t)
 	h.leak(h.prefix, 1, 300)
@@ -65,7 +69,35 @@ func TestProbeStatusAndReclaimCommands(t *testing.T) {
 			t.Errorf("%v when serving: exit %d (%s)", args, code, out)
 		}
 	}
-	out, code = cli(t, "status", "--addr="+addr)
+	checkStatusCommand(t, addr)
+	checkSlotsCommands(t, d)
+
+	// While draining, probe says "not serving".
+	d.signal(syscall.SIGTERM)
+	waitFor(t, 10*time.Second, "probe to report draining", func() bool {
+		_, code := cli(t, "probe", "--addr="+addr, "--timeout=500ms")
+		return code != 0
+	})
+	if code := d.wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+
+	// With no daemon, a one-shot reclaim takes the lock and cleans up what
+	// no record accounts for; the warm slots the daemon kept stay.
+	h.leak(h.prefix, 101, 50)
+	out, code = cli(t, "reclaim", "--netns-dir="+h.netnsDir, "--slot-prefix="+h.prefix, "--slots=400", "--state-dir="+h.stateDir)
+	if code != 0 || !strings.Contains(out, "found 50") || !strings.Contains(out, "idle slots recorded, left as they are") {
+		t.Errorf("reclaim: exit %d\n%s", code, out)
+	}
+	h.stoppedCleanly(h.prefix, nil)
+}
+
+// checkStatusCommand checks `phasegate status` of a daemon serving at
+// addr that reclaimed 300 slots: the table with every phase succeeded and
+// reclaim's progress, --json, and --watch.
+func checkStatusCommand(t *testing.T, addr string) {
+	t.Helper()
+	out, code := cli(t, "status", "--addr="+addr)
 	if code != 0 {
 		t.Fatalf("status: exit %d\n%s", code, out)
 	}
@@ -95,9 +127,14 @@ func TestProbeStatusAndReclaimCommands(t *testing.T) {
 	if out, code := cli(t, "status", "--watch", "--addr="+addr); code != 0 || !strings.HasPrefix(out, "serving") {
 		t.Errorf("status --watch on a serving daemon: exit %d\n%s", code, out)
 	}
+}
 
-	// The Slots API from the command line, as the README shows it.
-	out, code = cli(t, "slots", "acquire", "sandbox-42", "--request-id=req-1", "--ttl=10m", "--socket="+d.control)
+// checkSlotsCommands checks the Slots API from the command line, as the
+// README shows it: acquire, list, keepalive, a release with a wrong lease
+// refused, the socket from the environment or a relative path, release.
+func checkSlotsCommands(t *testing.T, d *daemon) {
+	t.Helper()
+	out, code := cli(t, "slots", "acquire", "sandbox-42", "--request-id=req-1", "--ttl=10m", "--socket="+d.control)
 	var acq struct {
 		Slot struct {
 			Index int    `json:"index"`
@@ -152,23 +189,4 @@ func TestProbeStatusAndReclaimCommands(t *testing.T) {
 	if out, code := cli(t, "slots", "release", idx, acq.LeaseID, "--socket="+d.control); code != 0 {
 		t.Errorf("slots release: exit %d\n%s", code, out)
 	}
-
-	// While draining, probe says "not serving".
-	d.signal(syscall.SIGTERM)
-	waitFor(t, 10*time.Second, "probe to report draining", func() bool {
-		_, code := cli(t, "probe", "--addr="+addr, "--timeout=500ms")
-		return code != 0
-	})
-	if code := d.wait(30 * time.Second); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
-
-	// With no daemon, a one-shot reclaim takes the lock and cleans up what
-	// no record accounts for; the warm slots the daemon kept stay.
-	h.leak(h.prefix, 101, 50)
-	out, code = cli(t, "reclaim", "--netns-dir="+h.netnsDir, "--slot-prefix="+h.prefix, "--slots=400", "--state-dir="+h.stateDir)
-	if code != 0 || !strings.Contains(out, "found 50") || !strings.Contains(out, "idle slots recorded, left as they are") {
-		t.Errorf("reclaim: exit %d\n%s", code, out)
-	}
-	h.stoppedCleanly(h.prefix, nil)
 }

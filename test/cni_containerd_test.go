@@ -28,35 +28,7 @@ func TestContainerdOnPhasegateNetwork(t *testing.T) {
 	hostForwarding(t)
 	c := startContainerd(t)
 
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var errs []string
-	ids := make(chan string)
-	for range 4 {
-		wg.Go(func() {
-			for id := range ids {
-				var out bytes.Buffer
-				// The exit status says whether eth0 has its address: ctr
-				// may lose a task's output when the task ends at once.
-				cmd := c.ctr(n.confDir, "run", "--rm", "--cni", "--rootfs", c.rootfs, id, "/bin/sh", "-c", "ip -4 -o addr show dev eth0 | grep -q 'inet '")
-				cmd.Stdout, cmd.Stderr = &out, &out
-				if err := cmd.Run(); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Sprintf("%s: %v: %s", id, err, out.String()))
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	const short = 20
-	for i := range short {
-		ids <- fmt.Sprintf("%sshort%d", h.prefix, i)
-	}
-	close(ids)
-	wg.Wait()
-	if len(errs) > 0 {
-		t.Errorf("%d of %d ctr runs failed, the first: %s", len(errs), short, errs[0])
-	}
+	runShortLivedCtr(t, c, n, h.prefix)
 	if l := cniLeases(t, d, n.name); len(l) != 0 {
 		t.Errorf("%d attachments left after the short-lived containers", len(l))
 	}
@@ -108,4 +80,40 @@ func TestContainerdOnPhasegateNetwork(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	h.stoppedCleanly(h.prefix, nil)
+}
+
+// runShortLivedCtr runs 20 short-lived containers on network n with
+// `ctr run --rm --cni`, 4 at a time, each succeeding only if its eth0 has
+// an address.
+func runShortLivedCtr(t *testing.T, c *containerd, n *cniNet, prefix string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []string
+	ids := make(chan string)
+	for range 4 {
+		wg.Go(func() {
+			for id := range ids {
+				var out bytes.Buffer
+				// The exit status says whether eth0 has its address: ctr
+				// may lose a task's output when the task ends at once.
+				cmd := c.ctr(n.confDir, "run", "--rm", "--cni", "--rootfs", c.rootfs, id, "/bin/sh", "-c", "ip -4 -o addr show dev eth0 | grep -q 'inet '")
+				cmd.Stdout, cmd.Stderr = &out, &out
+				if err := cmd.Run(); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Sprintf("%s: %v: %s", id, err, out.String()))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	const short = 20
+	for i := range short {
+		ids <- fmt.Sprintf("%sshort%d", prefix, i)
+	}
+	close(ids)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Errorf("%d of %d ctr runs failed, the first: %s", len(errs), short, errs[0])
+	}
 }

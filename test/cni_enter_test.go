@@ -53,106 +53,10 @@ func TestCNIAttachOnlyWhereTheCallerMayEnter(t *testing.T) {
 
 	nb := newCNINet(t, nbNet, sock, nil)
 	own, ownPid := ownNetns(t, 65534, 65534)
-	env := func(id, netns string) []string {
-		return []string{"CNI_CONTAINERID=" + id, "CNI_IFNAME=eth1", "CNI_NETNS=" + netns}
-	}
-	add := func(id, netns string) map[string]any {
-		return map[string]any{"network": nbNet, "containerID": id, "ifName": "eth1", "netns": netns}
-	}
-	for _, tc := range []struct {
-		what string
-		err  func() *pluginError
-	}{
-		{"the plugin, the victim's namespace", func() *pluginError { return pub.plugin(t, "nobody", "", "ADD", nb.conf, env("a1", vctr)...) }},
-		{"straight to the socket, the victim's path, nothing passed", func() *pluginError {
-			return pub.raw(t, "nobody", "", sock, cniv1.PathAdd, "", add("a2", vctr))
-		}},
-		{"straight to the socket, the victim's namespace passed", func() *pluginError {
-			return pub.raw(t, "nobody", "", sock, cniv1.PathAdd, vctr, add("a3", vctr))
-		}},
-		{"straight to the socket, the victim's namespace passed, its own path named", func() *pluginError {
-			return pub.raw(t, "nobody", "", sock, cniv1.PathAdd, vctr, add("a4", own))
-		}},
-		{"straight to the socket, the host's namespace passed", func() *pluginError {
-			return pub.raw(t, "nobody", "", sock, cniv1.PathAdd, "/proc/self/ns/net", add("a5", "/proc/self/ns/net"))
-		}},
-		{"straight to the socket, a file passed", func() *pluginError {
-			return pub.raw(t, "nobody", "", sock, cniv1.PathAdd, pub.binary, add("a6", own))
-		}},
-	} {
-		if perr := tc.err(); perr == nil || perr.Code != cniv1.CodeRefused || perr.Msg+perr.Details != refusalMsg() {
-			t.Errorf("%s: %+v, want code 100: %q", tc.what, perr, refusalMsg())
-		}
-	}
-
-	// A path nobody owns, swapped between its own namespace and the
-	// victim's while it attaches: whichever it names, the daemon acts on
-	// the namespace it checked.
-	swapDir := filepath.Join(pub.dir, "swap")
-	if err := os.Mkdir(swapDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	link := filepath.Join(swapDir, "ctr")
-	var stop atomic.Bool
-	var swaps sync.WaitGroup
-	swaps.Go(func() {
-		for i := 0; !stop.Load(); i++ {
-			target := own
-			if i%2 == 1 {
-				target = vctr
-			}
-			tmp := filepath.Join(swapDir, "next")
-			_ = os.Remove(tmp)
-			if err := os.Symlink(target, tmp); err == nil {
-				_ = os.Rename(tmp, link)
-			}
-		}
-	})
-	var attached, refused []string
-	for i := range 24 {
-		id := fmt.Sprintf("swap%d", i)
-		perr := pub.plugin(t, "nobody", "", "ADD", nb.confWith(map[string]any{"timeout": "20s"}), "CNI_CONTAINERID="+id, fmt.Sprintf("CNI_IFNAME=s%d", i), "CNI_NETNS="+link)
-		switch {
-		case perr == nil:
-			attached = append(attached, fmt.Sprintf("s%d", i))
-		case perr.Code == cniv1.CodeRefused && perr.Msg == refusalMsg():
-			refused = append(refused, id)
-		default:
-			t.Errorf("ADD %d through the swapped path: %+v", i, perr)
-		}
-	}
-	stop.Store(true)
-	swaps.Wait()
-	t.Logf("through the swapped path: %d attached (into nobody's own namespace), %d refused", len(attached), len(refused))
-	if got := linksIn(t, ownPid); strings.Join(got, " ") != strings.Join(attached, " ") {
-		t.Errorf("nobody's namespace holds %v, want the %d attached through the swapped path %v", got, len(attached), attached)
-	}
-	if perr := pub.plugin(t, "nobody", "", "GC", nb.conf); perr != nil {
-		t.Fatalf("nobody's GC of its network: %+v", perr)
-	}
-
-	// nobody's own namespace: it attaches, CHECKs, and CHECK naming the
-	// victim's is refused as ADD is.
-	out, perr := pub.pluginOut(t, "nobody", "", "ADD", nb.conf, env("mine", own)...)
-	if perr != nil {
-		t.Fatalf("nobody's ADD into the namespace it owns: %+v", perr)
-	}
-	mine := parseResult(t, out, own)
-	if got := run(t, "nsenter", "-t", fmt.Sprint(ownPid), "-n", "--", "ip", "-br", "-4", "addr", "show", "eth1"); !strings.Contains(got, mine.IPs[0].Address) {
-		t.Errorf("nobody's namespace after its ADD: %q, want eth1 with %s", got, mine.IPs[0].Address)
-	}
-	if perr := pub.plugin(t, "nobody", "", "CHECK", nb.conf, env("mine", own)...); perr != nil {
-		t.Errorf("nobody's CHECK of its own attachment: %+v", perr)
-	}
-	if perr := pub.plugin(t, "nobody", "", "CHECK", nb.conf, env("mine", vctr)...); perr == nil || perr.Code != cniv1.CodeRefused || perr.Msg != refusalMsg() {
-		t.Errorf("nobody's CHECK of its attachment naming the victim's namespace: %+v, want code 100: %q", perr, refusalMsg())
-	}
-	if perr := pub.plugin(t, "nobody", "", "DEL", nb.conf, env("mine", own)...); perr != nil {
-		t.Errorf("nobody's DEL of its own attachment: %+v", perr)
-	}
-	// DEL cuts the attachment off at once; the pool's teardown deletes
-	// the pair, the container's end with it.
-	waitFor(t, 10*time.Second, "the end of nobody's attachment gone from its namespace", func() bool { return len(linksIn(t, ownPid)) == 0 })
+	e := enterAttack{pub: pub, nb: nb, sock: sock, victim: vctr, own: own, ownPid: ownPid}
+	e.namingTheVictimRefused(t)
+	e.swappedPathActsOnTheChecked(t)
+	e.ownNamespaceAttaches(t)
 
 	before.same(t, observeContainer(t, vctr), "nobody's attacks")
 	beforeLease.same(t, observeVictim(t, root, vlease.GetIndex()), "nobody's attacks")
@@ -166,6 +70,141 @@ func TestCNIAttachOnlyWhereTheCallerMayEnter(t *testing.T) {
 		t.Error("no audit line of nobody's refused ADD with why it was refused")
 	}
 	victimNet.mustTool("del", vctr)
+}
+
+// enterAttack is nobody's side of TestCNIAttachOnlyWhereTheCallerMayEnter:
+// its network nb on the control socket, the victim's container namespace
+// (bound at a path every user may open), and the namespace nobody made
+// itself (own, held by ownPid).
+type enterAttack struct {
+	pub    *publicDir
+	nb     *cniNet
+	sock   string
+	victim string
+	own    string
+	ownPid int
+}
+
+// add is the body of an ADD straight on the socket: container id into
+// namespace netns, on nobody's network.
+func (e enterAttack) add(id, netns string) map[string]any {
+	return map[string]any{"network": e.nb.name, "containerID": id, "ifName": "eth1", "netns": netns}
+}
+
+// cniKeyIf is the CNI key of a container's interface ifName in namespace
+// netns, as the runtime's environment names it.
+func cniKeyIf(ifName, id, netns string) []string {
+	return []string{"CNI_CONTAINERID=" + id, "CNI_IFNAME=" + ifName, "CNI_NETNS=" + netns}
+}
+
+// namingTheVictimRefused names the victim's namespace (or the host's, or
+// a file) through the plugin and straight on the socket, by path and
+// passed open: every one refused with the same answer.
+func (e enterAttack) namingTheVictimRefused(t *testing.T) {
+	t.Helper()
+	for _, tc := range []struct {
+		what string
+		err  func() *pluginError
+	}{
+		{"the plugin, the victim's namespace", func() *pluginError {
+			return e.pub.plugin(t, "nobody", "", "ADD", e.nb.conf, cniKeyIf("eth1", "a1", e.victim)...)
+		}},
+		{"straight to the socket, the victim's path, nothing passed", func() *pluginError {
+			return e.pub.raw(t, "nobody", "", e.sock, cniv1.PathAdd, "", e.add("a2", e.victim))
+		}},
+		{"straight to the socket, the victim's namespace passed", func() *pluginError {
+			return e.pub.raw(t, "nobody", "", e.sock, cniv1.PathAdd, e.victim, e.add("a3", e.victim))
+		}},
+		{"straight to the socket, the victim's namespace passed, its own path named", func() *pluginError {
+			return e.pub.raw(t, "nobody", "", e.sock, cniv1.PathAdd, e.victim, e.add("a4", e.own))
+		}},
+		{"straight to the socket, the host's namespace passed", func() *pluginError {
+			return e.pub.raw(t, "nobody", "", e.sock, cniv1.PathAdd, "/proc/self/ns/net", e.add("a5", "/proc/self/ns/net"))
+		}},
+		{"straight to the socket, a file passed", func() *pluginError {
+			return e.pub.raw(t, "nobody", "", e.sock, cniv1.PathAdd, e.pub.binary, e.add("a6", e.own))
+		}},
+	} {
+		if perr := tc.err(); perr == nil || perr.Code != cniv1.CodeRefused || perr.Msg+perr.Details != refusalMsg() {
+			t.Errorf("%s: %+v, want code 100: %q", tc.what, perr, refusalMsg())
+		}
+	}
+}
+
+// swappedPathActsOnTheChecked attaches through a path nobody owns,
+// swapped between its own namespace and the victim's meanwhile: whichever
+// it names, the daemon acts on the namespace it checked, so nobody's
+// namespace holds exactly what was attached.
+func (e enterAttack) swappedPathActsOnTheChecked(t *testing.T) {
+	t.Helper()
+	swapDir := filepath.Join(e.pub.dir, "swap")
+	if err := os.Mkdir(swapDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(swapDir, "ctr")
+	var stop atomic.Bool
+	var swaps sync.WaitGroup
+	swaps.Go(func() {
+		for i := 0; !stop.Load(); i++ {
+			target := e.own
+			if i%2 == 1 {
+				target = e.victim
+			}
+			tmp := filepath.Join(swapDir, "next")
+			_ = os.Remove(tmp)
+			if err := os.Symlink(target, tmp); err == nil {
+				_ = os.Rename(tmp, link)
+			}
+		}
+	})
+	var attached, refused []string
+	for i := range 24 {
+		id := fmt.Sprintf("swap%d", i)
+		perr := e.pub.plugin(t, "nobody", "", "ADD", e.nb.confWith(map[string]any{"timeout": "20s"}), "CNI_CONTAINERID="+id, fmt.Sprintf("CNI_IFNAME=s%d", i), "CNI_NETNS="+link)
+		switch {
+		case perr == nil:
+			attached = append(attached, fmt.Sprintf("s%d", i))
+		case perr.Code == cniv1.CodeRefused && perr.Msg == refusalMsg():
+			refused = append(refused, id)
+		default:
+			t.Errorf("ADD %d through the swapped path: %+v", i, perr)
+		}
+	}
+	stop.Store(true)
+	swaps.Wait()
+	t.Logf("through the swapped path: %d attached (into nobody's own namespace), %d refused", len(attached), len(refused))
+	if got := linksIn(t, e.ownPid); strings.Join(got, " ") != strings.Join(attached, " ") {
+		t.Errorf("nobody's namespace holds %v, want the %d attached through the swapped path %v", got, len(attached), attached)
+	}
+	if perr := e.pub.plugin(t, "nobody", "", "GC", e.nb.conf); perr != nil {
+		t.Fatalf("nobody's GC of its network: %+v", perr)
+	}
+}
+
+// ownNamespaceAttaches checks nobody's own namespace attaches, CHECKs and
+// DELs, and a CHECK naming the victim's is refused as ADD is.
+func (e enterAttack) ownNamespaceAttaches(t *testing.T) {
+	t.Helper()
+	out, perr := e.pub.pluginOut(t, "nobody", "", "ADD", e.nb.conf, cniKeyIf("eth1", "mine", e.own)...)
+	if perr != nil {
+		t.Fatalf("nobody's ADD into the namespace it owns: %+v", perr)
+	}
+	mine := parseResult(t, out, e.own)
+	if got := run(t, "nsenter", "-t", fmt.Sprint(e.ownPid), "-n", "--", "ip", "-br", "-4", "addr", "show", "eth1"); !strings.Contains(got, mine.IPs[0].Address) {
+		t.Errorf("nobody's namespace after its ADD: %q, want eth1 with %s", got, mine.IPs[0].Address)
+	}
+	if perr := e.pub.plugin(t, "nobody", "", "CHECK", e.nb.conf, cniKeyIf("eth1", "mine", e.own)...); perr != nil {
+		t.Errorf("nobody's CHECK of its own attachment: %+v", perr)
+	}
+	if perr := e.pub.plugin(t, "nobody", "", "CHECK", e.nb.conf, cniKeyIf("eth1", "mine", e.victim)...); perr == nil || perr.Code != cniv1.CodeRefused || perr.Msg != refusalMsg() {
+		t.Errorf("nobody's CHECK of its attachment naming the victim's namespace: %+v, want code 100: %q", perr, refusalMsg())
+	}
+	if perr := e.pub.plugin(t, "nobody", "", "DEL", e.nb.conf, cniKeyIf("eth1", "mine", e.own)...); perr != nil {
+		t.Errorf("nobody's DEL of its own attachment: %+v", perr)
+	}
+	// DEL cuts the attachment off at once; the pool's teardown deletes
+	// the pair, the container's end with it.
+	waitFor(t, 10*time.Second, "the end of nobody's attachment gone from its namespace", func() bool { return len(linksIn(t, e.ownPid)) == 0 })
 }
 
 // refusalMsg is the daemon's whole message for enterRefusal.

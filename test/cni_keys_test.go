@@ -74,151 +74,209 @@ func TestCNIKeysAndGCArePerPrincipal(t *testing.T) {
 	h := newHost(t)
 	addr := freePort(t)
 	sock := filepath.Join(pub.dir, "control.sock")
-	args := h.args(addr, "--slots=64", "--control-socket="+sock, "--control-group=nogroup",
+	r := &cniKeysRig{pub: pub, h: h, S: "--socket=" + sock}
+	r.args = h.args(addr, "--slots=64", "--control-socket="+sock, "--control-group=nogroup",
 		"--allow=user:nobody=nb-*", "--allow-attach=user:nobody=cni/"+h.prefix+"nb", "--allow=uid:1=cni/*")
-	d := start(t, nil, args...)
-	d.waitServing(time.Minute)
-	root := d.slots()
+	r.start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	rt := newCNINet(t, h.prefix+"rt", sock, nil)
-	nb := newCNINet(t, h.prefix+"nb", sock, nil)
-	S := "--socket=" + sock
-	key := func(id, netns string) []string {
-		return []string{"CNI_CONTAINERID=" + id, "CNI_IFNAME=eth0", "CNI_NETNS=" + netns}
-	}
+	r.rt = newCNINet(t, h.prefix+"rt", sock, nil)
+	r.nb = newCNINet(t, h.prefix+"nb", sock, nil)
 
+	r.squatsThroughTheSlotsAPIRefused(t, ctx)
+	r.squatsOfOldBuildsEndedByDEL(t, ctx)
+	r.nobodyLeavesRootsAttachment(t)
+
+	// Root's GC ends every attachment of the network.
+	if perr := pub.plugin(t, "root", "", "GC", r.nb.conf); perr != nil {
+		t.Fatalf("root's GC of nobody's network: %+v", perr)
+	}
+	if l := cniLeases(t, r.d, r.nb.name); len(l) != 0 {
+		t.Errorf("nobody's network after root's GC: %v", l)
+	}
+	r.d.signal(syscall.SIGTERM)
+	if code := r.d.wait(time.Minute); code != 0 {
+		t.Fatalf("stop: exit %d", code)
+	}
+	h.decommission(h.prefix)
+}
+
+// cniKeysRig is TestCNIKeysAndGCArePerPrincipal's daemon (started with
+// args, restarted once) on a control socket (S, its flag), root's network
+// rt and nobody's network nb.
+type cniKeysRig struct {
+	pub    *publicDir
+	h      *host
+	args   []string
+	S      string
+	d      *daemon
+	root   phasegatev1.SlotsClient
+	rt, nb *cniNet
+}
+
+// start starts the daemon with the rig's args and waits until it serves.
+func (r *cniKeysRig) start(t *testing.T) {
+	t.Helper()
+	r.d = start(t, nil, r.args...)
+	r.d.waitServing(time.Minute)
+	r.root = r.d.slots()
+}
+
+// cniKey is the CNI key of a container's eth0 in namespace netns, as the
+// runtime's environment names it.
+func cniKey(id, netns string) []string { return cniKeyIf("eth0", id, netns) }
+
+// squatsThroughTheSlotsAPIRefused checks that neither uid 1 nor root can
+// take a key of root's network through the Slots API, whatever the
+// request id, and that root's ADD, DEL and GC of that container then work.
+func (r *cniKeysRig) squatsThroughTheSlotsAPIRefused(t *testing.T, ctx context.Context) {
+	t.Helper()
 	// The squat, through the Slots API, as uid 1 and as root.
-	for _, owner := range []string{"cni/" + rt.name, "cni/" + nb.name} {
+	for _, owner := range []string{"cni/" + r.rt.name, "cni/" + r.nb.name} {
 		for _, req := range []string{"--request-id=future/eth0", "--request-id=x"} {
-			out, code := pub.as(t, "daemon", "nogroup", "slots", "acquire", owner, req, S)
+			out, code := r.pub.as(t, "daemon", "nogroup", "slots", "acquire", owner, req, r.S)
 			wantRefused(t, "acquire "+owner+" "+req+" as uid 1", out, code, "PermissionDenied")
 			if !strings.Contains(out, "made only by the CNI plugin's ADD") {
 				t.Errorf("acquire %s as uid 1: %q, want the refusal to say who makes such leases", owner, out)
 			}
 		}
 	}
-	if _, err := root.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "cni/" + rt.name, RequestId: "future/eth0"}); err == nil {
+	if _, err := r.root.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "cni/" + r.rt.name, RequestId: "future/eth0"}); err == nil {
 		t.Error("root's Acquire of owner cni/<network> was taken")
 	}
-	if l := cniLeases(t, d, rt.name); len(l) != 0 {
+	if l := cniLeases(t, r.d, r.rt.name); len(l) != 0 {
 		t.Fatalf("leases of root's network after the squats: %v", l)
 	}
 	future := containerNetns(t, "future")
-	if perr := pub.plugin(t, "root", "", "ADD", rt.conf, key("future", future)...); perr != nil {
+	if perr := r.pub.plugin(t, "root", "", "ADD", r.rt.conf, cniKey("future", future)...); perr != nil {
 		t.Fatalf("root's ADD of container future after the squat: %+v", perr)
 	}
-	if perr := pub.plugin(t, "root", "", "DEL", rt.conf, key("future", future)...); perr != nil {
+	if perr := r.pub.plugin(t, "root", "", "DEL", r.rt.conf, cniKey("future", future)...); perr != nil {
 		t.Fatalf("root's DEL of container future: %+v", perr)
 	}
-	if perr := pub.plugin(t, "root", "", "GC", rt.conf); perr != nil {
+	if perr := r.pub.plugin(t, "root", "", "GC", r.rt.conf); perr != nil {
 		t.Fatalf("root's GC of its network: %+v", perr)
 	}
-	if l := cniLeases(t, d, rt.name); len(l) != 0 {
+	if l := cniLeases(t, r.d, r.rt.name); len(l) != 0 {
 		t.Fatalf("leases of root's network after its DEL and GC: %v", l)
 	}
+}
 
+// squatsOfOldBuildsEndedByDEL rewrites two of root's leases in the store
+// as a build before the rule wrote uid 1's under root's network (one at a
+// key), restarts the daemon, and checks uid 1 still lists, renews and
+// releases them, root's ADD of the held key fails naming uid 1 and the
+// DEL, and root's DEL ends the squat.
+func (r *cniKeysRig) squatsOfOldBuildsEndedByDEL(t *testing.T, ctx context.Context) {
+	t.Helper()
 	// Squats recorded before the rule: two leases rewritten in the store
 	// as uid 1's under root's network, one of them at a key.
 	legacy := map[string]*phasegatev1.AcquireResponse{}
 	for _, rq := range []string{"future2/eth0", "old-1"} {
-		a, err := root.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "legacy", RequestId: rq})
+		a, err := r.root.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "legacy", RequestId: rq})
 		if err != nil {
 			t.Fatal(err)
 		}
 		legacy[rq] = a
 	}
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
+	r.d.signal(syscall.SIGTERM)
+	if code := r.d.wait(time.Minute); code != 0 {
 		t.Fatalf("stop: exit %d", code)
 	}
-	st, err := leases.Open(filepath.Join(h.stateDir, "slots.db"), leases.Options{})
+	st, err := leases.Open(filepath.Join(r.h.stateDir, "slots.db"), leases.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	owner := "cni/" + r.rt.name
 	for _, a := range legacy {
-		if _, err := st.Update(ctx, int(a.GetSlot().GetIndex()), func(r *leases.Record) error {
-			r.Owner, r.Principal = "cni/"+rt.name, "uid:1"
+		if _, err := st.Update(ctx, int(a.GetSlot().GetIndex()), func(rec *leases.Record) error {
+			rec.Owner, rec.Principal = owner, "uid:1"
 			return nil
 		}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	st.Close()
-	d = start(t, nil, args...)
-	d.waitServing(time.Minute)
-	root = d.slots()
-	out, code := pub.as(t, "daemon", "nogroup", "slots", "list", S)
+	r.start(t)
+	out, code := r.pub.as(t, "daemon", "nogroup", "slots", "list", r.S)
 	if code != 0 || !strings.Contains(out, `"future2/eth0"`) || !strings.Contains(out, `"old-1"`) {
 		t.Errorf("slots list as uid 1 after the restart: exit %d, want both of its old leases:\n%s", code, out)
 	}
 	old := legacy["old-1"]
 	I := fmt.Sprint(old.GetSlot().GetIndex())
 	for _, verb := range []string{"keepalive", "release"} {
-		if out, code := pub.as(t, "daemon", "nogroup", "slots", verb, I, old.GetLeaseId(), S); code != 0 {
+		if out, code := r.pub.as(t, "daemon", "nogroup", "slots", verb, I, old.GetLeaseId(), r.S); code != 0 {
 			t.Errorf("%s of its old lease by uid 1: exit %d %s", verb, code, out)
 		}
 	}
 	future2 := containerNetns(t, "future2")
-	perr := pub.plugin(t, "root", "", "ADD", rt.conf, key("future2", future2)...)
+	perr := r.pub.plugin(t, "root", "", "ADD", r.rt.conf, cniKey("future2", future2)...)
 	if perr == nil || perr.Code != 100 || !strings.Contains(perr.Msg, "a lease of the Slots API of uid:1") || !strings.Contains(perr.Msg, "a DEL of the key") {
 		t.Fatalf("root's ADD of a key an old lease of uid 1 holds: %+v, want code 100 naming uid:1 and the DEL", perr)
 	}
-	if perr := pub.plugin(t, "root", "", "DEL", rt.conf, key("future2", future2)...); perr != nil {
+	if perr := r.pub.plugin(t, "root", "", "DEL", r.rt.conf, cniKey("future2", future2)...); perr != nil {
 		t.Fatalf("root's DEL of the squatted key: %+v", perr)
 	}
 	sq := legacy["future2/eth0"]
-	out, code = pub.as(t, "daemon", "nogroup", "slots", "release", fmt.Sprint(sq.GetSlot().GetIndex()), sq.GetLeaseId(), S)
+	out, code = r.pub.as(t, "daemon", "nogroup", "slots", "release", fmt.Sprint(sq.GetSlot().GetIndex()), sq.GetLeaseId(), r.S)
 	wantRefused(t, "uid 1's release of its squat after root's DEL", out, code, "FailedPrecondition")
-	if perr := pub.plugin(t, "root", "", "ADD", rt.conf, key("future2", future2)...); perr != nil {
+	if perr := r.pub.plugin(t, "root", "", "ADD", r.rt.conf, cniKey("future2", future2)...); perr != nil {
 		t.Fatalf("root's ADD after its DEL of the squat: %+v", perr)
 	}
-	if perr := pub.plugin(t, "root", "", "DEL", rt.conf, key("future2", future2)...); perr != nil {
+	if perr := r.pub.plugin(t, "root", "", "DEL", r.rt.conf, cniKey("future2", future2)...); perr != nil {
 		t.Fatal(perr)
 	}
-	if !strings.Contains(d.Output(), `a lease of the Slots API held a CNI key: DEL ends it`) {
+	if !strings.Contains(r.d.Output(), `a lease of the Slots API held a CNI key: DEL ends it`) {
 		t.Error("no log line of the squat DEL ended")
 	}
+}
 
+// nobodyLeavesRootsAttachment attaches root's container on nobody's
+// network, with a workload, and checks that nobody's DEL of it is refused
+// and nobody's GC ends only nobody's own attachment: root's record, slot,
+// container namespace and route are as they were, its workload answering
+// throughout, and the refusals are audited.
+func (r *cniKeysRig) nobodyLeavesRootsAttachment(t *testing.T) {
+	t.Helper()
 	// Root's attachment on nobody's network, and nobody's own.
 	victim := containerNetns(t, "victim")
-	vres := parseResult(t, nb.mustTool("add", victim), victim)
-	vlease := attachmentIn(t, root, nb.name, victim)
+	vres := parseResult(t, r.nb.mustTool("add", victim), victim)
+	vlease := attachmentIn(t, r.root, r.nb.name, victim)
 	vwork := startWorkload(t, vlease.GetIndex(), victim, vres.insideAddr())
 	waitFor(t, 10*time.Second, "the victim to answer", func() bool { return vwork.ok.Load() > 0 })
-	before, vInode, vRoute := observeVictim(t, root, vlease.GetIndex()), nsInode(t, victim), defaultRoute(t, victim)
+	before, vInode, vRoute := observeVictim(t, r.root, vlease.GetIndex()), nsInode(t, victim), defaultRoute(t, victim)
 	if !strings.HasPrefix(vRoute, "default via") {
 		t.Fatalf("the victim's default route: %q", vRoute)
 	}
 	mine := netnsOfUser(t, 65534)
-	if perr := pub.plugin(t, "nobody", "", "ADD", nb.conf, key("mine", mine)...); perr != nil {
+	if perr := r.pub.plugin(t, "nobody", "", "ADD", r.nb.conf, cniKey("mine", mine)...); perr != nil {
 		t.Fatalf("nobody's ADD on its own network into its own namespace: %+v", perr)
 	}
-	vkey := key(cnitoolContainerID(victim), victim)
-	perr = pub.plugin(t, "nobody", "", "DEL", nb.conf, vkey...)
+	vkey := cniKey(cnitoolContainerID(victim), victim)
+	perr := r.pub.plugin(t, "nobody", "", "DEL", r.nb.conf, vkey...)
 	if perr == nil || perr.Code != 100 || !strings.Contains(perr.Msg, "uid:0's attachment: only uid:0 or root may end it") {
 		t.Errorf("nobody's DEL of root's attachment on nobody's network: %+v, want code 100 naming uid:0", perr)
 	}
 	valid := []map[string]string{{"containerID": "gone", "ifname": "eth0"}} // a valid list, without root's
-	if perr := pub.plugin(t, "nobody", "", "GC", nb.confWith(map[string]any{"cni.dev/valid-attachments": valid})); perr != nil {
+	if perr := r.pub.plugin(t, "nobody", "", "GC", r.nb.confWith(map[string]any{"cni.dev/valid-attachments": valid})); perr != nil {
 		t.Fatalf("nobody's GC of its network: %+v", perr)
 	}
-	left := cniLeases(t, d, nb.name)
+	left := cniLeases(t, r.d, r.nb.name)
 	if len(left) != 1 || left[0].GetAttachedNetnsPath() != victim {
 		t.Errorf("nobody's network after nobody's GC: %v, want root's attachment alone", left)
 	}
-	before.same(t, observeVictim(t, root, vlease.GetIndex()), "nobody's DEL and GC")
+	before.same(t, observeVictim(t, r.root, vlease.GetIndex()), "nobody's DEL and GC")
 	if nsInode(t, victim) != vInode {
 		t.Error("the victim container's namespace was replaced")
 	}
 	if got := defaultRoute(t, victim); got != vRoute {
 		t.Errorf("the victim's default route after nobody's DEL and GC: %q, was %q", got, vRoute)
 	}
-	nb.mustTool("check", victim)
+	r.nb.mustTool("check", victim)
 	if ok, failed, last := vwork.finish(); ok == 0 || failed != 0 {
 		t.Errorf("the victim's workload: %d answered, %d failed (last: %v)", ok, failed, last)
 	}
-	logs := d.Output()
+	logs := r.d.Output()
 	for _, want := range []string{
 		`method=CNIGC surface=socket principal=uid:65534`,
 		`released=1 kept=1 kept_by=uid:0`,
@@ -228,17 +286,4 @@ func TestCNIKeysAndGCArePerPrincipal(t *testing.T) {
 			t.Errorf("no audit line with %s", want)
 		}
 	}
-
-	// Root's GC ends every attachment of the network.
-	if perr := pub.plugin(t, "root", "", "GC", nb.conf); perr != nil {
-		t.Fatalf("root's GC of nobody's network: %+v", perr)
-	}
-	if l := cniLeases(t, d, nb.name); len(l) != 0 {
-		t.Errorf("nobody's network after root's GC: %v", l)
-	}
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
-		t.Fatalf("stop: exit %d", code)
-	}
-	h.decommission(h.prefix)
 }

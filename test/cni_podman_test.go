@@ -142,10 +142,36 @@ func TestPodmanShortLivedContainersLeakNothing(t *testing.T) {
 	if mine := pg.networkErrors(); len(mine) > 0 {
 		t.Errorf("%d of %d containers failed on the phasegate network, the first: %s", len(mine), runs, mine[0])
 	}
+	c := d.slots()
+	lost := endEveryAttachment(t, d, p, n, pg)
+	checkPoolSettled(t, h, c)
+	checkRuntimeNetnsLeft(t, before, len(pg.errs), lost)
+
+	rf := runShortLived(p, ref, runs, parallel)
+	ports := strings.Count(inNetns(t, p.netns, "ip", "-o", "link", "show", "master", h.prefix+"br"), "\n")
+	ips, _ := filepath.Glob(filepath.Join(ipam, ref, "[0-9]*"))
+	t.Logf("reference bridge + host-local: %s; left: %d bridge ports, %d addresses allocated, %d runtime namespaces",
+		rf, ports, len(ips), len(newRuntimeNetns(before)))
+	writeReport(t, "cni-short-lived.txt", fmt.Sprintf("%d `podman run --rm … /bin/true`, %d at a time:\nphasegate: %s, 0 left\nreference bridge + host-local: %s; left %d bridge ports, %d addresses\n",
+		runs, parallel, pg, rf, ports, len(ips)))
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	h.decommission(h.prefix)
+}
+
+// endEveryAttachment waits for every attachment of network n to be one
+// of a container podman still has (podman ends a container's network
+// after `podman run --rm` returns), GCs the ones whose clean-up podman
+// lost, removes the containers podman kept, and checks no attachment is
+// left; it returns how many containers' clean-up was lost.
+func endEveryAttachment(t *testing.T, d *daemon, p *podman, n *cniNet, pg shortLived) int {
+	t.Helper()
+	c := d.slots()
 	// podman ends a container's network from conmon's exit command, after
 	// `podman run --rm` returns: every attachment left is one of a
 	// container podman still has, and goes with it.
-	c := d.slots()
 	settled := poll(time.Minute, func() bool {
 		time.Sleep(100 * time.Millisecond)
 		return len(cniLeasesOf(t, c, n.name)) <= p.containers()
@@ -180,6 +206,14 @@ func TestPodmanShortLivedContainersLeakNothing(t *testing.T) {
 	if l := cniLeases(t, d, n.name); len(l) != 0 {
 		t.Errorf("%d attachments left after every container ended", len(l))
 	}
+	return lost
+}
+
+// checkPoolSettled checks the pool settles after the DELs (answered
+// before their slots' teardown): the prefix's host links and namespaces
+// are the warm slots' alone, and no parked end is left.
+func checkPoolSettled(t *testing.T, h *host, c phasegatev1.SlotsClient) {
+	t.Helper()
 	// The DELs answered before their slots' teardown: the pool settles
 	// just after.
 	var links, files, warm int
@@ -197,29 +231,24 @@ func TestPodmanShortLivedContainersLeakNothing(t *testing.T) {
 		t.Errorf("after the runs: %d host links, %d parked ends and %d slot namespaces of the prefix, want the %d warm slots' alone",
 			links, len(h.links(h.prefix+"x")), files, warm)
 	}
+}
+
+// checkRuntimeNetnsLeft checks the runtime namespaces left beside those
+// there before: podman binds each container's namespace and removes it
+// in its clean-up; one its own error lost stays (the incident's leak,
+// which is podman's and not the network's), at most one per loss.
+func checkRuntimeNetnsLeft(t *testing.T, before []string, errs, lost int) {
+	t.Helper()
 	// podman binds each container's namespace and removes it in its
 	// clean-up; one its own error lost stays (the incident's leak, which is
 	// podman's and not the network's), at most one per error.
 	var left []string
 	poll(30*time.Second, func() bool { left = newRuntimeNetns(before); return len(left) == 0 })
 	if len(left) > lost {
-		t.Errorf("%d runtime namespaces left under /run/netns after %d podman errors and %d containers whose clean-up it lost: %v", len(left), len(pg.errs), lost, left)
+		t.Errorf("%d runtime namespaces left under /run/netns after %d podman errors and %d containers whose clean-up it lost: %v", len(left), errs, lost, left)
 	} else if len(left) > 0 {
 		t.Logf("podman's own errors left %d of its namespaces (%v); the test removes them", len(left), left)
 	}
-
-	rf := runShortLived(p, ref, runs, parallel)
-	ports := strings.Count(inNetns(t, p.netns, "ip", "-o", "link", "show", "master", h.prefix+"br"), "\n")
-	ips, _ := filepath.Glob(filepath.Join(ipam, ref, "[0-9]*"))
-	t.Logf("reference bridge + host-local: %s; left: %d bridge ports, %d addresses allocated, %d runtime namespaces",
-		rf, ports, len(ips), len(newRuntimeNetns(before)))
-	writeReport(t, "cni-short-lived.txt", fmt.Sprintf("%d `podman run --rm … /bin/true`, %d at a time:\nphasegate: %s, 0 left\nreference bridge + host-local: %s; left %d bridge ports, %d addresses\n",
-		runs, parallel, pg, rf, ports, len(ips)))
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
-	h.decommission(h.prefix)
 }
 
 // A long-running container started by podman on the phasegate network

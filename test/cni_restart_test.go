@@ -64,31 +64,7 @@ func TestCNIAttachmentsSurviveRestarts(t *testing.T) {
 	d.signal(syscall.SIGKILL)
 	d.wait(time.Minute)
 	late := containerNetns(t, "late")
-	type outcome struct {
-		out string
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		out, err := n.tool("add", late)
-		done <- outcome{out, err}
-	}()
-	time.Sleep(time.Second)
-	select {
-	case o := <-done:
-		t.Fatalf("ADD with the daemon down returned at once: %v %s", o.err, o.out)
-	default:
-	}
-	d = start(t, nil, args...)
-	select {
-	case o := <-done:
-		if o.err != nil {
-			t.Fatalf("ADD that waited for the daemon: %v", o.err)
-		}
-		parseResult(t, o.out, late)
-	case <-time.After(time.Minute):
-		t.Fatal("the waiting ADD did not return once the daemon served")
-	}
+	addWaitsForTheDaemon(t, n, late, func() { d = start(t, nil, args...) })
 	d.waitServing(time.Minute)
 
 	// One whose timeout ends first fails, saying why.
@@ -115,6 +91,38 @@ func TestCNIAttachmentsSurviveRestarts(t *testing.T) {
 	}
 	if l := cniLeases(t, d, n.name); len(l) != 0 {
 		t.Errorf("%d attachments left after DEL", len(l))
+	}
+}
+
+// addWaitsForTheDaemon runs an ADD into late while the daemon is down:
+// it must wait (not return within a second), and succeed once
+// startDaemon has started the daemon.
+func addWaitsForTheDaemon(t *testing.T, n *cniNet, late string, startDaemon func()) {
+	t.Helper()
+	type outcome struct {
+		out string
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		out, err := n.tool("add", late)
+		done <- outcome{out, err}
+	}()
+	time.Sleep(time.Second)
+	select {
+	case o := <-done:
+		t.Fatalf("ADD with the daemon down returned at once: %v %s", o.err, o.out)
+	default:
+	}
+	startDaemon()
+	select {
+	case o := <-done:
+		if o.err != nil {
+			t.Fatalf("ADD that waited for the daemon: %v", o.err)
+		}
+		parseResult(t, o.out, late)
+	case <-time.After(time.Minute):
+		t.Fatal("the waiting ADD did not return once the daemon served")
 	}
 }
 

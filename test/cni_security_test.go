@@ -231,6 +231,50 @@ func (p *publicDir) pluginOut(t *testing.T, user, group, verb string, conf []byt
 	return string(out), &pe
 }
 
+// cniAttack is one call of the plugin by user (in group) that must fail
+// with code, its message naming want.
+type cniAttack struct {
+	what, user, group, verb string
+	conf                    []byte
+	env                     []string
+	code                    uint
+	want                    string
+}
+
+// cniAttackCases are TestCNIControlPlaneAttacks's calls of the plugin:
+// outside the socket's group, without the grant, on the victim's network,
+// into namespaces the caller cannot open (the host's, hostNetns, and a
+// daemon-owned slot's, slotNetns) or cannot enter (root's container,
+// public), root into the host's and the slots' (victimSlotNetns the
+// attached victim's), and names outside the rules.
+func cniAttackCases(tenantNet, victimNet *cniNet, victimKey []string, mine, public, hostNetns, slotNetns, victimSlotNetns string) []cniAttack {
+	return []cniAttack{
+		{"connect outside the socket's group", "daemon", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 5, "permission denied"},
+		{"attach without the grant", "nobody", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + public}, 100, "may not attach"},
+		{"DEL of the victim's attachment", "nobody", "", "DEL", victimNet.conf, victimKey, 100, "may not attach"},
+		{"GC of the victim's network", "nobody", "", "GC", victimNet.conf, nil, 100, "may not attach"},
+		{"CHECK of the victim's attachment", "nobody", "", "CHECK", victimNet.conf, victimKey, 100, "may not attach"},
+		// Namespaces the tenant cannot open: the host's (its /proc link is
+		// the daemon's, root's), a slot's (in the daemon's directory).
+		{"granted attach, into the host's namespace", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + hostNetns}, 4, "CNI_NETNS cannot be opened: permission denied"},
+		{"granted attach, into a daemon-owned slot", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + slotNetns}, 4, "CNI_NETNS cannot be opened: permission denied"},
+		// One it can open but not enter.
+		{"granted attach, into root's container", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + public}, 100, "CNI_NETNS: not a network namespace uid:1 may enter"},
+		// Root may enter them all: the daemon still keeps a slot to a
+		// container's namespace.
+		{"root, into the host's namespace", "root", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + hostNetns}, 100, "the host's own namespace"},
+		{"root, into a daemon-owned slot", "root", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + slotNetns}, 100, "a slot's namespace"},
+		{"root, into the attached victim's own slot namespace", "root", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + victimSlotNetns}, 100, "own namespace"},
+		{"granted attach, DEL on the victim's network", "daemon", "nogroup", "DEL", victimNet.conf, victimKey, 100, "may not attach"},
+		// Names: the spec's rule for the container id and the network
+		// (the plugin's own check, libcni's), and the names rule for the
+		// interface name, which the lease's request id holds.
+		{"granted attach, an interface name with U+3164", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0\u3164", "CNI_NETNS=" + mine}, 4, `CNI_IFNAME "eth0\u3164": U+3164, outside ASCII (Lo, Hangul), at byte 4: names are`},
+		{"granted attach, a container id with U+3164", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x\u3164", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 4, "invalid characters in containerID"},
+		{"granted attach, a network name with a Cyrillic a", "daemon", "nogroup", "ADD", tenantNet.confWith(map[string]any{"name": tenantNet.name + "\u0430"}), []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 7, "invalid characters found in network name"},
+	}
+}
+
 // The control socket's attacks through the plugin. A user outside the
 // socket's group cannot connect. A tenant the policy lets lease for the
 // CNI networks, without attach, can neither attach nor end nor collect
@@ -278,37 +322,8 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 	// one of root's that every user may open.
 	mine, _ := ownNetns(t, 1, 1)
 	public := containerNetnsIn(t, pub.dir, "public")
-	for _, tc := range []struct {
-		what, user, group, verb string
-		conf                    []byte
-		env                     []string
-		code                    uint
-		want                    string
-	}{
-		{"connect outside the socket's group", "daemon", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 5, "permission denied"},
-		{"attach without the grant", "nobody", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + public}, 100, "may not attach"},
-		{"DEL of the victim's attachment", "nobody", "", "DEL", victimNet.conf, victimKey, 100, "may not attach"},
-		{"GC of the victim's network", "nobody", "", "GC", victimNet.conf, nil, 100, "may not attach"},
-		{"CHECK of the victim's attachment", "nobody", "", "CHECK", victimNet.conf, victimKey, 100, "may not attach"},
-		// Namespaces the tenant cannot open: the host's (its /proc link is
-		// the daemon's, root's), a slot's (in the daemon's directory).
-		{"granted attach, into the host's namespace", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + fmt.Sprintf("/proc/%d/ns/net", d.Pid())}, 4, "CNI_NETNS cannot be opened: permission denied"},
-		{"granted attach, into a daemon-owned slot", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + owned.GetSlot().GetNetnsPath()}, 4, "CNI_NETNS cannot be opened: permission denied"},
-		// One it can open but not enter.
-		{"granted attach, into root's container", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + public}, 100, "CNI_NETNS: not a network namespace uid:1 may enter"},
-		// Root may enter them all: the daemon still keeps a slot to a
-		// container's namespace.
-		{"root, into the host's namespace", "root", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + fmt.Sprintf("/proc/%d/ns/net", d.Pid())}, 100, "the host's own namespace"},
-		{"root, into a daemon-owned slot", "root", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + owned.GetSlot().GetNetnsPath()}, 100, "a slot's namespace"},
-		{"root, into the attached victim's own slot namespace", "root", "", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth9", "CNI_NETNS=" + vlease.GetNetnsPath()}, 100, "own namespace"},
-		{"granted attach, DEL on the victim's network", "daemon", "nogroup", "DEL", victimNet.conf, victimKey, 100, "may not attach"},
-		// Names: the spec's rule for the container id and the network
-		// (the plugin's own check, libcni's), and the names rule for the
-		// interface name, which the lease's request id holds.
-		{"granted attach, an interface name with U+3164", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0\u3164", "CNI_NETNS=" + mine}, 4, `CNI_IFNAME "eth0\u3164": U+3164, outside ASCII (Lo, Hangul), at byte 4: names are`},
-		{"granted attach, a container id with U+3164", "daemon", "nogroup", "ADD", tenantNet.conf, []string{"CNI_CONTAINERID=x\u3164", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 4, "invalid characters in containerID"},
-		{"granted attach, a network name with a Cyrillic a", "daemon", "nogroup", "ADD", tenantNet.confWith(map[string]any{"name": tenantNet.name + "\u0430"}), []string{"CNI_CONTAINERID=x", "CNI_IFNAME=eth0", "CNI_NETNS=" + mine}, 7, "invalid characters found in network name"},
-	} {
+	hostNetns := fmt.Sprintf("/proc/%d/ns/net", d.Pid())
+	for _, tc := range cniAttackCases(tenantNet, victimNet, victimKey, mine, public, hostNetns, owned.GetSlot().GetNetnsPath(), vlease.GetNetnsPath()) {
 		perr := pub.plugin(t, tc.user, tc.group, tc.verb, tc.conf, tc.env...)
 		if perr == nil || perr.Code != tc.code || !strings.Contains(perr.Msg+perr.Details, tc.want) {
 			t.Errorf("%s (as %s): %+v, want code %d naming %q", tc.what, tc.user, perr, tc.code, tc.want)
@@ -321,21 +336,7 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 		t.Errorf("granted attach, the host's namespace passed straight to the socket: %+v, want code 100", perr)
 	}
 	leaseIDsShownToWhoMayRelease(t, pub, root, sock, victimNet, vctr)
-	// The tenant's own network works, and its DEL and GC reach nothing of
-	// the victim's, whose container id it knows.
-	if perr := pub.plugin(t, "daemon", "nogroup", "ADD", tenantNet.conf, "CNI_CONTAINERID=mine", "CNI_IFNAME=eth0", "CNI_NETNS="+mine); perr != nil {
-		t.Fatalf("the tenant's ADD on its own network: %+v", perr)
-	}
-	tenantSetsItsOwnPolicy(t, pub, sock, tenantNet, mine)
-	if perr := pub.plugin(t, "daemon", "nogroup", "DEL", tenantNet.conf, victimKey...); perr != nil {
-		t.Errorf("the tenant's DEL of an unknown key of its network: %+v", perr)
-	}
-	if perr := pub.plugin(t, "daemon", "nogroup", "GC", tenantNet.conf); perr != nil {
-		t.Errorf("the tenant's GC of its network: %+v", perr)
-	}
-	if l := cniLeases(t, d, tenantNet.name); len(l) != 0 {
-		t.Errorf("the tenant's GC (nothing valid) left %d of its attachments", len(l))
-	}
+	tenantsOwnNetworkReachesNoOther(t, pub, d, sock, tenantNet, victimKey, mine)
 	// No lease of the Slots API is taken under a CNI network's owner, not
 	// even by root: a network's keys are its ADDs' alone
 	// (TestCNIKeysAndGCArePerPrincipal).
@@ -363,4 +364,24 @@ func TestCNIControlPlaneAttacks(t *testing.T) {
 		t.Fatalf("stop: exit %d", code)
 	}
 	h.decommission(h.prefix)
+}
+
+// tenantsOwnNetworkReachesNoOther checks the tenant's own network works
+// (ADD, its own policy) and its DEL and GC reach nothing of the victim's,
+// whose container id (in victimKey) it knows.
+func tenantsOwnNetworkReachesNoOther(t *testing.T, pub *publicDir, d *daemon, sock string, tenantNet *cniNet, victimKey []string, mine string) {
+	t.Helper()
+	if perr := pub.plugin(t, "daemon", "nogroup", "ADD", tenantNet.conf, "CNI_CONTAINERID=mine", "CNI_IFNAME=eth0", "CNI_NETNS="+mine); perr != nil {
+		t.Fatalf("the tenant's ADD on its own network: %+v", perr)
+	}
+	tenantSetsItsOwnPolicy(t, pub, sock, tenantNet, mine)
+	if perr := pub.plugin(t, "daemon", "nogroup", "DEL", tenantNet.conf, victimKey...); perr != nil {
+		t.Errorf("the tenant's DEL of an unknown key of its network: %+v", perr)
+	}
+	if perr := pub.plugin(t, "daemon", "nogroup", "GC", tenantNet.conf); perr != nil {
+		t.Errorf("the tenant's GC of its network: %+v", perr)
+	}
+	if l := cniLeases(t, d, tenantNet.name); len(l) != 0 {
+		t.Errorf("the tenant's GC (nothing valid) left %d of its attachments", len(l))
+	}
 }

@@ -87,20 +87,7 @@ func TestCNIAttachmentLifeWithCnitool(t *testing.T) {
 	}
 	inNetns(t, ns, "ip", "route", "add", "default", "via", res.IPs[0].Gateway, "dev", "eth0")
 
-	// A second network of the same container: its own slot, beside the
-	// first; the last network attached carries the default route.
-	second := newCNINet(t, h.prefix+"two", d.control, nil)
-	two := parseResult(t, second.mustTool("add", ns, "CNI_IFNAME=eth1"), ns)
-	if two.IPs[0].Address == res.IPs[0].Address || two.Interfaces[1].Name != "eth1" {
-		t.Errorf("a second network's ADD: %+v", two)
-	}
-	if got := inNetns(t, ns, "ip", "-4", "-o", "addr"); !strings.Contains(got, res.IPs[0].Address) || !strings.Contains(got, two.IPs[0].Address) {
-		t.Errorf("the container does not carry both networks' addresses: %s", got)
-	}
-	if got := inNetns(t, ns, "ip", "-4", "route", "show", "default"); !strings.Contains(got, "dev eth1") {
-		t.Errorf("the default route is not the last network's: %s", got)
-	}
-	second.mustTool("del", ns, "CNI_IFNAME=eth1")
+	secondNetworkBesideTheFirst(t, h, d, ns, res)
 
 	n.mustTool("del", ns)
 	if got := inNetns(t, ns, "ip", "-o", "link"); strings.Contains(got, "eth0") {
@@ -133,6 +120,26 @@ func TestCNIAttachmentLifeWithCnitool(t *testing.T) {
 			t.Errorf("no audit line for %s", m)
 		}
 	}
+}
+
+// secondNetworkBesideTheFirst attaches the container in ns to a second
+// network on eth1: its own slot beside the first network's (res), both
+// addresses in the container, the default route the last network's; then
+// it ends that attachment.
+func secondNetworkBesideTheFirst(t *testing.T, h *host, d *daemon, ns string, res cniResult) {
+	t.Helper()
+	second := newCNINet(t, h.prefix+"two", d.control, nil)
+	two := parseResult(t, second.mustTool("add", ns, "CNI_IFNAME=eth1"), ns)
+	if two.IPs[0].Address == res.IPs[0].Address || two.Interfaces[1].Name != "eth1" {
+		t.Errorf("a second network's ADD: %+v", two)
+	}
+	if got := inNetns(t, ns, "ip", "-4", "-o", "addr"); !strings.Contains(got, res.IPs[0].Address) || !strings.Contains(got, two.IPs[0].Address) {
+		t.Errorf("the container does not carry both networks' addresses: %s", got)
+	}
+	if got := inNetns(t, ns, "ip", "-4", "route", "show", "default"); !strings.Contains(got, "dev eth1") {
+		t.Errorf("the default route is not the last network's: %s", got)
+	}
+	second.mustTool("del", ns, "CNI_IFNAME=eth1")
 }
 
 // A runtime that passes capability args gives a container its own egress

@@ -108,24 +108,17 @@ func watchPhases(t *testing.T, conn *grpc.ClientConn) (wait func() []string) {
 	}
 }
 
+// A start on a host with 1,500 leaked slots and foreign names beside
+// them answers at once (503 naming the phase, the gRPC probe NOT_SERVING),
+// goes through its phases in order as Watch, the event log and the trace
+// show them, reclaims every leak and touches nothing foreign.
 func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 	probe := lookTool(t, "grpc-health-probe", "go install github.com/grpc-ecosystem/grpc-health-probe@v0.4.62")
 	jaeger := startJaeger(t)
 	h := newHost(t)
 	const leaked = 1500
 	h.leak(h.prefix, 1, leaked)
-	// Foreign names the daemon must never touch: another prefix, our prefix
-	// without an index, a symlink and a directory.
-	foreign := "zq" + h.prefix[1:]
-	h.leak(foreign, 1, 3)
-	h.leak(h.prefix+"abc", 1, 1) // <prefix>abc1: not <prefix><int>
-	if err := os.Symlink("/proc/self/ns/net", filepath.Join(h.netnsDir, h.prefix+"9999")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Mkdir(filepath.Join(h.netnsDir, h.prefix+"9998"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.sweep(foreign) })
+	foreign := leakForeignNames(t, h)
 
 	service := "phasegate-e2e-" + h.prefix[:len(h.prefix)-1]
 	addr := freePort(t)
@@ -140,9 +133,56 @@ func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 	// daemon's own event log over its port (/debug/events), every
 	// transition in order from the first.
 	events := phasetest.Follow(t, "http://"+addr+app.PathEvents)
+	waitPhases := checkFirstAnswer(t, d, probe, addr, began)
 
-	// The port answers, with 503 naming the phase, long before reclaim is
-	// done.
+	d.waitReclaimed(2 * time.Minute)
+	if out, err := exec.Command(probe, "-addr="+addr).CombinedOutput(); exitCode(err) != 0 {
+		t.Errorf("grpc-health-probe when serving: exit %d (%s), want 0", exitCode(err), out)
+	}
+	if problems := waitPhases(); len(problems) > 0 {
+		t.Errorf("phase order seen through Watch: %v", problems)
+	}
+	phasetest.WaitState(t, events, lifecycle.StateServing, 10*time.Second)
+	seen := events.Events(0)
+	phasetest.AssertConsistent(t, seen)
+	phasetest.AssertRespectsDependencies(t, seen)
+	phasetest.AssertOrder(t, seen, "lock", "reclaim", "storage", "populate", "register", "serve")
+	phasetest.AssertOrder(t, seen, "lock", "listen", "register")
+
+	want := checkLeaksGoneForeignKept(t, h, d, foreign, leaked)
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM, want 0", code)
+	}
+	h.stoppedCleanly(h.prefix, want)
+
+	checkTrace(t, jaeger, service, began)
+}
+
+// leakForeignNames makes names the daemon must never touch: another
+// prefix (returned), the test's prefix without an index, a symlink and a
+// directory.
+func leakForeignNames(t *testing.T, h *host) string {
+	t.Helper()
+	foreign := "zq" + h.prefix[1:]
+	h.leak(foreign, 1, 3)
+	h.leak(h.prefix+"abc", 1, 1) // <prefix>abc1: not <prefix><int>
+	if err := os.Symlink("/proc/self/ns/net", filepath.Join(h.netnsDir, h.prefix+"9999")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(h.netnsDir, h.prefix+"9998"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.sweep(foreign) })
+	return foreign
+}
+
+// checkFirstAnswer waits for the port's first answer, which must come
+// within 2 s of the exec as a 503 naming a phase while grpc-health-probe
+// says NOT_SERVING; it starts a Watch of the phases and returns what
+// waits for it.
+func checkFirstAnswer(t *testing.T, d *daemon, probe, addr string, began time.Time) func() []string {
+	t.Helper()
 	var firstCode int
 	var firstBody string
 	waitFor(t, 10*time.Second, "the first HTTP answer", func() bool {
@@ -167,22 +207,15 @@ func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 	if probeCode != 4 {
 		t.Errorf("grpc-health-probe while starting: exit %d (%s), want 4", probeCode, out)
 	}
+	return waitPhases
+}
 
-	d.waitReclaimed(2 * time.Minute)
-	if out, err := exec.Command(probe, "-addr="+addr).CombinedOutput(); exitCode(err) != 0 {
-		t.Errorf("grpc-health-probe when serving: exit %d (%s), want 0", exitCode(err), out)
-	}
-	if problems := waitPhases(); len(problems) > 0 {
-		t.Errorf("phase order seen through Watch: %v", problems)
-	}
-	phasetest.WaitState(t, events, lifecycle.StateServing, 10*time.Second)
-	seen := events.Events(0)
-	phasetest.AssertConsistent(t, seen)
-	phasetest.AssertRespectsDependencies(t, seen)
-	phasetest.AssertOrder(t, seen, "lock", "reclaim", "storage", "populate", "register", "serve")
-	phasetest.AssertOrder(t, seen, "lock", "listen", "register")
-
-	// Every leaked slot is gone; every foreign name is untouched.
+// checkLeaksGoneForeignKept waits for the pool's 4 warm slots and checks
+// every leaked slot is gone (the report saying it found them all) and
+// every foreign name untouched; it returns the foreign entries under the
+// test's prefix.
+func checkLeaksGoneForeignKept(t *testing.T, h *host, d *daemon, foreign string, leaked int) []string {
+	t.Helper()
 	slots := d.slots()
 	waitFor(t, time.Minute, "the pool to fill to 4", func() bool {
 		n := 0
@@ -223,14 +256,7 @@ func TestDirtyHostStartsAnsweringAtOnceAndReclaimsEverything(t *testing.T) {
 	if !strings.Contains(d.Output(), "found="+strconv.Itoa(leaked)) {
 		t.Errorf("reclaim report does not say found=%d:\n%s", leaked, grepLines(d.Output(), "reclaim report"))
 	}
-
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(30 * time.Second); code != 0 {
-		t.Fatalf("exit %d after SIGTERM, want 0", code)
-	}
-	h.stoppedCleanly(h.prefix, want)
-
-	checkTrace(t, jaeger, service, began)
+	return want
 }
 
 func exitCode(err error) int {

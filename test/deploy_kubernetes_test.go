@@ -17,6 +17,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/phasegate/phasegate/internal/testcerts"
 )
 
 // TestDeployKubernetes runs the DaemonSet's container on a node: its args
@@ -25,6 +27,57 @@ import (
 // liveness probes pass as the kubelet runs them; then SIGTERM, after which
 // the daemon must exit 0 within terminationGracePeriodSeconds.
 func TestDeployKubernetes(t *testing.T) {
+	ds, spec, c := readDaemonSet(t)
+	n := newNode(t)
+	h := newHost(t)
+	certs := newCerts(t)
+
+	env, envList := kubeEnv(t, c, n)
+	rewrite := mountTLSSecrets(t, spec, c, certs)
+	var args []string
+	for _, a := range c.Args {
+		args = append(args, kubeRewrite(kubeExpand(a, env), rewrite))
+	}
+
+	r := n.check(envList, args)
+	grace := checkDaemonSetBudgets(t, ds, spec, c, r)
+	sp, rp, lp := c.StartupProbe, c.ReadinessProbe, c.LivenessProbe
+
+	addr := r.Listen
+	// The container's memory limit, as the runtime sets it: a cgroup.
+	limit := c.Resources.Limits.Memory().Value()
+	if limit == 0 {
+		t.Fatal("the container has no memory limit (resources.limits.memory): the test floods the port under it")
+	}
+	cg := newMemoryCgroup(t, limit)
+	d := n.start(addr, n.command(envList, cg.wrap(append(append([]string{binary}, args...), confine(h)...)...)...))
+	// The kubelet runs the startup probe until it passes, then the others.
+	waitPass(t, serveTimeout, "the startupProbe to pass", func() error { return kubeletProbe(n, c, sp) })
+	waitPass(t, serveTimeout, "the readinessProbe to pass", func() error { return kubeletProbe(n, c, rp) })
+	waitPass(t, serveTimeout, "the livenessProbe to pass", func() error { return kubeletProbe(n, c, lp) })
+	if out, err := n.verifiedProbe(addr, certs); err != nil || out != "SERVING" {
+		t.Errorf("a client verifying the certificate against the CA: %v: %s", err, out)
+	}
+	assertControlGuarded(t, n, d, h, certs)
+	floodUnderTheLimit(t, n, d, cg, addr)
+	waitPass(t, serveTimeout, "the livenessProbe to pass after the floods", func() error { return kubeletProbe(n, c, lp) })
+
+	stop := syscall.SIGTERM
+	if c.Lifecycle != nil && c.Lifecycle.StopSignal != nil {
+		stop = signalNamed(t, string(*c.Lifecycle.StopSignal))
+	}
+	t.Logf("stop budget %v, terminationGracePeriodSeconds %v; start budget %v", r.stopBudget(), grace, r.startBudget(t))
+	stopAt := time.Now()
+	d.signal(stop)
+	d.waitExit(grace, "terminationGracePeriodSeconds")
+	t.Logf("stopped %v after %v", time.Since(stopAt).Round(time.Millisecond), stop)
+}
+
+// readDaemonSet reads deploy/kubernetes/daemonset.yaml strictly and
+// returns it with its pod spec and its one container, phasegate, which
+// runs on the host's network and keeps the image's entrypoint.
+func readDaemonSet(t *testing.T) (appsv1.DaemonSet, corev1.PodSpec, corev1.Container) {
+	t.Helper()
 	src, err := os.ReadFile("../deploy/kubernetes/daemonset.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -44,13 +97,14 @@ func TestDeployKubernetes(t *testing.T) {
 	if len(c.Command) != 0 {
 		t.Fatalf("command %q replaces the image's entrypoint; the test runs args with the binary under test", c.Command)
 	}
-	n := newNode(t)
-	h := newHost(t)
-	certs := newCerts(t)
+	return ds, spec, c
+}
 
-	env, envList := kubeEnv(t, c, n)
-	// Secret volumes: a kubernetes.io/tls Secret's keys, in a directory
-	// that stands in for the mount path.
+// mountTLSSecrets writes each Secret volume of the container, a
+// kubernetes.io/tls Secret's keys from certs, into a directory that stands
+// in for its mount path, and returns mount path → directory.
+func mountTLSSecrets(t *testing.T, spec corev1.PodSpec, c corev1.Container, certs *testcerts.Set) map[string]string {
+	t.Helper()
 	rewrite := map[string]string{}
 	for _, m := range c.VolumeMounts {
 		v := kubeVolume(t, spec, m.Name)
@@ -81,12 +135,16 @@ func TestDeployKubernetes(t *testing.T) {
 			writeFile(t, filepath.Join(dir, p), data, 0o400)
 		}
 	}
-	var args []string
-	for _, a := range c.Args {
-		args = append(args, kubeRewrite(kubeExpand(a, env), rewrite))
-	}
+	return rewrite
+}
 
-	r := n.check(envList, args)
+// checkDaemonSetBudgets checks the DaemonSet against the daemon's resolved
+// settings r: TLS, what must outlive the pod on hostPath mounts, the
+// grace period beyond the stop budget, the startup probe's budget beyond
+// the start budget, all three probes, no surge; it returns the grace
+// period.
+func checkDaemonSetBudgets(t *testing.T, ds appsv1.DaemonSet, spec corev1.PodSpec, c corev1.Container, r resolved) time.Duration {
+	t.Helper()
 	if !r.TLS {
 		t.Errorf("the DaemonSet serves %s without TLS", r.Listen)
 	}
@@ -117,35 +175,7 @@ func TestDeployKubernetes(t *testing.T) {
 	if u := ds.Spec.UpdateStrategy.RollingUpdate; u == nil || u.MaxSurge == nil || u.MaxSurge.IntVal != 0 || (u.MaxSurge.StrVal != "" && u.MaxSurge.StrVal != "0%") {
 		t.Error("updateStrategy.rollingUpdate.maxSurge must be 0: a surge pod finds the port and the lock taken and never becomes ready")
 	}
-
-	addr := r.Listen
-	// The container's memory limit, as the runtime sets it: a cgroup.
-	limit := c.Resources.Limits.Memory().Value()
-	if limit == 0 {
-		t.Fatal("the container has no memory limit (resources.limits.memory): the test floods the port under it")
-	}
-	cg := newMemoryCgroup(t, limit)
-	d := n.start(addr, n.command(envList, cg.wrap(append(append([]string{binary}, args...), confine(h)...)...)...))
-	// The kubelet runs the startup probe until it passes, then the others.
-	waitPass(t, serveTimeout, "the startupProbe to pass", func() error { return kubeletProbe(n, c, sp) })
-	waitPass(t, serveTimeout, "the readinessProbe to pass", func() error { return kubeletProbe(n, c, rp) })
-	waitPass(t, serveTimeout, "the livenessProbe to pass", func() error { return kubeletProbe(n, c, lp) })
-	if out, err := n.verifiedProbe(addr, certs); err != nil || out != "SERVING" {
-		t.Errorf("a client verifying the certificate against the CA: %v: %s", err, out)
-	}
-	assertControlGuarded(t, n, d, h, certs)
-	floodUnderTheLimit(t, n, d, cg, addr)
-	waitPass(t, serveTimeout, "the livenessProbe to pass after the floods", func() error { return kubeletProbe(n, c, lp) })
-
-	stop := syscall.SIGTERM
-	if c.Lifecycle != nil && c.Lifecycle.StopSignal != nil {
-		stop = signalNamed(t, string(*c.Lifecycle.StopSignal))
-	}
-	t.Logf("stop budget %v, terminationGracePeriodSeconds %v; start budget %v", r.stopBudget(), grace, r.startBudget(t))
-	stopAt := time.Now()
-	d.signal(stop)
-	d.waitExit(grace, "terminationGracePeriodSeconds")
-	t.Logf("stopped %v after %v", time.Since(stopAt).Round(time.Millisecond), stop)
+	return grace
 }
 
 // kubeEnv is the container's environment as the kubelet makes it, with the

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -100,34 +101,88 @@ type nomadCheck struct {
 func testNomadJob(t *testing.T, file string) {
 	n := newNode(t)
 	h := newHost(t)
+	jt := readNomadTask(t, n, file)
+	certs := newCerts(t)
+	templates := jt.templates(t)
+	for _, tm := range templates {
+		writeFile(t, tm.path, tm.issue(certs), tm.perm)
+	}
+
+	// Budgets: the daemon's, from its own arguments.
+	r := n.check(jt.env, jt.args)
+	killSignal, killTimeout := jt.checkBudgets(t, r)
+	checks := jt.serviceChecks(t, n, r)
+
+	cg := newMemoryCgroup(t, jt.memoryLimit(t))
+	d := n.start(jt.addr, n.command(jt.env, cg.wrap(append(append([]string{binary}, jt.args...), confine(h)...)...)...))
+	for _, c := range checks {
+		waitPass(t, serveTimeout, fmt.Sprintf("%s %s check %q to pass", c.provider, c.typ, c.name), c.run)
+	}
+	if out, err := n.verifiedProbe(jt.addr, certs); err != nil || out != "SERVING" {
+		t.Errorf("a client verifying the certificate against the CA: %v: %s", err, out)
+	}
+	assertControlGuarded(t, n, d, h, certs)
+	floodUnderTheLimit(t, n, d, cg, jt.addr)
+	for _, c := range checks {
+		waitPass(t, serveTimeout, fmt.Sprintf("%s check %q after the floods", c.typ, c.name), c.run)
+	}
+	for _, tm := range templates {
+		renewNomadTemplate(t, n, d, jt.addr, tm, checks)
+	}
+
+	stopAt := time.Now()
+	d.signal(killSignal)
+	d.waitExit(killTimeout, "kill_timeout")
+	t.Logf("stopped %v after %v", time.Since(stopAt).Round(time.Millisecond), killSignal)
+}
+
+// nomadTask is a job file's task as a Nomad client would run it on the
+// test's node: the blocks read, the runtime variables filled (ev), the
+// task's directory, its port's address, its args and env.
+type nomadTask struct {
+	ev            nomadEval
+	group, task   *hclsyntax.Body
+	taskDir, addr string
+	args, env     []string
+}
+
+// readNomadTask reads the job "phasegate" of file: a system job whose
+// group has a static port "api" and whose raw_exec task runs the
+// production binary; it fills Nomad's runtime variables with the node's
+// values and builds the task's args and env.
+func readNomadTask(t *testing.T, n *node, file string) *nomadTask {
+	t.Helper()
 	job := block(t, hclBody(t, file), "job", "phasegate")
-	taskDir := t.TempDir() // the task's working directory: secrets/, local/
-	ev := nomadEval{t: t, vars: map[string]cty.Value{}}
+	jt := &nomadTask{
+		ev:      nomadEval{t: t, vars: map[string]cty.Value{}},
+		taskDir: t.TempDir(), // the task's working directory: secrets/, local/
+	}
+	ev := jt.ev
 	if s := ev.str(job, "type", "service"); s != "system" {
 		t.Errorf("job type %q: a node daemon is a system job", s)
 	}
-	group := block(t, job, "group", "phasegate")
-	static, ok := ev.value(block(t, block(t, group, "network"), "port", "api"), "static")
+	jt.group = block(t, job, "group", "phasegate")
+	static, ok := ev.value(block(t, block(t, jt.group, "network"), "port", "api"), "static")
 	if !ok {
 		t.Fatal(`port "api" has no static port: the daemon's port must be the same on every node`)
 	}
 	port, _ := static.AsBigFloat().Int64()
-	addr := net.JoinHostPort(n.ip.String(), strconv.FormatInt(port, 10))
+	jt.addr = net.JoinHostPort(n.ip.String(), strconv.FormatInt(port, 10))
 	for k, v := range map[string]string{
 		"NOMAD_IP_api":      n.ip.String(),
 		"NOMAD_PORT_api":    strconv.FormatInt(port, 10),
-		"NOMAD_ADDR_api":    addr,
-		"NOMAD_SECRETS_DIR": filepath.Join(taskDir, "secrets"),
-		"NOMAD_TASK_DIR":    filepath.Join(taskDir, "local"),
+		"NOMAD_ADDR_api":    jt.addr,
+		"NOMAD_SECRETS_DIR": filepath.Join(jt.taskDir, "secrets"),
+		"NOMAD_TASK_DIR":    filepath.Join(jt.taskDir, "local"),
 	} {
 		ev.vars[k] = cty.StringVal(v)
 	}
 
-	task := block(t, group, "task", "phasegate")
-	if d := ev.str(task, "driver", ""); d != "raw_exec" {
+	jt.task = block(t, jt.group, "task", "phasegate")
+	if d := ev.str(jt.task, "driver", ""); d != "raw_exec" {
 		t.Errorf("driver %q: the daemon needs the host's network namespace and mounts (raw_exec)", d)
 	}
-	config := block(t, task, "config")
+	config := block(t, jt.task, "config")
 	if c := ev.str(config, "command", ""); c != productionBinary {
 		t.Fatalf("command %q: the test runs the binary under test in place of %s", c, productionBinary)
 	}
@@ -135,31 +190,39 @@ func testNomadJob(t *testing.T, file string) {
 	if !ok {
 		t.Fatal("config has no args")
 	}
-	var args []string
 	for _, v := range argsVal.AsValueSlice() {
-		args = append(args, v.AsString())
+		jt.args = append(jt.args, v.AsString())
 	}
-	env := baseEnv()
+	jt.env = baseEnv()
 	for k, v := range ev.vars {
-		env = append(env, k+"="+v.AsString())
+		jt.env = append(jt.env, k+"="+v.AsString())
 	}
-	for _, e := range blocks(task, "env") {
+	for _, e := range blocks(jt.task, "env") {
 		for name := range e.Attributes {
-			env = append(env, name+"="+ev.str(e, name, ""))
+			jt.env = append(jt.env, name+"="+ev.str(e, name, ""))
 		}
 	}
+	return jt
+}
 
-	// The templates: what Vault's pki engine would issue is what the test's
-	// CA issues, written where the template renders it.
-	certs := newCerts(t)
-	type rendered struct {
-		path                     string
-		perm                     os.FileMode
-		changeMode, changeSignal string
-		issue                    func(*testcerts.Set) []byte
-	}
-	var templates []rendered
-	for _, tb := range blocks(task, "template") {
+// nomadTemplate is one of the task's templates: where it renders, with
+// what mode, how a change reaches the task, and what it renders from a
+// set of certificates.
+type nomadTemplate struct {
+	path                     string
+	perm                     os.FileMode
+	changeMode, changeSignal string
+	issue                    func(*testcerts.Set) []byte
+}
+
+// templates reads the task's templates: what Vault's pki engine would
+// issue is what the test's CA issues, written where the template renders
+// it.
+func (jt *nomadTask) templates(t *testing.T) []nomadTemplate {
+	t.Helper()
+	ev := jt.ev
+	var templates []nomadTemplate
+	for _, tb := range blocks(jt.task, "template") {
 		dest := ev.str(tb, "destination", "")
 		if dest == "" || filepath.IsAbs(dest) {
 			t.Fatalf("template destination %q: the test renders only into the task directory", dest)
@@ -173,8 +236,8 @@ func testNomadJob(t *testing.T, file string) {
 		if err != nil {
 			t.Fatalf("template %s perms: %v", dest, err)
 		}
-		templates = append(templates, rendered{
-			path:         filepath.Join(taskDir, dest),
+		templates = append(templates, nomadTemplate{
+			path:         filepath.Join(jt.taskDir, dest),
 			perm:         os.FileMode(perm),
 			changeMode:   ev.str(tb, "change_mode", "restart"),
 			changeSignal: ev.str(tb, "change_signal", ""),
@@ -189,17 +252,21 @@ func testNomadJob(t *testing.T, file string) {
 			},
 		})
 	}
-	for _, tm := range templates {
-		writeFile(t, tm.path, tm.issue(certs), tm.perm)
-	}
+	return templates
+}
 
-	// Budgets: the daemon's, from its own arguments.
-	r := n.check(env, args)
+// checkBudgets checks the task against the daemon's resolved settings r
+// (TLS, its port, kill_timeout beyond its stop budget and within Nomad's
+// cap, no task shutdown_delay beside services) and returns the task's
+// kill signal and timeout.
+func (jt *nomadTask) checkBudgets(t *testing.T, r resolved) (syscall.Signal, time.Duration) {
+	t.Helper()
+	ev, task := jt.ev, jt.task
 	if !r.TLS {
 		t.Errorf("the job serves %s without TLS", r.Listen)
 	}
-	if r.Listen != addr {
-		t.Errorf("the daemon listens on %s, the job's port is %s", r.Listen, addr)
+	if r.Listen != jt.addr {
+		t.Errorf("the daemon listens on %s, the job's port is %s", r.Listen, jt.addr)
 	}
 	killSignal := signalNamed(t, ev.str(task, "kill_signal", "SIGINT")) // Nomad's default is SIGINT
 	killTimeout := ev.dur(task, "kill_timeout", 5*time.Second)
@@ -211,19 +278,26 @@ func testNomadJob(t *testing.T, file string) {
 		t.Errorf("kill_timeout %v exceeds Nomad's default max_kill_timeout %v, which caps it: lower --drain-delay/--stop-timeout or document the client setting", killTimeout, nomadMaxKillTimeout)
 	}
 
-	if _, ok := task.Attributes["shutdown_delay"]; ok && len(blocks(group, "service")) > 0 {
+	if _, ok := task.Attributes["shutdown_delay"]; ok && len(blocks(jt.group, "service")) > 0 {
 		t.Error("shutdown_delay on the task: Nomad deregisters the group's services before a kill only for the group's shutdown_delay")
 	}
+	return killSignal, killTimeout
+}
 
-	// The service checks, as their provider runs them.
+// serviceChecks returns the group's service checks as their provider runs
+// them, each service on the port labelled api and each check_restart's
+// grace beyond the daemon's start budget.
+func (jt *nomadTask) serviceChecks(t *testing.T, n *node, r resolved) []nomadCheck {
+	t.Helper()
+	ev := jt.ev
 	var checks []nomadCheck
-	for _, svc := range blocks(group, "service") {
+	for _, svc := range blocks(jt.group, "service") {
 		provider := ev.str(svc, "provider", "consul")
 		if p := ev.str(svc, "port", ""); p != "api" {
 			t.Errorf("service port %q, want the label api", p)
 		}
 		for _, chk := range blocks(svc, "check") {
-			checks = append(checks, nomadServiceCheck(t, n, ev, provider, chk, addr))
+			checks = append(checks, nomadServiceCheck(t, n, ev, provider, chk, jt.addr))
 			for _, cr := range blocks(chk, "check_restart") {
 				if g := ev.dur(cr, "grace", 0); g < r.startBudget(t) {
 					t.Errorf("check %s: check_restart grace %v < --start-timeout plus the stop budget (%v): Nomad would restart a start the daemon still bounds itself",
@@ -235,66 +309,57 @@ func testNomadJob(t *testing.T, file string) {
 	if len(checks) == 0 {
 		t.Fatal("the job has no service check")
 	}
+	return checks
+}
 
-	// The task's memory limit, as Nomad's executor sets it (MiB): a cgroup.
-	res := block(t, task, "resources")
-	mem, ok := ev.value(res, "memory_max")
+// memoryLimit is the task's memory limit in bytes, as Nomad's executor
+// sets it (memory_max, else memory, in MiB) on the task's cgroup.
+func (jt *nomadTask) memoryLimit(t *testing.T) int64 {
+	t.Helper()
+	res := block(t, jt.task, "resources")
+	mem, ok := jt.ev.value(res, "memory_max")
 	if !ok {
-		if mem, ok = ev.value(res, "memory"); !ok {
+		if mem, ok = jt.ev.value(res, "memory"); !ok {
 			t.Fatal("the task has no resources.memory: the test floods the port under it")
 		}
 	}
 	mib, _ := mem.AsBigFloat().Int64()
-	cg := newMemoryCgroup(t, mib<<20)
-	d := n.start(addr, n.command(env, cg.wrap(append(append([]string{binary}, args...), confine(h)...)...)...))
-	for _, c := range checks {
-		waitPass(t, serveTimeout, fmt.Sprintf("%s %s check %q to pass", c.provider, c.typ, c.name), c.run)
-	}
-	if out, err := n.verifiedProbe(addr, certs); err != nil || out != "SERVING" {
-		t.Errorf("a client verifying the certificate against the CA: %v: %s", err, out)
-	}
-	assertControlGuarded(t, n, d, h, certs)
-	floodUnderTheLimit(t, n, d, cg, addr)
-	for _, c := range checks {
-		waitPass(t, serveTimeout, fmt.Sprintf("%s check %q after the floods", c.typ, c.name), c.run)
-	}
+	return mib << 20
+}
 
-	// A renewed certificate: the template re-renders and signals.
-	for _, tm := range templates {
-		if tm.changeMode != "signal" {
-			t.Logf("template %s: change_mode %s (not exercised)", tm.path, tm.changeMode)
-			continue
-		}
-		renewed := newCerts(t)
-		writeFile(t, tm.path, tm.issue(renewed), tm.perm)
-		signaled := time.Now()
-		d.signal(signalNamed(t, tm.changeSignal))
-		waitPass(t, serveTimeout, "the daemon to serve the renewed certificate", func() error {
-			if !d.running() {
-				t.Fatalf("the daemon exited on %s: %v", tm.changeSignal, d.Err())
-			}
-			c, err := n.peerCertificate(addr)
-			if err != nil {
-				return err
-			}
-			if !bytes.Equal(c.Raw, renewed.Server.Certificate[0]) {
-				return fmt.Errorf("still serving certificate serial %v", c.SerialNumber)
-			}
-			return nil
-		})
-		t.Logf("renewed certificate served %v after %s, same pid", time.Since(signaled).Round(time.Millisecond), tm.changeSignal)
-		for _, c := range checks {
-			waitPass(t, serveTimeout, fmt.Sprintf("%s check %q after the renewal", c.typ, c.name), c.run)
-		}
-		if out, err := n.verifiedProbe(addr, renewed); err != nil || out != "SERVING" {
-			t.Errorf("after the renewal, a client verifying against the new CA: %v: %s", err, out)
-		}
+// renewNomadTemplate renews a certificate as a template with change_mode
+// signal does (re-render, then its change_signal) and checks that the
+// same daemon serves the new certificate and passes every check again.
+func renewNomadTemplate(t *testing.T, n *node, d *daemon, addr string, tm nomadTemplate, checks []nomadCheck) {
+	t.Helper()
+	if tm.changeMode != "signal" {
+		t.Logf("template %s: change_mode %s (not exercised)", tm.path, tm.changeMode)
+		return
 	}
-
-	stopAt := time.Now()
-	d.signal(killSignal)
-	d.waitExit(killTimeout, "kill_timeout")
-	t.Logf("stopped %v after %v", time.Since(stopAt).Round(time.Millisecond), killSignal)
+	renewed := newCerts(t)
+	writeFile(t, tm.path, tm.issue(renewed), tm.perm)
+	signaled := time.Now()
+	d.signal(signalNamed(t, tm.changeSignal))
+	waitPass(t, serveTimeout, "the daemon to serve the renewed certificate", func() error {
+		if !d.running() {
+			t.Fatalf("the daemon exited on %s: %v", tm.changeSignal, d.Err())
+		}
+		c, err := n.peerCertificate(addr)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(c.Raw, renewed.Server.Certificate[0]) {
+			return fmt.Errorf("still serving certificate serial %v", c.SerialNumber)
+		}
+		return nil
+	})
+	t.Logf("renewed certificate served %v after %s, same pid", time.Since(signaled).Round(time.Millisecond), tm.changeSignal)
+	for _, c := range checks {
+		waitPass(t, serveTimeout, fmt.Sprintf("%s check %q after the renewal", c.typ, c.name), c.run)
+	}
+	if out, err := n.verifiedProbe(addr, renewed); err != nil || out != "SERVING" {
+		t.Errorf("after the renewal, a client verifying against the new CA: %v: %s", err, out)
+	}
 }
 
 // nomadServiceCheck returns one check of a job's service as its provider

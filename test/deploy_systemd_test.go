@@ -176,6 +176,36 @@ func TestDeploySystemd(t *testing.T) {
 	activate := lookTool(t, "systemd-socket-activate", "apt-get install systemd")
 	verifyUnits(t)
 	u := readSystemdUnits(t)
+	reload := u.checkServiceShape(t)
+
+	n := newNode(t)
+	h := newHost(t)
+	env := append(baseEnv(), u.env...)
+	r := n.check(env, u.args)
+	b := u.budgets(t, n, env, r)
+
+	notify := newNotifySocket(t)
+	d := startSocketActivated(t, n, h, u, env, activate, b, notify)
+	extend := checkNotifiedStart(t, notify, r, b)
+	checkActivatedServing(t, n, d, h, u)
+	notify.next(t, 0, "WATCHDOG", b.watchdog)
+	reloadUnderWatchdog(t, n, d, u, reload, b, notify)
+
+	from := notify.count()
+	stopAt := time.Now()
+	d.signal(b.killSignal)
+	d.waitExit(b.stopTimeout, "TimeoutStopSec")
+	t.Logf("stop budget %v, TimeoutStopSec %v, stopped in %v; start budget %v, TimeoutStartSec %v, EXTEND_TIMEOUT_USEC %s",
+		r.stopBudget(), b.stopTimeout, time.Since(stopAt).Round(time.Millisecond), r.startBudget(t), b.startTimeout, extend)
+	notify.next(t, from, "STOPPING", time.Second)
+}
+
+// checkServiceShape checks what the service and socket units must say for
+// the daemon (Type=notify, the socket required, its descriptor's name, a
+// backlog, the records kept across a stop, a stuck daemon killed) and
+// returns ExecReload, which must be the in-place upgrade.
+func (u systemdService) checkServiceShape(t *testing.T) []string {
+	t.Helper()
 	if u.svc.get("Service", "Type") != "notify" {
 		t.Errorf("Type=%s, want notify: started must mean serving", u.svc.get("Service", "Type"))
 	}
@@ -203,42 +233,62 @@ func TestDeploySystemd(t *testing.T) {
 	if len(reload) != 3 || reload[0] != "/bin/kill" || reload[1] != "-HUP" || reload[2] != "$MAINPID" {
 		t.Fatalf("ExecReload=%q, want /bin/kill -HUP $MAINPID (the in-place upgrade)", reload)
 	}
+	return reload
+}
 
-	n := newNode(t)
-	h := newHost(t)
-	env := append(baseEnv(), u.env...)
-	r := n.check(env, u.args)
+// systemdBudgets are the service unit's bounds as systemd applies them.
+type systemdBudgets struct {
+	stopTimeout, startTimeout, watchdog time.Duration
+	killSignal                          syscall.Signal
+	nofile                              string // prlimit's --nofile=, from LimitNOFILE=
+}
+
+// budgets reads the unit's bounds and checks them against the daemon's
+// resolved settings r: its address and state directory, its stop and
+// start budgets, and the port's full bound of connections under
+// LimitNOFILE=.
+func (u systemdService) budgets(t *testing.T, n *node, env []string, r resolved) systemdBudgets {
+	t.Helper()
 	if r.Listen != u.listen {
 		t.Errorf("ListenStream=%s but --listen=%s", u.listen, r.Listen)
 	}
 	if rd := u.svc.get("Service", "RuntimeDirectory"); "/run/"+rd != r.StateDir {
 		t.Errorf("RuntimeDirectory=%s but --state-dir=%s", rd, r.StateDir)
 	}
-	stopTimeout := systemdTime(t, u.svc.get("Service", "TimeoutStopSec"))
-	if stopTimeout <= r.stopBudget() {
-		t.Errorf("TimeoutStopSec %v does not exceed the daemon's stop budget %v: systemd would SIGKILL an orderly stop", stopTimeout, r.stopBudget())
+	b := systemdBudgets{
+		stopTimeout:  systemdTime(t, u.svc.get("Service", "TimeoutStopSec")),
+		startTimeout: systemdTime(t, u.svc.get("Service", "TimeoutStartSec")),
 	}
-	startTimeout := systemdTime(t, u.svc.get("Service", "TimeoutStartSec"))
-	if startTimeout < r.startBudget(t) {
-		t.Errorf("TimeoutStartSec %v < --start-timeout plus the stop budget (%v): systemd would kill a start the daemon still bounds itself", startTimeout, r.startBudget(t))
+	if b.stopTimeout <= r.stopBudget() {
+		t.Errorf("TimeoutStopSec %v does not exceed the daemon's stop budget %v: systemd would SIGKILL an orderly stop", b.stopTimeout, r.stopBudget())
+	}
+	if b.startTimeout < r.startBudget(t) {
+		t.Errorf("TimeoutStartSec %v < --start-timeout plus the stop budget (%v): systemd would kill a start the daemon still bounds itself", b.startTimeout, r.startBudget(t))
 	}
 	// LimitNOFILE=, as systemd sets it (soft and hard): it leaves the port
 	// its full bound after the daemon's own reserve.
-	nofile := "--nofile=" + u.svc.get("Service", "LimitNOFILE")
-	if lr := n.checkUnder(env, []string{"prlimit", nofile}, u.args); lr.PortConns != server.DefaultMaxConns {
+	b.nofile = "--nofile=" + u.svc.get("Service", "LimitNOFILE")
+	if lr := n.checkUnder(env, []string{"prlimit", b.nofile}, u.args); lr.PortConns != server.DefaultMaxConns {
 		t.Errorf("LimitNOFILE=%s: the port may hold %d connections (open files %d), want its full bound %d",
 			u.svc.get("Service", "LimitNOFILE"), lr.PortConns, lr.OpenFiles, server.DefaultMaxConns)
 	}
-	watchdog := systemdTime(t, u.svc.get("Service", "WatchdogSec"))
-	killSignal := syscall.SIGTERM
+	b.watchdog = systemdTime(t, u.svc.get("Service", "WatchdogSec"))
+	b.killSignal = syscall.SIGTERM
 	if s := u.svc.get("Service", "KillSignal"); s != "" {
-		killSignal = signalNamed(t, s)
+		b.killSignal = signalNamed(t, s)
 	}
+	return b
+}
 
-	notify := newNotifySocket(t)
-	cmd := []string{"prlimit", nofile, activate, "-l", u.listen, "--fdname=" + u.fdName,
+// startSocketActivated runs ExecStart under systemd-socket-activate as
+// systemd would with the socket unit, and checks that the socket listens
+// before the daemon runs and that the first connection starts the daemon,
+// which answers it.
+func startSocketActivated(t *testing.T, n *node, h *host, u systemdService, env []string, activate string, b systemdBudgets, notify *notifySocket) *daemon {
+	t.Helper()
+	cmd := []string{"prlimit", b.nofile, activate, "-l", u.listen, "--fdname=" + u.fdName,
 		"-E", "NOTIFY_SOCKET=" + notify.path,
-		"-E", fmt.Sprintf("WATCHDOG_USEC=%d", watchdog.Microseconds())}
+		"-E", fmt.Sprintf("WATCHDOG_USEC=%d", b.watchdog.Microseconds())}
 	for _, e := range env {
 		cmd = append(cmd, "-E", e)
 	}
@@ -264,7 +314,14 @@ func TestDeploySystemd(t *testing.T) {
 	if exe, want := d.exe(), mustEval(t, binary); exe != want {
 		t.Errorf("after the first connection the process runs %s, want the daemon %s", exe, want)
 	}
+	return d
+}
 
+// checkNotifiedStart waits for READY=1 and checks the start budgets the
+// daemon asked for (EXTEND_TIMEOUT_USEC) on the way; it returns the first
+// of them for the log.
+func checkNotifiedStart(t *testing.T, notify *notifySocket, r resolved, b systemdBudgets) string {
+	t.Helper()
 	notify.next(t, 0, "READY", serveTimeout)
 	ext := notify.all(0, "EXTEND_TIMEOUT_USEC")
 	extend := "none"
@@ -274,10 +331,18 @@ func TestDeploySystemd(t *testing.T) {
 		extend = ext[0].fields["EXTEND_TIMEOUT_USEC"] + "µs"
 	}
 	for _, m := range ext {
-		if v := usec(t, m.fields["EXTEND_TIMEOUT_USEC"]); v <= 0 || v > r.startBudget(t) || v > startTimeout {
-			t.Errorf("EXTEND_TIMEOUT_USEC=%v: want within (0, start budget %v] and within TimeoutStartSec %v", v, r.startBudget(t), startTimeout)
+		if v := usec(t, m.fields["EXTEND_TIMEOUT_USEC"]); v <= 0 || v > r.startBudget(t) || v > b.startTimeout {
+			t.Errorf("EXTEND_TIMEOUT_USEC=%v: want within (0, start budget %v] and within TimeoutStartSec %v", v, r.startBudget(t), b.startTimeout)
 		}
 	}
+	return extend
+}
+
+// checkActivatedServing checks the daemon serves HTTP and gRPC on the
+// activated socket (having bound none of its own), guards its control
+// socket, and lets a member of the socket's group use the Slots API.
+func checkActivatedServing(t *testing.T, n *node, d *daemon, h *host, u systemdService) {
+	t.Helper()
 	waitPass(t, serveTimeout, "the daemon to serve on the activated socket", func() error {
 		code, err := n.httpGet("http://"+u.listen+"/readyz", nil, 2*time.Second)
 		if err == nil && code != 200 {
@@ -299,16 +364,21 @@ func TestDeploySystemd(t *testing.T) {
 	if out, err := member.CombinedOutput(); err != nil || !strings.Contains(string(out), `"slots"`) {
 		t.Errorf("a member of group phasegate on the control socket: %v %s", err, out)
 	}
-	notify.next(t, 0, "WATCHDOG", watchdog)
+}
 
-	// systemctl reload: ExecReload with $MAINPID, the daemon's pid.
+// reloadUnderWatchdog plays systemctl reload (ExecReload with $MAINPID,
+// the daemon's pid) and checks the reload keeps the process and the
+// control socket, refuses no connection, and never leaves WATCHDOG=1
+// further apart than WatchdogSec.
+func reloadUnderWatchdog(t *testing.T, n *node, d *daemon, u systemdService, reload []string, b systemdBudgets, notify *notifySocket) {
+	t.Helper()
 	pid := d.Pid()
 	from := notify.count()
 	reloadAt := time.Now()
 	refused := watchRefusals(n, u.listen)
 	run(t, reload[0], reload[1], strconv.Itoa(pid))
 	notify.next(t, from, "READY", serveTimeout)
-	notify.next(t, from, "WATCHDOG", watchdog)
+	notify.next(t, from, "WATCHDOG", b.watchdog)
 	if n := refused(); n > 0 {
 		t.Errorf("%d connections refused during the reload", n)
 	}
@@ -334,19 +404,11 @@ func TestDeploySystemd(t *testing.T) {
 		t.Fatalf("no WATCHDOG=1 on one side of the reload (before %v, after %v)", before, after)
 	}
 	widest := after.Sub(before)
-	if widest >= watchdog {
-		t.Errorf("WATCHDOG=1 %v apart across the reload, WatchdogSec=%v: systemd would kill the daemon", widest, watchdog)
+	if widest >= b.watchdog {
+		t.Errorf("WATCHDOG=1 %v apart across the reload, WatchdogSec=%v: systemd would kill the daemon", widest, b.watchdog)
 	}
 	t.Logf("reload: READY=1 again %v after SIGHUP, same pid, no connection refused, WATCHDOG=1 gap across it %v (WatchdogSec %v)",
-		time.Since(reloadAt).Round(time.Millisecond), widest.Round(time.Millisecond), watchdog)
-
-	from = notify.count()
-	stopAt := time.Now()
-	d.signal(killSignal)
-	d.waitExit(stopTimeout, "TimeoutStopSec")
-	t.Logf("stop budget %v, TimeoutStopSec %v, stopped in %v; start budget %v, TimeoutStartSec %v, EXTEND_TIMEOUT_USEC %s",
-		r.stopBudget(), stopTimeout, time.Since(stopAt).Round(time.Millisecond), r.startBudget(t), startTimeout, extend)
-	notify.next(t, from, "STOPPING", time.Second)
+		time.Since(reloadAt).Round(time.Millisecond), widest.Round(time.Millisecond), b.watchdog)
 }
 
 // TestDeploySystemdRestartKeepsThePort plays `systemctl restart` with the

@@ -63,7 +63,35 @@ func TestEgressPolicyAttacks(t *testing.T) {
 		t.Errorf("the victim's rules changed:\nbefore:\n%s\nafter:\n%s", rules, got)
 	}
 
-	// The attacker's own lease: hostile policies refused, a sane one taken.
+	ownLeaseRefusesHostilePolicies(t, pub, S)
+	before.same(t, observeVictim(t, root, vi), "the attacker's own calls")
+
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("stop: exit %d", code)
+	}
+	for _, p := range []string{"uid:65534", "uid:1"} {
+		if !strings.Contains(d.Output(), `msg="control call refused" audit=true method=SetEgressPolicy surface=socket principal=`+p) {
+			t.Errorf("no audit line of %s's refused SetEgressPolicy:\n%s", p, grepLines(d.Output(), "SetEgressPolicy"))
+		}
+	}
+	st, err := leases.Open(filepath.Join(h.stateDir, "slots.db"), leases.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, ok, err := st.Get(int(vi))
+	st.Close()
+	if err != nil || !ok || rec.Egress == nil || len(rec.Egress.Allow) != 1 || rec.Egress.Allow[0] != "192.0.2.0/24" || rec.Egress.DenyAll {
+		t.Fatalf("the victim's record after the attacks: %+v %v %v", rec, ok, err)
+	}
+	h.decommission(h.prefix)
+}
+
+// ownLeaseRefusesHostilePolicies has nobody acquire a lease of its own
+// (the positive control) and checks hostile policies on it are refused
+// with InvalidArgument and a sane one is taken.
+func ownLeaseRefusesHostilePolicies(t *testing.T, pub *publicDir, S string) {
+	t.Helper()
 	out, code := pub.as(t, "nobody", "", "slots", "acquire", "tenant-b-1", "--egress-deny=10.0.0.0/8", S)
 	if code != 0 {
 		t.Fatalf("nobody's own acquire: exit %d\n%s", code, out)
@@ -93,25 +121,4 @@ func TestEgressPolicyAttacks(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &set); code != 0 || err != nil || !set.Slot.Egress.DenyAll {
 		t.Errorf("nobody's change of its own policy: exit %d %v\n%s", code, err, out)
 	}
-	before.same(t, observeVictim(t, root, vi), "the attacker's own calls")
-
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
-		t.Fatalf("stop: exit %d", code)
-	}
-	for _, p := range []string{"uid:65534", "uid:1"} {
-		if !strings.Contains(d.Output(), `msg="control call refused" audit=true method=SetEgressPolicy surface=socket principal=`+p) {
-			t.Errorf("no audit line of %s's refused SetEgressPolicy:\n%s", p, grepLines(d.Output(), "SetEgressPolicy"))
-		}
-	}
-	st, err := leases.Open(filepath.Join(h.stateDir, "slots.db"), leases.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, ok, err := st.Get(int(vi))
-	st.Close()
-	if err != nil || !ok || rec.Egress == nil || len(rec.Egress.Allow) != 1 || rec.Egress.Allow[0] != "192.0.2.0/24" || rec.Egress.DenyAll {
-		t.Fatalf("the victim's record after the attacks: %+v %v %v", rec, ok, err)
-	}
-	h.decommission(h.prefix)
 }

@@ -45,23 +45,8 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	// The reconciler's first pass follows the reclaim, and the quarantined
 	// slot is in reach of it: a pass once tore the kept slot down, after
 	// this test had looked.
-	waitFor(t, time.Minute, "a reconcile pass", func() bool {
-		fams := scrapeMetrics(t, d)
-		ok := metricValue(fams, "phasegate_reconcile_passes_total", "result", "ok")
-		failed := metricValue(fams, "phasegate_reconcile_passes_total", "result", "failed")
-		return ok > 0 || failed > 0
-	})
-	logs := d.Output()
-	if n := strings.Count(logs, "state file unusable: moved aside"); n != 1 {
-		t.Errorf("%d log lines about the unusable state file, want 1:\n%s", n, grepLines(logs, "state file"))
-	}
-	aside := leases.KeptAside(state).Copies
-	if len(aside) != 1 {
-		t.Fatalf("the unusable file was not kept aside: %v", aside)
-	}
-	if b, err := os.ReadFile(aside[0]); err != nil || !strings.HasPrefix(string(b), "not a database") {
-		t.Errorf("the file kept aside is not the unusable one: %v", err)
-	}
+	waitReconcilePass(t, d, "a reconcile pass")
+	checkMovedAside(t, d, state)
 	_, body, _ := d.get("/health")
 	if !strings.Contains(body, `"status":"warn"`) || !strings.Contains(body, "state-lost") {
 		t.Errorf("/health does not warn that the records were lost: %s", body)
@@ -89,12 +74,7 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	}
 	d = start(t, nil, args...)
 	d.waitReclaimed(time.Minute)
-	waitFor(t, time.Minute, "a reconcile pass after the second start", func() bool {
-		fams := scrapeMetrics(t, d)
-		ok := metricValue(fams, "phasegate_reconcile_passes_total", "result", "ok")
-		failed := metricValue(fams, "phasegate_reconcile_passes_total", "result", "failed")
-		return ok > 0 || failed > 0
-	})
+	waitReconcilePass(t, d, "a reconcile pass after the second start")
 	if _, err := os.Stat(busy.slot.GetNetnsPath()); err != nil {
 		t.Errorf("after a second start, the inhabited slot's namespace was destroyed: %v", err)
 	}
@@ -111,6 +91,35 @@ func TestCorruptStateFileIsMovedAsideAndNothingInhabitedIsDestroyed(t *testing.T
 	}
 	h.decommission(h.prefix)
 	h.assertClean(h.prefix, nil)
+}
+
+// waitReconcilePass waits up to a minute for d's reconciler to end a
+// pass, ok or failed.
+func waitReconcilePass(t *testing.T, d *daemon, what string) {
+	t.Helper()
+	waitFor(t, time.Minute, what, func() bool {
+		fams := scrapeMetrics(t, d)
+		ok := metricValue(fams, "phasegate_reconcile_passes_total", "result", "ok")
+		failed := metricValue(fams, "phasegate_reconcile_passes_total", "result", "failed")
+		return ok > 0 || failed > 0
+	})
+}
+
+// checkMovedAside checks the unusable state file was moved aside, once,
+// said in one log line.
+func checkMovedAside(t *testing.T, d *daemon, state string) {
+	t.Helper()
+	logs := d.Output()
+	if n := strings.Count(logs, "state file unusable: moved aside"); n != 1 {
+		t.Errorf("%d log lines about the unusable state file, want 1:\n%s", n, grepLines(logs, "state file"))
+	}
+	aside := leases.KeptAside(state).Copies
+	if len(aside) != 1 {
+		t.Fatalf("the unusable file was not kept aside: %v", aside)
+	}
+	if b, err := os.ReadFile(aside[0]); err != nil || !strings.HasPrefix(string(b), "not a database") {
+		t.Errorf("the file kept aside is not the unusable one: %v", err)
+	}
 }
 
 // A state file of a newer schema: the daemon refuses to start, exit 2, and

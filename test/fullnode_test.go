@@ -54,31 +54,7 @@ func TestFullNodeRestartsAndServesAtOnce(t *testing.T) {
 		work = append(work, startWorkload(t, l.slot.GetIndex(), l.slot.GetNetnsPath(), inside))
 	}
 
-	// full checks what a full node says of itself: the leases, health,
-	// the metric, and an Acquire refused at once.
-	full := func(when string) {
-		t.Helper()
-		checkLeases(t, c, leases, when)
-		waitFor(t, 30*time.Second, when+": the pool warning", func() bool {
-			return strings.Contains(d.warning("pool"), "the node is full")
-		})
-		if _, body, _ := d.get("/health"); !strings.Contains(body, `"status":"warn"`) {
-			t.Errorf("%s: /health is not warn: %s", when, body)
-		}
-		fams := scrapeMetrics(t, d)
-		for _, state := range []string{"idle", "free"} {
-			if v := metricValue(fams, "phasegate_pool_slots", "state", state); v != 0 {
-				t.Errorf("%s: phasegate_pool_slots{state=%q} = %v, want 0", when, state, v)
-			}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		began := time.Now()
-		_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "one-too-many", RequestId: strings.ReplaceAll(when, " ", "-")})
-		if status.Code(err) != codes.ResourceExhausted || time.Since(began) > 5*time.Second {
-			t.Errorf("%s: Acquire on a full node = %v after %v, want ResourceExhausted at once", when, err, time.Since(began))
-		}
-	}
+	full := func(when string) { t.Helper(); checkFullNode(t, d, c, leases, when) }
 	full("full, before any restart")
 
 	restart := func(name string, stop func()) {
@@ -139,4 +115,31 @@ func TestFullNodeRestartsAndServesAtOnce(t *testing.T) {
 	}
 	h.decommission(h.prefix)
 	h.assertClean(h.prefix, nil)
+}
+
+// checkFullNode checks what a full node says of itself (when says when):
+// the leases, health's pool warning, the metric (nothing idle, nothing
+// free), and an Acquire refused at once.
+func checkFullNode(t *testing.T, d *daemon, c phasegatev1.SlotsClient, leases []held, when string) {
+	t.Helper()
+	checkLeases(t, c, leases, when)
+	waitFor(t, 30*time.Second, when+": the pool warning", func() bool {
+		return strings.Contains(d.warning("pool"), "the node is full")
+	})
+	if _, body, _ := d.get("/health"); !strings.Contains(body, `"status":"warn"`) {
+		t.Errorf("%s: /health is not warn: %s", when, body)
+	}
+	fams := scrapeMetrics(t, d)
+	for _, state := range []string{"idle", "free"} {
+		if v := metricValue(fams, "phasegate_pool_slots", "state", state); v != 0 {
+			t.Errorf("%s: phasegate_pool_slots{state=%q} = %v, want 0", when, state, v)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	began := time.Now()
+	_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "one-too-many", RequestId: strings.ReplaceAll(when, " ", "-")})
+	if status.Code(err) != codes.ResourceExhausted || time.Since(began) > 5*time.Second {
+		t.Errorf("%s: Acquire on a full node = %v after %v, want ResourceExhausted at once", when, err, time.Since(began))
+	}
 }

@@ -61,38 +61,8 @@ func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
 	if code := gen.Wait(duration + 2*time.Minute); code != 0 {
 		t.Fatalf("load generator: exit code %d", code)
 	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var samples []loadSample
-	if err := json.Unmarshal(b, &samples); err != nil {
-		t.Fatal(err)
-	}
-	var failed []string
-	// Latencies by kind, and by whether the check was sent while the daemon
-	// was starting (reclaiming) or once it served.
-	lat := map[string][]int64{}
-	for _, s := range samples {
-		if s.Err != "" {
-			failed = append(failed, s.Err)
-			continue
-		}
-		when := "starting"
-		if s.At >= serving {
-			when = "serving"
-		}
-		lat[s.Kind] = append(lat[s.Kind], s.Latency)
-		lat[when] = append(lat[when], s.Latency)
-	}
-	p := func(key string, q float64) time.Duration {
-		l := lat[key]
-		if len(l) == 0 {
-			return 0
-		}
-		slices.Sort(l)
-		return time.Duration(l[int(q*float64(len(l)-1))])
-	}
+	f := readLoadFigures(t, out, serving)
+	samples, failed, lat, p := f.samples, f.failed, f.lat, f.percentile
 	// The background reclaim's report is part of the figures, and a stop
 	// before it ends would leave the rest for a next start.
 	d.waitReclaimed(2 * time.Minute)
@@ -122,6 +92,52 @@ func TestHealthUnderLoadWhileReclaiming(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	h.stoppedCleanly(h.prefix, nil)
+}
+
+// loadFigures are the load generator's samples: those that failed, and
+// the latencies by kind and by whether the check was sent while the
+// daemon was starting (reclaiming) or once it served.
+type loadFigures struct {
+	samples []loadSample
+	failed  []string
+	lat     map[string][]int64
+}
+
+// readLoadFigures reads the samples the load generator wrote to out;
+// serving is when the daemon served (Unix nanoseconds).
+func readLoadFigures(t *testing.T, out string, serving int64) loadFigures {
+	t.Helper()
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := loadFigures{lat: map[string][]int64{}}
+	if err := json.Unmarshal(b, &f.samples); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range f.samples {
+		if s.Err != "" {
+			f.failed = append(f.failed, s.Err)
+			continue
+		}
+		when := "starting"
+		if s.At >= serving {
+			when = "serving"
+		}
+		f.lat[s.Kind] = append(f.lat[s.Kind], s.Latency)
+		f.lat[when] = append(f.lat[when], s.Latency)
+	}
+	return f
+}
+
+// percentile is the q-quantile of the latencies under key, 0 if none.
+func (f loadFigures) percentile(key string, q float64) time.Duration {
+	l := f.lat[key]
+	if len(l) == 0 {
+		return 0
+	}
+	slices.Sort(l)
+	return time.Duration(l[int(q*float64(len(l)-1))])
 }
 
 // rss is the daemon's resident set size in KiB.

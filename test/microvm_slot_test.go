@@ -64,151 +64,200 @@ func getSlot(t *testing.T, c phasegatev1.SlotsClient, i uint32) *phasegatev1.Slo
 // tap across kill -9, SIGTERM and SIGHUP; Get shows the policy; Release
 // takes everything away.
 func TestMicroVMSlotPolicyAcrossRestarts(t *testing.T) {
-	h := newHost(t)
-	args := h.args(freePort(t), append([]string{"--slots=16"}, e2eGuest...)...)
-	d := start(t, nil, args...)
-	d.waitServing(time.Minute)
-	c := d.slots()
-
+	r := newMicroVMRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	r.acquire(t, ctx)
+	r.restart(t, "kill -9", func() int {
+		r.d.signal(syscall.SIGKILL)
+		r.d.wait(30 * time.Second)
+		r.d = start(t, nil, r.args...)
+		return 0
+	})
+	r.restart(t, "SIGTERM", func() int {
+		r.d.signal(syscall.SIGTERM)
+		if code := r.d.wait(time.Minute); code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		r.d = start(t, nil, r.args...)
+		return 0
+	})
+	r.restart(t, "SIGHUP", func() int {
+		base := strings.Count(r.d.Output(), insideVerifiedMarker)
+		serving := strings.Count(r.d.Output(), "msg=serving ")
+		r.d.signal(syscall.SIGHUP)
+		waitFor(t, 2*time.Minute, "the upgraded daemon to serve", func() bool {
+			return strings.Count(r.d.Output(), "msg=serving ") > serving
+		})
+		return base
+	})
+	r.repairMissingTables(t)
+	r.denyAllRecorded(t, ctx)
+
+	// Release: the slot, its tap and its tables go with the namespace.
+	r.d = start(t, nil, r.args...)
+	r.d.waitServing(time.Minute)
+	r.c = r.d.slots()
+	if _, err := r.c.Release(ctx, &phasegatev1.ReleaseRequest{Index: r.i, LeaseId: r.leaseID}); err != nil {
+		t.Fatal(err)
+	}
+	if got := getSlot(t, r.c, r.i); got.GetEgressPolicy() != nil || got.GetOwner() != "" {
+		t.Errorf("after Release Get shows %v", got)
+	}
+	r.d.signal(syscall.SIGTERM)
+	r.d.wait(time.Minute)
+	r.h.stoppedCleanly(r.h.prefix, nil)
+}
+
+// insideVerifiedMarker is the daemon's line once it has verified the
+// inside of its restored leases' slots.
+const insideVerifiedMarker = "restored leases: inside of their slots verified"
+
+// microVMRig is a daemon with a guest device in its slots (d, restarted
+// along the test, and its client c) and the lease of vm-1 with an egress
+// policy at slot i: its namespace's path, the rules and the tap's index
+// found there, and the policy Get must show.
+type microVMRig struct {
+	h       *host
+	args    []string
+	d       *daemon
+	c       phasegatev1.SlotsClient
+	i       uint32
+	leaseID string
+	path    string
+	rules   string
+	tap     string
+	want    *phasegatev1.EgressPolicy
+}
+
+// newMicroVMRig starts the daemon with a guest device in its slots.
+func newMicroVMRig(t *testing.T) *microVMRig {
+	t.Helper()
+	h := newHost(t)
+	r := &microVMRig{h: h, args: h.args(freePort(t), append([]string{"--slots=16"}, e2eGuest...)...)}
+	r.d = start(t, nil, r.args...)
+	r.d.waitServing(time.Minute)
+	r.c = r.d.slots()
+	return r
+}
+
+// acquire acquires vm-1's lease with an egress policy, checking Get shows
+// the policy, normalized, and the guest, and the slot's rules hold the
+// guest NAT and the policy.
+func (r *microVMRig) acquire(t *testing.T, ctx context.Context) {
+	t.Helper()
 	policy := &phasegatev1.EgressPolicy{Allow: []string{"1.1.1.1", "192.0.2.0/24"}, Deny: []string{"203.0.113.0/24"}}
-	resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "vm-1", RequestId: "r1", EgressPolicy: policy})
+	resp, err := r.c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "vm-1", RequestId: "r1", EgressPolicy: policy})
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := resp.GetSlot().GetIndex()
-	sl := getSlot(t, c, i)
-	want := &phasegatev1.EgressPolicy{Allow: []string{"1.1.1.1/32", "192.0.2.0/24"}, Deny: []string{"203.0.113.0/24"}}
-	if !proto.Equal(sl.GetEgressPolicy(), want) {
-		t.Errorf("Get shows policy %v, want %v", sl.GetEgressPolicy(), want)
+	r.i, r.leaseID = resp.GetSlot().GetIndex(), resp.GetLeaseId()
+	sl := getSlot(t, r.c, r.i)
+	r.want = &phasegatev1.EgressPolicy{Allow: []string{"1.1.1.1/32", "192.0.2.0/24"}, Deny: []string{"203.0.113.0/24"}}
+	if !proto.Equal(sl.GetEgressPolicy(), r.want) {
+		t.Errorf("Get shows policy %v, want %v", sl.GetEgressPolicy(), r.want)
 	}
 	if sl.GetGuestInterface() != "tap0" || sl.GetGuestAddress() != "169.254.255.21/30" || sl.GetGuestGateway() != "169.254.255.22" {
 		t.Errorf("Get shows guest %q %q %q", sl.GetGuestInterface(), sl.GetGuestAddress(), sl.GetGuestGateway())
 	}
-	path := sl.GetNetnsPath()
-	rules, tap := insideRules(t, path), tapIndex(t, path)
+	r.path = sl.GetNetnsPath()
+	r.rules, r.tap = insideRules(t, r.path), tapIndex(t, r.path)
 	for _, w := range []string{"table inet phasegate_egress", "table ip phasegate_guest", "1.1.1.1", "203.0.113.0/24", "dnat to 169.254.255.21"} {
-		if !strings.Contains(rules, w) {
-			t.Errorf("the slot's rules lack %q:\n%s", w, rules)
+		if !strings.Contains(r.rules, w) {
+			t.Errorf("the slot's rules lack %q:\n%s", w, r.rules)
 		}
 	}
+}
 
-	const marker = "restored leases: inside of their slots verified"
-	restart := func(name string, stop func() (base int)) {
-		t.Helper()
-		base := stop()
-		d.waitServing(time.Minute)
-		c = d.slots()
-		waitFor(t, time.Minute, "the restored lease to be verified", func() bool {
-			return strings.Count(d.Output(), marker) > base
-		})
-		if strings.Contains(d.Output(), "inside of its slot repaired") {
-			t.Errorf("after %s the daemon rewrote a slot it found intact:\n%s", name, grepLines(d.Output(), "repaired"))
-		}
-		if got := insideRules(t, path); got != rules {
-			t.Errorf("after %s the slot's rules changed:\nbefore:\n%s\nafter:\n%s", name, rules, got)
-		}
-		if got := tapIndex(t, path); got != tap {
-			t.Errorf("after %s the tap is another (index %s, was %s)", name, got, tap)
-		}
-		got := getSlot(t, c, i)
-		if !proto.Equal(got.GetEgressPolicy(), want) || got.GetOwner() != "vm-1" {
-			t.Errorf("after %s Get shows %v", name, got)
-		}
+// restart stops the daemon as stop does (which starts the next one and
+// returns how many verified lines the log had before) and checks the
+// restored lease's slot was verified, not rewritten: the very same rules,
+// the same tap, the policy and owner in Get.
+func (r *microVMRig) restart(t *testing.T, name string, stop func() (base int)) {
+	t.Helper()
+	base := stop()
+	r.d.waitServing(time.Minute)
+	r.c = r.d.slots()
+	waitFor(t, time.Minute, "the restored lease to be verified", func() bool {
+		return strings.Count(r.d.Output(), insideVerifiedMarker) > base
+	})
+	if strings.Contains(r.d.Output(), "inside of its slot repaired") {
+		t.Errorf("after %s the daemon rewrote a slot it found intact:\n%s", name, grepLines(r.d.Output(), "repaired"))
 	}
-	restart("kill -9", func() int {
-		d.signal(syscall.SIGKILL)
-		d.wait(30 * time.Second)
-		d = start(t, nil, args...)
-		return 0
-	})
-	restart("SIGTERM", func() int {
-		d.signal(syscall.SIGTERM)
-		if code := d.wait(time.Minute); code != 0 {
-			t.Fatalf("exit %d", code)
-		}
-		d = start(t, nil, args...)
-		return 0
-	})
-	restart("SIGHUP", func() int {
-		base := strings.Count(d.Output(), marker)
-		serving := strings.Count(d.Output(), "msg=serving ")
-		d.signal(syscall.SIGHUP)
-		waitFor(t, 2*time.Minute, "the upgraded daemon to serve", func() bool {
-			return strings.Count(d.Output(), "msg=serving ") > serving
-		})
-		return base
-	})
+	if got := insideRules(t, r.path); got != r.rules {
+		t.Errorf("after %s the slot's rules changed:\nbefore:\n%s\nafter:\n%s", name, r.rules, got)
+	}
+	if got := tapIndex(t, r.path); got != r.tap {
+		t.Errorf("after %s the tap is another (index %s, was %s)", name, got, r.tap)
+	}
+	got := getSlot(t, r.c, r.i)
+	if !proto.Equal(got.GetEgressPolicy(), r.want) || got.GetOwner() != "vm-1" {
+		t.Errorf("after %s Get shows %v", name, got)
+	}
+}
 
-	// What is missing is put back, and only that: the tap (a running VM's)
-	// stays, the tables come back.
-	d.signal(syscall.SIGKILL)
-	d.wait(30 * time.Second)
+// repairMissingTables deletes the slot's tables while no daemon runs and
+// checks the next start puts back what is missing, and only that: the
+// tap (a running VM's) stays, the tables come back.
+func (r *microVMRig) repairMissingTables(t *testing.T) {
+	t.Helper()
+	r.d.signal(syscall.SIGKILL)
+	r.d.wait(30 * time.Second)
 	for _, tbl := range []string{"ip phasegate_guest", "inet phasegate_egress"} {
-		if out, err := exec.Command("nsenter", "--net="+path, "nft", "delete", "table", tbl).CombinedOutput(); err != nil {
+		if out, err := exec.Command("nsenter", "--net="+r.path, "nft", "delete", "table", tbl).CombinedOutput(); err != nil {
 			t.Fatalf("delete %s: %v\n%s", tbl, err, out)
 		}
 	}
-	d = start(t, nil, args...)
-	d.waitServing(time.Minute)
-	c = d.slots()
+	r.d = start(t, nil, r.args...)
+	r.d.waitServing(time.Minute)
+	r.c = r.d.slots()
 	waitFor(t, time.Minute, "the restored lease to be repaired", func() bool {
-		return strings.Contains(d.Output(), marker)
+		return strings.Contains(r.d.Output(), insideVerifiedMarker)
 	})
-	if l := grepLines(d.Output(), "inside of its slot repaired"); !strings.Contains(l, "guest NAT") || !strings.Contains(l, "egress policy inside (missing)") {
+	if l := grepLines(r.d.Output(), "inside of its slot repaired"); !strings.Contains(l, "guest NAT") || !strings.Contains(l, "egress policy inside (missing)") {
 		t.Errorf("the repair does not say it put back the NAT and the policy:\n%s", l)
 	}
-	repaired := insideRules(t, path)
+	repaired := insideRules(t, r.path)
 	for _, w := range []string{"table inet phasegate_egress", "table ip phasegate_guest", "1.1.1.1", "dnat to 169.254.255.21"} {
 		if !strings.Contains(repaired, w) {
 			t.Errorf("after the repair the slot's rules lack %q:\n%s", w, repaired)
 		}
 	}
-	if got := tapIndex(t, path); got != tap {
-		t.Errorf("the repair replaced the tap (index %s, was %s)", got, tap)
+	if got := tapIndex(t, r.path); got != r.tap {
+		t.Errorf("the repair replaced the tap (index %s, was %s)", got, r.tap)
 	}
-	rules = repaired
+	r.rules = repaired
+}
 
-	// A change takes effect, in the rules and the record.
-	set, err := c.SetEgressPolicy(ctx, &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: resp.GetLeaseId(), EgressPolicy: &phasegatev1.EgressPolicy{DenyAll: true}})
+// denyAllRecorded changes the lease's policy to deny all and checks the
+// change takes effect in the rules and, once the daemon stops, in the
+// record.
+func (r *microVMRig) denyAllRecorded(t *testing.T, ctx context.Context) {
+	t.Helper()
+	set, err := r.c.SetEgressPolicy(ctx, &phasegatev1.SetEgressPolicyRequest{Index: r.i, LeaseId: r.leaseID, EgressPolicy: &phasegatev1.EgressPolicy{DenyAll: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !set.GetSlot().GetEgressPolicy().GetDenyAll() {
 		t.Errorf("SetEgressPolicy answered %v", set.GetSlot())
 	}
-	if got := insideRules(t, path); got == rules || strings.Contains(got, "1.1.1.1") {
+	if got := insideRules(t, r.path); got == r.rules || strings.Contains(got, "1.1.1.1") {
 		t.Errorf("rules after the change still the old ones:\n%s", got)
 	}
 
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
+	r.d.signal(syscall.SIGTERM)
+	if code := r.d.wait(time.Minute); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	var rec leases.Record
-	for _, r := range h.assertOnlyRecorded(h.prefix) {
-		if r.Index == int(i) {
-			rec = r
+	for _, lr := range r.h.assertOnlyRecorded(r.h.prefix) {
+		if lr.Index == int(r.i) {
+			rec = lr
 		}
 	}
 	if rec.Egress == nil || !rec.Egress.DenyAll || !reflect.DeepEqual(rec.Egress.Allow, []string(nil)) {
-		t.Errorf("record of slot %d: %+v", i, rec.Egress)
+		t.Errorf("record of slot %d: %+v", r.i, rec.Egress)
 	}
-
-	// Release: the slot, its tap and its tables go with the namespace.
-	d = start(t, nil, args...)
-	d.waitServing(time.Minute)
-	c = d.slots()
-	if _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: i, LeaseId: resp.GetLeaseId()}); err != nil {
-		t.Fatal(err)
-	}
-	if got := getSlot(t, c, i); got.GetEgressPolicy() != nil || got.GetOwner() != "" {
-		t.Errorf("after Release Get shows %v", got)
-	}
-	d.signal(syscall.SIGTERM)
-	d.wait(time.Minute)
-	h.stoppedCleanly(h.prefix, nil)
 }
 
 // A guest network the host routes is refused at start, exit 2, naming the

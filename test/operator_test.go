@@ -98,6 +98,37 @@ func TestOperatorMetricsAndTimeline(t *testing.T) {
 		return metricValue(fams, "phasegate_phase_duration_seconds", "phase", "serve", "outcome", "succeeded") == 1 &&
 			metricValue(fams, "rpc_server_call_duration_seconds", "rpc_method", "phasegate.v1.Slots/Acquire") == 1
 	})
+	checkStartMetrics(t, fams, leaked)
+	if _, err := slots.Release(ctx, &phasegatev1.ReleaseRequest{Index: got.GetSlot().GetIndex(), LeaseId: got.GetLeaseId()}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("timeline in chromium", func(t *testing.T) {
+		chrome := lookChromium(t)
+		bars, names := loadTimeline(t, chrome, "http://"+d.addr+"/debug/startup", os.Getenv("PHASEGATE_SCREENSHOT_DIR"))
+		if bars != len(phaseDeps) {
+			t.Errorf("%d phase bars rendered, want %d (names %q)", bars, len(phaseDeps), names)
+		}
+		for phase := range phaseDeps {
+			if !strings.Contains(names, phase) {
+				t.Errorf("no bar for phase %s in %q", phase, names)
+			}
+		}
+	})
+
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Errorf("exit %d", code)
+	}
+}
+
+// checkStartMetrics checks the metrics of a start that reclaimed leaked
+// slots and served one Acquire and one gRPC health check: every phase's
+// duration, the lifecycle, the reclaim report, the pool, the Acquire's
+// latency, the health checks, and otelgrpc measuring the Slots call and
+// not the health checks.
+func checkStartMetrics(t *testing.T, fams map[string]*dto.MetricFamily, leaked float64) {
+	t.Helper()
 	for phase := range phaseDeps {
 		if v := metricValue(fams, "phasegate_phase_duration_seconds", "phase", phase, "outcome", "succeeded"); v != 1 {
 			t.Errorf("phase %s: duration count %v, want 1", phase, v)
@@ -139,27 +170,6 @@ func TestOperatorMetricsAndTimeline(t *testing.T) {
 	}
 	if v := metricValue(fams, "rpc_server_call_duration_seconds", "rpc_method", "grpc.health.v1.Health/Check"); v != -1 {
 		t.Errorf("health checks measured by otelgrpc: %v", v)
-	}
-	if _, err := slots.Release(ctx, &phasegatev1.ReleaseRequest{Index: got.GetSlot().GetIndex(), LeaseId: got.GetLeaseId()}); err != nil {
-		t.Fatal(err)
-	}
-
-	t.Run("timeline in chromium", func(t *testing.T) {
-		chrome := lookChromium(t)
-		bars, names := loadTimeline(t, chrome, "http://"+d.addr+"/debug/startup", os.Getenv("PHASEGATE_SCREENSHOT_DIR"))
-		if bars != len(phaseDeps) {
-			t.Errorf("%d phase bars rendered, want %d (names %q)", bars, len(phaseDeps), names)
-		}
-		for phase := range phaseDeps {
-			if !strings.Contains(names, phase) {
-				t.Errorf("no bar for phase %s in %q", phase, names)
-			}
-		}
-	})
-
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
-		t.Errorf("exit %d", code)
 	}
 }
 
@@ -252,61 +262,8 @@ func loadTimeline(t *testing.T, chrome, url, shotDir string) (int, string) {
 func TestDemo(t *testing.T) {
 	h := newHost(t)
 	dir := filepath.Join(t.TempDir(), "demo")
-	cmd := exec.Command(binary, "demo", "--leaked=400", "--prefix="+h.prefix, "--dir="+dir, "--listen="+freePort(t))
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	var out syncBuffer
-	lines := make(chan string, 1024)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			out.Write([]byte(sc.Text() + "\n"))
-			lines <- sc.Text()
-		}
-		close(lines)
-		exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		if t.Failed() {
-			t.Logf("demo output:\n%s\nstderr:\n%s", out.String(), stderr.String())
-			if b, err := os.ReadFile(filepath.Join(dir, "daemon.log")); err == nil {
-				t.Logf("daemon log:\n%s", b)
-			}
-		}
-	})
-
-	timelineRE := regexp.MustCompile(`http://(127\.0\.0\.1:\d+)/debug/startup`)
-	var addr string
-	deadline := time.After(3 * time.Minute)
-wait:
-	for {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("demo ended before serving: %v", <-exited)
-			}
-			if m := timelineRE.FindStringSubmatch(l); m != nil {
-				addr = m[1]
-			}
-			if strings.Contains(l, "Press Ctrl-C") {
-				break wait
-			}
-		case <-deadline:
-			t.Fatal("demo did not reach serving")
-		}
-	}
-	if addr == "" {
-		t.Fatal("demo did not say where the timeline is")
-	}
+	demo := startDemo(t, dir, "--leaked=400", "--prefix="+h.prefix, "--dir="+dir, "--listen="+freePort(t))
+	addr := demo.waitServing(t)
 	resp, err := http.Get("http://" + addr + "/debug/startup")
 	if err != nil {
 		t.Fatal(err)
@@ -320,18 +277,8 @@ wait:
 		t.Error("no pool slot links while the demo's daemon serves")
 	}
 
-	_ = cmd.Process.Signal(syscall.SIGINT)
-	for range lines {
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("demo exit: %v", err)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("demo did not exit after Ctrl-C")
-	}
-	o := out.String()
+	demo.interrupt(t)
+	o := demo.out.String()
 	for _, want := range []string{"1. Leaking 400 slots", "\nserving lock=succeeded", " 503 fail: starting", " 200 ", "cleaned up: the daemon stopped"} {
 		if !strings.Contains(o, want) {
 			t.Errorf("demo output lacks %q", want)
@@ -355,5 +302,95 @@ wait:
 	}
 	if b, _ := exec.Command("nft", "list", "tables").Output(); strings.Contains(string(b), nft.TableName(h.prefix)) {
 		t.Errorf("nftables table %s left", nft.TableName(h.prefix))
+	}
+}
+
+// demoRun is a running `phasegate demo`: its lines as they come, all of
+// its output, and its exit.
+type demoRun struct {
+	cmd    *exec.Cmd
+	lines  chan string
+	out    syncBuffer
+	exited chan error
+}
+
+// startDemo starts `phasegate demo` with args; the demo's output, stderr
+// and daemon log (in dir) are logged if the test fails.
+func startDemo(t *testing.T, dir string, args ...string) *demoRun {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{"demo"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := &demoRun{cmd: cmd, lines: make(chan string, 1024), exited: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			r.out.Write([]byte(sc.Text() + "\n"))
+			r.lines <- sc.Text()
+		}
+		close(r.lines)
+		r.exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		if t.Failed() {
+			t.Logf("demo output:\n%s\nstderr:\n%s", r.out.String(), stderr.String())
+			if b, err := os.ReadFile(filepath.Join(dir, "daemon.log")); err == nil {
+				t.Logf("daemon log:\n%s", b)
+			}
+		}
+	})
+	return r
+}
+
+// waitServing reads the demo's lines until it asks for Ctrl-C and returns
+// the address where it said the timeline is.
+func (r *demoRun) waitServing(t *testing.T) string {
+	t.Helper()
+	timelineRE := regexp.MustCompile(`http://(127\.0\.0\.1:\d+)/debug/startup`)
+	var addr string
+	deadline := time.After(3 * time.Minute)
+	for {
+		select {
+		case l, ok := <-r.lines:
+			if !ok {
+				t.Fatalf("demo ended before serving: %v", <-r.exited)
+			}
+			if m := timelineRE.FindStringSubmatch(l); m != nil {
+				addr = m[1]
+			}
+			if strings.Contains(l, "Press Ctrl-C") {
+				if addr == "" {
+					t.Fatal("demo did not say where the timeline is")
+				}
+				return addr
+			}
+		case <-deadline:
+			t.Fatal("demo did not reach serving")
+		}
+	}
+}
+
+// interrupt sends the demo Ctrl-C (SIGINT) and waits up to a minute for
+// it to exit 0.
+func (r *demoRun) interrupt(t *testing.T) {
+	t.Helper()
+	_ = r.cmd.Process.Signal(syscall.SIGINT)
+	for range r.lines {
+	}
+	select {
+	case err := <-r.exited:
+		if err != nil {
+			t.Errorf("demo exit: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("demo did not exit after Ctrl-C")
 	}
 }

@@ -41,16 +41,7 @@ func TestReclaimCommandOverEveryKindOfRecord(t *testing.T) {
 	if code := d.wait(time.Minute); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	recorded := h.assertOnlyRecorded(h.prefix)
-	var idle []string
-	for _, r := range recorded {
-		if r.State == leases.Idle {
-			idle = append(idle, fmt.Sprintf("%s/%s%d", h.netnsDir, h.prefix, r.Index))
-		}
-	}
-	if len(idle) == 0 {
-		t.Fatal("the stop kept no warm slot: the test needs idle records")
-	}
+	idle := idleRecorded(t, h)
 
 	// The lost lease: its namespace unmounted and removed behind the
 	// records' back.
@@ -86,16 +77,7 @@ func TestReclaimCommandOverEveryKindOfRecord(t *testing.T) {
 			t.Errorf("idle slot %s: %v", p, err)
 		}
 	}
-	recs, bad := loadState(t, state)
-	if _, ok := bad[int(unreadable.slot.GetIndex())]; !ok || len(bad) != 1 {
-		t.Errorf("unreadable records after the reclaim: %v, want slot %d's alone", bad, unreadable.slot.GetIndex())
-	}
-	for _, l := range []held{intact, gone} {
-		r, ok := recs[int(l.slot.GetIndex())]
-		if !ok || r.State != leases.Leased || r.Owner != l.owner || r.LeaseID != l.leaseID {
-			t.Errorf("slot %d's record after the reclaim: %+v, want %s's lease as it was", l.slot.GetIndex(), r, l.owner)
-		}
-	}
+	checkRecordsKept(t, state, unreadable, []held{intact, gone})
 
 	// The whole file unusable: safe mode keeps what something lives in.
 	if err := os.WriteFile(state, bytes.Repeat([]byte("not a database\n"), 1000), 0o600); err != nil {
@@ -121,6 +103,41 @@ func TestReclaimCommandOverEveryKindOfRecord(t *testing.T) {
 	}
 	h.decommission(h.prefix)
 	h.assertClean(h.prefix, nil)
+}
+
+// idleRecorded is the namespace paths of the warm slots the stopped
+// daemon recorded idle (there must be some), after checking only its
+// prefix's slots are recorded.
+func idleRecorded(t *testing.T, h *host) []string {
+	t.Helper()
+	recorded := h.assertOnlyRecorded(h.prefix)
+	var idle []string
+	for _, r := range recorded {
+		if r.State == leases.Idle {
+			idle = append(idle, fmt.Sprintf("%s/%s%d", h.netnsDir, h.prefix, r.Index))
+		}
+	}
+	if len(idle) == 0 {
+		t.Fatal("the stop kept no warm slot: the test needs idle records")
+	}
+	return idle
+}
+
+// checkRecordsKept checks the records after a reclaim are as they were:
+// the unreadable one alone unreadable, and each of kept's leases recorded
+// for its owner under its lease id.
+func checkRecordsKept(t *testing.T, state string, unreadable held, kept []held) {
+	t.Helper()
+	recs, bad := loadState(t, state)
+	if _, ok := bad[int(unreadable.slot.GetIndex())]; !ok || len(bad) != 1 {
+		t.Errorf("unreadable records after the reclaim: %v, want slot %d's alone", bad, unreadable.slot.GetIndex())
+	}
+	for _, l := range kept {
+		r, ok := recs[int(l.slot.GetIndex())]
+		if !ok || r.State != leases.Leased || r.Owner != l.owner || r.LeaseID != l.leaseID {
+			t.Errorf("slot %d's record after the reclaim: %+v, want %s's lease as it was", l.slot.GetIndex(), r, l.owner)
+		}
+	}
 }
 
 // spoilOwner makes the record whose owner is owner unreadable, in place:

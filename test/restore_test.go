@@ -106,6 +106,21 @@ func checkLeases(t *testing.T, c phasegatev1.SlotsClient, want []held, when stri
 	}
 }
 
+// leaseSixOwners acquires six leases for four owners, every other one
+// with a TTL.
+func leaseSixOwners(t *testing.T, c phasegatev1.SlotsClient) []held {
+	t.Helper()
+	var leases []held
+	for i, owner := range []string{"sandbox-a", "sandbox-a", "sandbox-b", "ci-job-7", "ci-job-8", "sandbox-c"} {
+		ttl := time.Duration(0)
+		if i%2 == 1 {
+			ttl = 10 * time.Minute // kept alive by its owner in real life; long enough here
+		}
+		leases = append(leases, acquire(t, c, owner, fmt.Sprintf("req-%d", i), ttl))
+	}
+	return leases
+}
+
 // A restart of the daemon, by kill -9, SIGTERM or an in-place upgrade,
 // never touches a running workload: every lease comes back with its owner,
 // the workloads answer over their veth the whole time (the daemon being
@@ -118,14 +133,7 @@ func TestLiveRestoreKeepsWorkloadsConnected(t *testing.T) {
 	d.waitServing(time.Minute)
 	c := d.slots()
 
-	var leases []held
-	for i, owner := range []string{"sandbox-a", "sandbox-a", "sandbox-b", "ci-job-7", "ci-job-8", "sandbox-c"} {
-		ttl := time.Duration(0)
-		if i%2 == 1 {
-			ttl = 10 * time.Minute // kept alive by its owner in real life; long enough here
-		}
-		leases = append(leases, acquire(t, c, owner, fmt.Sprintf("req-%d", i), ttl))
-	}
+	leases := leaseSixOwners(t, c)
 	// Real workloads in three of the slots, probed from the host.
 	var work []*workload
 	for _, l := range leases[:3] {
@@ -187,6 +195,15 @@ func TestLiveRestoreKeepsWorkloadsConnected(t *testing.T) {
 	if code := d.wait(time.Minute); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
+	checkLeasesRecordedAndKept(t, h, len(leases))
+	h.decommission(h.prefix)
+	h.assertClean(h.prefix, nil)
+}
+
+// checkLeasesRecordedAndKept checks the stopped daemon recorded n leased
+// slots, and that decommissioning refuses while they exist, unless told.
+func checkLeasesRecordedAndKept(t *testing.T, h *host, n int) {
+	t.Helper()
 	recs := h.assertOnlyRecorded(h.prefix)
 	leased := 0
 	for _, r := range recs {
@@ -194,16 +211,14 @@ func TestLiveRestoreKeepsWorkloadsConnected(t *testing.T) {
 			leased++
 		}
 	}
-	if leased != len(leases) {
-		t.Errorf("%d leased records after the final stop, want %d", leased, len(leases))
+	if leased != n {
+		t.Errorf("%d leased records after the final stop, want %d", leased, n)
 	}
 	// Decommissioning refuses while leases exist, unless told.
 	out, err := runBinary("decommission", "--netns-dir="+h.netnsDir, "--slot-prefix="+h.prefix, "--slots=64", "--state-dir="+h.stateDir)
 	if err == nil || !strings.Contains(out, "refused") || !strings.Contains(out, "sandbox-a") {
 		t.Errorf("decommission with leases: err %v\n%s", err, out)
 	}
-	h.decommission(h.prefix)
-	h.assertClean(h.prefix, nil)
 }
 
 // Leases end: with Release (the lease id is required, a wrong one changes

@@ -23,12 +23,6 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
 
-// A permitted tenant that writes the largest egress policies in a loop
-// spends its rate by their size (docs/SECURITY.md, "a tenant's large
-// policies"): each costs it a full bucket, so that it writes one per
-// refill and is refused the rest, while root's policy changes and its
-// leased workload go on untouched.
-
 // policyLoopEnv makes this test binary, run as another user, a tenant that
 // leases a slot over a control socket and then sets the largest egress
 // policy on it in a loop: "SOCKET|SECONDS". It prints the codes of the
@@ -98,6 +92,11 @@ func loopLargePolicies(spec string) int {
 	return 0
 }
 
+// A permitted tenant that writes the largest egress policies in a loop
+// spends its rate by their size (docs/SECURITY.md, "a tenant's large
+// policies"): each costs it a full bucket, so that it writes one per
+// refill and is refused the rest, while root's policy changes and its
+// leased workload go on untouched.
 func TestLargePoliciesSpendATenantsRate(t *testing.T) {
 	pub := newPublicDir(t)
 	h := newHost(t)
@@ -126,40 +125,11 @@ func TestLargePoliciesSpendATenantsRate(t *testing.T) {
 	stopHealth := watchHealth(t, d)
 
 	// Root changes its own lease's policy throughout.
-	var (
-		rootTimes []time.Duration
-		rootErrs  []error
-		wg        sync.WaitGroup
-	)
-	done := make(chan struct{})
-	wg.Go(func() {
-		for k := 0; ; k++ {
-			select {
-			case <-done:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			begin := time.Now()
-			_, err := root.SetEgressPolicy(ctx, &phasegatev1.SetEgressPolicyRequest{Index: mine.GetSlot().GetIndex(), LeaseId: mine.GetLeaseId(),
-				EgressPolicy: &phasegatev1.EgressPolicy{Allow: []string{fmt.Sprintf("10.%d.0.0/16", k%250)}}})
-			rootTimes = append(rootTimes, time.Since(begin))
-			if err != nil {
-				rootErrs = append(rootErrs, err)
-			}
-		}
-	})
-	cmd := exec.Command("runuser", "-u", "nobody", "--", pub.testBinary)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%d", policyLoopEnv, sock, secs))
-	cmd.Dir = pub.dir
-	out, err := cmd.Output()
-	close(done)
-	wg.Wait()
+	stopRoot := changePolicyEvery50ms(ctx, root, mine)
+	res, err := runTenantPolicyLoop(pub, sock, secs)
+	rootTimes, rootErrs := stopRoot()
 	if err != nil {
-		t.Fatalf("the tenant's loop as nobody: %v %s", err, out)
-	}
-	res := map[string]int{}
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("the tenant's loop as nobody: %q: %v", out, err)
+		t.Fatal(err)
 	}
 	slices.Sort(rootTimes)
 	var p50, p99 time.Duration
@@ -200,6 +170,57 @@ func TestLargePoliciesSpendATenantsRate(t *testing.T) {
 		t.Error("no audit line of nobody's refused calls")
 	}
 	h.decommission(h.prefix)
+}
+
+// changePolicyEvery50ms sets a new policy on root's own lease every
+// 50 ms until the returned function is called, which returns how long
+// each change took and the errors.
+func changePolicyEvery50ms(ctx context.Context, root phasegatev1.SlotsClient, mine *phasegatev1.AcquireResponse) (stop func() ([]time.Duration, []error)) {
+	var (
+		times []time.Duration
+		errs  []error
+		wg    sync.WaitGroup
+	)
+	done := make(chan struct{})
+	wg.Go(func() {
+		for k := 0; ; k++ {
+			select {
+			case <-done:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			begin := time.Now()
+			_, err := root.SetEgressPolicy(ctx, &phasegatev1.SetEgressPolicyRequest{Index: mine.GetSlot().GetIndex(), LeaseId: mine.GetLeaseId(),
+				EgressPolicy: &phasegatev1.EgressPolicy{Allow: []string{fmt.Sprintf("10.%d.0.0/16", k%250)}}})
+			times = append(times, time.Since(begin))
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+	})
+	return func() ([]time.Duration, []error) {
+		close(done)
+		wg.Wait()
+		return times, errs
+	}
+}
+
+// runTenantPolicyLoop runs the tenant's loop of largest policies as
+// nobody on sock for secs seconds and returns its counts (see
+// loopLargePolicies).
+func runTenantPolicyLoop(pub *publicDir, sock string, secs int) (map[string]int, error) {
+	cmd := exec.Command("runuser", "-u", "nobody", "--", pub.testBinary)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%d", policyLoopEnv, sock, secs))
+	cmd.Dir = pub.dir
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("the tenant's loop as nobody: %v %s", err, out)
+	}
+	res := map[string]int{}
+	if err := json.Unmarshal(out, &res); err != nil {
+		return nil, fmt.Errorf("the tenant's loop as nobody: %q: %v", out, err)
+	}
+	return res, nil
 }
 
 // sumPrefixed adds the counts of res whose key starts with prefix.

@@ -277,31 +277,7 @@ func TestLockDirOfOldBuildsCannotStopAStart(t *testing.T) {
 	}
 	planted := []string{filepath.Join(lockfile.LegacyDir, "cidrs.lock"), legacySlots, lockfile.CIDRPath(lockfile.LegacyDir, scope, cidr)}
 
-	holder := exec.Command("unshare", "--mount", "--propagation=private", "--", "sh", "-ec",
-		`mount -t tmpfs -o mode=1777 tmpfs /run/lock; exec runuser -u nobody -- env "$1" "$2"`,
-		"sh", holdEnv+"="+strings.Join(planted, ","), pub.testBinary)
-	stdin, err := holder.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := holder.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	holder.Stderr = os.Stderr
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close() // the holder lets go and exits
-		if err := holder.Wait(); err != nil {
-			t.Errorf("nobody's lock holder: %v", err)
-		}
-	})
-	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "held\n" {
-		t.Fatalf("nobody's lock holder: %q", line)
-	}
-	ns := "--target=" + strconv.Itoa(holder.Process.Pid)
+	ns := "--target=" + strconv.Itoa(holdInAMountNamespace(t, pub, planted))
 	// In the namespace, the world-writable /run/lock and nobody's hold.
 	inNS := func(args ...string) *exec.Cmd {
 		return exec.Command("nsenter", append([]string{ns, "--mount", "--"}, args...)...)
@@ -343,6 +319,39 @@ func TestLockDirOfOldBuildsCannotStopAStart(t *testing.T) {
 	if code := d.wait(time.Minute); code != 0 {
 		t.Fatalf("exit %d:\n%s", code, d.Output())
 	}
+}
+
+// holdInAMountNamespace starts nobody's holder of the planted lock files
+// in a mount namespace of its own whose /run/lock is a world-writable
+// tmpfs, waits until it holds them, and returns its pid; the holder lets
+// go and exits when the test ends.
+func holdInAMountNamespace(t *testing.T, pub *publicDir, planted []string) int {
+	t.Helper()
+	holder := exec.Command("unshare", "--mount", "--propagation=private", "--", "sh", "-ec",
+		`mount -t tmpfs -o mode=1777 tmpfs /run/lock; exec runuser -u nobody -- env "$1" "$2"`,
+		"sh", holdEnv+"="+strings.Join(planted, ","), pub.testBinary)
+	stdin, err := holder.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder.Stderr = os.Stderr
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close() // the holder lets go and exits
+		if err := holder.Wait(); err != nil {
+			t.Errorf("nobody's lock holder: %v", err)
+		}
+	})
+	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "held\n" {
+		t.Fatalf("nobody's lock holder: %q", line)
+	}
+	return holder.Process.Pid
 }
 
 func mustSlotsPath(t *testing.T, dir string, h *host) string {

@@ -61,13 +61,12 @@ func TestLookAlikeOwnersRefused(t *testing.T) {
 	h := newHost(t)
 	addr := freePort(t)
 	sock := filepath.Join(pub.dir, "control.sock")
-	args := h.args(addr, "--slots=64", "--control-socket="+sock, "--control-group=nogroup", "--allow=uid:65534=rt-*")
-	d := start(t, nil, args...)
-	d.waitServing(time.Minute)
-	root := d.slots()
+	r := &lookAlikeRig{pub: pub, h: h, S: "--socket=" + sock,
+		args: h.args(addr, "--slots=64", "--control-socket="+sock, "--control-group=nogroup", "--allow=uid:65534=rt-*")}
+	r.start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	victim, err := root.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "rt-victim", RequestId: "sandbox-abc"})
+	victim, err := r.root.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "rt-victim", RequestId: "sandbox-abc"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,36 +74,16 @@ func TestLookAlikeOwnersRefused(t *testing.T) {
 	inside, _, _ := strings.Cut(victim.GetSlot().GetInsideAddress(), "/")
 	work := startWorkload(t, vi, victim.GetSlot().GetNetnsPath(), inside)
 	waitFor(t, 10*time.Second, "the victim's workload to answer", func() bool { return work.ok.Load() > 0 })
-	before := observeVictim(t, root, vi)
-	S := "--socket=" + sock
+	before := observeVictim(t, r.root, vi)
 
-	for _, la := range lookAlikeOwners {
-		for _, call := range [][]string{
-			{"acquire", la.name, "--request-id=sandbox-abc"},
-			{"acquire", la.name},
-			{"acquire", "rt-tenant", "--request-id=sandbox-abc" + strings.TrimPrefix(la.name, "rt-victim")},
-		} {
-			out, code := pub.as(t, "nobody", "", append(append([]string{"slots"}, call...), S)...)
-			wantRefused(t, fmt.Sprintf("as nobody: %q", call), out, code, "InvalidArgument")
-			if !strings.Contains(out, la.codePoint) || !asciiOnly(out) || !strings.Contains(out, "names are printable ASCII") {
-				t.Errorf("as nobody: %q: %q, want the rule and %s named, in ASCII", call, out, la.codePoint)
-			}
-		}
-	}
-	out, code := pub.as(t, "root", "", "slots", "list", S)
+	r.lookAlikesRefused(t)
+	out, code := r.pub.as(t, "root", "", "slots", "list", r.S)
 	if code != 0 || !asciiOnly(out) || strings.Count(out, `"owner"`) != 1 || !strings.Contains(oneSpace(out), `"owner": "rt-victim"`) {
 		t.Errorf("slots list as root after the look-alikes: exit %d, want the victim's lease alone, in ASCII:\n%s", code, out)
 	}
-	before.same(t, observeVictim(t, root, vi), "the look-alike owners")
-	logs := d.Output()
-	for _, la := range lookAlikeOwners {
-		// The code point itself, anywhere in the log (a space is
-		// everywhere, and shown as \x20 in the refusal).
-		n, _ := strconv.ParseUint(la.codePoint[2:], 16, 32)
-		if r := rune(n); r != ' ' && strings.ContainsRune(logs, r) {
-			t.Errorf("the daemon's log holds %s raw", la.codePoint)
-		}
-	}
+	before.same(t, observeVictim(t, r.root, vi), "the look-alike owners")
+	logs := r.d.Output()
+	checkNoLookAlikeLogged(t, logs)
 	if ok, failed, last := work.finish(); ok == 0 || failed != 0 {
 		t.Errorf("the victim's workload: %d answered, %d failed (last: %v)", ok, failed, last)
 	}
@@ -113,8 +92,90 @@ func TestLookAlikeOwnersRefused(t *testing.T) {
 		t.Error("no audit line of nobody's refused Acquire of rt-victim+U+3164 naming the code point, the name escaped")
 	}
 
-	// A lease recorded before the rule, under a name it refuses.
-	out, code = pub.as(t, "nobody", "", "slots", "acquire", "rt-old", "--request-id=job-1", S)
+	r.oldNameKeepsWorking(t, ctx)
+	if got, err := r.root.Get(ctx, &phasegatev1.GetRequest{Index: vi}); err != nil || got.GetSlot().GetOwner() != "rt-victim" || got.GetSlot().GetNetnsPath() != before.slot.GetNetnsPath() {
+		t.Errorf("the victim's lease after the restart: %v %v", got, err)
+	}
+	r.d.signal(syscall.SIGTERM)
+	if code := r.d.wait(time.Minute); code != 0 {
+		t.Fatalf("stop: exit %d", code)
+	}
+	logs = r.d.Output()
+	if strings.Contains(logs, oldLookAlikeName) {
+		t.Error("the daemon's log shows the old lease's owner raw")
+	}
+	if !strings.Contains(logs, `method=Release surface=socket principal=uid:65534`) || !strings.Contains(logs, `owner=rt-victim\u3164`) {
+		t.Error("no audit line of the old lease's Release naming its owner escaped")
+	}
+	r.h.decommission(r.h.prefix)
+}
+
+// oldLookAlikeName is the name a build before the rule recorded, which
+// the rule refuses: rt-victim and U+3164.
+const oldLookAlikeName = "rt-victim\u3164"
+
+// lookAlikeRig is TestLookAlikeOwnersRefused's daemon (started with
+// args, restarted once) and its control socket's flag S.
+type lookAlikeRig struct {
+	pub  *publicDir
+	h    *host
+	args []string
+	S    string
+	d    *daemon
+	root phasegatev1.SlotsClient
+}
+
+// start starts the daemon with the rig's args and waits until it serves.
+func (r *lookAlikeRig) start(t *testing.T) {
+	t.Helper()
+	r.d = start(t, nil, r.args...)
+	r.d.waitServing(time.Minute)
+	r.root = r.d.slots()
+}
+
+// lookAlikesRefused has nobody acquire each look-alike of rt-victim, as
+// owner and as request id: each refused, the refusal naming the rule and
+// the code point, in ASCII.
+func (r *lookAlikeRig) lookAlikesRefused(t *testing.T) {
+	t.Helper()
+	for _, la := range lookAlikeOwners {
+		for _, call := range [][]string{
+			{"acquire", la.name, "--request-id=sandbox-abc"},
+			{"acquire", la.name},
+			{"acquire", "rt-tenant", "--request-id=sandbox-abc" + strings.TrimPrefix(la.name, "rt-victim")},
+		} {
+			out, code := r.pub.as(t, "nobody", "", append(append([]string{"slots"}, call...), r.S)...)
+			wantRefused(t, fmt.Sprintf("as nobody: %q", call), out, code, "InvalidArgument")
+			if !strings.Contains(out, la.codePoint) || !asciiOnly(out) || !strings.Contains(out, "names are printable ASCII") {
+				t.Errorf("as nobody: %q: %q, want the rule and %s named, in ASCII", call, out, la.codePoint)
+			}
+		}
+	}
+}
+
+// checkNoLookAlikeLogged checks no look-alike's code point is in the
+// daemon's log raw (a space is everywhere, and shown as \x20 in the
+// refusal).
+func checkNoLookAlikeLogged(t *testing.T, logs string) {
+	t.Helper()
+	for _, la := range lookAlikeOwners {
+		// The code point itself, anywhere in the log (a space is
+		// everywhere, and shown as \x20 in the refusal).
+		n, _ := strconv.ParseUint(la.codePoint[2:], 16, 32)
+		if r := rune(n); r != ' ' && strings.ContainsRune(logs, r) {
+			t.Errorf("the daemon's log holds %s raw", la.codePoint)
+		}
+	}
+}
+
+// oldNameKeepsWorking records a lease of nobody's under a name the rule
+// refuses (its owner rewritten in the store as a build before the rule
+// wrote it), restarts the daemon, and checks the lease is listed escaped,
+// renewed and released by its principal while the name is refused to a
+// new Acquire.
+func (r *lookAlikeRig) oldNameKeepsWorking(t *testing.T, ctx context.Context) {
+	t.Helper()
+	out, code := r.pub.as(t, "nobody", "", "slots", "acquire", "rt-old", "--request-id=job-1", r.S)
 	var old struct {
 		Slot struct {
 			Index uint32 `json:"index"`
@@ -124,56 +185,38 @@ func TestLookAlikeOwnersRefused(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &old) != nil {
 		t.Fatalf("acquire rt-old as nobody: exit %d %s", code, out)
 	}
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
+	r.d.signal(syscall.SIGTERM)
+	if code := r.d.wait(time.Minute); code != 0 {
 		t.Fatalf("stop: exit %d", code)
 	}
-	st, err := leases.Open(filepath.Join(h.stateDir, "slots.db"), leases.Options{})
+	st, err := leases.Open(filepath.Join(r.h.stateDir, "slots.db"), leases.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	const oldName = "rt-victim\u3164"
-	_, err = st.Update(ctx, int(old.Slot.Index), func(r *leases.Record) error { r.Owner = oldName; return nil })
+	_, err = st.Update(ctx, int(old.Slot.Index), func(rec *leases.Record) error { rec.Owner = oldLookAlikeName; return nil })
 	st.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	d = start(t, nil, args...)
-	d.waitServing(time.Minute)
-	root = d.slots()
+	r.start(t)
 	I := fmt.Sprint(old.Slot.Index)
 	for _, user := range []string{"nobody", "root"} {
-		out, code := pub.as(t, user, "", "slots", "list", S)
+		out, code := r.pub.as(t, user, "", "slots", "list", r.S)
 		if code != 0 || !asciiOnly(out) || !strings.Contains(oneSpace(out), `"owner": "rt-victim\u3164"`) {
 			t.Errorf("slots list as %s: exit %d, want the old lease's owner escaped, in ASCII:\n%s", user, code, out)
 		}
 	}
-	if out, code := pub.as(t, "nobody", "", "slots", "keepalive", I, old.LeaseID, S); code != 0 {
+	if out, code := r.pub.as(t, "nobody", "", "slots", "keepalive", I, old.LeaseID, r.S); code != 0 {
 		t.Errorf("keepalive of the old lease by its principal: exit %d %s", code, out)
 	}
-	out, code = pub.as(t, "nobody", "", "slots", "acquire", oldName, "--request-id=job-1", S)
+	out, code = r.pub.as(t, "nobody", "", "slots", "acquire", oldLookAlikeName, "--request-id=job-1", r.S)
 	wantRefused(t, "acquire of the old lease's name as nobody", out, code, "InvalidArgument")
-	if out, code := pub.as(t, "nobody", "", "slots", "release", I, old.LeaseID, S); code != 0 {
+	if out, code := r.pub.as(t, "nobody", "", "slots", "release", I, old.LeaseID, r.S); code != 0 {
 		t.Errorf("release of the old lease by its principal: exit %d %s", code, out)
 	}
-	if got, err := root.Get(ctx, &phasegatev1.GetRequest{Index: old.Slot.Index}); err != nil || got.GetSlot().GetOwner() != "" {
+	if got, err := r.root.Get(ctx, &phasegatev1.GetRequest{Index: old.Slot.Index}); err != nil || got.GetSlot().GetOwner() != "" {
 		t.Errorf("the old lease's slot after its release: %v %v", got, err)
 	}
-	if got, err := root.Get(ctx, &phasegatev1.GetRequest{Index: vi}); err != nil || got.GetSlot().GetOwner() != "rt-victim" || got.GetSlot().GetNetnsPath() != before.slot.GetNetnsPath() {
-		t.Errorf("the victim's lease after the restart: %v %v", got, err)
-	}
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
-		t.Fatalf("stop: exit %d", code)
-	}
-	logs = d.Output()
-	if strings.Contains(logs, oldName) {
-		t.Error("the daemon's log shows the old lease's owner raw")
-	}
-	if !strings.Contains(logs, `method=Release surface=socket principal=uid:65534`) || !strings.Contains(logs, `owner=rt-victim\u3164`) {
-		t.Error("no audit line of the old lease's Release naming its owner escaped")
-	}
-	h.decommission(h.prefix)
 }
 
 // oneSpace is s with every run of white space one space: protojson's

@@ -6,24 +6,17 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/internal/testcerts"
@@ -36,222 +29,6 @@ import (
 // it grants nothing. Each is refused with its code, and the victim — a
 // lease root holds — is untouched: the same record, the same namespace by
 // inode, the same host link, while health answers 200 throughout.
-
-// floodEnv makes this test binary, run as another user, a client that
-// floods a control socket: "SOCKET|METHOD|N" (METHOD list or acquire).
-const floodEnv = "PHASEGATE_TEST_FLOOD"
-
-func init() {
-	if v := os.Getenv(floodEnv); v != "" {
-		os.Exit(flood(v))
-	}
-}
-
-// flood makes N calls on the socket from 8 goroutines and prints how many
-// ended with each code, as JSON.
-func flood(spec string) int {
-	parts := strings.Split(spec, "|")
-	if len(parts) != 3 {
-		fmt.Fprintf(os.Stderr, "%s=%q: want SOCKET|METHOD|N\n", floodEnv, spec)
-		return 2
-	}
-	var n int
-	fmt.Sscan(parts[2], &n)
-	conn, err := grpc.NewClient("unix://"+parts[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	defer conn.Close()
-	c := phasegatev1.NewSlotsClient(conn)
-	var (
-		mu     sync.Mutex
-		counts = map[string]int{}
-		next   atomic.Int64
-		wg     sync.WaitGroup
-	)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for range 8 {
-		wg.Go(func() {
-			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				var err error
-				if parts[1] == "acquire" {
-					_, err = c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: fmt.Sprintf("tenant-b-flood-%d", i)})
-				} else {
-					_, err = c.List(ctx, &phasegatev1.ListRequest{})
-				}
-				mu.Lock()
-				counts[status.Code(err).String()]++
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	b, _ := json.Marshal(counts)
-	fmt.Println(string(b))
-	return 0
-}
-
-// publicDir is a directory every user may reach, holding a copy of the
-// binary every user may run (the build's own directory is root's) and
-// whatever else an unprivileged attacker must read.
-type publicDir struct {
-	dir, binary, testBinary string
-}
-
-func newPublicDir(t *testing.T) *publicDir {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "phasegate-sec-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	p := &publicDir{dir: dir, binary: filepath.Join(dir, "phasegate"), testBinary: filepath.Join(dir, "test.test")}
-	copyFile(t, binary, p.binary, 0o755)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	copyFile(t, self, p.testBinary, 0o755)
-	return p
-}
-
-func copyFile(t *testing.T, from, to string, mode os.FileMode) {
-	t.Helper()
-	in, err := os.Open(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(to, mode); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// as runs phasegate as user (in group, when set) and returns its output
-// and exit code.
-func (p *publicDir) as(t *testing.T, user, group string, args ...string) (string, int) {
-	t.Helper()
-	ra := []string{"-u", user}
-	if group != "" {
-		ra = append(ra, "-g", group)
-	}
-	cmd := exec.Command("runuser", append(append(ra, "--", p.binary), args...)...)
-	cmd.Dir = p.dir
-	out, err := cmd.CombinedOutput()
-	code := exitCode(err)
-	if code < 0 {
-		t.Fatalf("runuser %v: %v", args, err)
-	}
-	return string(out), code
-}
-
-// victimState is what an attack must leave as it was: the lease as root
-// sees it, and the kernel's identity of its namespace and host link.
-type victimState struct {
-	slot    *phasegatev1.Slot
-	netnsID uint64
-	ifindex int
-}
-
-func observeVictim(t *testing.T, c phasegatev1.SlotsClient, i uint32) victimState {
-	t.Helper()
-	return observeVictimIn(t, nil, c, i)
-}
-
-// observeVictimIn is observeVictim for a daemon that runs in node n (nil:
-// here), where its slots' host links are.
-func observeVictimIn(t *testing.T, n *node, c phasegatev1.SlotsClient, i uint32) victimState {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	resp, err := c.Get(ctx, &phasegatev1.GetRequest{Index: i})
-	if err != nil {
-		t.Fatalf("Get(%d) as root: %v", i, err)
-	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(resp.GetSlot().GetNetnsPath(), &st); err != nil {
-		t.Fatalf("the victim's namespace: %v", err)
-	}
-	var ifc *net.Interface
-	lookup := func() (err error) {
-		ifc, err = net.InterfaceByName(resp.GetSlot().GetHostInterface())
-		return err
-	}
-	if n != nil {
-		err = n.inNamespace(lookup)
-	} else {
-		err = lookup()
-	}
-	if err != nil {
-		t.Fatalf("the victim's host link: %v", err)
-	}
-	// What the victim's own policy dropped is its traffic, not its
-	// state: a late segment of the probe's connection closed under load
-	// (conntrack no longer sees it as established) is dropped and counted
-	// without anything having touched the lease.
-	sl := resp.GetSlot()
-	sl.EgressDroppedPackets = 0
-	return victimState{slot: sl, netnsID: st.Ino, ifindex: ifc.Index}
-}
-
-func (v victimState) same(t *testing.T, after victimState, what string) {
-	t.Helper()
-	if !proto.Equal(v.slot, after.slot) || v.netnsID != after.netnsID || v.ifindex != after.ifindex {
-		t.Fatalf("after %s the victim changed:\nbefore %v netns inode %d ifindex %d\nafter  %v netns inode %d ifindex %d",
-			what, v.slot, v.netnsID, v.ifindex, after.slot, after.netnsID, after.ifindex)
-	}
-}
-
-// watchHealth polls /readyz until stopped and returns how many polls
-// answered something else than 200.
-func watchHealth(t *testing.T, d *daemon) (stop func() (polls, failed int)) {
-	var polls, failed atomic.Int64
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			code, _, err := d.get("/readyz")
-			polls.Add(1)
-			if err != nil || code != http.StatusOK {
-				failed.Add(1)
-			}
-		}
-	})
-	return func() (int, int) {
-		close(done)
-		wg.Wait()
-		return int(polls.Load()), int(failed.Load())
-	}
-}
-
-// wantRefused checks a CLI call failed with code in its one-line error.
-func wantRefused(t *testing.T, what, out string, exit int, code string) {
-	t.Helper()
-	if exit != 1 || !strings.Contains(out, ": "+code+": ") {
-		t.Errorf("%s: exit %d %q, want exit 1 and %s", what, exit, strings.TrimSpace(out), code)
-	}
-}
-
 func TestControlPlaneAttacks(t *testing.T) {
 	pub := newPublicDir(t)
 	h := newHost(t)
@@ -270,14 +47,44 @@ func TestControlPlaneAttacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	vi := victim.GetSlot().GetIndex()
-	idx := fmt.Sprint(vi)
 	before := observeVictim(t, root, vi)
 	if before.slot.GetPrincipal() != "uid:0" {
 		t.Fatalf("the victim's lease names principal %q, want uid:0", before.slot.GetPrincipal())
 	}
 	stopHealth := watchHealth(t, d)
-	S := "--socket=" + sock
 
+	attackTheVictimsLease(t, pub, d, sock, addr, victim)
+	before.same(t, observeVictim(t, root, vi), "the attacks of nobody and daemon")
+	floodAsNobody(t, ctx, pub, root, sock)
+	polls, failed := stopHealth()
+	t.Logf("health during the attacks: %d polls of /readyz, %d not 200", polls, failed)
+	if polls == 0 || failed != 0 {
+		t.Errorf("health during the attacks: %d of %d polls not 200", failed, polls)
+	}
+	before.same(t, observeVictim(t, root, vi), "the floods")
+
+	// The victim's owner keeps working: renew, and its records survive the
+	// stop unchanged.
+	if _, err := root.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: vi, LeaseId: victim.GetLeaseId()}); err != nil {
+		t.Errorf("root's KeepAlive of the victim: %v", err)
+	}
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("stop: exit %d", code)
+	}
+	checkVictimAfterTheAttacks(t, d, h, sock, victim)
+	h.decommission(h.prefix)
+}
+
+// attackTheVictimsLease attacks root's lease as daemon (outside the
+// socket's group, then in it with no grant) and as nobody (granted
+// tenant-b-* only), over the control socket and the TCP port: each call
+// is refused with its code, and nobody's list shows nothing of the
+// victim's.
+func attackTheVictimsLease(t *testing.T, pub *publicDir, d *daemon, sock, addr string, victim *phasegatev1.AcquireResponse) {
+	t.Helper()
+	idx := fmt.Sprint(victim.GetSlot().GetIndex())
+	S := "--socket=" + sock
 	// Not in the socket's group: the kernel refuses the connection.
 	out, code := pub.as(t, "daemon", "", "slots", "list", S)
 	if code != 1 || !strings.Contains(out, "permission denied") {
@@ -316,10 +123,13 @@ func TestControlPlaneAttacks(t *testing.T) {
 	if code, body, err := d.get("/debug/slots"); err != nil || code != http.StatusNotFound || strings.Contains(body, "victim") {
 		t.Errorf("/debug/slots on the port: %d %v %q, want 404: tenants are named only on the control surface", code, err, body)
 	}
-	before.same(t, observeVictim(t, root, vi), "the attacks of nobody and daemon")
+}
 
-	// Exhaustion: 70 Acquires as nobody on a daemon of 64 slots. Its quota
-	// of 3 holds, and root's next Acquire is served.
+// floodAsNobody exhausts the daemon as nobody: 70 Acquires on a daemon of
+// 64 slots (its quota of 3 holds, and root's next Acquire is served), then
+// a flood of reads, which the rate limit answers.
+func floodAsNobody(t *testing.T, ctx context.Context, pub *publicDir, root phasegatev1.SlotsClient, sock string) {
+	t.Helper()
 	res := pub.flood(t, "nobody", sock, "acquire", 70)
 	t.Logf("70 Acquires as nobody (quota 3, 20 calls/s): %v", res)
 	if res["OK"] != 3 || res["ResourceExhausted"] != 67 {
@@ -335,22 +145,13 @@ func TestControlPlaneAttacks(t *testing.T) {
 	if res["ResourceExhausted"] == 0 || res["OK"]+res["ResourceExhausted"] != 500 {
 		t.Errorf("500 Lists as nobody at 20 calls/s: %v, want OK or ResourceExhausted, many of them ResourceExhausted", res)
 	}
-	polls, failed := stopHealth()
-	t.Logf("health during the attacks: %d polls of /readyz, %d not 200", polls, failed)
-	if polls == 0 || failed != 0 {
-		t.Errorf("health during the attacks: %d of %d polls not 200", failed, polls)
-	}
-	before.same(t, observeVictim(t, root, vi), "the floods")
+}
 
-	// The victim's owner keeps working: renew, and its records survive the
-	// stop unchanged.
-	if _, err := root.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: vi, LeaseId: victim.GetLeaseId()}); err != nil {
-		t.Errorf("root's KeepAlive of the victim: %v", err)
-	}
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
-		t.Fatalf("stop: exit %d", code)
-	}
+// checkVictimAfterTheAttacks checks what the stopped daemon left: no
+// control socket, no lease id in its log, the audit line of nobody's
+// refused Release, and the victim's record as root made it.
+func checkVictimAfterTheAttacks(t *testing.T, d *daemon, h *host, sock string, victim *phasegatev1.AcquireResponse) {
+	t.Helper()
 	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
 		t.Errorf("the control socket is left after an orderly stop: %v", err)
 	}
@@ -365,29 +166,11 @@ func TestControlPlaneAttacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, ok, err := st.Get(int(vi))
+	rec, ok, err := st.Get(int(victim.GetSlot().GetIndex()))
 	st.Close()
 	if err != nil || !ok || rec.LeaseID != victim.GetLeaseId() || rec.Principal != "uid:0" || rec.Owner != "victim" || rec.RequestID != "sandbox-abc" {
 		t.Fatalf("the victim's record after the attacks: %+v %v %v", rec, ok, err)
 	}
-	h.decommission(h.prefix)
-}
-
-// flood runs the flood client as user against sock.
-func (p *publicDir) flood(t *testing.T, user, sock, method string, n int) map[string]int {
-	t.Helper()
-	cmd := exec.Command("runuser", "-u", user, "--", p.testBinary)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%d", floodEnv, sock, method, n))
-	cmd.Dir = p.dir
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("flood as %s: %v %s", user, err, out)
-	}
-	res := map[string]int{}
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("flood as %s: %q: %v", user, out, err)
-	}
-	return res
 }
 
 // A principal within its policy leases, renews, lists its own, retries
@@ -458,12 +241,21 @@ func TestControlPrincipalAcrossRestart(t *testing.T) {
 	h.decommission(h.prefix)
 }
 
-// Over TCP the control surface exists only with mutual TLS: a certificate
-// of another CA, an expired one and one that names nobody are refused, one
-// whose identity the policy does not know may do nothing, and the one it
-// grants leases for its owners.
-func TestControlOverMutualTLS(t *testing.T) {
-	pub := newPublicDir(t)
+// mtlsKeys are TestControlOverMutualTLS's certificates, all readable by
+// the attacker: the daemon's CA (certs) and the orchestrator's identity
+// it grants (orch), and the client certificates tried.
+type mtlsKeys struct {
+	certs                                       *testcerts.Set
+	orch                                        *url.URL
+	good, foreign, expired, anonymous, stranger clientCert
+}
+
+// newMTLSKeys issues, into pub's directory, the orchestrator's
+// certificate, one of another CA, an expired one, one that names nobody,
+// and takes the CA's own client certificate as one the policy does not
+// know.
+func newMTLSKeys(t *testing.T, pub *publicDir) mtlsKeys {
+	t.Helper()
 	certs, err := testcerts.New()
 	if err != nil {
 		t.Fatal(err)
@@ -491,7 +283,6 @@ func TestControlOverMutualTLS(t *testing.T) {
 		}
 		return cert, key
 	}
-	type clientCert struct{ cert, key string }
 	good := func() clientCert {
 		c, k := issue(certs, "orchestrator", &x509.Certificate{URIs: []*url.URL{orch}})
 		return clientCert{c, k}
@@ -520,6 +311,18 @@ func TestControlOverMutualTLS(t *testing.T) {
 	for _, n := range []string{"ca.pem", "client.pem", "client-key.pem"} {
 		_ = os.Chmod(filepath.Join(otherDir, n), 0o644)
 	}
+	return mtlsKeys{certs: certs, orch: orch, good: good, foreign: foreign, expired: expired, anonymous: anonymous, stranger: stranger}
+}
+
+// Over TCP the control surface exists only with mutual TLS: a certificate
+// of another CA, an expired one and one that names nobody are refused, one
+// whose identity the policy does not know may do nothing, and the one it
+// grants leases for its owners.
+func TestControlOverMutualTLS(t *testing.T) {
+	pub := newPublicDir(t)
+	k := newMTLSKeys(t, pub)
+	certs, orch := k.certs, k.orch
+	good, foreign, expired, anonymous, stranger := k.good, k.foreign, k.expired, k.anonymous, k.stranger
 
 	h := newHost(t)
 	addr := freePort(t)

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,11 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
 
+// The Slots API answers bad calls with their codes and changes nothing,
+// leases slots made as the host shows them, releases once, hands the slot
+// just returned out first; a second daemon on the same state is refused;
+// a kill -9 with leases, warm slots and an earlier leak is followed by a
+// start that restores, adopts and reclaims.
 func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	h := newHost(t)
 	addr := freePort(t)
@@ -26,41 +32,7 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 
 	// Bad arguments leave the state unchanged.
 	before := listSlots(t, c, true)
-	bad := []struct {
-		name string
-		call func() error
-		code codes.Code
-	}{
-		{"acquire without owner", func() error { _, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{}); return err }, codes.InvalidArgument},
-		{"acquire with a huge owner", func() error {
-			_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: strings.Repeat("x", 300)})
-			return err
-		}, codes.InvalidArgument},
-		{"acquire with a control character", func() error {
-			_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "a\x00b"})
-			return err
-		}, codes.InvalidArgument},
-		{"acquire with a negative ttl", func() error {
-			_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "o", Ttl: durationpb.New(-time.Second)})
-			return err
-		}, codes.InvalidArgument},
-		{"release index 0", func() error { _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{}); return err }, codes.InvalidArgument},
-		{"release unknown index", func() error {
-			_, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: 65, LeaseId: "x"})
-			return err
-		}, codes.NotFound},
-		{"release a free slot", func() error {
-			_, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: 60, LeaseId: "x"})
-			return err
-		}, codes.FailedPrecondition},
-		{"keepalive a free slot", func() error {
-			_, err := c.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: 60, LeaseId: "x"})
-			return err
-		}, codes.FailedPrecondition},
-		{"get index 0", func() error { _, err := c.Get(ctx, &phasegatev1.GetRequest{}); return err }, codes.InvalidArgument},
-		{"get unknown index", func() error { _, err := c.Get(ctx, &phasegatev1.GetRequest{Index: 1 << 30}); return err }, codes.NotFound},
-	}
-	for _, tc := range bad {
+	for _, tc := range badSlotsCalls(ctx, c) {
 		if got := status.Code(tc.call()); got != tc.code {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.code)
 		}
@@ -69,33 +41,7 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 		t.Errorf("bad calls changed the slots: %d before, %d after", len(before), len(after))
 	}
 
-	// Acquire two slots and look at them on the host.
-	var held []*phasegatev1.Slot
-	var leaseIDs []string
-	for _, owner := range []string{"sandbox-a", "sandbox-b"} {
-		resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: owner + "-1"})
-		if err != nil {
-			t.Fatalf("Acquire(%s): %v", owner, err)
-		}
-		leaseIDs = append(leaseIDs, resp.GetLeaseId())
-		s := resp.GetSlot()
-		if s.GetState() != phasegatev1.SlotState_SLOT_STATE_ACQUIRED || s.GetOwner() != owner || s.GetAcquiredAt() == nil {
-			t.Fatalf("acquired slot %v", s)
-		}
-		held = append(held, s)
-		out := run(t, "nsenter", "--net="+s.GetNetnsPath(), "ip", "-o", "addr", "show", "dev", s.GetInsideInterface())
-		if !strings.Contains(out, s.GetInsideAddress()) {
-			t.Errorf("inside %s has %q, want address %s", s.GetInsideInterface(), out, s.GetInsideAddress())
-		}
-		route := run(t, "nsenter", "--net="+s.GetNetnsPath(), "ip", "route", "show", "default")
-		gw, _, _ := strings.Cut(s.GetHostAddress(), "/")
-		if !strings.Contains(route, "via "+gw) {
-			t.Errorf("default route inside %q, want via %s", route, gw)
-		}
-		if links := h.links(s.GetHostInterface()); len(links) != 1 {
-			t.Errorf("host interface %s: %v", s.GetHostInterface(), links)
-		}
-	}
+	held, leaseIDs := acquireAndLookOnTheHost(t, ctx, h, c)
 	got, err := c.Get(ctx, &phasegatev1.GetRequest{Index: held[0].GetIndex()})
 	if err != nil || got.GetSlot().GetOwner() != "sandbox-a" {
 		t.Fatalf("Get = %v, %v", got, err)
@@ -130,6 +76,92 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	// kill -9 with slots leased and warm, and a leak of an earlier run: the
 	// next start restores the leases to their owners, adopts the warm slots
 	// and reclaims the leak, and serves again.
+	killNineAndRestore(t, h, d, addr, map[uint32]string{held[0].GetIndex(): "sandbox-a", resp.GetSlot().GetIndex(): "sandbox-c"})
+	h.stoppedCleanly(h.prefix, nil)
+}
+
+// badSlotsCall is a call of the Slots API that must fail with code.
+type badSlotsCall struct {
+	name string
+	call func() error
+	code codes.Code
+}
+
+// badSlotsCalls are calls with bad arguments, each with the code it must
+// get.
+func badSlotsCalls(ctx context.Context, c phasegatev1.SlotsClient) []badSlotsCall {
+	return []badSlotsCall{
+		{"acquire without owner", func() error { _, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{}); return err }, codes.InvalidArgument},
+		{"acquire with a huge owner", func() error {
+			_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: strings.Repeat("x", 300)})
+			return err
+		}, codes.InvalidArgument},
+		{"acquire with a control character", func() error {
+			_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "a\x00b"})
+			return err
+		}, codes.InvalidArgument},
+		{"acquire with a negative ttl", func() error {
+			_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "o", Ttl: durationpb.New(-time.Second)})
+			return err
+		}, codes.InvalidArgument},
+		{"release index 0", func() error { _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{}); return err }, codes.InvalidArgument},
+		{"release unknown index", func() error {
+			_, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: 65, LeaseId: "x"})
+			return err
+		}, codes.NotFound},
+		{"release a free slot", func() error {
+			_, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: 60, LeaseId: "x"})
+			return err
+		}, codes.FailedPrecondition},
+		{"keepalive a free slot", func() error {
+			_, err := c.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: 60, LeaseId: "x"})
+			return err
+		}, codes.FailedPrecondition},
+		{"get index 0", func() error { _, err := c.Get(ctx, &phasegatev1.GetRequest{}); return err }, codes.InvalidArgument},
+		{"get unknown index", func() error { _, err := c.Get(ctx, &phasegatev1.GetRequest{Index: 1 << 30}); return err }, codes.NotFound},
+	}
+}
+
+// acquireAndLookOnTheHost acquires a slot for sandbox-a and sandbox-b and
+// checks each on the host: its inside address, its default route via the
+// host side, its host link. It returns the slots and their lease ids.
+func acquireAndLookOnTheHost(t *testing.T, ctx context.Context, h *host, c phasegatev1.SlotsClient) ([]*phasegatev1.Slot, []string) {
+	t.Helper()
+	var held []*phasegatev1.Slot
+	var leaseIDs []string
+	for _, owner := range []string{"sandbox-a", "sandbox-b"} {
+		resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: owner + "-1"})
+		if err != nil {
+			t.Fatalf("Acquire(%s): %v", owner, err)
+		}
+		leaseIDs = append(leaseIDs, resp.GetLeaseId())
+		s := resp.GetSlot()
+		if s.GetState() != phasegatev1.SlotState_SLOT_STATE_ACQUIRED || s.GetOwner() != owner || s.GetAcquiredAt() == nil {
+			t.Fatalf("acquired slot %v", s)
+		}
+		held = append(held, s)
+		out := run(t, "nsenter", "--net="+s.GetNetnsPath(), "ip", "-o", "addr", "show", "dev", s.GetInsideInterface())
+		if !strings.Contains(out, s.GetInsideAddress()) {
+			t.Errorf("inside %s has %q, want address %s", s.GetInsideInterface(), out, s.GetInsideAddress())
+		}
+		route := run(t, "nsenter", "--net="+s.GetNetnsPath(), "ip", "route", "show", "default")
+		gw, _, _ := strings.Cut(s.GetHostAddress(), "/")
+		if !strings.Contains(route, "via "+gw) {
+			t.Errorf("default route inside %q, want via %s", route, gw)
+		}
+		if links := h.links(s.GetHostInterface()); len(links) != 1 {
+			t.Errorf("host interface %s: %v", s.GetHostInterface(), links)
+		}
+	}
+	return held, leaseIDs
+}
+
+// killNineAndRestore leaks 5 slots as an earlier run would, kills d with
+// SIGKILL and starts again on addr: the start must report 2 leases
+// restored and 5 slots reclaimed, leave no slot quarantined or lost, list
+// exactly the leases of owners (index → owner), and stop cleanly.
+func killNineAndRestore(t *testing.T, h *host, d *daemon, addr string, owners map[uint32]string) {
+	t.Helper()
 	h.leak(h.prefix, 51, 5)
 	d.signal(syscall.SIGKILL)
 	d.wait(10 * time.Second)
@@ -138,23 +170,22 @@ func TestSlotsAPIAndKillNineRestart(t *testing.T) {
 	if !strings.Contains(d2.Output(), "restored 2 leases") || !strings.Contains(d2.Output(), "reclaimed 5") {
 		t.Errorf("restart does not report 2 leases restored and 5 slots reclaimed:\n%s", grepLines(d2.Output(), "restore"))
 	}
-	owners := map[uint32]string{}
+	got := map[uint32]string{}
 	for _, s := range listSlots(t, d2.slots(), false) {
 		switch s.GetState() {
 		case phasegatev1.SlotState_SLOT_STATE_ACQUIRED:
-			owners[s.GetIndex()] = s.GetOwner()
+			got[s.GetIndex()] = s.GetOwner()
 		case phasegatev1.SlotState_SLOT_STATE_QUARANTINED, phasegatev1.SlotState_SLOT_STATE_LOST:
 			t.Errorf("after restart slot %d is %v", s.GetIndex(), s.GetState())
 		}
 	}
-	if owners[held[0].GetIndex()] != "sandbox-a" || owners[resp.GetSlot().GetIndex()] != "sandbox-c" || len(owners) != 2 {
-		t.Errorf("leases after kill -9 and restart: %v, want slot %d sandbox-a and %d sandbox-c", owners, held[0].GetIndex(), resp.GetSlot().GetIndex())
+	if !maps.Equal(got, owners) {
+		t.Errorf("leases after kill -9 and restart: %v, want %v", got, owners)
 	}
 	d2.signal(syscall.SIGTERM)
 	if code := d2.wait(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d after SIGTERM, want 0", code)
 	}
-	h.stoppedCleanly(h.prefix, nil)
 }
 
 // A SIGTERM while reclaim runs in the foreground of the start stops the

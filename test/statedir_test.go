@@ -68,53 +68,22 @@ func TestFullStateFilesystem(t *testing.T) {
 	// Leases with long names and a TTL (a restart renews TTLs, a write)
 	// until the records fill the filesystem.
 	long := strings.Repeat("x", 120)
-	var leases []held
-	var full error
-	for i := range 200 {
-		owner, req := fmt.Sprintf("tenant-%d-%s", i, long), fmt.Sprintf("req-%d-%s", i, long)
-		resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: req, Ttl: durationpb.New(time.Hour)})
-		if err != nil {
-			full = err
-			break
-		}
-		l, err := heldOf(owner, req, resp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		leases = append(leases, l)
-	}
-	if status.Code(full) != codes.ResourceExhausted || len(leases) < 2 {
-		t.Fatalf("after %d leases: %v, want ResourceExhausted once the state filesystem is full", len(leases), full)
-	}
+	leases := leaseUntilFull(t, ctx, c, long)
 	t.Logf("the state filesystem was full after %d leases", len(leases))
 	var work []*workload
 	for _, l := range leases[:2] {
 		inside, _, _ := strings.Cut(l.slot.GetInsideAddress(), "/")
 		work = append(work, startWorkload(t, l.slot.GetIndex(), l.slot.GetNetnsPath(), inside))
 	}
-	full1 := func(when string) {
-		t.Helper()
-		w := d.warning("state-dir")
-		if !strings.Contains(w, h.stateDir) || !strings.Contains(w, "filesystem is full") {
-			t.Errorf("%s: the state-dir warning is %q, want it to name %s and the lack of space", when, w, h.stateDir)
-		}
-		if _, body, _ := d.get("/health"); !strings.Contains(body, `"status":"warn"`) {
-			t.Errorf("%s: /health is not warn: %s", when, body)
-		}
+	w := d.warning("state-dir")
+	if !strings.Contains(w, h.stateDir) || !strings.Contains(w, "filesystem is full") {
+		t.Errorf("full: the state-dir warning is %q, want it to name %s and the lack of space", w, h.stateDir)
 	}
-	full1("full")
+	if _, body, _ := d.get("/health"); !strings.Contains(body, `"status":"warn"`) {
+		t.Errorf("full: /health is not warn: %s", body)
+	}
 
-	// Failed Acquires leave the warm pool as it was.
-	warm := d.idleSlots()
-	for i := range 5 {
-		_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "tenant-more", RequestId: fmt.Sprintf("more-%d-%s", i, long)})
-		if status.Code(err) != codes.ResourceExhausted {
-			t.Fatalf("Acquire on a full state filesystem: %v, want ResourceExhausted", err)
-		}
-	}
-	if after := d.idleSlots(); warm < 1 || after < warm {
-		t.Errorf("5 failed Acquires took the warm pool from %v to %v slots", warm, after)
-	}
+	failedAcquiresKeepThePool(t, ctx, d, c, long)
 	// A release that cannot be recorded is refused, and the lease kept.
 	last := leases[len(leases)-1]
 	if _, err := c.Release(ctx, &phasegatev1.ReleaseRequest{Index: last.slot.GetIndex(), LeaseId: last.leaseID}); status.Code(err) != codes.ResourceExhausted {
@@ -156,6 +125,49 @@ func TestFullStateFilesystem(t *testing.T) {
 	}
 	h.decommission(h.prefix)
 	h.assertClean(h.prefix, nil)
+}
+
+// leaseUntilFull acquires leases whose owner and request id carry long,
+// each with a TTL, until the state filesystem is full: the refusal must
+// be ResourceExhausted, after at least two leases, which it returns.
+func leaseUntilFull(t *testing.T, ctx context.Context, c phasegatev1.SlotsClient, long string) []held {
+	t.Helper()
+	var leases []held
+	var full error
+	for i := range 200 {
+		owner, req := fmt.Sprintf("tenant-%d-%s", i, long), fmt.Sprintf("req-%d-%s", i, long)
+		resp, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: owner, RequestId: req, Ttl: durationpb.New(time.Hour)})
+		if err != nil {
+			full = err
+			break
+		}
+		l, err := heldOf(owner, req, resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	if status.Code(full) != codes.ResourceExhausted || len(leases) < 2 {
+		t.Fatalf("after %d leases: %v, want ResourceExhausted once the state filesystem is full", len(leases), full)
+	}
+	return leases
+}
+
+// failedAcquiresKeepThePool makes 5 Acquires on the full state
+// filesystem: each must be refused with ResourceExhausted, and the warm
+// pool left as it was.
+func failedAcquiresKeepThePool(t *testing.T, ctx context.Context, d *daemon, c phasegatev1.SlotsClient, long string) {
+	t.Helper()
+	warm := d.idleSlots()
+	for i := range 5 {
+		_, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "tenant-more", RequestId: fmt.Sprintf("more-%d-%s", i, long)})
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("Acquire on a full state filesystem: %v, want ResourceExhausted", err)
+		}
+	}
+	if after := d.idleSlots(); warm < 1 || after < warm {
+		t.Errorf("5 failed Acquires took the warm pool from %v to %v slots", warm, after)
+	}
 }
 
 // A start on a read-only state directory is an I/O fault, not a

@@ -130,29 +130,6 @@ func reconciled(t *testing.T, d *daemon) {
 // them, a restart restores them) and releases the other three (cut off,
 // not killed).
 func TestStateLostNextToWorkloadsHoldsThem(t *testing.T) {
-	damages := map[string]func(t *testing.T, dir string){
-		"removed": func(t *testing.T, dir string) {
-			if err := os.Remove(filepath.Join(dir, phases.StateFileName)); err != nil {
-				t.Fatal(err)
-			}
-		},
-		"truncated": func(t *testing.T, dir string) {
-			if err := os.Truncate(filepath.Join(dir, phases.StateFileName), 0); err != nil {
-				t.Fatal(err)
-			}
-		},
-		"emptied": func(t *testing.T, dir string) {
-			entries, err := os.ReadDir(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, e := range entries {
-				if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-					t.Fatal(err)
-				}
-			}
-		},
-	}
 	for _, stop := range []string{"kill -9", "clean stop"} {
 		for _, damage := range []string{"removed", "truncated", "emptied"} {
 			t.Run(strings.ReplaceAll(stop, " ", "")+"/"+damage, func(t *testing.T) {
@@ -165,12 +142,9 @@ func TestStateLostNextToWorkloadsHoldsThem(t *testing.T) {
 					d.signal(syscall.SIGKILL)
 					d.wait(30 * time.Second)
 				} else {
-					d.signal(syscall.SIGTERM)
-					if code := d.wait(time.Minute); code != 0 {
-						t.Fatalf("stop: exit %d", code)
-					}
+					stopCleanly(t, d)
 				}
-				damages[damage](t, h.stateDir)
+				damageStateDir(t, damage, h.stateDir)
 
 				d = start(t, nil, args...)
 				d.waitReclaimed(time.Minute)
@@ -182,62 +156,12 @@ func TestStateLostNextToWorkloadsHoldsThem(t *testing.T) {
 				for _, tn := range tenants {
 					tn.survives(t, "after the start")
 				}
-				l := heldList(t, d)
-				warn := warningOf(t, d, "held-slots")
-				byIndex := map[int]phases.HeldView{}
-				for _, v := range l.Held {
-					byIndex[v.Index] = v
-				}
-				for _, tn := range tenants {
-					i := int(tn.slot.GetIndex())
-					v, ok := byIndex[i]
-					if !ok || v.Netns.Ino != tn.netns || !slices.Contains(v.PIDs, tn.w.pid) || !v.HostLink {
-						t.Errorf("slot %d: held %+v (%v); want it held, its namespace %d with pid %d inside", i, v, ok, tn.netns, tn.w.pid)
-					}
-					if !regexp.MustCompile(`\b` + strconv.Itoa(i) + `\b`).MatchString(warn) {
-						t.Errorf("health's held-slots warning does not name slot %d: %q", i, warn)
-					}
-					got, err := d.slots().Get(context.Background(), &phasegatev1.GetRequest{Index: uint32(i)})
-					if err != nil || got.GetSlot().GetState() != phasegatev1.SlotState_SLOT_STATE_QUARANTINED {
-						t.Errorf("slot %d: %v %v, want QUARANTINED", i, got.GetSlot().GetState(), err)
-					}
-				}
-				if !strings.Contains(healthOf(t, d), `"status":"warn"`) {
-					t.Errorf("/health does not warn: %s", healthOf(t, d))
-				}
+				checkEveryTenantHeld(t, d, tenants)
 
 				// Three adopted back for their owners, three released.
 				adopted, released := tenants[:3], tenants[3:]
-				for _, tn := range adopted {
-					out, err := runBinary("held", "adopt", strconv.Itoa(int(tn.slot.GetIndex())), "--owner="+tn.owner,
-						"--request-id="+tn.requestID, "--socket="+d.control)
-					if err != nil {
-						t.Fatalf("held adopt: %v\n%s", err, out)
-					}
-					var a phases.AdoptAnswer
-					if err := json.Unmarshal([]byte(out), &a); err != nil || a.LeaseID == "" {
-						t.Fatalf("held adopt: %v\n%s", err, out)
-					}
-					// The owner's retried Acquire finds it; its lease id
-					// renews it.
-					again := acquire(t, d.slots(), tn.owner, tn.requestID, 0)
-					if again.slot.GetIndex() != tn.slot.GetIndex() || again.leaseID != a.LeaseID || again.netns != tn.netns {
-						t.Errorf("retried Acquire of %s/%s: slot %d lease %s, want slot %d lease %s", tn.owner, tn.requestID,
-							again.slot.GetIndex(), again.leaseID, tn.slot.GetIndex(), a.LeaseID)
-					}
-				}
-				for _, tn := range released {
-					out, err := runBinary("held", "release", strconv.Itoa(int(tn.slot.GetIndex())), "--socket="+d.control)
-					if err != nil {
-						t.Fatalf("held release: %v\n%s", err, out)
-					}
-					if _, err := os.Stat(tn.slot.GetNetnsPath()); !os.IsNotExist(err) {
-						t.Errorf("released slot %d: its netns file is still there (%v)", tn.slot.GetIndex(), err)
-					}
-					if !pidAlive(tn.w.pid) {
-						t.Errorf("released slot %d: its process was killed; the daemon runs without --reclaim-kill-orphans", tn.slot.GetIndex())
-					}
-				}
+				adoptHeld(t, d, adopted)
+				releaseHeld(t, d, released)
 				if l := heldList(t, d); len(l.Held) != 0 {
 					t.Errorf("held after adopting and releasing every one: %+v", l.Held)
 				}
@@ -252,10 +176,7 @@ func TestStateLostNextToWorkloadsHoldsThem(t *testing.T) {
 				}
 
 				// A restart restores the adopted leases, holds nothing.
-				d.signal(syscall.SIGTERM)
-				if code := d.wait(time.Minute); code != 0 {
-					t.Fatalf("stop: exit %d", code)
-				}
+				stopCleanly(t, d)
 				d = start(t, nil, args...)
 				d.waitReclaimed(time.Minute)
 				for _, tn := range adopted {
@@ -268,12 +189,121 @@ func TestStateLostNextToWorkloadsHoldsThem(t *testing.T) {
 				if l := heldList(t, d); len(l.Held) != 0 {
 					t.Errorf("held after a restart: %+v", l.Held)
 				}
-				d.signal(syscall.SIGTERM)
-				if code := d.wait(time.Minute); code != 0 {
-					t.Fatalf("stop: exit %d", code)
-				}
+				stopCleanly(t, d)
 				h.decommission(h.prefix)
 			})
+		}
+	}
+}
+
+// stopCleanly sends SIGTERM and fails the test unless the daemon exits 0
+// within a minute.
+func stopCleanly(t *testing.T, d *daemon) {
+	t.Helper()
+	d.signal(syscall.SIGTERM)
+	if code := d.wait(time.Minute); code != 0 {
+		t.Fatalf("stop: exit %d", code)
+	}
+}
+
+// damageStateDir loses the state in dir as damage says: the state file
+// removed, truncated to 0 bytes, or the whole directory emptied.
+func damageStateDir(t *testing.T, damage, dir string) {
+	t.Helper()
+	switch damage {
+	case "removed":
+		if err := os.Remove(filepath.Join(dir, phases.StateFileName)); err != nil {
+			t.Fatal(err)
+		}
+	case "truncated":
+		if err := os.Truncate(filepath.Join(dir, phases.StateFileName), 0); err != nil {
+			t.Fatal(err)
+		}
+	case "emptied":
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	default:
+		t.Fatalf("no damage %q", damage)
+	}
+}
+
+// checkEveryTenantHeld checks each tenant's slot is held (its namespace
+// with its workload's pid inside, its host link), named in health's
+// warning, and QUARANTINED in the Slots API, and that /health warns.
+func checkEveryTenantHeld(t *testing.T, d *daemon, tenants []tenant) {
+	t.Helper()
+	l := heldList(t, d)
+	warn := warningOf(t, d, "held-slots")
+	byIndex := map[int]phases.HeldView{}
+	for _, v := range l.Held {
+		byIndex[v.Index] = v
+	}
+	for _, tn := range tenants {
+		i := int(tn.slot.GetIndex())
+		v, ok := byIndex[i]
+		if !ok || v.Netns.Ino != tn.netns || !slices.Contains(v.PIDs, tn.w.pid) || !v.HostLink {
+			t.Errorf("slot %d: held %+v (%v); want it held, its namespace %d with pid %d inside", i, v, ok, tn.netns, tn.w.pid)
+		}
+		if !regexp.MustCompile(`\b` + strconv.Itoa(i) + `\b`).MatchString(warn) {
+			t.Errorf("health's held-slots warning does not name slot %d: %q", i, warn)
+		}
+		got, err := d.slots().Get(context.Background(), &phasegatev1.GetRequest{Index: uint32(i)})
+		if err != nil || got.GetSlot().GetState() != phasegatev1.SlotState_SLOT_STATE_QUARANTINED {
+			t.Errorf("slot %d: %v %v, want QUARANTINED", i, got.GetSlot().GetState(), err)
+		}
+	}
+	if !strings.Contains(healthOf(t, d), `"status":"warn"`) {
+		t.Errorf("/health does not warn: %s", healthOf(t, d))
+	}
+}
+
+// adoptHeld adopts each tenant's held slot back for its owner with
+// `phasegate held adopt` and checks the owner's retried Acquire finds it
+// under the new lease id.
+func adoptHeld(t *testing.T, d *daemon, tenants []tenant) {
+	t.Helper()
+	for _, tn := range tenants {
+		out, err := runBinary("held", "adopt", strconv.Itoa(int(tn.slot.GetIndex())), "--owner="+tn.owner,
+			"--request-id="+tn.requestID, "--socket="+d.control)
+		if err != nil {
+			t.Fatalf("held adopt: %v\n%s", err, out)
+		}
+		var a phases.AdoptAnswer
+		if err := json.Unmarshal([]byte(out), &a); err != nil || a.LeaseID == "" {
+			t.Fatalf("held adopt: %v\n%s", err, out)
+		}
+		// The owner's retried Acquire finds it; its lease id
+		// renews it.
+		again := acquire(t, d.slots(), tn.owner, tn.requestID, 0)
+		if again.slot.GetIndex() != tn.slot.GetIndex() || again.leaseID != a.LeaseID || again.netns != tn.netns {
+			t.Errorf("retried Acquire of %s/%s: slot %d lease %s, want slot %d lease %s", tn.owner, tn.requestID,
+				again.slot.GetIndex(), again.leaseID, tn.slot.GetIndex(), a.LeaseID)
+		}
+	}
+}
+
+// releaseHeld releases each tenant's held slot with `phasegate held
+// release` and checks its namespace file is gone and its process cut off,
+// not killed.
+func releaseHeld(t *testing.T, d *daemon, tenants []tenant) {
+	t.Helper()
+	for _, tn := range tenants {
+		out, err := runBinary("held", "release", strconv.Itoa(int(tn.slot.GetIndex())), "--socket="+d.control)
+		if err != nil {
+			t.Fatalf("held release: %v\n%s", err, out)
+		}
+		if _, err := os.Stat(tn.slot.GetNetnsPath()); !os.IsNotExist(err) {
+			t.Errorf("released slot %d: its netns file is still there (%v)", tn.slot.GetIndex(), err)
+		}
+		if !pidAlive(tn.w.pid) {
+			t.Errorf("released slot %d: its process was killed; the daemon runs without --reclaim-kill-orphans", tn.slot.GetIndex())
 		}
 	}
 }
@@ -327,78 +357,91 @@ func TestJournalLostAfterAKillNamesEveryLease(t *testing.T) {
 			for _, tn := range tenants {
 				book.add(tn.held)
 			}
-			st, err := os.Stat(jpath)
-			if err != nil || st.Size() < 1000 {
-				t.Fatalf("the journal after the kill: %v, %v; want the burst's entries in it", st, err)
-			}
-			switch damage {
-			case "removed":
-				err = os.Remove(jpath)
-			case "emptied":
-				err = os.Truncate(jpath, 0)
-			case "cut in half":
-				err = os.Truncate(jpath, st.Size()/2)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			damageJournal(t, damage, jpath)
 
 			d = start(t, nil, args...)
 			d.waitReclaimed(2 * time.Minute)
-			if !strings.Contains(healthOf(t, d), `"status":"warn"`) {
-				t.Errorf("/health does not warn after the journal's loss: %s", healthOf(t, d))
-			}
-			lost := warningOf(t, d, "state-lost")
-			if !strings.Contains(lost, "journal") {
-				t.Errorf("health's state-lost warning does not say the journal lost writes: %q", lost)
-			}
-			named := slotsNamed(lost)
-			heldAt := map[int]phases.HeldView{}
-			for _, v := range heldList(t, d).Held {
-				heldAt[v.Index] = v
-				named[v.Index] = true
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			list, err := d.slots().List(ctx, &phasegatev1.ListRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			listed := map[uint32]*phasegatev1.Slot{}
-			for _, s := range list.GetSlots() {
-				listed[s.GetIndex()] = s
-			}
-			restored, namedLost := 0, 0
-			for _, b := range book.all() {
-				i := b.slot.GetIndex()
-				switch s := listed[i]; {
-				case s.GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED && s.GetOwner() == b.owner:
-					restored++
-				case named[int(i)]:
-					namedLost++
-				default:
-					t.Errorf("lease of %s (request %s) at slot %d: neither restored nor named lost (listed %v)", b.owner, b.requestID, i, s)
-				}
-			}
-			for _, tn := range tenants {
-				tn.survives(t, "after the start")
-				i := int(tn.slot.GetIndex())
-				if s := listed[uint32(i)]; s.GetState() != phasegatev1.SlotState_SLOT_STATE_ACQUIRED || s.GetOwner() != tn.owner {
-					if v, ok := heldAt[i]; !ok || v.Netns.Ino != tn.netns {
-						t.Errorf("slot %d with a workload: neither restored (%v) nor held (%+v)", i, s, v)
-					}
-				}
-			}
-			t.Logf("%s: %d leases told; %d restored, %d named lost; %d held", damage, len(book.all()), restored, namedLost, len(heldAt))
-			if namedLost == 0 && damage != "cut in half" {
-				t.Errorf("no lease named lost: the journal's loss went unseen")
-			}
-			d.signal(syscall.SIGTERM)
-			if code := d.wait(time.Minute); code != 0 {
-				t.Fatalf("stop: exit %d", code)
-			}
+			checkEveryLeaseRestoredOrNamed(t, d, damage, book, tenants)
+			stopCleanly(t, d)
 			h.decommission(h.prefix)
 		})
+	}
+}
+
+// damageJournal loses the journal at jpath, which must hold the burst's
+// entries, as damage says: removed, emptied, or cut in half.
+func damageJournal(t *testing.T, damage, jpath string) {
+	t.Helper()
+	st, err := os.Stat(jpath)
+	if err != nil || st.Size() < 1000 {
+		t.Fatalf("the journal after the kill: %v, %v; want the burst's entries in it", st, err)
+	}
+	switch damage {
+	case "removed":
+		err = os.Remove(jpath)
+	case "emptied":
+		err = os.Truncate(jpath, 0)
+	case "cut in half":
+		err = os.Truncate(jpath, st.Size()/2)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkEveryLeaseRestoredOrNamed checks the start after the journal's
+// loss warns that the journal lost writes, that every lease in the book
+// is restored to its owner or named lost (held, or in the warning), and
+// that each tenant's workload survives in a slot restored or held.
+func checkEveryLeaseRestoredOrNamed(t *testing.T, d *daemon, damage string, book *ledger, tenants []tenant) {
+	t.Helper()
+	if !strings.Contains(healthOf(t, d), `"status":"warn"`) {
+		t.Errorf("/health does not warn after the journal's loss: %s", healthOf(t, d))
+	}
+	lost := warningOf(t, d, "state-lost")
+	if !strings.Contains(lost, "journal") {
+		t.Errorf("health's state-lost warning does not say the journal lost writes: %q", lost)
+	}
+	named := slotsNamed(lost)
+	heldAt := map[int]phases.HeldView{}
+	for _, v := range heldList(t, d).Held {
+		heldAt[v.Index] = v
+		named[v.Index] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	list, err := d.slots().List(ctx, &phasegatev1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[uint32]*phasegatev1.Slot{}
+	for _, s := range list.GetSlots() {
+		listed[s.GetIndex()] = s
+	}
+	restored, namedLost := 0, 0
+	for _, b := range book.all() {
+		i := b.slot.GetIndex()
+		switch s := listed[i]; {
+		case s.GetState() == phasegatev1.SlotState_SLOT_STATE_ACQUIRED && s.GetOwner() == b.owner:
+			restored++
+		case named[int(i)]:
+			namedLost++
+		default:
+			t.Errorf("lease of %s (request %s) at slot %d: neither restored nor named lost (listed %v)", b.owner, b.requestID, i, s)
+		}
+	}
+	for _, tn := range tenants {
+		tn.survives(t, "after the start")
+		i := int(tn.slot.GetIndex())
+		if s := listed[uint32(i)]; s.GetState() != phasegatev1.SlotState_SLOT_STATE_ACQUIRED || s.GetOwner() != tn.owner {
+			if v, ok := heldAt[i]; !ok || v.Netns.Ino != tn.netns {
+				t.Errorf("slot %d with a workload: neither restored (%v) nor held (%+v)", i, s, v)
+			}
+		}
+	}
+	t.Logf("%s: %d leases told; %d restored, %d named lost; %d held", damage, len(book.all()), restored, namedLost, len(heldAt))
+	if namedLost == 0 && damage != "cut in half" {
+		t.Errorf("no lease named lost: the journal's loss went unseen")
 	}
 }
 

@@ -18,6 +18,11 @@ import (
 	"github.com/phasegate/phasegate/internal/testcerts"
 )
 
+// With TLS and a client CA, health is open to checkers without a client
+// certificate (HTTPS, grpc-health-probe, phasegate probe) and plain HTTP
+// is not answered; the Slots API on the port needs a client certificate
+// and a policy rule for its identity, which becomes the lease's
+// principal.
 func TestMutualTLS(t *testing.T) {
 	probe := lookTool(t, "grpc-health-probe", "go install github.com/grpc-ecosystem/grpc-health-probe@v0.4.62")
 	certs, err := testcerts.New()
@@ -36,30 +41,7 @@ func TestMutualTLS(t *testing.T) {
 		"--tls-cert="+certs.ServerCert, "--tls-key="+certs.ServerKey, "--tls-client-ca="+certs.CAFile,
 		"--allow=id:cn:sandbox-scheduler=scheduler")...)
 
-	// Health is open to checkers, which have no client certificate.
-	https := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: certs.CAPool}, ForceAttemptHTTP2: true}}
-	waitFor(t, time.Minute, "HTTPS /readyz to answer 200", func() bool {
-		resp, err := https.Get("https://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	out, err := exec.Command(probe, "-addr="+addr, "-tls", "-tls-ca-cert="+certs.CAFile).CombinedOutput()
-	if exitCode(err) != 0 {
-		t.Errorf("grpc-health-probe over TLS: exit %d %s", exitCode(err), out)
-	}
-	if out, code := cli(t, "probe", "--addr="+addr, "--tls-ca="+certs.CAFile); code != 0 {
-		t.Errorf("phasegate probe over TLS: exit %d %s", code, out)
-	}
-	if out, code := cli(t, "probe", "--http", "--addr="+addr, "--tls-ca="+certs.CAFile); code != 0 {
-		t.Errorf("phasegate probe --http over TLS: exit %d %s", code, out)
-	}
-	if _, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + addr + "/health"); err == nil {
-		t.Error("plain HTTP was answered on the TLS port")
-	}
+	checkHealthOpenOverTLS(t, probe, addr, certs)
 
 	// The Slots API on the port needs a client certificate, and a policy
 	// rule for its identity.
@@ -98,4 +80,34 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	h.stoppedCleanly(h.prefix, nil)
+}
+
+// checkHealthOpenOverTLS checks health answers checkers without a client
+// certificate over TLS (HTTPS /readyz, grpc-health-probe, phasegate probe
+// over gRPC and HTTP), and plain HTTP is not answered on the TLS port.
+func checkHealthOpenOverTLS(t *testing.T, probe, addr string, certs *testcerts.Set) {
+	t.Helper()
+	https := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: certs.CAPool}, ForceAttemptHTTP2: true}}
+	waitFor(t, time.Minute, "HTTPS /readyz to answer 200", func() bool {
+		resp, err := https.Get("https://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	out, err := exec.Command(probe, "-addr="+addr, "-tls", "-tls-ca-cert="+certs.CAFile).CombinedOutput()
+	if exitCode(err) != 0 {
+		t.Errorf("grpc-health-probe over TLS: exit %d %s", exitCode(err), out)
+	}
+	if out, code := cli(t, "probe", "--addr="+addr, "--tls-ca="+certs.CAFile); code != 0 {
+		t.Errorf("phasegate probe over TLS: exit %d %s", code, out)
+	}
+	if out, code := cli(t, "probe", "--http", "--addr="+addr, "--tls-ca="+certs.CAFile); code != 0 {
+		t.Errorf("phasegate probe --http over TLS: exit %d %s", code, out)
+	}
+	if _, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + addr + "/health"); err == nil {
+		t.Error("plain HTTP was answered on the TLS port")
+	}
 }

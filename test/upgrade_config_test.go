@@ -137,11 +137,7 @@ func sha256Of(b []byte) string {
 // written) is refused and the daemon keeps serving. Before the handover,
 // the new image read the path again and exited 2: the port closed.
 func TestUpgradeWithThePolicyFileBrokenDuringTheDrain(t *testing.T) {
-	const (
-		before  = `{"principals": [{"uid": 65534, "owners": ["kept-*", "revoked-*"]}]}`
-		atHup   = `{"principals": [{"uid": 65534, "owners": ["kept-*"]}]}` + "\n"
-		refused = "upgrade refused"
-	)
+	const before = `{"principals": [{"uid": 65534, "owners": ["kept-*", "revoked-*"]}]}`
 	for _, tc := range []struct {
 		name  string
 		spoil func(path string) error
@@ -150,7 +146,7 @@ func TestUpgradeWithThePolicyFileBrokenDuringTheDrain(t *testing.T) {
 		{"half written", func(path string) error {
 			// In place, as a tool that truncates and writes does: the
 			// reader between the two sees half a policy.
-			return os.WriteFile(path, []byte(atHup[:len(atHup)/2]), 0o644)
+			return os.WriteFile(path, []byte(policyAtHup[:len(policyAtHup)/2]), 0o644)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -158,17 +154,7 @@ func TestUpgradeWithThePolicyFileBrokenDuringTheDrain(t *testing.T) {
 			h := newHost(t)
 			addr := freePort(t)
 			policy := filepath.Join(t.TempDir(), "policy.json") // root's, 0700
-			writePolicy := func(body string) {
-				t.Helper()
-				tmp := policy + ".new"
-				if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.Rename(tmp, policy); err != nil {
-					t.Fatal(err)
-				}
-			}
-			writePolicy(before)
+			writePolicyFile(t, policy, before)
 			sock := filepath.Join(pub.dir, "control.sock")
 			S := "--socket=" + sock
 			d := start(t, nil, h.args(addr, "--slots=64", "--pool-size=2", "--drain-delay=3s",
@@ -183,29 +169,8 @@ func TestUpgradeWithThePolicyFileBrokenDuringTheDrain(t *testing.T) {
 			}
 
 			// The operator revokes revoked-* and asks for the upgrade.
-			writePolicy(atHup)
-			live := watchLivez("http://"+addr, nil)
-			execs := strings.Count(d.Output(), "upgrading in place: exec")
-			d.signal(syscall.SIGHUP)
-			waitFor(t, time.Minute, "the daemon to report draining", func() bool {
-				return lifecycleState(&http.Client{Timeout: 2 * time.Second}, "http://"+addr) == "draining"
-			})
-			if err := tc.spoil(policy); err != nil {
-				t.Fatal(err)
-			}
-			if strings.Count(d.Output(), "upgrading in place: exec") != execs {
-				t.Fatal("the policy file was broken after the exec, not during the drain: lengthen --drain-delay")
-			}
-			waitNewImage(t, d, live)
-			d.waitServing(time.Minute)
-			finishLivez(t, d, live)
-			if d.Pid() != pid {
-				t.Fatalf("pid %d after the upgrade, want %d", d.Pid(), pid)
-			}
-			took := fmt.Sprintf("path=%s size=%d sha256=%s", policy, len(atHup), sha256Of([]byte(atHup)))
-			if out := d.Output(); !strings.Contains(out, "configuration file taken from the previous image") || !strings.Contains(out, took) {
-				t.Errorf("the new image does not say it took the policy read at SIGHUP (%s):\n%s", took, out)
-			}
+			writePolicyFile(t, policy, policyAtHup)
+			execs := upgradeWithThePolicySpoiled(t, d, addr, policy, tc.spoil)
 
 			// The policy in force is the one read at SIGHUP.
 			if out, code := acquire("kept-1"); code != 0 {
@@ -216,23 +181,9 @@ func TestUpgradeWithThePolicyFileBrokenDuringTheDrain(t *testing.T) {
 
 			// While the file is invalid, a SIGHUP is refused and the daemon
 			// keeps serving; a symlink to a good policy is refused too.
-			sighupRefused := func(what string) {
-				t.Helper()
-				n := strings.Count(d.Output(), refused)
-				d.signal(syscall.SIGHUP)
-				waitFor(t, time.Minute, "the SIGHUP to be refused ("+what+")", func() bool {
-					return strings.Count(d.Output(), refused) > n
-				})
-				if code, _, err := d.get("/readyz"); err != nil || code != http.StatusOK {
-					t.Fatalf("%s: not serving after a refused upgrade: %d %v", what, code, err)
-				}
-				if d.Pid() != pid || strings.Count(d.Output(), "upgrading in place: exec") != execs+1 {
-					t.Fatalf("%s: the upgrade went ahead", what)
-				}
-			}
-			sighupRefused(tc.name)
+			sighupRefused(t, d, tc.name, pid, execs)
 			good := filepath.Join(filepath.Dir(policy), "good.json")
-			if err := os.WriteFile(good, []byte(atHup), 0o644); err != nil {
+			if err := os.WriteFile(good, []byte(policyAtHup), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.Remove(policy); err != nil {
@@ -241,7 +192,7 @@ func TestUpgradeWithThePolicyFileBrokenDuringTheDrain(t *testing.T) {
 			if err := os.Symlink(good, policy); err != nil {
 				t.Fatal(err)
 			}
-			sighupRefused("a symlink")
+			sighupRefused(t, d, "a symlink", pid, execs)
 
 			d.signal(syscall.SIGTERM)
 			if code := d.wait(time.Minute); code != 0 {
@@ -249,6 +200,74 @@ func TestUpgradeWithThePolicyFileBrokenDuringTheDrain(t *testing.T) {
 			}
 			h.decommission(h.prefix)
 		})
+	}
+}
+
+// policyAtHup is the policy the operator writes before the SIGHUP: it
+// revokes revoked-* and keeps kept-*.
+const policyAtHup = `{"principals": [{"uid": 65534, "owners": ["kept-*"]}]}` + "\n"
+
+// writePolicyFile replaces the policy file at path with body, as an
+// editor saving through a rename does.
+func writePolicyFile(t *testing.T, path, body string) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// upgradeWithThePolicySpoiled sends SIGHUP, spoils the policy file while
+// the old image drains, and checks the port answered throughout, the new
+// image serves under the same pid and says it took the policy read at
+// SIGHUP; it returns how many execs the log showed before.
+func upgradeWithThePolicySpoiled(t *testing.T, d *daemon, addr, policy string, spoil func(string) error) int {
+	t.Helper()
+	pid := d.Pid()
+	live := watchLivez("http://"+addr, nil)
+	execs := strings.Count(d.Output(), "upgrading in place: exec")
+	d.signal(syscall.SIGHUP)
+	waitFor(t, time.Minute, "the daemon to report draining", func() bool {
+		return lifecycleState(&http.Client{Timeout: 2 * time.Second}, "http://"+addr) == "draining"
+	})
+	if err := spoil(policy); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(d.Output(), "upgrading in place: exec") != execs {
+		t.Fatal("the policy file was broken after the exec, not during the drain: lengthen --drain-delay")
+	}
+	waitNewImage(t, d, live)
+	d.waitServing(time.Minute)
+	finishLivez(t, d, live)
+	if d.Pid() != pid {
+		t.Fatalf("pid %d after the upgrade, want %d", d.Pid(), pid)
+	}
+	took := fmt.Sprintf("path=%s size=%d sha256=%s", policy, len(policyAtHup), sha256Of([]byte(policyAtHup)))
+	if out := d.Output(); !strings.Contains(out, "configuration file taken from the previous image") || !strings.Contains(out, took) {
+		t.Errorf("the new image does not say it took the policy read at SIGHUP (%s):\n%s", took, out)
+	}
+	return execs
+}
+
+// sighupRefused sends SIGHUP while the policy file is invalid (how says
+// what) and checks it is refused: the daemon keeps serving under pid, and
+// no exec follows the one upgrade made (execs before it).
+func sighupRefused(t *testing.T, d *daemon, what string, pid, execs int) {
+	t.Helper()
+	const refused = "upgrade refused"
+	n := strings.Count(d.Output(), refused)
+	d.signal(syscall.SIGHUP)
+	waitFor(t, time.Minute, "the SIGHUP to be refused ("+what+")", func() bool {
+		return strings.Count(d.Output(), refused) > n
+	})
+	if code, _, err := d.get("/readyz"); err != nil || code != http.StatusOK {
+		t.Fatalf("%s: not serving after a refused upgrade: %d %v", what, code, err)
+	}
+	if d.Pid() != pid || strings.Count(d.Output(), "upgrading in place: exec") != execs+1 {
+		t.Fatalf("%s: the upgrade went ahead", what)
 	}
 }
 

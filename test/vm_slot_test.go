@@ -43,43 +43,16 @@ type vmSlot struct {
 // ends are namespaces of the test's own, joined to the node by veths, with
 // blackhole routes for their ranges on the node.
 func TestVMInSlots(t *testing.T) {
-	g := locateGuest(t)
-	n := newNode(t)
-	h := newHost(t)
-	h.node = n
-	run(t, "nsenter", "--net="+n.ns, "--", "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
-	farA := newFarEnd(t, n, "fara", randomSlash30(rangeA), rangeA)
-	farB := newFarEnd(t, n, "farb", randomSlash30(rangeB), rangeB)
-
-	addr := "127.0.0.1:5008"
-	flags := append([]string{"--slots=64"}, guestProfileFlags()...)
-	d := nodeDaemon(t, n, h, addr, flags...)
-	waitNodeServing(t, n, addr, time.Minute)
+	r := newVMSlotsRig(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
-
-	// Policy 1: range A allowed, range B denied.
-	p1 := egressPolicy([]netip.Prefix{rangeA}, []netip.Prefix{rangeB})
-	var vms []*vmSlot
-	for _, owner := range []string{"vm-a", "vm-b"} {
-		s, lease := acquireWithPolicy(t, ctx, d.slots(), owner, p1)
-		inside := netip.MustParsePrefix(s.GetInsideAddress()).Addr()
-		vms = append(vms, &vmSlot{slot: s, lease: lease, at: netip.AddrPortFrom(inside, guestPort)})
-	}
-	a, b := vms[0], vms[1]
-	a.vm = bootGuest(t, g, guestConfig(a.slot, []netip.AddrPort{farA.echo, farB.echo, b.at}, farA.hold))
-	b.vm = bootGuest(t, g, guestConfig(b.slot, []netip.AddrPort{farA.echo, a.at}, netip.AddrPort{}))
-	for _, v := range vms {
-		if err := v.vm.WaitReady(ctx, n.ns, v.at); err != nil {
-			t.Fatalf("the node does not reach the guest of slot %d at its address %s: %v", v.slot.GetIndex(), v.at, err)
-		}
-	}
+	a, b, farA, farB := r.bootGuests(t, ctx)
 
 	// The guests' view: what the policy allows, not what it denies, and
 	// not each other.
 	waitRound(t, ctx, a.vm, 0, map[netip.AddrPort]string{farA.echo: "ok", farB.echo: "fail", b.at: "fail"})
 	waitRound(t, ctx, b.vm, 0, map[netip.AddrPort]string{farA.echo: "ok", a.at: "fail"})
-	if got, err := d.slots().Get(ctx, &phasegatev1.GetRequest{Index: a.slot.GetIndex()}); err != nil || got.GetSlot().GetEgressDroppedPackets() == 0 {
+	if got, err := r.d.slots().Get(ctx, &phasegatev1.GetRequest{Index: a.slot.GetIndex()}); err != nil || got.GetSlot().GetEgressDroppedPackets() == 0 {
 		t.Errorf("slot %d after its guest's checks of a denied address: %d packets dropped (%v), want some",
 			a.slot.GetIndex(), got.GetSlot().GetEgressDroppedPackets(), err)
 	}
@@ -91,35 +64,112 @@ func TestVMInSlots(t *testing.T) {
 	// Policy 2 also allows range B: it takes effect at
 	// the next check, and the long connection stays the one it was.
 	p2 := egressPolicy([]netip.Prefix{rangeA, rangeB}, nil)
-	replacePolicy(t, ctx, d.slots(), a, p2)
+	replacePolicy(t, ctx, r.d.slots(), a, p2)
 	off := consoleLen(t, a.vm) // rounds that begin now meet only the new policy
 	waitRound(t, ctx, a.vm, off, map[netip.AddrPort]string{farA.echo: "ok", farB.echo: "ok", b.at: "fail"})
-	checkPolicy(t, ctx, d.slots(), a, p2)
+	checkPolicy(t, ctx, r.d.slots(), a, p2)
 	checkHeld(t, farA, a.vm)
 
-	// A connection into the guest through every kind of restart, which
-	// must leave the slot's network as it was: the guest's view, and the
-	// devices, addresses and rules in its namespace.
+	r.restartUnderAConnection(t, ctx, p2)
+	waitRound(t, ctx, b.vm, consoleLen(t, b.vm), map[netip.AddrPort]string{farA.echo: "ok", a.at: "fail"})
+
+	// Policy 3 denies range A: new connections there fail, the
+	// established one stays (established traffic is always accepted).
+	p3 := egressPolicy([]netip.Prefix{rangeB}, []netip.Prefix{rangeA})
+	replacePolicy(t, ctx, r.d.slots(), a, p3)
+	off = consoleLen(t, a.vm) // rounds that begin now meet only the new policy
+	waitRound(t, ctx, a.vm, off, map[netip.AddrPort]string{farA.echo: "fail", farB.echo: "ok", b.at: "fail"})
+	checkHeld(t, farA, a.vm)
+
+	r.releaseEverything(t, ctx)
+}
+
+// vmSlotsRig is TestVMInSlots's node, its daemon (d, restarted along the
+// test, on addr with flags), the far ends in ranges A and B, and the two
+// leased slots with their guests.
+type vmSlotsRig struct {
+	g          microvm.Guest
+	n          *node
+	h          *host
+	addr       string
+	flags      []string
+	d          *daemon
+	farA, farB *farEnd
+	vms        []*vmSlot
+}
+
+// newVMSlotsRig makes the node (forwarding on, there only) with its far
+// ends and starts the daemon with the guest profile.
+func newVMSlotsRig(t *testing.T) *vmSlotsRig {
+	t.Helper()
+	r := &vmSlotsRig{g: locateGuest(t), n: newNode(t), h: newHost(t), addr: "127.0.0.1:5008"}
+	r.h.node = r.n
+	run(t, "nsenter", "--net="+r.n.ns, "--", "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+	r.farA = newFarEnd(t, r.n, "fara", randomSlash30(rangeA), rangeA)
+	r.farB = newFarEnd(t, r.n, "farb", randomSlash30(rangeB), rangeB)
+	r.flags = append([]string{"--slots=64"}, guestProfileFlags()...)
+	r.startDaemon(t)
+	return r
+}
+
+// startDaemon starts the daemon in the node and waits until it serves.
+func (r *vmSlotsRig) startDaemon(t *testing.T) {
+	t.Helper()
+	r.d = nodeDaemon(t, r.n, r.h, r.addr, r.flags...)
+	waitNodeServing(t, r.n, r.addr, time.Minute)
+}
+
+// bootGuests leases slots for vm-a and vm-b under policy 1 (range A
+// allowed, range B denied), boots a guest in each, probing the far ends
+// and each other (vm-a holding a connection to far end A), and waits
+// until the node reaches each guest at its slot's address.
+func (r *vmSlotsRig) bootGuests(t *testing.T, ctx context.Context) (a, b *vmSlot, farA, farB *farEnd) {
+	t.Helper()
+	farA, farB = r.farA, r.farB
+	p1 := egressPolicy([]netip.Prefix{rangeA}, []netip.Prefix{rangeB})
+	for _, owner := range []string{"vm-a", "vm-b"} {
+		s, lease := acquireWithPolicy(t, ctx, r.d.slots(), owner, p1)
+		inside := netip.MustParsePrefix(s.GetInsideAddress()).Addr()
+		r.vms = append(r.vms, &vmSlot{slot: s, lease: lease, at: netip.AddrPortFrom(inside, guestPort)})
+	}
+	a, b = r.vms[0], r.vms[1]
+	a.vm = bootGuest(t, r.g, guestConfig(a.slot, []netip.AddrPort{farA.echo, farB.echo, b.at}, farA.hold))
+	b.vm = bootGuest(t, r.g, guestConfig(b.slot, []netip.AddrPort{farA.echo, a.at}, netip.AddrPort{}))
+	for _, v := range r.vms {
+		if err := v.vm.WaitReady(ctx, r.n.ns, v.at); err != nil {
+			t.Fatalf("the node does not reach the guest of slot %d at its address %s: %v", v.slot.GetIndex(), v.at, err)
+		}
+	}
+	return a, b, farA, farB
+}
+
+// restartUnderAConnection holds a connection into vm-a's guest through
+// every kind of restart (kill -9 and a start, SIGTERM and a start,
+// SIGHUP), which must leave the slot's network as it was: the guest's
+// view under policy p, and the devices, addresses and rules in its
+// namespace; the connection sees no failure.
+func (r *vmSlotsRig) restartUnderAConnection(t *testing.T, ctx context.Context, p *phasegatev1.EgressPolicy) {
+	t.Helper()
+	a, b, farA, farB := r.vms[0], r.vms[1], r.farA, r.farB
 	viewA := map[netip.AddrPort]string{farA.echo: "ok", farB.echo: "ok", b.at: "fail"}
 	network := slotNetwork(t, a.slot)
 	if !strings.Contains(network, "link "+guestTap+" ") || !strings.Contains(network, "table ") {
 		t.Fatalf("slot %d's network lists no %s or no nftables table:\n%s", a.slot.GetIndex(), guestTap, network)
 	}
-	probe := startSteadyProbe(t, n.ns, a.at, 100*time.Millisecond)
-	d.signal(syscall.SIGKILL)
-	d.wait(30 * time.Second)
-	d = nodeDaemon(t, n, h, addr, flags...)
-	waitNodeServing(t, n, addr, time.Minute)
-	afterRestart(t, ctx, "kill -9 and a new start", d, a, p2, probe, network, viewA)
+	probe := startSteadyProbe(t, r.n.ns, a.at, 100*time.Millisecond)
+	r.d.signal(syscall.SIGKILL)
+	r.d.wait(30 * time.Second)
+	r.startDaemon(t)
+	afterRestart(t, ctx, "kill -9 and a new start", r.d, a, p, probe, network, viewA)
 
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
+	r.d.signal(syscall.SIGTERM)
+	if code := r.d.wait(time.Minute); code != 0 {
 		t.Fatalf("exit %d after SIGTERM, want 0", code)
 	}
-	d = nodeDaemon(t, n, h, addr, flags...)
-	waitNodeServing(t, n, addr, time.Minute)
-	afterRestart(t, ctx, "SIGTERM and a new start", d, a, p2, probe, network, viewA)
+	r.startDaemon(t)
+	afterRestart(t, ctx, "SIGTERM and a new start", r.d, a, p, probe, network, viewA)
 
+	d := r.d
 	upgrades := strings.Count(d.Output(), "SIGHUP: upgrading in place")
 	served := strings.Count(d.Output(), "msg=serving ")
 	d.signal(syscall.SIGHUP)
@@ -129,27 +179,24 @@ func TestVMInSlots(t *testing.T) {
 	waitFor(t, 2*time.Minute, "the upgraded daemon to serve", func() bool {
 		return strings.Count(d.Output(), "msg=serving ") > served
 	})
-	waitNodeServing(t, n, addr, time.Minute)
-	afterRestart(t, ctx, "SIGHUP", d, a, p2, probe, network, viewA)
+	waitNodeServing(t, r.n, r.addr, time.Minute)
+	afterRestart(t, ctx, "SIGHUP", d, a, p, probe, network, viewA)
 	probe.end()
 	echoes, fails := probe.result()
 	t.Logf("the connection into the guest across kill -9, SIGTERM and a start, SIGHUP: %d echoes, %d failures", echoes, len(fails))
 	if len(fails) > 0 || echoes == 0 {
 		t.Errorf("the connection into the guest across the restarts: %d echoes, failures %v", echoes, fails)
 	}
-	waitRound(t, ctx, b.vm, consoleLen(t, b.vm), map[netip.AddrPort]string{farA.echo: "ok", a.at: "fail"})
+}
 
-	// Policy 3 denies range A: new connections there fail, the
-	// established one stays (established traffic is always accepted).
-	p3 := egressPolicy([]netip.Prefix{rangeB}, []netip.Prefix{rangeA})
-	replacePolicy(t, ctx, d.slots(), a, p3)
-	off = consoleLen(t, a.vm) // rounds that begin now meet only the new policy
-	waitRound(t, ctx, a.vm, off, map[netip.AddrPort]string{farA.echo: "fail", farB.echo: "ok", b.at: "fail"})
-	checkHeld(t, farA, a.vm)
-
-	// Release both: first the VMs stop (QEMU holds its slot's namespace),
-	// then the leases go, and with them every trace of the policies.
-	for _, v := range vms {
+// releaseEverything stops the VMs (QEMU holds its slot's namespace), then
+// releases their leases, and checks every trace of the policies goes with
+// them: each released slot as a warm slot never leased, the records idle,
+// nothing left after the stop.
+func (r *vmSlotsRig) releaseEverything(t *testing.T, ctx context.Context) {
+	t.Helper()
+	a, b, d := r.vms[0], r.vms[1], r.d
+	for _, v := range r.vms {
 		if err := v.vm.Stop(10 * time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -167,20 +214,20 @@ func TestVMInSlots(t *testing.T) {
 	if fresh == nil {
 		t.Fatal("no warm slot that was never leased to compare the released ones with")
 	}
-	for _, v := range vms {
+	for _, v := range r.vms {
 		checkReleased(t, ctx, d.slots(), v, fresh)
 	}
 	d.signal(syscall.SIGTERM)
 	if code := d.wait(time.Minute); code != 0 {
 		t.Fatalf("exit %d after the last SIGTERM, want 0", code)
 	}
-	for _, r := range h.assertOnlyRecorded(h.prefix) {
-		if r.State != leases.Idle || r.Owner != "" || r.Egress != nil {
-			t.Errorf("after the releases slot %d is recorded %s for %q with policy %v", r.Index, r.State, r.Owner, r.Egress)
+	for _, rec := range r.h.assertOnlyRecorded(r.h.prefix) {
+		if rec.State != leases.Idle || rec.Owner != "" || rec.Egress != nil {
+			t.Errorf("after the releases slot %d is recorded %s for %q with policy %v", rec.Index, rec.State, rec.Owner, rec.Egress)
 		}
 	}
-	h.decommission(h.prefix)
-	h.assertClean(h.prefix, nil)
+	r.h.decommission(r.h.prefix)
+	r.h.assertClean(r.h.prefix, nil)
 }
 
 // guestConfig is the VM of slot s: on its tap, at the profile's fixed

@@ -17,6 +17,53 @@ import (
 func TestSurveyAgreesWithInspect(t *testing.T) {
 	dir, prefix := setup(t)
 	ctx := context.Background()
+	want := makeEveryKindOfEntry(t, ctx, dir, prefix)
+
+	found, err := netns.Survey(dir, func(name string) bool { return strings.HasPrefix(name, prefix) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, f := range found {
+		seen[f.Name] = true
+		st, ierr := netns.Inspect(filepath.Join(dir, f.Name))
+		if f.State != st || errors.Is(f.Err, netns.ErrNotNamespace) != errors.Is(ierr, netns.ErrNotNamespace) || (f.Err == nil) != (ierr == nil) {
+			t.Errorf("%q: Survey says %v, %v; Inspect says %v, %v", f.Name, f.State, f.Err, st, ierr)
+		}
+		// A bound namespace's identity is the one Stat gives, read from
+		// mountinfo: a namespace made again under the name is told apart.
+		if id, serr := netns.Stat(filepath.Join(dir, f.Name)); f.State == netns.Bound && (serr != nil || f.ID != id || id.Ino == 0) {
+			t.Errorf("%q: Survey says namespace %+v, Stat says %+v (%v)", f.Name, f.ID, id, serr)
+		} else if f.State != netns.Bound && f.ID != (netns.ID{}) {
+			t.Errorf("%q: Survey gives %v an identity %+v", f.Name, f.State, f.ID)
+		}
+		if w, ours := want[f.Name]; ours {
+			if f.Err != nil || f.State != w {
+				t.Errorf("%q: Survey says %v, %v; want %v", f.Name, f.State, f.Err, w)
+			}
+		} else if !errors.Is(f.Err, netns.ErrNotNamespace) {
+			t.Errorf("%q: Survey says %v, %v; want a look-alike", f.Name, f.State, f.Err)
+		}
+	}
+	for _, n := range []string{"bound", "with space", `back\slash`, "ph0", "ph644", "content", "symlink", "dir",
+		"foreign", "foreign-empty", "uts", "ns-over-foreign", "foreign-over-ns", "stacked"} {
+		if !seen[prefix+n] {
+			t.Errorf("Survey did not list %q", prefix+n)
+		}
+	}
+	if seen["other"] {
+		t.Errorf("Survey listed a name match refused")
+	}
+	checkDeleteAgrees(t, ctx, dir, prefix, found, want)
+}
+
+// makeEveryKindOfEntry makes, in dir, one entry of every kind under
+// prefix (namespaces bound, placeholders, a file with content, a symlink,
+// a directory, foreign and other namespaces' mounts, stacks of mounts)
+// and one name not ours; it returns the state each of ours must have
+// (absent: a look-alike).
+func makeEveryKindOfEntry(t *testing.T, ctx context.Context, dir, prefix string) (want map[string]netns.State) {
+	t.Helper()
 	p := func(name string) string { return filepath.Join(dir, prefix+name) }
 	bind := func(src, dst string) {
 		t.Helper()
@@ -39,7 +86,7 @@ func TestSurveyAgreesWithInspect(t *testing.T) {
 	empty := filepath.Join(t.TempDir(), "empty")
 	file(empty, "", 0o600)
 
-	want := map[string]netns.State{} // name -> state; absent: look-alike
+	want = map[string]netns.State{} // name -> state; absent: look-alike
 	for _, n := range []string{"bound", "with space", `back\slash`} {
 		if _, err := netns.Create(ctx, dir, prefix+n); err != nil {
 			t.Fatal(err)
@@ -81,44 +128,15 @@ func TestSurveyAgreesWithInspect(t *testing.T) {
 	want[prefix+"stacked"] = netns.Bound
 	// Not ours: not listed at all.
 	file(filepath.Join(dir, "other"), "", 0)
+	return want
+}
 
-	found, err := netns.Survey(dir, func(name string) bool { return strings.HasPrefix(name, prefix) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]bool{}
-	for _, f := range found {
-		seen[f.Name] = true
-		st, ierr := netns.Inspect(filepath.Join(dir, f.Name))
-		if f.State != st || errors.Is(f.Err, netns.ErrNotNamespace) != errors.Is(ierr, netns.ErrNotNamespace) || (f.Err == nil) != (ierr == nil) {
-			t.Errorf("%q: Survey says %v, %v; Inspect says %v, %v", f.Name, f.State, f.Err, st, ierr)
-		}
-		// A bound namespace's identity is the one Stat gives, read from
-		// mountinfo: a namespace made again under the name is told apart.
-		if id, serr := netns.Stat(filepath.Join(dir, f.Name)); f.State == netns.Bound && (serr != nil || f.ID != id || id.Ino == 0) {
-			t.Errorf("%q: Survey says namespace %+v, Stat says %+v (%v)", f.Name, f.ID, id, serr)
-		} else if f.State != netns.Bound && f.ID != (netns.ID{}) {
-			t.Errorf("%q: Survey gives %v an identity %+v", f.Name, f.State, f.ID)
-		}
-		if w, ours := want[f.Name]; ours {
-			if f.Err != nil || f.State != w {
-				t.Errorf("%q: Survey says %v, %v; want %v", f.Name, f.State, f.Err, w)
-			}
-		} else if !errors.Is(f.Err, netns.ErrNotNamespace) {
-			t.Errorf("%q: Survey says %v, %v; want a look-alike", f.Name, f.State, f.Err)
-		}
-	}
-	for _, n := range []string{"bound", "with space", `back\slash`, "ph0", "ph644", "content", "symlink", "dir",
-		"foreign", "foreign-empty", "uts", "ns-over-foreign", "foreign-over-ns", "stacked"} {
-		if !seen[prefix+n] {
-			t.Errorf("Survey did not list %q", prefix+n)
-		}
-	}
-	if seen["other"] {
-		t.Errorf("Survey listed a name match refused")
-	}
-	// Delete agrees: look-alikes stay, ours go. A namespace bound over a
-	// foreign mount is detached, and the foreign mount below it stays.
+// checkDeleteAgrees deletes every entry found: look-alikes stay, ours go;
+// a namespace bound over a foreign mount is detached, and the foreign
+// mount below it stays.
+func checkDeleteAgrees(t *testing.T, ctx context.Context, dir, prefix string, found []netns.Found, want map[string]netns.State) {
+	t.Helper()
+	p := func(name string) string { return filepath.Join(dir, prefix+name) }
 	for _, f := range found {
 		err := netns.Delete(ctx, dir, f.Name)
 		if f.Name == prefix+"ns-over-foreign" {

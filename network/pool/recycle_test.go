@@ -41,13 +41,9 @@ func describe(t *testing.T, s *slot.Slot, nsPath string, skipSysctls ...bool) st
 	if nsPath == "" {
 		nsPath = s.NetnsPath
 	}
-	norm := strings.NewReplacer(
+	d := &describer{t: t, st: state{}, norm: strings.NewReplacer(
 		s.InsideAddr.Addr().String(), "INSIDE", s.HostAddr.Addr().String(), "GATEWAY",
-		s.InsideAddr.Masked().String(), "SLOTNET")
-	st := state{}
-	add := func(cat, format string, a ...any) {
-		st[cat] = append(st[cat], norm.Replace(fmt.Sprintf(format, a...)))
-	}
+		s.InsideAddr.Masked().String(), "SLOTNET")}
 	fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -58,30 +54,65 @@ func describe(t *testing.T, s *slot.Slot, nsPath string, skipSysctls ...bool) st
 		t.Fatal(err)
 	}
 	defer h.Close()
+	names := d.links(h)
+	d.routing(h, names)
+	d.tables(h, fd)
+	d.processes(fd)
+	d.inside(nsPath, len(skipSysctls) > 0 && skipSysctls[0])
+	for k := range d.st {
+		slices.Sort(d.st[k])
+	}
+	return d.st
+}
+
+// describer gathers a namespace's state, each line with the slot's own
+// addresses replaced by norm.
+type describer struct {
+	t    *testing.T
+	norm *strings.Replacer
+	st   state
+}
+
+// add keeps a line of category cat.
+func (d *describer) add(cat, format string, a ...any) {
+	d.st[cat] = append(d.st[cat], d.norm.Replace(fmt.Sprintf(format, a...)))
+}
+
+// links reads the links and their addresses, and returns the links'
+// names by index.
+func (d *describer) links(h *netlink.Handle) map[int]string {
+	d.t.Helper()
 	links, err := h.LinkList()
 	if err != nil {
-		t.Fatal(err)
+		d.t.Fatal(err)
 	}
 	names := map[int]string{}
 	for _, l := range links {
 		a := l.Attrs()
 		names[a.Index] = a.Name
-		add("links", "%s %s up=%v mtu=%d", a.Name, l.Type(), a.Flags&net.FlagUp != 0, a.MTU)
+		d.add("links", "%s %s up=%v mtu=%d", a.Name, l.Type(), a.Flags&net.FlagUp != 0, a.MTU)
 		addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
-			t.Fatal(err)
+			d.t.Fatal(err)
 		}
 		for _, ad := range addrs {
 			if ad.IP.IsLinkLocalUnicast() && ad.IP.To4() == nil {
-				add("addrs", "%s LINKLOCAL6", a.Name) // derived from the veth's random MAC
+				d.add("addrs", "%s LINKLOCAL6", a.Name) // derived from the veth's random MAC
 				continue
 			}
-			add("addrs", "%s %s", a.Name, ad.IPNet)
+			d.add("addrs", "%s %s", a.Name, ad.IPNet)
 		}
 	}
+	return names
+}
+
+// routing reads the routes of every table, the rules and the neighbours
+// (names: the links' names by index).
+func (d *describer) routing(h *netlink.Handle, names map[int]string) {
+	d.t.Helper()
 	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
-		t.Fatal(err)
+		d.t.Fatal(err)
 	}
 	for _, r := range routes {
 		dst := "default"
@@ -91,56 +122,66 @@ func describe(t *testing.T, s *slot.Slot, nsPath string, skipSysctls ...bool) st
 		if r.Dst != nil && r.Dst.IP.IsLinkLocalUnicast() && r.Dst.IP.To4() == nil && r.Table == unix.RT_TABLE_LOCAL {
 			dst = "LINKLOCAL6" // the local route of eth0's link-local address
 		}
-		add("routes", "table %d %s via %v dev %s type %d", r.Table, dst, r.Gw, names[r.LinkIndex], r.Type)
+		d.add("routes", "table %d %s via %v dev %s type %d", r.Table, dst, r.Gw, names[r.LinkIndex], r.Type)
 	}
 	rules, err := h.RuleList(netlink.FAMILY_ALL)
 	if err != nil {
-		t.Fatal(err)
+		d.t.Fatal(err)
 	}
 	for _, r := range rules {
-		add("rules", "family %d pref %d table %d", r.Family, r.Priority, r.Table)
+		d.add("rules", "family %d pref %d table %d", r.Family, r.Priority, r.Table)
 	}
 	neigh, err := h.NeighList(0, netlink.FAMILY_ALL)
 	if err != nil {
-		t.Fatal(err)
+		d.t.Fatal(err)
 	}
 	for _, n := range neigh {
 		if n.IP.IsMulticast() {
 			continue // the kernel's own, for IPv6 multicast listener reports
 		}
-		add("neighbours", "%s dev %s state %#x", n.IP, names[n.LinkIndex], n.State)
+		d.add("neighbours", "%s dev %s state %#x", n.IP, names[n.LinkIndex], n.State)
 	}
+}
+
+// tables reads the conntrack flows and the nftables tables.
+func (d *describer) tables(h *netlink.Handle, fd int) {
+	d.t.Helper()
 	flows, err := h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
 	if err != nil && !errors.Is(err, unix.ENOENT) {
-		t.Fatal(err)
+		d.t.Fatal(err)
 	}
 	for _, f := range flows {
-		add("conntrack", "%s", f)
+		d.add("conntrack", "%s", f)
 	}
 	c, err := nftables.New(nftables.WithNetNSFd(fd))
 	if err != nil {
-		t.Fatal(err)
+		d.t.Fatal(err)
 	}
 	tables, err := c.ListTables()
 	if err != nil {
-		t.Fatal(err)
+		d.t.Fatal(err)
 	}
 	for _, tb := range tables {
-		add("nftables", "%d %s", tb.Family, tb.Name)
+		d.add("nftables", "%d %s", tb.Family, tb.Name)
 	}
+}
+
+// processes reads the processes in the namespace, but this test's own.
+func (d *describer) processes(fd int) {
+	d.t.Helper()
 	procs, err := netns.ScanProcesses()
 	if incomplete := (*netns.IncompleteError)(nil); errors.As(err, &incomplete) {
 		// A process this test cannot read (pid 1 of a sandboxed host) is
 		// not one of the test's: the tenant's lingering process is ours,
 		// and must still show below.
-		t.Logf("process scan: %v", err)
+		d.t.Logf("process scan: %v", err)
 	} else if err != nil {
-		t.Fatal(err)
+		d.t.Fatal(err)
 	}
 	var id netns.ID
 	var sb unix.Stat_t
 	if err := unix.Fstat(fd, &sb); err != nil {
-		t.Fatal(err)
+		d.t.Fatal(err)
 	}
 	id = netns.ID{Dev: sb.Dev, Ino: sb.Ino}
 	for _, pid := range procs[id] {
@@ -149,52 +190,57 @@ func describe(t *testing.T, s *slot.Slot, nsPath string, skipSysctls ...bool) st
 			// (here, and the pool's fill); they are never the tenant's.
 			continue
 		}
-		add("processes", "%s", netns.Comm(pid))
+		d.add("processes", "%s", netns.Comm(pid))
 	}
-	// x_tables (iptables-legacy) tables and every sysctl under /proc/sys/net,
-	// read from a thread inside the namespace.
-	err = fakehost.Do(nsPath, func() error {
+}
+
+// inside reads, from a thread inside the namespace at nsPath, the
+// x_tables (iptables-legacy) tables and, unless skipSysctls, every sysctl
+// under /proc/sys/net.
+func (d *describer) inside(nsPath string, skipSysctls bool) {
+	d.t.Helper()
+	err := fakehost.Do(nsPath, func() error {
 		if b, err := os.ReadFile("/proc/thread-self/net/ip_tables_names"); err == nil {
 			for _, n := range strings.Fields(string(b)) {
-				add("xtables", "%s", n)
+				d.add("xtables", "%s", n)
 			}
 		}
-		if len(skipSysctls) > 0 && skipSysctls[0] {
+		if skipSysctls {
 			return nil
 		}
-		return filepath.WalkDir("/proc/sys/net", func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() {
+		return filepath.WalkDir("/proc/sys/net", func(p string, de fs.DirEntry, err error) error {
+			if err != nil || de.IsDir() {
 				return err
 			}
 			b, err := os.ReadFile(p)
 			if err != nil {
 				return nil // write-only or unreadable (stable_secret)
 			}
-			add("sysctls", "%s = %s", strings.TrimPrefix(p, "/proc/sys/"), strings.Join(strings.Fields(string(b)), " "))
+			d.add("sysctls", "%s = %s", strings.TrimPrefix(p, "/proc/sys/"), strings.Join(strings.Fields(string(b)), " "))
 			return nil
 		})
 	})
 	if err != nil {
-		t.Fatal(err)
+		d.t.Fatal(err)
 	}
-	for k := range st {
-		slices.Sort(st[k])
-	}
-	return st
 }
 
 // settled describes slot s once the kernel has given eth0 its IPv6
-// link-local address, which it does asynchronously after the link comes up.
+// link-local address, which it does asynchronously after the link comes up,
+// and the local route of that address, which it adds once duplicate
+// address detection has ended (a fresh slot described between the two
+// differed from a warm one in that route alone).
 func settled(t *testing.T, s *slot.Slot) state {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	localRoute := func(r string) bool { return strings.HasPrefix(r, "table 255 LINKLOCAL6 ") }
 	for {
 		st := describe(t, s, "", true)
-		if slices.Contains(st["addrs"], "eth0 LINKLOCAL6") {
+		if slices.Contains(st["addrs"], "eth0 LINKLOCAL6") && slices.ContainsFunc(st["routes"], localRoute) {
 			return describe(t, s, "")
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("slot %d: eth0 has no IPv6 link-local address: %v", s.Index, st["addrs"])
+			t.Fatalf("slot %d: eth0 has no IPv6 link-local address, or not its local route: %v %v", s.Index, st["addrs"], st["routes"])
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -269,44 +315,13 @@ func requireTools(t *testing.T, tools ...string) {
 	}
 }
 
-// The outside review's defect B: a slot given back kept its tenant's state
-// (net.ipv4.conf.all.forwarding=1, net.ipv6.conf.all.disable_ipv6=1) for the
-// next owner. Here a tenant dirties its slot every way it can, leaves a
-// process and a listening socket inside, and gives the slot back: the next
-// slot handed out at that index must equal a freshly made slot in every
-// category, and the lingering process must be cut off.
-func TestReleasedSlotIsClean(t *testing.T) {
-	requireTools(t, "ip", "nsenter", "sysctl", "nft", "iptables", "iptables-legacy", "sleep")
-	env := nettest.New(t, 8)
-	m := env.Manager(t)
-	ctx := context.Background()
-	st, err := index.New(7, nil) // index 8 is the fresh reference, outside the pool
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := pool.New(m, st, pool.Options{Target: 1, Grace: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close(context.Background()) })
-	if err := p.WaitReady(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	fresh, err := m.Create(ctx, 8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := settled(t, fresh)
-	s, err := p.Get(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := diff(settled(t, s), want); len(d) != 0 {
-		t.Fatalf("a warm slot differs from a fresh one before any tenant: %v", d)
-	}
-
-	// The tenant at work. Each step must show in describe, so the final
-	// comparison cannot pass because a category is blind.
+// dirtyAsATenant changes every category of slot s's namespace as a
+// tenant can (each step must show in describe, so the final comparison
+// cannot pass because a category is blind), opens conntrack entries, and
+// leaves a process running and a socket listening inside; the process and
+// the socket are returned.
+func dirtyAsATenant(t *testing.T, s *slot.Slot, want state) (*exec.Cmd, *net.UDPConn) {
+	t.Helper()
 	steps := []struct{ cat, cmd string }{
 		{"addrs", "ip addr add 192.0.2.7/24 dev eth0 && ip -6 addr add 2001:db8::7/64 dev eth0 nodad"},
 		{"links", "ip link add junk0 type veth peer name junk1 && ip link set junk0 up"},
@@ -338,35 +353,21 @@ func TestReleasedSlotIsClean(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer old.Close()
 	dirty := describe(t, s, "", true)
 	for _, cat := range []string{"conntrack", "processes"} {
 		if slices.Equal(dirty[cat], want[cat]) {
 			t.Fatalf("the tenant's %s did not show: %v", cat, dirty[cat])
 		}
 	}
+	return lingering, old
+}
 
-	t0 := time.Now()
-	if err := p.Put(ctx, s); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
-	t.Logf("Put of the dirty slot took %v", time.Since(t0))
-	waitUntil(t, "the replacement", func() bool { sn := p.Snapshot(); return sn.Filling == 0 && len(sn.Creating) == 0 })
-	next, err := p.Get(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if next.Index != s.Index {
-		t.Fatalf("next slot is %d, want the replacement at %d", next.Index, s.Index)
-	}
-	if d := diff(settled(t, next), want); len(d) != 0 {
-		t.Errorf("the next slot at index %d differs from a fresh slot:\n%s", s.Index, strings.Join(d, "\n"))
-	}
-
-	// The lingering process still runs, in the old namespace, which has no
-	// way out: its veth is gone, so it sees nothing of the next owner's
-	// traffic. A datagram from the host to the next owner's address reaches
-	// the next owner's socket and never the old one.
+// checkLingeringCutOff checks the lingering process still runs, in the old
+// namespace, which has no way out: its veth is gone, so it sees nothing of
+// the next owner's traffic. A datagram from the host to the next owner's
+// address reaches the next owner's socket and never the old one.
+func checkLingeringCutOff(t *testing.T, s, next *slot.Slot, lingering *exec.Cmd, old *net.UDPConn) {
+	t.Helper()
 	oldNS := fmt.Sprintf("/proc/%d/ns/net", lingering.Process.Pid)
 	var sb unix.Stat_t
 	if err := unix.Stat(oldNS, &sb); err != nil {
@@ -419,6 +420,66 @@ func TestReleasedSlotIsClean(t *testing.T) {
 	// which Teardown cannot see in /proc: it would wait out its timeout
 	// before cutting the slot off. Close ours first.
 	ln.Close()
+}
+
+// The outside review's defect B: a slot given back kept its tenant's state
+// (net.ipv4.conf.all.forwarding=1, net.ipv6.conf.all.disable_ipv6=1) for the
+// next owner. Here a tenant dirties its slot every way it can, leaves a
+// process and a listening socket inside, and gives the slot back: the next
+// slot handed out at that index must equal a freshly made slot in every
+// category, and the lingering process must be cut off.
+func TestReleasedSlotIsClean(t *testing.T) {
+	requireTools(t, "ip", "nsenter", "sysctl", "nft", "iptables", "iptables-legacy", "sleep")
+	env := nettest.New(t, 8)
+	m := env.Manager(t)
+	ctx := context.Background()
+	st, err := index.New(7, nil) // index 8 is the fresh reference, outside the pool
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pool.New(m, st, pool.Options{Target: 1, Grace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	if err := p.WaitReady(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := m.Create(ctx, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := settled(t, fresh)
+	s, err := p.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := diff(settled(t, s), want); len(d) != 0 {
+		t.Fatalf("a warm slot differs from a fresh one before any tenant: %v", d)
+	}
+
+	// The tenant at work, leaving a process and a listening socket.
+	lingering, old := dirtyAsATenant(t, s, want)
+	defer old.Close()
+
+	t0 := time.Now()
+	if err := p.Put(ctx, s); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	t.Logf("Put of the dirty slot took %v", time.Since(t0))
+	waitUntil(t, "the replacement", func() bool { sn := p.Snapshot(); return sn.Filling == 0 && len(sn.Creating) == 0 })
+	next, err := p.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Index != s.Index {
+		t.Fatalf("next slot is %d, want the replacement at %d", next.Index, s.Index)
+	}
+	if d := diff(settled(t, next), want); len(d) != 0 {
+		t.Errorf("the next slot at index %d differs from a fresh slot:\n%s", s.Index, strings.Join(d, "\n"))
+	}
+
+	checkLingeringCutOff(t, s, next, lingering, old)
 	if err := p.Put(ctx, next); err != nil {
 		t.Fatal(err)
 	}

@@ -120,22 +120,7 @@ func TestReclaim2000(t *testing.T) {
 	ctx := context.Background()
 	c := m.Config()
 	nettest.Leak(t, m, seq(1, leaked))
-	// Strays: a host link whose netns file is gone (a descriptor keeps the
-	// namespace), and a set element without a slot.
-	stray, err := m.Create(ctx, 2050)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nettest.StartHolder(t, stray.NetnsPath)
-	if err := unix.Unmount(stray.NetnsPath, unix.MNT_DETACH); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(stray.NetnsPath); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Firewall().Add(ctx, c.HostIfName(2060)); err != nil {
-		t.Fatal(err)
-	}
+	leakStrays(t, m)
 	// An orphan process inside slot 7.
 	orphan := nettest.StartInside(t, c.NetnsPath(7))
 	f := makeForeign(t, m)
@@ -182,7 +167,59 @@ func TestReclaim2000(t *testing.T) {
 	}
 	f.check(t)
 
-	// Storage never hands out a deferred index.
+	st := storageKeepsDeferred(t, n, rep)
+
+	// The reconciler finishes the deferred ones and frees them.
+	r := reconcile.New(m, st, reconcile.Options{})
+	pass, err := r.Once(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pass.Freed) != len(rep.Deferred) || len(pass.Claimed) != 0 {
+		t.Errorf("pass: freed %d claimed %d, want %d/0", len(pass.Freed), len(pass.Claimed), len(rep.Deferred))
+	}
+	if snap := st.Snapshot(); snap.Free != n || snap.Quarantined != 0 {
+		t.Errorf("storage after reconcile: free %d quarantined %d", snap.Free, snap.Quarantined)
+	}
+	inv, err := m.Scan(ctx)
+	if err != nil || len(inv) != 0 {
+		t.Errorf("left after reclaim + reconcile: %v (%v)", inv, err)
+	}
+	links := nettest.HostLinks(t, c.HostIfPrefix())
+	slices.Sort(links)
+	if !slices.Equal(links, []string{c.Prefix + "hx", c.Prefix + "hy"}) {
+		t.Errorf("host links left: %v", links)
+	}
+	f.check(t)
+}
+
+// leakStrays leaks what is no slot but is the prefix's: a host link
+// whose netns file is gone (a descriptor keeps the namespace), at slot
+// 2050, and a set element without a slot, at 2060.
+func leakStrays(t *testing.T, m *slot.Manager) {
+	t.Helper()
+	ctx := context.Background()
+	stray, err := m.Create(ctx, 2050)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nettest.StartHolder(t, stray.NetnsPath)
+	if err := unix.Unmount(stray.NetnsPath, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(stray.NetnsPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Firewall().Add(ctx, m.Config().HostIfName(2060)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// storageKeepsDeferred checks storage of n indices, quarantining rep's,
+// never hands out a deferred index and hands out every other; it returns
+// the storage with every index released again.
+func storageKeepsDeferred(t *testing.T, n int, rep *reclaim.Report) *index.Allocator {
+	t.Helper()
 	st, err := index.New(n, rep.Quarantine())
 	if err != nil {
 		t.Fatal(err)
@@ -210,29 +247,7 @@ func TestReclaim2000(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-
-	// The reconciler finishes the deferred ones and frees them.
-	r := reconcile.New(m, st, reconcile.Options{})
-	pass, err := r.Once(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(pass.Freed) != len(rep.Deferred) || len(pass.Claimed) != 0 {
-		t.Errorf("pass: freed %d claimed %d, want %d/0", len(pass.Freed), len(pass.Claimed), len(rep.Deferred))
-	}
-	if snap := st.Snapshot(); snap.Free != n || snap.Quarantined != 0 {
-		t.Errorf("storage after reconcile: free %d quarantined %d", snap.Free, snap.Quarantined)
-	}
-	inv, err := m.Scan(ctx)
-	if err != nil || len(inv) != 0 {
-		t.Errorf("left after reclaim + reconcile: %v (%v)", inv, err)
-	}
-	links := nettest.HostLinks(t, c.HostIfPrefix())
-	slices.Sort(links)
-	if !slices.Equal(links, []string{c.Prefix + "hx", c.Prefix + "hy"}) {
-		t.Errorf("host links left: %v", links)
-	}
-	f.check(t)
+	return st
 }
 
 func failures(r *reclaim.Report) []error {

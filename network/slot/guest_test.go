@@ -81,6 +81,44 @@ func TestGuestDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, fd := handleIn(t, s.NetnsPath)
+	tap, addrs := checkTap(t, h, cfg)
+	is := inside.Slot{NetnsFD: fd, Uplink: s.InsideIf, Inside: s.InsideAddr.Addr(), Gateway: s.HostAddr.Addr()}
+	g := inside.Guest{Addr: cfg.Guest.Addr.Addr(), Tap: cfg.Guest.Tap}
+	if f, err := inside.Inspect(is, g); err != nil || !f.GuestNAT || !f.TapFilter {
+		t.Errorf("guest tables: %+v, %v", f, err)
+	}
+	if v6, err := h.AddrList(tap, netlink.FAMILY_V6); err != nil || len(v6) != 0 {
+		t.Errorf("IPv6 addresses on the tap: %v, %v; want none (address generation off)", v6, err)
+	}
+	checkForwardingRepaired(t, m, s, h, fd, tap)
+	after := repairKeepsAttachedTap(t, m, s, h, tap, addrs[0], is, g)
+
+	// A tap deleted (its VM gone) is made again.
+	if err := h.LinkDel(after); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := m.RepairGuest(s); err != nil || !slices.ContainsFunc(rep, func(r string) bool { return strings.HasPrefix(r, "tap ") }) {
+		t.Errorf("RepairGuest of a slot without its tap: %v, %v", rep, err)
+	}
+	if _, err := h.LinkByName("tap0"); err != nil {
+		t.Errorf("tap not made again: %v", err)
+	}
+
+	if err := m.Destroy(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if links := nettest.HostLinks(t, cfg.Prefix); len(links) != 0 {
+		t.Errorf("after Destroy the host has %v", links)
+	}
+	if hostHasMAC(t, slot.TapMAC(2)) {
+		t.Errorf("after Destroy a link of the host has the tap's MAC")
+	}
+}
+
+// checkTap checks slot 2's tap0: a persistent tap, up, with index 2's
+// MAC and the guest's gateway as its one address, which it returns.
+func checkTap(t *testing.T, h *netlink.Handle, cfg slot.Config) (netlink.Link, []netlink.Addr) {
+	t.Helper()
 	tap, err := h.LinkByName("tap0")
 	if err != nil {
 		t.Fatalf("no tap in the slot: %v", err)
@@ -103,14 +141,15 @@ func TestGuestDevice(t *testing.T) {
 	if len(addrs) != 1 || addrs[0].IPNet.String() != netip.PrefixFrom(cfg.Guest.Gateway, 30).String() {
 		t.Errorf("tap0 addresses %v, want the gateway %s/30", addrs, cfg.Guest.Gateway)
 	}
-	is := inside.Slot{NetnsFD: fd, Uplink: s.InsideIf, Inside: s.InsideAddr.Addr(), Gateway: s.HostAddr.Addr()}
-	g := inside.Guest{Addr: cfg.Guest.Addr.Addr(), Tap: cfg.Guest.Tap}
-	if f, err := inside.Inspect(is, g); err != nil || !f.GuestNAT || !f.TapFilter {
-		t.Errorf("guest tables: %+v, %v", f, err)
-	}
-	if v6, err := h.AddrList(tap, netlink.FAMILY_V6); err != nil || len(v6) != 0 {
-		t.Errorf("IPv6 addresses on the tap: %v, %v; want none (address generation off)", v6, err)
-	}
+	return tap, addrs
+}
+
+// checkForwardingRepaired checks forwarding is on, per link, for the tap
+// and the uplink (ip_forward off), the tap's MAC is on no link of the
+// host, and RepairGuest repairs nothing of an intact slot and turns the
+// uplink's forwarding back on.
+func checkForwardingRepaired(t *testing.T, m *slot.Manager, s *slot.Slot, h *netlink.Handle, fd int, tap netlink.Link) {
+	t.Helper()
 	nc, err := netconf.Dial(fd)
 	if err != nil {
 		t.Fatal(err)
@@ -151,14 +190,19 @@ func TestGuestDevice(t *testing.T) {
 	if !forwards(up.Attrs().Index) {
 		t.Errorf("RepairGuest left %s not forwarding", s.InsideIf)
 	}
+}
 
-	// A VM monitor attached to the tap: its repair must keep the tap (same
-	// ifindex, still attached), putting back only what is missing.
-	vm := attachTap(t, fd, "tap0")
-	if err := h.AddrDel(tap, &addrs[0]); err != nil {
+// repairKeepsAttachedTap attaches a VM monitor to the tap, removes the
+// tap's address (addr) and the guest NAT, and checks RepairGuest puts
+// back only what is missing, keeping the tap (same ifindex, still
+// attached); it returns the tap.
+func repairKeepsAttachedTap(t *testing.T, m *slot.Manager, s *slot.Slot, h *netlink.Handle, tap netlink.Link, addr netlink.Addr, is inside.Slot, g inside.Guest) netlink.Link {
+	t.Helper()
+	vm := attachTap(t, is.NetnsFD, "tap0")
+	if err := h.AddrDel(tap, &addr); err != nil {
 		t.Fatal(err)
 	}
-	c, err := nftables.New(nftables.WithNetNSFd(fd))
+	c, err := nftables.New(nftables.WithNetNSFd(is.NetnsFD))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,27 +232,7 @@ func TestGuestDevice(t *testing.T) {
 		t.Errorf("the VM's tap descriptor stopped working: %v", err)
 	}
 	vm.Close()
-
-	// A tap deleted (its VM gone) is made again.
-	if err := h.LinkDel(after); err != nil {
-		t.Fatal(err)
-	}
-	if rep, err := m.RepairGuest(s); err != nil || !slices.ContainsFunc(rep, func(r string) bool { return strings.HasPrefix(r, "tap ") }) {
-		t.Errorf("RepairGuest of a slot without its tap: %v, %v", rep, err)
-	}
-	if _, err := h.LinkByName("tap0"); err != nil {
-		t.Errorf("tap not made again: %v", err)
-	}
-
-	if err := m.Destroy(ctx, 2); err != nil {
-		t.Fatal(err)
-	}
-	if links := nettest.HostLinks(t, cfg.Prefix); len(links) != 0 {
-		t.Errorf("after Destroy the host has %v", links)
-	}
-	if hostHasMAC(t, slot.TapMAC(2)) {
-		t.Errorf("after Destroy a link of the host has the tap's MAC")
-	}
+	return after
 }
 
 // readInside reads a /proc/sys file in the namespace fd.

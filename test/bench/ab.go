@@ -203,18 +203,7 @@ func (r *runner) measureAB(ctx context.Context) (err error) {
 	if bins[sideA] == "" {
 		bins[sideA] = r.bin
 	}
-	res := &ABResult{Reps: r.o.ab.reps, Starts: r.o.ab.starts, Rates: r.o.ab.rates, WindowMs: ms(r.o.ab.window),
-		SlotMs: ms(r.o.ab.slot), TLS: r.o.ab.tls}
-	if r.o.ab.tls {
-		res.TLSRates = r.o.ab.tlsRates
-	}
-	for i, b := range bins {
-		res.Sides[i] = filepath.Base(b)
-	}
-	if res.Sides[sideA] == res.Sides[sideB] {
-		res.Sides[sideA] += " (A)"
-		res.Sides[sideB] += " (B)"
-	}
+	res := newABResult(r.o.ab, bins)
 	var sides [2]*abSide
 	defer func() {
 		for _, sd := range sides {
@@ -247,48 +236,82 @@ func (r *runner) measureAB(ctx context.Context) (err error) {
 	// marked incomplete.
 	r.res.AB = res
 	pooled := map[abKey][]sample{}
-	defer func() {
-		for _, tls := range r.o.ab.modes() {
-			for _, rate := range r.o.ab.ratesOf(tls) {
-				a, b := latencyByKind(pooled[abKey{sideA, tls, rate}]), latencyByKind(pooled[abKey{sideB, tls, rate}])
-				for _, kind := range []string{kindGRPC, kindHTTP} {
-					res.Checks = append(res.Checks, ABChecks{TLS: tls, Rate: rate, Kind: kind, Side: [2]LatencyStats{a[kind], b[kind]}})
-				}
-			}
-		}
-	}()
+	defer func() { res.Checks = append(res.Checks, abChecks(r.o.ab, pooled)...) }()
 	for rep := range r.o.ab.reps {
-		r.sampleLoad()
-		order := []int{sideA, sideB}
-		if rep%2 == 1 {
-			order = []int{sideB, sideA}
+		if err := r.abRound(ctx, rep, sides, cert, res, pooled); err != nil {
+			return err
 		}
-		for range r.o.ab.starts {
-			for _, side := range order {
-				for _, tls := range r.o.ab.modes() {
-					run, err := r.abStart(ctx, sides[side], tls, cert)
-					if err != nil {
-						return fmt.Errorf("round %d, %s: %w", rep+1, res.Sides[side], err)
-					}
-					run.Rep, run.Side = rep, side
-					res.Runs = append(res.Runs, run)
-					r.logf("ab round %d %s%s: %s", rep+1, res.Sides[side], map[bool]string{true: " TLS"}[tls], run.summary())
+	}
+	return nil
+}
+
+// newABResult is part ab's result before anything is measured: its
+// settings and the sides' names (the binaries', told apart when equal).
+func newABResult(o abOptions, bins [2]string) *ABResult {
+	res := &ABResult{Reps: o.reps, Starts: o.starts, Rates: o.rates, WindowMs: ms(o.window),
+		SlotMs: ms(o.slot), TLS: o.tls}
+	if o.tls {
+		res.TLSRates = o.tlsRates
+	}
+	for i, b := range bins {
+		res.Sides[i] = filepath.Base(b)
+	}
+	if res.Sides[sideA] == res.Sides[sideB] {
+		res.Sides[sideA] += " (A)"
+		res.Sides[sideB] += " (B)"
+	}
+	return res
+}
+
+// abChecks summarizes the checks pooled over every round, per mode, rate
+// and kind, side A beside side B.
+func abChecks(o abOptions, pooled map[abKey][]sample) []ABChecks {
+	var out []ABChecks
+	for _, tls := range o.modes() {
+		for _, rate := range o.ratesOf(tls) {
+			a, b := latencyByKind(pooled[abKey{sideA, tls, rate}]), latencyByKind(pooled[abKey{sideB, tls, rate}])
+			for _, kind := range []string{kindGRPC, kindHTTP} {
+				out = append(out, ABChecks{TLS: tls, Rate: rate, Kind: kind, Side: [2]LatencyStats{a[kind], b[kind]}})
+			}
+		}
+	}
+	return out
+}
+
+// abRound is round rep of part ab: the timed starts, the sides taking
+// turns (the first side changes from round to round), then the checks'
+// windows in each mode, their samples added to pooled.
+func (r *runner) abRound(ctx context.Context, rep int, sides [2]*abSide, cert certFiles, res *ABResult, pooled map[abKey][]sample) error {
+	r.sampleLoad()
+	order := []int{sideA, sideB}
+	if rep%2 == 1 {
+		order = []int{sideB, sideA}
+	}
+	for range r.o.ab.starts {
+		for _, side := range order {
+			for _, tls := range r.o.ab.modes() {
+				run, err := r.abStart(ctx, sides[side], tls, cert)
+				if err != nil {
+					return fmt.Errorf("round %d, %s: %w", rep+1, res.Sides[side], err)
 				}
+				run.Rep, run.Side = rep, side
+				res.Runs = append(res.Runs, run)
+				r.logf("ab round %d %s%s: %s", rep+1, res.Sides[side], map[bool]string{true: " TLS"}[tls], run.summary())
 			}
 		}
-		for _, tls := range r.o.ab.modes() {
-			ws, samples, err := r.abWindows(ctx, sides, order, tls, cert)
-			if err != nil {
-				return fmt.Errorf("round %d, windows: %w", rep+1, err)
-			}
-			for _, w := range ws {
-				w.Rep = rep
-				res.Windows = append(res.Windows, w)
-				r.logf("ab round %d %s%s: %s", rep+1, res.Sides[w.Side], map[bool]string{true: " TLS"}[tls], w.summary())
-			}
-			for k, s := range samples {
-				pooled[k] = append(pooled[k], s...)
-			}
+	}
+	for _, tls := range r.o.ab.modes() {
+		ws, samples, err := r.abWindows(ctx, sides, order, tls, cert)
+		if err != nil {
+			return fmt.Errorf("round %d, windows: %w", rep+1, err)
+		}
+		for _, w := range ws {
+			w.Rep = rep
+			res.Windows = append(res.Windows, w)
+			r.logf("ab round %d %s%s: %s", rep+1, res.Sides[w.Side], map[bool]string{true: " TLS"}[tls], w.summary())
+		}
+		for k, s := range samples {
+			pooled[k] = append(pooled[k], s...)
 		}
 	}
 	return nil

@@ -194,24 +194,48 @@ func (o options) has(part string) bool { return slices.Contains(o.parts, part) }
 
 // parseOptions parses the command line.
 func parseOptions(args []string, stderr io.Writer) (options, error) {
-	var (
-		o       options
-		nList   string
-		parts   string
-		skip10k bool
-	)
+	var o options
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&parts, "parts", strings.Join(defaultParts, ","), "parts to run: "+strings.Join(allParts, ", ")+" (ab only when named)")
+	raw := o.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err := o.resolve(raw); err != nil {
+		return o, err
+	}
+	if err := o.validate(); err != nil {
+		return o, err
+	}
+	o.args = args
+	return o, nil
+}
+
+// rawFlags are the flags parsed into something other than an options
+// field: lists and addresses that resolve reads.
+type rawFlags struct {
+	nList, parts, guestAddr string
+	skip10k                 bool
+	abRates, abTLSRates     *string
+}
+
+// register defines the benchmark's flags on fs, into o and the returned
+// rawFlags.
+func (o *options) register(fs *flag.FlagSet) *rawFlags {
+	raw := new(rawFlags)
+	fs.StringVar(&raw.parts, "parts", strings.Join(defaultParts, ","), "parts to run: "+strings.Join(allParts, ", ")+" (ab only when named)")
 	fs.BoolVar(&o.merge, "merge", false, "keep the parts not run from -results/results.json (to measure one part again)")
-	fs.StringVar(&nList, "n", "0,1000,5000,10000", "comma-separated numbers of dead slots (part dead) and of leased slots (part restore)")
-	fs.BoolVar(&skip10k, "skip-10k", false, "leave out N ≥ 10,000 (small machines); the report says so")
+	fs.StringVar(&raw.nList, "n", "0,1000,5000,10000", "comma-separated numbers of dead slots (part dead) and of leased slots (part restore)")
+	fs.BoolVar(&raw.skip10k, "skip-10k", false, "leave out N ≥ 10,000 (small machines); the report says so")
 	fs.IntVar(&o.reps, "reps", 3, "repetitions at each N: of each dead-slot strategy, and of each kind of restart")
 	fs.IntVar(&o.serialReps, "serial-reps", 1, "repetitions of the serial baseline at each N (it costs ~35-55 ms per slot)")
 	fs.IntVar(&o.serialMax, "serial-max", 1000, "largest N at which the serial baseline is run; above it, it is reported as skipped with an extrapolation, marked as such")
 	fs.IntVar(&o.leaseClients, "lease-clients", 32, "concurrent Acquire calls that lease the N slots of the restore part")
 	fs.BoolVar(&o.restoreGuest, "restore-guest", true, "part restore: also measure each N with the microVM guest profile (--slot-guest-*) and an egress policy on every lease")
-	guestAddr := fs.String("guest-addr", "169.254.255.21/30", "part restore: the guest profile's --slot-guest-addr (the tap, --slot-guest-gateway, is the next address); outside -cidr and the host's routes")
+	fs.StringVar(&raw.guestAddr, "guest-addr", "169.254.255.21/30", "part restore: the guest profile's --slot-guest-addr (the tap, --slot-guest-gateway, is the next address); outside -cidr and the host's routes")
 	fs.IntVar(&o.loadN, "load-n", goalLoadN, "dead slots reclaimed in the background while the load runs (0: skip the load part)")
 	fs.IntVar(&o.loadReps, "load-reps", 0, "repetitions of the load part (default: -reps)")
 	fs.IntVar(&o.rate, "rate", 2000, "health checks per second from the load generator, half gRPC Check, half HTTP /health")
@@ -229,7 +253,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.cniCalls, "cni-calls", 200, "part cni: ADDs, then DELs, per plugin and number of callers in each rep (0: skip the part)")
 	fs.IntVar(&o.cniGC, "cni-gc", 1000, "part cni: attachments a runtime forgot, ended by one GC, against the kernel floor")
 	fs.IntVar(&o.cniPodman, "cni-podman", 10, "part cni: `podman run` on each network in each rep (0: none)")
-	abRates, abTLSRates := o.ab.register(fs)
+	raw.abRates, raw.abTLSRates = o.ab.register(fs)
 	fs.IntVar(&o.workers, "workers", slot.DefaultWorkers, "reclaim workers for phasegate (--reclaim-workers; default the daemon's) and the kernel floor")
 	fs.IntVar(&o.poolSize, "pool-size", 16, "daemon --pool-size (warm slots; --pool-min-ready stays 1)")
 	fs.DurationVar(&o.settle, "settle", 2*time.Second, "pause after each run so the kernel's namespace clean-up does not overlap the next")
@@ -242,29 +266,29 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.breakdown, "breakdown", false, "also run reclaim.Run in process once per N, for where its time goes")
 	fs.StringVar(&o.cidr, "cidr", "169.254.0.0/17", "daemon --slot-cidr (must hold 2 × (max N + 512) addresses)")
 	fs.StringVar(&o.stateParent, "state-parent", "/dev/shm", "where the daemon's temporary --state-dir is made (tmpfs, as /run is under systemd)")
-	if err := fs.Parse(args); err != nil {
-		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	ns, err := parseNs(nList, skip10k)
+	return raw
+}
+
+// resolve parses raw into o, fills the defaults that depend on other
+// flags and drops the parts whose size is zero.
+func (o *options) resolve(raw *rawFlags) error {
+	ns, err := parseNs(raw.nList, raw.skip10k)
 	if err != nil {
-		return o, err
+		return err
 	}
 	o.ns = ns
-	if o.parts, err = parseParts(parts); err != nil {
-		return o, err
+	if o.parts, err = parseParts(raw.parts); err != nil {
+		return err
 	}
-	if err := o.ab.parse(*abRates, *abTLSRates); err != nil {
-		return o, err
+	if err := o.ab.parse(*raw.abRates, *raw.abTLSRates); err != nil {
+		return err
 	}
-	if o.guestAddr, err = netip.ParsePrefix(*guestAddr); err != nil {
-		return o, fmt.Errorf("-guest-addr: %w", err)
+	if o.guestAddr, err = netip.ParsePrefix(raw.guestAddr); err != nil {
+		return fmt.Errorf("-guest-addr: %w", err)
 	}
 	if o.restoreGuest && o.has(partRestore) {
 		if err := validGuestAddr(o.guestAddr, o.cidr); err != nil {
-			return o, err
+			return err
 		}
 	}
 	if o.loadReps == 0 {
@@ -273,42 +297,44 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if o.acquireN < 0 {
 		o.acquireN = min(max(slices.Max(ns), 100), 1000)
 	}
-	if o.loadN == 0 {
-		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partLoad })
+	// A size of zero skips its part.
+	for _, z := range []struct {
+		zero bool
+		part string
+	}{
+		{o.loadN == 0, partLoad},
+		{o.acquireN == 0, partAcquire},
+		{o.slotRateN == 0, partSlotRate},
+		{o.upgrades == 0, partUpgrade},
+		{o.floodDuration == 0, partFlood},
+		{o.cniCalls == 0, partCNI},
+	} {
+		if z.zero {
+			o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == z.part })
+		}
 	}
-	if o.acquireN == 0 {
-		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partAcquire })
-	}
-	if o.slotRateN == 0 {
-		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partSlotRate })
-	}
-	if o.upgrades == 0 {
-		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partUpgrade })
-	}
-	if o.floodDuration == 0 {
-		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partFlood })
-	}
-	if o.cniCalls == 0 {
-		o.parts = slices.DeleteFunc(o.parts, func(p string) bool { return p == partCNI })
-	}
+	return nil
+}
+
+// validate checks that every size and rate is within its bounds.
+func (o *options) validate() error {
 	switch {
 	case o.reps < 1, o.serialReps < 0, o.loadReps < 1:
-		return o, errors.New("-reps and -load-reps must be ≥ 1, -serial-reps ≥ 0")
+		return errors.New("-reps and -load-reps must be ≥ 1, -serial-reps ≥ 0")
 	case o.rate < 2 || o.rate > 20000, o.probeRate < 2 || o.probeRate > 5000, o.acquireRate < 0 || o.acquireRate > 1000:
-		return o, errors.New("-rate must be in [2, 20000], -probe-rate in [2, 5000], -acquire-rate in [0, 1000]")
+		return errors.New("-rate must be in [2, 20000], -probe-rate in [2, 5000], -acquire-rate in [0, 1000]")
 	case o.workers < 1, o.poolSize < 1, o.leaseClients < 1, o.acquireConc < 1:
-		return o, errors.New("-workers, -pool-size, -lease-clients and -acquire-clients must be ≥ 1")
+		return errors.New("-workers, -pool-size, -lease-clients and -acquire-clients must be ≥ 1")
 	case o.loadN < 0 || o.loadN > maxSlots, o.acquireN > maxSlots/2, o.upLeases < 0 || o.upLeases > maxSlots:
-		return o, fmt.Errorf("-load-n and -upgrade-leases must be in [0, %d], -acquire-n at most %d", maxSlots, maxSlots/2)
+		return fmt.Errorf("-load-n and -upgrade-leases must be in [0, %d], -acquire-n at most %d", maxSlots, maxSlots/2)
 	case o.upgrades < 0, o.restarts < 0:
-		return o, errors.New("-upgrades and -restarts must be ≥ 0")
+		return errors.New("-upgrades and -restarts must be ≥ 0")
 	case o.floodDuration < 0 || o.floodDuration%time.Second != 0, o.floodConns < 1:
-		return o, errors.New("-flood-duration must be whole seconds ≥ 0, -flood-conns ≥ 1")
+		return errors.New("-flood-duration must be whole seconds ≥ 0, -flood-conns ≥ 1")
 	case o.cniCalls < 0 || o.cniCalls > maxSlots/2, o.cniGC < 1 || o.cniGC > maxSlots/2, o.cniPodman < 0:
-		return o, fmt.Errorf("-cni-calls must be in [0, %d], -cni-gc in [1, %d], -cni-podman ≥ 0", maxSlots/2, maxSlots/2)
+		return fmt.Errorf("-cni-calls must be in [0, %d], -cni-gc in [1, %d], -cni-podman ≥ 0", maxSlots/2, maxSlots/2)
 	}
-	o.args = args
-	return o, nil
+	return nil
 }
 
 // parseParts parses "dead,load" into parts in their running order.

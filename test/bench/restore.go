@@ -91,51 +91,16 @@ func (r *runner) measureRestore(ctx context.Context) error {
 	return nil
 }
 
+// measureRestoreN leases n slots (with the variant's flags and policy)
+// and restarts the daemon -reps times each way, SIGTERM and kill -9,
+// measuring each start; it cuts the reps short after a slow restart and
+// goes on with the next N when the daemon cannot start again.
 func (r *runner) measureRestoreN(ctx context.Context, n int, v restoreVariant) error {
-	addr, err := freeAddr()
+	f, err := r.leaseRestoreFleet(ctx, n, v)
 	if err != nil {
 		return err
 	}
-	args := append(daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), v.extra...)
-	d, _, _, err := r.startServing(ctx, args, nil, startTimeout(0, modeBackground))
-	if err != nil {
-		return err
-	}
-	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
-		return err
-	}
-	var policy func(int) *phasegatev1.EgressPolicy
-	if v.guest {
-		policy = guestPolicy
-	}
-	leases, setup, err := r.leaseSlots(ctx, d.slotsTarget(), n, leaseOwner, policy)
-	if err != nil {
-		return err
-	}
-	indices := indicesOf(leases)
-	if n > 0 {
-		setup.Guest = v.guest
-		r.res.Leasing = append(r.res.Leasing, setup)
-		r.logf("N=%d %s: leased %d slots through the API in %s (%.0f/s, %d concurrent Acquires)", n, v.name(), n, fmtMs(setup.Ms), setup.PerS, setup.Clients)
-	}
-	// The restart should find the pool full, as a daemon that has served
-	// a while would leave it.
-	if _, err := d.waitPoolFilled(ctx, 5*time.Minute); err != nil {
-		return err
-	}
-	before, err := r.h.identities(indices)
-	if err != nil {
-		return err
-	}
-	if len(before) != n {
-		return fmt.Errorf("%d of the %d leased slots exist on the host", len(before), n)
-	}
-	var gc *guestCheck
-	if v.guest {
-		if gc, err = r.guestBaseline(ctx, d, leases); err != nil {
-			return err
-		}
-	}
+	d, indices, before, gc := f.d, f.indices, f.before, f.gc
 	var slowest time.Duration
 	for rep := range r.o.reps {
 		if rep > 0 && slowest > slowRestart {
@@ -174,6 +139,67 @@ func (r *runner) measureRestoreN(ctx context.Context, n int, v restoreVariant) e
 		return err
 	}
 	return r.reset(ctx)
+}
+
+// restoreFleet is what measureRestoreN restarts: the daemon holding the
+// leases, the leased slots' indices and what they were, and for the
+// guest variant the baseline of what their namespaces hold.
+type restoreFleet struct {
+	d       *daemon
+	indices []int
+	before  map[int]slotID
+	gc      *guestCheck
+}
+
+// leaseRestoreFleet starts a daemon with the variant's flags, leases n
+// slots through its API (each with the guest policy for that variant),
+// waits for its pool to fill again and notes what the slots are.
+func (r *runner) leaseRestoreFleet(ctx context.Context, n int, v restoreVariant) (*restoreFleet, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	args := append(daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), v.extra...)
+	d, _, _, err := r.startServing(ctx, args, nil, startTimeout(0, modeBackground))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
+		return nil, err
+	}
+	var policy func(int) *phasegatev1.EgressPolicy
+	if v.guest {
+		policy = guestPolicy
+	}
+	leases, setup, err := r.leaseSlots(ctx, d.slotsTarget(), n, leaseOwner, policy)
+	if err != nil {
+		return nil, err
+	}
+	indices := indicesOf(leases)
+	if n > 0 {
+		setup.Guest = v.guest
+		r.res.Leasing = append(r.res.Leasing, setup)
+		r.logf("N=%d %s: leased %d slots through the API in %s (%.0f/s, %d concurrent Acquires)", n, v.name(), n, fmtMs(setup.Ms), setup.PerS, setup.Clients)
+	}
+	// The restart should find the pool full, as a daemon that has served
+	// a while would leave it.
+	if _, err := d.waitPoolFilled(ctx, 5*time.Minute); err != nil {
+		return nil, err
+	}
+	before, err := r.h.identities(indices)
+	if err != nil {
+		return nil, err
+	}
+	if len(before) != n {
+		return nil, fmt.Errorf("%d of the %d leased slots exist on the host", len(before), n)
+	}
+	f := &restoreFleet{d: d, indices: indices, before: before}
+	if v.guest {
+		if f.gc, err = r.guestBaseline(ctx, d, leases); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
 }
 
 // fmtGuestRun is the guest+policy variant's part of a progress line.

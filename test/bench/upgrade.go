@@ -61,85 +61,23 @@ func (h *heldSocket) file() *os.File {
 func (r *runner) measureUpgrade(ctx context.Context) error {
 	res := &UpgradeResult{Rate: r.o.probeRate, Leases: r.o.upLeases}
 	r.res.Upgrade = res
-	addr, err := freeAddr()
+	u, err := r.startUpgradeRun(ctx)
 	if err != nil {
 		return err
 	}
-	// d changes at every restart; the runner ends whichever runs at a
-	// failure.
-	d, _, _, err := r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil, startTimeout(0, modeBackground))
-	if err != nil {
-		return err
-	}
-	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
-		return err
-	}
-	leases, _, err := r.leaseSlots(ctx, d.slotsTarget(), r.o.upLeases, leaseOwner, nil)
-	if err != nil {
-		return err
-	}
-	indices := indicesOf(leases)
-	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
-		return err
-	}
-	before, err := r.h.identities(indices)
-	if err != nil {
-		return err
-	}
-	destroyed := func() (int, error) {
-		now, err := r.h.identities(indices)
-		return changed(before, now), err
-	}
-
-	upgrade := func(ctx context.Context) (event, error) {
-		served, restores := d.logs.count(msgServing), d.logs.count(msgRestore)
-		e := event{at: time.Now()}
-		if err := d.signal(syscall.SIGHUP); err != nil {
-			return e, err
-		}
-		ev, err := d.logs.wait(ctx, msgServing, served, time.Minute, d.done)
-		if err != nil {
-			return e, fmt.Errorf("the upgraded image did not serve: %w\n%s", err, d.logs)
-		}
-		e.serving = ev.at
-		rl, err := d.restoreLine(ctx, restores)
-		e.restored = rl.Restored
-		return e, err
-	}
-	restart := func(held *heldSocket) func(context.Context) (event, error) {
-		return func(ctx context.Context) (event, error) {
-			e := event{at: time.Now()}
-			if _, err := d.stop(); err != nil {
-				return e, err
-			}
-			var (
-				su  startup
-				err error
-			)
-			d, su, e.failures, err = r.startServing(ctx, daemonArgs(r.h, d.addr, r.o, modeBackground, r.o.poolSize), held, startTimeout(r.o.upLeases, modeBackground))
-			if err != nil {
-				return e, err
-			}
-			e.serving = su.ServingAt
-			rl, err := d.restoreLine(ctx, 0)
-			e.restored = rl.Restored
-			return e, err
-		}
-	}
-
 	for _, s := range []struct {
 		name   string
 		events int
 		step   func(context.Context) (event, error)
 	}{
-		{scenUpgrade, r.o.upgrades, upgrade},
-		{scenRestart, r.o.restarts, restart(nil)},
+		{scenUpgrade, r.o.upgrades, u.upgrade},
+		{scenRestart, r.o.restarts, u.restart(nil)},
 	} {
-		sc, err := r.scenario(ctx, s.name, d.addr, s.events, s.step)
+		sc, err := r.scenario(ctx, s.name, u.d.addr, s.events, s.step)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
-		if sc.Destroyed, err = destroyed(); err != nil {
+		if sc.Destroyed, err = u.destroyed(); err != nil {
 			return err
 		}
 		res.Scenarios = append(res.Scenarios, sc)
@@ -151,24 +89,113 @@ func (r *runner) measureUpgrade(ctx context.Context) error {
 		return err
 	}
 	defer held.f.Close()
-	if _, err := d.stop(); err != nil {
+	if _, err := u.d.stop(); err != nil {
 		return err
 	}
-	if d, _, _, err = r.startServing(ctx, daemonArgs(r.h, held.addr, r.o, modeBackground, r.o.poolSize), held, startTimeout(r.o.upLeases, modeBackground)); err != nil {
+	if u.d, _, _, err = r.startServing(ctx, daemonArgs(r.h, held.addr, r.o, modeBackground, r.o.poolSize), held, startTimeout(r.o.upLeases, modeBackground)); err != nil {
 		return err
 	}
-	sc, err := r.scenario(ctx, scenRestartFDs, held.addr, r.o.restarts, restart(held))
+	sc, err := r.scenario(ctx, scenRestartFDs, held.addr, r.o.restarts, u.restart(held))
 	if err != nil {
 		return fmt.Errorf("%s: %w", scenRestartFDs, err)
 	}
-	if sc.Destroyed, err = destroyed(); err != nil {
+	if sc.Destroyed, err = u.destroyed(); err != nil {
 		return err
 	}
 	res.Scenarios = append(res.Scenarios, sc)
-	if _, err := d.stop(); err != nil {
+	if _, err := u.d.stop(); err != nil {
 		return err
 	}
 	return r.reset(ctx)
+}
+
+// upgradeRun is the upgrade part's daemon and the slots it leased: d
+// changes at every restart (the runner ends whichever runs at a failure),
+// before is what the leased slots were when the part began.
+type upgradeRun struct {
+	r       *runner
+	d       *daemon
+	indices []int
+	before  map[int]slotID
+}
+
+// startUpgradeRun starts a daemon on a free port, waits for its pool,
+// leases -upgrade-leases slots and notes what they are.
+func (r *runner) startUpgradeRun(ctx context.Context) (*upgradeRun, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	d, _, _, err := r.startServing(ctx, daemonArgs(r.h, addr, r.o, modeBackground, r.o.poolSize), nil, startTimeout(0, modeBackground))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
+		return nil, err
+	}
+	leases, _, err := r.leaseSlots(ctx, d.slotsTarget(), r.o.upLeases, leaseOwner, nil)
+	if err != nil {
+		return nil, err
+	}
+	indices := indicesOf(leases)
+	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
+		return nil, err
+	}
+	before, err := r.h.identities(indices)
+	if err != nil {
+		return nil, err
+	}
+	return &upgradeRun{r: r, d: d, indices: indices, before: before}, nil
+}
+
+// destroyed counts the leased slots that are no longer what they were.
+func (u *upgradeRun) destroyed() (int, error) {
+	now, err := u.r.h.identities(u.indices)
+	return changed(u.before, now), err
+}
+
+// upgrade is one SIGHUP: it waits for the upgraded image to serve and
+// reads how many leases it restored.
+func (u *upgradeRun) upgrade(ctx context.Context) (event, error) {
+	d := u.d
+	served, restores := d.logs.count(msgServing), d.logs.count(msgRestore)
+	e := event{at: time.Now()}
+	if err := d.signal(syscall.SIGHUP); err != nil {
+		return e, err
+	}
+	ev, err := d.logs.wait(ctx, msgServing, served, time.Minute, d.done)
+	if err != nil {
+		return e, fmt.Errorf("the upgraded image did not serve: %w\n%s", err, d.logs)
+	}
+	e.serving = ev.at
+	rl, err := d.restoreLine(ctx, restores)
+	e.restored = rl.Restored
+	return e, err
+}
+
+// restart returns one SIGTERM + start on the same address (given the
+// held socket, when not nil): it waits for the new daemon to serve and
+// reads how many leases it restored.
+func (u *upgradeRun) restart(held *heldSocket) func(context.Context) (event, error) {
+	return func(ctx context.Context) (event, error) {
+		e := event{at: time.Now()}
+		if _, err := u.d.stop(); err != nil {
+			return e, err
+		}
+		var (
+			su  startup
+			err error
+		)
+		r := u.r
+		u.d, su, e.failures, err = r.startServing(ctx, daemonArgs(r.h, u.d.addr, r.o, modeBackground, r.o.poolSize), held, startTimeout(r.o.upLeases, modeBackground))
+		if err != nil {
+			return e, err
+		}
+		e.serving = su.ServingAt
+		rl, err := u.d.restoreLine(ctx, 0)
+		e.restored = rl.Restored
+		return e, err
+	}
 }
 
 // event is one upgrade or restart: when it was asked for, when a new

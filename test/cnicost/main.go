@@ -126,23 +126,9 @@ func run() error {
 	if err := os.Chmod(base, 0o755); err != nil {
 		return err
 	}
-	tag := fmt.Sprintf("%c%c%c", 'a'+rand.IntN(26), 'a'+rand.IntN(26), 'a'+rand.IntN(26))
-	sides := []*side{
-		{name: "this build", daemon: filepath.Join(base, "phasegate"), plugin: filepath.Join(base, "phasegate-cni")},
-		{name: "baseline", daemon: filepath.Join(*baseline, "phasegate"), plugin: filepath.Join(*baseline, "phasegate-cni")},
-	}
-	for i, s := range sides {
-		dir := filepath.Join(base, strconv.Itoa(i))
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			return err
-		}
-		s.prefix, s.cidr = fmt.Sprintf("c%d%s-", i, tag), halves[i].String()
-		s.netnsDir, s.ctrDir, s.sock = filepath.Join(dir, "netns"), filepath.Join(dir, "ctr"), filepath.Join(dir, "control.sock")
-	}
-	for pkg, out := range map[string]string{"cmd/phasegate": sides[0].daemon, "cmd/phasegate-cni": sides[0].plugin} {
-		if out, err := exec.Command("go", "build", "-trimpath", "-o", out, "github.com/phasegate/phasegate/"+pkg).CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
-		}
+	sides, err := makeSides(base, *baseline, halves)
+	if err != nil {
+		return err
 	}
 	b := &bench{n: *n, settle: *settle}
 	err = b.containers(context.Background(), sides)
@@ -151,7 +137,7 @@ func run() error {
 		return err
 	}
 	kinds := []kind{{name: "root"}, {name: "tenant (nobody, its own user namespaces)", cred: &syscall.Credential{Uid: nobody, Gid: nobody}, tenant: true}}
-	adds, dels, pluginCPU, daemonCPU := map[key][]time.Duration{}, map[key][]time.Duration{}, map[key][]time.Duration{}, map[key][]time.Duration{}
+	f := figures{adds: map[key][]time.Duration{}, dels: map[key][]time.Duration{}, pluginCPU: map[key][]time.Duration{}, daemonCPU: map[key][]time.Duration{}}
 	for rep := range *reps {
 		for _, k := range kinds {
 			for _, c := range callers {
@@ -163,16 +149,60 @@ func run() error {
 				if err != nil {
 					return fmt.Errorf("rep %d, %s, %d callers: %w", rep+1, k.name, c, err)
 				}
-				for _, s := range sides {
-					kk := key{s.name, k.name, c}
-					adds[kk], dels[kk] = append(adds[kk], r.adds[s]...), append(dels[kk], r.dels[s]...)
-					pluginCPU[kk], daemonCPU[kk] = append(pluginCPU[kk], r.pluginCPU[s]...), append(daemonCPU[kk], r.daemonCPU[s])
-					log.Printf("rep %d %s %s %d callers: ADD p50 %.2f ms, DEL p50 %.2f ms; CPU per ADD: plugin p50 %.2f ms, daemon %.2f ms", rep+1, s.name, k.name, c,
-						ms(pct(r.adds[s], 0.5)), ms(pct(r.dels[s], 0.5)), ms(pct(r.pluginCPU[s], 0.5)), ms(r.daemonCPU[s]))
-				}
+				f.add(r, sides, rep, k, c)
 			}
 		}
 	}
+	f.print(kinds, callers)
+	return nil
+}
+
+// makeSides lays out the two sides under base, each with its own prefix,
+// half of the slot network, namespaces, containers and control socket,
+// and builds this build's daemon and plugin; the baseline's are in
+// baseline.
+func makeSides(base, baseline string, halves [2]netip.Prefix) ([]*side, error) {
+	tag := fmt.Sprintf("%c%c%c", 'a'+rand.IntN(26), 'a'+rand.IntN(26), 'a'+rand.IntN(26))
+	sides := []*side{
+		{name: "this build", daemon: filepath.Join(base, "phasegate"), plugin: filepath.Join(base, "phasegate-cni")},
+		{name: "baseline", daemon: filepath.Join(baseline, "phasegate"), plugin: filepath.Join(baseline, "phasegate-cni")},
+	}
+	for i, s := range sides {
+		dir := filepath.Join(base, strconv.Itoa(i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return nil, err
+		}
+		s.prefix, s.cidr = fmt.Sprintf("c%d%s-", i, tag), halves[i].String()
+		s.netnsDir, s.ctrDir, s.sock = filepath.Join(dir, "netns"), filepath.Join(dir, "ctr"), filepath.Join(dir, "control.sock")
+	}
+	for pkg, out := range map[string]string{"cmd/phasegate": sides[0].daemon, "cmd/phasegate-cni": sides[0].plugin} {
+		if out, err := exec.Command("go", "build", "-trimpath", "-o", out, "github.com/phasegate/phasegate/"+pkg).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return sides, nil
+}
+
+// figures are the runs' samples by side, caller and callers: the ADDs'
+// and DELs' latencies, the plugin's CPU per ADD, the daemon's per run.
+type figures struct {
+	adds, dels, pluginCPU, daemonCPU map[key][]time.Duration
+}
+
+// add keeps run r's samples (rep, of kind k with c callers) and logs them.
+func (f figures) add(r runResult, sides []*side, rep int, k kind, c int) {
+	for _, s := range sides {
+		kk := key{s.name, k.name, c}
+		f.adds[kk], f.dels[kk] = append(f.adds[kk], r.adds[s]...), append(f.dels[kk], r.dels[s]...)
+		f.pluginCPU[kk], f.daemonCPU[kk] = append(f.pluginCPU[kk], r.pluginCPU[s]...), append(f.daemonCPU[kk], r.daemonCPU[s])
+		log.Printf("rep %d %s %s %d callers: ADD p50 %.2f ms, DEL p50 %.2f ms; CPU per ADD: plugin p50 %.2f ms, daemon %.2f ms", rep+1, s.name, k.name, c,
+			ms(pct(r.adds[s], 0.5)), ms(pct(r.dels[s], 0.5)), ms(pct(r.pluginCPU[s], 0.5)), ms(r.daemonCPU[s]))
+	}
+}
+
+// print writes the Markdown table: each figure, baseline beside this
+// build, with their ratio.
+func (f figures) print(kinds []kind, callers []int) {
 	fmt.Printf("| caller | callers | ADD p50: baseline | this build | ratio | ADD p99: baseline | this build | ratio | DEL p50: baseline | this build | ratio | CPU per ADD, plugin (p50): baseline | this build | ratio | daemon (median of runs): baseline | this build | ratio |\n")
 	fmt.Printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, k := range kinds {
@@ -181,10 +211,9 @@ func run() error {
 			cell := func(m map[key][]time.Duration, p float64) string {
 				return fmt.Sprintf("%.2f ms | %.2f ms | %.3f×", ms(pct(m[ob], p)), ms(pct(m[nb], p)), ms(pct(m[nb], p))/ms(pct(m[ob], p)))
 			}
-			fmt.Printf("| %s | %d | %s | %s | %s | %s | %s |\n", k.name, c, cell(adds, 0.5), cell(adds, 0.99), cell(dels, 0.5), cell(pluginCPU, 0.5), cell(daemonCPU, 0.5))
+			fmt.Printf("| %s | %d | %s | %s | %s | %s | %s |\n", k.name, c, cell(f.adds, 0.5), cell(f.adds, 0.99), cell(f.dels, 0.5), cell(f.pluginCPU, 0.5), cell(f.daemonCPU, 0.5))
 		}
 	}
-	return nil
 }
 
 // split returns the two halves of cidr.

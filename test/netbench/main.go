@@ -38,7 +38,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -65,93 +64,120 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "microvm" { // see microvm.go
 		os.Exit(microvmMain(os.Args[2:]))
 	}
-	var (
-		mode    = flag.String("mode", "report", "report: the full network report; scan: old vs new scan at -sizes; batches: teardown in batches beside a workload")
-		slots   = flag.Int("slots", 5000, "leaked slots per reclaim round, and slots managed by the pool (report, batches)")
-		serialN = flag.Int("serial", 300, "leaked slots for the serial reference strategy")
-		workers = flag.Int("workers", slot.DefaultWorkers, "detach+unlink workers (phasegate and floor)")
-		rounds  = flag.Int("rounds", 2, "rounds of phasegate vs floor (interleaved)")
-		creates = flag.Int("creates", 300, "sequential creates for the create latency")
-		gets    = flag.Int("gets", 1000, "Get/Put cycles for the warm-pool Get latency (each Put resets the slot)")
-		sizes   = flag.String("sizes", "1000,5000,10000", "scan: slot counts to scan at, ascending")
-		reps    = flag.Int("reps", 5, "scan: scans of each kind per size; batches: rounds over -batches")
-		batches = flag.String("batches", "0,1000,250,64", "batches: batch sizes to compare (0: all at once), each optionally with its own pause between batches, as 64+250ms")
-		pause   = flag.Duration("pause", 0, "batches: pause between two batches where -batches gives none")
-		out     = flag.String("out", "", "write the Markdown report here (default: stdout only)")
-	)
-	flag.Parse()
+	f := parseFlags()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "netbench: needs root")
 		os.Exit(2)
 	}
-	fail := func(err error) {
+	md, err := f.measure()
+	if err == nil {
+		fmt.Print(md)
+		if f.out != "" {
+			err = os.WriteFile(f.out, []byte(md), 0o644)
+		}
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "netbench:", err)
 		os.Exit(1)
 	}
-	var md string
-	switch *mode {
+}
+
+// flags are netbench's command line.
+type flags struct {
+	mode                                     string
+	slots, serialN, workers, rounds, creates int
+	gets, reps                               int
+	sizes, batches, out                      string
+	pause                                    time.Duration
+}
+
+// parseFlags parses the command line.
+func parseFlags() flags {
+	var f flags
+	flag.StringVar(&f.mode, "mode", "report", "report: the full network report; scan: old vs new scan at -sizes; batches: teardown in batches beside a workload")
+	flag.IntVar(&f.slots, "slots", 5000, "leaked slots per reclaim round, and slots managed by the pool (report, batches)")
+	flag.IntVar(&f.serialN, "serial", 300, "leaked slots for the serial reference strategy")
+	flag.IntVar(&f.workers, "workers", slot.DefaultWorkers, "detach+unlink workers (phasegate and floor)")
+	flag.IntVar(&f.rounds, "rounds", 2, "rounds of phasegate vs floor (interleaved)")
+	flag.IntVar(&f.creates, "creates", 300, "sequential creates for the create latency")
+	flag.IntVar(&f.gets, "gets", 1000, "Get/Put cycles for the warm-pool Get latency (each Put resets the slot)")
+	flag.StringVar(&f.sizes, "sizes", "1000,5000,10000", "scan: slot counts to scan at, ascending")
+	flag.IntVar(&f.reps, "reps", 5, "scan: scans of each kind per size; batches: rounds over -batches")
+	flag.StringVar(&f.batches, "batches", "0,1000,250,64", "batches: batch sizes to compare (0: all at once), each optionally with its own pause between batches, as 64+250ms")
+	flag.DurationVar(&f.pause, "pause", 0, "batches: pause between two batches where -batches gives none")
+	flag.StringVar(&f.out, "out", "", "write the Markdown report here (default: stdout only)")
+	flag.Parse()
+	return f
+}
+
+// measure runs the mode's measurements and returns its Markdown report.
+// What the bench leaked is swept when it returns.
+func (f flags) measure() (string, error) {
+	switch f.mode {
 	case "report":
-		b, err := newBench(*slots + spare)
+		b, err := newBench(f.slots + spare)
 		if err != nil {
-			fail(err)
+			return "", err
 		}
 		defer b.sweep()
-		r := &results{slots: *slots, serialN: *serialN, workers: *workers,
+		r := &results{slots: f.slots, serialN: f.serialN, workers: f.workers,
 			cmd: fmt.Sprintf("cd test && go run ./netbench -slots %d -serial %d -workers %d -rounds %d -creates %d -gets %d -out ../docs/benchmarks/network.md",
-				*slots, *serialN, *workers, *rounds, *creates, *gets)}
-		if err := b.run(r, *serialN, *workers, *rounds, *creates, *gets); err != nil {
-			b.sweep()
-			fail(err)
+				f.slots, f.serialN, f.workers, f.rounds, f.creates, f.gets)}
+		if err := b.run(r, f.serialN, f.workers, f.rounds, f.creates, f.gets); err != nil {
+			return "", err
 		}
-		md = r.markdown()
+		return r.markdown(), nil
 	case "scan":
-		ns, err := ints(*sizes)
-		if err != nil || len(ns) == 0 || !slices.IsSorted(ns) {
-			fail(fmt.Errorf("-sizes %q: want ascending slot counts", *sizes))
-		}
-		b, err := newBench(ns[len(ns)-1])
-		if err != nil {
-			fail(err)
-		}
-		defer b.sweep()
-		r := &results{cmd: fmt.Sprintf("cd test && go run ./netbench -mode scan -sizes %s -reps %d", *sizes, *reps)}
-		r.machine()
-		rows, err := b.scanBench(ns, *reps)
-		r.loadEnd = loadavg()
-		if err != nil {
-			b.sweep()
-			fail(err)
-		}
-		md = r.scanMarkdown(rows, *reps)
+		return f.measureScan()
 	case "batches":
-		ks, err := batchSpecs(*batches, *pause)
-		if err != nil || len(ks) == 0 {
-			fail(fmt.Errorf("-batches %q: want batch sizes (%v)", *batches, err))
-		}
-		b, err := newBench(*slots)
-		if err != nil {
-			fail(err)
-		}
-		defer b.sweep()
-		r := &results{cmd: fmt.Sprintf("cd test && go run ./netbench -mode batches -slots %d -batches %s -pause %v -reps %d",
-			*slots, *batches, *pause, *reps)}
-		r.machine()
-		idle, rows, err := b.batchBench(*slots, ks, *reps)
-		r.loadEnd = loadavg()
-		if err != nil {
-			b.sweep()
-			fail(err)
-		}
-		md = r.batchMarkdown(*slots, idle, rows)
+		return f.measureBatches()
 	default:
-		fail(fmt.Errorf("unknown -mode %q", *mode))
+		return "", fmt.Errorf("unknown -mode %q", f.mode)
 	}
-	fmt.Print(md)
-	if *out != "" {
-		if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
-			fail(err)
-		}
+}
+
+// measureScan compares the old and the new scan at each of -sizes.
+func (f flags) measureScan() (string, error) {
+	ns, err := ints(f.sizes)
+	if err != nil || len(ns) == 0 || !slices.IsSorted(ns) {
+		return "", fmt.Errorf("-sizes %q: want ascending slot counts", f.sizes)
 	}
+	b, err := newBench(ns[len(ns)-1])
+	if err != nil {
+		return "", err
+	}
+	defer b.sweep()
+	r := &results{cmd: fmt.Sprintf("cd test && go run ./netbench -mode scan -sizes %s -reps %d", f.sizes, f.reps)}
+	r.machine()
+	rows, err := b.scanBench(ns, f.reps)
+	r.loadEnd = loadavg()
+	if err != nil {
+		return "", err
+	}
+	return r.scanMarkdown(rows, f.reps), nil
+}
+
+// measureBatches compares teardowns in batches of each of -batches
+// beside a workload.
+func (f flags) measureBatches() (string, error) {
+	ks, err := batchSpecs(f.batches, f.pause)
+	if err != nil || len(ks) == 0 {
+		return "", fmt.Errorf("-batches %q: want batch sizes (%v)", f.batches, err)
+	}
+	b, err := newBench(f.slots)
+	if err != nil {
+		return "", err
+	}
+	defer b.sweep()
+	r := &results{cmd: fmt.Sprintf("cd test && go run ./netbench -mode batches -slots %d -batches %s -pause %v -reps %d",
+		f.slots, f.batches, f.pause, f.reps)}
+	r.machine()
+	idle, rows, err := b.batchBench(f.slots, ks, f.reps)
+	r.loadEnd = loadavg()
+	if err != nil {
+		return "", err
+	}
+	return r.batchMarkdown(f.slots, idle, rows), nil
 }
 
 // batchSpec is a batch size and the pause between two batches.
@@ -352,83 +378,32 @@ func (b *bench) floor(n, w int) (time.Duration, error) {
 	return d, b.m.Firewall().Remove(context.Background(), names...)
 }
 
-type results struct {
-	slots, serialN, workers int
-	gets                    int
-	cmd                     string
-
-	kernel, cpu, goVersion string
-	loadStart, loadEnd     string
-
-	leakCreate           []time.Duration
-	createP50, createP90 time.Duration
-	createP99            time.Duration
-	poolFill             time.Duration
-	getP50, getP99       time.Duration
-	getMax               time.Duration
-	poolClose            time.Duration
-	rssBase, rssManaged  int64
-	heapManaged          uint64
-	goroutines           int
-
-	reports     []string
-	phasegate   []time.Duration
-	floorD      []time.Duration
-	serialD     time.Duration
-	batchedRest time.Duration // batched on the rest of the serial round
-}
-
-func pct(ds []time.Duration, p float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	k := int(float64(len(s)-1) * p)
-	return s[k]
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
-}
-
-func rss() int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
-}
-
-// machine records the kernel, CPU, Go version and load at the start.
-func (r *results) machine() {
-	var u unix.Utsname
-	_ = unix.Uname(&u)
-	r.kernel = unix.ByteSliceToString(u.Release[:])
-	r.cpu = fmt.Sprintf("%d CPUs", runtime.NumCPU())
-	if out, err := exec.Command("sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").Output(); err == nil {
-		r.cpu += ", " + strings.TrimSpace(string(out))
-	}
-	r.goVersion = runtime.Version()
-	r.loadStart = loadavg()
-}
-
+// run measures the network report: sequential creates, a warm pool of
+// r.slots, reclaim beside the kernel's floor over rounds, and the serial
+// reference on serialN slots.
 func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) error {
 	ctx := context.Background()
 	r.machine()
 	defer func() { r.loadEnd = loadavg() }()
 	runtime.GC()
 	r.rssBase = rss()
+	if err := b.measureCreates(ctx, r, creates); err != nil {
+		return err
+	}
+	if err := b.measurePool(ctx, r, gets); err != nil {
+		return err
+	}
+	for k := range rounds {
+		if err := b.measureReclaimRound(ctx, r, k, workers); err != nil {
+			return err
+		}
+	}
+	return b.measureSerial(ctx, r, serialN, workers)
+}
 
-	// 1. Sequential create latency.
+// measureCreates measures the latency of creates sequential creates,
+// then tears the slots down.
+func (b *bench) measureCreates(ctx context.Context, r *results, creates int) error {
 	fmt.Fprintln(os.Stderr, "create latency...")
 	var lat []time.Duration
 	for i := 1; i <= creates; i++ {
@@ -446,11 +421,12 @@ func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) err
 	if res := b.m.Teardown(ctx, slot.Assume(idx...), slot.TeardownOptions{}); res.Err() != nil {
 		return res.Err()
 	}
-	if err := b.settle(); err != nil {
-		return err
-	}
+	return b.settle()
+}
 
-	// 2. A warm pool of N slots: fill, RSS, Get latency, Close.
+// measurePool fills a warm pool of r.slots and measures the fill, the
+// memory it holds, gets Get/Put cycles and its Close.
+func (b *bench) measurePool(ctx context.Context, r *results, gets int) error {
 	fmt.Fprintln(os.Stderr, "pool...", time.Now().Format(time.TimeOnly))
 	st, err := index.New(r.slots+spare, nil)
 	if err != nil {
@@ -491,54 +467,53 @@ func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) err
 	}
 	r.poolClose = time.Since(t0)
 	fmt.Fprintln(os.Stderr, "pool closed", r.poolClose)
+	return b.settle()
+}
+
+// measureReclaimRound is round k of phasegate's reclaim beside the kernel
+// floor: r.slots leaked and reclaimed by each, interleaved.
+func (b *bench) measureReclaimRound(ctx context.Context, r *results, k, workers int) error {
+	fmt.Fprintf(os.Stderr, "round %d: leak %d...\n", k+1, r.slots)
+	d, err := b.leak(r.slots)
+	if err != nil {
+		return err
+	}
+	r.leakCreate = append(r.leakCreate, d)
+	time.Sleep(2 * time.Second)
+	rep, err := reclaim.Run(ctx, b.m, reclaim.Options{Workers: workers})
+	if err != nil {
+		return err
+	}
+	if rep.Found != r.slots || len(rep.Reclaimed) != r.slots {
+		return fmt.Errorf("phasegate reclaim: %v", rep)
+	}
+	fmt.Fprintln(os.Stderr, " ", rep)
+	r.reports = append(r.reports, rep.String())
+	r.phasegate = append(r.phasegate, rep.Duration)
 	if err := b.settle(); err != nil {
 		return err
 	}
 
-	// 3. Reclaim: phasegate vs the kernel floor, interleaved.
-	for k := range rounds {
-		fmt.Fprintf(os.Stderr, "round %d: leak %d...\n", k+1, r.slots)
-		d, err := b.leak(r.slots)
-		if err != nil {
-			return err
-		}
-		r.leakCreate = append(r.leakCreate, d)
-		time.Sleep(2 * time.Second)
-		rep, err := reclaim.Run(ctx, b.m, reclaim.Options{Workers: workers})
-		if err != nil {
-			return err
-		}
-		if rep.Found != r.slots || len(rep.Reclaimed) != r.slots {
-			return fmt.Errorf("phasegate reclaim: %v", rep)
-		}
-		fmt.Fprintln(os.Stderr, " ", rep)
-		r.reports = append(r.reports, rep.String())
-		r.phasegate = append(r.phasegate, rep.Duration)
-		if err := b.settle(); err != nil {
-			return err
-		}
-
-		fmt.Fprintf(os.Stderr, "round %d: leak %d for the floor...\n", k+1, r.slots)
-		if d, err = b.leak(r.slots); err != nil {
-			return err
-		}
-		r.leakCreate = append(r.leakCreate, d)
-		time.Sleep(2 * time.Second)
-		fd, err := b.floor(r.slots, workers)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(os.Stderr, "  floor: %v\n", fd)
-		r.floorD = append(r.floorD, fd)
-		if err := b.settle(); err != nil {
-			return err
-		}
+	fmt.Fprintf(os.Stderr, "round %d: leak %d for the floor...\n", k+1, r.slots)
+	if d, err = b.leak(r.slots); err != nil {
+		return err
 	}
+	r.leakCreate = append(r.leakCreate, d)
+	time.Sleep(2 * time.Second)
+	fd, err := b.floor(r.slots, workers)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "  floor: %v\n", fd)
+	r.floorD = append(r.floorD, fd)
+	return b.settle()
+}
 
-	// 4. Serial reference on a subset of a full population (N slots leaked,
-	// the first serialN reclaimed serially with a count budget, so each
-	// serial step works with as many mounts and links around as phasegate
-	// had), then the rest with the batched strategy.
+// measureSerial is the serial reference on a subset of a full
+// population (N slots leaked, the first serialN reclaimed serially with a
+// count budget, so each serial step works with as many mounts and links
+// around as phasegate had), then the rest with the batched strategy.
+func (b *bench) measureSerial(ctx context.Context, r *results, serialN, workers int) error {
 	fmt.Fprintf(os.Stderr, "serial: leak %d, reclaim %d serially...\n", r.slots, serialN)
 	if _, err := b.leak(r.slots); err != nil {
 		return err
@@ -562,91 +537,4 @@ func (b *bench) run(r *results, serialN, workers, rounds, creates, gets int) err
 	fmt.Fprintln(os.Stderr, " ", rep)
 	r.batchedRest = rep.Duration
 	return b.settle()
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
-func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d.Nanoseconds())/1000) }
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func verdict(ok bool) string {
-	if ok {
-		return "**met**"
-	}
-	return "**missed**"
-}
-
-func (r *results) markdown() string {
-	var b strings.Builder
-	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
-	pg, fl := median(r.phasegate), median(r.floorD)
-	perPG := float64(pg.Microseconds()) / 1000 / float64(r.slots)
-	perSerial := float64(r.serialD.Microseconds()) / 1000 / float64(r.serialN)
-	perFloor := float64(fl.Microseconds()) / 1000 / float64(r.slots)
-	ratioFloor := float64(pg) / float64(fl)
-	speedup := perSerial / perPG
-
-	w("# Network layer benchmarks\n\n")
-	w("Measured by `test/netbench` on the real kernel, as root, in one run. Reproduce with:\n\n")
-	w("```sh\n# as root, from the repository root\n%s\n```\n\n", r.cmd)
-	w("Machine: Linux %s, %s, %s. Load average at start %s, at end %s. Numbers are wall times of single runs on a\n"+
-		"2-core VM shared with other work: the kernel's namespace clean-up is one global worker, so anything else\n"+
-		"creating or destroying namespaces on the host at the same time slows phasegate and the floor alike. Compare\n"+
-		"the rows of one run, not runs on different days.\n\n",
-		r.kernel, r.cpu, r.goVersion, r.loadStart, r.loadEnd)
-
-	w("## Goals\n\n| goal | figure | verdict |\n|---|---|---|\n")
-	w("| reclaim of %d leaked slots ≤ 1.5× the kernel floor | %s vs floor %s = %.2f× | %s |\n",
-		r.slots, ms(pg), ms(fl), ratioFloor, verdict(ratioFloor <= 1.5))
-	w("| reclaim ≥ 20× faster than the serial reference (per slot) | %.3f ms/slot vs %.2f ms/slot = %.0f× | %s |\n",
-		perPG, perSerial, speedup, verdict(speedup >= 20))
-	w("| pool Get from a warm pool p99 ≤ 100 µs | p99 %s (p50 %s, max %s, %d Gets) | %s |\n",
-		us(r.getP99), us(r.getP50), us(r.getMax), r.gets, verdict(r.getP99 <= 100*time.Microsecond))
-	w("| slot create median (reported) | median %s, p90 %s, p99 %s | reported |\n", ms(r.createP50), ms(r.createP90), ms(r.createP99))
-	w("| RSS with %d slots managed (reported) | %.1f MiB (%.1f MiB before any slot; Go heap %.1f MiB; %d goroutine(s)) | reported |\n\n",
-		r.slots, float64(r.rssManaged)/(1<<20), float64(r.rssBase)/(1<<20), float64(r.heapManaged)/(1<<20), r.goroutines)
-
-	w("## Reclaim\n\n")
-	w("Each round leaks %d slots (netns + veth pair + set element, made by `slot.Manager.Create` with 4 workers) and then tears them down.\n\n", r.slots)
-	w("- **phasegate**: `reclaim.Run` with the batched strategy and %d workers, scan of the netns directory, links and set included: detach+unlink by the workers, wait for the host ends, one nftables transaction for all elements.\n", r.workers)
-	w("- **kernel floor**: the same netns files, raw `umount2(MNT_DETACH)` + `unlink` with %d workers, then wait until every host end is gone (no scan, no firewall work).\n", r.workers)
-	w("- **serial reference**: `serialteardown.Teardown` (test/internal/serialteardown), what E2B's orchestrator did per slot: delete the set element, delete the host veth with netlink, delete the netns. It costs tens of ms per slot, so it is measured on a **subset**: %d slots are leaked, the serial strategy reclaims the first %d (count budget; its scan is not counted) and the comparison is **per slot**; the batched strategy then reclaims the remaining %d.\n\n", r.slots, r.serialN, r.slots-r.serialN)
-	w("| run | slots | wall time | per slot |\n|---|---|---|---|\n")
-	for k := range r.phasegate {
-		w("| phasegate, round %d | %d | %s | %.3f ms |\n", k+1, r.slots, ms(r.phasegate[k]), float64(r.phasegate[k].Microseconds())/1000/float64(r.slots))
-		w("| kernel floor, round %d | %d | %s | %.3f ms |\n", k+1, r.slots, ms(r.floorD[k]), float64(r.floorD[k].Microseconds())/1000/float64(r.slots))
-	}
-	w("| phasegate, median | %d | %s | %.3f ms |\n", r.slots, ms(pg), perPG)
-	w("| kernel floor, median | %d | %s | %.3f ms |\n", r.slots, ms(fl), perFloor)
-	w("| serial reference | %d | %s | %.2f ms |\n", r.serialN, ms(r.serialD), perSerial)
-	w("| phasegate, the rest of the serial round | %d | %s | %.3f ms |\n\n", r.slots-r.serialN, ms(r.batchedRest), float64(r.batchedRest.Microseconds())/1000/float64(r.slots-r.serialN))
-	w("Extrapolated, the serial reference would need about %.0f s for %d slots.\n\n", perSerial*float64(r.slots)/1000, r.slots)
-	w("phasegate's own reports (phases of each run):\n\n")
-	for _, rep := range r.reports {
-		w("- `%s`\n", rep)
-	}
-	w("\n")
-
-	w("## Slots and pool\n\n| measure | value |\n|---|---|\n")
-	w("| create one slot, sequential (netns, veth, addresses, routes, set element) | median %s, p90 %s, p99 %s |\n", ms(r.createP50), ms(r.createP90), ms(r.createP99))
-	var leak time.Duration
-	for _, d := range r.leakCreate {
-		leak += d
-	}
-	if len(r.leakCreate) > 0 {
-		leak /= time.Duration(len(r.leakCreate))
-	}
-	w("| create %d slots with 4 workers | %s (%.2f ms/slot) |\n", r.slots, ms(leak), float64(leak.Microseconds())/1000/float64(r.slots))
-	w("| pool fill to %d warm slots, fill concurrency 4 | %s |\n", r.slots, ms(r.poolFill))
-	w("| pool Get, warm pool (Get/Put cycles, Get timed) | p50 %s, p99 %s, max %s |\n", us(r.getP50), us(r.getP99), us(r.getMax))
-	w("| pool Close with %d idle slots (batched teardown) | %s |\n", r.slots, ms(r.poolClose))
-	w("| RSS of the process with %d slots managed | %.1f MiB (baseline %.1f MiB) |\n", r.slots, float64(r.rssManaged)/(1<<20), float64(r.rssBase)/(1<<20))
-	return b.String()
 }

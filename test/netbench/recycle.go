@@ -136,6 +136,9 @@ type recycleResults struct {
 	getP50, getP99 time.Duration
 }
 
+// runRecycle measures the three ways to give a released slot back: a
+// reset in place (without and with the sysctls), a recreate at the same
+// index, and the pool's Get+Put.
 func runRecycle(ctx context.Context, m *slot.Manager, r *recycleResults) error {
 	var u unix.Utsname
 	_ = unix.Uname(&u)
@@ -159,6 +162,30 @@ func runRecycle(ctx context.Context, m *slot.Manager, r *recycleResults) error {
 	//    (one address, one sysctl): the cheapest case for a reset. Once
 	//    without the sysctls (about what Manager.Reset used to do), once
 	//    with them.
+	resets, err := measureResets(ref, want, r.cycles)
+	if err != nil {
+		return err
+	}
+	// 2. Recreate at the same index, slot 2: teardown, then creation.
+	rec, err := measureRecreate(ctx, m, r.cycles)
+	if err != nil {
+		return err
+	}
+	if res := m.Teardown(ctx, slot.Assume(1, 2), slot.TeardownOptions{}); res.Err() != nil {
+		return res.Err()
+	}
+	// 3. The pool: Get+Put cycles on a warm pool whose Put recreates.
+	cyc, err := measurePoolCycles(ctx, m, r)
+	if err != nil {
+		return err
+	}
+	r.strategies = append(resets, rec, cyc)
+	return nil
+}
+
+// measureResets resets ref in place cycles times, dirtied before each,
+// once without the sysctls and once putting want back.
+func measureResets(ref *slot.Slot, want map[string]string, cycles int) ([]*strategy, error) {
 	var resets []*strategy
 	for _, sweep := range []bool{false, true} {
 		fmt.Fprintln(os.Stderr, "reset in place, sysctls:", sweep)
@@ -169,78 +196,83 @@ func runRecycle(ctx context.Context, m *slot.Manager, r *recycleResults) error {
 		}
 		c0, t0 := cpuNow(), time.Now()
 		var dirtyTime time.Duration
-		for k := range r.cycles {
+		for k := range cycles {
 			d0 := time.Now()
 			if err := dirty(ref, k); err != nil {
-				return err
+				return nil, err
 			}
 			dirtyTime += time.Since(d0)
 			t := time.Now()
 			if err := resetInPlace(ref, w); err != nil {
-				return err
+				return nil, err
 			}
 			st.lat = append(st.lat, time.Since(t))
 		}
 		st.wall, st.cpu = time.Since(t0)-dirtyTime, cpuNow().sub(c0)
 		if err := checkClean(ref, want); (err == nil) != sweep {
-			return fmt.Errorf("reset (sysctls %v): clean check: %v", sweep, err)
+			return nil, fmt.Errorf("reset (sysctls %v): clean check: %v", sweep, err)
 		}
 		resets = append(resets, st)
 	}
+	return resets, nil
+}
 
-	// 2. Recreate at the same index, slot 2: teardown, then creation.
+// measureRecreate tears slot 2 down and creates it again, cycles times.
+func measureRecreate(ctx context.Context, m *slot.Manager, cycles int) (*strategy, error) {
 	fmt.Fprintln(os.Stderr, "recreate...")
 	if _, err := m.Create(ctx, 2); err != nil {
-		return err
+		return nil, err
 	}
 	rec := &strategy{name: "recreate (teardown + create)"}
 	c0, t0 := cpuNow(), time.Now()
-	for range r.cycles {
+	for range cycles {
 		t := time.Now()
 		res := m.Teardown(ctx, slot.Assume(2), slot.TeardownOptions{})
 		if err := res.Err(); err != nil {
-			return err
+			return nil, err
 		}
 		rec.lat = append(rec.lat, time.Since(t))
 		t = time.Now()
 		if _, err := m.Create(ctx, 2); err != nil {
-			return err
+			return nil, err
 		}
 		rec.bg = append(rec.bg, time.Since(t))
 	}
 	rec.wall, rec.cpu = time.Since(t0), cpuNow().sub(c0)
 	rec.comment = "the kernel work of one release; pool.Put waits for both parts"
-	if res := m.Teardown(ctx, slot.Assume(1, 2), slot.TeardownOptions{}); res.Err() != nil {
-		return res.Err()
-	}
+	return rec, nil
+}
 
-	// 3. The pool: Get+Put cycles on a warm pool whose Put recreates.
+// measurePoolCycles makes r.cycles Get+Put cycles on a warm pool of
+// r.target whose Put recreates, counting the replacements still being
+// made at the end; it closes the pool.
+func measurePoolCycles(ctx context.Context, m *slot.Manager, r *recycleResults) (*strategy, error) {
 	fmt.Fprintln(os.Stderr, "pool cycles...")
 	st, err := index.New(m.Config().Slots, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	p, err := pool.New(m, st, pool.Options{Target: r.target, Grace: time.Hour})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer p.Close(context.WithoutCancel(ctx))
 	if err := p.WaitReady(ctx, r.target); err != nil {
-		return err
+		return nil, err
 	}
 	cyc := &strategy{name: fmt.Sprintf("pool Get+Put, target %d", r.target)}
 	var gets []time.Duration
-	c0, t0 = cpuNow(), time.Now()
+	c0, t0 := cpuNow(), time.Now()
 	for range r.cycles {
 		t := time.Now()
 		s, err := p.Get(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		gets = append(gets, time.Since(t))
 		t = time.Now()
 		if err := p.Put(ctx, s); err != nil {
-			return err
+			return nil, err
 		}
 		cyc.lat = append(cyc.lat, time.Since(t))
 	}
@@ -251,8 +283,7 @@ func runRecycle(ctx context.Context, m *slot.Manager, r *recycleResults) error {
 	cyc.wall, cyc.cpu = time.Since(t0), cpuNow().sub(c0)
 	cyc.comment = fmt.Sprintf("Put = teardown + replacement; Get p50 %s, p99 %s", us(pct(gets, 0.5)), us(pct(gets, 0.99)))
 	r.getP50, r.getP99 = pct(gets, 0.5), pct(gets, 0.99)
-	r.strategies = append(resets, rec, cyc)
-	return p.Close(ctx)
+	return cyc, p.Close(ctx)
 }
 
 // dirty does what a light tenant does: one more address, one sysctl.
@@ -324,61 +355,9 @@ func resetInPlace(s *slot.Slot, want map[string]string) error {
 		return err
 	}
 	defer h.Close()
-	var errs []error
-	links, err := h.LinkList()
+	eth0, errs, err := clearTenantNetwork(h, s)
 	if err != nil {
 		return err
-	}
-	var eth0 netlink.Link
-	for _, l := range links {
-		switch l.Attrs().Name {
-		case "lo":
-		case s.InsideIf:
-			eth0 = l
-		default:
-			errs = append(errs, h.LinkDel(l))
-		}
-	}
-	if eth0 == nil {
-		return errors.New("no eth0")
-	}
-	addrs, err := h.AddrList(eth0, netlink.FAMILY_ALL)
-	if err != nil {
-		return err
-	}
-	for _, a := range addrs {
-		if a.IP.Equal(s.InsideAddr.Addr().AsSlice()) || (a.IP.To4() == nil && a.IP.IsLinkLocalUnicast()) {
-			continue
-		}
-		errs = append(errs, h.AddrDel(eth0, &a))
-	}
-	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return err
-	}
-	for _, rt := range routes {
-		if rt.Table == unix.RT_TABLE_LOCAL || (rt.Table == unix.RT_TABLE_MAIN && rt.LinkIndex == eth0.Attrs().Index) {
-			continue // the kernel's own and the slot's (re-made below)
-		}
-		errs = append(errs, h.RouteDel(&rt))
-	}
-	rules, err := h.RuleList(netlink.FAMILY_ALL)
-	if err != nil {
-		return err
-	}
-	for _, ru := range rules {
-		if ru.Priority != 0 && ru.Priority != 32766 && ru.Priority != 32767 {
-			errs = append(errs, h.RuleDel(&ru))
-		}
-	}
-	neigh, err := h.NeighList(0, netlink.FAMILY_ALL)
-	if err != nil {
-		return err
-	}
-	for _, n := range neigh {
-		if !n.IP.IsMulticast() {
-			_ = h.NeighDel(&n) // an entry may already be gone
-		}
 	}
 	c, err := nftables.New(nftables.WithNetNSFd(fd))
 	if err != nil {
@@ -386,24 +365,7 @@ func resetInPlace(s *slot.Slot, want map[string]string) error {
 	}
 	c.FlushRuleset()
 	errs = append(errs, c.Flush())
-	errs = append(errs, inNetns(s.NetnsPath, func() error {
-		if want == nil {
-			return nil
-		}
-		return filepath.WalkDir("/proc/sys/net", func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() {
-				return err
-			}
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return nil
-			}
-			if w, ok := want[strings.TrimPrefix(p, "/proc/sys/")]; ok && !bytes.Equal(b, []byte(w)) {
-				_ = os.WriteFile(p, []byte(w), 0) // some are read-only
-			}
-			return nil
-		})
-	}))
+	errs = append(errs, inNetns(s.NetnsPath, func() error { return restoreSysctls(want) }))
 	if err := h.ConntrackTableFlush(netlink.ConntrackTable); err != nil && !errors.Is(err, unix.ENOENT) {
 		errs = append(errs, err)
 	}
@@ -416,6 +378,90 @@ func resetInPlace(s *slot.Slot, want map[string]string) error {
 	errs = append(errs, h.AddrReplace(eth0, &netlink.Addr{IPNet: in}))
 	errs = append(errs, h.RouteReplace(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: s.HostAddr.Addr().AsSlice()}))
 	return errors.Join(errs...)
+}
+
+// clearTenantNetwork removes inside slot s's namespace (h) what a tenant
+// may have added: links beside lo and the slot's eth0, addresses but the
+// slot's, routes and rules but the kernel's and the slot's, neighbours.
+// It returns eth0 and the errors of the removals; err is a listing that
+// failed.
+func clearTenantNetwork(h *netlink.Handle, s *slot.Slot) (eth0 netlink.Link, errs []error, err error) {
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, l := range links {
+		switch l.Attrs().Name {
+		case "lo":
+		case s.InsideIf:
+			eth0 = l
+		default:
+			errs = append(errs, h.LinkDel(l))
+		}
+	}
+	if eth0 == nil {
+		return nil, nil, errors.New("no eth0")
+	}
+	addrs, err := h.AddrList(eth0, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, a := range addrs {
+		if a.IP.Equal(s.InsideAddr.Addr().AsSlice()) || (a.IP.To4() == nil && a.IP.IsLinkLocalUnicast()) {
+			continue
+		}
+		errs = append(errs, h.AddrDel(eth0, &a))
+	}
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, rt := range routes {
+		if rt.Table == unix.RT_TABLE_LOCAL || (rt.Table == unix.RT_TABLE_MAIN && rt.LinkIndex == eth0.Attrs().Index) {
+			continue // the kernel's own and the slot's (re-made below)
+		}
+		errs = append(errs, h.RouteDel(&rt))
+	}
+	rules, err := h.RuleList(netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, ru := range rules {
+		if ru.Priority != 0 && ru.Priority != 32766 && ru.Priority != 32767 {
+			errs = append(errs, h.RuleDel(&ru))
+		}
+	}
+	neigh, err := h.NeighList(0, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, n := range neigh {
+		if !n.IP.IsMulticast() {
+			_ = h.NeighDel(&n) // an entry may already be gone
+		}
+	}
+	return eth0, errs, nil
+}
+
+// restoreSysctls writes back, in the current thread's namespace, every
+// sysctl under /proc/sys/net that differs from want (nil: none).
+func restoreSysctls(want map[string]string) error {
+	if want == nil {
+		return nil
+	}
+	return filepath.WalkDir("/proc/sys/net", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		if w, ok := want[strings.TrimPrefix(p, "/proc/sys/")]; ok && !bytes.Equal(b, []byte(w)) {
+			_ = os.WriteFile(p, []byte(w), 0) // some are read-only
+		}
+		return nil
+	})
 }
 
 // inNetns runs fn on an OS thread inside the namespace at path; the thread

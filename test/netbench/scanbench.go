@@ -63,35 +63,11 @@ func (b *bench) scanBench(sizes []int, reps int) ([]scanRow, error) {
 				return nil
 			}
 			runNew := func() error {
-				t := time.Now()
-				sr, err := b.m.Survey(ctx)
-				d := time.Since(t)
+				total, dir, links, err := b.timeSurvey(ctx, n)
 				if err != nil {
 					return err
 				}
-				if len(sr.Inventory) != n || len(sr.Unreadable) != 0 {
-					return fmt.Errorf("new scan found %d slots (%d unreadable), want %d", len(sr.Inventory), len(sr.Unreadable), n)
-				}
-				for i, r := range sr.Inventory {
-					if r != slot.All {
-						return fmt.Errorf("new scan: slot %d has %v", i, r)
-					}
-				}
-				row.newAll = append(row.newAll, d)
-				// Its parts, timed apart (not in the total).
-				t = time.Now()
-				if _, err := netns.Survey(b.cfg.NetnsDir, func(name string) bool {
-					_, ok := b.cfg.CanonicalNetnsIndex(name)
-					return ok
-				}); err != nil {
-					return err
-				}
-				nd = append(nd, time.Since(t))
-				t = time.Now()
-				if _, err := readNetDevNames(); err != nil {
-					return err
-				}
-				nl = append(nl, time.Since(t))
+				row.newAll, nd, nl = append(row.newAll, total), append(nd, dir), append(nl, links)
 				return nil
 			}
 			first, second := runOld, runNew
@@ -117,6 +93,40 @@ func (b *bench) scanBench(sizes []int, reps int) ([]scanRow, error) {
 		return rows, res.Err()
 	}
 	return rows, b.settle()
+}
+
+// timeSurvey times slot.Manager.Survey of the n slots made, which must
+// find them all whole, and then its parts apart: the netns directory's
+// survey and the links' names.
+func (b *bench) timeSurvey(ctx context.Context, n int) (total, dir, links time.Duration, err error) {
+	t := time.Now()
+	sr, err := b.m.Survey(ctx)
+	total = time.Since(t)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if len(sr.Inventory) != n || len(sr.Unreadable) != 0 {
+		return 0, 0, 0, fmt.Errorf("new scan found %d slots (%d unreadable), want %d", len(sr.Inventory), len(sr.Unreadable), n)
+	}
+	for i, r := range sr.Inventory {
+		if r != slot.All {
+			return 0, 0, 0, fmt.Errorf("new scan: slot %d has %v", i, r)
+		}
+	}
+	// Its parts, timed apart (not in the total).
+	t = time.Now()
+	if _, err := netns.Survey(b.cfg.NetnsDir, func(name string) bool {
+		_, ok := b.cfg.CanonicalNetnsIndex(name)
+		return ok
+	}); err != nil {
+		return 0, 0, 0, err
+	}
+	dir = time.Since(t)
+	t = time.Now()
+	if _, err := readNetDevNames(); err != nil {
+		return 0, 0, 0, err
+	}
+	return total, dir, time.Since(t), nil
 }
 
 func seq(from, to int) []int {
