@@ -15,6 +15,8 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/phases/cniapi"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 	"github.com/phasegate/phasegate/server"
 	"github.com/phasegate/phasegate/tracing/grpccalls"
 )
@@ -86,17 +88,17 @@ func (d *Daemon) newGuard(surface string) (*control.Guard, error) {
 	// Every mutating call is audited, allowed or refused.
 	mutating := phasegatev1.SlotsMutatingMethods()
 	var reads []string
-	for _, m := range slotsServiceDesc().Methods {
+	for _, m := range slotsapi.Desc().Methods {
 		if !slices.Contains(mutating, m.MethodName) {
 			reads = append(reads, m.MethodName)
 		}
 	}
-	cniMutating, cniReads := cniMethods()
+	cniMutating, cniReads := cniapi.Methods()
 	mutating, reads = append(mutating, cniMutating...), append(reads, cniReads...)
 	heldMutating, heldReads := heldMethods()
 	mutating, reads = append(mutating, heldMutating...), append(reads, heldReads...)
 	return control.NewGuard(d.cfg.ControlPolicy(), control.GuardOptions{
-		Service:       slotsServiceName,
+		Service:       slotsapi.ServiceName,
 		Mutating:      mutating,
 		Reads:         reads,
 		Surface:       surface,
@@ -203,7 +205,7 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := srv.Declare(slotsServiceDesc()); err != nil {
+	if err := srv.Declare(slotsapi.Desc()); err != nil {
 		return nil, nil, err
 	}
 	if err := srv.DeclareHTTP(pathDebugSlots); err != nil {
@@ -211,8 +213,8 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 	}
 	// The CNI plugin's routes: until the daemon serves, a call gets 503
 	// naming the phase, which STATUS turns into error 50.
-	for _, r := range cniRoutes(nil) {
-		if err := srv.DeclareHTTP(r.pattern()); err != nil {
+	for _, p := range cniapi.Patterns() {
+		if err := srv.DeclareHTTP(p); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -21,7 +21,9 @@ import (
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lease"
 	"github.com/phasegate/phasegate/phases/lockfile"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 	"github.com/phasegate/phasegate/server"
 )
 
@@ -57,27 +59,27 @@ type Daemon struct {
 	cidrLock   *lockfile.Lock
 	checkHost  bool                // the CIDR lock is new: check the host's use of it (reclaim)
 	store      *leases.Store       // the durable records (lock phase)
-	records    *slotRecords        // their only writer from the restore on (reclaim)
+	records    *lease.Records      // their only writer from the restore on (reclaim)
 	state      *stateWatch         // the state directory's health (statedir.go)
 	safeMode   bool                // records lost: keep every slot something lives in
 	stateLost  string              // why, for the health warning
 	journal    *leases.JournalLoss // writes the journal lost, when it did (safe mode)
-	held       *heldSlots          // the slots held (reclaim phase on)
+	held       *lease.HeldSlots    // the slots held (reclaim phase on)
 	mgr        *slot.Manager
 	plan       *restorePlan    // what the restore decided (reclaim phase)
 	report     *reclaim.Report // the foreground reclaim's, when there is one (storage reads its quarantine)
 	unreadable []slot.Unreadable
 	idx        *index.Allocator // built by storage, owned by the pool from populate on
 	pool       *pool.Pool
-	slots      *slotsService
-	restore    *restoreCheck   // the check of the restored leases (populate)
-	tcpGuard   *control.Guard  // the Slots API's on the port (New)
-	ctl        *server.Server  // the control socket's server (lock phase)
-	ctlGuard   *control.Guard  // its guard: every route there spends its rate
-	ctlSocket  *control.Socket // its path, removed at an orderly stop
-	ctlFile    *os.File        // its descriptor, for an upgrade
-	deadDone   chan struct{}   // closed when the dead slots are reclaimed
-	verifyDone chan struct{}   // closed when the restored leases' background check is over
+	slots      *lease.Service      // the lease core (populate)
+	restore    *lease.RestoreCheck // the check of the restored leases (populate)
+	tcpGuard   *control.Guard      // the Slots API's on the port (New)
+	ctl        *server.Server      // the control socket's server (lock phase)
+	ctlGuard   *control.Guard      // its guard: every route there spends its rate
+	ctlSocket  *control.Socket     // its path, removed at an orderly stop
+	ctlFile    *os.File            // its descriptor, for an upgrade
+	deadDone   chan struct{}       // closed when the dead slots are reclaimed
+	verifyDone chan struct{}       // closed when the restored leases' background check is over
 	// The host's own addresses, read by the host check (reclaim) when it
 	// ran, for the egress defaults (populate).
 	hostAddrs     []netip.Prefix
@@ -167,7 +169,7 @@ func New(cfg Config) (*Daemon, error) {
 	if d.tcpGuard, err = d.newGuard("tcp"); err != nil {
 		return fail(err)
 	}
-	if err := a.Server().Declare(slotsServiceDesc()); err != nil {
+	if err := a.Server().Declare(slotsapi.Desc()); err != nil {
 		return fail(err)
 	}
 	return d, nil
@@ -215,11 +217,11 @@ func (d *Daemon) StopBudget() time.Duration { return d.app.StopBudget() }
 // named like a running task is shown with the task's progress.
 const (
 	warnStateLost     = "state-lost"
-	warnHeld          = "held-slots"
-	warnLeasesLost    = "leases-lost"
+	warnHeld          = lease.WarnHeld
+	warnLeasesLost    = lease.WarnLeasesLost
 	warnEgress        = "egress"
 	warnDrainDelay    = "drain-delay"
-	warnSlotsBroken   = "slots-broken"
+	warnSlotsBroken   = lease.WarnSlotsBroken
 	warnPool          = "pool"
 	warnStateDir      = "state-dir"
 	warnControlSocket = "control-socket"

@@ -8,14 +8,14 @@ import (
 	"net/http"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/cniapi"
+	"github.com/phasegate/phasegate/phases/lease"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 )
 
 // The operator's routes on the control socket for the held slots (`phasegate
@@ -41,8 +41,8 @@ func heldRoutes(d *Daemon) []heldRoute {
 	list := func(context.Context, struct{}) (HeldList, error) { return d.listHeld() }
 	return []heldRoute{
 		{http.MethodGet + " " + PathHeld, "HeldList", false, func(ctx context.Context, _ []byte) (any, error) { return list(ctx, struct{}{}) }},
-		{http.MethodPost + " " + PathHeldAdopt, "HeldAdopt", true, jsonCall(d.adoptHeld)},
-		{http.MethodPost + " " + PathHeldRelease, "HeldRelease", true, jsonCall(d.releaseHeld)},
+		{http.MethodPost + " " + PathHeldAdopt, "HeldAdopt", true, cniapi.JSONCall(d.adoptHeld)},
+		{http.MethodPost + " " + PathHeldRelease, "HeldRelease", true, cniapi.JSONCall(d.releaseHeld)},
 	}
 }
 
@@ -82,27 +82,33 @@ func heldHandler(g *control.Guard, r heldRoute) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		var answer any
 		err := g.Call(req.Context(), r.method, func(ctx context.Context) error {
-			c, err := callerOf(ctx)
-			if err != nil {
-				return err
-			}
-			if !c.Principal.IsRoot() {
-				return status.Errorf(codes.PermissionDenied, "%s may not act on held slots: root's alone", c.Principal)
-			}
-			body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, 64<<10))
-			if err != nil {
-				return status.Errorf(codes.InvalidArgument, "read the request: %v", err)
-			}
-			answer, err = r.call(ctx, body)
-			return err
+			var err error
+			answer, err = r.serve(ctx, w, req)
+			return slotsapi.Status(err) // its code for the guard's audit line
 		})
 		if err != nil {
-			st := status.Convert(err)
-			writeJSON(w, httpStatus(st.Code()), HeldError{Code: st.Code().String(), Error: st.Message()})
+			st := slotsapi.Convert(err)
+			cniapi.WriteJSON(w, slotsapi.HTTPStatus(st.Code()), HeldError{Code: st.Code().String(), Error: st.Message()})
 			return
 		}
-		writeJSON(w, http.StatusOK, answer)
+		cniapi.WriteJSON(w, http.StatusOK, answer)
 	})
+}
+
+// serve answers req on route r, for root alone.
+func (r heldRoute) serve(ctx context.Context, w http.ResponseWriter, req *http.Request) (any, error) {
+	c, err := slotsapi.CallerOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !c.Principal.IsRoot() {
+		return nil, lease.Errorf(lease.ErrDenied, "%s may not act on held slots: root's alone", c.Principal)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, 64<<10))
+	if err != nil {
+		return nil, lease.Errorf(lease.ErrInvalid, "read the request: %v", err)
+	}
+	return r.call(ctx, body)
 }
 
 // HeldList is GET /held's answer.
@@ -113,7 +119,7 @@ type HeldList struct {
 // HeldView is one held slot as the operator sees it: why it is held,
 // what lives in it now, and whether its host link is there.
 type HeldView struct {
-	heldSlot
+	lease.HeldSlot
 	NetnsPath string `json:"netns_path"`
 	// NetnsBound: the namespace held is still the one bound at NetnsPath.
 	NetnsBound bool `json:"netns_bound"`
@@ -125,20 +131,20 @@ type HeldView struct {
 // listHeld describes every held slot.
 func (d *Daemon) listHeld() (HeldList, error) {
 	out := HeldList{Held: []HeldView{}}
-	held := d.held.list()
+	held := d.held.List()
 	if len(held) == 0 {
 		return out, nil
 	}
-	live, err := scanLiveness()
+	live, err := lease.ScanLiveness()
 	if err != nil {
-		return out, status.Errorf(codes.Internal, "%v", err)
+		return out, lease.Errorf(lease.ErrInternal, "%v", err)
 	}
 	for _, h := range held {
 		path := d.cfg.Slots.NetnsPath(h.Index)
 		id, _ := netns.Stat(path)
 		idx, _ := d.mgr.HostLinkIndex(h.Index)
-		out.Held = append(out.Held, HeldView{heldSlot: h, NetnsPath: path, NetnsBound: id == h.Netns, HostLink: idx != 0,
-			PIDs: live.pids(h.Netns)})
+		out.Held = append(out.Held, HeldView{HeldSlot: h, NetnsPath: path, NetnsBound: id == h.Netns, HostLink: idx != 0,
+			PIDs: live.PIDs(h.Netns)})
 	}
 	return out, nil
 }
@@ -172,25 +178,25 @@ type AdoptAnswer struct {
 // answer, as an Acquire's, with the root principal that adopted it; the
 // owner's client renews and releases it with the lease id answered.
 func (d *Daemon) adoptHeld(ctx context.Context, req AdoptRequest) (AdoptAnswer, error) {
-	d.held.ops.Lock()
-	defer d.held.ops.Unlock()
+	d.held.Ops.Lock()
+	defer d.held.Ops.Unlock()
 	h, err := d.heldAt(req.Index)
 	if err != nil {
 		return AdoptAnswer{}, err
 	}
-	if err := checkNames(req.Owner, req.RequestID); err != nil {
+	if err := lease.CheckNames(req.Owner, req.RequestID); err != nil {
 		return AdoptAnswer{}, err
 	}
 	var ttl time.Duration
 	if req.TTL != "" {
 		if ttl, err = time.ParseDuration(req.TTL); err != nil || ttl <= 0 {
-			return AdoptAnswer{}, status.Errorf(codes.InvalidArgument, "ttl %q: a positive duration, or none for a lease held until released", req.TTL)
+			return AdoptAnswer{}, lease.Errorf(lease.ErrInvalid, "ttl %q: a positive duration, or none for a lease held until released", req.TTL)
 		}
 	}
 	if !d.cfg.withinSlots(h.Index) {
-		return AdoptAnswer{}, status.Errorf(codes.FailedPrecondition, "slot %d is beyond --slots %d: release it, or run with more slots", h.Index, d.cfg.Slots.Slots)
+		return AdoptAnswer{}, lease.Errorf(lease.ErrPrecondition, "slot %d is beyond --slots %d: release it, or run with more slots", h.Index, d.cfg.Slots.Slots)
 	}
-	c, err := callerOf(ctx)
+	c, err := slotsapi.CallerOf(ctx)
 	if err != nil {
 		return AdoptAnswer{}, err
 	}
@@ -208,18 +214,18 @@ func (d *Daemon) adoptHeld(ctx context.Context, req AdoptRequest) (AdoptAnswer, 
 	if ttl > 0 {
 		rec.Expires = now.Add(ttl)
 	}
-	if err := d.records.put(ctx, rec); err != nil {
+	if err := d.records.Put(ctx, rec); err != nil {
 		var dup *leases.DuplicateRequestError
 		if errors.As(err, &dup) {
-			return AdoptAnswer{}, status.Errorf(codes.AlreadyExists, "request %q of owner %q holds slot %d already", req.RequestID, req.Owner, dup.Index)
+			return AdoptAnswer{}, lease.Errorf(lease.ErrExists, "request %q of owner %q holds slot %d already", req.RequestID, req.Owner, dup.Index)
 		}
-		return AdoptAnswer{}, status.Errorf(codes.Unavailable, "record the lease: %v", err)
+		return AdoptAnswer{}, lease.Errorf(lease.ErrUnavailable, "record the lease: %v", err)
 	}
 	if err := d.pool.Adopt(sl); err != nil {
-		return AdoptAnswer{}, status.Errorf(codes.Internal, "slot %d: %v (its lease is recorded: the next start restores it)", h.Index, err)
+		return AdoptAnswer{}, lease.Errorf(lease.ErrInternal, "slot %d: %v (its lease is recorded: the next start restores it)", h.Index, err)
 	}
-	d.slots.table.add(&lease{rec: rec, slot: sl})
-	d.held.remove(h.Index)
+	d.slots.Adopt(rec, sl)
+	d.held.Remove(h.Index)
 	d.log.Info("held slot adopted back as a lease", "slot", h.Index, "owner", names.Shown(req.Owner), "request_id", names.Shown(req.RequestID),
 		"principal", c.Principal.String(), "netns_inode", sl.NetnsID.Ino, "repaired", fmt.Sprint(repaired))
 	a := AdoptAnswer{Index: h.Index, Owner: req.Owner, RequestID: req.RequestID, LeaseID: rec.LeaseID, Principal: rec.Principal, Repaired: repaired}
@@ -230,44 +236,44 @@ func (d *Daemon) adoptHeld(ctx context.Context, req AdoptRequest) (AdoptAnswer, 
 }
 
 // heldAt returns the held slot at i, or why it cannot be acted on.
-func (d *Daemon) heldAt(i int) (heldSlot, error) {
-	h, ok := d.held.get(i)
+func (d *Daemon) heldAt(i int) (lease.HeldSlot, error) {
+	h, ok := d.held.Get(i)
 	switch {
 	case !ok:
-		return h, status.Errorf(codes.NotFound, "slot %d is not held", i)
+		return h, lease.Errorf(lease.ErrNotFound, "slot %d is not held", i)
 	case h.LostLease:
-		return h, status.Errorf(codes.FailedPrecondition, "slot %d is still the index of a lost lease (owner %s): it is acted on once that lease ends", i, names.Shown(h.Owner))
+		return h, lease.Errorf(lease.ErrPrecondition, "slot %d is still the index of a lost lease (owner %s): it is acted on once that lease ends", i, names.Shown(h.Owner))
 	}
 	return h, nil
 }
 
 // relink returns held slot h as a slot, its host side put back, or why
 // it cannot be: its namespace must still be the one held.
-func (d *Daemon) relink(ctx context.Context, h heldSlot) (*slot.Slot, []string, error) {
+func (d *Daemon) relink(ctx context.Context, h lease.HeldSlot) (*slot.Slot, []string, error) {
 	s := d.cfg.Slots.Slot(h.Index)
 	s.NetnsID = h.Netns
 	if id, err := netns.Stat(s.NetnsPath); err != nil || id != h.Netns {
-		return nil, nil, status.Errorf(codes.FailedPrecondition, "slot %d: the namespace held is no longer bound at %s: release it", h.Index, s.NetnsPath)
+		return nil, nil, lease.Errorf(lease.ErrPrecondition, "slot %d: the namespace held is no longer bound at %s: release it", h.Index, s.NetnsPath)
 	}
 	idx, err := d.mgr.HostLinkIndex(h.Index)
 	if err != nil {
-		return nil, nil, status.Errorf(codes.Internal, "slot %d: %v", h.Index, err)
+		return nil, nil, lease.Errorf(lease.ErrInternal, "slot %d: %v", h.Index, err)
 	}
 	var repaired []string
 	if idx == 0 {
 		if err := d.mgr.RecreateHost(ctx, &s); err != nil {
-			return nil, nil, status.Errorf(codes.FailedPrecondition, "slot %d: its host link is gone and cannot be made again: %v", h.Index, err)
+			return nil, nil, lease.Errorf(lease.ErrPrecondition, "slot %d: its host link is gone and cannot be made again: %v", h.Index, err)
 		}
 		repaired = append(repaired, "host link made again into its namespace")
 	} else {
 		s.HostIfIndex = idx
 		more, err := d.mgr.RepairHost(&s)
 		if err != nil {
-			return nil, nil, status.Errorf(codes.FailedPrecondition, "slot %d: its host link cannot be repaired: %v", h.Index, err)
+			return nil, nil, lease.Errorf(lease.ErrPrecondition, "slot %d: its host link cannot be repaired: %v", h.Index, err)
 		}
 		repaired = append(repaired, more...)
 		if err := d.mgr.Firewall().Add(ctx, s.HostIf); err != nil {
-			return nil, nil, status.Errorf(codes.Unavailable, "slot %d: its firewall element: %v", h.Index, err)
+			return nil, nil, lease.Errorf(lease.ErrUnavailable, "slot %d: its firewall element: %v", h.Index, err)
 		}
 	}
 	return &s, repaired, nil
@@ -298,8 +304,8 @@ type ReleasedProc struct {
 // or killed when the daemon runs with --reclaim-kill-orphans. Its index
 // is free once it is gone.
 func (d *Daemon) releaseHeld(ctx context.Context, req ReleaseRequest) (ReleaseAnswer, error) {
-	d.held.ops.Lock()
-	defer d.held.ops.Unlock()
+	d.held.Ops.Lock()
+	defer d.held.Ops.Unlock()
 	h, err := d.heldAt(req.Index)
 	if err != nil {
 		return ReleaseAnswer{}, err
@@ -308,12 +314,12 @@ func (d *Daemon) releaseHeld(ctx context.Context, req ReleaseRequest) (ReleaseAn
 	res := d.mgr.Teardown(ctx, slot.Assume(h.Index), d.cfg.teardownOptions())
 	d.logTeardownProblems(res.Failed, res.Orphans, res.ProcScan, res.WaitErr)
 	if err := res.Err(); err != nil {
-		return ReleaseAnswer{}, status.Errorf(codes.Unavailable, "tear slot %d down: %v (it stays held)", h.Index, err)
+		return ReleaseAnswer{}, lease.Errorf(lease.ErrUnavailable, "tear slot %d down: %v (it stays held)", h.Index, err)
 	}
-	if err := d.records.remove(ctx, h.Index); err != nil {
-		return ReleaseAnswer{}, status.Errorf(codes.Unavailable, "delete its held record: %v (torn down; the next start finds nothing there)", err)
+	if err := d.records.Remove(ctx, h.Index); err != nil {
+		return ReleaseAnswer{}, lease.Errorf(lease.ErrUnavailable, "delete its held record: %v (torn down; the next start finds nothing there)", err)
 	}
-	d.held.remove(h.Index)
+	d.held.Remove(h.Index)
 	if d.cfg.withinSlots(h.Index) {
 		if err := d.pool.Free(h.Index); err != nil {
 			d.log.Warn("released held slot's index could not be freed", "slot", h.Index, "error", err)

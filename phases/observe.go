@@ -9,11 +9,13 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/reconcile"
+	"github.com/phasegate/phasegate/phases/lease"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 	"github.com/phasegate/phasegate/server"
 )
 
@@ -23,7 +25,7 @@ const meterScope = "github.com/phasegate/phasegate/phases"
 // observer holds the daemon's own metrics, beside those the App keeps for
 // every service (phases, health checks, gRPC calls):
 //
-//	phasegate.slot.acquire.duration   histogram, s   code     Slots/Acquire latency
+//	phasegate.Slot.acquire.duration   histogram, s   code     Slots/Acquire latency
 //	phasegate.reclaim.slots           counter        result   found, reclaimed, failed, deferred
 //	phasegate.pool.size               gauge                   the target number of warm slots
 //	phasegate.pool.slots              gauge          state    idle, acquired, creating; free, quarantined (indices)
@@ -60,7 +62,7 @@ type observer struct {
 func (o *observer) init(mp metric.MeterProvider) error {
 	o.meter = mp.Meter(meterScope)
 	var err error
-	if o.acquire, err = o.meter.Float64Histogram("phasegate.slot.acquire.duration", metric.WithUnit("s"),
+	if o.acquire, err = o.meter.Float64Histogram("phasegate.Slot.acquire.duration", metric.WithUnit("s"),
 		metric.WithDescription("Latency of Slots/Acquire calls, by gRPC status code."),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)); err != nil {
 		return fmt.Errorf("metrics: %w", err)
@@ -160,7 +162,7 @@ func (o *observer) verified(intact, lost int) {
 	o.add(o.restore, "result", "lost", lost)
 }
 
-// leaseEvent counts a lease event (slotsService's leaseEvents).
+// leaseEvent counts a lease event (lease.Events).
 func (o *observer) leaseEvent(event string, n int) { o.add(o.leaseEv, "event", event, n) }
 
 // reconciled counts a reconcile pass.
@@ -178,7 +180,7 @@ func (o *observer) reconciled(p reconcile.Pass) {
 }
 
 // setLeases starts reporting the lease gauge.
-func (o *observer) setLeases(s *slotsService) {
+func (o *observer) setLeases(s *lease.Service) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.leaseReg != nil {
@@ -189,7 +191,7 @@ func (o *observer) setLeases(s *slotsService) {
 		return
 	}
 	o.leaseReg, _ = o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
-		held, lost := s.table.counts()
+		held, lost := s.Counts()
 		ob.ObserveInt64(g, int64(held-lost), metric.WithAttributes(attribute.String("state", "held")))
 		ob.ObserveInt64(g, int64(lost), metric.WithAttributes(attribute.String("state", "lost")))
 		return nil
@@ -201,7 +203,7 @@ func (o *observer) grpcOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(o.timeAcquire)}
 }
 
-const acquireMethod = "/" + slotsServiceName + "/Acquire"
+const acquireMethod = phasegatev1.Slots_Acquire_FullMethodName
 
 func (o *observer) timeAcquire(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if info.FullMethod != acquireMethod {
@@ -216,7 +218,7 @@ func (o *observer) timeAcquire(ctx context.Context, req any, info *grpc.UnarySer
 		return resp, err
 	}
 	o.acquire.Record(context.Background(), time.Since(start).Seconds(),
-		metric.WithAttributes(attribute.String("code", status.Code(err).String())))
+		metric.WithAttributes(attribute.String("code", slotsapi.Convert(err).Code().String())))
 	return resp, err
 }
 

@@ -142,8 +142,8 @@ func (o *offline) recordHeld(ctx context.Context, plan *restorePlan) error {
 	}
 	var held []leases.Record
 	for _, h := range plan.held {
-		if !h.recorded {
-			held = append(held, h.record())
+		if !h.Recorded {
+			held = append(held, h.Record())
 		}
 	}
 	if len(held) > 0 {

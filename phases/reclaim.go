@@ -18,6 +18,7 @@ import (
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lease"
 )
 
 // openStore opens the records once the lock is held: only the holder of
@@ -172,8 +173,8 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if err != nil {
 		return err
 	}
-	d.records = newSlotRecords(d.store, d.log, recordedIndices(recs, bad)...)
-	d.records.onWrite = d.state.wrote
+	d.records = lease.NewRecords(d.store, d.log, lease.RecordedIndices(recs, bad)...)
+	d.records.OnWrite = d.state.wrote
 	if err := d.renewLeases(ctx, plan, time.Now()); err != nil {
 		return err
 	}
@@ -188,7 +189,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		return err
 	}
 	d.plan = plan
-	d.held = newHeldSlots(d.lc, plan.held)
+	d.held = lease.NewHeldSlots(d.lc, plan.held)
 	d.reportUnvouched(plan)
 	d.logPlan(plan)
 	d.obs.restored(plan)
@@ -204,7 +205,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if len(plan.lost) > 0 {
 		// logPlan named each; the check of the restored leases adds to
 		// this list what it finds lost.
-		d.lc.Warn(warnLeasesLost, lostMessage(plan.lostIndices()))
+		d.lc.Warn(warnLeasesLost, lease.LostMessage(plan.lostIndices()))
 	}
 
 	if !d.cfg.reclaimInForeground() || len(plan.dead) == 0 {

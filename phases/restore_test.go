@@ -13,17 +13,17 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sys/unix"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
-	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lease"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 )
 
 // restoreRig is a daemon's restore over real slots: leases recorded for
@@ -32,6 +32,7 @@ import (
 // them, before the background verification has run.
 type restoreRig struct {
 	d    *Daemon
+	api  *slotsapi.Server // the Slots API over d's leases
 	mgr  *slot.Manager
 	made []*slot.Slot
 	recs map[int]leases.Record
@@ -84,10 +85,10 @@ func newRestoreRig(t *testing.T, n, leased int, edit func(*leases.Record), meanw
 	}
 	var inUse []*slot.Slot
 	for _, l := range plan.restored {
-		if err := idx.Claim(l.rec.Index); err != nil {
+		if err := idx.Claim(l.Rec.Index); err != nil {
 			t.Fatal(err)
 		}
-		inUse = append(inUse, l.slot)
+		inUse = append(inUse, l.Slot)
 	}
 	pl, err := pool.New(mgr, idx, pool.Options{Target: 1, InUse: inUse})
 	if err != nil {
@@ -99,7 +100,7 @@ func newRestoreRig(t *testing.T, n, leased int, edit func(*leases.Record), meanw
 	// background task of populate, started by verifyInBackground.
 	lc, err := lifecycle.New([]lifecycle.Phase{{Name: PhasePopulate, Run: func(_ context.Context, p *lifecycle.Progress) error {
 		p.Defer(taskVerify, func(ctx context.Context, tp *lifecycle.Progress) error {
-			return r.d.restore.run(ctx, tp, r.d.plan.restored)
+			return r.d.restore.Run(ctx, tp, r.d.plan.restored)
 		})
 		return nil
 	}}})
@@ -108,20 +109,24 @@ func newRestoreRig(t *testing.T, n, leased int, edit func(*leases.Record), meanw
 	}
 	r.d.lc = lc
 	t.Cleanup(func() { _ = lc.Drain(context.Background()) })
-	table := newLeaseTable(plan.restored)
-	records := newSlotRecords(store, r.d.log)
-	r.d.records, r.d.held = records, newHeldSlots(lc, plan.held)
-	r.d.restore = &restoreCheck{table: table, pool: pl, mgr: mgr, found: plan.found, log: r.d.log, health: lc, lost: plan.lostIndices(),
-		records: records, held: r.d.held}
-	r.d.slots = newSlotsService(mgr, pl, records, table, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d.restore)
-	r.d.slots.held = r.d.held
+	table := lease.NewTable(plan.restored)
+	records := lease.NewRecords(store, r.d.log)
+	r.d.records, r.d.held = records, lease.NewHeldSlots(lc, plan.held)
+	r.d.restore = &lease.RestoreCheck{Table: table, Pool: pl, Mgr: mgr, Found: plan.found, Log: r.d.log, Health: lc, Lost: plan.lostIndices(),
+		Records: records, Held: r.d.held, Task: taskVerify}
+	r.d.slots = lease.New(mgr, pl, lease.Options{Records: records, Table: table, Log: r.d.log, Restore: r.d.restore, Held: r.d.held})
+	r.api = slotsapi.New(r.d.slots)
 	return r
 }
 
 // states returns every slot's state by index.
 func (r *restoreRig) states() map[int]*phasegatev1.Slot {
 	out := map[int]*phasegatev1.Slot{}
-	for _, s := range r.d.slots.states(false, control.Caller{Principal: root, Grant: (&control.Policy{}).Grant(root)}) {
+	list, err := r.api.List(as(context.Background(), root, nil), &phasegatev1.ListRequest{})
+	if err != nil {
+		panic(err) // root lists every slot
+	}
+	for _, s := range list.GetSlots() {
 		out[int(s.GetIndex())] = s
 	}
 	return out
@@ -196,11 +201,11 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 		}
 	}
 	// No index of a lease not yet verified is handed out.
-	acq, err := r.d.slots.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "new", RequestId: "n1"})
+	acq, err := r.api.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "new", RequestId: "n1"})
 	if err != nil || acq.GetSlot().GetIndex() <= 5 {
 		t.Fatalf("Acquire during the verification = %v %v, want a slot above 5", acq, err)
 	}
-	if _, err := r.d.slots.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: keptLive, LeaseId: r.recs[keptLive].LeaseID}); err != nil {
+	if _, err := r.api.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: keptLive, LeaseId: r.recs[keptLive].LeaseID}); err != nil {
 		t.Errorf("KeepAlive of a lease not yet verified: %v", err)
 	}
 	if got := r.states()[keptLive].GetState(); got != phasegatev1.SlotState_SLOT_STATE_VERIFYING {
@@ -208,7 +213,7 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 	}
 	// Release of a gone lease before the background reaches it: it is
 	// verified (lost: nothing to tear down) and its index freed.
-	if _, err := r.d.slots.Release(ctx, &phasegatev1.ReleaseRequest{Index: gone, LeaseId: r.recs[gone].LeaseID}); err != nil {
+	if _, err := r.api.Release(ctx, &phasegatev1.ReleaseRequest{Index: gone, LeaseId: r.recs[gone].LeaseID}); err != nil {
 		t.Fatalf("Release of a lease not yet verified: %v", err)
 	}
 	if s := r.d.pool.Indices().States[gone-1]; s != index.Free {
@@ -250,39 +255,6 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 	// The lost lease's index is the lease's until it ends.
 	if s := r.d.pool.Indices().States[madeNew-1]; s == index.Free {
 		t.Errorf("index %d of a lost lease is free while the lease is held", madeNew)
-	}
-}
-
-// BenchmarkVerifyRestored measures the check after SERVING of restored
-// leases' slots (Identify and RepairHost; nothing to repair) at each
-// number of workers, in one run: their ratios chose verifyWorkers
-// (docs/BENCHMARKS.md, "Figures behind the network code", verifyWorkers).
-func BenchmarkVerifyRestored(b *testing.B) {
-	const n = 256
-	_, mgr, _ := newSlotHost(b, n)
-	ctx := context.Background()
-	slots := make([]*slot.Slot, n)
-	for i := range slots {
-		s, err := mgr.Create(ctx, i+1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		slots[i] = s
-	}
-	c := &restoreCheck{log: slog.New(slog.DiscardHandler), mgr: mgr}
-	recs := make([]leases.Record, n)
-	for _, w := range []int{1, 2, 4, 8, 16} {
-		b.Run(fmt.Sprintf("workers=%d", w), func(b *testing.B) {
-			for b.Loop() {
-				out, _ := c.checkSlots(ctx, slots, recs, w)
-				for i, v := range out {
-					if v != (verdict{}) {
-						b.Fatalf("slot %d: %+v", slots[i].Index, v)
-					}
-				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/lease")
-		})
 	}
 }
 
@@ -339,7 +311,7 @@ func TestVerificationKeepsWhatLives(t *testing.T) {
 		if got := st[i].GetState(); got != phasegatev1.SlotState_SLOT_STATE_LOST {
 			t.Errorf("slot %d: %v, want LOST", i, got)
 		}
-		if h, ok := r.d.held.get(i); !ok || !h.LostLease || h.Owner != r.recs[i].Owner {
+		if h, ok := r.d.held.Get(i); !ok || !h.LostLease || h.Owner != r.recs[i].Owner {
 			t.Errorf("slot %d: held %+v %v, want held for its lost lease of %s", i, h, ok, r.recs[i].Owner)
 		}
 	}
@@ -355,7 +327,7 @@ func TestVerificationKeepsWhatLives(t *testing.T) {
 		}
 	}
 	// The lost lease ends: what is at its index stays held, recorded.
-	if _, err := r.d.slots.Release(ctx, &phasegatev1.ReleaseRequest{Index: madeNew, LeaseId: r.recs[madeNew].LeaseID}); err != nil {
+	if _, err := r.api.Release(ctx, &phasegatev1.ReleaseRequest{Index: madeNew, LeaseId: r.recs[madeNew].LeaseID}); err != nil {
 		t.Fatal(err)
 	}
 	if s := r.d.pool.Indices().States[madeNew-1]; s != index.Quarantined {
@@ -364,7 +336,7 @@ func TestVerificationKeepsWhatLives(t *testing.T) {
 	if rec, ok, err := r.d.store.Get(madeNew); err != nil || !ok || rec.State != leases.Held || rec.Netns != ids[madeNew] {
 		t.Errorf("slot %d's record after its lost lease ended: %+v %v %v, want held", madeNew, rec, ok, err)
 	}
-	if h, ok := r.d.held.get(madeNew); !ok || h.LostLease {
+	if h, ok := r.d.held.Get(madeNew); !ok || h.LostLease {
 		t.Errorf("slot %d held after its lease ended: %+v %v", madeNew, h, ok)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/phases/lease"
 )
 
 // The state directory holds what the daemon cannot serve without: the
@@ -50,7 +51,7 @@ func lstatID(path string) (fileID, error) {
 // says it in the state-dir and control-socket warnings.
 type stateWatch struct {
 	dir, file, socket string
-	health            warnings
+	health            lease.Warnings
 	log               *slog.Logger
 
 	mu        sync.Mutex
