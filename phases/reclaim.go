@@ -161,14 +161,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		mgr.Surveyed(sr)
 		d.mgr = mgr
 	}
-	d.unreadable = sr.Unreadable
-	for _, u := range sr.Unreadable {
-		d.log.Warn("netns entry could not be inspected: neither reclaimed nor handed out, quarantined", "slot", u.Index, "name", u.Name, "error", u.Err)
-	}
-	d.obs.unreadable(len(sr.Unreadable))
-	if len(sr.Beyond) > 0 {
-		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
-	}
+	d.noteScan(sr)
 	plan, err := d.classifier().classify(ctx, recs, bad, inv)
 	if err != nil {
 		return err
@@ -190,6 +183,30 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	}
 	d.plan = plan
 	d.held = lease.NewHeldSlots(d.lc, plan.held)
+	d.announcePlan(ctx, plan, scanned)
+	if !d.cfg.reclaimInForeground() || len(plan.dead) == 0 {
+		p.SetMessage(plan.String())
+		return nil
+	}
+	return d.reclaimForeground(ctx, p, plan, sr, scanned)
+}
+
+// noteScan notes what the start's scan could not inspect (quarantined)
+// and what it found beyond --slots.
+func (d *Daemon) noteScan(sr *slot.ScanResult) {
+	d.unreadable = sr.Unreadable
+	for _, u := range sr.Unreadable {
+		d.log.Warn("netns entry could not be inspected: neither reclaimed nor handed out, quarantined", "slot", u.Index, "name", u.Name, "error", u.Err)
+	}
+	d.obs.unreadable(len(sr.Unreadable))
+	if len(sr.Beyond) > 0 {
+		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
+	}
+}
+
+// announcePlan says what the restore decided: in health, the log, the
+// metrics and the phase's span.
+func (d *Daemon) announcePlan(ctx context.Context, plan *restorePlan, scanned time.Duration) {
 	d.reportUnvouched(plan)
 	d.logPlan(plan)
 	d.obs.restored(plan)
@@ -207,11 +224,11 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		// this list what it finds lost.
 		d.lc.Warn(warnLeasesLost, lease.LostMessage(plan.lostIndices()))
 	}
+}
 
-	if !d.cfg.reclaimInForeground() || len(plan.dead) == 0 {
-		p.SetMessage(plan.String())
-		return nil
-	}
+// reclaimForeground reclaims the dead slots of plan before the daemon
+// serves (--reclaim=foreground), within --reclaim-budget.
+func (d *Daemon) reclaimForeground(ctx context.Context, p *lifecycle.Progress, plan *restorePlan, sr *slot.ScanResult, scanned time.Duration) error {
 	p.SetTotal(int64(len(plan.dead)), "namespaces")
 	opts := reclaim.Options{
 		Workers:     d.cfg.ReclaimWorkers,

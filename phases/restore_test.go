@@ -119,6 +119,32 @@ func newRestoreRig(t *testing.T, n, leased int, edit func(*leases.Record), meanw
 	return r
 }
 
+// wantLeased fails unless each slot of idx is in state want, leased to
+// the owner its record names.
+func (r *restoreRig) wantLeased(t *testing.T, when string, want phasegatev1.SlotState, idx ...int) {
+	t.Helper()
+	st := r.states()
+	for _, i := range idx {
+		if got := st[i].GetState(); got != want || st[i].GetOwner() != r.recs[i].Owner {
+			t.Errorf("slot %d %s: %v of %q, want %v of %q", i, when, got, st[i].GetOwner(), want, r.recs[i].Owner)
+		}
+	}
+}
+
+// wantRepaired fails unless slot i's host link is up and its firewall
+// element there.
+func (r *restoreRig) wantRepaired(t *testing.T, i int) {
+	t.Helper()
+	link, err := netlink.LinkByIndex(r.made[i-1].HostIfIndex)
+	if err != nil || link.Attrs().Flags&1 == 0 {
+		t.Errorf("slot %d's host link after the repair: %v %v, want up", i, link, err)
+	}
+	names, err := r.mgr.Firewall().List(context.Background())
+	if err != nil || !slices.Contains(names, r.made[i-1].HostIf) {
+		t.Errorf("slot %d's firewall element after the repair: %v %v", i, names, err)
+	}
+}
+
 // states returns every slot's state by index.
 func (r *restoreRig) states() map[int]*phasegatev1.Slot {
 	out := map[int]*phasegatev1.Slot{}
@@ -194,12 +220,7 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 	})
 	ctx := as(context.Background(), root, nil)
 
-	st := r.states()
-	for i := 1; i <= 5; i++ {
-		if got := st[i].GetState(); got != phasegatev1.SlotState_SLOT_STATE_VERIFYING || st[i].GetOwner() != r.recs[i].Owner {
-			t.Errorf("slot %d before the verification: %v of %q, want VERIFYING of %q", i, got, st[i].GetOwner(), r.recs[i].Owner)
-		}
-	}
+	r.wantLeased(t, "before the verification", phasegatev1.SlotState_SLOT_STATE_VERIFYING, 1, 2, 3, 4, 5)
 	// No index of a lease not yet verified is handed out.
 	acq, err := r.api.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "new", RequestId: "n1"})
 	if err != nil || acq.GetSlot().GetIndex() <= 5 {
@@ -222,26 +243,14 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 
 	lc := r.verifyInBackground(t)
 
-	st = r.states()
-	for _, i := range []int{intact, repair, keptLive} {
-		if got := st[i].GetState(); got != phasegatev1.SlotState_SLOT_STATE_ACQUIRED || st[i].GetOwner() != r.recs[i].Owner {
-			t.Errorf("slot %d after the verification: %v of %q, want ACQUIRED of %q", i, got, st[i].GetOwner(), r.recs[i].Owner)
-		}
-	}
-	if got := st[madeNew]; got.GetState() != phasegatev1.SlotState_SLOT_STATE_LOST || !strings.Contains(got.GetLostReason(), "not the one recorded") {
+	r.wantLeased(t, "after the verification", phasegatev1.SlotState_SLOT_STATE_ACQUIRED, intact, repair, keptLive)
+	if got := r.states()[madeNew]; got.GetState() != phasegatev1.SlotState_SLOT_STATE_LOST || !strings.Contains(got.GetLostReason(), "not the one recorded") {
 		t.Errorf("slot %d made again: %v (%q), want LOST saying its namespace is not the one recorded", madeNew, got.GetState(), got.GetLostReason())
 	}
 	if _, err := os.Stat(r.made[madeNew-1].NetnsPath); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("what was at the lost lease's index %d is still there: %v", madeNew, err)
 	}
-	link, err := netlink.LinkByIndex(r.made[repair-1].HostIfIndex)
-	if err != nil || link.Attrs().Flags&1 == 0 {
-		t.Errorf("slot %d's host link after the repair: %v %v, want up", repair, link, err)
-	}
-	names, err := r.mgr.Firewall().List(context.Background())
-	if err != nil || !slices.Contains(names, r.made[repair-1].HostIf) {
-		t.Errorf("slot %d's firewall element after the repair: %v %v", repair, names, err)
-	}
+	r.wantRepaired(t, repair)
 	warnings := map[string]string{}
 	for _, w := range lc.Snapshot().Warnings {
 		warnings[w.Name] = w.Message

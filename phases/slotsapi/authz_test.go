@@ -34,36 +34,7 @@ func TestSlotsAuthorization(t *testing.T) {
 	}
 	attacker := as(ctx, mallet, policy)
 
-	for _, tc := range []struct {
-		name string
-		call func() error
-		want codes.Code
-	}{
-		{"acquire for the victim's owner", func() error {
-			_, err := r.svc.Acquire(attacker, &phasegatev1.AcquireRequest{Owner: "tenant-a-1", RequestId: "sandbox-abc"})
-			return err
-		}, codes.PermissionDenied},
-		{"release with the victim's lease id", func() error {
-			_, err := r.svc.Release(attacker, &phasegatev1.ReleaseRequest{Index: i, LeaseId: victim.GetLeaseId()})
-			return err
-		}, codes.PermissionDenied},
-		{"keepalive with the victim's lease id", func() error {
-			_, err := r.svc.KeepAlive(attacker, &phasegatev1.KeepAliveRequest{Index: i, LeaseId: victim.GetLeaseId()})
-			return err
-		}, codes.PermissionDenied},
-		{"get the victim's slot", func() error {
-			_, err := r.svc.Get(attacker, &phasegatev1.GetRequest{Index: i})
-			return err
-		}, codes.PermissionDenied},
-		{"release by the victim with a guessed lease id", func() error {
-			_, err := r.svc.Release(as(ctx, alice, policy), &phasegatev1.ReleaseRequest{Index: i, LeaseId: leases.NewLeaseID()})
-			return err
-		}, codes.PermissionDenied},
-		{"a call that did not come through the guard", func() error {
-			_, err := r.svc.List(ctx, &phasegatev1.ListRequest{})
-			return err
-		}, codes.Unauthenticated},
-	} {
+	for _, tc := range refusedCalls(ctx, r.svc, attacker, as(ctx, alice, policy), victim) {
 		if err := tc.call(); status.Code(err) != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
@@ -140,5 +111,45 @@ func TestAcquireRefusesCNIOwners(t *testing.T) {
 	}
 	if recs, err := r.store.Load(); err != nil || len(recs) != 0 {
 		t.Fatalf("records after the refused Acquires: %v %v", recs, err)
+	}
+}
+
+// refusedCall is a call the Slots API must refuse, with the code it must
+// answer.
+type refusedCall struct {
+	name string
+	call func() error
+	want codes.Code
+}
+
+// refusedCalls are the calls on victim's lease an attacker makes (and its
+// owner, guessing its lease id; and one not through the guard at all).
+func refusedCalls(ctx context.Context, svc *Server, attacker, owner context.Context, victim *phasegatev1.AcquireResponse) []refusedCall {
+	i := victim.GetSlot().GetIndex()
+	return []refusedCall{
+		{"acquire for the victim's owner", func() error {
+			_, err := svc.Acquire(attacker, &phasegatev1.AcquireRequest{Owner: "tenant-a-1", RequestId: "sandbox-abc"})
+			return err
+		}, codes.PermissionDenied},
+		{"release with the victim's lease id", func() error {
+			_, err := svc.Release(attacker, &phasegatev1.ReleaseRequest{Index: i, LeaseId: victim.GetLeaseId()})
+			return err
+		}, codes.PermissionDenied},
+		{"keepalive with the victim's lease id", func() error {
+			_, err := svc.KeepAlive(attacker, &phasegatev1.KeepAliveRequest{Index: i, LeaseId: victim.GetLeaseId()})
+			return err
+		}, codes.PermissionDenied},
+		{"get the victim's slot", func() error {
+			_, err := svc.Get(attacker, &phasegatev1.GetRequest{Index: i})
+			return err
+		}, codes.PermissionDenied},
+		{"release by the victim with a guessed lease id", func() error {
+			_, err := svc.Release(owner, &phasegatev1.ReleaseRequest{Index: i, LeaseId: leases.NewLeaseID()})
+			return err
+		}, codes.PermissionDenied},
+		{"a call that did not come through the guard", func() error {
+			_, err := svc.List(ctx, &phasegatev1.ListRequest{})
+			return err
+		}, codes.Unauthenticated},
 	}
 }

@@ -181,7 +181,6 @@ func TestSetEgressPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	policy.Rules = append(policy.Rules, reader)
-	bob := control.Principal{Kind: control.Unix, UID: 1002, GID: 1002}
 	ctx := context.Background()
 	first := &phasegatev1.EgressPolicy{Allow: []string{"192.0.2.0/24"}}
 	victim, err := r.svc.Acquire(as(ctx, alice, policy), &phasegatev1.AcquireRequest{Owner: "tenant-a-1", RequestId: "r", EgressPolicy: first})
@@ -200,20 +199,7 @@ func TestSetEgressPolicy(t *testing.T) {
 			t.Errorf("%s: the record changed: %+v, was %+v", what, rec, before)
 		}
 	}
-	for _, tc := range []struct {
-		name string
-		ctx  context.Context
-		req  *phasegatev1.SetEgressPolicyRequest
-		want codes.Code
-	}{
-		{"another tenant with the lease id", as(ctx, mallet, policy), &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: id, EgressPolicy: replacement}, codes.PermissionDenied},
-		{"a read-only principal of the owner", as(ctx, bob, policy), &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: id, EgressPolicy: replacement}, codes.PermissionDenied},
-		{"the principal with a wrong lease id", as(ctx, alice, policy), &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: leases.NewLeaseID(), EgressPolicy: replacement}, codes.PermissionDenied},
-		{"no lease id", as(ctx, alice, policy), &phasegatev1.SetEgressPolicyRequest{Index: i, EgressPolicy: replacement}, codes.PermissionDenied},
-		{"index 0", as(ctx, alice, policy), &phasegatev1.SetEgressPolicyRequest{LeaseId: id}, codes.InvalidArgument},
-		{"beyond the slots", as(ctx, alice, policy), &phasegatev1.SetEgressPolicyRequest{Index: 99, LeaseId: id}, codes.NotFound},
-		{"not through the guard", ctx, &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: id, EgressPolicy: replacement}, codes.Unauthenticated},
-	} {
+	for _, tc := range refusedPolicyCalls(ctx, policy, i, id, replacement) {
 		if _, err := r.svc.SetEgressPolicy(tc.ctx, tc.req); status.Code(err) != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
@@ -287,5 +273,31 @@ func sendFrom(t *testing.T, path, addr string) {
 	})
 	if err != nil {
 		t.Fatalf("send from %s: %v", path, err)
+	}
+}
+
+// refusedPolicyCall is a SetEgressPolicy the Slots API must refuse, with
+// the code it must answer.
+type refusedPolicyCall struct {
+	name string
+	ctx  context.Context
+	req  *phasegatev1.SetEgressPolicyRequest
+	want codes.Code
+}
+
+// refusedPolicyCalls are the changes of slot i's policy (lease id) to
+// replacement that policy lets no one make: by another tenant, a
+// read-only principal of the owner (uid:1002), without the lease id, on
+// no slot, and not through the guard.
+func refusedPolicyCalls(ctx context.Context, policy *control.Policy, i uint32, id string, replacement *phasegatev1.EgressPolicy) []refusedPolicyCall {
+	bob := control.Principal{Kind: control.Unix, UID: 1002, GID: 1002}
+	return []refusedPolicyCall{
+		{"another tenant with the lease id", as(ctx, mallet, policy), &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: id, EgressPolicy: replacement}, codes.PermissionDenied},
+		{"a read-only principal of the owner", as(ctx, bob, policy), &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: id, EgressPolicy: replacement}, codes.PermissionDenied},
+		{"the principal with a wrong lease id", as(ctx, alice, policy), &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: leases.NewLeaseID(), EgressPolicy: replacement}, codes.PermissionDenied},
+		{"no lease id", as(ctx, alice, policy), &phasegatev1.SetEgressPolicyRequest{Index: i, EgressPolicy: replacement}, codes.PermissionDenied},
+		{"index 0", as(ctx, alice, policy), &phasegatev1.SetEgressPolicyRequest{LeaseId: id}, codes.InvalidArgument},
+		{"beyond the slots", as(ctx, alice, policy), &phasegatev1.SetEgressPolicyRequest{Index: 99, LeaseId: id}, codes.NotFound},
+		{"not through the guard", ctx, &phasegatev1.SetEgressPolicyRequest{Index: i, LeaseId: id, EgressPolicy: replacement}, codes.Unauthenticated},
 	}
 }
