@@ -24,11 +24,11 @@ import (
 	"github.com/phasegate/phasegate/phases/slotsapi"
 )
 
-// cniService serves the CNI plugin's calls (cmd/phasegate-cni, DESIGN.md
-// §11) over the Slots service's leases: an attachment is a lease of owner
+// Service serves the CNI plugin's calls (cmd/phasegate-cni, DESIGN.md
+// §11) over the lease core: an attachment is a lease of owner
 // "cni/<network>" and request "<container id>/<ifname>" whose slot's
 // inside end lives in the runtime's namespace. Every call comes through
-// the control socket's guard, under the method names of cniMethods.
+// the control socket's guard, under the method names of [Methods].
 type Service struct {
 	slots *lease.Service
 	// degraded says why the daemon serves with its datapath not whole

@@ -43,13 +43,13 @@ type HeldSlot struct {
 	Recorded bool `json:"-"`
 }
 
-// record is h's Held record.
+// Record is h's Held record.
 func (h HeldSlot) Record() leases.Record {
 	return leases.Record{Index: h.Index, State: leases.Held, Netns: h.Netns, Owner: h.Owner, RequestID: h.RequestID,
 		HeldSince: h.Since, HeldReason: truncate(h.Reason, leases.MaxIDLen)}
 }
 
-// heldFrom is the held slot a Held record names.
+// HeldFrom is the held slot a Held record names.
 func HeldFrom(rec leases.Record) HeldSlot {
 	return HeldSlot{Index: rec.Index, Netns: rec.Netns, Reason: rec.HeldReason, Since: rec.HeldSince,
 		Owner: rec.Owner, RequestID: rec.RequestID, Recorded: true}
@@ -64,16 +64,20 @@ func truncate(s string, n int) string {
 
 // HeldSlots are the slots held now, by index: filled by the restore,
 // added to by the check of the restored leases, emptied by the operator.
-// Its mutex guards the map only; ops serialises the operator's adopt and
-// release, each of which takes seconds of kernel work at most.
+// Its mutex guards the map only.
 type HeldSlots struct {
+	// Ops serialises the operator's adopt and release (the held slots'
+	// routes), each of which takes seconds of kernel work at most.
+	Ops sync.Mutex
+
 	mu sync.Mutex
 	at map[int]HeldSlot
 	// warn shows the held slots in health (the lifecycle's warning).
 	warn Warnings
-	Ops  sync.Mutex
 }
 
+// NewHeldSlots returns the held slots, those of held to begin with,
+// shown in health through warn.
 func NewHeldSlots(warn Warnings, held []HeldSlot) *HeldSlots {
 	h := &HeldSlots{at: map[int]HeldSlot{}, warn: warn}
 	for _, s := range held {
@@ -83,7 +87,7 @@ func NewHeldSlots(warn Warnings, held []HeldSlot) *HeldSlots {
 	return h
 }
 
-// has reports whether index i is held: the reconciler's Keep.
+// Has reports whether index i is held: the reconciler's Keep.
 func (h *HeldSlots) Has(i int) bool {
 	if h == nil {
 		return false
@@ -94,7 +98,7 @@ func (h *HeldSlots) Has(i int) bool {
 	return ok
 }
 
-// get returns the held slot at i.
+// Get returns the held slot at i.
 func (h *HeldSlots) Get(i int) (HeldSlot, bool) {
 	if h == nil {
 		return HeldSlot{}, false
@@ -105,7 +109,7 @@ func (h *HeldSlots) Get(i int) (HeldSlot, bool) {
 	return s, ok
 }
 
-// list returns every held slot, by index.
+// List returns every held slot, by index.
 func (h *HeldSlots) List() []HeldSlot {
 	if h == nil {
 		return nil
@@ -181,7 +185,7 @@ type Liveness struct {
 	procs, holders netns.Processes
 }
 
-// scanLiveness scans /proc once. A scan that could not read some
+// ScanLiveness scans /proc once. A scan that could not read some
 // processes (pid 1 in some sandboxes) still tells where the others live;
 // what it could not read is reported by the teardown that follows, as a
 // reclaim's own scan does.
@@ -198,13 +202,13 @@ func ScanLiveness() (*Liveness, error) {
 	return &Liveness{procs: procs, holders: holders}, nil
 }
 
-// livesIn reports whether something lives in namespace id: a process with
+// LivesIn reports whether something lives in namespace id: a process with
 // a thread there, or one holding a descriptor on it.
 func (l *Liveness) LivesIn(id netns.ID) bool {
 	return id != (netns.ID{}) && (len(l.procs[id]) > 0 || len(l.holders[id]) > 0)
 }
 
-// pids returns the processes in or holding id, for the operator's list.
+// PIDs returns the processes in or holding id, for the operator's list.
 func (l *Liveness) PIDs(id netns.ID) []int {
 	return slices.Compact(slices.Sorted(slices.Values(slices.Concat(l.procs[id], l.holders[id]))))
 }

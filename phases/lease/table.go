@@ -17,7 +17,7 @@ func requestOf(rec leases.Record) (leaseRequest, bool) {
 	return leaseRequest{rec.Owner, rec.RequestID}, rec.RequestID != ""
 }
 
-// Table holds the Slots service's leases: by slot index (lost ones
+// Table holds the lease core's leases: by slot index (lost ones
 // included), by the Acquire request that took each, and the Acquires
 // under way, by principal, counted against its quota.
 //

@@ -1,7 +1,8 @@
-// Package leasetest holds what the tests of the daemon's rooms (the lease
-// core, the Slots API, the CNI adapter) share: a slot host of their own on
-// the real kernel, swept at the end, a pool over it, and callers as the
-// control surface's guard leaves them.
+// Package leasetest holds what the tests of the daemon's rooms share.
+//
+// The lease core's, the Slots API's and the CNI adapter's tests each need
+// a slot host of their own on the real kernel, swept at the end, a pool
+// over it, and callers as the control surface's guard leaves them.
 package leasetest
 
 import (
