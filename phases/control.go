@@ -220,7 +220,7 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 	}
 	// The operator's routes for the held slots (`phasegate held`).
 	for _, r := range heldRoutes(nil) {
-		if err := srv.DeclareHTTP(r.pattern); err != nil {
+		if err := srv.DeclareHTTP(r.Pattern); err != nil {
 			return nil, nil, err
 		}
 	}

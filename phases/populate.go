@@ -76,7 +76,10 @@ func (d *Daemon) newSlotsService() {
 		Log: d.log, Health: d.lc, Verified: d.obs.verified, Lost: d.plan.lostIndices(), Records: d.records, Held: d.held, Task: taskVerify}
 	d.slots = lease.New(d.mgr, d.pool, lease.Options{Records: d.records, Table: table, Log: d.log,
 		Tracer: d.app.TracerProvider().Tracer(meterScope), Events: d.obs.leaseEvent, Restore: d.restore,
-		Impaired: d.impairedFor, Health: d.lc, Held: d.held})
+		Impaired: d.impairedFor, Health: d.lc, Held: d.held, Teardown: d.cfg.teardownOptions(),
+		TornDown: func(res *slot.TeardownResult) {
+			d.logTeardownProblems(res.Failed, res.Orphans, res.ProcScan, res.WaitErr)
+		}})
 	d.obs.setLeases(d.slots)
 }
 

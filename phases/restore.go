@@ -73,6 +73,18 @@ func (p *restorePlan) heldIndices() []int {
 	return out
 }
 
+// unrecordedHeld returns the Held records of the held slots that no
+// record says are held yet.
+func (p *restorePlan) unrecordedHeld() []leases.Record {
+	var out []leases.Record
+	for _, h := range p.held {
+		if !h.Recorded {
+			out = append(out, h.Record())
+		}
+	}
+	return out
+}
+
 // lostIndices returns the indices of the leases found lost, sorted.
 func (p *restorePlan) lostIndices() []int {
 	out := make([]int, len(p.lost))
@@ -317,12 +329,7 @@ func (d *Daemon) renewLeases(ctx context.Context, p *restorePlan, now time.Time)
 			return fmt.Errorf("delete the records of slots gone: %w", err)
 		}
 	}
-	var held []leases.Record
-	for _, h := range p.held {
-		if !h.Recorded {
-			held = append(held, h.Record())
-		}
-	}
+	held := p.unrecordedHeld()
 	if len(held) > 0 {
 		if err := d.records.Put(ctx, held...); err != nil {
 			return fmt.Errorf("record the held slots: %w", err)

@@ -96,6 +96,11 @@ type Service struct {
 	// held are the daemon's held slots: a lost lease's index held keeps
 	// what is there when the lease ends (nil: none is ever held).
 	held *HeldSlots
+	// teardown is how a held slot released is torn down; tornDown, when
+	// set, is told each such teardown's result (the daemon's log of its
+	// problems).
+	teardown slot.TeardownOptions
+	tornDown func(*slot.TeardownResult)
 }
 
 // Store is what the lease core needs of the durable records: the methods
@@ -141,6 +146,10 @@ type Options struct {
 	Health Warnings
 	// Held are the daemon's held slots; nil: none is ever held.
 	Held *HeldSlots
+	// Teardown is how a held slot the operator releases is torn down, and
+	// TornDown, when set, is told each such teardown's result.
+	Teardown slot.TeardownOptions
+	TornDown func(*slot.TeardownResult)
 }
 
 // New returns the lease core over pl, which owns the slot indices and
@@ -155,7 +164,7 @@ func New(m *slot.Manager, pl *pool.Pool, o Options) *Service {
 	}
 	s := &Service{cfg: cfg, pool: pl, mgr: m, records: o.Records, log: o.Log, audit: o.Log.With("audit", true),
 		breaks: &breaks{health: o.Health}, tracer: o.Tracer, events: o.Events, restore: o.Restore, impaired: o.Impaired,
-		egress: m.EgressDefaults(), policyMu: make([]sync.Mutex, cfg.Slots+1), table: o.Table, held: o.Held}
+		egress: m.EgressDefaults(), policyMu: make([]sync.Mutex, cfg.Slots+1), table: o.Table, held: o.Held, teardown: o.Teardown, tornDown: o.TornDown}
 	return s
 }
 
