@@ -67,25 +67,19 @@ func (o *observer) init(mp metric.MeterProvider) error {
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	if o.reclaim, err = o.meter.Int64Counter("phasegate.reclaim.slots",
-		metric.WithDescription("Leaked slots found by reclaim, and how many were reclaimed, failed or deferred to the reconciler.")); err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	if o.restore, err = o.meter.Int64Counter("phasegate.restore.slots",
-		metric.WithDescription("Slots found at a start: leases restored, idle slots adopted, leases lost, unknown slots held in safe mode.")); err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	if o.leaseEv, err = o.meter.Int64Counter("phasegate.lease.events",
-		metric.WithDescription("Leases acquired, released and expired; leased slots found broken from outside the daemon, lost or repaired.")); err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	if o.passes, err = o.meter.Int64Counter("phasegate.reconcile.passes",
-		metric.WithDescription("Reconciler passes, by result (ok, failed): alert on failed.")); err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	if o.reconcile, err = o.meter.Int64Counter("phasegate.reconcile.slots",
-		metric.WithDescription("Slots the reconciler claimed (strays found) and freed.")); err != nil {
-		return fmt.Errorf("metrics: %w", err)
+	for _, c := range []struct {
+		dst        *metric.Int64Counter
+		name, what string
+	}{
+		{&o.reclaim, "phasegate.reclaim.slots", "Leaked slots found by reclaim, and how many were reclaimed, failed or deferred to the reconciler."},
+		{&o.restore, "phasegate.restore.slots", "Slots found at a start: leases restored, idle slots adopted, leases lost, unknown slots held in safe mode."},
+		{&o.leaseEv, "phasegate.lease.events", "Leases acquired, released and expired; leased slots found broken from outside the daemon, lost or repaired."},
+		{&o.passes, "phasegate.reconcile.passes", "Reconciler passes, by result (ok, failed): alert on failed."},
+		{&o.reconcile, "phasegate.reconcile.slots", "Slots the reconciler claimed (strays found) and freed."},
+	} {
+		if *c.dst, err = o.meter.Int64Counter(c.name, metric.WithDescription(c.what)); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
 	}
 	return o.initConns()
 }
