@@ -156,9 +156,6 @@ func (o *observer) verified(intact, lost int) {
 	o.add(o.restore, "result", "lost", lost)
 }
 
-// leaseEvent counts a lease event (lease.Events).
-func (o *observer) leaseEvent(event string, n int) { o.add(o.leaseEv, "event", event, n) }
-
 // reconciled counts a reconcile pass.
 func (o *observer) reconciled(p reconcile.Pass) {
 	result := "ok"

@@ -75,7 +75,7 @@ func (d *Daemon) newSlotsService() {
 	d.restore = &lease.RestoreCheck{Table: table, Pool: d.pool, Mgr: d.mgr, Found: d.plan.found, Teardown: d.cfg.teardownOptions(),
 		Log: d.log, Health: d.lc, Verified: d.obs.verified, Lost: d.plan.lostIndices(), Records: d.records, Held: d.held, Task: taskVerify}
 	d.slots = lease.New(d.mgr, d.pool, lease.Options{Records: d.records, Table: table, Log: d.log,
-		Tracer: d.app.TracerProvider().Tracer(meterScope), Events: d.obs.leaseEvent, Restore: d.restore,
+		Tracer: d.app.TracerProvider().Tracer(meterScope), Events: d.obs.leaseEv, Restore: d.restore,
 		Impaired: d.impairedFor, Health: d.lc, Held: d.held, Teardown: d.cfg.teardownOptions(),
 		TornDown: func(res *slot.TeardownResult) {
 			d.logTeardownProblems(res.Failed, res.Orphans, res.ProcScan, res.WaitErr)

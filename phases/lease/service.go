@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/singleflight"
@@ -71,7 +73,7 @@ type Service struct {
 	audit   *slog.Logger // log with audit=true: what happened to a lease but a call
 	breaks  *breaks      // leases found broken from outside (broken.go)
 	tracer  trace.Tracer
-	events  Events
+	events  metric.Int64Counter // nil counts nothing
 	// restore checks the leases restored unverified; nil when none was.
 	restore *RestoreCheck
 
@@ -123,10 +125,6 @@ type Store interface {
 
 var _ Store = (*leases.Store)(nil)
 
-// Events counts what happens to leases (the daemon's metrics); nil
-// counts nothing.
-type Events func(event string, n int)
-
 // Options are what a [Service] is made of beside its manager and pool.
 // Only Records and Log are required.
 type Options struct {
@@ -136,7 +134,11 @@ type Options struct {
 	Log   *slog.Logger
 	// Tracer traces expiries; nil: none.
 	Tracer trace.Tracer
-	Events Events
+	// Events counts what happens to leases, by event (the daemon's
+	// phasegate.lease.events); nil counts nothing. The core adds to it
+	// itself: the metric is the OpenTelemetry API's, not a call back into
+	// the daemon.
+	Events metric.Int64Counter
 	// Restore checks the restored leases; nil when none was restored.
 	Restore *RestoreCheck
 	// Impaired says when the daemon last could not take a principal's
@@ -191,7 +193,7 @@ func (s *Service) Settle(ctx context.Context, l *Lease) error {
 
 func (s *Service) count(event string) {
 	if s.events != nil {
-		s.events(event, 1)
+		s.events.Add(context.Background(), 1, metric.WithAttributes(attribute.String("event", event)))
 	}
 }
 
