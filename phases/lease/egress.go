@@ -89,11 +89,17 @@ func (s *Service) lockPolicy(i int) (unlock func()) {
 }
 
 // SetEgress replaces the egress policy of slot i's lease, whose id is
-// leaseID, for caller c with pol (nil: none), and answers the lease:
-// authorized as Release, the rules replaced in one transaction, then the
-// record; a record that cannot be written puts the old rules back.
-func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseID string, pol *inside.Policy) (Lease, error) {
+// leaseID, for caller c with the policy parse makes of the request (over
+// the daemon's part of every policy; nil: none), and answers the lease:
+// authorized as Release (before the policy is parsed), the rules replaced
+// in one transaction, then the record; a record that cannot be written
+// puts the old rules back.
+func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseID string, parse func(inside.Defaults) (*inside.Policy, error)) (Lease, error) {
 	if err := s.leaseCall(ctx, c, i, leaseID); err != nil {
+		return Lease{}, err
+	}
+	pol, err := parse(s.egress)
+	if err != nil {
 		return Lease{}, err
 	}
 	if err := control.Charge(ctx, EgressCost(pol)); err != nil {

@@ -48,7 +48,7 @@ func TestSetEgressPolicyLocksPerSlot(t *testing.T) {
 	set := func(k int) <-chan error {
 		done := make(chan error, 1)
 		go func() {
-			_, err := r.svc.SetEgress(ctx, c, idx[k], ids[k], &inside.Policy{DenyAll: true})
+			_, err := r.svc.SetEgress(ctx, c, idx[k], ids[k], func(inside.Defaults) (*inside.Policy, error) { return &inside.Policy{DenyAll: true}, nil })
 			done <- err
 		}()
 		return done

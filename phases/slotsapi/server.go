@@ -11,6 +11,7 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/phases/lease"
 )
 
@@ -129,11 +130,8 @@ func (s *Server) SetEgressPolicy(ctx context.Context, req *phasegatev1.SetEgress
 	if err != nil {
 		return nil, err
 	}
-	pol, err := parseEgress(req.GetEgressPolicy(), s.leases.EgressDefaults())
-	if err != nil {
-		return nil, Status(err)
-	}
-	l, err := s.leases.SetEgress(ctx, c, int(req.GetIndex()), req.GetLeaseId(), pol)
+	parse := func(d inside.Defaults) (*inside.Policy, error) { return parseEgress(req.GetEgressPolicy(), d) }
+	l, err := s.leases.SetEgress(ctx, c, int(req.GetIndex()), req.GetLeaseId(), parse)
 	if err != nil {
 		return nil, Status(err)
 	}
