@@ -127,7 +127,7 @@ func (d *Daemon) openControl(ctx context.Context) error {
 		_ = l.Close()
 		return errors.Join(fmt.Errorf("control socket %s: %w", sock.Path, err), sock.Remove())
 	}
-	d.ctl, d.ctlSocket, d.ctlFile = srv, sock, f
+	d.ctl.srv, d.ctl.socket, d.ctl.file = srv, sock, f
 	d.state.bound()
 	d.obs.watchConns("socket", srv)
 	d.app.HandOver(controlHandover, f)
@@ -180,7 +180,7 @@ func ioFault(err error) bool {
 // its caller's rate:
 // each gRPC call (the Slots API, reflection, a method nobody serves) at the
 // tap, before its request is read; each further message of a stream; and
-// /debug/slots, bound behind d.ctlGuard with the slots.
+// /debug/slots, bound behind d.ctl.guard with the slots.
 func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server.Server, *os.File, error) {
 	guard, err := d.newGuard("socket")
 	if err != nil {
@@ -232,24 +232,24 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 		_ = f.Close()
 		return nil, nil, err
 	}
-	d.ctlGuard = guard
+	d.ctl.guard = guard
 	return srv, f, nil
 }
 
 // closeControl drains the control socket. An upgrade hands it on, open,
 // to the new image; any other stop removes it.
 func (d *Daemon) closeControl(ctx context.Context) error {
-	if d.ctl == nil {
+	if d.ctl.srv == nil {
 		return nil
 	}
 	if d.app.Upgrading() {
-		d.ctl.DrainForHandover()
-		return d.ctl.Drain(ctx)
+		d.ctl.srv.DrainForHandover()
+		return d.ctl.srv.Drain(ctx)
 	}
-	err := d.ctl.Drain(ctx)
-	rerr := d.ctlSocket.Remove()
+	err := d.ctl.srv.Drain(ctx)
+	rerr := d.ctl.socket.Remove()
 	if errors.Is(rerr, fs.ErrNotExist) {
 		rerr = nil // its directory is gone (removed from outside): nothing to remove
 	}
-	return errors.Join(err, rerr, d.ctlFile.Close())
+	return errors.Join(err, rerr, d.ctl.file.Close())
 }

@@ -45,7 +45,7 @@ func NewSlotsServer(m *slot.Manager, pl *pool.Pool, store LeaseStore, log *slog.
 // impairedFor is the daemon's Impairment: that of the surface the
 // principal calls on.
 func (d *Daemon) impairedFor(principal string) (time.Time, bool) {
-	srv := d.ctl
+	srv := d.ctl.srv
 	// A certificate's lease, recorded with its kind or, by an older build,
 	// without it (leases.LegacyCertificate), was taken over the port.
 	if control.KindOf(principal).Certificate() || strings.HasPrefix(principal, leases.LegacyCertificate) {

@@ -45,7 +45,7 @@ func heldMethods() (mutating, reads []string) { return jsonroute.Methods(heldRou
 // bindHeld binds the held slots' routes on the control socket.
 func (d *Daemon) bindHeld() error {
 	for _, r := range heldRoutes(d) {
-		if err := d.ctl.BindHTTP(r.Pattern, heldHandler(d.ctlGuard, r)); err != nil {
+		if err := d.ctl.srv.BindHTTP(r.Pattern, heldHandler(d.ctl.guard, r)); err != nil {
 			return err
 		}
 	}

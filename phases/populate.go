@@ -88,32 +88,32 @@ func (d *Daemon) newSlotsService() {
 // and the check inside the leases' slots; the reconciler, the egress
 // check and the rest of the fill.
 func (d *Daemon) deferTasks(p *lifecycle.Progress) {
-	d.verifyDone = make(chan struct{})
+	d.bg.verifyDone = make(chan struct{})
 	if restored := d.plan.restored; len(restored) > 0 {
 		p.Defer(taskVerify, func(ctx context.Context, tp *lifecycle.Progress) error {
-			defer close(d.verifyDone)
+			defer close(d.bg.verifyDone)
 			return d.restore.Run(ctx, tp, restored)
 		})
 	} else {
-		close(d.verifyDone)
+		close(d.bg.verifyDone)
 	}
-	d.deadDone = make(chan struct{})
-	d.reclaimCtx, d.cancelReclaim = context.WithCancel(context.Background())
+	d.bg.deadDone = make(chan struct{})
+	d.bg.reclaimCtx, d.bg.cancelReclaim = context.WithCancel(context.Background())
 	if dead := d.deadToReclaim(); len(dead) > 0 {
 		p.Defer(taskReclaim, func(ctx context.Context, tp *lifecycle.Progress) error {
-			defer close(d.deadDone)
+			defer close(d.bg.deadDone)
 			// After the leases' check: both need the kernel's networking
 			// lock, and owners wait for the check (a Release, a retry),
 			// not for the dead.
 			select {
-			case <-d.verifyDone:
+			case <-d.bg.verifyDone:
 			case <-ctx.Done():
 				return ctx.Err()
 			}
 			return d.reclaimDead(ctx, tp, dead)
 		})
 	} else {
-		close(d.deadDone)
+		close(d.bg.deadDone)
 	}
 	p.Defer(taskReconcile, d.runReconciler)
 	// Once the daemon serves: it only warns, and it lists every chain of
@@ -129,7 +129,7 @@ func (d *Daemon) deferTasks(p *lifecycle.Progress) {
 		// After the leases' check: a lease it finds lost has no slot to
 		// look into.
 		select {
-		case <-d.verifyDone:
+		case <-d.bg.verifyDone:
 		case <-ctx.Done():
 			return nil
 		}
@@ -183,10 +183,10 @@ func (d *Daemon) reclaimForWarm(ctx context.Context, p *lifecycle.Progress) erro
 // everything.
 func (d *Daemon) stopPool(ctx context.Context) error {
 	select {
-	case <-d.deadDone:
+	case <-d.bg.deadDone:
 	case <-ctx.Done():
-		d.cancelReclaim()
-		<-d.deadDone
+		d.bg.cancelReclaim()
+		<-d.bg.deadDone
 		d.log.Warn("stop: the background reclaim was cut short; the next start reclaims the rest")
 	}
 	kept, err := d.pool.Stop(ctx)

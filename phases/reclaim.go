@@ -30,10 +30,10 @@ func (d *Daemon) openStore() error {
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
-	d.store, d.safeMode, d.stateLost, d.journal = st.store, st.safeMode, st.lost, st.journal
+	d.store, d.lost.safeMode, d.lost.why, d.lost.journal = st.store, st.safeMode, st.lost, st.journal
 	d.state.opened()
-	if d.stateLost != "" {
-		d.lc.Warn(warnStateLost, d.stateLost+lossNamed(st.journal)+"; slots something lives in are kept and quarantined")
+	if d.lost.why != "" {
+		d.lc.Warn(warnStateLost, d.lost.why+lossNamed(st.journal)+"; slots something lives in are kept and quarantined")
 	}
 	return nil
 }
@@ -116,7 +116,7 @@ func loadRecords(store *leases.Store) ([]leases.Record, []int, error) {
 // once (egressDefaults) with the host's addresses the host check read, or
 // read now when it did not run.
 func (d *Daemon) newManager(ctx context.Context) (*slot.Manager, error) {
-	return newManager(ctx, d.cfg, d.hostAddrs, d.hostAddrsRead, d.store.Opened().Generation)
+	return newManager(ctx, d.cfg, d.host.addrs, d.host.read, d.store.Opened().Generation)
 }
 
 // newManager makes cfg's slot manager, which stamps the slots it makes
@@ -171,7 +171,7 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if err := d.renewLeases(ctx, plan, time.Now()); err != nil {
 		return err
 	}
-	if d.journal != nil {
+	if d.lost.journal != nil {
 		// The held slots are recorded: a later start keeps them without
 		// the loss.
 		if err := d.store.ClearLoss(ctx); err != nil {
@@ -251,11 +251,11 @@ func (d *Daemon) reclaimForeground(ctx context.Context, p *lifecycle.Progress, p
 // classifier is the restore's classifier.
 func (d *Daemon) classifier() classifier {
 	o := d.store.Opened()
-	c := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.safeMode, lost: d.stateLost,
+	c := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.lost.safeMode, lost: d.lost.why,
 		generation: o.Generation, unvouched: o.Unvouched, now: time.Now()}
-	if d.journal != nil {
+	if d.lost.journal != nil {
 		c.hints = map[int]leases.LostChange{}
-		for _, n := range d.journal.Named {
+		for _, n := range d.lost.journal.Named {
 			if n.Owner != "" {
 				c.hints[n.Index] = n
 			}
@@ -269,11 +269,11 @@ func (d *Daemon) classifier() classifier {
 // records that are gone), the slots held, and those reclaimed with
 // nothing inside, whose leases, if they had one, are lost.
 func (d *Daemon) reportUnvouched(p *restorePlan) {
-	if !d.safeMode && len(p.uncertain) == 0 && len(p.heldNow) == 0 {
+	if !d.lost.safeMode && len(p.uncertain) == 0 && len(p.heldNow) == 0 {
 		return
 	}
-	msg := d.stateLost + lossNamed(d.journal)
-	if !d.safeMode {
+	msg := d.lost.why + lossNamed(d.lost.journal)
+	if !d.lost.safeMode {
 		msg = "slots made under records that are gone (the firewall table's stamp sets name another store than " + d.store.Opened().Generation + ")"
 	}
 	msg += fmt.Sprintf("; held, something lives in them: slots %v; reclaimed, nothing inside, a lease they carried is lost: slots %v",

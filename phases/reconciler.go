@@ -17,7 +17,7 @@ import (
 // counted.
 func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error {
 	select {
-	case <-d.deadDone:
+	case <-d.bg.deadDone:
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -21,14 +21,14 @@ func (d *Daemon) runRegister(_ context.Context, p *lifecycle.Progress) error {
 	if err := d.app.Server().Bind(slotsapi.ServiceName, api); err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if err := d.ctl.Bind(slotsapi.ServiceName, api); err != nil {
+	if err := d.ctl.srv.Bind(slotsapi.ServiceName, api); err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if err := d.ctl.BindHTTP(pathDebugSlots, d.ctlGuard.HTTP(api.DebugHandler())); err != nil {
+	if err := d.ctl.srv.BindHTTP(pathDebugSlots, d.ctl.guard.HTTP(api.DebugHandler())); err != nil {
 		return lifecycle.Permanent(err)
 	}
 	degraded := func() string { return warningsLine(d.lc.Snapshot()) }
-	if err := cniapi.Bind(d.ctl.BindHTTP, d.ctlGuard, d.slots, degraded); err != nil {
+	if err := cniapi.Bind(d.ctl.srv.BindHTTP, d.ctl.guard, d.slots, degraded); err != nil {
 		return lifecycle.Permanent(err)
 	}
 	if err := d.bindHeld(); err != nil {
