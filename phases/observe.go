@@ -25,7 +25,7 @@ const meterScope = "github.com/phasegate/phasegate/phases"
 // observer holds the daemon's own metrics, beside those the App keeps for
 // every service (phases, health checks, gRPC calls):
 //
-//	phasegate.Slot.acquire.duration   histogram, s   code     Slots/Acquire latency
+//	phasegate.slot.acquire.duration   histogram, s   code     Slots/Acquire latency
 //	phasegate.reclaim.slots           counter        result   found, reclaimed, failed, deferred
 //	phasegate.pool.size               gauge                   the target number of warm slots
 //	phasegate.pool.slots              gauge          state    idle, acquired, creating; free, quarantined (indices)
@@ -62,7 +62,7 @@ type observer struct {
 func (o *observer) init(mp metric.MeterProvider) error {
 	o.meter = mp.Meter(meterScope)
 	var err error
-	if o.acquire, err = o.meter.Float64Histogram("phasegate.Slot.acquire.duration", metric.WithUnit("s"),
+	if o.acquire, err = o.meter.Float64Histogram("phasegate.slot.acquire.duration", metric.WithUnit("s"),
 		metric.WithDescription("Latency of Slots/Acquire calls, by gRPC status code."),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)); err != nil {
 		return fmt.Errorf("metrics: %w", err)

@@ -91,7 +91,7 @@ func (s *Service) expire(ctx context.Context, now time.Time) int {
 // since the scan).
 func (s *Service) expireOne(ctx context.Context, l Lease, now time.Time) bool {
 	_, span := s.tracer.Start(ctx, "lease expired", trace.WithAttributes(
-		attribute.Int("phasegate.Slot", l.Rec.Index), attribute.String("phasegate.owner", names.Shown(l.Rec.Owner)),
+		attribute.Int("phasegate.slot", l.Rec.Index), attribute.String("phasegate.owner", names.Shown(l.Rec.Owner)),
 		attribute.String("phasegate.ttl", l.Rec.TTL.String())))
 	defer span.End()
 	i := l.Rec.Index
