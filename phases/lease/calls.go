@@ -230,7 +230,3 @@ func (s *Service) Pool() *pool.Pool { return s.pool }
 // SlotOwning returns the index of the leased slot whose own namespace is
 // id, if one is.
 func (s *Service) SlotOwning(id netns.ID) (int, bool) { return s.table.slotOwning(id) }
-
-// Adopt holds the lease recorded as rec on slot sl, which the pool
-// adopted: a held slot the operator made a lease again.
-func (s *Service) Adopt(rec leases.Record, sl *slot.Slot) { s.table.add(&Lease{Rec: rec, Slot: sl}) }
