@@ -95,7 +95,7 @@ func (d *Daemon) checkHostCIDR() error {
 		return lifecycle.Permanent(err)
 	}
 	// The same dump's host addresses, for the egress defaults (populate).
-	d.hostAddrs, d.hostAddrsRead = read.Addrs, true
+	d.host.addrs, d.host.read = read.Addrs, true
 	if uses := read.Foreign; len(uses) > 0 {
 		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
 		return lifecycle.Permanent(&cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,

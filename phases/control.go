@@ -15,6 +15,8 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/phases/cniapi"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 	"github.com/phasegate/phasegate/server"
 	"github.com/phasegate/phasegate/tracing/grpccalls"
 )
@@ -86,17 +88,17 @@ func (d *Daemon) newGuard(surface string) (*control.Guard, error) {
 	// Every mutating call is audited, allowed or refused.
 	mutating := phasegatev1.SlotsMutatingMethods()
 	var reads []string
-	for _, m := range slotsServiceDesc().Methods {
+	for _, m := range slotsapi.Desc().Methods {
 		if !slices.Contains(mutating, m.MethodName) {
 			reads = append(reads, m.MethodName)
 		}
 	}
-	cniMutating, cniReads := cniMethods()
+	cniMutating, cniReads := cniapi.Methods()
 	mutating, reads = append(mutating, cniMutating...), append(reads, cniReads...)
 	heldMutating, heldReads := heldMethods()
 	mutating, reads = append(mutating, heldMutating...), append(reads, heldReads...)
 	return control.NewGuard(d.cfg.ControlPolicy(), control.GuardOptions{
-		Service:       slotsServiceName,
+		Service:       slotsapi.ServiceName,
 		Mutating:      mutating,
 		Reads:         reads,
 		Surface:       surface,
@@ -125,7 +127,7 @@ func (d *Daemon) openControl(ctx context.Context) error {
 		_ = l.Close()
 		return errors.Join(fmt.Errorf("control socket %s: %w", sock.Path, err), sock.Remove())
 	}
-	d.ctl, d.ctlSocket, d.ctlFile = srv, sock, f
+	d.ctl.srv, d.ctl.socket, d.ctl.file = srv, sock, f
 	d.state.bound()
 	d.obs.watchConns("socket", srv)
 	d.app.HandOver(controlHandover, f)
@@ -178,7 +180,7 @@ func ioFault(err error) bool {
 // its caller's rate:
 // each gRPC call (the Slots API, reflection, a method nobody serves) at the
 // tap, before its request is read; each further message of a stream; and
-// /debug/slots, bound behind d.ctlGuard with the slots.
+// /debug/slots, bound behind d.ctl.guard with the slots.
 func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server.Server, *os.File, error) {
 	guard, err := d.newGuard("socket")
 	if err != nil {
@@ -203,7 +205,7 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := srv.Declare(slotsServiceDesc()); err != nil {
+	if err := srv.Declare(slotsapi.Desc()); err != nil {
 		return nil, nil, err
 	}
 	if err := srv.DeclareHTTP(pathDebugSlots); err != nil {
@@ -211,14 +213,14 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 	}
 	// The CNI plugin's routes: until the daemon serves, a call gets 503
 	// naming the phase, which STATUS turns into error 50.
-	for _, r := range cniRoutes(nil) {
-		if err := srv.DeclareHTTP(r.pattern()); err != nil {
+	for _, p := range cniapi.Patterns() {
+		if err := srv.DeclareHTTP(p); err != nil {
 			return nil, nil, err
 		}
 	}
 	// The operator's routes for the held slots (`phasegate held`).
 	for _, r := range heldRoutes(nil) {
-		if err := srv.DeclareHTTP(r.pattern); err != nil {
+		if err := srv.DeclareHTTP(r.Pattern); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -230,24 +232,24 @@ func (d *Daemon) serveControl(ctx context.Context, l *net.UnixListener) (*server
 		_ = f.Close()
 		return nil, nil, err
 	}
-	d.ctlGuard = guard
+	d.ctl.guard = guard
 	return srv, f, nil
 }
 
 // closeControl drains the control socket. An upgrade hands it on, open,
 // to the new image; any other stop removes it.
 func (d *Daemon) closeControl(ctx context.Context) error {
-	if d.ctl == nil {
+	if d.ctl.srv == nil {
 		return nil
 	}
 	if d.app.Upgrading() {
-		d.ctl.DrainForHandover()
-		return d.ctl.Drain(ctx)
+		d.ctl.srv.DrainForHandover()
+		return d.ctl.srv.Drain(ctx)
 	}
-	err := d.ctl.Drain(ctx)
-	rerr := d.ctlSocket.Remove()
+	err := d.ctl.srv.Drain(ctx)
+	rerr := d.ctl.socket.Remove()
 	if errors.Is(rerr, fs.ErrNotExist) {
 		rerr = nil // its directory is gone (removed from outside): nothing to remove
 	}
-	return errors.Join(err, rerr, d.ctlFile.Close())
+	return errors.Join(err, rerr, d.ctl.file.Close())
 }

@@ -21,7 +21,9 @@ import (
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lease"
 	"github.com/phasegate/phasegate/phases/lockfile"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 	"github.com/phasegate/phasegate/server"
 )
 
@@ -55,40 +57,66 @@ type Daemon struct {
 	// synchronisation.
 	lock       *lockfile.Lock
 	cidrLock   *lockfile.Lock
-	checkHost  bool                // the CIDR lock is new: check the host's use of it (reclaim)
-	store      *leases.Store       // the durable records (lock phase)
-	records    *slotRecords        // their only writer from the restore on (reclaim)
-	state      *stateWatch         // the state directory's health (statedir.go)
-	safeMode   bool                // records lost: keep every slot something lives in
-	stateLost  string              // why, for the health warning
-	journal    *leases.JournalLoss // writes the journal lost, when it did (safe mode)
-	held       *heldSlots          // the slots held (reclaim phase on)
+	checkHost  bool             // the CIDR lock is new: check the host's use of it (reclaim)
+	store      *leases.Store    // the durable records (lock phase)
+	records    *lease.Records   // their only writer from the restore on (reclaim)
+	state      *stateWatch      // the state directory's health (statedir.go)
+	lost       recordsLost      // the records lost, when they were (reclaim)
+	held       *lease.HeldSlots // the slots held (reclaim phase on)
 	mgr        *slot.Manager
 	plan       *restorePlan    // what the restore decided (reclaim phase)
 	report     *reclaim.Report // the foreground reclaim's, when there is one (storage reads its quarantine)
 	unreadable []slot.Unreadable
 	idx        *index.Allocator // built by storage, owned by the pool from populate on
 	pool       *pool.Pool
-	slots      *slotsService
-	restore    *restoreCheck   // the check of the restored leases (populate)
-	tcpGuard   *control.Guard  // the Slots API's on the port (New)
-	ctl        *server.Server  // the control socket's server (lock phase)
-	ctlGuard   *control.Guard  // its guard: every route there spends its rate
-	ctlSocket  *control.Socket // its path, removed at an orderly stop
-	ctlFile    *os.File        // its descriptor, for an upgrade
-	deadDone   chan struct{}   // closed when the dead slots are reclaimed
-	verifyDone chan struct{}   // closed when the restored leases' background check is over
+	slots      *lease.Service      // the lease core (populate)
+	restore    *lease.RestoreCheck // the check of the restored leases (populate)
+	tcpGuard   *control.Guard      // the Slots API's on the port (New)
+	ctl        controlSocket       // the control socket (lock phase)
+	bg         background          // the background tasks' handles (populate)
 	// The host's own addresses, read by the host check (reclaim) when it
 	// ran, for the egress defaults (populate).
-	hostAddrs     []netip.Prefix
-	hostAddrsRead bool
-	// The background reclaim's own context: a drain does not end it (the
-	// pool's stop waits for it), its stop timeout or an upgrade does.
-	reclaimCtx    context.Context
-	cancelReclaim context.CancelFunc
+	host hostAddrs
 
 	mu           sync.Mutex
 	procScanSeen map[string]bool // /proc scan errors logged already
+}
+
+// controlSocket is the daemon's control socket: its server, its guard
+// (every route there spends its rate), its path (removed at an orderly
+// stop) and its descriptor (for an upgrade).
+type controlSocket struct {
+	srv    *server.Server
+	guard  *control.Guard
+	socket *control.Socket
+	file   *os.File
+}
+
+// recordsLost is what the start knows of records it lost: whether it
+// keeps every slot something lives in (safe mode), why, for the health
+// warning, and the journal's writes lost, when it lost them.
+type recordsLost struct {
+	safeMode bool
+	why      string
+	journal  *leases.JournalLoss
+}
+
+// background holds the handles of the background tasks others wait for:
+// the dead slots reclaimed, the restored leases' check over, and the
+// background reclaim's own context, which a drain does not end (the
+// pool's stop waits for it) but its stop timeout or an upgrade does.
+type background struct {
+	deadDone      chan struct{}
+	verifyDone    chan struct{}
+	reclaimCtx    context.Context
+	cancelReclaim context.CancelFunc
+}
+
+// hostAddrs are the host's own addresses, and whether the host check read
+// them (it did not run in an upgrade's new image).
+type hostAddrs struct {
+	addrs []netip.Prefix
+	read  bool
 }
 
 // New validates cfg and declares the daemon's phases, its port and its
@@ -167,7 +195,7 @@ func New(cfg Config) (*Daemon, error) {
 	if d.tcpGuard, err = d.newGuard("tcp"); err != nil {
 		return fail(err)
 	}
-	if err := a.Server().Declare(slotsServiceDesc()); err != nil {
+	if err := a.Server().Declare(slotsapi.Desc()); err != nil {
 		return fail(err)
 	}
 	return d, nil
@@ -215,11 +243,11 @@ func (d *Daemon) StopBudget() time.Duration { return d.app.StopBudget() }
 // named like a running task is shown with the task's progress.
 const (
 	warnStateLost     = "state-lost"
-	warnHeld          = "held-slots"
-	warnLeasesLost    = "leases-lost"
+	warnHeld          = lease.WarnHeld
+	warnLeasesLost    = lease.WarnLeasesLost
 	warnEgress        = "egress"
 	warnDrainDelay    = "drain-delay"
-	warnSlotsBroken   = "slots-broken"
+	warnSlotsBroken   = lease.WarnSlotsBroken
 	warnPool          = "pool"
 	warnStateDir      = "state-dir"
 	warnControlSocket = "control-socket"

@@ -1,7 +1,9 @@
-// Package phases is the phasegate daemon.
+// Package phases is the phasegate daemon's composition root: its phases and background tasks.
 //
-// It holds its phases, their dependencies, what each builds and what each
-// stop keeps, and the Slots API over the pool and the durable records.
+// It holds the phases, their dependencies, what each builds and what each
+// stop keeps, and wires the daemon's rooms together: the lease core
+// (phases/lease), the Slots API (phases/slotsapi) and the CNI plugin's
+// routes (phases/cniapi) over the pool and the durable records.
 //
 //	lock ──► listen ─────────────────────────────► register ──► serve
 //	   \                                             ▲

@@ -14,6 +14,7 @@ import (
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/phases/lease"
 	"github.com/phasegate/phasegate/server"
 )
 
@@ -110,7 +111,7 @@ func (c Config) readFDBudget() (FDBudget, error) {
 
 // fdBudget computes the budget for a soft limit of soft open files.
 func (c Config) fdBudget(soft, hard uint64) (FDBudget, error) {
-	kernelOps := pool.DefaultFillConcurrency + c.ReclaimWorkers + verifyWorkers + acquireCreations
+	kernelOps := pool.DefaultFillConcurrency + c.ReclaimWorkers + lease.VerifyWorkers + acquireCreations
 	ctl := server.Limits{
 		MaxConns:             controlMaxConns,
 		PrivilegedConns:      controlPrivilegedConns,

@@ -12,6 +12,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/phases/lease"
 	"github.com/phasegate/phasegate/server"
 )
 
@@ -20,7 +21,7 @@ import (
 // a configuration error; the reserve grows with the reclaim's workers.
 func TestFDBudget(t *testing.T) {
 	def := DefaultConfig()
-	reserve := fdsAtRest + fdsPerKernelOp*(2+def.ReclaimWorkers+verifyWorkers+acquireCreations) + controlMaxConns + fdsMargin
+	reserve := fdsAtRest + fdsPerKernelOp*(2+def.ReclaimWorkers+lease.VerifyWorkers+acquireCreations) + controlMaxConns + fdsMargin
 	for _, tc := range []struct {
 		name      string
 		soft      uint64
@@ -98,11 +99,11 @@ func TestMaxSlotsRequestIsTheLargestValidAcquire(t *testing.T) {
 		return out
 	}
 	pol := &phasegatev1.EgressPolicy{Allow: entries(254), Deny: entries(253), DenyAll: true, RedirectTcp: true}
-	if _, err := parseEgress(pol, inside.Defaults{ProxyPort: 8080}); err != nil {
+	if _, err := lease.ParseEgress(pol.GetAllow(), pol.GetDeny(), pol.GetDenyAll(), pol.GetRedirectTcp(), inside.Defaults{ProxyPort: 8080}); err != nil {
 		t.Fatalf("the largest policy is refused: %v", err)
 	}
 	id := strings.Repeat("x", names.MaxLen)
-	if err := checkNames(id, id); err != nil {
+	if err := lease.CheckNames(id, id); err != nil {
 		t.Fatal(err)
 	}
 	req := &phasegatev1.AcquireRequest{Owner: id, RequestId: id, EgressPolicy: pol,

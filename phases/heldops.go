@@ -2,20 +2,14 @@ package phases
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/phasegate/phasegate/control"
-	"github.com/phasegate/phasegate/internal/names"
-	"github.com/phasegate/phasegate/network/leases"
-	"github.com/phasegate/phasegate/network/netns"
-	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/internal/jsonroute"
+	"github.com/phasegate/phasegate/phases/lease"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 )
 
 // The operator's routes on the control socket for the held slots (`phasegate
@@ -27,42 +21,31 @@ const (
 	PathHeldRelease = "/held/release"
 )
 
-// heldRoute is one route of the held slots: its pattern, the method the
-// guard audits it under, and its call.
-type heldRoute struct {
-	pattern, method string
-	mutating        bool
-	call            func(ctx context.Context, body []byte) (any, error)
-}
-
 // heldRoutes is the table of the held slots' routes, declared once: the
 // socket declares them, the guard names them, register binds them.
-func heldRoutes(d *Daemon) []heldRoute {
-	list := func(context.Context, struct{}) (HeldList, error) { return d.listHeld() }
-	return []heldRoute{
-		{http.MethodGet + " " + PathHeld, "HeldList", false, func(ctx context.Context, _ []byte) (any, error) { return list(ctx, struct{}{}) }},
-		{http.MethodPost + " " + PathHeldAdopt, "HeldAdopt", true, jsonCall(d.adoptHeld)},
-		{http.MethodPost + " " + PathHeldRelease, "HeldRelease", true, jsonCall(d.releaseHeld)},
+func heldRoutes(d *Daemon) []jsonroute.Route {
+	list := func(context.Context, []byte) (any, error) { return d.listHeld() }
+	return []jsonroute.Route{
+		{Pattern: http.MethodGet + " " + PathHeld, Method: "HeldList", Call: list},
+		{Pattern: http.MethodPost + " " + PathHeldAdopt, Method: "HeldAdopt", Mutating: true, Call: decodeHeld(d.adoptHeld)},
+		{Pattern: http.MethodPost + " " + PathHeldRelease, Method: "HeldRelease", Mutating: true, Call: decodeHeld(d.releaseHeld)},
 	}
+}
+
+// decodeHeld adapts fn to a held route's call, a request it cannot decode
+// refused as invalid.
+func decodeHeld[Req, Ans any](fn func(context.Context, Req) (Ans, error)) func(context.Context, []byte) (any, error) {
+	return jsonroute.Decode(fn, func(msg string) error { return lease.Errorf(lease.ErrInvalid, "%s", msg) })
 }
 
 // heldMethods returns the guard's method names of the held slots' routes,
 // mutating and not.
-func heldMethods() (mutating, reads []string) {
-	for _, r := range heldRoutes(nil) {
-		if r.mutating {
-			mutating = append(mutating, r.method)
-		} else {
-			reads = append(reads, r.method)
-		}
-	}
-	return mutating, reads
-}
+func heldMethods() (mutating, reads []string) { return jsonroute.Methods(heldRoutes(nil)) }
 
 // bindHeld binds the held slots' routes on the control socket.
 func (d *Daemon) bindHeld() error {
 	for _, r := range heldRoutes(d) {
-		if err := d.ctl.BindHTTP(r.pattern, heldHandler(d.ctlGuard, r)); err != nil {
+		if err := d.ctl.srv.BindHTTP(r.Pattern, heldHandler(d.ctl.guard, r)); err != nil {
 			return err
 		}
 	}
@@ -78,31 +61,37 @@ type HeldError struct {
 
 // heldHandler serves route r behind guard g, to root alone: JSON in and
 // out, an error as a HeldError with the HTTP status of its code.
-func heldHandler(g *control.Guard, r heldRoute) http.Handler {
+func heldHandler(g *control.Guard, r jsonroute.Route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		var answer any
-		err := g.Call(req.Context(), r.method, func(ctx context.Context) error {
-			c, err := callerOf(ctx)
-			if err != nil {
-				return err
-			}
-			if !c.Principal.IsRoot() {
-				return status.Errorf(codes.PermissionDenied, "%s may not act on held slots: root's alone", c.Principal)
-			}
-			body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, 64<<10))
-			if err != nil {
-				return status.Errorf(codes.InvalidArgument, "read the request: %v", err)
-			}
-			answer, err = r.call(ctx, body)
-			return err
+		err := g.Call(req.Context(), r.Method, func(ctx context.Context) error {
+			var err error
+			answer, err = serveHeld(ctx, r, w, req)
+			return slotsapi.Status(err) // its code for the guard's audit line
 		})
 		if err != nil {
-			st := status.Convert(err)
-			writeJSON(w, httpStatus(st.Code()), HeldError{Code: st.Code().String(), Error: st.Message()})
+			st := slotsapi.Convert(err)
+			jsonroute.Write(w, slotsapi.HTTPStatus(st.Code()), HeldError{Code: st.Code().String(), Error: st.Message()})
 			return
 		}
-		writeJSON(w, http.StatusOK, answer)
+		jsonroute.Write(w, http.StatusOK, answer)
 	})
+}
+
+// serveHeld answers req on route r, for root alone.
+func serveHeld(ctx context.Context, r jsonroute.Route, w http.ResponseWriter, req *http.Request) (any, error) {
+	c, err := slotsapi.CallerOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !c.Principal.IsRoot() {
+		return nil, lease.Errorf(lease.ErrDenied, "%s may not act on held slots: root's alone", c.Principal)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, 64<<10))
+	if err != nil {
+		return nil, lease.Errorf(lease.ErrInvalid, "read the request: %v", err)
+	}
+	return r.Call(ctx, body)
 }
 
 // HeldList is GET /held's answer.
@@ -110,37 +99,13 @@ type HeldList struct {
 	Held []HeldView `json:"held"`
 }
 
-// HeldView is one held slot as the operator sees it: why it is held,
-// what lives in it now, and whether its host link is there.
-type HeldView struct {
-	heldSlot
-	NetnsPath string `json:"netns_path"`
-	// NetnsBound: the namespace held is still the one bound at NetnsPath.
-	NetnsBound bool `json:"netns_bound"`
-	HostLink   bool `json:"host_link"`
-	// PIDs live in the namespace, or hold a descriptor on it, now.
-	PIDs []int `json:"pids"`
-}
+// HeldView is one held slot as the operator sees it (GET /held).
+type HeldView = lease.HeldView
 
 // listHeld describes every held slot.
 func (d *Daemon) listHeld() (HeldList, error) {
-	out := HeldList{Held: []HeldView{}}
-	held := d.held.list()
-	if len(held) == 0 {
-		return out, nil
-	}
-	live, err := scanLiveness()
-	if err != nil {
-		return out, status.Errorf(codes.Internal, "%v", err)
-	}
-	for _, h := range held {
-		path := d.cfg.Slots.NetnsPath(h.Index)
-		id, _ := netns.Stat(path)
-		idx, _ := d.mgr.HostLinkIndex(h.Index)
-		out.Held = append(out.Held, HeldView{heldSlot: h, NetnsPath: path, NetnsBound: id == h.Netns, HostLink: idx != 0,
-			PIDs: live.pids(h.Netns)})
-	}
-	return out, nil
+	held, err := d.slots.HeldViews()
+	return HeldList{Held: held}, err
 }
 
 // AdoptRequest is POST /held/adopt's request: the lease the held slot at
@@ -166,111 +131,29 @@ type AdoptAnswer struct {
 }
 
 // adoptHeld makes the held slot at req.Index a lease again, for its
-// owner, as it is: nothing inside is touched; its host side is put back
-// (the host link made again into the namespace if it was deleted, up,
-// its address, its firewall element). The lease is recorded before the
-// answer, as an Acquire's, with the root principal that adopted it; the
-// owner's client renews and releases it with the lease id answered.
+// owner, as it is (lease.Service.AdoptHeld), with the root principal that
+// adopted it.
 func (d *Daemon) adoptHeld(ctx context.Context, req AdoptRequest) (AdoptAnswer, error) {
-	d.held.ops.Lock()
-	defer d.held.ops.Unlock()
-	h, err := d.heldAt(req.Index)
-	if err != nil {
-		return AdoptAnswer{}, err
-	}
-	if err := checkNames(req.Owner, req.RequestID); err != nil {
-		return AdoptAnswer{}, err
-	}
 	var ttl time.Duration
 	if req.TTL != "" {
+		var err error
 		if ttl, err = time.ParseDuration(req.TTL); err != nil || ttl <= 0 {
-			return AdoptAnswer{}, status.Errorf(codes.InvalidArgument, "ttl %q: a positive duration, or none for a lease held until released", req.TTL)
+			return AdoptAnswer{}, lease.Errorf(lease.ErrInvalid, "ttl %q: a positive duration, or none for a lease held until released", req.TTL)
 		}
 	}
-	if !d.cfg.withinSlots(h.Index) {
-		return AdoptAnswer{}, status.Errorf(codes.FailedPrecondition, "slot %d is beyond --slots %d: release it, or run with more slots", h.Index, d.cfg.Slots.Slots)
-	}
-	c, err := callerOf(ctx)
+	c, err := slotsapi.CallerOf(ctx)
 	if err != nil {
 		return AdoptAnswer{}, err
 	}
-	control.Note(ctx, "slot", h.Index, "owner", req.Owner, "request_id", req.RequestID)
-	sl, repaired, err := d.relink(ctx, h)
+	l, err := d.slots.AdoptHeld(ctx, c, req.Index, lease.Request{Owner: req.Owner, RequestID: req.RequestID, TTL: ttl})
 	if err != nil {
 		return AdoptAnswer{}, err
 	}
-	now := time.Now()
-	rec := leases.Record{
-		Index: h.Index, State: leases.Leased,
-		Owner: req.Owner, LeaseID: leases.NewLeaseID(), RequestID: req.RequestID, Principal: c.Principal.String(),
-		Acquired: now, TTL: ttl, Netns: sl.NetnsID, HostIfindex: sl.HostIfIndex, Created: now,
-	}
-	if ttl > 0 {
-		rec.Expires = now.Add(ttl)
-	}
-	if err := d.records.put(ctx, rec); err != nil {
-		var dup *leases.DuplicateRequestError
-		if errors.As(err, &dup) {
-			return AdoptAnswer{}, status.Errorf(codes.AlreadyExists, "request %q of owner %q holds slot %d already", req.RequestID, req.Owner, dup.Index)
-		}
-		return AdoptAnswer{}, status.Errorf(codes.Unavailable, "record the lease: %v", err)
-	}
-	if err := d.pool.Adopt(sl); err != nil {
-		return AdoptAnswer{}, status.Errorf(codes.Internal, "slot %d: %v (its lease is recorded: the next start restores it)", h.Index, err)
-	}
-	d.slots.table.add(&lease{rec: rec, slot: sl})
-	d.held.remove(h.Index)
-	d.log.Info("held slot adopted back as a lease", "slot", h.Index, "owner", names.Shown(req.Owner), "request_id", names.Shown(req.RequestID),
-		"principal", c.Principal.String(), "netns_inode", sl.NetnsID.Ino, "repaired", fmt.Sprint(repaired))
-	a := AdoptAnswer{Index: h.Index, Owner: req.Owner, RequestID: req.RequestID, LeaseID: rec.LeaseID, Principal: rec.Principal, Repaired: repaired}
+	a := AdoptAnswer{Index: l.Rec.Index, Owner: l.Rec.Owner, RequestID: l.Rec.RequestID, LeaseID: l.Rec.LeaseID, Principal: l.Rec.Principal, Repaired: l.Repaired}
 	if ttl > 0 {
 		a.TTL = ttl.String()
 	}
 	return a, nil
-}
-
-// heldAt returns the held slot at i, or why it cannot be acted on.
-func (d *Daemon) heldAt(i int) (heldSlot, error) {
-	h, ok := d.held.get(i)
-	switch {
-	case !ok:
-		return h, status.Errorf(codes.NotFound, "slot %d is not held", i)
-	case h.LostLease:
-		return h, status.Errorf(codes.FailedPrecondition, "slot %d is still the index of a lost lease (owner %s): it is acted on once that lease ends", i, names.Shown(h.Owner))
-	}
-	return h, nil
-}
-
-// relink returns held slot h as a slot, its host side put back, or why
-// it cannot be: its namespace must still be the one held.
-func (d *Daemon) relink(ctx context.Context, h heldSlot) (*slot.Slot, []string, error) {
-	s := d.cfg.Slots.Slot(h.Index)
-	s.NetnsID = h.Netns
-	if id, err := netns.Stat(s.NetnsPath); err != nil || id != h.Netns {
-		return nil, nil, status.Errorf(codes.FailedPrecondition, "slot %d: the namespace held is no longer bound at %s: release it", h.Index, s.NetnsPath)
-	}
-	idx, err := d.mgr.HostLinkIndex(h.Index)
-	if err != nil {
-		return nil, nil, status.Errorf(codes.Internal, "slot %d: %v", h.Index, err)
-	}
-	var repaired []string
-	if idx == 0 {
-		if err := d.mgr.RecreateHost(ctx, &s); err != nil {
-			return nil, nil, status.Errorf(codes.FailedPrecondition, "slot %d: its host link is gone and cannot be made again: %v", h.Index, err)
-		}
-		repaired = append(repaired, "host link made again into its namespace")
-	} else {
-		s.HostIfIndex = idx
-		more, err := d.mgr.RepairHost(&s)
-		if err != nil {
-			return nil, nil, status.Errorf(codes.FailedPrecondition, "slot %d: its host link cannot be repaired: %v", h.Index, err)
-		}
-		repaired = append(repaired, more...)
-		if err := d.mgr.Firewall().Add(ctx, s.HostIf); err != nil {
-			return nil, nil, status.Errorf(codes.Unavailable, "slot %d: its firewall element: %v", h.Index, err)
-		}
-	}
-	return &s, repaired, nil
 }
 
 // ReleaseRequest is POST /held/release's request.
@@ -293,34 +176,15 @@ type ReleasedProc struct {
 	Killed bool   `json:"killed"`
 }
 
-// releaseHeld tears the held slot at req.Index down, as a reclaim tears a
-// leaked one down: the processes inside are cut off with their namespace,
-// or killed when the daemon runs with --reclaim-kill-orphans. Its index
-// is free once it is gone.
+// releaseHeld tears the held slot at req.Index down
+// (lease.Service.ReleaseHeld): the processes inside are cut off with their
+// namespace, or killed when the daemon runs with --reclaim-kill-orphans.
 func (d *Daemon) releaseHeld(ctx context.Context, req ReleaseRequest) (ReleaseAnswer, error) {
-	d.held.ops.Lock()
-	defer d.held.ops.Unlock()
-	h, err := d.heldAt(req.Index)
+	res, err := d.slots.ReleaseHeld(ctx, req.Index)
 	if err != nil {
 		return ReleaseAnswer{}, err
 	}
-	control.Note(ctx, "slot", h.Index)
-	res := d.mgr.Teardown(ctx, slot.Assume(h.Index), d.cfg.teardownOptions())
-	d.logTeardownProblems(res.Failed, res.Orphans, res.ProcScan, res.WaitErr)
-	if err := res.Err(); err != nil {
-		return ReleaseAnswer{}, status.Errorf(codes.Unavailable, "tear slot %d down: %v (it stays held)", h.Index, err)
-	}
-	if err := d.records.remove(ctx, h.Index); err != nil {
-		return ReleaseAnswer{}, status.Errorf(codes.Unavailable, "delete its held record: %v (torn down; the next start finds nothing there)", err)
-	}
-	d.held.remove(h.Index)
-	if d.cfg.withinSlots(h.Index) {
-		if err := d.pool.Free(h.Index); err != nil {
-			d.log.Warn("released held slot's index could not be freed", "slot", h.Index, "error", err)
-		}
-	}
-	d.log.Info("held slot released: torn down", "slot", h.Index, "orphans", len(res.Orphans), "kill_orphans", d.cfg.ReclaimKillOrphans)
-	a := ReleaseAnswer{Index: h.Index}
+	a := ReleaseAnswer{Index: req.Index}
 	for _, o := range res.Orphans {
 		a.Orphans = append(a.Orphans, ReleasedProc{PID: o.PID, Comm: o.Comm, Killed: o.Killed})
 	}

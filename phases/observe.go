@@ -9,11 +9,13 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/reconcile"
+	"github.com/phasegate/phasegate/phases/lease"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 	"github.com/phasegate/phasegate/server"
 )
 
@@ -65,25 +67,19 @@ func (o *observer) init(mp metric.MeterProvider) error {
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	if o.reclaim, err = o.meter.Int64Counter("phasegate.reclaim.slots",
-		metric.WithDescription("Leaked slots found by reclaim, and how many were reclaimed, failed or deferred to the reconciler.")); err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	if o.restore, err = o.meter.Int64Counter("phasegate.restore.slots",
-		metric.WithDescription("Slots found at a start: leases restored, idle slots adopted, leases lost, unknown slots held in safe mode.")); err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	if o.leaseEv, err = o.meter.Int64Counter("phasegate.lease.events",
-		metric.WithDescription("Leases acquired, released and expired; leased slots found broken from outside the daemon, lost or repaired.")); err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	if o.passes, err = o.meter.Int64Counter("phasegate.reconcile.passes",
-		metric.WithDescription("Reconciler passes, by result (ok, failed): alert on failed.")); err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	if o.reconcile, err = o.meter.Int64Counter("phasegate.reconcile.slots",
-		metric.WithDescription("Slots the reconciler claimed (strays found) and freed.")); err != nil {
-		return fmt.Errorf("metrics: %w", err)
+	for _, c := range []struct {
+		dst        *metric.Int64Counter
+		name, what string
+	}{
+		{&o.reclaim, "phasegate.reclaim.slots", "Leaked slots found by reclaim, and how many were reclaimed, failed or deferred to the reconciler."},
+		{&o.restore, "phasegate.restore.slots", "Slots found at a start: leases restored, idle slots adopted, leases lost, unknown slots held in safe mode."},
+		{&o.leaseEv, "phasegate.lease.events", "Leases acquired, released and expired; leased slots found broken from outside the daemon, lost or repaired."},
+		{&o.passes, "phasegate.reconcile.passes", "Reconciler passes, by result (ok, failed): alert on failed."},
+		{&o.reconcile, "phasegate.reconcile.slots", "Slots the reconciler claimed (strays found) and freed."},
+	} {
+		if *c.dst, err = o.meter.Int64Counter(c.name, metric.WithDescription(c.what)); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
 	}
 	return o.initConns()
 }
@@ -160,9 +156,6 @@ func (o *observer) verified(intact, lost int) {
 	o.add(o.restore, "result", "lost", lost)
 }
 
-// leaseEvent counts a lease event (slotsService's leaseEvents).
-func (o *observer) leaseEvent(event string, n int) { o.add(o.leaseEv, "event", event, n) }
-
 // reconciled counts a reconcile pass.
 func (o *observer) reconciled(p reconcile.Pass) {
 	result := "ok"
@@ -178,7 +171,7 @@ func (o *observer) reconciled(p reconcile.Pass) {
 }
 
 // setLeases starts reporting the lease gauge.
-func (o *observer) setLeases(s *slotsService) {
+func (o *observer) setLeases(s *lease.Service) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.leaseReg != nil {
@@ -189,7 +182,7 @@ func (o *observer) setLeases(s *slotsService) {
 		return
 	}
 	o.leaseReg, _ = o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
-		held, lost := s.table.counts()
+		held, lost := s.Counts()
 		ob.ObserveInt64(g, int64(held-lost), metric.WithAttributes(attribute.String("state", "held")))
 		ob.ObserveInt64(g, int64(lost), metric.WithAttributes(attribute.String("state", "lost")))
 		return nil
@@ -201,7 +194,7 @@ func (o *observer) grpcOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(o.timeAcquire)}
 }
 
-const acquireMethod = "/" + slotsServiceName + "/Acquire"
+const acquireMethod = phasegatev1.Slots_Acquire_FullMethodName
 
 func (o *observer) timeAcquire(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if info.FullMethod != acquireMethod {
@@ -216,7 +209,7 @@ func (o *observer) timeAcquire(ctx context.Context, req any, info *grpc.UnarySer
 		return resp, err
 	}
 	o.acquire.Record(context.Background(), time.Since(start).Seconds(),
-		metric.WithAttributes(attribute.String("code", status.Code(err).String())))
+		metric.WithAttributes(attribute.String("code", slotsapi.Convert(err).Code().String())))
 	return resp, err
 }
 

@@ -140,12 +140,7 @@ func (o *offline) recordHeld(ctx context.Context, plan *restorePlan) error {
 			return fmt.Errorf("delete the records of slots gone: %w", err)
 		}
 	}
-	var held []leases.Record
-	for _, h := range plan.held {
-		if !h.recorded {
-			held = append(held, h.record())
-		}
-	}
+	held := plan.unrecordedHeld()
 	if len(held) > 0 {
 		if err := st.Put(ctx, held...); err != nil {
 			return fmt.Errorf("record the held slots: %w", err)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/network/reclaim"
 )
 
@@ -55,7 +56,7 @@ func TestHealthSignal(t *testing.T) {
 		t.Errorf("no check answered: health signal %v, want 0", got)
 	}
 	ok := func(context.Context, any) (any, error) { return nil, nil }
-	if _, err := w.countChecks(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/phasegate.v1.Slots/Get"}, ok); err != nil {
+	if _, err := w.countChecks(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: phasegatev1.Slots_Get_FullMethodName}, ok); err != nil {
 		t.Fatal(err)
 	}
 	w.health.observe(30 * time.Millisecond)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lease"
 )
 
 // runPopulate makes the pool, with the adopted slots warm and the restored
@@ -39,13 +41,13 @@ func (d *Daemon) newPool() error {
 	d.repairAdopted()
 	var inUse []*slot.Slot
 	for _, l := range d.plan.restored {
-		inUse = append(inUse, l.slot)
+		inUse = append(inUse, l.Slot)
 	}
 	// The lost leases' indices runStorage claimed, for PutLost.
 	var lost []int
 	for _, l := range d.plan.lost {
-		if d.cfg.withinSlots(l.rec.Index) {
-			lost = append(lost, l.rec.Index)
+		if d.cfg.withinSlots(l.Rec.Index) {
+			lost = append(lost, l.Rec.Index)
 		}
 	}
 	pl, err := pool.New(timedSlots{Slots: d.mgr, create: &d.waits.create}, d.idx, pool.Options{
@@ -55,8 +57,8 @@ func (d *Daemon) newPool() error {
 		Idle:     d.plan.adopted,
 		InUse:    inUse,
 		Lost:     lost,
-		OnIdle:   d.records.idle,
-		OnGone:   d.records.gone,
+		OnIdle:   d.records.Idle,
+		OnGone:   d.records.Gone,
 	})
 	if err != nil {
 		return err
@@ -66,17 +68,18 @@ func (d *Daemon) newPool() error {
 	return nil
 }
 
-// newSlotsService makes the Slots API's service over the pool, with the
-// restored and lost leases, and the check of the restored ones.
+// newSlotsService makes the lease core over the pool, with the restored
+// and lost leases, and the check of the restored ones.
 func (d *Daemon) newSlotsService() {
-	table := newLeaseTable(append(slices.Clone(d.plan.restored), d.plan.lost...))
-	d.restore = &restoreCheck{table: table, pool: d.pool, mgr: d.mgr, found: d.plan.found, teardown: d.cfg.teardownOptions(),
-		log: d.log, health: d.lc, verified: d.obs.verified, lost: d.plan.lostIndices(), records: d.records, held: d.held}
-	d.slots = newSlotsService(d.mgr, d.pool, d.records, table,
-		d.log, d.app.TracerProvider().Tracer(meterScope), d.obs.leaseEvent, d.restore)
-	d.slots.impaired = d.impairedFor
-	d.slots.breaks.health = d.lc
-	d.slots.held = d.held
+	table := lease.NewTable(append(slices.Clone(d.plan.restored), d.plan.lost...))
+	d.restore = &lease.RestoreCheck{Table: table, Pool: d.pool, Mgr: d.mgr, Found: d.plan.found, Teardown: d.cfg.teardownOptions(),
+		Log: d.log, Health: d.lc, Verified: d.obs.verified, Lost: d.plan.lostIndices(), Records: d.records, Held: d.held, Task: taskVerify}
+	d.slots = lease.New(d.mgr, d.pool, lease.Options{Records: d.records, Table: table, Log: d.log,
+		Tracer: d.app.TracerProvider().Tracer(meterScope), Events: d.obs.leaseEv, Restore: d.restore,
+		Impaired: d.impairedFor, Health: d.lc, Held: d.held, Teardown: d.cfg.teardownOptions(),
+		TornDown: func(res *slot.TeardownResult) {
+			d.logTeardownProblems(res.Failed, res.Orphans, res.ProcScan, res.WaitErr)
+		}})
 	d.obs.setLeases(d.slots)
 }
 
@@ -85,32 +88,32 @@ func (d *Daemon) newSlotsService() {
 // and the check inside the leases' slots; the reconciler, the egress
 // check and the rest of the fill.
 func (d *Daemon) deferTasks(p *lifecycle.Progress) {
-	d.verifyDone = make(chan struct{})
+	d.bg.verifyDone = make(chan struct{})
 	if restored := d.plan.restored; len(restored) > 0 {
 		p.Defer(taskVerify, func(ctx context.Context, tp *lifecycle.Progress) error {
-			defer close(d.verifyDone)
-			return d.restore.run(ctx, tp, restored)
+			defer close(d.bg.verifyDone)
+			return d.restore.Run(ctx, tp, restored)
 		})
 	} else {
-		close(d.verifyDone)
+		close(d.bg.verifyDone)
 	}
-	d.deadDone = make(chan struct{})
-	d.reclaimCtx, d.cancelReclaim = context.WithCancel(context.Background())
+	d.bg.deadDone = make(chan struct{})
+	d.bg.reclaimCtx, d.bg.cancelReclaim = context.WithCancel(context.Background())
 	if dead := d.deadToReclaim(); len(dead) > 0 {
 		p.Defer(taskReclaim, func(ctx context.Context, tp *lifecycle.Progress) error {
-			defer close(d.deadDone)
+			defer close(d.bg.deadDone)
 			// After the leases' check: both need the kernel's networking
 			// lock, and owners wait for the check (a Release, a retry),
 			// not for the dead.
 			select {
-			case <-d.verifyDone:
+			case <-d.bg.verifyDone:
 			case <-ctx.Done():
 				return ctx.Err()
 			}
 			return d.reclaimDead(ctx, tp, dead)
 		})
 	} else {
-		close(d.deadDone)
+		close(d.bg.deadDone)
 	}
 	p.Defer(taskReconcile, d.runReconciler)
 	// Once the daemon serves: it only warns, and it lists every chain of
@@ -126,11 +129,11 @@ func (d *Daemon) deferTasks(p *lifecycle.Progress) {
 		// After the leases' check: a lease it finds lost has no slot to
 		// look into.
 		select {
-		case <-d.verifyDone:
+		case <-d.bg.verifyDone:
 		case <-ctx.Done():
 			return nil
 		}
-		return d.verifyInside(ctx, tp, d.plan.restored)
+		return d.slots.VerifyInside(ctx, tp, d.plan.restored)
 	})
 	if d.cfg.PoolSize > d.cfg.PoolMinReady {
 		p.Defer(taskFill, d.fillTask)
@@ -180,14 +183,33 @@ func (d *Daemon) reclaimForWarm(ctx context.Context, p *lifecycle.Progress) erro
 // everything.
 func (d *Daemon) stopPool(ctx context.Context) error {
 	select {
-	case <-d.deadDone:
+	case <-d.bg.deadDone:
 	case <-ctx.Done():
-		d.cancelReclaim()
-		<-d.deadDone
+		d.bg.cancelReclaim()
+		<-d.bg.deadDone
 		d.log.Warn("stop: the background reclaim was cut short; the next start reclaims the rest")
 	}
 	kept, err := d.pool.Stop(ctx)
-	held, lost := d.slots.table.counts()
+	held, lost := d.slots.Counts()
 	d.log.Info("pool stopped: slots kept for the next start", "warm", len(kept), "leased", held-lost, "lost_leases", lost)
 	return err
+}
+
+// repairAdopted gives the idle slots adopted from the last run the guest
+// device they lack (that run had no --slot-guest-*, or something removed
+// a part), before the pool can hand them out: there are at most a pool's
+// worth, and nothing runs in them.
+func (d *Daemon) repairAdopted() {
+	if !d.cfg.Slots.Guest.Enabled() {
+		return
+	}
+	for _, s := range d.plan.adopted {
+		fixed, err := d.mgr.RepairGuest(s)
+		switch {
+		case err != nil:
+			d.log.Error("adopted idle slot: guest device could not be made", "slot", s.Index, "error", err)
+		case len(fixed) > 0:
+			d.log.Info("adopted idle slot: guest device completed", "slot", s.Index, "repaired", strings.Join(fixed, ", "))
+		}
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/reclaim"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lease"
 )
 
 // openStore opens the records once the lock is held: only the holder of
@@ -29,10 +30,10 @@ func (d *Daemon) openStore() error {
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
-	d.store, d.safeMode, d.stateLost, d.journal = st.store, st.safeMode, st.lost, st.journal
+	d.store, d.lost.safeMode, d.lost.why, d.lost.journal = st.store, st.safeMode, st.lost, st.journal
 	d.state.opened()
-	if d.stateLost != "" {
-		d.lc.Warn(warnStateLost, d.stateLost+lossNamed(st.journal)+"; slots something lives in are kept and quarantined")
+	if d.lost.why != "" {
+		d.lc.Warn(warnStateLost, d.lost.why+lossNamed(st.journal)+"; slots something lives in are kept and quarantined")
 	}
 	return nil
 }
@@ -115,7 +116,7 @@ func loadRecords(store *leases.Store) ([]leases.Record, []int, error) {
 // once (egressDefaults) with the host's addresses the host check read, or
 // read now when it did not run.
 func (d *Daemon) newManager(ctx context.Context) (*slot.Manager, error) {
-	return newManager(ctx, d.cfg, d.hostAddrs, d.hostAddrsRead, d.store.Opened().Generation)
+	return newManager(ctx, d.cfg, d.host.addrs, d.host.read, d.store.Opened().Generation)
 }
 
 // newManager makes cfg's slot manager, which stamps the slots it makes
@@ -160,24 +161,17 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		mgr.Surveyed(sr)
 		d.mgr = mgr
 	}
-	d.unreadable = sr.Unreadable
-	for _, u := range sr.Unreadable {
-		d.log.Warn("netns entry could not be inspected: neither reclaimed nor handed out, quarantined", "slot", u.Index, "name", u.Name, "error", u.Err)
-	}
-	d.obs.unreadable(len(sr.Unreadable))
-	if len(sr.Beyond) > 0 {
-		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
-	}
+	d.noteScan(sr)
 	plan, err := d.classifier().classify(ctx, recs, bad, inv)
 	if err != nil {
 		return err
 	}
-	d.records = newSlotRecords(d.store, d.log, recordedIndices(recs, bad)...)
-	d.records.onWrite = d.state.wrote
+	d.records = lease.NewRecords(d.store, d.log, lease.RecordedIndices(recs, bad)...)
+	d.records.OnWrite = d.state.wrote
 	if err := d.renewLeases(ctx, plan, time.Now()); err != nil {
 		return err
 	}
-	if d.journal != nil {
+	if d.lost.journal != nil {
 		// The held slots are recorded: a later start keeps them without
 		// the loss.
 		if err := d.store.ClearLoss(ctx); err != nil {
@@ -188,7 +182,31 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 		return err
 	}
 	d.plan = plan
-	d.held = newHeldSlots(d.lc, plan.held)
+	d.held = lease.NewHeldSlots(d.lc, plan.held)
+	d.announcePlan(ctx, plan, scanned)
+	if !d.cfg.reclaimInForeground() || len(plan.dead) == 0 {
+		p.SetMessage(plan.String())
+		return nil
+	}
+	return d.reclaimForeground(ctx, p, plan, sr, scanned)
+}
+
+// noteScan notes what the start's scan could not inspect (quarantined)
+// and what it found beyond --slots.
+func (d *Daemon) noteScan(sr *slot.ScanResult) {
+	d.unreadable = sr.Unreadable
+	for _, u := range sr.Unreadable {
+		d.log.Warn("netns entry could not be inspected: neither reclaimed nor handed out, quarantined", "slot", u.Index, "name", u.Name, "error", u.Err)
+	}
+	d.obs.unreadable(len(sr.Unreadable))
+	if len(sr.Beyond) > 0 {
+		d.log.Info("slots beyond --slots found (a run with more slots left them): reclaimed unless leased", "slots", fmt.Sprint(sr.Beyond))
+	}
+}
+
+// announcePlan says what the restore decided: in health, the log, the
+// metrics and the phase's span.
+func (d *Daemon) announcePlan(ctx context.Context, plan *restorePlan, scanned time.Duration) {
 	d.reportUnvouched(plan)
 	d.logPlan(plan)
 	d.obs.restored(plan)
@@ -204,13 +222,13 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 	if len(plan.lost) > 0 {
 		// logPlan named each; the check of the restored leases adds to
 		// this list what it finds lost.
-		d.lc.Warn(warnLeasesLost, lostMessage(plan.lostIndices()))
+		d.lc.Warn(warnLeasesLost, lease.LostMessage(plan.lostIndices()))
 	}
+}
 
-	if !d.cfg.reclaimInForeground() || len(plan.dead) == 0 {
-		p.SetMessage(plan.String())
-		return nil
-	}
+// reclaimForeground reclaims the dead slots of plan before the daemon
+// serves (--reclaim=foreground), within --reclaim-budget.
+func (d *Daemon) reclaimForeground(ctx context.Context, p *lifecycle.Progress, plan *restorePlan, sr *slot.ScanResult, scanned time.Duration) error {
 	p.SetTotal(int64(len(plan.dead)), "namespaces")
 	opts := reclaim.Options{
 		Workers:     d.cfg.ReclaimWorkers,
@@ -233,11 +251,11 @@ func (d *Daemon) runReclaim(ctx context.Context, p *lifecycle.Progress) error {
 // classifier is the restore's classifier.
 func (d *Daemon) classifier() classifier {
 	o := d.store.Opened()
-	c := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.safeMode, lost: d.stateLost,
+	c := classifier{cfg: d.cfg, mgr: d.mgr, safeMode: d.lost.safeMode, lost: d.lost.why,
 		generation: o.Generation, unvouched: o.Unvouched, now: time.Now()}
-	if d.journal != nil {
+	if d.lost.journal != nil {
 		c.hints = map[int]leases.LostChange{}
-		for _, n := range d.journal.Named {
+		for _, n := range d.lost.journal.Named {
 			if n.Owner != "" {
 				c.hints[n.Index] = n
 			}
@@ -251,11 +269,11 @@ func (d *Daemon) classifier() classifier {
 // records that are gone), the slots held, and those reclaimed with
 // nothing inside, whose leases, if they had one, are lost.
 func (d *Daemon) reportUnvouched(p *restorePlan) {
-	if !d.safeMode && len(p.uncertain) == 0 && len(p.heldNow) == 0 {
+	if !d.lost.safeMode && len(p.uncertain) == 0 && len(p.heldNow) == 0 {
 		return
 	}
-	msg := d.stateLost + lossNamed(d.journal)
-	if !d.safeMode {
+	msg := d.lost.why + lossNamed(d.lost.journal)
+	if !d.lost.safeMode {
 		msg = "slots made under records that are gone (the firewall table's stamp sets name another store than " + d.store.Opened().Generation + ")"
 	}
 	msg += fmt.Sprintf("; held, something lives in them: slots %v; reclaimed, nothing inside, a lease they carried is lost: slots %v",

@@ -35,7 +35,7 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 	halt := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		if d.app.Upgrading() {
-			d.cancelReclaim()
+			d.bg.cancelReclaim()
 		}
 		close(halt)
 	})
@@ -51,7 +51,7 @@ func (d *Daemon) reclaimDead(ctx context.Context, p *lifecycle.Progress, dead sl
 		return err
 	}
 	defer reclaimProcs(d.cfg.ReclaimWorkers)()
-	rep, err := reclaim.Slots(d.reclaimCtx, d.mgr, dead, reclaim.Options{
+	rep, err := reclaim.Slots(d.bg.reclaimCtx, d.mgr, dead, reclaim.Options{
 		Halt:        halt,
 		Workers:     d.cfg.ReclaimWorkers,
 		Nice:        reclaimNice,

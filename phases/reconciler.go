@@ -17,7 +17,7 @@ import (
 // counted.
 func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error {
 	select {
-	case <-d.deadDone:
+	case <-d.bg.deadDone:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -37,10 +37,10 @@ func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error
 		OnPass: func(pass reconcile.Pass) {
 			d.reconciled(pass)
 			if pass.Survey != nil {
-				d.slots.checkLeased(ctx, pass.Survey, pass.Start)
+				d.slots.CheckLeased(ctx, pass.Survey, pass.Start)
 			}
 		},
-		Keep: func(i int) bool { return bad[i] || d.held.has(i) },
+		Keep: func(i int) bool { return bad[i] || d.held.Has(i) },
 	})
 	err := rec.Run(ctx)
 	if ctx.Err() != nil {

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/lifecycle"
+	"github.com/phasegate/phasegate/phases/cniapi"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 )
 
 // runRegister is the register phase: the Slots API bound on the port and
@@ -15,23 +17,25 @@ func (d *Daemon) runRegister(_ context.Context, p *lifecycle.Progress) error {
 	// The port serves the Slots API only to clients with a verified
 	// certificate (the guard refuses the others); the control socket to
 	// whom the kernel names.
-	if err := d.app.Server().Bind(slotsServiceName, d.slots); err != nil {
+	api := slotsapi.New(d.slots)
+	if err := d.app.Server().Bind(slotsapi.ServiceName, api); err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if err := d.ctl.Bind(slotsServiceName, d.slots); err != nil {
+	if err := d.ctl.srv.Bind(slotsapi.ServiceName, api); err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if err := d.ctl.BindHTTP(pathDebugSlots, d.ctlGuard.HTTP(d.slots.debugHandler())); err != nil {
+	if err := d.ctl.srv.BindHTTP(pathDebugSlots, d.ctl.guard.HTTP(api.DebugHandler())); err != nil {
 		return lifecycle.Permanent(err)
 	}
-	if err := d.bindCNI(); err != nil {
+	degraded := func() string { return warningsLine(d.lc.Snapshot()) }
+	if err := cniapi.Bind(d.ctl.srv.BindHTTP, d.ctl.guard, d.slots, degraded); err != nil {
 		return lifecycle.Permanent(err)
 	}
 	if err := d.bindHeld(); err != nil {
 		return lifecycle.Permanent(err)
 	}
 	p.Defer(taskLeases, func(ctx context.Context, _ *lifecycle.Progress) error {
-		if err := d.slots.runExpiry(ctx, time.Second); ctx.Err() == nil {
+		if err := d.slots.RunExpiry(ctx, time.Second); ctx.Err() == nil {
 			return err
 		}
 		return ctx.Err()

@@ -11,6 +11,7 @@ import (
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lease"
 )
 
 // restorePlan is what the reclaim phase decided for every slot it found on
@@ -38,14 +39,14 @@ import (
 // the lease's, what was at it torn down unless something lives in it,
 // which is held).
 type restorePlan struct {
-	restored []*lease       // leases to verify, with a fresh full TTL
-	found    slot.Inventory // what the scan found at the restored leases' indices
-	lost     []*lease       // leases this configuration cannot serve
-	adopted  []*slot.Slot   // idle slots, for the warm pool
-	dead     slot.Inventory // what is on the host and belongs to nobody
-	held     []heldSlot     // slots something lives in that no record vouches for
-	bad      []int          // indices whose record cannot be read
-	stale    []int          // idle or held records whose slot is gone: deleted
+	restored []*lease.Lease   // leases to verify, with a fresh full TTL
+	found    slot.Inventory   // what the scan found at the restored leases' indices
+	lost     []*lease.Lease   // leases this configuration cannot serve
+	adopted  []*slot.Slot     // idle slots, for the warm pool
+	dead     slot.Inventory   // what is on the host and belongs to nobody
+	held     []lease.HeldSlot // slots something lives in that no record vouches for
+	bad      []int            // indices whose record cannot be read
+	stale    []int            // idle or held records whose slot is gone: deleted
 	// uncertain are the dead whose records the store may have lost (safe
 	// mode, or another generation's stamp) and in which nothing lives:
 	// reclaimed, and named, since a lease may have been theirs. heldNow
@@ -72,11 +73,23 @@ func (p *restorePlan) heldIndices() []int {
 	return out
 }
 
+// unrecordedHeld returns the Held records of the held slots that no
+// record says are held yet.
+func (p *restorePlan) unrecordedHeld() []leases.Record {
+	var out []leases.Record
+	for _, h := range p.held {
+		if !h.Recorded {
+			out = append(out, h.Record())
+		}
+	}
+	return out
+}
+
 // lostIndices returns the indices of the leases found lost, sorted.
 func (p *restorePlan) lostIndices() []int {
 	out := make([]int, len(p.lost))
 	for i, l := range p.lost {
-		out[i] = l.rec.Index
+		out[i] = l.Rec.Index
 	}
 	return out
 }
@@ -143,7 +156,7 @@ func (c classifier) classify(ctx context.Context, recs []leases.Record, bad []in
 			// or made again, what is there now is judged as unrecorded.
 			if id, err := netns.Stat(c.cfg.Slots.NetnsPath(rec.Index)); err == nil && id == rec.Netns {
 				recorded[rec.Index] = true
-				p.held = append(p.held, heldFrom(rec))
+				p.held = append(p.held, lease.HeldFrom(rec))
 			} else {
 				p.stale = append(p.stale, rec.Index)
 			}
@@ -154,7 +167,7 @@ func (c classifier) classify(ctx context.Context, recs []leases.Record, bad []in
 			// Recorded by a run with more slots: a lease there cannot be
 			// served by this configuration, but must not be destroyed.
 			if rec.State == leases.Leased {
-				p.lost = append(p.lost, &lease{rec: rec, lostReason: fmt.Sprintf("slot %d is beyond --slots %d", rec.Index, c.cfg.Slots.Slots)})
+				p.lost = append(p.lost, &lease.Lease{Rec: rec, LostReason: fmt.Sprintf("slot %d is beyond --slots %d", rec.Index, c.cfg.Slots.Slots)})
 			} else {
 				p.stale = append(p.stale, rec.Index)
 				if r, ok := inv[rec.Index]; ok {
@@ -164,7 +177,7 @@ func (c classifier) classify(ctx context.Context, recs []leases.Record, bad []in
 			continue
 		}
 		if rec.State == leases.Leased {
-			p.restored = append(p.restored, &lease{rec: rec, slot: recordedSlot(c.cfg.Slots, rec), check: newLeaseCheck()})
+			p.restored = append(p.restored, lease.Restored(rec, recordedSlot(c.cfg.Slots, rec)))
 			if r, ok := inv[rec.Index]; ok {
 				p.found[rec.Index] = r
 			}
@@ -194,10 +207,10 @@ func (c classifier) classify(ctx context.Context, recs []leases.Record, bad []in
 	if err := c.holdInhabited(ctx, p, unsure, inv); err != nil {
 		return nil, err
 	}
-	slices.SortFunc(p.restored, func(a, b *lease) int { return a.rec.Index - b.rec.Index })
-	slices.SortFunc(p.lost, func(a, b *lease) int { return a.rec.Index - b.rec.Index })
+	slices.SortFunc(p.restored, func(a, b *lease.Lease) int { return a.Rec.Index - b.Rec.Index })
+	slices.SortFunc(p.lost, func(a, b *lease.Lease) int { return a.Rec.Index - b.Rec.Index })
 	slices.SortFunc(p.adopted, func(a, b *slot.Slot) int { return a.Index - b.Index })
-	slices.SortFunc(p.held, func(a, b heldSlot) int { return a.Index - b.Index })
+	slices.SortFunc(p.held, func(a, b lease.HeldSlot) int { return a.Index - b.Index })
 	slices.Sort(p.uncertain)
 	return p, nil
 }
@@ -232,17 +245,17 @@ func (c classifier) holdInhabited(ctx context.Context, p *restorePlan, unsure []
 	if len(check) == 0 {
 		return nil
 	}
-	live, err := scanLiveness()
+	live, err := lease.ScanLiveness()
 	if err != nil {
 		return fmt.Errorf("records that cannot vouch for every slot: %w", err)
 	}
 	for _, i := range check {
 		id, err := netns.Stat(c.cfg.Slots.NetnsPath(i))
-		if err != nil || !live.livesIn(id) {
+		if err != nil || !live.LivesIn(id) {
 			p.uncertain = append(p.uncertain, i)
 			continue
 		}
-		h := heldSlot{Index: i, Netns: id, Reason: c.heldReason(i, stamps), Since: c.now, Stamp: stamps[i]}
+		h := lease.HeldSlot{Index: i, Netns: id, Reason: c.heldReason(i, stamps), Since: c.now, Stamp: stamps[i]}
 		if n, ok := c.hints[i]; ok {
 			h.Owner, h.RequestID = n.Owner, n.RequestID
 		}
@@ -265,23 +278,23 @@ func recordedSlot(cfg slot.Config, rec leases.Record) *slot.Slot {
 // one-shot reclaim with no daemon to serve: a lease whose slot is gone
 // moves to the lost ones, and what is at its index to the dead.
 func (c classifier) identifyRestored(p *restorePlan) error {
-	var intact []*lease
+	var intact []*lease.Lease
 	for _, l := range p.restored {
-		_, err := c.mgr.Identify(l.rec.Index, l.rec.Netns, l.rec.HostIfindex)
+		_, err := c.mgr.Identify(l.Rec.Index, l.Rec.Netns, l.Rec.HostIfindex)
 		switch {
 		case err == nil:
 			intact = append(intact, l)
 		case errors.Is(err, slot.ErrGone):
-			p.lost = append(p.lost, &lease{rec: l.rec, lostReason: err.Error()})
-			if r, ok := p.found[l.rec.Index]; ok {
-				p.dead[l.rec.Index] = r // what is there now is not the lease's
+			p.lost = append(p.lost, &lease.Lease{Rec: l.Rec, LostReason: err.Error()})
+			if r, ok := p.found[l.Rec.Index]; ok {
+				p.dead[l.Rec.Index] = r // what is there now is not the lease's
 			}
 		default:
 			return err
 		}
 	}
 	p.restored = intact
-	slices.SortFunc(p.lost, func(a, b *lease) int { return a.rec.Index - b.rec.Index })
+	slices.SortFunc(p.lost, func(a, b *lease.Lease) int { return a.Rec.Index - b.Rec.Index })
 	return nil
 }
 
@@ -297,37 +310,32 @@ func (c classifier) identifyRestored(p *restorePlan) error {
 func (d *Daemon) renewLeases(ctx context.Context, p *restorePlan, now time.Time) error {
 	var recs []leases.Record
 	for _, l := range slices.Concat(p.restored, p.lost) {
-		if l.rec.TTL > 0 {
-			l.rec.Expires = now.Add(l.rec.TTL)
-			recs = append(recs, l.rec)
+		if l.Rec.TTL > 0 {
+			l.Rec.Expires = now.Add(l.Rec.TTL)
+			recs = append(recs, l.Rec)
 		}
 	}
 	if len(recs) > 0 {
-		if err := d.records.put(ctx, recs...); stateFault(err) {
+		if err := d.records.Put(ctx, recs...); stateFault(err) {
 			d.log.Error("restored leases' fresh TTLs cannot be recorded: they hold in memory; serving degraded", "leases", len(recs), "error", err)
 		} else if err != nil {
 			return fmt.Errorf("renew restored leases: %w", err)
 		}
 	}
 	if len(p.stale) > 0 {
-		if err := d.records.remove(ctx, p.stale...); stateFault(err) {
+		if err := d.records.Remove(ctx, p.stale...); stateFault(err) {
 			d.log.Error("records of slots gone cannot be deleted: the next start finds them again", "slots", len(p.stale), "error", err)
 		} else if err != nil {
 			return fmt.Errorf("delete the records of slots gone: %w", err)
 		}
 	}
-	var held []leases.Record
-	for _, h := range p.held {
-		if !h.recorded {
-			held = append(held, h.record())
-		}
-	}
+	held := p.unrecordedHeld()
 	if len(held) > 0 {
-		if err := d.records.put(ctx, held...); err != nil {
+		if err := d.records.Put(ctx, held...); err != nil {
 			return fmt.Errorf("record the held slots: %w", err)
 		}
 		for k := range p.held {
-			p.held[k].recorded = true
+			p.held[k].Recorded = true
 		}
 	}
 	return nil
@@ -345,7 +353,7 @@ func (d *Daemon) logPlan(p *restorePlan) {
 	}
 	d.log.Info("restore: "+p.String(), attrs...)
 	for _, l := range p.lost {
-		d.log.Warn("lease lost across the restart", "slot", l.rec.Index, "owner", names.Shown(l.rec.Owner), "reason", l.lostReason)
+		d.log.Warn("lease lost across the restart", "slot", l.Rec.Index, "owner", names.Shown(l.Rec.Owner), "reason", l.LostReason)
 	}
 	for _, h := range p.held {
 		d.log.Warn("slot held: something lives in it and no record vouches for it; kept, quarantined, until `phasegate held` adopts or releases it",

@@ -13,17 +13,17 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sys/unix"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
-	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/lease"
+	"github.com/phasegate/phasegate/phases/slotsapi"
 )
 
 // restoreRig is a daemon's restore over real slots: leases recorded for
@@ -32,6 +32,7 @@ import (
 // them, before the background verification has run.
 type restoreRig struct {
 	d    *Daemon
+	api  *slotsapi.Server // the Slots API over d's leases
 	mgr  *slot.Manager
 	made []*slot.Slot
 	recs map[int]leases.Record
@@ -84,10 +85,10 @@ func newRestoreRig(t *testing.T, n, leased int, edit func(*leases.Record), meanw
 	}
 	var inUse []*slot.Slot
 	for _, l := range plan.restored {
-		if err := idx.Claim(l.rec.Index); err != nil {
+		if err := idx.Claim(l.Rec.Index); err != nil {
 			t.Fatal(err)
 		}
-		inUse = append(inUse, l.slot)
+		inUse = append(inUse, l.Slot)
 	}
 	pl, err := pool.New(mgr, idx, pool.Options{Target: 1, InUse: inUse})
 	if err != nil {
@@ -99,7 +100,7 @@ func newRestoreRig(t *testing.T, n, leased int, edit func(*leases.Record), meanw
 	// background task of populate, started by verifyInBackground.
 	lc, err := lifecycle.New([]lifecycle.Phase{{Name: PhasePopulate, Run: func(_ context.Context, p *lifecycle.Progress) error {
 		p.Defer(taskVerify, func(ctx context.Context, tp *lifecycle.Progress) error {
-			return r.d.restore.run(ctx, tp, r.d.plan.restored)
+			return r.d.restore.Run(ctx, tp, r.d.plan.restored)
 		})
 		return nil
 	}}})
@@ -108,20 +109,50 @@ func newRestoreRig(t *testing.T, n, leased int, edit func(*leases.Record), meanw
 	}
 	r.d.lc = lc
 	t.Cleanup(func() { _ = lc.Drain(context.Background()) })
-	table := newLeaseTable(plan.restored)
-	records := newSlotRecords(store, r.d.log)
-	r.d.records, r.d.held = records, newHeldSlots(lc, plan.held)
-	r.d.restore = &restoreCheck{table: table, pool: pl, mgr: mgr, found: plan.found, log: r.d.log, health: lc, lost: plan.lostIndices(),
-		records: records, held: r.d.held}
-	r.d.slots = newSlotsService(mgr, pl, records, table, r.d.log, noop.NewTracerProvider().Tracer(""), nil, r.d.restore)
-	r.d.slots.held = r.d.held
+	table := lease.NewTable(plan.restored)
+	records := lease.NewRecords(store, r.d.log)
+	r.d.records, r.d.held = records, lease.NewHeldSlots(lc, plan.held)
+	r.d.restore = &lease.RestoreCheck{Table: table, Pool: pl, Mgr: mgr, Found: plan.found, Log: r.d.log, Health: lc, Lost: plan.lostIndices(),
+		Records: records, Held: r.d.held, Task: taskVerify}
+	r.d.slots = lease.New(mgr, pl, lease.Options{Records: records, Table: table, Log: r.d.log, Restore: r.d.restore, Held: r.d.held})
+	r.api = slotsapi.New(r.d.slots)
 	return r
+}
+
+// wantLeased fails unless each slot of idx is in state want, leased to
+// the owner its record names.
+func (r *restoreRig) wantLeased(t *testing.T, when string, want phasegatev1.SlotState, idx ...int) {
+	t.Helper()
+	st := r.states()
+	for _, i := range idx {
+		if got := st[i].GetState(); got != want || st[i].GetOwner() != r.recs[i].Owner {
+			t.Errorf("slot %d %s: %v of %q, want %v of %q", i, when, got, st[i].GetOwner(), want, r.recs[i].Owner)
+		}
+	}
+}
+
+// wantRepaired fails unless slot i's host link is up and its firewall
+// element there.
+func (r *restoreRig) wantRepaired(t *testing.T, i int) {
+	t.Helper()
+	link, err := netlink.LinkByIndex(r.made[i-1].HostIfIndex)
+	if err != nil || link.Attrs().Flags&1 == 0 {
+		t.Errorf("slot %d's host link after the repair: %v %v, want up", i, link, err)
+	}
+	names, err := r.mgr.Firewall().List(context.Background())
+	if err != nil || !slices.Contains(names, r.made[i-1].HostIf) {
+		t.Errorf("slot %d's firewall element after the repair: %v %v", i, names, err)
+	}
 }
 
 // states returns every slot's state by index.
 func (r *restoreRig) states() map[int]*phasegatev1.Slot {
 	out := map[int]*phasegatev1.Slot{}
-	for _, s := range r.d.slots.states(false, control.Caller{Principal: root, Grant: (&control.AccessPolicy{}).Grant(root)}) {
+	list, err := r.api.List(as(context.Background(), root, nil), &phasegatev1.ListRequest{})
+	if err != nil {
+		panic(err) // root lists every slot
+	}
+	for _, s := range list.GetSlots() {
 		out[int(s.GetIndex())] = s
 	}
 	return out
@@ -189,18 +220,13 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 	})
 	ctx := as(context.Background(), root, nil)
 
-	st := r.states()
-	for i := 1; i <= 5; i++ {
-		if got := st[i].GetState(); got != phasegatev1.SlotState_SLOT_STATE_VERIFYING || st[i].GetOwner() != r.recs[i].Owner {
-			t.Errorf("slot %d before the verification: %v of %q, want VERIFYING of %q", i, got, st[i].GetOwner(), r.recs[i].Owner)
-		}
-	}
+	r.wantLeased(t, "before the verification", phasegatev1.SlotState_SLOT_STATE_VERIFYING, 1, 2, 3, 4, 5)
 	// No index of a lease not yet verified is handed out.
-	acq, err := r.d.slots.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "new", RequestId: "n1"})
+	acq, err := r.api.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "new", RequestId: "n1"})
 	if err != nil || acq.GetSlot().GetIndex() <= 5 {
 		t.Fatalf("Acquire during the verification = %v %v, want a slot above 5", acq, err)
 	}
-	if _, err := r.d.slots.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: keptLive, LeaseId: r.recs[keptLive].LeaseID}); err != nil {
+	if _, err := r.api.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: keptLive, LeaseId: r.recs[keptLive].LeaseID}); err != nil {
 		t.Errorf("KeepAlive of a lease not yet verified: %v", err)
 	}
 	if got := r.states()[keptLive].GetState(); got != phasegatev1.SlotState_SLOT_STATE_VERIFYING {
@@ -208,7 +234,7 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 	}
 	// Release of a gone lease before the background reaches it: it is
 	// verified (lost: nothing to tear down) and its index freed.
-	if _, err := r.d.slots.Release(ctx, &phasegatev1.ReleaseRequest{Index: gone, LeaseId: r.recs[gone].LeaseID}); err != nil {
+	if _, err := r.api.Release(ctx, &phasegatev1.ReleaseRequest{Index: gone, LeaseId: r.recs[gone].LeaseID}); err != nil {
 		t.Fatalf("Release of a lease not yet verified: %v", err)
 	}
 	if s := r.d.pool.Indices().States[gone-1]; s != index.Free {
@@ -217,26 +243,14 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 
 	lc := r.verifyInBackground(t)
 
-	st = r.states()
-	for _, i := range []int{intact, repair, keptLive} {
-		if got := st[i].GetState(); got != phasegatev1.SlotState_SLOT_STATE_ACQUIRED || st[i].GetOwner() != r.recs[i].Owner {
-			t.Errorf("slot %d after the verification: %v of %q, want ACQUIRED of %q", i, got, st[i].GetOwner(), r.recs[i].Owner)
-		}
-	}
-	if got := st[madeNew]; got.GetState() != phasegatev1.SlotState_SLOT_STATE_LOST || !strings.Contains(got.GetLostReason(), "not the one recorded") {
+	r.wantLeased(t, "after the verification", phasegatev1.SlotState_SLOT_STATE_ACQUIRED, intact, repair, keptLive)
+	if got := r.states()[madeNew]; got.GetState() != phasegatev1.SlotState_SLOT_STATE_LOST || !strings.Contains(got.GetLostReason(), "not the one recorded") {
 		t.Errorf("slot %d made again: %v (%q), want LOST saying its namespace is not the one recorded", madeNew, got.GetState(), got.GetLostReason())
 	}
 	if _, err := os.Stat(r.made[madeNew-1].NetnsPath); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("what was at the lost lease's index %d is still there: %v", madeNew, err)
 	}
-	link, err := netlink.LinkByIndex(r.made[repair-1].HostIfIndex)
-	if err != nil || link.Attrs().Flags&1 == 0 {
-		t.Errorf("slot %d's host link after the repair: %v %v, want up", repair, link, err)
-	}
-	names, err := r.mgr.Firewall().List(context.Background())
-	if err != nil || !slices.Contains(names, r.made[repair-1].HostIf) {
-		t.Errorf("slot %d's firewall element after the repair: %v %v", repair, names, err)
-	}
+	r.wantRepaired(t, repair)
 	warnings := map[string]string{}
 	for _, w := range lc.Snapshot().Warnings {
 		warnings[w.Name] = w.Message
@@ -250,39 +264,6 @@ func TestRestoredLeasesAreVerifiedAfterServing(t *testing.T) {
 	// The lost lease's index is the lease's until it ends.
 	if s := r.d.pool.Indices().States[madeNew-1]; s == index.Free {
 		t.Errorf("index %d of a lost lease is free while the lease is held", madeNew)
-	}
-}
-
-// BenchmarkVerifyRestored measures the check after SERVING of restored
-// leases' slots (Identify and RepairHost; nothing to repair) at each
-// number of workers, in one run: their ratios chose verifyWorkers
-// (docs/BENCHMARKS.md, "Figures behind the network code", verifyWorkers).
-func BenchmarkVerifyRestored(b *testing.B) {
-	const n = 256
-	_, mgr, _ := newSlotHost(b, n)
-	ctx := context.Background()
-	slots := make([]*slot.Slot, n)
-	for i := range slots {
-		s, err := mgr.Create(ctx, i+1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		slots[i] = s
-	}
-	c := &restoreCheck{log: slog.New(slog.DiscardHandler), mgr: mgr}
-	recs := make([]leases.Record, n)
-	for _, w := range []int{1, 2, 4, 8, 16} {
-		b.Run(fmt.Sprintf("workers=%d", w), func(b *testing.B) {
-			for b.Loop() {
-				out, _ := c.checkSlots(ctx, slots, recs, w)
-				for i, v := range out {
-					if v != (verdict{}) {
-						b.Fatalf("slot %d: %+v", slots[i].Index, v)
-					}
-				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/lease")
-		})
 	}
 }
 
@@ -339,7 +320,7 @@ func TestVerificationKeepsWhatLives(t *testing.T) {
 		if got := st[i].GetState(); got != phasegatev1.SlotState_SLOT_STATE_LOST {
 			t.Errorf("slot %d: %v, want LOST", i, got)
 		}
-		if h, ok := r.d.held.get(i); !ok || !h.LostLease || h.Owner != r.recs[i].Owner {
+		if h, ok := r.d.held.Get(i); !ok || !h.LostLease || h.Owner != r.recs[i].Owner {
 			t.Errorf("slot %d: held %+v %v, want held for its lost lease of %s", i, h, ok, r.recs[i].Owner)
 		}
 	}
@@ -355,7 +336,7 @@ func TestVerificationKeepsWhatLives(t *testing.T) {
 		}
 	}
 	// The lost lease ends: what is at its index stays held, recorded.
-	if _, err := r.d.slots.Release(ctx, &phasegatev1.ReleaseRequest{Index: madeNew, LeaseId: r.recs[madeNew].LeaseID}); err != nil {
+	if _, err := r.api.Release(ctx, &phasegatev1.ReleaseRequest{Index: madeNew, LeaseId: r.recs[madeNew].LeaseID}); err != nil {
 		t.Fatal(err)
 	}
 	if s := r.d.pool.Indices().States[madeNew-1]; s != index.Quarantined {
@@ -364,7 +345,7 @@ func TestVerificationKeepsWhatLives(t *testing.T) {
 	if rec, ok, err := r.d.store.Get(madeNew); err != nil || !ok || rec.State != leases.Held || rec.Netns != ids[madeNew] {
 		t.Errorf("slot %d's record after its lost lease ended: %+v %v %v, want held", madeNew, rec, ok, err)
 	}
-	if h, ok := r.d.held.get(madeNew); !ok || h.LostLease {
+	if h, ok := r.d.held.Get(madeNew); !ok || h.LostLease {
 		t.Errorf("slot %d held after its lease ended: %+v %v", madeNew, h, ok)
 	}
 }

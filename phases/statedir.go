@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/phases/lease"
 )
 
 // The state directory holds what the daemon cannot serve without: the
@@ -50,7 +51,7 @@ func lstatID(path string) (fileID, error) {
 // says it in the state-dir and control-socket warnings.
 type stateWatch struct {
 	dir, file, socket string
-	health            warnings
+	health            lease.Warnings
 	log               *slog.Logger
 
 	mu        sync.Mutex
@@ -68,23 +69,19 @@ func newStateWatch(cfg Config, log *slog.Logger) *stateWatch {
 }
 
 // opened notes the state file's identity, once the store has it open.
-func (w *stateWatch) opened() {
-	id, err := lstatID(w.file)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if err == nil {
-		w.fileID = id
-	}
-}
+func (w *stateWatch) opened() { w.identify(w.file, &w.fileID) }
 
 // bound notes the control socket's identity, once it is bound (or taken
 // over from the image before an upgrade).
-func (w *stateWatch) bound() {
-	id, err := lstatID(w.socket)
+func (w *stateWatch) bound() { w.identify(w.socket, &w.sockID) }
+
+// identify notes the identity of path in *id (under w.mu), if it has one.
+func (w *stateWatch) identify(path string, id *fileID) {
+	got, err := lstatID(path)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err == nil {
-		w.sockID = id
+		*id = got
 	}
 }
 

@@ -37,9 +37,9 @@ func (d *Daemon) runStorage(ctx context.Context, p *lifecycle.Progress) error {
 		return lifecycle.Permanent(err)
 	}
 	for _, l := range append(slices.Clone(d.plan.restored), d.plan.lost...) {
-		if d.cfg.withinSlots(l.rec.Index) {
-			if err := idx.Claim(l.rec.Index); err != nil {
-				return lifecycle.Permanent(fmt.Errorf("lease of slot %d: %w", l.rec.Index, err))
+		if d.cfg.withinSlots(l.Rec.Index) {
+			if err := idx.Claim(l.Rec.Index); err != nil {
+				return lifecycle.Permanent(fmt.Errorf("lease of slot %d: %w", l.Rec.Index, err))
 			}
 		}
 	}

@@ -1,0 +1,203 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/internal/names"
+	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/slot"
+)
+
+// ParseEgress checks a client's egress policy given as its lists and
+// flags (the Slots API's proto, the CNI plugin's wire): an invalid one is
+// refused as ErrInvalid, and so is redirect_tcp when the daemon has no
+// egress proxy (d.ProxyPort).
+func ParseEgress(allow, deny []string, denyAll, redirectTCP bool, d inside.Defaults) (*inside.Policy, error) {
+	pol, err := inside.ParsePolicy(allow, deny, denyAll, redirectTCP)
+	if err == nil && pol.RedirectTCP && d.ProxyPort == 0 {
+		err = fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", inside.ErrInvalidPolicy)
+	}
+	if err != nil {
+		return nil, wrapError(ErrInvalid, err, err.Error())
+	}
+	return &pol, nil
+}
+
+// EgressEntriesPerCall is how many ranges of an egress policy cost the
+// principal one more call of its rate (control.Charge). Writing a policy
+// costs the daemon about a call's work for every few dozen ranges, on the
+// host's nftables, which every slot operation shares, and in the slot: a
+// principal that writes policies of thousands of ranges in a loop would
+// otherwise take that lock and the CPU from everyone else at the rate of
+// small calls (docs/BENCHMARKS.md, "The per-slot host rules").
+const EgressEntriesPerCall = 64
+
+// EgressCost is how many calls beyond its own a call writing p costs:
+// 128 for the largest policy (4,096 ranges in each list), none for a
+// handful of ranges or none.
+func EgressCost(p *inside.Policy) int {
+	if p == nil {
+		return 0
+	}
+	return (len(p.Allow) + len(p.Deny)) / EgressEntriesPerCall
+}
+
+// EgressRecord is a checked policy as the lease records it.
+func EgressRecord(p *inside.Policy) *leases.EgressPolicy {
+	if p == nil {
+		return nil
+	}
+	allow, deny := p.Strings()
+	return &leases.EgressPolicy{Allow: allow, Deny: deny, DenyAll: p.DenyAll, RedirectTCP: p.RedirectTCP}
+}
+
+// EgressOf is a recorded policy, checked again (a record is data).
+func EgressOf(e *leases.EgressPolicy) (*inside.Policy, error) {
+	if e == nil {
+		return nil, nil
+	}
+	p, err := inside.ParsePolicy(e.Allow, e.Deny, e.DenyAll, e.RedirectTCP)
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// applyEgress writes p for slot sl, on the host and inside; nil clears
+// the slot's policy.
+func (s *Service) applyEgress(ctx context.Context, sl *slot.Slot, p *inside.Policy) error {
+	if p == nil {
+		return s.mgr.ClearEgress(ctx, sl)
+	}
+	return s.mgr.ApplyEgress(ctx, sl, *p)
+}
+
+// lockPolicy takes the lock of slot i's egress policy (see policyMu) and
+// returns its unlock. Indices beyond --slots (lost leases, which have no
+// slot) share index 0's.
+func (s *Service) lockPolicy(i int) (unlock func()) {
+	if i < 0 || i >= len(s.policyMu) {
+		i = 0
+	}
+	mu := &s.policyMu[i]
+	mu.Lock()
+	return mu.Unlock
+}
+
+// SetEgress replaces the egress policy of slot i's lease, whose id is
+// leaseID, for caller c with the policy parse makes of the request (over
+// the daemon's part of every policy; nil: none), and answers the lease:
+// authorized as Release (before the policy is parsed), the rules replaced
+// in one transaction, then the record; a record that cannot be written
+// puts the old rules back.
+func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseID string, parse func(inside.Defaults) (*inside.Policy, error)) (Lease, error) {
+	if err := s.leaseCall(ctx, c, i, leaseID); err != nil {
+		return Lease{}, err
+	}
+	pol, err := parse(s.egress)
+	if err != nil {
+		return Lease{}, err
+	}
+	if err := control.Charge(ctx, EgressCost(pol)); err != nil {
+		return Lease{}, err
+	}
+	// A lease restored at a restart is verified first: its slot may turn
+	// out lost.
+	if l := s.table.at(i); l != nil {
+		if err := s.Settle(ctx, l); err != nil {
+			return Lease{}, err
+		}
+	}
+	// One change of a slot's policy at a time: the rules and the record
+	// must end up saying the same. Other slots' changes go on meanwhile.
+	defer s.lockPolicy(i)()
+	cur := s.table.copyAt(i)
+	switch {
+	case cur == nil:
+		return Lease{}, leaseError(i, leases.ErrNotFound)
+	case !sameLease(cur.Rec.LeaseID, leaseID):
+		return Lease{}, leaseError(i, errWrongLease)
+	case cur.Slot == nil:
+		return Lease{}, Errorf(ErrPrecondition, "slot %d: the lease is lost (%s): it has no slot to set a policy on", i, cur.LostReason)
+	}
+	old, sl := cur.Rec, cur.Slot
+	// Written with the request's context: a caller gone halfway leaves
+	// the old policy put back below, or the new one recorded.
+	wctx := context.WithoutCancel(ctx)
+	if err := s.applyEgress(wctx, sl, pol); err != nil {
+		if !errors.Is(err, slot.ErrGone) {
+			s.restoreEgress(wctx, i, sl, old.Egress)
+		}
+		return Lease{}, egressError(i, err)
+	}
+	rec, err := s.records.update(ctx, i, func(r *leases.Record) error {
+		if r.State != leases.Leased {
+			return leases.ErrNotFound
+		}
+		if !sameLease(r.LeaseID, leaseID) {
+			return errWrongLease
+		}
+		r.Egress = EgressRecord(pol)
+		return nil
+	})
+	if err != nil {
+		// The record keeps the old policy: so must the slot.
+		s.restoreEgress(wctx, i, sl, old.Egress)
+		return Lease{}, leaseError(i, err)
+	}
+	s.table.setRecordOf(rec)
+	s.count("egress_policy_set")
+	s.log.Info("egress policy set", "slot", i, "owner", names.Shown(rec.Owner), "principal", c.Principal.String(), "policy", describePolicy(rec.Egress))
+	return Lease{Rec: rec, Slot: sl}, nil
+}
+
+// restoreEgress puts slot i's recorded policy back after a change that
+// failed halfway (one side written, or the record not), so that the rules
+// and the record say the same.
+func (s *Service) restoreEgress(ctx context.Context, i int, sl *slot.Slot, rec *leases.EgressPolicy) {
+	prev, err := EgressOf(rec)
+	if err == nil {
+		err = s.applyEgress(ctx, sl, prev)
+	}
+	if err != nil {
+		s.log.Error("egress policy: a change failed and the recorded rules could not be put back", "slot", i, "error", err)
+	}
+}
+
+// egressError maps a failure to write a policy: a slot gone meanwhile (a
+// concurrent Release) is a precondition, the rest internal.
+func egressError(i int, err error) error {
+	if errors.Is(err, inside.ErrInvalidPolicy) {
+		return Errorf(ErrInvalid, "%s", err.Error())
+	}
+	if errors.Is(err, slot.ErrGone) {
+		return Errorf(ErrPrecondition, "slot %d: %v", i, err)
+	}
+	return Errorf(ErrInternal, "slot %d: write the egress policy: %v", i, err)
+}
+
+// describePolicy is a policy for a log line.
+func describePolicy(e *leases.EgressPolicy) string {
+	if e == nil {
+		return "none"
+	}
+	return fmt.Sprintf("allow %d, deny %d, deny_all %t, redirect_tcp %t", len(e.Allow), len(e.Deny), e.DenyAll, e.RedirectTCP)
+}
+
+// egressDrops reads how many packets lease l's egress policy dropped, on
+// the host and inside (Get and SetEgressPolicy; List does not read every
+// slot).
+func (s *Service) egressDrops(ctx context.Context, l *Lease) uint64 {
+	if l == nil || l.Slot == nil || l.Rec.Egress == nil {
+		return 0
+	}
+	n, err := s.mgr.EgressDrops(ctx, l.Slot)
+	if err != nil {
+		s.log.Warn("egress drop counters unreadable", "slot", l.Rec.Index, "error", err)
+	}
+	return n
+}
