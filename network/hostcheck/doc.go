@@ -1,4 +1,4 @@
-// Package egress checks, at start, whether the host lets the slots' traffic
+// Package hostcheck checks, at start, whether the host lets the slots' traffic
 // out, and says what is missing in terms an operator can act on.
 //
 // Slot egress fails silently when the host is not set up for it: packets
@@ -38,4 +38,4 @@
 // Each Problem carries a Kind for callers that branch and a one-line
 // Message that says what is wrong and the command that fixes it. The daemon
 // logs them and raises a health warning; nothing here changes the host.
-package egress
+package hostcheck
