@@ -14,10 +14,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
-	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/internal/names"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
@@ -177,31 +176,23 @@ func attachmentOf(s *slot.Slot, a *slot.Attachment, path string) *cniv1.Attachme
 
 // egressOf is ADD's egress policy (nil: none), and what it costs of the
 // caller's rate: the network's policy, narrowed by the container's own
-// when the runtime passed one (inside.Narrow: the attachment lets out
+// when the runtime passed one (egress.Narrow: the attachment lets out
 // only what both let out). It costs as many calls as the larger of what
 // it was given and what it is.
-func (c *cniService) egressOf(req cniv1.AddRequest) (*inside.Policy, int, error) {
-	network, err := parseEgress(egressRequest(req.Egress), c.slots.egress)
+func (c *cniService) egressOf(req cniv1.AddRequest) (*egress.Policy, int, error) {
+	network, err := parseEgress(req.Egress, c.slots.egress)
 	if err != nil {
 		return nil, 0, err
 	}
-	container, err := parseEgress(egressRequest(req.ContainerEgress), c.slots.egress)
+	container, err := parseEgress(req.ContainerEgress, c.slots.egress)
 	if err != nil {
 		return nil, 0, status.Error(codes.InvalidArgument, "the container's "+status.Convert(err).Message())
 	}
-	pol, err := inside.Narrow(network, container, c.slots.egress)
+	pol, err := egress.Narrow(network, container, c.slots.egress)
 	if err != nil {
 		return nil, 0, status.Error(codes.InvalidArgument, err.Error())
 	}
 	return pol, max(egressCost(pol), egressCost(network)+egressCost(container)), nil
-}
-
-// egressRequest is the plugin's egress policy as the Slots API's.
-func egressRequest(e *cniv1.Egress) *phasegatev1.EgressPolicy {
-	if e == nil {
-		return nil
-	}
-	return &phasegatev1.EgressPolicy{Allow: e.Allow, Deny: e.Deny, DenyAll: e.DenyAll}
 }
 
 // del ends the attachment of req's key: an unknown key, one ended
@@ -304,12 +295,8 @@ func (c *cniService) checkEgress(ctx context.Context, l lease) error {
 	if err != nil {
 		return cniErr(codes.Internal, cniv1.CodeIOFailure, fmt.Sprintf("slot %d: read its egress rules: %v", l.rec.Index, err))
 	}
-	pol, err := egressOf(l.rec.Egress)
-	if err != nil {
-		return cniErr(codes.Internal, cniv1.CodeIOFailure, fmt.Sprintf("slot %d: recorded egress policy: %v", l.rec.Index, err))
-	}
 	want := ""
-	if pol != nil {
+	if pol := l.rec.Egress; pol != nil {
 		want = pol.Fingerprint(c.slots.egress)
 	}
 	if drift := describeDrift(st, want); len(drift) > 0 {

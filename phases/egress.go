@@ -13,9 +13,10 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/internal/names"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/internal/flagname"
 )
 
 // egressDefaults resolves the daemon's part of every egress policy: the
@@ -23,12 +24,12 @@ import (
 // other slot) and the host's own addresses added to the always-denied.
 // The host check reads those addresses (read is true) unless it did not
 // run (an upgrade's new image): then they are read here.
-func egressDefaults(cfg Config, host []netip.Prefix, read bool) (inside.Defaults, error) {
+func egressDefaults(cfg Config, host []netip.Prefix, read bool) (egress.Defaults, error) {
 	d := cfg.Egress
 	if !read {
 		var err error
 		if host, err = cfg.Slots.HostAddrs(); err != nil {
-			return inside.Defaults{}, err
+			return egress.Defaults{}, err
 		}
 	}
 	d.AlwaysAllow = slices.Clone(d.AlwaysAllow)
@@ -36,19 +37,20 @@ func egressDefaults(cfg Config, host []netip.Prefix, read bool) (inside.Defaults
 	return d, nil
 }
 
-// parseEgress checks a client's policy; nil is none.
-func parseEgress(p *phasegatev1.EgressPolicy, d inside.Defaults) (*inside.Policy, error) {
-	if p == nil {
-		return nil, nil
-	}
-	pol, err := inside.ParsePolicy(p.GetAllow(), p.GetDeny(), p.GetDenyAll(), p.GetRedirectTcp())
-	if err == nil && pol.RedirectTCP && d.ProxyPort == 0 {
-		err = fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", inside.ErrInvalidPolicy)
+// parseEgress checks a client's policy (the Slots API's or the CNI
+// plugin's); nil is none.
+func parseEgress[M interface {
+	*T
+	egress.Message
+}, T any](m M, d egress.Defaults) (*egress.Policy, error) {
+	pol, err := egress.FromMessage(m)
+	if err == nil && pol != nil {
+		err = d.Admit(*pol)
 	}
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, status.Error(codes.InvalidArgument, flagname.Shown(err))
 	}
-	return &pol, nil
+	return pol, nil
 }
 
 // egressEntriesPerCall is how many ranges of an egress policy cost the
@@ -63,45 +65,25 @@ const egressEntriesPerCall = 64
 // egressCost is how many calls beyond its own a call writing p costs:
 // 128 for the largest policy (4,096 ranges in each list), none for a
 // handful of ranges or none.
-func egressCost(p *inside.Policy) int {
+func egressCost(p *egress.Policy) int {
 	if p == nil {
 		return 0
 	}
 	return (len(p.Allow) + len(p.Deny)) / egressEntriesPerCall
 }
 
-// egressRecord is a checked policy as the lease records it.
-func egressRecord(p *inside.Policy) *leases.EgressPolicy {
+// egressProto is a lease's policy for a reply.
+func egressProto(p *egress.Policy) *phasegatev1.EgressPolicy {
 	if p == nil {
 		return nil
 	}
-	allow, deny := p.Strings()
-	return &leases.EgressPolicy{Allow: allow, Deny: deny, DenyAll: p.DenyAll, RedirectTCP: p.RedirectTCP}
-}
-
-// egressOf is a recorded policy, checked again (a record is data).
-func egressOf(e *leases.EgressPolicy) (*inside.Policy, error) {
-	if e == nil {
-		return nil, nil
-	}
-	p, err := inside.ParsePolicy(e.Allow, e.Deny, e.DenyAll, e.RedirectTCP)
-	if err != nil {
-		return nil, err
-	}
-	return &p, nil
-}
-
-// egressProto is a recorded policy for a reply.
-func egressProto(e *leases.EgressPolicy) *phasegatev1.EgressPolicy {
-	if e == nil {
-		return nil
-	}
-	return &phasegatev1.EgressPolicy{Allow: e.Allow, Deny: e.Deny, DenyAll: e.DenyAll, RedirectTcp: e.RedirectTCP}
+	allow, deny := p.Lists()
+	return &phasegatev1.EgressPolicy{Allow: allow, Deny: deny, DenyAll: p.DenyAll, RedirectTcp: p.RedirectTCP}
 }
 
 // applyEgress writes p for slot sl, on the host and inside; nil clears
 // the slot's policy.
-func (s *slotsService) applyEgress(ctx context.Context, sl *slot.Slot, p *inside.Policy) error {
+func (s *slotsService) applyEgress(ctx context.Context, sl *slot.Slot, p *egress.Policy) error {
 	if p == nil {
 		return s.mgr.ClearEgress(ctx, sl)
 	}
@@ -179,7 +161,7 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 		if !sameLease(r.LeaseID, req.GetLeaseId()) {
 			return errWrongLease
 		}
-		r.Egress = egressRecord(pol)
+		r.Egress = pol
 		return nil
 	})
 	if err != nil {
@@ -204,12 +186,8 @@ func (s *slotsService) SetEgressPolicy(ctx context.Context, req *phasegatev1.Set
 // restoreEgress puts slot i's recorded policy back after a change that
 // failed halfway (one side written, or the record not), so that the rules
 // and the record say the same.
-func (s *slotsService) restoreEgress(ctx context.Context, i int, sl *slot.Slot, rec *leases.EgressPolicy) {
-	prev, err := egressOf(rec)
-	if err == nil {
-		err = s.applyEgress(ctx, sl, prev)
-	}
-	if err != nil {
+func (s *slotsService) restoreEgress(ctx context.Context, i int, sl *slot.Slot, prev *egress.Policy) {
+	if err := s.applyEgress(ctx, sl, prev); err != nil {
 		s.log.Error("egress policy: a change failed and the recorded rules could not be put back", "slot", i, "error", err)
 	}
 }
@@ -217,7 +195,7 @@ func (s *slotsService) restoreEgress(ctx context.Context, i int, sl *slot.Slot, 
 // egressError maps a failure to write a policy: a slot gone meanwhile (a
 // concurrent Release) is a precondition, the rest internal.
 func egressError(i int, err error) error {
-	if errors.Is(err, inside.ErrInvalidPolicy) {
+	if errors.Is(err, egress.ErrInvalid) {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	if errors.Is(err, slot.ErrGone) {
@@ -227,7 +205,7 @@ func egressError(i int, err error) error {
 }
 
 // describePolicy is a policy for a log line.
-func describePolicy(e *leases.EgressPolicy) string {
+func describePolicy(e *egress.Policy) string {
 	if e == nil {
 		return "none"
 	}

@@ -22,7 +22,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/internal/names"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -85,7 +85,7 @@ type slotsService struct {
 	impaired impairment
 	stalled  atomic.Int64 // Unix ns when the expiry loop last ran late
 
-	egress inside.Defaults // the daemon's part of every egress policy (the manager's)
+	egress egress.Defaults // the daemon's part of every egress policy (the manager's)
 	// policyMu holds one lock per slot index for the slot's egress
 	// policy: one change at a time per slot, and a lease's end waits for
 	// a change under way, so that no policy is written for a slot being
@@ -279,7 +279,7 @@ func (s *slotsService) Acquire(ctx context.Context, req *phasegatev1.AcquireRequ
 // acquire leases a slot to owner for request requestID (none: ""), with
 // egress policy pol (nil: none); to, when not nil, is the namespace the
 // slot is attached to (a CNI ADD), after its record and before the reply.
-func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration, pol *inside.Policy, to *attachTarget) (acquired, error) {
+func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, requestID string, ttl time.Duration, pol *egress.Policy, to *attachTarget) (acquired, error) {
 	principal := c.Principal.String()
 	if a, ok, err := s.retried(ctx, owner, requestID, principal); ok || err != nil {
 		if err == nil && to != nil {
@@ -321,7 +321,7 @@ func (s *slotsService) acquire(ctx context.Context, c control.Caller, owner, req
 		Owner: owner, LeaseID: leases.NewLeaseID(), RequestID: requestID, Principal: principal,
 		Acquired: now, TTL: ttl,
 		Netns: sl.NetnsID, HostIfindex: sl.HostIfIndex, Created: now,
-		Egress: egressRecord(pol), Attachment: to.record(),
+		Egress: pol, Attachment: to.record(),
 	}
 	if ttl > 0 {
 		rec.Expires = now.Add(ttl)

@@ -23,8 +23,8 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/index"
-	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -93,7 +93,7 @@ func newSlotHost(t testing.TB, n int) (slot.Config, *slot.Manager, *leases.Store
 	}
 	ctx := context.Background()
 	opts := slot.DefaultOptions()
-	opts.Egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny} // the daemon's, without the host's addresses
+	opts.Egress = egress.Defaults{AlwaysDeny: egress.DefaultAlwaysDeny} // the daemon's, without the host's addresses
 	mgr, err := slot.NewManager(ctx, cfg, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -2,13 +2,12 @@ package phases
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
 
 	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/lifecycle"
-	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -120,9 +119,9 @@ func (s *slotsService) repairLease(ctx context.Context, i int, leaseID string) (
 	l := s.table.leased[i]
 	ok := l != nil && l.slot != nil && l.check == nil && l.rec.LeaseID == leaseID
 	var sl *slot.Slot
-	var egress *leases.EgressPolicy
+	var pol *egress.Policy
 	if ok {
-		sl, egress = l.slot, l.rec.Egress
+		sl, pol = l.slot, l.rec.Egress
 	}
 	s.table.mu.Unlock()
 	if !ok {
@@ -135,10 +134,6 @@ func (s *slotsService) repairLease(ctx context.Context, i int, leaseID string) (
 	st, err := s.mgr.InspectEgress(ctx, sl)
 	if err != nil {
 		return fixed, err
-	}
-	pol, err := egressOf(egress)
-	if err != nil {
-		return fixed, fmt.Errorf("recorded egress policy: %w", err)
 	}
 	want := ""
 	if pol != nil {

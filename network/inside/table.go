@@ -14,6 +14,7 @@ import (
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/internal/nftexpr"
 )
 
@@ -216,9 +217,9 @@ func tapFilter(c *nftables.Conn, ipTable *nftables.Table, g Guest) {
 // ApplyPolicy writes the egress table for p in one transaction: the
 // table, chains, sets and counter are made if missing, the sets' elements
 // and the policy chain's rules replaced. The drop counter keeps its count.
-func ApplyPolicy(s Slot, p Policy, d Defaults) error {
-	if p.RedirectTCP && d.ProxyPort == 0 {
-		return fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", ErrInvalidPolicy)
+func ApplyPolicy(s Slot, p egress.Policy, d egress.Defaults) error {
+	if err := d.Admit(p); err != nil {
+		return err
 	}
 	c, err := s.conn()
 	if err != nil {
@@ -236,7 +237,7 @@ func ApplyPolicy(s Slot, p Policy, d Defaults) error {
 			return fmt.Errorf("inside: add set %s: %w", sp.name, err)
 		}
 		c.FlushSet(set)
-		for chunk := range slices.Chunk(intervalElements(spans(sp.list)), 1024) {
+		for chunk := range slices.Chunk(nftexpr.IntervalElements(sp.list), 1024) {
 			if err := c.SetAddElements(set, chunk); err != nil {
 				return fmt.Errorf("inside: encode set %s: %w", sp.name, err)
 			}
@@ -282,7 +283,7 @@ func ApplyPolicy(s Slot, p Policy, d Defaults) error {
 }
 
 // policyRules is chain policy, in order.
-func policyRules(p Policy, sets map[string]*nftables.Set) [][]expr.Any {
+func policyRules(p egress.Policy, sets map[string]*nftables.Set) [][]expr.Any {
 	accept := []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
 	drop := []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: DropCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	rules := [][]expr.Any{
@@ -355,7 +356,7 @@ type Found struct {
 	// TapFilter: the three guest tables have their tap chain with its
 	// rules.
 	TapFilter bool
-	// Fingerprint is the applied policy's (Policy.Fingerprint), "" when
+	// Fingerprint is the applied policy's (egress.Policy.Fingerprint), "" when
 	// the namespace has no egress table or it is incomplete.
 	Fingerprint string
 	// Drops is the egress drop counter's packets.

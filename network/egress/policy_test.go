@@ -1,4 +1,4 @@
-package inside_test
+package egress_test
 
 import (
 	"errors"
@@ -6,11 +6,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 )
 
 func TestParsePolicy(t *testing.T) {
-	many := make([]string, inside.MaxEntries+1)
+	many := make([]string, egress.MaxEntries+1)
 	for i := range many {
 		many[i] = fmt.Sprintf("10.%d.%d.0/24", i/256, i%256)
 	}
@@ -32,11 +32,11 @@ func TestParsePolicy(t *testing.T) {
 		{"IPv4-mapped IPv6", []string{"::ffff:1.2.3.4"}, nil, "not IPv4"},
 		{"overlap in one list", []string{"10.0.0.0/8", "10.2.0.0/16"}, nil, "overlap"},
 		{"duplicate", nil, []string{"1.1.1.1", "1.1.1.1/32"}, "overlap"},
-		{"too many", many, nil, fmt.Sprintf("at most %d", inside.MaxEntries)},
+		{"too many", many, nil, fmt.Sprintf("at most %d", egress.MaxEntries)},
 		{"absurdly long entry", []string{strings.Repeat("1", 1<<20)}, nil, "not an IPv4 CIDR"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := inside.ParsePolicy(tc.allow, tc.deny, false, false)
+			p, err := egress.Parse(tc.allow, tc.deny, false, false)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -46,8 +46,8 @@ func TestParsePolicy(t *testing.T) {
 				}
 			case err == nil:
 				t.Fatalf("accepted: %+v", p)
-			case !errors.Is(err, inside.ErrInvalidPolicy) || !strings.Contains(err.Error(), tc.want):
-				t.Errorf("error %q, want ErrInvalidPolicy saying %q", err, tc.want)
+			case !errors.Is(err, egress.ErrInvalid) || !strings.Contains(err.Error(), tc.want):
+				t.Errorf("error %q, want ErrInvalid saying %q", err, tc.want)
 			case len(err.Error()) > 200:
 				t.Errorf("error of %d bytes: hostile input must not be echoed whole", len(err.Error()))
 			}
@@ -55,14 +55,14 @@ func TestParsePolicy(t *testing.T) {
 	}
 }
 
-func ExampleParsePolicy() {
-	p, err := inside.ParsePolicy([]string{"8.8.8.8", "1.1.1.0/24"}, []string{"203.0.113.0/24"}, false, false)
+func ExampleParse() {
+	p, err := egress.Parse([]string{"8.8.8.8", "1.1.1.0/24"}, []string{"203.0.113.0/24"}, false, false)
 	if err != nil {
 		panic(err)
 	}
-	allow, deny := p.Strings()
+	allow, deny := p.Lists()
 	fmt.Println(allow, deny)
-	_, err = inside.ParsePolicy([]string{"0.0.0.0/0"}, nil, false, false)
+	_, err = egress.Parse([]string{"0.0.0.0/0"}, nil, false, false)
 	fmt.Println(err)
 	// Output:
 	// [1.1.1.0/24 8.8.8.8/32] [203.0.113.0/24]
