@@ -23,12 +23,7 @@ func TestStoredEgressPolicyIsChecked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.db.Update(func(tx *bolt.Tx) error {
-		if err := tx.Bucket(bucketSlots).Put(slotKey(4), v); err != nil {
-			return err
-		}
-		return tx.Bucket(bucketRequests).Put(requestKeyOf(&r), slotKey(4))
-	}); err != nil {
+	if err := s.db.Update(func(tx *bolt.Tx) error { return putRaw(tx, r, v) }); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := s.Load()
