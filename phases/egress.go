@@ -74,11 +74,7 @@ func egressCost(p *egress.Policy) int {
 
 // egressProto is a lease's policy for a reply.
 func egressProto(p *egress.Policy) *phasegatev1.EgressPolicy {
-	if p == nil {
-		return nil
-	}
-	allow, deny := p.Lists()
-	return &phasegatev1.EgressPolicy{Allow: allow, Deny: deny, DenyAll: p.DenyAll, RedirectTcp: p.RedirectTCP}
+	return egress.ToMessage[phasegatev1.EgressPolicy](p)
 }
 
 // applyEgress writes p for slot sl, on the host and inside; nil clears

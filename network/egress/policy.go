@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // MaxEntries bounds each of a policy's lists: a set of this many intervals
@@ -76,6 +78,39 @@ func FromMessage[M interface {
 		return nil, err
 	}
 	return &p, nil
+}
+
+// ToMessage writes p (nil: none) as a new message of type T: the Slots
+// API's EgressPolicy or a lease record's, whose fields it sets by their
+// protobuf names, so that a field added to the policy is written to both
+// here.
+func ToMessage[T any, M interface {
+	*T
+	Message
+	ProtoReflect() protoreflect.Message
+}](p *Policy) M {
+	if p == nil {
+		return nil
+	}
+	m := M(new(T))
+	r := m.ProtoReflect()
+	fields := r.Descriptor().Fields()
+	allow, deny := p.Lists()
+	for _, l := range []struct {
+		name protoreflect.Name
+		list []string
+	}{{"allow", allow}, {"deny", deny}} {
+		if len(l.list) == 0 {
+			continue
+		}
+		out := r.Mutable(fields.ByName(l.name)).List()
+		for _, s := range l.list {
+			out.Append(protoreflect.ValueOfString(s))
+		}
+	}
+	r.Set(fields.ByName("deny_all"), protoreflect.ValueOfBool(p.DenyAll))
+	r.Set(fields.ByName("redirect_tcp"), protoreflect.ValueOfBool(p.RedirectTCP))
+	return m
 }
 
 // Validate checks that p is as Parse returns it: what a policy made by

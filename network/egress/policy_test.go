@@ -3,9 +3,12 @@ package egress_test
 import (
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/network/egress"
 )
 
@@ -67,4 +70,29 @@ func ExampleParse() {
 	// Output:
 	// [1.1.1.0/24 8.8.8.8/32] [203.0.113.0/24]
 	// invalid egress policy: allow: 0.0.0.0/0 is every address: use deny_all, or leave the lists empty
+}
+
+// A policy written as the Slots API's message and read back is the same
+// policy, every field of it: what a lease's record and a reply carry.
+func TestMessageRoundTrip(t *testing.T) {
+	for _, p := range []egress.Policy{
+		{},
+		{DenyAll: true},
+		{RedirectTCP: true},
+		{Allow: []netip.Prefix{netip.MustParsePrefix("1.1.1.0/24"), netip.MustParsePrefix("8.8.8.8/32")},
+			Deny: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, DenyAll: true, RedirectTCP: true},
+	} {
+		m := egress.ToMessage[phasegatev1.EgressPolicy](&p)
+		got, err := egress.FromMessage(m)
+		if err != nil || got == nil || !slices.Equal(got.Allow, p.Allow) || !slices.Equal(got.Deny, p.Deny) ||
+			got.DenyAll != p.DenyAll || got.RedirectTCP != p.RedirectTCP {
+			t.Errorf("%+v as %v read back as %+v, %v", p, m, got, err)
+		}
+	}
+	if m := egress.ToMessage[phasegatev1.EgressPolicy](nil); m != nil {
+		t.Errorf("no policy written as %v", m)
+	}
+	if got, err := egress.FromMessage((*phasegatev1.EgressPolicy)(nil)); got != nil || err != nil {
+		t.Errorf("no message read as %+v, %v", got, err)
+	}
 }

@@ -271,11 +271,7 @@ func fill(m *recordpb.Record, r *Record) {
 	m.NetnsDev, m.NetnsIno = r.Netns.Dev, r.Netns.Ino
 	m.HostIfindex = int32(r.HostIfindex)
 	m.CreatedUnixNano = unixNano(r.Created)
-	m.EgressPolicy = nil
-	if e := r.Egress; e != nil {
-		allow, deny := e.Lists()
-		m.EgressPolicy = &recordpb.EgressPolicy{Allow: allow, Deny: deny, DenyAll: e.DenyAll, RedirectTcp: e.RedirectTCP}
-	}
+	m.EgressPolicy = egress.ToMessage[recordpb.EgressPolicy](r.Egress)
 	m.Attachment = nil
 	if a := r.Attachment; a != nil {
 		m.Attachment = &recordpb.Attachment{NetnsDev: a.Netns.Dev, NetnsIno: a.Netns.Ino, NetnsPath: a.NetnsPath, IfName: a.IfName}
