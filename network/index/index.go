@@ -18,10 +18,6 @@ var (
 	ErrNotAcquired = errors.New("index: not acquired")
 	// ErrNotQuarantined: Free of an index that is not quarantined.
 	ErrNotQuarantined = errors.New("index: not quarantined")
-
-	// errNotFree: QuarantineIfFree of an index that is not free, which
-	// it reports as false.
-	errNotFree = errors.New("index: not free")
 )
 
 // State is the state of one index.
@@ -198,7 +194,13 @@ func (s *Allocator) Quarantine(i int) error {
 // did. The reconciler uses it to claim an index before tearing down a stray,
 // so that it never races with an Acquire.
 func (s *Allocator) QuarantineIfFree(i int) bool {
-	return s.move(i, Free, Quarantined, func(State) error { return errNotFree }) == nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.check(i) != nil || s.state[i] != Free {
+		return false
+	}
+	s.set(i, Quarantined)
+	return true
 }
 
 // Free returns a quarantined index to the free list once its slot is gone.

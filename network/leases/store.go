@@ -182,6 +182,19 @@ func (s *Store) enter() error {
 
 func (s *Store) leave() { s.life.RUnlock() }
 
+// enterFor enters the store for a change asked under ctx: one whose ctx
+// has ended changes nothing. The caller leaves as after enter.
+func (s *Store) enterFor(ctx context.Context) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		s.leave()
+		return err
+	}
+	return nil
+}
+
 // Get returns the record of slot index; ok is false when there is none.
 func (s *Store) Get(index int) (rec Record, ok bool, err error) {
 	if err := s.enter(); err != nil {
@@ -294,13 +307,10 @@ func (s *Store) Load() ([]Record, error) {
 // that another slot's record already holds (*DuplicateRequestError). A
 // full filesystem fails it with an error matching ErrNoSpace.
 func (s *Store) Put(ctx context.Context, recs ...Record) error {
-	if err := s.enter(); err != nil {
+	if err := s.enterFor(ctx); err != nil {
 		return err
 	}
 	defer s.leave()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	if len(recs) == 0 {
 		return nil
 	}
@@ -423,13 +433,10 @@ func unindexValue(index bucketView, key []byte) error {
 // Delete removes the records of indices, atomically; an index without a
 // record is not an error. ctx is consulted as by Put.
 func (s *Store) Delete(ctx context.Context, indices ...int) error {
-	if err := s.enter(); err != nil {
+	if err := s.enterFor(ctx); err != nil {
 		return err
 	}
 	defer s.leave()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	keys := make([][]byte, 0, len(indices))
 	for _, i := range indices {
 		if err := checkIndex(i); err != nil {
@@ -468,13 +475,10 @@ func (s *Store) Delete(ctx context.Context, indices ...int) error {
 // refuses with ErrNotFound when index has no record, *RecordsError when
 // that record cannot be read, and as Put for the record fn leaves.
 func (s *Store) Update(ctx context.Context, index int, fn func(*Record) error) (Record, error) {
-	if err := s.enter(); err != nil {
+	if err := s.enterFor(ctx); err != nil {
 		return Record{}, err
 	}
 	defer s.leave()
-	if err := ctx.Err(); err != nil {
-		return Record{}, err
-	}
 	if err := checkIndex(index); err != nil {
 		return Record{}, err
 	}

@@ -176,46 +176,39 @@ func Sysctl(path, key, value string) error {
 	})
 }
 
-// ListenUDP opens a UDP socket bound to addr inside the namespace at path.
-func ListenUDP(path string, addr netip.AddrPort) (*net.UDPConn, error) {
-	var c *net.UDPConn
+// openIn runs fn inside the namespace at path (Do) and returns what it
+// opened there.
+func openIn[T any](path string, fn func() (T, error)) (T, error) {
+	var v T
 	err := Do(path, func() (err error) {
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
+		v, err = fn()
 		return err
 	})
-	return c, err
+	return v, err
+}
+
+// ListenUDP opens a UDP socket bound to addr inside the namespace at path.
+func ListenUDP(path string, addr netip.AddrPort) (*net.UDPConn, error) {
+	return openIn(path, func() (*net.UDPConn, error) { return net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr)) })
 }
 
 // ListenTCP opens a TCP listener bound to addr inside the namespace at path.
 func ListenTCP(path string, addr netip.AddrPort) (*net.TCPListener, error) {
-	var l *net.TCPListener
-	err := Do(path, func() (err error) {
-		l, err = net.ListenTCP("tcp4", net.TCPAddrFromAddrPort(addr))
-		return err
-	})
-	return l, err
+	return openIn(path, func() (*net.TCPListener, error) { return net.ListenTCP("tcp4", net.TCPAddrFromAddrPort(addr)) })
 }
 
 // DialUDP opens a UDP socket inside the namespace at path, connected to to.
 func DialUDP(path string, to netip.AddrPort) (*net.UDPConn, error) {
-	var c *net.UDPConn
-	err := Do(path, func() (err error) {
-		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
-		return err
-	})
-	return c, err
+	return openIn(path, func() (*net.UDPConn, error) { return net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to)) })
 }
 
 // DialTCP connects from inside the namespace at path to to, giving up when
 // ctx ends.
 func DialTCP(ctx context.Context, path string, to netip.AddrPort) (net.Conn, error) {
-	var c net.Conn
-	err := Do(path, func() (err error) {
+	return openIn(path, func() (net.Conn, error) {
 		var d net.Dialer
-		c, err = d.DialContext(ctx, "tcp4", to.String())
-		return err
+		return d.DialContext(ctx, "tcp4", to.String())
 	})
-	return c, err
 }
 
 // Route adds a route to dst via gw inside the namespace at path.
