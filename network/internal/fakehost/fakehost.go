@@ -211,8 +211,8 @@ func DialTCP(ctx context.Context, path string, to netip.AddrPort) (net.Conn, err
 	})
 }
 
-// Route adds a route to dst via gw inside the namespace at path.
-func Route(path string, dst netip.Prefix, gw netip.Addr) error {
+// withHandle runs fn with a netlink handle in the namespace at path.
+func withHandle(path string, fn func(h *netlink.Handle) error) error {
 	fd, err := netns.Open(path)
 	if err != nil {
 		return err
@@ -223,34 +223,33 @@ func Route(path string, dst netip.Prefix, gw netip.Addr) error {
 		return err
 	}
 	defer h.Close()
-	r := &netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)}, Gw: gw.AsSlice()}
-	if err := h.RouteAdd(r); err != nil {
-		return fmt.Errorf("fakehost: route %s via %s in %s: %w", dst, gw, path, err)
-	}
-	return nil
+	return fn(h)
+}
+
+// Route adds a route to dst via gw inside the namespace at path.
+func Route(path string, dst netip.Prefix, gw netip.Addr) error {
+	return withHandle(path, func(h *netlink.Handle) error {
+		r := &netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)}, Gw: gw.AsSlice()}
+		if err := h.RouteAdd(r); err != nil {
+			return fmt.Errorf("fakehost: route %s via %s in %s: %w", dst, gw, path, err)
+		}
+		return nil
+	})
 }
 
 // AddAddr adds addr to the link called link inside the namespace at path.
 func AddAddr(path, link string, addr netip.Prefix) error {
-	fd, err := netns.Open(path)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	l, err := h.LinkByName(link)
-	if err != nil {
-		return fmt.Errorf("fakehost: find %s in %s: %w", link, path, err)
-	}
-	a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}}
-	if err := h.AddrAdd(l, a); err != nil {
-		return fmt.Errorf("fakehost: address %s on %s in %s: %w", addr, link, path, err)
-	}
-	return nil
+	return withHandle(path, func(h *netlink.Handle) error {
+		l, err := h.LinkByName(link)
+		if err != nil {
+			return fmt.Errorf("fakehost: find %s in %s: %w", link, path, err)
+		}
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}}
+		if err := h.AddrAdd(l, a); err != nil {
+			return fmt.Errorf("fakehost: address %s on %s in %s: %w", addr, link, path, err)
+		}
+		return nil
+	})
 }
 
 // UDPReaches sends datagrams from the namespace at from to the listener ln
