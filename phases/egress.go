@@ -192,7 +192,7 @@ func (s *slotsService) restoreEgress(ctx context.Context, i int, sl *slot.Slot, 
 // concurrent Release) is a precondition, the rest internal.
 func egressError(i int, err error) error {
 	if errors.Is(err, egress.ErrInvalid) {
-		return status.Error(codes.InvalidArgument, err.Error())
+		return status.Error(codes.InvalidArgument, flagname.Shown(err))
 	}
 	if errors.Is(err, slot.ErrGone) {
 		return status.Errorf(codes.FailedPrecondition, "slot %d: %v", i, err)
