@@ -3,7 +3,6 @@ package test
 import (
 	"context"
 	"os/exec"
-	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -192,7 +191,7 @@ func TestMicroVMSlotPolicyAcrossRestarts(t *testing.T) {
 			rec = r
 		}
 	}
-	if rec.Egress == nil || !rec.Egress.DenyAll || !reflect.DeepEqual(rec.Egress.Allow, []string(nil)) {
+	if rec.Egress == nil || !rec.Egress.DenyAll || len(rec.Egress.Allow) != 0 {
 		t.Errorf("record of slot %d: %+v", i, rec.Egress)
 	}
 
