@@ -12,7 +12,7 @@ import (
 	"github.com/phasegate/phasegate/network/egress"
 )
 
-func TestParsePolicy(t *testing.T) {
+func TestParse(t *testing.T) {
 	many := make([]string, egress.MaxEntries+1)
 	for i := range many {
 		many[i] = fmt.Sprintf("10.%d.%d.0/24", i/256, i%256)

@@ -68,7 +68,7 @@ func TestApplyRefusesRedirectWithoutProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := inside.ApplyPolicy(s, p, defaults); !errors.Is(err, egress.ErrInvalid) {
-		t.Errorf("redirect without a proxy: %v, want ErrInvalidPolicy", err)
+		t.Errorf("redirect without a proxy: %v, want egress.ErrInvalid", err)
 	}
 	if f, err := inside.Inspect(s, inside.Guest{}); err != nil || f.Fingerprint != "" {
 		t.Errorf("after a refused policy: %+v, %v", f, err)
