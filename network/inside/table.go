@@ -6,12 +6,10 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/egress"
@@ -41,9 +39,6 @@ const (
 	setAllow       = "allow"
 	setDeny        = "deny"
 )
-
-// fingerprintPrefix starts the comment of the policy chain's first rule.
-const fingerprintPrefix = "policy "
 
 // Slot is what the tables of one slot depend on.
 type Slot struct {
@@ -263,7 +258,7 @@ func ApplyPolicy(s Slot, p egress.Policy, d egress.Defaults) error {
 	for i, r := range policyRules(p, sets) {
 		rule := &nftables.Rule{Table: t, Chain: pol, Exprs: r}
 		if i == 0 {
-			rule.UserData = userdata.AppendString(nil, userdata.TypeComment, fingerprintPrefix+p.Fingerprint(d))
+			rule.UserData = nftexpr.FingerprintComment(p.Fingerprint(d))
 		}
 		c.AddRule(rule)
 	}
@@ -419,9 +414,7 @@ func Inspect(s Slot, g Guest) (Found, error) {
 		}
 	}
 	if len(rules) > 0 && hooked == 2 {
-		if comment, ok := userdata.GetString(rules[0].UserData, userdata.TypeComment); ok {
-			f.Fingerprint, _ = strings.CutPrefix(comment, fingerprintPrefix)
-		}
+		f.Fingerprint = nftexpr.Fingerprint(rules[0].UserData)
 		drops, err := Drops(s)
 		if err != nil {
 			return Found{}, err

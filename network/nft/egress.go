@@ -11,7 +11,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/egress"
@@ -29,10 +28,6 @@ const inlineMax = 8
 
 // egressChainPrefix starts the name of every slot's egress chain.
 const egressChainPrefix = "egress_"
-
-// fingerprintPrefix starts the comment of an egress chain's first rule, as
-// in the slot's own egress table (package inside).
-const fingerprintPrefix = "policy "
 
 // EgressChain names the egress chain of the slot whose host interface is
 // name.
@@ -73,7 +68,7 @@ func (t *Table) SetEgress(ctx context.Context, name string, p egress.Policy) err
 		for i, r := range rules {
 			rule := &nftables.Rule{Table: tbl, Chain: ch, Exprs: r}
 			if i == 0 {
-				rule.UserData = userdata.AppendString(nil, userdata.TypeComment, fingerprintPrefix+p.Fingerprint(t.egress))
+				rule.UserData = nftexpr.FingerprintComment(p.Fingerprint(t.egress))
 			}
 			c.AddRule(rule)
 		}
@@ -273,10 +268,7 @@ func (t *Table) EgressOf(ctx context.Context, name string) (EgressState, error) 
 	if err != nil {
 		return EgressState{}, fmt.Errorf("nft: list egress chain %s/%s: %w", t.name, EgressChain(name), err)
 	}
-	var st EgressState
-	if comment, ok := userdata.GetString(rules[0].UserData, userdata.TypeComment); ok {
-		st.Fingerprint, _ = strings.CutPrefix(comment, fingerprintPrefix)
-	}
+	st := EgressState{Fingerprint: nftexpr.Fingerprint(rules[0].UserData)}
 	for _, r := range rules {
 		for _, e := range r.Exprs {
 			if n, ok := e.(*expr.Counter); ok {
