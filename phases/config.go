@@ -16,10 +16,11 @@ import (
 
 	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/internal/rootdir"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/reconcile"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/internal/flagname"
 	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
@@ -69,11 +70,11 @@ type Config struct {
 	// Firewall is what slots may reach: each other (off by default) and
 	// the host's own services (none by default, bar replies and ping of
 	// their own gateway).
-	Firewall nft.Policy
+	Firewall nft.Isolation
 	// Egress is the daemon's part of every lease's egress policy: the
 	// always-allowed and always-denied sets (the host's own addresses are
 	// added to the latter at start) and the egress proxy's port.
-	Egress inside.Defaults
+	Egress egress.Defaults
 	// PoolSize is how many warm slots the pool keeps.
 	PoolSize int
 	// PoolMinReady is how many warm slots the populate phase waits for;
@@ -151,7 +152,7 @@ func DefaultConfig() Config {
 		StateDir:          "/run/phasegate",
 		LockDir:           lockfile.DefaultDir,
 		Slots:             slot.DefaultConfig(),
-		Egress:            inside.Defaults{AlwaysDeny: slices.Clone(inside.DefaultAlwaysDeny)},
+		Egress:            egress.Defaults{AlwaysDeny: slices.Clone(egress.DefaultAlwaysDeny)},
 		Control:           ControlConfig{GID: -1},
 		ReclaimWorkers:    slot.DefaultWorkers,
 		ReclaimMode:       ReclaimBackground,
@@ -223,7 +224,7 @@ func (c Config) checkDirs(p *problems) {
 	}
 	if err := c.Slots.Validate(); err != nil {
 		for _, e := range unjoin(err) {
-			p.add("%v", e)
+			p.add("%s", flagname.Shown(e))
 		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/lifecycle"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -60,12 +60,12 @@ func (d *Daemon) impairedFor(principal string) (time.Time, bool) {
 // other slot) and the host's own addresses added to the always-denied.
 // The host check reads those addresses (read is true) unless it did not
 // run (an upgrade's new image): then they are read here.
-func egressDefaults(cfg Config, host []netip.Prefix, read bool) (inside.Defaults, error) {
+func egressDefaults(cfg Config, host []netip.Prefix, read bool) (egress.Defaults, error) {
 	d := cfg.Egress
 	if !read {
 		var err error
 		if host, err = cfg.Slots.HostAddrs(); err != nil {
-			return inside.Defaults{}, err
+			return egress.Defaults{}, err
 		}
 	}
 	d.AlwaysAllow = slices.Clone(d.AlwaysAllow)

@@ -4,16 +4,16 @@ import (
 	"context"
 	"strings"
 
-	"github.com/phasegate/phasegate/network/egress"
+	"github.com/phasegate/phasegate/network/hostcheck"
 )
 
 // checkEgress says what the slots' traffic to the outside needs and the
 // host does not give: a log line each and a health warning.
 func (d *Daemon) checkEgress(ctx context.Context) {
-	rep := egress.Check(ctx, egress.Config{Table: d.mgr.Firewall().Name(), HostIfPrefix: d.cfg.Slots.HostIfPrefix()})
+	rep := hostcheck.Check(ctx, hostcheck.Config{Table: d.mgr.Firewall().Name(), HostIfPrefix: d.cfg.Slots.HostIfPrefix()})
 	var warn []string
 	for _, pr := range rep.Problems {
-		if pr.Kind == egress.Unverifiable {
+		if pr.Kind == hostcheck.Unverifiable {
 			d.log.Info("egress check: cannot verify", "problem", pr.Message)
 			continue
 		}

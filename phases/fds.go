@@ -11,7 +11,7 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/internal/names"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/phases/lease"
@@ -150,14 +150,14 @@ func (c Config) fdBudget(soft, hard uint64) (FDBudget, error) {
 // maxSlotsRequest is the size of the largest request of the Slots API the
 // daemon accepts: an Acquire whose owner and request id are names.MaxLen
 // bytes, whose TTL is the longest a Duration holds, and whose egress
-// policy's two lists hold inside.MaxEntries entries of the longest text an
+// policy's two lists hold egress.MaxEntries entries of the longest text an
 // entry may have; or a SetEgressPolicy with such a policy, a lease id and
 // the largest index. Computed, so that a change of any of those bounds
 // changes it.
 func maxSlotsRequest() int {
-	entries := make([]string, inside.MaxEntries)
+	entries := make([]string, egress.MaxEntries)
 	for i := range entries {
-		entries[i] = strings.Repeat("9", inside.MaxEntryLen)
+		entries[i] = strings.Repeat("9", egress.MaxEntryLen)
 	}
 	pol := &phasegatev1.EgressPolicy{Allow: entries, Deny: entries, DenyAll: true, RedirectTcp: true}
 	id := strings.Repeat("x", names.MaxLen)

@@ -11,7 +11,7 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/internal/names"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/phases/lease"
 	"github.com/phasegate/phasegate/server"
 )
@@ -91,15 +91,15 @@ func TestMessageBounds(t *testing.T) {
 func TestMaxSlotsRequestIsTheLargestValidAcquire(t *testing.T) {
 	entries := func(first int) []string {
 		var out []string
-		for c := 100; len(out) < inside.MaxEntries; c++ {
-			for d := 100; d <= 255 && len(out) < inside.MaxEntries; d++ {
+		for c := 100; len(out) < egress.MaxEntries; c++ {
+			for d := 100; d <= 255 && len(out) < egress.MaxEntries; d++ {
 				out = append(out, fmt.Sprintf("%d.255.%d.%d/32", first, c, d))
 			}
 		}
 		return out
 	}
 	pol := &phasegatev1.EgressPolicy{Allow: entries(254), Deny: entries(253), DenyAll: true, RedirectTcp: true}
-	if _, err := lease.ParseEgress(pol.GetAllow(), pol.GetDeny(), pol.GetDenyAll(), pol.GetRedirectTcp(), inside.Defaults{ProxyPort: 8080}); err != nil {
+	if _, err := lease.ParseEgress(pol, egress.Defaults{ProxyPort: 8080}); err != nil {
 		t.Fatalf("the largest policy is refused: %v", err)
 	}
 	id := strings.Repeat("x", names.MaxLen)

@@ -81,7 +81,7 @@ func TestEgressPolicyAttacks(t *testing.T) {
 	}
 	rec, ok, err := st.Get(int(vi))
 	st.Close()
-	if err != nil || !ok || rec.Egress == nil || len(rec.Egress.Allow) != 1 || rec.Egress.Allow[0] != "192.0.2.0/24" || rec.Egress.DenyAll {
+	if err != nil || !ok || rec.Egress == nil || len(rec.Egress.Allow) != 1 || rec.Egress.Allow[0].String() != "192.0.2.0/24" || rec.Egress.DenyAll {
 		t.Fatalf("the victim's record after the attacks: %+v %v %v", rec, ok, err)
 	}
 	h.decommission(h.prefix)

@@ -1,41 +1,23 @@
-// Package egress checks, at start, whether the host lets the slots' traffic
-// out, and says what is missing in terms an operator can act on.
+// Package egress is a lease's egress policy: what a slot may send out of
+// its uplink, and the daemon's part of every policy (Defaults).
 //
-// Slot egress fails silently when the host is not set up for it: packets
-// leave the slot, reach the host end of its veth and vanish. The usual
-// causes, and what Check does about each:
+// It is the policy's one home. Policy is the one type every other package
+// takes: the Slots API's message, a lease's record and the CNI plugin's
+// wire policy are each parsed by FromMessage (a Message: the four fields
+// they share), checked once (Parse, Validate; Defaults.Admit for what the
+// daemon can write), and fingerprinted once (Fingerprint, which the host's
+// table and the slot's own table carry in their first rule so that a
+// restart leaves an intact policy unwritten). Package nft writes a policy
+// as a slot's chain in the host's table, package inside as the slot's own
+// table; neither parses nor checks one.
 //
-//   - Forwarding is off: net.ipv4.ip_forward=0 (the kernel default), or
-//     net.ipv4.conf.default.forwarding=0, which new interfaces (every slot's
-//     host veth) inherit. Check reads both through rtnetlink (RTM_GETNETCONF,
-//     the same values as the sysctls) in the namespace it checks.
-//   - Another table drops forwarded packets. nftables runs every base chain
-//     registered at a hook, in priority order, and a packet must survive all
-//     of them: an accept ends only the chain it is in, a drop is final. The
-//     slot table's accept therefore cannot override a forward chain with
-//     policy drop elsewhere — Docker's `ip filter FORWARD` made through
-//     iptables-nft is the common one — nor an unconditional drop rule in one.
-//     Check lists every base chain at the forward hook (families ip and inet;
-//     slots are IPv4) through nftables and reports those that drop slot
-//     traffic. It recognises the rules that fix it: an accept matching
-//     `iifname` with a wildcard covering the slots' host interfaces (for the
-//     way out) and an accept on `ct state established,related` or on a
-//     covering `oifname` (for the way back), in the chain itself or in a
-//     chain it jumps to (Docker's DOCKER-USER). Conditional drop rules
-//     (`ip saddr 10.0.0.0/8 drop`, `ct state invalid drop`) are not judged:
-//     Check cannot know which packets they match.
-//   - No masquerade: the slot table's postrouting chain is missing (the
-//     kernel has no nat support for nftables: nft_chain_nat, nft_masq).
-//   - No route out: the host has no IPv4 route for an address beyond its
-//     own networks (a FIB lookup of a TEST-NET address; nothing is sent).
+// What a policy lets a slot send, read from the host's rules, orders
+// policies: Within says whether one lets out nothing another does not,
+// and Narrow computes the policy that lets out exactly what two do (a
+// network's policy as the ceiling of a container's own). Both work on
+// Ranges, the merged intervals a policy's lists are written as.
 //
-// What Check cannot see it says so rather than guess: iptables-legacy
-// tables (listed in /proc/net/ip_tables_names) hook the same forward path
-// with their own policy, which nftables does not show; Check reports that
-// they exist and how to look. IPv6 forwarding is not checked: slots have
-// no IPv6 addresses beyond link-local.
-//
-// Each Problem carries a Kind for callers that branch and a one-line
-// Message that says what is wrong and the command that fixes it. The daemon
-// logs them and raises a health warning; nothing here changes the host.
+// The next field of a policy (destinations by DNS name, issue 47) is a
+// field of Policy: parsed, checked, fingerprinted and converted here, and
+// written by nft and inside, with no other type to add it to.
 package egress

@@ -111,6 +111,48 @@ func (s *Allocator) check(i int) error {
 	return nil
 }
 
+// set moves index i from its state to to, keeping the free stack and the
+// counts with it.
+func (s *Allocator) set(i int, to State) {
+	switch s.state[i] {
+	case Free:
+		s.remove(i)
+	case Acquired:
+		s.acq--
+	case Quarantined:
+		s.quar--
+	}
+	s.state[i] = to
+	switch to {
+	case Free:
+		s.push(i)
+	case Acquired:
+		s.acq++
+	case Quarantined:
+		s.quar++
+	}
+}
+
+// move moves index i, which must be in state from, to state to; an index
+// in another state is refused with refuse's error, naming that state.
+func (s *Allocator) move(i int, from, to State, refuse func(now State) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(i); err != nil {
+		return err
+	}
+	if s.state[i] != from {
+		return refuse(s.state[i])
+	}
+	s.set(i, to)
+	return nil
+}
+
+// wrong is a refusal of index i in state now, wrapping err.
+func wrong(err error, i int) func(now State) error {
+	return func(now State) error { return fmt.Errorf("%w: %d is %s", err, i, now) }
+}
+
 // N returns the number of indices.
 func (s *Allocator) N() int { return s.n }
 
@@ -122,28 +164,14 @@ func (s *Allocator) Acquire() (int, error) {
 		return 0, ErrExhausted
 	}
 	i := s.free[len(s.free)-1]
-	s.free = s.free[:len(s.free)-1]
-	s.pos[i] = -1
-	s.state[i] = Acquired
-	s.acq++
+	s.set(i, Acquired)
 	return i, nil
 }
 
 // Release returns an acquired index whose slot is completely gone. Releasing
 // an index that is not acquired fails with ErrNotAcquired.
 func (s *Allocator) Release(i int) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.check(i); err != nil {
-		return err
-	}
-	if s.state[i] != Acquired {
-		return fmt.Errorf("%w: %d is %s", ErrNotAcquired, i, s.state[i])
-	}
-	s.state[i] = Free
-	s.acq--
-	s.push(i)
-	return nil
+	return s.move(i, Acquired, Free, wrong(ErrNotAcquired, i))
 }
 
 // Quarantine marks an acquired index whose slot could not be fully removed:
@@ -156,16 +184,9 @@ func (s *Allocator) Quarantine(i int) error {
 	if err := s.check(i); err != nil {
 		return err
 	}
-	switch s.state[i] {
-	case Acquired:
-		s.acq--
-	case Free:
-		s.remove(i)
-	case Quarantined:
-		return nil
+	if s.state[i] != Quarantined {
+		s.set(i, Quarantined)
 	}
-	s.state[i] = Quarantined
-	s.quar++
 	return nil
 }
 
@@ -175,29 +196,16 @@ func (s *Allocator) Quarantine(i int) error {
 func (s *Allocator) QuarantineIfFree(i int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if i < 1 || i > s.n || s.state[i] != Free {
+	if s.check(i) != nil || s.state[i] != Free {
 		return false
 	}
-	s.remove(i)
-	s.state[i] = Quarantined
-	s.quar++
+	s.set(i, Quarantined)
 	return true
 }
 
 // Free returns a quarantined index to the free list once its slot is gone.
 func (s *Allocator) Free(i int) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.check(i); err != nil {
-		return err
-	}
-	if s.state[i] != Quarantined {
-		return fmt.Errorf("%w: %d is %s", ErrNotQuarantined, i, s.state[i])
-	}
-	s.state[i] = Free
-	s.quar--
-	s.push(i)
-	return nil
+	return s.move(i, Quarantined, Free, wrong(ErrNotQuarantined, i))
 }
 
 // State returns the state of index i (Free for an index out of range is
@@ -263,18 +271,7 @@ func (s *Allocator) Snapshot() Snapshot {
 // Acquire: for slots that exist already, such as leases restored and idle
 // slots adopted at a restart. Claiming an index that is not free fails.
 func (s *Allocator) Claim(i int) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.check(i); err != nil {
-		return err
-	}
-	if s.state[i] != Free {
-		return fmt.Errorf("index: claim %d: it is %s", i, s.state[i])
-	}
-	s.remove(i)
-	s.state[i] = Acquired
-	s.acq++
-	return nil
+	return s.move(i, Free, Acquired, func(now State) error { return fmt.Errorf("index: claim %d: it is %s", i, now) })
 }
 
 // Unquarantine marks a quarantined index acquired: its slot, kept as it
@@ -282,16 +279,5 @@ func (s *Allocator) Claim(i int) error {
 // taken back as an operator adopts it. An index that is not quarantined
 // fails with ErrNotQuarantined.
 func (s *Allocator) Unquarantine(i int) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.check(i); err != nil {
-		return err
-	}
-	if s.state[i] != Quarantined {
-		return fmt.Errorf("%w: %d is %s", ErrNotQuarantined, i, s.state[i])
-	}
-	s.state[i] = Acquired
-	s.quar--
-	s.acq++
-	return nil
+	return s.move(i, Quarantined, Acquired, wrong(ErrNotQuarantined, i))
 }

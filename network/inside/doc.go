@@ -37,8 +37,6 @@
 // Everything works through a descriptor of the namespace
 // (nftables.WithNetNSFd): no thread changes namespace.
 //
-// What a policy lets a slot send, read from the host's rules, orders
-// policies: Within says whether one lets out nothing another does not,
-// and Narrow computes the policy that lets out exactly what two do (a
-// network's policy as the ceiling of a container's own).
+// The policy itself (its lists, its check, its fingerprint, what it lets
+// out) is package egress's; this package writes it.
 package inside

@@ -116,131 +116,155 @@ func microVM(t *testing.T) (h *fakehost.Host, s inside.Slot, sl slot.Slot, guest
 	return h, s, sl, guest, guestAddr
 }
 
+// tapProbe sends, as a microVM's guest behind the slot's tap, what a
+// guest kernel can put on its wire, and says what the slot took of it.
+type tapProbe struct {
+	t        *testing.T
+	guest    string // the guest's namespace
+	guestMAC net.HardwareAddr
+	sh       *netlink.Handle // the slot's namespace
+	at       netip.AddrPort  // the tap's own address, where ln listens
+	ln       *net.UDPConn
+	tapLL    netip.Addr // the tap's IPv6 link-local address, where ll6 listens
+	ll6      *net.UDPConn
+}
+
+// newTapProbe listens, in slot sl, on the tap's address and on its IPv6
+// link-local address: what the guest sends there never leaves the slot,
+// so only the slot's rules decide (the host's own would drop a foreign
+// source too, see package nft).
+func newTapProbe(t *testing.T, sl slot.Slot, guest string) *tapProbe {
+	gl, err := nsHandle(t, guest).LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tapProbe{t: t, guest: guest, guestMAC: gl.Attrs().HardwareAddr, sh: nsHandle(t, sl.NetnsPath),
+		at: netip.AddrPortFrom(netip.MustParseAddr("169.254.0.22"), echoPort)}
+	if p.ln, err = fakehost.ListenUDP(sl.NetnsPath, p.at); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.ln.Close() })
+	p.tapLL = p.linkLocal()
+	if err := fakehost.Do(sl.NetnsPath, func() (err error) {
+		p.ll6, err = net.ListenUDP("udp6", &net.UDPAddr{IP: p.tapLL.AsSlice(), Zone: "tap0", Port: echoPort})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.ll6.Close() })
+	return p
+}
+
+// linkLocal is the tap's IPv6 link-local address once it is usable.
+func (p *tapProbe) linkLocal() netip.Addr {
+	tap := p.tap()
+	for range 100 {
+		addrs, err := p.sh.AddrList(tap, netlink.FAMILY_V6)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				return ip
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.t.Fatal("the fake tap has no usable IPv6 link-local address")
+	return netip.Addr{}
+}
+
+func (p *tapProbe) tap() netlink.Link {
+	tap, err := p.sh.LinkByName("tap0")
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return tap
+}
+
+// send writes whole IPv4 packets from src to the tap's address, as a guest
+// kernel can put any source address on its wire, and says whether one
+// arrived.
+func (p *tapProbe) send(src netip.Addr) bool {
+	p.t.Helper()
+	buf := make([]byte, 64)
+	for range 20 {
+		pkt := rawip.UDP(netip.AddrPortFrom(src, 4000), p.at, []byte(src.String()))
+		if err := fakehost.Do(p.guest, func() error { return rawip.Send(pkt) }); err != nil {
+			p.t.Fatal(err)
+		}
+		_ = p.ln.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if n, from, err := p.ln.ReadFromUDPAddrPort(buf); err == nil && string(buf[:n]) == src.String() {
+			if from.Addr() != src {
+				p.t.Fatalf("sent from %s, arrived from %s", src, from)
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// learns sends an ARP request for the tap's address on behalf of addr,
+// and says whether the slot then holds a neighbour entry for addr on the
+// tap (what a spoofed ARP poisons).
+func (p *tapProbe) learns(addr netip.Addr) bool {
+	p.t.Helper()
+	tap := p.tap()
+	_ = p.sh.NeighDel(&netlink.Neigh{LinkIndex: tap.Attrs().Index, IP: addr.AsSlice()})
+	f := rawip.ARPRequest(p.guestMAC, addr, p.at.Addr())
+	for range 10 {
+		if err := fakehost.Do(p.guest, func() error { return rawip.SendFrame("eth0", f) }); err != nil {
+			p.t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		ns, err := p.sh.NeighList(tap.Attrs().Index, netlink.FAMILY_V4)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		for _, n := range ns {
+			if a, ok := netip.AddrFromSlice(n.IP); ok && a.Unmap() == addr && n.HardwareAddr.String() == p.guestMAC.String() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// reaches6 says whether the guest's IPv6 reaches the slot's own stack: a
+// datagram to the tap's link-local address, tries times.
+func (p *tapProbe) reaches6(tries int) bool {
+	p.t.Helper()
+	buf := make([]byte, 64)
+	for range tries {
+		if err := fakehost.Do(p.guest, func() error {
+			c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: p.tapLL.AsSlice(), Zone: "eth0", Port: echoPort})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte("v6"))
+			return err
+		}); errors.Is(err, unix.EADDRNOTAVAIL) {
+			time.Sleep(200 * time.Millisecond) // the guest's own address is still tentative
+			continue
+		} else if err != nil {
+			p.t.Fatal(err)
+		}
+		_ = p.ll6.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if n, _, err := p.ll6.ReadFromUDP(buf); err == nil && string(buf[:n]) == "v6" {
+			return true
+		}
+	}
+	return false
+}
+
 // TestGuestTapFilter: the tap accepts what the guest sends from its own
 // address (and MAC, when one is given), and drops the rest before the
 // slot forwards or NATs it, whatever the guest puts in its frames.
 func TestGuestTapFilter(t *testing.T) {
 	_, s, sl, guest, guestAddr := microVM(t)
-	gh := nsHandle(t, guest)
-	gl, err := gh.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	guestMAC := gl.Attrs().HardwareAddr
+	p := newTapProbe(t, sl, guest)
 	other := netip.MustParseAddr("169.254.0.99") // neither the guest's nor the slot's
-	// The tap's own address, in the slot: what the guest sends there never
-	// leaves the slot, so only the slot's rules decide (the host's own
-	// would drop a foreign source too, see package nft).
-	at := netip.AddrPortFrom(netip.MustParseAddr("169.254.0.22"), echoPort)
-	ln, err := fakehost.ListenUDP(sl.NetnsPath, at)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	// The guest writes whole IPv4 packets, as a guest kernel can put
-	// any source address on its wire.
-	send := func(src netip.Addr) bool {
-		t.Helper()
-		buf := make([]byte, 64)
-		for range 20 {
-			p := rawip.UDP(netip.AddrPortFrom(src, 4000), at, []byte(src.String()))
-			if err := fakehost.Do(guest, func() error { return rawip.Send(p) }); err != nil {
-				t.Fatal(err)
-			}
-			_ = ln.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-			if n, from, err := ln.ReadFromUDPAddrPort(buf); err == nil && string(buf[:n]) == src.String() {
-				if from.Addr() != src {
-					t.Fatalf("sent from %s, arrived from %s", src, from)
-				}
-				return true
-			}
-		}
-		return false
-	}
-	// learns sends, as the guest, an ARP request for the tap's address on
-	// behalf of addr, and says whether the slot then holds a neighbour
-	// entry for addr on the tap (what a spoofed ARP poisons).
-	sh := nsHandle(t, sl.NetnsPath)
-	learns := func(addr netip.Addr) bool {
-		t.Helper()
-		tap, err := sh.LinkByName("tap0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = sh.NeighDel(&netlink.Neigh{LinkIndex: tap.Attrs().Index, IP: addr.AsSlice()})
-		f := rawip.ARPRequest(guestMAC, addr, netip.MustParseAddr("169.254.0.22"))
-		for range 10 {
-			if err := fakehost.Do(guest, func() error { return rawip.SendFrame("eth0", f) }); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(20 * time.Millisecond)
-			ns, err := sh.NeighList(tap.Attrs().Index, netlink.FAMILY_V4)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, n := range ns {
-				if a, ok := netip.AddrFromSlice(n.IP); ok && a.Unmap() == addr && n.HardwareAddr.String() == guestMAC.String() {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	// reaches6 says whether the guest's IPv6 reaches the slot's own
-	// stack: a datagram to the tap's link-local address, tries times.
-	tapLL := func() netip.Addr {
-		tap, err := sh.LinkByName("tap0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for range 100 {
-			addrs, err := sh.AddrList(tap, netlink.FAMILY_V6)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, a := range addrs {
-				if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
-					return ip
-				}
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Fatal("the fake tap has no usable IPv6 link-local address")
-		return netip.Addr{}
-	}()
-	var ll6 *net.UDPConn
-	if err := fakehost.Do(sl.NetnsPath, func() (err error) {
-		ll6, err = net.ListenUDP("udp6", &net.UDPAddr{IP: tapLL.AsSlice(), Zone: "tap0", Port: echoPort})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ll6.Close()
-	reaches6 := func(tries int) bool {
-		t.Helper()
-		buf := make([]byte, 64)
-		for range tries {
-			if err := fakehost.Do(guest, func() error {
-				c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: tapLL.AsSlice(), Zone: "eth0", Port: echoPort})
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				_, err = c.Write([]byte("v6"))
-				return err
-			}); errors.Is(err, unix.EADDRNOTAVAIL) {
-				time.Sleep(200 * time.Millisecond) // the guest's own address is still tentative
-				continue
-			} else if err != nil {
-				t.Fatal(err)
-			}
-			_ = ll6.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-			if n, _, err := ll6.ReadFromUDP(buf); err == nil && string(buf[:n]) == "v6" {
-				return true
-			}
-		}
-		return false
-	}
 	for _, tc := range []struct {
 		name         string
 		mac          net.HardwareAddr
@@ -248,7 +272,7 @@ func TestGuestTapFilter(t *testing.T) {
 	}{
 		{"without a filter", nil, true, true},
 		{"address", nil, true, false},
-		{"address and the guest's MAC", guestMAC, true, false},
+		{"address and the guest's MAC", p.guestMAC, true, false},
 		{"address and another MAC", net.HardwareAddr{2, 0, 0, 0, 0, 9}, false, false},
 	} {
 		g := inside.Guest{Addr: guestAddr.Addr(), Tap: "tap0", MAC: tc.mac}
@@ -261,13 +285,13 @@ func TestGuestTapFilter(t *testing.T) {
 		if f, err := inside.Inspect(s, g); err != nil || f.TapFilter != (g.Tap != "") || !f.GuestNAT {
 			t.Errorf("%s: Inspect = %+v, %v", tc.name, f, err)
 		}
-		if got := send(guestAddr.Addr()); got != tc.own {
+		if got := p.send(guestAddr.Addr()); got != tc.own {
 			t.Errorf("%s: the guest's own datagram arrived = %v, want %v", tc.name, got, tc.own)
 		}
-		if got := send(other); got != tc.spoofed {
+		if got := p.send(other); got != tc.spoofed {
 			t.Errorf("%s: a datagram from %s arrived = %v, want %v", tc.name, other, got, tc.spoofed)
 		}
-		if got := learns(other); got != tc.spoofed {
+		if got := p.learns(other); got != tc.spoofed {
 			t.Errorf("%s: the slot learned %s from the guest's ARP = %v, want %v", tc.name, other, got, tc.spoofed)
 		}
 		// The guest's IPv6 reaches the slot's stack only without the
@@ -276,7 +300,7 @@ func TestGuestTapFilter(t *testing.T) {
 		if g.Tap == "" {
 			tries = 25 // the guest's own address may still be tentative
 		}
-		if got := reaches6(tries); got != (g.Tap == "") {
+		if got := p.reaches6(tries); got != (g.Tap == "") {
 			t.Errorf("%s: the guest's IPv6 datagram to the tap's link-local address arrived = %v, want %v", tc.name, got, g.Tap == "")
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/internal/fakehost"
 	"github.com/phasegate/phasegate/network/netns"
@@ -24,7 +25,7 @@ import (
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // Two far ends in the fake outside network, both in TEST-NET-1, which
-// inside.DefaultAlwaysDeny holds: a policy must allow them to be reached.
+// egress.DefaultAlwaysDeny holds: a policy must allow them to be reached.
 var (
 	farA = netip.MustParseAddr("192.0.2.2") // the outside's own uplink address
 	farB = netip.MustParseAddr("192.0.2.3") // a second address on it
@@ -40,7 +41,7 @@ func network(t *testing.T) (*fakehost.Host, inside.Slot) {
 	h := fakehost.New(t, 1, true)
 	// The host's slot table lets slots reach one port of the host: the
 	// proxy's, and TestGuestNAT's way out.
-	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR), nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{proxyPort}}))
+	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR), nft.WithIsolation(nft.Isolation{HostTCPPorts: []uint16{proxyPort}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,11 +167,11 @@ func drops(t *testing.T, s inside.Slot) uint64 {
 	return n
 }
 
-var defaults = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
+var defaults = egress.Defaults{AlwaysDeny: egress.DefaultAlwaysDeny}
 
-func mustPolicy(t *testing.T, allow, deny []string, denyAll bool) inside.Policy {
+func mustPolicy(t *testing.T, allow, deny []string, denyAll bool) egress.Policy {
 	t.Helper()
-	p, err := inside.ParsePolicy(allow, deny, denyAll, false)
+	p, err := egress.Parse(allow, deny, denyAll, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,15 +190,15 @@ func TestPolicyTraffic(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name       string
-		policy     inside.Policy
-		defaults   inside.Defaults
+		policy     egress.Policy
+		defaults   egress.Defaults
 		reach, not netip.Addr
 	}{
 		{"allow wins over the always-denied default", mustPolicy(t, []string{"192.0.2.2"}, nil, false), defaults, farA, farB},
-		{"deny wins over the default accept", mustPolicy(t, nil, []string{"192.0.2.3/32"}, false), inside.Defaults{}, farA, farB},
-		{"allow wins over deny", mustPolicy(t, []string{"192.0.2.3"}, []string{"192.0.2.0/24"}, false), inside.Defaults{}, farB, farA},
+		{"deny wins over the default accept", mustPolicy(t, nil, []string{"192.0.2.3/32"}, false), egress.Defaults{}, farA, farB},
+		{"allow wins over deny", mustPolicy(t, []string{"192.0.2.3"}, []string{"192.0.2.0/24"}, false), egress.Defaults{}, farB, farA},
 		{"deny-all but the always-allowed", mustPolicy(t, []string{"192.0.2.2"}, nil, true),
-			inside.Defaults{AlwaysAllow: []netip.Prefix{netip.MustParsePrefix("192.0.2.3/32")}}, farB, farA},
+			egress.Defaults{AlwaysAllow: []netip.Prefix{netip.MustParsePrefix("192.0.2.3/32")}}, farB, farA},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := inside.ApplyPolicy(s, tc.policy, tc.defaults); err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/inside"
 )
 
@@ -16,11 +17,11 @@ const proxyPort = echoPort + 1
 
 func redirect(t *testing.T, s inside.Slot) {
 	t.Helper()
-	p, err := inside.ParsePolicy(nil, nil, false, true)
+	p, err := egress.Parse(nil, nil, false, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := inside.ApplyPolicy(s, p, inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny, ProxyPort: proxyPort}); err != nil {
+	if err := inside.ApplyPolicy(s, p, egress.Defaults{AlwaysDeny: egress.DefaultAlwaysDeny, ProxyPort: proxyPort}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -62,12 +63,12 @@ func TestRedirectTCP(t *testing.T) {
 
 func TestApplyRefusesRedirectWithoutProxy(t *testing.T) {
 	_, s := network(t)
-	p, err := inside.ParsePolicy(nil, nil, false, true)
+	p, err := egress.Parse(nil, nil, false, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := inside.ApplyPolicy(s, p, defaults); !errors.Is(err, inside.ErrInvalidPolicy) {
-		t.Errorf("redirect without a proxy: %v, want ErrInvalidPolicy", err)
+	if err := inside.ApplyPolicy(s, p, defaults); !errors.Is(err, egress.ErrInvalid) {
+		t.Errorf("redirect without a proxy: %v, want egress.ErrInvalid", err)
 	}
 	if f, err := inside.Inspect(s, inside.Guest{}); err != nil || f.Fingerprint != "" {
 		t.Errorf("after a refused policy: %+v, %v", f, err)

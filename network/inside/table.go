@@ -6,14 +6,13 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/internal/nftexpr"
 )
 
@@ -40,9 +39,6 @@ const (
 	setAllow       = "allow"
 	setDeny        = "deny"
 )
-
-// fingerprintPrefix starts the comment of the policy chain's first rule.
-const fingerprintPrefix = "policy "
 
 // Slot is what the tables of one slot depend on.
 type Slot struct {
@@ -216,9 +212,9 @@ func tapFilter(c *nftables.Conn, ipTable *nftables.Table, g Guest) {
 // ApplyPolicy writes the egress table for p in one transaction: the
 // table, chains, sets and counter are made if missing, the sets' elements
 // and the policy chain's rules replaced. The drop counter keeps its count.
-func ApplyPolicy(s Slot, p Policy, d Defaults) error {
-	if p.RedirectTCP && d.ProxyPort == 0 {
-		return fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", ErrInvalidPolicy)
+func ApplyPolicy(s Slot, p egress.Policy, d egress.Defaults) error {
+	if err := d.Admit(p); err != nil {
+		return err
 	}
 	c, err := s.conn()
 	if err != nil {
@@ -236,7 +232,7 @@ func ApplyPolicy(s Slot, p Policy, d Defaults) error {
 			return fmt.Errorf("inside: add set %s: %w", sp.name, err)
 		}
 		c.FlushSet(set)
-		for chunk := range slices.Chunk(intervalElements(spans(sp.list)), 1024) {
+		for chunk := range slices.Chunk(nftexpr.IntervalElements(sp.list), 1024) {
 			if err := c.SetAddElements(set, chunk); err != nil {
 				return fmt.Errorf("inside: encode set %s: %w", sp.name, err)
 			}
@@ -262,7 +258,7 @@ func ApplyPolicy(s Slot, p Policy, d Defaults) error {
 	for i, r := range policyRules(p, sets) {
 		rule := &nftables.Rule{Table: t, Chain: pol, Exprs: r}
 		if i == 0 {
-			rule.UserData = userdata.AppendString(nil, userdata.TypeComment, fingerprintPrefix+p.Fingerprint(d))
+			rule.UserData = nftexpr.FingerprintComment(p.Fingerprint(d))
 		}
 		c.AddRule(rule)
 	}
@@ -282,7 +278,7 @@ func ApplyPolicy(s Slot, p Policy, d Defaults) error {
 }
 
 // policyRules is chain policy, in order.
-func policyRules(p Policy, sets map[string]*nftables.Set) [][]expr.Any {
+func policyRules(p egress.Policy, sets map[string]*nftables.Set) [][]expr.Any {
 	accept := []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
 	drop := []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: DropCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	rules := [][]expr.Any{
@@ -355,7 +351,7 @@ type Found struct {
 	// TapFilter: the three guest tables have their tap chain with its
 	// rules.
 	TapFilter bool
-	// Fingerprint is the applied policy's (Policy.Fingerprint), "" when
+	// Fingerprint is the applied policy's (egress.Policy.Fingerprint), "" when
 	// the namespace has no egress table or it is incomplete.
 	Fingerprint string
 	// Drops is the egress drop counter's packets.
@@ -418,9 +414,7 @@ func Inspect(s Slot, g Guest) (Found, error) {
 		}
 	}
 	if len(rules) > 0 && hooked == 2 {
-		if comment, ok := userdata.GetString(rules[0].UserData, userdata.TypeComment); ok {
-			f.Fingerprint, _ = strings.CutPrefix(comment, fingerprintPrefix)
-		}
+		f.Fingerprint = nftexpr.Fingerprint(rules[0].UserData)
 		drops, err := Drops(s)
 		if err != nil {
 			return Found{}, err

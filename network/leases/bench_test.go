@@ -115,6 +115,17 @@ func benchWrite(b *testing.B, parent string, writers int, path string) {
 		return s.db.Update(inPlace)
 	}
 
+	var counted *Store // the store whose transactions carry the writes
+	if path == "store" {
+		counted = s
+	}
+	measure(b, counted, writers, "ops/s", one)
+}
+
+// measure runs one(n) for every n in [0, b.N) over workers goroutines and
+// reports the rate (in unit) and the 99th percentile latency; with s, the
+// writes each of its transactions carried.
+func measure(b *testing.B, s *Store, workers int, unit string, one func(n int) error) {
 	var txs0 uint64
 	if s != nil {
 		txs0 = s.txs.Load()
@@ -123,9 +134,9 @@ func benchWrite(b *testing.B, parent string, writers int, path string) {
 	var wg sync.WaitGroup
 	b.ResetTimer()
 	start := time.Now()
-	for w := range writers {
+	for w := range workers {
 		wg.Go(func() {
-			for n := w; n < b.N; n += writers {
+			for n := w; n < b.N; n += workers {
 				t := time.Now()
 				if err := one(n); err != nil {
 					b.Error(err)
@@ -139,12 +150,12 @@ func benchWrite(b *testing.B, parent string, writers int, path string) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	slices.Sort(lat)
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), unit)
 	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
-	b.ReportMetric(0, "ns/op")
-	if path == "store" {
+	b.ReportMetric(0, "ns/op") // the rate says it better for concurrent writers
+	if s != nil {
 		b.ReportMetric(float64(b.N)/float64(s.txs.Load()-txs0), "writes/tx")
-	} // ops/s says it better for concurrent writers
+	}
 }
 
 // storeOf writes n leased records to a new store in dir and closes it.

@@ -225,12 +225,7 @@ func (s *Store) checkpoint() error {
 	if err := s.update(s.pending.applyTo); err != nil {
 		return err
 	}
-	s.checkpoints.Add(1)
-	err := s.jnl.reset()
-	s.pmu.Lock()
-	s.pending.reset()
-	s.pmu.Unlock()
-	return err
+	return s.checkpointed()
 }
 
 // checkpointClosed is Close's checkpoint: the journal's changes into the
@@ -250,6 +245,12 @@ func (s *Store) checkpointClosed() error {
 	if s.pending.len() == 0 {
 		return nil
 	}
+	return s.checkpointed()
+}
+
+// checkpointed empties the journal and the pending changes once the file
+// holds them, and counts the checkpoint.
+func (s *Store) checkpointed() error {
 	s.checkpoints.Add(1)
 	err := s.jnl.reset()
 	s.pmu.Lock()

@@ -74,54 +74,8 @@ func TestFullFilesystem(t *testing.T) {
 	}
 	filler := fillFS(t, dir)
 
-	// Writes fail once the file must grow (bbolt may first reuse free
-	// pages it has). Big batches make it grow at once.
-	next, batch := 21, 200
-	var failed error
-	for range 10 {
-		recs := make([]Record, batch)
-		for k := range recs {
-			recs[k] = leased(next+k, "ci", fmt.Sprintf("r%d", next+k))
-		}
-		if failed = s.Put(ctx, recs...); failed != nil {
-			break
-		}
-		for k := range recs {
-			committed[next+k] = true
-		}
-		next += batch
-	}
-	if !errors.Is(failed, ErrNoSpace) || !errors.Is(failed, syscall.ENOSPC) {
-		t.Fatalf("Put on a full filesystem: %v, want an error matching ErrNoSpace and ENOSPC", failed)
-	}
-	t.Logf("on a full filesystem: %v", failed)
-
-	// Concurrent writes, batched: each is either committed and present, or
-	// failed with ErrNoSpace and absent.
-	var wg sync.WaitGroup
-	errs := make([]error, 16)
-	for w := range errs {
-		wg.Go(func() {
-			recs := make([]Record, 20)
-			for k := range recs {
-				i := 5000 + w*20 + k
-				recs[k] = leased(i, "ci", fmt.Sprintf("r%d", i))
-			}
-			errs[w] = s.Put(ctx, recs...)
-		})
-	}
-	wg.Wait()
-	for w, err := range errs {
-		ok := err == nil
-		if !ok && !errors.Is(err, ErrNoSpace) {
-			t.Fatalf("concurrent writer %d: %v", w, err)
-		}
-		for k := range 20 {
-			if ok {
-				committed[5000+w*20+k] = true
-			}
-		}
-	}
+	next, batch := putUntilFull(t, s, committed)
+	putConcurrently(t, s, committed)
 	checkExactly(t, s, committed)
 	// KeepAlive-style updates in place may or may not need a new page; a
 	// failed one changes nothing.
@@ -152,6 +106,64 @@ func TestFullFilesystem(t *testing.T) {
 	defer s.Close()
 	checkExactly(t, s, committed)
 	checkRequestIndex(t, s)
+}
+
+// putUntilFull writes batches of records from index 21 on until a Put
+// fails, which must be for the full filesystem: the file must grow
+// (bbolt may first reuse free pages it has), and big batches make it grow
+// at once. It returns the next index and the batch size.
+func putUntilFull(t *testing.T, s *Store, committed map[int]bool) (next, batch int) {
+	t.Helper()
+	next, batch = 21, 200
+	var failed error
+	for range 10 {
+		recs := make([]Record, batch)
+		for k := range recs {
+			recs[k] = leased(next+k, "ci", fmt.Sprintf("r%d", next+k))
+		}
+		if failed = s.Put(context.Background(), recs...); failed != nil {
+			break
+		}
+		for k := range recs {
+			committed[next+k] = true
+		}
+		next += batch
+	}
+	if !errors.Is(failed, ErrNoSpace) || !errors.Is(failed, syscall.ENOSPC) {
+		t.Fatalf("Put on a full filesystem: %v, want an error matching ErrNoSpace and ENOSPC", failed)
+	}
+	t.Logf("on a full filesystem: %v", failed)
+	return next, batch
+}
+
+// putConcurrently writes batches from 16 writers at once: each is either
+// committed (and so in committed) or failed with ErrNoSpace.
+func putConcurrently(t *testing.T, s *Store, committed map[int]bool) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, 16)
+	for w := range errs {
+		wg.Go(func() {
+			recs := make([]Record, 20)
+			for k := range recs {
+				i := 5000 + w*20 + k
+				recs[k] = leased(i, "ci", fmt.Sprintf("r%d", i))
+			}
+			errs[w] = s.Put(context.Background(), recs...)
+		})
+	}
+	wg.Wait()
+	for w, err := range errs {
+		ok := err == nil
+		if !ok && !errors.Is(err, ErrNoSpace) {
+			t.Fatalf("concurrent writer %d: %v", w, err)
+		}
+		for k := range 20 {
+			if ok {
+				committed[5000+w*20+k] = true
+			}
+		}
+	}
 }
 
 func checkExactly(t *testing.T, s *Store, want map[int]bool) {

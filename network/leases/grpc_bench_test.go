@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -71,6 +69,16 @@ func benchAcquireOverGRPC(b *testing.B, parent, path string) {
 		}
 		return s.Put(ctx, r)
 	}
+	call := serveAcquire(b, acquire)
+	if err := call(); err != nil { // connect outside the measurement
+		b.Fatal(err)
+	}
+	measure(b, s, clients, "calls/s", func(int) error { return call() })
+}
+
+// serveAcquire serves acquire as a unary gRPC method on loopback until b
+// ends, and returns a call of it over one client connection.
+func serveAcquire(b *testing.B, acquire func(context.Context) error) (call func() error) {
 	desc := grpc.ServiceDesc{
 		ServiceName: "phasegate.bench.Leases",
 		HandlerType: (*any)(nil),
@@ -91,47 +99,13 @@ func benchAcquireOverGRPC(b *testing.B, parent, path string) {
 	gs := grpc.NewServer()
 	gs.RegisterService(&desc, struct{}{})
 	go gs.Serve(lis)
-	defer gs.Stop()
+	b.Cleanup(gs.Stop)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer conn.Close()
-	call := func() error {
+	b.Cleanup(func() { conn.Close() })
+	return func() error {
 		return conn.Invoke(context.Background(), "/phasegate.bench.Leases/Acquire", new(emptypb.Empty), new(emptypb.Empty))
-	}
-	if err := call(); err != nil { // connect outside the measurement
-		b.Fatal(err)
-	}
-
-	var txs0 uint64
-	if s != nil {
-		txs0 = s.txs.Load()
-	}
-	lat := make([]time.Duration, b.N)
-	var wg sync.WaitGroup
-	b.ResetTimer()
-	start := time.Now()
-	for c := range clients {
-		wg.Go(func() {
-			for n := c; n < b.N; n += clients {
-				t := time.Now()
-				if err := call(); err != nil {
-					b.Error(err)
-					return
-				}
-				lat[n] = time.Since(t)
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
-	slices.Sort(lat)
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "calls/s")
-	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
-	b.ReportMetric(0, "ns/op")
-	if s != nil {
-		b.ReportMetric(float64(b.N)/float64(s.txs.Load()-txs0), "writes/tx")
 	}
 }

@@ -148,30 +148,25 @@ func (s *Store) noteOpen(loss *JournalLoss) error {
 // finds one. The daemon calls it once the slots the lost writes may have
 // leased are held, recorded as such.
 func (s *Store) ClearLoss(ctx context.Context) error {
-	if err := s.enter(); err != nil {
-		return err
-	}
-	defer s.leave()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	// The records the caller wrote first are in the journal already
 	// (their writes returned): a kill after this commit replays them.
-	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyLost) })
+	return s.forget(ctx, keyLost)
 }
 
 // Vouched records that the caller has checked the slots on the host
 // against records other than these (Opened.Unvouched): the next Open
 // reports the store vouched for.
 func (s *Store) Vouched(ctx context.Context) error {
-	if err := s.enter(); err != nil {
+	return s.forget(ctx, keyUnvouched)
+}
+
+// forget deletes key from the file's meta, in a transaction of its own.
+func (s *Store) forget(ctx context.Context, key []byte) error {
+	if err := s.enterFor(ctx); err != nil {
 		return err
 	}
 	defer s.leave()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyUnvouched) })
+	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(key) })
 }
 
 // markClosed records in tx that every change is in the file: in Close's

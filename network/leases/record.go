@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases/internal/recordpb"
 	"github.com/phasegate/phasegate/network/netns"
 )
@@ -94,7 +95,7 @@ type Record struct {
 
 	// Egress is the lease's egress policy, nil for none. Set only when
 	// Leased.
-	Egress *EgressPolicy
+	Egress *egress.Policy
 
 	// Attachment is set on a lease whose slot has its inside end in a
 	// network namespace the daemon does not own (a CNI ADD); nil for a
@@ -119,19 +120,6 @@ type Attachment struct {
 // MaxAttachmentPath bounds a recorded attachment's namespace path: a
 // path the kernel takes (PATH_MAX).
 const MaxAttachmentPath = 4096
-
-// EgressPolicy is a lease's egress policy as recorded: the client's CIDR
-// lists (canonical, sorted; package network/inside checks them) and modes.
-type EgressPolicy struct {
-	Allow, Deny []string
-	DenyAll     bool
-	RedirectTCP bool
-}
-
-// MaxEgressEntries bounds each list of a recorded egress policy, far above
-// what package inside accepts, so that a record stays small whatever the
-// caller.
-const MaxEgressEntries = 1 << 16
 
 // Expired reports whether a lease with a TTL has lapsed at now. A record
 // with a zero Expires (Idle, or TTL 0) never expires.
@@ -160,8 +148,10 @@ func (r *Record) validate() error {
 	if r.TTL < 0 {
 		return bad("negative TTL %v", r.TTL)
 	}
-	if e := r.Egress; e != nil && (len(e.Allow) > MaxEgressEntries || len(e.Deny) > MaxEgressEntries) {
-		return bad("egress policy lists are limited to %d entries", MaxEgressEntries)
+	if e := r.Egress; e != nil {
+		if err := e.Validate(); err != nil {
+			return bad("%v", err)
+		}
 	}
 	if a := r.Attachment; a != nil && (a.IfName == "" || len(a.IfName) > 15 || len(a.NetnsPath) > MaxAttachmentPath) {
 		return bad("an attachment names its interface (1 to 15 bytes) and a namespace path of at most %d bytes", MaxAttachmentPath)
@@ -281,10 +271,7 @@ func fill(m *recordpb.Record, r *Record) {
 	m.NetnsDev, m.NetnsIno = r.Netns.Dev, r.Netns.Ino
 	m.HostIfindex = int32(r.HostIfindex)
 	m.CreatedUnixNano = unixNano(r.Created)
-	m.EgressPolicy = nil
-	if e := r.Egress; e != nil {
-		m.EgressPolicy = &recordpb.EgressPolicy{Allow: e.Allow, Deny: e.Deny, DenyAll: e.DenyAll, RedirectTcp: e.RedirectTCP}
-	}
+	m.EgressPolicy = egress.ToMessage[recordpb.EgressPolicy](r.Egress)
 	m.Attachment = nil
 	if a := r.Attachment; a != nil {
 		m.Attachment = &recordpb.Attachment{NetnsDev: a.Netns.Dev, NetnsIno: a.Netns.Ino, NetnsPath: a.NetnsPath, IfName: a.IfName}
@@ -330,9 +317,12 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 		HeldSince:   fromUnixNano(m.HeldUnixNano),
 		HeldReason:  m.HeldReason,
 	}
-	if e := m.GetEgressPolicy(); e != nil {
-		r.Egress = &EgressPolicy{Allow: e.GetAllow(), Deny: e.GetDeny(), DenyAll: e.GetDenyAll(), RedirectTCP: e.GetRedirectTcp()}
+	// A record is data: its policy is checked as a client's is.
+	pol, err := egress.FromMessage(m.GetEgressPolicy())
+	if err != nil {
+		return Record{}, fmt.Errorf("%w: slot %d: %w", ErrInvalid, i, err)
 	}
+	r.Egress = pol
 	if a := m.GetAttachment(); a != nil {
 		r.Attachment = &Attachment{Netns: netns.ID{Dev: a.GetNetnsDev(), Ino: a.GetNetnsIno()}, NetnsPath: a.GetNetnsPath(),
 			IfName: a.GetIfName()}

@@ -230,28 +230,7 @@ func (s *Store) prepare(migs []migration) error {
 	}
 	if version == 0 {
 		s.opened.Fresh = true
-		return s.update(func(tx *bolt.Tx) error {
-			meta, err := tx.CreateBucket(bucketMeta)
-			if err != nil {
-				return err
-			}
-			for _, b := range required(SchemaVersion) {
-				if _, err := tx.CreateBucket(b); err != nil {
-					return err
-				}
-			}
-			if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
-				return err
-			}
-			if err := meta.Put(keyGeneration, []byte(newGeneration())); err != nil {
-				return err
-			}
-			now := []byte(time.Now().UTC().Format(time.RFC3339Nano))
-			if err := meta.Put(keyUnvouched, now); err != nil {
-				return err
-			}
-			return meta.Put(keyCreated, now)
-		})
+		return s.update(initialise)
 	}
 	if version > SchemaVersion {
 		return &SchemaError{Path: s.path, Found: version, Supported: SchemaVersion}
@@ -303,6 +282,31 @@ func (s *Store) prepare(migs []migration) error {
 		note := fmt.Sprintf("%d -> %d at %s", version, SchemaVersion, time.Now().UTC().Format(time.RFC3339Nano))
 		return meta.Put(keyUpgraded, []byte(note))
 	})
+}
+
+// initialise writes a new file's buckets and meta: this schema, a new
+// generation, and the time it was made, unvouched (see keyUnvouched).
+func initialise(tx *bolt.Tx) error {
+	meta, err := tx.CreateBucket(bucketMeta)
+	if err != nil {
+		return err
+	}
+	for _, b := range required(SchemaVersion) {
+		if _, err := tx.CreateBucket(b); err != nil {
+			return err
+		}
+	}
+	if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
+		return err
+	}
+	if err := meta.Put(keyGeneration, []byte(newGeneration())); err != nil {
+		return err
+	}
+	now := []byte(time.Now().UTC().Format(time.RFC3339Nano))
+	if err := meta.Put(keyUnvouched, now); err != nil {
+		return err
+	}
+	return meta.Put(keyCreated, now)
 }
 
 // verify reads every page of the file once, under the fault containment

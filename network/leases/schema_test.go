@@ -15,7 +15,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protowire"
 
-	"github.com/phasegate/phasegate/internal/rootdir"
 	"github.com/phasegate/phasegate/network/leases/internal/recordpb"
 )
 
@@ -97,36 +96,7 @@ func TestOpenUpgradesSchema1(t *testing.T) {
 	if o.Fresh || o.UpgradedFrom != 1 || o.Backup != path+".schema1.bak" {
 		t.Fatalf("Opened() = %+v", o)
 	}
-	// The backup is the schema 1 file (as a copy: bbolt rewrites its meta
-	// pages, so it is compared by content, not bytes).
-	if got := dumpSlots(t, o.Backup); got != origSlots {
-		t.Fatal("the backup's slots differ from the file's before the upgrade")
-	}
-	bdb, err := bolt.Open(o.Backup, 0o600, &bolt.Options{ReadOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := bdb.View(func(tx *bolt.Tx) error {
-		if v, err := readSchema(tx); v != 1 || err != nil || tx.Bucket(bucketRequests) != nil {
-			t.Errorf("backup: schema %d (%v), request index %v; want schema 1 without index", v, err, tx.Bucket(bucketRequests) != nil)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	bdb.Close()
-	if err := s.db.View(func(tx *bolt.Tx) error {
-		meta := tx.Bucket(bucketMeta)
-		if v := string(meta.Get(keySchema)); v != strconv.Itoa(SchemaVersion) {
-			t.Errorf("schema after upgrade = %q", v)
-		}
-		if v := string(meta.Get(keyUpgraded)); !strings.HasPrefix(v, fmt.Sprintf("1 -> %d at ", SchemaVersion)) {
-			t.Errorf("upgraded = %q", v)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	checkUpgradedFrom1(t, s, o.Backup, origSlots)
 	for _, r := range []Record{recs[0], dupLow} {
 		got, ok, err := s.ByRequest(r.Owner, r.RequestID)
 		if err != nil || !ok {
@@ -154,6 +124,51 @@ func TestOpenUpgradesSchema1(t *testing.T) {
 	if o := s.Opened(); o.Fresh || o.UpgradedFrom != 0 || o.Backup != "" {
 		t.Fatalf("second Open after the upgrade: %+v", s.Opened())
 	}
+}
+
+// checkUpgradedFrom1 checks a store upgraded from schema 1: its backup is
+// the schema 1 file (as a copy: bbolt rewrites its meta pages, so it is
+// compared by content, not bytes), and its meta says this schema and the
+// upgrade.
+func checkUpgradedFrom1(t *testing.T, s *Store, backup, origSlots string) {
+	t.Helper()
+	if got := dumpSlots(t, backup); got != origSlots {
+		t.Fatal("the backup's slots differ from the file's before the upgrade")
+	}
+	bdb, err := bolt.Open(backup, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bdb.View(func(tx *bolt.Tx) error {
+		if v, err := readSchema(tx); v != 1 || err != nil || tx.Bucket(bucketRequests) != nil {
+			t.Errorf("backup: schema %d (%v), request index %v; want schema 1 without index", v, err, tx.Bucket(bucketRequests) != nil)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	bdb.Close()
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if v := string(meta.Get(keySchema)); v != strconv.Itoa(SchemaVersion) {
+			t.Errorf("schema after upgrade = %q", v)
+		}
+		if v := string(meta.Get(keyUpgraded)); !strings.HasPrefix(v, fmt.Sprintf("1 -> %d at ", SchemaVersion)) {
+			t.Errorf("upgraded = %q", v)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// putRaw stores v as slot r.Index's record, and r's request in the
+// index, in tx: a record as an older schema wrote it.
+func putRaw(tx *bolt.Tx, r Record, v []byte) error {
+	if err := tx.Bucket(bucketSlots).Put(slotKey(r.Index), v); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketRequests).Put(requestKeyOf(&r), slotKey(r.Index))
 }
 
 // dumpSlots returns the slots bucket of the bbolt file at path as text.
@@ -390,36 +405,7 @@ func TestOpenUpgradesSchema4CertificatePrincipalsToLegacy(t *testing.T) {
 		r.Principal = p
 		recs[i] = r
 	}
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Update(func(tx *bolt.Tx) error {
-		for _, i := range []int{2, 3, 5} {
-			r := recs[i]
-			if err := tx.Bucket(bucketSlots).Put(slotKey(i), encodeSchema4(t, r)); err != nil {
-				return err
-			}
-			if err := tx.Bucket(bucketRequests).Put(requestKeyOf(&r), slotKey(i)); err != nil {
-				return err
-			}
-		}
-		return tx.Bucket(bucketMeta).Put(keySchema, []byte("4"))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-	dir, err := rootdir.Open(filepath.Dir(path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
-	// Schema 4's journal: its entries, without the header of schema 7.
-	c := newChangeSet()
-	c.put(inSlots, string(slotKey(6)), encodeSchema4(t, recs[6]))
-	if err := os.WriteFile(path+JournalSuffix, encodeEntry(nil, c), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeSchema4(t, path, []Record{recs[2], recs[3], recs[5]}, recs[6])
 
 	want := map[int]string{
 		2: "legacy:x509:spiffe://x/ns/ci/sa/builder",
@@ -427,24 +413,6 @@ func TestOpenUpgradesSchema4CertificatePrincipalsToLegacy(t *testing.T) {
 		5: "uid:1000",
 		6: "legacy:x509:dns:builder.example.org",
 		7: "x509:cn:spiffe://x/ns/ci/sa/builder", // recorded since
-	}
-	check := func(s *Store) {
-		t.Helper()
-		got, err := s.Load()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(got) != len(want) {
-			t.Fatalf("Load: %d records, want %d", len(got), len(want))
-		}
-		for _, r := range got {
-			if r.Principal != want[r.Index] {
-				t.Errorf("slot %d: principal %q, want %q", r.Index, r.Principal, want[r.Index])
-			}
-		}
-		if r, ok, err := s.ByRequest("ci", "req-3"); err != nil || !ok || r.Principal != want[3] {
-			t.Errorf("ByRequest of slot 3: %q %v %v, want %q", r.Principal, ok, err, want[3])
-		}
 	}
 	s, err = Open(path, Options{})
 	if err != nil {
@@ -464,14 +432,62 @@ func TestOpenUpgradesSchema4CertificatePrincipalsToLegacy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	check(s)
+	checkPrincipals(t, s, want)
 	s.Close()
 	s, err = Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	check(s)
+	checkPrincipals(t, s, want)
+}
+
+// writeSchema4 makes the store at path a schema 4 file holding recs, and
+// its journal (schema 4's: entries without the header of schema 7)
+// holding journaled.
+func writeSchema4(t *testing.T, path string, recs []Record, journaled Record) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for _, r := range recs {
+			if err := putRaw(tx, r, encodeSchema4(t, r)); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchema, []byte("4"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	c := newChangeSet()
+	c.put(inSlots, string(slotKey(journaled.Index)), encodeSchema4(t, journaled))
+	if err := os.WriteFile(path+JournalSuffix, encodeEntry(nil, c), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkPrincipals checks that s holds a record of each index of want with
+// its principal, and finds slot 3's by its request.
+func checkPrincipals(t *testing.T, s *Store, want map[int]string) {
+	t.Helper()
+	got, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Load: %d records, want %d", len(got), len(want))
+	}
+	for _, r := range got {
+		if r.Principal != want[r.Index] {
+			t.Errorf("slot %d: principal %q, want %q", r.Index, r.Principal, want[r.Index])
+		}
+	}
+	if r, ok, err := s.ByRequest("ci", "req-3"); err != nil || !ok || r.Principal != want[3] {
+		t.Errorf("ByRequest of slot 3: %q %v %v, want %q", r.Principal, ok, err, want[3])
+	}
 }
 
 // TestUpgradeTo7CarriesTheOldJournal: schema 6's journal, without a
@@ -481,48 +497,8 @@ func TestOpenUpgradesSchema4CertificatePrincipalsToLegacy(t *testing.T) {
 // without a loss and without setting anything aside.
 func TestUpgradeTo7CarriesTheOldJournal(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "leases.db")
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	r1, r2 := leased(1, "ci", "req-1"), leased(2, "ci", "req-2")
-	if err := db.Update(func(tx *bolt.Tx) error {
-		meta, err := tx.CreateBucket(bucketMeta)
-		if err != nil {
-			return err
-		}
-		for _, b := range required(6) {
-			if _, err := tx.CreateBucket(b); err != nil {
-				return err
-			}
-		}
-		v, err := encode(&r1)
-		if err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketSlots).Put(slotKey(1), v); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketRequests).Put(requestKeyOf(&r1), slotKey(1)); err != nil {
-			return err
-		}
-		return meta.Put(keySchema, []byte("6"))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-	// Schema 6's journal: r2, written after the file's last checkpoint.
-	c := newChangeSet()
-	v, err := encode(&r2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.put(inSlots, string(slotKey(2)), v)
-	c.put(inRequests, string(requestKeyOf(&r2)), slotKey(2))
-	legacy := encodeEntry(nil, c)
-	if err := os.WriteFile(path+JournalSuffix, legacy, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	legacy := writeSchema6(t, path, r1, r2)
 	s, err := Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -559,4 +535,49 @@ func TestUpgradeTo7CarriesTheOldJournal(t *testing.T) {
 	if got, ok, _ := s.Get(2); !ok || got.LeaseID != r2.LeaseID {
 		t.Fatalf("slot 2 after a kill mid-upgrade: %+v %v", got, ok)
 	}
+}
+
+// writeSchema6 makes the store at path a schema 6 file holding inFile, and
+// its journal (schema 6's, without a header) holding journaled, written
+// after the file's last checkpoint; it returns the journal.
+func writeSchema6(t *testing.T, path string, inFile, journaled Record) []byte {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucket(bucketMeta)
+		if err != nil {
+			return err
+		}
+		for _, b := range required(6) {
+			if _, err := tx.CreateBucket(b); err != nil {
+				return err
+			}
+		}
+		v, err := encode(&inFile)
+		if err != nil {
+			return err
+		}
+		if err := putRaw(tx, inFile, v); err != nil {
+			return err
+		}
+		return meta.Put(keySchema, []byte("6"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	c := newChangeSet()
+	v, err := encode(&journaled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.put(inSlots, string(slotKey(journaled.Index)), v)
+	c.put(inRequests, string(requestKeyOf(&journaled)), slotKey(journaled.Index))
+	legacy := encodeEntry(nil, c)
+	if err := os.WriteFile(path+JournalSuffix, legacy, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return legacy
 }

@@ -7,14 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/phasegate/phasegate/internal/rootdir"
 )
@@ -184,6 +182,19 @@ func (s *Store) enter() error {
 
 func (s *Store) leave() { s.life.RUnlock() }
 
+// enterFor enters the store for a change asked under ctx: one whose ctx
+// has ended changes nothing. The caller leaves as after enter.
+func (s *Store) enterFor(ctx context.Context) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		s.leave()
+		return err
+	}
+	return nil
+}
+
 // Get returns the record of slot index; ok is false when there is none.
 func (s *Store) Get(index int) (rec Record, ok bool, err error) {
 	if err := s.enter(); err != nil {
@@ -296,13 +307,10 @@ func (s *Store) Load() ([]Record, error) {
 // that another slot's record already holds (*DuplicateRequestError). A
 // full filesystem fails it with an error matching ErrNoSpace.
 func (s *Store) Put(ctx context.Context, recs ...Record) error {
-	if err := s.enter(); err != nil {
+	if err := s.enterFor(ctx); err != nil {
 		return err
 	}
 	defer s.leave()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	if len(recs) == 0 {
 		return nil
 	}
@@ -425,13 +433,10 @@ func unindexValue(index bucketView, key []byte) error {
 // Delete removes the records of indices, atomically; an index without a
 // record is not an error. ctx is consulted as by Put.
 func (s *Store) Delete(ctx context.Context, indices ...int) error {
-	if err := s.enter(); err != nil {
+	if err := s.enterFor(ctx); err != nil {
 		return err
 	}
 	defer s.leave()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	keys := make([][]byte, 0, len(indices))
 	for _, i := range indices {
 		if err := checkIndex(i); err != nil {
@@ -470,13 +475,10 @@ func (s *Store) Delete(ctx context.Context, indices ...int) error {
 // refuses with ErrNotFound when index has no record, *RecordsError when
 // that record cannot be read, and as Put for the record fn leaves.
 func (s *Store) Update(ctx context.Context, index int, fn func(*Record) error) (Record, error) {
-	if err := s.enter(); err != nil {
+	if err := s.enterFor(ctx); err != nil {
 		return Record{}, err
 	}
 	defer s.leave()
-	if err := ctx.Err(); err != nil {
-		return Record{}, err
-	}
 	if err := checkIndex(index); err != nil {
 		return Record{}, err
 	}
@@ -546,56 +548,4 @@ func callUpdate(fn func(*Record) error, r *Record) (err error) {
 		}
 	}()
 	return fn(r)
-}
-
-// read runs fn over the records as they stand: the file under the
-// journal's changes not yet checkpointed. Holding pmu shared for the whole
-// read keeps the checkpoint from emptying pending between fn's look there
-// and its look in the file.
-func (s *Store) read(fn func(t *txn) error) error {
-	s.pmu.RLock()
-	defer s.pmu.RUnlock()
-	return s.view(func(tx *bolt.Tx) error { return fn(&txn{tx: tx, pending: s.pending}) })
-}
-
-// view and update run a bbolt transaction with faults contained: a panic
-// inside bbolt (a corrupt page) or a memory fault on the mapped file (a
-// file truncated under us) becomes a *CorruptError instead of the end of
-// the process, and a full filesystem an error matching ErrNoSpace.
-func (s *Store) view(fn func(*bolt.Tx) error) error {
-	return s.contain(func() error { return s.db.View(fn) })
-}
-
-func (s *Store) update(fn func(*bolt.Tx) error) error {
-	return s.contain(func() error { return s.db.Update(fn) })
-}
-
-func (s *Store) contain(fn func() error) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if p := recover(); p != nil {
-			err = &CorruptError{Path: s.path, Err: fmt.Errorf("bbolt: %v", p)}
-		}
-	}()
-	return classify(s.path, fn())
-}
-
-func classify(path string, err error) error {
-	var (
-		ce *CorruptError
-		r  *RecordsError
-		d  *DuplicateRequestError
-	)
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &ce), errors.As(err, &r), errors.As(err, &d),
-		errors.Is(err, ErrInvalid), errors.Is(err, ErrNotFound):
-		return err
-	case errors.Is(err, berrors.ErrDatabaseNotOpen):
-		return ErrClosed
-	case isNoSpace(err):
-		return &noSpace{fmt.Errorf("leases: %s: %w", path, err)}
-	}
-	return fmt.Errorf("leases: %s: %w", path, err)
 }

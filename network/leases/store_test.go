@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/netns"
 )
 
@@ -46,6 +49,14 @@ func attached(i int) Record {
 	return r
 }
 
+// policied is a lease with an egress policy.
+func policied(i int) Record {
+	r := leased(i, "ci", "p")
+	r.Egress = &egress.Policy{Allow: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
+		Deny: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("203.0.113.7/32")}, RedirectTCP: true}
+	return r
+}
+
 func openTemp(t *testing.T) *Store {
 	t.Helper()
 	s, err := Open(filepath.Join(t.TempDir(), "leases.db"), Options{})
@@ -62,7 +73,7 @@ func sameRecord(t *testing.T, got, want Record) {
 		got.LeaseID != want.LeaseID || got.RequestID != want.RequestID ||
 		!got.Acquired.Equal(want.Acquired) || got.TTL != want.TTL || !got.Expires.Equal(want.Expires) ||
 		got.Netns != want.Netns || got.HostIfindex != want.HostIfindex || !got.Created.Equal(want.Created) ||
-		!reflect.DeepEqual(got.Attachment, want.Attachment) {
+		!reflect.DeepEqual(got.Attachment, want.Attachment) || !reflect.DeepEqual(got.Egress, want.Egress) {
 		t.Fatalf("record differs:\n got %+v\nwant %+v", got, want)
 	}
 }
@@ -79,7 +90,7 @@ func TestPutGetLoadSurviveReopen(t *testing.T) {
 	ctx := context.Background()
 	want := []Record{leased(1, "ci", "r1"), idle(2), leased(7, "ci", ""), {
 		Index: 300, State: Leased, Owner: "sandbox", LeaseID: NewLeaseID(), Principal: "uid:0", Acquired: t0, // TTL 0: held until released
-	}, attached(301)}
+	}, attached(301), policied(302)}
 	if err := s.Put(ctx, want...); err != nil {
 		t.Fatal(err)
 	}
@@ -150,6 +161,9 @@ func TestPutRefusesInvalidRecords(t *testing.T) {
 		{"attachment without interface", []Record{func() Record { r := attached(5); r.Attachment.IfName = ""; return r }()}},
 		{"attachment interface too long", []Record{func() Record { r := attached(5); r.Attachment.IfName = "sixteen-bytes-xx"; return r }()}},
 		{"owner too long", []Record{mod(func(r *Record) { r.Owner = long })}},
+		{"idle with egress policy", []Record{func() Record { r := idle(5); r.Egress = policied(5).Egress; return r }()}},
+		{"egress lists unsorted", []Record{func() Record { r := policied(5); slices.Reverse(r.Egress.Deny); return r }()}},
+		{"egress list /0", []Record{func() Record { r := policied(5); r.Egress.Allow[0] = netip.MustParsePrefix("0.0.0.0/0"); return r }()}},
 		{"same index twice", []Record{idle(5), idle(5)}},
 		{"same request twice", []Record{leased(5, "o", "q"), leased(6, "o", "q")}},
 	} {

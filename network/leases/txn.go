@@ -2,9 +2,12 @@ package leases
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"runtime/debug"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // bucketID names a bucket whose keys the journal carries: the records and
@@ -183,4 +186,56 @@ func (v bucketView) ForEach(fn func(k, val []byte) error) error {
 		}
 	}
 	return nil
+}
+
+// read runs fn over the records as they stand: the file under the
+// journal's changes not yet checkpointed. Holding pmu shared for the whole
+// read keeps the checkpoint from emptying pending between fn's look there
+// and its look in the file.
+func (s *Store) read(fn func(t *txn) error) error {
+	s.pmu.RLock()
+	defer s.pmu.RUnlock()
+	return s.view(func(tx *bolt.Tx) error { return fn(&txn{tx: tx, pending: s.pending}) })
+}
+
+// view and update run a bbolt transaction with faults contained: a panic
+// inside bbolt (a corrupt page) or a memory fault on the mapped file (a
+// file truncated under us) becomes a *CorruptError instead of the end of
+// the process, and a full filesystem an error matching ErrNoSpace.
+func (s *Store) view(fn func(*bolt.Tx) error) error {
+	return s.contain(func() error { return s.db.View(fn) })
+}
+
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	return s.contain(func() error { return s.db.Update(fn) })
+}
+
+func (s *Store) contain(fn func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			err = &CorruptError{Path: s.path, Err: fmt.Errorf("bbolt: %v", p)}
+		}
+	}()
+	return classify(s.path, fn())
+}
+
+func classify(path string, err error) error {
+	var (
+		ce *CorruptError
+		r  *RecordsError
+		d  *DuplicateRequestError
+	)
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ce), errors.As(err, &r), errors.As(err, &d),
+		errors.Is(err, ErrInvalid), errors.Is(err, ErrNotFound):
+		return err
+	case errors.Is(err, berrors.ErrDatabaseNotOpen):
+		return ErrClosed
+	case isNoSpace(err):
+		return &noSpace{fmt.Errorf("leases: %s: %w", path, err)}
+	}
+	return fmt.Errorf("leases: %s: %w", path, err)
 }

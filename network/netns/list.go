@@ -40,18 +40,11 @@ type Entry struct {
 // List returns the entries of dir whose names start with prefix, without
 // following symlinks. A missing directory is an empty list.
 func List(dir, prefix string) ([]Entry, error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("netns: list: %w", err)
+	f, des, err := readDir(dir, "list")
+	if err != nil || f == nil {
+		return nil, err
 	}
 	defer f.Close()
-	des, err := f.ReadDir(-1)
-	if err != nil {
-		return nil, fmt.Errorf("netns: list: %w", err)
-	}
 	out := make([]Entry, 0, len(des))
 	for _, de := range des {
 		name := de.Name()
@@ -70,4 +63,22 @@ func List(dir, prefix string) ([]Entry, error) {
 		out = append(out, Entry{Name: name, Kind: k})
 	}
 	return out, nil
+}
+
+// readDir opens dir and reads its entries, for op; a missing dir is none
+// (a nil file). The caller closes the file.
+func readDir(dir, op string) (*os.File, []os.DirEntry, error) {
+	f, err := os.Open(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("netns: %s: %w", op, err)
+	}
+	des, err := f.ReadDir(-1)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("netns: %s: %w", op, err)
+	}
+	return f, des, nil
 }

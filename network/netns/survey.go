@@ -46,18 +46,11 @@ type Found struct {
 // a look-alike. If mountinfo cannot be read, each entry is inspected with
 // Inspect instead.
 func Survey(dir string, match func(name string) bool) ([]Found, error) {
-	d, err := os.Open(dir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("netns: survey: %w", err)
+	d, des, err := readDir(dir, "survey")
+	if err != nil || d == nil {
+		return nil, err
 	}
 	defer d.Close()
-	des, err := d.ReadDir(-1)
-	if err != nil {
-		return nil, fmt.Errorf("netns: survey: %w", err)
-	}
 	dirfd := int(d.Fd())
 	mounts, mountsErr := mountsIn(dirfd)
 	out := make([]Found, 0, len(des))

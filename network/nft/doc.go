@@ -12,7 +12,7 @@
 // chains never grows with the number of slots.
 //
 // The table looks like this in `nft list table inet <name>` (nftables
-// 1.0.6; default Policy, two slots, slot 2 leased with an egress policy;
+// 1.0.6; default Isolation, two slots, slot 2 leased with an egress policy;
 // the port sets and the egress defaults' sets omitted):
 //
 //	table inet <name> {
@@ -87,7 +87,7 @@
 // listening sockets. So:
 //
 //   - Slot to slot (forward, in and out interfaces both slots): dropped.
-//     Policy.AllowSlotToSlot turns the verdict into accept, for an operator
+//     Isolation.AllowSlotToSlot turns the verdict into accept, for an operator
 //     whose tenants are one party. The rule is kept either way, so the rule
 //     count does not depend on the policy.
 //
@@ -106,7 +106,7 @@
 //     replies and related packets of connections the host opened (which is
 //     also how ICMP errors such as "fragmentation needed" for path MTU
 //     discovery get through), ping of the slot's own gateway, and the TCP
-//     and UDP ports of Policy.HostTCPPorts and Policy.HostUDPPorts, which an
+//     and UDP ports of Isolation.HostTCPPorts and Isolation.HostUDPPorts, which an
 //     operator lists for services offered to tenants (a DNS resolver on the
 //     host, say). Both are accepted only at the slot's own gateway address
 //     (the host end of its veth: `fib daddr . iif type local`), never at

@@ -11,10 +11,10 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
+	"github.com/phasegate/phasegate/network/internal/nftexpr"
 )
 
 // inlineMax is the longest list of a policy written as a rule per range;
@@ -28,10 +28,6 @@ const inlineMax = 8
 
 // egressChainPrefix starts the name of every slot's egress chain.
 const egressChainPrefix = "egress_"
-
-// fingerprintPrefix starts the comment of an egress chain's first rule, as
-// in the slot's own egress table (package inside).
-const fingerprintPrefix = "policy "
 
 // EgressChain names the egress chain of the slot whose host interface is
 // name.
@@ -50,7 +46,7 @@ func EgressChain(name string) string { return egressChainPrefix + name }
 // always-denied set; the daemon's always-allowed set is accepted by chain
 // egress before the map. The first rule's comment carries p's
 // fingerprint with the table's defaults, which EgressOf reads back.
-func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) error {
+func (t *Table) SetEgress(ctx context.Context, name string, p egress.Policy) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -58,8 +54,8 @@ func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) err
 	if err != nil {
 		return err
 	}
-	if p.RedirectTCP && t.egress.ProxyPort == 0 {
-		return fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", inside.ErrInvalidPolicy)
+	if err := t.egress.Admit(p); err != nil {
+		return err
 	}
 	return t.changes.do(t, "egress chain "+EgressChain(name), func(c *nftables.Conn, ids *setIDs) error {
 		tbl := t.table()
@@ -72,7 +68,7 @@ func (t *Table) SetEgress(ctx context.Context, name string, p inside.Policy) err
 		for i, r := range rules {
 			rule := &nftables.Rule{Table: tbl, Chain: ch, Exprs: r}
 			if i == 0 {
-				rule.UserData = userdata.AppendString(nil, userdata.TypeComment, fingerprintPrefix+p.Fingerprint(t.egress))
+				rule.UserData = nftexpr.FingerprintComment(p.Fingerprint(t.egress))
 			}
 			c.AddRule(rule)
 		}
@@ -122,7 +118,7 @@ func jumpTo(k []byte, name string) nftables.SetElement {
 // egressRules is a slot's egress chain for p, in order (never empty: the
 // always-denied set ends it, or DenyAll's drop); the anonymous sets of the
 // lease's lists are added to c's transaction.
-func (t *Table) egressRules(c *nftables.Conn, ids *setIDs, p inside.Policy) ([][]expr.Any, error) {
+func (t *Table) egressRules(c *nftables.Conn, ids *setIDs, p egress.Policy) ([][]expr.Any, error) {
 	accept := []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	// The daemon's always-allowed set is accepted before the map sends a
@@ -160,7 +156,7 @@ func (t *Table) egressRules(c *nftables.Conn, ids *setIDs, p inside.Policy) ([][
 		}
 		set := &nftables.Set{Table: t.table(), Name: "__set%d", ID: ids.next(), Anonymous: true, Constant: true,
 			Interval: true, KeyType: nftables.TypeIPAddr}
-		if err := c.AddSet(set, inside.IntervalElements(l.list)); err != nil {
+		if err := c.AddSet(set, nftexpr.IntervalElements(l.list)); err != nil {
 			return nil, fmt.Errorf("nft: add egress set: %w", err)
 		}
 		rules = append(rules, slices.Concat(daddrIn(set), l.verdict))
@@ -250,7 +246,7 @@ const chainsPerTransaction = 128
 
 // EgressState is what the table holds of one slot's egress policy.
 type EgressState struct {
-	// Fingerprint is the written policy's (inside.Policy.Fingerprint with
+	// Fingerprint is the written policy's (egress.Policy.Fingerprint with
 	// the table's defaults); "" when the slot has no egress chain.
 	Fingerprint string
 	// Drops counts the packets the chain dropped since it was written.
@@ -272,10 +268,7 @@ func (t *Table) EgressOf(ctx context.Context, name string) (EgressState, error) 
 	if err != nil {
 		return EgressState{}, fmt.Errorf("nft: list egress chain %s/%s: %w", t.name, EgressChain(name), err)
 	}
-	var st EgressState
-	if comment, ok := userdata.GetString(rules[0].UserData, userdata.TypeComment); ok {
-		st.Fingerprint, _ = strings.CutPrefix(comment, fingerprintPrefix)
-	}
+	st := EgressState{Fingerprint: nftexpr.Fingerprint(rules[0].UserData)}
 	for _, r := range rules {
 		for _, e := range r.Exprs {
 			if n, ok := e.(*expr.Counter); ok {

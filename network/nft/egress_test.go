@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/internal/fakehost"
 	"github.com/phasegate/phasegate/network/nft"
 )
@@ -24,11 +24,11 @@ var metadata = netip.MustParseAddr("169.254.169.254")
 // outside network unless a lease allows it. The slots have no table of
 // their own inside: everything the tests see is the host's doing, as
 // after a tenant's `nft flush ruleset` in its namespace.
-func egressHost(t *testing.T, n int, d inside.Defaults) (*fakehost.Host, *nft.Table) {
+func egressHost(t *testing.T, n int, d egress.Defaults) (*fakehost.Host, *nft.Table) {
 	t.Helper()
 	h := fakehost.New(t, n, true)
 	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR),
-		nft.WithEgress(d), nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{portAllowed}}))
+		nft.WithEgress(d), nft.WithIsolation(nft.Isolation{HostTCPPorts: []uint16{portAllowed}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func egressDrops(t *testing.T, tbl *nft.Table, name string) func() uint64 {
 	}
 }
 
-func setEgress(t *testing.T, tbl *nft.Table, name string, p inside.Policy) {
+func setEgress(t *testing.T, tbl *nft.Table, name string, p egress.Policy) {
 	t.Helper()
 	if err := tbl.SetEgress(context.Background(), name, p); err != nil {
 		t.Fatalf("SetEgress %s: %v", name, err)
@@ -74,7 +74,7 @@ func cidrs(s ...string) []netip.Prefix {
 // replacement keeps established flows, and one slot's policy is not
 // another's. Every drop is counted in the slot's own chain.
 func TestEgressPolicyOnTheHost(t *testing.T) {
-	d := inside.Defaults{AlwaysDeny: cidrs("192.0.2.0/24")}
+	d := egress.Defaults{AlwaysDeny: cidrs("192.0.2.0/24")}
 	h, tbl := egressHost(t, 2, d)
 	ctx := context.Background()
 	s1, s2 := h.Slots[0], h.Slots[1]
@@ -85,12 +85,12 @@ func TestEgressPolicyOnTheHost(t *testing.T) {
 	if !udpArrivesCounted(t, counted, s1.NetnsPath, out, ln) {
 		t.Fatal("without a policy the slot does not reach the outside")
 	}
-	setEgress(t, tbl, s1.HostIf, inside.Policy{})
+	setEgress(t, tbl, s1.HostIf, egress.Policy{})
 	if udpArrivesCounted(t, counted, s1.NetnsPath, out, ln) {
 		t.Error("the always-denied outside reached under a policy")
 	}
 	st, err := tbl.EgressOf(ctx, s1.HostIf)
-	if want := (inside.Policy{}).Fingerprint(d); err != nil || st.Fingerprint != want || st.Drops == 0 {
+	if want := (egress.Policy{}).Fingerprint(d); err != nil || st.Fingerprint != want || st.Drops == 0 {
 		t.Errorf("EgressOf = %+v, %v; want fingerprint %s and drops", st, err, want)
 	}
 	if !udpArrivesCounted(t, egressDrops(t, tbl, s2.HostIf), s2.NetnsPath, out, ln) {
@@ -99,7 +99,7 @@ func TestEgressPolicyOnTheHost(t *testing.T) {
 
 	// An established flow: replies keep it up across a replacement.
 	refl := reflect(t, h)
-	setEgress(t, tbl, s1.HostIf, inside.Policy{Allow: cidrs("192.0.2.2/32")})
+	setEgress(t, tbl, s1.HostIf, egress.Policy{Allow: cidrs("192.0.2.2/32")})
 	if !udpArrivesCounted(t, counted, s1.NetnsPath, out, ln) {
 		t.Error("the lease's allow list does not win over the always-denied set")
 	}
@@ -114,22 +114,22 @@ func TestEgressPolicyOnTheHost(t *testing.T) {
 	// Lists longer than a few ranges are sets rather than rules: the same
 	// verdicts.
 	long := func(last string) []netip.Prefix { return append(ranges(9, 20), netip.MustParsePrefix(last)) }
-	setEgress(t, tbl, s1.HostIf, inside.Policy{Allow: long("192.0.2.2/32")})
+	setEgress(t, tbl, s1.HostIf, egress.Policy{Allow: long("192.0.2.2/32")})
 	if !udpArrivesCounted(t, counted, s1.NetnsPath, out, ln) {
 		t.Error("a long allow list does not win over the always-denied set")
 	}
-	if st, _ := tbl.EgressOf(ctx, s1.HostIf); st.Fingerprint != (inside.Policy{Allow: long("192.0.2.2/32")}).Fingerprint(d) {
+	if st, _ := tbl.EgressOf(ctx, s1.HostIf); st.Fingerprint != (egress.Policy{Allow: long("192.0.2.2/32")}).Fingerprint(d) {
 		t.Errorf("EgressOf after a long list: %+v", st)
 	}
-	h2, tbl2 := egressHost(t, 1, inside.Defaults{}) // nothing always denied: the lease's deny list alone
+	h2, tbl2 := egressHost(t, 1, egress.Defaults{}) // nothing always denied: the lease's deny list alone
 	out2 := netip.AddrPortFrom(fakehost.OutsideUplink.Addr(), portOutside)
 	ln2 := listenUDP(t, h2.Outside, out2)
-	setEgress(t, tbl2, h2.Slots[0].HostIf, inside.Policy{Deny: long("192.0.2.0/24")})
+	setEgress(t, tbl2, h2.Slots[0].HostIf, egress.Policy{Deny: long("192.0.2.0/24")})
 	if udpArrivesCounted(t, egressDrops(t, tbl2, h2.Slots[0].HostIf), h2.Slots[0].NetnsPath, out2, ln2) {
 		t.Error("a long deny list let its last range through")
 	}
-	setEgress(t, tbl, s1.HostIf, inside.Policy{Allow: cidrs("192.0.2.2/32")})
-	setEgress(t, tbl, s1.HostIf, inside.Policy{DenyAll: true})
+	setEgress(t, tbl, s1.HostIf, egress.Policy{Allow: cidrs("192.0.2.2/32")})
+	setEgress(t, tbl, s1.HostIf, egress.Policy{DenyAll: true})
 	if !echoes(c, "after") {
 		t.Error("an established flow was cut by a replacement")
 	}
@@ -167,14 +167,14 @@ func echoes(c *net.UDPConn, msg string) bool {
 // its gateway; on the host, TCP that went around it (the tenant removed
 // the redirection) is dropped, while the proxy itself stays reachable.
 func TestEgressRedirectHoldsOnTheHost(t *testing.T) {
-	d := inside.Defaults{ProxyPort: portAllowed}
+	d := egress.Defaults{ProxyPort: portAllowed}
 	h, tbl := egressHost(t, 1, d)
 	s1 := h.Slots[0]
 	out := netip.AddrPortFrom(fakehost.OutsideUplink.Addr(), portOutside)
 	listenTCP(t, h.Outside, out)
 	listenTCP(t, h.Path, netip.AddrPortFrom(netip.IPv4Unspecified(), portAllowed))
 	counted := egressDrops(t, tbl, s1.HostIf)
-	if err := tbl.SetEgress(context.Background(), s1.HostIf, inside.Policy{RedirectTCP: true}); err != nil {
+	if err := tbl.SetEgress(context.Background(), s1.HostIf, egress.Policy{RedirectTCP: true}); err != nil {
 		t.Fatal(err)
 	}
 	if tcpConnectsCounted(t, counted, s1.NetnsPath, out) {
@@ -188,7 +188,7 @@ func TestEgressRedirectHoldsOnTheHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := noProxy.SetEgress(context.Background(), s1.HostIf, inside.Policy{RedirectTCP: true}); err == nil {
+	if err := noProxy.SetEgress(context.Background(), s1.HostIf, egress.Policy{RedirectTCP: true}); err == nil {
 		t.Error("redirect_tcp accepted without a proxy")
 	}
 }
@@ -201,16 +201,16 @@ func TestLinkLocalIsDropped(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		allow   []netip.Prefix // the daemon's always-allowed
-		policy  *inside.Policy
+		policy  *egress.Policy
 		reached bool
 	}{
 		{"no policy", nil, nil, false},
-		{"a policy without it", nil, &inside.Policy{}, false},
+		{"a policy without it", nil, &egress.Policy{}, false},
 		{"always allowed", cidrs("169.254.169.254/32"), nil, true},
-		{"allowed by the lease", nil, &inside.Policy{Allow: cidrs("169.254.169.254/32")}, true},
+		{"allowed by the lease", nil, &egress.Policy{Allow: cidrs("169.254.169.254/32")}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, tbl := egressHost(t, 1, inside.Defaults{AlwaysAllow: tc.allow})
+			h, tbl := egressHost(t, 1, egress.Defaults{AlwaysAllow: tc.allow})
 			s1 := h.Slots[0]
 			if err := fakehost.Route(h.Path, netip.PrefixFrom(metadata, 32), fakehost.OutsideUplink.Addr()); err != nil {
 				t.Fatal(err)
@@ -241,11 +241,11 @@ func TestLinkLocalIsDropped(t *testing.T) {
 // name or many, some without a chain), and AddNew clears one left under the
 // name of a new slot.
 func TestEgressChainGoesWithTheSlot(t *testing.T) {
-	h, tbl := egressHost(t, 4, inside.Defaults{})
+	h, tbl := egressHost(t, 4, egress.Defaults{})
 	ctx := context.Background()
 	names := h.HostIfs()
 	for _, n := range names[:3] {
-		setEgress(t, tbl, n, inside.Policy{DenyAll: true})
+		setEgress(t, tbl, n, egress.Policy{DenyAll: true})
 	}
 	if got, err := tbl.EgressNames(ctx); err != nil || !slices.Equal(got, slices.Sorted(slices.Values(names[:3]))) {
 		t.Fatalf("EgressNames = %q, %v; want %q", got, err, names[:3])
@@ -267,7 +267,7 @@ func TestEgressChainGoesWithTheSlot(t *testing.T) {
 	}
 	// A chain left without its element (as if by an older build) is
 	// cleared by the next slot's AddNew, so the new slot starts open.
-	setEgress(t, tbl, names[0], inside.Policy{DenyAll: true})
+	setEgress(t, tbl, names[0], egress.Policy{DenyAll: true})
 	if err := tbl.AddNew(ctx, names[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +291,7 @@ func TestEgressChainGoesWithTheSlot(t *testing.T) {
 // transaction (the counters keep their counts); a table whose fixed rules
 // someone changed, or whose policy or defaults differ, is written again.
 func TestEnsureWritesOnlyWhatDiffers(t *testing.T) {
-	d := inside.Defaults{AlwaysDeny: cidrs("10.0.0.0/8")}
+	d := egress.Defaults{AlwaysDeny: cidrs("10.0.0.0/8")}
 	h, tbl := egressHost(t, 2, d)
 	ctx := context.Background()
 	sendRaw(t, h.Slots[0].NetnsPath, netip.AddrPortFrom(h.Slots[1].InsideAddr.Addr(), 1), netip.AddrPortFrom(fakehost.OutsideUplink.Addr(), 9), "spoofed")
@@ -324,7 +324,7 @@ func TestEnsureWritesOnlyWhatDiffers(t *testing.T) {
 	}
 	// Other defaults (a host address more, say): the sets are written.
 	other, err := nft.New(tbl.Name(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR),
-		nft.WithEgress(inside.Defaults{AlwaysDeny: cidrs("10.0.0.0/8", "198.18.0.0/15")}), nft.WithPolicy(tbl.Policy()))
+		nft.WithEgress(egress.Defaults{AlwaysDeny: cidrs("10.0.0.0/8", "198.18.0.0/15")}), nft.WithIsolation(tbl.Isolation()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,10 +339,10 @@ func TestEnsureWritesOnlyWhatDiffers(t *testing.T) {
 
 // The defaults a table gives name the ranges its rule against link-local
 // destinations drops, the slot network cut out, so that what a policy
-// lets out (inside.Narrow) is what the table does; they are not written
+// lets out (egress.Narrow) is what the table does; they are not written
 // into any policy's fingerprint.
 func TestEgressDefaultsNameTheLinkLocalRule(t *testing.T) {
-	d := inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
+	d := egress.Defaults{AlwaysDeny: egress.DefaultAlwaysDeny}
 	for _, tc := range []struct {
 		slots netip.Prefix
 		want  string
@@ -358,7 +358,7 @@ func TestEgressDefaultsNameTheLinkLocalRule(t *testing.T) {
 		if s := fmt.Sprint(got.LinkLocal); s != tc.want {
 			t.Errorf("slot network %s: LinkLocal %s, want %s", tc.slots, s, tc.want)
 		}
-		var p inside.Policy
+		var p egress.Policy
 		if p.Fingerprint(got) != p.Fingerprint(d) {
 			t.Errorf("slot network %s: the link-local ranges changed a policy's fingerprint", tc.slots)
 		}

@@ -11,7 +11,7 @@ import (
 // Tenants that are one party may talk to each other, and every slot may
 // use a DNS resolver on the host end of its veth.
 func ExampleNew() {
-	tbl, err := nft.New(nft.TableName("pg-"), nft.WithSlotNetwork(netip.MustParsePrefix("169.254.128.0/19")), nft.WithPolicy(nft.Policy{
+	tbl, err := nft.New(nft.TableName("pg-"), nft.WithSlotNetwork(netip.MustParsePrefix("169.254.128.0/19")), nft.WithIsolation(nft.Isolation{
 		AllowSlotToSlot: true,
 		HostUDPPorts:    []uint16{53},
 		HostTCPPorts:    []uint16{53},

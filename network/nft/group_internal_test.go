@@ -15,7 +15,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 )
 
 // Policies written at once by many callers go in shared transactions
@@ -27,7 +27,7 @@ func TestConcurrentPoliciesEachGetTheirOwn(t *testing.T) {
 	ctx := context.Background()
 	const n = 48
 	names := make([]string, n)
-	policies := make([]inside.Policy, n)
+	policies := make([]egress.Policy, n)
 	for i := range n {
 		names[i] = fmt.Sprintf("nftt-h%d", i+1)
 		policies[i] = policyOf(i)
@@ -125,8 +125,8 @@ func TestRefusedChangeFailsOnlyItsCaller(t *testing.T) {
 // policyOf is slot i's policy: a long allow list (an anonymous set) whose
 // first range is slot i's own (ranges apart, so that none merge), and a
 // short deny list (rules).
-func policyOf(i int) inside.Policy {
-	var p inside.Policy
+func policyOf(i int) egress.Policy {
+	var p egress.Policy
 	for k := range inlineMax + 2 {
 		p.Allow = append(p.Allow, netip.PrefixFrom(netip.AddrFrom4([4]byte{23, byte(i), byte(2 * k), 0}), 24))
 	}

@@ -26,9 +26,9 @@ const (
 )
 
 // install puts the table with policy p into the fake host and adds its slots.
-func install(t *testing.T, h *fakehost.Host, p nft.Policy) *nft.Table {
+func install(t *testing.T, h *fakehost.Host, p nft.Isolation) *nft.Table {
 	t.Helper()
-	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithPolicy(p), nft.WithSlotNetwork(h.Config.CIDR))
+	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithIsolation(p), nft.WithSlotNetwork(h.Config.CIDR))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestSlotToSlot(t *testing.T) {
 	for _, allow := range []bool{false, true} {
 		t.Run(fmt.Sprintf("allow=%v", allow), func(t *testing.T) {
 			h := fakehost.New(t, 3, true)
-			tbl := install(t, h, nft.Policy{AllowSlotToSlot: allow})
+			tbl := install(t, h, nft.Isolation{AllowSlotToSlot: allow})
 			s1, s2 := h.Slots[0], h.Slots[1]
 			dst := netip.AddrPortFrom(s2.InsideAddr.Addr(), portSlot)
 			ln := listenUDP(t, s2.NetnsPath, dst)
@@ -241,7 +241,7 @@ func TestSlotToSlot(t *testing.T) {
 // own gateway, and can ping its own gateway but not another slot's.
 func TestSlotToHost(t *testing.T) {
 	h := fakehost.New(t, 2, true)
-	tbl := install(t, h, nft.Policy{HostTCPPorts: []uint16{portAllowed}, HostUDPPorts: []uint16{portAllowed}})
+	tbl := install(t, h, nft.Isolation{HostTCPPorts: []uint16{portAllowed}, HostUDPPorts: []uint16{portAllowed}})
 	s1, s2 := h.Slots[0], h.Slots[1]
 	any4 := netip.IPv4Unspecified()
 	allowedUDP := listenUDP(t, h.Path, netip.AddrPortFrom(any4, portAllowed))
@@ -352,13 +352,13 @@ func echoRequest(seq uint16) []byte {
 func TestEnsureChangesPolicy(t *testing.T) {
 	h := fakehost.New(t, 2, true)
 	ctx := context.Background()
-	tbl := install(t, h, nft.Policy{})
+	tbl := install(t, h, nft.Isolation{})
 	n, err := tbl.RuleCount(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	open, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR),
-		nft.WithPolicy(nft.Policy{AllowSlotToSlot: true, HostUDPPorts: []uint16{53, 53}}))
+		nft.WithIsolation(nft.Isolation{AllowSlotToSlot: true, HostUDPPorts: []uint16{53, 53}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +378,7 @@ func TestEnsureChangesPolicy(t *testing.T) {
 	if !udpArrives(t, open, s1.NetnsPath, dst, listenUDP(t, s2.NetnsPath, dst), slotToSlot) {
 		t.Errorf("slot-to-slot still dropped after Ensure with AllowSlotToSlot")
 	}
-	if _, err := nft.New("x", nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{0}})); err == nil {
+	if _, err := nft.New("x", nft.WithIsolation(nft.Isolation{HostTCPPorts: []uint16{0}})); err == nil {
 		t.Errorf("port 0 accepted")
 	}
 }
@@ -390,7 +390,7 @@ func TestPublishedPort(t *testing.T) {
 		t.Skip("nft not installed (tools/deps.sh installs it)")
 	}
 	h := fakehost.New(t, 1, true)
-	tbl := install(t, h, nft.Policy{})
+	tbl := install(t, h, nft.Isolation{})
 	s1 := h.Slots[0]
 	listenTCP(t, s1.NetnsPath, netip.AddrPortFrom(s1.InsideAddr.Addr(), portSlot))
 	rule := fmt.Sprintf("nft add table ip pub && nft add chain ip pub pre '{ type nat hook prerouting priority dstnat; }' && "+

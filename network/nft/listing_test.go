@@ -63,7 +63,7 @@ func nftTable(t *testing.T, table string) string {
 func TestListingNamesEveryElement(t *testing.T) {
 	env := nettest.New(t, 4) // its cleanup deletes the table
 	ctx := context.Background()
-	tbl, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithPolicy(nft.Policy{HostTCPPorts: []uint16{53, 8080}, HostUDPPorts: []uint16{53}}))
+	tbl, err := nft.New(env.Config.TableName(), nft.WithSlotNetwork(env.Config.CIDR), nft.WithIsolation(nft.Isolation{HostTCPPorts: []uint16{53, 8080}, HostUDPPorts: []uint16{53}}))
 	if err != nil {
 		t.Fatal(err)
 	}

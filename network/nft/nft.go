@@ -15,7 +15,7 @@ import (
 	mnl "github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 )
 
 // SetName is the name of the interface-name set in every table.
@@ -90,10 +90,12 @@ var LinkLocal = netip.MustParsePrefix("169.254.0.0/16")
 // ctStatusDNAT is IPS_DST_NAT: the connection's destination was rewritten.
 const ctStatusDNAT = 1 << 5
 
-// Policy says what the table's rules let slots reach. The zero value is the
+// Isolation says what the table's rules let slots reach besides the
+// outside: one another and ports of the host. The zero value is the
 // default for a multi-tenant host: slots are isolated from one another and
-// reach no port of the host (see the package doc).
-type Policy struct {
+// reach no port of the host (see the package doc). A lease's egress
+// policy, what a slot may send out, is package egress's.
+type Isolation struct {
 	// AllowSlotToSlot accepts traffic between slots instead of dropping it.
 	AllowSlotToSlot bool
 	// HostTCPPorts and HostUDPPorts are ports of services on the host that
@@ -103,7 +105,7 @@ type Policy struct {
 }
 
 // Validate reports a port outside [1, 65535].
-func (p Policy) Validate() error {
+func (p Isolation) Validate() error {
 	for _, l := range [][]uint16{p.HostTCPPorts, p.HostUDPPorts} {
 		if slices.Contains(l, 0) {
 			return errors.New("nft: host port 0 is not a port")
@@ -115,10 +117,11 @@ func (p Policy) Validate() error {
 // Option configures a Table.
 type Option func(*Table)
 
-// WithPolicy sets the policy Ensure writes (default: the zero Policy).
-func WithPolicy(p Policy) Option {
+// WithIsolation sets the isolation Ensure writes (default: the zero
+// Isolation).
+func WithIsolation(p Isolation) Option {
 	return func(t *Table) {
-		t.policy = Policy{
+		t.isolation = Isolation{
 			AllowSlotToSlot: p.AllowSlotToSlot,
 			HostTCPPorts:    slices.Clone(p.HostTCPPorts),
 			HostUDPPorts:    slices.Clone(p.HostUDPPorts),
@@ -129,9 +132,9 @@ func WithPolicy(p Policy) Option {
 // WithEgress sets the daemon's part of every lease's egress policy, which
 // Ensure writes into the table's always-allowed and always-denied sets and
 // SetEgress's chains read (default: none).
-func WithEgress(d inside.Defaults) Option {
+func WithEgress(d egress.Defaults) Option {
 	return func(t *Table) {
-		t.egress = inside.Defaults{AlwaysAllow: slices.Clone(d.AlwaysAllow), AlwaysDeny: slices.Clone(d.AlwaysDeny), ProxyPort: d.ProxyPort}
+		t.egress = egress.Defaults{AlwaysAllow: slices.Clone(d.AlwaysAllow), AlwaysDeny: slices.Clone(d.AlwaysDeny), ProxyPort: d.ProxyPort}
 	}
 }
 
@@ -154,13 +157,13 @@ func WithNetNS(path string) Option {
 // descriptor: every method opens a netlink socket for its own transaction
 // and closes it. A Table is safe for concurrent use.
 type Table struct {
-	name    string
-	policy  Policy
-	egress  inside.Defaults
-	slotNet netip.Prefix
-	netns   string
-	stamp   string // WithStamp: the slots made under it are in its stamp set
-	changes group  // the policy changes committed together
+	name      string
+	isolation Isolation
+	egress    egress.Defaults
+	slotNet   netip.Prefix
+	netns     string
+	stamp     string // WithStamp: the slots made under it are in its stamp set
+	changes   group  // the policy changes committed together
 }
 
 // New returns a handle on the inet table called name. Nothing is created
@@ -173,7 +176,7 @@ func New(name string, opts ...Option) (*Table, error) {
 	for _, o := range opts {
 		o(t)
 	}
-	if err := t.policy.Validate(); err != nil {
+	if err := t.isolation.Validate(); err != nil {
 		return nil, err
 	}
 	if t.stamp != "" && !validStamp(t.stamp) {
@@ -185,18 +188,18 @@ func New(name string, opts ...Option) (*Table, error) {
 // Name returns the table's name.
 func (t *Table) Name() string { return t.name }
 
-// Policy returns the policy Ensure writes.
-func (t *Table) Policy() Policy { return t.policy }
+// Isolation returns the isolation Ensure writes.
+func (t *Table) Isolation() Isolation { return t.isolation }
 
 // EgressDefaults returns the egress defaults Ensure writes, with the
 // ranges the rule against link-local destinations drops (LinkLocal but
 // the slot network) as their LinkLocal: what a policy lets out depends on
-// them (inside.Narrow).
-func (t *Table) EgressDefaults() inside.Defaults {
+// them (egress.Narrow).
+func (t *Table) EgressDefaults() egress.Defaults {
 	d := t.egress
 	d.LinkLocal = []netip.Prefix{LinkLocal}
 	if t.slotNet.IsValid() {
-		d.LinkLocal = inside.Without(LinkLocal, t.slotNet)
+		d.LinkLocal = egress.Without(LinkLocal, t.slotNet)
 	}
 	return d
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/phasegate/phasegate/internal/rawip"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/internal/fakehost"
 	"github.com/phasegate/phasegate/network/nft"
 )
@@ -96,7 +96,7 @@ func pathHost(b *testing.B, table string) *fakehost.Host {
 	}
 	// The daemon's always-denied ranges but TEST-NET-1, where the fake
 	// outside is: under a policy the packet then meets every lookup.
-	d := inside.Defaults{AlwaysDeny: slices.DeleteFunc(slices.Clone(inside.DefaultAlwaysDeny), func(p netip.Prefix) bool {
+	d := egress.Defaults{AlwaysDeny: slices.DeleteFunc(slices.Clone(egress.DefaultAlwaysDeny), func(p netip.Prefix) bool {
 		return p.Contains(fakehost.OutsideUplink.Addr())
 	})}
 	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR), nft.WithEgress(d))
@@ -116,7 +116,7 @@ func pathHost(b *testing.B, table string) *fakehost.Host {
 			mustRun(b, "nsenter", "--net="+h.Path, "nft", "delete", "chain", "inet", tbl.Name(), ch)
 		}
 	case "policy":
-		p := inside.Policy{Allow: ranges(4096, 20), Deny: ranges(4096, 30)}
+		p := egress.Policy{Allow: ranges(4096, 20), Deny: ranges(4096, 30)}
 		if err := tbl.SetEgress(ctx, h.Slots[0].HostIf, p); err != nil {
 			b.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/nftables"
 
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 )
 
 // A teardown of many leased slots at once (a reclaim, a decommission)
@@ -31,7 +31,7 @@ func TestRemoveManyEgressChains(t *testing.T) {
 	if err := tbl.Add(ctx, names...); err != nil {
 		t.Fatal(err)
 	}
-	tbl.setEgressMany(t, names, inside.Policy{Deny: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}})
+	tbl.setEgressMany(t, names, egress.Policy{Deny: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}})
 	if got, err := tbl.EgressNames(ctx); err != nil || len(got) != n {
 		t.Fatalf("chains made: %d, %v", len(got), err)
 	}
@@ -71,7 +71,7 @@ func privateTable(tb testing.TB) *Table {
 // setEgressMany writes p for every name as SetEgress does, a few hundred
 // slots a transaction, where SetEgress takes one each: making 10,000
 // chains one at a time would walk every chain made so far each time.
-func (t *Table) setEgressMany(tb testing.TB, names []string, p inside.Policy) {
+func (t *Table) setEgressMany(tb testing.TB, names []string, p egress.Policy) {
 	tb.Helper()
 	c, release, err := t.conn()
 	if err != nil {
@@ -115,7 +115,7 @@ func (t *Table) setEgressMany(tb testing.TB, names []string, p inside.Policy) {
 //
 //	go test -run '^$' -bench SetEgressAtScale -count 3 ./network/nft/
 func BenchmarkSetEgressAtScale(b *testing.B) {
-	p := inside.Policy{Allow: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, Deny: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}
+	p := egress.Policy{Allow: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, Deny: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}
 	for _, n := range []int{0, 1000, 10000} {
 		b.Run(fmt.Sprintf("chains=%d", n), func(b *testing.B) {
 			tbl := privateTable(b)

@@ -15,7 +15,6 @@ import (
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
-	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/internal/nftexpr"
 )
 
@@ -117,9 +116,9 @@ func (t *Table) layout() string {
 	h := sha256.New()
 	ports := func(ps []uint16) []uint16 { return slices.Compact(slices.Sorted(slices.Values(ps))) }
 	fmt.Fprintf(h, "v%d %d slot-to-slot %t tcp %v udp %v net %s\n", rulesVersion, FixedRules,
-		t.policy.AllowSlotToSlot, ports(t.policy.HostTCPPorts), ports(t.policy.HostUDPPorts), t.slotNet)
+		t.isolation.AllowSlotToSlot, ports(t.isolation.HostTCPPorts), ports(t.isolation.HostUDPPorts), t.slotNet)
 	for _, l := range [][]netip.Prefix{t.egress.AlwaysAllow, t.egress.AlwaysDeny} {
-		for _, e := range inside.IntervalElements(l) {
+		for _, e := range nftexpr.IntervalElements(l) {
 			fmt.Fprintf(h, "%x %t,", e.Key, e.IntervalEnd)
 		}
 		fmt.Fprintln(h)
@@ -179,7 +178,7 @@ func (t *Table) writeFixedSets(c *nftables.Conn) (fixedSets, error) {
 		egress:      t.egressMap(),
 	}
 	var ports [2][]nftables.SetElement
-	for k, list := range [][]uint16{t.policy.HostTCPPorts, t.policy.HostUDPPorts} {
+	for k, list := range [][]uint16{t.isolation.HostTCPPorts, t.isolation.HostUDPPorts} {
 		for _, p := range slices.Compact(slices.Sorted(slices.Values(list))) {
 			ports[k] = append(ports[k], nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)})
 		}
@@ -190,8 +189,8 @@ func (t *Table) writeFixedSets(c *nftables.Conn) (fixedSets, error) {
 	}{
 		{s.tcp, ports[0]},
 		{s.udp, ports[1]},
-		{s.alwaysAllow, inside.IntervalElements(t.egress.AlwaysAllow)},
-		{t.addrSet(SetAlwaysDeny, 5), inside.IntervalElements(t.egress.AlwaysDeny)},
+		{s.alwaysAllow, nftexpr.IntervalElements(t.egress.AlwaysAllow)},
+		{t.addrSet(SetAlwaysDeny, 5), nftexpr.IntervalElements(t.egress.AlwaysDeny)},
 	} {
 		if err := c.AddSet(w.set, nil); err != nil {
 			return s, fmt.Errorf("nft: add set %s: %w", w.set.Name, err)
@@ -264,7 +263,7 @@ func (t *Table) rules(sets fixedSets) []*nftables.Rule {
 	drop := &expr.Verdict{Kind: expr.VerdictDrop}
 	// Only drops are counted: Drops never mixes accepted packets in.
 	slotToSlot := []expr.Any{&expr.Counter{}, drop}
-	if t.policy.AllowSlotToSlot {
+	if t.isolation.AllowSlotToSlot {
 		slotToSlot = []expr.Any{accept}
 	}
 	rule := func(chain, comment string, parts ...[]expr.Any) *nftables.Rule {

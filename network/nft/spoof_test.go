@@ -69,7 +69,7 @@ func TestSpoofedSourceIsDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tbl := install(t, h, nft.Policy{})
+	tbl := install(t, h, nft.Isolation{})
 	refl := reflect(t, h)
 	attacker, victim := h.Slots[0], h.Slots[1]
 

@@ -66,15 +66,23 @@ func (p *Pool) Adopt(s *slot.Slot) error {
 // at the index is held, something living in it, and must not be made
 // over. The reconciler's Keep leaves it alone; an operator releases it.
 func (p *Pool) HoldLost(i int) error {
-	p.mu.Lock()
-	if !p.lost[i] {
-		p.mu.Unlock()
-		return fmt.Errorf("%w: %d is not a lost lease's index", ErrNotFromPool, i)
+	if err := p.takeLost(i); err != nil {
+		return err
 	}
-	delete(p.lost, i)
-	p.mu.Unlock()
 	if err := p.idx.Quarantine(i); err != nil {
 		return fmt.Errorf("pool: hold lost index %d: %w", i, err)
 	}
+	return nil
+}
+
+// takeLost takes i off the lost leases' indices, which it must be on
+// (ErrNotFromPool): an index is given back or held once.
+func (p *Pool) takeLost(i int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.lost[i] {
+		return fmt.Errorf("%w: %d is not a lost lease's index", ErrNotFromPool, i)
+	}
+	delete(p.lost, i)
 	return nil
 }

@@ -215,13 +215,9 @@ func (p *Pool) queue(ctx context.Context, s *slot.Slot, early bool) (*retirement
 // already) fails with ErrNotFromPool. It works after Close too: it only
 // changes the allocator.
 func (p *Pool) PutLost(i int) error {
-	p.mu.Lock()
-	if !p.lost[i] {
-		p.mu.Unlock()
-		return fmt.Errorf("%w: %d is not a lost lease's index", ErrNotFromPool, i)
+	if err := p.takeLost(i); err != nil {
+		return err
 	}
-	delete(p.lost, i)
-	p.mu.Unlock()
 	if err := p.idx.Release(i); err != nil {
 		return fmt.Errorf("pool: give back lost index %d: %w", i, err)
 	}

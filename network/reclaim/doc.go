@@ -8,7 +8,7 @@
 // symlinks, directories, files with content, foreign mounts and other names
 // are look-alikes and untouched), a host link <prefix>h<i> (whose namespace
 // file may be gone), or a set element naming one. The index i is written
-// canonically and may be beyond N: a run with a larger --slots left it; it
+// canonically and may be beyond N: a run with a larger Config.Slots left it; it
 // is reclaimed and listed in Report.Beyond, never quarantined (the
 // allocator covers [1, N] only). Entries that cannot be inspected are
 // reported (Report.Unreadable), never touched, and quarantined.

@@ -54,7 +54,7 @@ type Report struct {
 	// Found is the number of leaked slots found, beyond Slots included.
 	Found int
 	// Beyond are the found indices greater than Slots, ascending: a run
-	// with a larger --slots left them. They are torn down and counted in
+	// with a larger Config.Slots left them. They are torn down and counted in
 	// Reclaimed, Failed or Deferred like the others, but never quarantined
 	// (the allocator does not cover them): the reconciler sweeps those
 	// left.

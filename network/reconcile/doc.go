@@ -4,7 +4,7 @@
 // Each pass surveys the host, tears down the slots of quarantined indices,
 // any stray resources of free indices (a host link whose namespace is gone,
 // a set element without a slot, a netns file nobody owns) and every slot
-// beyond the configured number (left by a run with a larger --slots), and
+// beyond the configured number (left by a run with a larger Config.Slots), and
 // frees in the allocator every quarantined index whose slot is now
 // completely gone. Indices that are acquired (warm in the pool or in use)
 // are never touched; entries that cannot be inspected are never touched and

@@ -53,7 +53,7 @@ type Pass struct {
 	// Freed are quarantined indices returned to the allocator.
 	Freed []int
 	// Beyond are indices greater than the configured slots that the pass
-	// tore down (or tried to): slots a run with a larger --slots left.
+	// tore down (or tried to): slots a run with a larger Config.Slots left.
 	Beyond []int
 	// Failed are the slots the pass could not finish (teardown failures,
 	// and indices the allocator refused to free). Those in range stay

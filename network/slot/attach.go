@@ -262,12 +262,9 @@ func notOurs(s *Slot, nsFD int) error {
 // not an error; a link of that name with another index is not the slot's
 // and is left alone.
 func (m *Manager) Detach(ctx context.Context, s *Slot) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("slot %d: detach: %w", s.Index, err)
-	}
-	p, err := newLinkProbe()
+	p, err := probeFor(ctx, s, "detach")
 	if err != nil {
-		return fmt.Errorf("slot %d: detach: %w", s.Index, err)
+		return err
 	}
 	defer p.close()
 	if err := deleteLink(p, s.HostIfIndex, s.HostIf); err != nil {
@@ -289,12 +286,9 @@ func (m *Manager) Detach(ctx context.Context, s *Slot) error {
 // wait for the kernel to remove it with the slot's namespace, which it
 // never would (the pair's inside end is elsewhere).
 func (m *Manager) Unplug(ctx context.Context, s *Slot, nsFD int, ifname string) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("slot %d: unplug: %w", s.Index, err)
-	}
-	p, err := newLinkProbe()
+	p, err := probeFor(ctx, s, "unplug")
 	if err != nil {
-		return fmt.Errorf("slot %d: unplug: %w", s.Index, err)
+		return err
 	}
 	defer p.close()
 	switch ok, err := p.exists(s.HostIfIndex, s.HostIf); {
@@ -344,4 +338,18 @@ func CheckIfName(name string) error {
 func isNotFound(err error) bool {
 	var nf netlink.LinkNotFoundError
 	return errors.As(err, &nf)
+}
+
+// probeFor opens a link probe for op on slot s, unless ctx is done; its
+// errors name the slot and op.
+func probeFor(ctx context.Context, s *Slot, op string) (*linkProbe, error) {
+	err := ctx.Err()
+	var p *linkProbe
+	if err == nil {
+		p, err = newLinkProbe()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("slot %d: %s: %w", s.Index, op, err)
+	}
+	return p, nil
 }

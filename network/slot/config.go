@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/phasegate/phasegate/network"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
 )
@@ -30,7 +31,7 @@ const (
 )
 
 // DefaultCIDR is the default slot network: a link-local /19 (4,096
-// slots; --slots defaults to 1,024), which no network routes beyond a
+// slots; DefaultConfig has 1,024), which no network routes beyond a
 // link — a slot's veth is one — clear of what hosts and guests commonly
 // use in 169.254.0.0/16: E2B's microVM guest network 169.254.0.20/30
 // (E2BGuestRange), Kubernetes' node-local DNS 169.254.20.10, the cloud
@@ -38,7 +39,7 @@ const (
 // and EKS's 169.254.172.0/22. A host with a route for all of
 // 169.254.0.0/16 (IPv4 link-local addressing on a LAN, as NetworkManager
 // sets up on desktops) is refused at start, naming that route: give such
-// a host another --slot-cidr.
+// a host another CIDR.
 var DefaultCIDR = netip.MustParsePrefix("169.254.128.0/19")
 
 // E2BGuestRange is the fixed network of E2B's microVM guests (guest
@@ -131,8 +132,8 @@ func (c Config) Validate() error {
 			bad("slot CIDR %s with %d slots would use %s (cloud metadata)", c.CIDR, c.Slots, metadataAddr)
 		}
 	}
-	for _, p := range c.Guest.validate() {
-		bad("%s", p)
+	for _, se := range c.Guest.validate() {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, se))
 	}
 	ranges := c.GuestRanges
 	if c.Guest.Enabled() && c.Guest.Addr.IsValid() {
@@ -140,8 +141,8 @@ func (c Config) Validate() error {
 	}
 	for _, g := range ranges {
 		if c.CIDR.IsValid() && g.Overlaps(c.CIDR) {
-			bad("slot CIDR %s overlaps the guest range %s that every slot's workload uses inside: give a --slot-cidr clear of it (the default %s is)",
-				c.CIDR, g, DefaultCIDR)
+			errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, &network.SettingError{Setting: "CIDR", Problem: fmt.Sprintf(
+				"%s overlaps the guest range %s that every slot's workload uses inside: give one clear of it (the default %s is)", c.CIDR, g, DefaultCIDR)}))
 		}
 	}
 	if c.Table != "" && (len(c.Table) > 255 || strings.ContainsRune(c.Table, 0)) {
@@ -216,7 +217,7 @@ func (c Config) ParseHostIfName(name string) (int, bool) {
 // CanonicalNetnsIndex returns the index of a netns name <Prefix><i> whose
 // index is written canonically (decimal, no sign, no leading zero) with
 // 1 <= i <= MaxIndex, whether or not i <= Slots: a name beyond Slots was
-// left by a run with a larger --slots and is ours all the same. ok is false
+// left by a run with a larger Config.Slots and is ours all the same. ok is false
 // for any other name (a look-alike such as <Prefix>007).
 func (c Config) CanonicalNetnsIndex(name string) (int, bool) {
 	s, ok := strings.CutPrefix(name, c.Prefix)

@@ -18,7 +18,7 @@
 //
 // What is ours is decided by name and kind. A name is ours when it is the
 // prefix and an index written canonically (no sign, no leading zero), in
-// [1, Slots] or beyond it: a run with a larger --slots left those, and they
+// [1, Slots] or beyond it: a run with a larger Config.Slots left those, and they
 // are reclaimed and reported (ScanResult.Beyond), never handed out. A netns
 // entry is ours only if it is a bound network namespace or an empty regular
 // file; everything else at our names is a look-alike and never touched.

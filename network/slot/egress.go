@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/inside"
 )
 
 // EgressDefaults returns the daemon's part of every egress policy, as the
 // manager writes it (Options.Egress).
-func (m *Manager) EgressDefaults() inside.Defaults { return m.fw.EgressDefaults() }
+func (m *Manager) EgressDefaults() egress.Defaults { return m.fw.EgressDefaults() }
 
 // ApplyEgress writes lease policy p for slot s, each side in one
 // transaction: on the host, in the slot table's chain for s, where no
@@ -27,12 +28,12 @@ func (m *Manager) EgressDefaults() inside.Defaults { return m.fw.EgressDefaults(
 // The caller holds s for the call: nothing else may release it meanwhile,
 // or the host's chain could outlive the slot (a new slot at the index
 // clears it when it is made: Create).
-func (m *Manager) ApplyEgress(ctx context.Context, s *Slot, p inside.Policy) error {
+func (m *Manager) ApplyEgress(ctx context.Context, s *Slot, p egress.Policy) error {
 	d := m.EgressDefaults()
 	insideDone := make(chan error, 1)
 	go func() {
 		insideDone <- withInside(s, func(is inside.Slot) error {
-			if err := inside.ApplyPolicy(is, p, d); err == nil || errors.Is(err, inside.ErrInvalidPolicy) {
+			if err := inside.ApplyPolicy(is, p, d); err == nil || errors.Is(err, egress.ErrInvalid) {
 				return err
 			}
 			if err := inside.ClearPolicy(is); err != nil {
@@ -67,7 +68,7 @@ func (m *Manager) ClearEgress(ctx context.Context, s *Slot) error {
 
 // EgressState is what holds slot s's egress policy.
 type EgressState struct {
-	// Host and Inside are the fingerprints (inside.Policy.Fingerprint) of
+	// Host and Inside are the fingerprints (egress.Policy.Fingerprint) of
 	// the policy in the slot table's chain and in the slot's own table;
 	// "" where there is none.
 	Host, Inside string

@@ -8,6 +8,7 @@ import (
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
@@ -20,7 +21,7 @@ import (
 // destroyed and made again at the index has no policy on either side.
 func TestEgressOnBothSidesGoesWithTheSlot(t *testing.T) {
 	e := nettest.New(t, 2)
-	d := inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
+	d := egress.Defaults{AlwaysDeny: egress.DefaultAlwaysDeny}
 	ctx := context.Background()
 	m, err := slot.NewManager(ctx, e.Config, slot.Options{Egress: d})
 	if err != nil {
@@ -31,7 +32,7 @@ func TestEgressOnBothSidesGoesWithTheSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := inside.Policy{Allow: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}
+	p := egress.Policy{Allow: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}
 	if err := m.ApplyEgress(ctx, s, p); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +62,7 @@ func TestEgressOnBothSidesGoesWithTheSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2 := inside.Policy{DenyAll: true}
+	p2 := egress.Policy{DenyAll: true}
 	if err := m.ApplyEgress(ctx, s, p2); err != nil {
 		t.Fatalf("ApplyEgress over a table the slot's root broke: %v", err)
 	}

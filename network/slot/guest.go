@@ -14,6 +14,7 @@ import (
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/network"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/internal/netconf"
 	"github.com/phasegate/phasegate/network/netns"
@@ -47,22 +48,28 @@ func (g Guest) Enabled() bool {
 // Range is the guest network (169.254.0.20/30).
 func (g Guest) Range() netip.Prefix { return g.Addr.Masked() }
 
-// validate returns the guest device's problems (flag names for the daemon).
-func (g Guest) validate() []string {
+// validate returns the guest device's problems, each naming its setting
+// (a *network.SettingError: Config's field, which the daemon shows as its
+// flag).
+func (g Guest) validate() []*network.SettingError {
 	if !g.Enabled() {
 		return nil
 	}
-	var bad []string
+	var bad []*network.SettingError
+	add := func(setting, format string, a ...any) {
+		bad = append(bad, &network.SettingError{Setting: "Guest." + setting, Problem: fmt.Sprintf(format, a...)})
+	}
 	switch {
 	case g.Tap == "":
-		bad = append(bad, "--slot-guest-tap is required with a guest device")
+		add("Tap", "is required with a guest device")
 	case len(g.Tap) > maxIfName || strings.ContainsAny(g.Tap, "/ \t\n:") || g.Tap == "." || g.Tap == "..":
-		bad = append(bad, fmt.Sprintf("--slot-guest-tap %q is not an interface name (at most %d bytes, no '/', ':' or spaces)", g.Tap, maxIfName))
+		add("Tap", "%q is not an interface name (at most %d bytes, no '/', ':' or spaces)", g.Tap, maxIfName)
 	case g.Tap == InsideIfName || g.Tap == "lo":
-		bad = append(bad, fmt.Sprintf("--slot-guest-tap %q is taken inside the slot", g.Tap))
+		add("Tap", "%q is taken inside the slot", g.Tap)
 	}
 	if !g.Addr.IsValid() || !g.Addr.Addr().Is4() || g.Addr.Bits() > 30 || g.Addr.Bits() < 8 {
-		return append(bad, fmt.Sprintf("--slot-guest-addr %s: want an IPv4 address with a prefix length in /8../30 (169.254.0.21/30)", g.Addr))
+		add("Addr", "%s: want an IPv4 address with a prefix length in /8../30 (169.254.0.21/30)", g.Addr)
+		return bad
 	}
 	r := g.Range()
 	last := r.Addr()
@@ -71,18 +78,18 @@ func (g Guest) validate() []string {
 	}
 	isEdge := func(a netip.Addr) bool { return a == r.Addr() || a == last }
 	if len(g.MAC) > 0 && (len(g.MAC) != 6 || g.MAC[0]&1 != 0 || bytes.Equal(g.MAC, make(net.HardwareAddr, 6))) {
-		bad = append(bad, fmt.Sprintf("--slot-guest-mac %s: want a unicast Ethernet MAC (02:fc:00:00:00:01)", g.MAC))
+		add("MAC", "%s: want a unicast Ethernet MAC (02:fc:00:00:00:01)", g.MAC)
 	}
 	if isEdge(g.Addr.Addr()) {
-		bad = append(bad, fmt.Sprintf("--slot-guest-addr %s is the network's or its broadcast address", g.Addr))
+		add("Addr", "%s is the network's or its broadcast address", g.Addr)
 	}
 	switch {
 	case !g.Gateway.IsValid() || !g.Gateway.Is4():
-		bad = append(bad, fmt.Sprintf("--slot-guest-gateway %s: want an IPv4 address in %s", g.Gateway, r))
+		add("Gateway", "%s: want an IPv4 address in %s", g.Gateway, r)
 	case !r.Contains(g.Gateway) || isEdge(g.Gateway):
-		bad = append(bad, fmt.Sprintf("--slot-guest-gateway %s is not a host address of the guest network %s", g.Gateway, r))
+		add("Gateway", "%s is not a host address of the guest network %s", g.Gateway, r)
 	case g.Gateway == g.Addr.Addr():
-		bad = append(bad, fmt.Sprintf("--slot-guest-gateway %s is the guest's own address", g.Gateway))
+		add("Gateway", "%s is the guest's own address", g.Gateway)
 	}
 	return bad
 }

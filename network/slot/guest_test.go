@@ -283,7 +283,7 @@ func TestGuestConfig(t *testing.T) {
 	}{
 		{"E2B's", func(c *slot.Config) {}, ""},
 		{"no guest", func(c *slot.Config) { c.Guest = slot.Guest{} }, ""},
-		{"tap missing", func(c *slot.Config) { c.Guest.Tap = "" }, "--slot-guest-tap is required"},
+		{"tap missing", func(c *slot.Config) { c.Guest.Tap = "" }, "Guest.Tap is required"},
 		{"tap eth0", func(c *slot.Config) { c.Guest.Tap = "eth0" }, "taken inside the slot"},
 		{"tap too long", func(c *slot.Config) { c.Guest.Tap = "tap-0123456789ab" }, "not an interface name"},
 		{"tap with a slash", func(c *slot.Config) { c.Guest.Tap = "t/0" }, "not an interface name"},

@@ -50,7 +50,7 @@ func (r Resources) String() string {
 // Inventory maps slot indices to the resources that exist for them. Only
 // names with the configured prefix and an index in canonical form are ever
 // in it, indices beyond Config.Slots included (left by a run with a larger
-// --slots; see ScanResult.Beyond). A netns entry must be a bound network
+// Slots; see ScanResult.Beyond). A netns entry must be a bound network
 // namespace or an empty regular file (see netns.Inspect): symlinks,
 // directories, files with content and mounts of anything else are foreign.
 type Inventory map[int]Resources
@@ -111,7 +111,7 @@ type ScanResult struct {
 	// canonical indices beyond Slots.
 	Inventory Inventory
 	// Beyond are the indices of Inventory greater than Config.Slots,
-	// ascending: slots of a run with a larger --slots. The allocator never
+	// ascending: slots of a run with a larger Config.Slots. The allocator never
 	// hands them out (it covers [1, Slots] only); reclaim and the
 	// reconciler tear them down.
 	Beyond []int

@@ -14,7 +14,7 @@ import (
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
 )
@@ -40,11 +40,11 @@ type Options struct {
 	// Firewall is what the slot table's rules let slots reach (see package
 	// nft). The zero value isolates slots from one another and from the
 	// host's services.
-	Firewall nft.Policy
+	Firewall nft.Isolation
 	// Egress is the daemon's part of every lease's egress policy (the
 	// always-allowed and always-denied sets, the egress proxy's port),
 	// written into the slot table and read by ApplyEgress.
-	Egress inside.Defaults
+	Egress egress.Defaults
 	// Stamp names the records the manager's slots are made under (the
 	// lease store's generation): every slot it makes, or whose firewall
 	// element it puts back, is named in the firewall table's set of that
@@ -84,7 +84,7 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 	if err := opts.Egress.Validate(); err != nil {
 		return nil, err
 	}
-	nopts := []nft.Option{nft.WithPolicy(opts.Firewall), nft.WithEgress(opts.Egress), nft.WithSlotNetwork(cfg.CIDR)}
+	nopts := []nft.Option{nft.WithIsolation(opts.Firewall), nft.WithEgress(opts.Egress), nft.WithSlotNetwork(cfg.CIDR)}
 	if opts.Stamp != "" {
 		nopts = append(nopts, nft.WithStamp(opts.Stamp))
 	}

@@ -16,7 +16,7 @@ import (
 	cniv1 "github.com/phasegate/phasegate/api/cni/v1"
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/internal/names"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
@@ -178,10 +178,10 @@ func attachmentOf(s *slot.Slot, a *slot.Attachment, path string) *cniv1.Attachme
 
 // egressOf is ADD's egress policy (nil: none) over the daemon's part d,
 // and what it costs of the caller's rate: the network's policy, narrowed by the container's own
-// when the runtime passed one (inside.Narrow: the attachment lets out
+// when the runtime passed one (egress.Narrow: the attachment lets out
 // only what both let out). It costs as many calls as the larger of what
 // it was given and what it is.
-func egressOf(req cniv1.AddRequest, d inside.Defaults) (*inside.Policy, int, error) {
+func egressOf(req cniv1.AddRequest, d egress.Defaults) (*egress.Policy, int, error) {
 	network, err := parseEgress(req.Egress, d)
 	if err != nil {
 		return nil, 0, err
@@ -190,7 +190,7 @@ func egressOf(req cniv1.AddRequest, d inside.Defaults) (*inside.Policy, int, err
 	if err != nil {
 		return nil, 0, cniErr(codes.InvalidArgument, cniv1.CodeInvalidConfig, "the container's "+err.Error())
 	}
-	pol, err := inside.Narrow(network, container, d)
+	pol, err := egress.Narrow(network, container, d)
 	if err != nil {
 		return nil, 0, cniErr(codes.InvalidArgument, cniv1.CodeInvalidConfig, err.Error())
 	}
@@ -198,11 +198,8 @@ func egressOf(req cniv1.AddRequest, d inside.Defaults) (*inside.Policy, int, err
 }
 
 // parseEgress checks the plugin's egress policy; nil is none.
-func parseEgress(e *cniv1.Egress, d inside.Defaults) (*inside.Policy, error) {
-	if e == nil {
-		return nil, nil
-	}
-	return lease.ParseEgress(e.Allow, e.Deny, e.DenyAll, false, d)
+func parseEgress(e *cniv1.Egress, d egress.Defaults) (*egress.Policy, error) {
+	return lease.ParseEgress(e, d)
 }
 
 // del ends the attachment of req's key: an unknown key, one ended
@@ -301,12 +298,8 @@ func (c *Service) checkEgress(ctx context.Context, l lease.Lease) error {
 	if err != nil {
 		return cniErr(codes.Internal, cniv1.CodeIOFailure, fmt.Sprintf("slot %d: read its egress rules: %v", l.Rec.Index, err))
 	}
-	pol, err := lease.EgressOf(l.Rec.Egress)
-	if err != nil {
-		return cniErr(codes.Internal, cniv1.CodeIOFailure, fmt.Sprintf("slot %d: recorded egress policy: %v", l.Rec.Index, err))
-	}
 	want := ""
-	if pol != nil {
+	if pol := l.Rec.Egress; pol != nil {
 		want = pol.Fingerprint(c.slots.EgressDefaults())
 	}
 	if drift := lease.DescribeDrift(st, want); len(drift) > 0 {

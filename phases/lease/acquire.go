@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/control"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/slot"
 )
@@ -19,7 +19,7 @@ type Request struct {
 	Owner     string
 	RequestID string
 	TTL       time.Duration
-	Egress    *inside.Policy
+	Egress    *egress.Policy
 	// Attach, when not nil, attaches the slot (a CNI ADD: [Service.Attach]),
 	// after its policy and before its record.
 	Attach Target
@@ -143,7 +143,7 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 		att = req.Attach.Record()
 	}
 	rec := newRecord(sl, req, principal, time.Now())
-	rec.Egress, rec.Attachment = EgressRecord(pol), att
+	rec.Egress, rec.Attachment = pol, att
 	// The record first, the reply after: a lease the client hears of is a
 	// lease a restart restores. If the record cannot be written, or the
 	// caller left before it was, the slot goes back to the pool unused.

@@ -7,24 +7,28 @@ import (
 
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/internal/names"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/slot"
+	"github.com/phasegate/phasegate/phases/internal/flagname"
 )
 
-// ParseEgress checks a client's egress policy given as its lists and
-// flags (the Slots API's proto, the CNI plugin's wire): an invalid one is
-// refused as ErrInvalid, and so is redirect_tcp when the daemon has no
-// egress proxy (d.ProxyPort).
-func ParseEgress(allow, deny []string, denyAll, redirectTCP bool, d inside.Defaults) (*inside.Policy, error) {
-	pol, err := inside.ParsePolicy(allow, deny, denyAll, redirectTCP)
-	if err == nil && pol.RedirectTCP && d.ProxyPort == 0 {
-		err = fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy (--slot-egress-proxy-port)", inside.ErrInvalidPolicy)
+// ParseEgress checks a client's egress policy in its message form (the
+// Slots API's proto, the CNI plugin's wire; nil: none) over the daemon's
+// part d: an invalid one is refused as ErrInvalid, and so is one d cannot
+// write (egress.Defaults.Admit), its message naming the daemon's flag.
+func ParseEgress[M interface {
+	*T
+	egress.Message
+}, T any](m M, d egress.Defaults) (*egress.Policy, error) {
+	pol, err := egress.FromMessage(m)
+	if err == nil && pol != nil {
+		err = d.Admit(*pol)
 	}
 	if err != nil {
-		return nil, wrapError(ErrInvalid, err, err.Error())
+		return nil, wrapError(ErrInvalid, err, flagname.Shown(err))
 	}
-	return &pol, nil
+	return pol, nil
 }
 
 // EgressEntriesPerCall is how many ranges of an egress policy cost the
@@ -39,37 +43,16 @@ const EgressEntriesPerCall = 64
 // EgressCost is how many calls beyond its own a call writing p costs:
 // 128 for the largest policy (4,096 ranges in each list), none for a
 // handful of ranges or none.
-func EgressCost(p *inside.Policy) int {
+func EgressCost(p *egress.Policy) int {
 	if p == nil {
 		return 0
 	}
 	return (len(p.Allow) + len(p.Deny)) / EgressEntriesPerCall
 }
 
-// EgressRecord is a checked policy as the lease records it.
-func EgressRecord(p *inside.Policy) *leases.EgressPolicy {
-	if p == nil {
-		return nil
-	}
-	allow, deny := p.Strings()
-	return &leases.EgressPolicy{Allow: allow, Deny: deny, DenyAll: p.DenyAll, RedirectTCP: p.RedirectTCP}
-}
-
-// EgressOf is a recorded policy, checked again (a record is data).
-func EgressOf(e *leases.EgressPolicy) (*inside.Policy, error) {
-	if e == nil {
-		return nil, nil
-	}
-	p, err := inside.ParsePolicy(e.Allow, e.Deny, e.DenyAll, e.RedirectTCP)
-	if err != nil {
-		return nil, err
-	}
-	return &p, nil
-}
-
 // applyEgress writes p for slot sl, on the host and inside; nil clears
 // the slot's policy.
-func (s *Service) applyEgress(ctx context.Context, sl *slot.Slot, p *inside.Policy) error {
+func (s *Service) applyEgress(ctx context.Context, sl *slot.Slot, p *egress.Policy) error {
 	if p == nil {
 		return s.mgr.ClearEgress(ctx, sl)
 	}
@@ -94,7 +77,7 @@ func (s *Service) lockPolicy(i int) (unlock func()) {
 // authorized as Release (before the policy is parsed), the rules replaced
 // in one transaction, then the record; a record that cannot be written
 // puts the old rules back.
-func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseID string, parse func(inside.Defaults) (*inside.Policy, error)) (Lease, error) {
+func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseID string, parse func(egress.Defaults) (*egress.Policy, error)) (Lease, error) {
 	if err := s.leaseCall(ctx, c, i, leaseID); err != nil {
 		return Lease{}, err
 	}
@@ -141,7 +124,7 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 		if !sameLease(r.LeaseID, leaseID) {
 			return errWrongLease
 		}
-		r.Egress = EgressRecord(pol)
+		r.Egress = pol
 		return nil
 	})
 	if err != nil {
@@ -158,12 +141,8 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 // restoreEgress puts slot i's recorded policy back after a change that
 // failed halfway (one side written, or the record not), so that the rules
 // and the record say the same.
-func (s *Service) restoreEgress(ctx context.Context, i int, sl *slot.Slot, rec *leases.EgressPolicy) {
-	prev, err := EgressOf(rec)
-	if err == nil {
-		err = s.applyEgress(ctx, sl, prev)
-	}
-	if err != nil {
+func (s *Service) restoreEgress(ctx context.Context, i int, sl *slot.Slot, prev *egress.Policy) {
+	if err := s.applyEgress(ctx, sl, prev); err != nil {
 		s.log.Error("egress policy: a change failed and the recorded rules could not be put back", "slot", i, "error", err)
 	}
 }
@@ -171,8 +150,8 @@ func (s *Service) restoreEgress(ctx context.Context, i int, sl *slot.Slot, rec *
 // egressError maps a failure to write a policy: a slot gone meanwhile (a
 // concurrent Release) is a precondition, the rest internal.
 func egressError(i int, err error) error {
-	if errors.Is(err, inside.ErrInvalidPolicy) {
-		return Errorf(ErrInvalid, "%s", err.Error())
+	if errors.Is(err, egress.ErrInvalid) {
+		return Errorf(ErrInvalid, "%s", flagname.Shown(err))
 	}
 	if errors.Is(err, slot.ErrGone) {
 		return Errorf(ErrPrecondition, "slot %d: %v", i, err)
@@ -181,7 +160,7 @@ func egressError(i int, err error) error {
 }
 
 // describePolicy is a policy for a log line.
-func describePolicy(e *leases.EgressPolicy) string {
+func describePolicy(e *egress.Policy) string {
 	if e == nil {
 		return "none"
 	}

@@ -2,13 +2,12 @@ package lease
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
 
 	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/lifecycle"
-	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -119,9 +118,9 @@ func (s *Service) repairLease(ctx context.Context, i int, leaseID string) ([]str
 	l := s.table.leased[i]
 	ok := l != nil && l.Slot != nil && l.check == nil && l.Rec.LeaseID == leaseID
 	var sl *slot.Slot
-	var egress *leases.EgressPolicy
+	var pol *egress.Policy
 	if ok {
-		sl, egress = l.Slot, l.Rec.Egress
+		sl, pol = l.Slot, l.Rec.Egress
 	}
 	s.table.mu.Unlock()
 	if !ok {
@@ -134,10 +133,6 @@ func (s *Service) repairLease(ctx context.Context, i int, leaseID string) ([]str
 	st, err := s.mgr.InspectEgress(ctx, sl)
 	if err != nil {
 		return fixed, err
-	}
-	pol, err := EgressOf(egress)
-	if err != nil {
-		return fixed, fmt.Errorf("recorded egress policy: %w", err)
 	}
 	want := ""
 	if pol != nil {

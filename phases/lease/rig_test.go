@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/pool"
@@ -48,7 +48,7 @@ func TestSetEgressPolicyLocksPerSlot(t *testing.T) {
 	set := func(k int) <-chan error {
 		done := make(chan error, 1)
 		go func() {
-			_, err := r.svc.SetEgress(ctx, c, idx[k], ids[k], func(inside.Defaults) (*inside.Policy, error) { return &inside.Policy{DenyAll: true}, nil })
+			_, err := r.svc.SetEgress(ctx, c, idx[k], ids[k], func(egress.Defaults) (*egress.Policy, error) { return &egress.Policy{DenyAll: true}, nil })
 			done <- err
 		}()
 		return done

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/phasegate/phasegate/internal/names"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -84,7 +84,7 @@ type Service struct {
 	impaired Impairment
 	stalled  atomic.Int64 // Unix ns when the expiry loop last ran late
 
-	egress inside.Defaults // the daemon's part of every egress policy (the manager's)
+	egress egress.Defaults // the daemon's part of every egress policy (the manager's)
 	// policyMu holds one lock per slot index for the slot's egress
 	// policy: one change at a time per slot, and a lease's end waits for
 	// a change under way, so that no policy is written for a slot being
@@ -174,7 +174,7 @@ func New(m *slot.Manager, pl *pool.Pool, o Options) *Service {
 func (s *Service) Config() slot.Config { return s.cfg }
 
 // EgressDefaults returns the daemon's part of every egress policy.
-func (s *Service) EgressDefaults() inside.Defaults { return s.egress }
+func (s *Service) EgressDefaults() egress.Defaults { return s.egress }
 
 // Manager returns the manager of the core's slots.
 func (s *Service) Manager() *slot.Manager { return s.mgr }

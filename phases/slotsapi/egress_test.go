@@ -17,6 +17,7 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
@@ -120,7 +121,7 @@ var hostile = []struct {
 	{"overlapping", &phasegatev1.EgressPolicy{Deny: []string{"10.0.0.0/8", "10.9.0.0/16"}}},
 	{"/0", &phasegatev1.EgressPolicy{Deny: []string{"0.0.0.0/0"}}},
 	{"IPv6", &phasegatev1.EgressPolicy{Allow: []string{"2001:db8::1"}}},
-	{"too many", &phasegatev1.EgressPolicy{Allow: strings.Split(strings.Repeat("1.1.1.1,", inside.MaxEntries+1), ",")}},
+	{"too many", &phasegatev1.EgressPolicy{Allow: strings.Split(strings.Repeat("1.1.1.1,", egress.MaxEntries+1), ",")}},
 	{"redirect without a proxy", &phasegatev1.EgressPolicy{RedirectTcp: true}},
 }
 
@@ -154,7 +155,7 @@ func TestAcquireWithEgressPolicy(t *testing.T) {
 		t.Errorf("slot's rules %q, want the policy's %q", f.Fingerprint, fingerprint(t, r, p))
 	}
 	rec, ok, err := r.store.Get(i)
-	if err != nil || !ok || rec.Egress == nil || !reflect.DeepEqual(rec.Egress.Allow, want.Allow) {
+	if err != nil || !ok || rec.Egress == nil || !reflect.DeepEqual(egressProto(rec.Egress).GetAllow(), want.Allow) {
 		t.Errorf("record %+v %v %v; want the policy", rec, ok, err)
 	}
 	got, err := r.svc.Get(ctx, &phasegatev1.GetRequest{Index: uint32(i)})

@@ -11,7 +11,7 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/phases/lease"
 )
 
@@ -130,7 +130,7 @@ func (s *Server) SetEgressPolicy(ctx context.Context, req *phasegatev1.SetEgress
 	if err != nil {
 		return nil, err
 	}
-	parse := func(d inside.Defaults) (*inside.Policy, error) { return parseEgress(req.GetEgressPolicy(), d) }
+	parse := func(d egress.Defaults) (*egress.Policy, error) { return parseEgress(req.GetEgressPolicy(), d) }
 	l, err := s.leases.SetEgress(ctx, c, int(req.GetIndex()), req.GetLeaseId(), parse)
 	if err != nil {
 		return nil, Status(err)

@@ -21,8 +21,8 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/index"
-	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -87,7 +87,7 @@ func memslotsMain(args []string, stderr io.Writer) int {
 
 func serveMemSlots(ctx context.Context, socket string, cfg slot.Config, poolSize, workers int, log *slog.Logger) error {
 	opts := slot.DefaultOptions()
-	opts.Egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
+	opts.Egress = egress.Defaults{AlwaysDeny: egress.DefaultAlwaysDeny}
 	mgr, err := slot.NewManager(ctx, cfg, opts)
 	if err != nil {
 		return err

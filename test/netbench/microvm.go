@@ -27,8 +27,8 @@ import (
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/index"
-	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -105,7 +105,7 @@ func runMicroVM(n int) (string, error) {
 		return "", err
 	}
 	gopts := slot.DefaultOptions()
-	gopts.Egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny}
+	gopts.Egress = egress.Defaults{AlwaysDeny: egress.DefaultAlwaysDeny}
 	mg, err := slot.NewManager(ctx, guest, gopts)
 	if err != nil {
 		return "", err

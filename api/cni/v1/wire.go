@@ -44,6 +44,31 @@ type Egress struct {
 	DenyAll bool     `json:"denyAll,omitempty"`
 }
 
+// GetAllow, GetDeny, GetDenyAll and GetRedirectTcp read the policy as the
+// daemon reads the Slots API's (its egress.Message), nil-safe as a
+// protobuf message's getters are: one parse for both. An attachment's
+// policy never sends to the egress proxy.
+func (e *Egress) GetAllow() []string {
+	if e == nil {
+		return nil
+	}
+	return e.Allow
+}
+
+// GetDeny is the deny list (see GetAllow).
+func (e *Egress) GetDeny() []string {
+	if e == nil {
+		return nil
+	}
+	return e.Deny
+}
+
+// GetDenyAll is DenyAll (see GetAllow).
+func (e *Egress) GetDenyAll() bool { return e != nil && e.DenyAll }
+
+// GetRedirectTcp is false: the CNI wire has no redirection (see GetAllow).
+func (e *Egress) GetRedirectTcp() bool { return false }
+
 // UnmarshalJSON reads a policy strictly: a misspelt key ("alow") would
 // otherwise leave a policy weaker than the operator wrote, silently.
 func (e *Egress) UnmarshalJSON(b []byte) error {

@@ -176,88 +176,80 @@ func Sysctl(path, key, value string) error {
 	})
 }
 
-// ListenUDP opens a UDP socket bound to addr inside the namespace at path.
-func ListenUDP(path string, addr netip.AddrPort) (*net.UDPConn, error) {
-	var c *net.UDPConn
+// openIn runs fn inside the namespace at path (Do) and returns what it
+// opened there.
+func openIn[T any](path string, fn func() (T, error)) (T, error) {
+	var v T
 	err := Do(path, func() (err error) {
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
+		v, err = fn()
 		return err
 	})
-	return c, err
+	return v, err
+}
+
+// ListenUDP opens a UDP socket bound to addr inside the namespace at path.
+func ListenUDP(path string, addr netip.AddrPort) (*net.UDPConn, error) {
+	return openIn(path, func() (*net.UDPConn, error) { return net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr)) })
 }
 
 // ListenTCP opens a TCP listener bound to addr inside the namespace at path.
 func ListenTCP(path string, addr netip.AddrPort) (*net.TCPListener, error) {
-	var l *net.TCPListener
-	err := Do(path, func() (err error) {
-		l, err = net.ListenTCP("tcp4", net.TCPAddrFromAddrPort(addr))
-		return err
-	})
-	return l, err
+	return openIn(path, func() (*net.TCPListener, error) { return net.ListenTCP("tcp4", net.TCPAddrFromAddrPort(addr)) })
 }
 
 // DialUDP opens a UDP socket inside the namespace at path, connected to to.
 func DialUDP(path string, to netip.AddrPort) (*net.UDPConn, error) {
-	var c *net.UDPConn
-	err := Do(path, func() (err error) {
-		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
-		return err
-	})
-	return c, err
+	return openIn(path, func() (*net.UDPConn, error) { return net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to)) })
 }
 
 // DialTCP connects from inside the namespace at path to to, giving up when
 // ctx ends.
 func DialTCP(ctx context.Context, path string, to netip.AddrPort) (net.Conn, error) {
-	var c net.Conn
-	err := Do(path, func() (err error) {
+	return openIn(path, func() (net.Conn, error) {
 		var d net.Dialer
-		c, err = d.DialContext(ctx, "tcp4", to.String())
-		return err
+		return d.DialContext(ctx, "tcp4", to.String())
 	})
-	return c, err
+}
+
+// withHandle runs fn with a netlink handle in the namespace at path.
+func withHandle(path string, fn func(h *netlink.Handle) error) error {
+	fd, err := netns.Open(path)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return fn(h)
 }
 
 // Route adds a route to dst via gw inside the namespace at path.
 func Route(path string, dst netip.Prefix, gw netip.Addr) error {
-	fd, err := netns.Open(path)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	r := &netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)}, Gw: gw.AsSlice()}
-	if err := h.RouteAdd(r); err != nil {
-		return fmt.Errorf("fakehost: route %s via %s in %s: %w", dst, gw, path, err)
-	}
-	return nil
+	return withHandle(path, func(h *netlink.Handle) error {
+		r := &netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)}, Gw: gw.AsSlice()}
+		if err := h.RouteAdd(r); err != nil {
+			return fmt.Errorf("fakehost: route %s via %s in %s: %w", dst, gw, path, err)
+		}
+		return nil
+	})
 }
 
 // AddAddr adds addr to the link called link inside the namespace at path.
 func AddAddr(path, link string, addr netip.Prefix) error {
-	fd, err := netns.Open(path)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	l, err := h.LinkByName(link)
-	if err != nil {
-		return fmt.Errorf("fakehost: find %s in %s: %w", link, path, err)
-	}
-	a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}}
-	if err := h.AddrAdd(l, a); err != nil {
-		return fmt.Errorf("fakehost: address %s on %s in %s: %w", addr, link, path, err)
-	}
-	return nil
+	return withHandle(path, func(h *netlink.Handle) error {
+		l, err := h.LinkByName(link)
+		if err != nil {
+			return fmt.Errorf("fakehost: find %s in %s: %w", link, path, err)
+		}
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}}
+		if err := h.AddrAdd(l, a); err != nil {
+			return fmt.Errorf("fakehost: address %s on %s in %s: %w", addr, link, path, err)
+		}
+		return nil
+	})
 }
 
 // UDPReaches sends datagrams from the namespace at from to the listener ln

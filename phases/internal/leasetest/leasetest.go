@@ -19,8 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/index"
-	"github.com/phasegate/phasegate/network/inside"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
 	"github.com/phasegate/phasegate/network/slot"
@@ -48,7 +48,7 @@ func NewSlotHost(t testing.TB, n int) (slot.Config, *slot.Manager, *leases.Store
 	}
 	ctx := context.Background()
 	opts := slot.DefaultOptions()
-	opts.Egress = inside.Defaults{AlwaysDeny: inside.DefaultAlwaysDeny} // the daemon's, without the host's addresses
+	opts.Egress = egress.Defaults{AlwaysDeny: egress.DefaultAlwaysDeny} // the daemon's, without the host's addresses
 	mgr, err := slot.NewManager(ctx, cfg, opts)
 	if err != nil {
 		t.Fatal(err)

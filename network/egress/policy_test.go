@@ -1,16 +1,19 @@
-package inside_test
+package egress_test
 
 import (
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
-	"github.com/phasegate/phasegate/network/inside"
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/network/egress"
 )
 
-func TestParsePolicy(t *testing.T) {
-	many := make([]string, inside.MaxEntries+1)
+func TestParse(t *testing.T) {
+	many := make([]string, egress.MaxEntries+1)
 	for i := range many {
 		many[i] = fmt.Sprintf("10.%d.%d.0/24", i/256, i%256)
 	}
@@ -32,11 +35,11 @@ func TestParsePolicy(t *testing.T) {
 		{"IPv4-mapped IPv6", []string{"::ffff:1.2.3.4"}, nil, "not IPv4"},
 		{"overlap in one list", []string{"10.0.0.0/8", "10.2.0.0/16"}, nil, "overlap"},
 		{"duplicate", nil, []string{"1.1.1.1", "1.1.1.1/32"}, "overlap"},
-		{"too many", many, nil, fmt.Sprintf("at most %d", inside.MaxEntries)},
+		{"too many", many, nil, fmt.Sprintf("at most %d", egress.MaxEntries)},
 		{"absurdly long entry", []string{strings.Repeat("1", 1<<20)}, nil, "not an IPv4 CIDR"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := inside.ParsePolicy(tc.allow, tc.deny, false, false)
+			p, err := egress.Parse(tc.allow, tc.deny, false, false)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -46,8 +49,8 @@ func TestParsePolicy(t *testing.T) {
 				}
 			case err == nil:
 				t.Fatalf("accepted: %+v", p)
-			case !errors.Is(err, inside.ErrInvalidPolicy) || !strings.Contains(err.Error(), tc.want):
-				t.Errorf("error %q, want ErrInvalidPolicy saying %q", err, tc.want)
+			case !errors.Is(err, egress.ErrInvalid) || !strings.Contains(err.Error(), tc.want):
+				t.Errorf("error %q, want ErrInvalid saying %q", err, tc.want)
 			case len(err.Error()) > 200:
 				t.Errorf("error of %d bytes: hostile input must not be echoed whole", len(err.Error()))
 			}
@@ -55,16 +58,41 @@ func TestParsePolicy(t *testing.T) {
 	}
 }
 
-func ExampleParsePolicy() {
-	p, err := inside.ParsePolicy([]string{"8.8.8.8", "1.1.1.0/24"}, []string{"203.0.113.0/24"}, false, false)
+func ExampleParse() {
+	p, err := egress.Parse([]string{"8.8.8.8", "1.1.1.0/24"}, []string{"203.0.113.0/24"}, false, false)
 	if err != nil {
 		panic(err)
 	}
-	allow, deny := p.Strings()
+	allow, deny := p.Lists()
 	fmt.Println(allow, deny)
-	_, err = inside.ParsePolicy([]string{"0.0.0.0/0"}, nil, false, false)
+	_, err = egress.Parse([]string{"0.0.0.0/0"}, nil, false, false)
 	fmt.Println(err)
 	// Output:
 	// [1.1.1.0/24 8.8.8.8/32] [203.0.113.0/24]
 	// invalid egress policy: allow: 0.0.0.0/0 is every address: use deny_all, or leave the lists empty
+}
+
+// A policy written as the Slots API's message and read back is the same
+// policy, every field of it: what a lease's record and a reply carry.
+func TestMessageRoundTrip(t *testing.T) {
+	for _, p := range []egress.Policy{
+		{},
+		{DenyAll: true},
+		{RedirectTCP: true},
+		{Allow: []netip.Prefix{netip.MustParsePrefix("1.1.1.0/24"), netip.MustParsePrefix("8.8.8.8/32")},
+			Deny: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, DenyAll: true, RedirectTCP: true},
+	} {
+		m := egress.ToMessage[phasegatev1.EgressPolicy](&p)
+		got, err := egress.FromMessage(m)
+		if err != nil || got == nil || !slices.Equal(got.Allow, p.Allow) || !slices.Equal(got.Deny, p.Deny) ||
+			got.DenyAll != p.DenyAll || got.RedirectTCP != p.RedirectTCP {
+			t.Errorf("%+v as %v read back as %+v, %v", p, m, got, err)
+		}
+	}
+	if m := egress.ToMessage[phasegatev1.EgressPolicy](nil); m != nil {
+		t.Errorf("no policy written as %v", m)
+	}
+	if got, err := egress.FromMessage((*phasegatev1.EgressPolicy)(nil)); got != nil || err != nil {
+		t.Errorf("no message read as %+v, %v", got, err)
+	}
 }

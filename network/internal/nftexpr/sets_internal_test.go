@@ -1,4 +1,4 @@
-package inside
+package nftexpr
 
 import (
 	"encoding/binary"
@@ -30,7 +30,7 @@ func TestIntervalElements(t *testing.T) {
 			for _, s := range tc.in {
 				ps = append(ps, netip.MustParsePrefix(s))
 			}
-			got := intervalElements(spans(ps))
+			got := IntervalElements(ps)
 			if len(got) != len(tc.want) {
 				t.Fatalf("%d elements %v, want %v", len(got), got, tc.want)
 			}

@@ -1,10 +1,10 @@
-package egress_test
+package hostcheck_test
 
 import (
 	"context"
 	"log"
 
-	"github.com/phasegate/phasegate/network/egress"
+	"github.com/phasegate/phasegate/network/hostcheck"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -12,7 +12,7 @@ import (
 // and raises a health warning while any is left.
 func ExampleCheck() {
 	cfg := slot.DefaultConfig()
-	r := egress.Check(context.Background(), egress.Config{
+	r := hostcheck.Check(context.Background(), hostcheck.Config{
 		Table:        cfg.TableName(),
 		HostIfPrefix: cfg.HostIfPrefix(),
 	})

@@ -1,4 +1,4 @@
-package inside_test
+package egress_test
 
 import (
 	"encoding/binary"
@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/phasegate/phasegate/network/inside"
+	"github.com/phasegate/phasegate/network/egress"
 )
 
 // verdict is what happens to a new packet leaving a slot.
@@ -24,7 +24,7 @@ const (
 // verdictOf is the host's rules for one packet, written out as the chain
 // is (package nft's slot chain, then its link-local rule), independently
 // of the package's set algebra.
-func verdictOf(p *inside.Policy, d inside.Defaults, a netip.Addr, tcp bool) verdict {
+func verdictOf(p *egress.Policy, d egress.Defaults, a netip.Addr, tcp bool) verdict {
 	in := func(ps []netip.Prefix) bool {
 		return slices.ContainsFunc(ps, func(x netip.Prefix) bool { return x.Contains(a) })
 	}
@@ -53,7 +53,7 @@ func verdictOf(p *inside.Policy, d inside.Defaults, a netip.Addr, tcp bool) verd
 // every range of their lists and of the defaults, and the one after its
 // last. Every verdict changes only there, so checking them checks every
 // address.
-func boundaries(d inside.Defaults, ps ...*inside.Policy) []netip.Addr {
+func boundaries(d egress.Defaults, ps ...*egress.Policy) []netip.Addr {
 	var lists [][]netip.Prefix
 	lists = append(lists, d.AlwaysAllow, d.AlwaysDeny, d.LinkLocal)
 	for _, p := range ps {
@@ -82,7 +82,7 @@ func boundaries(d inside.Defaults, ps ...*inside.Policy) []netip.Addr {
 }
 
 // pol parses a policy of the table: "allow a,b deny c denyAll redirect".
-func pol(t *testing.T, s string) *inside.Policy {
+func pol(t *testing.T, s string) *egress.Policy {
 	t.Helper()
 	if s == "none" {
 		return nil
@@ -106,29 +106,29 @@ func pol(t *testing.T, s string) *inside.Policy {
 			t.Fatalf("policy %q: %q", s, f[i])
 		}
 	}
-	p, err := inside.ParsePolicy(allow, deny, denyAll, redirect)
+	p, err := egress.Parse(allow, deny, denyAll, redirect)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &p
 }
 
-func show(p *inside.Policy) string {
+func show(p *egress.Policy) string {
 	if p == nil {
 		return "none"
 	}
-	allow, deny := p.Strings()
+	allow, deny := p.Lists()
 	return fmt.Sprintf("allow %v deny %v denyAll %t redirect %t", allow, deny, p.DenyAll, p.RedirectTCP)
 }
 
 // testDefaults are a daemon's: an always-allowed address inside the
 // always-denied set, the default always-denied set with a host address,
 // and the link-local range but a slot network cut from it.
-func testDefaults() inside.Defaults {
-	return inside.Defaults{
+func testDefaults() egress.Defaults {
+	return egress.Defaults{
 		AlwaysAllow: []netip.Prefix{netip.MustParsePrefix("198.51.100.7/32")},
-		AlwaysDeny:  append(slices.Clone(inside.DefaultAlwaysDeny), netip.MustParsePrefix("169.254.100.0/22"), netip.MustParsePrefix("192.0.2.77/32")),
-		LinkLocal:   inside.Without(netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("169.254.100.0/22")),
+		AlwaysDeny:  append(slices.Clone(egress.DefaultAlwaysDeny), netip.MustParsePrefix("169.254.100.0/22"), netip.MustParsePrefix("192.0.2.77/32")),
+		LinkLocal:   egress.Without(netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("169.254.100.0/22")),
 		ProxyPort:   3128,
 	}
 }
@@ -179,60 +179,68 @@ func TestNarrow(t *testing.T) {
 		{"a proxied network, a container that denies some addresses", "redirect", "deny 8.8.8.0/24", "", "TCP would go to the egress proxy for some addresses"},
 		{"a network without the proxy, a container asking for it", "deny 8.8.8.0/24", "redirect", "", "TCP would go to the egress proxy for some addresses"},
 		{"a proxied network, a proxied container that allows more", "redirect allow 10.1.0.0/16", "redirect allow 10.1.0.0/16,10.2.0.0/16 deny 8.8.8.0/24", "allow [10.1.0.0/16] deny [8.8.8.0/24] denyAll false redirect true", ""},
-		{"too many ranges together", "deny " + many("11", inside.MaxEntries), "deny " + many("12", inside.MaxEntries), "", fmt.Sprintf("at most %d", inside.MaxEntries)},
+		{"too many ranges together", "deny " + many("11", egress.MaxEntries), "deny " + many("12", egress.MaxEntries), "", fmt.Sprintf("at most %d", egress.MaxEntries)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ceiling, asked := pol(t, tc.ceiling), pol(t, tc.asked)
-			got, err := inside.Narrow(ceiling, asked, d)
+			got, err := egress.Narrow(ceiling, asked, d)
 			switch {
-			case tc.err != "" && (err == nil || !errors.Is(err, inside.ErrInvalidPolicy) || !strings.Contains(err.Error(), tc.err)):
-				t.Fatalf("got %s, %v; want ErrInvalidPolicy saying %q", show(got), err, tc.err)
+			case tc.err != "" && (err == nil || !errors.Is(err, egress.ErrInvalid) || !strings.Contains(err.Error(), tc.err)):
+				t.Fatalf("got %s, %v; want ErrInvalid saying %q", show(got), err, tc.err)
 			case tc.err != "":
 				return
 			case err != nil:
 				t.Fatal(err)
 			case tc.want == "ceiling" && got != ceiling, tc.want == "asked" && got != asked:
-				t.Fatalf("got %s, want the %s policy as given: %s", show(got), tc.want, show(map[string]*inside.Policy{"ceiling": ceiling, "asked": asked}[tc.want]))
+				t.Fatalf("got %s, want the %s policy as given: %s", show(got), tc.want, show(map[string]*egress.Policy{"ceiling": ceiling, "asked": asked}[tc.want]))
 			case tc.want != "ceiling" && tc.want != "asked" && show(got) != tc.want:
 				t.Fatalf("got %s, want %s", show(got), tc.want)
 			}
-			if got != nil {
-				allow, deny := got.Strings()
-				again, err := inside.ParsePolicy(allow, deny, got.DenyAll, got.RedirectTCP)
-				if err != nil || show(&again) != show(got) {
-					t.Fatalf("the answer is not a policy a client could give: %v (%s)", err, show(&again))
-				}
-			}
-			want := func(a netip.Addr, tcp bool) verdict {
-				if asked == nil {
-					return verdictOf(ceiling, d, a, tcp)
-				}
-				return min(verdictOf(ceiling, d, a, tcp), verdictOf(asked, d, a, tcp))
-			}
-			for _, a := range boundaries(d, ceiling, asked, got) {
-				for _, tcp := range []bool{false, true} {
-					if g, w := verdictOf(got, d, a, tcp), want(a, tcp); g != w {
-						t.Fatalf("%s (tcp %t): %d under %s, want %d", a, tcp, g, show(got), w)
-					}
-				}
-			}
-			if !inside.Within(got, ceiling, d) {
+			checkNarrowed(t, d, ceiling, asked, got)
+			if !egress.Within(got, ceiling, d) {
 				t.Errorf("%s is not within the network's %s", show(got), show(ceiling))
 			}
 		})
 	}
 }
 
+// checkNarrowed checks got, what Narrow answered for ceiling and asked: a
+// policy a client could give, whose verdict at every address is the lesser
+// of the two policies'.
+func checkNarrowed(t *testing.T, d egress.Defaults, ceiling, asked, got *egress.Policy) {
+	t.Helper()
+	if got != nil {
+		allow, deny := got.Lists()
+		again, err := egress.Parse(allow, deny, got.DenyAll, got.RedirectTCP)
+		if err != nil || show(&again) != show(got) {
+			t.Fatalf("the answer is not a policy a client could give: %v (%s)", err, show(&again))
+		}
+	}
+	want := func(a netip.Addr, tcp bool) verdict {
+		if asked == nil {
+			return verdictOf(ceiling, d, a, tcp)
+		}
+		return min(verdictOf(ceiling, d, a, tcp), verdictOf(asked, d, a, tcp))
+	}
+	for _, a := range boundaries(d, ceiling, asked, got) {
+		for _, tcp := range []bool{false, true} {
+			if g, w := verdictOf(got, d, a, tcp), want(a, tcp); g != w {
+				t.Fatalf("%s (tcp %t): %d under %s, want %d", a, tcp, g, show(got), w)
+			}
+		}
+	}
+}
+
 func TestWithout(t *testing.T) {
-	got := inside.Without(netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("169.254.100.0/22"))
+	got := egress.Without(netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("169.254.100.0/22"))
 	want := []string{"169.254.0.0/18", "169.254.64.0/19", "169.254.96.0/22", "169.254.104.0/21", "169.254.112.0/20", "169.254.128.0/17"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("got %v, want %v", got, want)
 	}
-	if got := inside.Without(netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("100.64.0.0/10")); fmt.Sprint(got) != "[169.254.0.0/16]" {
+	if got := egress.Without(netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("100.64.0.0/10")); fmt.Sprint(got) != "[169.254.0.0/16]" {
 		t.Errorf("a cut elsewhere: got %v", got)
 	}
-	if got := inside.Without(netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("169.254.0.0/15")); len(got) != 0 {
+	if got := egress.Without(netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("169.254.0.0/15")); len(got) != 0 {
 		t.Errorf("a cut covering it: got %v", got)
 	}
 }
@@ -242,28 +250,28 @@ func TestWithout(t *testing.T) {
 // largest size, computed.
 func BenchmarkNarrow(b *testing.B) {
 	d := testDefaults()
-	parse := func(allow, deny []string) *inside.Policy {
-		p, err := inside.ParsePolicy(allow, deny, false, false)
+	parse := func(allow, deny []string) *egress.Policy {
+		p, err := egress.Parse(allow, deny, false, false)
 		if err != nil {
 			b.Fatal(err)
 		}
 		return &p
 	}
 	var many, others []string
-	for i := range inside.MaxEntries / 2 {
+	for i := range egress.MaxEntries / 2 {
 		many = append(many, fmt.Sprintf("11.%d.%d.1/32", i/128, 2*(i%128)))
 		others = append(others, fmt.Sprintf("12.%d.%d.1/32", i/128, 2*(i%128)))
 	}
 	for _, bc := range []struct {
 		name              string
-		ceiling, narrowed *inside.Policy
+		ceiling, narrowed *egress.Policy
 	}{
 		{"small", parse([]string{"10.1.0.0/16"}, []string{"8.8.8.0/24"}), parse([]string{"10.1.5.0/24", "10.2.0.0/16"}, nil)},
 		{"2048+2048", parse(nil, many), parse(nil, others)},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			for b.Loop() {
-				if _, err := inside.Narrow(bc.ceiling, bc.narrowed, d); err != nil {
+				if _, err := egress.Narrow(bc.ceiling, bc.narrowed, d); err != nil {
 					b.Fatal(err)
 				}
 			}

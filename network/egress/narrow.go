@@ -1,4 +1,4 @@
-package inside
+package egress
 
 import (
 	"fmt"
@@ -32,24 +32,24 @@ import (
 // for TCP. Every set is sorted, merged, and holds the always-allowed set's
 // addresses in the direct ones.
 type reach struct {
-	direct, tcpDirect, tcpProxied []span
+	direct, tcpDirect, tcpProxied []Range
 }
 
 // everything is the whole IPv4 space.
-var everything = []span{{0, math.MaxUint32}}
+var everything = []Range{{0, math.MaxUint32}}
 
 // reachOf is what p (nil: no policy) lets a slot send under defaults d.
 func reachOf(p *Policy, d Defaults) reach {
-	always := spans(d.AlwaysAllow)
-	ll := spans(d.LinkLocal)
+	always := Ranges(d.AlwaysAllow)
+	ll := Ranges(d.LinkLocal)
 	if p == nil {
 		r := union(always, complement(ll))
 		return reach{direct: r, tcpDirect: r}
 	}
 	direct := always
 	if !p.DenyAll {
-		denied := spans(slices.Concat(p.Deny, d.AlwaysDeny, d.LinkLocal))
-		direct = union(always, union(spans(p.Allow), complement(denied)))
+		denied := Ranges(slices.Concat(p.Deny, d.AlwaysDeny, d.LinkLocal))
+		direct = union(always, union(Ranges(p.Allow), complement(denied)))
 	}
 	if p.RedirectTCP {
 		return reach{direct: direct, tcpDirect: always, tcpProxied: complement(always)}
@@ -93,7 +93,7 @@ func Within(p, ceiling *Policy, d Defaults) bool {
 // destinations and straight out or dropped for others (a ceiling with
 // RedirectTCP and a p without it that drops some address), or lists longer
 // than MaxEntries. Those are refused, with an error wrapping
-// ErrInvalidPolicy, rather than approximated.
+// ErrInvalid, rather than approximated.
 func Narrow(ceiling, p *Policy, d Defaults) (*Policy, error) {
 	if p == nil {
 		return ceiling, nil
@@ -113,7 +113,7 @@ func Narrow(ceiling, p *Policy, d Defaults) (*Policy, error) {
 	if got := reachOf(out, d); !got.equal(m) {
 		// policyOf is exact by construction; a slip is refused, never
 		// written.
-		return nil, fmt.Errorf("%w: the policy computed within the network's does not let out what both do", ErrInvalidPolicy)
+		return nil, fmt.Errorf("%w: the policy computed within the network's does not let out what both do", ErrInvalid)
 	}
 	return out, nil
 }
@@ -124,20 +124,20 @@ func Narrow(ceiling, p *Policy, d Defaults) (*Policy, error) {
 // denied), or DenyAll when it holds nothing there; TCP either as the
 // rest, or all of it (but the always-allowed set) to the proxy.
 func policyOf(r reach, d Defaults) (*Policy, error) {
-	always := spans(d.AlwaysAllow)
+	always := Ranges(d.AlwaysAllow)
 	p := &Policy{}
 	switch {
 	case slices.Equal(r.tcpDirect, r.direct) && len(r.tcpProxied) == 0:
 	case slices.Equal(r.tcpDirect, always) && slices.Equal(r.tcpProxied, complement(always)):
 		p.RedirectTCP = true
 	default:
-		return nil, fmt.Errorf("%w: within the network's policy, TCP would go to the egress proxy for some addresses and straight out or nowhere for others, which no policy says: ask for redirect_tcp as the network does, or for no address it drops", ErrInvalidPolicy)
+		return nil, fmt.Errorf("%w: within the network's policy, TCP would go to the egress proxy for some addresses and straight out or nowhere for others, which no policy says: ask for redirect_tcp as the network does, or for no address it drops", ErrInvalid)
 	}
 	if len(subtract(r.direct, always)) == 0 {
 		p.DenyAll = true
 		return p, nil
 	}
-	denied := spans(slices.Concat(d.AlwaysDeny, d.LinkLocal))
+	denied := Ranges(slices.Concat(d.AlwaysDeny, d.LinkLocal))
 	p.Allow = prefixesOf(subtract(intersect(r.direct, denied), always))
 	p.Deny = prefixesOf(subtract(complement(r.direct), denied))
 	for _, l := range []struct {
@@ -145,10 +145,10 @@ func policyOf(r reach, d Defaults) (*Policy, error) {
 		list []netip.Prefix
 	}{{"allow", p.Allow}, {"deny", p.Deny}} {
 		if len(l.list) > MaxEntries {
-			return nil, fmt.Errorf("%w: within the network's policy, the %s list would need %d ranges, at most %d", ErrInvalidPolicy, l.name, len(l.list), MaxEntries)
+			return nil, fmt.Errorf("%w: within the network's policy, the %s list would need %d ranges, at most %d", ErrInvalid, l.name, len(l.list), MaxEntries)
 		}
 		if slices.ContainsFunc(l.list, func(x netip.Prefix) bool { return x.Bits() == 0 }) {
-			return nil, fmt.Errorf("%w: within the network's policy, the %s list would be every address", ErrInvalidPolicy, l.name)
+			return nil, fmt.Errorf("%w: within the network's policy, the %s list would be every address", ErrInvalid, l.name)
 		}
 	}
 	return p, nil
@@ -156,27 +156,27 @@ func policyOf(r reach, d Defaults) (*Policy, error) {
 
 // Without returns the ranges of p that cut does not cover, as prefixes.
 func Without(p netip.Prefix, cut ...netip.Prefix) []netip.Prefix {
-	return prefixesOf(subtract(spans([]netip.Prefix{p}), spans(cut)))
+	return prefixesOf(subtract(Ranges([]netip.Prefix{p}), Ranges(cut)))
 }
 
-// Set algebra over sorted, merged spans (spans' form: disjoint, none
+// Set algebra over sorted, merged ranges (Ranges' form: disjoint, none
 // touching the next).
 
-// merge sorts ss and merges the spans that overlap or touch.
-func merge(ss []span) []span {
-	slices.SortFunc(ss, func(a, b span) int {
+// merge sorts ss and merges the ranges that overlap or touch.
+func merge(ss []Range) []Range {
+	slices.SortFunc(ss, func(a, b Range) int {
 		switch {
-		case a.lo < b.lo:
+		case a.Lo < b.Lo:
 			return -1
-		case a.lo > b.lo:
+		case a.Lo > b.Lo:
 			return 1
 		}
 		return 0
 	})
 	merged := ss[:0]
 	for _, s := range ss {
-		if n := len(merged); n > 0 && (merged[n-1].hi == math.MaxUint32 || s.lo <= merged[n-1].hi+1) {
-			merged[n-1].hi = max(merged[n-1].hi, s.hi)
+		if n := len(merged); n > 0 && (merged[n-1].Hi == math.MaxUint32 || s.Lo <= merged[n-1].Hi+1) {
+			merged[n-1].Hi = max(merged[n-1].Hi, s.Hi)
 			continue
 		}
 		merged = append(merged, s)
@@ -184,31 +184,31 @@ func merge(ss []span) []span {
 	return merged
 }
 
-func union(a, b []span) []span { return merge(slices.Concat(a, b)) }
+func union(a, b []Range) []Range { return merge(slices.Concat(a, b)) }
 
-func complement(a []span) []span {
-	var out []span
+func complement(a []Range) []Range {
+	var out []Range
 	next := uint64(0)
 	for _, s := range a {
-		if uint64(s.lo) > next {
-			out = append(out, span{uint32(next), s.lo - 1})
+		if uint64(s.Lo) > next {
+			out = append(out, Range{uint32(next), s.Lo - 1})
 		}
-		next = uint64(s.hi) + 1
+		next = uint64(s.Hi) + 1
 	}
 	if next <= math.MaxUint32 {
-		out = append(out, span{uint32(next), math.MaxUint32})
+		out = append(out, Range{uint32(next), math.MaxUint32})
 	}
 	return out
 }
 
-func intersect(a, b []span) []span {
-	var out []span
+func intersect(a, b []Range) []Range {
+	var out []Range
 	for i, j := 0, 0; i < len(a) && j < len(b); {
-		lo, hi := max(a[i].lo, b[j].lo), min(a[i].hi, b[j].hi)
+		lo, hi := max(a[i].Lo, b[j].Lo), min(a[i].Hi, b[j].Hi)
 		if lo <= hi {
-			out = append(out, span{lo, hi})
+			out = append(out, Range{lo, hi})
 		}
-		if a[i].hi < b[j].hi {
+		if a[i].Hi < b[j].Hi {
 			i++
 		} else {
 			j++
@@ -217,15 +217,15 @@ func intersect(a, b []span) []span {
 	return out
 }
 
-func subtract(a, b []span) []span { return intersect(a, complement(b)) }
+func subtract(a, b []Range) []Range { return intersect(a, complement(b)) }
 
-func subset(a, b []span) bool { return slices.Equal(intersect(a, b), a) }
+func subset(a, b []Range) bool { return slices.Equal(intersect(a, b), a) }
 
-// prefixesOf writes spans as the fewest prefixes that cover them exactly.
-func prefixesOf(ss []span) []netip.Prefix {
+// prefixesOf writes ranges as the fewest prefixes that cover them exactly.
+func prefixesOf(ss []Range) []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range ss {
-		for lo, hi := uint64(s.lo), uint64(s.hi); lo <= hi; {
+		for lo, hi := uint64(s.Lo), uint64(s.Hi); lo <= hi; {
 			// The largest block aligned at lo that ends by hi.
 			size := uint64(1) << 32
 			if lo != 0 {

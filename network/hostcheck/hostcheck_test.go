@@ -1,4 +1,4 @@
-package egress_test
+package hostcheck_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
-	"github.com/phasegate/phasegate/network/egress"
+	"github.com/phasegate/phasegate/network/hostcheck"
 	"github.com/phasegate/phasegate/network/internal/fakehost"
 	"github.com/phasegate/phasegate/network/nft"
 )
@@ -22,7 +22,7 @@ import (
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // host builds a fake host with 2 slots and the slot table installed.
-func host(t *testing.T, forwarding bool) (*fakehost.Host, egress.Config) {
+func host(t *testing.T, forwarding bool) (*fakehost.Host, hostcheck.Config) {
 	t.Helper()
 	h := fakehost.New(t, 2, forwarding)
 	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR))
@@ -36,7 +36,7 @@ func host(t *testing.T, forwarding bool) (*fakehost.Host, egress.Config) {
 	if err := tbl.Add(ctx, h.HostIfs()...); err != nil {
 		t.Fatal(err)
 	}
-	return h, egress.Config{Table: h.Config.TableName(), HostIfPrefix: h.Config.HostIfPrefix(), NetNS: h.Path}
+	return h, hostcheck.Config{Table: h.Config.TableName(), HostIfPrefix: h.Config.HostIfPrefix(), NetNS: h.Path}
 }
 
 // egressWorks says whether a datagram from slot 1 reaches the outside
@@ -61,7 +61,7 @@ func egressWorks(t *testing.T, h *fakehost.Host, wait time.Duration) bool {
 
 // only fails unless the report has exactly one problem, of kind k, whose
 // message contains every string of want.
-func only(t *testing.T, r egress.Report, k egress.Kind, want ...string) egress.Problem {
+func only(t *testing.T, r hostcheck.Report, k hostcheck.Kind, want ...string) hostcheck.Problem {
 	t.Helper()
 	if len(r.Problems) != 1 || r.Problems[0].Kind != k {
 		t.Fatalf("report = %v, want one %v problem", r, k)
@@ -81,7 +81,7 @@ func only(t *testing.T, r egress.Report, k egress.Kind, want ...string) egress.P
 
 func TestHealthyHost(t *testing.T) {
 	h, cfg := host(t, true)
-	if r := egress.Check(context.Background(), cfg); !r.OK() {
+	if r := hostcheck.Check(context.Background(), cfg); !r.OK() {
 		t.Errorf("Check on a working host = %v", r)
 	}
 	if !egressWorks(t, h, 10*time.Second) {
@@ -91,7 +91,7 @@ func TestHealthyHost(t *testing.T) {
 
 func TestForwardingOff(t *testing.T) {
 	h, cfg := host(t, false)
-	only(t, egress.Check(context.Background(), cfg), egress.Forwarding, "net.ipv4.ip_forward is 0", "sysctl -w net.ipv4.ip_forward=1")
+	only(t, hostcheck.Check(context.Background(), cfg), hostcheck.Forwarding, "net.ipv4.ip_forward is 0", "sysctl -w net.ipv4.ip_forward=1")
 	if egressWorks(t, h, time.Second) {
 		t.Errorf("egress works with forwarding off")
 	}
@@ -101,7 +101,7 @@ func TestForwardingOff(t *testing.T) {
 	if err := fakehost.Sysctl(h.Path, "net/ipv4/conf/default/forwarding", "0"); err != nil {
 		t.Fatal(err)
 	}
-	only(t, egress.Check(context.Background(), cfg), egress.Forwarding, "net.ipv4.conf.default.forwarding is 0")
+	only(t, hostcheck.Check(context.Background(), cfg), hostcheck.Forwarding, "net.ipv4.conf.default.forwarding is 0")
 	if !egressWorks(t, h, 10*time.Second) { // the existing veths kept forwarding on
 		t.Errorf("egress does not work with ip_forward=1")
 	}
@@ -109,9 +109,9 @@ func TestForwardingOff(t *testing.T) {
 
 func TestMissingTable(t *testing.T) {
 	h := fakehost.New(t, 1, true)
-	cfg := egress.Config{Table: h.Config.TableName(), HostIfPrefix: h.Config.HostIfPrefix(), NetNS: h.Path}
-	only(t, egress.Check(context.Background(), cfg), egress.Masquerade, "table inet "+cfg.Table)
-	if r := egress.Check(context.Background(), egress.Config{}); len(r.Problems) != 1 || r.Problems[0].Kind != egress.CheckFailed {
+	cfg := hostcheck.Config{Table: h.Config.TableName(), HostIfPrefix: h.Config.HostIfPrefix(), NetNS: h.Path}
+	only(t, hostcheck.Check(context.Background(), cfg), hostcheck.Masquerade, "table inet "+cfg.Table)
+	if r := hostcheck.Check(context.Background(), hostcheck.Config{}); len(r.Problems) != 1 || r.Problems[0].Kind != hostcheck.CheckFailed {
 		t.Errorf("empty config: %v", r)
 	}
 }
@@ -119,7 +119,7 @@ func TestMissingTable(t *testing.T) {
 func TestNoRoute(t *testing.T) {
 	_, cfg := host(t, true)
 	sh(t, cfg.NetNS, "ip route del default")
-	only(t, egress.Check(context.Background(), cfg), egress.NoRoute, "no IPv4 default route")
+	only(t, hostcheck.Check(context.Background(), cfg), hostcheck.NoRoute, "no IPv4 default route")
 }
 
 // nftConn opens an nftables connection in the namespace at path.
@@ -155,7 +155,7 @@ func TestForeignForwardDrop(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	only(t, egress.Check(ctx, cfg), egress.ForwardDrop, "table inet fw chain forward", "policy drop",
+	only(t, hostcheck.Check(ctx, cfg), hostcheck.ForwardDrop, "table inet fw chain forward", "policy drop",
 		`nft insert rule inet fw forward iifname "`+cfg.HostIfPrefix+`*" accept`,
 		`nft insert rule inet fw forward oifname "`+cfg.HostIfPrefix+`*" ct state established,related accept`)
 	if egressWorks(t, h, time.Second) {
@@ -167,7 +167,7 @@ func TestForeignForwardDrop(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	only(t, egress.Check(ctx, cfg), egress.ForwardDrop, "drops the replies to the slots' traffic", "ct state established,related accept")
+	only(t, hostcheck.Check(ctx, cfg), hostcheck.ForwardDrop, "drops the replies to the slots' traffic", "ct state established,related accept")
 	out := ifname(cfg.HostIfPrefix)
 	out[0].(*expr.Meta).Key = expr.MetaKeyOIFNAME
 	c.AddRule(&nftables.Rule{Table: fw, Chain: fwd, Exprs: append(out,
@@ -180,7 +180,7 @@ func TestForeignForwardDrop(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if r := egress.Check(ctx, cfg); !r.OK() {
+	if r := hostcheck.Check(ctx, cfg); !r.OK() {
 		t.Errorf("Check after the suggested fix = %v", r)
 	}
 	if !egressWorks(t, h, 10*time.Second) {
@@ -195,7 +195,7 @@ func TestForeignForwardDrop(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	only(t, egress.Check(ctx, cfg), egress.ForwardDrop, "table inet fw chain early", "drops every packet")
+	only(t, hostcheck.Check(ctx, cfg), hostcheck.ForwardDrop, "table inet fw chain early", "drops every packet")
 }
 
 // Docker's shape through iptables-nft: `ip filter FORWARD` with policy
@@ -211,7 +211,7 @@ func TestDockerForward(t *testing.T) {
 	h, cfg := host(t, true)
 	ctx := context.Background()
 	sh(t, h.Path, "iptables -N DOCKER-USER && iptables -A FORWARD -j DOCKER-USER && iptables -A DOCKER-USER -j RETURN && iptables -P FORWARD DROP")
-	p := only(t, egress.Check(ctx, cfg), egress.ForwardDrop, "table ip filter chain FORWARD", "iptables -I DOCKER-USER -i "+cfg.HostIfPrefix+"+ -j ACCEPT")
+	p := only(t, hostcheck.Check(ctx, cfg), hostcheck.ForwardDrop, "table ip filter chain FORWARD", "iptables -I DOCKER-USER -i "+cfg.HostIfPrefix+"+ -j ACCEPT")
 	if egressWorks(t, h, time.Second) {
 		t.Fatalf("egress works through Docker's FORWARD DROP")
 	}
@@ -220,7 +220,7 @@ func TestDockerForward(t *testing.T) {
 		t.Fatalf("no command in %q", p.Message)
 	}
 	sh(t, h.Path, strings.TrimSuffix(cmd, "`"))
-	if r := egress.Check(ctx, cfg); !r.OK() {
+	if r := hostcheck.Check(ctx, cfg); !r.OK() {
 		t.Errorf("Check after running the suggested command = %v", r)
 	}
 	if !egressWorks(t, h, 10*time.Second) {
@@ -236,7 +236,7 @@ func TestLegacyTables(t *testing.T) {
 	}
 	h, cfg := host(t, true)
 	sh(t, h.Path, "iptables-legacy -P FORWARD ACCEPT")
-	only(t, egress.Check(context.Background(), cfg), egress.Unverifiable, "iptables-legacy -S FORWARD", "iptables-legacy -I FORWARD -i "+cfg.HostIfPrefix+"+ -j ACCEPT")
+	only(t, hostcheck.Check(context.Background(), cfg), hostcheck.Unverifiable, "iptables-legacy -S FORWARD", "iptables-legacy -I FORWARD -i "+cfg.HostIfPrefix+"+ -j ACCEPT")
 }
 
 // sh runs a shell command inside the namespace at path.
