@@ -1,12 +1,3 @@
-// Package eventlog is what an append-only log that readers follow needs
-// besides its events: the wake-up of the readers waiting for the next
-// change, the batch a reader is due from its position, and the loop that
-// follows the log with both.
-//
-// A lifecycle.Lifecycle keeps its own event log with it, and
-// phasetest.Recorder the log it is handed; each holds its own lock around
-// its [Wake] and [Since], so that what is appended and who is woken change
-// together.
 package eventlog
 
 import "context"

@@ -1,6 +1,7 @@
-// Package otelenv reads the OTEL_* variables that the tracing and metrics
-// packages share, and holds what their Setup functions share of choosing
-// and opening exporters.
+// Package otelenv reads the OTEL_* variables tracing and metrics share,
+// and chooses and opens the exporters they name.
+//
+// It holds what the two packages' Setup functions share.
 //
 // It reads OTEL_SDK_DISABLED, the exporter lists in OTEL_TRACES_EXPORTER and
 // OTEL_METRICS_EXPORTER, and the OTLP protocol; a [Signal] chooses among
