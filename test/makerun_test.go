@@ -11,10 +11,11 @@ import (
 
 // `make run` hands ARGS to serve, as README shows: the daemon checks the
 // configuration it was given (--check, which creates nothing) and prints
-// it resolved, with the CIDR and the directories of ARGS.
+// it resolved, with the CIDR and the directories of ARGS, and as many
+// slots as the /24 holds (128, a quarter of them a principal's quota).
 func TestMakeRunPassesArgs(t *testing.T) {
 	h := newHost(t)
-	args := strings.Join([]string{"--check", "--slot-cidr=10.99.0.0/24", "--slots=100",
+	args := strings.Join([]string{"--check", "--slot-cidr=10.99.0.0/24",
 		"--state-dir=" + h.stateDir, "--netns-dir=" + h.netnsDir, "--slot-prefix=" + h.prefix,
 		"--listen=" + freePort(t)}, " ")
 	// Should ARGS not reach serve, the environment still keeps it off the
@@ -38,15 +39,16 @@ func TestMakeRunPassesArgs(t *testing.T) {
 		text = text[i:]
 	}
 	var got struct {
-		SlotCIDR string `json:"slot_cidr"`
-		Slots    int    `json:"slots"`
-		StateDir string `json:"state_dir"`
-		Prefix   string `json:"slot_prefix"`
+		SlotCIDR  string `json:"slot_cidr"`
+		Slots     int    `json:"slots"`
+		MaxLeases int    `json:"max_leases"`
+		StateDir  string `json:"state_dir"`
+		Prefix    string `json:"slot_prefix"`
 	}
 	if err := json.Unmarshal([]byte(text), &got); err != nil {
 		t.Fatalf("make run ARGS=%q printed no configuration: %v\n%s", args, err, out)
 	}
-	if got.SlotCIDR != "10.99.0.0/24" || got.Slots != 100 || got.StateDir != h.stateDir || got.Prefix != h.prefix {
+	if got.SlotCIDR != "10.99.0.0/24" || got.Slots != 128 || got.MaxLeases != 32 || got.StateDir != h.stateDir || got.Prefix != h.prefix {
 		t.Errorf("make run ran serve with %+v, not ARGS %q", got, args)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -49,6 +50,50 @@ func TestMaxLeasesResolved(t *testing.T) {
 			}
 			if got := cfg.ControlPolicy().Quota(); got != tc.want {
 				t.Errorf("quota %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// Unset, --slots is what --slot-cidr holds (a /31 each) up to the
+// default, and the quota of leases a quarter of that; a --slots given is
+// kept, and one the CIDR cannot hold refused as before.
+func TestSlotsFitTheCIDR(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		args      []string
+		env       map[string]string
+		slots     int
+		maxLeases int
+		invalid   string // in Validate's error; "" when valid
+	}{
+		{"no CIDR: the default", nil, nil, 1024, 256, ""},
+		{"a /24 holds 128", []string{"--slot-cidr=10.99.0.0/24"}, nil, 128, 32, ""},
+		{"PHASEGATE_SLOT_CIDR", nil, map[string]string{"PHASEGATE_SLOT_CIDR": "10.99.0.0/24"}, 128, 32, ""},
+		{"a /16: capped at the default", []string{"--slot-cidr=10.99.0.0/16"}, nil, 1024, 256, ""},
+		{"--slots given and fitting", []string{"--slot-cidr=10.99.0.0/24", "--slots=100"}, nil, 100, 25, ""},
+		{"PHASEGATE_SLOTS given", []string{"--slot-cidr=10.99.0.0/24"}, map[string]string{"PHASEGATE_SLOTS": "64"}, 64, 16, ""},
+		{"--slots given and too many", []string{"--slot-cidr=10.99.0.0/24", "--slots=1024"}, nil, 1024, 256, "holds 256 addresses, 1024 slots need 2048"},
+		{"a /32 holds none", []string{"--slot-cidr=10.99.0.1/32"}, nil, 1024, 256, "too small for one /31"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := env{args: append(tc.args, "--pool-size=4"), lookupEnv: envFrom(tc.env), stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+			cfg, _, err := serveFlags(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Slots.Slots != tc.slots {
+				t.Errorf("--slots %d, want %d", cfg.Slots.Slots, tc.slots)
+			}
+			if got := cfg.ControlPolicy().Quota(); got != tc.maxLeases {
+				t.Errorf("quota %d, want %d", got, tc.maxLeases)
+			}
+			err = cfg.Slots.Validate()
+			switch {
+			case tc.invalid == "" && err != nil:
+				t.Errorf("invalid: %v", err)
+			case tc.invalid != "" && (err == nil || !strings.Contains(err.Error(), tc.invalid)):
+				t.Errorf("Validate: %v, want %q", err, tc.invalid)
 			}
 		})
 	}
