@@ -2,11 +2,20 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"flag"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc"
+
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
+	"github.com/phasegate/phasegate/phases"
 )
 
 // The quota of leases a principal may hold: --max-leases or the policy
@@ -119,6 +128,10 @@ func TestSlotsSocket(t *testing.T) {
 		{"--socket over PHASEGATE_SOCKET", []string{"list", "--socket=/tmp/b.sock"}, map[string]string{"PHASEGATE_SOCKET": "/tmp/a.sock"}, "unix:///tmp/b.sock"},
 		{"a relative --socket", []string{"list", "--socket=run/pg.sock"}, nil, "unix://" + filepath.Join(wd, "run/pg.sock")},
 		{"a relative PHASEGATE_SOCKET", []string{"list"}, map[string]string{"PHASEGATE_SOCKET": "./pg.sock"}, "unix://" + filepath.Join(wd, "pg.sock")},
+		{"--state-dir's socket", []string{"list", "--state-dir=/tmp/pg-b"}, nil, "unix:///tmp/pg-b/control.sock"},
+		{"PHASEGATE_STATE_DIR's socket", []string{"list"}, map[string]string{"PHASEGATE_STATE_DIR": "/tmp/pg-b"}, "unix:///tmp/pg-b/control.sock"},
+		{"--socket over --state-dir", []string{"list", "--state-dir=/tmp/pg-b", "--socket=/tmp/b.sock"}, nil, "unix:///tmp/b.sock"},
+		{"PHASEGATE_SOCKET over --state-dir", []string{"list", "--state-dir=/tmp/pg-b"}, map[string]string{"PHASEGATE_SOCKET": "/tmp/a.sock"}, "unix:///tmp/a.sock"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs, f := newSlotsFlagSet()
@@ -134,6 +147,63 @@ func TestSlotsSocket(t *testing.T) {
 				t.Errorf("dials %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// "slots" and "held" find the control socket of the --state-dir they are
+// given, and where nothing answers they say the path they tried and how
+// to point at another.
+func TestClientsFindTheStateDirsSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, phases.ControlSocketName)
+	run := func(cmd func(context.Context, env) int, args ...string) (int, string) {
+		var stderr bytes.Buffer
+		code := cmd(context.Background(), env{args: args, lookupEnv: envFrom(nil), stdout: &bytes.Buffer{}, stderr: &stderr})
+		return code, stderr.String()
+	}
+	// Nothing listens: the error names the socket and the way out.
+	for _, c := range []struct {
+		name string
+		cmd  func(context.Context, env) int
+	}{{"slots", slotsCmd}, {"held", heldCmd}} {
+		code, stderr := run(c.cmd, "list", "--state-dir="+dir, "--timeout=5s")
+		if code != exitFailed || !strings.Contains(stderr, sock) || !strings.Contains(stderr, "--state-dir") || !strings.Contains(stderr, "PHASEGATE_SOCKET") {
+			t.Errorf("%s list with no daemon: exit %d, %q; want 1 naming %s and --socket, PHASEGATE_SOCKET, --state-dir", c.name, code, stderr, sock)
+		}
+	}
+
+	// Something answers there: a gRPC server with no Slots of its own
+	// answers Unimplemented, and the held routes an empty list.
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	phasegatev1.RegisterSlotsServer(gs, phasegatev1.UnimplementedSlotsServer{})
+	done := make(chan error, 1)
+	go func() { done <- gs.Serve(l) }()
+	code, stderr := run(slotsCmd, "list", "--state-dir="+dir, "--timeout=5s")
+	gs.Stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if code != exitFailed || !strings.Contains(stderr, "Unimplemented") {
+		t.Errorf("slots list --state-dir=%s: exit %d, %q; want the server's Unimplemented", dir, code, stderr)
+	}
+
+	l, err = net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) })}
+	go func() { done <- hs.Serve(l) }()
+	code, stderr = run(heldCmd, "list", "--state-dir="+dir, "--timeout=5s")
+	_ = hs.Close()
+	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+		t.Fatal(err)
+	}
+	if code != exitOK {
+		t.Errorf("held list --state-dir=%s: exit %d, %q; want 0", dir, code, stderr)
 	}
 }
 
