@@ -17,7 +17,7 @@ MODULES   := . test examples tracing/internal/autoexportcmp
 
 help:
 	@echo "make demo     the whole story: leaked slots, a daemon starting, health 503 -> 200 (as root)"
-	@echo "make run      build and run the daemon on its defaults (as root)"
+	@echo "make run      build and run the daemon on its defaults, or with ARGS='--flag value ...' (as root)"
 	@echo "make cni-plugin  build the CNI plugin and install it into CNI_PATH (default /opt/cni/bin; root)"
 	@echo "make test     every test: unit, kernel (root) and end-to-end; installs the tools they need"
 	@echo "make unit     the tests that need no root and no tools"
@@ -43,9 +43,10 @@ cni-plugin:
 demo: build
 	bin/phasegate demo
 
-## run: the daemon on its defaults.
+## run: the daemon on its defaults, and the serve flags in ARGS
+## (make run ARGS='--slot-cidr 10.99.0.0/24').
 run: build
-	bin/phasegate serve
+	bin/phasegate serve $(ARGS)
 
 generate:
 	$(GO) generate ./api/...

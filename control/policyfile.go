@@ -199,13 +199,22 @@ func (w keyWalker) fail(path, format string, a ...any) error {
 
 func (w keyWalker) token() (json.Token, error) {
 	tok, err := w.dec.Token()
-	if errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%w: no JSON value (an empty file?)", ErrPolicy)
+	switch {
+	case (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) && len(bytes.TrimSpace(w.b)) == 0:
+		return nil, fmt.Errorf("%w: empty: no JSON value", ErrPolicy)
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return nil, w.truncated()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: at line %d: %w", ErrPolicy, lineOf(w.b, int(w.dec.InputOffset())), err)
 	}
 	return tok, nil
+}
+
+// truncated is the error of a policy whose JSON ends before its value
+// does (a write cut short), at the offset and line where it ends.
+func (w keyWalker) truncated() error {
+	return fmt.Errorf("%w: truncated: not valid JSON at offset %d (line %d): the file ends before its value does", ErrPolicy, len(w.b), lineOf(w.b, len(w.b)))
 }
 
 // value walks one value that decodes into t.

@@ -39,7 +39,11 @@ func TestParsePolicyRefusesSmuggling(t *testing.T) {
 		{"an object where a list belongs", `{"principals": {"uid": 1}}`, "principals at line 1: an object, where a list belongs"},
 		{"deep nesting", `{"principals": [[[[[[[[[]]]]]]]]]}`, "principals[0] at line 1: a list, where an object belongs"},
 		{"not UTF-8", "{\"principals\": [{\"identity\": \"cn:\xff\", \"owners\": [\"*\"]}]}", "not UTF-8"},
-		{"empty", "  \n", "no JSON value"},
+		{"empty", "  \n", "empty: no JSON value"},
+		{"truncated after a comma", "{\"principals\": [{\"uid\": 1000, \"owners\": [\"*\"]}],\n", "truncated: not valid JSON at offset 49 (line 2)"},
+		{"truncated in a key", `{"principals": [{"uid": 1000, "ow`, "truncated: not valid JSON at offset 33 (line 1)"},
+		{"truncated in a value", `{"principals": [{"uid": 10`, "truncated: not valid JSON at offset 26 (line 1)"},
+		{"truncated after the first brace", `{`, "truncated: not valid JSON at offset 1 (line 1)"},
 		{"too large", `{"principals": [], "max_leases": 1` + strings.Repeat(" ", control.MaxPolicySize) + `}`, "larger than"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -328,11 +328,13 @@ func teardownProgress(p *lifecycle.Progress) func(done, total int) {
 }
 
 // stopFirewall removes the daemon's nftables table once no slot is left in
-// it, so a clean stop leaves nothing behind.
+// it, so a clean stop leaves nothing behind. A stop keeps the leased and
+// warm slots for the next start, and their table with them: that is the
+// design, logged at Info (a teardown that failed warns where it failed).
 func (d *Daemon) stopFirewall(ctx context.Context) error {
 	kept, err := dropEmptyFirewall(ctx, d.mgr)
 	if kept > 0 {
-		d.log.Warn("firewall table kept: slots still listed", "table", d.mgr.Firewall().Name(), "slots", kept)
+		d.log.Info("firewall table kept for the slots left to the next start", "table", d.mgr.Firewall().Name(), "slots", kept)
 	}
 	return err
 }

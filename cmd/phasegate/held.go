@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/phasegate/phasegate/internal/names"
@@ -30,7 +32,8 @@ const heldUsage = `held [list|adopt|release] [flags] [args]
 Held slots are the daemon's answer to records it cannot vouch with (a
 state file or journal lost next to slots in use): it keeps and quarantines
 every slot something lives in rather than reclaim it. This command asks the
-running daemon on its control socket, as root.`
+running daemon on its control socket (--socket, or the one in --state-dir),
+as root.`
 
 // heldVerbs are the command's verbs and their number of arguments.
 func heldVerbs() verbs {
@@ -41,7 +44,8 @@ func heldVerbs() verbs {
 // on its control socket.
 func heldCmd(ctx context.Context, e env) int {
 	fs := flag.NewFlagSet("held", flag.ContinueOnError)
-	socket := fs.String("socket", phases.DefaultConfig().ControlSocket(), "the daemon's control socket")
+	var socket, stateDir string
+	registerSocket(fs, &socket, &stateDir)
 	owner := fs.String("owner", "", "adopt: the owner the lease is for")
 	requestID := fs.String("request-id", "", "adopt: the owner's request id for the lease (a retried Acquire of it finds the lease)")
 	var ttl ttlValue
@@ -55,7 +59,7 @@ func heldCmd(ctx context.Context, e env) int {
 	if done {
 		return code
 	}
-	c := heldClient{socket: *socket}
+	c := heldClient{socket: controlSocket(socket, stateDir)}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	var answer any
@@ -128,6 +132,9 @@ func (c heldClient) call(ctx context.Context, method, path string, req, out any)
 	}}
 	defer hc.CloseIdleConnections()
 	resp, err := hc.Do(hreq)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("control socket %s: %w (%s)", c.socket, err, noDaemonHint(c.socket))
+	}
 	if err != nil {
 		return fmt.Errorf("control socket %s: %w", c.socket, err)
 	}

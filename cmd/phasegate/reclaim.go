@@ -34,6 +34,7 @@ func (e env) parseOneShot(name string, own func(*flag.FlagSet)) (cfg phases.Conf
 	if code, done := e.parseCommand(fs, name+" [flags]"); done {
 		return cfg, lf, code, true
 	}
+	fitSlots(fs, &cfg)
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(e.stderr, "phasegate %s: %s\n", name, oneLine(err))
 		return cfg, lf, exitUsage, true

@@ -16,6 +16,7 @@ import (
 
 	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/phases"
 	"github.com/phasegate/phasegate/tracing"
 )
@@ -48,7 +49,7 @@ func slotFlags(fs *flag.FlagSet, cfg *phases.Config) {
 	fs.StringVar(&cfg.LockDir, "lock-dir", cfg.LockDir, "directory of the locks every phasegate on the host shares: give every daemon and command on a host the same one (created 0700; root's and writable by no one else)")
 	fs.StringVar(&cfg.Slots.NetnsDir, "netns-dir", cfg.Slots.NetnsDir, "directory of the network namespace files")
 	fs.StringVar(&cfg.Slots.Prefix, "slot-prefix", cfg.Slots.Prefix, "prefix of every name this daemon owns (netns <prefix><i>, host veth <prefix>h<i>)")
-	fs.IntVar(&cfg.Slots.Slots, "slots", cfg.Slots.Slots, "number of slot indices, 1..N")
+	fs.IntVar(&cfg.Slots.Slots, "slots", cfg.Slots.Slots, "number of slot indices, 1..N (unset with --slot-cidr given: as many as it holds, a /31 each, at most the default)")
 	fs.Var(prefixValue(&cfg.Slots.CIDR), "slot-cidr", "IPv4 network the slots' /31s are cut from")
 	fs.IntVar(&cfg.ReclaimWorkers, "reclaim-workers", cfg.ReclaimWorkers, "concurrent namespace teardowns during reclaim")
 	fs.DurationVar(&cfg.ReclaimBudget, "reclaim-budget", cfg.ReclaimBudget, "time reclaim may take before the rest is deferred to the background (0: reclaim everything first)")
@@ -58,6 +59,21 @@ func slotFlags(fs *flag.FlagSet, cfg *phases.Config) {
 	fs.BoolVar(&cfg.Firewall.AllowSlotToSlot, "allow-slot-to-slot", cfg.Firewall.AllowSlotToSlot, "let slots reach each other (dropped by default: slots are tenants)")
 	fs.Var(portsValue{&cfg.Firewall.HostTCPPorts}, "slot-host-tcp-ports", "TCP ports of the host that slots may reach at their gateway, comma-separated (none by default)")
 	fs.Var(portsValue{&cfg.Firewall.HostUDPPorts}, "slot-host-udp-ports", "UDP ports of the host that slots may reach at their gateway, comma-separated (none by default)")
+}
+
+// fitSlots makes the default --slots what a given --slot-cidr holds, up
+// to the default: `--slot-cidr 10.99.0.0/24` alone means 128 slots, not
+// a refusal. A --slots given (or PHASEGATE_SLOTS) is left as it is, and a
+// CIDR too small for one slot to Validate's error.
+func fitSlots(fs *flag.FlagSet, cfg *phases.Config) {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["slots"] || !set["slot-cidr"] {
+		return
+	}
+	if n := slot.Capacity(cfg.Slots.CIDR); n >= 1 && n < cfg.Slots.Slots {
+		cfg.Slots.Slots = n
+	}
 }
 
 // serveOptions are serve's settings that are not the daemon's Config.
@@ -101,6 +117,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 		}
 		return cfg, opts, err
 	}
+	fitSlots(fs, &cfg)
 	// The files are read through e.configFiles: an upgrade reads them
 	// again at SIGHUP and hands the new image what it read.
 	tc, err := tf.config(e.configFiles)

@@ -34,18 +34,20 @@ const slotsUsage = `slots <acquire|release|keepalive|egress|get|list> [flags] [a
   get INDEX                                   one slot
   list [--all]                                the slots that are not free (--all: every one)
 
-The Slots API is on the daemon's control socket (--socket; root, or a
-member of its --control-group, as the daemon's policy allows), or on its
+The Slots API is on the daemon's control socket (--socket, or the one in
+--state-dir; root, or a member of its --control-group, as the daemon's
+policy allows), or on its
 TCP port with mutual TLS (--addr with --tls-ca, --tls-cert, --tls-key).`
 
 // slotsFlags are the slots client's flags, shared by its verbs.
 type slotsFlags struct {
-	socket, addr, requestID string
-	timeout                 time.Duration
-	ttl                     ttlValue
-	all                     bool
-	tls                     clientTLSFlags
-	egress                  egressFlags
+	socket, stateDir string
+	addr, requestID  string
+	timeout          time.Duration
+	ttl              ttlValue
+	all              bool
+	tls              clientTLSFlags
+	egress           egressFlags
 }
 
 // ttlValue is --ttl: a positive duration when set. A zero or negative one
@@ -98,7 +100,7 @@ func (f egressFlags) policy() *phasegatev1.EgressPolicy {
 }
 
 func (f *slotsFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.socket, "socket", phases.DefaultConfig().ControlSocket(), "the daemon's control socket")
+	registerSocket(fs, &f.socket, &f.stateDir)
 	fs.StringVar(&f.addr, "addr", "", "the daemon's TCP address instead of its socket: needs mutual TLS (--tls-ca, --tls-cert, --tls-key)")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "how long to wait for an answer")
 	fs.StringVar(&f.requestID, "request-id", "", "acquire: the request's id, so that a retry gets the same slot")
@@ -147,8 +149,12 @@ func slotsCmd(ctx context.Context, e env) int {
 	if err != nil {
 		if st, ok := status.FromError(err); ok {
 			hint := ""
-			if f.addr == "" && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "permission denied") {
+			switch {
+			case f.addr != "" || st.Code() != codes.Unavailable:
+			case strings.Contains(st.Message(), "permission denied"):
 				hint = " (the control socket admits root and the members of the daemon's --control-group)"
+			default:
+				hint = " (" + noDaemonHint(controlSocket(f.socket, f.stateDir)) + ")"
 			}
 			fmt.Fprintf(e.stderr, "phasegate slots %s: %s: %s%s\n", verb, st.Code(), st.Message(), hint)
 		} else {
@@ -167,6 +173,28 @@ func slotsCmd(ctx context.Context, e env) int {
 	return exitOK
 }
 
+// registerSocket registers --socket and --state-dir, which say where a
+// client finds the daemon's control socket (controlSocket).
+func registerSocket(fs *flag.FlagSet, socket, stateDir *string) {
+	fs.StringVar(socket, "socket", "", "the daemon's control socket (default <state-dir>/"+phases.ControlSocketName+")")
+	fs.StringVar(stateDir, "state-dir", phases.DefaultConfig().StateDir, "the daemon's --state-dir, where its control socket is unless it was given --control-socket")
+}
+
+// controlSocket is the socket a client dials: --socket when given, else
+// the one serve makes in its --state-dir.
+func controlSocket(socket, stateDir string) string {
+	if socket != "" {
+		return socket
+	}
+	return phases.Config{StateDir: stateDir}.ControlSocket()
+}
+
+// noDaemonHint says, when nothing answers on path, how to point the
+// client at the daemon's socket.
+func noDaemonHint(path string) string {
+	return "no daemon answers on " + path + "; point at its socket with --socket or PHASEGATE_SOCKET, or at its state directory with --state-dir or PHASEGATE_STATE_DIR"
+}
+
 // dial connects to the control socket, or to --addr over TLS when given.
 func (f *slotsFlags) dial() (*grpc.ClientConn, error) {
 	tc, err := f.tls.config()
@@ -183,14 +211,13 @@ func (f *slotsFlags) dial() (*grpc.ClientConn, error) {
 		}
 	case tc != nil:
 		return nil, errors.New("--tls-ca and --tls-cert are for --addr: the control socket needs none")
-	case f.socket == "":
-		return nil, errors.New("--socket is empty: give the daemon's control socket")
 	default:
 		// gRPC's unix:// target takes an absolute path only: a relative
 		// one would be read as an authority ("unix://run/pg.sock").
-		path, err := filepath.Abs(f.socket)
+		sock := controlSocket(f.socket, f.stateDir)
+		path, err := filepath.Abs(sock)
 		if err != nil {
-			return nil, fmt.Errorf("--socket %q: %w", f.socket, err)
+			return nil, fmt.Errorf("control socket %q: %w", sock, err)
 		}
 		target = "unix://" + path
 	}

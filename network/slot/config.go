@@ -123,7 +123,7 @@ func (c Config) Validate() error {
 		bad("slot CIDR %s has host bits set (want %s)", c.CIDR, c.CIDR.Masked())
 	case c.Slots >= 1 && c.CIDR.Bits() > 31:
 		bad("slot CIDR %s is too small for one /31", c.CIDR)
-	case c.Slots >= 1 && uint64(2*c.Slots) > uint64(1)<<(32-c.CIDR.Bits()):
+	case c.Slots > Capacity(c.CIDR):
 		bad("slot CIDR %s holds %d addresses, %d slots need %d", c.CIDR,
 			uint64(1)<<(32-c.CIDR.Bits()), c.Slots, 2*c.Slots)
 	case c.Slots >= 1:
@@ -190,6 +190,15 @@ func (c Config) HostIfName(i int) string { return c.HostIfPrefix() + strconv.Ito
 // goes. It is as long as [Config.HostIfName], so it fits wherever that
 // does, and no prefix's host end or parked end bears it but this one's.
 func (c Config) ParkedIfName(i int) string { return c.Prefix + "x" + strconv.Itoa(i) }
+
+// Capacity is how many slots cidr holds, a /31 each: 128 in a /24, 0 in
+// a /32 or a prefix that is not IPv4.
+func Capacity(cidr netip.Prefix) int {
+	if !cidr.IsValid() || !cidr.Addr().Is4() || cidr.Bits() > 31 {
+		return 0
+	}
+	return 1 << (31 - cidr.Bits())
+}
 
 // MaxIndex is the largest index a slot name can carry: a /0 holds 2^31
 // /31s, so no valid Config has more slots (2^31 itself is left out so that

@@ -158,7 +158,7 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 	l := &Lease{Rec: rec, Slot: sl}
 	s.table.add(l)
 	s.count("acquired")
-	s.log.Info("slot acquired", "slot", sl.Index, "owner", req.Owner, "request_id", req.RequestID, "principal", principal, "ttl", req.TTL.String())
+	s.log.Info("slot acquired", "slot", sl.Index, "owner", req.Owner, "request_id", req.RequestID, "principal", principal, "ttl", ttlShown(req.TTL))
 	return Acquired{Lease: s.table.copyOf(l), Made: made}, nil
 }
 
@@ -272,4 +272,13 @@ func (s *Service) unattach(ctx context.Context, sl *slot.Slot) {
 	if err := s.pool.Put(bg, sl); err != nil {
 		s.log.Warn("slot of an attachment not recorded could not be made again", "slot", sl.Index, "error", err)
 	}
+}
+
+// ttlShown is a lease's TTL as logged: "none" for a lease held until
+// released, which "0s" would read as one that expires at once.
+func ttlShown(ttl time.Duration) string {
+	if ttl <= 0 {
+		return "none"
+	}
+	return ttl.String()
 }
