@@ -241,23 +241,10 @@ func BenchmarkHTTPHealth(b *testing.B) {
 			return nil
 		}
 	}
-	srv, lc := servingStack(b, false)
-	if err := lc.Start(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	hc := health.New(lc, health.Options{})
-	b.Cleanup(hc.Close)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	hs := &http.Server{Handler: health.NewHandler(hc), ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = hs.Serve(l) }()
-	b.Cleanup(func() { _ = hs.Close(); <-done })
+	plain, phasegate := healthServers(b)
 	sideBySide(b,
-		&variant{name: "plain", op: get("http://" + l.Addr().String() + "/health")},
-		&variant{name: "phasegate", op: get("http://" + srv.Addr().String() + "/health")},
+		&variant{name: "plain", op: get("http://" + plain + "/health")},
+		&variant{name: "phasegate", op: get("http://" + phasegate + "/health")},
 	)
 }
 
@@ -394,4 +381,26 @@ func BenchmarkStartToAccepting(b *testing.B) {
 	b.ReportMetric(float64(percentile(bound, 50))/1e6, "bound-p50-ms")
 	b.ReportMetric(float64(percentile(answered, 50))/1e6, "answered-p50-ms")
 	b.ReportMetric(float64(percentile(answered, 99))/1e6, "answered-p99-ms")
+}
+
+// healthServers serves /health of one started lifecycle twice: on a bare
+// net/http server and on phasegate's port. It returns their addresses,
+// the baseline's first.
+func healthServers(b *testing.B) (plain, phasegate string) {
+	b.Helper()
+	srv, lc := servingStack(b, false)
+	if err := lc.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	hc := health.New(lc, health.Options{})
+	b.Cleanup(hc.Close)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	hs := &http.Server{Handler: health.NewHandler(hc), ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = hs.Serve(l) }()
+	b.Cleanup(func() { _ = hs.Close(); <-done })
+	return l.Addr().String(), srv.Addr().String()
 }

@@ -6,14 +6,11 @@ import (
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
-	"github.com/phasegate/phasegate/health"
 )
 
 // The checks below are made as checkers make them: a new TCP connection
@@ -85,22 +82,9 @@ func BenchmarkNewConnHTTPHealth(b *testing.B) {
 			return nil
 		}
 	}
-	srv, lc := servingStack(b, false)
-	if err := lc.Start(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	hc := health.New(lc, health.Options{})
-	b.Cleanup(hc.Close)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	hs := &http.Server{Handler: health.NewHandler(hc), ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = hs.Serve(l) }()
-	b.Cleanup(func() { _ = hs.Close(); <-done })
+	plain, phasegate := healthServers(b)
 	sideBySide(b,
-		&variant{name: "plain", op: get("http://" + l.Addr().String() + "/health")},
-		&variant{name: "phasegate", op: get("http://" + srv.Addr().String() + "/health")},
+		&variant{name: "plain", op: get("http://" + plain + "/health")},
+		&variant{name: "phasegate", op: get("http://" + phasegate + "/health")},
 	)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -18,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/internal/nettest"
-	"github.com/phasegate/phasegate/network/internal/osthread"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/slot"
 )
@@ -202,7 +200,7 @@ func TestRecreateHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	inside := nettest.StartInside(t, s.NetnsPath)
-	echo := listenIn(t, s.NetnsPath, s.InsideAddr.Addr())
+	echo := slot.EchoIn(t, s.NetnsPath, s.InsideAddr.Addr())
 	if err := m.RecreateHost(ctx, s); err == nil || errors.Is(err, slot.ErrGone) {
 		t.Fatalf("RecreateHost of an intact slot: %v; want a refusal naming its host link", err)
 	}
@@ -260,35 +258,4 @@ func TestRecreateHost(t *testing.T) {
 	if st, err := m.Stamps(ctx); err != nil || len(st) != 0 {
 		t.Fatalf("stamps the manager that made slot 2 sees: %v, %v; want none but its own", st, err)
 	}
-}
-
-// listenIn listens on addr inside the namespace at path and echoes one
-// connection.
-func listenIn(t *testing.T, path string, addr netip.Addr) net.Addr {
-	t.Helper()
-	var l net.Listener
-	var err error
-	osthread.Throwaway(func() {
-		var fd int
-		if fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
-			return
-		}
-		err = unix.Setns(fd, unix.CLONE_NEWNET)
-		unix.Close(fd)
-		if err == nil {
-			l, err = net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
-		}
-	})
-	if err != nil {
-		t.Fatalf("listen in %s: %v", path, err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		c, err := l.Accept()
-		if err == nil {
-			_, _ = io.Copy(c, c)
-			c.Close()
-		}
-	}()
-	return l.Addr()
 }
