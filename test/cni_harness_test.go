@@ -166,24 +166,7 @@ func (n *cniNet) confWith(fields map[string]any) []byte {
 // end of an attachment goes with it.
 func containerNetns(t *testing.T, name string) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "ctr")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// A private mount, so that the namespace's bind mount does not
-	// propagate (unshare refuses a shared parent).
-	run(t, "mount", "--bind", dir, dir)
-	run(t, "mount", "--make-private", dir)
-	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run(t, "unshare", "--net="+path, "true")
-	t.Cleanup(func() {
-		_ = unix.Unmount(path, unix.MNT_DETACH)
-		_ = unix.Unmount(dir, unix.MNT_DETACH)
-	})
-	return path
+	return containerNetnsIn(t, t.TempDir(), name)
 }
 
 // inNetns runs a command inside the namespace at path.
