@@ -24,8 +24,8 @@ func TestJournalLossIsDetected(t *testing.T) {
 		{"removed", func(t *testing.T, jpath string) { remove(t, jpath) }, "missing"},
 		{"emptied", func(t *testing.T, jpath string) { truncate(t, jpath, 0) }, "emptied"},
 		{"header cut", func(t *testing.T, jpath string) { truncate(t, jpath, headerLen/2) }, "emptied"},
-		{"cut inside an entry", func(t *testing.T, jpath string) { truncate(t, jpath, size(t, jpath)-3) }, "is torn"},
-		{"cut at an entry's end", func(t *testing.T, jpath string) { truncate(t, jpath, lastEntryStart(t, jpath)) }, "after its entry"},
+		{"cut inside an entry", func(t *testing.T, jpath string) { _, end := lastVouched(t, jpath); truncate(t, jpath, end-3) }, "is torn"},
+		{"cut at an entry's end", func(t *testing.T, jpath string) { start, _ := lastVouched(t, jpath); truncate(t, jpath, start) }, "after its entry"},
 		{"another store's", func(t *testing.T, jpath string) {
 			other := filepath.Join(t.TempDir(), "other.db")
 			writeAndKill(t, other, 5000, 20)
@@ -234,24 +234,37 @@ func size(t *testing.T, p string) int64 {
 	return st.Size()
 }
 
-// lastEntryStart returns the offset of the journal's last whole entry.
-func lastEntryStart(t *testing.T, jpath string) int64 {
+// lastVouched returns where the journal's last entry within its header's
+// reach starts and ends: the last write a writer was told of. An entry
+// past the reach is one a kill caught between its write and the header's
+// update, which no writer was told of and whose loss is none.
+func lastVouched(t *testing.T, jpath string) (start, end int64) {
 	t.Helper()
 	b, err := os.ReadFile(jpath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	off, last := headerLen, -1
-	for off+entryHeader <= len(b) {
-		n := int(binary.LittleEndian.Uint32(b[off:]))
-		if off+entryHeader+n > len(b) {
+	starts, ends := vouchedEntries(b)
+	if len(starts) < 2 {
+		t.Fatalf("journal of %d bytes: want two entries or more within its reach", len(b))
+	}
+	return int64(starts[len(starts)-1]), int64(ends[len(ends)-1])
+}
+
+// vouchedEntries is where each whole entry of journal b within its
+// header's reach starts and ends.
+func vouchedEntries(b []byte) (starts, ends []int) {
+	_, reach, ok := parseHeader(b)
+	if !ok {
+		return nil, nil
+	}
+	for off := headerLen; off+entryHeader <= len(b); {
+		end := off + entryHeader + int(binary.LittleEndian.Uint32(b[off:]))
+		if end > len(b) || uint64(end) > reach {
 			break
 		}
-		last = off
-		off += entryHeader + n
+		starts, ends = append(starts, off), append(ends, end)
+		off = end
 	}
-	if last <= headerLen {
-		t.Fatalf("journal of %d bytes: want two entries or more", len(b))
-	}
-	return int64(last)
+	return starts, ends
 }
