@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/internal/rootdir"
+	"github.com/phasegate/phasegate/internal/statmode"
 )
 
 // MaxPolicySize bounds a policy file, in bytes: a policy of thousands of
@@ -134,7 +135,7 @@ func checkPolicyFile(path string, st *unix.Stat_t) error {
 	perm := st.Mode & 0o7777
 	switch {
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return fmt.Errorf("%w %s: not a regular file (owner uid %d, mode %04o, type %s)", ErrPolicy, path, st.Uid, perm, fileType(st.Mode))
+		return fmt.Errorf("%w %s: not a regular file (owner uid %d, mode %04o, type %s)", ErrPolicy, path, st.Uid, perm, statmode.Type(st.Mode))
 	case st.Uid != 0 && st.Uid != uint32(os.Geteuid()):
 		return fmt.Errorf("%w %s: owner uid %d, mode %04o: must be owned by root (chown root %s)", ErrPolicy, path, st.Uid, perm, path)
 	case perm&0o022 != 0:
@@ -143,23 +144,6 @@ func checkPolicyFile(path string, st *unix.Stat_t) error {
 		return fmt.Errorf("%w %s: %d bytes, larger than %d", ErrPolicy, path, st.Size, MaxPolicySize)
 	}
 	return nil
-}
-
-// fileType names the type bits of a stat mode.
-func fileType(mode uint32) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFDIR:
-		return "directory"
-	case unix.S_IFIFO:
-		return "FIFO"
-	case unix.S_IFSOCK:
-		return "socket"
-	case unix.S_IFCHR:
-		return "character device"
-	case unix.S_IFBLK:
-		return "block device"
-	}
-	return fmt.Sprintf("%#o", mode&unix.S_IFMT)
 }
 
 // checkKeys walks the JSON value in b once, token by token, beside the Go

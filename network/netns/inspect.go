@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/phasegate/phasegate/internal/statmode"
 	"golang.org/x/sys/unix"
 )
 
@@ -91,7 +92,7 @@ func inspectFD(fd int, path string) (State, unix.Stat_t, error) {
 		return Missing, st, pathErr("fstat", path, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return Missing, st, fmt.Errorf("%s is a %s: %w", path, fileType(st.Mode), ErrNotNamespace)
+		return Missing, st, fmt.Errorf("%s is a %s: %w", path, statmode.Type(st.Mode), ErrNotNamespace)
 	}
 	var fs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &fs); err != nil {
@@ -159,14 +160,4 @@ func mountRoot(fd int, path string) (bool, error) {
 		return false, pathErr("stat", filepath.Dir(path), err)
 	}
 	return st.Dev != parent.Dev, nil
-}
-
-func fileType(mode uint32) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFLNK:
-		return "symlink"
-	case unix.S_IFDIR:
-		return "directory"
-	}
-	return "special file"
 }
