@@ -53,21 +53,20 @@ const (
 	CheckFailed
 )
 
+// kindNames are the kinds' names, for logs and metrics.
+var kindNames = [...]string{
+	Forwarding:   "forwarding",
+	ForwardDrop:  "forward-drop",
+	Masquerade:   "masquerade",
+	NoRoute:      "no-route",
+	Unverifiable: "unverifiable",
+	CheckFailed:  "check-failed",
+}
+
 // String returns the kind's name, for logs and metrics.
 func (k Kind) String() string {
-	switch k {
-	case Forwarding:
-		return "forwarding"
-	case ForwardDrop:
-		return "forward-drop"
-	case Masquerade:
-		return "masquerade"
-	case NoRoute:
-		return "no-route"
-	case Unverifiable:
-		return "unverifiable"
-	case CheckFailed:
-		return "check-failed"
+	if k > 0 && int(k) < len(kindNames) {
+		return kindNames[k]
 	}
 	return fmt.Sprintf("kind(%d)", int(k))
 }

@@ -34,16 +34,33 @@ const (
 	Held State = 3
 )
 
+// states is the one table of a record's states: the name each is shown
+// by, and its value in the stored message.
+var states = map[State]struct {
+	name   string
+	stored recordpb.State
+}{
+	Idle:   {"idle", recordpb.State_STATE_IDLE},
+	Leased: {"leased", recordpb.State_STATE_LEASED},
+	Held:   {"held", recordpb.State_STATE_HELD},
+}
+
+// String returns the state's name.
 func (s State) String() string {
-	switch s {
-	case Idle:
-		return "idle"
-	case Leased:
-		return "leased"
-	case Held:
-		return "held"
+	if st, ok := states[s]; ok {
+		return st.name
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// stateOf is the state a stored message's value stands for.
+func stateOf(v recordpb.State) (State, bool) {
+	for s, st := range states {
+		if st.stored == v {
+			return s, true
+		}
+	}
+	return 0, false
 }
 
 // MaxIDLen bounds Owner, LeaseID, RequestID and Principal (bytes), so
@@ -255,14 +272,7 @@ func fromUnixNano(n int64) time.Time {
 
 // fill copies r into m, leaving m's unknown fields as they are.
 func fill(m *recordpb.Record, r *Record) {
-	switch r.State {
-	case Idle:
-		m.State = recordpb.State_STATE_IDLE
-	case Leased:
-		m.State = recordpb.State_STATE_LEASED
-	case Held:
-		m.State = recordpb.State_STATE_HELD
-	}
+	m.State = states[r.State].stored
 	m.Owner, m.LeaseId, m.RequestId, m.Principal = r.Owner, r.LeaseID, r.RequestID, r.Principal
 	m.PrincipalKinds = r.State == Leased
 	m.AcquiredUnixNano = unixNano(r.Acquired)
@@ -327,14 +337,8 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 		r.Attachment = &Attachment{Netns: netns.ID{Dev: a.GetNetnsDev(), Ino: a.GetNetnsIno()}, NetnsPath: a.GetNetnsPath(),
 			IfName: a.GetIfName()}
 	}
-	switch m.State {
-	case recordpb.State_STATE_IDLE:
-		r.State = Idle
-	case recordpb.State_STATE_LEASED:
-		r.State = Leased
-	case recordpb.State_STATE_HELD:
-		r.State = Held
-	default:
+	var ok bool
+	if r.State, ok = stateOf(m.State); !ok {
 		return Record{}, fmt.Errorf("unknown state %d", m.State)
 	}
 	if err := r.validate(); err != nil {
