@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 
 	"github.com/phasegate/phasegate/phases"
@@ -16,14 +15,12 @@ import (
 // command does, and it refuses while slots are leased unless told
 // --destroy-leased-slots.
 func decommissionCmd(ctx context.Context, e env) int {
-	var destroy *bool
-	cfg, lf, code, done := e.parseOneShot("decommission", func(fs *flag.FlagSet) {
-		destroy = fs.Bool("destroy-leased-slots", false, "also destroy leased slots, cutting their workloads off (required while any slot is leased)")
-	})
+	o, code, done := e.parseOneShot("decommission", oneShotSwitch{"destroy-leased-slots",
+		"also destroy leased slots, cutting their workloads off (required while any slot is leased)"})
 	if done {
 		return code
 	}
-	res, err := phases.Decommission(ctx, cfg, *destroy, lf.logger(e.stderr))
+	res, err := phases.Decommission(ctx, o.cfg, o.on, o.log.logger(e.stderr))
 	var leased *phases.LeasesExistError
 	var held *phases.SlotsHeldError
 	switch {

@@ -22,24 +22,36 @@ func oneShotConfig() phases.Config {
 	return cfg
 }
 
+// oneShotSwitch is the one boolean flag a one-shot command adds to the
+// slots' and the log's flags (reclaim's --dry-run, decommission's
+// --destroy-leased-slots).
+type oneShotSwitch struct{ name, usage string }
+
+// oneShot is a one-shot command's parsed flags.
+type oneShot struct {
+	cfg phases.Config
+	log logFlags
+	on  bool // the command's switch
+}
+
 // parseOneShot parses the flags of one-shot command name: the slots' and
-// the log's over oneShotConfig, and those own adds; then validates them.
-// done says the command ends there, with code.
-func (e env) parseOneShot(name string, own func(*flag.FlagSet)) (cfg phases.Config, lf logFlags, code int, done bool) {
-	cfg = oneShotConfig()
+// the log's over oneShotConfig, and its switch; then validates them. done
+// says the command ends there, with code.
+func (e env) parseOneShot(name string, sw oneShotSwitch) (o oneShot, code int, done bool) {
+	o.cfg = oneShotConfig()
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	slotFlags(fs, &cfg)
-	own(fs)
-	lf.register(fs)
+	slotFlags(fs, &o.cfg)
+	fs.BoolVar(&o.on, sw.name, false, sw.usage)
+	o.log.register(fs)
 	if code, done := e.parseCommand(fs, name+" [flags]"); done {
-		return cfg, lf, code, true
+		return o, code, true
 	}
-	fitSlots(fs, &cfg)
-	if err := cfg.Validate(); err != nil {
+	fitSlots(fs, &o.cfg)
+	if err := o.cfg.Validate(); err != nil {
 		fmt.Fprintf(e.stderr, "phasegate %s: %s\n", name, oneLine(err))
-		return cfg, lf, exitUsage, true
+		return o, exitUsage, true
 	}
-	return cfg, lf, 0, false
+	return o, 0, false
 }
 
 // refuseIfHeld says, before anything is made, that a daemon holds cfg's
@@ -67,18 +79,16 @@ func (e env) refuseIfHeld(ctx context.Context, cmd string, cfg phases.Config, hi
 // will not run phasegate again, or to measure a reclaim. It takes the
 // daemon's lock, so it refuses to run beside one.
 func reclaimCmd(ctx context.Context, e env) int {
-	var dryRun *bool
-	cfg, lf, code, done := e.parseOneShot("reclaim", func(fs *flag.FlagSet) {
-		dryRun = fs.Bool("dry-run", false, "list what would be reclaimed and change nothing")
-	})
+	o, code, done := e.parseOneShot("reclaim", oneShotSwitch{"dry-run", "list what would be reclaimed and change nothing"})
 	if done {
 		return code
 	}
+	cfg := o.cfg
 	if code, done := e.refuseIfHeld(ctx, "reclaim", cfg, "; a daemon reclaims by itself"); done {
 		return code
 	}
-	log := lf.logger(e.stderr)
-	if *dryRun {
+	log := o.log.logger(e.stderr)
+	if o.on {
 		return reclaimDryRun(ctx, e, cfg)
 	}
 	summary, rep, err := phases.Reclaim(ctx, cfg, log)
