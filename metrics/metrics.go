@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 
 	"go.opentelemetry.io/otel/metric"
@@ -122,28 +121,24 @@ type Joined struct {
 // package that provides it; a later exporter of the same name replaces an
 // earlier one.
 func WithExporters(e ...Exporter) Option {
-	return func(c *config) { c.exporters = append(c.exporters, e...) }
+	return Option(otelenv.WithExporters(e))
 }
 
 // An Option adjusts [Setup].
 type Option func(*config)
 
-type config struct {
-	serviceName string
-	version     string
-	console     io.Writer
-	exporters   []Exporter
-}
+// config is what the options set.
+type config = otelenv.Settings[Exporter]
 
 // WithServiceName sets service.name when OTEL_SERVICE_NAME and
 // OTEL_RESOURCE_ATTRIBUTES do not. The default is "phasegate".
-func WithServiceName(name string) Option { return func(c *config) { c.serviceName = name } }
+func WithServiceName(name string) Option { return Option(otelenv.WithServiceName[Exporter](name)) }
 
 // WithVersion sets service.version.
-func WithVersion(v string) Option { return func(c *config) { c.version = v } }
+func WithVersion(v string) Option { return Option(otelenv.WithVersion[Exporter](v)) }
 
 // WithConsoleWriter sets where the console exporter writes; stderr by default.
-func WithConsoleWriter(w io.Writer) Option { return func(c *config) { c.console = w } }
+func WithConsoleWriter(w io.Writer) Option { return Option(otelenv.WithConsoleWriter[Exporter](w)) }
 
 // Setup returns a meter provider configured from the environment.
 //
@@ -163,22 +158,14 @@ func WithConsoleWriter(w io.Writer) Option { return func(c *config) { c.console 
 // not silently drop metrics; so is one that was not given. With no
 // exporter and no reader the provider is a no-op.
 func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
-	c := config{serviceName: "phasegate", console: os.Stderr}
-	for _, o := range opts {
-		o(&c)
-	}
-	given := map[string]Exporter{}
-	var linked []string
-	for _, e := range c.exporters {
-		given[e.Name] = e
-		linked = append(linked, e.Name)
-	}
+	c := otelenv.Apply(opts)
+	given, linked := c.Given(func(e Exporter) string { return e.Name })
 	disabled, err := otelenv.Disabled()
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	if disabled {
-		return disabledProvider(ctx, given, c.console)
+		return disabledProvider(ctx, given, c.Console)
 	}
 	p := &Provider{}
 	signal := otelenv.Signal{Name: "METRICS", Package: "metrics", Field: "MetricExporters"}
@@ -186,7 +173,7 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	p.OTLP = slices.Contains(p.Exporters, ExporterOTLP)
-	settings := ExportSettings{Protocol: p.Protocol, Console: c.console, ServiceName: c.serviceName, Version: c.version}
+	settings := ExportSettings{Protocol: p.Protocol, Console: c.Console, ServiceName: c.ServiceName, Version: c.Version}
 	opened, err := otelenv.Open(ctx, chosen(given, p.Exporters), func(name string) (Pipeline, error) { return given[name].Open(ctx, settings) })
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)

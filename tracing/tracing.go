@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"go.opentelemetry.io/otel/metric"
@@ -68,12 +67,8 @@ func (p *Provider) GRPCServerOption(mp metric.MeterProvider) grpc.ServerOption {
 // An Option adjusts [Setup].
 type Option func(*config)
 
-type config struct {
-	serviceName string
-	version     string
-	console     io.Writer
-	exporters   []Exporter
-}
+// config is what the options set.
+type config = otelenv.Settings[Exporter]
 
 // An Exporter is a span exporter that OTEL_TRACES_EXPORTER can name. A
 // binary holds only the exporters given to [Setup] by [WithExporters]:
@@ -132,18 +127,18 @@ type Joined struct {
 // is an error when the environment asks for it, naming the package that
 // provides it; a later exporter of the same name replaces an earlier one.
 func WithExporters(e ...Exporter) Option {
-	return func(c *config) { c.exporters = append(c.exporters, e...) }
+	return Option(otelenv.WithExporters(e))
 }
 
 // WithServiceName sets the service name used when OTEL_SERVICE_NAME and
 // OTEL_RESOURCE_ATTRIBUTES do not set one. The default is "phasegate".
-func WithServiceName(name string) Option { return func(c *config) { c.serviceName = name } }
+func WithServiceName(name string) Option { return Option(otelenv.WithServiceName[Exporter](name)) }
 
 // WithVersion sets service.version.
-func WithVersion(v string) Option { return func(c *config) { c.version = v } }
+func WithVersion(v string) Option { return Option(otelenv.WithVersion[Exporter](v)) }
 
 // WithConsoleWriter sets where the console exporter writes; stderr by default.
-func WithConsoleWriter(w io.Writer) Option { return func(c *config) { c.console = w } }
+func WithConsoleWriter(w io.Writer) Option { return Option(otelenv.WithConsoleWriter[Exporter](w)) }
 
 // Setup returns a tracer provider configured from the environment.
 //
@@ -156,10 +151,7 @@ func WithConsoleWriter(w io.Writer) Option { return func(c *config) { c.console 
 // slow or down does not hold up the others. An unknown exporter or
 // protocol is an error, so that a typo does not silently turn tracing off.
 func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
-	c := config{serviceName: "phasegate", console: os.Stderr}
-	for _, o := range opts {
-		o(&c)
-	}
+	c := otelenv.Apply(opts)
 	disabled, err := otelenv.Disabled()
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
@@ -167,12 +159,7 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 	if disabled {
 		return &Provider{TracerProvider: noop.NewTracerProvider(), Exporter: ExporterNone, Disabled: true}, nil
 	}
-	given := map[string]Exporter{}
-	var linked []string
-	for _, e := range c.exporters {
-		given[e.Name] = e
-		linked = append(linked, e.Name)
-	}
+	given, linked := c.Given(func(e Exporter) string { return e.Name })
 	traces := otelenv.Signal{Name: "TRACES", Package: "tracing", Field: "TraceExporters"}
 	names, protocol, err := traces.Choose([]string{ExporterOTLP, ExporterConsole}, linked)
 	if err != nil {
@@ -182,7 +169,7 @@ func Setup(ctx context.Context, opts ...Option) (*Provider, error) {
 		return &Provider{TracerProvider: noop.NewTracerProvider(), Exporter: ExporterNone}, nil
 	}
 	p := &Provider{Exporter: strings.Join(names, ","), Exporters: names, Protocol: protocol}
-	settings := ExportSettings{Protocol: p.Protocol, Console: c.console, ServiceName: c.serviceName, Version: c.version}
+	settings := ExportSettings{Protocol: p.Protocol, Console: c.Console, ServiceName: c.ServiceName, Version: c.Version}
 	opened, err := otelenv.Open(ctx, names, func(name string) (Pipeline, error) { return given[name].Open(ctx, settings) })
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)

@@ -29,15 +29,13 @@ const (
 	Placeholder
 )
 
+// stateNames are the states' names, for errors and logs.
+var stateNames = [...]string{Missing: "missing", Bound: "bound", Placeholder: "placeholder"}
+
 // String returns the state's name.
 func (s State) String() string {
-	switch s {
-	case Missing:
-		return "missing"
-	case Bound:
-		return "bound"
-	case Placeholder:
-		return "placeholder"
+	if int(s) < len(stateNames) {
+		return stateNames[s]
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
 }

@@ -18,17 +18,15 @@ const (
 	KindOther
 )
 
+// kindNames are the kinds' names, for errors and logs.
+var kindNames = [...]string{KindFile: "file", KindSymlink: "symlink", KindDir: "dir", KindOther: "other"}
+
 // String returns the kind's name.
 func (k Kind) String() string {
-	switch k {
-	case KindFile:
-		return "file"
-	case KindSymlink:
-		return "symlink"
-	case KindDir:
-		return "dir"
+	if int(k) < len(kindNames) {
+		return kindNames[k]
 	}
-	return "other"
+	return kindNames[KindOther]
 }
 
 // Entry is one name in a netns directory.
