@@ -17,25 +17,6 @@ import (
 	"github.com/phasegate/phasegate/network/netns"
 )
 
-func TestParseNetDev(t *testing.T) {
-	in := []byte(`Inter-|   Receive                                                |  Transmit
- face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
-    lo: 38941485  556227    0    0    0     0          0         0 38941485  556227    0    0    0     0       0          0
-pg-h123456789012:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
-  eth0:1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16
-`)
-	got, err := parseNetDev(in)
-	if err != nil || !slices.Equal(got, []string{"lo", "pg-h123456789012", "eth0"}) {
-		t.Errorf("parseNetDev = %q, %v", got, err)
-	}
-	if _, err := parseNetDev([]byte("a\nb\nno colon here\n")); err == nil {
-		t.Errorf("malformed line accepted")
-	}
-	if _, err := listLinkNames(); err != nil {
-		t.Errorf("listLinkNames: %v", err)
-	}
-}
-
 // testManager is a playground of this package's own (nettest imports slot,
 // so internal tests cannot use it): a random prefix, a temporary directory,
 // and a clean-up of slots 1..8 and the table.

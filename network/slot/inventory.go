@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/phasegate/phasegate/network/account"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
 )
@@ -124,6 +125,9 @@ type ScanResult struct {
 	// read from the same mountinfo, so that a caller can check a recorded
 	// slot's namespace without a system call of its own.
 	Bound map[int]netns.ID
+	// Links are the host's links as the scan read them, with their
+	// counters (a lease's account reads its slot's from them).
+	Links *account.NetDev
 }
 
 // Quarantine returns the indices in [1, slots] that must not be handed out
@@ -251,10 +255,11 @@ type surveyFunc func(dir string, match func(name string) bool) ([]netns.Found, e
 func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc) (*ScanResult, error) {
 	var (
 		wg              sync.WaitGroup
-		links, els      []string
+		links           *account.NetDev
+		els             []string
 		linksErr, elErr error
 	)
-	wg.Go(func() { links, linksErr = listLinkNames() })
+	wg.Go(func() { links, linksErr = listLinks() })
 	if fw != nil {
 		wg.Go(func() { els, elErr = fw.List(ctx) })
 	}
@@ -271,7 +276,7 @@ func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc) (*S
 	}
 
 	inv := Inventory{}
-	res := &ScanResult{Inventory: inv, Bound: make(map[int]netns.ID, len(found))}
+	res := &ScanResult{Inventory: inv, Bound: make(map[int]netns.ID, len(found)), Links: links}
 	for _, f := range found {
 		i, ok := cfg.CanonicalNetnsIndex(f.Name)
 		switch {
@@ -286,7 +291,7 @@ func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc) (*S
 			}
 		}
 	}
-	for _, name := range links {
+	for _, name := range links.Names() {
 		if i, ok := cfg.CanonicalHostIfIndex(name); ok {
 			inv[i] |= HasHostLink
 		}

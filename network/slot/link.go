@@ -1,14 +1,12 @@
 package slot
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 
+	"github.com/phasegate/phasegate/network/account"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/phasegate/phasegate/network/internal/procfs"
 )
 
 // Looking a missing interface up by name with ioctl(SIOCGIFINDEX) makes the
@@ -111,9 +109,10 @@ type hostLink struct {
 	name  string
 }
 
-// listLinkNames returns the names of the links in the calling thread's
-// network namespace (the root namespace: no thread that runs Go code ever
-// changes namespace) from /proc/thread-self/net/dev.
+// listLinks reads the links in the calling thread's network namespace
+// (the root namespace: no thread that runs Go code ever changes
+// namespace) from /proc/thread-self/net/dev: their names, and the
+// counters a lease's account reads.
 //
 // Not from an RTM_GETLINK dump: for every veth whose peer is in another
 // namespace, the kernel puts IFLA_LINK_NETNSID in the dump, and looks that id
@@ -125,36 +124,12 @@ type hostLink struct {
 // Like any listing it is a snapshot, and callers treat it as a hint
 // (Teardown probes each link it acts on; the reconciler's next pass sees
 // what a scan missed).
-func listLinkNames() ([]string, error) {
-	b, err := procfs.ReadFile("/proc/thread-self/net/dev")
+func listLinks() (*account.NetDev, error) {
+	d, err := account.ReadNetDev()
 	if err != nil {
 		return nil, fmt.Errorf("slot: list links: %w", err)
 	}
-	return parseNetDev(b)
-}
-
-// parseNetDev parses /proc/net/dev: two header lines, then one line per
-// device, "<spaces><name>: <counters>". A name cannot hold ':' nor spaces.
-func parseNetDev(b []byte) ([]string, error) {
-	out := make([]string, 0, bytes.Count(b, []byte{'\n'}))
-	for n := 0; len(b) > 0; n++ {
-		line := b
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			line, b = b[:i], b[i+1:]
-		} else {
-			b = nil
-		}
-		if n < 2 || len(line) == 0 {
-			continue // headers
-		}
-		i := bytes.IndexByte(line, ':')
-		name := bytes.TrimSpace(line[:max(i, 0)])
-		if i < 0 || len(name) == 0 {
-			return nil, fmt.Errorf("slot: list links: malformed /proc/net/dev line %q", line)
-		}
-		out = append(out, string(name))
-	}
-	return out, nil
+	return d, nil
 }
 
 // name returns the name of the root-namespace link index, or

@@ -1,0 +1,157 @@
+package account
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/phasegate/phasegate/network/internal/procfs"
+)
+
+// Counts are the bytes and packets a slot's host link carried: In into
+// the slot (the host end's transmit), Out from it (the host end's
+// receive).
+type Counts struct {
+	BytesIn, PacketsIn   uint64
+	BytesOut, PacketsOut uint64
+}
+
+// Plus returns c and d added.
+func (c Counts) Plus(d Counts) Counts {
+	return Counts{BytesIn: c.BytesIn + d.BytesIn, PacketsIn: c.PacketsIn + d.PacketsIn,
+		BytesOut: c.BytesOut + d.BytesOut, PacketsOut: c.PacketsOut + d.PacketsOut}
+}
+
+// Usage is a lease's totals: what its slot's links carried, and the
+// packets its egress policies dropped on the host.
+type Usage struct {
+	Counts
+	// Dropped counts the packets the lease's egress policies dropped on
+	// the host, over every policy the lease had.
+	Dropped uint64
+}
+
+// Ledger is what a lease carries from the links and egress policies it
+// had before its current ones; its totals are the Ledger plus what the
+// current link and policy counted ([Ledger.Usage]).
+type Ledger struct {
+	// Carried is what earlier links and policies counted.
+	Carried Usage
+}
+
+// Usage is the lease's totals with link its current link's counters and
+// dropped its current policy's host drops.
+func (l Ledger) Usage(link Counts, dropped uint64) Usage {
+	return Usage{Counts: l.Carried.Counts.Plus(link), Dropped: l.Carried.Dropped + dropped}
+}
+
+// Relinked is l after the lease's link was made again, the old one having
+// counted last when last seen.
+func (l Ledger) Relinked(last Counts) Ledger {
+	l.Carried.Counts = l.Carried.Counts.Plus(last)
+	return l
+}
+
+// Repoliced is l after the lease's egress policy was written again, the
+// old one having dropped dropped packets on the host.
+func (l Ledger) Repoliced(dropped uint64) Ledger {
+	l.Carried.Dropped += dropped
+	return l
+}
+
+// OfLink reads the counters of the host link ifindex, in the caller's
+// network namespace.
+func OfLink(ifindex int) (Counts, error) {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return Counts{}, fmt.Errorf("account: link %d: RTM_GETLINK: %w", ifindex, err)
+	}
+	s := l.Attrs().Statistics
+	if s == nil {
+		return Counts{}, fmt.Errorf("account: link %d (%s): the kernel gave no counters", ifindex, l.Attrs().Name)
+	}
+	return Counts{BytesIn: s.TxBytes, PacketsIn: s.TxPackets, BytesOut: s.RxBytes, PacketsOut: s.RxPackets}, nil
+}
+
+// NetDev is /proc/net/dev as read once: each link's name, in the
+// kernel's order, and its counters, parsed only when asked for (a
+// listing of names, the reconciler's, reads none of them).
+type NetDev struct {
+	names    []string
+	counters [][]byte // the text after "<name>:", by position
+	at       map[string]int
+}
+
+// ReadNetDev reads /proc/thread-self/net/dev: the links of the calling
+// thread's network namespace.
+func ReadNetDev() (*NetDev, error) {
+	b, err := procfs.ReadFile("/proc/thread-self/net/dev")
+	if err != nil {
+		return nil, fmt.Errorf("account: %w", err)
+	}
+	return ParseNetDev(b)
+}
+
+// ParseNetDev parses /proc/net/dev: two header lines, then one line per
+// link, "<spaces><name>: <counters>". A name holds neither ':' nor
+// spaces.
+func ParseNetDev(b []byte) (*NetDev, error) {
+	n := bytes.Count(b, []byte{'\n'})
+	d := &NetDev{names: make([]string, 0, n), counters: make([][]byte, 0, n)}
+	for n := 0; len(b) > 0; n++ {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		if n < 2 || len(line) == 0 {
+			continue // headers
+		}
+		name, rest, ok := bytes.Cut(line, []byte{':'})
+		name = bytes.TrimSpace(name)
+		if !ok || len(name) == 0 {
+			return nil, fmt.Errorf("account: malformed /proc/net/dev line %q", line)
+		}
+		d.names = append(d.names, string(name))
+		d.counters = append(d.counters, rest)
+	}
+	return d, nil
+}
+
+// Names are the links' names, in the kernel's order.
+func (d *NetDev) Names() []string { return d.names }
+
+// The columns of a /proc/net/dev line after "<name>:": receive bytes,
+// packets and six more, then transmit bytes and packets.
+const (
+	colRxBytes   = 0
+	colRxPackets = 1
+	colTxBytes   = 8
+	colTxPackets = 9
+	columns      = 16
+)
+
+// Counts returns the counters of the link called name; ok is false when
+// there is no such link. It is not safe for concurrent use.
+func (d *NetDev) Counts(name string) (c Counts, ok bool, err error) {
+	if d.at == nil {
+		d.at = make(map[string]int, len(d.names))
+		for i, n := range d.names {
+			d.at[n] = i
+		}
+	}
+	i, ok := d.at[name]
+	if !ok {
+		return Counts{}, false, nil
+	}
+	f := bytes.Fields(d.counters[i])
+	if len(f) < columns {
+		return Counts{}, false, fmt.Errorf("account: /proc/net/dev: link %s: %d counters, want %d", name, len(f), columns)
+	}
+	var v [columns]uint64
+	for _, col := range []int{colRxBytes, colRxPackets, colTxBytes, colTxPackets} {
+		if v[col], err = strconv.ParseUint(string(f[col]), 10, 64); err != nil {
+			return Counts{}, false, fmt.Errorf("account: /proc/net/dev: link %s: counter %d: %w", name, col+1, err)
+		}
+	}
+	return Counts{BytesIn: v[colTxBytes], PacketsIn: v[colTxPackets], BytesOut: v[colRxBytes], PacketsOut: v[colRxPackets]}, true, nil
+}
