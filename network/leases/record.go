@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/phasegate/phasegate/network/account"
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases/internal/recordpb"
 	"github.com/phasegate/phasegate/network/netns"
@@ -123,6 +124,12 @@ type Record struct {
 	// kept; set exactly when Held.
 	HeldSince  time.Time
 	HeldReason string
+
+	// Ledger is what the lease's earlier host links and egress policies
+	// counted: its totals are the ledger plus what its current ones count
+	// (package network/account). Zero until a link is made again or a
+	// policy written again; set only when Leased.
+	Ledger account.Ledger
 }
 
 // Attachment is where an attached slot's inside end lives: the runtime's
@@ -158,6 +165,9 @@ func (r *Record) validate() error {
 	}
 	if (r.State == Held) != !r.HeldSince.IsZero() || (r.State != Held && r.HeldReason != "") {
 		return bad("a held record, and only one, says since when and why it is held")
+	}
+	if r.State != Leased && r.Ledger != (account.Ledger{}) {
+		return bad("only a lease carries a ledger")
 	}
 	if r.HostIfindex < 0 || r.HostIfindex > math.MaxInt32 {
 		return bad("host ifindex %d out of range", r.HostIfindex)
@@ -287,6 +297,10 @@ func fill(m *recordpb.Record, r *Record) {
 		m.Attachment = &recordpb.Attachment{NetnsDev: a.Netns.Dev, NetnsIno: a.Netns.Ino, NetnsPath: a.NetnsPath, IfName: a.IfName}
 	}
 	m.HeldUnixNano, m.HeldReason = unixNano(r.HeldSince), r.HeldReason
+	m.Carried = nil
+	if c := r.Ledger.Carried; c != (account.Usage{}) {
+		m.Carried = &recordpb.Usage{BytesIn: c.BytesIn, PacketsIn: c.PacketsIn, BytesOut: c.BytesOut, PacketsOut: c.PacketsOut, Dropped: c.Dropped}
+	}
 }
 
 func encode(r *Record) ([]byte, error) {
@@ -326,6 +340,10 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 		Created:     fromUnixNano(m.CreatedUnixNano),
 		HeldSince:   fromUnixNano(m.HeldUnixNano),
 		HeldReason:  m.HeldReason,
+	}
+	if c := m.GetCarried(); c != nil {
+		r.Ledger.Carried = account.Usage{Counts: account.Counts{BytesIn: c.GetBytesIn(), PacketsIn: c.GetPacketsIn(),
+			BytesOut: c.GetBytesOut(), PacketsOut: c.GetPacketsOut()}, Dropped: c.GetDropped()}
 	}
 	// A record is data: its policy is checked as a client's is.
 	pol, err := egress.FromMessage(m.GetEgressPolicy())

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/phasegate/phasegate/internal/leakcheck"
+	"github.com/phasegate/phasegate/network/account"
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/netns"
 )
@@ -57,6 +58,15 @@ func policied(i int) Record {
 	return r
 }
 
+// accounted is a lease whose link was made again and policy written
+// again: its ledger carries what the earlier ones counted.
+func accounted(i int) Record {
+	r := leased(i, "ci", "accounted")
+	r.Ledger = account.Ledger{Carried: account.Usage{Counts: account.Counts{BytesIn: 1 << 40, PacketsIn: 1 << 30, BytesOut: 7, PacketsOut: 1},
+		Dropped: 12}}
+	return r
+}
+
 func openTemp(t *testing.T) *Store {
 	t.Helper()
 	s, err := Open(filepath.Join(t.TempDir(), "leases.db"), Options{})
@@ -73,7 +83,8 @@ func sameRecord(t *testing.T, got, want Record) {
 		got.LeaseID != want.LeaseID || got.RequestID != want.RequestID ||
 		!got.Acquired.Equal(want.Acquired) || got.TTL != want.TTL || !got.Expires.Equal(want.Expires) ||
 		got.Netns != want.Netns || got.HostIfindex != want.HostIfindex || !got.Created.Equal(want.Created) ||
-		!reflect.DeepEqual(got.Attachment, want.Attachment) || !reflect.DeepEqual(got.Egress, want.Egress) {
+		!reflect.DeepEqual(got.Attachment, want.Attachment) || !reflect.DeepEqual(got.Egress, want.Egress) ||
+		got.Ledger != want.Ledger {
 		t.Fatalf("record differs:\n got %+v\nwant %+v", got, want)
 	}
 }
@@ -90,7 +101,7 @@ func TestPutGetLoadSurviveReopen(t *testing.T) {
 	ctx := context.Background()
 	want := []Record{leased(1, "ci", "r1"), idle(2), leased(7, "ci", ""), {
 		Index: 300, State: Leased, Owner: "sandbox", LeaseID: NewLeaseID(), Principal: "uid:0", Acquired: t0, // TTL 0: held until released
-	}, attached(301), policied(302)}
+	}, attached(301), policied(302), accounted(303)}
 	if err := s.Put(ctx, want...); err != nil {
 		t.Fatal(err)
 	}
@@ -161,6 +172,7 @@ func TestPutRefusesInvalidRecords(t *testing.T) {
 		{"attachment without interface", []Record{func() Record { r := attached(5); r.Attachment.IfName = ""; return r }()}},
 		{"attachment interface too long", []Record{func() Record { r := attached(5); r.Attachment.IfName = "sixteen-bytes-xx"; return r }()}},
 		{"owner too long", []Record{mod(func(r *Record) { r.Owner = long })}},
+		{"idle with a ledger", []Record{func() Record { r := idle(5); r.Ledger = accounted(5).Ledger; return r }()}},
 		{"idle with egress policy", []Record{func() Record { r := idle(5); r.Egress = policied(5).Egress; return r }()}},
 		{"egress lists unsorted", []Record{func() Record { r := policied(5); slices.Reverse(r.Egress.Deny); return r }()}},
 		{"egress list /0", []Record{func() Record { r := policied(5); r.Egress.Allow[0] = netip.MustParsePrefix("0.0.0.0/0"); return r }()}},

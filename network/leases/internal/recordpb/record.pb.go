@@ -127,8 +127,13 @@ type Record struct {
 	// set then too, as hints of the lease the slot may carry (what a torn
 	// journal entry still told): they are no lease, and no request index
 	// entry points at them.
-	HeldUnixNano  int64  `protobuf:"varint,16,opt,name=held_unix_nano,json=heldUnixNano,proto3" json:"held_unix_nano,omitempty"`
-	HeldReason    string `protobuf:"bytes,17,opt,name=held_reason,json=heldReason,proto3" json:"held_reason,omitempty"`
+	HeldUnixNano int64  `protobuf:"varint,16,opt,name=held_unix_nano,json=heldUnixNano,proto3" json:"held_unix_nano,omitempty"`
+	HeldReason   string `protobuf:"bytes,17,opt,name=held_reason,json=heldReason,proto3" json:"held_reason,omitempty"`
+	// What the lease's earlier host links and egress policies counted
+	// (package network/account): its totals are these plus what its current
+	// link and policy count. Set only when LEASED, and only once a link was
+	// made again or a policy written again.
+	Carried       *Usage `protobuf:"bytes,18,opt,name=carried,proto3" json:"carried,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -282,6 +287,91 @@ func (x *Record) GetHeldReason() string {
 	return ""
 }
 
+func (x *Record) GetCarried() *Usage {
+	if x != nil {
+		return x.Carried
+	}
+	return nil
+}
+
+// Usage is a lease's bytes and packets into and out of its slot, and the
+// packets its egress policies dropped on the host.
+type Usage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BytesIn       uint64                 `protobuf:"varint,1,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	PacketsIn     uint64                 `protobuf:"varint,2,opt,name=packets_in,json=packetsIn,proto3" json:"packets_in,omitempty"`
+	BytesOut      uint64                 `protobuf:"varint,3,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	PacketsOut    uint64                 `protobuf:"varint,4,opt,name=packets_out,json=packetsOut,proto3" json:"packets_out,omitempty"`
+	Dropped       uint64                 `protobuf:"varint,5,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Usage) Reset() {
+	*x = Usage{}
+	mi := &file_record_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Usage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Usage) ProtoMessage() {}
+
+func (x *Usage) ProtoReflect() protoreflect.Message {
+	mi := &file_record_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Usage.ProtoReflect.Descriptor instead.
+func (*Usage) Descriptor() ([]byte, []int) {
+	return file_record_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Usage) GetBytesIn() uint64 {
+	if x != nil {
+		return x.BytesIn
+	}
+	return 0
+}
+
+func (x *Usage) GetPacketsIn() uint64 {
+	if x != nil {
+		return x.PacketsIn
+	}
+	return 0
+}
+
+func (x *Usage) GetBytesOut() uint64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
+}
+
+func (x *Usage) GetPacketsOut() uint64 {
+	if x != nil {
+		return x.PacketsOut
+	}
+	return 0
+}
+
+func (x *Usage) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
 // Attachment is where an attached slot's inside end lives.
 type Attachment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -298,7 +388,7 @@ type Attachment struct {
 
 func (x *Attachment) Reset() {
 	*x = Attachment{}
-	mi := &file_record_proto_msgTypes[1]
+	mi := &file_record_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -310,7 +400,7 @@ func (x *Attachment) String() string {
 func (*Attachment) ProtoMessage() {}
 
 func (x *Attachment) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[1]
+	mi := &file_record_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -323,7 +413,7 @@ func (x *Attachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attachment.ProtoReflect.Descriptor instead.
 func (*Attachment) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{1}
+	return file_record_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Attachment) GetNetnsDev() uint64 {
@@ -367,7 +457,7 @@ type EgressPolicy struct {
 
 func (x *EgressPolicy) Reset() {
 	*x = EgressPolicy{}
-	mi := &file_record_proto_msgTypes[2]
+	mi := &file_record_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +469,7 @@ func (x *EgressPolicy) String() string {
 func (*EgressPolicy) ProtoMessage() {}
 
 func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[2]
+	mi := &file_record_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +482,7 @@ func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
 func (*EgressPolicy) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{2}
+	return file_record_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EgressPolicy) GetAllow() []string {
@@ -427,7 +517,7 @@ var File_record_proto protoreflect.FileDescriptor
 
 const file_record_proto_rawDesc = "" +
 	"\n" +
-	"\frecord.proto\x12\x13phasegate.leases.v1\"\xa1\x05\n" +
+	"\frecord.proto\x12\x13phasegate.leases.v1\"\xd7\x05\n" +
 	"\x06Record\x120\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1a.phasegate.leases.v1.StateR\x05state\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x19\n" +
@@ -450,7 +540,16 @@ const file_record_proto_rawDesc = "" +
 	"attachment\x12$\n" +
 	"\x0eheld_unix_nano\x18\x10 \x01(\x03R\fheldUnixNano\x12\x1f\n" +
 	"\vheld_reason\x18\x11 \x01(\tR\n" +
-	"heldReason\"~\n" +
+	"heldReason\x124\n" +
+	"\acarried\x18\x12 \x01(\v2\x1a.phasegate.leases.v1.UsageR\acarried\"\x99\x01\n" +
+	"\x05Usage\x12\x19\n" +
+	"\bbytes_in\x18\x01 \x01(\x04R\abytesIn\x12\x1d\n" +
+	"\n" +
+	"packets_in\x18\x02 \x01(\x04R\tpacketsIn\x12\x1b\n" +
+	"\tbytes_out\x18\x03 \x01(\x04R\bbytesOut\x12\x1f\n" +
+	"\vpackets_out\x18\x04 \x01(\x04R\n" +
+	"packetsOut\x12\x18\n" +
+	"\adropped\x18\x05 \x01(\x04R\adropped\"~\n" +
 	"\n" +
 	"Attachment\x12\x1b\n" +
 	"\tnetns_dev\x18\x01 \x01(\x04R\bnetnsDev\x12\x1b\n" +
@@ -484,22 +583,24 @@ func file_record_proto_rawDescGZIP() []byte {
 }
 
 var file_record_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_record_proto_goTypes = []any{
 	(State)(0),           // 0: phasegate.leases.v1.State
 	(*Record)(nil),       // 1: phasegate.leases.v1.Record
-	(*Attachment)(nil),   // 2: phasegate.leases.v1.Attachment
-	(*EgressPolicy)(nil), // 3: phasegate.leases.v1.EgressPolicy
+	(*Usage)(nil),        // 2: phasegate.leases.v1.Usage
+	(*Attachment)(nil),   // 3: phasegate.leases.v1.Attachment
+	(*EgressPolicy)(nil), // 4: phasegate.leases.v1.EgressPolicy
 }
 var file_record_proto_depIdxs = []int32{
 	0, // 0: phasegate.leases.v1.Record.state:type_name -> phasegate.leases.v1.State
-	3, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
-	2, // 2: phasegate.leases.v1.Record.attachment:type_name -> phasegate.leases.v1.Attachment
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
+	3, // 2: phasegate.leases.v1.Record.attachment:type_name -> phasegate.leases.v1.Attachment
+	2, // 3: phasegate.leases.v1.Record.carried:type_name -> phasegate.leases.v1.Usage
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_record_proto_init() }
@@ -513,7 +614,7 @@ func file_record_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_record_proto_rawDesc), len(file_record_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
