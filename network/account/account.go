@@ -24,6 +24,14 @@ func (c Counts) Plus(d Counts) Counts {
 		BytesOut: c.BytesOut + d.BytesOut, PacketsOut: c.PacketsOut + d.PacketsOut}
 }
 
+// Minus returns c less d, each count at least 0: what a link counted
+// since it counted d.
+func (c Counts) Minus(d Counts) Counts {
+	sub := func(a, b uint64) uint64 { return a - min(a, b) }
+	return Counts{BytesIn: sub(c.BytesIn, d.BytesIn), PacketsIn: sub(c.PacketsIn, d.PacketsIn),
+		BytesOut: sub(c.BytesOut, d.BytesOut), PacketsOut: sub(c.PacketsOut, d.PacketsOut)}
+}
+
 // Usage is a lease's totals: what its slot's links carried, and the
 // packets its egress policies dropped on the host.
 type Usage struct {
@@ -33,24 +41,29 @@ type Usage struct {
 	Dropped uint64
 }
 
-// Ledger is what a lease carries from the links and egress policies it
-// had before its current ones; its totals are the Ledger plus what the
-// current link and policy counted ([Ledger.Usage]).
+// Ledger is what a lease's totals are made of besides what its current
+// link and egress policy count now ([Ledger.Usage]): what its earlier
+// links and policies counted, and where its current link's counters
+// stood when the lease began on it (a warm slot's link may have counted
+// a few packets of its own before).
 type Ledger struct {
 	// Carried is what earlier links and policies counted.
 	Carried Usage
+	// Start is the current link's counters when the lease began on it.
+	Start Counts
 }
 
 // Usage is the lease's totals with link its current link's counters and
 // dropped its current policy's host drops.
 func (l Ledger) Usage(link Counts, dropped uint64) Usage {
-	return Usage{Counts: l.Carried.Counts.Plus(link), Dropped: l.Carried.Dropped + dropped}
+	return Usage{Counts: l.Carried.Counts.Plus(link.Minus(l.Start)), Dropped: l.Carried.Dropped + dropped}
 }
 
 // Relinked is l after the lease's link was made again, the old one having
-// counted last when last seen.
+// counted last when last seen; the new link counts from 0.
 func (l Ledger) Relinked(last Counts) Ledger {
-	l.Carried.Counts = l.Carried.Counts.Plus(last)
+	l.Carried.Counts = l.Carried.Counts.Plus(last.Minus(l.Start))
+	l.Start = Counts{}
 	return l
 }
 

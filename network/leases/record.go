@@ -297,10 +297,21 @@ func fill(m *recordpb.Record, r *Record) {
 		m.Attachment = &recordpb.Attachment{NetnsDev: a.Netns.Dev, NetnsIno: a.Netns.Ino, NetnsPath: a.NetnsPath, IfName: a.IfName}
 	}
 	m.HeldUnixNano, m.HeldReason = unixNano(r.HeldSince), r.HeldReason
-	m.Carried = nil
-	if c := r.Ledger.Carried; c != (account.Usage{}) {
-		m.Carried = &recordpb.Usage{BytesIn: c.BytesIn, PacketsIn: c.PacketsIn, BytesOut: c.BytesOut, PacketsOut: c.PacketsOut, Dropped: c.Dropped}
+	m.Carried, m.Start = usageMessage(r.Ledger.Carried), usageMessage(account.Usage{Counts: r.Ledger.Start})
+}
+
+// usageMessage is u as the record stores it; nil for none.
+func usageMessage(u account.Usage) *recordpb.Usage {
+	if u == (account.Usage{}) {
+		return nil
 	}
+	return &recordpb.Usage{BytesIn: u.BytesIn, PacketsIn: u.PacketsIn, BytesOut: u.BytesOut, PacketsOut: u.PacketsOut, Dropped: u.Dropped}
+}
+
+// usageOf is the usage m stores (zero for nil).
+func usageOf(m *recordpb.Usage) account.Usage {
+	return account.Usage{Counts: account.Counts{BytesIn: m.GetBytesIn(), PacketsIn: m.GetPacketsIn(), BytesOut: m.GetBytesOut(),
+		PacketsOut: m.GetPacketsOut()}, Dropped: m.GetDropped()}
 }
 
 func encode(r *Record) ([]byte, error) {
@@ -341,10 +352,7 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 		HeldSince:   fromUnixNano(m.HeldUnixNano),
 		HeldReason:  m.HeldReason,
 	}
-	if c := m.GetCarried(); c != nil {
-		r.Ledger.Carried = account.Usage{Counts: account.Counts{BytesIn: c.GetBytesIn(), PacketsIn: c.GetPacketsIn(),
-			BytesOut: c.GetBytesOut(), PacketsOut: c.GetPacketsOut()}, Dropped: c.GetDropped()}
-	}
+	r.Ledger = account.Ledger{Carried: usageOf(m.GetCarried()), Start: usageOf(m.GetStart()).Counts}
 	// A record is data: its policy is checked as a client's is.
 	pol, err := egress.FromMessage(m.GetEgressPolicy())
 	if err != nil {

@@ -63,7 +63,7 @@ func policied(i int) Record {
 func accounted(i int) Record {
 	r := leased(i, "ci", "accounted")
 	r.Ledger = account.Ledger{Carried: account.Usage{Counts: account.Counts{BytesIn: 1 << 40, PacketsIn: 1 << 30, BytesOut: 7, PacketsOut: 1},
-		Dropped: 12}}
+		Dropped: 12}, Start: account.Counts{BytesOut: 90, PacketsOut: 1}}
 	return r
 }
 

@@ -143,7 +143,7 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 		att = req.Attach.Record()
 	}
 	rec := newRecord(sl, req, principal, time.Now())
-	rec.Egress, rec.Attachment = pol, att
+	rec.Egress, rec.Attachment, rec.Ledger = pol, att, s.startLedger(sl)
 	// The record first, the reply after: a lease the client hears of is a
 	// lease a restart restores. If the record cannot be written, or the
 	// caller left before it was, the slot goes back to the pool unused.

@@ -116,13 +116,17 @@ func (s *Service) CheckLeased(ctx context.Context, sr *slot.ScanResult, since ti
 	}
 	s.table.mu.Unlock()
 	var found []suspect
+	whole := make(map[int]*slot.Slot, len(held))
 	for _, h := range held {
 		// A slot's kernel identity never changes while it is leased but
 		// here (relink, under its policy lock): read without the table's.
 		if k := brokenBy(sr, h.sl); k != intact {
 			found = append(found, suspect{l: h.l, sl: h.sl, Rec: s.table.copyOf(h.l).Rec, kind: k})
+		} else {
+			whole[h.sl.Index] = h.sl
 		}
 	}
+	s.seenInPass(sr.Links, whole)
 	slices.SortFunc(found, func(a, b suspect) int { return a.Rec.Index - b.Rec.Index })
 	for _, f := range found {
 		if ctx.Err() != nil {
@@ -179,6 +183,9 @@ func (s *Service) settleBroken(ctx context.Context, f suspect) {
 // be relinked is lost.
 func (s *Service) relink(ctx context.Context, f suspect) {
 	i := f.Rec.Index
+	s.table.mu.Lock()
+	old, last := f.sl.HostIfIndex, f.l.seen
+	s.table.mu.Unlock()
 	idx, err := s.mgr.Relink(ctx, f.sl)
 	switch {
 	case errors.Is(err, slot.ErrHostLinkThere):
@@ -195,6 +202,10 @@ func (s *Service) relink(ctx context.Context, f suspect) {
 			return leases.ErrNotFound
 		}
 		r.HostIfindex = idx
+		if last.ifindex == old {
+			// What the deleted link counted, as last seen.
+			r.Ledger = r.Ledger.Relinked(last.counts)
+		}
 		return nil
 	})
 	s.table.mu.Lock()

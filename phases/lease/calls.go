@@ -105,9 +105,10 @@ func (s *Service) Release(ctx context.Context, c control.Caller, i int, leaseID 
 	if err != nil {
 		return leaseError(i, err)
 	}
-	s.giveBack(context.WithoutCancel(ctx), l)
+	u := s.giveBack(context.WithoutCancel(ctx), l)
 	s.count("released")
-	s.log.Info("slot released", "slot", i, "owner", names.Shown(l.Rec.Owner), "principal", c.Principal.String(), "held", time.Since(l.Rec.Acquired).Round(time.Millisecond).String())
+	s.log.Info("slot released", append([]any{"slot", i, "owner", names.Shown(l.Rec.Owner), "principal", c.Principal.String(),
+		"held", time.Since(l.Rec.Acquired).Round(time.Millisecond).String()}, usageAttrs(u)...)...)
 	return nil
 }
 
@@ -159,6 +160,13 @@ func (s *Service) Get(ctx context.Context, c control.Caller, i int) (Slot, error
 		out.Repaired = repaired
 		out.EgressDrops = s.egressDrops(ctx, l)
 	}
+	if l != nil {
+		if u, err := s.usageNow(ctx, l); err != nil {
+			s.log.Warn("get: the lease's counters are unreadable", "slot", i, "error", err)
+		} else {
+			out.Usage = &u
+		}
+	}
 	return out, nil
 }
 
@@ -175,6 +183,7 @@ func (s *Service) List(c control.Caller, includeFree bool) []Slot {
 		}
 		out = append(out, sl)
 	}
+	s.usageListed(out)
 	return out
 }
 

@@ -111,6 +111,7 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 	// Written with the request's context: a caller gone halfway leaves
 	// the old policy put back below, or the new one recorded.
 	wctx := context.WithoutCancel(ctx)
+	dropped := s.hostDrops(wctx, i, sl, old.Egress)
 	if err := s.applyEgress(wctx, sl, pol); err != nil {
 		if !errors.Is(err, slot.ErrGone) {
 			s.restoreEgress(wctx, i, sl, old.Egress)
@@ -125,6 +126,9 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 			return errWrongLease
 		}
 		r.Egress = pol
+		// The new rules count from 0: the lease's ledger carries what
+		// the old ones dropped.
+		r.Ledger = r.Ledger.Repoliced(dropped)
 		return nil
 	})
 	if err != nil {
@@ -136,6 +140,22 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 	s.count("egress_policy_set")
 	s.log.Info("egress policy set", "slot", i, "owner", names.Shown(rec.Owner), "principal", c.Principal.String(), "policy", describePolicy(rec.Egress))
 	return Lease{Rec: rec, Slot: sl}, nil
+}
+
+// hostDrops reads how many packets slot i's policy p dropped on the host,
+// before its rules are written again; 0 for no policy, or when the
+// counter cannot be read (said in the log: the lease's usage then misses
+// them).
+func (s *Service) hostDrops(ctx context.Context, i int, sl *slot.Slot, p *egress.Policy) uint64 {
+	if p == nil {
+		return 0
+	}
+	st, err := s.mgr.Firewall().EgressOf(ctx, sl.HostIf)
+	if err != nil {
+		s.log.Warn("egress policy: the old rules' drop counter is unreadable; the lease's usage misses what they dropped", "slot", i, "error", err)
+		return 0
+	}
+	return st.Drops
 }
 
 // restoreEgress puts slot i's recorded policy back after a change that

@@ -105,10 +105,10 @@ func (s *Service) expireOne(ctx context.Context, l Lease, now time.Time) bool {
 		return false
 	}
 	ended := s.table.remove(i)
-	s.giveBack(ctx, ended)
+	u := s.giveBack(ctx, ended)
 	s.count("expired")
-	s.log.Warn("lease expired: not kept alive within its TTL; slot reclaimed", "slot", i, "owner", names.Shown(l.Rec.Owner),
-		"ttl", l.Rec.TTL.String(), "expired", now.Sub(l.Rec.Expires).Round(time.Millisecond).String()+" ago")
+	s.log.Warn("lease expired: not kept alive within its TTL; slot reclaimed", append([]any{"slot", i, "owner", names.Shown(l.Rec.Owner),
+		"ttl", l.Rec.TTL.String(), "expired", now.Sub(l.Rec.Expires).Round(time.Millisecond).String() + " ago"}, usageAttrs(u)...)...)
 	return true
 }
 

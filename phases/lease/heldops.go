@@ -74,6 +74,7 @@ func (s *Service) AdoptHeld(ctx context.Context, c control.Caller, i int, req Re
 		return Lease{}, err
 	}
 	rec := newRecord(sl, req, c.Principal.String(), time.Now())
+	rec.Ledger = s.startLedger(sl)
 	if err := s.records.Put(ctx, rec); err != nil {
 		var dup *leases.DuplicateRequestError
 		if errors.As(err, &dup) {

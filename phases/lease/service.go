@@ -44,6 +44,9 @@ type Lease struct {
 	// what is left of its slot kept until the lease ends, which tears it
 	// down.
 	remains bool
+	// seen: its link's counters as last read (usage.go), which a relink
+	// carries into its ledger.
+	seen linkSeen
 }
 
 // Restored is a lease restored at a start, not verified yet: the check

@@ -7,6 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/control"
+	"github.com/phasegate/phasegate/network/account"
 	"github.com/phasegate/phasegate/network/index"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
@@ -56,14 +58,18 @@ func (s *Service) returnUnleased(sl *slot.Slot, hadPolicy bool) {
 // down and makes a fresh one in its place; a lost lease's index, which no
 // slot occupies, goes back to the pool too, which frees it, once what is
 // left of a slot lost while held is torn down.
-func (s *Service) giveBack(ctx context.Context, l *Lease) { s.giveBackBy(ctx, l, s.pool.Put) }
+func (s *Service) giveBack(ctx context.Context, l *Lease) account.Usage {
+	return s.giveBackBy(ctx, l, s.pool.Put)
+}
 
 // giveBackBy is giveBack through put: pool.Put, which returns once the
 // replacement is made too, pool.Retire, once the slot is torn down, or
-// pool.Discard, at once.
-func (s *Service) giveBackBy(ctx context.Context, l *Lease, put func(context.Context, *slot.Slot) error) {
+// pool.Discard, at once. It answers the lease's usage, as read before the
+// teardown, which it notes in the audit line of the call that ended the
+// lease, if any (a Release, a CNI DEL or GC).
+func (s *Service) giveBackBy(ctx context.Context, l *Lease, put func(context.Context, *slot.Slot) error) account.Usage {
 	if l == nil {
-		return
+		return account.Usage{}
 	}
 	// The lease is out of the table already; its fields are read under
 	// the table's lock all the same, as everywhere.
@@ -78,21 +84,27 @@ func (s *Service) giveBackBy(ctx context.Context, l *Lease, put func(context.Con
 	defer unlock()
 	cp := s.table.copyOf(l)
 	sl := cp.Slot
+	u, err := s.usageNow(ctx, &cp)
+	if err != nil {
+		s.log.Warn("ended lease's counters are unreadable: its usage is what its earlier links counted", "slot", i, "error", err)
+		u = cp.Rec.Ledger.Carried
+	}
+	control.Note(ctx, usageAttrs(u)...)
 	switch {
 	case sl == nil && s.keepHeld(ctx, i):
 		// Lost at a restart, and something lives at its index: held.
-		return
+		return u
 	case sl == nil && cp.remains:
 		// Lost while leased: what is left of its slot goes now.
 		if err := s.pool.RetireLost(ctx, i); err != nil {
 			s.log.Warn("remains of a lost lease's slot could not be torn down; the index stays quarantined for the reconciler", "slot", i, "error", err)
 		}
-		return
+		return u
 	case sl == nil:
 		if err := s.pool.PutLost(i); err != nil {
 			s.log.Warn("index of a lost lease could not be freed", "slot", i, "error", err)
 		}
-		return
+		return u
 	}
 	if a := cp.Rec.Attachment; a != nil {
 		// Cut off first, the pair's deletion left to the teardown, which
@@ -105,6 +117,7 @@ func (s *Service) giveBackBy(ctx context.Context, l *Lease, put func(context.Con
 	if err := put(ctx, sl); err != nil {
 		s.log.Warn("released slot: teardown failed; the index stays quarantined for the reconciler", "slot", i, "error", err)
 	}
+	return u
 }
 
 // unplug cuts attachment a of slot sl off (slot.Manager.Unplug): in the

@@ -1,6 +1,9 @@
 package lease
 
-import "github.com/phasegate/phasegate/network/index"
+import (
+	"github.com/phasegate/phasegate/network/account"
+	"github.com/phasegate/phasegate/network/index"
+)
 
 // State is a slot's state as Get and List show it.
 type State uint8
@@ -27,6 +30,10 @@ type Slot struct {
 	// dropped.
 	Repaired    []string
 	EgressDrops uint64
+	// Usage is the lease's totals (usage.go): read now by Get, from one
+	// listing of the host's links by List (whose drops are those of the
+	// lease's earlier policies only); nil when not read.
+	Usage *account.Usage
 }
 
 // slotView is one moment of the slots' states: the pool's idle set, the

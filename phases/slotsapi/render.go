@@ -73,6 +73,10 @@ func (s *Server) describe(v lease.Slot, c control.Caller) *phasegatev1.Slot {
 			}
 		}
 	}
+	if u := v.Usage; u != nil {
+		out.Usage = &phasegatev1.Usage{BytesIn: u.BytesIn, PacketsIn: u.PacketsIn, BytesOut: u.BytesOut, PacketsOut: u.PacketsOut,
+			DroppedPackets: u.Dropped}
+	}
 	return out
 }
 

@@ -180,7 +180,12 @@ type Slot struct {
 	// attached it never sees the id; an operator needs it to change the
 	// attachment's egress policy with SetEgressPolicy. Empty for any other
 	// lease: only Acquire returns theirs.
-	LeaseId       string `protobuf:"bytes,23,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,23,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// What the lease's slot carried since the lease began (set only when
+	// ACQUIRED, VERIFYING or LOST): what a bill needs. Get reads it at the
+	// call; List from one read of the host's links, with dropped_packets
+	// counting only the lease's earlier egress policies' drops.
+	Usage         *Usage `protobuf:"bytes,24,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +381,100 @@ func (x *Slot) GetLeaseId() string {
 	return ""
 }
 
+func (x *Slot) GetUsage() *Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+// Usage is a lease's traffic, counted on the host side of its slot's link
+// by the kernel (no rule, nothing per packet), so the slot's root cannot
+// change it. It never goes back while the lease lives: across daemon
+// restarts and upgrades, and across a host link made again after it was
+// deleted from outside (what the deleted link counted is carried, as the
+// daemon last saw it: at the latest at the reconciler's previous pass).
+type Usage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Into the slot: bytes and packets.
+	BytesIn   uint64 `protobuf:"varint,1,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	PacketsIn uint64 `protobuf:"varint,2,opt,name=packets_in,json=packetsIn,proto3" json:"packets_in,omitempty"`
+	// Out of the slot: bytes and packets.
+	BytesOut   uint64 `protobuf:"varint,3,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	PacketsOut uint64 `protobuf:"varint,4,opt,name=packets_out,json=packetsOut,proto3" json:"packets_out,omitempty"`
+	// Packets the lease's egress policies dropped on the host, over every
+	// policy it had (egress_dropped_packets counts the current policy's,
+	// on the host and inside).
+	DroppedPackets uint64 `protobuf:"varint,5,opt,name=dropped_packets,json=droppedPackets,proto3" json:"dropped_packets,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Usage) Reset() {
+	*x = Usage{}
+	mi := &file_slots_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Usage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Usage) ProtoMessage() {}
+
+func (x *Usage) ProtoReflect() protoreflect.Message {
+	mi := &file_slots_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Usage.ProtoReflect.Descriptor instead.
+func (*Usage) Descriptor() ([]byte, []int) {
+	return file_slots_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Usage) GetBytesIn() uint64 {
+	if x != nil {
+		return x.BytesIn
+	}
+	return 0
+}
+
+func (x *Usage) GetPacketsIn() uint64 {
+	if x != nil {
+		return x.PacketsIn
+	}
+	return 0
+}
+
+func (x *Usage) GetBytesOut() uint64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
+}
+
+func (x *Usage) GetPacketsOut() uint64 {
+	if x != nil {
+		return x.PacketsOut
+	}
+	return 0
+}
+
+func (x *Usage) GetDroppedPackets() uint64 {
+	if x != nil {
+		return x.DroppedPackets
+	}
+	return 0
+}
+
 // EgressPolicy is what a leased slot may send out of its uplink, on top of
 // the daemon's always-allowed set (accepted first) and always-denied set
 // (private, link-local and the host's own addresses; dropped unless
@@ -400,7 +499,7 @@ type EgressPolicy struct {
 
 func (x *EgressPolicy) Reset() {
 	*x = EgressPolicy{}
-	mi := &file_slots_proto_msgTypes[1]
+	mi := &file_slots_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -412,7 +511,7 @@ func (x *EgressPolicy) String() string {
 func (*EgressPolicy) ProtoMessage() {}
 
 func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[1]
+	mi := &file_slots_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -425,7 +524,7 @@ func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
 func (*EgressPolicy) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{1}
+	return file_slots_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *EgressPolicy) GetAllow() []string {
@@ -480,7 +579,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_slots_proto_msgTypes[2]
+	mi := &file_slots_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -492,7 +591,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[2]
+	mi := &file_slots_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -505,7 +604,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{2}
+	return file_slots_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AcquireRequest) GetOwner() string {
@@ -548,7 +647,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_slots_proto_msgTypes[3]
+	mi := &file_slots_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +659,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[3]
+	mi := &file_slots_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +672,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{3}
+	return file_slots_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AcquireResponse) GetSlot() *Slot {
@@ -600,7 +699,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_slots_proto_msgTypes[4]
+	mi := &file_slots_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +711,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[4]
+	mi := &file_slots_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +724,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{4}
+	return file_slots_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReleaseRequest) GetIndex() uint32 {
@@ -650,7 +749,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_slots_proto_msgTypes[5]
+	mi := &file_slots_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +761,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[5]
+	mi := &file_slots_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +774,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{5}
+	return file_slots_proto_rawDescGZIP(), []int{6}
 }
 
 type KeepAliveRequest struct {
@@ -688,7 +787,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_slots_proto_msgTypes[6]
+	mi := &file_slots_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +799,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[6]
+	mi := &file_slots_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +812,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{6}
+	return file_slots_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KeepAliveRequest) GetIndex() uint32 {
@@ -741,7 +840,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_slots_proto_msgTypes[7]
+	mi := &file_slots_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -753,7 +852,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[7]
+	mi := &file_slots_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -766,7 +865,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{7}
+	return file_slots_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *KeepAliveResponse) GetExpiresAt() *timestamppb.Timestamp {
@@ -792,7 +891,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_slots_proto_msgTypes[8]
+	mi := &file_slots_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +903,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[8]
+	mi := &file_slots_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +916,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{8}
+	return file_slots_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetRequest) GetIndex() uint32 {
@@ -836,7 +935,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_slots_proto_msgTypes[9]
+	mi := &file_slots_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +947,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[9]
+	mi := &file_slots_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +960,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{9}
+	return file_slots_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetResponse) GetSlot() *Slot {
@@ -883,7 +982,7 @@ type SetEgressPolicyRequest struct {
 
 func (x *SetEgressPolicyRequest) Reset() {
 	*x = SetEgressPolicyRequest{}
-	mi := &file_slots_proto_msgTypes[10]
+	mi := &file_slots_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +994,7 @@ func (x *SetEgressPolicyRequest) String() string {
 func (*SetEgressPolicyRequest) ProtoMessage() {}
 
 func (x *SetEgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[10]
+	mi := &file_slots_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1007,7 @@ func (x *SetEgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetEgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{10}
+	return file_slots_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetEgressPolicyRequest) GetIndex() uint32 {
@@ -941,7 +1040,7 @@ type SetEgressPolicyResponse struct {
 
 func (x *SetEgressPolicyResponse) Reset() {
 	*x = SetEgressPolicyResponse{}
-	mi := &file_slots_proto_msgTypes[11]
+	mi := &file_slots_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -953,7 +1052,7 @@ func (x *SetEgressPolicyResponse) String() string {
 func (*SetEgressPolicyResponse) ProtoMessage() {}
 
 func (x *SetEgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[11]
+	mi := &file_slots_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -966,7 +1065,7 @@ func (x *SetEgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetEgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{11}
+	return file_slots_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetEgressPolicyResponse) GetSlot() *Slot {
@@ -986,7 +1085,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_slots_proto_msgTypes[12]
+	mi := &file_slots_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1097,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[12]
+	mi := &file_slots_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1110,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{12}
+	return file_slots_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRequest) GetIncludeFree() bool {
@@ -1030,7 +1129,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_slots_proto_msgTypes[13]
+	mi := &file_slots_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1141,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[13]
+	mi := &file_slots_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1154,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{13}
+	return file_slots_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListResponse) GetSlots() []*Slot {
@@ -1069,7 +1168,7 @@ var File_slots_proto protoreflect.FileDescriptor
 
 const file_slots_proto_rawDesc = "" +
 	"\n" +
-	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\a\n" +
+	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\a\n" +
 	"\x04Slot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12-\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x17.phasegate.v1.SlotStateR\x05state\x12\x1d\n" +
@@ -1100,7 +1199,16 @@ const file_slots_proto_rawDesc = "" +
 	"\rguest_gateway\x18\x14 \x01(\tR\fguestGateway\x12\x1a\n" +
 	"\brepaired\x18\x15 \x03(\tR\brepaired\x12.\n" +
 	"\x13attached_netns_path\x18\x16 \x01(\tR\x11attachedNetnsPath\x12\x19\n" +
-	"\blease_id\x18\x17 \x01(\tR\aleaseId\"v\n" +
+	"\blease_id\x18\x17 \x01(\tR\aleaseId\x12)\n" +
+	"\x05usage\x18\x18 \x01(\v2\x13.phasegate.v1.UsageR\x05usage\"\xa8\x01\n" +
+	"\x05Usage\x12\x19\n" +
+	"\bbytes_in\x18\x01 \x01(\x04R\abytesIn\x12\x1d\n" +
+	"\n" +
+	"packets_in\x18\x02 \x01(\x04R\tpacketsIn\x12\x1b\n" +
+	"\tbytes_out\x18\x03 \x01(\x04R\bbytesOut\x12\x1f\n" +
+	"\vpackets_out\x18\x04 \x01(\x04R\n" +
+	"packetsOut\x12'\n" +
+	"\x0fdropped_packets\x18\x05 \x01(\x04R\x0edroppedPackets\"v\n" +
 	"\fEgressPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
 	"\x04deny\x18\x02 \x03(\tR\x04deny\x12\x19\n" +
@@ -1171,58 +1279,60 @@ func file_slots_proto_rawDescGZIP() []byte {
 }
 
 var file_slots_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_slots_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_slots_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_slots_proto_goTypes = []any{
 	(SlotState)(0),                  // 0: phasegate.v1.SlotState
 	(*Slot)(nil),                    // 1: phasegate.v1.Slot
-	(*EgressPolicy)(nil),            // 2: phasegate.v1.EgressPolicy
-	(*AcquireRequest)(nil),          // 3: phasegate.v1.AcquireRequest
-	(*AcquireResponse)(nil),         // 4: phasegate.v1.AcquireResponse
-	(*ReleaseRequest)(nil),          // 5: phasegate.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),         // 6: phasegate.v1.ReleaseResponse
-	(*KeepAliveRequest)(nil),        // 7: phasegate.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),       // 8: phasegate.v1.KeepAliveResponse
-	(*GetRequest)(nil),              // 9: phasegate.v1.GetRequest
-	(*GetResponse)(nil),             // 10: phasegate.v1.GetResponse
-	(*SetEgressPolicyRequest)(nil),  // 11: phasegate.v1.SetEgressPolicyRequest
-	(*SetEgressPolicyResponse)(nil), // 12: phasegate.v1.SetEgressPolicyResponse
-	(*ListRequest)(nil),             // 13: phasegate.v1.ListRequest
-	(*ListResponse)(nil),            // 14: phasegate.v1.ListResponse
-	(*timestamppb.Timestamp)(nil),   // 15: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 16: google.protobuf.Duration
+	(*Usage)(nil),                   // 2: phasegate.v1.Usage
+	(*EgressPolicy)(nil),            // 3: phasegate.v1.EgressPolicy
+	(*AcquireRequest)(nil),          // 4: phasegate.v1.AcquireRequest
+	(*AcquireResponse)(nil),         // 5: phasegate.v1.AcquireResponse
+	(*ReleaseRequest)(nil),          // 6: phasegate.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),         // 7: phasegate.v1.ReleaseResponse
+	(*KeepAliveRequest)(nil),        // 8: phasegate.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),       // 9: phasegate.v1.KeepAliveResponse
+	(*GetRequest)(nil),              // 10: phasegate.v1.GetRequest
+	(*GetResponse)(nil),             // 11: phasegate.v1.GetResponse
+	(*SetEgressPolicyRequest)(nil),  // 12: phasegate.v1.SetEgressPolicyRequest
+	(*SetEgressPolicyResponse)(nil), // 13: phasegate.v1.SetEgressPolicyResponse
+	(*ListRequest)(nil),             // 14: phasegate.v1.ListRequest
+	(*ListResponse)(nil),            // 15: phasegate.v1.ListResponse
+	(*timestamppb.Timestamp)(nil),   // 16: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 17: google.protobuf.Duration
 }
 var file_slots_proto_depIdxs = []int32{
 	0,  // 0: phasegate.v1.Slot.state:type_name -> phasegate.v1.SlotState
-	15, // 1: phasegate.v1.Slot.acquired_at:type_name -> google.protobuf.Timestamp
-	16, // 2: phasegate.v1.Slot.ttl:type_name -> google.protobuf.Duration
-	15, // 3: phasegate.v1.Slot.expires_at:type_name -> google.protobuf.Timestamp
-	2,  // 4: phasegate.v1.Slot.egress_policy:type_name -> phasegate.v1.EgressPolicy
-	16, // 5: phasegate.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	2,  // 6: phasegate.v1.AcquireRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
-	1,  // 7: phasegate.v1.AcquireResponse.slot:type_name -> phasegate.v1.Slot
-	15, // 8: phasegate.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	16, // 9: phasegate.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	1,  // 10: phasegate.v1.GetResponse.slot:type_name -> phasegate.v1.Slot
-	2,  // 11: phasegate.v1.SetEgressPolicyRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
-	1,  // 12: phasegate.v1.SetEgressPolicyResponse.slot:type_name -> phasegate.v1.Slot
-	1,  // 13: phasegate.v1.ListResponse.slots:type_name -> phasegate.v1.Slot
-	3,  // 14: phasegate.v1.Slots.Acquire:input_type -> phasegate.v1.AcquireRequest
-	5,  // 15: phasegate.v1.Slots.Release:input_type -> phasegate.v1.ReleaseRequest
-	7,  // 16: phasegate.v1.Slots.KeepAlive:input_type -> phasegate.v1.KeepAliveRequest
-	9,  // 17: phasegate.v1.Slots.Get:input_type -> phasegate.v1.GetRequest
-	13, // 18: phasegate.v1.Slots.List:input_type -> phasegate.v1.ListRequest
-	11, // 19: phasegate.v1.Slots.SetEgressPolicy:input_type -> phasegate.v1.SetEgressPolicyRequest
-	4,  // 20: phasegate.v1.Slots.Acquire:output_type -> phasegate.v1.AcquireResponse
-	6,  // 21: phasegate.v1.Slots.Release:output_type -> phasegate.v1.ReleaseResponse
-	8,  // 22: phasegate.v1.Slots.KeepAlive:output_type -> phasegate.v1.KeepAliveResponse
-	10, // 23: phasegate.v1.Slots.Get:output_type -> phasegate.v1.GetResponse
-	14, // 24: phasegate.v1.Slots.List:output_type -> phasegate.v1.ListResponse
-	12, // 25: phasegate.v1.Slots.SetEgressPolicy:output_type -> phasegate.v1.SetEgressPolicyResponse
-	20, // [20:26] is the sub-list for method output_type
-	14, // [14:20] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	16, // 1: phasegate.v1.Slot.acquired_at:type_name -> google.protobuf.Timestamp
+	17, // 2: phasegate.v1.Slot.ttl:type_name -> google.protobuf.Duration
+	16, // 3: phasegate.v1.Slot.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 4: phasegate.v1.Slot.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	2,  // 5: phasegate.v1.Slot.usage:type_name -> phasegate.v1.Usage
+	17, // 6: phasegate.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	3,  // 7: phasegate.v1.AcquireRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	1,  // 8: phasegate.v1.AcquireResponse.slot:type_name -> phasegate.v1.Slot
+	16, // 9: phasegate.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	17, // 10: phasegate.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	1,  // 11: phasegate.v1.GetResponse.slot:type_name -> phasegate.v1.Slot
+	3,  // 12: phasegate.v1.SetEgressPolicyRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	1,  // 13: phasegate.v1.SetEgressPolicyResponse.slot:type_name -> phasegate.v1.Slot
+	1,  // 14: phasegate.v1.ListResponse.slots:type_name -> phasegate.v1.Slot
+	4,  // 15: phasegate.v1.Slots.Acquire:input_type -> phasegate.v1.AcquireRequest
+	6,  // 16: phasegate.v1.Slots.Release:input_type -> phasegate.v1.ReleaseRequest
+	8,  // 17: phasegate.v1.Slots.KeepAlive:input_type -> phasegate.v1.KeepAliveRequest
+	10, // 18: phasegate.v1.Slots.Get:input_type -> phasegate.v1.GetRequest
+	14, // 19: phasegate.v1.Slots.List:input_type -> phasegate.v1.ListRequest
+	12, // 20: phasegate.v1.Slots.SetEgressPolicy:input_type -> phasegate.v1.SetEgressPolicyRequest
+	5,  // 21: phasegate.v1.Slots.Acquire:output_type -> phasegate.v1.AcquireResponse
+	7,  // 22: phasegate.v1.Slots.Release:output_type -> phasegate.v1.ReleaseResponse
+	9,  // 23: phasegate.v1.Slots.KeepAlive:output_type -> phasegate.v1.KeepAliveResponse
+	11, // 24: phasegate.v1.Slots.Get:output_type -> phasegate.v1.GetResponse
+	15, // 25: phasegate.v1.Slots.List:output_type -> phasegate.v1.ListResponse
+	13, // 26: phasegate.v1.Slots.SetEgressPolicy:output_type -> phasegate.v1.SetEgressPolicyResponse
+	21, // [21:27] is the sub-list for method output_type
+	15, // [15:21] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_slots_proto_init() }
@@ -1236,7 +1346,7 @@ func file_slots_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_slots_proto_rawDesc), len(file_slots_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -133,7 +133,10 @@ type Record struct {
 	// (package network/account): its totals are these plus what its current
 	// link and policy count. Set only when LEASED, and only once a link was
 	// made again or a policy written again.
-	Carried       *Usage `protobuf:"bytes,18,opt,name=carried,proto3" json:"carried,omitempty"`
+	Carried *Usage `protobuf:"bytes,18,opt,name=carried,proto3" json:"carried,omitempty"`
+	// The current host link's counters when the lease began on it
+	// (dropped unused). Set only when LEASED.
+	Start         *Usage `protobuf:"bytes,19,opt,name=start,proto3" json:"start,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -290,6 +293,13 @@ func (x *Record) GetHeldReason() string {
 func (x *Record) GetCarried() *Usage {
 	if x != nil {
 		return x.Carried
+	}
+	return nil
+}
+
+func (x *Record) GetStart() *Usage {
+	if x != nil {
+		return x.Start
 	}
 	return nil
 }
@@ -517,7 +527,7 @@ var File_record_proto protoreflect.FileDescriptor
 
 const file_record_proto_rawDesc = "" +
 	"\n" +
-	"\frecord.proto\x12\x13phasegate.leases.v1\"\xd7\x05\n" +
+	"\frecord.proto\x12\x13phasegate.leases.v1\"\x89\x06\n" +
 	"\x06Record\x120\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1a.phasegate.leases.v1.StateR\x05state\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x19\n" +
@@ -541,7 +551,8 @@ const file_record_proto_rawDesc = "" +
 	"\x0eheld_unix_nano\x18\x10 \x01(\x03R\fheldUnixNano\x12\x1f\n" +
 	"\vheld_reason\x18\x11 \x01(\tR\n" +
 	"heldReason\x124\n" +
-	"\acarried\x18\x12 \x01(\v2\x1a.phasegate.leases.v1.UsageR\acarried\"\x99\x01\n" +
+	"\acarried\x18\x12 \x01(\v2\x1a.phasegate.leases.v1.UsageR\acarried\x120\n" +
+	"\x05start\x18\x13 \x01(\v2\x1a.phasegate.leases.v1.UsageR\x05start\"\x99\x01\n" +
 	"\x05Usage\x12\x19\n" +
 	"\bbytes_in\x18\x01 \x01(\x04R\abytesIn\x12\x1d\n" +
 	"\n" +
@@ -596,11 +607,12 @@ var file_record_proto_depIdxs = []int32{
 	4, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
 	3, // 2: phasegate.leases.v1.Record.attachment:type_name -> phasegate.leases.v1.Attachment
 	2, // 3: phasegate.leases.v1.Record.carried:type_name -> phasegate.leases.v1.Usage
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	2, // 4: phasegate.leases.v1.Record.start:type_name -> phasegate.leases.v1.Usage
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_record_proto_init() }
