@@ -32,6 +32,8 @@ const meterScope = "github.com/phasegate/phasegate/phases"
 //	phasegate.restore.slots           counter        result   restored, adopted, lost, held (each start)
 //	phasegate.lease.events            counter        event    acquired, released, expired, expiry_deferred, lost, repaired (broken from outside)
 //	phasegate.leases                  gauge          state    held, lost
+//	phasegate.lease.traffic           counter, By    direction  in, out: what the leased slots' links carried
+//	phasegate.lease.packets           counter        direction  in, out
 //	phasegate.reconcile.passes        counter        result   ok, failed
 //	phasegate.reconcile.slots         counter        result   claimed, freed
 //	phasegate.conns.open              gauge          surface  connections open on the port, the socket
@@ -181,12 +183,25 @@ func (o *observer) setLeases(s *lease.Service) {
 	if err != nil {
 		return
 	}
+	bytes, err1 := o.meter.Int64ObservableCounter("phasegate.lease.traffic", metric.WithUnit("By"),
+		metric.WithDescription("Bytes the leased slots' links carried, by direction (in: into the slots, out: out of them), as the daemon read their kernel counters: at each reconcile pass, Get, List and a lease's end."))
+	packets, err2 := o.meter.Int64ObservableCounter("phasegate.lease.packets",
+		metric.WithDescription("Packets the leased slots' links carried, by direction, read as phasegate.lease.traffic is."))
+	if err1 != nil || err2 != nil {
+		return
+	}
+	in, out := metric.WithAttributes(attribute.String("direction", "in")), metric.WithAttributes(attribute.String("direction", "out"))
 	o.leaseReg, _ = o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
 		held, lost := s.Counts()
 		ob.ObserveInt64(g, int64(held-lost), metric.WithAttributes(attribute.String("state", "held")))
 		ob.ObserveInt64(g, int64(lost), metric.WithAttributes(attribute.String("state", "lost")))
+		t := s.Traffic()
+		ob.ObserveInt64(bytes, int64(t.BytesIn), in)
+		ob.ObserveInt64(bytes, int64(t.BytesOut), out)
+		ob.ObserveInt64(packets, int64(t.PacketsIn), in)
+		ob.ObserveInt64(packets, int64(t.PacketsOut), out)
 		return nil
-	}, g)
+	}, g, bytes, packets)
 }
 
 // grpcOptions time Acquire calls.

@@ -39,6 +39,13 @@ func TestLeaseUsageIsCountedAndNeverGoesBack(t *testing.T) {
 		t.Fatalf("after %d lines of %d bytes echoed: usage %v", lines, size, u1)
 	}
 	cliUsage(t, h, l, u1)
+	// /metrics: bounded labels (a direction), the traffic the daemon read.
+	fams := scrapeMetrics(t, d)
+	for _, dir := range []string{"in", "out"} {
+		if v := metricValue(fams, "phasegate_lease_traffic_bytes_total", "direction", dir); v < lines*size {
+			t.Errorf("phasegate_lease_traffic_bytes_total{direction=%q} = %v after %d lines of %d bytes", dir, v, lines, size)
+		}
+	}
 
 	// A restart: the same totals (nothing crossed meanwhile but what the
 	// daemon itself sends, which is nothing).

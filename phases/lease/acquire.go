@@ -155,7 +155,8 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 		}
 		return s.notRecorded(ctx, err, rec)
 	}
-	l := &Lease{Rec: rec, Slot: sl}
+	// Its link's reading at its start is the first of its traffic's.
+	l := &Lease{Rec: rec, Slot: sl, seen: linkSeen{sl.HostIfIndex, rec.Ledger.Start}}
 	s.table.add(l)
 	s.count("acquired")
 	s.log.Info("slot acquired", "slot", sl.Index, "owner", req.Owner, "request_id", req.RequestID, "principal", principal, "ttl", ttlShown(req.TTL))

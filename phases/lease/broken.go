@@ -210,6 +210,7 @@ func (s *Service) relink(ctx context.Context, f suspect) {
 	})
 	s.table.mu.Lock()
 	f.sl.HostIfIndex = idx
+	f.l.seen = linkSeen{ifindex: idx} // the new link counts from 0
 	if err == nil {
 		f.l.Rec = rec
 	}

@@ -161,10 +161,11 @@ func (s *Service) Get(ctx context.Context, c control.Caller, i int) (Slot, error
 		out.EgressDrops = s.egressDrops(ctx, l)
 	}
 	if l != nil {
-		if u, err := s.usageNow(ctx, l); err != nil {
+		if u, seen, err := s.usageNow(ctx, l); err != nil {
 			s.log.Warn("get: the lease's counters are unreadable", "slot", i, "error", err)
 		} else {
 			out.Usage = &u
+			s.table.seen(i, seen.ifindex, seen.counts)
 		}
 	}
 	return out, nil

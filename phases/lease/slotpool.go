@@ -84,10 +84,12 @@ func (s *Service) giveBackBy(ctx context.Context, l *Lease, put func(context.Con
 	defer unlock()
 	cp := s.table.copyOf(l)
 	sl := cp.Slot
-	u, err := s.usageNow(ctx, &cp)
+	u, seen, err := s.usageNow(ctx, &cp)
 	if err != nil {
 		s.log.Warn("ended lease's counters are unreadable: its usage is what its earlier links counted", "slot", i, "error", err)
 		u = cp.Rec.Ledger.Carried
+	} else if seen.ifindex != 0 {
+		s.table.ended(l, seen)
 	}
 	control.Note(ctx, usageAttrs(u)...)
 	switch {

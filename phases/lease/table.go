@@ -3,6 +3,7 @@ package lease
 import (
 	"sync"
 
+	"github.com/phasegate/phasegate/network/account"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
 )
@@ -34,6 +35,9 @@ type Table struct {
 	leased   map[int]*Lease
 	requests map[leaseRequest]*Lease
 	pending  map[string]int
+	// traffic is what the leases' links carried while this process read
+	// them (usage.go).
+	traffic account.Counts
 }
 
 // NewTable returns a table holding the leases restored at a start.

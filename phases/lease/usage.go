@@ -29,18 +29,28 @@ func (s *Service) startLedger(sl *slot.Slot) account.Ledger {
 }
 
 // usageNow reads lease l's usage (a copy): its link's counters and its
-// policy's drops on the host, read now (Get, and a lease's end).
-func (s *Service) usageNow(ctx context.Context, l *Lease) (account.Usage, error) {
+// policy's drops on the host, read now (Get, and a lease's end), and the
+// link's counters as read.
+func (s *Service) usageNow(ctx context.Context, l *Lease) (account.Usage, linkSeen, error) {
 	if l.Slot == nil {
-		return l.Rec.Ledger.Carried, nil // lost: its link is gone
+		return l.Rec.Ledger.Carried, linkSeen{}, nil // lost: its link is gone
 	}
 	ifindex := s.table.hostIfIndex(l.Slot)
 	c, err := account.OfLink(ifindex)
 	if err != nil {
-		return account.Usage{}, err
+		return account.Usage{}, linkSeen{}, err
 	}
-	s.table.seen(l.Rec.Index, ifindex, c)
-	return l.Rec.Ledger.Usage(c, s.hostDrops(ctx, l.Rec.Index, l.Slot, l.Rec.Egress)), nil
+	return l.Rec.Ledger.Usage(c, s.hostDrops(ctx, l.Rec.Index, l.Slot, l.Rec.Egress)), linkSeen{ifindex, c}, nil
+}
+
+// Traffic is what the links of the leased slots carried while this
+// process watched them: the sum of what each read of a lease's link
+// counters added to the one before (a lease restored at a start counts
+// from the first read), never going back. It is /metrics' total.
+func (s *Service) Traffic() account.Counts {
+	s.table.mu.Lock()
+	defer s.table.mu.Unlock()
+	return s.table.traffic
 }
 
 // usageListed fills the usage of every leased slot of out from one read
@@ -126,6 +136,24 @@ func (t *Table) seenAll(seen map[int]linkSeen) {
 
 func (t *Table) seenLocked(i, ifindex int, c account.Counts) {
 	if l := t.leased[i]; l != nil && l.Slot != nil && l.Slot.HostIfIndex == ifindex {
-		l.seen = linkSeen{ifindex: ifindex, counts: c}
+		t.advance(&l.seen, linkSeen{ifindex: ifindex, counts: c})
 	}
+}
+
+// advance moves a lease's last read of its link to now, adding what the
+// link carried since the read before to the table's traffic. Call with
+// t.mu held.
+func (t *Table) advance(last *linkSeen, now linkSeen) {
+	if last.ifindex == now.ifindex {
+		t.traffic = t.traffic.Plus(now.counts.Minus(last.counts))
+	}
+	*last = now
+}
+
+// ended adds the last read of ended lease l's link, now, to the table's
+// traffic.
+func (t *Table) ended(l *Lease, now linkSeen) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.advance(&l.seen, now)
 }
