@@ -3,7 +3,7 @@ package account
 import (
 	"bytes"
 	"fmt"
-	"strconv"
+	"math"
 
 	"github.com/vishvananda/netlink"
 
@@ -140,7 +140,6 @@ const (
 	colRxPackets = 1
 	colTxBytes   = 8
 	colTxPackets = 9
-	columns      = 16
 )
 
 // Counts returns the counters of the link called name; ok is false when
@@ -156,15 +155,26 @@ func (d *NetDev) Counts(name string) (c Counts, ok bool, err error) {
 	if !ok {
 		return Counts{}, false, nil
 	}
-	f := bytes.Fields(d.counters[i])
-	if len(f) < columns {
-		return Counts{}, false, fmt.Errorf("account: /proc/net/dev: link %s: %d counters, want %d", name, len(f), columns)
-	}
-	var v [columns]uint64
-	for _, col := range []int{colRxBytes, colRxPackets, colTxBytes, colTxPackets} {
-		if v[col], err = strconv.ParseUint(string(f[col]), 10, 64); err != nil {
-			return Counts{}, false, fmt.Errorf("account: /proc/net/dev: link %s: counter %d: %w", name, col+1, err)
+	// The columns read, parsed in place: a reconcile pass reads every
+	// lease's, and bytes.Fields with strconv would allocate per column.
+	var v [colTxPackets + 1]uint64
+	rest := d.counters[i]
+	for col := range v {
+		rest = bytes.TrimLeft(rest, " ")
+		end := bytes.IndexByte(rest, ' ')
+		if end < 0 {
+			end = len(rest)
 		}
+		if end == 0 {
+			return Counts{}, false, fmt.Errorf("account: /proc/net/dev: link %s: %d counters, want at least %d", name, col, len(v))
+		}
+		for _, b := range rest[:end] {
+			if b < '0' || b > '9' || v[col] > (math.MaxUint64-9)/10 {
+				return Counts{}, false, fmt.Errorf("account: /proc/net/dev: link %s: counter %d is not a count: %q", name, col+1, rest[:end])
+			}
+			v[col] = v[col]*10 + uint64(b-'0')
+		}
+		rest = rest[end:]
 	}
 	return Counts{BytesIn: v[colTxBytes], PacketsIn: v[colTxPackets], BytesOut: v[colRxBytes], PacketsOut: v[colRxPackets]}, true, nil
 }
