@@ -245,7 +245,7 @@ func (c classifier) holdInhabited(ctx context.Context, p *restorePlan, unsure []
 	if len(check) == 0 {
 		return nil
 	}
-	live, err := lease.ScanLiveness()
+	live, err := netns.ScanLiveness()
 	if err != nil {
 		return fmt.Errorf("records that cannot vouch for every slot: %w", err)
 	}

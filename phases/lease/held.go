@@ -1,7 +1,6 @@
 package lease
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -177,40 +176,6 @@ func heldMessage(l []HeldSlot) string {
 	}
 	return fmt.Sprintf("%d slots held: something lives in them and no record vouches for them (slots %s); `phasegate held` lists them, adopts them back or releases them",
 		len(l), strings.Join(parts, ", "))
-}
-
-// Liveness is one scan of /proc: the namespaces processes live in or hold
-// a descriptor on.
-type Liveness struct {
-	procs, holders netns.Processes
-}
-
-// ScanLiveness scans /proc once. A scan that could not read some
-// processes (pid 1 in some sandboxes) still tells where the others live;
-// what it could not read is reported by the teardown that follows, as a
-// reclaim's own scan does.
-func ScanLiveness() (*Liveness, error) {
-	var incomplete *netns.IncompleteError
-	procs, err := netns.ScanProcesses()
-	if err != nil && !errors.As(err, &incomplete) {
-		return nil, fmt.Errorf("scan processes: %w", err)
-	}
-	holders, err := netns.ScanHolders()
-	if err != nil && !errors.As(err, &incomplete) {
-		return nil, fmt.Errorf("scan descriptor holders: %w", err)
-	}
-	return &Liveness{procs: procs, holders: holders}, nil
-}
-
-// LivesIn reports whether something lives in namespace id: a process with
-// a thread there, or one holding a descriptor on it.
-func (l *Liveness) LivesIn(id netns.ID) bool {
-	return id != (netns.ID{}) && (len(l.procs[id]) > 0 || len(l.holders[id]) > 0)
-}
-
-// PIDs returns the processes in or holding id, for the operator's list.
-func (l *Liveness) PIDs(id netns.ID) []int {
-	return slices.Compact(slices.Sorted(slices.Values(slices.Concat(l.procs[id], l.holders[id]))))
 }
 
 // The names of the health warnings the lease core shows.

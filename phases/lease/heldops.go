@@ -35,7 +35,7 @@ func (s *Service) HeldViews() ([]HeldView, error) {
 	if len(held) == 0 {
 		return out, nil
 	}
-	live, err := ScanLiveness()
+	live, err := netns.ScanLiveness()
 	if err != nil {
 		return out, Errorf(ErrInternal, "%v", err)
 	}

@@ -312,7 +312,7 @@ func (c *RestoreCheck) holdLived(lostObjects slot.Inventory, slots []*slot.Slot,
 	if len(lostObjects) == 0 {
 		return nil
 	}
-	live, err := ScanLiveness()
+	live, err := netns.ScanLiveness()
 	if err != nil {
 		return err
 	}
