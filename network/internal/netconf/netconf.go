@@ -1,4 +1,5 @@
-// Package netconf reads and sets a namespace's IPv4 forwarding through
+// Package netconf reads and sets a namespace's per-link IPv4 settings
+// (forwarding among them) and a link's IPv6 address generation through
 // rtnetlink, not /proc/sys.
 //
 // /proc/sys keeps one entry per network namespace for each per-namespace
@@ -9,7 +10,6 @@
 package netconf
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -105,11 +105,9 @@ func SetForwarding(c *mnl.Conn, ifindex int32, on bool) error {
 	if err != nil {
 		return err
 	}
-	ifi := make([]byte, unix.SizeofIfInfomsg) // struct ifinfomsg: family AF_UNSPEC, the index
-	binary.NativeEndian.PutUint32(ifi[4:8], uint32(ifindex))
 	if _, err := c.Execute(mnl.Message{
 		Header: mnl.Header{Type: unix.RTM_SETLINK, Flags: mnl.Request | mnl.Acknowledge},
-		Data:   append(ifi, attrs...),
+		Data:   append(ifinfomsg(ifindex), attrs...),
 	}); err != nil {
 		return fmt.Errorf("netconf: RTM_SETLINK forwarding=%d of link %d: %w", v, ifindex, err)
 	}
