@@ -1,6 +1,5 @@
-// Package netconf reads and sets a namespace's per-link IPv4 settings
-// (forwarding among them) and a link's IPv6 address generation through
-// rtnetlink, not /proc/sys.
+// Package netconf reads and sets a link's IPv4 settings and IPv6 address
+// generation through rtnetlink, not /proc/sys.
 //
 // /proc/sys keeps one entry per network namespace for each per-namespace
 // file, under one parent, and a lookup compares them one by one: with
