@@ -119,13 +119,11 @@ func TestSetLink(t *testing.T) {
 	if before.AddrGenMode == netconf.AddrGenNone {
 		t.Fatal("a new link makes no IPv6 address already; the test cannot tell")
 	}
-	want := []netconf.Value{
-		{Conf: netconf.ConfRPFilter, Value: 1},
-		{Conf: netconf.ConfARPIgnore, Value: 1},
-		{Conf: netconf.ConfARPAnnounce, Value: 2},
-		{Conf: netconf.ConfAcceptRedirects, Value: 0},
-		{Conf: netconf.ConfSendRedirects, Value: 0},
-		{Conf: netconf.ConfRouteLocalnet, Value: 1},
+	confs := []netconf.Conf{netconf.ConfRPFilter, netconf.ConfARPIgnore, netconf.ConfARPAnnounce,
+		netconf.ConfAcceptRedirects, netconf.ConfSendRedirects, netconf.ConfRouteLocalnet}
+	var want []netconf.Value
+	for i, v := range []uint32{1, 1, 2, 0, 0, 1} {
+		want = append(want, netconf.Value{Conf: confs[i], Value: v})
 	}
 	if err := netconf.SetLink(c, a, want, true); err != nil {
 		t.Fatal(err)
