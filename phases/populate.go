@@ -195,21 +195,24 @@ func (d *Daemon) stopPool(ctx context.Context) error {
 	return err
 }
 
-// repairAdopted gives the idle slots adopted from the last run the guest
-// device they lack (that run had no --slot-guest-*, or something removed
-// a part), before the pool can hand them out: there are at most a pool's
-// worth, and nothing runs in them.
+// repairAdopted gives the idle slots adopted from the last run the
+// settings a slot is made with (a slot made by a build that set none has
+// the host's) and the guest device they lack (that run had no
+// --slot-guest-*, or something removed a part), before the pool can hand
+// them out: there are at most a pool's worth, and nothing runs in them.
 func (d *Daemon) repairAdopted() {
-	if !d.cfg.Slots.Guest.Enabled() {
-		return
-	}
 	for _, s := range d.plan.adopted {
-		fixed, err := d.mgr.RepairGuest(s)
+		fixed, err := d.mgr.RepairSettings(s)
+		if err == nil && d.cfg.Slots.Guest.Enabled() {
+			var guest []string
+			guest, err = d.mgr.RepairGuest(s)
+			fixed = append(fixed, guest...)
+		}
 		switch {
 		case err != nil:
-			d.log.Error("adopted idle slot: guest device could not be made", "slot", s.Index, "error", err)
+			d.log.Error("adopted idle slot: settings or guest device could not be made", "slot", s.Index, "error", err)
 		case len(fixed) > 0:
-			d.log.Info("adopted idle slot: guest device completed", "slot", s.Index, "repaired", strings.Join(fixed, ", "))
+			d.log.Info("adopted idle slot: completed", "slot", s.Index, "repaired", strings.Join(fixed, ", "))
 		}
 	}
 }

@@ -226,21 +226,24 @@ func (d *describer) inside(nsPath string, skipSysctls bool) {
 }
 
 // settled describes slot s once the kernel has given eth0 its IPv6
-// link-local address, which it does asynchronously after the link comes up,
-// and the local route of that address, which it adds once duplicate
-// address detection has ended (a fresh slot described between the two
-// differed from a warm one in that route alone).
+// multicast route, which it adds once the link has its carrier, after it
+// came up (a fresh slot described before then differed from a warm one in
+// that route alone). A slot has no IPv6 address (network/slot's settings):
+// one there fails.
 func settled(t *testing.T, s *slot.Slot) state {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	localRoute := func(r string) bool { return strings.HasPrefix(r, "table 255 LINKLOCAL6 ") }
+	mcast := func(r string) bool { return strings.Contains(r, "ff00::/8 ") && strings.Contains(r, " dev eth0 ") }
 	for {
 		st := describe(t, s, "", true)
-		if slices.Contains(st["addrs"], "eth0 LINKLOCAL6") && slices.ContainsFunc(st["routes"], localRoute) {
+		if slices.ContainsFunc(st["addrs"], func(a string) bool { return strings.Contains(a, "LINKLOCAL6") || strings.Contains(a, ":") }) {
+			t.Fatalf("slot %d has an IPv6 address: %v", s.Index, st["addrs"])
+		}
+		if slices.ContainsFunc(st["routes"], mcast) {
 			return describe(t, s, "")
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("slot %d: eth0 has no IPv6 link-local address, or not its local route: %v %v", s.Index, st["addrs"], st["routes"])
+			t.Fatalf("slot %d: eth0 has no IPv6 multicast route: %v", s.Index, st["routes"])
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

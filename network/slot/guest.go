@@ -133,13 +133,14 @@ func (m *Manager) makeGuest(fd int, s *Slot) error {
 	return m.ensureGuestTables(fd, s)
 }
 
-// forwardGuest turns forwarding on for the tap (index tap) and the slot's
-// uplink, the two links the guest's packets are routed between, through
-// rtnetlink: the namespace's ip_forward is a /proc/sys file, whose lookup
-// walks every namespace's entry of that name (package netconf).
+// forwardGuest gives the tap (index tap) and the slot's uplink, the two
+// links the guest's packets are routed between, a forwarding link's
+// settings (insideConf), forwarding on among them, through rtnetlink: the
+// namespace's ip_forward is a /proc/sys file, whose lookup walks every
+// namespace's entry of that name (package netconf).
 func (m *Manager) forwardGuest(h *netlink.Handle, fd int, s *Slot, tap int) error {
 	_, err := onGuestLinks(h, fd, s, tap, func(c *mnl.Conn, link int32) (bool, error) {
-		return true, netconf.SetForwarding(c, link, true)
+		return true, netconf.SetLink(c, link, insideConf(true), false)
 	})
 	return err
 }

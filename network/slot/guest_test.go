@@ -145,9 +145,11 @@ func checkTap(t *testing.T, h *netlink.Handle, cfg slot.Config) (netlink.Link, [
 }
 
 // checkForwardingRepaired checks forwarding is on, per link, for the tap
-// and the uplink (ip_forward off), the tap's MAC is on no link of the
-// host, and RepairGuest repairs nothing of an intact slot and turns the
-// uplink's forwarding back on.
+// and the uplink, the tap's MAC is on no link of the host, RepairGuest
+// repairs nothing of an intact slot, and, once the slot's own ip_forward
+// is set to 0 (which turns every link's forwarding off), RepairGuest
+// turns the two links' back on, per link, leaving ip_forward at 0. The
+// test sets ip_forward itself: a new namespace copies the host's.
 func checkForwardingRepaired(t *testing.T, m *slot.Manager, s *slot.Slot, h *netlink.Handle, fd int, tap netlink.Link) {
 	t.Helper()
 	nc, err := netconf.Dial(fd)
@@ -170,25 +172,35 @@ func checkForwardingRepaired(t *testing.T, m *slot.Manager, s *slot.Slot, h *net
 	if !forwards(tap.Attrs().Index) || !forwards(up.Attrs().Index) {
 		t.Errorf("forwarding inside the slot: tap0 %t, %s %t; want both on", forwards(tap.Attrs().Index), s.InsideIf, forwards(up.Attrs().Index))
 	}
-	// Per link, through rtnetlink: the namespace's ip_forward is a
-	// /proc/sys file, whose lookup walks every namespace's entry.
-	if got := readInside(t, fd, "/proc/sys/net/ipv4/ip_forward"); got != "0" {
-		t.Errorf("ip_forward inside the slot: %q, want 0 (forwarding is set per link)", got)
-	}
 	if hostHasMAC(t, slot.TapMAC(2)) {
 		t.Errorf("the tap's MAC is on a link of the host")
 	}
 	if rep, err := m.RepairGuest(s); err != nil || len(rep) != 0 {
 		t.Errorf("RepairGuest on an intact slot: %v, %v; want nothing repaired", rep, err)
 	}
-	if err := netconf.SetForwarding(nc, int32(up.Attrs().Index), false); err != nil {
+	// 1 then 0: the kernel turns every link's off only when the value
+	// changes.
+	if err := netns.Do(fd, func() error {
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
+			return err
+		}
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("0"), 0)
+	}); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := m.RepairGuest(s); err != nil || !slices.Equal(rep, []string{"forwarding"}) {
-		t.Errorf("RepairGuest of a slot whose uplink stopped forwarding: %v, %v; want [forwarding]", rep, err)
+	if forwards(up.Attrs().Index) || forwards(tap.Attrs().Index) {
+		t.Fatal("ip_forward=0 left a link forwarding; the test cannot tell")
 	}
-	if !forwards(up.Attrs().Index) {
-		t.Errorf("RepairGuest left %s not forwarding", s.InsideIf)
+	if rep, err := m.RepairGuest(s); err != nil || !slices.Equal(rep, []string{"forwarding"}) {
+		t.Errorf("RepairGuest of a slot whose links stopped forwarding: %v, %v; want [forwarding]", rep, err)
+	}
+	if !forwards(up.Attrs().Index) || !forwards(tap.Attrs().Index) {
+		t.Errorf("RepairGuest left %s or tap0 not forwarding", s.InsideIf)
+	}
+	// Per link, through rtnetlink: the namespace's ip_forward is a
+	// /proc/sys file, whose lookup walks every namespace's entry.
+	if got := readInside(t, fd, "/proc/sys/net/ipv4/ip_forward"); got != "0" {
+		t.Errorf("ip_forward inside the slot after RepairGuest: %q, want 0 (forwarding is set per link)", got)
 	}
 }
 

@@ -69,6 +69,9 @@ type Manager struct {
 	hostGone time.Duration
 	ct       *ctCleaner
 	stamp    string // Options.Stamp
+	// allWrites is the namespace-wide values each new slot writes
+	// (settings.go), read from the host once.
+	allWrites []sysctlWrite
 }
 
 // NewManager validates cfg and opts, prepares the netns directory and writes
@@ -99,7 +102,7 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 		return nil, err
 	}
 	ct := newCTCleaner(func(i int) netip.Addr { _, in := cfg.Addrs(i); return in.Addr() })
-	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout, ct: ct, stamp: opts.Stamp}, nil
+	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout, ct: ct, stamp: opts.Stamp, allWrites: allWrites("/proc/sys")}, nil
 }
 
 // Stamp returns the manager's stamp (Options.Stamp).
@@ -252,7 +255,7 @@ func (m *Manager) create(ctx context.Context, s *Slot) error {
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil {
 		return fmt.Errorf("address %s on %s: %w", s.HostAddr, s.HostIf, err)
 	}
-	if err := quietIPv6(s.HostIf); err != nil {
+	if err := settleHostEnd(s.HostIf, s.HostIfIndex); err != nil {
 		return err
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
@@ -302,8 +305,9 @@ func ipv6Enabled() bool {
 	return err == nil
 }
 
-// configureInside sets lo and eth0 up, eth0's address and the default route,
-// through a netlink handle opened on the namespace.
+// configureInside gives lo and eth0 their settings (settleInside), sets
+// them up, takes ::1 off lo, and sets eth0's address and the default
+// route, through a netlink handle opened on the namespace.
 func (m *Manager) configureInside(fd int, s *Slot) error {
 	h, err := netlink.NewHandleAt(vns.NsHandle(fd))
 	if err != nil {
@@ -314,12 +318,19 @@ func (m *Manager) configureInside(fd int, s *Slot) error {
 	if err != nil {
 		return fmt.Errorf("find lo in %s: %w", s.NetnsName, err)
 	}
-	if err := h.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("set lo up in %s: %w", s.NetnsName, err)
-	}
 	in, err := h.LinkByName(s.InsideIf)
 	if err != nil {
 		return fmt.Errorf("find %s in %s: %w", s.InsideIf, s.NetnsName, err)
+	}
+	// Before the links come up: eth0 makes no IPv6 address then.
+	if err := m.settleInside(fd, s, lo.Attrs().Index, in.Attrs().Index); err != nil {
+		return err
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up in %s: %w", s.NetnsName, err)
+	}
+	if err := dropLoopback6(h, lo); err != nil {
+		return fmt.Errorf("%w in %s", err, s.NetnsName)
 	}
 	if err := h.AddrReplace(in, &netlink.Addr{IPNet: ipNet(s.InsideAddr)}); err != nil {
 		return fmt.Errorf("address %s on %s in %s: %w", s.InsideAddr, s.InsideIf, s.NetnsName, err)

@@ -149,7 +149,7 @@ func (s *Service) Get(ctx context.Context, c control.Caller, i int) (Slot, error
 		return Slot{}, Errorf(ErrDenied, "slot %d is leased to an owner %s may not see", i, c.Principal)
 	}
 	l := s.table.copyAt(i)
-	if l != nil && s.hasInside(l) {
+	if l != nil && l.Slot != nil {
 		// What the slot's root changed is seen here, and put back.
 		repaired, err := s.repairLease(ctx, l.Rec.Index, l.Rec.LeaseID)
 		if err != nil {

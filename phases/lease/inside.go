@@ -26,20 +26,25 @@ func (s *Service) hasInside(l *Lease) bool {
 	return l.Slot != nil && (s.cfg.Guest.Enabled() || l.Rec.Egress != nil)
 }
 
-// insideToVerify returns copies of the leases whose slots have something
-// to verify, of those given (nil: every lease held now), taken under the
-// table's lock.
+// insideToVerify returns copies of the leases to verify, taken under the
+// table's lock: of those given (the restored leases), the ones whose
+// slots have something the daemon wrote for them (hasInside), which the
+// pass after a restart checks one after the other; with nil, every lease
+// held now with a slot, whose settings (slot.Manager.RepairSettings) a
+// periodic pass checks too, spread over it.
 func (s *Service) insideToVerify(of []*Lease) []Lease {
 	s.table.mu.Lock()
 	defer s.table.mu.Unlock()
+	keep := s.hasInside
 	if of == nil {
+		keep = func(l *Lease) bool { return l.Slot != nil }
 		for _, l := range s.table.leased {
 			of = append(of, l)
 		}
 	}
 	var out []Lease
 	for _, l := range of {
-		if s.hasInside(l) {
+		if keep(l) {
 			out = append(out, *l)
 		}
 	}
@@ -105,7 +110,9 @@ func (s *Service) verifyPass(ctx context.Context, p *lifecycle.Progress, leases 
 }
 
 // repairLease verifies what slot i of lease leaseID holds against what the
-// daemon wrote for the lease — the guest device's parts (a tap that is
+// daemon wrote for the lease — the settings of the slot's own links and
+// no IPv6 inside (slot.Manager.RepairSettings: a slot is the same sandbox
+// whatever its root or the host set), the guest device's parts (a tap that is
 // there, perhaps attached to a running VM, is never made again), the egress
 // policy on the host and inside (compared by fingerprint; an intact policy
 // is not written) — puts back what is missing or changed, and returns what
@@ -119,14 +126,23 @@ func (s *Service) repairLease(ctx context.Context, i int, leaseID string) ([]str
 	ok := l != nil && l.Slot != nil && l.check == nil && l.Rec.LeaseID == leaseID
 	var sl *slot.Slot
 	var pol *egress.Policy
+	inside := false
 	if ok {
-		sl, pol = l.Slot, l.Rec.Egress
+		sl, pol, inside = l.Slot, l.Rec.Egress, s.hasInside(l)
 	}
 	s.table.mu.Unlock()
 	if !ok {
 		return nil, nil
 	}
-	fixed, err := s.mgr.RepairGuest(sl)
+	fixed, err := s.mgr.RepairSettings(sl)
+	if err != nil || !inside {
+		if len(fixed) > 0 {
+			s.count("drift_repaired")
+		}
+		return fixed, err
+	}
+	guest, err := s.mgr.RepairGuest(sl)
+	fixed = append(fixed, guest...)
 	if err != nil {
 		return fixed, err
 	}

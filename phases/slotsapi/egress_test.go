@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os/exec"
 	"reflect"
 	"slices"
 	"strings"
@@ -82,6 +83,28 @@ func TestGetRepairsDrift(t *testing.T) {
 	}
 	if rec, _, _ := r.store.Get(int(i)); !reflect.DeepEqual(rec, before) {
 		t.Errorf("the record changed: %+v, was %+v", rec, before)
+	}
+}
+
+// A lease without a policy or a guest device has its slot's settings
+// checked too: what its root changed of them Get puts back and says.
+func TestGetRepairsSettings(t *testing.T) {
+	r := egressRig(t)
+	ctx := as(context.Background(), root, nil)
+	resp, err := r.svc.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "o", RequestId: "settings"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := resp.GetSlot().GetIndex()
+	if got, err := r.svc.Get(ctx, &phasegatev1.GetRequest{Index: i}); err != nil || len(got.GetSlot().GetRepaired()) != 0 {
+		t.Fatalf("Get of an intact slot: repaired %q, %v", got.GetSlot().GetRepaired(), err)
+	}
+	if out, err := exec.Command("nsenter", "--net="+resp.GetSlot().GetNetnsPath(), "sysctl", "-qw", "net.ipv4.conf.eth0.forwarding=1").CombinedOutput(); err != nil {
+		t.Fatalf("forwarding on inside: %v\n%s", err, out)
+	}
+	got, err := r.svc.Get(ctx, &phasegatev1.GetRequest{Index: i})
+	if err != nil || !slices.Equal(got.GetSlot().GetRepaired(), []string{"settings of eth0"}) {
+		t.Errorf("Get after forwarding was turned on: repaired %q, %v; want [settings of eth0]", got.GetSlot().GetRepaired(), err)
 	}
 }
 

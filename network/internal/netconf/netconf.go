@@ -1,5 +1,5 @@
-// Package netconf reads and sets a namespace's IPv4 forwarding through
-// rtnetlink, not /proc/sys.
+// Package netconf reads and sets a link's IPv4 settings and IPv6 address
+// generation through rtnetlink, not /proc/sys.
 //
 // /proc/sys keeps one entry per network namespace for each per-namespace
 // file, under one parent, and a lookup compares them one by one: with
@@ -9,7 +9,6 @@
 package netconf
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -28,11 +27,10 @@ const (
 
 // Attributes of linux/netconf.h, linux/if_link.h and linux/ip.h.
 const (
-	netconfaIfindex       = 1 // NETCONFA_IFINDEX
-	netconfaForwarding    = 2 // NETCONFA_FORWARDING
-	iflaAfSpec            = 26
-	iflaInetConf          = 1 // IFLA_INET_CONF
-	ipv4DevconfForwarding = 1 // IPV4_DEVCONF_FORWARDING
+	netconfaIfindex    = 1 // NETCONFA_IFINDEX
+	netconfaForwarding = 2 // NETCONFA_FORWARDING
+	iflaAfSpec         = 26
+	iflaInetConf       = 1 // IFLA_INET_CONF
 )
 
 // Dial opens an rtnetlink connection in the namespace whose descriptor is
@@ -90,28 +88,8 @@ func SetForwarding(c *mnl.Conn, ifindex int32, on bool) error {
 	if on {
 		v = 1
 	}
-	ae := mnl.NewAttributeEncoder()
-	ae.Nested(iflaAfSpec, func(ae *mnl.AttributeEncoder) error {
-		ae.Nested(unix.AF_INET, func(ae *mnl.AttributeEncoder) error {
-			ae.Nested(iflaInetConf, func(ae *mnl.AttributeEncoder) error {
-				ae.Uint32(ipv4DevconfForwarding, v)
-				return nil
-			})
-			return nil
-		})
-		return nil
-	})
-	attrs, err := ae.Encode()
-	if err != nil {
-		return err
-	}
-	ifi := make([]byte, unix.SizeofIfInfomsg) // struct ifinfomsg: family AF_UNSPEC, the index
-	binary.NativeEndian.PutUint32(ifi[4:8], uint32(ifindex))
-	if _, err := c.Execute(mnl.Message{
-		Header: mnl.Header{Type: unix.RTM_SETLINK, Flags: mnl.Request | mnl.Acknowledge},
-		Data:   append(ifi, attrs...),
-	}); err != nil {
-		return fmt.Errorf("netconf: RTM_SETLINK forwarding=%d of link %d: %w", v, ifindex, err)
+	if err := SetLink(c, ifindex, []Value{{Conf: ConfForwarding, Value: v}}, false); err != nil {
+		return fmt.Errorf("forwarding=%d: %w", v, err)
 	}
 	return nil
 }
