@@ -200,13 +200,23 @@ func key(conf *netConf, args *skel.CmdArgs) cniv1.Key {
 	return cniv1.Key{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
-func cmdAdd(args *skel.CmdArgs) error {
+// loadConfIn loads the configuration of a verb that acts in the
+// container's namespace (ADD, CHECK), which CNI_NETNS must name.
+func loadConfIn(args *skel.CmdArgs, verb string) (*netConf, error) {
 	conf, err := loadConf(args.StdinData)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if args.Netns == "" {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is required for ADD", "")
+		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is required for "+verb, "")
+	}
+	return conf, nil
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	conf, err := loadConfIn(args, "ADD")
+	if err != nil {
+		return err
 	}
 	k := key(conf, args)
 	var ke *cniv1.KeyError
@@ -266,12 +276,9 @@ func cmdDel(args *skel.CmdArgs) error {
 }
 
 func cmdCheck(args *skel.CmdArgs) error {
-	conf, err := loadConf(args.StdinData)
+	conf, err := loadConfIn(args, "CHECK")
 	if err != nil {
 		return err
-	}
-	if args.Netns == "" {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is required for CHECK", "")
 	}
 	ns, err := openNetns(args.Netns)
 	if err != nil {
