@@ -119,6 +119,7 @@ func (r *floodRig) finish() {
 		t.Errorf("the victim changed:\nbefore %v netns %d ifindex %d\nafter  %v netns %d ifindex %d",
 			b, r.before.netnsID, r.before.ifindex, a, after.netnsID, after.ifindex)
 	}
+	notBelow(t, "after the flood, the victim's", after.usage, r.before.usage)
 	ok, failed, last := r.work.finish()
 	t.Logf("the victim's workload: %d echoes answered, %d failed (%v)", ok, failed, last)
 	if ok == 0 || failed != 0 {

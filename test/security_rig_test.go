@@ -154,6 +154,9 @@ type victimState struct {
 	slot    *phasegatev1.Slot
 	netnsID uint64
 	ifindex int
+	// usage is the slot's usage, apart from slot: traffic the victim
+	// carries meanwhile adds to it, and it must never go back.
+	usage *phasegatev1.Usage
 }
 
 func observeVictim(t *testing.T, c phasegatev1.SlotsClient, i uint32) victimState {
@@ -194,7 +197,9 @@ func observeVictimIn(t *testing.T, n *node, c phasegatev1.SlotsClient, i uint32)
 	// without anything having touched the lease.
 	sl := resp.GetSlot()
 	sl.EgressDroppedPackets = 0
-	return victimState{slot: sl, netnsID: st.Ino, ifindex: ifc.Index}
+	usage := sl.GetUsage()
+	sl.Usage = nil
+	return victimState{slot: sl, netnsID: st.Ino, ifindex: ifc.Index, usage: usage}
 }
 
 func (v victimState) same(t *testing.T, after victimState, what string) {
@@ -203,6 +208,7 @@ func (v victimState) same(t *testing.T, after victimState, what string) {
 		t.Fatalf("after %s the victim changed:\nbefore %v netns inode %d ifindex %d\nafter  %v netns inode %d ifindex %d",
 			what, v.slot, v.netnsID, v.ifindex, after.slot, after.netnsID, after.ifindex)
 	}
+	notBelow(t, "after "+what+", the victim's", after.usage, v.usage)
 }
 
 // watchHealth polls /readyz until stopped and returns how many polls

@@ -319,6 +319,7 @@ func TestSlotCannotSpoofNorLiftItsPolicy(t *testing.T) {
 	if !waitSeen(o, "own") {
 		t.Fatal("the attacker's datagram from its own address never reached the outside: the test cannot tell a drop from a broken path")
 	}
+	attackerOut := getSlot(t, d.slots(), a.GetIndex()).GetUsage().GetPacketsOut()
 	for _, tc := range []struct{ name, caps string }{{"root in the slot", ""}, {"CAP_NET_RAW alone", "net_raw"}} {
 		spoofed0 := counter(t, n, h.prefix, "spoofed")
 		payload := "spoofed by " + tc.name
@@ -331,6 +332,15 @@ func TestSlotCannotSpoofNorLiftItsPolicy(t *testing.T) {
 		if got := victim.received(); len(got) > 0 {
 			t.Errorf("%s: the victim's workload received %d datagrams, the first %q", tc.name, len(got), got[0])
 		}
+	}
+
+	// The spoofed datagrams are the attacker's traffic, counted on its
+	// link, never the victim's.
+	if got := getSlot(t, d.slots(), a.GetIndex()).GetUsage().GetPacketsOut(); got < attackerOut+10 {
+		t.Errorf("the attacker's usage counts %d packets out after 10 spoofed, had %d", got, attackerOut)
+	}
+	if in := getSlot(t, d.slots(), b.GetIndex()).GetUsage().GetPacketsIn(); in >= before.usage.GetPacketsIn()+5 {
+		t.Errorf("the victim's usage counts %d packets in, had %d: the spoofed datagrams were billed to it", in, before.usage.GetPacketsIn())
 	}
 
 	// Root in a slot flushes its namespace's tables: its policy holds on
