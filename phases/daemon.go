@@ -246,6 +246,7 @@ const (
 	warnHeld          = lease.WarnHeld
 	warnLeasesLost    = lease.WarnLeasesLost
 	warnEgress        = "egress"
+	warnHostOverlap   = "host-overlap"
 	warnDrainDelay    = "drain-delay"
 	warnSlotsBroken   = lease.WarnSlotsBroken
 	warnPool          = "pool"
@@ -258,5 +259,6 @@ const (
 	taskVerify        = "verify-leases"
 	taskVerifyInside  = "verify-inside"
 	taskCheckEgress   = "check-egress"
+	taskWatchHost     = "watch-host"
 	taskWatch         = "watch"
 )

@@ -8,7 +8,7 @@
 //	lock ──► listen ─────────────────────────────► register ──► serve
 //	   \                                             ▲
 //	    └──► reclaim ──► storage ──► populate ───────┘
-//	                                    └─► background: verify-leases, verify-inside, reclaim-dead, reconcile, check-egress, fill, leases, watch
+//	                                    └─► background: verify-leases, verify-inside, reclaim-dead, reconcile, check-egress, watch-host, fill, leases, watch
 //
 // listen and serve are the [app.App]'s own phases; listen waits only for
 // lock, so the port answers health checks within milliseconds while the

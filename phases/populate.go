@@ -125,6 +125,7 @@ func (d *Daemon) deferTasks(p *lifecycle.Progress) {
 		d.checkEgress(ctx)
 		return nil
 	})
+	p.Defer(taskWatchHost, d.watchHost)
 	p.Defer(taskVerifyInside, func(ctx context.Context, tp *lifecycle.Progress) error {
 		// After the leases' check: a lease it finds lost has no slot to
 		// look into.

@@ -1,7 +1,8 @@
-// Package account counts what a lease's slot carries: bytes and packets
-// each way, from the kernel's own counters of the slot's host link, and
-// carries them across the links a lease has, so that a lease's totals
-// never go back while it lives.
+// Package account counts what a lease's slot carries, each way, from the
+// kernel's counters of its host link.
+//
+// The [Ledger] carries them across the links a lease has, so that a
+// lease's totals never go back while it lives.
 //
 // # Where the counts come from
 //
