@@ -38,6 +38,10 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// readBuffer is the socket's receive buffer: room for tens of thousands
+// of notifications between two reads.
+const readBuffer = 4 << 20
+
 // The rtnetlink groups Watch joins (linux/rtnetlink.h).
 var groups = []uint32{unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV4_ROUTE}
 
@@ -53,6 +57,10 @@ func Watch(ctx context.Context, o Options, changed func(ctx context.Context)) er
 		return fmt.Errorf("hostwatch: dial rtnetlink: %w", err)
 	}
 	defer c.Close()
+	// A host making slots by the thousand sends a notification for each
+	// link, address and route, all of them ours: a buffer that overflows
+	// is a change reported for nothing (and a read of the host).
+	_ = c.SetReadBuffer(readBuffer)
 	for _, g := range groups {
 		if err := c.JoinGroup(g); err != nil {
 			return fmt.Errorf("hostwatch: join rtnetlink group %d: %w", g, err)
