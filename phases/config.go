@@ -213,6 +213,8 @@ func (c Config) checkListen(p *problems) {
 func (c Config) checkDirs(p *problems) {
 	if err := checkRootDir("--state-dir", c.StateDir); err != nil {
 		p.add("%v", err)
+	} else if err := stateDirWritable(c.StateDir); err != nil {
+		p.add("%v", err)
 	} else if err := c.validateControl(); err != nil {
 		p.add("%v", err)
 	}

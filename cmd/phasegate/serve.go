@@ -197,7 +197,10 @@ func runDaemon(ctx context.Context, e env, cfg phases.Config, lf logFlags) int {
 	d, err := phases.New(cfg)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
-		return exitUsage
+		if errors.Is(err, phases.ErrConfig) {
+			return exitUsage
+		}
+		return exitFailed
 	}
 	log.Info("phasegate starting", "version", version, "listen", cfg.Listen, "tls", cfg.TLS != nil,
 		"client_certs", cfg.RequireClientCert, "netns_dir", cfg.Slots.NetnsDir,
@@ -209,7 +212,7 @@ func runDaemon(ctx context.Context, e env, cfg phases.Config, lf logFlags) int {
 		// The log said it all; this is the one line a supervisor's
 		// journal shows last.
 		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
-		if errors.Is(err, phases.ErrConfig) {
+		if errors.Is(err, phases.ErrConfig) || errors.Is(err, app.ErrConfig) {
 			return exitUsage
 		}
 		return exitFailed
