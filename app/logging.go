@@ -76,11 +76,42 @@ func logLifecycleEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Ev
 		}
 	}
 	if e.Err != "" {
-		attrs = append(attrs, "error", e.Err)
+		var why error
+		if lc != nil {
+			why = lc.Snapshot().Err
+		}
+		if name := failedPhase(why); name != "" {
+			attrs = append(attrs, "phase", name) // its "phase ended" line has the error
+		} else {
+			attrs = append(attrs, "error", e.Err)
+		}
 		log.Error("lifecycle", attrs...)
 		return
 	}
 	log.Info("lifecycle", attrs...)
+}
+
+// failedOther returns a phase of snap other than name that failed, or "".
+func failedOther(snap lifecycle.Snapshot, name string) string {
+	for _, p := range snap.Phases {
+		if p.State == lifecycle.PhaseFailed && p.Name != name {
+			return p.Name
+		}
+	}
+	return ""
+}
+
+// failedPhase returns the phase whose failure err is (a
+// *lifecycle.PhaseError in its chain), or "". A phase's failure is logged
+// once, with the phase's end: every later line about it (the lifecycle
+// failed, a phase cancelled by it, the start failed, the exit) names the
+// phase instead of repeating the error.
+func failedPhase(err error) string {
+	var pe *lifecycle.PhaseError
+	if errors.As(err, &pe) {
+		return pe.Phase
+	}
+	return ""
 }
 
 // logPhaseEvent logs a phase's first start, its retries and its end.
@@ -104,8 +135,10 @@ func logPhaseEvent(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.St
 func logPhaseEnded(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.State, e lifecycle.Event) {
 	attrs := []any{"phase", e.Name, "state", e.To}
 	var err error
+	var snap lifecycle.Snapshot
 	if lc != nil {
-		if p, ok := lc.Snapshot().Phase(e.Name); ok {
+		snap = lc.Snapshot()
+		if p, ok := snap.Phase(e.Name); ok {
 			attrs = append(attrs, "duration", p.Duration().Round(time.Microsecond).String())
 			if prog := p.Progress.String(); prog != "" {
 				attrs = append(attrs, "progress", prog)
@@ -114,6 +147,12 @@ func logPhaseEnded(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.St
 		}
 	}
 	drained := lifecycle.PhaseState(e.To) == lifecycle.PhaseCancelled && state == lifecycle.StateDraining
+	if other := failedOther(snap, e.Name); lifecycle.PhaseState(e.To) == lifecycle.PhaseCancelled && !drained && other != "" {
+		// Cut short by another phase's failure, which that phase's line
+		// says: not a fault of this one (its retries logged its errors).
+		log.Info("phase ended", append(attrs, "reason", "phase "+other+" failed")...)
+		return
+	}
 	if e.Err != "" {
 		key := "error"
 		if drained {
