@@ -37,8 +37,8 @@ func EventLogger(log *slog.Logger) (hook func(lifecycle.Event), setLifecycle fun
 	return func(e lifecycle.Event) {
 			mu.Lock()
 			l := lc
-			if e.Kind == lifecycle.EventLifecycle {
-				state = lifecycle.State(e.To)
+			if to, ok := e.To.(lifecycle.State); ok {
+				state = to
 			}
 			st := state
 			mu.Unlock()
@@ -70,7 +70,7 @@ func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.State, 
 // long the start took when it turns serving.
 func logLifecycleEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
 	attrs := []any{"state", e.To, "from", e.From}
-	if e.To == string(lifecycle.StateServing) && lc != nil {
+	if e.To == lifecycle.StateServing && lc != nil {
 		if s := lc.Snapshot(); !s.Started.IsZero() {
 			attrs = append(attrs, "startup", e.Time.Sub(s.Started).Round(time.Millisecond).String())
 		}
@@ -116,7 +116,7 @@ func failedPhase(err error) string {
 
 // logPhaseEvent logs a phase's first start, its retries and its end.
 func logPhaseEvent(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.State, e lifecycle.Event) {
-	switch lifecycle.PhaseState(e.To) {
+	switch e.To {
 	case lifecycle.PhaseRunning:
 		if e.Attempt <= 1 {
 			log.Info("phase started", "phase", e.Name)
@@ -146,8 +146,8 @@ func logPhaseEnded(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.St
 			err = p.Err
 		}
 	}
-	drained := lifecycle.PhaseState(e.To) == lifecycle.PhaseCancelled && state == lifecycle.StateDraining
-	if other := failedOther(snap, e.Name); lifecycle.PhaseState(e.To) == lifecycle.PhaseCancelled && !drained && other != "" {
+	drained := e.To == lifecycle.PhaseCancelled && state == lifecycle.StateDraining
+	if other := failedOther(snap, e.Name); e.To == lifecycle.PhaseCancelled && !drained && other != "" {
 		// Cut short by another phase's failure, which that phase's line
 		// says: not a fault of this one (its retries logged its errors).
 		log.Info("phase ended", append(attrs, "reason", "phase "+other+" failed")...)
@@ -163,7 +163,7 @@ func logPhaseEnded(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.St
 	if stack := PanicStack(err); stack != "" {
 		attrs = append(attrs, "stack", stack)
 	}
-	switch lifecycle.PhaseState(e.To) {
+	switch e.To {
 	case lifecycle.PhaseSucceeded, lifecycle.PhaseSkipped:
 		log.Info("phase ended", attrs...)
 	case lifecycle.PhaseCancelled:
@@ -181,7 +181,7 @@ func logPhaseEnded(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.St
 // it ran and how far it got; a failure at ERROR with the panic's stack if
 // one ended it.
 func logTaskEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
-	if e.To == string(lifecycle.TaskRunning) {
+	if e.To == lifecycle.TaskRunning {
 		log.Info("background task started", "task", e.Name, "phase", e.Phase)
 		return
 	}
@@ -198,7 +198,7 @@ func logTaskEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) 
 			}
 		}
 	}
-	if e.To == string(lifecycle.TaskFailed) {
+	if e.To == lifecycle.TaskFailed {
 		attrs = append(attrs, "error", e.Err)
 		if stack := PanicStack(err); stack != "" {
 			attrs = append(attrs, "stack", stack)
