@@ -97,6 +97,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	slotFlags(fs, &cfg)
 	fs.IntVar(&cfg.PoolSize, "pool-size", cfg.PoolSize, "warm slots kept ready")
 	fs.IntVar(&cfg.PoolMinReady, "pool-min-ready", cfg.PoolMinReady, "warm slots needed before serving; the rest fills in the background")
+	fs.BoolVar(&cfg.ReleaseKillOrphans, "release-kill-orphans", cfg.ReleaseKillOrphans, "kill processes still inside a slot's namespace when its lease ends (a release, an expiry); otherwise they are cut off with it, still running. Either way one log line names them")
 	fs.DurationVar(&cfg.PoolGrace, "pool-grace", cfg.PoolGrace, "how long an idle slot above --pool-size is kept")
 	fs.DurationVar(&cfg.PopulateTimeout, "populate-timeout", cfg.PopulateTimeout, "bound on each of populate's 3 attempts to make --pool-min-ready warm slots (0: none)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", cfg.ReconcileInterval, "how often the host is checked against what the daemon holds: strays swept, leased slots broken from outside found lost or repaired, the state directory and the control socket checked")
