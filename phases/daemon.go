@@ -184,10 +184,8 @@ func New(cfg Config) (*Daemon, error) {
 		_ = a.Stop(context.Background()) // nothing started: releases the observers
 		return nil, err
 	}
-	// A socket handed over (systemd, an upgrade) is served whatever
-	// --listen says: the plain-text check applies to its address.
-	if addr := a.HandedAddr(); addr != nil && !ListenIsLoopback(addr.String()) && cfg.TLS == nil && !cfg.Insecure {
-		return fail(fmt.Errorf("%w: the listening socket handed over is %s, not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", ErrConfig, addr))
+	if err := d.checkHost(a); err != nil {
+		return fail(err)
 	}
 	if err := d.obs.init(a.MeterProvider()); err != nil {
 		return fail(err)
@@ -199,15 +197,24 @@ func New(cfg Config) (*Daemon, error) {
 	if err := a.Server().Declare(slotsapi.Desc()); err != nil {
 		return fail(err)
 	}
-	// The host check, before anything is locked, bound or made: a
-	// refusal is the one line of a configuration error (cidr.go).
-	if d.cidrHanded = a.Inherited(cidrHandover); d.cidrHanded == nil {
-		if err := d.checkHostCIDR(); err != nil {
-			return fail(err)
-		}
-	}
 	log.Info("descriptors shared", fds.attrs()...)
 	return d, nil
+}
+
+// checkHost refuses, before anything is locked, bound or made, what only
+// the host can tell is wrong, each a configuration error said in one line:
+// a socket handed over (systemd, an upgrade), served whatever --listen
+// says, in plain text on an address that is not loopback; and a slot CIDR
+// or guest network the host uses (checkHostCIDR), but in an upgrade's new
+// image, whose host is its own.
+func (d *Daemon) checkHost(a *app.App) error {
+	if addr := a.HandedAddr(); addr != nil && !ListenIsLoopback(addr.String()) && d.cfg.TLS == nil && !d.cfg.Insecure {
+		return fmt.Errorf("%w: the listening socket handed over is %s, not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", ErrConfig, addr)
+	}
+	if d.cidrHanded = a.Inherited(cidrHandover); d.cidrHanded != nil {
+		return nil
+	}
+	return d.checkHostCIDR()
 }
 
 // App returns the App that runs the daemon.
