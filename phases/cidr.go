@@ -66,13 +66,33 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 	return nil
 }
 
+// cidrHolder is the refusal of the slot CIDR naming the daemon that holds
+// it, or one that overlaps it, in this network namespace; nil when none
+// does (or the lock directory cannot tell).
+func (d *Daemon) cidrHolder() error {
+	scope, err := lockfile.NetNSScope()
+	if err != nil {
+		return nil
+	}
+	return cidrHeld(lockfile.CIDRHolder(context.Background(), d.cfg.LockDir, scope, d.cfg.Slots.CIDR))
+}
+
+// cidrHeld makes a *lockfile.CIDRHeldError a configuration error that says
+// what to do; it is nil for any other err.
+func cidrHeld(err error) error {
+	if held := (*lockfile.CIDRHeldError)(nil); errors.As(err, &held) {
+		return fmt.Errorf("%w: %v: give each daemon on a host a --slot-cidr of its own (docs/DEPLOYING.md)", ErrConfig, held)
+	}
+	return nil
+}
+
 // acquireCIDR takes the CIDR lock in the network namespace scope names:
 // an equal or overlapping CIDR held, or a lock directory another user
 // could change, is a configuration error.
 func (d *Daemon) acquireCIDR(ctx context.Context, scope string) (*lockfile.Lock, error) {
 	l, err := lockfile.AcquireCIDR(ctx, d.cfg.LockDir, scope, d.cfg.Slots.CIDR)
-	if held := (*lockfile.CIDRHeldError)(nil); errors.As(err, &held) {
-		return nil, fmt.Errorf("%w: %v: give each daemon on a host a --slot-cidr of its own (docs/DEPLOYING.md)", ErrConfig, held)
+	if held := cidrHeld(err); held != nil {
+		return nil, held
 	}
 	return l, asConfig(err)
 }
@@ -92,6 +112,10 @@ func (d *Daemon) checkHostCIDR() error {
 	}
 	d.host.addrs, d.host.read = read.Addrs, true
 	if uses := read.Foreign; len(uses) > 0 {
+		// Another daemon's slots are named by that daemon, not by a link.
+		if held := d.cidrHolder(); held != nil {
+			return held
+		}
 		return &cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
 			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"}
 	}
