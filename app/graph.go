@@ -2,9 +2,12 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"net"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/phasegate/phasegate/lifecycle"
@@ -47,7 +50,11 @@ func (a *App) runListen(ctx context.Context, _ *lifecycle.Progress) error {
 		return lifecycle.Permanent(err)
 	}
 	if err := a.srv.Serve(ctx); err != nil {
-		return lifecycle.Permanent(fmt.Errorf("listen on %s: %w", listen, err))
+		err = fmt.Errorf("listen on %s: %w", listen, err)
+		if addressRefused(err) {
+			err = fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		return lifecycle.Permanent(err)
 	}
 	a.mu.Lock()
 	a.addr = a.srv.Addr()
@@ -81,9 +88,21 @@ func (a *App) resolvePort() (string, error) {
 			ErrConfig, p.DrainDelay, ceiling)
 	}
 	if err := a.srv.SetPort(p.Listen, p.DrainDelay); err != nil {
-		return "", fmt.Errorf("PortFrom: %w", err)
+		return "", fmt.Errorf("%w: PortFrom: %w", ErrConfig, err)
 	}
 	return p.Listen, nil
+}
+
+// addressRefused reports whether err, a bind's, is the address's fault:
+// not host:port, a name that does not resolve, an address the host does
+// not have, a port in use or one the process may not bind. The same
+// address fails every start alike: a configuration error (exit 2), whether
+// Config.Listen or PortFrom gave it.
+func addressRefused(err error) bool {
+	var addrErr *net.AddrError
+	var dnsErr *net.DNSError
+	return errors.As(err, &addrErr) || errors.As(err, &dnsErr) || errors.Is(err, syscall.EADDRINUSE) ||
+		errors.Is(err, syscall.EADDRNOTAVAIL) || errors.Is(err, syscall.EACCES)
 }
 
 // runServe has nothing left to do: the lifecycle turns serving when it

@@ -37,8 +37,8 @@ func EventLogger(log *slog.Logger) (hook func(lifecycle.Event), setLifecycle fun
 	return func(e lifecycle.Event) {
 			mu.Lock()
 			l := lc
-			if e.Kind == lifecycle.EventLifecycle {
-				state = lifecycle.State(e.To)
+			if to, ok := e.To.(lifecycle.State); ok {
+				state = to
 			}
 			st := state
 			mu.Unlock()
@@ -70,22 +70,53 @@ func logEvent(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.State, 
 // long the start took when it turns serving.
 func logLifecycleEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
 	attrs := []any{"state", e.To, "from", e.From}
-	if e.To == string(lifecycle.StateServing) && lc != nil {
+	if e.To == lifecycle.StateServing && lc != nil {
 		if s := lc.Snapshot(); !s.Started.IsZero() {
 			attrs = append(attrs, "startup", e.Time.Sub(s.Started).Round(time.Millisecond).String())
 		}
 	}
 	if e.Err != "" {
-		attrs = append(attrs, "error", e.Err)
+		var why error
+		if lc != nil {
+			why = lc.Snapshot().Err
+		}
+		if name := failedPhase(why); name != "" {
+			attrs = append(attrs, "phase", name) // its "phase ended" line has the error
+		} else {
+			attrs = append(attrs, "error", e.Err)
+		}
 		log.Error("lifecycle", attrs...)
 		return
 	}
 	log.Info("lifecycle", attrs...)
 }
 
+// failedOther returns a phase of snap other than name that failed, or "".
+func failedOther(snap lifecycle.Snapshot, name string) string {
+	for _, p := range snap.Phases {
+		if p.State == lifecycle.PhaseFailed && p.Name != name {
+			return p.Name
+		}
+	}
+	return ""
+}
+
+// failedPhase returns the phase whose failure err is (a
+// *lifecycle.PhaseError in its chain), or "". A phase's failure is logged
+// once, with the phase's end: every later line about it (the lifecycle
+// failed, a phase cancelled by it, the start failed, the exit) names the
+// phase instead of repeating the error.
+func failedPhase(err error) string {
+	var pe *lifecycle.PhaseError
+	if errors.As(err, &pe) {
+		return pe.Phase
+	}
+	return ""
+}
+
 // logPhaseEvent logs a phase's first start, its retries and its end.
 func logPhaseEvent(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.State, e lifecycle.Event) {
-	switch lifecycle.PhaseState(e.To) {
+	switch e.To {
 	case lifecycle.PhaseRunning:
 		if e.Attempt <= 1 {
 			log.Info("phase started", "phase", e.Name)
@@ -104,8 +135,10 @@ func logPhaseEvent(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.St
 func logPhaseEnded(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.State, e lifecycle.Event) {
 	attrs := []any{"phase", e.Name, "state", e.To}
 	var err error
+	var snap lifecycle.Snapshot
 	if lc != nil {
-		if p, ok := lc.Snapshot().Phase(e.Name); ok {
+		snap = lc.Snapshot()
+		if p, ok := snap.Phase(e.Name); ok {
 			attrs = append(attrs, "duration", p.Duration().Round(time.Microsecond).String())
 			if prog := p.Progress.String(); prog != "" {
 				attrs = append(attrs, "progress", prog)
@@ -113,7 +146,13 @@ func logPhaseEnded(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.St
 			err = p.Err
 		}
 	}
-	drained := lifecycle.PhaseState(e.To) == lifecycle.PhaseCancelled && state == lifecycle.StateDraining
+	drained := e.To == lifecycle.PhaseCancelled && state == lifecycle.StateDraining
+	if other := failedOther(snap, e.Name); e.To == lifecycle.PhaseCancelled && !drained && other != "" {
+		// Cut short by another phase's failure, which that phase's line
+		// says: not a fault of this one (its retries logged its errors).
+		log.Info("phase ended", append(attrs, "reason", "phase "+other+" failed")...)
+		return
+	}
 	if e.Err != "" {
 		key := "error"
 		if drained {
@@ -124,7 +163,7 @@ func logPhaseEnded(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.St
 	if stack := PanicStack(err); stack != "" {
 		attrs = append(attrs, "stack", stack)
 	}
-	switch lifecycle.PhaseState(e.To) {
+	switch e.To {
 	case lifecycle.PhaseSucceeded, lifecycle.PhaseSkipped:
 		log.Info("phase ended", attrs...)
 	case lifecycle.PhaseCancelled:
@@ -142,7 +181,7 @@ func logPhaseEnded(log *slog.Logger, lc *lifecycle.Lifecycle, state lifecycle.St
 // it ran and how far it got; a failure at ERROR with the panic's stack if
 // one ended it.
 func logTaskEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) {
-	if e.To == string(lifecycle.TaskRunning) {
+	if e.To == lifecycle.TaskRunning {
 		log.Info("background task started", "task", e.Name, "phase", e.Phase)
 		return
 	}
@@ -159,7 +198,7 @@ func logTaskEvent(log *slog.Logger, lc *lifecycle.Lifecycle, e lifecycle.Event) 
 			}
 		}
 	}
-	if e.To == string(lifecycle.TaskFailed) {
+	if e.To == lifecycle.TaskFailed {
 		attrs = append(attrs, "error", e.Err)
 		if stack := PanicStack(err); stack != "" {
 			attrs = append(attrs, "stack", stack)

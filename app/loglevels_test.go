@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strings"
@@ -132,4 +133,40 @@ func checkLogFragments(t *testing.T, out string, inOrder [][]string, absent []st
 			t.Errorf("the log has %q:\n%s", bad, out)
 		}
 	}
+}
+
+// A failing start logs its failure once: the failed phase's end carries
+// the error, and every later line names the phase instead (the lifecycle
+// failed, a phase it cut short, "startup failed", Main's exit). On 65cb2fe
+// the error was logged four times, and the phase cut short said it again
+// at ERROR.
+func TestAFailingStartLogsItsFailureOnce(t *testing.T) {
+	const why = "the store is unreachable: 9f3c"
+	var buf lockedBuffer
+	cfg := testConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	started := make(chan struct{})
+	a, err := New(cfg,
+		lifecycle.Phase{Name: "cache", Run: blocking(started)},
+		lifecycle.Phase{Name: "store", Run: func(context.Context, *lifecycle.Progress) error {
+			<-started
+			return lifecycle.Permanent(errors.New(why))
+		}},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := a.Main(); code != ExitFailure {
+		t.Fatalf("Main = %d, want %d", code, ExitFailure)
+	}
+	out := buf.String()
+	if n := strings.Count(out, why); n != 1 {
+		t.Errorf("the failure is logged %d times, want once:\n%s", n, out)
+	}
+	checkLogFragments(t, out, [][]string{{
+		`level=ERROR msg="phase ended" phase=store state=failed`, why,
+		"level=ERROR msg=lifecycle state=failed from=starting phase=store",
+		"level=ERROR msg=\"startup failed\" phase=store",
+		"level=ERROR msg=\"exiting after a failure\" phase=store exit_code=1",
+	}, {`level=INFO msg="phase ended" phase=cache state=cancelled`, `reason="phase store failed"`}}, nil)
 }

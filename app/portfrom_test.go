@@ -77,6 +77,9 @@ func TestPortFromInvalid(t *testing.T) {
 		{"delay over the bound", Port{Listen: "127.0.0.1:0", DrainDelay: time.Minute}, nil, "drain delay of 1m0s"},
 		{"negative delay", Port{Listen: "127.0.0.1:0", DrainDelay: -time.Second}, nil, "drain delay of -1s"},
 		{"PortFrom fails", Port{}, errUnreadable, errUnreadable.Error()},
+		{"not host:port", Port{Listen: "nonsense"}, nil, "missing port in address"},
+		{"port out of range", Port{Listen: "127.0.0.1:99999"}, nil, "invalid port"},
+		{"an address the host does not have", Port{Listen: "192.0.2.1:0"}, nil, "cannot assign requested address"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

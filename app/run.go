@@ -57,9 +57,23 @@ func (a *App) Main() int {
 	err := a.Run(context.Background())
 	code := ExitCode(err)
 	if err != nil {
-		a.log.Error("exiting after a failure", "error", err, "exit_code", code)
+		a.log.Error("exiting after a failure", append(a.failureAttrs(err), "exit_code", code)...)
 	}
 	return code
+}
+
+// failureAttrs are what the App's own lines about a failure ("startup
+// failed", "exiting after a failure") say of err: the phase whose failure
+// it is, or nothing when the lifecycle's line said it; the error itself
+// only when no line did. Each failure is logged once (logging.go).
+func (a *App) failureAttrs(err error) []any {
+	if name := failedPhase(err); name != "" {
+		return []any{"phase", name}
+	}
+	if s := a.lc.Snapshot(); s.Err != nil && errors.Is(err, s.Err) {
+		return nil
+	}
+	return []any{"error", err}
 }
 
 func (a *App) run(ctx context.Context, sigs <-chan os.Signal) error {
@@ -119,7 +133,7 @@ func (a *App) untilStop(ctx context.Context, sigs <-chan os.Signal, started <-ch
 		case err := <-started:
 			a.logCaughtUp()
 			if err != nil {
-				a.log.Error("startup failed", "error", err)
+				a.log.Error("startup failed", a.failureAttrs(err)...)
 				return err, true
 			}
 			a.log.Info("serving", "addr", addrString(a.Addr(ctx)), "startup", time.Since(a.lc.Snapshot().Started).Round(time.Millisecond).String())

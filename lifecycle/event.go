@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -50,10 +51,11 @@ type Event struct {
 	// Name is the phase, task or warning; empty for lifecycle events.
 	Name string `json:"name,omitempty"`
 	// From and To are the states before and after: lifecycle [State]s,
-	// [PhaseState]s or [TaskState]s. A task's first event has no From;
-	// warning events have neither.
-	From string `json:"from,omitempty"`
-	To   string `json:"to,omitempty"`
+	// [PhaseState]s or [TaskState]s, by Kind; compare them with the
+	// constants as they are (e.To == PhaseSucceeded). A task's first event
+	// has no From; warning events have neither (nil).
+	From EventState `json:"from,omitempty"`
+	To   EventState `json:"to,omitempty"`
 	// Attempt is a phase's attempt, 1 for the first: the one that starts
 	// running, that failed before a retry, or that ended the phase. Zero
 	// for a skipped phase and for other kinds.
@@ -76,7 +78,24 @@ type Event struct {
 // Final reports whether e is the lifecycle's last event: its entering
 // stopped. Nothing is recorded after it.
 func (e Event) Final() bool {
-	return e.Kind == EventLifecycle && e.To == string(StateStopped)
+	return e.Kind == EventLifecycle && e.To == StateStopped
+}
+
+// UnmarshalJSON decodes an event as Event's JSON encodes it, From and To
+// as the state type of its Kind.
+func (e *Event) UnmarshalJSON(b []byte) error {
+	type plain Event
+	var v struct {
+		plain
+		From string `json:"from,omitempty"`
+		To   string `json:"to,omitempty"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*e = Event(v.plain)
+	e.From, e.To = EventStateOf(e.Kind, v.From), EventStateOf(e.Kind, v.To)
+	return nil
 }
 
 // String renders e on one line for logs and test failures:
@@ -87,13 +106,12 @@ func (e Event) String() string {
 	if e.Name != "" {
 		b.WriteString(" " + e.Name)
 	}
-	switch {
-	case e.From != "" || e.To != "":
+	if e.To != nil {
 		b.WriteString(" ")
-		if e.From != "" {
-			b.WriteString(e.From + "→")
+		if e.From != nil {
+			b.WriteString(e.From.String() + "→")
 		}
-		b.WriteString(e.To)
+		b.WriteString(e.To.String())
 	}
 	if e.Attempt > 0 {
 		fmt.Fprintf(&b, " (attempt %d)", e.Attempt)

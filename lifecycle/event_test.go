@@ -341,18 +341,22 @@ func TestEventPhasesCarryDependenciesAndTasks(t *testing.T) {
 	for _, e := range log {
 		switch e.Kind {
 		case lifecycle.EventPhase:
-			if e.To == string(lifecycle.PhaseRunning) {
+			if e.To == lifecycle.PhaseRunning {
 				for _, d := range e.DependsOn {
 					if succeeded[d] == 0 {
 						t.Errorf("%v: dependency %s had not succeeded", e, d)
 					}
 				}
 			}
-			if e.To == string(lifecycle.PhaseSucceeded) {
+			if e.To == lifecycle.PhaseSucceeded {
 				succeeded[e.Name] = e.Seq
 			}
 		case lifecycle.EventTask:
-			task = append(task, fmt.Sprintf("%s %s→%s (%s) %s", e.Name, e.From, e.To, e.Phase, e.Err))
+			from := "" // a task's first event has none
+			if e.From != nil {
+				from = e.From.String()
+			}
+			task = append(task, fmt.Sprintf("%s %s→%s (%s) %s", e.Name, from, e.To, e.Phase, e.Err))
 		}
 	}
 	if p, _ := lc.Snapshot().Phase("serve"); !slices.Equal(p.DependsOn, []string{"listen", "reclaim"}) {
@@ -367,7 +371,7 @@ func TestEventPhasesCarryDependenciesAndTasks(t *testing.T) {
 func TestEventJSONFieldNamesAreStable(t *testing.T) {
 	e := lifecycle.Event{
 		Seq: 7, Time: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), Kind: lifecycle.EventPhase,
-		Name: "reclaim", From: "running", To: "retrying", Attempt: 1, Err: "device busy",
+		Name: "reclaim", From: lifecycle.PhaseRunning, To: lifecycle.PhaseRetrying, Attempt: 1, Err: "device busy",
 		DependsOn: []string{"lock"}, Phase: "p", Message: "m",
 	}
 	b, err := json.Marshal(e)
@@ -382,7 +386,7 @@ func TestEventJSONFieldNamesAreStable(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back, e) {
 		t.Fatalf("round trip: %+v, %v", back, err)
 	}
-	b, _ = json.Marshal(lifecycle.Event{Seq: 1, Time: e.Time, Kind: lifecycle.EventLifecycle, From: "created", To: "starting"})
+	b, _ = json.Marshal(lifecycle.Event{Seq: 1, Time: e.Time, Kind: lifecycle.EventLifecycle, From: lifecycle.StateCreated, To: lifecycle.StateStarting})
 	if got := string(b); got != `{"seq":1,"time":"2026-11-30T12:00:00Z","kind":"lifecycle","from":"created","to":"starting"}` {
 		t.Fatalf("fields that do not apply are not left out: %s", got)
 	}

@@ -31,7 +31,7 @@ func TestNoPhaseBeginsAfterTheStartHalted(t *testing.T) {
 				}
 			},
 			halt: func(e lifecycle.Event) bool {
-				return e.Kind == lifecycle.EventPhase && e.To == string(lifecycle.PhaseFailed)
+				return e.Kind == lifecycle.EventPhase && e.To == lifecycle.PhaseFailed
 			},
 		},
 		{
@@ -45,7 +45,7 @@ func TestNoPhaseBeginsAfterTheStartHalted(t *testing.T) {
 				}
 			},
 			halt: func(e lifecycle.Event) bool {
-				return e.Kind == lifecycle.EventLifecycle && e.To == string(lifecycle.StateDraining)
+				return e.Kind == lifecycle.EventLifecycle && e.To == lifecycle.StateDraining
 			},
 		},
 	}
@@ -78,7 +78,7 @@ func TestNoPhaseBeginsAfterTheStartHalted(t *testing.T) {
 					if tt.halt(e) {
 						halted = true
 					}
-					if halted && e.Kind == lifecycle.EventPhase && e.From == string(lifecycle.PhasePending) && e.To == string(lifecycle.PhaseRunning) {
+					if halted && e.Kind == lifecycle.EventPhase && e.From == lifecycle.PhasePending && e.To == lifecycle.PhaseRunning {
 						t.Fatalf("run %d: phase %s began after the start halted (event %d)", i, e.Name, e.Seq)
 					}
 				}

@@ -74,7 +74,7 @@ func TestHookMayDrainTheLifecycle(t *testing.T) {
 	}, lifecycle.WithEventHook(func(e lifecycle.Event) {
 		_ = lc.Snapshot()
 		_ = lc.Events(0)
-		if e.Name == "reclaim" && e.To == string(lifecycle.PhaseRunning) {
+		if e.Name == "reclaim" && e.To == lifecycle.PhaseRunning {
 			lc.Warn("hook", "draining from the hook")
 			drained.Store(fmt.Sprint(lc.Drain(context.Background())))
 		}

@@ -504,7 +504,7 @@ func (l *Lifecycle) transitionLocked(event string) {
 	to := State(l.fsm.Current())
 	l.since = time.Now()
 	l.history = append(l.history, Transition{State: to, At: l.since})
-	e := Event{Time: l.since, Kind: EventLifecycle, From: string(from), To: string(to)}
+	e := Event{Time: l.since, Kind: EventLifecycle, From: from, To: to}
 	if to == StateFailed && l.err != nil {
 		e.Err = l.err.Error()
 	}
@@ -527,8 +527,8 @@ func (l *Lifecycle) phaseEventLocked(r *phaseRun, event string, at time.Time, er
 		Time:      at,
 		Kind:      EventPhase,
 		Name:      r.Name,
-		From:      string(from),
-		To:        string(to),
+		From:      from,
+		To:        to,
 		Attempt:   r.attempts,
 		DependsOn: r.DependsOn,
 	}

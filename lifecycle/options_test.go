@@ -246,7 +246,7 @@ func waitState(t *testing.T, lc *lifecycle.Lifecycle, state lifecycle.State) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for e := range lc.WatchEvents(ctx, 0) {
-		if e.Kind == lifecycle.EventLifecycle && e.To == string(state) {
+		if e.Kind == lifecycle.EventLifecycle && e.To == state {
 			return
 		}
 	}
@@ -260,7 +260,7 @@ func waitPhase(t *testing.T, lc *lifecycle.Lifecycle, name string, state lifecyc
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for e := range lc.WatchEvents(ctx, 0) {
-		if e.Kind == lifecycle.EventPhase && e.Name == name && e.To == string(state) {
+		if e.Kind == lifecycle.EventPhase && e.Name == name && e.To == state {
 			return
 		}
 	}

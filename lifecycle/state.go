@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/looplab/fsm"
@@ -18,6 +19,19 @@ const (
 	StateStopped  State = "stopped"
 	StateFailed   State = "failed"
 )
+
+// EventState is the state an [Event] moves from or to: a [State] in the
+// lifecycle's events, a [PhaseState] in a phase's, a [TaskState] in a
+// task's. It compares with the constants of its kind as they are, without
+// a conversion (e.To == PhaseSucceeded), and never equals another kind's
+// state of the same name: a phase's failed is not the lifecycle's.
+type EventState interface {
+	fmt.Stringer
+	eventState()
+}
+
+func (s State) String() string { return string(s) }
+func (State) eventState()      {}
 
 // PhaseState is the state of one phase.
 type PhaseState string
@@ -42,6 +56,9 @@ func (s PhaseState) Done() bool {
 	return false
 }
 
+func (s PhaseState) String() string { return string(s) }
+func (PhaseState) eventState()      {}
+
 // TaskState is the state of a background task handed off by a phase with
 // [Progress.Defer].
 type TaskState string
@@ -53,6 +70,27 @@ const (
 	TaskFailed    TaskState = "failed"
 	TaskCancelled TaskState = "cancelled"
 )
+
+func (s TaskState) String() string { return string(s) }
+func (TaskState) eventState()      {}
+
+// EventStateOf is the state named s in an event of kind: a [State],
+// [PhaseState] or [TaskState], or nil for "" and for a kind without
+// states. It is what a decoded event's From and To hold.
+func EventStateOf(kind EventKind, s string) EventState {
+	if s == "" {
+		return nil
+	}
+	switch kind {
+	case EventLifecycle:
+		return State(s)
+	case EventPhase:
+		return PhaseState(s)
+	case EventTask:
+		return TaskState(s)
+	}
+	return nil
+}
 
 // Event names of the lifecycle state machine.
 const (

@@ -26,7 +26,7 @@ func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
 	t := &task{name: d.name, phase: r.Name, state: TaskRunning, started: time.Now(), done: make(chan struct{})}
 	t.progress.lc = l
 	l.tasks = append(l.tasks, t)
-	l.recordLocked(Event{Time: t.started, Kind: EventTask, Name: t.name, To: string(TaskRunning), Phase: t.phase})
+	l.recordLocked(Event{Time: t.started, Kind: EventTask, Name: t.name, To: TaskRunning, Phase: t.phase})
 	l.publishLocked()
 
 	// A task outlives the startup trace, so it is a root span of its own,
@@ -54,7 +54,7 @@ func (l *Lifecycle) startTaskLocked(r *phaseRun, d deferredTask) {
 		}
 		state, took := t.state, t.ended.Sub(t.started)
 		prog := t.progress.snapshot()
-		e := Event{Time: t.ended, Kind: EventTask, Name: t.name, From: string(TaskRunning), To: string(state), Phase: t.phase}
+		e := Event{Time: t.ended, Kind: EventTask, Name: t.name, From: TaskRunning, To: state, Phase: t.phase}
 		if err != nil {
 			e.Err = err.Error()
 		}

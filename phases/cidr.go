@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/slot"
@@ -38,17 +37,17 @@ func (e *cidrInUseError) Unwrap() error { return ErrConfig }
 
 // claimCIDR takes the CIDR lock, refused while another daemon holds an
 // equal or overlapping CIDR. It is held until the daemon stops, and
-// handed over across an upgrade. The lock comes before the host check
-// (checkHost), so two daemons starting at the same instant cannot both
-// pass it; an upgrade's new image does not check the host again: what is
-// there is its own.
+// handed over across an upgrade. The host check (checkHostCIDR) ran
+// before it, in New: two daemons starting at the same instant may both
+// pass that check, but only one of them gets this lock.
 func (d *Daemon) claimCIDR(ctx context.Context) error {
 	scope, err := lockfile.NetNSScope()
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
 	path := lockfile.CIDRPath(d.cfg.LockDir, scope, d.cfg.Slots.CIDR)
-	if f := d.app.Inherited(cidrHandover); f != nil {
+	if f := d.cidrHanded; f != nil {
+		d.cidrHanded = nil
 		legacy := lockfile.CIDRPath(lockfile.LegacyDir, scope, d.cfg.Slots.CIDR)
 		l, err := d.adoptLock(f, path, legacy, func() (*lockfile.Lock, error) { return d.acquireCIDR(ctx, scope) })
 		if err != nil {
@@ -63,8 +62,27 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 		return lifecycle.Permanent(err)
 	}
 	d.cidrLock = l
-	d.checkHost = true
 	d.app.HandOver(cidrHandover, l.File())
+	return nil
+}
+
+// cidrHolder is the refusal of the slot CIDR naming the daemon that holds
+// it, or one that overlaps it, in this network namespace; nil when none
+// does (or the lock directory cannot tell).
+func (d *Daemon) cidrHolder() error {
+	scope, err := lockfile.NetNSScope()
+	if err != nil {
+		return nil
+	}
+	return cidrHeld(lockfile.CIDRHolder(context.Background(), d.cfg.LockDir, scope, d.cfg.Slots.CIDR))
+}
+
+// cidrHeld makes a *lockfile.CIDRHeldError a configuration error that says
+// what to do; it is nil for any other err.
+func cidrHeld(err error) error {
+	if held := (*lockfile.CIDRHeldError)(nil); errors.As(err, &held) {
+		return fmt.Errorf("%w: %v: give each daemon on a host a --slot-cidr of its own (docs/DEPLOYING.md)", ErrConfig, held)
+	}
 	return nil
 }
 
@@ -73,54 +91,38 @@ func (d *Daemon) claimCIDR(ctx context.Context) error {
 // could change, is a configuration error.
 func (d *Daemon) acquireCIDR(ctx context.Context, scope string) (*lockfile.Lock, error) {
 	l, err := lockfile.AcquireCIDR(ctx, d.cfg.LockDir, scope, d.cfg.Slots.CIDR)
-	if held := (*lockfile.CIDRHeldError)(nil); errors.As(err, &held) {
-		return nil, fmt.Errorf("%w: %v: give each daemon on a host a --slot-cidr of its own (docs/DEPLOYING.md)", ErrConfig, held)
+	if held := cidrHeld(err); held != nil {
+		return nil, held
 	}
 	return l, asConfig(err)
 }
 
 // checkHostCIDR refuses a slot CIDR, or a guest network, that overlaps an
 // address or a route of the host other than the daemon's own slots' (a
-// *cidrInUseError: the daemon exits 2). It runs with the CIDR lock held
-// and before anything on the host is changed; not after an upgrade (see
-// claimCIDR). Both ranges are checked from one read of the host's tables
-// (slot.Config.ReadHost), which also gives the host addresses the egress
-// defaults deny.
+// *cidrInUseError: the daemon exits 2, in one line). New runs it, before
+// anything is locked, bound or made, so that the refusal leaves nothing
+// behind; not in an upgrade's new image, whose host is its own. Both ranges
+// are checked from one read of the host's tables (slot.Config.ReadHost),
+// which also gives the host addresses the egress defaults deny (populate):
+// the one read of them at a start.
 func (d *Daemon) checkHostCIDR() error {
-	if !d.checkHost {
-		return nil
-	}
 	read, err := d.cfg.Slots.ReadHost()
 	if err != nil {
-		return lifecycle.Permanent(err)
+		return fmt.Errorf("the host check of --slot-cidr: %w", err)
 	}
-	// The same dump's host addresses, for the egress defaults (populate).
 	d.host.addrs, d.host.read = read.Addrs, true
 	if uses := read.Foreign; len(uses) > 0 {
-		d.log.Error("slot CIDR refused: the host already uses addresses in it", "cidr", d.cfg.Slots.CIDR.String(), "uses", describeUses(uses))
-		return lifecycle.Permanent(&cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
-			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"})
+		// Another daemon's slots are named by that daemon, not by a link.
+		if held := d.cidrHolder(); held != nil {
+			return held
+		}
+		return &cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
+			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"}
 	}
 	if guest := read.Guest; len(guest) > 0 {
-		return lifecycle.Permanent(d.guestRangeRefused(guest))
+		r := d.cfg.Slots.Guest.Range().String()
+		return &cidrInUseError{What: "the guest network " + r + " (--slot-guest-addr)", Uses: guest,
+			Hint: "every slot repeats it inside, so the host must not have it: give another --slot-guest-addr, or move what the host has there (another daemon's --slot-cidr, say)"}
 	}
 	return nil
-}
-
-// describeUses is the uses for a log line.
-func describeUses(uses []slot.HostUse) string {
-	s := make([]string, len(uses))
-	for i, u := range uses {
-		s[i] = u.String()
-	}
-	return strings.Join(s, ", ")
-}
-
-// guestRangeRefused logs and returns the refusal of a guest network that
-// overlaps the host's own addresses or routes (uses).
-func (d *Daemon) guestRangeRefused(uses []slot.HostUse) error {
-	r := d.cfg.Slots.Guest.Range().String()
-	d.log.Error("guest network refused: the host already uses addresses in it", "range", r, "uses", describeUses(uses))
-	return &cidrInUseError{What: "the guest network " + r + " (--slot-guest-addr)", Uses: uses,
-		Hint: "every slot repeats it inside, so the host must not have it: give another --slot-guest-addr, or move what the host has there (another daemon's --slot-cidr, say)"}
 }

@@ -62,6 +62,10 @@ type Config struct {
 	// ReclaimKillOrphans ends processes found inside leaked namespaces;
 	// without it they are reported and cut off.
 	ReclaimKillOrphans bool
+	// ReleaseKillOrphans ends processes still inside a slot's namespace
+	// when its lease ends (a Release, an expiry); without it they are cut
+	// off with the namespace. Either way one line names them.
+	ReleaseKillOrphans bool
 	// ReclaimMode says when dead slots (leaked by an earlier run) are torn
 	// down: ReclaimBackground after the daemon serves (the default: a
 	// restart serves in the time of a scan, whatever the host's state), or
@@ -212,6 +216,8 @@ func (c Config) checkListen(p *problems) {
 // checkDirs checks the directories and the slots.
 func (c Config) checkDirs(p *problems) {
 	if err := checkRootDir("--state-dir", c.StateDir); err != nil {
+		p.add("%v", err)
+	} else if err := stateDirWritable(c.StateDir); err != nil {
 		p.add("%v", err)
 	} else if err := c.validateControl(); err != nil {
 		p.add("%v", err)

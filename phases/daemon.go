@@ -57,7 +57,7 @@ type Daemon struct {
 	// synchronisation.
 	lock       *lockfile.Lock
 	cidrLock   *lockfile.Lock
-	checkHost  bool             // the CIDR lock is new: check the host's use of it (reclaim)
+	cidrHanded *os.File         // the CIDR lock the previous image handed over (New), nil but in an upgrade
 	store      *leases.Store    // the durable records (lock phase)
 	records    *lease.Records   // their only writer from the restore on (reclaim)
 	state      *stateWatch      // the state directory's health (statedir.go)
@@ -74,7 +74,7 @@ type Daemon struct {
 	tcpGuard   *control.Guard      // the Slots API's on the port (New)
 	ctl        controlSocket       // the control socket (lock phase)
 	bg         background          // the background tasks' handles (populate)
-	// The host's own addresses, read by the host check (reclaim) when it
+	// The host's own addresses, read by the host check (New) when it
 	// ran, for the egress defaults (populate).
 	host hostAddrs
 
@@ -119,8 +119,10 @@ type hostAddrs struct {
 	read  bool
 }
 
-// New validates cfg and declares the daemon's phases, its port and its
-// API. Nothing on the host is created or changed until it runs.
+// New validates cfg, checks that the host uses nothing of the slot CIDR
+// nor of the guest network (a configuration error names what does), and
+// declares the daemon's phases, its port and its API. Nothing on the host
+// is created or changed until it runs.
 func New(cfg Config) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -134,7 +136,6 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, log: log, obs: &observer{}, fds: fds, state: newStateWatch(cfg, log)}
-	log.Info("descriptors shared", fds.attrs()...)
 	d.obs.acquireWait = &d.waits.acquire
 	expected := cfg.Expected
 	if expected == nil {
@@ -183,10 +184,8 @@ func New(cfg Config) (*Daemon, error) {
 		_ = a.Stop(context.Background()) // nothing started: releases the observers
 		return nil, err
 	}
-	// A socket handed over (systemd, an upgrade) is served whatever
-	// --listen says: the plain-text check applies to its address.
-	if addr := a.HandedAddr(); addr != nil && !ListenIsLoopback(addr.String()) && cfg.TLS == nil && !cfg.Insecure {
-		return fail(fmt.Errorf("%w: the listening socket handed over is %s, not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", ErrConfig, addr))
+	if err := d.checkHost(a); err != nil {
+		return fail(err)
 	}
 	if err := d.obs.init(a.MeterProvider()); err != nil {
 		return fail(err)
@@ -198,7 +197,24 @@ func New(cfg Config) (*Daemon, error) {
 	if err := a.Server().Declare(slotsapi.Desc()); err != nil {
 		return fail(err)
 	}
+	log.Info("descriptors shared", fds.attrs()...)
 	return d, nil
+}
+
+// checkHost refuses, before anything is locked, bound or made, what only
+// the host can tell is wrong, each a configuration error said in one line:
+// a socket handed over (systemd, an upgrade), served whatever --listen
+// says, in plain text on an address that is not loopback; and a slot CIDR
+// or guest network the host uses (checkHostCIDR), but in an upgrade's new
+// image, whose host is its own.
+func (d *Daemon) checkHost(a *app.App) error {
+	if addr := a.HandedAddr(); addr != nil && !ListenIsLoopback(addr.String()) && d.cfg.TLS == nil && !d.cfg.Insecure {
+		return fmt.Errorf("%w: the listening socket handed over is %s, not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", ErrConfig, addr)
+	}
+	if d.cidrHanded = a.Inherited(cidrHandover); d.cidrHanded != nil {
+		return nil
+	}
+	return d.checkHostCIDR()
 }
 
 // App returns the App that runs the daemon.

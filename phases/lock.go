@@ -13,9 +13,8 @@ import (
 // runLock is the lock phase: the slots of the prefix (lockSlots), then the
 // slot CIDR (claimCIDR), then the control socket (openControl), which
 // only the holder of both may bind. The check of the host's own use of
-// the CIDR is not here but in the reclaim phase (checkHostCIDR), beside
-// the scan: the port, which waits for this phase, binds without waiting
-// for it, and nothing on the host is changed before it passes. The prefix
+// the CIDR ran before, in New (checkHostCIDR), so that its refusal leaves
+// no lock file and binds no port. The prefix
 // comes first, so that a second daemon of the same prefix is still told
 // that (exit 1, naming the holder). A failed phase is not stopped: what a
 // later step could not do, the earlier steps' locks are let go here.

@@ -3,7 +3,9 @@ package phases
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
@@ -25,29 +27,60 @@ func asConfig(err error) error {
 }
 
 // ensureStateDir makes the state directory (0700) if it is missing, and
-// refuses it, as a configuration error, unless only root controls it. It
-// is checked again here, by the descriptor opened, and not only by
-// Validate: another user may have made it since.
+// refuses it, as a configuration error, unless only root controls it and
+// the daemon can write there. It is checked again here, by the descriptor
+// opened, and not only by Validate: another user may have made it since,
+// or its filesystem have been remounted.
 func (c Config) ensureStateDir() error {
 	dir, err := rootdir.Ensure(c.StateDir, 0o700)
 	if err != nil {
-		return asConfig(fmt.Errorf("state directory %w", err))
+		var unsafe *rootdir.UnsafeError
+		var link *rootdir.LinkError
+		if errors.As(err, &unsafe) || errors.As(err, &link) {
+			return asConfig(fmt.Errorf("state directory %w", err))
+		}
+		return fmt.Errorf("%w: --state-dir: %w", ErrConfig, err)
 	}
 	defer dir.Close()
-	return writable(c.StateDir, dir.File())
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(dir.File().Fd()), &st); err != nil {
+		return fmt.Errorf("state directory %s: statfs: %w", c.StateDir, err)
+	}
+	if err := readOnly(c.StateDir, st); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
 }
 
-// writable refuses a state directory on a read-only filesystem, before
-// anything is made there: the daemon writes every lease there before it
-// answers. It is an I/O fault of the host, not of the configuration (exit
-// 1, not 2): the same flags serve once the filesystem is writable again.
-func writable(path string, dir *os.File) error {
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(dir.Fd()), &st); err != nil {
-		return fmt.Errorf("state directory %s: statfs: %w", path, err)
+// stateDirWritable refuses, before anything is made, a state directory
+// the daemon cannot write: on a read-only filesystem, or (a daemon not
+// run as root) in a directory it may not write. A directory still to be
+// made is judged by its parent, which checkRootDir found. Either is a
+// configuration error (exit 2): the daemon records every lease there
+// before it answers, so no start can succeed until the flag or the host
+// is changed, as with a port in use.
+func stateDirWritable(path string) error {
+	at := path
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		at = filepath.Dir(path)
 	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(at, &st); err != nil {
+		return fmt.Errorf("--state-dir %s: statfs %s: %w", path, at, err)
+	}
+	if err := readOnly(path, st); err != nil {
+		return err
+	}
+	if err := unix.Access(at, unix.W_OK); err != nil {
+		return fmt.Errorf("--state-dir %s: %s is not writable by this process (uid %d): %w; run the daemon as root", path, at, os.Geteuid(), err)
+	}
+	return nil
+}
+
+// readOnly refuses a state directory whose filesystem (st) is read-only.
+func readOnly(path string, st unix.Statfs_t) error {
 	if st.Flags&unix.ST_RDONLY != 0 {
-		return fmt.Errorf("state directory %s is on a read-only filesystem: the daemon records every lease there before it answers; remount it read-write: %w", path, unix.EROFS)
+		return fmt.Errorf("--state-dir %s is on a read-only filesystem: the daemon records every lease there before it answers; remount it read-write, or give another --state-dir: %w", path, unix.EROFS)
 	}
 	return nil
 }

@@ -51,14 +51,17 @@ func (d *Daemon) newPool() error {
 		}
 	}
 	pl, err := pool.New(timedSlots{Slots: d.mgr, create: &d.waits.create}, d.idx, pool.Options{
-		Target:   d.cfg.PoolSize,
-		Grace:    d.cfg.PoolGrace,
-		Teardown: d.cfg.teardownOptions(),
-		Idle:     d.plan.adopted,
-		InUse:    inUse,
-		Lost:     lost,
-		OnIdle:   d.records.Idle,
-		OnGone:   d.records.Gone,
+		Target: d.cfg.PoolSize,
+		Grace:  d.cfg.PoolGrace,
+		// The slots the pool tears down are its own idle ones and those
+		// of ended leases: what lives in them is a tenant's.
+		Teardown:  slot.TeardownOptions{Workers: d.cfg.ReclaimWorkers, KillOrphans: d.cfg.ReleaseKillOrphans},
+		Idle:      d.plan.adopted,
+		InUse:     inUse,
+		Lost:      lost,
+		OnIdle:    d.records.Idle,
+		OnGone:    d.records.Gone,
+		OnOrphans: d.logReleasedWithProcesses,
 	})
 	if err != nil {
 		return err
@@ -66,6 +69,50 @@ func (d *Daemon) newPool() error {
 	d.pool = pl
 	d.obs.setPool(pl)
 	return nil
+}
+
+// shownPIDs bounds the pids one log line names.
+const shownPIDs = 8
+
+// logReleasedWithProcesses says, in one line per slot, what the teardown
+// of a slot given back (its lease released or expired) did with the
+// processes still inside its namespace: killed (--release-kill-orphans),
+// or cut off with it, still running.
+func (d *Daemon) logReleasedWithProcesses(orphans []slot.Orphan) {
+	bySlot := map[int][]slot.Orphan{}
+	var order []int
+	for _, o := range orphans {
+		if _, ok := bySlot[o.Index]; !ok {
+			order = append(order, o.Index)
+		}
+		bySlot[o.Index] = append(bySlot[o.Index], o)
+	}
+	for _, i := range order {
+		procs := bySlot[i]
+		pids := make([]string, 0, min(len(procs), shownPIDs))
+		killed := 0
+		for k, o := range procs {
+			if k < shownPIDs {
+				pids = append(pids, fmt.Sprintf("%d(%s)", o.PID, o.Comm))
+			}
+			if o.Killed || o.Gone {
+				killed++
+			}
+		}
+		shown := strings.Join(pids, " ")
+		if more := len(procs) - len(pids); more > 0 {
+			shown += fmt.Sprintf(" and %d more", more)
+		}
+		switch {
+		case d.cfg.ReleaseKillOrphans && killed == len(procs):
+			d.log.Info("slot torn down with processes still inside: killed", "slot", i, "processes", len(procs), "pids", shown)
+			continue
+		case d.cfg.ReleaseKillOrphans:
+			d.log.Warn("slot torn down with processes still inside: some could not be killed, cut off", "slot", i, "processes", len(procs), "pids", shown, "killed", killed)
+			continue
+		}
+		d.log.Warn("slot torn down with processes still inside: cut off, still running (--release-kill-orphans ends them)", "slot", i, "processes", len(procs), "pids", shown)
+	}
 }
 
 // newSlotsService makes the lease core over the pool, with the restored

@@ -39,20 +39,17 @@ func (d *Daemon) openStore() error {
 }
 
 // readStart is what the reclaim phase reads before it changes anything:
-// the host check (checkHostCIDR), the scan of the host and the records,
-// three independent reads run at once, so that the phase waits for the
-// longest rather than their sum. The scan is the package's read-only one
-// (the manager, which makes the firewall table, comes after): a CIDR the
-// host check refuses leaves nothing made on the host. Its refusal is the
-// error returned whatever the others' outcome. Records are read beside the
-// check only when their file exists: a first start has none to read, and
-// a refused one must not leave a state file it made.
+// the scan of the host and the records, two independent reads run at
+// once, so that the phase waits for the longer rather than their sum (the
+// host check ran in New). The scan is the package's read-only one (the
+// manager, which makes the firewall table, comes after). Records are read
+// beside the scan only when their file exists: a first start has none to
+// read, and a start whose scan failed must not leave a state file it made.
 func (d *Daemon) readStart(ctx context.Context) (_ *slot.ScanResult, recs []leases.Record, bad []int, err error) {
 	var (
-		wg                 sync.WaitGroup
-		hostErr, recordErr error
+		wg        sync.WaitGroup
+		recordErr error
 	)
-	wg.Go(func() { hostErr = d.checkHostCIDR() })
 	_, statErr := os.Lstat(d.cfg.StatePath())
 	loadAfter := d.store == nil && errors.Is(statErr, fs.ErrNotExist)
 	if !loadAfter {
@@ -67,9 +64,6 @@ func (d *Daemon) readStart(ctx context.Context) (_ *slot.ScanResult, recs []leas
 	wg.Wait()
 	if err != nil {
 		err = fmt.Errorf("scan: %w", err)
-	}
-	if hostErr != nil {
-		return nil, nil, nil, hostErr
 	}
 	if loadAfter && err == nil {
 		recs, bad, recordErr = d.loadRecords()
@@ -113,8 +107,8 @@ func loadRecords(store *leases.Store) ([]leases.Record, []int, error) {
 
 // newManager makes the slot manager, which writes the slot table: its
 // rules, and the egress defaults of every lease's policy, resolved here
-// once (egressDefaults) with the host's addresses the host check read, or
-// read now when it did not run.
+// once (egressDefaults) with the host's addresses the host check (New)
+// read, or read now when it did not run.
 func (d *Daemon) newManager(ctx context.Context) (*slot.Manager, error) {
 	return newManager(ctx, d.cfg, d.host.addrs, d.host.read, d.store.Opened().Generation)
 }

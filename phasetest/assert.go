@@ -85,7 +85,7 @@ func AssertRespectsDependencies(t testing.TB, events []lifecycle.Event) bool {
 		if e.Kind != lifecycle.EventPhase {
 			continue
 		}
-		switch lifecycle.PhaseState(e.To) {
+		switch e.To {
 		case lifecycle.PhaseSucceeded:
 			succeeded[e.Name] = e.Seq
 		case lifecycle.PhaseRunning:

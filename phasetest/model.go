@@ -137,7 +137,8 @@ func (m *model) applySeq(e lifecycle.Event, bad complaint) {
 // applyLifecycle checks a transition of the lifecycle against its machine
 // and the state it was last seen in.
 func (m *model) applyLifecycle(e lifecycle.Event, bad complaint) {
-	from, to := lifecycle.State(e.From), lifecycle.State(e.To)
+	from, _ := e.From.(lifecycle.State)
+	to, _ := e.To.(lifecycle.State)
 	if from != m.state {
 		bad("the lifecycle leaves %s but was %s", from, m.state)
 	}
@@ -162,7 +163,8 @@ func (m *model) applyPhase(e lifecycle.Event, bad complaint) {
 		m.phases[e.Name] = p
 		m.order = append(m.order, e.Name)
 	}
-	from, to := lifecycle.PhaseState(e.From), lifecycle.PhaseState(e.To)
+	from, _ := e.From.(lifecycle.PhaseState)
+	to, _ := e.To.(lifecycle.PhaseState)
 	if from != p.state {
 		bad("phase %s leaves %s but was %s", e.Name, from, p.state)
 	}
@@ -190,7 +192,8 @@ func (m *model) applyPhase(e lifecycle.Event, bad complaint) {
 // applyTask checks a transition of a background task against its machine
 // and the state it was last seen in.
 func (m *model) applyTask(e lifecycle.Event, bad complaint) {
-	from, to := lifecycle.TaskState(e.From), lifecycle.TaskState(e.To)
+	from, _ := e.From.(lifecycle.TaskState)
+	to, _ := e.To.(lifecycle.TaskState)
 	if cur := m.tasks[e.Name]; from != cur {
 		bad("task %s leaves %q but was %q", e.Name, from, cur)
 	}

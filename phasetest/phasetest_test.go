@@ -77,7 +77,7 @@ func (s *spyTB) run(f func(t testing.TB)) {
 func nop(context.Context, *lifecycle.Progress) error { return nil }
 
 func ev(seq uint64, kind lifecycle.EventKind, name, from, to string, deps ...string) lifecycle.Event {
-	e := lifecycle.Event{Seq: seq, Kind: kind, Name: name, From: from, To: to, DependsOn: deps}
+	e := lifecycle.Event{Seq: seq, Kind: kind, Name: name, From: lifecycle.EventStateOf(kind, from), To: lifecycle.EventStateOf(kind, to), DependsOn: deps}
 	if kind == lifecycle.EventPhase {
 		e.Attempt = 1
 	}
@@ -186,7 +186,7 @@ func consistencyCases() []assertionCase {
 			name: "a transition the engine cannot take",
 			log: func() []lifecycle.Event {
 				l := goodLog()
-				l[9].From, l[9].To = "starting", "stopped"
+				l[9].From, l[9].To = lifecycle.StateStarting, lifecycle.StateStopped
 				return l
 			},
 			assert: phasetest.AssertConsistent,
@@ -387,7 +387,7 @@ func TestWaitsFailWithWhatHappenedInstead(t *testing.T) {
 	t.Run("a state already passed is found", func(t *testing.T) {
 		h := phasetest.New(t, []lifecycle.Phase{{Name: "lock", Run: nop}}).RequireStart()
 		h.RequireStop()
-		if e := phasetest.WaitState(t, h, lifecycle.StateServing, time.Minute); e.To != "serving" {
+		if e := phasetest.WaitState(t, h, lifecycle.StateServing, time.Minute); e.To != lifecycle.StateServing {
 			t.Fatalf("returned %v", e)
 		}
 		if e := phasetest.WaitPhase(t, h, "lock", lifecycle.PhaseRunning, time.Minute); e.Attempt != 1 {

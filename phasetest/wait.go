@@ -26,7 +26,7 @@ func WaitState(t testing.TB, src Source, state lifecycle.State, timeout time.Dur
 	what := fmt.Sprintf("the lifecycle to enter %s", state)
 	return wait(t, src, what, timeout, func(m *model, e lifecycle.Event) (bool, string) {
 		switch {
-		case e.Kind == lifecycle.EventLifecycle && lifecycle.State(e.To) == state:
+		case e.Kind == lifecycle.EventLifecycle && e.To == state:
 			return true, ""
 		case !reachable(m.state, state):
 			return false, fmt.Sprintf("it is %s and can no longer enter %s", m.state, state)
@@ -47,7 +47,7 @@ func WaitPhase(t testing.TB, src Source, name string, state lifecycle.PhaseState
 	}
 	what := fmt.Sprintf("phase %s to enter %s", name, state)
 	return wait(t, src, what, timeout, func(m *model, e lifecycle.Event) (bool, string) {
-		if e.Kind == lifecycle.EventPhase && e.Name == name && lifecycle.PhaseState(e.To) == state {
+		if e.Kind == lifecycle.EventPhase && e.Name == name && e.To == state {
 			return true, ""
 		}
 		if p := m.phases[name]; p != nil && p.state.Done() {

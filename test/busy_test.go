@@ -139,3 +139,55 @@ func TestBusyNamespacesAtReclaim(t *testing.T) {
 		})
 	}
 }
+
+// A release with a process still inside the slot's namespace says so in
+// one line naming the slot, how many and their pids; the process is cut
+// off and runs on, or, with --release-kill-orphans, is killed. On 65cb2fe
+// the release logged nothing of it (and the reclaim's flag decided).
+func TestProcessesLeftInAReleasedSlot(t *testing.T) {
+	for _, kill := range []bool{false, true} {
+		t.Run(fmt.Sprintf("kill=%v", kill), func(t *testing.T) {
+			h := newHost(t)
+			args := h.args(freePort(t), "--slots=64")
+			if kill {
+				args = append(args, "--release-kill-orphans")
+			}
+			d := start(t, nil, args...)
+			d.waitServing(time.Minute)
+			l := acquire(t, d.slots(), "sandbox-left", "left-1", 0)
+			inside := exec.Command("nsenter", "--net="+l.slot.GetNetnsPath(), "sleep", "600")
+			if err := inside.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = inside.Process.Kill(); _ = inside.Wait() })
+			pid := strconv.Itoa(inside.Process.Pid)
+			waitFor(t, 10*time.Second, "the process to enter the slot", func() bool {
+				in, _ := os.Readlink("/proc/" + pid + "/ns/net")
+				self, _ := os.Readlink("/proc/self/ns/net")
+				return in != "" && in != self
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if _, err := d.slots().Release(ctx, &phasegatev1.ReleaseRequest{Index: l.slot.GetIndex(), LeaseId: l.leaseID}); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			said := grepLines(d.Output(), "with processes still inside")
+			if n := len(lines(said)); n != 1 || !strings.Contains(said, fmt.Sprintf("slot=%d processes=1", l.slot.GetIndex())) || !strings.Contains(said, pid+"(sleep)") {
+				t.Errorf("the release said %d lines %q, want one naming slot %d, 1 process and pid %s", n, said, l.slot.GetIndex(), pid)
+			}
+			if kill != strings.Contains(said, "killed") {
+				t.Errorf("the line %q, with --release-kill-orphans=%v", said, kill)
+			}
+			if kill {
+				waitFor(t, 10*time.Second, "the process to be killed", func() bool { return !alive(inside) })
+			} else if !alive(inside) {
+				t.Error("the process was killed without --release-kill-orphans")
+			}
+			d.signal(syscall.SIGTERM)
+			if code := d.wait(30 * time.Second); code != 0 {
+				t.Fatalf("exit %d", code)
+			}
+			h.stoppedCleanly(h.prefix, nil)
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/phasegate/phasegate/phases"
+	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
 func TestBadConfigurationExitsTwoAndTouchesNothing(t *testing.T) {
@@ -60,15 +61,26 @@ func TestBadConfigurationExitsTwoAndTouchesNothing(t *testing.T) {
 			if len(out) != 1 || !strings.Contains(out[0], tc.want) {
 				t.Fatalf("output %q, want one line containing %q", out, tc.want)
 			}
-			for _, dir := range []string{h.stateDir, h.netnsDir} {
-				if _, err := os.Stat(dir); !os.IsNotExist(err) {
-					t.Errorf("%s was created", dir)
-				}
-			}
+			h.nothingMade(t)
 			if tables := run(t, "nft", "list", "tables"); strings.Contains(tables, tableOf(h.prefix)) {
 				t.Errorf("nftables table created")
 			}
 		})
+	}
+}
+
+// nothingMade fails t if a refused start of a daemon on h made its state
+// directory, its netns directory or its lock file.
+func (h *host) nothingMade(t *testing.T) {
+	t.Helper()
+	lock, err := lockfile.SlotsPath(lockfile.DefaultDir, h.netnsDir, h.prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{h.stateDir, h.netnsDir, lock} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s was created", p)
+		}
 	}
 }
 

@@ -170,11 +170,13 @@ func failedAcquiresKeepThePool(t *testing.T, ctx context.Context, d *daemon, c p
 	}
 }
 
-// A start on a read-only state directory is an I/O fault, not a
-// configuration error: exit 1 with one line that says so, the leased
-// slots and their workload untouched; once writable again, the next start
-// restores every lease. On 3e89cc8 it exited 2, "configuration: control
-// socket: bind …: read-only file system".
+// A start on a read-only state directory is refused before anything is
+// locked, bound or made, as every setting no start can serve with: exit 2
+// with one line that names the directory and its read-only filesystem
+// (on 3e89cc8 "configuration: control socket: bind …: read-only file
+// system", on 65cb2fe exit 1 after the lock phase's log), the leased slots
+// and their workload untouched; once writable again, the next start
+// restores every lease.
 func TestReadOnlyStateDirAtStart(t *testing.T) {
 	h := newHost(t)
 	h.stateTmpfs(1 << 20)
@@ -192,12 +194,12 @@ func TestReadOnlyStateDirAtStart(t *testing.T) {
 
 	h.remountState("ro")
 	d = start(t, nil, args...)
-	if code := d.wait(time.Minute); code != 1 {
-		t.Fatalf("a start on a read-only state directory: exit %d, want 1:\n%s", code, d.Output())
+	if code := d.wait(time.Minute); code != 2 {
+		t.Fatalf("a start on a read-only state directory: exit %d, want 2:\n%s", code, d.Output())
 	}
 	out := lines(d.Output())
-	if l := out[len(out)-1]; !strings.HasPrefix(l, "phasegate serve:") || !strings.Contains(l, "read-only") || !strings.Contains(l, h.stateDir) {
-		t.Errorf("last line %q, want one naming the state directory and its read-only filesystem", l)
+	if l := out[len(out)-1]; len(out) != 1 || !strings.HasPrefix(l, "phasegate serve:") || !strings.Contains(l, "read-only") || !strings.Contains(l, h.stateDir) {
+		t.Errorf("output %q, want one line naming the state directory and its read-only filesystem", out)
 	}
 	for _, l := range leases {
 		var st unix.Stat_t

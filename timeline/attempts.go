@@ -40,7 +40,7 @@ func attemptsOf(events []lifecycle.Event) map[string]attempts {
 		if !ok {
 			a.began = map[int]time.Time{}
 		}
-		switch lifecycle.PhaseState(e.To) {
+		switch e.To {
 		case lifecycle.PhaseRunning:
 			a.began[e.Attempt] = e.Time
 		case lifecycle.PhaseRetrying:

@@ -29,7 +29,7 @@ func PrintEvents(ctx context.Context, c *http.Client, url string, w io.Writer, u
 		if e.Kind != lifecycle.EventLifecycle {
 			return nil
 		}
-		switch lifecycle.State(e.To) {
+		switch e.To {
 		case lifecycle.StateServing:
 			code = ExitServing
 			if untilOver {

@@ -97,6 +97,7 @@ func serveFlags(e env) (phases.Config, serveOptions, error) {
 	slotFlags(fs, &cfg)
 	fs.IntVar(&cfg.PoolSize, "pool-size", cfg.PoolSize, "warm slots kept ready")
 	fs.IntVar(&cfg.PoolMinReady, "pool-min-ready", cfg.PoolMinReady, "warm slots needed before serving; the rest fills in the background")
+	fs.BoolVar(&cfg.ReleaseKillOrphans, "release-kill-orphans", cfg.ReleaseKillOrphans, "kill processes still inside a slot's namespace when its lease ends (a release, an expiry); otherwise they are cut off with it, still running. Either way one log line names them")
 	fs.DurationVar(&cfg.PoolGrace, "pool-grace", cfg.PoolGrace, "how long an idle slot above --pool-size is kept")
 	fs.DurationVar(&cfg.PopulateTimeout, "populate-timeout", cfg.PopulateTimeout, "bound on each of populate's 3 attempts to make --pool-min-ready warm slots (0: none)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", cfg.ReconcileInterval, "how often the host is checked against what the daemon holds: strays swept, leased slots broken from outside found lost or repaired, the state directory and the control socket checked")
@@ -197,7 +198,10 @@ func runDaemon(ctx context.Context, e env, cfg phases.Config, lf logFlags) int {
 	d, err := phases.New(cfg)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
-		return exitUsage
+		if errors.Is(err, phases.ErrConfig) {
+			return exitUsage
+		}
+		return exitFailed
 	}
 	log.Info("phasegate starting", "version", version, "listen", cfg.Listen, "tls", cfg.TLS != nil,
 		"client_certs", cfg.RequireClientCert, "netns_dir", cfg.Slots.NetnsDir,
@@ -209,7 +213,7 @@ func runDaemon(ctx context.Context, e env, cfg phases.Config, lf logFlags) int {
 		// The log said it all; this is the one line a supervisor's
 		// journal shows last.
 		fmt.Fprintf(e.stderr, "phasegate serve: %s\n", oneLine(err))
-		if errors.Is(err, phases.ErrConfig) {
+		if errors.Is(err, phases.ErrConfig) || errors.Is(err, app.ErrConfig) {
 			return exitUsage
 		}
 		return exitFailed

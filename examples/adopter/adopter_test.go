@@ -101,24 +101,40 @@ func TestProcess(t *testing.T) {
 
 // A bad flag value fails config, and the process exits 2, a configuration
 // error, well within the default drain delay, which a port that never
-// served does not spend.
+// served does not spend. So does a -listen the config phase passes on
+// through PortFrom that cannot be bound (before, exit 1): a port out of
+// range, a name that does not resolve, an address the host does not have.
 func TestBadFlagFailsFast(t *testing.T) {
 	if d := app.DefaultConfig("", "").DrainDelay; d < 2*prompt {
 		t.Fatalf("the default drain delay %v is too short to show it is skipped", d)
 	}
-	// The race detector sleeps a second at exit by default.
-	p := proc.Start(t, bins.Build(t, "."), proc.Env("GORACE=atexit_sleep_ms=0"),
-		proc.Args("-listen", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "adopter.db"), "-cache-entries", "lots"))
-	if code := p.Wait(wait); code != app.ExitConfig {
-		t.Fatalf("exit code %d, want %d (a configuration error)", code, app.ExitConfig)
-	}
-	took := p.Took()
-	if took >= prompt {
-		t.Errorf("the process exited %v after it started, want under %v (the drain delay is 5 s)", took, prompt)
-	}
-	t.Logf("exited 2 %v after exec", took)
-	if !strings.Contains(p.Output(), `-cache-entries \"lots\": want a positive number`) {
-		t.Errorf("the output does not name the bad flag")
+	bin := bins.Build(t, ".")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in the output
+	}{
+		{"cache entries", []string{"-listen", "127.0.0.1:0", "-cache-entries", "lots"}, `-cache-entries \"lots\": want a positive number`},
+		{"port out of range", []string{"-listen", "127.0.0.1:99999"}, "invalid port"},
+		{"a name that does not resolve", []string{"-listen", "adopter.invalid:0"}, "adopter.invalid"},
+		{"an address the host does not have", []string{"-listen", "192.0.2.1:0"}, "cannot assign requested address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The race detector sleeps a second at exit by default.
+			p := proc.Start(t, bin, proc.Env("GORACE=atexit_sleep_ms=0"),
+				proc.Args(append(tc.args, "-db", filepath.Join(t.TempDir(), "adopter.db"))...))
+			if code := p.Wait(wait); code != app.ExitConfig {
+				t.Fatalf("exit code %d, want %d (a configuration error):\n%s", code, app.ExitConfig, p.Output())
+			}
+			took := p.Took()
+			if took >= prompt {
+				t.Errorf("the process exited %v after it started, want under %v (the drain delay is 5 s)", took, prompt)
+			}
+			t.Logf("exited 2 %v after exec", took)
+			if !strings.Contains(p.Output(), tc.want) {
+				t.Errorf("the output does not say %q:\n%s", tc.want, p.Output())
+			}
+		})
 	}
 }
 

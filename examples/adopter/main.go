@@ -20,7 +20,8 @@
 // It serves grpc.health.v1 and /readyz (NOT_SERVING and 503 until serve),
 // adopter.v1.Items/Lookup in gRPC and GET /v1/items/{key} in HTTP.
 // -log-format=json logs JSON lines. A bad flag value fails config and exits
-// 1 at once; SIGINT or SIGTERM drains, during the start too, and exits 0.
+// 2 at once, and so does a -listen that cannot be bound; SIGINT or SIGTERM
+// drains, during the start too, and exits 0.
 package main
 
 import (

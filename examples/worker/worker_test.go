@@ -64,7 +64,7 @@ func TestProcessWaitsForTheQueue(t *testing.T) {
 		s := phasetest.Follow(t, "http://"+workerAddr+app.PathEvents)
 		phasetest.WaitPhase(t, s, "queue", lifecycle.PhaseRetrying, wait)
 		for _, e := range s.Events(0) {
-			if e.Kind == lifecycle.EventLifecycle && e.To == string(lifecycle.StateServing) {
+			if e.Kind == lifecycle.EventLifecycle && e.To == lifecycle.StateServing {
 				t.Fatalf("serving before the queue exists: %v", e)
 			}
 		}

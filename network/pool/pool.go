@@ -121,6 +121,12 @@ type Options struct {
 	// teardown's outcome: the slots are no longer the pool's. It is not
 	// called for slots Stop keeps.
 	OnGone func(indices []int)
+	// OnOrphans, when set, is called after a teardown of the pool's with
+	// the processes it found inside the slots' namespaces (a tenant's left
+	// running in a slot given back with Put, Retire or Discard), which
+	// Teardown.KillOrphans killed or which were cut off with their
+	// namespace.
+	OnOrphans func(orphans []slot.Orphan)
 }
 
 type idleSlot struct {
@@ -309,7 +315,7 @@ func (p *Pool) destroyIndices(ctx context.Context, idx []int) error {
 		return nil
 	}
 	res := p.slots.Teardown(ctx, slot.Assume(idx...), p.opts.Teardown)
-	p.gone(idx)
+	p.gone(idx, res)
 	var errs []error
 	for _, i := range res.Reclaimed {
 		if err := p.idx.Release(i); err != nil {
@@ -335,9 +341,13 @@ func (p *Pool) destroyIndices(ctx context.Context, idx []int) error {
 	return errors.Join(errs...)
 }
 
-// gone reports torn-down indices to OnGone.
-func (p *Pool) gone(indices []int) {
+// gone reports torn-down indices to OnGone, and the processes their
+// teardown res found inside to OnOrphans.
+func (p *Pool) gone(indices []int, res *slot.TeardownResult) {
 	if p.opts.OnGone != nil && len(indices) > 0 {
 		p.opts.OnGone(indices)
+	}
+	if p.opts.OnOrphans != nil && res != nil && len(res.Orphans) > 0 {
+		p.opts.OnOrphans(res.Orphans)
 	}
 }

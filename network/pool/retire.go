@@ -61,7 +61,7 @@ func (p *Pool) retire(batch []*retirement) {
 	}
 	// Not p.ctx: Close waits for the teardown rather than aborting it.
 	res := p.slots.Teardown(context.Background(), slot.Assume(idx...), p.opts.Teardown)
-	p.gone(idx)
+	p.gone(idx, res)
 	errs := map[int]error{}
 	for _, f := range res.Failed {
 		errs[f.Index] = fmt.Errorf("pool: put slot %d: teardown: %w", f.Index, f.Err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -112,35 +113,79 @@ func AcquireCIDR(ctx context.Context, lockDir, scope string, cidr netip.Prefix) 
 		return nil, fmt.Errorf("lockfile: the CIDR guard: %w", err)
 	}
 	defer guard.Unlock()
-	names, err := dir.Names()
-	if err != nil {
-		return nil, fmt.Errorf("lockfile: %w", err)
-	}
 	own := filepath.Base(CIDRPath(lockDir, scope, cidr))
-	for _, name := range names {
-		held, ok := parseCIDRName(name, scope)
-		if !ok || name == own {
-			continue
-		}
-		// Every holder took its file under the guard we hold: what Probe
-		// finds cannot change before we take ours.
-		locked, pid, err := probeIn(ctx, dir, name)
-		if err != nil {
-			return nil, err
-		}
-		switch {
-		case locked && held.Overlaps(cidr):
-			return nil, &CIDRHeldError{Want: cidr, Held: held, Lock: &HeldError{Path: dir.Join(name), PID: pid}}
-		case !locked:
-			// Left by a daemon that died: nobody takes a CIDR lock
-			// but under the guard, so the file can go, and the
-			// directory holds only the CIDRs in use.
-			_ = dir.Remove(name)
-		}
+	held, err := heldOverlapping(ctx, dir, scope, cidr, own, true)
+	if err != nil {
+		return nil, err
+	}
+	if held != nil {
+		return nil, held
 	}
 	l, err := acquireIn(ctx, dir, own, 0)
 	if held := (*HeldError)(nil); errors.As(err, &held) {
 		return nil, &CIDRHeldError{Want: cidr, Held: cidr, Lock: held}
 	}
 	return l, err
+}
+
+// CIDRHolder returns a *[CIDRHeldError] naming a holder of a CIDR lock in
+// lockDir that equals or overlaps cidr, in the network namespace scope
+// names, or nil when none is held (or lockDir does not exist). It makes
+// and takes nothing but the guard, for a moment: a daemon that finds its
+// CIDR in use on the host asks it to tell another daemon's slots, named
+// by that daemon's pid, from an address of the host's own.
+func CIDRHolder(ctx context.Context, lockDir, scope string, cidr netip.Prefix) error {
+	dir, err := rootdir.Open(lockDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("lockfile: lock directory: %w", err)
+	}
+	defer dir.Close()
+	guard, err := acquireIn(ctx, dir, cidrGuard, guardWait)
+	if err != nil {
+		return fmt.Errorf("lockfile: the CIDR guard: %w", err)
+	}
+	defer guard.Unlock()
+	held, err := heldOverlapping(ctx, dir, scope, cidr, "", false)
+	if err != nil {
+		return err
+	}
+	if held != nil {
+		return held
+	}
+	return nil
+}
+
+// heldOverlapping returns a holder of a CIDR lock in dir, but the file
+// skip, whose CIDR overlaps cidr, or nil; with sweep it removes the files
+// nobody holds. The caller holds the guard: every holder took its file
+// under it, so what a probe finds cannot change before the guard is let
+// go.
+func heldOverlapping(ctx context.Context, dir *rootdir.Dir, scope string, cidr netip.Prefix, skip string, sweep bool) (*CIDRHeldError, error) {
+	names, err := dir.Names()
+	if err != nil {
+		return nil, fmt.Errorf("lockfile: %w", err)
+	}
+	for _, name := range names {
+		held, ok := parseCIDRName(name, scope)
+		if !ok || name == skip {
+			continue
+		}
+		locked, pid, err := probeIn(ctx, dir, name)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case locked && held.Overlaps(cidr):
+			return &CIDRHeldError{Want: cidr, Held: held, Lock: &HeldError{Path: dir.Join(name), PID: pid}}, nil
+		case !locked && sweep:
+			// Left by a daemon that died: nobody takes a CIDR lock
+			// but under the guard, so the file can go, and the
+			// directory holds only the CIDRs in use.
+			_ = dir.Remove(name)
+		}
+	}
+	return nil, nil
 }

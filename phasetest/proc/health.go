@@ -277,7 +277,7 @@ func (w *HealthWatch) AssertGated(t testing.TB, events []lifecycle.Event) bool {
 	answers := w.Answers()
 	var servingAt time.Time
 	for _, e := range events {
-		if e.Kind == lifecycle.EventLifecycle && lifecycle.State(e.To) == lifecycle.StateServing {
+		if e.Kind == lifecycle.EventLifecycle && e.To == lifecycle.StateServing {
 			servingAt = e.Time
 			break
 		}

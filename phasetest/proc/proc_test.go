@@ -121,7 +121,7 @@ func TestAssertGatedCatches(t *testing.T) {
 			name: "serving answered before the lifecycle served",
 			shift: func(events []lifecycle.Event) []lifecycle.Event {
 				for i, e := range events {
-					if e.Kind == lifecycle.EventLifecycle && lifecycle.State(e.To) == lifecycle.StateServing {
+					if e.Kind == lifecycle.EventLifecycle && e.To == lifecycle.StateServing {
 						events[i].Time = time.Now().Add(time.Hour)
 					}
 				}
