@@ -21,18 +21,14 @@ func decommissionCmd(ctx context.Context, e env) int {
 		return code
 	}
 	res, err := phases.Decommission(ctx, o.cfg, o.on, o.log.logger(e.stderr))
+	if code, done := e.oneShotRefused("decommission", err, "stop it first"); done {
+		return code
+	}
 	var leased *phases.LeasesExistError
-	var held *phases.SlotsHeldError
 	switch {
 	case errors.As(err, &leased):
 		fmt.Fprintf(e.stderr, "phasegate decommission: refused: %v\n", err)
 		return exitFailed
-	case errors.As(err, &held):
-		fmt.Fprintf(e.stderr, "phasegate decommission: %v; stop it first\n", err)
-		return exitFailed
-	case errors.Is(err, phases.ErrConfig):
-		fmt.Fprintf(e.stderr, "phasegate decommission: %v\n", err)
-		return exitUsage
 	case err != nil:
 		if res != nil {
 			fmt.Fprintln(e.stdout, res.String())

@@ -54,6 +54,22 @@ func (e env) parseOneShot(name string, sw oneShotSwitch) (o oneShot, code int, d
 	return o, 0, false
 }
 
+// oneShotRefused says why one-shot command name was refused, when err is
+// a refusal: a daemon holding the slots (exit 1, then hint), or the
+// configuration (exit 2). done says the command ends there, with code.
+func (e env) oneShotRefused(name string, err error, hint string) (code int, done bool) {
+	var held *phases.SlotsHeldError
+	switch {
+	case errors.As(err, &held):
+		fmt.Fprintf(e.stderr, "phasegate %s: %v; %s\n", name, err, hint)
+		return exitFailed, true
+	case errors.Is(err, phases.ErrConfig):
+		fmt.Fprintf(e.stderr, "phasegate %s: %v\n", name, err)
+		return exitUsage, true
+	}
+	return 0, false
+}
+
 // refuseIfHeld says, before anything is made, that a daemon holds cfg's
 // lock (exit 1, naming it, then hint) or that the lock cannot be asked
 // (exit 2); done says the command ends there, with code.
@@ -92,14 +108,10 @@ func reclaimCmd(ctx context.Context, e env) int {
 		return reclaimDryRun(ctx, e, cfg)
 	}
 	summary, rep, err := phases.Reclaim(ctx, cfg, log)
-	var held *phases.SlotsHeldError
+	if code, done := e.oneShotRefused("reclaim", err, "a daemon reclaims by itself"); done {
+		return code
+	}
 	switch {
-	case errors.As(err, &held):
-		fmt.Fprintf(e.stderr, "phasegate reclaim: %v; a daemon reclaims by itself\n", err)
-		return exitFailed
-	case errors.Is(err, phases.ErrConfig):
-		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
-		return exitUsage
 	case err != nil && rep == nil:
 		fmt.Fprintf(e.stderr, "phasegate reclaim: %v\n", err)
 		return exitFailed
