@@ -16,7 +16,7 @@ import (
 // workers, waits until every host link of the prefix is gone and deletes
 // the table (timed apart); decommission is its exec to its exit. With
 // -ab-binary that build's decommission is timed too, on leases this
-// build's daemon made. The figures go to the log and stdout as a table.
+// build's daemon made, the two builds taking turns going first. The figures go to the log and stdout as a table.
 func (r *runner) measureDecom(ctx context.Context) error {
 	bins := []string{r.bin}
 	if r.o.ab.binary != "" {
@@ -51,7 +51,11 @@ func (r *runner) decomN(ctx context.Context, n int, v restoreVariant, bins []str
 		row.floor = append(row.floor, f)
 		r.sampleLoad()
 		r.logf("N=%d %s rep %d: kernel floor %s (table delete after it %s), load average %.2f", n, v.name(), rep+1, fmtMs(ms(f)), fmtMs(ms(fw)), loadAvg())
-		for k, bin := range bins {
+		// The builds take turns going first: a run right after another
+		// meets the kernel still freeing what that one left.
+		for j := range bins {
+			k := (j + rep) % len(bins)
+			bin := bins[k]
 			took, last, err := r.decomRun(ctx, n, v, bin)
 			if err != nil {
 				return row, fmt.Errorf("decommission by %s: %w", bin, err)
