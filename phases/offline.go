@@ -244,7 +244,11 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 	}
 	// Processes inside are cut off, not killed (unless
 	// --reclaim-kill-orphans): they belong to the workloads, not to us.
-	res := &DecommissionResult{Teardown: o.mgr.Teardown(ctx, inv, cfg.teardownOptions())}
+	// The slots' elements and egress chains go with the table below, in
+	// its one transaction, rather than slot by slot first.
+	opts := cfg.teardownOptions()
+	opts.TableGoes = true
+	res := &DecommissionResult{Teardown: o.mgr.Teardown(ctx, inv, opts)}
 	if err := res.Teardown.Err(); err != nil {
 		// The records of what is left are kept: a later run finds it.
 		return res, fmt.Errorf("decommission: %w", err)

@@ -183,7 +183,7 @@ func (t *Table) ClearEgress(ctx context.Context, names ...string) error {
 		return err
 	}
 	defer release()
-	for part := range slices.Chunk(names, chainsPerTransaction) {
+	for part := range slices.Chunk(names, t.chainsPerTx()) {
 		if err := t.clearEgress(c, part); err != nil {
 			return err
 		}
@@ -241,8 +241,27 @@ func (t *Table) dropChains(c *nftables.Conn, names []string) {
 // acknowledgements of thousands overflow the netlink socket's receive
 // buffer before they are read (ENOBUFS: a teardown of 10,000 leased slots
 // failed so, its socket's buffer capped at net.core.rmem_max); a removal
-// of more is split, each part one transaction.
-const chainsPerTransaction = 128
+// of more is split, each part one transaction. 128 chains' 256
+// acknowledgements fit the default rmem_max (208 KiB); where the buffer
+// was forced to sockBuf (root), a transaction takes
+// chainsPerBigTransaction: each transaction has a fixed cost in the
+// kernel, which made 128 a transaction three times slower at 10,000
+// chains (figures: docs/BENCHMARKS.md, "Decommission at the kernel's
+// rate").
+const (
+	chainsPerTransaction    = 128
+	chainsPerBigTransaction = 1024
+)
+
+// chainsPerTx is how many chains one transaction of t removes: more once
+// a socket of t has had its receive buffer forced to sockBuf (2,048
+// acknowledgements take about 2 MiB of its 8).
+func (t *Table) chainsPerTx() int {
+	if t.bigBuf.Load() {
+		return chainsPerBigTransaction
+	}
+	return chainsPerTransaction
+}
 
 // EgressState is what the table holds of one slot's egress policy.
 type EgressState struct {

@@ -194,16 +194,17 @@ func (t *Table) remove(c *nftables.Conn, els, chains []string, present bool) err
 	}
 	// The elements and every chain's map element in one transaction, with
 	// the first chains; the other chains, unreachable from then on, in
-	// transactions of their own (chainsPerTransaction).
+	// transactions of their own (chainsPerTx).
 	if err := t.unmap(c, chains); err != nil {
 		return err
 	}
-	first := chains[:min(len(chains), chainsPerTransaction)]
+	per := t.chainsPerTx()
+	first := chains[:min(len(chains), per)]
 	t.dropChains(c, first)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nft: remove %d element(s) and %d egress chain(s) in %s: %w", len(els), len(chains), t.name, err)
 	}
-	for part := range slices.Chunk(chains[len(first):], chainsPerTransaction) {
+	for part := range slices.Chunk(chains[len(first):], per) {
 		t.dropChains(c, part)
 		if err := c.Flush(); err != nil {
 			return fmt.Errorf("nft: remove %d egress chain(s) in %s: %w", len(part), t.name, err)

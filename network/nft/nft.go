@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -164,6 +165,9 @@ type Table struct {
 	netns     string
 	stamp     string // WithStamp: the slots made under it are in its stamp set
 	changes   group  // the policy changes committed together
+	// bigBuf: a socket of this table had its receive buffer forced to
+	// sockBuf, so a transaction may remove more chains (chainsPerTx).
+	bigBuf atomic.Bool
 }
 
 // New returns a handle on the inet table called name. Nothing is created
@@ -245,11 +249,13 @@ func (t *Table) conn() (c *nftables.Conn, release func(), err error) {
 		_ = c.SetReadBuffer(sockBuf)
 		// SO_RCVBUF is capped at net.core.rmem_max (208 KiB by default);
 		// root may ask past it, which the acknowledgements of a large
-		// transaction need (best effort: chainsPerTransaction bounds them
+		// transaction need (best effort: chainsPerTx bounds them
 		// anyway).
 		if rc, err := c.SyscallConn(); err == nil {
 			_ = rc.Control(func(fd uintptr) {
-				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, sockBuf)
+				if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, sockBuf) == nil {
+					t.bigBuf.Store(true)
+				}
 			})
 		}
 		return nil

@@ -19,7 +19,7 @@ import (
 // removes every element and chain, whatever their number: at 10,000 the
 // acknowledgements of one transaction overflowed the socket's buffer
 // (ENOBUFS) and the teardown failed whole; the chains are removed in
-// transactions of chainsPerTransaction.
+// transactions of chainsPerTx (root's: chainsPerBigTransaction).
 func TestRemoveManyEgressChains(t *testing.T) {
 	tbl := privateTable(t)
 	ctx := context.Background()
@@ -37,6 +37,9 @@ func TestRemoveManyEgressChains(t *testing.T) {
 	}
 	if err := tbl.Remove(ctx, names...); err != nil {
 		t.Fatalf("Remove of %d slots with their chains: %v", n, err)
+	}
+	if !tbl.bigBuf.Load() {
+		t.Error("root's socket buffer was not forced: the chains went 128 a transaction")
 	}
 	if got, err := tbl.EgressNames(ctx); err != nil || len(got) != 0 {
 		t.Errorf("egress chains left: %d, %v", len(got), err)

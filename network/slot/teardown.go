@@ -82,6 +82,14 @@ type TeardownOptions struct {
 	// node where nothing waits wants and what a node answering health
 	// checks on two cores cannot spare. nil: always overlap.
 	Overlap func() bool
+	// TableGoes leaves the slots' set elements and egress chains in the
+	// table: the caller deletes the whole table once the teardown is done
+	// (a decommission), one transaction that removes them all, where their
+	// removal slot by slot would cost a transaction per 128 egress chains.
+	// A slot torn down meanwhile keeps its element until the table goes;
+	// if the table stays (the teardown failed), the next scan finds the
+	// element alone and tears it down then.
+	TableGoes bool
 	// Progress, if set, is called after each slot's namespace is detached
 	// and unlinked (or failed), with the count so far and the total. Calls
 	// are serialized.
@@ -106,7 +114,9 @@ type BatchDone struct {
 // veth pairs in batches), waits with a deadline for the host links to vanish,
 // deletes one by one only the host links whose namespace is kept alive (by
 // an orphan process, a descriptor, or a file that is already gone), and
-// removes the set elements in one nftables transaction. With
+// removes the set elements and egress chains in one nftables transaction
+// (the chains beyond the first transaction's share in a few more), or
+// leaves them to the table's deletion (TeardownOptions.TableGoes). With
 // TeardownOptions.Batch it hands the kernel the namespaces, and awaits
 // their links, a batch at a time.
 //
@@ -136,7 +146,9 @@ func (m *Manager) Teardown(ctx context.Context, inv Inventory, opts TeardownOpti
 	// batch costs a listing of the whole set each (nft.Table.Remove lists
 	// it to skip missing names), which adds up with small batches (figures:
 	// docs/BENCHMARKS.md).
-	m.removeElements(ctx, t.outcomes, t.res)
+	if !opts.TableGoes {
+		m.removeElements(ctx, t.outcomes, t.res)
+	}
 	t.tally()
 	return t.res
 }

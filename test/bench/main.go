@@ -49,6 +49,9 @@
 //     exec → first answer and SERVING, then health checks on a new TCP
 //     connection each at -ab-rates, plain and over TLS; without
 //     -ab-binary, the build beside itself (the noise of the machine).
+//   - decom (run only when named): `phasegate decommission
+//     --destroy-leased-slots` of N leased slots beside the kernel floor for
+//     the same namespaces and links, and with -ab-binary that build's.
 //
 // Output: a table on stdout, report.md and PNG plots in -out, and the raw
 // figures, results.json, in -results (a cache outside the repository,
@@ -130,13 +133,14 @@ const (
 	partFlood    = "flood"
 	partCNI      = "cni"
 	partAB       = "ab"
+	partDecom    = "decom"
 )
 
-var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade, partFlood, partCNI, partAB}
+var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade, partFlood, partCNI, partAB, partDecom}
 
 // defaultParts run without -parts: all but ab, a comparison of two builds
 // asked for by name.
-var defaultParts = slices.DeleteFunc(slices.Clone(allParts), func(p string) bool { return p == partAB })
+var defaultParts = slices.DeleteFunc(slices.Clone(allParts), func(p string) bool { return p == partAB || p == partDecom })
 
 // options are the benchmark's settings, from its flags.
 type options struct {
@@ -226,7 +230,7 @@ type rawFlags struct {
 // rawFlags.
 func (o *options) register(fs *flag.FlagSet) *rawFlags {
 	raw := new(rawFlags)
-	fs.StringVar(&raw.parts, "parts", strings.Join(defaultParts, ","), "parts to run: "+strings.Join(allParts, ", ")+" (ab only when named)")
+	fs.StringVar(&raw.parts, "parts", strings.Join(defaultParts, ","), "parts to run: "+strings.Join(allParts, ", ")+" (ab and decom only when named)")
 	fs.BoolVar(&o.merge, "merge", false, "keep the parts not run from -results/results.json (to measure one part again)")
 	fs.StringVar(&raw.nList, "n", "0,1000,5000,10000", "comma-separated numbers of dead slots (part dead) and of leased slots (part restore)")
 	fs.BoolVar(&raw.skip10k, "skip-10k", false, "leave out N ≥ 10,000 (small machines); the report says so")

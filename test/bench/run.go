@@ -85,6 +85,7 @@ func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Res
 		partFlood:    r.measureFlood,
 		partCNI:      r.measureCNI,
 		partAB:       r.measureAB,
+		partDecom:    r.measureDecom,
 	}
 	for _, part := range o.parts {
 		res.dropPart(part)
