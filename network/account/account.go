@@ -2,10 +2,12 @@ package account
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/internal/procfs"
 )
@@ -74,10 +76,18 @@ func (l Ledger) Repoliced(dropped uint64) Ledger {
 	return l
 }
 
+// ErrNoLink is wrapped by [OfLink] for a link that is gone: a container's
+// namespace that went took its pair, the slot's host end with it.
+var ErrNoLink = errors.New("no such link")
+
 // OfLink reads the counters of the host link ifindex, in the caller's
 // network namespace.
 func OfLink(ifindex int) (Counts, error) {
 	l, err := netlink.LinkByIndex(ifindex)
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) || errors.Is(err, unix.ENODEV) {
+		return Counts{}, fmt.Errorf("account: link %d: %w", ifindex, ErrNoLink)
+	}
 	if err != nil {
 		return Counts{}, fmt.Errorf("account: link %d: RTM_GETLINK: %w", ifindex, err)
 	}

@@ -88,7 +88,7 @@ func (s *Service) giveBackBy(ctx context.Context, l *Lease, put func(context.Con
 	if err != nil {
 		s.log.Warn("ended lease's counters are unreadable: its usage is what its earlier links counted", "slot", i, "error", err)
 		u = cp.Rec.Ledger.Carried
-	} else if seen.ifindex != 0 {
+	} else if seen.ifindex != 0 && seen != cp.seen {
 		s.table.ended(l, seen)
 	}
 	control.Note(ctx, usageAttrs(u)...)

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 
 	"github.com/phasegate/phasegate/network/account"
 	"github.com/phasegate/phasegate/network/slot"
@@ -37,6 +38,11 @@ func (s *Service) usageNow(ctx context.Context, l *Lease) (account.Usage, linkSe
 	}
 	ifindex := s.table.hostIfIndex(l.Slot)
 	c, err := account.OfLink(ifindex)
+	if errors.Is(err, account.ErrNoLink) && l.seen.ifindex == ifindex {
+		// Gone with the namespace of an attachment's container, which
+		// ended: what it counted, as last seen.
+		c, err = l.seen.counts, nil
+	}
 	if err != nil {
 		return account.Usage{}, linkSeen{}, err
 	}
