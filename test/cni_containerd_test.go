@@ -46,20 +46,26 @@ func TestContainerdOnPhasegateNetwork(t *testing.T) {
 	}
 	// The runtime loses everything: containerd, its shims and their
 	// containers killed, its state removed.
+	namespaces := make(map[string]string)
+	for id, pid := range c.tasks() {
+		namespaces[id], _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+	}
 	c.stop()
 	for _, dir := range []string{"state", "root"} {
 		if err := os.RemoveAll(filepath.Join(c.dir, dir)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 30*time.Second, "the containers' namespaces to go, their attachments' host ends with them", func() bool {
+	if !poll(30*time.Second, func() bool {
 		for _, s := range held {
 			if len(h.links(s.GetHostInterface())) > 0 {
 				return false
 			}
 		}
 		return true
-	})
+	}) {
+		t.Fatalf("30s after the runtime was killed, its containers' namespaces are still there, their attachments' host ends with them; who holds them:\n%s", netnsHolders(namespaces))
+	}
 	if l := cniLeases(t, d, n.name); len(l) != detached {
 		t.Fatalf("%d attachments after the runtime lost its state, want the %d it never ended", len(l), detached)
 	}
@@ -116,4 +122,40 @@ func runShortLivedCtr(t *testing.T, c *containerd, n *cniNet, prefix string) {
 	if len(errs) > 0 {
 		t.Errorf("%d of %d ctr runs failed, the first: %s", len(errs), short, errs[0])
 	}
+}
+
+// netnsHolders names, for each container's namespace ("net:[inode]", by
+// container id), the processes in it or holding it open: what keeps it
+// after its container was killed.
+func netnsHolders(namespaces map[string]string) string {
+	var b strings.Builder
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for id, ns := range namespaces {
+		fmt.Fprintf(&b, "  %s %s:", id, ns)
+		for _, proc := range procs {
+			if in, _ := os.Readlink(proc + "/ns/net"); in == ns {
+				fmt.Fprintf(&b, " %s in it (%s);", filepath.Base(proc), comm(proc))
+			}
+			fds, _ := filepath.Glob(proc + "/fd/*")
+			for _, fd := range fds {
+				if to, _ := os.Readlink(fd); to == ns {
+					fmt.Fprintf(&b, " %s holds it as fd %s (%s);", filepath.Base(proc), filepath.Base(fd), comm(proc))
+				}
+			}
+		}
+		mounts, _ := os.ReadFile("/proc/self/mountinfo")
+		for line := range strings.Lines(string(mounts)) {
+			if strings.Contains(line, ns) {
+				fmt.Fprintf(&b, " mounted: %s;", strings.TrimSpace(line))
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// comm is the command name of the process at /proc/PID.
+func comm(proc string) string {
+	b, _ := os.ReadFile(proc + "/comm")
+	return strings.TrimSpace(string(b))
 }

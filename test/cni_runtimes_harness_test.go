@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -226,10 +227,13 @@ func (c *containerd) start(bin string) {
 	})
 }
 
-// stop kills containerd, its shims and their containers.
+// stop kills containerd, its shims and their containers. Each container
+// is also killed by its host pid: a kill through containerd is lost if
+// its shim dies first, and a container whose shim died lives on, holding
+// its namespace.
 func (c *containerd) stop() {
-	out, _ := exec.Command("ctr", "--address", c.sock, "task", "ls", "-q").Output()
-	for _, id := range strings.Fields(string(out)) {
+	tasks := c.tasks()
+	for id := range tasks {
 		_ = exec.Command("ctr", "--address", c.sock, "task", "kill", "-s", "SIGKILL", id).Run()
 	}
 	if c.cmd != nil && c.cmd.Process != nil {
@@ -237,7 +241,27 @@ func (c *containerd) stop() {
 		_ = c.cmd.Wait()
 	}
 	_ = exec.Command("pkill", "-9", "-f", "containerd-shim.*"+c.dir).Run()
+	for _, pid := range tasks {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 	_ = exec.Command("umount", "-R", "-l", filepath.Join(c.dir, "state")).Run()
+}
+
+// tasks returns the host pid of each task containerd runs, by id (`ctr
+// task ls`: a header, then id, pid and status).
+func (c *containerd) tasks() map[string]int {
+	out, _ := exec.Command("ctr", "--address", c.sock, "task", "ls").Output()
+	tasks := make(map[string]int)
+	for _, line := range strings.Split(string(out), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		if pid, err := strconv.Atoi(f[1]); err == nil && pid > 0 {
+			tasks[f[0]] = pid
+		}
+	}
+	return tasks
 }
 
 // ctr runs ctr against this containerd, with confDir as /etc/cni/net.d
