@@ -113,10 +113,12 @@ type background struct {
 }
 
 // hostAddrs are the host's own addresses, and whether the host check read
-// them (it did not run in an upgrade's new image).
+// them (it did not run in an upgrade's new image), and whether it was left
+// until after the port (hostCheckedBefore).
 type hostAddrs struct {
 	addrs []netip.Prefix
 	read  bool
+	later bool
 }
 
 // New validates cfg, checks that the host uses nothing of the slot CIDR
@@ -206,12 +208,18 @@ func New(cfg Config) (*Daemon, error) {
 // a socket handed over (systemd, an upgrade), served whatever --listen
 // says, in plain text on an address that is not loopback; and a slot CIDR
 // or guest network the host uses (checkHostCIDR), but in an upgrade's new
-// image, whose host is its own.
+// image, whose host is its own, and in a restart of a configuration the
+// check passed earlier in this boot, which checks after the port
+// (hostCheckedBefore).
 func (d *Daemon) checkHost(a *app.App) error {
 	if addr := a.HandedAddr(); addr != nil && !ListenIsLoopback(addr.String()) && d.cfg.TLS == nil && !d.cfg.Insecure {
 		return fmt.Errorf("%w: the listening socket handed over is %s, not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", ErrConfig, addr)
 	}
 	if d.cidrHanded = a.Inherited(cidrHandover); d.cidrHanded != nil {
+		return nil
+	}
+	if d.hostCheckedBefore() {
+		d.host.later = true
 		return nil
 	}
 	return d.checkHostCIDR()

@@ -42,6 +42,15 @@ func (d *Daemon) checkEgress(ctx context.Context) {
 // runs again, so that its warning follows the host's forwarding and
 // routes rather than the start's.
 func (d *Daemon) watchHost(ctx context.Context, _ *lifecycle.Progress) error {
+	switch {
+	case d.host.later:
+		// The start left the host check until now (hostCheckedBefore).
+		d.checkHostOverlap()
+	case d.host.read:
+		// The start's check passed: the next start of this configuration
+		// in this boot checks after its port.
+		d.noteHostChecked(true)
+	}
 	prefix := d.cfg.Slots.Prefix
 	err := hostwatch.Watch(ctx, hostwatch.Options{Ours: func(name string) bool { return strings.HasPrefix(name, prefix) }},
 		func(ctx context.Context) {
@@ -80,6 +89,8 @@ func (d *Daemon) checkHostOverlap() {
 		d.lc.ClearWarning(warnHostOverlap)
 		return
 	}
+	// The next start checks before the port again, and refuses.
+	d.noteHostChecked(false)
 	msg := strings.Join(found, "; ") + ": slots and the host now compete for those addresses; remove it from the host, or restart the daemon on another range"
 	d.log.Warn("the host took addresses of the slots' ranges", "problem", msg)
 	d.lc.Warn(warnHostOverlap, msg)

@@ -6,7 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,4 +127,59 @@ func nodeWarning(n *node, d *daemon, name string) string {
 		return ""
 	}
 	return detail
+}
+
+// A restart of a configuration the host check passed earlier in this boot
+// checks the host after its port, not before (issue 48, item 1: on a
+// host with thousands of the daemon's own slots the check reads every
+// one's addresses and routes, which the first answer would wait for).
+// What the host gained in the range meanwhile is then the health warning
+// host-overlap, as when it gains it while the daemon runs; and the start
+// after that checks before its port again, and refuses, exit 2.
+func TestARestartChecksTheHostAfterItsPort(t *testing.T) {
+	h := newHost(t)
+	addr := freePort(t)
+	args := h.args(addr, "--slots=16")
+	marker := filepath.Join(h.stateDir, "host-checked")
+	stop := func(d *daemon) {
+		t.Helper()
+		d.signal(syscall.SIGTERM)
+		if code := d.wait(time.Minute); code != 0 {
+			t.Fatalf("exit %d:\n%s", code, d.Output())
+		}
+	}
+
+	d := start(t, nil, args...)
+	d.waitServing(time.Minute)
+	waitFor(t, 30*time.Second, "the passed check's record in the state directory", func() bool {
+		_, err := os.Stat(marker)
+		return err == nil
+	})
+	stop(d)
+
+	// The host takes an address of the range while the daemon is down.
+	taken := lastAddrOf(t, h) + "/32"
+	run(t, "ip", "route", "add", "blackhole", taken)
+	t.Cleanup(func() { _ = exec.Command("ip", "route", "del", "blackhole", taken).Run() })
+
+	d = start(t, nil, args...)
+	d.waitServing(time.Minute)
+	waitFor(t, 30*time.Second, "a warning naming the route the host took in the slot CIDR", func() bool {
+		return strings.Contains(d.warning("host-overlap"), "route "+taken)
+	})
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Errorf("the check's record is still there after the check found an overlap: %v", err)
+	}
+	stop(d)
+
+	d = start(t, nil, args...)
+	if code := d.wait(time.Minute); code != 2 {
+		t.Fatalf("exit %d, want 2:\n%s", code, d.Output())
+	}
+	if want := "overlaps what the host already uses: route " + taken; !strings.Contains(d.Output(), want) {
+		t.Errorf("the refusal does not say %q:\n%s", want, d.Output())
+	}
+	if strings.Contains(d.Output(), "msg=listening") {
+		t.Errorf("the refused start bound its port:\n%s", d.Output())
+	}
 }
