@@ -111,6 +111,7 @@ func (d *Daemon) checkHostCIDR() error {
 		return fmt.Errorf("the host check of --slot-cidr: %w", err)
 	}
 	d.host.addrs, d.host.read = read.Addrs, true
+	d.host.checked = len(read.Foreign) == 0 && len(read.Guest) == 0
 	if uses := read.Foreign; len(uses) > 0 {
 		// Another daemon's slots are named by that daemon, not by a link.
 		if held := d.cidrHolder(); held != nil {

@@ -112,13 +112,16 @@ type background struct {
 	cancelReclaim context.CancelFunc
 }
 
-// hostAddrs are the host's own addresses, and whether the host check read
-// them (it did not run in an upgrade's new image), and whether it was left
-// until after the port (hostCheckedBefore).
+// hostAddrs are the host's own addresses and whether they were read
+// (by the host check, or beside the scan when it did not run before the
+// port), and what became of the host check: passed before the port, or
+// left until after it (hostCheckedBefore); neither in an upgrade's new
+// image.
 type hostAddrs struct {
-	addrs []netip.Prefix
-	read  bool
-	later bool
+	addrs   []netip.Prefix
+	read    bool
+	checked bool
+	later   bool
 }
 
 // New validates cfg, checks that the host uses nothing of the slot CIDR

@@ -46,7 +46,7 @@ func (d *Daemon) watchHost(ctx context.Context, _ *lifecycle.Progress) error {
 	case d.host.later:
 		// The start left the host check until now (hostCheckedBefore).
 		d.checkHostOverlap()
-	case d.host.read:
+	case d.host.checked:
 		// The start's check passed: the next start of this configuration
 		// in this boot checks after its port.
 		d.noteHostChecked(true)

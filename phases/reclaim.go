@@ -39,21 +39,24 @@ func (d *Daemon) openStore() error {
 }
 
 // readStart is what the reclaim phase reads before it changes anything:
-// the scan of the host and the records, two independent reads run at
-// once, so that the phase waits for the longer rather than their sum (the
-// host check ran in New). The scan is the package's read-only one (the
+// the scan of the host, the records and, when the host check did not read
+// them before the port, the host's addresses: independent reads run at
+// once, so that the phase waits for the longest rather than their sum. The scan is the package's read-only one (the
 // manager, which makes the firewall table, comes after). Records are read
 // beside the scan only when their file exists: a first start has none to
 // read, and a start whose scan failed must not leave a state file it made.
 func (d *Daemon) readStart(ctx context.Context) (_ *slot.ScanResult, recs []leases.Record, bad []int, err error) {
 	var (
-		wg        sync.WaitGroup
-		recordErr error
+		wg                 sync.WaitGroup
+		recordErr, hostErr error
 	)
 	_, statErr := os.Lstat(d.cfg.StatePath())
 	loadAfter := d.store == nil && errors.Is(statErr, fs.ErrNotExist)
 	if !loadAfter {
 		wg.Go(func() { recs, bad, recordErr = d.loadRecords() })
+	}
+	if d.mgr == nil && !d.host.read {
+		wg.Go(func() { hostErr = d.readHostAddrs() })
 	}
 	var sr *slot.ScanResult
 	if d.mgr != nil {
@@ -68,10 +71,23 @@ func (d *Daemon) readStart(ctx context.Context) (_ *slot.ScanResult, recs []leas
 	if loadAfter && err == nil {
 		recs, bad, recordErr = d.loadRecords()
 	}
-	if err := errors.Join(err, recordErr); err != nil {
+	if err := errors.Join(err, recordErr, hostErr); err != nil {
 		return nil, nil, nil, err
 	}
 	return sr, recs, bad, nil
+}
+
+// readHostAddrs reads the host's own addresses for the egress defaults
+// when the host check, which reads them too, did not run before the port
+// (an upgrade's new image, a restart that checks after its port): one
+// address dump, beside the scan.
+func (d *Daemon) readHostAddrs() error {
+	addrs, err := d.cfg.Slots.HostAddrs()
+	if err != nil {
+		return fmt.Errorf("the host's addresses: %w", err)
+	}
+	d.host.addrs, d.host.read = addrs, true
+	return nil
 }
 
 // loadRecords opens the records (once) and reads them: the indices of
