@@ -52,6 +52,9 @@
 //   - decom (run only when named): `phasegate decommission
 //     --destroy-leased-slots` of N leased slots beside the kernel floor for
 //     the same namespaces and links, and with -ab-binary that build's.
+//   - first (run only when named): exec → the first /health answer of
+//     phasegate at each N of dead slots up to 5,000, beside a trivial Go
+//     HTTP server the benchmark builds, and each one's package inits.
 //
 // Output: a table on stdout, report.md and PNG plots in -out, and the raw
 // figures, results.json, in -results (a cache outside the repository,
@@ -134,13 +137,14 @@ const (
 	partCNI      = "cni"
 	partAB       = "ab"
 	partDecom    = "decom"
+	partFirst    = "first"
 )
 
-var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade, partFlood, partCNI, partAB, partDecom}
+var allParts = []string{partDead, partRestore, partLoad, partAcquire, partSlotRate, partUpgrade, partFlood, partCNI, partAB, partDecom, partFirst}
 
 // defaultParts run without -parts: all but ab, a comparison of two builds
 // asked for by name.
-var defaultParts = slices.DeleteFunc(slices.Clone(allParts), func(p string) bool { return p == partAB || p == partDecom })
+var defaultParts = slices.DeleteFunc(slices.Clone(allParts), func(p string) bool { return p == partAB || p == partDecom || p == partFirst })
 
 // options are the benchmark's settings, from its flags.
 type options struct {
@@ -230,7 +234,7 @@ type rawFlags struct {
 // rawFlags.
 func (o *options) register(fs *flag.FlagSet) *rawFlags {
 	raw := new(rawFlags)
-	fs.StringVar(&raw.parts, "parts", strings.Join(defaultParts, ","), "parts to run: "+strings.Join(allParts, ", ")+" (ab and decom only when named)")
+	fs.StringVar(&raw.parts, "parts", strings.Join(defaultParts, ","), "parts to run: "+strings.Join(allParts, ", ")+" (ab, decom and first only when named)")
 	fs.BoolVar(&o.merge, "merge", false, "keep the parts not run from -results/results.json (to measure one part again)")
 	fs.StringVar(&raw.nList, "n", "0,1000,5000,10000", "comma-separated numbers of dead slots (part dead) and of leased slots (part restore)")
 	fs.BoolVar(&raw.skip10k, "skip-10k", false, "leave out N ≥ 10,000 (small machines); the report says so")

@@ -86,6 +86,7 @@ func run(ctx context.Context, o options, prev *Results, log io.Writer) (res *Res
 		partCNI:      r.measureCNI,
 		partAB:       r.measureAB,
 		partDecom:    r.measureDecom,
+		partFirst:    r.measureFirst,
 	}
 	for _, part := range o.parts {
 		res.dropPart(part)
