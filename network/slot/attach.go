@@ -107,25 +107,30 @@ func (m *Manager) park(s *Slot, warm netlink.Link) (err error) {
 	if err := clearParked(parked); err != nil {
 		return err
 	}
+	// The address goes before the link goes down: a link that goes down
+	// with routes through it makes the kernel walk every route of the
+	// host's tables (fib_flush), one per slot on a host of slots (figures:
+	// docs/BENCHMARKS.md).
+	addr := &netlink.Addr{IPNet: ipNet(s.HostAddr)}
+	if err := netlink.AddrDel(warm, addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		return fmt.Errorf("take %s off %s: %w", s.HostAddr, s.HostIf, err)
+	}
+	defer func() {
+		if err != nil {
+			if aerr := netlink.AddrAdd(warm, addr); aerr != nil && !errors.Is(aerr, unix.EEXIST) {
+				err = errors.Join(err, fmt.Errorf("put %s back on %s: %w", s.HostAddr, s.HostIf, aerr))
+			}
+		}
+	}()
 	// A link is renamed only while down.
 	if err := netlink.LinkSetDown(warm); err != nil {
 		return fmt.Errorf("set %s down: %w", s.HostIf, err)
 	}
-	defer func() {
-		if err != nil {
-			if uerr := netlink.LinkSetUp(warm); uerr != nil {
-				err = errors.Join(err, fmt.Errorf("set %s up again: %w", s.HostIf, uerr))
-			}
-		}
-	}()
 	if err := netlink.LinkSetName(warm, parked); err != nil {
-		return fmt.Errorf("rename %s to %s: %w", s.HostIf, parked, err)
-	}
-	if err := netlink.AddrDel(warm, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-		if uerr := netlink.LinkSetName(warm, s.HostIf); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("rename %s back to %s: %w", parked, s.HostIf, uerr))
+		if uerr := netlink.LinkSetUp(warm); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("set %s up again: %w", s.HostIf, uerr))
 		}
-		return fmt.Errorf("take %s off %s: %w", s.HostAddr, parked, err)
+		return fmt.Errorf("rename %s to %s: %w", s.HostIf, parked, err)
 	}
 	return nil
 }
@@ -142,7 +147,7 @@ func clearParked(name string) error {
 		return err
 	}
 	defer p.close()
-	idx, err := p.index(name)
+	idx, err := p.indexNoLoad(name)
 	if err != nil || idx == 0 {
 		return err
 	}
@@ -297,6 +302,11 @@ func (m *Manager) Unplug(ctx context.Context, s *Slot, nsFD int, ifname string) 
 		return nil // gone, the container's end with it
 	}
 	host := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: s.HostIfIndex, Name: s.HostIf}}
+	// The address first, as in park: the link then goes down with no
+	// route through it, and the kernel walks no table.
+	if err := netlink.AddrDel(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("slot %d: unplug: take %s off %s: %w", s.Index, s.HostAddr, s.HostIf, err)
+	}
 	if err := netlink.LinkSetDown(host); err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("slot %d: unplug: set %s down: %w", s.Index, s.HostIf, err)
 	}

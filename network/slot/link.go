@@ -3,6 +3,7 @@ package slot
 import (
 	"errors"
 	"fmt"
+	"runtime"
 
 	"github.com/phasegate/phasegate/network/account"
 	"github.com/vishvananda/netlink"
@@ -10,10 +11,12 @@ import (
 )
 
 // Looking a missing interface up by name with ioctl(SIOCGIFINDEX) makes the
-// kernel try to load a module called netdev-<name> (dev_load): on a host with
-// loadable modules that spawns modprobe for every vanished link. So names are
-// resolved through netlink, and the teardown wait polls by index with
-// ioctl(SIOCGIFNAME), which never loads anything.
+// kernel try to load a module called netdev-<name> (dev_load) for a caller
+// holding CAP_NET_ADMIN, and one called <name> for a caller holding
+// CAP_SYS_MODULE: on a host with loadable modules that runs modprobe, twice,
+// for every name that is not there. So a name that may be missing is looked
+// up without those capabilities (indexNoLoad), and the teardown wait polls
+// by index with ioctl(SIOCGIFNAME), which never loads anything.
 
 // linkProbe polls root-namespace links by index with one ioctl each.
 type linkProbe struct{ fd int }
@@ -29,7 +32,8 @@ func newLinkProbe() (*linkProbe, error) {
 func (p *linkProbe) close() { unix.Close(p.fd) }
 
 // index returns the index of a link by name with ioctl(SIOCGIFINDEX), 0 if
-// it does not exist. Only for names expected to exist (see above): it is one
+// it does not exist. Only for names expected to exist (see above; others go
+// through indexNoLoad): it is one
 // RCU lookup, where a netlink request would queue behind the RTNL lock that
 // the kernel holds while it destroys namespaces.
 func (p *linkProbe) index(name string) (int, error) {
@@ -44,6 +48,57 @@ func (p *linkProbe) index(name string) (int, error) {
 		return 0, fmt.Errorf("slot: ioctl(SIOCGIFINDEX) %s: %w", name, err)
 	}
 	return int(ifr.Uint32()), nil
+}
+
+// indexNoLoad is index for a name that may not exist: the lookup runs on
+// an OS thread of its own with CAP_NET_ADMIN and CAP_SYS_MODULE out of the
+// thread's effective set (capabilities are per thread), so that dev_load
+// requests no module. The thread gets them back before it runs anything
+// else, or, if it cannot, ends with the goroutine that locked it.
+func (p *linkProbe) indexNoLoad(name string) (int, error) {
+	type result struct {
+		index int
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		restore, err := dropLoadCaps()
+		if err != nil {
+			runtime.UnlockOSThread() // nothing was changed
+			done <- result{err: fmt.Errorf("slot: link %q: %w", name, err)}
+			return
+		}
+		idx, err := p.index(name)
+		if restore() == nil {
+			runtime.UnlockOSThread()
+		}
+		done <- result{idx, err}
+	}()
+	r := <-done
+	return r.index, r.err
+}
+
+// dropLoadCaps takes CAP_NET_ADMIN and CAP_SYS_MODULE out of the calling
+// thread's effective set; restore puts the set back as it was. The caller
+// holds the thread locked from before the drop until restore succeeds.
+func dropLoadCaps() (restore func() error, err error) {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var was [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &was[0]); err != nil {
+		return nil, fmt.Errorf("capget: %w", err)
+	}
+	less := was
+	less[0].Effective &^= 1<<unix.CAP_NET_ADMIN | 1<<unix.CAP_SYS_MODULE
+	if err := unix.Capset(&hdr, &less[0]); err != nil {
+		return nil, fmt.Errorf("capset: %w", err)
+	}
+	return func() error {
+		if err := unix.Capset(&hdr, &was[0]); err != nil {
+			return fmt.Errorf("capset: %w", err)
+		}
+		return nil
+	}, nil
 }
 
 // exists reports whether link index still exists with the given name (an

@@ -33,7 +33,7 @@ func (m *Manager) unlinkOne(ctx context.Context, i int, r Resources, probe *link
 	s := m.cfg.Slot(i)
 	held := false
 	if r&HasHostLink != 0 {
-		idx, err := probe.index(s.HostIf)
+		idx, err := probe.indexNoLoad(s.HostIf)
 		if err != nil {
 			o.err = err
 			return o
@@ -48,7 +48,7 @@ func (m *Manager) unlinkOne(ctx context.Context, i int, r Resources, probe *link
 	// (Manager.Attach, Manager.Unplug).
 	attached := false
 	if o.link.index != 0 {
-		idx, err := probe.index(m.cfg.ParkedIfName(i))
+		idx, err := probe.indexNoLoad(m.cfg.ParkedIfName(i))
 		if err != nil {
 			o.err = err
 			return o
