@@ -166,3 +166,35 @@ type Entry struct {
 // String is the entry for a message: the mapping, then "->" and the slot
 // address.
 func (e Entry) String() string { return e.Mapping.String() + " -> " + e.To.String() }
+
+// Message is a mapping's message form, as the Slots API's and the record's
+// generated PublishedPort read.
+type Message interface {
+	GetHostIp() string
+	GetHostPort() uint32
+	GetSlotPort() uint32
+	GetProtocol() string
+}
+
+// FromMessages reads a request's or a record's mappings, checked as
+// ValidateList checks them; none for none.
+func FromMessages[M Message](ms []M) ([]Mapping, error) {
+	var out []Mapping
+	for _, msg := range ms {
+		m, err := Make(msg.GetHostIp(), msg.GetHostPort(), msg.GetSlotPort(), msg.GetProtocol())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, ValidateList(out)
+}
+
+// HostAddr is the mapping's host address for a message: "" for every
+// address.
+func (m Mapping) HostAddr() string {
+	if !m.HostIP.IsValid() {
+		return ""
+	}
+	return m.HostIP.String()
+}

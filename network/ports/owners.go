@@ -33,33 +33,40 @@ var (
 type Owners struct {
 	netns string
 	mu    sync.Mutex
-	by    map[string][]Mapping
+	by    map[string]claim
+}
+
+// claim is an owner's mappings and the slot address they lead to.
+type claim struct {
+	to netip.Addr
+	ms []Mapping
 }
 
 // NewOwners returns an Owners whose host is the network namespace at
 // netnsPath ("" for the caller's): where it looks for bound sockets and
 // the host's addresses.
 func NewOwners(netnsPath string) *Owners {
-	return &Owners{netns: netnsPath, by: map[string][]Mapping{}}
+	return &Owners{netns: netnsPath, by: map[string]claim{}}
 }
 
-// Claim makes ms the mappings of owner, in place of those it had, or
-// refuses them all (ErrInvalid, ErrTaken, ErrBound, ErrNotHost), changing
-// nothing. The host is asked only about the mappings owner did not hold.
-func (o *Owners) Claim(owner string, ms []Mapping) error {
+// Claim makes ms the mappings of owner, leading to the slot address to,
+// in place of those it had, or refuses them all (ErrInvalid, ErrTaken,
+// ErrBound, ErrNotHost), changing nothing. The host is asked only about
+// the mappings owner did not hold.
+func (o *Owners) Claim(owner string, to netip.Addr, ms []Mapping) error {
 	if err := ValidateList(ms); err != nil {
 		return err
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	had := o.by[owner]
+	had := o.by[owner].ms
 	for _, m := range ms {
 		for other, theirs := range o.by {
 			if other == owner {
 				continue
 			}
-			if i := slices.IndexFunc(theirs, m.Overlaps); i >= 0 {
-				return fmt.Errorf("%w: %s overlaps %s", ErrTaken, m, theirs[i])
+			if i := slices.IndexFunc(theirs.ms, m.Overlaps); i >= 0 {
+				return fmt.Errorf("%w: %s overlaps %s", ErrTaken, m, theirs.ms[i])
 			}
 		}
 	}
@@ -72,23 +79,26 @@ func (o *Owners) Claim(owner string, ms []Mapping) error {
 	if err := o.hostCheck(fresh); err != nil {
 		return err
 	}
+	o.set(owner, to, ms)
+	return nil
+}
+
+// set records owner's claim, or forgets it for none.
+func (o *Owners) set(owner string, to netip.Addr, ms []Mapping) {
 	if len(ms) == 0 {
 		delete(o.by, owner)
-	} else {
-		o.by[owner] = slices.Clone(ms)
+		return
 	}
-	return nil
+	o.by[owner] = claim{to: to, ms: slices.Clone(ms)}
 }
 
 // Load records owner's mappings as a start reads them from its record,
 // without asking the host (its ports are DNAT'd already, and a socket
 // bound since is the host's to lose).
-func (o *Owners) Load(owner string, ms []Mapping) {
+func (o *Owners) Load(owner string, to netip.Addr, ms []Mapping) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if len(ms) > 0 {
-		o.by[owner] = slices.Clone(ms)
-	}
+	o.set(owner, to, ms)
 }
 
 // Drop forgets owner's mappings: its host ports are free.
@@ -102,7 +112,21 @@ func (o *Owners) Drop(owner string) {
 func (o *Owners) Of(owner string) []Mapping {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return slices.Clone(o.by[owner])
+	return slices.Clone(o.by[owner].ms)
+}
+
+// Entries are every owner's mappings with the slot address each leads
+// to: what the maps must hold (Table.Sync).
+func (o *Owners) Entries() []Entry {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []Entry
+	for _, c := range o.by {
+		for _, m := range c.ms {
+			out = append(out, Entry{Mapping: m, To: c.to})
+		}
+	}
+	return out
 }
 
 // hostCheck asks the host about ms: each host address must be the host's,
@@ -112,9 +136,12 @@ func (o *Owners) hostCheck(ms []Mapping) error {
 		return nil
 	}
 	check := func() error {
-		addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
-		if err != nil {
-			return fmt.Errorf("ports: list the host's addresses: %w", err)
+		var addrs []netlink.Addr
+		if slices.ContainsFunc(ms, func(m Mapping) bool { return m.HostIP.IsValid() }) {
+			var err error
+			if addrs, err = hostAddrs(); err != nil {
+				return err
+			}
 		}
 		for _, m := range ms {
 			if m.HostIP.IsValid() && !slices.ContainsFunc(addrs, func(a netlink.Addr) bool {
@@ -138,6 +165,23 @@ func (o *Owners) hostCheck(ms []Mapping) error {
 	}
 	defer unix.Close(fd)
 	return netns.Do(fd, check)
+}
+
+// hostAddrs lists the IPv4 addresses of the caller's namespace. A dump the
+// kernel says was interrupted (a link or address changed meanwhile) is
+// asked again.
+func hostAddrs() ([]netlink.Addr, error) {
+	var err error
+	for range 5 {
+		var addrs []netlink.Addr
+		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); err == nil {
+			return addrs, nil
+		}
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	return nil, fmt.Errorf("ports: list the host's addresses: %w", err)
 }
 
 // bindProbe binds a socket of m's protocol to its host address and port,

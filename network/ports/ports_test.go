@@ -237,8 +237,9 @@ func TestClaimRefusesWhatIsTaken(t *testing.T) {
 	}
 	defer udp.Close()
 	o := ports.NewOwners(h.Path)
+	to := h.Slots[0].InsideAddr.Addr()
 	mine := ports.Mapping{HostPort: 18080, SlotPort: 80, Protocol: ports.TCP}
-	if err := o.Claim("lease-a", []ports.Mapping{mine}); err != nil {
+	if err := o.Claim("lease-a", to, []ports.Mapping{mine}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -255,7 +256,7 @@ func TestClaimRefusesWhatIsTaken(t *testing.T) {
 		{"a port 0", ports.Mapping{HostPort: 0, SlotPort: 80, Protocol: ports.TCP}, ports.ErrInvalid},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if err := o.Claim("lease-b", []ports.Mapping{c.m}); !errors.Is(err, c.want) {
+			if err := o.Claim("lease-b", to, []ports.Mapping{c.m}); !errors.Is(err, c.want) {
 				t.Fatalf("Claim(%s) = %v, want %v", c.m, err, c.want)
 			}
 			if got := o.Of("lease-b"); len(got) != 0 {
@@ -264,14 +265,14 @@ func TestClaimRefusesWhatIsTaken(t *testing.T) {
 		})
 	}
 	// The same port over UDP is free; the lease's own claim again is fine.
-	if err := o.Claim("lease-b", []ports.Mapping{{HostPort: 18080, SlotPort: 80, Protocol: ports.UDP}}); err != nil {
+	if err := o.Claim("lease-b", to, []ports.Mapping{{HostPort: 18080, SlotPort: 80, Protocol: ports.UDP}}); err != nil {
 		t.Fatalf("UDP 18080 beside TCP 18080: %v", err)
 	}
-	if err := o.Claim("lease-a", []ports.Mapping{mine}); err != nil {
+	if err := o.Claim("lease-a", to, []ports.Mapping{mine}); err != nil {
 		t.Fatalf("the owner's claim again: %v", err)
 	}
 	o.Drop("lease-a")
-	if err := o.Claim("lease-b", []ports.Mapping{mine}); err != nil {
+	if err := o.Claim("lease-b", to, []ports.Mapping{mine}); err != nil {
 		t.Fatalf("after the owner dropped it: %v", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/ports"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -20,6 +21,9 @@ type Request struct {
 	RequestID string
 	TTL       time.Duration
 	Egress    *egress.Policy
+	// Ports are the lease's published ports (ParsePorts), written before
+	// its record.
+	Ports []ports.Mapping
 	// Attach, when not nil, attaches the slot (a CNI ADD: [Service.Attach]),
 	// after its policy and before its record.
 	Attach Target
@@ -129,6 +133,11 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 			return Acquired{}, egressError(sl.Index, err)
 		}
 	}
+	rec := newRecord(sl, req, principal, time.Now())
+	if err := s.publish(ctx, sl.Index, sl.HostIf, rec.LeaseID, nil, req.Ports); err != nil {
+		s.returnUnleased(sl, pol != nil)
+		return Acquired{}, err
+	}
 	// An attachment's pair is made before the record, which carries its
 	// new host end's index. A start that finds it made and not recorded
 	// finds the slot's host end not the one its idle record names, and
@@ -138,16 +147,17 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 	var att *leases.Attachment
 	if req.Attach != nil {
 		if made, err = s.attach(ctx, sl, req.Attach, pol != nil); err != nil {
+			s.withdraw(ctx, sl.Index, rec.LeaseID, req.Ports)
 			return Acquired{}, err
 		}
 		att = req.Attach.Record()
 	}
-	rec := newRecord(sl, req, principal, time.Now())
-	rec.Egress, rec.Attachment, rec.Ledger = pol, att, s.startLedger(sl)
+	rec.Egress, rec.Attachment, rec.Ledger, rec.Ports = pol, att, s.startLedger(sl), req.Ports
 	// The record first, the reply after: a lease the client hears of is a
 	// lease a restart restores. If the record cannot be written, or the
 	// caller left before it was, the slot goes back to the pool unused.
 	if err := s.records.Put(ctx, rec); err != nil {
+		s.withdraw(ctx, sl.Index, rec.LeaseID, req.Ports)
 		if made != nil {
 			s.unattach(ctx, sl)
 		} else {
