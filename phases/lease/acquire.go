@@ -134,10 +134,6 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 		}
 	}
 	rec := newRecord(sl, req, principal, time.Now())
-	if err := s.publish(ctx, sl.Index, sl.HostIf, rec.LeaseID, nil, req.Ports); err != nil {
-		s.returnUnleased(sl, pol != nil)
-		return Acquired{}, err
-	}
 	// An attachment's pair is made before the record, which carries its
 	// new host end's index. A start that finds it made and not recorded
 	// finds the slot's host end not the one its idle record names, and
@@ -147,10 +143,19 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 	var att *leases.Attachment
 	if req.Attach != nil {
 		if made, err = s.attach(ctx, sl, req.Attach, pol != nil); err != nil {
-			s.withdraw(ctx, sl.Index, rec.LeaseID, req.Ports)
 			return Acquired{}, err
 		}
 		att = req.Attach.Record()
+	}
+	// The ports after the attachment, whose new host end is the one the
+	// host's connections to 127.0.0.1 leave by (route_localnet).
+	if err := s.publish(ctx, sl.Index, sl.HostIf, rec.LeaseID, nil, req.Ports); err != nil {
+		if made != nil {
+			s.unattach(ctx, sl)
+		} else {
+			s.returnUnleased(sl, pol != nil)
+		}
+		return Acquired{}, err
 	}
 	rec.Egress, rec.Attachment, rec.Ledger, rec.Ports = pol, att, s.startLedger(sl), req.Ports
 	// The record first, the reply after: a lease the client hears of is a
