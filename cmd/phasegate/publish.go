@@ -28,7 +28,8 @@ func (p *publishFlags) Set(s string) error {
 	if err != nil {
 		return err
 	}
-	*p = append(*p, &phasegatev1.PublishedPort{HostIp: m.HostAddr(), HostPort: uint32(m.HostPort), SlotPort: uint32(m.SlotPort),
-		Protocol: string(m.Protocol)})
+	*p = append(*p, ports.ToMessages([]ports.Mapping{m}, func(ip string, hp, sp uint32, proto string) *phasegatev1.PublishedPort {
+		return &phasegatev1.PublishedPort{HostIp: ip, HostPort: hp, SlotPort: sp, Protocol: proto}
+	})...)
 	return nil
 }

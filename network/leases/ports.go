@@ -7,10 +7,7 @@ import (
 
 // portsMessage is a lease's published ports as the record stores them.
 func portsMessage(ms []ports.Mapping) []*recordpb.PublishedPort {
-	var out []*recordpb.PublishedPort
-	for _, m := range ms {
-		out = append(out, &recordpb.PublishedPort{HostIp: m.HostAddr(), HostPort: uint32(m.HostPort), SlotPort: uint32(m.SlotPort),
-			Protocol: string(m.Protocol)})
-	}
-	return out
+	return ports.ToMessages(ms, func(ip string, hp, sp uint32, p string) *recordpb.PublishedPort {
+		return &recordpb.PublishedPort{HostIp: ip, HostPort: hp, SlotPort: sp, Protocol: p}
+	})
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/phasegate/phasegate/network/internal/fakehost"
-	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/ports"
 )
 
@@ -19,18 +18,8 @@ func BenchmarkPublish(b *testing.B) {
 	for _, n := range []int{10, 10000} {
 		b.Run(fmt.Sprintf("beside=%d", n), func(b *testing.B) {
 			h := fakehost.New(b, 1, true)
-			fw, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR))
-			if err != nil {
-				b.Fatal(err)
-			}
+			_, pt := portsOf(b, h)
 			ctx := context.Background()
-			if err := fw.Ensure(ctx); err != nil {
-				b.Fatal(err)
-			}
-			pt := ports.New(fw)
-			if err := pt.Ensure(ctx); err != nil {
-				b.Fatal(err)
-			}
 			var others []ports.Mapping
 			for i := range n {
 				others = append(others, ports.Mapping{HostPort: uint16(20000 + i), SlotPort: 80, Protocol: ports.TCP})

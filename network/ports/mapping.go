@@ -198,3 +198,13 @@ func (m Mapping) HostAddr() string {
 	}
 	return m.HostIP.String()
 }
+
+// ToMessages writes ms in a message form, each made by mk from the wire's
+// values (the host address "" for every one, the protocol always named).
+func ToMessages[M any](ms []Mapping, mk func(hostIP string, hostPort, slotPort uint32, protocol string) M) []M {
+	var out []M
+	for _, m := range ms {
+		out = append(out, mk(m.HostAddr(), uint32(m.HostPort), uint32(m.SlotPort), string(m.Protocol)))
+	}
+	return out
+}

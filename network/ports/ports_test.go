@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -34,25 +35,23 @@ type rig struct {
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	h := fakehost.New(t, 2, true)
-	fw, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := fw.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := fw.Add(ctx, h.HostIfs()...); err != nil {
-		t.Fatal(err)
-	}
-	pt := ports.New(fw)
-	if err := pt.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fw, pt := portsOf(t, h)
 	for _, p := range []uint16{slotPort, innerPort} {
 		serve(t, h.Slots[0].NetnsPath, netip.AddrPortFrom(h.Slots[0].InsideAddr.Addr(), p), "slot1")
 	}
 	return &rig{h: h, fw: fw, pt: pt}
+}
+
+// portsOf writes the slot table and its published ports' chains into
+// fake host h.
+func portsOf(t testing.TB, h *fakehost.Host) (*nft.Table, *ports.Table) {
+	t.Helper()
+	fw := h.SlotTable(t)
+	pt := ports.New(fw)
+	if err := pt.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return fw, pt
 }
 
 // serve answers every connection to addr in the namespace at path with
@@ -63,17 +62,10 @@ func serve(t *testing.T, path string, addr netip.AddrPort, name string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte(name + "\n"))
-			c.Close()
-		}
-	}()
+	fakehost.Serve(t, ln, func(c net.Conn) {
+		_, _ = c.Write([]byte(name + "\n"))
+		c.Close()
+	})
 }
 
 // dial connects from the namespace at from to to within wait and answers

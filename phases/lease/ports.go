@@ -103,20 +103,10 @@ func (s *Service) SetPorts(ctx context.Context, c control.Caller, i int, leaseID
 	if err := ports.ValidateList(ms); err != nil {
 		return Lease{}, wrapError(ErrInvalid, err, err.Error())
 	}
-	if l := s.table.at(i); l != nil {
-		if err := s.Settle(ctx, l); err != nil {
-			return Lease{}, err
-		}
-	}
-	defer s.lockPolicy(i)()
-	cur := s.table.copyAt(i)
-	switch {
-	case cur == nil:
-		return Lease{}, leaseError(i, leases.ErrNotFound)
-	case !sameLease(cur.Rec.LeaseID, leaseID):
-		return Lease{}, leaseError(i, errWrongLease)
-	case cur.Slot == nil:
-		return Lease{}, Errorf(ErrPrecondition, "slot %d: the lease is lost (%s): it has no slot to publish ports of", i, cur.LostReason)
+	cur, unlock, err := s.changedLease(ctx, i, leaseID, "publish ports of")
+	defer unlock()
+	if err != nil {
+		return Lease{}, err
 	}
 	old, sl := cur.Rec.Ports, cur.Slot
 	if err := s.publish(ctx, i, sl.HostIf, leaseID, old, ms); err != nil {

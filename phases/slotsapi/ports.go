@@ -28,10 +28,7 @@ func (s *Server) SetPorts(ctx context.Context, req *phasegatev1.SetPortsRequest)
 // portsProto is a lease's published ports in the Slots API's form, each
 // protocol named.
 func portsProto(ms []ports.Mapping) []*phasegatev1.PublishedPort {
-	var out []*phasegatev1.PublishedPort
-	for _, m := range ms {
-		out = append(out, &phasegatev1.PublishedPort{HostIp: m.HostAddr(), HostPort: uint32(m.HostPort), SlotPort: uint32(m.SlotPort),
-			Protocol: string(m.Protocol)})
-	}
-	return out
+	return ports.ToMessages(ms, func(ip string, hp, sp uint32, p string) *phasegatev1.PublishedPort {
+		return &phasegatev1.PublishedPort{HostIp: ip, HostPort: hp, SlotPort: sp, Protocol: p}
+	})
 }
