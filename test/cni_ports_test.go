@@ -61,3 +61,42 @@ func TestCNIPublishedPortsWithCnitool(t *testing.T) {
 		}
 	}
 }
+
+// podman run -p HOST:CONTAINER on the phasegate network answers on the
+// host's port (from the host, at 127.0.0.1), and podman rm -f leaves no
+// element of the published ports' maps.
+func TestPodmanPublishedPort(t *testing.T) {
+	h := newHost(t)
+	addr := freePort(t)
+	d := start(t, nil, h.args(addr, "--slots=16")...)
+	d.waitServing(time.Minute)
+	n := newCNINetOf(t, "1.0.0", h.prefix+"pp", d.control, map[string]any{"capabilities": map[string]any{"portMappings": true}})
+	hostForwarding(t)
+	p := newPodman(t, n.confDir)
+	_, hp, _ := net.SplitHostPort(freePort(t))
+	name := h.prefix + "pub"
+	argv := p.runArgs(n.name, "-d", "--name", name, "-p", hp+":"+workloadPort)
+	if out, err := p.cmd(append(argv, "/bin/nc", "-ll", "-p", workloadPort, "-e", "/bin/cat")...).CombinedOutput(); err != nil {
+		t.Fatalf("podman run -d -p: %v\n%s", err, out)
+	}
+	leased := cniLeases(t, d, n.name)
+	if len(leased) != 1 || len(leased[0].GetPorts()) != 1 || strconv.Itoa(int(leased[0].GetPorts()[0].GetHostPort())) != hp {
+		t.Fatalf("the container's attachment and its published ports: %v", leased)
+	}
+	w := probeEcho(leased[0].GetIndex(), net.JoinHostPort("127.0.0.1", hp))
+	waitFor(t, 10*time.Second, "the container to answer at 127.0.0.1:"+hp, func() bool { return w.ok.Load() > 0 })
+	if ok, failed, last := w.finish(); failed != 0 {
+		t.Errorf("%d probes of the published port failed (last %v), %d answered", failed, last, ok)
+	}
+	if out, err := p.cmd("rm", "-f", "-t", "0", name).CombinedOutput(); err != nil {
+		t.Fatalf("podman rm -f: %v\n%s", err, out)
+	}
+	if l := cniLeases(t, d, n.name); len(l) != 0 {
+		t.Errorf("podman rm -f left %d attachments", len(l))
+	}
+	for _, m := range []string{ports.MapAny, ports.MapAddr} {
+		if out := run(t, "nft", "list", "map", "inet", nft.TableName(h.prefix), m); strings.Contains(out, "elements") {
+			t.Errorf("podman rm -f left an element of %s:\n%s", m, out)
+		}
+	}
+}
