@@ -47,6 +47,10 @@ func TestCNIPublishedPortsWithCnitool(t *testing.T) {
 	d.wait(time.Minute)
 	d = start(t, nil, args...)
 	d.waitServing(time.Minute)
+	waitFor(t, time.Minute, "the restored lease's check", func() bool { return n.checkPasses(ns) })
+	if l := cniLeases(t, d, n.name); len(l) != 1 || l[0].GetLostReason() != "" || len(l[0].GetPorts()) != 1 {
+		t.Fatalf("after kill -9 the attachment is not restored with its ports: %v", l)
+	}
 	before := published.ok.Load()
 	waitFor(t, 10*time.Second, "the published port to keep answering after kill -9", func() bool { return published.ok.Load() > before+5 })
 	ok, failed, last := published.finish()

@@ -133,7 +133,6 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 			return Acquired{}, egressError(sl.Index, err)
 		}
 	}
-	rec := newRecord(sl, req, principal, time.Now())
 	// An attachment's pair is made before the record, which carries its
 	// new host end's index. A start that finds it made and not recorded
 	// finds the slot's host end not the one its idle record names, and
@@ -147,8 +146,10 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 		}
 		att = req.Attach.Record()
 	}
-	// The ports after the attachment, whose new host end is the one the
-	// host's connections to 127.0.0.1 leave by (route_localnet).
+	// The record after the attachment, whose new host end's index it
+	// carries; the ports after it too: that end is the one the host's
+	// connections to 127.0.0.1 leave by (route_localnet).
+	rec := newRecord(sl, req, principal, time.Now())
 	if err := s.publish(ctx, sl.Index, sl.HostIf, rec.LeaseID, nil, req.Ports); err != nil {
 		if made != nil {
 			s.unattach(ctx, sl)
