@@ -267,3 +267,18 @@ func (s *Service) changedLease(ctx context.Context, i int, leaseID, what string)
 	}
 	return cur, unlock, nil
 }
+
+// updateLease changes the record of slot i's lease whose id is leaseID
+// with set, in one transaction that checks it is still that lease.
+func (s *Service) updateLease(ctx context.Context, i int, leaseID string, set func(*leases.Record)) (leases.Record, error) {
+	return s.records.update(ctx, i, func(r *leases.Record) error {
+		if r.State != leases.Leased {
+			return leases.ErrNotFound
+		}
+		if !sameLease(r.LeaseID, leaseID) {
+			return errWrongLease
+		}
+		set(r)
+		return nil
+	})
+}

@@ -104,18 +104,11 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 		}
 		return Lease{}, egressError(i, err)
 	}
-	rec, err := s.records.update(ctx, i, func(r *leases.Record) error {
-		if r.State != leases.Leased {
-			return leases.ErrNotFound
-		}
-		if !sameLease(r.LeaseID, leaseID) {
-			return errWrongLease
-		}
+	rec, err := s.updateLease(ctx, i, leaseID, func(r *leases.Record) {
 		r.Egress = pol
 		// The new rules count from 0: the lease's ledger carries what
 		// the old ones dropped.
 		r.Ledger = r.Ledger.Repoliced(dropped)
-		return nil
 	})
 	if err != nil {
 		// The record keeps the old policy: so must the slot.

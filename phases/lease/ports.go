@@ -112,16 +112,7 @@ func (s *Service) SetPorts(ctx context.Context, c control.Caller, i int, leaseID
 	if err := s.publish(ctx, i, sl.HostIf, leaseID, old, ms); err != nil {
 		return Lease{}, err
 	}
-	rec, err := s.records.update(ctx, i, func(r *leases.Record) error {
-		if r.State != leases.Leased {
-			return leases.ErrNotFound
-		}
-		if !sameLease(r.LeaseID, leaseID) {
-			return errWrongLease
-		}
-		r.Ports = ms
-		return nil
-	})
+	rec, err := s.updateLease(ctx, i, leaseID, func(r *leases.Record) { r.Ports = ms })
 	if err != nil {
 		// The record keeps the old mappings: so must the table.
 		if perr := s.publish(ctx, i, sl.HostIf, leaseID, ms, old); perr != nil {
