@@ -16,7 +16,8 @@ import (
 // A container's published ports come in the runtime's "portMappings"
 // capability args (cnitool's CAP_ARGS) and are DNAT'd in the daemon's own
 // table: a connection to 127.0.0.1:<host port> reaches the container and
-// holds across a kill -9 of the daemon; another container asking for the
+// holds across a kill -9 and a SIGHUP upgrade of the daemon; another
+// container asking for the
 // same host port is refused; DEL leaves no element.
 func TestCNIPublishedPortsWithCnitool(t *testing.T) {
 	h := newHost(t)
@@ -43,19 +44,27 @@ func TestCNIPublishedPortsWithCnitool(t *testing.T) {
 		t.Fatal("a second container took a host port another publishes")
 	}
 
-	d.signal(syscall.SIGKILL)
-	d.wait(time.Minute)
-	d = start(t, nil, args...)
-	d.waitServing(time.Minute)
-	waitFor(t, time.Minute, "the restored lease's check", func() bool { return n.checkPasses(ns) })
-	if l := cniLeases(t, d, n.name); len(l) != 1 || l[0].GetLostReason() != "" || len(l[0].GetPorts()) != 1 {
-		t.Fatalf("after kill -9 the attachment is not restored with its ports: %v", l)
+	for _, how := range []string{"kill -9", "SIGHUP upgrade"} {
+		if how == "kill -9" {
+			d.signal(syscall.SIGKILL)
+			d.wait(time.Minute)
+			d = start(t, nil, args...)
+		} else {
+			served := strings.Count(d.Output(), "msg=serving ")
+			d.signal(syscall.SIGHUP)
+			waitFor(t, 2*time.Minute, "the upgraded image to serve", func() bool { return strings.Count(d.Output(), "msg=serving ") > served })
+		}
+		d.waitServing(time.Minute)
+		waitFor(t, time.Minute, "the restored lease's check", func() bool { return n.checkPasses(ns) })
+		if l := cniLeases(t, d, n.name); len(l) != 1 || l[0].GetLostReason() != "" || len(l[0].GetPorts()) != 1 {
+			t.Fatalf("after %s the attachment is not restored with its ports: %v", how, l)
+		}
+		before := published.ok.Load()
+		waitFor(t, 10*time.Second, "the published port to keep answering after "+how, func() bool { return published.ok.Load() > before+5 })
 	}
-	before := published.ok.Load()
-	waitFor(t, 10*time.Second, "the published port to keep answering after kill -9", func() bool { return published.ok.Load() > before+5 })
 	ok, failed, last := published.finish()
 	if failed != 0 {
-		t.Errorf("the connection through the published port broke across the restart: %d probes failed (last %v), %d answered", failed, last, ok)
+		t.Errorf("the connection through the published port broke across the restarts: %d probes failed (last %v), %d answered", failed, last, ok)
 	}
 	w.finish()
 	n.mustTool("del", ns, capArgs)
