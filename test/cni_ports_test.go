@@ -17,8 +17,8 @@ import (
 // capability args (cnitool's CAP_ARGS) and are DNAT'd in the daemon's own
 // table: a connection to 127.0.0.1:<host port> reaches the container and
 // holds across a kill -9 and a SIGHUP upgrade of the daemon; another
-// container asking for the
-// same host port is refused; DEL leaves no element.
+// container asking for the same host port is refused; DEL leaves no
+// element.
 func TestCNIPublishedPortsWithCnitool(t *testing.T) {
 	h := newHost(t)
 	addr := freePort(t)
