@@ -1,6 +1,7 @@
 package test
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/ports"
 )
@@ -75,4 +77,39 @@ func TestSlotsPublishFromTheCommandLine(t *testing.T) {
 			t.Errorf("release left an element of %s:\n%s", m, out)
 		}
 	}
+}
+
+// A leased slot whose host link is deleted from outside is made again by
+// the reconcile pass, and its published port answers at 127.0.0.1 again:
+// the new link routes 127/8 as the old one did.
+func TestPublishedPortAfterItsHostLinkIsMadeAgain(t *testing.T) {
+	h := newHost(t)
+	d := start(t, nil, h.args(freePort(t), "--slots=8")...)
+	d.waitServing(time.Minute)
+	_, hp, _ := net.SplitHostPort(freePort(t))
+	port, _ := strconv.Atoi(hp)
+	slotPort, _ := strconv.Atoi(workloadPort)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := d.slots()
+	a, err := c.Acquire(ctx, &phasegatev1.AcquireRequest{Owner: "relinked",
+		Ports: []*phasegatev1.PublishedPort{{HostPort: uint32(port), SlotPort: uint32(slotPort)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl := a.GetSlot()
+	inside, _, _ := strings.Cut(sl.GetInsideAddress(), "/")
+	startWorkload(t, sl.GetIndex(), sl.GetNetnsPath(), inside).finish()
+	at := net.JoinHostPort("127.0.0.1", hp)
+	published := probeEcho(sl.GetIndex(), at)
+	defer func() { published.finish() }()
+	waitFor(t, 10*time.Second, "the slot to answer at "+at, func() bool { return published.ok.Load() > 0 })
+
+	run(t, "ip", "link", "del", sl.GetHostInterface())
+	waitFor(t, 30*time.Second, "the host link made again", func() bool {
+		g, err := c.Get(ctx, &phasegatev1.GetRequest{Index: sl.GetIndex()})
+		return err == nil && strings.Contains(strings.Join(g.GetSlot().GetRepaired(), ","), "host link")
+	})
+	before := published.ok.Load()
+	waitFor(t, 10*time.Second, "the slot to answer at "+at+" over its new host link", func() bool { return published.ok.Load() > before+3 })
 }

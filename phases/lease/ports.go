@@ -135,6 +135,21 @@ func (s *Service) SyncPorts(ctx context.Context) (added, removed int, err error)
 	return s.mgr.Ports().Sync(ctx, s.owners.Entries(), nil)
 }
 
+// portsRelinked writes the published ports ms of slot i again once its
+// host end hostIf was made again (relink): the elements are the same, but
+// a new link does not route 127/8 (route_localnet), which the host's own
+// connections to 127.0.0.1:<host port> need.
+func (s *Service) portsRelinked(ctx context.Context, i int, hostIf string, ms []ports.Mapping) {
+	if len(ms) == 0 {
+		return
+	}
+	s.portsMu.Lock()
+	defer s.portsMu.Unlock()
+	if err := s.mgr.Ports().Set(context.WithoutCancel(ctx), hostIf, s.slotAddr(i), ms, ms); err != nil {
+		s.log.Warn("published ports: the slot's host link was made again and its ports could not be written again; the host's connections to 127.0.0.1 fail until the lease's next SetPorts", "slot", i, "error", err)
+	}
+}
+
 // loadPorts claims the published ports of the leases restored at a start
 // (their elements are in the kernel already).
 func (s *Service) loadPorts() {
