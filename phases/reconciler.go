@@ -39,6 +39,7 @@ func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error
 			if pass.Survey != nil {
 				d.slots.CheckLeased(ctx, pass.Survey, pass.Start)
 			}
+			d.syncPorts(ctx)
 		},
 		Keep: func(i int) bool { return bad[i] || d.held.Has(i) },
 	})
@@ -47,6 +48,18 @@ func (d *Daemon) runReconciler(ctx context.Context, _ *lifecycle.Progress) error
 		return ctx.Err() // stopped by the drain: not a fault
 	}
 	return err
+}
+
+// syncPorts makes the published ports' maps hold the leases' mappings
+// again (lease.Service.SyncPorts), logging what it repaired.
+func (d *Daemon) syncPorts(ctx context.Context) {
+	added, removed, err := d.slots.SyncPorts(ctx)
+	switch {
+	case err != nil:
+		d.log.Warn("reconcile pass could not check the published ports", "error", err)
+	case added > 0 || removed > 0:
+		d.log.Info("reconcile pass: published ports repaired", "put_back", added, "removed", removed)
+	}
 }
 
 // reconciled logs and counts a reconcile pass: at info when it freed or

@@ -22,8 +22,15 @@
 //	  "socket": "/run/phasegate/control.sock",
 //	  "timeout": "30s",
 //	  "egress": {"allow": ["10.0.0.0/8"], "deny": [], "denyAll": false},
-//	  "capabilities": {"egress": true}
+//	  "capabilities": {"egress": true, "portMappings": true}
 //	}
+//
+// With "portMappings" declared, the runtime's port mappings (podman's -p,
+// Kubernetes' hostPort, Nomad's port blocks: hostPort, containerPort,
+// protocol, hostIP) are the attachment's published ports, DNAT'd in the
+// daemon's own table before ADD answers and withdrawn by DEL and GC
+// (docs/DESIGN.md §5, "Published ports"). A host port another lease
+// publishes, or one bound on the host, fails the ADD.
 //
 // ADD and CHECK open CNI_NETNS themselves, with the credentials the
 // runtime runs them with and in its mount namespace, and pass the

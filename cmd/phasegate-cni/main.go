@@ -50,9 +50,10 @@ type netConf struct {
 	EgressCapability string `json:"egressCapability,omitempty"`
 	// RuntimeConfig holds the capability args the runtime passes for
 	// the capabilities the conflist declares: "egress", a container's
-	// own policy.
+	// own policy; "portMappings", its published ports.
 	RuntimeConfig struct {
-		Egress *cniv1.Egress `json:"egress,omitempty"`
+		Egress       *cniv1.Egress       `json:"egress,omitempty"`
+		PortMappings []cniv1.PortMapping `json:"portMappings,omitempty"`
 	} `json:"runtimeConfig,omitzero"`
 
 	timeout time.Duration
@@ -231,6 +232,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 	var a cniv1.Attachment
 	req := cniv1.AddRequest{Key: k, Netns: args.Netns}
 	req.Egress, req.ContainerEgress = conf.egress()
+	req.Ports = conf.RuntimeConfig.PortMappings
 	if err := conf.call(cniv1.PathAdd, ns, req, &a); err != nil {
 		return err
 	}

@@ -24,13 +24,14 @@ import (
 	"github.com/phasegate/phasegate/phases"
 )
 
-const slotsUsage = `slots <acquire|release|keepalive|egress|get|list> [flags] [args]
+const slotsUsage = `slots <acquire|release|keepalive|egress|ports|get|list> [flags] [args]
 
-  acquire OWNER [--request-id ID] [--ttl D] [egress flags]
+  acquire OWNER [--request-id ID] [--ttl D] [egress flags] [--publish P]...
                                               lease a slot; prints it with its lease id
   release INDEX LEASE_ID                      end a lease
   keepalive INDEX LEASE_ID                    renew a lease with a TTL
   egress INDEX LEASE_ID [egress flags]        replace the lease's egress policy (none: cleared)
+  ports INDEX LEASE_ID [--publish P]...       replace the lease's published ports (none: withdrawn)
   get INDEX                                   one slot
   list [--all]                                the slots that are not free (--all: every one)
 
@@ -48,6 +49,7 @@ type slotsFlags struct {
 	all              bool
 	tls              clientTLSFlags
 	egress           egressFlags
+	publish          publishFlags
 }
 
 // ttlValue is --ttl: a positive duration when set. A zero or negative one
@@ -110,6 +112,7 @@ func (f *slotsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.egress.deny, "egress-deny", "", "acquire, egress: IPv4 CIDRs the slot may not reach, comma-separated")
 	fs.BoolVar(&f.egress.denyAll, "egress-deny-all", false, "acquire, egress: drop everything but established traffic and the daemon's always-allowed set")
 	fs.BoolVar(&f.egress.redirectTCP, "egress-redirect-tcp", false, "acquire, egress: send new TCP connections to the daemon's egress proxy")
+	fs.Var(&f.publish, "publish", "acquire, ports: a published port, [HOSTIP:]HOSTPORT:SLOTPORT[/tcp|udp|sctp] (podman's -p); repeat for more")
 	f.tls.register(fs)
 }
 
@@ -123,7 +126,7 @@ func newSlotsFlagSet() (*flag.FlagSet, *slotsFlags) {
 
 // slotsVerbs are the client's verbs and how many arguments each takes.
 func slotsVerbs() verbs {
-	return verbs{command: "slots", usage: slotsUsage, args: map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "egress": 2, "get": 1, "list": 0}}
+	return verbs{command: "slots", usage: slotsUsage, args: map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "egress": 2, "ports": 2, "get": 1, "list": 0}}
 }
 
 // errShownHelp says the help was printed: exit 0.
@@ -227,7 +230,7 @@ func (f *slotsFlags) dial() (*grpc.ClientConn, error) {
 // call makes the verb's call with its arguments.
 func (f *slotsFlags) call(ctx context.Context, c phasegatev1.SlotsClient, verb string, pos []string) (proto.Message, error) {
 	if verb == "acquire" {
-		req := &phasegatev1.AcquireRequest{Owner: pos[0], RequestId: f.requestID, EgressPolicy: f.egress.policy()}
+		req := &phasegatev1.AcquireRequest{Owner: pos[0], RequestId: f.requestID, EgressPolicy: f.egress.policy(), Ports: f.publish}
 		if f.ttl.set {
 			req.Ttl = durationpb.New(f.ttl.d)
 		}
@@ -247,6 +250,8 @@ func (f *slotsFlags) call(ctx context.Context, c phasegatev1.SlotsClient, verb s
 		return c.KeepAlive(ctx, &phasegatev1.KeepAliveRequest{Index: uint32(i), LeaseId: pos[1]})
 	case "egress":
 		return c.SetEgressPolicy(ctx, &phasegatev1.SetEgressPolicyRequest{Index: uint32(i), LeaseId: pos[1], EgressPolicy: f.egress.policy()})
+	case "ports":
+		return c.SetPorts(ctx, &phasegatev1.SetPortsRequest{Index: uint32(i), LeaseId: pos[1], Ports: f.publish})
 	}
 	return c.Get(ctx, &phasegatev1.GetRequest{Index: uint32(i)})
 }

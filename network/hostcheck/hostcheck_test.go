@@ -16,7 +16,6 @@ import (
 	"github.com/phasegate/phasegate/internal/leakcheck"
 	"github.com/phasegate/phasegate/network/hostcheck"
 	"github.com/phasegate/phasegate/network/internal/fakehost"
-	"github.com/phasegate/phasegate/network/nft"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -25,17 +24,7 @@ func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 func host(t *testing.T, forwarding bool) (*fakehost.Host, hostcheck.Config) {
 	t.Helper()
 	h := fakehost.New(t, 2, forwarding)
-	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := tbl.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := tbl.Add(ctx, h.HostIfs()...); err != nil {
-		t.Fatal(err)
-	}
+	h.SlotTable(t)
 	return h, hostcheck.Config{Table: h.Config.TableName(), HostIfPrefix: h.Config.HostIfPrefix(), NetNS: h.Path}
 }
 

@@ -41,17 +41,7 @@ func network(t *testing.T) (*fakehost.Host, inside.Slot) {
 	h := fakehost.New(t, 1, true)
 	// The host's slot table lets slots reach one port of the host: the
 	// proxy's, and TestGuestNAT's way out.
-	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR), nft.WithIsolation(nft.Isolation{HostTCPPorts: []uint16{proxyPort}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := tbl.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := tbl.Add(ctx, h.HostIfs()...); err != nil {
-		t.Fatal(err)
-	}
+	h.SlotTable(t, nft.WithIsolation(nft.Isolation{HostTCPPorts: []uint16{proxyPort}}))
 	addAddr(t, h.Outside, "eth0", netip.PrefixFrom(farB, 24))
 	for _, a := range []netip.Addr{farA, farB} {
 		echo(t, h.Outside, netip.AddrPortFrom(a, echoPort))

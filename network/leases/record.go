@@ -14,6 +14,7 @@ import (
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases/internal/recordpb"
 	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/ports"
 )
 
 // State is what a recorded slot is doing. The zero State is invalid, so a
@@ -115,6 +116,10 @@ type Record struct {
 	// Leased.
 	Egress *egress.Policy
 
+	// Ports are the lease's published ports (package network/ports), none
+	// for none. Set only when Leased.
+	Ports []ports.Mapping
+
 	// Attachment is set on a lease whose slot has its inside end in a
 	// network namespace the daemon does not own (a CNI ADD); nil for a
 	// lease of the slot as it was made. Set only when Leased.
@@ -179,6 +184,12 @@ func (r *Record) validate() error {
 		if err := e.Validate(); err != nil {
 			return bad("%v", err)
 		}
+	}
+	if err := ports.ValidateList(r.Ports); err != nil {
+		return bad("%v", err)
+	}
+	if r.State != Leased && len(r.Ports) > 0 {
+		return bad("only a lease publishes ports")
 	}
 	if a := r.Attachment; a != nil && (a.IfName == "" || len(a.IfName) > 15 || len(a.NetnsPath) > MaxAttachmentPath) {
 		return bad("an attachment names its interface (1 to 15 bytes) and a namespace path of at most %d bytes", MaxAttachmentPath)
@@ -297,6 +308,7 @@ func fill(m *recordpb.Record, r *Record) {
 		m.Attachment = &recordpb.Attachment{NetnsDev: a.Netns.Dev, NetnsIno: a.Netns.Ino, NetnsPath: a.NetnsPath, IfName: a.IfName}
 	}
 	m.HeldUnixNano, m.HeldReason = unixNano(r.HeldSince), r.HeldReason
+	m.Ports = portsMessage(r.Ports)
 	m.Carried, m.Start = usageMessage(r.Ledger.Carried), usageMessage(account.Usage{Counts: r.Ledger.Start})
 }
 
@@ -359,6 +371,9 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 		return Record{}, fmt.Errorf("%w: slot %d: %w", ErrInvalid, i, err)
 	}
 	r.Egress = pol
+	if r.Ports, err = ports.FromMessages(m.GetPorts()); err != nil {
+		return Record{}, fmt.Errorf("%w: slot %d: %w", ErrInvalid, i, err)
+	}
 	if a := m.GetAttachment(); a != nil {
 		r.Attachment = &Attachment{Netns: netns.ID{Dev: a.GetNetnsDev(), Ino: a.GetNetnsIno()}, NetnsPath: a.GetNetnsPath(),
 			IfName: a.GetIfName()}

@@ -372,7 +372,7 @@ func TestUpdateIsCompareAndSet(t *testing.T) {
 		t.Fatal("released slot still found by its request")
 	}
 	// ErrRemove deletes.
-	if got, err := s.Update(ctx, 2, func(*Record) error { return ErrRemove }); err != nil || got != (Record{}) {
+	if got, err := s.Update(ctx, 2, func(*Record) error { return ErrRemove }); err != nil || !reflect.DeepEqual(got, Record{}) {
 		t.Fatalf("Update with ErrRemove = %+v, %v", got, err)
 	}
 	if _, ok, _ := s.Get(2); ok {

@@ -30,6 +30,7 @@
 //		chain antispoof {
 //			type filter hook prerouting priority raw; policy accept;
 //			iifname @slots fib saddr . iif oif missing counter drop comment "spoofed"
+//			iifname @slots ip daddr 127.0.0.0/8 counter drop comment "to-loopback"
 //		}
 //
 //		chain egress {
@@ -42,6 +43,7 @@
 //
 //		chain forward {
 //			type filter hook forward priority filter; policy accept;
+//			iifname @slots oifname @slots ct status dnat accept
 //			iifname @slots oifname @slots counter drop comment "slot-to-slot"
 //			iifname @slots accept
 //			oifname @slots ct state established,related accept
@@ -86,7 +88,10 @@
 // without a rule against it, every tenant can reach every other tenant's
 // listening sockets. So:
 //
-//   - Slot to slot (forward, in and out interfaces both slots): dropped.
+//   - Slot to slot (forward, in and out interfaces both slots): dropped,
+//     but for a connection DNAT'd to a published port (package ports: a
+//     slot reaching its own port at the host's address, hairpin, or
+//     another's, as any host may).
 //     Isolation.AllowSlotToSlot turns the verdict into accept, for an operator
 //     whose tenants are one party. The rule is kept either way, so the rule
 //     count does not depend on the policy.
@@ -96,8 +101,8 @@
 //
 //   - Anywhere else to a slot (forward, out interface a slot): only replies
 //     and related ICMP errors of connections the slot opened, and connections
-//     the operator published with a DNAT rule of their own (ct status dnat);
-//     everything else is dropped. The host itself reaches a slot through
+//     DNAT'd to a published port (package ports' maps, or the operator's
+//     own DNAT rule: ct status dnat); everything else is dropped. The host itself reaches a slot through
 //     its output path, which this table leaves alone, so an orchestrator on
 //     the host can still connect into its sandboxes.
 //

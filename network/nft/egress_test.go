@@ -27,18 +27,7 @@ var metadata = netip.MustParseAddr("169.254.169.254")
 func egressHost(t *testing.T, n int, d egress.Defaults) (*fakehost.Host, *nft.Table) {
 	t.Helper()
 	h := fakehost.New(t, n, true)
-	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR),
-		nft.WithEgress(d), nft.WithIsolation(nft.Isolation{HostTCPPorts: []uint16{portAllowed}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := tbl.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := tbl.Add(ctx, h.HostIfs()...); err != nil {
-		t.Fatal(err)
-	}
+	tbl := h.SlotTable(t, nft.WithEgress(d), nft.WithIsolation(nft.Isolation{HostTCPPorts: []uint16{portAllowed}}))
 	return h, tbl
 }
 

@@ -28,18 +28,7 @@ const (
 // install puts the table with policy p into the fake host and adds its slots.
 func install(t *testing.T, h *fakehost.Host, p nft.Isolation) *nft.Table {
 	t.Helper()
-	tbl, err := nft.New(h.Config.TableName(), nft.WithNetNS(h.Path), nft.WithIsolation(p), nft.WithSlotNetwork(h.Config.CIDR))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := tbl.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := tbl.Add(ctx, h.HostIfs()...); err != nil {
-		t.Fatal(err)
-	}
-	return tbl
+	return h.SlotTable(t, nft.WithIsolation(p))
 }
 
 // udpArrives sends one datagram from the namespace at from to "to" and
@@ -174,16 +163,7 @@ func inbound(d nft.Drops) uint64    { return d.Inbound }
 
 // accepts serves TCP connections until the listener closes.
 func accepts(t *testing.T, ln *net.TCPListener) {
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	fakehost.Serve(t, ln, func(c net.Conn) { c.Close() })
 }
 
 func listenUDP(t *testing.T, path string, addr netip.AddrPort) *net.UDPConn {

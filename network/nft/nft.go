@@ -80,6 +80,7 @@ const (
 	commentToHost     = "to-host"
 	commentSpoofed    = "spoofed"
 	commentLinkLocal  = "link-local"
+	commentLoopback   = "to-loopback"
 )
 
 // LinkLocal is dropped from every slot unless the daemon always allows it
@@ -87,6 +88,12 @@ const (
 // (169.254.169.254) lives there, and a router must not forward link-local
 // addresses anyway (RFC 3927).
 var LinkLocal = netip.MustParsePrefix("169.254.0.0/16")
+
+// Loopback is dropped from every slot before conntrack: a slot's host end
+// with a published port routes 127/8 (route_localnet, which the host's own
+// connections to 127.0.0.1:<host port> need), and no slot may reach the
+// host's loopback services through it.
+var Loopback = netip.MustParsePrefix("127.0.0.0/8")
 
 // ctStatusDNAT is IPS_DST_NAT: the connection's destination was rewritten.
 const ctStatusDNAT = 1 << 5
@@ -285,6 +292,16 @@ func (t *Table) connFor(ctx context.Context) (*nftables.Conn, func(), error) {
 	return t.conn()
 }
 
+// Conn opens a netlink connection in the table's namespace for a package
+// that keeps objects of its own in this table (package ports: its maps
+// and chains go away with the table). release closes what Conn opened.
+func (t *Table) Conn(ctx context.Context) (c *nftables.Conn, release func(), err error) {
+	return t.connFor(ctx)
+}
+
+// NetNS is the path WithNetNS gave; "" for the caller's namespace.
+func (t *Table) NetNS() string { return t.netns }
+
 // Exists reports whether the table exists with its set.
 func (t *Table) Exists(ctx context.Context) (bool, error) {
 	c, release, err := t.connFor(ctx)
@@ -358,6 +375,8 @@ type Drops struct {
 	// LinkLocal: sent by a slot to a link-local address (the cloud
 	// metadata service) that neither the daemon nor the lease allows.
 	LinkLocal uint64
+	// Loopback: sent by a slot to 127.0.0.0/8.
+	Loopback uint64
 }
 
 // Drops reads the counters of the table's drop rules.
@@ -386,6 +405,8 @@ func (t *Table) Drops(ctx context.Context) (Drops, error) {
 			d.Spoofed = n
 		case commentLinkLocal:
 			d.LinkLocal = n
+		case commentLoopback:
+			d.Loopback = n
 		}
 	}
 	return d, nil

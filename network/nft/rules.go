@@ -106,8 +106,10 @@ func (t *Table) Ensure(ctx context.Context) error {
 // rulesVersion names the fixed rules rules() writes: a change of rules()
 // comes with a new version, so that a table an earlier build wrote is
 // written again at the next start (written). 3: chain egress accepts the
-// always-allowed set before its map, no longer after.
-const rulesVersion = 3
+// always-allowed set before its map, no longer after. 4: published ports
+// (package ports): chain antispoof drops what a slot sends to 127.0.0.0/8,
+// and chain forward accepts a DNAT'd connection from a slot to a slot.
+const rulesVersion = 4
 
 // layout is a fingerprint of what Ensure writes: the rules' version, the
 // policy, the slot network and the egress defaults as their sets hold
@@ -159,9 +161,9 @@ func fixedChains() [5]string {
 }
 
 // FixedRules is how many rules the table's fixed chains hold, whatever
-// the number of slots: antispoof 1, egress 4, forward 5, input 5,
+// the number of slots: antispoof 2, egress 4, forward 6, input 5,
 // postrouting 1. The slots' own egress chains come on top.
-const FixedRules = 16
+const FixedRules = 18
 
 // fixedSets are the sets the fixed rules look up.
 type fixedSets struct {
@@ -276,12 +278,19 @@ func (t *Table) rules(sets fixedSets) []*nftables.Rule {
 	v := func(e ...expr.Any) []expr.Any { return e }
 	return []*nftables.Rule{
 		rule(ChainSpoof, commentSpoofed, iifSlot, ownSource, v(&expr.Counter{}, drop)),
+		// The host end of a slot with a published port routes 127/8
+		// (route_localnet, package ports): nothing from the slot may.
+		rule(ChainSpoof, commentLoopback, iifSlot, daddrInPrefix(Loopback, netip.Prefix{}), v(&expr.Counter{}, drop)),
 
 		rule(ChainEgress, layoutPrefix+t.layout(), iifSlot, nftexpr.CtState(), v(accept)),
 		rule(ChainEgress, "", iifSlot, daddrIn(sets.alwaysAllow), v(accept)),
 		rule(ChainEgress, "", iifSlot, egressVmap),
 		rule(ChainEgress, commentLinkLocal, iifSlot, daddrInPrefix(LinkLocal, t.slotNet), v(&expr.Counter{}, drop)),
 
+		// A published port (package ports) is reached at the host's
+		// address by anyone, a slot too, and hairpin from its own slot:
+		// only a connection the table's maps DNAT'd to it.
+		rule(ChainForward, "", iifSlot, oifSlot, ctStatus(ctStatusDNAT), v(accept)),
 		rule(ChainForward, commentSlotToSlot, iifSlot, oifSlot, slotToSlot),
 		rule(ChainForward, "", iifSlot, v(accept)),
 		rule(ChainForward, "", oifSlot, nftexpr.CtState(), v(accept)),

@@ -17,6 +17,7 @@ import (
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
+	"github.com/phasegate/phasegate/network/ports"
 )
 
 // DefaultHostGoneTimeout is the recommended Options.HostGoneTimeout: how long
@@ -66,6 +67,7 @@ func DefaultOptions() Options {
 type Manager struct {
 	cfg      Config
 	fw       *nft.Table
+	ports    *ports.Table // the leases' published ports, in fw
 	hostGone time.Duration
 	ct       *ctCleaner
 	stamp    string // Options.Stamp
@@ -101,8 +103,12 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 	if err := fw.Ensure(ctx); err != nil {
 		return nil, err
 	}
+	pt := ports.New(fw)
+	if err := pt.Ensure(ctx); err != nil {
+		return nil, err
+	}
 	ct := newCTCleaner(func(i int) netip.Addr { _, in := cfg.Addrs(i); return in.Addr() })
-	return &Manager{cfg: cfg, fw: fw, hostGone: opts.HostGoneTimeout, ct: ct, stamp: opts.Stamp, allWrites: allWrites("/proc/sys")}, nil
+	return &Manager{cfg: cfg, fw: fw, ports: pt, hostGone: opts.HostGoneTimeout, ct: ct, stamp: opts.Stamp, allWrites: allWrites("/proc/sys")}, nil
 }
 
 // Stamp returns the manager's stamp (Options.Stamp).
@@ -143,6 +149,10 @@ func (m *Manager) Config() Config { return m.cfg }
 
 // Firewall returns the manager's nftables table.
 func (m *Manager) Firewall() *nft.Table { return m.fw }
+
+// Ports returns the published ports of the manager's table (package
+// ports), whose chains NewManager wrote.
+func (m *Manager) Ports() *ports.Table { return m.ports }
 
 func (m *Manager) checkIndex(i int) error {
 	if i < 1 || i > m.cfg.Slots {

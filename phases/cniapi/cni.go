@@ -121,6 +121,10 @@ func (c *Service) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Attachm
 	if err != nil {
 		return nil, asCNI(err, cniv1.CodeInvalidConfig)
 	}
+	published, err := lease.ParsePorts(req.Ports)
+	if err != nil {
+		return nil, asCNI(err, cniv1.CodeInvalidConfig)
+	}
 	// A large policy costs its principal as much of its rate as through
 	// the Slots API.
 	if err := control.Charge(ctx, cost); err != nil {
@@ -146,7 +150,7 @@ func (c *Service) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Attachm
 			return nil, err
 		}
 	}
-	a, err := c.slots.Attach(ctx, caller, lease.Request{Owner: owner, RequestID: requestID, Egress: pol, Attach: to})
+	a, err := c.slots.Attach(ctx, caller, lease.Request{Owner: owner, RequestID: requestID, Egress: pol, Ports: published, Attach: to})
 	if err != nil {
 		return nil, asCNI(err, cniv1.CodeIOFailure)
 	}

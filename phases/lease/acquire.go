@@ -8,6 +8,7 @@ import (
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/ports"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -20,6 +21,9 @@ type Request struct {
 	RequestID string
 	TTL       time.Duration
 	Egress    *egress.Policy
+	// Ports are the lease's published ports (ParsePorts), written before
+	// its record.
+	Ports []ports.Mapping
 	// Attach, when not nil, attaches the slot (a CNI ADD: [Service.Attach]),
 	// after its policy and before its record.
 	Attach Target
@@ -142,12 +146,24 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 		}
 		att = req.Attach.Record()
 	}
+	// The record after the attachment, whose new host end's index it
+	// carries; the ports after it too: that end is the one the host's
+	// connections to 127.0.0.1 leave by (route_localnet).
 	rec := newRecord(sl, req, principal, time.Now())
-	rec.Egress, rec.Attachment, rec.Ledger = pol, att, s.startLedger(sl)
+	if err := s.publish(ctx, sl.Index, sl.HostIf, rec.LeaseID, nil, req.Ports); err != nil {
+		if made != nil {
+			s.unattach(ctx, sl)
+		} else {
+			s.returnUnleased(sl, pol != nil)
+		}
+		return Acquired{}, err
+	}
+	rec.Egress, rec.Attachment, rec.Ledger, rec.Ports = pol, att, s.startLedger(sl), req.Ports
 	// The record first, the reply after: a lease the client hears of is a
 	// lease a restart restores. If the record cannot be written, or the
 	// caller left before it was, the slot goes back to the pool unused.
 	if err := s.records.Put(ctx, rec); err != nil {
+		s.withdraw(ctx, sl.Index, rec.LeaseID, req.Ports)
 		if made != nil {
 			s.unattach(ctx, sl)
 		} else {

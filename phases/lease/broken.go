@@ -218,6 +218,7 @@ func (s *Service) relink(ctx context.Context, f suspect) {
 	if err != nil {
 		s.log.Warn("lease: the slot's new host link could not be recorded: a restart before the next change of the lease takes it for lost", "slot", i, "error", err)
 	}
+	s.portsRelinked(ctx, i, f.sl.HostIf, f.Rec.Ports)
 	s.repaired(f, fmt.Sprintf("host link %s (deleted from outside) made again into its namespace", f.sl.HostIf))
 }
 

@@ -240,3 +240,45 @@ func (s *Service) Pool() *pool.Pool { return s.pool }
 // SlotOwning returns the index of the leased slot whose own namespace is
 // id, if one is.
 func (s *Service) SlotOwning(id netns.ID) (int, bool) { return s.table.slotOwning(id) }
+
+// changedLease readies a change of slot i's lease whose id is leaseID
+// (its egress policy, its published ports): a lease restored at a
+// restart verified first (its slot may turn out lost), then the slot's
+// lock taken (lockPolicy: one change of a slot at a time, so that its
+// kernel state and its record end up saying the same; other slots'
+// changes go on meanwhile), and a copy of the lease answered, its slot
+// there. unlock is always to be called; what names the change in the
+// refusal of a lost lease.
+func (s *Service) changedLease(ctx context.Context, i int, leaseID, what string) (cur *Lease, unlock func(), err error) {
+	if l := s.table.at(i); l != nil {
+		if err := s.Settle(ctx, l); err != nil {
+			return nil, func() {}, err
+		}
+	}
+	unlock = s.lockPolicy(i)
+	cur = s.table.copyAt(i)
+	switch {
+	case cur == nil:
+		return nil, unlock, leaseError(i, leases.ErrNotFound)
+	case !sameLease(cur.Rec.LeaseID, leaseID):
+		return nil, unlock, leaseError(i, errWrongLease)
+	case cur.Slot == nil:
+		return nil, unlock, Errorf(ErrPrecondition, "slot %d: the lease is lost (%s): it has no slot to %s", i, cur.LostReason, what)
+	}
+	return cur, unlock, nil
+}
+
+// updateLease changes the record of slot i's lease whose id is leaseID
+// with set, in one transaction that checks it is still that lease.
+func (s *Service) updateLease(ctx context.Context, i int, leaseID string, set func(*leases.Record)) (leases.Record, error) {
+	return s.records.update(ctx, i, func(r *leases.Record) error {
+		if r.State != leases.Leased {
+			return leases.ErrNotFound
+		}
+		if !sameLease(r.LeaseID, leaseID) {
+			return errWrongLease
+		}
+		set(r)
+		return nil
+	})
+}

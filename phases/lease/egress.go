@@ -88,24 +88,10 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 	if err := control.Charge(ctx, EgressCost(pol)); err != nil {
 		return Lease{}, err
 	}
-	// A lease restored at a restart is verified first: its slot may turn
-	// out lost.
-	if l := s.table.at(i); l != nil {
-		if err := s.Settle(ctx, l); err != nil {
-			return Lease{}, err
-		}
-	}
-	// One change of a slot's policy at a time: the rules and the record
-	// must end up saying the same. Other slots' changes go on meanwhile.
-	defer s.lockPolicy(i)()
-	cur := s.table.copyAt(i)
-	switch {
-	case cur == nil:
-		return Lease{}, leaseError(i, leases.ErrNotFound)
-	case !sameLease(cur.Rec.LeaseID, leaseID):
-		return Lease{}, leaseError(i, errWrongLease)
-	case cur.Slot == nil:
-		return Lease{}, Errorf(ErrPrecondition, "slot %d: the lease is lost (%s): it has no slot to set a policy on", i, cur.LostReason)
+	cur, unlock, err := s.changedLease(ctx, i, leaseID, "set a policy on")
+	defer unlock()
+	if err != nil {
+		return Lease{}, err
 	}
 	old, sl := cur.Rec, cur.Slot
 	// Written with the request's context: a caller gone halfway leaves
@@ -118,18 +104,11 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 		}
 		return Lease{}, egressError(i, err)
 	}
-	rec, err := s.records.update(ctx, i, func(r *leases.Record) error {
-		if r.State != leases.Leased {
-			return leases.ErrNotFound
-		}
-		if !sameLease(r.LeaseID, leaseID) {
-			return errWrongLease
-		}
+	rec, err := s.updateLease(ctx, i, leaseID, func(r *leases.Record) {
 		r.Egress = pol
 		// The new rules count from 0: the lease's ledger carries what
 		// the old ones dropped.
 		r.Ledger = r.Ledger.Repoliced(dropped)
-		return nil
 	})
 	if err != nil {
 		// The record keeps the old policy: so must the slot.

@@ -17,6 +17,7 @@ import (
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/pool"
+	"github.com/phasegate/phasegate/network/ports"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -98,6 +99,11 @@ type Service struct {
 	// table holds the leases; its mutex guards them (table.go).
 	table *Table
 
+	// owners are the host ports the leases publish (ports.go); portsMu
+	// orders their changes with the elements' writes and a Sync.
+	owners  *ports.Owners
+	portsMu sync.Mutex
+
 	// held are the daemon's held slots: a lost lease's index held keeps
 	// what is there when the lease ends (nil: none is ever held).
 	held *HeldSlots
@@ -169,7 +175,9 @@ func New(m *slot.Manager, pl *pool.Pool, o Options) *Service {
 	}
 	s := &Service{cfg: cfg, pool: pl, mgr: m, records: o.Records, log: o.Log, audit: o.Log.With("audit", true),
 		breaks: &breaks{health: o.Health}, tracer: o.Tracer, events: o.Events, restore: o.Restore, impaired: o.Impaired,
-		egress: m.EgressDefaults(), policyMu: make([]sync.Mutex, cfg.Slots+1), table: o.Table, held: o.Held, teardown: o.Teardown, tornDown: o.TornDown}
+		egress: m.EgressDefaults(), policyMu: make([]sync.Mutex, cfg.Slots+1), table: o.Table, held: o.Held, teardown: o.Teardown, tornDown: o.TornDown,
+		owners: ports.NewOwners(m.Firewall().NetNS())}
+	s.loadPorts()
 	return s
 }
 

@@ -84,6 +84,7 @@ func (s *Service) giveBackBy(ctx context.Context, l *Lease, put func(context.Con
 	defer unlock()
 	cp := s.table.copyOf(l)
 	sl := cp.Slot
+	s.withdraw(ctx, i, cp.Rec.LeaseID, cp.Rec.Ports)
 	u, seen, err := s.usageNow(ctx, &cp)
 	if err != nil {
 		s.log.Warn("ended lease's counters are unreadable: its usage is what its earlier links counted", "slot", i, "error", err)

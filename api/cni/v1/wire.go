@@ -97,7 +97,35 @@ type AddRequest struct {
 	// alone. A conflist that lets the container's replace the network's
 	// ("egressCapability": "replace") sends it as Egress instead.
 	ContainerEgress *Egress `json:"containerEgress,omitempty"`
+	// Ports are the container's published ports (the runtime's
+	// "portMappings" capability args), DNAT'd on the host before ADD
+	// answers and withdrawn by DEL and GC.
+	Ports []PortMapping `json:"ports,omitempty"`
 }
+
+// PortMapping is one entry of the "portMappings" capability's args, as
+// the CNI conventions spell it (podman's -p, Kubernetes' hostPort, Nomad's
+// port blocks): an empty protocol is tcp, an empty hostIP every address
+// of the host.
+type PortMapping struct {
+	HostPort      uint32 `json:"hostPort"`
+	ContainerPort uint32 `json:"containerPort"`
+	Protocol      string `json:"protocol,omitempty"`
+	HostIP        string `json:"hostIP,omitempty"`
+}
+
+// GetHostIp, GetHostPort, GetSlotPort and GetProtocol read the mapping as
+// the Slots API's PublishedPort reads (ports.Message).
+func (p PortMapping) GetHostIp() string { return p.HostIP }
+
+// GetHostPort is the host port.
+func (p PortMapping) GetHostPort() uint32 { return p.HostPort }
+
+// GetSlotPort is the container's port.
+func (p PortMapping) GetSlotPort() uint32 { return p.ContainerPort }
+
+// GetProtocol is the protocol, "" for tcp.
+func (p PortMapping) GetProtocol() string { return p.Protocol }
 
 // Attachment is what ADD made: the slot, its two ends and the addresses.
 // A repeated ADD of the same key answers the same.

@@ -12,6 +12,7 @@ func SlotsMutatingMethods() []string {
 		Slots_Release_FullMethodName,
 		Slots_KeepAlive_FullMethodName,
 		Slots_SetEgressPolicy_FullMethodName,
+		Slots_SetPorts_FullMethodName,
 	}
 	out := make([]string, len(full))
 	for i, f := range full {

@@ -185,7 +185,10 @@ type Slot struct {
 	// ACQUIRED, VERIFYING or LOST): what a bill needs. Get reads it at the
 	// call; List from one read of the host's links, with dropped_packets
 	// counting only the lease's earlier egress policies' drops.
-	Usage         *Usage `protobuf:"bytes,24,opt,name=usage,proto3" json:"usage,omitempty"`
+	Usage *Usage `protobuf:"bytes,24,opt,name=usage,proto3" json:"usage,omitempty"`
+	// The lease's published ports (set only when ACQUIRED, VERIFYING or
+	// LOST), protocol always named.
+	Ports         []*PublishedPort `protobuf:"bytes,26,rep,name=ports,proto3" json:"ports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -388,6 +391,13 @@ func (x *Slot) GetUsage() *Usage {
 	return nil
 }
 
+func (x *Slot) GetPorts() []*PublishedPort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
 // Usage is a lease's traffic, counted on the host side of its slot's link
 // by the kernel (no rule, nothing per packet), so the slot's root cannot
 // change it. It never goes back while the lease lives: across daemon
@@ -572,7 +582,10 @@ type AcquireRequest struct {
 	// The lease's egress policy, applied before Acquire replies; unset: none.
 	// A retry gets the first call's lease with the first call's policy
 	// (change it with SetEgressPolicy).
-	EgressPolicy  *EgressPolicy `protobuf:"bytes,4,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
+	EgressPolicy *EgressPolicy `protobuf:"bytes,4,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
+	// The lease's published ports, DNAT'd before Acquire replies; refused
+	// as SetPorts refuses them. Change them with SetPorts.
+	Ports         []*PublishedPort `protobuf:"bytes,6,rep,name=ports,proto3" json:"ports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -635,6 +648,89 @@ func (x *AcquireRequest) GetEgressPolicy() *EgressPolicy {
 	return nil
 }
 
+func (x *AcquireRequest) GetPorts() []*PublishedPort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+// PublishedPort is one published port of a lease: connections to
+// host_ip:host_port (every address of the host, 127.0.0.1 included, when
+// host_ip is empty) over protocol reach the slot's slot_port. From other
+// hosts, from the host itself, and from the slot itself (hairpin).
+type PublishedPort struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An IPv4 address of the host; empty: every address.
+	HostIp string `protobuf:"bytes,1,opt,name=host_ip,json=hostIp,proto3" json:"host_ip,omitempty"`
+	// 1-65535.
+	HostPort uint32 `protobuf:"varint,2,opt,name=host_port,json=hostPort,proto3" json:"host_port,omitempty"`
+	// 1-65535.
+	SlotPort uint32 `protobuf:"varint,3,opt,name=slot_port,json=slotPort,proto3" json:"slot_port,omitempty"`
+	// "tcp", "udp" or "sctp"; empty: "tcp".
+	Protocol      string `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishedPort) Reset() {
+	*x = PublishedPort{}
+	mi := &file_slots_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishedPort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishedPort) ProtoMessage() {}
+
+func (x *PublishedPort) ProtoReflect() protoreflect.Message {
+	mi := &file_slots_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishedPort.ProtoReflect.Descriptor instead.
+func (*PublishedPort) Descriptor() ([]byte, []int) {
+	return file_slots_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PublishedPort) GetHostIp() string {
+	if x != nil {
+		return x.HostIp
+	}
+	return ""
+}
+
+func (x *PublishedPort) GetHostPort() uint32 {
+	if x != nil {
+		return x.HostPort
+	}
+	return 0
+}
+
+func (x *PublishedPort) GetSlotPort() uint32 {
+	if x != nil {
+		return x.SlotPort
+	}
+	return 0
+}
+
+func (x *PublishedPort) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Slot  *Slot                  `protobuf:"bytes,1,opt,name=slot,proto3" json:"slot,omitempty"`
@@ -647,7 +743,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_slots_proto_msgTypes[4]
+	mi := &file_slots_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +755,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[4]
+	mi := &file_slots_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +768,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{4}
+	return file_slots_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AcquireResponse) GetSlot() *Slot {
@@ -699,7 +795,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_slots_proto_msgTypes[5]
+	mi := &file_slots_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +807,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[5]
+	mi := &file_slots_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,7 +820,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{5}
+	return file_slots_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReleaseRequest) GetIndex() uint32 {
@@ -749,7 +845,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_slots_proto_msgTypes[6]
+	mi := &file_slots_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +857,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[6]
+	mi := &file_slots_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +870,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{6}
+	return file_slots_proto_rawDescGZIP(), []int{7}
 }
 
 type KeepAliveRequest struct {
@@ -787,7 +883,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_slots_proto_msgTypes[7]
+	mi := &file_slots_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +895,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[7]
+	mi := &file_slots_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +908,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{7}
+	return file_slots_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *KeepAliveRequest) GetIndex() uint32 {
@@ -840,7 +936,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_slots_proto_msgTypes[8]
+	mi := &file_slots_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +948,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[8]
+	mi := &file_slots_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +961,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{8}
+	return file_slots_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KeepAliveResponse) GetExpiresAt() *timestamppb.Timestamp {
@@ -891,7 +987,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_slots_proto_msgTypes[9]
+	mi := &file_slots_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +999,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[9]
+	mi := &file_slots_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1012,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{9}
+	return file_slots_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRequest) GetIndex() uint32 {
@@ -935,7 +1031,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_slots_proto_msgTypes[10]
+	mi := &file_slots_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +1043,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[10]
+	mi := &file_slots_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1056,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{10}
+	return file_slots_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetResponse) GetSlot() *Slot {
@@ -982,7 +1078,7 @@ type SetEgressPolicyRequest struct {
 
 func (x *SetEgressPolicyRequest) Reset() {
 	*x = SetEgressPolicyRequest{}
-	mi := &file_slots_proto_msgTypes[11]
+	mi := &file_slots_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1090,7 @@ func (x *SetEgressPolicyRequest) String() string {
 func (*SetEgressPolicyRequest) ProtoMessage() {}
 
 func (x *SetEgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[11]
+	mi := &file_slots_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1103,7 @@ func (x *SetEgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetEgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{11}
+	return file_slots_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetEgressPolicyRequest) GetIndex() uint32 {
@@ -1040,7 +1136,7 @@ type SetEgressPolicyResponse struct {
 
 func (x *SetEgressPolicyResponse) Reset() {
 	*x = SetEgressPolicyResponse{}
-	mi := &file_slots_proto_msgTypes[12]
+	mi := &file_slots_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1148,7 @@ func (x *SetEgressPolicyResponse) String() string {
 func (*SetEgressPolicyResponse) ProtoMessage() {}
 
 func (x *SetEgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[12]
+	mi := &file_slots_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,10 +1161,115 @@ func (x *SetEgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetEgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{12}
+	return file_slots_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SetEgressPolicyResponse) GetSlot() *Slot {
+	if x != nil {
+		return x.Slot
+	}
+	return nil
+}
+
+type SetPortsRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Index   uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	LeaseId string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The new mappings; none withdraws every published port of the lease.
+	Ports         []*PublishedPort `protobuf:"bytes,3,rep,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPortsRequest) Reset() {
+	*x = SetPortsRequest{}
+	mi := &file_slots_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPortsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPortsRequest) ProtoMessage() {}
+
+func (x *SetPortsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_slots_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPortsRequest.ProtoReflect.Descriptor instead.
+func (*SetPortsRequest) Descriptor() ([]byte, []int) {
+	return file_slots_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SetPortsRequest) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *SetPortsRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *SetPortsRequest) GetPorts() []*PublishedPort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+type SetPortsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slot          *Slot                  `protobuf:"bytes,1,opt,name=slot,proto3" json:"slot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPortsResponse) Reset() {
+	*x = SetPortsResponse{}
+	mi := &file_slots_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPortsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPortsResponse) ProtoMessage() {}
+
+func (x *SetPortsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_slots_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPortsResponse.ProtoReflect.Descriptor instead.
+func (*SetPortsResponse) Descriptor() ([]byte, []int) {
+	return file_slots_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SetPortsResponse) GetSlot() *Slot {
 	if x != nil {
 		return x.Slot
 	}
@@ -1085,7 +1286,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_slots_proto_msgTypes[13]
+	mi := &file_slots_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1298,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[13]
+	mi := &file_slots_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1311,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{13}
+	return file_slots_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRequest) GetIncludeFree() bool {
@@ -1129,7 +1330,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_slots_proto_msgTypes[14]
+	mi := &file_slots_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1342,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[14]
+	mi := &file_slots_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1355,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{14}
+	return file_slots_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListResponse) GetSlots() []*Slot {
@@ -1168,7 +1369,7 @@ var File_slots_proto protoreflect.FileDescriptor
 
 const file_slots_proto_rawDesc = "" +
 	"\n" +
-	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\a\n" +
+	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xed\a\n" +
 	"\x04Slot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12-\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x17.phasegate.v1.SlotStateR\x05state\x12\x1d\n" +
@@ -1200,7 +1401,8 @@ const file_slots_proto_rawDesc = "" +
 	"\brepaired\x18\x15 \x03(\tR\brepaired\x12.\n" +
 	"\x13attached_netns_path\x18\x16 \x01(\tR\x11attachedNetnsPath\x12\x19\n" +
 	"\blease_id\x18\x17 \x01(\tR\aleaseId\x12)\n" +
-	"\x05usage\x18\x18 \x01(\v2\x13.phasegate.v1.UsageR\x05usage\"\xa8\x01\n" +
+	"\x05usage\x18\x18 \x01(\v2\x13.phasegate.v1.UsageR\x05usage\x121\n" +
+	"\x05ports\x18\x1a \x03(\v2\x1b.phasegate.v1.PublishedPortR\x05ports\"\xa8\x01\n" +
 	"\x05Usage\x12\x19\n" +
 	"\bbytes_in\x18\x01 \x01(\x04R\abytesIn\x12\x1d\n" +
 	"\n" +
@@ -1213,13 +1415,19 @@ const file_slots_proto_rawDesc = "" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
 	"\x04deny\x18\x02 \x03(\tR\x04deny\x12\x19\n" +
 	"\bdeny_all\x18\x03 \x01(\bR\adenyAll\x12!\n" +
-	"\fredirect_tcp\x18\x04 \x01(\bR\vredirectTcp\"\xb3\x01\n" +
+	"\fredirect_tcp\x18\x04 \x01(\bR\vredirectTcp\"\xe6\x01\n" +
 	"\x0eAcquireRequest\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12+\n" +
 	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12?\n" +
-	"\regress_policy\x18\x04 \x01(\v2\x1a.phasegate.v1.EgressPolicyR\fegressPolicy\"T\n" +
+	"\regress_policy\x18\x04 \x01(\v2\x1a.phasegate.v1.EgressPolicyR\fegressPolicy\x121\n" +
+	"\x05ports\x18\x06 \x03(\v2\x1b.phasegate.v1.PublishedPortR\x05ports\"~\n" +
+	"\rPublishedPort\x12\x17\n" +
+	"\ahost_ip\x18\x01 \x01(\tR\x06hostIp\x12\x1b\n" +
+	"\thost_port\x18\x02 \x01(\rR\bhostPort\x12\x1b\n" +
+	"\tslot_port\x18\x03 \x01(\rR\bslotPort\x12\x1a\n" +
+	"\bprotocol\x18\x04 \x01(\tR\bprotocol\"T\n" +
 	"\x0fAcquireResponse\x12&\n" +
 	"\x04slot\x18\x01 \x01(\v2\x12.phasegate.v1.SlotR\x04slot\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"A\n" +
@@ -1244,6 +1452,12 @@ const file_slots_proto_rawDesc = "" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12?\n" +
 	"\regress_policy\x18\x03 \x01(\v2\x1a.phasegate.v1.EgressPolicyR\fegressPolicy\"A\n" +
 	"\x17SetEgressPolicyResponse\x12&\n" +
+	"\x04slot\x18\x01 \x01(\v2\x12.phasegate.v1.SlotR\x04slot\"u\n" +
+	"\x0fSetPortsRequest\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x121\n" +
+	"\x05ports\x18\x03 \x03(\v2\x1b.phasegate.v1.PublishedPortR\x05ports\":\n" +
+	"\x10SetPortsResponse\x12&\n" +
 	"\x04slot\x18\x01 \x01(\v2\x12.phasegate.v1.SlotR\x04slot\"0\n" +
 	"\vListRequest\x12!\n" +
 	"\finclude_free\x18\x01 \x01(\bR\vincludeFree\"8\n" +
@@ -1257,14 +1471,15 @@ const file_slots_proto_rawDesc = "" +
 	"\x16SLOT_STATE_QUARANTINED\x10\x04\x12\x13\n" +
 	"\x0fSLOT_STATE_BUSY\x10\x05\x12\x13\n" +
 	"\x0fSLOT_STATE_LOST\x10\x06\x12\x18\n" +
-	"\x14SLOT_STATE_VERIFYING\x10\a2\xc0\x03\n" +
+	"\x14SLOT_STATE_VERIFYING\x10\a2\x8b\x04\n" +
 	"\x05Slots\x12F\n" +
 	"\aAcquire\x12\x1c.phasegate.v1.AcquireRequest\x1a\x1d.phasegate.v1.AcquireResponse\x12F\n" +
 	"\aRelease\x12\x1c.phasegate.v1.ReleaseRequest\x1a\x1d.phasegate.v1.ReleaseResponse\x12L\n" +
 	"\tKeepAlive\x12\x1e.phasegate.v1.KeepAliveRequest\x1a\x1f.phasegate.v1.KeepAliveResponse\x12:\n" +
 	"\x03Get\x12\x18.phasegate.v1.GetRequest\x1a\x19.phasegate.v1.GetResponse\x12=\n" +
 	"\x04List\x12\x19.phasegate.v1.ListRequest\x1a\x1a.phasegate.v1.ListResponse\x12^\n" +
-	"\x0fSetEgressPolicy\x12$.phasegate.v1.SetEgressPolicyRequest\x1a%.phasegate.v1.SetEgressPolicyResponseB=Z;github.com/phasegate/phasegate/api/phasegate/v1;phasegatev1b\x06proto3"
+	"\x0fSetEgressPolicy\x12$.phasegate.v1.SetEgressPolicyRequest\x1a%.phasegate.v1.SetEgressPolicyResponse\x12I\n" +
+	"\bSetPorts\x12\x1d.phasegate.v1.SetPortsRequest\x1a\x1e.phasegate.v1.SetPortsResponseB=Z;github.com/phasegate/phasegate/api/phasegate/v1;phasegatev1b\x06proto3"
 
 var (
 	file_slots_proto_rawDescOnce sync.Once
@@ -1279,60 +1494,69 @@ func file_slots_proto_rawDescGZIP() []byte {
 }
 
 var file_slots_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_slots_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_slots_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_slots_proto_goTypes = []any{
 	(SlotState)(0),                  // 0: phasegate.v1.SlotState
 	(*Slot)(nil),                    // 1: phasegate.v1.Slot
 	(*Usage)(nil),                   // 2: phasegate.v1.Usage
 	(*EgressPolicy)(nil),            // 3: phasegate.v1.EgressPolicy
 	(*AcquireRequest)(nil),          // 4: phasegate.v1.AcquireRequest
-	(*AcquireResponse)(nil),         // 5: phasegate.v1.AcquireResponse
-	(*ReleaseRequest)(nil),          // 6: phasegate.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),         // 7: phasegate.v1.ReleaseResponse
-	(*KeepAliveRequest)(nil),        // 8: phasegate.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),       // 9: phasegate.v1.KeepAliveResponse
-	(*GetRequest)(nil),              // 10: phasegate.v1.GetRequest
-	(*GetResponse)(nil),             // 11: phasegate.v1.GetResponse
-	(*SetEgressPolicyRequest)(nil),  // 12: phasegate.v1.SetEgressPolicyRequest
-	(*SetEgressPolicyResponse)(nil), // 13: phasegate.v1.SetEgressPolicyResponse
-	(*ListRequest)(nil),             // 14: phasegate.v1.ListRequest
-	(*ListResponse)(nil),            // 15: phasegate.v1.ListResponse
-	(*timestamppb.Timestamp)(nil),   // 16: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 17: google.protobuf.Duration
+	(*PublishedPort)(nil),           // 5: phasegate.v1.PublishedPort
+	(*AcquireResponse)(nil),         // 6: phasegate.v1.AcquireResponse
+	(*ReleaseRequest)(nil),          // 7: phasegate.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),         // 8: phasegate.v1.ReleaseResponse
+	(*KeepAliveRequest)(nil),        // 9: phasegate.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),       // 10: phasegate.v1.KeepAliveResponse
+	(*GetRequest)(nil),              // 11: phasegate.v1.GetRequest
+	(*GetResponse)(nil),             // 12: phasegate.v1.GetResponse
+	(*SetEgressPolicyRequest)(nil),  // 13: phasegate.v1.SetEgressPolicyRequest
+	(*SetEgressPolicyResponse)(nil), // 14: phasegate.v1.SetEgressPolicyResponse
+	(*SetPortsRequest)(nil),         // 15: phasegate.v1.SetPortsRequest
+	(*SetPortsResponse)(nil),        // 16: phasegate.v1.SetPortsResponse
+	(*ListRequest)(nil),             // 17: phasegate.v1.ListRequest
+	(*ListResponse)(nil),            // 18: phasegate.v1.ListResponse
+	(*timestamppb.Timestamp)(nil),   // 19: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 20: google.protobuf.Duration
 }
 var file_slots_proto_depIdxs = []int32{
 	0,  // 0: phasegate.v1.Slot.state:type_name -> phasegate.v1.SlotState
-	16, // 1: phasegate.v1.Slot.acquired_at:type_name -> google.protobuf.Timestamp
-	17, // 2: phasegate.v1.Slot.ttl:type_name -> google.protobuf.Duration
-	16, // 3: phasegate.v1.Slot.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 1: phasegate.v1.Slot.acquired_at:type_name -> google.protobuf.Timestamp
+	20, // 2: phasegate.v1.Slot.ttl:type_name -> google.protobuf.Duration
+	19, // 3: phasegate.v1.Slot.expires_at:type_name -> google.protobuf.Timestamp
 	3,  // 4: phasegate.v1.Slot.egress_policy:type_name -> phasegate.v1.EgressPolicy
 	2,  // 5: phasegate.v1.Slot.usage:type_name -> phasegate.v1.Usage
-	17, // 6: phasegate.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	3,  // 7: phasegate.v1.AcquireRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
-	1,  // 8: phasegate.v1.AcquireResponse.slot:type_name -> phasegate.v1.Slot
-	16, // 9: phasegate.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	17, // 10: phasegate.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	1,  // 11: phasegate.v1.GetResponse.slot:type_name -> phasegate.v1.Slot
-	3,  // 12: phasegate.v1.SetEgressPolicyRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
-	1,  // 13: phasegate.v1.SetEgressPolicyResponse.slot:type_name -> phasegate.v1.Slot
-	1,  // 14: phasegate.v1.ListResponse.slots:type_name -> phasegate.v1.Slot
-	4,  // 15: phasegate.v1.Slots.Acquire:input_type -> phasegate.v1.AcquireRequest
-	6,  // 16: phasegate.v1.Slots.Release:input_type -> phasegate.v1.ReleaseRequest
-	8,  // 17: phasegate.v1.Slots.KeepAlive:input_type -> phasegate.v1.KeepAliveRequest
-	10, // 18: phasegate.v1.Slots.Get:input_type -> phasegate.v1.GetRequest
-	14, // 19: phasegate.v1.Slots.List:input_type -> phasegate.v1.ListRequest
-	12, // 20: phasegate.v1.Slots.SetEgressPolicy:input_type -> phasegate.v1.SetEgressPolicyRequest
-	5,  // 21: phasegate.v1.Slots.Acquire:output_type -> phasegate.v1.AcquireResponse
-	7,  // 22: phasegate.v1.Slots.Release:output_type -> phasegate.v1.ReleaseResponse
-	9,  // 23: phasegate.v1.Slots.KeepAlive:output_type -> phasegate.v1.KeepAliveResponse
-	11, // 24: phasegate.v1.Slots.Get:output_type -> phasegate.v1.GetResponse
-	15, // 25: phasegate.v1.Slots.List:output_type -> phasegate.v1.ListResponse
-	13, // 26: phasegate.v1.Slots.SetEgressPolicy:output_type -> phasegate.v1.SetEgressPolicyResponse
-	21, // [21:27] is the sub-list for method output_type
-	15, // [15:21] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	5,  // 6: phasegate.v1.Slot.ports:type_name -> phasegate.v1.PublishedPort
+	20, // 7: phasegate.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	3,  // 8: phasegate.v1.AcquireRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	5,  // 9: phasegate.v1.AcquireRequest.ports:type_name -> phasegate.v1.PublishedPort
+	1,  // 10: phasegate.v1.AcquireResponse.slot:type_name -> phasegate.v1.Slot
+	19, // 11: phasegate.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 12: phasegate.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	1,  // 13: phasegate.v1.GetResponse.slot:type_name -> phasegate.v1.Slot
+	3,  // 14: phasegate.v1.SetEgressPolicyRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	1,  // 15: phasegate.v1.SetEgressPolicyResponse.slot:type_name -> phasegate.v1.Slot
+	5,  // 16: phasegate.v1.SetPortsRequest.ports:type_name -> phasegate.v1.PublishedPort
+	1,  // 17: phasegate.v1.SetPortsResponse.slot:type_name -> phasegate.v1.Slot
+	1,  // 18: phasegate.v1.ListResponse.slots:type_name -> phasegate.v1.Slot
+	4,  // 19: phasegate.v1.Slots.Acquire:input_type -> phasegate.v1.AcquireRequest
+	7,  // 20: phasegate.v1.Slots.Release:input_type -> phasegate.v1.ReleaseRequest
+	9,  // 21: phasegate.v1.Slots.KeepAlive:input_type -> phasegate.v1.KeepAliveRequest
+	11, // 22: phasegate.v1.Slots.Get:input_type -> phasegate.v1.GetRequest
+	17, // 23: phasegate.v1.Slots.List:input_type -> phasegate.v1.ListRequest
+	13, // 24: phasegate.v1.Slots.SetEgressPolicy:input_type -> phasegate.v1.SetEgressPolicyRequest
+	15, // 25: phasegate.v1.Slots.SetPorts:input_type -> phasegate.v1.SetPortsRequest
+	6,  // 26: phasegate.v1.Slots.Acquire:output_type -> phasegate.v1.AcquireResponse
+	8,  // 27: phasegate.v1.Slots.Release:output_type -> phasegate.v1.ReleaseResponse
+	10, // 28: phasegate.v1.Slots.KeepAlive:output_type -> phasegate.v1.KeepAliveResponse
+	12, // 29: phasegate.v1.Slots.Get:output_type -> phasegate.v1.GetResponse
+	18, // 30: phasegate.v1.Slots.List:output_type -> phasegate.v1.ListResponse
+	14, // 31: phasegate.v1.Slots.SetEgressPolicy:output_type -> phasegate.v1.SetEgressPolicyResponse
+	16, // 32: phasegate.v1.Slots.SetPorts:output_type -> phasegate.v1.SetPortsResponse
+	26, // [26:33] is the sub-list for method output_type
+	19, // [19:26] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_slots_proto_init() }
@@ -1346,7 +1570,7 @@ func file_slots_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_slots_proto_rawDesc), len(file_slots_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

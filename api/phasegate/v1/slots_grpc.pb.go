@@ -28,6 +28,7 @@ const (
 	Slots_Get_FullMethodName             = "/phasegate.v1.Slots/Get"
 	Slots_List_FullMethodName            = "/phasegate.v1.Slots/List"
 	Slots_SetEgressPolicy_FullMethodName = "/phasegate.v1.Slots/SetEgressPolicy"
+	Slots_SetPorts_FullMethodName        = "/phasegate.v1.Slots/SetPorts"
 )
 
 // SlotsClient is the client API for Slots service.
@@ -100,6 +101,16 @@ type SlotsClient interface {
 	// list, redirect_tcp without an egress proxy); nothing changes.
 	// NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED: as for Release.
 	SetEgressPolicy(ctx context.Context, in *SetEgressPolicyRequest, opts ...grpc.CallOption) (*SetEgressPolicyResponse, error)
+	// SetPorts replaces the published ports of a lease: the old mappings'
+	// DNAT withdrawn and the new ones' made in one nftables transaction,
+	// then recorded with the lease. Authorized as SetEgressPolicy.
+	// INVALID_ARGUMENT: index 0, a port outside 1-65535, a protocol not
+	// tcp, udp or sctp, two mappings taking the same host port, a host_ip
+	// that is not IPv4; nothing changes. ALREADY_EXISTS: a host port another
+	// lease publishes. FAILED_PRECONDITION: a host port a socket of the host
+	// is bound to, a host_ip that is not the host's, or as for Release.
+	// NOT_FOUND, PERMISSION_DENIED: as for Release.
+	SetPorts(ctx context.Context, in *SetPortsRequest, opts ...grpc.CallOption) (*SetPortsResponse, error)
 }
 
 type slotsClient struct {
@@ -164,6 +175,16 @@ func (c *slotsClient) SetEgressPolicy(ctx context.Context, in *SetEgressPolicyRe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SetEgressPolicyResponse)
 	err := c.cc.Invoke(ctx, Slots_SetEgressPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *slotsClient) SetPorts(ctx context.Context, in *SetPortsRequest, opts ...grpc.CallOption) (*SetPortsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetPortsResponse)
+	err := c.cc.Invoke(ctx, Slots_SetPorts_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -240,6 +261,16 @@ type SlotsServer interface {
 	// list, redirect_tcp without an egress proxy); nothing changes.
 	// NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED: as for Release.
 	SetEgressPolicy(context.Context, *SetEgressPolicyRequest) (*SetEgressPolicyResponse, error)
+	// SetPorts replaces the published ports of a lease: the old mappings'
+	// DNAT withdrawn and the new ones' made in one nftables transaction,
+	// then recorded with the lease. Authorized as SetEgressPolicy.
+	// INVALID_ARGUMENT: index 0, a port outside 1-65535, a protocol not
+	// tcp, udp or sctp, two mappings taking the same host port, a host_ip
+	// that is not IPv4; nothing changes. ALREADY_EXISTS: a host port another
+	// lease publishes. FAILED_PRECONDITION: a host port a socket of the host
+	// is bound to, a host_ip that is not the host's, or as for Release.
+	// NOT_FOUND, PERMISSION_DENIED: as for Release.
+	SetPorts(context.Context, *SetPortsRequest) (*SetPortsResponse, error)
 	mustEmbedUnimplementedSlotsServer()
 }
 
@@ -267,6 +298,9 @@ func (UnimplementedSlotsServer) List(context.Context, *ListRequest) (*ListRespon
 }
 func (UnimplementedSlotsServer) SetEgressPolicy(context.Context, *SetEgressPolicyRequest) (*SetEgressPolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetEgressPolicy not implemented")
+}
+func (UnimplementedSlotsServer) SetPorts(context.Context, *SetPortsRequest) (*SetPortsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetPorts not implemented")
 }
 func (UnimplementedSlotsServer) mustEmbedUnimplementedSlotsServer() {}
 func (UnimplementedSlotsServer) testEmbeddedByValue()               {}
@@ -397,6 +431,24 @@ func _Slots_SetEgressPolicy_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Slots_SetPorts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetPortsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SlotsServer).SetPorts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Slots_SetPorts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SlotsServer).SetPorts(ctx, req.(*SetPortsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Slots_ServiceDesc is the grpc.ServiceDesc for Slots service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -427,6 +479,10 @@ var Slots_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetEgressPolicy",
 			Handler:    _Slots_SetEgressPolicy_Handler,
+		},
+		{
+			MethodName: "SetPorts",
+			Handler:    _Slots_SetPorts_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -28,6 +28,7 @@ import (
 
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -106,6 +107,39 @@ func New(t testing.TB, n int, forwarding bool) *Host {
 		h.Slots = append(h.Slots, s)
 	}
 	return h
+}
+
+// SlotTable writes the slot table (package nft) with opts into the host's
+// namespace, for the host's slot network, and adds the slots to it.
+func (h *Host) SlotTable(t testing.TB, opts ...nft.Option) *nft.Table {
+	t.Helper()
+	tbl, err := nft.New(h.Config.TableName(), append([]nft.Option{nft.WithNetNS(h.Path), nft.WithSlotNetwork(h.Config.CIDR)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := tbl.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := tbl.Add(ctx, h.HostIfs()...); err != nil {
+		t.Fatal(err)
+	}
+	return tbl
+}
+
+// Serve hands every connection ln accepts to handle, which closes it,
+// until the test ends and closes ln.
+func Serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			handle(c)
+		}
+	}()
 }
 
 // HostIfs returns the host ends of the slots' veths.

@@ -49,7 +49,23 @@ const (
 // each value as given, with none of the side effects a /proc/sys write
 // of "all" has (it changes nothing else).
 func SetLink(c *mnl.Conn, ifindex int32, vals []Value, noIPv6Addr bool) error {
+	return setLink(c, ifindex, "", vals, noIPv6Addr)
+}
+
+// SetLinkNamed is SetLink of the link called name (the kernel finds it by
+// IFLA_IFNAME): no lookup of its index first, which costs a dump or a
+// namespace switch of its own. A missing link is ENODEV.
+func SetLinkNamed(c *mnl.Conn, name string, vals []Value) error {
+	return setLink(c, 0, name, vals, false)
+}
+
+// setLink is SetLink and SetLinkNamed: the link ifindex, or name when it
+// is not "".
+func setLink(c *mnl.Conn, ifindex int32, name string, vals []Value, noIPv6Addr bool) error {
 	ae := mnl.NewAttributeEncoder()
+	if name != "" {
+		ae.String(unix.IFLA_IFNAME, name)
+	}
 	ae.Nested(iflaAfSpec, func(ae *mnl.AttributeEncoder) error {
 		if len(vals) > 0 {
 			ae.Nested(unix.AF_INET, func(ae *mnl.AttributeEncoder) error {
@@ -78,6 +94,9 @@ func SetLink(c *mnl.Conn, ifindex int32, vals []Value, noIPv6Addr bool) error {
 		Header: mnl.Header{Type: unix.RTM_SETLINK, Flags: mnl.Request | mnl.Acknowledge},
 		Data:   append(ifinfomsg(ifindex), attrs...),
 	}); err != nil {
+		if name != "" {
+			return fmt.Errorf("netconf: RTM_SETLINK of %s's settings: %w", name, err)
+		}
 		return fmt.Errorf("netconf: RTM_SETLINK of link %d's settings: %w", ifindex, err)
 	}
 	return nil

@@ -136,7 +136,10 @@ type Record struct {
 	Carried *Usage `protobuf:"bytes,18,opt,name=carried,proto3" json:"carried,omitempty"`
 	// The current host link's counters when the lease began on it
 	// (dropped unused). Set only when LEASED.
-	Start         *Usage `protobuf:"bytes,19,opt,name=start,proto3" json:"start,omitempty"`
+	Start *Usage `protobuf:"bytes,19,opt,name=start,proto3" json:"start,omitempty"`
+	// The lease's published ports (package network/ports). Set only when
+	// LEASED; none on a record written before them, which had none.
+	Ports         []*PublishedPort `protobuf:"bytes,21,rep,name=ports,proto3" json:"ports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -304,6 +307,83 @@ func (x *Record) GetStart() *Usage {
 	return nil
 }
 
+func (x *Record) GetPorts() []*PublishedPort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+// PublishedPort is one published port: host_ip empty for every address of
+// the host, protocol "tcp", "udp" or "sctp".
+type PublishedPort struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HostIp        string                 `protobuf:"bytes,1,opt,name=host_ip,json=hostIp,proto3" json:"host_ip,omitempty"`
+	HostPort      uint32                 `protobuf:"varint,2,opt,name=host_port,json=hostPort,proto3" json:"host_port,omitempty"`
+	SlotPort      uint32                 `protobuf:"varint,3,opt,name=slot_port,json=slotPort,proto3" json:"slot_port,omitempty"`
+	Protocol      string                 `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishedPort) Reset() {
+	*x = PublishedPort{}
+	mi := &file_record_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishedPort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishedPort) ProtoMessage() {}
+
+func (x *PublishedPort) ProtoReflect() protoreflect.Message {
+	mi := &file_record_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishedPort.ProtoReflect.Descriptor instead.
+func (*PublishedPort) Descriptor() ([]byte, []int) {
+	return file_record_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PublishedPort) GetHostIp() string {
+	if x != nil {
+		return x.HostIp
+	}
+	return ""
+}
+
+func (x *PublishedPort) GetHostPort() uint32 {
+	if x != nil {
+		return x.HostPort
+	}
+	return 0
+}
+
+func (x *PublishedPort) GetSlotPort() uint32 {
+	if x != nil {
+		return x.SlotPort
+	}
+	return 0
+}
+
+func (x *PublishedPort) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
 // Usage is a lease's bytes and packets into and out of its slot, and the
 // packets its egress policies dropped on the host.
 type Usage struct {
@@ -319,7 +399,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_record_proto_msgTypes[1]
+	mi := &file_record_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -331,7 +411,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[1]
+	mi := &file_record_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -344,7 +424,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{1}
+	return file_record_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Usage) GetBytesIn() uint64 {
@@ -398,7 +478,7 @@ type Attachment struct {
 
 func (x *Attachment) Reset() {
 	*x = Attachment{}
-	mi := &file_record_proto_msgTypes[2]
+	mi := &file_record_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -410,7 +490,7 @@ func (x *Attachment) String() string {
 func (*Attachment) ProtoMessage() {}
 
 func (x *Attachment) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[2]
+	mi := &file_record_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -423,7 +503,7 @@ func (x *Attachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attachment.ProtoReflect.Descriptor instead.
 func (*Attachment) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{2}
+	return file_record_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Attachment) GetNetnsDev() uint64 {
@@ -467,7 +547,7 @@ type EgressPolicy struct {
 
 func (x *EgressPolicy) Reset() {
 	*x = EgressPolicy{}
-	mi := &file_record_proto_msgTypes[3]
+	mi := &file_record_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +559,7 @@ func (x *EgressPolicy) String() string {
 func (*EgressPolicy) ProtoMessage() {}
 
 func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[3]
+	mi := &file_record_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +572,7 @@ func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
 func (*EgressPolicy) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{3}
+	return file_record_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EgressPolicy) GetAllow() []string {
@@ -527,7 +607,7 @@ var File_record_proto protoreflect.FileDescriptor
 
 const file_record_proto_rawDesc = "" +
 	"\n" +
-	"\frecord.proto\x12\x13phasegate.leases.v1\"\x89\x06\n" +
+	"\frecord.proto\x12\x13phasegate.leases.v1\"\xc3\x06\n" +
 	"\x06Record\x120\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1a.phasegate.leases.v1.StateR\x05state\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x19\n" +
@@ -552,7 +632,13 @@ const file_record_proto_rawDesc = "" +
 	"\vheld_reason\x18\x11 \x01(\tR\n" +
 	"heldReason\x124\n" +
 	"\acarried\x18\x12 \x01(\v2\x1a.phasegate.leases.v1.UsageR\acarried\x120\n" +
-	"\x05start\x18\x13 \x01(\v2\x1a.phasegate.leases.v1.UsageR\x05start\"\x99\x01\n" +
+	"\x05start\x18\x13 \x01(\v2\x1a.phasegate.leases.v1.UsageR\x05start\x128\n" +
+	"\x05ports\x18\x15 \x03(\v2\".phasegate.leases.v1.PublishedPortR\x05ports\"~\n" +
+	"\rPublishedPort\x12\x17\n" +
+	"\ahost_ip\x18\x01 \x01(\tR\x06hostIp\x12\x1b\n" +
+	"\thost_port\x18\x02 \x01(\rR\bhostPort\x12\x1b\n" +
+	"\tslot_port\x18\x03 \x01(\rR\bslotPort\x12\x1a\n" +
+	"\bprotocol\x18\x04 \x01(\tR\bprotocol\"\x99\x01\n" +
 	"\x05Usage\x12\x19\n" +
 	"\bbytes_in\x18\x01 \x01(\x04R\abytesIn\x12\x1d\n" +
 	"\n" +
@@ -594,25 +680,27 @@ func file_record_proto_rawDescGZIP() []byte {
 }
 
 var file_record_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_record_proto_goTypes = []any{
-	(State)(0),           // 0: phasegate.leases.v1.State
-	(*Record)(nil),       // 1: phasegate.leases.v1.Record
-	(*Usage)(nil),        // 2: phasegate.leases.v1.Usage
-	(*Attachment)(nil),   // 3: phasegate.leases.v1.Attachment
-	(*EgressPolicy)(nil), // 4: phasegate.leases.v1.EgressPolicy
+	(State)(0),            // 0: phasegate.leases.v1.State
+	(*Record)(nil),        // 1: phasegate.leases.v1.Record
+	(*PublishedPort)(nil), // 2: phasegate.leases.v1.PublishedPort
+	(*Usage)(nil),         // 3: phasegate.leases.v1.Usage
+	(*Attachment)(nil),    // 4: phasegate.leases.v1.Attachment
+	(*EgressPolicy)(nil),  // 5: phasegate.leases.v1.EgressPolicy
 }
 var file_record_proto_depIdxs = []int32{
 	0, // 0: phasegate.leases.v1.Record.state:type_name -> phasegate.leases.v1.State
-	4, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
-	3, // 2: phasegate.leases.v1.Record.attachment:type_name -> phasegate.leases.v1.Attachment
-	2, // 3: phasegate.leases.v1.Record.carried:type_name -> phasegate.leases.v1.Usage
-	2, // 4: phasegate.leases.v1.Record.start:type_name -> phasegate.leases.v1.Usage
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	5, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
+	4, // 2: phasegate.leases.v1.Record.attachment:type_name -> phasegate.leases.v1.Attachment
+	3, // 3: phasegate.leases.v1.Record.carried:type_name -> phasegate.leases.v1.Usage
+	3, // 4: phasegate.leases.v1.Record.start:type_name -> phasegate.leases.v1.Usage
+	2, // 5: phasegate.leases.v1.Record.ports:type_name -> phasegate.leases.v1.PublishedPort
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_record_proto_init() }
@@ -626,7 +714,7 @@ func file_record_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_record_proto_rawDesc), len(file_record_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
