@@ -1,7 +1,8 @@
-// Package ports publishes a slot's ports on the host: a lease's mappings
-// (an optional host address, a host port, a slot port, tcp, udp or sctp)
-// as DNAT in the host's slot table (package nft's), and the one owner of
-// which lease holds which host port.
+// Package ports publishes a lease's slot ports on the host, as DNAT in the
+// host's slot table, and owns which lease holds which host port.
+//
+// A mapping is an optional host address, a host port, a slot port, and
+// tcp, udp or sctp; the table is package nft's.
 //
 // Every mapping is one element of one of two maps, whatever the number of
 // mappings: ports_any (protocol . host port : slot address . slot port,
