@@ -14,6 +14,7 @@ import (
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases/internal/recordpb"
 	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/shape"
 )
 
 // State is what a recorded slot is doing. The zero State is invalid, so a
@@ -115,6 +116,10 @@ type Record struct {
 	// Leased.
 	Egress *egress.Policy
 
+	// Bandwidth is the lease's bandwidth limits with their defaults, nil
+	// for none. Set only when Leased.
+	Bandwidth *shape.Limits
+
 	// Attachment is set on a lease whose slot has its inside end in a
 	// network namespace the daemon does not own (a CNI ADD); nil for a
 	// lease of the slot as it was made. Set only when Leased.
@@ -178,6 +183,14 @@ func (r *Record) validate() error {
 	if e := r.Egress; e != nil {
 		if err := e.Validate(); err != nil {
 			return bad("%v", err)
+		}
+	}
+	if b := r.Bandwidth; b != nil {
+		if err := b.Validate(); err != nil {
+			return bad("%v", err)
+		}
+		if r.State != Leased {
+			return bad("only a lease has bandwidth limits")
 		}
 	}
 	if a := r.Attachment; a != nil && (a.IfName == "" || len(a.IfName) > 15 || len(a.NetnsPath) > MaxAttachmentPath) {
@@ -292,6 +305,10 @@ func fill(m *recordpb.Record, r *Record) {
 	m.HostIfindex = int32(r.HostIfindex)
 	m.CreatedUnixNano = unixNano(r.Created)
 	m.EgressPolicy = egress.ToMessage[recordpb.EgressPolicy](r.Egress)
+	m.Bandwidth = nil
+	if b := r.Bandwidth; b != nil {
+		m.Bandwidth = &recordpb.Bandwidth{IngressRate: b.IngressRate, IngressBurst: b.IngressBurst, EgressRate: b.EgressRate, EgressBurst: b.EgressBurst}
+	}
 	m.Attachment = nil
 	if a := r.Attachment; a != nil {
 		m.Attachment = &recordpb.Attachment{NetnsDev: a.Netns.Dev, NetnsIno: a.Netns.Ino, NetnsPath: a.NetnsPath, IfName: a.IfName}
@@ -359,6 +376,9 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 		return Record{}, fmt.Errorf("%w: slot %d: %w", ErrInvalid, i, err)
 	}
 	r.Egress = pol
+	if b := m.GetBandwidth(); b != nil {
+		r.Bandwidth = &shape.Limits{IngressRate: b.GetIngressRate(), IngressBurst: b.GetIngressBurst(), EgressRate: b.GetEgressRate(), EgressBurst: b.GetEgressBurst()}
+	}
 	if a := m.GetAttachment(); a != nil {
 		r.Attachment = &Attachment{Netns: netns.ID{Dev: a.GetNetnsDev(), Ino: a.GetNetnsIno()}, NetnsPath: a.GetNetnsPath(),
 			IfName: a.GetIfName()}

@@ -8,18 +8,21 @@ import (
 	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
+	"github.com/phasegate/phasegate/network/shape"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
 // Request is what an Acquire asks for: a slot for Owner, for request
 // RequestID (none: "", not idempotent), held for TTL (0: until released),
-// with egress policy Egress (nil: none), and for a CNI ADD the namespace
-// the slot is attached to.
+// with egress policy Egress (nil: none) and bandwidth limits Bandwidth
+// (from ParseBandwidth; nil: none), and for a CNI ADD the namespace the
+// slot is attached to.
 type Request struct {
 	Owner     string
 	RequestID string
 	TTL       time.Duration
 	Egress    *egress.Policy
+	Bandwidth *shape.Limits
 	// Attach, when not nil, attaches the slot (a CNI ADD: [Service.Attach]),
 	// after its policy and before its record.
 	Attach Target
@@ -142,17 +145,22 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 		}
 		att = req.Attach.Record()
 	}
+	// The limits on the host end the lease runs on (an attachment's is
+	// made above), before the record and the reply, as the policy.
+	bw := req.Bandwidth
+	if bw != nil {
+		if err := s.applyBandwidth(ctx, sl, bw); err != nil {
+			s.dropUnleased(ctx, sl, made, pol != nil, true)
+			return Acquired{}, bandwidthError(sl.Index, err)
+		}
+	}
 	rec := newRecord(sl, req, principal, time.Now())
-	rec.Egress, rec.Attachment, rec.Ledger = pol, att, s.startLedger(sl)
+	rec.Egress, rec.Bandwidth, rec.Attachment, rec.Ledger = pol, bw, att, s.startLedger(sl)
 	// The record first, the reply after: a lease the client hears of is a
 	// lease a restart restores. If the record cannot be written, or the
 	// caller left before it was, the slot goes back to the pool unused.
 	if err := s.records.Put(ctx, rec); err != nil {
-		if made != nil {
-			s.unattach(ctx, sl)
-		} else {
-			s.returnUnleased(sl, pol != nil)
-		}
+		s.dropUnleased(ctx, sl, made, pol != nil, bw != nil)
 		return s.notRecorded(ctx, err, rec)
 	}
 	// Its link's reading at its start is the first of its traffic's.

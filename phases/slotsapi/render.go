@@ -64,6 +64,7 @@ func (s *Server) describe(v lease.Slot, c control.Caller) *phasegatev1.Slot {
 		out.Repaired = slices.Clone(l.Repaired)
 		out.Principal = l.Rec.Principal
 		out.EgressPolicy = egressProto(l.Rec.Egress)
+		out.Bandwidth = bandwidthProto(l.Rec.Bandwidth)
 		if a := l.Rec.Attachment; a != nil {
 			out.AttachedNetnsPath = a.NetnsPath
 			// The runtime never sees its attachment's lease id: the

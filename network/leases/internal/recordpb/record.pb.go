@@ -136,7 +136,11 @@ type Record struct {
 	Carried *Usage `protobuf:"bytes,18,opt,name=carried,proto3" json:"carried,omitempty"`
 	// The current host link's counters when the lease began on it
 	// (dropped unused). Set only when LEASED.
-	Start         *Usage `protobuf:"bytes,19,opt,name=start,proto3" json:"start,omitempty"`
+	Start *Usage `protobuf:"bytes,19,opt,name=start,proto3" json:"start,omitempty"`
+	// The lease's bandwidth limits (package network/shape), bursts with
+	// their defaults filled in; unset: none. Set only when LEASED. A build
+	// that does not know it keeps it unread: the limits stay on the link.
+	Bandwidth     *Bandwidth `protobuf:"bytes,20,opt,name=bandwidth,proto3" json:"bandwidth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -304,6 +308,82 @@ func (x *Record) GetStart() *Usage {
 	return nil
 }
 
+func (x *Record) GetBandwidth() *Bandwidth {
+	if x != nil {
+		return x.Bandwidth
+	}
+	return nil
+}
+
+// Bandwidth is a lease's limits: rates in bits per second, bursts in bits.
+type Bandwidth struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	IngressRate   uint64                 `protobuf:"varint,1,opt,name=ingress_rate,json=ingressRate,proto3" json:"ingress_rate,omitempty"`
+	IngressBurst  uint64                 `protobuf:"varint,2,opt,name=ingress_burst,json=ingressBurst,proto3" json:"ingress_burst,omitempty"`
+	EgressRate    uint64                 `protobuf:"varint,3,opt,name=egress_rate,json=egressRate,proto3" json:"egress_rate,omitempty"`
+	EgressBurst   uint64                 `protobuf:"varint,4,opt,name=egress_burst,json=egressBurst,proto3" json:"egress_burst,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Bandwidth) Reset() {
+	*x = Bandwidth{}
+	mi := &file_record_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Bandwidth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Bandwidth) ProtoMessage() {}
+
+func (x *Bandwidth) ProtoReflect() protoreflect.Message {
+	mi := &file_record_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Bandwidth.ProtoReflect.Descriptor instead.
+func (*Bandwidth) Descriptor() ([]byte, []int) {
+	return file_record_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Bandwidth) GetIngressRate() uint64 {
+	if x != nil {
+		return x.IngressRate
+	}
+	return 0
+}
+
+func (x *Bandwidth) GetIngressBurst() uint64 {
+	if x != nil {
+		return x.IngressBurst
+	}
+	return 0
+}
+
+func (x *Bandwidth) GetEgressRate() uint64 {
+	if x != nil {
+		return x.EgressRate
+	}
+	return 0
+}
+
+func (x *Bandwidth) GetEgressBurst() uint64 {
+	if x != nil {
+		return x.EgressBurst
+	}
+	return 0
+}
+
 // Usage is a lease's bytes and packets into and out of its slot, and the
 // packets its egress policies dropped on the host.
 type Usage struct {
@@ -319,7 +399,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_record_proto_msgTypes[1]
+	mi := &file_record_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -331,7 +411,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[1]
+	mi := &file_record_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -344,7 +424,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{1}
+	return file_record_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Usage) GetBytesIn() uint64 {
@@ -398,7 +478,7 @@ type Attachment struct {
 
 func (x *Attachment) Reset() {
 	*x = Attachment{}
-	mi := &file_record_proto_msgTypes[2]
+	mi := &file_record_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -410,7 +490,7 @@ func (x *Attachment) String() string {
 func (*Attachment) ProtoMessage() {}
 
 func (x *Attachment) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[2]
+	mi := &file_record_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -423,7 +503,7 @@ func (x *Attachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attachment.ProtoReflect.Descriptor instead.
 func (*Attachment) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{2}
+	return file_record_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Attachment) GetNetnsDev() uint64 {
@@ -467,7 +547,7 @@ type EgressPolicy struct {
 
 func (x *EgressPolicy) Reset() {
 	*x = EgressPolicy{}
-	mi := &file_record_proto_msgTypes[3]
+	mi := &file_record_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +559,7 @@ func (x *EgressPolicy) String() string {
 func (*EgressPolicy) ProtoMessage() {}
 
 func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[3]
+	mi := &file_record_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +572,7 @@ func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
 func (*EgressPolicy) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{3}
+	return file_record_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EgressPolicy) GetAllow() []string {
@@ -527,7 +607,7 @@ var File_record_proto protoreflect.FileDescriptor
 
 const file_record_proto_rawDesc = "" +
 	"\n" +
-	"\frecord.proto\x12\x13phasegate.leases.v1\"\x89\x06\n" +
+	"\frecord.proto\x12\x13phasegate.leases.v1\"\xc7\x06\n" +
 	"\x06Record\x120\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1a.phasegate.leases.v1.StateR\x05state\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x19\n" +
@@ -552,7 +632,14 @@ const file_record_proto_rawDesc = "" +
 	"\vheld_reason\x18\x11 \x01(\tR\n" +
 	"heldReason\x124\n" +
 	"\acarried\x18\x12 \x01(\v2\x1a.phasegate.leases.v1.UsageR\acarried\x120\n" +
-	"\x05start\x18\x13 \x01(\v2\x1a.phasegate.leases.v1.UsageR\x05start\"\x99\x01\n" +
+	"\x05start\x18\x13 \x01(\v2\x1a.phasegate.leases.v1.UsageR\x05start\x12<\n" +
+	"\tbandwidth\x18\x14 \x01(\v2\x1e.phasegate.leases.v1.BandwidthR\tbandwidth\"\x97\x01\n" +
+	"\tBandwidth\x12!\n" +
+	"\fingress_rate\x18\x01 \x01(\x04R\vingressRate\x12#\n" +
+	"\ringress_burst\x18\x02 \x01(\x04R\fingressBurst\x12\x1f\n" +
+	"\vegress_rate\x18\x03 \x01(\x04R\n" +
+	"egressRate\x12!\n" +
+	"\fegress_burst\x18\x04 \x01(\x04R\vegressBurst\"\x99\x01\n" +
 	"\x05Usage\x12\x19\n" +
 	"\bbytes_in\x18\x01 \x01(\x04R\abytesIn\x12\x1d\n" +
 	"\n" +
@@ -594,25 +681,27 @@ func file_record_proto_rawDescGZIP() []byte {
 }
 
 var file_record_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_record_proto_goTypes = []any{
 	(State)(0),           // 0: phasegate.leases.v1.State
 	(*Record)(nil),       // 1: phasegate.leases.v1.Record
-	(*Usage)(nil),        // 2: phasegate.leases.v1.Usage
-	(*Attachment)(nil),   // 3: phasegate.leases.v1.Attachment
-	(*EgressPolicy)(nil), // 4: phasegate.leases.v1.EgressPolicy
+	(*Bandwidth)(nil),    // 2: phasegate.leases.v1.Bandwidth
+	(*Usage)(nil),        // 3: phasegate.leases.v1.Usage
+	(*Attachment)(nil),   // 4: phasegate.leases.v1.Attachment
+	(*EgressPolicy)(nil), // 5: phasegate.leases.v1.EgressPolicy
 }
 var file_record_proto_depIdxs = []int32{
 	0, // 0: phasegate.leases.v1.Record.state:type_name -> phasegate.leases.v1.State
-	4, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
-	3, // 2: phasegate.leases.v1.Record.attachment:type_name -> phasegate.leases.v1.Attachment
-	2, // 3: phasegate.leases.v1.Record.carried:type_name -> phasegate.leases.v1.Usage
-	2, // 4: phasegate.leases.v1.Record.start:type_name -> phasegate.leases.v1.Usage
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	5, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
+	4, // 2: phasegate.leases.v1.Record.attachment:type_name -> phasegate.leases.v1.Attachment
+	3, // 3: phasegate.leases.v1.Record.carried:type_name -> phasegate.leases.v1.Usage
+	3, // 4: phasegate.leases.v1.Record.start:type_name -> phasegate.leases.v1.Usage
+	2, // 5: phasegate.leases.v1.Record.bandwidth:type_name -> phasegate.leases.v1.Bandwidth
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_record_proto_init() }
@@ -626,7 +715,7 @@ func file_record_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_record_proto_rawDesc), len(file_record_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
