@@ -50,9 +50,11 @@ type netConf struct {
 	EgressCapability string `json:"egressCapability,omitempty"`
 	// RuntimeConfig holds the capability args the runtime passes for
 	// the capabilities the conflist declares: "egress", a container's
-	// own policy.
+	// own policy; "bandwidth", its limits (CNI's capability, which the
+	// kubelet fills from the pod's annotations).
 	RuntimeConfig struct {
-		Egress *cniv1.Egress `json:"egress,omitempty"`
+		Egress    *cniv1.Egress    `json:"egress,omitempty"`
+		Bandwidth *cniv1.Bandwidth `json:"bandwidth,omitempty"`
 	} `json:"runtimeConfig,omitzero"`
 
 	timeout time.Duration
@@ -120,6 +122,10 @@ func boundStdin() *types.Error {
 func loadConf(stdin []byte) (*netConf, error) {
 	conf := &netConf{}
 	if err := json.Unmarshal(stdin, conf); err != nil {
+		var be *cniv1.BandwidthError
+		if errors.As(err, &be) {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "the runtime's bandwidth limits are not whole numbers of bits", be.Error())
+		}
 		return nil, types.NewError(types.ErrDecodingFailure, "decode the network configuration", err.Error())
 	}
 	if conf.Name == "" {
@@ -231,6 +237,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 	var a cniv1.Attachment
 	req := cniv1.AddRequest{Key: k, Netns: args.Netns}
 	req.Egress, req.ContainerEgress = conf.egress()
+	req.Bandwidth = conf.RuntimeConfig.Bandwidth
 	if err := conf.call(cniv1.PathAdd, ns, req, &a); err != nil {
 		return err
 	}

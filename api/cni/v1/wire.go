@@ -97,6 +97,46 @@ type AddRequest struct {
 	// alone. A conflist that lets the container's replace the network's
 	// ("egressCapability": "replace") sends it as Egress instead.
 	ContainerEgress *Egress `json:"containerEgress,omitempty"`
+	// Bandwidth is the container's bandwidth limits (the runtime's
+	// "bandwidth" capability args); nil: none.
+	Bandwidth *Bandwidth `json:"bandwidth,omitempty"`
+}
+
+// Bandwidth is an attachment's bandwidth limits as CNI's "bandwidth"
+// capability gives them (the kubelet's kubernetes.io/ingress-bandwidth
+// and egress-bandwidth): rates in bits per second, bursts in bits, into
+// the container (ingress) and out of it (egress); 0 is unset. The daemon
+// checks them as the Slots API's Bandwidth.
+type Bandwidth struct {
+	IngressRate  uint64 `json:"ingressRate,omitempty"`
+	IngressBurst uint64 `json:"ingressBurst,omitempty"`
+	EgressRate   uint64 `json:"egressRate,omitempty"`
+	EgressBurst  uint64 `json:"egressBurst,omitempty"`
+}
+
+// BandwidthError is a "bandwidth" capability whose JSON is no limits: a
+// key that is none of the four, or a value that is not a whole number of
+// bits from 0 to 2^64-1 (a negative, a fraction, a string).
+type BandwidthError struct{ Err error }
+
+// Error names the capability and what is wrong with it.
+func (e *BandwidthError) Error() string { return "bandwidth: " + e.Err.Error() }
+
+// Unwrap is the decoder's error.
+func (e *BandwidthError) Unwrap() error { return e.Err }
+
+// UnmarshalJSON reads limits strictly: a misspelt key ("ingresRate")
+// would otherwise leave a container unlimited, silently.
+func (b *Bandwidth) UnmarshalJSON(data []byte) error {
+	type plain Bandwidth
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var p plain
+	if err := dec.Decode(&p); err != nil {
+		return &BandwidthError{Err: err}
+	}
+	*b = Bandwidth(p)
+	return nil
 }
 
 // Attachment is what ADD made: the slot, its two ends and the addresses.
