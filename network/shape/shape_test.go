@@ -13,7 +13,7 @@ import (
 
 // rate is what the tests set: modest, so that a loaded 2-core machine
 // still reaches it.
-const rate = 40_000_000
+const rate = 20_000_000
 
 // within reports whether got is within ±5% of want.
 func within(got, want float64) bool { return got >= 0.95*want && got <= 1.05*want }
@@ -36,6 +36,18 @@ func measure(t *testing.T, s *slot.Slot, d direction, dur time.Duration) float64
 	return got
 }
 
+// limited measures d once more when the first run misses the band from
+// below: on a shared 2-core machine a run starved of CPU falls short of
+// any limit, while one above it is the limit failing, never retried.
+func limited(t *testing.T, s *slot.Slot, d direction) float64 {
+	t.Helper()
+	got := measure(t, s, d, 3*time.Second)
+	if got < 0.95*rate {
+		got = measure(t, s, d, 3*time.Second)
+	}
+	return got
+}
+
 // newSlot makes one real slot and its shaping link.
 func newSlot(t *testing.T) (*slot.Slot, shape.Link) {
 	t.Helper()
@@ -49,7 +61,7 @@ func newSlot(t *testing.T) (*slot.Slot, shape.Link) {
 }
 
 // TestLimitsHoldBothWays measures TCP each way through a slot unshaped,
-// then limited to 40 Mbit/s, then after the slot's root tried to lift the
+// then limited to 20 Mbit/s, then after the slot's root tried to lift the
 // limits from inside.
 func TestLimitsHoldBothWays(t *testing.T) {
 	s, link := newSlot(t)
@@ -64,7 +76,7 @@ func TestLimitsHoldBothWays(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range directions() {
-		if got := measure(t, s, d, 3*time.Second); !within(got, rate) {
+		if got := limited(t, s, d); !within(got, rate) {
 			t.Errorf("%s at %d Mbit/s: measured %.2f Mbit/s on the wire", d.name, rate/1_000_000, got/1e6)
 		}
 	}
@@ -81,7 +93,7 @@ func TestLimitsHoldBothWays(t *testing.T) {
 		}
 	}
 	for _, d := range directions() {
-		if got := measure(t, s, d, 3*time.Second); !within(got, rate) {
+		if got := limited(t, s, d); !within(got, rate) {
 			t.Errorf("%s after the tenant's tc and nft: measured %.2f Mbit/s, want %d", d.name, got/1e6, rate/1_000_000)
 		}
 	}
