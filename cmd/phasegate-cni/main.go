@@ -124,7 +124,7 @@ func loadConf(stdin []byte) (*netConf, error) {
 	if err := json.Unmarshal(stdin, conf); err != nil {
 		var be *cniv1.BandwidthError
 		if errors.As(err, &be) {
-			return nil, types.NewError(types.ErrInvalidNetworkConfig, "the runtime's bandwidth limits are not whole numbers of bits", be.Error())
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "the runtime's bandwidth capability is not ingressRate, ingressBurst, egressRate and egressBurst in whole bits", be.Error())
 		}
 		return nil, types.NewError(types.ErrDecodingFailure, "decode the network configuration", err.Error())
 	}
