@@ -51,13 +51,20 @@ func limited(t *testing.T, s *slot.Slot, d direction) float64 {
 // newSlot makes one real slot and its shaping link.
 func newSlot(t *testing.T) (*slot.Slot, shape.Link) {
 	t.Helper()
+	_, m, s := newSlotOf(t)
+	return s, m.ShapeLink(s)
+}
+
+// newSlotOf makes one real slot, and answers its playground and manager.
+func newSlotOf(t *testing.T) (*nettest.Env, *slot.Manager, *slot.Slot) {
+	t.Helper()
 	e := nettest.New(t, 1)
 	m := e.Manager(t)
 	s, err := m.Create(context.Background(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, m.ShapeLink(s)
+	return e, m, s
 }
 
 // TestLimitsHoldBothWays measures TCP each way through a slot unshaped,
@@ -161,13 +168,8 @@ func TestRepairAndClear(t *testing.T) {
 // killed before a release does: a survey finds its ifb, and the teardown
 // (reclaim's, decommission's, the reconciler's) deletes it with the slot.
 func TestTeardownTakesTheIfb(t *testing.T) {
-	e := nettest.New(t, 1)
-	m := e.Manager(t)
+	e, m, s := newSlotOf(t)
 	ctx := context.Background()
-	s, err := m.Create(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := shape.Apply(ctx, m.ShapeLink(s), shape.Limits{EgressRate: rate}.WithDefaults()); err != nil {
 		t.Fatal(err)
 	}

@@ -54,39 +54,18 @@ func (s *Service) SetBandwidth(ctx context.Context, c control.Caller, i int, lea
 	if err != nil {
 		return Lease{}, err
 	}
-	if l := s.table.at(i); l != nil {
-		if err := s.Settle(ctx, l); err != nil {
-			return Lease{}, err
-		}
+	cur, unlock, err := s.lockedLease(ctx, i, leaseID, "limits")
+	if err != nil {
+		return Lease{}, err
 	}
-	// The slot's policy lock: the limits and the record end up saying
-	// the same, and a release waits for the change.
-	defer s.lockPolicy(i)()
-	cur := s.table.copyAt(i)
-	switch {
-	case cur == nil:
-		return Lease{}, leaseError(i, leases.ErrNotFound)
-	case !sameLease(cur.Rec.LeaseID, leaseID):
-		return Lease{}, leaseError(i, errWrongLease)
-	case cur.Slot == nil:
-		return Lease{}, Errorf(ErrPrecondition, "slot %d: the lease is lost (%s): it has no slot to set limits on", i, cur.LostReason)
-	}
+	defer unlock()
 	old, sl := cur.Rec.Bandwidth, cur.Slot
 	wctx := context.WithoutCancel(ctx)
 	if err := s.applyBandwidth(wctx, sl, bw); err != nil {
 		s.restoreBandwidth(wctx, i, sl, old)
 		return Lease{}, bandwidthError(i, err)
 	}
-	rec, err := s.records.update(ctx, i, func(r *leases.Record) error {
-		if r.State != leases.Leased {
-			return leases.ErrNotFound
-		}
-		if !sameLease(r.LeaseID, leaseID) {
-			return errWrongLease
-		}
-		r.Bandwidth = bw
-		return nil
-	})
+	rec, err := s.updateLease(ctx, i, leaseID, func(r *leases.Record) { r.Bandwidth = bw })
 	if err != nil {
 		s.restoreBandwidth(wctx, i, sl, old)
 		return Lease{}, leaseError(i, err)

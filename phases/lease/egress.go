@@ -88,25 +88,11 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 	if err := control.Charge(ctx, EgressCost(pol)); err != nil {
 		return Lease{}, err
 	}
-	// A lease restored at a restart is verified first: its slot may turn
-	// out lost.
-	if l := s.table.at(i); l != nil {
-		if err := s.Settle(ctx, l); err != nil {
-			return Lease{}, err
-		}
+	cur, unlock, err := s.lockedLease(ctx, i, leaseID, "a policy")
+	if err != nil {
+		return Lease{}, err
 	}
-	// One change of a slot's policy at a time: the rules and the record
-	// must end up saying the same. Other slots' changes go on meanwhile.
-	defer s.lockPolicy(i)()
-	cur := s.table.copyAt(i)
-	switch {
-	case cur == nil:
-		return Lease{}, leaseError(i, leases.ErrNotFound)
-	case !sameLease(cur.Rec.LeaseID, leaseID):
-		return Lease{}, leaseError(i, errWrongLease)
-	case cur.Slot == nil:
-		return Lease{}, Errorf(ErrPrecondition, "slot %d: the lease is lost (%s): it has no slot to set a policy on", i, cur.LostReason)
-	}
+	defer unlock()
 	old, sl := cur.Rec, cur.Slot
 	// Written with the request's context: a caller gone halfway leaves
 	// the old policy put back below, or the new one recorded.
@@ -118,18 +104,11 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 		}
 		return Lease{}, egressError(i, err)
 	}
-	rec, err := s.records.update(ctx, i, func(r *leases.Record) error {
-		if r.State != leases.Leased {
-			return leases.ErrNotFound
-		}
-		if !sameLease(r.LeaseID, leaseID) {
-			return errWrongLease
-		}
+	rec, err := s.updateLease(ctx, i, leaseID, func(r *leases.Record) {
 		r.Egress = pol
 		// The new rules count from 0: the lease's ledger carries what
 		// the old ones dropped.
 		r.Ledger = r.Ledger.Repoliced(dropped)
-		return nil
 	})
 	if err != nil {
 		// The record keeps the old policy: so must the slot.
@@ -140,6 +119,51 @@ func (s *Service) SetEgress(ctx context.Context, c control.Caller, i int, leaseI
 	s.count("egress_policy_set")
 	s.log.Info("egress policy set", "slot", i, "owner", names.Shown(rec.Owner), "principal", c.Principal.String(), "policy", describePolicy(rec.Egress))
 	return Lease{Rec: rec, Slot: sl}, nil
+}
+
+// lockedLease answers a copy of slot i's lease, whose id must be leaseID,
+// for a change of what its slot holds (what: "a policy", "limits"), and
+// the unlock of the slot's policy lock, which it holds. One change of a
+// slot's policy or limits at a time: the kernel and the record must end
+// up saying the same. Other slots' changes go on meanwhile. A lease
+// restored at a restart is verified first: its slot may turn out lost.
+func (s *Service) lockedLease(ctx context.Context, i int, leaseID, what string) (Lease, func(), error) {
+	if l := s.table.at(i); l != nil {
+		if err := s.Settle(ctx, l); err != nil {
+			return Lease{}, nil, err
+		}
+	}
+	unlock := s.lockPolicy(i)
+	cur := s.table.copyAt(i)
+	var err error
+	switch {
+	case cur == nil:
+		err = leaseError(i, leases.ErrNotFound)
+	case !sameLease(cur.Rec.LeaseID, leaseID):
+		err = leaseError(i, errWrongLease)
+	case cur.Slot == nil:
+		err = Errorf(ErrPrecondition, "slot %d: the lease is lost (%s): it has no slot to set %s on", i, cur.LostReason, what)
+	}
+	if err != nil {
+		unlock()
+		return Lease{}, nil, err
+	}
+	return *cur, unlock, nil
+}
+
+// updateLease records change to slot i's lease, if it is still lease
+// leaseID.
+func (s *Service) updateLease(ctx context.Context, i int, leaseID string, change func(*leases.Record)) (leases.Record, error) {
+	return s.records.update(ctx, i, func(r *leases.Record) error {
+		if r.State != leases.Leased {
+			return leases.ErrNotFound
+		}
+		if !sameLease(r.LeaseID, leaseID) {
+			return errWrongLease
+		}
+		change(r)
+		return nil
+	})
 }
 
 // hostDrops reads how many packets slot i's policy p dropped on the host,

@@ -73,14 +73,19 @@ func (e *Egress) GetRedirectTcp() bool { return false }
 // otherwise leave a policy weaker than the operator wrote, silently.
 func (e *Egress) UnmarshalJSON(b []byte) error {
 	type plain Egress
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
 	var p plain
-	if err := dec.Decode(&p); err != nil {
+	if err := decodeStrict(b, &p); err != nil {
 		return fmt.Errorf("egress policy: %w", err)
 	}
 	*e = Egress(p)
 	return nil
+}
+
+// decodeStrict decodes b into v, refusing a key v has no field for.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }
 
 // AddRequest asks for a slot attached to the namespace at Netns.
@@ -129,10 +134,8 @@ func (e *BandwidthError) Unwrap() error { return e.Err }
 // would otherwise leave a container unlimited, silently.
 func (b *Bandwidth) UnmarshalJSON(data []byte) error {
 	type plain Bandwidth
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var p plain
-	if err := dec.Decode(&p); err != nil {
+	if err := decodeStrict(data, &p); err != nil {
 		return &BandwidthError{Err: err}
 	}
 	*b = Bandwidth(p)
