@@ -75,10 +75,7 @@ func TestBandwidthLimitsSurviveRestartsAndRepairs(t *testing.T) {
 	if l := h.links(ifb); len(l) != 0 {
 		t.Errorf("after the release: %v", l)
 	}
-	d.signal(syscall.SIGTERM)
-	if code := d.wait(time.Minute); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
+	stopCleanly(t, d)
 	h.decommission(h.prefix)
 	h.assertClean(h.prefix, nil)
 }
