@@ -71,6 +71,7 @@ func TestProbeStatusAndReclaimCommands(t *testing.T) {
 	}
 	checkStatusCommand(t, addr)
 	checkSlotsCommands(t, d)
+	checkBandwidthCommands(t, d)
 
 	// While draining, probe says "not serving".
 	d.signal(syscall.SIGTERM)

@@ -326,6 +326,9 @@ func (h *host) assertClean(prefix string, allowed []string) {
 	if l := h.links(prefix + "h"); len(l) > 0 {
 		h.t.Errorf("%d host links left: %v", len(l), l[:min(5, len(l))])
 	}
+	if l := h.links(prefix + "b"); len(l) > 0 {
+		h.t.Errorf("%d ifbs of bandwidth limits left: %v", len(l), l[:min(5, len(l))])
+	}
 	if h.hasTable(prefix) {
 		h.t.Errorf("nftables table %s left", tableOf(prefix))
 	}

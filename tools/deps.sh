@@ -36,6 +36,7 @@ packages=(
   runc              # podman's and containerd's OCI runtime (crun refuses this host's hybrid cgroups)
   containerd        # ctr run --cni: the second runtime of the CNI plugin's tests
   containernetworking-plugins # the reference bridge and host-local plugins, measured beside phasegate's
+  iperf3            # TCP throughput host<->slot: the bandwidth limits measured (network/shape)
 )
 
 missing=()

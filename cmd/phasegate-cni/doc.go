@@ -22,7 +22,7 @@
 //	  "socket": "/run/phasegate/control.sock",
 //	  "timeout": "30s",
 //	  "egress": {"allow": ["10.0.0.0/8"], "deny": [], "denyAll": false},
-//	  "capabilities": {"egress": true, "portMappings": true}
+//	  "capabilities": {"egress": true, "portMappings": true, "bandwidth": true}
 //	}
 //
 // With "portMappings" declared, the runtime's port mappings (podman's -p,
@@ -46,7 +46,13 @@
 // capability declared, a runtime that passes capability args (libcni's
 // CapabilityArgs, cnitool's CAP_ARGS) gives a container its own policy as
 // {"egress": {…}}, which the runtime puts in runtimeConfig and which
-// replaces the network's for that attachment. Install it as the
+// replaces the network's for that attachment. With the "bandwidth"
+// capability declared, the runtime's runtimeConfig.bandwidth (CNI's:
+// ingressRate, ingressBurst, egressRate, egressBurst, bits per second and
+// bits; the kubelet fills it from a pod's annotations) is the
+// attachment's bandwidth limits, set by the ADD on its host end; JSON
+// that is not those four whole numbers is refused with code 7, as are
+// limits the daemon refuses. Install it as the
 // reference plugins are: `make cni-plugin CNI_PATH=/opt/cni/bin`
 // (docs/DEPLOYING.md, "CNI").
 package main

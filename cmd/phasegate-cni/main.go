@@ -50,10 +50,13 @@ type netConf struct {
 	EgressCapability string `json:"egressCapability,omitempty"`
 	// RuntimeConfig holds the capability args the runtime passes for
 	// the capabilities the conflist declares: "egress", a container's
-	// own policy; "portMappings", its published ports.
+	// own policy; "portMappings", its published ports; "bandwidth", its
+	// limits (CNI's capability, which the kubelet fills from the pod's
+	// annotations).
 	RuntimeConfig struct {
 		Egress       *cniv1.Egress       `json:"egress,omitempty"`
 		PortMappings []cniv1.PortMapping `json:"portMappings,omitempty"`
+		Bandwidth    *cniv1.Bandwidth    `json:"bandwidth,omitempty"`
 	} `json:"runtimeConfig,omitzero"`
 
 	timeout time.Duration
@@ -121,6 +124,10 @@ func boundStdin() *types.Error {
 func loadConf(stdin []byte) (*netConf, error) {
 	conf := &netConf{}
 	if err := json.Unmarshal(stdin, conf); err != nil {
+		var be *cniv1.BandwidthError
+		if errors.As(err, &be) {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "the runtime's bandwidth capability is not ingressRate, ingressBurst, egressRate and egressBurst in whole bits", be.Error())
+		}
 		return nil, types.NewError(types.ErrDecodingFailure, "decode the network configuration", err.Error())
 	}
 	if conf.Name == "" {
@@ -233,6 +240,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 	req := cniv1.AddRequest{Key: k, Netns: args.Netns}
 	req.Egress, req.ContainerEgress = conf.egress()
 	req.Ports = conf.RuntimeConfig.PortMappings
+	req.Bandwidth = conf.RuntimeConfig.Bandwidth
 	if err := conf.call(cniv1.PathAdd, ns, req, &a); err != nil {
 		return err
 	}

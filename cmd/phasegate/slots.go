@@ -24,14 +24,15 @@ import (
 	"github.com/phasegate/phasegate/phases"
 )
 
-const slotsUsage = `slots <acquire|release|keepalive|egress|ports|get|list> [flags] [args]
+const slotsUsage = `slots <acquire|release|keepalive|egress|ports|bandwidth|get|list> [flags] [args]
 
-  acquire OWNER [--request-id ID] [--ttl D] [egress flags] [--publish P]...
+  acquire OWNER [--request-id ID] [--ttl D] [egress flags] [--publish P]... [bandwidth flags]
                                               lease a slot; prints it with its lease id
   release INDEX LEASE_ID                      end a lease
   keepalive INDEX LEASE_ID                    renew a lease with a TTL
   egress INDEX LEASE_ID [egress flags]        replace the lease's egress policy (none: cleared)
   ports INDEX LEASE_ID [--publish P]...       replace the lease's published ports (none: withdrawn)
+  bandwidth INDEX LEASE_ID [bandwidth flags]  replace the lease's bandwidth limits (none: cleared)
   get INDEX                                   one slot
   list [--all]                                the slots that are not free (--all: every one)
 
@@ -50,6 +51,22 @@ type slotsFlags struct {
 	tls              clientTLSFlags
 	egress           egressFlags
 	publish          publishFlags
+	bandwidth        bandwidthFlags
+}
+
+// bandwidthFlags are bandwidth limits on the command line: rates in bits
+// per second, bursts in bits (0: the default), as the Slots API takes
+// them.
+type bandwidthFlags struct {
+	inRate, inBurst, outRate, outBurst uint64
+}
+
+// limits is the flags' limits; nil when none was given.
+func (f bandwidthFlags) limits() *phasegatev1.Bandwidth {
+	if f == (bandwidthFlags{}) {
+		return nil
+	}
+	return &phasegatev1.Bandwidth{IngressRate: f.inRate, IngressBurst: f.inBurst, EgressRate: f.outRate, EgressBurst: f.outBurst}
 }
 
 // ttlValue is --ttl: a positive duration when set. A zero or negative one
@@ -113,6 +130,10 @@ func (f *slotsFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.egress.denyAll, "egress-deny-all", false, "acquire, egress: drop everything but established traffic and the daemon's always-allowed set")
 	fs.BoolVar(&f.egress.redirectTCP, "egress-redirect-tcp", false, "acquire, egress: send new TCP connections to the daemon's egress proxy")
 	fs.Var(&f.publish, "publish", "acquire, ports: a published port, [HOSTIP:]HOSTPORT:SLOTPORT[/tcp|udp|sctp] (podman's -p); repeat for more")
+	fs.Uint64Var(&f.bandwidth.inRate, "ingress-rate", 0, "acquire, bandwidth: the limit into the slot, bits per second (0: none)")
+	fs.Uint64Var(&f.bandwidth.inBurst, "ingress-burst", 0, "acquire, bandwidth: the burst into the slot, bits (0: 20 ms at the rate, at least 64 KiB)")
+	fs.Uint64Var(&f.bandwidth.outRate, "egress-rate", 0, "acquire, bandwidth: the limit out of the slot, bits per second (0: none)")
+	fs.Uint64Var(&f.bandwidth.outBurst, "egress-burst", 0, "acquire, bandwidth: the burst out of the slot, bits (0: 20 ms at the rate, at least 64 KiB)")
 	f.tls.register(fs)
 }
 
@@ -126,7 +147,7 @@ func newSlotsFlagSet() (*flag.FlagSet, *slotsFlags) {
 
 // slotsVerbs are the client's verbs and how many arguments each takes.
 func slotsVerbs() verbs {
-	return verbs{command: "slots", usage: slotsUsage, args: map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "egress": 2, "ports": 2, "get": 1, "list": 0}}
+	return verbs{command: "slots", usage: slotsUsage, args: map[string]int{"acquire": 1, "release": 2, "keepalive": 2, "egress": 2, "ports": 2, "bandwidth": 2, "get": 1, "list": 0}}
 }
 
 // errShownHelp says the help was printed: exit 0.
@@ -230,7 +251,7 @@ func (f *slotsFlags) dial() (*grpc.ClientConn, error) {
 // call makes the verb's call with its arguments.
 func (f *slotsFlags) call(ctx context.Context, c phasegatev1.SlotsClient, verb string, pos []string) (proto.Message, error) {
 	if verb == "acquire" {
-		req := &phasegatev1.AcquireRequest{Owner: pos[0], RequestId: f.requestID, EgressPolicy: f.egress.policy(), Ports: f.publish}
+		req := &phasegatev1.AcquireRequest{Owner: pos[0], RequestId: f.requestID, EgressPolicy: f.egress.policy(), Ports: f.publish, Bandwidth: f.bandwidth.limits()}
 		if f.ttl.set {
 			req.Ttl = durationpb.New(f.ttl.d)
 		}
@@ -252,6 +273,8 @@ func (f *slotsFlags) call(ctx context.Context, c phasegatev1.SlotsClient, verb s
 		return c.SetEgressPolicy(ctx, &phasegatev1.SetEgressPolicyRequest{Index: uint32(i), LeaseId: pos[1], EgressPolicy: f.egress.policy()})
 	case "ports":
 		return c.SetPorts(ctx, &phasegatev1.SetPortsRequest{Index: uint32(i), LeaseId: pos[1], Ports: f.publish})
+	case "bandwidth":
+		return c.SetBandwidth(ctx, &phasegatev1.SetBandwidthRequest{Index: uint32(i), LeaseId: pos[1], Bandwidth: f.bandwidth.limits()})
 	}
 	return c.Get(ctx, &phasegatev1.GetRequest{Index: uint32(i)})
 }

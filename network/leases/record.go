@@ -15,6 +15,7 @@ import (
 	"github.com/phasegate/phasegate/network/leases/internal/recordpb"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/ports"
+	"github.com/phasegate/phasegate/network/shape"
 )
 
 // State is what a recorded slot is doing. The zero State is invalid, so a
@@ -119,6 +120,9 @@ type Record struct {
 	// Ports are the lease's published ports (package network/ports), none
 	// for none. Set only when Leased.
 	Ports []ports.Mapping
+	// Bandwidth is the lease's bandwidth limits with their defaults, nil
+	// for none. Set only when Leased.
+	Bandwidth *shape.Limits
 
 	// Attachment is set on a lease whose slot has its inside end in a
 	// network namespace the daemon does not own (a CNI ADD); nil for a
@@ -190,6 +194,14 @@ func (r *Record) validate() error {
 	}
 	if r.State != Leased && len(r.Ports) > 0 {
 		return bad("only a lease publishes ports")
+	}
+	if b := r.Bandwidth; b != nil {
+		if err := b.Validate(); err != nil {
+			return bad("%v", err)
+		}
+		if r.State != Leased {
+			return bad("only a lease has bandwidth limits")
+		}
 	}
 	if a := r.Attachment; a != nil && (a.IfName == "" || len(a.IfName) > 15 || len(a.NetnsPath) > MaxAttachmentPath) {
 		return bad("an attachment names its interface (1 to 15 bytes) and a namespace path of at most %d bytes", MaxAttachmentPath)
@@ -303,6 +315,10 @@ func fill(m *recordpb.Record, r *Record) {
 	m.HostIfindex = int32(r.HostIfindex)
 	m.CreatedUnixNano = unixNano(r.Created)
 	m.EgressPolicy = egress.ToMessage[recordpb.EgressPolicy](r.Egress)
+	m.Bandwidth = nil
+	if b := r.Bandwidth; b != nil {
+		m.Bandwidth = &recordpb.Bandwidth{IngressRate: b.IngressRate, IngressBurst: b.IngressBurst, EgressRate: b.EgressRate, EgressBurst: b.EgressBurst}
+	}
 	m.Attachment = nil
 	if a := r.Attachment; a != nil {
 		m.Attachment = &recordpb.Attachment{NetnsDev: a.Netns.Dev, NetnsIno: a.Netns.Ino, NetnsPath: a.NetnsPath, IfName: a.IfName}
@@ -373,6 +389,9 @@ func fromMessage(i int, m *recordpb.Record) (Record, error) {
 	r.Egress = pol
 	if r.Ports, err = ports.FromMessages(m.GetPorts()); err != nil {
 		return Record{}, fmt.Errorf("%w: slot %d: %w", ErrInvalid, i, err)
+	}
+	if b := m.GetBandwidth(); b != nil {
+		r.Bandwidth = &shape.Limits{IngressRate: b.GetIngressRate(), IngressBurst: b.GetIngressBurst(), EgressRate: b.GetEgressRate(), EgressBurst: b.GetEgressBurst()}
 	}
 	if a := m.GetAttachment(); a != nil {
 		r.Attachment = &Attachment{Netns: netns.ID{Dev: a.GetNetnsDev(), Ino: a.GetNetnsIno()}, NetnsPath: a.GetNetnsPath(),

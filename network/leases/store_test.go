@@ -55,6 +55,7 @@ func policied(i int) Record {
 	r := leased(i, "ci", "p")
 	r.Egress = &egress.Policy{Allow: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
 		Deny: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("203.0.113.7/32")}, RedirectTCP: true}
+	r.Bandwidth = limited()
 	return r
 }
 
@@ -84,7 +85,7 @@ func sameRecord(t *testing.T, got, want Record) {
 		!got.Acquired.Equal(want.Acquired) || got.TTL != want.TTL || !got.Expires.Equal(want.Expires) ||
 		got.Netns != want.Netns || got.HostIfindex != want.HostIfindex || !got.Created.Equal(want.Created) ||
 		!reflect.DeepEqual(got.Attachment, want.Attachment) || !reflect.DeepEqual(got.Egress, want.Egress) ||
-		got.Ledger != want.Ledger {
+		!reflect.DeepEqual(got.Bandwidth, want.Bandwidth) || got.Ledger != want.Ledger {
 		t.Fatalf("record differs:\n got %+v\nwant %+v", got, want)
 	}
 }

@@ -191,6 +191,24 @@ func (c Config) HostIfName(i int) string { return c.HostIfPrefix() + strconv.Ito
 // does, and no prefix's host end or parked end bears it but this one's.
 func (c Config) ParkedIfName(i int) string { return c.Prefix + "x" + strconv.Itoa(i) }
 
+// ShaperIfPrefix starts the name of every slot's ifb, the device its
+// traffic out is shaped on (package network/shape).
+func (c Config) ShaperIfPrefix() string { return c.Prefix + "b" }
+
+// ShaperIfName is slot i's ifb: as long as [Config.HostIfName], so it fits
+// wherever that does.
+func (c Config) ShaperIfName(i int) string { return c.ShaperIfPrefix() + strconv.Itoa(i) }
+
+// CanonicalShaperIfIndex is CanonicalHostIfIndex for an ifb name
+// <Prefix>b<i>.
+func (c Config) CanonicalShaperIfIndex(name string) (int, bool) {
+	s, ok := strings.CutPrefix(name, c.ShaperIfPrefix())
+	if !ok {
+		return 0, false
+	}
+	return parseIndex(s)
+}
+
 // Capacity is how many slots cidr holds, a /31 each: 128 in a /24, 0 in
 // a /32 or a prefix that is not IPv4.
 func Capacity(cidr netip.Prefix) int {

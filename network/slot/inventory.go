@@ -14,7 +14,7 @@ import (
 	"github.com/phasegate/phasegate/network/nft"
 )
 
-// Resources says which of a slot's three host resources exist.
+// Resources says which of a slot's host resources exist.
 type Resources uint8
 
 // The resources of a slot.
@@ -26,7 +26,14 @@ const (
 	// HasElement: <Prefix>h<i> is an element of the nftables set.
 	HasElement
 
-	// All is every resource.
+	// HasShaper: the ifb <Prefix>b<i> of a lease's bandwidth limits
+	// exists (package network/shape). A survey finds it; [Assume] does
+	// not assume it, as looking up a missing link by name costs what
+	// Teardown avoids (see link.go): a lease's release clears its limits
+	// before the teardown.
+	HasShaper
+
+	// All is every resource a slot has without bandwidth limits.
 	All = HasNetns | HasHostLink | HasElement
 )
 
@@ -41,6 +48,9 @@ func (r Resources) String() string {
 	}
 	if r&HasElement != 0 {
 		parts = append(parts, "element")
+	}
+	if r&HasShaper != 0 {
+		parts = append(parts, "ifb")
 	}
 	if len(parts) == 0 {
 		return "none"
@@ -294,6 +304,8 @@ func survey(ctx context.Context, cfg Config, fw *nft.Table, list surveyFunc) (*S
 	for _, name := range links.Names() {
 		if i, ok := cfg.CanonicalHostIfIndex(name); ok {
 			inv[i] |= HasHostLink
+		} else if i, ok := cfg.CanonicalShaperIfIndex(name); ok {
+			inv[i] |= HasShaper
 		}
 	}
 	for _, name := range els {

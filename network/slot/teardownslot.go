@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/shape"
 )
 
 // outcome is what happened to one slot of a teardown.
@@ -32,6 +33,13 @@ func (m *Manager) unlinkOne(ctx context.Context, i int, r Resources, probe *link
 	o.r = r
 	s := m.cfg.Slot(i)
 	held := false
+	if r&HasShaper != 0 {
+		// Found by a survey: an ifb outlives the slot's links.
+		if err := shape.DeleteIfb(m.cfg.ShaperIfName(i)); err != nil {
+			o.err = err
+			return o
+		}
+	}
 	if r&HasHostLink != 0 {
 		idx, err := probe.indexNoLoad(s.HostIf)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"slices"
 	"strings"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/netns"
+	"github.com/phasegate/phasegate/network/shape"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/phases/lease"
 	"github.com/phasegate/phasegate/phases/slotsapi"
@@ -125,6 +127,10 @@ func (c *Service) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Attachm
 	if err != nil {
 		return nil, asCNI(err, cniv1.CodeInvalidConfig)
 	}
+	bw, err := bandwidthOf(req.Bandwidth)
+	if err != nil {
+		return nil, asCNI(err, cniv1.CodeInvalidConfig)
+	}
 	// A large policy costs its principal as much of its rate as through
 	// the Slots API.
 	if err := control.Charge(ctx, cost); err != nil {
@@ -150,7 +156,7 @@ func (c *Service) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Attachm
 			return nil, err
 		}
 	}
-	a, err := c.slots.Attach(ctx, caller, lease.Request{Owner: owner, RequestID: requestID, Egress: pol, Ports: published, Attach: to})
+	a, err := c.slots.Attach(ctx, caller, lease.Request{Owner: owner, RequestID: requestID, Egress: pol, Ports: published, Bandwidth: bw, Attach: to})
 	if err != nil {
 		return nil, asCNI(err, cniv1.CodeIOFailure)
 	}
@@ -178,6 +184,29 @@ func attachmentOf(s *slot.Slot, a *slot.Attachment, path string) *cniv1.Attachme
 		IfName: a.IfName, MAC: a.MAC.String(), Netns: path,
 		Address: s.InsideAddr.String(), Gateway: s.HostAddr.Addr().String(),
 	}
+}
+
+// bandwidthOf is ADD's bandwidth limits (nil: none), checked as the
+// Slots API's.
+func bandwidthOf(b *cniv1.Bandwidth) (*shape.Limits, error) {
+	if b == nil || *b == (cniv1.Bandwidth{}) {
+		// A runtime that declares the capability passes it empty for a
+		// container without limits.
+		return nil, nil
+	}
+	return lease.ParseBandwidth(&shape.Limits{IngressRate: b.IngressRate, IngressBurst: givenBurst(b.IngressBurst), EgressRate: b.EgressRate,
+		EgressBurst: givenBurst(b.EgressBurst)})
+}
+
+// givenBurst is a burst the runtime gave, 0 (the default) for the
+// largest 32-bit values: what Kubernetes' runtimes pass for a pod whose
+// annotations give a rate alone, which at a rate of a few Mbit/s is
+// minutes of traffic, more than tbf can hold.
+func givenBurst(b uint64) uint64 {
+	if b == math.MaxUint32 || b == math.MaxInt32 {
+		return 0
+	}
+	return b
 }
 
 // egressOf is ADD's egress policy (nil: none) over the daemon's part d,

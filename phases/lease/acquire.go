@@ -9,13 +9,15 @@ import (
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/leases"
 	"github.com/phasegate/phasegate/network/ports"
+	"github.com/phasegate/phasegate/network/shape"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
 // Request is what an Acquire asks for: a slot for Owner, for request
 // RequestID (none: "", not idempotent), held for TTL (0: until released),
-// with egress policy Egress (nil: none), and for a CNI ADD the namespace
-// the slot is attached to.
+// with egress policy Egress (nil: none) and bandwidth limits Bandwidth
+// (from ParseBandwidth; nil: none), and for a CNI ADD the namespace the
+// slot is attached to.
 type Request struct {
 	Owner     string
 	RequestID string
@@ -24,6 +26,8 @@ type Request struct {
 	// Ports are the lease's published ports (ParsePorts), written before
 	// its record.
 	Ports []ports.Mapping
+	// Bandwidth is the lease's limits (ParseBandwidth), set before its record.
+	Bandwidth *shape.Limits
 	// Attach, when not nil, attaches the slot (a CNI ADD: [Service.Attach]),
 	// after its policy and before its record.
 	Attach Target
@@ -146,29 +150,30 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 		}
 		att = req.Attach.Record()
 	}
+	// The limits on the host end the lease runs on (an attachment's is
+	// made above), before the record and the reply, as the policy.
+	bw := req.Bandwidth
+	if bw != nil {
+		if err := s.applyBandwidth(ctx, sl, bw); err != nil {
+			s.dropUnleased(ctx, sl, made, pol != nil, true)
+			return Acquired{}, bandwidthError(sl.Index, err)
+		}
+	}
 	// The record after the attachment, whose new host end's index it
 	// carries; the ports after it too: that end is the one the host's
 	// connections to 127.0.0.1 leave by (route_localnet).
 	rec := newRecord(sl, req, principal, time.Now())
 	if err := s.publish(ctx, sl.Index, sl.HostIf, rec.LeaseID, nil, req.Ports); err != nil {
-		if made != nil {
-			s.unattach(ctx, sl)
-		} else {
-			s.returnUnleased(sl, pol != nil)
-		}
+		s.dropUnleased(ctx, sl, made, pol != nil, bw != nil)
 		return Acquired{}, err
 	}
-	rec.Egress, rec.Attachment, rec.Ledger, rec.Ports = pol, att, s.startLedger(sl), req.Ports
+	rec.Egress, rec.Bandwidth, rec.Attachment, rec.Ledger, rec.Ports = pol, bw, att, s.startLedger(sl), req.Ports
 	// The record first, the reply after: a lease the client hears of is a
 	// lease a restart restores. If the record cannot be written, or the
 	// caller left before it was, the slot goes back to the pool unused.
 	if err := s.records.Put(ctx, rec); err != nil {
 		s.withdraw(ctx, sl.Index, rec.LeaseID, req.Ports)
-		if made != nil {
-			s.unattach(ctx, sl)
-		} else {
-			s.returnUnleased(sl, pol != nil)
-		}
+		s.dropUnleased(ctx, sl, made, pol != nil, bw != nil)
 		return s.notRecorded(ctx, err, rec)
 	}
 	// Its link's reading at its start is the first of its traffic's.

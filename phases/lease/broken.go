@@ -219,6 +219,12 @@ func (s *Service) relink(ctx context.Context, f suspect) {
 		s.log.Warn("lease: the slot's new host link could not be recorded: a restart before the next change of the lease takes it for lost", "slot", i, "error", err)
 	}
 	s.portsRelinked(ctx, i, f.sl.HostIf, f.Rec.Ports)
+	if bw := f.Rec.Bandwidth; bw != nil {
+		// The qdiscs went with the old link; the ifb stayed.
+		if err := s.applyBandwidth(ctx, f.sl, bw); err != nil {
+			s.log.Warn("lease: the bandwidth limits could not be set on the slot's new host link; verify-inside tries again", "slot", i, "error", err)
+		}
+	}
 	s.repaired(f, fmt.Sprintf("host link %s (deleted from outside) made again into its namespace", f.sl.HostIf))
 }
 

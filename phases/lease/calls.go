@@ -242,7 +242,8 @@ func (s *Service) Pool() *pool.Pool { return s.pool }
 func (s *Service) SlotOwning(id netns.ID) (int, bool) { return s.table.slotOwning(id) }
 
 // changedLease readies a change of slot i's lease whose id is leaseID
-// (its egress policy, its published ports): a lease restored at a
+// (its egress policy, its published ports, its bandwidth limits): a
+// lease restored at a
 // restart verified first (its slot may turn out lost), then the slot's
 // lock taken (lockPolicy: one change of a slot at a time, so that its
 // kernel state and its record end up saying the same; other slots'

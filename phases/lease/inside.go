@@ -8,6 +8,7 @@ import (
 	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/egress"
+	"github.com/phasegate/phasegate/network/shape"
 	"github.com/phasegate/phasegate/network/slot"
 )
 
@@ -21,9 +22,9 @@ import (
 const insidePass = 5 * time.Minute
 
 // hasInside reports whether lease l's slot has something the daemon wrote
-// inside it or for it: a guest device, an egress policy.
+// inside it or for it: a guest device, an egress policy, bandwidth limits.
 func (s *Service) hasInside(l *Lease) bool {
-	return l.Slot != nil && (s.cfg.Guest.Enabled() || l.Rec.Egress != nil)
+	return l.Slot != nil && (s.cfg.Guest.Enabled() || l.Rec.Egress != nil || l.Rec.Bandwidth != nil)
 }
 
 // insideToVerify returns copies of the leases to verify, taken under the
@@ -112,7 +113,8 @@ func (s *Service) verifyPass(ctx context.Context, p *lifecycle.Progress, leases 
 // repairLease verifies what slot i of lease leaseID holds against what the
 // daemon wrote for the lease — the settings of the slot's own links and
 // no IPv6 inside (slot.Manager.RepairSettings: a slot is the same sandbox
-// whatever its root or the host set), the guest device's parts (a tap that is
+// whatever its root or the host set), its bandwidth limits on the host
+// link (shape.Repair: compared with the record), the guest device's parts (a tap that is
 // there, perhaps attached to a running VM, is never made again), the egress
 // policy on the host and inside (compared by fingerprint; an intact policy
 // is not written) — puts back what is missing or changed, and returns what
@@ -126,15 +128,21 @@ func (s *Service) repairLease(ctx context.Context, i int, leaseID string) ([]str
 	ok := l != nil && l.Slot != nil && l.check == nil && l.Rec.LeaseID == leaseID
 	var sl *slot.Slot
 	var pol *egress.Policy
+	var bw *shape.Limits
 	inside := false
 	if ok {
-		sl, pol, inside = l.Slot, l.Rec.Egress, s.hasInside(l)
+		sl, pol, bw, inside = l.Slot, l.Rec.Egress, l.Rec.Bandwidth, s.hasInside(l)
 	}
 	s.table.mu.Unlock()
 	if !ok {
 		return nil, nil
 	}
 	fixed, err := s.mgr.RepairSettings(sl)
+	if err == nil && bw != nil {
+		var shaped []string
+		shaped, err = s.repairBandwidth(ctx, sl, bw)
+		fixed = append(fixed, shaped...)
+	}
 	if err != nil || !inside {
 		if len(fixed) > 0 {
 			s.count("drift_repaired")

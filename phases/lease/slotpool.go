@@ -109,6 +109,11 @@ func (s *Service) giveBackBy(ctx context.Context, l *Lease, put func(context.Con
 		}
 		return u
 	}
+	if cp.Rec.Bandwidth != nil {
+		// Its ifb outlives the slot's links: the teardown by name does
+		// not look for it.
+		s.clearBandwidth(ctx, sl)
+	}
 	if a := cp.Rec.Attachment; a != nil {
 		// Cut off first, the pair's deletion left to the teardown, which
 		// knows it by the slot's parked end; the container's namespace,

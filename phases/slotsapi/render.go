@@ -65,6 +65,7 @@ func (s *Server) describe(v lease.Slot, c control.Caller) *phasegatev1.Slot {
 		out.Principal = l.Rec.Principal
 		out.EgressPolicy = egressProto(l.Rec.Egress)
 		out.Ports = portsProto(l.Rec.Ports)
+		out.Bandwidth = bandwidthProto(l.Rec.Bandwidth)
 		if a := l.Rec.Attachment; a != nil {
 			out.AttachedNetnsPath = a.NetnsPath
 			// The runtime never sees its attachment's lease id: the

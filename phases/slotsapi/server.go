@@ -62,11 +62,15 @@ func (s *Server) Acquire(ctx context.Context, req *phasegatev1.AcquireRequest) (
 	if err != nil {
 		return nil, Status(err)
 	}
+	bw, err := parseBandwidth(req.GetBandwidth())
+	if err != nil {
+		return nil, Status(err)
+	}
 	c, err := CallerOf(ctx)
 	if err != nil {
 		return nil, err
 	}
-	a, err := s.leases.Acquire(ctx, c, lease.Request{Owner: req.GetOwner(), RequestID: req.GetRequestId(), TTL: ttl, Egress: pol, Ports: ms})
+	a, err := s.leases.Acquire(ctx, c, lease.Request{Owner: req.GetOwner(), RequestID: req.GetRequestId(), TTL: ttl, Egress: pol, Ports: ms, Bandwidth: bw})
 	if err != nil {
 		return nil, Status(err)
 	}

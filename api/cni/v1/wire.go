@@ -73,14 +73,19 @@ func (e *Egress) GetRedirectTcp() bool { return false }
 // otherwise leave a policy weaker than the operator wrote, silently.
 func (e *Egress) UnmarshalJSON(b []byte) error {
 	type plain Egress
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
 	var p plain
-	if err := dec.Decode(&p); err != nil {
+	if err := decodeStrict(b, &p); err != nil {
 		return fmt.Errorf("egress policy: %w", err)
 	}
 	*e = Egress(p)
 	return nil
+}
+
+// decodeStrict decodes b into v, refusing a key v has no field for.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }
 
 // AddRequest asks for a slot attached to the namespace at Netns.
@@ -101,6 +106,44 @@ type AddRequest struct {
 	// "portMappings" capability args), DNAT'd on the host before ADD
 	// answers and withdrawn by DEL and GC.
 	Ports []PortMapping `json:"ports,omitempty"`
+	// Bandwidth is the container's bandwidth limits (the runtime's
+	// "bandwidth" capability args); nil: none.
+	Bandwidth *Bandwidth `json:"bandwidth,omitempty"`
+}
+
+// Bandwidth is an attachment's bandwidth limits as CNI's "bandwidth"
+// capability gives them (the kubelet's kubernetes.io/ingress-bandwidth
+// and egress-bandwidth): rates in bits per second, bursts in bits, into
+// the container (ingress) and out of it (egress); 0 is unset. The daemon
+// checks them as the Slots API's Bandwidth.
+type Bandwidth struct {
+	IngressRate  uint64 `json:"ingressRate,omitempty"`
+	IngressBurst uint64 `json:"ingressBurst,omitempty"`
+	EgressRate   uint64 `json:"egressRate,omitempty"`
+	EgressBurst  uint64 `json:"egressBurst,omitempty"`
+}
+
+// BandwidthError is a "bandwidth" capability whose JSON is no limits: a
+// key that is none of the four, or a value that is not a whole number of
+// bits from 0 to 2^64-1 (a negative, a fraction, a string).
+type BandwidthError struct{ Err error }
+
+// Error names the capability and what is wrong with it.
+func (e *BandwidthError) Error() string { return "bandwidth: " + e.Err.Error() }
+
+// Unwrap is the decoder's error.
+func (e *BandwidthError) Unwrap() error { return e.Err }
+
+// UnmarshalJSON reads limits strictly: a misspelt key ("ingresRate")
+// would otherwise leave a container unlimited, silently.
+func (b *Bandwidth) UnmarshalJSON(data []byte) error {
+	type plain Bandwidth
+	var p plain
+	if err := decodeStrict(data, &p); err != nil {
+		return &BandwidthError{Err: err}
+	}
+	*b = Bandwidth(p)
+	return nil
 }
 
 // PortMapping is one entry of the "portMappings" capability's args, as

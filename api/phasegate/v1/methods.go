@@ -3,7 +3,7 @@ package phasegatev1
 import "path"
 
 // SlotsMutatingMethods returns the names of the Slots calls that change
-// something (a lease or its policy), as a guard audits them; the others
+// something (a lease, its policy or its limits), as a guard audits them; the others
 // only read. Each name is a generated constant's, so that a renamed call
 // cannot be left out.
 func SlotsMutatingMethods() []string {
@@ -13,6 +13,7 @@ func SlotsMutatingMethods() []string {
 		Slots_KeepAlive_FullMethodName,
 		Slots_SetEgressPolicy_FullMethodName,
 		Slots_SetPorts_FullMethodName,
+		Slots_SetBandwidth_FullMethodName,
 	}
 	out := make([]string, len(full))
 	for i, f := range full {

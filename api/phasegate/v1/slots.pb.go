@@ -188,7 +188,11 @@ type Slot struct {
 	Usage *Usage `protobuf:"bytes,24,opt,name=usage,proto3" json:"usage,omitempty"`
 	// The lease's published ports (set only when ACQUIRED, VERIFYING or
 	// LOST), protocol always named.
-	Ports         []*PublishedPort `protobuf:"bytes,26,rep,name=ports,proto3" json:"ports,omitempty"`
+	Ports []*PublishedPort `protobuf:"bytes,26,rep,name=ports,proto3" json:"ports,omitempty"`
+	// The lease's bandwidth limits as recorded (set only when ACQUIRED,
+	// VERIFYING or LOST, and only when it has limits): each direction's
+	// burst with its default filled in.
+	Bandwidth     *Bandwidth `protobuf:"bytes,25,opt,name=bandwidth,proto3" json:"bandwidth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -398,6 +402,90 @@ func (x *Slot) GetPorts() []*PublishedPort {
 	return nil
 }
 
+func (x *Slot) GetBandwidth() *Bandwidth {
+	if x != nil {
+		return x.Bandwidth
+	}
+	return nil
+}
+
+// Bandwidth is a lease's limits, held on the host side of its slot's link
+// where the slot's root cannot lift them, in the units of CNI's bandwidth
+// capability: rates in bits per second, bursts in bits, counted on the
+// wire (frames with their headers). Into the slot is ingress, out of it
+// egress. A direction whose rate is 0 is not limited (its burst must be 0
+// too); a burst of 0 with a rate is the default: what 20 ms at the rate
+// carries, at least 64 KiB. A rate is 8 kbit/s to 32 Gbit/s, a burst 2
+// KiB to 30 Gbit and at most 120 s at its rate; a Bandwidth with every
+// rate 0 is refused (leave it unset for none).
+type Bandwidth struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	IngressRate   uint64                 `protobuf:"varint,1,opt,name=ingress_rate,json=ingressRate,proto3" json:"ingress_rate,omitempty"`
+	IngressBurst  uint64                 `protobuf:"varint,2,opt,name=ingress_burst,json=ingressBurst,proto3" json:"ingress_burst,omitempty"`
+	EgressRate    uint64                 `protobuf:"varint,3,opt,name=egress_rate,json=egressRate,proto3" json:"egress_rate,omitempty"`
+	EgressBurst   uint64                 `protobuf:"varint,4,opt,name=egress_burst,json=egressBurst,proto3" json:"egress_burst,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Bandwidth) Reset() {
+	*x = Bandwidth{}
+	mi := &file_slots_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Bandwidth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Bandwidth) ProtoMessage() {}
+
+func (x *Bandwidth) ProtoReflect() protoreflect.Message {
+	mi := &file_slots_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Bandwidth.ProtoReflect.Descriptor instead.
+func (*Bandwidth) Descriptor() ([]byte, []int) {
+	return file_slots_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Bandwidth) GetIngressRate() uint64 {
+	if x != nil {
+		return x.IngressRate
+	}
+	return 0
+}
+
+func (x *Bandwidth) GetIngressBurst() uint64 {
+	if x != nil {
+		return x.IngressBurst
+	}
+	return 0
+}
+
+func (x *Bandwidth) GetEgressRate() uint64 {
+	if x != nil {
+		return x.EgressRate
+	}
+	return 0
+}
+
+func (x *Bandwidth) GetEgressBurst() uint64 {
+	if x != nil {
+		return x.EgressBurst
+	}
+	return 0
+}
+
 // Usage is a lease's traffic, counted on the host side of its slot's link
 // by the kernel (no rule, nothing per packet), so the slot's root cannot
 // change it. It never goes back while the lease lives: across daemon
@@ -422,7 +510,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_slots_proto_msgTypes[1]
+	mi := &file_slots_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +522,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[1]
+	mi := &file_slots_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +535,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{1}
+	return file_slots_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Usage) GetBytesIn() uint64 {
@@ -509,7 +597,7 @@ type EgressPolicy struct {
 
 func (x *EgressPolicy) Reset() {
 	*x = EgressPolicy{}
-	mi := &file_slots_proto_msgTypes[2]
+	mi := &file_slots_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -521,7 +609,7 @@ func (x *EgressPolicy) String() string {
 func (*EgressPolicy) ProtoMessage() {}
 
 func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[2]
+	mi := &file_slots_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -534,7 +622,7 @@ func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
 func (*EgressPolicy) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{2}
+	return file_slots_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EgressPolicy) GetAllow() []string {
@@ -583,6 +671,10 @@ type AcquireRequest struct {
 	// A retry gets the first call's lease with the first call's policy
 	// (change it with SetEgressPolicy).
 	EgressPolicy *EgressPolicy `protobuf:"bytes,4,opt,name=egress_policy,json=egressPolicy,proto3" json:"egress_policy,omitempty"`
+	// The lease's bandwidth limits, set before Acquire replies; unset: none.
+	// A retry gets the first call's lease with the first call's limits
+	// (change them with SetBandwidth).
+	Bandwidth *Bandwidth `protobuf:"bytes,5,opt,name=bandwidth,proto3" json:"bandwidth,omitempty"`
 	// The lease's published ports, DNAT'd before Acquire replies; refused
 	// as SetPorts refuses them. Change them with SetPorts.
 	Ports         []*PublishedPort `protobuf:"bytes,6,rep,name=ports,proto3" json:"ports,omitempty"`
@@ -592,7 +684,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_slots_proto_msgTypes[3]
+	mi := &file_slots_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +696,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[3]
+	mi := &file_slots_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +709,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{3}
+	return file_slots_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AcquireRequest) GetOwner() string {
@@ -644,6 +736,13 @@ func (x *AcquireRequest) GetTtl() *durationpb.Duration {
 func (x *AcquireRequest) GetEgressPolicy() *EgressPolicy {
 	if x != nil {
 		return x.EgressPolicy
+	}
+	return nil
+}
+
+func (x *AcquireRequest) GetBandwidth() *Bandwidth {
+	if x != nil {
+		return x.Bandwidth
 	}
 	return nil
 }
@@ -675,7 +774,7 @@ type PublishedPort struct {
 
 func (x *PublishedPort) Reset() {
 	*x = PublishedPort{}
-	mi := &file_slots_proto_msgTypes[4]
+	mi := &file_slots_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +786,7 @@ func (x *PublishedPort) String() string {
 func (*PublishedPort) ProtoMessage() {}
 
 func (x *PublishedPort) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[4]
+	mi := &file_slots_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +799,7 @@ func (x *PublishedPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishedPort.ProtoReflect.Descriptor instead.
 func (*PublishedPort) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{4}
+	return file_slots_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PublishedPort) GetHostIp() string {
@@ -743,7 +842,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_slots_proto_msgTypes[5]
+	mi := &file_slots_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -755,7 +854,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[5]
+	mi := &file_slots_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -768,7 +867,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{5}
+	return file_slots_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AcquireResponse) GetSlot() *Slot {
@@ -795,7 +894,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_slots_proto_msgTypes[6]
+	mi := &file_slots_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +906,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[6]
+	mi := &file_slots_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +919,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{6}
+	return file_slots_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReleaseRequest) GetIndex() uint32 {
@@ -845,7 +944,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_slots_proto_msgTypes[7]
+	mi := &file_slots_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +956,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[7]
+	mi := &file_slots_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +969,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{7}
+	return file_slots_proto_rawDescGZIP(), []int{8}
 }
 
 type KeepAliveRequest struct {
@@ -883,7 +982,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_slots_proto_msgTypes[8]
+	mi := &file_slots_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +994,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[8]
+	mi := &file_slots_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1007,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{8}
+	return file_slots_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KeepAliveRequest) GetIndex() uint32 {
@@ -936,7 +1035,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_slots_proto_msgTypes[9]
+	mi := &file_slots_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -948,7 +1047,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[9]
+	mi := &file_slots_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -961,7 +1060,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{9}
+	return file_slots_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KeepAliveResponse) GetExpiresAt() *timestamppb.Timestamp {
@@ -987,7 +1086,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_slots_proto_msgTypes[10]
+	mi := &file_slots_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1098,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[10]
+	mi := &file_slots_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1111,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{10}
+	return file_slots_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRequest) GetIndex() uint32 {
@@ -1031,7 +1130,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_slots_proto_msgTypes[11]
+	mi := &file_slots_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1142,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[11]
+	mi := &file_slots_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1155,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{11}
+	return file_slots_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetResponse) GetSlot() *Slot {
@@ -1078,7 +1177,7 @@ type SetEgressPolicyRequest struct {
 
 func (x *SetEgressPolicyRequest) Reset() {
 	*x = SetEgressPolicyRequest{}
-	mi := &file_slots_proto_msgTypes[12]
+	mi := &file_slots_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1189,7 @@ func (x *SetEgressPolicyRequest) String() string {
 func (*SetEgressPolicyRequest) ProtoMessage() {}
 
 func (x *SetEgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[12]
+	mi := &file_slots_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1202,7 @@ func (x *SetEgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetEgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{12}
+	return file_slots_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SetEgressPolicyRequest) GetIndex() uint32 {
@@ -1136,7 +1235,7 @@ type SetEgressPolicyResponse struct {
 
 func (x *SetEgressPolicyResponse) Reset() {
 	*x = SetEgressPolicyResponse{}
-	mi := &file_slots_proto_msgTypes[13]
+	mi := &file_slots_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1247,7 @@ func (x *SetEgressPolicyResponse) String() string {
 func (*SetEgressPolicyResponse) ProtoMessage() {}
 
 func (x *SetEgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[13]
+	mi := &file_slots_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1260,7 @@ func (x *SetEgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetEgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{13}
+	return file_slots_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetEgressPolicyResponse) GetSlot() *Slot {
@@ -1183,7 +1282,7 @@ type SetPortsRequest struct {
 
 func (x *SetPortsRequest) Reset() {
 	*x = SetPortsRequest{}
-	mi := &file_slots_proto_msgTypes[14]
+	mi := &file_slots_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1294,7 @@ func (x *SetPortsRequest) String() string {
 func (*SetPortsRequest) ProtoMessage() {}
 
 func (x *SetPortsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[14]
+	mi := &file_slots_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1307,7 @@ func (x *SetPortsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPortsRequest.ProtoReflect.Descriptor instead.
 func (*SetPortsRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{14}
+	return file_slots_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetPortsRequest) GetIndex() uint32 {
@@ -1241,7 +1340,7 @@ type SetPortsResponse struct {
 
 func (x *SetPortsResponse) Reset() {
 	*x = SetPortsResponse{}
-	mi := &file_slots_proto_msgTypes[15]
+	mi := &file_slots_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1352,7 @@ func (x *SetPortsResponse) String() string {
 func (*SetPortsResponse) ProtoMessage() {}
 
 func (x *SetPortsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[15]
+	mi := &file_slots_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,10 +1365,115 @@ func (x *SetPortsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPortsResponse.ProtoReflect.Descriptor instead.
 func (*SetPortsResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{15}
+	return file_slots_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetPortsResponse) GetSlot() *Slot {
+	if x != nil {
+		return x.Slot
+	}
+	return nil
+}
+
+type SetBandwidthRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Index   uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	LeaseId string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The new limits; unset clears them (nothing limited).
+	Bandwidth     *Bandwidth `protobuf:"bytes,3,opt,name=bandwidth,proto3" json:"bandwidth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetBandwidthRequest) Reset() {
+	*x = SetBandwidthRequest{}
+	mi := &file_slots_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBandwidthRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBandwidthRequest) ProtoMessage() {}
+
+func (x *SetBandwidthRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_slots_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBandwidthRequest.ProtoReflect.Descriptor instead.
+func (*SetBandwidthRequest) Descriptor() ([]byte, []int) {
+	return file_slots_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *SetBandwidthRequest) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *SetBandwidthRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *SetBandwidthRequest) GetBandwidth() *Bandwidth {
+	if x != nil {
+		return x.Bandwidth
+	}
+	return nil
+}
+
+type SetBandwidthResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slot          *Slot                  `protobuf:"bytes,1,opt,name=slot,proto3" json:"slot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetBandwidthResponse) Reset() {
+	*x = SetBandwidthResponse{}
+	mi := &file_slots_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBandwidthResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBandwidthResponse) ProtoMessage() {}
+
+func (x *SetBandwidthResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_slots_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBandwidthResponse.ProtoReflect.Descriptor instead.
+func (*SetBandwidthResponse) Descriptor() ([]byte, []int) {
+	return file_slots_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SetBandwidthResponse) GetSlot() *Slot {
 	if x != nil {
 		return x.Slot
 	}
@@ -1286,7 +1490,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_slots_proto_msgTypes[16]
+	mi := &file_slots_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1502,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[16]
+	mi := &file_slots_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1515,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{16}
+	return file_slots_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListRequest) GetIncludeFree() bool {
@@ -1330,7 +1534,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_slots_proto_msgTypes[17]
+	mi := &file_slots_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1342,7 +1546,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_slots_proto_msgTypes[17]
+	mi := &file_slots_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1355,7 +1559,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_slots_proto_rawDescGZIP(), []int{17}
+	return file_slots_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListResponse) GetSlots() []*Slot {
@@ -1369,7 +1573,7 @@ var File_slots_proto protoreflect.FileDescriptor
 
 const file_slots_proto_rawDesc = "" +
 	"\n" +
-	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xed\a\n" +
+	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\b\n" +
 	"\x04Slot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12-\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x17.phasegate.v1.SlotStateR\x05state\x12\x1d\n" +
@@ -1402,7 +1606,14 @@ const file_slots_proto_rawDesc = "" +
 	"\x13attached_netns_path\x18\x16 \x01(\tR\x11attachedNetnsPath\x12\x19\n" +
 	"\blease_id\x18\x17 \x01(\tR\aleaseId\x12)\n" +
 	"\x05usage\x18\x18 \x01(\v2\x13.phasegate.v1.UsageR\x05usage\x121\n" +
-	"\x05ports\x18\x1a \x03(\v2\x1b.phasegate.v1.PublishedPortR\x05ports\"\xa8\x01\n" +
+	"\x05ports\x18\x1a \x03(\v2\x1b.phasegate.v1.PublishedPortR\x05ports\x125\n" +
+	"\tbandwidth\x18\x19 \x01(\v2\x17.phasegate.v1.BandwidthR\tbandwidth\"\x97\x01\n" +
+	"\tBandwidth\x12!\n" +
+	"\fingress_rate\x18\x01 \x01(\x04R\vingressRate\x12#\n" +
+	"\ringress_burst\x18\x02 \x01(\x04R\fingressBurst\x12\x1f\n" +
+	"\vegress_rate\x18\x03 \x01(\x04R\n" +
+	"egressRate\x12!\n" +
+	"\fegress_burst\x18\x04 \x01(\x04R\vegressBurst\"\xa8\x01\n" +
 	"\x05Usage\x12\x19\n" +
 	"\bbytes_in\x18\x01 \x01(\x04R\abytesIn\x12\x1d\n" +
 	"\n" +
@@ -1415,13 +1626,14 @@ const file_slots_proto_rawDesc = "" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
 	"\x04deny\x18\x02 \x03(\tR\x04deny\x12\x19\n" +
 	"\bdeny_all\x18\x03 \x01(\bR\adenyAll\x12!\n" +
-	"\fredirect_tcp\x18\x04 \x01(\bR\vredirectTcp\"\xe6\x01\n" +
+	"\fredirect_tcp\x18\x04 \x01(\bR\vredirectTcp\"\x9d\x02\n" +
 	"\x0eAcquireRequest\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12+\n" +
 	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12?\n" +
-	"\regress_policy\x18\x04 \x01(\v2\x1a.phasegate.v1.EgressPolicyR\fegressPolicy\x121\n" +
+	"\regress_policy\x18\x04 \x01(\v2\x1a.phasegate.v1.EgressPolicyR\fegressPolicy\x125\n" +
+	"\tbandwidth\x18\x05 \x01(\v2\x17.phasegate.v1.BandwidthR\tbandwidth\x121\n" +
 	"\x05ports\x18\x06 \x03(\v2\x1b.phasegate.v1.PublishedPortR\x05ports\"~\n" +
 	"\rPublishedPort\x12\x17\n" +
 	"\ahost_ip\x18\x01 \x01(\tR\x06hostIp\x12\x1b\n" +
@@ -1458,6 +1670,12 @@ const file_slots_proto_rawDesc = "" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x121\n" +
 	"\x05ports\x18\x03 \x03(\v2\x1b.phasegate.v1.PublishedPortR\x05ports\":\n" +
 	"\x10SetPortsResponse\x12&\n" +
+	"\x04slot\x18\x01 \x01(\v2\x12.phasegate.v1.SlotR\x04slot\"}\n" +
+	"\x13SetBandwidthRequest\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x125\n" +
+	"\tbandwidth\x18\x03 \x01(\v2\x17.phasegate.v1.BandwidthR\tbandwidth\">\n" +
+	"\x14SetBandwidthResponse\x12&\n" +
 	"\x04slot\x18\x01 \x01(\v2\x12.phasegate.v1.SlotR\x04slot\"0\n" +
 	"\vListRequest\x12!\n" +
 	"\finclude_free\x18\x01 \x01(\bR\vincludeFree\"8\n" +
@@ -1471,14 +1689,15 @@ const file_slots_proto_rawDesc = "" +
 	"\x16SLOT_STATE_QUARANTINED\x10\x04\x12\x13\n" +
 	"\x0fSLOT_STATE_BUSY\x10\x05\x12\x13\n" +
 	"\x0fSLOT_STATE_LOST\x10\x06\x12\x18\n" +
-	"\x14SLOT_STATE_VERIFYING\x10\a2\x8b\x04\n" +
+	"\x14SLOT_STATE_VERIFYING\x10\a2\xe2\x04\n" +
 	"\x05Slots\x12F\n" +
 	"\aAcquire\x12\x1c.phasegate.v1.AcquireRequest\x1a\x1d.phasegate.v1.AcquireResponse\x12F\n" +
 	"\aRelease\x12\x1c.phasegate.v1.ReleaseRequest\x1a\x1d.phasegate.v1.ReleaseResponse\x12L\n" +
 	"\tKeepAlive\x12\x1e.phasegate.v1.KeepAliveRequest\x1a\x1f.phasegate.v1.KeepAliveResponse\x12:\n" +
 	"\x03Get\x12\x18.phasegate.v1.GetRequest\x1a\x19.phasegate.v1.GetResponse\x12=\n" +
 	"\x04List\x12\x19.phasegate.v1.ListRequest\x1a\x1a.phasegate.v1.ListResponse\x12^\n" +
-	"\x0fSetEgressPolicy\x12$.phasegate.v1.SetEgressPolicyRequest\x1a%.phasegate.v1.SetEgressPolicyResponse\x12I\n" +
+	"\x0fSetEgressPolicy\x12$.phasegate.v1.SetEgressPolicyRequest\x1a%.phasegate.v1.SetEgressPolicyResponse\x12U\n" +
+	"\fSetBandwidth\x12!.phasegate.v1.SetBandwidthRequest\x1a\".phasegate.v1.SetBandwidthResponse\x12I\n" +
 	"\bSetPorts\x12\x1d.phasegate.v1.SetPortsRequest\x1a\x1e.phasegate.v1.SetPortsResponseB=Z;github.com/phasegate/phasegate/api/phasegate/v1;phasegatev1b\x06proto3"
 
 var (
@@ -1494,69 +1713,78 @@ func file_slots_proto_rawDescGZIP() []byte {
 }
 
 var file_slots_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_slots_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_slots_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_slots_proto_goTypes = []any{
 	(SlotState)(0),                  // 0: phasegate.v1.SlotState
 	(*Slot)(nil),                    // 1: phasegate.v1.Slot
-	(*Usage)(nil),                   // 2: phasegate.v1.Usage
-	(*EgressPolicy)(nil),            // 3: phasegate.v1.EgressPolicy
-	(*AcquireRequest)(nil),          // 4: phasegate.v1.AcquireRequest
-	(*PublishedPort)(nil),           // 5: phasegate.v1.PublishedPort
-	(*AcquireResponse)(nil),         // 6: phasegate.v1.AcquireResponse
-	(*ReleaseRequest)(nil),          // 7: phasegate.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),         // 8: phasegate.v1.ReleaseResponse
-	(*KeepAliveRequest)(nil),        // 9: phasegate.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),       // 10: phasegate.v1.KeepAliveResponse
-	(*GetRequest)(nil),              // 11: phasegate.v1.GetRequest
-	(*GetResponse)(nil),             // 12: phasegate.v1.GetResponse
-	(*SetEgressPolicyRequest)(nil),  // 13: phasegate.v1.SetEgressPolicyRequest
-	(*SetEgressPolicyResponse)(nil), // 14: phasegate.v1.SetEgressPolicyResponse
-	(*SetPortsRequest)(nil),         // 15: phasegate.v1.SetPortsRequest
-	(*SetPortsResponse)(nil),        // 16: phasegate.v1.SetPortsResponse
-	(*ListRequest)(nil),             // 17: phasegate.v1.ListRequest
-	(*ListResponse)(nil),            // 18: phasegate.v1.ListResponse
-	(*timestamppb.Timestamp)(nil),   // 19: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 20: google.protobuf.Duration
+	(*Bandwidth)(nil),               // 2: phasegate.v1.Bandwidth
+	(*Usage)(nil),                   // 3: phasegate.v1.Usage
+	(*EgressPolicy)(nil),            // 4: phasegate.v1.EgressPolicy
+	(*AcquireRequest)(nil),          // 5: phasegate.v1.AcquireRequest
+	(*PublishedPort)(nil),           // 6: phasegate.v1.PublishedPort
+	(*AcquireResponse)(nil),         // 7: phasegate.v1.AcquireResponse
+	(*ReleaseRequest)(nil),          // 8: phasegate.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),         // 9: phasegate.v1.ReleaseResponse
+	(*KeepAliveRequest)(nil),        // 10: phasegate.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),       // 11: phasegate.v1.KeepAliveResponse
+	(*GetRequest)(nil),              // 12: phasegate.v1.GetRequest
+	(*GetResponse)(nil),             // 13: phasegate.v1.GetResponse
+	(*SetEgressPolicyRequest)(nil),  // 14: phasegate.v1.SetEgressPolicyRequest
+	(*SetEgressPolicyResponse)(nil), // 15: phasegate.v1.SetEgressPolicyResponse
+	(*SetPortsRequest)(nil),         // 16: phasegate.v1.SetPortsRequest
+	(*SetPortsResponse)(nil),        // 17: phasegate.v1.SetPortsResponse
+	(*SetBandwidthRequest)(nil),     // 18: phasegate.v1.SetBandwidthRequest
+	(*SetBandwidthResponse)(nil),    // 19: phasegate.v1.SetBandwidthResponse
+	(*ListRequest)(nil),             // 20: phasegate.v1.ListRequest
+	(*ListResponse)(nil),            // 21: phasegate.v1.ListResponse
+	(*timestamppb.Timestamp)(nil),   // 22: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 23: google.protobuf.Duration
 }
 var file_slots_proto_depIdxs = []int32{
 	0,  // 0: phasegate.v1.Slot.state:type_name -> phasegate.v1.SlotState
-	19, // 1: phasegate.v1.Slot.acquired_at:type_name -> google.protobuf.Timestamp
-	20, // 2: phasegate.v1.Slot.ttl:type_name -> google.protobuf.Duration
-	19, // 3: phasegate.v1.Slot.expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 4: phasegate.v1.Slot.egress_policy:type_name -> phasegate.v1.EgressPolicy
-	2,  // 5: phasegate.v1.Slot.usage:type_name -> phasegate.v1.Usage
-	5,  // 6: phasegate.v1.Slot.ports:type_name -> phasegate.v1.PublishedPort
-	20, // 7: phasegate.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	3,  // 8: phasegate.v1.AcquireRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
-	5,  // 9: phasegate.v1.AcquireRequest.ports:type_name -> phasegate.v1.PublishedPort
-	1,  // 10: phasegate.v1.AcquireResponse.slot:type_name -> phasegate.v1.Slot
-	19, // 11: phasegate.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	20, // 12: phasegate.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	1,  // 13: phasegate.v1.GetResponse.slot:type_name -> phasegate.v1.Slot
-	3,  // 14: phasegate.v1.SetEgressPolicyRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
-	1,  // 15: phasegate.v1.SetEgressPolicyResponse.slot:type_name -> phasegate.v1.Slot
-	5,  // 16: phasegate.v1.SetPortsRequest.ports:type_name -> phasegate.v1.PublishedPort
-	1,  // 17: phasegate.v1.SetPortsResponse.slot:type_name -> phasegate.v1.Slot
-	1,  // 18: phasegate.v1.ListResponse.slots:type_name -> phasegate.v1.Slot
-	4,  // 19: phasegate.v1.Slots.Acquire:input_type -> phasegate.v1.AcquireRequest
-	7,  // 20: phasegate.v1.Slots.Release:input_type -> phasegate.v1.ReleaseRequest
-	9,  // 21: phasegate.v1.Slots.KeepAlive:input_type -> phasegate.v1.KeepAliveRequest
-	11, // 22: phasegate.v1.Slots.Get:input_type -> phasegate.v1.GetRequest
-	17, // 23: phasegate.v1.Slots.List:input_type -> phasegate.v1.ListRequest
-	13, // 24: phasegate.v1.Slots.SetEgressPolicy:input_type -> phasegate.v1.SetEgressPolicyRequest
-	15, // 25: phasegate.v1.Slots.SetPorts:input_type -> phasegate.v1.SetPortsRequest
-	6,  // 26: phasegate.v1.Slots.Acquire:output_type -> phasegate.v1.AcquireResponse
-	8,  // 27: phasegate.v1.Slots.Release:output_type -> phasegate.v1.ReleaseResponse
-	10, // 28: phasegate.v1.Slots.KeepAlive:output_type -> phasegate.v1.KeepAliveResponse
-	12, // 29: phasegate.v1.Slots.Get:output_type -> phasegate.v1.GetResponse
-	18, // 30: phasegate.v1.Slots.List:output_type -> phasegate.v1.ListResponse
-	14, // 31: phasegate.v1.Slots.SetEgressPolicy:output_type -> phasegate.v1.SetEgressPolicyResponse
-	16, // 32: phasegate.v1.Slots.SetPorts:output_type -> phasegate.v1.SetPortsResponse
-	26, // [26:33] is the sub-list for method output_type
-	19, // [19:26] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	22, // 1: phasegate.v1.Slot.acquired_at:type_name -> google.protobuf.Timestamp
+	23, // 2: phasegate.v1.Slot.ttl:type_name -> google.protobuf.Duration
+	22, // 3: phasegate.v1.Slot.expires_at:type_name -> google.protobuf.Timestamp
+	4,  // 4: phasegate.v1.Slot.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	3,  // 5: phasegate.v1.Slot.usage:type_name -> phasegate.v1.Usage
+	6,  // 6: phasegate.v1.Slot.ports:type_name -> phasegate.v1.PublishedPort
+	2,  // 7: phasegate.v1.Slot.bandwidth:type_name -> phasegate.v1.Bandwidth
+	23, // 8: phasegate.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	4,  // 9: phasegate.v1.AcquireRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	2,  // 10: phasegate.v1.AcquireRequest.bandwidth:type_name -> phasegate.v1.Bandwidth
+	6,  // 11: phasegate.v1.AcquireRequest.ports:type_name -> phasegate.v1.PublishedPort
+	1,  // 12: phasegate.v1.AcquireResponse.slot:type_name -> phasegate.v1.Slot
+	22, // 13: phasegate.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	23, // 14: phasegate.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	1,  // 15: phasegate.v1.GetResponse.slot:type_name -> phasegate.v1.Slot
+	4,  // 16: phasegate.v1.SetEgressPolicyRequest.egress_policy:type_name -> phasegate.v1.EgressPolicy
+	1,  // 17: phasegate.v1.SetEgressPolicyResponse.slot:type_name -> phasegate.v1.Slot
+	6,  // 18: phasegate.v1.SetPortsRequest.ports:type_name -> phasegate.v1.PublishedPort
+	1,  // 19: phasegate.v1.SetPortsResponse.slot:type_name -> phasegate.v1.Slot
+	2,  // 20: phasegate.v1.SetBandwidthRequest.bandwidth:type_name -> phasegate.v1.Bandwidth
+	1,  // 21: phasegate.v1.SetBandwidthResponse.slot:type_name -> phasegate.v1.Slot
+	1,  // 22: phasegate.v1.ListResponse.slots:type_name -> phasegate.v1.Slot
+	5,  // 23: phasegate.v1.Slots.Acquire:input_type -> phasegate.v1.AcquireRequest
+	8,  // 24: phasegate.v1.Slots.Release:input_type -> phasegate.v1.ReleaseRequest
+	10, // 25: phasegate.v1.Slots.KeepAlive:input_type -> phasegate.v1.KeepAliveRequest
+	12, // 26: phasegate.v1.Slots.Get:input_type -> phasegate.v1.GetRequest
+	20, // 27: phasegate.v1.Slots.List:input_type -> phasegate.v1.ListRequest
+	14, // 28: phasegate.v1.Slots.SetEgressPolicy:input_type -> phasegate.v1.SetEgressPolicyRequest
+	18, // 29: phasegate.v1.Slots.SetBandwidth:input_type -> phasegate.v1.SetBandwidthRequest
+	16, // 30: phasegate.v1.Slots.SetPorts:input_type -> phasegate.v1.SetPortsRequest
+	7,  // 31: phasegate.v1.Slots.Acquire:output_type -> phasegate.v1.AcquireResponse
+	9,  // 32: phasegate.v1.Slots.Release:output_type -> phasegate.v1.ReleaseResponse
+	11, // 33: phasegate.v1.Slots.KeepAlive:output_type -> phasegate.v1.KeepAliveResponse
+	13, // 34: phasegate.v1.Slots.Get:output_type -> phasegate.v1.GetResponse
+	21, // 35: phasegate.v1.Slots.List:output_type -> phasegate.v1.ListResponse
+	15, // 36: phasegate.v1.Slots.SetEgressPolicy:output_type -> phasegate.v1.SetEgressPolicyResponse
+	19, // 37: phasegate.v1.Slots.SetBandwidth:output_type -> phasegate.v1.SetBandwidthResponse
+	17, // 38: phasegate.v1.Slots.SetPorts:output_type -> phasegate.v1.SetPortsResponse
+	31, // [31:39] is the sub-list for method output_type
+	23, // [23:31] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_slots_proto_init() }
@@ -1570,7 +1798,7 @@ func file_slots_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_slots_proto_rawDesc), len(file_slots_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	Slots_Get_FullMethodName             = "/phasegate.v1.Slots/Get"
 	Slots_List_FullMethodName            = "/phasegate.v1.Slots/List"
 	Slots_SetEgressPolicy_FullMethodName = "/phasegate.v1.Slots/SetEgressPolicy"
+	Slots_SetBandwidth_FullMethodName    = "/phasegate.v1.Slots/SetBandwidth"
 	Slots_SetPorts_FullMethodName        = "/phasegate.v1.Slots/SetPorts"
 )
 
@@ -101,6 +102,14 @@ type SlotsClient interface {
 	// list, redirect_tcp without an egress proxy); nothing changes.
 	// NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED: as for Release.
 	SetEgressPolicy(ctx context.Context, in *SetEgressPolicyRequest, opts ...grpc.CallOption) (*SetEgressPolicyResponse, error)
+	// SetBandwidth replaces the bandwidth limits of a lease: the new limits
+	// replace the old in place on the slot's host link (never a moment
+	// unshaped), then are recorded with the lease. Authorized as
+	// SetEgressPolicy.
+	// INVALID_ARGUMENT: index 0, or limits Bandwidth's rules refuse;
+	// nothing changes. NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED:
+	// as for Release.
+	SetBandwidth(ctx context.Context, in *SetBandwidthRequest, opts ...grpc.CallOption) (*SetBandwidthResponse, error)
 	// SetPorts replaces the published ports of a lease: the old mappings'
 	// DNAT withdrawn and the new ones' made in one nftables transaction,
 	// then recorded with the lease. Authorized as SetEgressPolicy.
@@ -175,6 +184,16 @@ func (c *slotsClient) SetEgressPolicy(ctx context.Context, in *SetEgressPolicyRe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SetEgressPolicyResponse)
 	err := c.cc.Invoke(ctx, Slots_SetEgressPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *slotsClient) SetBandwidth(ctx context.Context, in *SetBandwidthRequest, opts ...grpc.CallOption) (*SetBandwidthResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetBandwidthResponse)
+	err := c.cc.Invoke(ctx, Slots_SetBandwidth_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -261,6 +280,14 @@ type SlotsServer interface {
 	// list, redirect_tcp without an egress proxy); nothing changes.
 	// NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED: as for Release.
 	SetEgressPolicy(context.Context, *SetEgressPolicyRequest) (*SetEgressPolicyResponse, error)
+	// SetBandwidth replaces the bandwidth limits of a lease: the new limits
+	// replace the old in place on the slot's host link (never a moment
+	// unshaped), then are recorded with the lease. Authorized as
+	// SetEgressPolicy.
+	// INVALID_ARGUMENT: index 0, or limits Bandwidth's rules refuse;
+	// nothing changes. NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED:
+	// as for Release.
+	SetBandwidth(context.Context, *SetBandwidthRequest) (*SetBandwidthResponse, error)
 	// SetPorts replaces the published ports of a lease: the old mappings'
 	// DNAT withdrawn and the new ones' made in one nftables transaction,
 	// then recorded with the lease. Authorized as SetEgressPolicy.
@@ -298,6 +325,9 @@ func (UnimplementedSlotsServer) List(context.Context, *ListRequest) (*ListRespon
 }
 func (UnimplementedSlotsServer) SetEgressPolicy(context.Context, *SetEgressPolicyRequest) (*SetEgressPolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetEgressPolicy not implemented")
+}
+func (UnimplementedSlotsServer) SetBandwidth(context.Context, *SetBandwidthRequest) (*SetBandwidthResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetBandwidth not implemented")
 }
 func (UnimplementedSlotsServer) SetPorts(context.Context, *SetPortsRequest) (*SetPortsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetPorts not implemented")
@@ -431,6 +461,24 @@ func _Slots_SetEgressPolicy_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Slots_SetBandwidth_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetBandwidthRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SlotsServer).SetBandwidth(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Slots_SetBandwidth_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SlotsServer).SetBandwidth(ctx, req.(*SetBandwidthRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Slots_SetPorts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SetPortsRequest)
 	if err := dec(in); err != nil {
@@ -479,6 +527,10 @@ var Slots_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetEgressPolicy",
 			Handler:    _Slots_SetEgressPolicy_Handler,
+		},
+		{
+			MethodName: "SetBandwidth",
+			Handler:    _Slots_SetBandwidth_Handler,
 		},
 		{
 			MethodName: "SetPorts",

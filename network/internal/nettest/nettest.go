@@ -201,7 +201,7 @@ func New(t testing.TB, n int) *Env {
 }
 
 // Sweep removes everything with cfg's prefix: netns files in cfg.NetnsDir
-// (and the directory's own bind mount), host links <prefix>h*, and the
+// (and the directory's own bind mount), host links <prefix>h* and ifbs <prefix>b*, and the
 // nftables table. It is used by every test's cleanup.
 func Sweep(cfg slot.Config) error {
 	var errs []error
@@ -232,7 +232,7 @@ func Sweep(cfg slot.Config) error {
 		errs = append(errs, err)
 	}
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Name, cfg.HostIfPrefix()) {
+		if strings.HasPrefix(l.Attrs().Name, cfg.HostIfPrefix()) || strings.HasPrefix(l.Attrs().Name, cfg.ShaperIfPrefix()) {
 			if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 				errs = append(errs, fmt.Errorf("delete link %s: %w", l.Attrs().Name, err))
 			}

@@ -137,6 +137,10 @@ type Record struct {
 	// The current host link's counters when the lease began on it
 	// (dropped unused). Set only when LEASED.
 	Start *Usage `protobuf:"bytes,19,opt,name=start,proto3" json:"start,omitempty"`
+	// The lease's bandwidth limits (package network/shape), bursts with
+	// their defaults filled in; unset: none. Set only when LEASED. A build
+	// that does not know it keeps it unread: the limits stay on the link.
+	Bandwidth *Bandwidth `protobuf:"bytes,20,opt,name=bandwidth,proto3" json:"bandwidth,omitempty"`
 	// The lease's published ports (package network/ports). Set only when
 	// LEASED; none on a record written before them, which had none.
 	Ports         []*PublishedPort `protobuf:"bytes,21,rep,name=ports,proto3" json:"ports,omitempty"`
@@ -307,6 +311,13 @@ func (x *Record) GetStart() *Usage {
 	return nil
 }
 
+func (x *Record) GetBandwidth() *Bandwidth {
+	if x != nil {
+		return x.Bandwidth
+	}
+	return nil
+}
+
 func (x *Record) GetPorts() []*PublishedPort {
 	if x != nil {
 		return x.Ports
@@ -384,6 +395,75 @@ func (x *PublishedPort) GetProtocol() string {
 	return ""
 }
 
+// Bandwidth is a lease's limits: rates in bits per second, bursts in bits.
+type Bandwidth struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	IngressRate   uint64                 `protobuf:"varint,1,opt,name=ingress_rate,json=ingressRate,proto3" json:"ingress_rate,omitempty"`
+	IngressBurst  uint64                 `protobuf:"varint,2,opt,name=ingress_burst,json=ingressBurst,proto3" json:"ingress_burst,omitempty"`
+	EgressRate    uint64                 `protobuf:"varint,3,opt,name=egress_rate,json=egressRate,proto3" json:"egress_rate,omitempty"`
+	EgressBurst   uint64                 `protobuf:"varint,4,opt,name=egress_burst,json=egressBurst,proto3" json:"egress_burst,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Bandwidth) Reset() {
+	*x = Bandwidth{}
+	mi := &file_record_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Bandwidth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Bandwidth) ProtoMessage() {}
+
+func (x *Bandwidth) ProtoReflect() protoreflect.Message {
+	mi := &file_record_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Bandwidth.ProtoReflect.Descriptor instead.
+func (*Bandwidth) Descriptor() ([]byte, []int) {
+	return file_record_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Bandwidth) GetIngressRate() uint64 {
+	if x != nil {
+		return x.IngressRate
+	}
+	return 0
+}
+
+func (x *Bandwidth) GetIngressBurst() uint64 {
+	if x != nil {
+		return x.IngressBurst
+	}
+	return 0
+}
+
+func (x *Bandwidth) GetEgressRate() uint64 {
+	if x != nil {
+		return x.EgressRate
+	}
+	return 0
+}
+
+func (x *Bandwidth) GetEgressBurst() uint64 {
+	if x != nil {
+		return x.EgressBurst
+	}
+	return 0
+}
+
 // Usage is a lease's bytes and packets into and out of its slot, and the
 // packets its egress policies dropped on the host.
 type Usage struct {
@@ -399,7 +479,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_record_proto_msgTypes[2]
+	mi := &file_record_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +491,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[2]
+	mi := &file_record_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +504,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{2}
+	return file_record_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Usage) GetBytesIn() uint64 {
@@ -478,7 +558,7 @@ type Attachment struct {
 
 func (x *Attachment) Reset() {
 	*x = Attachment{}
-	mi := &file_record_proto_msgTypes[3]
+	mi := &file_record_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +570,7 @@ func (x *Attachment) String() string {
 func (*Attachment) ProtoMessage() {}
 
 func (x *Attachment) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[3]
+	mi := &file_record_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +583,7 @@ func (x *Attachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attachment.ProtoReflect.Descriptor instead.
 func (*Attachment) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{3}
+	return file_record_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Attachment) GetNetnsDev() uint64 {
@@ -547,7 +627,7 @@ type EgressPolicy struct {
 
 func (x *EgressPolicy) Reset() {
 	*x = EgressPolicy{}
-	mi := &file_record_proto_msgTypes[4]
+	mi := &file_record_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +639,7 @@ func (x *EgressPolicy) String() string {
 func (*EgressPolicy) ProtoMessage() {}
 
 func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_record_proto_msgTypes[4]
+	mi := &file_record_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +652,7 @@ func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
 func (*EgressPolicy) Descriptor() ([]byte, []int) {
-	return file_record_proto_rawDescGZIP(), []int{4}
+	return file_record_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EgressPolicy) GetAllow() []string {
@@ -607,7 +687,7 @@ var File_record_proto protoreflect.FileDescriptor
 
 const file_record_proto_rawDesc = "" +
 	"\n" +
-	"\frecord.proto\x12\x13phasegate.leases.v1\"\xc3\x06\n" +
+	"\frecord.proto\x12\x13phasegate.leases.v1\"\x81\a\n" +
 	"\x06Record\x120\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1a.phasegate.leases.v1.StateR\x05state\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x19\n" +
@@ -632,13 +712,20 @@ const file_record_proto_rawDesc = "" +
 	"\vheld_reason\x18\x11 \x01(\tR\n" +
 	"heldReason\x124\n" +
 	"\acarried\x18\x12 \x01(\v2\x1a.phasegate.leases.v1.UsageR\acarried\x120\n" +
-	"\x05start\x18\x13 \x01(\v2\x1a.phasegate.leases.v1.UsageR\x05start\x128\n" +
+	"\x05start\x18\x13 \x01(\v2\x1a.phasegate.leases.v1.UsageR\x05start\x12<\n" +
+	"\tbandwidth\x18\x14 \x01(\v2\x1e.phasegate.leases.v1.BandwidthR\tbandwidth\x128\n" +
 	"\x05ports\x18\x15 \x03(\v2\".phasegate.leases.v1.PublishedPortR\x05ports\"~\n" +
 	"\rPublishedPort\x12\x17\n" +
 	"\ahost_ip\x18\x01 \x01(\tR\x06hostIp\x12\x1b\n" +
 	"\thost_port\x18\x02 \x01(\rR\bhostPort\x12\x1b\n" +
 	"\tslot_port\x18\x03 \x01(\rR\bslotPort\x12\x1a\n" +
-	"\bprotocol\x18\x04 \x01(\tR\bprotocol\"\x99\x01\n" +
+	"\bprotocol\x18\x04 \x01(\tR\bprotocol\"\x97\x01\n" +
+	"\tBandwidth\x12!\n" +
+	"\fingress_rate\x18\x01 \x01(\x04R\vingressRate\x12#\n" +
+	"\ringress_burst\x18\x02 \x01(\x04R\fingressBurst\x12\x1f\n" +
+	"\vegress_rate\x18\x03 \x01(\x04R\n" +
+	"egressRate\x12!\n" +
+	"\fegress_burst\x18\x04 \x01(\x04R\vegressBurst\"\x99\x01\n" +
 	"\x05Usage\x12\x19\n" +
 	"\bbytes_in\x18\x01 \x01(\x04R\abytesIn\x12\x1d\n" +
 	"\n" +
@@ -680,27 +767,29 @@ func file_record_proto_rawDescGZIP() []byte {
 }
 
 var file_record_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_record_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_record_proto_goTypes = []any{
 	(State)(0),            // 0: phasegate.leases.v1.State
 	(*Record)(nil),        // 1: phasegate.leases.v1.Record
 	(*PublishedPort)(nil), // 2: phasegate.leases.v1.PublishedPort
-	(*Usage)(nil),         // 3: phasegate.leases.v1.Usage
-	(*Attachment)(nil),    // 4: phasegate.leases.v1.Attachment
-	(*EgressPolicy)(nil),  // 5: phasegate.leases.v1.EgressPolicy
+	(*Bandwidth)(nil),     // 3: phasegate.leases.v1.Bandwidth
+	(*Usage)(nil),         // 4: phasegate.leases.v1.Usage
+	(*Attachment)(nil),    // 5: phasegate.leases.v1.Attachment
+	(*EgressPolicy)(nil),  // 6: phasegate.leases.v1.EgressPolicy
 }
 var file_record_proto_depIdxs = []int32{
 	0, // 0: phasegate.leases.v1.Record.state:type_name -> phasegate.leases.v1.State
-	5, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
-	4, // 2: phasegate.leases.v1.Record.attachment:type_name -> phasegate.leases.v1.Attachment
-	3, // 3: phasegate.leases.v1.Record.carried:type_name -> phasegate.leases.v1.Usage
-	3, // 4: phasegate.leases.v1.Record.start:type_name -> phasegate.leases.v1.Usage
-	2, // 5: phasegate.leases.v1.Record.ports:type_name -> phasegate.leases.v1.PublishedPort
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	6, // 1: phasegate.leases.v1.Record.egress_policy:type_name -> phasegate.leases.v1.EgressPolicy
+	5, // 2: phasegate.leases.v1.Record.attachment:type_name -> phasegate.leases.v1.Attachment
+	4, // 3: phasegate.leases.v1.Record.carried:type_name -> phasegate.leases.v1.Usage
+	4, // 4: phasegate.leases.v1.Record.start:type_name -> phasegate.leases.v1.Usage
+	3, // 5: phasegate.leases.v1.Record.bandwidth:type_name -> phasegate.leases.v1.Bandwidth
+	2, // 6: phasegate.leases.v1.Record.ports:type_name -> phasegate.leases.v1.PublishedPort
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_record_proto_init() }
@@ -714,7 +803,7 @@ func file_record_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_record_proto_rawDesc), len(file_record_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
