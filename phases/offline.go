@@ -269,13 +269,16 @@ func Decommission(ctx context.Context, cfg Config, destroyLeased bool, log *slog
 	if err != nil {
 		return res, fmt.Errorf("decommission: %w", err)
 	}
-	// The start history describes a daemon that is no more.
-	history := filepath.Join(cfg.StateDir, HistoryFileName)
-	switch err := os.Remove(history); {
-	case err == nil:
-		res.Removed = append(res.Removed, history)
-	case !errors.Is(err, os.ErrNotExist):
-		return res, fmt.Errorf("decommission: %w", err)
+	// The start history and the host check's record describe a daemon
+	// that is no more.
+	for _, name := range []string{HistoryFileName, hostCheckedName} {
+		file := filepath.Join(cfg.StateDir, name)
+		switch err := os.Remove(file); {
+		case err == nil:
+			res.Removed = append(res.Removed, file)
+		case !errors.Is(err, os.ErrNotExist):
+			return res, fmt.Errorf("decommission: %w", err)
+		}
 	}
 	res.KeptAside = leases.KeptAside(path).All()
 	return res, nil
