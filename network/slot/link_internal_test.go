@@ -1,6 +1,7 @@
 package slot
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -38,10 +39,10 @@ func TestIndexNoLoad(t *testing.T) {
 	}
 	for tid, caps := range threadCaps(t) {
 		if was, ok := before[tid]; ok && caps != was {
-			t.Errorf("thread %s: CapEff %s after the lookups, %s before", tid, caps, was)
+			t.Errorf("thread %s: CapEff %#x after the lookups, %#x before", tid, caps, was)
 		}
-		if caps != before[strconv.Itoa(os.Getpid())] {
-			t.Errorf("thread %s: CapEff %s, the process's main thread %s", tid, caps, before[strconv.Itoa(os.Getpid())])
+		if main := before[strconv.Itoa(os.Getpid())]; caps != main {
+			t.Errorf("thread %s: CapEff %#x, the process's main thread %#x", tid, caps, main)
 		}
 	}
 }
@@ -73,23 +74,17 @@ func TestDropLoadCaps(t *testing.T) {
 	}
 }
 
-// threadCaps is every thread's CapEff line, by thread id.
-func threadCaps(t *testing.T) map[string]string {
+// threadCaps is every thread's CapEff, by thread id.
+func threadCaps(t *testing.T) map[string]uint64 {
 	t.Helper()
 	paths, err := filepath.Glob("/proc/self/task/*/status")
 	if err != nil {
 		t.Fatal(err)
 	}
-	caps := make(map[string]string, len(paths))
+	caps := make(map[string]uint64, len(paths))
 	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue // a thread that ended
-		}
-		for line := range strings.Lines(string(b)) {
-			if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-				caps[filepath.Base(filepath.Dir(p))] = strings.TrimSpace(v)
-			}
+		if c, err := readCapEff(p); err == nil { // else a thread that ended
+			caps[filepath.Base(filepath.Dir(p))] = c
 		}
 	}
 	return caps
@@ -98,19 +93,22 @@ func threadCaps(t *testing.T) map[string]string {
 // capEff reads the CapEff of a status file.
 func capEff(t *testing.T, path string) uint64 {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	c, err := readCapEff(path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+func readCapEff(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
 	for line := range strings.Lines(string(b)) {
 		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
+			return strconv.ParseUint(strings.TrimSpace(v), 16, 64)
 		}
 	}
-	t.Fatalf("%s: no CapEff", path)
-	return 0
+	return 0, fmt.Errorf("%s: no CapEff", path)
 }
