@@ -394,20 +394,26 @@ func (t *Table) Drops(ctx context.Context) (Drops, error) {
 				n = c.Packets
 			}
 		}
-		switch comment {
-		case commentSlotToSlot:
-			d.SlotToSlot = n
-		case commentInbound:
-			d.Inbound = n
-		case commentToHost:
-			d.ToHost = n
-		case commentSpoofed:
-			d.Spoofed = n
-		case commentLinkLocal:
-			d.LinkLocal = n
-		case commentLoopback:
-			d.Loopback = n
+		if c := d.counterOf(comment); c != nil {
+			*c = n
 		}
 	}
 	return d, nil
+}
+
+// counterOf is the field of d that counts the drop rule of that comment,
+// nil for a rule that is none of them: the one table of which rule
+// counts what.
+func (d *Drops) counterOf(comment string) *uint64 {
+	fields := [...]struct {
+		comment string
+		n       *uint64
+	}{{commentSlotToSlot, &d.SlotToSlot}, {commentInbound, &d.Inbound}, {commentToHost, &d.ToHost},
+		{commentSpoofed, &d.Spoofed}, {commentLinkLocal, &d.LinkLocal}, {commentLoopback, &d.Loopback}}
+	for _, f := range fields {
+		if f.comment == comment {
+			return f.n
+		}
+	}
+	return nil
 }
