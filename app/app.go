@@ -138,7 +138,8 @@ func newApp(cfg Config) (*App, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	a := &App{cfg: cfg, log: cfg.Logger, addrCh: make(chan struct{}), logged: make(chan struct{}), quit: make(chan struct{})}
+	a := &App{cfg: cfg, log: cfg.Logger, addrCh: make(chan struct{}), logged: make(chan struct{}), quit: make(chan struct{}),
+		handover: map[string]*os.File{}}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

@@ -47,9 +47,6 @@ func (a *App) Upgrading() bool {
 func (a *App) HandOver(name string, f *os.File) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.handover == nil {
-		a.handover = map[string]*os.File{}
-	}
 	a.handover[name] = f
 }
 

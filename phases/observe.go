@@ -174,34 +174,50 @@ func (o *observer) reconciled(p reconcile.Pass) {
 
 // setLeases starts reporting the lease gauge.
 func (o *observer) setLeases(s *lease.Service) {
+	o.registerOnce(&o.leaseReg, func() (metric.Registration, error) {
+		g, err := o.meter.Int64ObservableGauge("phasegate.leases", metric.WithDescription("Leases held now, and how many of them were lost across a restart."))
+		if err != nil {
+			return nil, err
+		}
+		bytes, err := o.meter.Int64ObservableCounter("phasegate.lease.traffic", metric.WithUnit("By"),
+			metric.WithDescription("Bytes the leased slots' links carried, by direction (in: into the slots, out: out of them), as the daemon read their kernel counters: at each reconcile pass, Get, List and a lease's end."))
+		if err != nil {
+			return nil, err
+		}
+		packets, err := o.meter.Int64ObservableCounter("phasegate.lease.packets",
+			metric.WithDescription("Packets the leased slots' links carried, by direction, read as phasegate.lease.traffic is."))
+		if err != nil {
+			return nil, err
+		}
+		in, out := metric.WithAttributes(attribute.String("direction", "in")), metric.WithAttributes(attribute.String("direction", "out"))
+		return o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
+			held, lost := s.Counts()
+			ob.ObserveInt64(g, int64(held-lost), metric.WithAttributes(attribute.String("state", "held")))
+			ob.ObserveInt64(g, int64(lost), metric.WithAttributes(attribute.String("state", "lost")))
+			t := s.Traffic()
+			ob.ObserveInt64(bytes, int64(t.BytesIn), in)
+			ob.ObserveInt64(bytes, int64(t.BytesOut), out)
+			ob.ObserveInt64(packets, int64(t.PacketsIn), in)
+			ob.ObserveInt64(packets, int64(t.PacketsOut), out)
+			return nil
+		}, g, bytes, packets)
+	})
+}
+
+// registerOnce sets *reg to what register makes, unless it is set. The
+// gauges' sources (the pool, the lease service) are set once each, but
+// a restarted phase may set one again. The SDK fails only on invalid
+// instrument names, which these are not; a failure leaves the gauges
+// unreported rather than failing the start.
+func (o *observer) registerOnce(reg *metric.Registration, register func() (metric.Registration, error)) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.leaseReg != nil {
+	if *reg != nil {
 		return
 	}
-	g, err := o.meter.Int64ObservableGauge("phasegate.leases", metric.WithDescription("Leases held now, and how many of them were lost across a restart."))
-	if err != nil {
-		return
+	if r, err := register(); err == nil {
+		*reg = r
 	}
-	bytes, err1 := o.meter.Int64ObservableCounter("phasegate.lease.traffic", metric.WithUnit("By"),
-		metric.WithDescription("Bytes the leased slots' links carried, by direction (in: into the slots, out: out of them), as the daemon read their kernel counters: at each reconcile pass, Get, List and a lease's end."))
-	packets, err2 := o.meter.Int64ObservableCounter("phasegate.lease.packets",
-		metric.WithDescription("Packets the leased slots' links carried, by direction, read as phasegate.lease.traffic is."))
-	if err1 != nil || err2 != nil {
-		return
-	}
-	in, out := metric.WithAttributes(attribute.String("direction", "in")), metric.WithAttributes(attribute.String("direction", "out"))
-	o.leaseReg, _ = o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
-		held, lost := s.Counts()
-		ob.ObserveInt64(g, int64(held-lost), metric.WithAttributes(attribute.String("state", "held")))
-		ob.ObserveInt64(g, int64(lost), metric.WithAttributes(attribute.String("state", "lost")))
-		t := s.Traffic()
-		ob.ObserveInt64(bytes, int64(t.BytesIn), in)
-		ob.ObserveInt64(bytes, int64(t.BytesOut), out)
-		ob.ObserveInt64(packets, int64(t.PacketsIn), in)
-		ob.ObserveInt64(packets, int64(t.PacketsOut), out)
-		return nil
-	}, g, bytes, packets)
 }
 
 // grpcOptions time Acquire calls.
@@ -243,25 +259,25 @@ func (o *observer) reclaimed(rep *reclaim.Report) {
 
 // setPool starts reporting the pool's gauges.
 func (o *observer) setPool(p *pool.Pool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.poolReg != nil {
-		return
-	}
-	size, err1 := o.meter.Int64ObservableGauge("phasegate.pool.size", metric.WithDescription("Warm slots the pool keeps ready (--pool-size)."))
-	slots, err2 := o.meter.Int64ObservableGauge("phasegate.pool.slots", metric.WithDescription("Slots of the pool by state: idle (warm), acquired, creating; and the indices free (a warm slot can be made there) and quarantined. Idle and free both 0: the node is full, an Acquire fails until a lease ends."))
-	if err1 != nil || err2 != nil {
-		return // the SDK only fails on invalid names, which these are not
-	}
-	o.poolReg, _ = o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
-		lv := p.Level() // counts only: a scrape costs nothing per lease
-		ob.ObserveInt64(size, int64(lv.Target))
-		for state, n := range map[string]int{"idle": lv.Idle, "acquired": lv.InUse, "creating": lv.Creating,
-			"free": lv.Free, "quarantined": lv.Quarantined} {
-			ob.ObserveInt64(slots, int64(n), metric.WithAttributes(attribute.String("state", state)))
+	o.registerOnce(&o.poolReg, func() (metric.Registration, error) {
+		size, err := o.meter.Int64ObservableGauge("phasegate.pool.size", metric.WithDescription("Warm slots the pool keeps ready (--pool-size)."))
+		if err != nil {
+			return nil, err
 		}
-		return nil
-	}, size, slots)
+		slots, err := o.meter.Int64ObservableGauge("phasegate.pool.slots", metric.WithDescription("Slots of the pool by state: idle (warm), acquired, creating; and the indices free (a warm slot can be made there) and quarantined. Idle and free both 0: the node is full, an Acquire fails until a lease ends."))
+		if err != nil {
+			return nil, err
+		}
+		return o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
+			lv := p.Level() // counts only: a scrape costs nothing per lease
+			ob.ObserveInt64(size, int64(lv.Target))
+			for state, n := range map[string]int{"idle": lv.Idle, "acquired": lv.InUse, "creating": lv.Creating,
+				"free": lv.Free, "quarantined": lv.Quarantined} {
+				ob.ObserveInt64(slots, int64(n), metric.WithAttributes(attribute.String("state", state)))
+			}
+			return nil
+		}, size, slots)
+	})
 }
 
 // close unregisters the pool's gauges.
