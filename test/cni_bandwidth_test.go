@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	phasegatev1 "github.com/phasegate/phasegate/api/phasegate/v1"
 )
@@ -45,8 +46,11 @@ func TestCNIBandwidthCapability(t *testing.T) {
 		t.Errorf("a runtime's burst for none: %v, want the default", got)
 	}
 	n.mustTool("del", ctr, kubelet)
-	if out, err := exec.Command("nsenter", "--net="+nd.ns, "--", "ip", "link", "show", ifb).CombinedOutput(); err == nil {
-		t.Errorf("after the DEL, %s is there: %s", ifb, out)
+	// The DEL answers before its slot's teardown, which deletes the ifb.
+	if !poll(10*time.Second, func() bool {
+		return exec.Command("nsenter", "--net="+nd.ns, "--", "ip", "link", "show", ifb).Run() != nil
+	}) {
+		t.Errorf("10 s after the DEL, %s is there", ifb)
 	}
 	other := containerNetns(t, "bwbad")
 	for _, bad := range []string{

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -303,18 +305,20 @@ func (p *Pool) create(ctx context.Context, idle bool) (*slot.Slot, error) {
 
 // destroy tears a slot down and gives its index back (or quarantines it).
 func (p *Pool) destroy(ctx context.Context, ss ...*slot.Slot) error {
-	idx := make([]int, 0, len(ss))
-	for _, s := range ss {
-		idx = append(idx, s.Index)
-	}
-	return p.destroyIndices(ctx, idx)
+	return p.destroyInventory(ctx, slot.AssumeOf(ss...))
 }
 
+// destroyIndices is destroy of the slots at idx, with what Assume assumes.
 func (p *Pool) destroyIndices(ctx context.Context, idx []int) error {
-	if len(idx) == 0 {
+	return p.destroyInventory(ctx, slot.Assume(idx...))
+}
+
+func (p *Pool) destroyInventory(ctx context.Context, inv slot.Inventory) error {
+	if len(inv) == 0 {
 		return nil
 	}
-	res := p.slots.Teardown(ctx, slot.Assume(idx...), p.opts.Teardown)
+	idx := slices.Sorted(maps.Keys(inv))
+	res := p.slots.Teardown(ctx, inv, p.opts.Teardown)
 	p.gone(idx, res)
 	var errs []error
 	for _, i := range res.Reclaimed {

@@ -56,11 +56,13 @@ func (p *Pool) retireLoop() {
 // (FillConcurrency at a time), and then reports to each Put.
 func (p *Pool) retire(batch []*retirement) {
 	idx := make([]int, 0, len(batch))
+	ss := make([]*slot.Slot, 0, len(batch))
 	for _, r := range batch {
 		idx = append(idx, r.s.Index)
+		ss = append(ss, r.s)
 	}
 	// Not p.ctx: Close waits for the teardown rather than aborting it.
-	res := p.slots.Teardown(context.Background(), slot.Assume(idx...), p.opts.Teardown)
+	res := p.slots.Teardown(context.Background(), slot.AssumeOf(ss...), p.opts.Teardown)
 	p.gone(idx, res)
 	errs := map[int]error{}
 	for _, f := range res.Failed {

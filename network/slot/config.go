@@ -320,4 +320,8 @@ type Slot struct {
 	// once, while host ifindexes are not reused until they wrap.
 	NetnsID     netns.ID
 	HostIfIndex int
+	// Extra is what the slot has beyond All, for the teardown of a slot
+	// handed back ([AssumeOf]): HasShaper once a lease's limits made its
+	// ifb, which outlives the slot's links and no name lookup looks for.
+	Extra Resources
 }

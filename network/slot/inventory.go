@@ -29,8 +29,8 @@ const (
 	// HasShaper: the ifb <Prefix>b<i> of a lease's bandwidth limits
 	// exists (package network/shape). A survey finds it; [Assume] does
 	// not assume it, as looking up a missing link by name costs what
-	// Teardown avoids (see link.go): a lease's release clears its limits
-	// before the teardown.
+	// Teardown avoids (see link.go): [AssumeOf] does for a slot whose
+	// Extra says so.
 	HasShaper
 
 	// All is every resource a slot has without bandwidth limits.
@@ -101,6 +101,16 @@ func Assume(indices ...int) Inventory {
 	out := make(Inventory, len(indices))
 	for _, i := range indices {
 		out[i] = All
+	}
+	return out
+}
+
+// AssumeOf is [Assume] for slots this process made and is handed back:
+// each has All and what its Extra says.
+func AssumeOf(ss ...*Slot) Inventory {
+	out := make(Inventory, len(ss))
+	for _, s := range ss {
+		out[s.Index] = All | s.Extra
 	}
 	return out
 }

@@ -99,7 +99,7 @@ func (s *Service) repairBandwidth(ctx context.Context, sl *slot.Slot, l *shape.L
 	return []string{"bandwidth limits"}, nil
 }
 
-// clearBandwidth removes the limits of a slot about to be given back
+// clearBandwidth removes the limits of a slot about to be put back warm
 // (its ifb outlives its links). It reports whether the slot is clean:
 // one that is not is torn down rather than put back warm.
 func (s *Service) clearBandwidth(ctx context.Context, sl *slot.Slot) bool {

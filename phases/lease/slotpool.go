@@ -110,9 +110,11 @@ func (s *Service) giveBackBy(ctx context.Context, l *Lease, put func(context.Con
 		return u
 	}
 	if cp.Rec.Bandwidth != nil {
-		// Its ifb outlives the slot's links: the teardown by name does
-		// not look for it.
-		s.clearBandwidth(ctx, sl)
+		// Its ifb outlives the slot's links: the teardown deletes it
+		// too, off the answer's path when put answers first (a CNI DEL:
+		// an ifb's deletion waits for the kernel's RCU grace periods,
+		// tens of milliseconds).
+		sl.Extra |= slot.HasShaper
 	}
 	if a := cp.Rec.Attachment; a != nil {
 		// Cut off first, the pair's deletion left to the teardown, which
