@@ -71,7 +71,7 @@ deps:
 bench-smoke:
 	out=$$(mktemp -d) && cd test && $(GO) run ./bench -n 0,200 -reps 1 -load-n 200 -load-reps 1 -flood-duration 2s \
 		-cni-calls 20 -cni-gc 50 -cni-podman 1 -parts dead,restore,load,acquire,slotrate,upgrade,flood,cni,ab \
-		-ab-reps 1 -ab-starts 1 -ab-window 1s -ab-slot 250ms -ab-rates 500 -ab-tls=false -out $$out -results $$out && rm -rf $$out
+		-ab-reps 1 -ab-starts 1 -ab-window 1s -ab-slot 250ms -ab-rates 500 -ab-tls=false -restore-datapath -out $$out -results $$out && rm -rf $$out
 
 ## bench-report: the startup benchmark as in docs/BENCHMARKS.md (root; 15–40 minutes); raw figures in /var/cache/phasegate/bench.
 bench-report:

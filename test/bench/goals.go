@@ -41,7 +41,7 @@ const (
 // evaluateGoals checks each goal against the results; every ratio is
 // taken between figures of the same run of its part.
 func evaluateGoals(r *Results) []Goal {
-	goals := []Goal{answerGoal(r), servingGoal(r), floorSpeedupGoal(r), goneGoal(r), restoreGoal(r), guestRestoreGoal(r), policiesGoal(r), serialGoal(r)}
+	goals := []Goal{answerGoal(r), servingGoal(r), floorSpeedupGoal(r), goneGoal(r), restoreGoal(r), guestRestoreGoal(r), policiesGoal(r), datapathRestoreGoal(r), serialGoal(r)}
 	for _, checker := range []bool{true, false} {
 		for _, kind := range []string{kindGRPC, kindHTTP} {
 			goals = append(goals, healthLoadGoal(r, kind, checker))

@@ -148,46 +148,48 @@ var defaultParts = slices.DeleteFunc(slices.Clone(allParts), func(p string) bool
 
 // options are the benchmark's settings, from its flags.
 type options struct {
-	parts         []string
-	merge         bool
-	ns            []int
-	reps          int
-	serialReps    int
-	serialMax     int
-	leaseClients  int
-	restoreGuest  bool
-	guestAddr     netip.Prefix
-	loadN         int
-	loadReps      int
-	rate          int
-	acquireRate   int
-	idleDuration  time.Duration
-	acquireN      int
-	acquireConc   int
-	slotRateN     int
-	upgrades      int
-	restarts      int
-	probeRate     int
-	upLeases      int
-	floodDuration time.Duration
-	floodConns    int
-	cniCalls      int
-	cniGC         int
-	cniPodman     int
-	ab            abOptions
-	workers       int
-	poolSize      int
-	settle        time.Duration
-	binary        string
-	out           string
-	doc           string
-	headline      string
-	breakdown     bool
-	from          bool
-	results       string
-	cidr          string
-	stateParent   string
-	args          []string
+	parts        []string
+	merge        bool
+	ns           []int
+	reps         int
+	serialReps   int
+	serialMax    int
+	leaseClients int
+	restoreGuest bool
+	// restoreDatapath: part restore measures the ports+limits variant.
+	restoreDatapath bool
+	guestAddr       netip.Prefix
+	loadN           int
+	loadReps        int
+	rate            int
+	acquireRate     int
+	idleDuration    time.Duration
+	acquireN        int
+	acquireConc     int
+	slotRateN       int
+	upgrades        int
+	restarts        int
+	probeRate       int
+	upLeases        int
+	floodDuration   time.Duration
+	floodConns      int
+	cniCalls        int
+	cniGC           int
+	cniPodman       int
+	ab              abOptions
+	workers         int
+	poolSize        int
+	settle          time.Duration
+	binary          string
+	out             string
+	doc             string
+	headline        string
+	breakdown       bool
+	from            bool
+	results         string
+	cidr            string
+	stateParent     string
+	args            []string
 }
 
 // defaultResultsDir is where results.json is kept: raw figures are cached
@@ -243,6 +245,7 @@ func (o *options) register(fs *flag.FlagSet) *rawFlags {
 	fs.IntVar(&o.serialMax, "serial-max", 1000, "largest N at which the serial baseline is run; above it, it is reported as skipped with an extrapolation, marked as such")
 	fs.IntVar(&o.leaseClients, "lease-clients", 32, "concurrent Acquire calls that lease the N slots of the restore part")
 	fs.BoolVar(&o.restoreGuest, "restore-guest", true, "part restore: also measure each N with the microVM guest profile (--slot-guest-*) and an egress policy on every lease")
+	fs.BoolVar(&o.restoreDatapath, "restore-datapath", false, "part restore: also measure each N with a published port and bandwidth limits on every lease")
 	fs.StringVar(&raw.guestAddr, "guest-addr", "169.254.255.21/30", "part restore: the guest profile's --slot-guest-addr (the tap, --slot-guest-gateway, is the next address); outside -cidr and the host's routes")
 	fs.IntVar(&o.loadN, "load-n", goalLoadN, "dead slots reclaimed in the background while the load runs (0: skip the load part)")
 	fs.IntVar(&o.loadReps, "load-reps", 0, "repetitions of the load part (default: -reps)")

@@ -232,7 +232,7 @@ func markdownRestore(b *bytes.Buffer, res *Results) {
 			fls = fmtSummary(fl.ServingMs)
 		}
 		for _, st := range allRestoreStrategies {
-			leasing := leasingCell(res, n, slices.Contains(guestStrategies, st))
+			leasing := leasingCell(res, n, slices.Contains(guestStrategies, st), slices.Contains(datapathStrategies, st))
 			p := res.find(st, n)
 			if p != nil && p.noStarts() > 0 {
 				fmt.Fprintf(b, "| %d | %s | %s | **never served: %d starts in a row failed** (%d of %d restarts) | | | | | | | | | | %s | %s | |\n", n, leasing,
@@ -243,7 +243,7 @@ func markdownRestore(b *bytes.Buffer, res *Results) {
 			}
 			w := worstRestore(p)
 			stop := "—"
-			if st == stratRestoreTerm || st == stratGuestTerm {
+			if st == stratRestoreTerm || st == stratGuestTerm || st == stratDatapathTerm {
 				stop = fmtSummary(p.StopMs)
 			}
 			inside, checks := guestColumns(p, w)
@@ -256,9 +256,9 @@ func markdownRestore(b *bytes.Buffer, res *Results) {
 }
 
 // leasingCell is how long leasing n slots took in a variant, or "—".
-func leasingCell(res *Results, n int, guest bool) string {
+func leasingCell(res *Results, n int, guest, datapath bool) string {
 	for _, l := range res.Leasing {
-		if l.N == n && l.Guest == guest {
+		if l.N == n && l.Guest == guest && l.Datapath == datapath {
 			return fmt.Sprintf("%s (%.0f/s)", fmtMs(l.Ms), l.PerS)
 		}
 	}

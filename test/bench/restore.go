@@ -33,7 +33,10 @@ type restoreVariant struct {
 	// lease carries an egress policy (guestPolicy), checked after each
 	// restart.
 	guest bool
-	extra []string
+	// datapath: every lease holds a published port and bandwidth limits
+	// (datapathRequest).
+	datapath bool
+	extra    []string
 }
 
 // strategy is the variant's strategy for a restart ended by end.
@@ -46,20 +49,39 @@ func (v restoreVariant) strategy(end string) string {
 
 // name names the variant in progress lines.
 func (v restoreVariant) name() string {
-	if v.guest {
+	switch {
+	case v.guest:
 		return "guest+policy"
+	case v.datapath:
+		return "ports+limits"
 	}
 	return "plain"
 }
 
-// restoreVariants are the variants the options ask for: plain, and with
-// -restore-guest the guest profile with a policy on every lease.
+// restoreVariants are the variants the options ask for: plain, with
+// -restore-guest the guest profile with a policy on every lease, and with
+// -restore-datapath a published port and limits on every lease.
 func (r *runner) restoreVariants() []restoreVariant {
 	vs := []restoreVariant{{term: stratRestoreTerm, kill: stratRestoreKill}}
 	if r.o.restoreGuest {
 		vs = append(vs, restoreVariant{term: stratGuestTerm, kill: stratGuestKill, guest: true, extra: guestArgs(r.o.guestAddr)})
 	}
+	if r.o.restoreDatapath {
+		vs = append(vs, restoreVariant{term: stratDatapathTerm, kill: stratDatapathKill, datapath: true})
+	}
 	return vs
+}
+
+// request is what the variant adds to the k-th lease's Acquire, nil for
+// nothing.
+func (v restoreVariant) request() func(k int, req *phasegatev1.AcquireRequest) {
+	switch {
+	case v.guest:
+		return func(k int, req *phasegatev1.AcquireRequest) { req.EgressPolicy = guestPolicy(k) }
+	case v.datapath:
+		return datapathRequest
+	}
+	return nil
 }
 
 // guestCheck is what the guest+policy variant checks after each restart:
@@ -167,17 +189,13 @@ func (r *runner) leaseRestoreFleet(ctx context.Context, n int, v restoreVariant)
 	if _, err := d.waitPoolFilled(ctx, 2*time.Minute); err != nil {
 		return nil, err
 	}
-	var policy func(int) *phasegatev1.EgressPolicy
-	if v.guest {
-		policy = guestPolicy
-	}
-	leases, setup, err := r.leaseSlots(ctx, d.slotsTarget(), n, leaseOwner, policy)
+	leases, setup, err := r.leaseSlots(ctx, d.slotsTarget(), n, leaseOwner, v.request())
 	if err != nil {
 		return nil, err
 	}
 	indices := indicesOf(leases)
 	if n > 0 {
-		setup.Guest = v.guest
+		setup.Guest, setup.Datapath = v.guest, v.datapath
 		r.res.Leasing = append(r.res.Leasing, setup)
 		r.logf("N=%d %s: leased %d slots through the API in %s (%.0f/s, %d concurrent Acquires)", n, v.name(), n, fmtMs(setup.Ms), setup.PerS, setup.Clients)
 	}
@@ -202,8 +220,12 @@ func (r *runner) leaseRestoreFleet(ctx context.Context, n int, v restoreVariant)
 	return f, nil
 }
 
-// fmtGuestRun is the guest+policy variant's part of a progress line.
+// fmtGuestRun is the guest+policy and ports+limits variants' part of a
+// progress line.
 func fmtGuestRun(run Run, v restoreVariant) string {
+	if v.datapath {
+		return fmt.Sprintf("; listed with their port and limits %d", run.DatapathKept)
+	}
 	if !v.guest {
 		return ""
 	}
@@ -348,7 +370,7 @@ func (r *runner) restart(ctx context.Context, d *daemon, v restoreVariant, end s
 		if err := r.checkGuest(ctx, d, su, gc, &run); err != nil {
 			return run, d, err
 		}
-	} else if run.Listed, err = listAcquired(ctx, d.slotsTarget(), leaseOwner); err != nil {
+	} else if err := listAfterRestart(ctx, d, v, &run); err != nil {
 		return run, d, err
 	}
 	// What a kill -9 left half made (a slot of the fill) is reclaimed in

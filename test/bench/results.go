@@ -19,6 +19,10 @@ const (
 	// with an egress policy.
 	stratGuestTerm = "restore-guest-term"
 	stratGuestKill = "restore-guest-kill"
+	// The same with every lease holding a published port and bandwidth
+	// limits each way (and its counters, which every lease has).
+	stratDatapathTerm = "restore-datapath-term"
+	stratDatapathKill = "restore-datapath-kill"
 )
 
 var deadStrategies = []string{stratBackground, stratForeground, stratSerial, stratFloor}
@@ -27,14 +31,17 @@ var restoreStrategies = []string{stratRestoreTerm, stratRestoreKill}
 
 var guestStrategies = []string{stratGuestTerm, stratGuestKill}
 
-// allRestoreStrategies are the restore part's, both variants.
-var allRestoreStrategies = append(slices.Clone(restoreStrategies), guestStrategies...)
+var datapathStrategies = []string{stratDatapathTerm, stratDatapathKill}
+
+// allRestoreStrategies are the restore part's, every variant.
+var allRestoreStrategies = slices.Concat(restoreStrategies, guestStrategies, datapathStrategies)
 
 // restartName names a restore strategy's restart for the report.
 func restartName(strategy string) string {
 	return map[string]string{
 		stratRestoreTerm: "SIGTERM", stratRestoreKill: "kill -9",
 		stratGuestTerm: "guest+policy, SIGTERM", stratGuestKill: "guest+policy, kill -9",
+		stratDatapathTerm: "ports+limits, SIGTERM", stratDatapathKill: "ports+limits, kill -9",
 	}[strategy]
 }
 
@@ -209,6 +216,10 @@ type Run struct {
 	InsideKept       int     `json:"insideKept,omitempty"`
 	// PolicyDiffs are the first differences found, for the report.
 	PolicyDiffs []string `json:"policyDiffs,omitempty"`
+	// DatapathKept: the ports+limits variant's leases that List shows,
+	// after the restart, with the port and limits they were acquired
+	// with.
+	DatapathKept int `json:"datapathKept,omitempty"`
 }
 
 // PhaseSpan is one phase (or background task) of a start, in ms from the
@@ -233,10 +244,13 @@ type LeaseSetup struct {
 	N int `json:"n"`
 	// Guest: the guest+policy variant (slots with the guest device, each
 	// Acquire with a policy).
-	Guest   bool    `json:"guest,omitempty"`
-	Clients int     `json:"clients"`
-	Ms      float64 `json:"ms"`
-	PerS    float64 `json:"perS"`
+	Guest bool `json:"guest,omitempty"`
+	// Datapath: the ports+limits variant (each Acquire with a published
+	// port and bandwidth limits).
+	Datapath bool    `json:"datapath,omitempty"`
+	Clients  int     `json:"clients"`
+	Ms       float64 `json:"ms"`
+	PerS     float64 `json:"perS"`
 }
 
 // LoadResult is the latency of health checks and Acquire calls from

@@ -51,14 +51,14 @@ func slotsConn(ctx context.Context, target string) (*grpc.ClientConn, phasegatev
 	return conn, client, nil
 }
 
-// acquireBurst makes n Acquire calls (owner, request ids reqPrefix-k, the
-// egress policy policy(k) when policy is not nil) to the Slots API at
+// acquireBurst makes n Acquire calls (owner, request ids reqPrefix-k, and
+// what dress adds to the k-th when dress is not nil) to the Slots API at
 // target from clients concurrent callers over one connection, as fast as
 // they are answered. A call that fails is retried with its request id up
 // to retries times (the API makes that idempotent) and otherwise counted
 // as an error.
 func acquireBurst(ctx context.Context, target string, n, clients int, owner, reqPrefix string, retries int,
-	policy func(k int) *phasegatev1.EgressPolicy) (burst, error) {
+	dress func(k int, req *phasegatev1.AcquireRequest)) (burst, error) {
 	var b burst
 	conn, client, err := slotsConn(ctx, target)
 	if err != nil {
@@ -79,8 +79,8 @@ func acquireBurst(ctx context.Context, target string, n, clients int, owner, req
 					return
 				}
 				req := &phasegatev1.AcquireRequest{Owner: owner, RequestId: fmt.Sprintf("%s-%d", reqPrefix, k)}
-				if policy != nil {
-					req.EgressPolicy = policy(k)
+				if dress != nil {
+					dress(k, req)
 				}
 				var (
 					resp *phasegatev1.AcquireResponse
@@ -120,12 +120,6 @@ func acquireBurst(ctx context.Context, target string, n, clients int, owner, req
 	return b, nil
 }
 
-// listAcquired counts the slots the API at target lists ACQUIRED by owner.
-func listAcquired(ctx context.Context, target, owner string) (int, error) {
-	slots, err := listOwned(ctx, target, owner)
-	return countAcquired(slots), err
-}
-
 // countAcquired counts the slots in the ACQUIRED state.
 func countAcquired(slots []*phasegatev1.Slot) int {
 	n := 0
@@ -161,15 +155,15 @@ func listOwned(ctx context.Context, target, owner string) ([]*phasegatev1.Slot, 
 }
 
 // leaseSlots leases n slots to owner with the restore part's concurrency
-// and retries, the k-th with the egress policy policy(k) (policy nil:
-// none); every call must succeed.
+// and retries, the k-th with what dress adds to its request (dress nil:
+// nothing); every call must succeed.
 func (r *runner) leaseSlots(ctx context.Context, target string, n int, owner string,
-	policy func(k int) *phasegatev1.EgressPolicy) ([]leaseRef, LeaseSetup, error) {
+	dress func(k int, req *phasegatev1.AcquireRequest)) ([]leaseRef, LeaseSetup, error) {
 	setup := LeaseSetup{N: n, Clients: r.o.leaseClients}
 	if n == 0 {
 		return nil, setup, nil
 	}
-	b, err := acquireBurst(ctx, target, n, r.o.leaseClients, owner, owner, 3, policy)
+	b, err := acquireBurst(ctx, target, n, r.o.leaseClients, owner, owner, 3, dress)
 	if err != nil {
 		return nil, setup, err
 	}

@@ -97,7 +97,7 @@ func (r *smokeRig) run(t *testing.T) {
 	// falls in it) and ~0.1 s for 200.
 	cmd := exec.Command(r.bin, "-n", "0,20", "-reps", "1", "-load-n", "200", "-load-reps", "1",
 		"-idle-duration", "1s", "-settle", "200ms", "-acquire-n", "40", "-slotrate-n", "20", "-upgrades", "2", "-restarts", "1",
-		"-upgrade-leases", "4", "-flood-duration", "2s", "-cni-calls", "10", "-cni-gc", "20", "-cni-podman", "1",
+		"-upgrade-leases", "4", "-restore-datapath", "-flood-duration", "2s", "-cni-calls", "10", "-cni-gc", "20", "-cni-podman", "1",
 		"-parts", strings.Join(allParts, ","), "-ab-reps", "1", "-ab-starts", "1", "-ab-window", "1s", "-ab-slot", "250ms", "-ab-rates", "100", "-ab-tls-rates", "100",
 		"-out", r.out, "-results", r.cache, "-doc", r.doc, "-headline", r.readme)
 	start := time.Now()
@@ -195,6 +195,16 @@ func checkSmokeStarts(t *testing.T, res *Results) {
 		if r.PoliciesChecked != 20 || r.PoliciesKept != 20 || r.InsideSampled != guestSample || r.InsideKept != guestSample || r.InsideRepaired != 0 {
 			t.Errorf("%s at N=20: policies %d/%d, samples %d/%d, repaired %d; want every one kept, nothing repaired (%q)",
 				s, r.PoliciesKept, r.PoliciesChecked, r.InsideKept, r.InsideSampled, r.InsideRepaired, r.PolicyDiffs)
+		}
+	}
+	for _, s := range datapathStrategies {
+		p := res.find(s, 20)
+		if !p.measured() {
+			t.Errorf("results.json: no runs of %s at N=20", s)
+			continue
+		}
+		if r := p.Runs[0]; r.Restored != 20 || r.Listed != 20 || r.DatapathKept != 20 || r.Destroyed != 0 || r.ServingMs <= 0 {
+			t.Errorf("%s at N=20: %+v, want 20 restored and listed with their port and limits, 0 destroyed", s, r)
 		}
 	}
 }
