@@ -17,7 +17,8 @@
 //
 // The qdiscs die with the host end. The ifb does not: whoever deletes a
 // slot's host end deletes its ifb too ([Clear], and network/slot's
-// teardown, which finds it by name).
+// teardown, which finds it by name and deletes a batch's at once,
+// [DeleteIfbs]).
 //
 // Rates are bits per second and bursts bits, as CNI's bandwidth
 // capability and the kubelet give them; the kernel's tbf counts bytes on

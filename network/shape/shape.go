@@ -207,19 +207,7 @@ func clearEgress(host netlink.Link, ifbName string) error {
 // DeleteIfb deletes the ifb named name (a slot's, when its slot goes); a
 // missing one is fine, a link of the name that is no ifb is left alone.
 func DeleteIfb(name string) error {
-	l, err := netlink.LinkByName(name)
-	var nf netlink.LinkNotFoundError
-	if errors.As(err, &nf) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("shape: %s: get link: %w", name, err)
-	}
-	if _, ok := l.(*netlink.Ifb); !ok {
-		return nil
-	}
-	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("shape: %s: delete ifb: %w", name, err)
-	}
-	return nil
+	ifbs, failed := ifbsNamed([]string{name})
+	deleteEach(ifbs, failed)
+	return failed[name]
 }

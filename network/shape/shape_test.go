@@ -3,6 +3,7 @@ package shape_test
 import (
 	"context"
 	"os/exec"
+	"strconv"
 	"testing"
 	"time"
 
@@ -168,22 +169,35 @@ func TestRepairAndClear(t *testing.T) {
 // killed before a release does: a survey finds its ifb, and the teardown
 // (reclaim's, decommission's, the reconciler's) deletes it with the slot.
 func TestTeardownTakesTheIfb(t *testing.T) {
-	e, m, s := newSlotOf(t)
-	ctx := context.Background()
-	if err := shape.Apply(ctx, m.ShapeLink(s), shape.Limits{EgressRate: rate}.WithDefaults()); err != nil {
-		t.Fatal(err)
-	}
-	sr, err := m.Survey(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := sr.Inventory[1]; got != slot.All|slot.HasShaper {
-		t.Fatalf("survey: slot 1 has %v, want %v", got, slot.All|slot.HasShaper)
-	}
-	if err := m.Teardown(ctx, sr.Inventory, slot.TeardownOptions{}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if links := nettest.HostLinks(t, e.Config.ShaperIfPrefix()); len(links) != 0 {
-		t.Errorf("after the teardown: %q", links)
+	for _, n := range []int{1, 4} { // one ifb is deleted alone, more in one deletion
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			e := nettest.New(t, n)
+			m := e.Manager(t)
+			ctx := context.Background()
+			for i := 1; i <= n; i++ {
+				s, err := m.Create(ctx, i)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := shape.Apply(ctx, m.ShapeLink(s), shape.Limits{EgressRate: rate}.WithDefaults()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sr, err := m.Survey(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 1; i <= n; i++ {
+				if got := sr.Inventory[i]; got != slot.All|slot.HasShaper {
+					t.Fatalf("survey: slot %d has %v, want %v", i, got, slot.All|slot.HasShaper)
+				}
+			}
+			if err := m.Teardown(ctx, sr.Inventory, slot.TeardownOptions{}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if links := nettest.HostLinks(t, e.Config.ShaperIfPrefix()); len(links) != 0 {
+				t.Errorf("after the teardown: %q", links)
+			}
+		})
 	}
 }

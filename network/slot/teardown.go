@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -189,7 +190,7 @@ func (m *Manager) newTeardown(ctx context.Context, inv Inventory, opts TeardownO
 		batch = total
 	}
 	return &teardown{
-		m: m, ctx: ctx, inv: inv, opts: opts,
+		m: m, ctx: ctx, inv: maps.Clone(inv), opts: opts, // deleteIfbs marks what it deleted
 		indices: indices, workers: workers, batch: batch, self: os.Getpid(),
 		outcomes: make([]outcome, total),
 		res:      &TeardownResult{},

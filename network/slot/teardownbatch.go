@@ -1,10 +1,13 @@
 package slot
 
 import (
+	"maps"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/phasegate/phasegate/network/shape"
 	"golang.org/x/sys/unix"
 )
 
@@ -100,6 +103,7 @@ func (t *teardown) pause(d time.Duration) {
 // taking the next one while the budget lasts.
 func (t *teardown) unlinkBatch(start, end int) {
 	t0 := time.Now()
+	t.deleteIfbs(start, end)
 	var wg sync.WaitGroup
 	for range min(t.workers, end-start) {
 		wg.Go(func() {
@@ -117,6 +121,32 @@ func (t *teardown) unlinkBatch(start, end int) {
 	}
 	wg.Wait()
 	t.res.Timings.Unlink += time.Since(t0)
+}
+
+// deleteIfbs deletes the ifbs of the slots from start up to end that have
+// one in a single deletion (shape.DeleteIfbs), before the workers unlink
+// them: alone, each ifb would cost the kernel's RCU grace periods with
+// the rtnl lock held, tens of milliseconds, one after another. A slot
+// whose ifb did not go keeps HasShaper, so its worker tries again and
+// fails the slot as before. Should the budget defer a slot of the batch
+// after this, its ifb is gone already, which a slot being torn down does
+// not miss.
+func (t *teardown) deleteIfbs(start, end int) {
+	byName := map[string]int{}
+	for _, i := range t.indices[start:end] {
+		if t.inv[i]&HasShaper != 0 {
+			byName[t.m.cfg.ShaperIfName(i)] = i
+		}
+	}
+	if len(byName) == 0 {
+		return
+	}
+	failed := shape.DeleteIfbs(slices.Collect(maps.Keys(byName)))
+	for name, i := range byName {
+		if failed[name] == nil {
+			t.inv[i] &^= HasShaper
+		}
+	}
 }
 
 // niceThread locks the calling goroutine to its thread and lowers that

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/phasegate/phasegate/network/shape"
 )
 
 // measureDecom times `phasegate decommission --destroy-leased-slots` of N
@@ -91,7 +93,8 @@ func (r *runner) leaseStopped(ctx context.Context, n int, v restoreVariant) erro
 
 // decomFloor leases n slots, stops the daemon and removes its slots by
 // the kernel floor: every netns file of the prefix detached and unlinked,
-// then the wait until every host link of the prefix is gone (took); the
+// the ifbs of the leases' limits deleted in one go, then the wait until
+// every host link of the prefix is gone (took); the
 // table's deletion after it is timed apart (fw). The records left are
 // then removed by a decommission that finds nothing else.
 func (r *runner) decomFloor(ctx context.Context, n int, v restoreVariant) (took, fw time.Duration, err error) {
@@ -105,8 +108,15 @@ func (r *runner) decomFloor(ctx context.Context, n int, v restoreVariant) (took,
 	if len(links) < n {
 		return 0, 0, fmt.Errorf("%d host links, want at least %d", len(links), n)
 	}
+	ifbs, err := r.h.linksNamed(r.h.cfg.ShaperIfPrefix())
+	if err != nil {
+		return 0, 0, err
+	}
 	t0 := time.Now()
 	if err := unlinkNetns(r.h, r.o.workers); err != nil {
+		return 0, 0, err
+	}
+	if err := deleteIfbsFloor(ifbs); err != nil {
 		return 0, 0, err
 	}
 	if err := waitLinksGone(ctx, links, 10*time.Minute); err != nil {
@@ -119,6 +129,21 @@ func (r *runner) decomFloor(ctx context.Context, n int, v restoreVariant) (took,
 	}
 	fw = time.Since(t1)
 	return took, fw, r.reset(ctx)
+}
+
+// deleteIfbsFloor deletes the ifbs of leases with limits the kernel's
+// cheapest way: all of them in one link group, deleted in one
+// RTM_DELLINK (shape.DeleteIfbs), whose RCU grace periods the kernel
+// pays once rather than once a device.
+func deleteIfbsFloor(ifbs []hostLink) error {
+	names := make([]string, len(ifbs))
+	for i, l := range ifbs {
+		names[i] = l.name
+	}
+	for name, err := range shape.DeleteIfbs(names) {
+		return fmt.Errorf("floor: ifb %s: %w", name, err)
+	}
+	return nil
 }
 
 // decomRun leases n slots, stops the daemon and times bin's decommission

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -216,11 +217,11 @@ func (h *host) leftovers(ctx context.Context) (files, links, elements int, err e
 			files++
 		}
 	}
-	names, err := h.hostLinks()
+	left, err := h.linksNamed(h.cfg.HostIfPrefix(), h.cfg.ShaperIfPrefix())
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	links = len(names)
+	links = len(left)
 	if tbl, err := h.table(); err == nil {
 		if ok, err := tbl.Exists(ctx); err == nil && ok {
 			els, err := tbl.List(ctx)
@@ -239,10 +240,15 @@ type hostLink struct {
 	name  string
 }
 
-// hostLinkIndices lists the root namespace's links named <prefix>h*. A dump
-// the kernel reports as interrupted (links came or went meanwhile) is
-// retried.
+// hostLinkIndices lists the root namespace's links named <prefix>h*.
 func (h *host) hostLinkIndices() ([]hostLink, error) {
+	return h.linksNamed(h.cfg.HostIfPrefix())
+}
+
+// linksNamed lists the root namespace's links whose names start with one
+// of prefixes. A dump the kernel reports as interrupted (links came or
+// went meanwhile) is retried.
+func (h *host) linksNamed(prefixes ...string) ([]hostLink, error) {
 	var (
 		links []netlink.Link
 		err   error
@@ -257,21 +263,11 @@ func (h *host) hostLinkIndices() ([]hostLink, error) {
 	}
 	var out []hostLink
 	for _, l := range links {
-		if a := l.Attrs(); strings.HasPrefix(a.Name, h.cfg.HostIfPrefix()) {
+		if a := l.Attrs(); slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(a.Name, p) }) {
 			out = append(out, hostLink{index: a.Index, name: a.Name})
 		}
 	}
 	return out, nil
-}
-
-// hostLinks lists the names of the root namespace's links named <prefix>h*.
-func (h *host) hostLinks() ([]string, error) {
-	links, err := h.hostLinkIndices()
-	names := make([]string, 0, len(links))
-	for _, l := range links {
-		names = append(names, l.name)
-	}
-	return names, err
 }
 
 // settle waits (up to a minute) until nothing with our prefix is left, then
@@ -349,7 +345,9 @@ func (h *host) sweep() error {
 		links, err = linksPresent(links)
 	}
 	errs = append(errs, err)
-	for _, l := range links {
+	ifbs, err := h.linksNamed(h.cfg.ShaperIfPrefix()) // ifbs never go with a namespace
+	errs = append(errs, err)
+	for _, l := range append(links, ifbs...) {
 		if err := netlink.LinkDel(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: l.index}}); err != nil &&
 			!errors.Is(err, unix.ENODEV) {
 			errs = append(errs, fmt.Errorf("delete link %s (index %d): %w", l.name, l.index, err))
