@@ -26,15 +26,17 @@ import (
 // ports or the limits of a lease not its own, with its lease id or a
 // guessed one, nor publish a host port another lease holds (on every
 // address or on one), nor see another's counters (Get refused, List
-// leaving the lease out). The victims' leases, map elements and qdiscs
-// are unchanged, every refusal is audited, and the tenant's own lease
-// takes what it asks (the positive control).
+// leaving the lease out), nor publish more host ports than its quota
+// (max_ports in the control policy). The victims' leases, map elements
+// and qdiscs are unchanged, every refusal is audited, and the tenant's
+// own lease takes what it asks (the positive control).
 func TestTenantCannotTouchAnothersPortsLimitsNorCounters(t *testing.T) {
 	pub := newPublicDir(t)
 	h := newHost(t)
 	sock := filepath.Join(pub.dir, "control.sock")
-	d := start(t, nil, h.args(freePort(t), "--slots=16", "--control-socket="+sock, "--control-group=nogroup",
-		"--allow=uid:65534=tenant-b-*", "--allow=uid:1=tenant-c-*")...)
+	policy := filepath.Join(pub.dir, "policy.json")
+	writePolicyFile(t, policy, `{"max_ports": 3, "principals": [{"uid": 65534, "owners": ["tenant-b-*"]}, {"uid": 1, "owners": ["tenant-c-*"]}]}`)
+	d := start(t, nil, h.args(freePort(t), "--slots=16", "--control-socket="+sock, "--control-group=nogroup", "--control-policy="+policy)...)
 	d.waitServing(time.Minute)
 	root := d.slots()
 	S := "--socket=" + sock
@@ -92,6 +94,7 @@ func TestTenantCannotTouchAnothersPortsLimitsNorCounters(t *testing.T) {
 		}
 	}
 	tenantTakesNoOnesPort(t, pub, S, rootPort, otherPort, ownPort)
+	tenantWithinItsPortQuota(t, pub, S, hp)
 	for _, user := range []string{"nobody", "daemon"} {
 		out, code := pub.as(t, user, map[string]string{"daemon": "nogroup"}[user], "slots", "list", "--all", S)
 		for _, name := range map[string][]string{"nobody": {"victim", "tenant-c-1"}, "daemon": {"victim", "tenant-b-"}}[user] {
@@ -145,6 +148,30 @@ func tenantTakesNoOnesPort(t *testing.T, pub *publicDir, S, rootPort, otherPort,
 	}
 	if out, code := pub.as(t, "nobody", "", "slots", "bandwidth", idx, own.LeaseID, "--egress-rate=10000000", S); code != 0 || !strings.Contains(out, "10000000") {
 		t.Errorf("nobody's limits on its own lease: exit %d\n%s", code, out)
+	}
+}
+
+// tenantWithinItsPortQuota has nobody, whose one lease publishes one
+// host port, go past its quota of 3 (max_ports) with 3 more on a new
+// lease: refused as ResourceExhausted, naming the quota. 2 more are
+// taken.
+func tenantWithinItsPortQuota(t *testing.T, pub *publicDir, S string, hp func() string) {
+	t.Helper()
+	publish := func(n int) []string {
+		var args []string
+		for range n {
+			args = append(args, "--publish", hp()+":80")
+		}
+		return args
+	}
+	out, code := pub.as(t, "nobody", "", append([]string{"slots", "acquire", "tenant-b-2"}, append(publish(3), S)...)...)
+	wantRefused(t, "as nobody, a lease taking it to 4 host ports of 3", out, code, "ResourceExhausted")
+	if !strings.Contains(out, "max_ports") {
+		t.Errorf("the refusal does not name the quota: %s", out)
+	}
+	out, code = pub.as(t, "nobody", "", append([]string{"slots", "acquire", "tenant-b-2"}, append(publish(2), S)...)...)
+	if code != 0 {
+		t.Errorf("as nobody, a lease taking it to 3 host ports of 3: exit %d\n%s", code, out)
 	}
 }
 

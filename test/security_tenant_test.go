@@ -66,6 +66,10 @@ func TestTenantCannotLiftItsLimitsMappingsNorCounters(t *testing.T) {
 		t.Fatal("before the attacks, the published port does not answer from another host: the test cannot tell a lifted mapping from a broken path")
 	}
 	limitsHold(t, r.n, r.tenant, "before the attacks")
+	attack(t, r.pub.testBinary, r.tenant.GetNetnsPath(), fmt.Sprintf("udp|%s|%s|own|5", addrOf(t, r.tenant.GetInsideAddress(), 7300), r.o.reflector), "")
+	if !waitSeen(r.o, "own") {
+		t.Fatal("the tenant's datagram from its own address never reached the other host: the test cannot tell a drop from a broken path")
+	}
 	if !answers(t, r.n, r.victimAt) {
 		t.Fatal("before the attacks, the victim's workload does not answer")
 	}
@@ -73,10 +77,12 @@ func TestTenantCannotLiftItsLimitsMappingsNorCounters(t *testing.T) {
 	before := observeVictimIn(t, r.n, c, r.victim.GetIndex())
 	u0 := getSlot(t, c, r.tenant.GetIndex()).GetUsage()
 
-	r.rootReshapesItsSlot(t)
 	for _, caps := range []string{"", "net_raw"} {
 		r.rawAttacks(t, caps)
 	}
+	// After the floods: with the victim's address its own, the slot would
+	// deliver a flood at the victim to itself.
+	r.rootReshapesItsSlot(t)
 
 	// What the host holds the tenant to, as it was.
 	limitsHold(t, r.n, r.tenant, "after the attacks")
