@@ -21,9 +21,10 @@ import (
 //
 //	{
 //	  "max_leases": 64,
+//	  "max_ports": 64,
 //	  "rate": 50,
 //	  "principals": [
-//	    {"user": "orchestrator", "owners": ["sandbox-*"], "max_leases": 1000},
+//	    {"user": "orchestrator", "owners": ["sandbox-*"], "max_leases": 1000, "max_ports": 2000},
 //	    {"group": "phasegate-read", "owners": ["*"], "read_only": true},
 //	    {"identity": "uri:spiffe://example.org/ns/ci/sa/builder", "owners": ["ci-*"]},
 //	    {"identity": "cn:sandbox-scheduler", "owners": ["scheduler"]}
@@ -36,6 +37,10 @@ type AccessPolicy struct {
 	// leases, [DefaultMaxLeases] of its capacity, which the service sets
 	// ([AccessPolicy.WithDefaultMaxLeases]); with none set, no limit.
 	MaxLeases *int `json:"max_leases,omitempty"`
+	// MaxPorts is how many host ports the leases of one principal may
+	// publish at once unless its rule says otherwise; 0 is no limit. Nil,
+	// unsaid, is [DefaultMaxPorts].
+	MaxPorts *int `json:"max_ports,omitempty"`
 	// Rate is how many calls a second one principal may make, in bursts
 	// of up to twice as many; 0 is no limit. A policy file without it
 	// gets [DefaultRate].
@@ -77,6 +82,9 @@ type Rule struct {
 	Attach bool `json:"attach,omitempty"`
 	// MaxLeases overrides the policy's quota for the selected principals.
 	MaxLeases *int `json:"max_leases,omitempty"`
+	// MaxPorts overrides the policy's quota of published host ports for
+	// the selected principals.
+	MaxPorts *int `json:"max_ports,omitempty"`
 }
 
 // ErrPolicy is wrapped by every error of a policy that cannot be used.
@@ -100,6 +108,23 @@ const leaseShare = 4
 // when the policy does not say: a quarter of capacity, the leases the
 // service can hold at all, and at least one.
 func DefaultMaxLeases(capacity int) int { return max(1, capacity/leaseShare) }
+
+// DefaultMaxPorts is how many host ports the leases of one principal
+// other than root may publish at once when the policy does not say: one
+// for each lease of the default quota at the default 1,024 slots, and
+// 0.4% of a protocol's 65,535 ports, so that no tenant takes the host's
+// port space (a published port takes its host port from every other
+// principal and from the host's own services).
+const DefaultMaxPorts = 256
+
+// PortQuota is the policy's quota of published host ports for principals
+// no rule sets one for: 0 is none.
+func (p *AccessPolicy) PortQuota() int {
+	if p.MaxPorts == nil {
+		return DefaultMaxPorts
+	}
+	return *p.MaxPorts
+}
 
 // WithDefaultMaxLeases returns a copy of p whose quota, unless p says
 // one, is [DefaultMaxLeases] of capacity: what a service that leases
@@ -172,8 +197,8 @@ func ParseRule(s string, readOnly bool) (Rule, error) {
 // finite number, 0 or more, is refused whole.
 func (p *AccessPolicy) Resolve() error {
 	var errs []error
-	if p.MaxLeases != nil && *p.MaxLeases < 0 {
-		errs = append(errs, fmt.Errorf("%w: max_leases %d is negative", ErrPolicy, *p.MaxLeases))
+	if err := checkQuotas(p.MaxLeases, p.MaxPorts); err != nil {
+		errs = append(errs, err)
 	}
 	if err := checkRate(p.Rate); err != nil {
 		errs = append(errs, err)
@@ -233,11 +258,24 @@ func (r *Rule) resolve() error {
 			return err
 		}
 	}
-	if r.MaxLeases != nil && *r.MaxLeases < 0 {
-		return fmt.Errorf("%w: max_leases %d is negative", ErrPolicy, *r.MaxLeases)
+	if err := checkQuotas(r.MaxLeases, r.MaxPorts); err != nil {
+		return err
 	}
 	if r.Attach && r.ReadOnly {
 		return fmt.Errorf("%w: a read-only rule cannot grant attach", ErrPolicy)
+	}
+	return nil
+}
+
+// checkQuotas refuses a negative max_leases or max_ports.
+func checkQuotas(maxLeases, maxPorts *int) error {
+	for _, q := range []struct {
+		name string
+		v    *int
+	}{{"max_leases", maxLeases}, {"max_ports", maxPorts}} {
+		if q.v != nil && *q.v < 0 {
+			return fmt.Errorf("%w: %s %d is negative", ErrPolicy, q.name, *q.v)
+		}
 	}
 	return nil
 }
@@ -368,17 +406,20 @@ type Grant struct {
 	lease, read, attach []string // owner patterns
 	// MaxLeases is the principal's quota of leases held at once; 0 is none.
 	MaxLeases int
+	// MaxPorts is the principal's quota of host ports its leases publish
+	// at once; 0 is none.
+	MaxPorts int
 }
 
 // Grant returns what p may do.
 func (p *AccessPolicy) Grant(pr Principal) Grant {
-	g := Grant{MaxLeases: p.Quota()}
+	g := Grant{MaxLeases: p.Quota(), MaxPorts: p.PortQuota()}
 	if pr.IsRoot() {
 		// Root may do everything: no owner it may not lease for, and no
 		// quota unless a rule that names it sets one.
-		g.lease, g.attach, g.MaxLeases = []string{"*"}, []string{"*"}, 0
+		g.lease, g.attach, g.MaxLeases, g.MaxPorts = []string{"*"}, []string{"*"}, 0, 0
 	}
-	quotaSet := false
+	quotaSet, portsSet := false, false
 	for i := range p.Rules {
 		r := &p.Rules[i]
 		if !r.selects(pr) {
@@ -394,6 +435,9 @@ func (p *AccessPolicy) Grant(pr Principal) Grant {
 		}
 		if r.MaxLeases != nil && !quotaSet {
 			g.MaxLeases, quotaSet = *r.MaxLeases, true
+		}
+		if r.MaxPorts != nil && !portsSet {
+			g.MaxPorts, portsSet = *r.MaxPorts, true
 		}
 	}
 	return g

@@ -25,6 +25,8 @@ func TestParsePolicyRefusesWhatCannotBeUsed(t *testing.T) {
 		{"unknown group", `{"principals": [{"group": "no-such-group-phasegate", "owners": ["*"]}]}`, "no-such-group-phasegate"},
 		{"negative quota", `{"max_leases": -1, "principals": []}`, "negative"},
 		{"negative rule quota", `{"principals": [{"uid": 1, "owners": ["*"], "max_leases": -2}]}`, "negative"},
+		{"negative ports quota", `{"max_ports": -1, "principals": []}`, "max_ports -1 is negative"},
+		{"negative rule ports quota", `{"principals": [{"uid": 1, "owners": ["*"], "max_ports": -2}]}`, "max_ports -2 is negative"},
 		{"negative rate", `{"rate": -1, "principals": []}`, "rate -1: want a finite number"},
 		{"identity without its kind", `{"principals": [{"identity": "sandbox-scheduler", "owners": ["*"]}]}`, "write uri:sandbox-scheduler"},
 		{"identity of an unknown kind", `{"principals": [{"identity": "email:a@b", "owners": ["*"]}]}`, "does not say which part"},
@@ -51,6 +53,7 @@ func TestParsePolicyRefusesWhatCannotBeUsed(t *testing.T) {
 		{"rate -0e5", "{\n\"rate\": -0e5, \"principals\": []}", "rate at line 2: -0e5 is a negative zero"},
 		{"rate that rounds to -0", `{"rate": -1e-400, "principals": []}`, "-1e-400 is a negative zero"},
 		{"max_leases -0", `{"max_leases": -0, "principals": []}`, "max_leases at line 1: -0 is a negative zero"},
+		{"max_ports -0", `{"max_ports": -0, "principals": []}`, "max_ports at line 1: -0 is a negative zero"},
 		{"a rule's max_leases -0", `{"principals": [{"uid": 1, "owners": ["*"], "max_leases": -0}]}`, "principals[0].max_leases at line 1: -0 is a negative zero"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,6 +206,39 @@ func TestGrantAttach(t *testing.T) {
 		if got := p.Grant(tc.who).MayAttach(tc.owner); got != tc.attach {
 			t.Errorf("%s may attach for %q: %v, want %v", tc.who, tc.owner, got, tc.attach)
 		}
+	}
+}
+
+// The quota of published host ports: a rule's max_ports, else the
+// policy's, else DefaultMaxPorts; root none unless a rule that selects it
+// sets one; 0 is none.
+func TestGrantMaxPorts(t *testing.T) {
+	nobody := control.Principal{Kind: control.Unix, UID: 65534, GID: 65534}
+	orchestrator := control.Principal{Kind: control.Unix, UID: 1000, GID: 1000}
+	root := control.Principal{Kind: control.Unix}
+	rules := `"principals": [{"uid": 65534, "owners": ["b-*"]}, {"uid": 1000, "owners": ["*"], "max_ports": 5000}]`
+	for _, tc := range []struct {
+		name   string
+		policy string
+		who    control.Principal
+		want   int
+	}{
+		{"unsaid", `{` + rules + `}`, nobody, control.DefaultMaxPorts},
+		{"the policy's", `{"max_ports": 16, ` + rules + `}`, nobody, 16},
+		{"none, written", `{"max_ports": 0, ` + rules + `}`, nobody, 0},
+		{"a rule's over the policy's", `{"max_ports": 16, ` + rules + `}`, orchestrator, 5000},
+		{"root", `{"max_ports": 16, ` + rules + `}`, root, 0},
+		{"root, by a rule", `{"principals": [{"uid": 0, "owners": ["*"], "max_ports": 3}]}`, root, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := control.ParsePolicy(strings.NewReader(tc.policy))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.Grant(tc.who).MaxPorts; got != tc.want {
+				t.Errorf("MaxPorts of %s = %d, want %d", tc.who, got, tc.want)
+			}
+		})
 	}
 }
 

@@ -37,9 +37,13 @@ import (
 // namespaces and the machine's own forwarding is never touched.
 
 // spoofEnv makes the test binary an attacker inside a slot:
-// "udp|SRC|DST|PAYLOAD|N" sends N raw IPv4 datagrams from SRC to DST;
-// "tap|SRC|DST|PAYLOAD|N|SRCMAC|DSTMAC" writes them as Ethernet frames on
-// the slot's tap0, as its guest. It exits 0 once all were sent.
+// "MODE|SRC|DST|PAYLOAD|N" sends N IPv4 datagrams from SRC (a comma list:
+// taken in turn) to DST, as MODE says (spoofSender): "udp" on a raw socket,
+// one every 10 ms; "flood" the same, as fast as it can; "tap|…|SRCMAC|DSTMAC"
+// as Ethernet frames on the slot's tap0, as its guest; "eth|…|DSTMAC" as
+// frames on its eth0 (an AF_PACKET socket: past the slot's own routes);
+// "arp" as ARP requests on eth0 asking for DST on behalf of SRC. It exits
+// 0 once all were sent.
 const spoofEnv = "PHASEGATE_TEST_SPOOF"
 
 func init() {
@@ -51,37 +55,80 @@ func init() {
 func spoof(spec string) int {
 	f := strings.Split(spec, "|")
 	if len(f) < 5 {
-		fmt.Fprintf(os.Stderr, "%s=%q: want udp|SRC|DST|PAYLOAD|N or tap|…|SRCMAC|DSTMAC\n", spoofEnv, spec)
+		fmt.Fprintf(os.Stderr, "%s=%q: want MODE|SRC|DST|PAYLOAD|N[|MAC…]\n", spoofEnv, spec)
 		return 2
 	}
-	src, err1 := netip.ParseAddrPort(f[1])
+	var srcs []netip.AddrPort
+	errs := []error{}
+	for _, s := range strings.Split(f[1], ",") {
+		src, err := netip.ParseAddrPort(s)
+		srcs, errs = append(srcs, src), append(errs, err)
+	}
 	dst, err2 := netip.ParseAddrPort(f[2])
 	n, err3 := strconv.Atoi(f[4])
-	if err := firstErr(err1, err2, err3); err != nil {
+	send, done, err4 := spoofSender(f)
+	if err := firstErr(append(errs, err2, err3, err4)...); err != nil {
 		fmt.Fprintln(os.Stderr, "spoof:", err)
 		return 2
 	}
-	packet := rawip.UDP(src, dst, []byte(f[3]))
-	send := rawip.Send
-	if f[0] == "tap" {
-		smac, err1 := net.ParseMAC(f[5])
-		dmac, err2 := net.ParseMAC(f[6])
-		tap, err3 := rawip.OpenTap("tap0")
-		if err := firstErr(err1, err2, err3); err != nil {
+	defer done()
+	for k := range n {
+		if err := send(srcs[k%len(srcs)], dst, []byte(f[3])); err != nil {
 			fmt.Fprintln(os.Stderr, "spoof:", err)
 			return 1
 		}
-		defer tap.Close()
-		send = func(p []byte) error { return tap.Write(rawip.Ethernet(smac, dmac, p)) }
-	}
-	for range n {
-		if err := send(packet); err != nil {
-			fmt.Fprintln(os.Stderr, "spoof:", err)
-			return 1
+		if f[0] != "flood" {
+			time.Sleep(10 * time.Millisecond)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	return 0
+}
+
+// spoofSender is how spoof's MODE (f[0]) puts a datagram from src to dst
+// on the wire, and what to close after.
+func spoofSender(f []string) (send func(src, dst netip.AddrPort, payload []byte) error, done func(), err error) {
+	mac := func(k int) (net.HardwareAddr, error) {
+		if len(f) <= k {
+			return nil, fmt.Errorf("mode %s: want a MAC address in field %d", f[0], k+1)
+		}
+		return net.ParseMAC(f[k])
+	}
+	nothing := func() {}
+	switch f[0] {
+	case "udp", "flood":
+		return func(src, dst netip.AddrPort, p []byte) error { return rawip.Send(rawip.UDP(src, dst, p)) }, nothing, nil
+	case "tap":
+		smac, err1 := mac(5)
+		dmac, err2 := mac(6)
+		if err := firstErr(err1, err2); err != nil {
+			return nil, nil, err
+		}
+		tap, err := rawip.OpenTap("tap0")
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(src, dst netip.AddrPort, p []byte) error {
+			return tap.Write(rawip.Ethernet(smac, dmac, rawip.UDP(src, dst, p)))
+		}, func() { tap.Close() }, nil
+	case "eth", "arp":
+		eth0, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return nil, nil, err
+		}
+		if f[0] == "arp" {
+			return func(src, dst netip.AddrPort, _ []byte) error {
+				return rawip.SendFrame("eth0", rawip.ARPRequest(eth0.HardwareAddr, src.Addr(), dst.Addr()))
+			}, nothing, nil
+		}
+		dmac, err := mac(5)
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(src, dst netip.AddrPort, p []byte) error {
+			return rawip.SendFrame("eth0", rawip.Ethernet(eth0.HardwareAddr, dmac, rawip.UDP(src, dst, p)))
+		}, nothing, nil
+	}
+	return nil, nil, fmt.Errorf("mode %q: want udp, flood, tap, eth or arp", f[0])
 }
 
 func firstErr(errs ...error) error {

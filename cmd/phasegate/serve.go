@@ -259,6 +259,7 @@ type resolvedConfig struct {
 	ControlGID      int     `json:"control_gid"`
 	ControlRules    int     `json:"control_rules"`
 	MaxLeases       int     `json:"max_leases"`
+	MaxPorts        int     `json:"max_ports"`
 	ControlRate     float64 `json:"control_rate"`
 	Lock            string  `json:"lock"`
 	NetnsDir        string  `json:"netns_dir"`
@@ -311,7 +312,7 @@ func checkConfig(ctx context.Context, e env, cfg phases.Config) int {
 		Listen: cfg.Listen, TLS: cfg.TLS != nil, ClientCerts: cfg.RequireClientCert,
 		StateDir: cfg.StateDir, Lock: lock,
 		ControlSocket: cfg.ControlSocket(), ControlGID: cfg.Control.GID,
-		ControlRules: len(cfg.Control.Policy.Rules), MaxLeases: cfg.ControlPolicy().Quota(), ControlRate: cfg.Control.Policy.Rate, NetnsDir: cfg.Slots.NetnsDir, Prefix: cfg.Slots.Prefix,
+		ControlRules: len(cfg.Control.Policy.Rules), MaxLeases: cfg.ControlPolicy().Quota(), MaxPorts: cfg.ControlPolicy().PortQuota(), ControlRate: cfg.Control.Policy.Rate, NetnsDir: cfg.Slots.NetnsDir, Prefix: cfg.Slots.Prefix,
 		Slots: cfg.Slots.Slots, SlotCIDR: cfg.Slots.CIDR.String(),
 		PoolSize: cfg.PoolSize, PoolMinReady: cfg.PoolMinReady,
 		StartTimeout: cfg.StartTimeout.String(), PopulateTimeout: cfg.PopulateTimeout.String(),

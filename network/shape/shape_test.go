@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/phasegate/phasegate/internal/iperf"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/shape"
 	"github.com/phasegate/phasegate/network/slot"
@@ -32,7 +33,7 @@ func directions() []direction {
 // measure is d's TCP throughput on the wire, for dur.
 func measure(t *testing.T, s *slot.Slot, d direction, dur time.Duration) float64 {
 	t.Helper()
-	got := nettest.Throughput(t, s.NetnsPath, s.InsideAddr.Addr(), dur, !d.into)
+	got := iperf.Throughput(t, "", s.NetnsPath, s.InsideAddr.Addr(), dur, !d.into)
 	t.Logf("%s: %.2f Mbit/s on the wire", d.name, got/1e6)
 	return got
 }

@@ -163,7 +163,7 @@ func (s *Service) acquire(ctx context.Context, c control.Caller, req Request) (A
 	// carries; the ports after it too: that end is the one the host's
 	// connections to 127.0.0.1 leave by (route_localnet).
 	rec := newRecord(sl, req, principal, time.Now())
-	if err := s.publish(ctx, sl.Index, sl.HostIf, rec.LeaseID, nil, req.Ports); err != nil {
+	if err := s.publish(ctx, sl.Index, sl.HostIf, rec.LeaseID, portQuota{principal, c.Grant.MaxPorts}, nil, req.Ports); err != nil {
 		s.dropUnleased(ctx, sl, made, pol != nil, bw != nil)
 		return Acquired{}, err
 	}

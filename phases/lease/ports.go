@@ -36,15 +36,47 @@ func (s *Service) slotAddr(i int) netip.Addr {
 	return in.Addr()
 }
 
+// portQuota is the principal a lease's published ports are counted
+// against, and how many host ports that principal's leases may publish
+// at once (the caller's control.Grant.MaxPorts; 0: no limit).
+type portQuota struct {
+	principal string
+	max       int
+}
+
+// checkPortQuota refuses ms in place of old for lease leaseID when, with
+// what q's principal's other leases publish, they would take more than
+// q.max host ports; a change that adds none is never refused. portsMu is
+// held.
+func (s *Service) checkPortQuota(q portQuota, leaseID string, old, ms []ports.Mapping) error {
+	if q.max <= 0 || len(ms) <= len(old) {
+		return nil
+	}
+	n := len(ms)
+	for id, p := range s.portsBy {
+		if p == q.principal && id != leaseID {
+			n += len(s.owners.Of(id))
+		}
+	}
+	if n > q.max {
+		return Errorf(ErrExhausted, "%s's leases would publish %d host ports, its quota is %d (max_ports in the control policy; unless it says, %d): withdraw some first",
+			q.principal, n, q.max, control.DefaultMaxPorts)
+	}
+	return nil
+}
+
 // publish makes ms the published ports of lease leaseID of slot i, whose
-// host end is hostIf, in place of old: claimed, then written. A refusal
-// changes nothing.
-func (s *Service) publish(ctx context.Context, i int, hostIf, leaseID string, old, ms []ports.Mapping) error {
+// host end is hostIf, in place of old: counted against q, claimed, then
+// written. A refusal changes nothing.
+func (s *Service) publish(ctx context.Context, i int, hostIf, leaseID string, q portQuota, old, ms []ports.Mapping) error {
 	if len(old) == 0 && len(ms) == 0 {
 		return nil
 	}
 	s.portsMu.Lock()
 	defer s.portsMu.Unlock()
+	if err := s.checkPortQuota(q, leaseID, old, ms); err != nil {
+		return err
+	}
 	to := s.slotAddr(i)
 	if err := s.owners.Claim(leaseID, to, ms); err != nil {
 		return portsError(i, err)
@@ -56,6 +88,10 @@ func (s *Service) publish(ctx context.Context, i int, hostIf, leaseID string, ol
 			s.log.Warn("published ports: a change failed and the old mappings could not be put back; the reconciler does", "slot", i, "error", perr)
 		}
 		return portsError(i, err)
+	}
+	s.portsBy[leaseID] = q.principal
+	if len(ms) == 0 {
+		delete(s.portsBy, leaseID)
 	}
 	return nil
 }
@@ -71,6 +107,7 @@ func (s *Service) withdraw(ctx context.Context, i int, leaseID string, old []por
 	s.portsMu.Lock()
 	defer s.portsMu.Unlock()
 	s.owners.Drop(leaseID)
+	delete(s.portsBy, leaseID)
 	if err := s.mgr.Ports().Set(context.WithoutCancel(ctx), "", s.slotAddr(i), old, nil); err != nil {
 		s.log.Warn("published ports of an ended lease could not be withdrawn; the reconciler does", "slot", i, "error", err)
 	}
@@ -109,13 +146,13 @@ func (s *Service) SetPorts(ctx context.Context, c control.Caller, i int, leaseID
 		return Lease{}, err
 	}
 	old, sl := cur.Rec.Ports, cur.Slot
-	if err := s.publish(ctx, i, sl.HostIf, leaseID, old, ms); err != nil {
+	if err := s.publish(ctx, i, sl.HostIf, leaseID, portQuota{cur.Rec.Principal, c.Grant.MaxPorts}, old, ms); err != nil {
 		return Lease{}, err
 	}
 	rec, err := s.updateLease(ctx, i, leaseID, func(r *leases.Record) { r.Ports = ms })
 	if err != nil {
 		// The record keeps the old mappings: so must the table.
-		if perr := s.publish(ctx, i, sl.HostIf, leaseID, ms, old); perr != nil {
+		if perr := s.publish(ctx, i, sl.HostIf, leaseID, portQuota{principal: cur.Rec.Principal}, ms, old); perr != nil {
 			s.log.Error("published ports: a change was not recorded and the recorded mappings could not be put back", "slot", i, "error", perr)
 		}
 		return Lease{}, leaseError(i, err)
@@ -155,5 +192,8 @@ func (s *Service) portsRelinked(ctx context.Context, i int, hostIf string, ms []
 func (s *Service) loadPorts() {
 	for _, l := range s.table.copies() {
 		s.owners.Load(l.Rec.LeaseID, s.slotAddr(l.Rec.Index), l.Rec.Ports)
+		if len(l.Rec.Ports) > 0 {
+			s.portsBy[l.Rec.LeaseID] = l.Rec.Principal
+		}
 	}
 }

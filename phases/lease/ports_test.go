@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/phasegate/phasegate/control"
 	"github.com/phasegate/phasegate/network/ports"
 	"github.com/phasegate/phasegate/phases/internal/leasetest"
 )
@@ -92,5 +93,54 @@ func TestPublishedPortsFollowTheLease(t *testing.T) {
 	}
 	if got := r.svc.owners.Of(id); len(got) != 0 {
 		t.Fatalf("after Release the lease still owns %v", got)
+	}
+}
+
+// A principal's leases publish at most its quota of host ports
+// (max_ports), counted over all of them: more is refused as ErrExhausted
+// with nothing changed, at Acquire and at SetPorts; a change that adds
+// none is taken; root's and another principal's ports count against
+// neither; a released lease gives its ports back.
+func TestPublishedPortsWithinThePrincipalsQuota(t *testing.T) {
+	r := newRig(t, 4, 1)
+	ctx := context.Background()
+	two := 2
+	p := leasetest.PolicyOf(t, 0, "uid:65534=m-*", "uid:1001=a-*")
+	p.MaxPorts = &two
+	mallet, alice, root := leasetest.CallerOf(leasetest.Mallet, p), leasetest.CallerOf(leasetest.Alice, p), leasetest.CallerOf(leasetest.Root, nil)
+	port := func(n uint16) ports.Mapping {
+		return ports.Mapping{HostPort: 47820 + n, SlotPort: 80, Protocol: ports.TCP}
+	}
+	acquire := func(c control.Caller, owner string, ms ...ports.Mapping) (Acquired, error) {
+		return r.svc.Acquire(ctx, c, Request{Owner: owner, RequestID: owner, Ports: ms})
+	}
+	m1, err := acquire(mallet, "m-1", port(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acquire(root, "r", port(1), port(2), port(3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acquire(alice, "a-1", port(4), port(5)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acquire(mallet, "m-2", port(6), port(7)); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("a second lease taking mallet to 3 host ports of 2: %v, want %v", err, ErrExhausted)
+	}
+	i, id := m1.Lease.Rec.Index, m1.Lease.Rec.LeaseID
+	if _, err := r.svc.SetPorts(ctx, mallet, i, id, []ports.Mapping{port(0), port(6), port(7)}); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("SetPorts to 3 host ports of 2: %v, want %v", err, ErrExhausted)
+	}
+	if got := r.entries(t); len(got) != 6 {
+		t.Fatalf("after the refusals the maps hold %d elements, want 6: %v", len(got), got)
+	}
+	if _, err := r.svc.SetPorts(ctx, mallet, i, id, []ports.Mapping{port(0), port(6)}); err != nil {
+		t.Fatalf("SetPorts to 2 host ports of 2: %v", err)
+	}
+	if err := r.svc.Release(ctx, mallet, i, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acquire(mallet, "m-3", port(6), port(7)); err != nil {
+		t.Fatalf("2 host ports of 2 once the first lease is released: %v", err)
 	}
 }

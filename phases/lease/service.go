@@ -100,9 +100,12 @@ type Service struct {
 	table *Table
 
 	// owners are the host ports the leases publish (ports.go); portsMu
-	// orders their changes with the elements' writes and a Sync.
+	// orders their changes with the elements' writes and a Sync, and
+	// guards portsBy, the principal each publishing lease's ports are
+	// counted against (by lease id: a lease not yet in the table too).
 	owners  *ports.Owners
 	portsMu sync.Mutex
+	portsBy map[string]string
 
 	// held are the daemon's held slots: a lost lease's index held keeps
 	// what is there when the lease ends (nil: none is ever held).
@@ -176,7 +179,7 @@ func New(m *slot.Manager, pl *pool.Pool, o Options) *Service {
 	s := &Service{cfg: cfg, pool: pl, mgr: m, records: o.Records, log: o.Log, audit: o.Log.With("audit", true),
 		breaks: &breaks{health: o.Health}, tracer: o.Tracer, events: o.Events, restore: o.Restore, impaired: o.Impaired,
 		egress: m.EgressDefaults(), policyMu: make([]sync.Mutex, cfg.Slots+1), table: o.Table, held: o.Held, teardown: o.Teardown, tornDown: o.TornDown,
-		owners: ports.NewOwners(m.Firewall().NetNS())}
+		owners: ports.NewOwners(m.Firewall().NetNS()), portsBy: map[string]string{}}
 	s.loadPorts()
 	return s
 }
