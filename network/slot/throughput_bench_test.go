@@ -10,6 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/internal/iperf"
 	"github.com/phasegate/phasegate/network/egress"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
@@ -41,7 +42,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.Run(way.name+"/"+to.name, func(b *testing.B) {
 				var sum float64
 				for b.Loop() {
-					sum += nettest.Throughput(b, to.s.NetnsPath, to.s.InsideAddr.Addr(), 2*time.Second, way.out)
+					sum += iperf.Throughput(b, "", to.s.NetnsPath, to.s.InsideAddr.Addr(), 2*time.Second, way.out)
 				}
 				b.ReportMetric(sum/float64(b.N)/1e6, "Mbit/s")
 			})
