@@ -81,6 +81,8 @@ const (
 	commentSpoofed    = "spoofed"
 	commentLinkLocal  = "link-local"
 	commentLoopback   = "to-loopback"
+	commentRouter6    = "ra-redirect"
+	commentOutside6   = "ipv6-outside"
 )
 
 // LinkLocal is dropped from every slot unless the daemon always allows it
@@ -154,6 +156,14 @@ func WithSlotNetwork(cidr netip.Prefix) Option {
 	return func(t *Table) { t.slotNet = cidr.Masked() }
 }
 
+// WithSlotNetwork6 names the IPv6 network the slots' /127s are cut from
+// (dual-stack slots): a slot's IPv6 reaches its own gateway and, as the
+// isolation allows, other slots, and nothing beyond (rules6). Without it
+// every IPv6 packet a slot sends is dropped.
+func WithSlotNetwork6(cidr netip.Prefix) Option {
+	return func(t *Table) { t.slotNet6 = cidr.Masked() }
+}
+
 // WithNetNS makes the Table work in the network namespace bound at path
 // (a netns file, or /proc/<pid>/ns/net) instead of the caller's. The path is
 // opened for each transaction and closed after it.
@@ -169,6 +179,7 @@ type Table struct {
 	isolation Isolation
 	egress    egress.Defaults
 	slotNet   netip.Prefix
+	slotNet6  netip.Prefix // WithSlotNetwork6; invalid: the slots have no IPv6
 	netns     string
 	stamp     string // WithStamp: the slots made under it are in its stamp set
 	changes   group  // the policy changes committed together
@@ -377,6 +388,12 @@ type Drops struct {
 	LinkLocal uint64
 	// Loopback: sent by a slot to 127.0.0.0/8.
 	Loopback uint64
+	// Router6: ICMPv6 router advertisements and redirects sent by a
+	// slot.
+	Router6 uint64
+	// Outside6: IPv6 sent by a slot beyond the slots' IPv6 network (all
+	// of its IPv6 when the slots have none).
+	Outside6 uint64
 }
 
 // Drops reads the counters of the table's drop rules.
@@ -395,7 +412,7 @@ func (t *Table) Drops(ctx context.Context) (Drops, error) {
 			}
 		}
 		if c := d.counterOf(comment); c != nil {
-			*c = n
+			*c += n // two rules count into Router6
 		}
 	}
 	return d, nil
@@ -409,7 +426,8 @@ func (d *Drops) counterOf(comment string) *uint64 {
 		comment string
 		n       *uint64
 	}{{commentSlotToSlot, &d.SlotToSlot}, {commentInbound, &d.Inbound}, {commentToHost, &d.ToHost},
-		{commentSpoofed, &d.Spoofed}, {commentLinkLocal, &d.LinkLocal}, {commentLoopback, &d.Loopback}}
+		{commentSpoofed, &d.Spoofed}, {commentLinkLocal, &d.LinkLocal}, {commentLoopback, &d.Loopback},
+		{commentRouter6, &d.Router6}, {commentOutside6, &d.Outside6}}
 	for _, f := range fields {
 		if f.comment == comment {
 			return f.n

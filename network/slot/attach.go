@@ -200,7 +200,7 @@ func (m *Manager) pairInto(s *Slot, nsFD int, to *netlink.Handle, ifname string)
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil {
 		return nil, fmt.Errorf("address %s on %s: %w", s.HostAddr, s.HostIf, err)
 	}
-	if err := settleHostEnd(s.HostIf, idx); err != nil {
+	if err := settleHostEnd(s.HostIf, idx, false); err != nil {
 		return nil, err
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
