@@ -70,6 +70,7 @@ const (
 	SetHostUDP     = "host_udp"
 	SetAlwaysAllow = "egress_always_allow"
 	SetAlwaysDeny  = "egress_always_deny"
+	SetAlwaysDeny6 = "egress_always_deny6"
 	MapEgress      = "egress_policy"
 )
 
@@ -82,7 +83,6 @@ const (
 	commentLinkLocal  = "link-local"
 	commentLoopback   = "to-loopback"
 	commentRouter6    = "ra-redirect"
-	commentOutside6   = "ipv6-outside"
 )
 
 // LinkLocal is dropped from every slot unless the daemon always allows it
@@ -145,6 +145,7 @@ func WithIsolation(p Isolation) Option {
 func WithEgress(d egress.Defaults) Option {
 	return func(t *Table) {
 		t.egress = egress.Defaults{AlwaysAllow: slices.Clone(d.AlwaysAllow), AlwaysDeny: slices.Clone(d.AlwaysDeny), ProxyPort: d.ProxyPort}
+		// IPv6: the table's own (WithSlotNetwork6), set by New.
 	}
 }
 
@@ -157,9 +158,10 @@ func WithSlotNetwork(cidr netip.Prefix) Option {
 }
 
 // WithSlotNetwork6 names the IPv6 network the slots' /127s are cut from
-// (dual-stack slots): a slot's IPv6 reaches its own gateway and, as the
-// isolation allows, other slots, and nothing beyond (rules6). Without it
-// every IPv6 packet a slot sends is dropped.
+// (dual-stack slots): the table then polices their IPv6 as their IPv4
+// (rules6), the egress policies' IPv6 CIDRs included. Without it every
+// IPv6 packet a slot sends is dropped, and a policy with an IPv6 CIDR is
+// refused (egress.Defaults.Admit).
 func WithSlotNetwork6(cidr netip.Prefix) Option {
 	return func(t *Table) { t.slotNet6 = cidr.Masked() }
 }
@@ -201,6 +203,8 @@ func New(name string, opts ...Option) (*Table, error) {
 	if err := t.isolation.Validate(); err != nil {
 		return nil, err
 	}
+	t.egress.IPv6 = t.slotNet6.IsValid()
+
 	if t.stamp != "" && !validStamp(t.stamp) {
 		return nil, fmt.Errorf("nft: stamp %q: 1 to 64 letters, digits and underscores", t.stamp)
 	}
@@ -248,6 +252,12 @@ func (t *Table) portSet(name string, id uint32) *nftables.Set {
 // addrSet is an interval set of IPv4 addresses (the egress defaults').
 func (t *Table) addrSet(name string, id uint32) *nftables.Set {
 	return &nftables.Set{Table: t.table(), Name: name, ID: id, KeyType: nftables.TypeIPAddr, Interval: true}
+}
+
+// addrSet6 is an interval set of IPv6 addresses (the always-denied set's
+// IPv6 ranges).
+func (t *Table) addrSet6(name string, id uint32) *nftables.Set {
+	return &nftables.Set{Table: t.table(), Name: name, ID: id, KeyType: nftables.TypeIP6Addr, Interval: true}
 }
 
 // egressMap maps a slot's host interface to a jump to its egress chain.
@@ -391,9 +401,6 @@ type Drops struct {
 	// Router6: ICMPv6 router advertisements and redirects sent by a
 	// slot.
 	Router6 uint64
-	// Outside6: IPv6 sent by a slot beyond the slots' IPv6 network (all
-	// of its IPv6 when the slots have none).
-	Outside6 uint64
 }
 
 // Drops reads the counters of the table's drop rules.
@@ -412,7 +419,7 @@ func (t *Table) Drops(ctx context.Context) (Drops, error) {
 			}
 		}
 		if c := d.counterOf(comment); c != nil {
-			*c += n // two rules count into Router6
+			*c += n // two rules count into Router6, two into LinkLocal
 		}
 	}
 	return d, nil
@@ -427,7 +434,7 @@ func (d *Drops) counterOf(comment string) *uint64 {
 		n       *uint64
 	}{{commentSlotToSlot, &d.SlotToSlot}, {commentInbound, &d.Inbound}, {commentToHost, &d.ToHost},
 		{commentSpoofed, &d.Spoofed}, {commentLinkLocal, &d.LinkLocal}, {commentLoopback, &d.Loopback},
-		{commentRouter6, &d.Router6}, {commentOutside6, &d.Outside6}}
+		{commentRouter6, &d.Router6}}
 	for _, f := range fields {
 		if f.comment == comment {
 			return f.n

@@ -120,8 +120,9 @@ func (t *Table) layout() string {
 	ports := func(ps []uint16) []uint16 { return slices.Compact(slices.Sorted(slices.Values(ps))) }
 	fmt.Fprintf(h, "v%d %d slot-to-slot %t tcp %v udp %v net %s net6 %s\n", rulesVersion, FixedRules,
 		t.isolation.AllowSlotToSlot, ports(t.isolation.HostTCPPorts), ports(t.isolation.HostUDPPorts), t.slotNet, t.slotNet6)
-	for _, l := range [][]netip.Prefix{t.egress.AlwaysAllow, t.egress.AlwaysDeny} {
-		for _, e := range nftexpr.IntervalElements(l) {
+	for _, els := range [][]nftables.SetElement{nftexpr.IntervalElements(t.egress.AlwaysAllow),
+		nftexpr.IntervalElements(t.egress.AlwaysDeny), nftexpr.IntervalElements6(t.egress.AlwaysDeny)} {
+		for _, e := range els {
 			fmt.Fprintf(h, "%x %t,", e.Key, e.IntervalEnd)
 		}
 		fmt.Fprintln(h)
@@ -195,6 +196,7 @@ func (t *Table) writeFixedSets(c *nftables.Conn) (fixedSets, error) {
 		{s.udp, ports[1]},
 		{s.alwaysAllow, nftexpr.IntervalElements(t.egress.AlwaysAllow)},
 		{t.addrSet(SetAlwaysDeny, 5), nftexpr.IntervalElements(t.egress.AlwaysDeny)},
+		{t.addrSet6(SetAlwaysDeny6, 8), nftexpr.IntervalElements6(t.egress.AlwaysDeny)},
 	} {
 		if err := c.AddSet(w.set, nil); err != nil {
 			return s, fmt.Errorf("nft: add set %s: %w", w.set.Name, err)

@@ -38,10 +38,11 @@ type fixed6 struct{ egressFirst, egressLast, input []*nftables.Rule }
 //     accepted before the lease's policy, as ARP is, which nftables' inet
 //     family never sees: under DenyAll the host must still find the
 //     slot's address;
-//   - chain egress, last: IPv6 to anything beyond the slots' IPv6 network
-//     (WithSlotNetwork6) is dropped and counted: the egress policy and
-//     its defaults speak IPv4, so nothing but the slots' own network,
-//     whose isolation rules are family-blind, is open over IPv6;
+//   - chain egress, last: IPv6 to a link-local destination (fe80::/10) is
+//     dropped and counted, as IPv4's is (linkLocal6); the lease's egress
+//     policy, between the two (the egress map), has IPv6 rules of its
+//     own (egressRules: its IPv6 CIDRs and the always-denied set's IPv6
+//     ranges, SetAlwaysDeny6);
 //   - chain input: neighbour discovery as above, and an echo request to
 //     the slot's own gateway, as IPv4's.
 //
@@ -77,9 +78,7 @@ func (t *Table) rules6(iifSlot []expr.Any, rule func(chain, comment string, part
 			rule(ChainEgress, commentRouter6, iifSlot, ipv6(), icmp6Type(icmp6Redirect), v(&expr.Counter{}, drop)),
 			rule(ChainEgress, "", iifSlot, ndp, v(accept)),
 		},
-		egressLast: []*nftables.Rule{
-			rule(ChainEgress, commentOutside6, iifSlot, daddrOutside6(t.slotNet6), v(&expr.Counter{}, drop)),
-		},
+		egressLast: []*nftables.Rule{t.linkLocal6(iifSlot, rule)},
 		input: []*nftables.Rule{
 			rule(ChainInput, "", iifSlot, ndp, v(accept)),
 			rule(ChainInput, "", iifSlot, ipv6(), icmp6Type(icmp6EchoRequest), ownGateway(), v(accept)),
@@ -92,21 +91,40 @@ func ipv6() []expr.Any {
 	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}}}
 }
 
-// daddrOutside6 matches an IPv6 packet whose destination is not in p;
-// every IPv6 packet when p is not a valid IPv6 prefix.
-func daddrOutside6(p netip.Prefix) []expr.Any {
-	e := ipv6()
-	if !p.IsValid() || !p.Addr().Is6() {
-		return e
+// linkLocal6 is chain egress's last rule: a slot's IPv6 to fe80::/10
+// dropped and counted (as link-local) whatever its policy, unless
+// forwarded by a rule before it (a policy's Allow); for a table whose
+// slots have no IPv6 (no WithSlotNetwork6), whose host ends take none,
+// every IPv6 packet, uncounted.
+func (t *Table) linkLocal6(iifSlot []expr.Any, rule func(chain, comment string, parts ...[]expr.Any) *nftables.Rule) *nftables.Rule {
+	drop := &expr.Verdict{Kind: expr.VerdictDrop}
+	if !t.slotNet6.IsValid() {
+		return rule(ChainEgress, "", iifSlot, ipv6(), []expr.Any{drop})
 	}
+	return rule(ChainEgress, commentLinkLocal, iifSlot, daddrInPrefix6(linkLocal6), []expr.Any{&expr.Counter{}, drop})
+}
+
+// linkLocal6 is IPv6's link-local range.
+var linkLocal6 = netip.MustParsePrefix("fe80::/10")
+
+// daddrInPrefix6 matches an IPv6 destination in p.
+func daddrInPrefix6(p netip.Prefix) []expr.Any {
 	var mask [16]byte
 	for b := range p.Bits() {
 		mask[b/8] |= 0x80 >> (b % 8)
 	}
 	net := p.Masked().Addr().As16()
-	return append(e,
+	return append(ipv6(),
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ip6DaddrOffset, Len: 16},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 16, Mask: mask[:], Xor: make([]byte, 16)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: net[:]},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: net[:]},
+	)
+}
+
+// daddrIn6 matches an IPv6 destination in set.
+func daddrIn6(set *nftables.Set) []expr.Any {
+	return append(ipv6(),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ip6DaddrOffset, Len: 16},
+		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
 	)
 }

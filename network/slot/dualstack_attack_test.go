@@ -239,19 +239,6 @@ func TestDualStackNeighbourClaimChangesNothing(t *testing.T) {
 	}
 }
 
-// IPv6 to anything beyond the slots' network is dropped at the host and
-// counted: the egress policy speaks IPv4 only.
-func TestDualStackOutsideIsClosed(t *testing.T) {
-	d := newDual(t)
-	a := d.attacker
-	before := drops(t, d).Outside6
-	out := netip.AddrPortFrom(netip.MustParseAddr("2001:db8:7::1"), 9)
-	sendRaw6(t, a, rawip.UDP(netip.AddrPortFrom(a.InsideAddr6.Addr(), 40001), out, []byte("out")))
-	if after := drops(t, d).Outside6; after <= before {
-		t.Errorf("Outside6 = %d after a datagram to %s, %d before", after, out, before)
-	}
-}
-
 // RepairSettings puts back a dual-stack slot's IPv6 address and default
 // route a tenant deleted, names them, and leaves them alone otherwise.
 func TestRepairSettingsDualStack(t *testing.T) {

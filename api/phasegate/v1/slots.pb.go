@@ -596,7 +596,11 @@ func (x *Usage) GetDroppedPackets() uint64 {
 // the daemon's always-allowed set (accepted first) and always-denied set
 // (private, link-local and the host's own addresses; dropped unless
 // allowed here). Established and related traffic is always accepted.
-// CIDRs are IPv4 ("10.1.0.0/16", or an address alone for its /32).
+// CIDRs are IPv4 ("10.1.0.0/16", or an address alone for its /32), or,
+// on a daemon with IPv6 slots (--slot-cidr6), IPv6 ("2001:db8::/32", or an
+// address alone for its /128); an IPv6 CIDR is INVALID_ARGUMENT on a
+// daemon without. The always-denied set then holds IPv6's twins of its
+// ranges (unique local fc00::/7, link-local, multicast, …).
 type EgressPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Accepted, before deny and the daemon's always-denied set.
