@@ -142,3 +142,24 @@ func repair6(h *netlink.Handle, s *Slot) ([]string, error) {
 	}
 	return back, nil
 }
+
+// attach6 gives the container's end of a dual-stack slot's attachment
+// (in, handle to in the runtime's namespace, already up) the slot's
+// inside IPv6 address, without DAD, and the IPv6 default route via the
+// host end: the CNI result lists both families. A namespace whose IPv6 is
+// off (disable_ipv6) refuses the address, and the ADD fails saying so.
+// Nothing for a slot without IPv6.
+func attach6(to *netlink.Handle, in netlink.Link, s *Slot) error {
+	if !s.InsideAddr6.IsValid() {
+		return nil
+	}
+	name := in.Attrs().Name
+	if err := to.AddrReplace(in, &netlink.Addr{IPNet: ipNet(s.InsideAddr6), Flags: unix.IFA_F_NODAD}); err != nil {
+		return fmt.Errorf("address %s on %s (is IPv6 off in the namespace?): %w", s.InsideAddr6, name, err)
+	}
+	def := &netlink.Route{LinkIndex: in.Attrs().Index, Gw: s.HostAddr6.Addr().AsSlice(), Family: netlink.FAMILY_V6}
+	if err := to.RouteReplace(def); err != nil {
+		return fmt.Errorf("IPv6 default route via %s on %s: %w", s.HostAddr6.Addr(), name, err)
+	}
+	return nil
+}

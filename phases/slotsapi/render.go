@@ -49,8 +49,7 @@ func (s *Server) describe(v lease.Slot, c control.Caller) *phasegatev1.Slot {
 		HostAddress:     sl.HostAddr.String(),
 		InsideAddress:   sl.InsideAddr.String(),
 	}
-	if sl.HostAddr6.IsValid() && (l == nil || l.Rec.Attachment == nil) {
-		// An attachment's (CNI's) host end has IPv4 only.
+	if sl.HostAddr6.IsValid() {
 		out.HostAddress6, out.InsideAddress6 = sl.HostAddr6.String(), sl.InsideAddr6.String()
 	}
 	if g := cfg.Guest; g.Enabled() {
