@@ -123,6 +123,17 @@ func (m *Manager) park(s *Slot, warm netlink.Link) (err error) {
 			}
 		}
 	}()
+	if err := dropHostAddr6(warm, s); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil && s.HostAddr6.IsValid() {
+			a6 := &netlink.Addr{IPNet: ipNet(s.HostAddr6), Flags: unix.IFA_F_NODAD}
+			if aerr := netlink.AddrAdd(warm, a6); aerr != nil && !errors.Is(aerr, unix.EEXIST) {
+				err = errors.Join(err, fmt.Errorf("put %s back on %s: %w", s.HostAddr6, s.HostIf, aerr))
+			}
+		}
+	}()
 	// A link is renamed only while down.
 	if err := netlink.LinkSetDown(warm); err != nil {
 		return fmt.Errorf("set %s down: %w", s.HostIf, err)
@@ -307,6 +318,9 @@ func (m *Manager) Unplug(ctx context.Context, s *Slot, nsFD int, ifname string) 
 	// route through it, and the kernel walks no table.
 	if err := netlink.AddrDel(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("slot %d: unplug: take %s off %s: %w", s.Index, s.HostAddr, s.HostIf, err)
+	}
+	if err := dropHostAddr6(host, s); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("slot %d: unplug: %w", s.Index, err)
 	}
 	if err := netlink.LinkSetDown(host); err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("slot %d: unplug: set %s down: %w", s.Index, s.HostIf, err)

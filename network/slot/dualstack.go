@@ -1,6 +1,7 @@
 package slot
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -160,6 +161,19 @@ func attach6(to *netlink.Handle, in netlink.Link, s *Slot) error {
 	def := &netlink.Route{LinkIndex: in.Attrs().Index, Gw: s.HostAddr6.Addr().AsSlice(), Family: netlink.FAMILY_V6}
 	if err := to.RouteReplace(def); err != nil {
 		return fmt.Errorf("IPv6 default route via %s on %s: %w", s.HostAddr6.Addr(), name, err)
+	}
+	return nil
+}
+
+// dropHostAddr6 takes a dual-stack slot's host address off link (its
+// host end, to be parked or unplugged), as the IPv4 one is: the new host
+// end takes it. Already gone is not an error; nothing for a slot without.
+func dropHostAddr6(link netlink.Link, s *Slot) error {
+	if !s.HostAddr6.IsValid() {
+		return nil
+	}
+	if err := netlink.AddrDel(link, &netlink.Addr{IPNet: ipNet(s.HostAddr6)}); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		return fmt.Errorf("take %s off %s: %w", s.HostAddr6, s.HostIf, err)
 	}
 	return nil
 }

@@ -44,6 +44,13 @@ func TestAttachDualStack(t *testing.T) {
 	if _, err := m.Attached(s, fd, "eth0"); err != nil {
 		t.Errorf("Attached (CHECK) of the attachment as made: %v", err)
 	}
+	parked, err := netlink.LinkByName(m.cfg.ParkedIfName(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if as, err := netlink.AddrList(parked, netlink.FAMILY_V6); err != nil || len(as) != 0 {
+		t.Errorf("the parked host end keeps IPv6 addresses %v (%v)", as, err)
+	}
 	at := echoIn(t, path, s.InsideAddr6.Addr())
 	c, err := net.DialTimeout("tcp", at.String(), 5*time.Second)
 	if err != nil {
