@@ -127,7 +127,11 @@ func TestDualStackEgressPolicy(t *testing.T) {
 			at   netip.AddrPort
 			want bool
 		}{{global, tc.wantGlobal}, {local, tc.wantLocal}} {
-			err := in(t, s, func() error { return dialOnce(c.at) })
+			wait := refusedAfter
+			if c.want {
+				wait = reachWithin
+			}
+			err := in(t, s, func() error { return dialWithin(c.at, wait) })
 			if (err == nil) != c.want {
 				t.Errorf("%s: slot to %s: %v, want reached %t", tc.name, c.at, err, c.want)
 			}

@@ -102,6 +102,20 @@ func handle6(t *testing.T, s *slot.Slot) *netlink.Handle {
 	return h
 }
 
+// whole is what dump reads once a read is not interrupted by a change of
+// the host's links (other tests' come and go): a hundred tries at most.
+func whole[T any](t *testing.T, dump func() (T, error)) T {
+	t.Helper()
+	v, err := dump()
+	for try := 0; errors.Is(err, netlink.ErrDumpInterrupted) && try < 100; try++ {
+		v, err = dump()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // sysctl6 reads an IPv6 setting of a host link.
 func sysctl6(t *testing.T, link, key string) string {
 	t.Helper()
@@ -119,10 +133,7 @@ func addrs6(t *testing.T, h *netlink.Handle, link string) []netip.Prefix {
 	if err != nil {
 		t.Fatal(err)
 	}
-	as, err := h.AddrList(l, netlink.FAMILY_V6)
-	if err != nil {
-		t.Fatal(err)
-	}
+	as := whole(t, func() ([]netlink.Addr, error) { return h.AddrList(l, netlink.FAMILY_V6) })
 	var out []netip.Prefix
 	for _, a := range as {
 		ip, _ := netip.AddrFromSlice(a.IP)
@@ -172,10 +183,7 @@ func TestDualStackAddressing(t *testing.T) {
 
 func hasDefault6(t *testing.T, h *netlink.Handle, s *slot.Slot) bool {
 	t.Helper()
-	routes, err := h.RouteList(nil, netlink.FAMILY_V6)
-	if err != nil {
-		t.Fatal(err)
-	}
+	routes := whole(t, func() ([]netlink.Route, error) { return h.RouteList(nil, netlink.FAMILY_V6) })
 	return slices.ContainsFunc(routes, func(r netlink.Route) bool {
 		g, _ := netip.AddrFromSlice(r.Gw)
 		return (r.Dst == nil || r.Dst.String() == "::/0") && g == s.HostAddr6.Addr()
@@ -230,7 +238,7 @@ func TestDualStackReachAndIsolation(t *testing.T) {
 		t.Errorf("slot %d to its gateway %s over TCP: %v", a.Index, gw, err)
 	}
 	victimAt := serveIn(t, v, 7600)
-	if err := in(t, a, func() error { return dialOnce(victimAt) }); err == nil {
+	if err := in(t, a, func() error { return dialWithin(victimAt, refusedAfter) }); err == nil {
 		t.Errorf("slot %d reached slot %d's %s over IPv6", a.Index, v.Index, victimAt)
 	}
 	if err := dialOnce(victimAt); err != nil {
@@ -241,9 +249,20 @@ func TestDualStackReachAndIsolation(t *testing.T) {
 	}
 }
 
-// dialOnce opens a TCP connection to at within a second and closes it.
-func dialOnce(at netip.AddrPort) error {
-	c, err := net.DialTimeout("tcp", at.String(), time.Second)
+// Dial timeouts: what a loaded machine (two cores, other tests' links
+// by the thousand) needs to answer, and how long a test waits to call a
+// destination unreachable.
+const (
+	reachWithin  = 5 * time.Second
+	refusedAfter = 2 * time.Second
+)
+
+// dialOnce opens a TCP connection to at within reachWithin and closes it.
+func dialOnce(at netip.AddrPort) error { return dialWithin(at, reachWithin) }
+
+// dialWithin opens a TCP connection to at within d and closes it.
+func dialWithin(at netip.AddrPort, d time.Duration) error {
+	c, err := net.DialTimeout("tcp", at.String(), d)
 	if err != nil {
 		return err
 	}
