@@ -36,3 +36,29 @@ func TestAdmitIPv6(t *testing.T) {
 		}
 	}
 }
+
+// Narrow, whose sets are IPv4's, refuses to meet two policies when either
+// has an IPv6 CIDR rather than drop one side's; a network's policy alone
+// passes as it is.
+func TestNarrowRefusesIPv6(t *testing.T) {
+	d := egress.Defaults{AlwaysDeny: egress.DefaultAlwaysDeny, IPv6: true}
+	v4 := &egress.Policy{Deny: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
+	v6 := &egress.Policy{Deny: []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}}
+	for _, tc := range []struct {
+		name           string
+		ceiling, asked *egress.Policy
+		refused        bool
+	}{
+		{"an IPv6 network policy alone", v6, nil, false},
+		{"an IPv6 network policy and an IPv4 container's", v6, v4, true},
+		{"an IPv4 network policy and an IPv6 container's", v4, v6, true},
+	} {
+		got, err := egress.Narrow(tc.ceiling, tc.asked, d)
+		switch {
+		case tc.refused && !errors.Is(err, egress.ErrInvalid):
+			t.Errorf("%s: Narrow = %v, %v; want ErrInvalid", tc.name, got, err)
+		case !tc.refused && (err != nil || got != tc.ceiling):
+			t.Errorf("%s: Narrow = %v, %v; want the network's policy", tc.name, got, err)
+		}
+	}
+}
