@@ -93,7 +93,7 @@ func TestDualStackEgressPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	outNS := &slot.Slot{NetnsPath: env.Config.NetnsDir + "/" + env.Config.Prefix + "out"}
+	outNS := env.Config.NetnsDir + "/" + env.Config.Prefix + "out"
 	global := serveAt(t, outNS, netip.AddrPortFrom(out.global, 7700))
 	local := serveAt(t, outNS, netip.AddrPortFrom(out.local, 7700))
 	p := func(allow, deny []string, denyAll bool) *egress.Policy {
@@ -143,25 +143,4 @@ func TestDualStackEgressPolicy(t *testing.T) {
 	if dr, err := m.Firewall().Drops(context.Background()); err != nil || dr.Spoofed != 0 {
 		t.Errorf("Drops = %+v, %v: a slot's own traffic counted as spoofed", dr, err)
 	}
-}
-
-// serveAt accepts TCP connections at in the namespace of s until the
-// test ends.
-func serveAt(t *testing.T, s *slot.Slot, at netip.AddrPort) netip.AddrPort {
-	t.Helper()
-	var ln net.Listener
-	if err := in(t, s, func() (err error) { ln, err = net.Listen("tcp6", at.String()); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	return at
 }

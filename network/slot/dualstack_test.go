@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/phasegate/phasegate/network/internal/fakehost"
 	"github.com/phasegate/phasegate/network/internal/nettest"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
@@ -273,21 +274,18 @@ func dialWithin(at netip.AddrPort, d time.Duration) error {
 // port until the test ends, and returns where.
 func serveIn(t *testing.T, s *slot.Slot, port uint16) netip.AddrPort {
 	t.Helper()
-	at := netip.AddrPortFrom(s.InsideAddr6.Addr(), port)
+	return serveAt(t, s.NetnsPath, netip.AddrPortFrom(s.InsideAddr6.Addr(), port))
+}
+
+// serveAt accepts TCP connections at in the namespace at path until the
+// test ends, and returns where.
+func serveAt(t *testing.T, path string, at netip.AddrPort) netip.AddrPort {
+	t.Helper()
 	var ln net.Listener
-	if err := in(t, s, func() (err error) { ln, err = net.Listen("tcp6", at.String()); return err }); err != nil {
+	if err := in(t, &slot.Slot{NetnsPath: path}, func() (err error) { ln, err = net.Listen("tcp6", at.String()); return err }); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	fakehost.Serve(t, ln, func(c net.Conn) { c.Close() })
 	return at
 }
 
