@@ -83,3 +83,18 @@ func TestDualStackDaemon(t *testing.T) {
 		t.Errorf("exit %d after SIGTERM:\n%s", code, d.Output())
 	}
 }
+
+// A --slot-cidr6 that overlaps an address of the host not the daemon's own
+// slots' is refused at start: exit 2, in one line naming the flag and
+// what overlaps it, before anything is made.
+func TestDualStackCIDR6InUseExitsTwo(t *testing.T) {
+	h := newHost(t)
+	cidr6 := netip.MustParsePrefix(fmt.Sprintf("fd%02x:%x:%x:%x::/64", rand.IntN(256), rand.IntN(1<<16), rand.IntN(1<<16), rand.IntN(1<<16)))
+	link := h.prefix + "h0" // no slot's (index 0); the sweep removes it
+	run(t, "ip", "link", "add", link, "type", "veth", "peer", "name", link+"0")
+	run(t, "ip", "-6", "addr", "add", netip.PrefixFrom(cidr6.Addr().Next(), 64).String(), "dev", link, "nodad")
+	d := start(t, nil, h.args(freePort(t), "--slots=16", "--slot-cidr6="+cidr6.String())...)
+	if code := d.wait(time.Minute); code != 2 || !strings.Contains(d.Output(), "--slot-cidr6 "+cidr6.String()) || !strings.Contains(d.Output(), link) {
+		t.Errorf("exit %d, want 2 naming --slot-cidr6 %s and %s:\n%s", code, cidr6, link, d.Output())
+	}
+}
