@@ -23,7 +23,7 @@ import (
 // lease with its IPv6 as it was.
 func TestDualStackDaemon(t *testing.T) {
 	h := newHost(t)
-	cidr6 := netip.MustParsePrefix(fmt.Sprintf("fd%02x:%x:%x:%x::/64", rand.IntN(256), rand.IntN(1<<16), rand.IntN(1<<16), rand.IntN(1<<16)))
+	cidr6 := randomULA()
 	d := start(t, nil, h.args(freePort(t), "--slots=16", "--slot-cidr6="+cidr6.String())...)
 	d.waitServing(time.Minute)
 	c := d.slots()
@@ -89,7 +89,7 @@ func TestDualStackDaemon(t *testing.T) {
 // what overlaps it, before anything is made.
 func TestDualStackCIDR6InUseExitsTwo(t *testing.T) {
 	h := newHost(t)
-	cidr6 := netip.MustParsePrefix(fmt.Sprintf("fd%02x:%x:%x:%x::/64", rand.IntN(256), rand.IntN(1<<16), rand.IntN(1<<16), rand.IntN(1<<16)))
+	cidr6 := randomULA()
 	link := h.prefix + "h0" // no slot's (index 0); the sweep removes it
 	run(t, "ip", "link", "add", link, "type", "veth", "peer", "name", link+"0")
 	run(t, "ip", "-6", "addr", "add", netip.PrefixFrom(cidr6.Addr().Next(), 64).String(), "dev", link, "nodad")
@@ -97,4 +97,10 @@ func TestDualStackCIDR6InUseExitsTwo(t *testing.T) {
 	if code := d.wait(time.Minute); code != 2 || !strings.Contains(d.Output(), "--slot-cidr6 "+cidr6.String()) || !strings.Contains(d.Output(), link) {
 		t.Errorf("exit %d, want 2 naming --slot-cidr6 %s and %s:\n%s", code, cidr6, link, d.Output())
 	}
+}
+
+// randomULA is a /64 of the unique local range (fd00::/8, 56 random bits)
+// for a test's --slot-cidr6.
+func randomULA() netip.Prefix {
+	return netip.MustParsePrefix(fmt.Sprintf("fd%02x:%x:%x:%x::/64", rand.IntN(256), rand.IntN(1<<16), rand.IntN(1<<16), rand.IntN(1<<16)))
 }
