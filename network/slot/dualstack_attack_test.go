@@ -192,9 +192,10 @@ func neighbourAdvert(target netip.Addr, mac net.HardwareAddr) []byte {
 }
 
 // A slot's root advertising the victim slot's IPv6 address as its own
-// (unsolicited, override, to all nodes and to its gateway) changes
-// nothing of the host's neighbour entry for the victim, which keeps
-// answering the host.
+// (unsolicited, override, to all nodes and to its gateway, from its own
+// address and from the victim's, which it put on its eth0) changes
+// nothing of the host's neighbour entry for the victim nor its route to
+// it, and the victim keeps answering the host.
 func TestDualStackNeighbourClaimChangesNothing(t *testing.T) {
 	d := newDual(t)
 	a, v := d.attacker, d.victim
@@ -219,15 +220,35 @@ func TestDualStackNeighbourClaimChangesNothing(t *testing.T) {
 	if victimMAC == nil {
 		t.Fatal("the host has no neighbour entry for the victim: the test cannot tell")
 	}
-	eth0, err := handle6(t, a).LinkByName("eth0")
+	routeTo := func() int {
+		rs, err := netlink.RouteGet(v.InsideAddr6.Addr().AsSlice())
+		if err != nil || len(rs) == 0 {
+			t.Fatalf("the host's route to the victim: %v %v", rs, err)
+		}
+		return rs[0].LinkIndex
+	}
+	victimRoute := routeTo()
+	h := handle6(t, a)
+	eth0, err := h.LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As its root can, the attacker also takes the victim's address
+	// itself and advertises it from there.
+	stolen := &netlink.Addr{IPNet: &net.IPNet{IP: v.InsideAddr6.Addr().AsSlice(), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD}
+	if err := h.AddrAdd(eth0, stolen); err != nil {
+		t.Fatal(err)
+	}
 	claim := neighbourAdvert(v.InsideAddr6.Addr(), eth0.Attrs().HardwareAddr)
-	for _, dst := range []netip.Addr{allNodes, a.HostAddr6.Addr()} {
-		sendICMP6(t, a, a.InsideAddr6.Addr(), dst, claim)
+	for _, from := range []netip.Addr{a.InsideAddr6.Addr(), v.InsideAddr6.Addr()} {
+		for _, dst := range []netip.Addr{allNodes, a.HostAddr6.Addr()} {
+			sendICMP6(t, a, from, dst, claim)
+		}
 	}
 	time.Sleep(200 * time.Millisecond)
+	if got := routeTo(); got != victimRoute {
+		t.Errorf("the host's route to the victim is through link %d, was %d", got, victimRoute)
+	}
 	if got := entry(v.HostIf); got.String() != victimMAC.String() {
 		t.Errorf("the host's entry for the victim %s is %s, was %s", v.InsideAddr6.Addr(), got, victimMAC)
 	}
