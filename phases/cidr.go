@@ -120,10 +120,30 @@ func (d *Daemon) checkHostCIDR() error {
 		return &cidrInUseError{What: "--slot-cidr " + d.cfg.Slots.CIDR.String(), Uses: uses,
 			Hint: "give this daemon a range nothing on the host uses (ip -4 addr; ip -4 route show table all)"}
 	}
+	if err := d.checkHostCIDR6(); err != nil {
+		return err
+	}
 	if guest := read.Guest; len(guest) > 0 {
 		r := d.cfg.Slots.Guest.Range().String()
 		return &cidrInUseError{What: "the guest network " + r + " (--slot-guest-addr)", Uses: guest,
 			Hint: "every slot repeats it inside, so the host must not have it: give another --slot-guest-addr, or move what the host has there (another daemon's --slot-cidr, say)"}
+	}
+	return nil
+}
+
+// checkHostCIDR6 refuses --slot-cidr6 when it overlaps an IPv6 address or
+// route of the host other than the daemon's own slots' (another daemon's
+// slots included: the CIDR lock is IPv4's), as checkHostCIDR does
+// --slot-cidr; nothing without it.
+func (d *Daemon) checkHostCIDR6() error {
+	uses, err := d.cfg.Slots.ForeignUses6()
+	if err != nil {
+		return fmt.Errorf("the host check of --slot-cidr6: %w", err)
+	}
+	if len(uses) > 0 {
+		d.host.checked = false
+		return &cidrInUseError{What: "--slot-cidr6 " + d.cfg.Slots.CIDR6.String(), Uses: uses,
+			Hint: "give this daemon an IPv6 range nothing on the host uses (ip -6 addr; ip -6 route show table all)"}
 	}
 	return nil
 }

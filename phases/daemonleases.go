@@ -70,6 +70,9 @@ func egressDefaults(cfg Config, host []netip.Prefix, read bool) (egress.Defaults
 	}
 	d.AlwaysAllow = slices.Clone(d.AlwaysAllow)
 	d.AlwaysDeny = append(append(slices.Clone(d.AlwaysDeny), cfg.Slots.CIDR), host...)
+	if d.IPv6 = cfg.Slots.CIDR6.IsValid(); d.IPv6 {
+		d.AlwaysDeny = append(d.AlwaysDeny, cfg.Slots.CIDR6) // as the IPv4 CIDR: denied whole
+	}
 	return d, nil
 }
 

@@ -87,19 +87,21 @@ func TestMessageBounds(t *testing.T) {
 
 // The largest request the daemon accepts fits the bound, and the bound is
 // no larger than such a request: an Acquire with the longest owner and
-// request id and the longest policy the service takes.
+// request id and the longest policy the service takes (IPv6 /128s written
+// in full, on a daemon with --slot-cidr6).
 func TestMaxSlotsRequestIsTheLargestValidAcquire(t *testing.T) {
 	entries := func(first int) []string {
-		var out []string
-		for c := 100; len(out) < egress.MaxEntries; c++ {
-			for d := 100; d <= 255 && len(out) < egress.MaxEntries; d++ {
-				out = append(out, fmt.Sprintf("%d.255.%d.%d/32", first, c, d))
-			}
+		out := make([]string, egress.MaxEntries)
+		for i := range out {
+			out[i] = fmt.Sprintf("ffff:ffff:ffff:ffff:ffff:ffff:%04x:%04x/128", first, 0x1000+i)
 		}
 		return out
 	}
-	pol := &phasegatev1.EgressPolicy{Allow: entries(254), Deny: entries(253), DenyAll: true, RedirectTcp: true}
-	if _, err := lease.ParseEgress(pol, egress.Defaults{ProxyPort: 8080}); err != nil {
+	pol := &phasegatev1.EgressPolicy{Allow: entries(0xaaaa), Deny: entries(0xbbbb), DenyAll: true, RedirectTcp: true}
+	if len(pol.Allow[0]) != egress.MaxEntryLen {
+		t.Fatalf("an entry of %d bytes, want the longest, %d", len(pol.Allow[0]), egress.MaxEntryLen)
+	}
+	if _, err := lease.ParseEgress(pol, egress.Defaults{ProxyPort: 8080, IPv6: true}); err != nil {
 		t.Fatalf("the largest policy is refused: %v", err)
 	}
 	id := strings.Repeat("x", names.MaxLen)

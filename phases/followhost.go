@@ -13,7 +13,7 @@ import (
 // checkEgress says what the slots' traffic to the outside needs and the
 // host does not give: a log line each and a health warning.
 func (d *Daemon) checkEgress(ctx context.Context) {
-	rep := hostcheck.Check(ctx, hostcheck.Config{Table: d.mgr.Firewall().Name(), HostIfPrefix: d.cfg.Slots.HostIfPrefix()})
+	rep := hostcheck.Check(ctx, hostcheck.Config{Table: d.mgr.Firewall().Name(), HostIfPrefix: d.cfg.Slots.HostIfPrefix(), IPv6: d.cfg.Slots.IPv6()})
 	var warn []string
 	for _, pr := range rep.Problems {
 		if pr.Kind == hostcheck.Unverifiable {

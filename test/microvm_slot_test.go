@@ -289,7 +289,7 @@ func TestBadMicroVMFlagsExitTwo(t *testing.T) {
 		{[]string{"--slot-guest-tap=tap0", "--slot-guest-addr=169.254.255.21/30", "--slot-guest-gateway=169.254.255.29"}, "is not a host address of the guest network"},
 		{append([]string{"--slot-cidr=169.254.255.0/24"}, e2eGuest...), "overlaps the guest range 169.254.255.20/30"},
 		{[]string{"--slot-egress-proxy-port=3128"}, "--slot-egress-proxy-port 3128 is not in --slot-host-tcp-ports"},
-		{[]string{"--slot-egress-deny=fd00::/8"}, "not an IPv4 CIDR"},
+		{[]string{"--slot-egress-allow=fd00::/8"}, "not an IPv4 CIDR"}, // IPv6 is always-denied alone (with --slot-cidr6)
 		{append([]string{"--slot-guest-mac=01:00:5e:00:00:01"}, e2eGuest...), "want a unicast Ethernet MAC"},
 		{append([]string{"--slot-guest-mac=02:fc"}, e2eGuest...), "not an Ethernet MAC"},
 		{[]string{"--slot-guest-mac=02:fc:00:00:00:01"}, "--slot-guest-tap is required"},

@@ -274,6 +274,16 @@ func result(conf *netConf, a cniv1.Attachment) (*current.Result, error) {
 		&current.Interface{Name: a.IfName, Mac: a.MAC, Sandbox: a.Netns})
 	res.IPs = append(res.IPs, &current.IPConfig{Interface: current.Int(inside), Address: net.IPNet{IP: ip, Mask: ipnet.Mask}, Gateway: gw})
 	res.Routes = append(res.Routes, &types.Route{Dst: net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}, GW: gw})
+	if a.Address6 != "" {
+		// A dual-stack slot: its IPv6 address and default route beside.
+		ip6, net6, err := net.ParseCIDR(a.Address6)
+		gw6 := net.ParseIP(a.Gateway6)
+		if err != nil || gw6 == nil || ip6.To4() != nil {
+			return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("the daemon answered IPv6 address %q and gateway %q", a.Address6, a.Gateway6), "")
+		}
+		res.IPs = append(res.IPs, &current.IPConfig{Interface: current.Int(inside), Address: net.IPNet{IP: ip6, Mask: net6.Mask}, Gateway: gw6})
+		res.Routes = append(res.Routes, &types.Route{Dst: net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, GW: gw6})
+	}
 	return res, nil
 }
 

@@ -2,8 +2,10 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -137,6 +139,41 @@ func TestOpenNetns(t *testing.T) {
 		var te *types.Error
 		if !errors.As(err, &te) || te.Code != code || strings.Contains(te.Error(), path) {
 			t.Errorf("openNetns(%s) = %v, want code %d, the path not repeated", path, err, code)
+		}
+	}
+}
+
+// A dual-stack slot's ADD lists both families: each address on the
+// container's end with its own gateway, and a default route of each; an
+// unreadable IPv6 answer is an error, never half a result.
+func TestResultDualStack(t *testing.T) {
+	conf, err := loadConf([]byte(`{"cniVersion":"1.1.0","name":"pgnet"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dual := made
+	dual.Address6, dual.Gateway6 = "fd00:1::5/127", "fd00:1::4"
+	r, err := result(conf, dual)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ips, routes []string
+	for _, ip := range r.IPs {
+		ips = append(ips, fmt.Sprintf("%s via %s on %d", ip.Address.String(), ip.Gateway, *ip.Interface))
+	}
+	for _, rt := range r.Routes {
+		routes = append(routes, rt.Dst.String()+" via "+rt.GW.String())
+	}
+	wantIPs := []string{made.Address + " via " + made.Gateway + " on 1", "fd00:1::5/127 via fd00:1::4 on 1"}
+	wantRoutes := []string{"0.0.0.0/0 via " + made.Gateway, "::/0 via fd00:1::4"}
+	if !slices.Equal(ips, wantIPs) || !slices.Equal(routes, wantRoutes) {
+		t.Errorf("ips %v, routes %v; want %v, %v", ips, routes, wantIPs, wantRoutes)
+	}
+	for _, bad := range []struct{ addr, gw string }{{"fd00:1::5", "fd00:1::4"}, {"fd00:1::5/127", "nope"}, {"10.0.0.1/31", "10.0.0.0"}} {
+		b := made
+		b.Address6, b.Gateway6 = bad.addr, bad.gw
+		if _, err := result(conf, b); err == nil {
+			t.Errorf("a result of IPv6 address %q and gateway %q", bad.addr, bad.gw)
 		}
 	}
 }

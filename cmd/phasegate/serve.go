@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -51,6 +52,7 @@ func slotFlags(fs *flag.FlagSet, cfg *phases.Config) {
 	fs.StringVar(&cfg.Slots.Prefix, "slot-prefix", cfg.Slots.Prefix, "prefix of every name this daemon owns (netns <prefix><i>, host veth <prefix>h<i>)")
 	fs.IntVar(&cfg.Slots.Slots, "slots", cfg.Slots.Slots, "number of slot indices, 1..N (unset with --slot-cidr given: as many as it holds, a /31 each, at most the default)")
 	fs.Var(prefixValue(&cfg.Slots.CIDR), "slot-cidr", "IPv4 network the slots' /31s are cut from")
+	fs.Var(prefixValue(&cfg.Slots.CIDR6), "slot-cidr6", "IPv6 network the slots' /127s are cut from, one beside each /31 (unset: IPv6 is off in every slot)")
 	fs.IntVar(&cfg.ReclaimWorkers, "reclaim-workers", cfg.ReclaimWorkers, "concurrent namespace teardowns during reclaim")
 	fs.DurationVar(&cfg.ReclaimBudget, "reclaim-budget", cfg.ReclaimBudget, "time reclaim may take before the rest is deferred to the background (0: reclaim everything first)")
 	fs.BoolVar(&cfg.ReclaimKillOrphans, "reclaim-kill-orphans", cfg.ReclaimKillOrphans, "kill processes found inside leaked namespaces (otherwise they are reported and cut off)")
@@ -266,6 +268,7 @@ type resolvedConfig struct {
 	Prefix          string  `json:"slot_prefix"`
 	Slots           int     `json:"slots"`
 	SlotCIDR        string  `json:"slot_cidr"`
+	SlotCIDR6       string  `json:"slot_cidr6,omitempty"`
 	PoolSize        int     `json:"pool_size"`
 	PoolMinReady    int     `json:"pool_min_ready"`
 	StartTimeout    string  `json:"start_timeout"`
@@ -313,7 +316,7 @@ func checkConfig(ctx context.Context, e env, cfg phases.Config) int {
 		StateDir: cfg.StateDir, Lock: lock,
 		ControlSocket: cfg.ControlSocket(), ControlGID: cfg.Control.GID,
 		ControlRules: len(cfg.Control.Policy.Rules), MaxLeases: cfg.ControlPolicy().Quota(), MaxPorts: cfg.ControlPolicy().PortQuota(), ControlRate: cfg.Control.Policy.Rate, NetnsDir: cfg.Slots.NetnsDir, Prefix: cfg.Slots.Prefix,
-		Slots: cfg.Slots.Slots, SlotCIDR: cfg.Slots.CIDR.String(),
+		Slots: cfg.Slots.Slots, SlotCIDR: cfg.Slots.CIDR.String(), SlotCIDR6: cidr6(cfg.Slots.CIDR6),
 		PoolSize: cfg.PoolSize, PoolMinReady: cfg.PoolMinReady,
 		StartTimeout: cfg.StartTimeout.String(), PopulateTimeout: cfg.PopulateTimeout.String(),
 		DrainDelay: cfg.DrainDelay.String(), StopTimeout: cfg.StopTimeout.String(),
@@ -324,4 +327,12 @@ func checkConfig(ctx context.Context, e env, cfg phases.Config) int {
 	}, "", "  ")
 	fmt.Fprintln(e.stdout, string(out))
 	return exitOK
+}
+
+// cidr6 is --slot-cidr6 as the resolved configuration shows it: "" unset.
+func cidr6(p netip.Prefix) string {
+	if !p.IsValid() {
+		return ""
+	}
+	return p.String()
 }

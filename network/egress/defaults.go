@@ -3,6 +3,7 @@ package egress
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/phasegate/phasegate/network"
 )
@@ -27,13 +28,17 @@ type Defaults struct {
 	// address, of the egress proxy that RedirectTCP sends to; 0: none,
 	// and a policy with RedirectTCP is refused (Admit).
 	ProxyPort uint16
+	// IPv6 says the slots are dual-stack (the daemon's --slot-cidr6):
+	// without it a policy with an IPv6 CIDR is refused (Admit), since
+	// no slot could send to it.
+	IPv6 bool
 }
 
 // DefaultAlwaysDeny are the ranges no slot reaches unless its policy
 // allows them: this network, the private ranges (RFC 1918), shared address
 // space (RFC 6598), loopback, link-local (the cloud metadata service),
 // the IETF, documentation and benchmarking ranges, multicast and the
-// reserved rest.
+// reserved rest, and their IPv6 twins (RFC 6890's registry).
 var DefaultAlwaysDeny = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("10.0.0.0/8"),
@@ -48,15 +53,31 @@ var DefaultAlwaysDeny = []netip.Prefix{
 	netip.MustParsePrefix("198.51.100.0/24"),
 	netip.MustParsePrefix("203.0.113.0/24"),
 	netip.MustParsePrefix("224.0.0.0/3"),
+	// The IPv6 twins, for dual-stack slots: unspecified and loopback,
+	// IPv4-mapped, NAT64's local use, discard, IETF protocol
+	// assignments, documentation, unique local (IPv6's private ranges),
+	// link-local and multicast.
+	netip.MustParsePrefix("::/127"),
+	netip.MustParsePrefix("::ffff:0:0/96"),
+	netip.MustParsePrefix("64:ff9b:1::/48"),
+	netip.MustParsePrefix("100::/64"),
+	netip.MustParsePrefix("2001::/23"),
+	netip.MustParsePrefix("2001:db8::/32"),
+	netip.MustParsePrefix("fc00::/7"),
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("ff00::/8"),
 }
 
-// Validate checks the defaults (IPv4 only; overlaps within a list are
-// merged when written).
+// Validate checks the defaults: CIDRs without host bits, IPv4 or IPv6 in
+// AlwaysDeny, IPv4 in AlwaysAllow (the table's always-allowed set is
+// IPv4's: an IPv6 range is always allowed by no rule yet). Overlaps
+// within a list are merged when written.
 func (d Defaults) Validate() error {
-	for _, l := range [][]netip.Prefix{d.AlwaysAllow, d.AlwaysDeny} {
+	for k, l := range [][]netip.Prefix{d.AlwaysAllow, d.AlwaysDeny} {
 		for _, p := range l {
-			if !p.IsValid() || !p.Addr().Is4() || p.Masked() != p {
-				return fmt.Errorf("%w: %s is not an IPv4 CIDR without host bits", ErrInvalid, p)
+			if !p.IsValid() || p.Masked() != p || (k == 0 && !p.Addr().Is4()) {
+				return fmt.Errorf("%w: %s is not an IPv4 CIDR without host bits%s", ErrInvalid, p,
+					map[bool]string{true: "", false: " (nor, in the always-denied set, an IPv6 one)"}[k == 0])
 			}
 		}
 	}
@@ -64,7 +85,7 @@ func (d Defaults) Validate() error {
 }
 
 // Admit refuses a policy that d cannot write: RedirectTCP without an
-// egress proxy. Every writer of a policy asks (the daemon before it takes
+// egress proxy, an IPv6 CIDR without IPv6 slots. Every writer of a policy asks (the daemon before it takes
 // a request, the host's table and the slot's own before they write), so a
 // policy is refused the same wherever it comes from. The error wraps
 // ErrInvalid and a *network.SettingError naming ProxyPort.
@@ -72,6 +93,10 @@ func (d Defaults) Admit(p Policy) error {
 	if p.RedirectTCP && d.ProxyPort == 0 {
 		return fmt.Errorf("%w: redirect_tcp: the daemon has no egress proxy: %w", ErrInvalid,
 			&network.SettingError{Setting: "ProxyPort", Problem: "is not set"})
+	}
+	if i := slices.IndexFunc(slices.Concat(p.Allow, p.Deny), is6); i >= 0 && !d.IPv6 {
+		return fmt.Errorf("%w: %s is IPv6 and the slots have IPv4 only: %w", ErrInvalid, slices.Concat(p.Allow, p.Deny)[i],
+			&network.SettingError{Setting: "CIDR6", Problem: "is not set"})
 	}
 	return nil
 }

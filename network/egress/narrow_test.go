@@ -69,6 +69,9 @@ func boundaries(d egress.Defaults, ps ...*egress.Policy) []netip.Addr {
 	out := []netip.Addr{at(0)}
 	for _, l := range lists {
 		for _, x := range l {
+			if !x.Addr().Is4() {
+				continue // Narrow and Within speak IPv4: CNI attachments have no IPv6
+			}
 			b := x.Masked().Addr().As4()
 			lo := binary.BigEndian.Uint32(b[:])
 			hi := lo | (1<<(32-x.Bits()) - 1)

@@ -17,9 +17,9 @@ import (
 // rather than left to slow every slot operation down.
 const MaxEntries = 4096
 
-// MaxEntryLen is the longest text of a list's entry, "255.255.255.255/32":
-// a longer one is refused before it is parsed.
-const MaxEntryLen = len("255.255.255.255/32")
+// MaxEntryLen is the longest text of a list's entry, an IPv6 CIDR
+// written in full: a longer one is refused before it is parsed.
+const MaxEntryLen = len("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128")
 
 // ErrInvalid is wrapped by every error that refuses a policy.
 var ErrInvalid = errors.New("invalid egress policy")
@@ -31,16 +31,17 @@ var ErrInvalid = errors.New("invalid egress policy")
 // RedirectTCP sends every new TCP connection not to an always-allowed
 // address to the daemon's egress proxy instead.
 //
-// The lists are canonical (Validate): IPv4 prefixes without host bits,
-// sorted, none /0, none overlapping another of its list.
+// The lists are canonical (Validate): IPv4 and IPv6 prefixes (IPv6 for
+// dual-stack slots) without host bits, sorted (IPv4 first), none /0, none
+// overlapping another of its list.
 type Policy struct {
 	Allow, Deny []netip.Prefix
 	DenyAll     bool
 	RedirectTCP bool
 }
 
-// Parse checks a policy as a client gives it: IPv4 CIDRs (an address alone
-// is its /32) without host bits, none of them /0 (use denyAll), no two
+// Parse checks a policy as a client gives it: IPv4 or IPv6 CIDRs (an
+// address alone is its /32 or /128) without host bits, none of them /0 (use denyAll), no two
 // overlapping in one list, at most MaxEntries per list. The lists come
 // back sorted.
 func Parse(allow, deny []string, denyAll, redirectTCP bool) (Policy, error) {
@@ -173,22 +174,22 @@ func listError(name, format string, a ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrInvalid, name, fmt.Sprintf(format, a...))
 }
 
-// parseCIDR parses one IPv4 CIDR or address, refusing what the sets cannot
-// mean: IPv6, host bits, /0.
+// parseCIDR parses one IPv4 or IPv6 CIDR or address, refusing what the
+// sets cannot mean: an IPv4-mapped IPv6 address, host bits, /0.
 func parseCIDR(s string) (netip.Prefix, error) {
 	if len(s) > MaxEntryLen {
-		return netip.Prefix{}, fmt.Errorf("%.40q… is not an IPv4 CIDR", s)
+		return netip.Prefix{}, fmt.Errorf("%.40q… is not a CIDR", s)
 	}
 	var p netip.Prefix
 	if strings.Contains(s, "/") {
 		var err error
 		if p, err = netip.ParsePrefix(s); err != nil {
-			return netip.Prefix{}, fmt.Errorf("%q is not a CIDR (want a.b.c.d/n)", s)
+			return netip.Prefix{}, fmt.Errorf("%q is not a CIDR (want a.b.c.d/n or an IPv6 prefix)", s)
 		}
 	} else {
 		a, err := netip.ParseAddr(s)
 		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("%q is not an IPv4 address or CIDR", s)
+			return netip.Prefix{}, fmt.Errorf("%q is not an address or CIDR", s)
 		}
 		p = netip.PrefixFrom(a, a.BitLen())
 	}
@@ -199,8 +200,10 @@ func parseCIDR(s string) (netip.Prefix, error) {
 // written.
 func checkPrefix(p netip.Prefix, s string) error {
 	switch {
-	case !p.IsValid() || !p.Addr().Is4():
-		return fmt.Errorf("%s is not IPv4: slots have IPv4 only", s)
+	case !p.IsValid():
+		return fmt.Errorf("%s is not a CIDR", s)
+	case p.Addr().Is4In6():
+		return fmt.Errorf("%s is an IPv4-mapped IPv6 address: write it as IPv4", s)
 	case p.Masked() != p:
 		return fmt.Errorf("%s has host bits set (want %s)", s, p.Masked())
 	case p.Bits() == 0:
@@ -245,10 +248,23 @@ func (p Policy) Fingerprint(d Defaults) string {
 			fmt.Fprintf(h, "%08x-%08x\n", x.Lo, x.Hi)
 		}
 	}
+	list6 := func(tag string, ps []netip.Prefix) {
+		fmt.Fprintf(h, "%s6 %v\n", tag, Prefixes6(ps))
+	}
 	list("allow", p.Allow)
 	list("deny", p.Deny)
 	list("always-allow", d.AlwaysAllow)
 	list("always-deny", d.AlwaysDeny)
+	if slices.ContainsFunc(slices.Concat(p.Allow, p.Deny), is6) {
+		// Only then: a policy without IPv6 keeps the fingerprint an
+		// earlier build recorded. (Its chain's rule against the
+		// always-denied set's IPv6 ranges looks them up in the table's
+		// set, as the IPv4 rule does; a slot restored from a build
+		// without IPv6 has none.)
+		list6("allow", p.Allow)
+		list6("deny", p.Deny)
+		list6("always-deny", d.AlwaysDeny)
+	}
 	fmt.Fprintf(h, "deny-all %t redirect %t proxy %d\n", p.DenyAll, p.RedirectTCP, d.ProxyPort)
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }

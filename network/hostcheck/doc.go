@@ -8,7 +8,8 @@
 //   - Forwarding is off: net.ipv4.ip_forward=0 (the kernel default), or
 //     net.ipv4.conf.default.forwarding=0, which new interfaces (every slot's
 //     host veth) inherit. Check reads both through rtnetlink (RTM_GETNETCONF,
-//     the same values as the sysctls) in the namespace it checks.
+//     the same values as the sysctls) in the namespace it checks; with
+//     dual-stack slots (Config.IPv6) net.ipv6.conf.all.forwarding too.
 //   - Another table drops forwarded packets. nftables runs every base chain
 //     registered at a hook, in priority order, and a packet must survive all
 //     of them: an accept ends only the chain it is in, a drop is final. The

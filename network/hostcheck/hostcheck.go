@@ -31,6 +31,9 @@ type Config struct {
 	// caller's (the host, for the daemon). Tests point it at a namespace
 	// that plays the host.
 	NetNS string
+	// IPv6 says the slots are dual-stack (--slot-cidr6): the host's IPv6
+	// forwarding is checked too.
+	IPv6 bool
 }
 
 // Kind classifies a Problem.
@@ -145,6 +148,12 @@ func Check(ctx context.Context, cfg Config) Report {
 		add(Forwarding, "net.ipv4.conf.default.forwarding is 0: new slot interfaces inherit it and do not forward; run `sysctl -w net.ipv4.conf.default.forwarding=1` (and persist it in /etc/sysctl.d)")
 	}
 
+	if cfg.IPv6 {
+		if p, ok := forwarding6(nsfd); !ok {
+			r.Problems = append(r.Problems, p)
+		}
+	}
+
 	if err := checkRoute(nsfd); err != nil {
 		var errno unix.Errno
 		if errors.As(err, &errno) && (errno == unix.ENETUNREACH || errno == unix.EHOSTUNREACH) {
@@ -192,6 +201,25 @@ func forwarding(nsfd int) (all, def bool, err error) {
 	}
 	def, err = netconf.Forwarding(c, netconf.IndexDefault)
 	return all, def, err
+}
+
+// forwarding6 checks the IPv6 forwarding of the namespace nsfd, which a
+// dual-stack slot's IPv6 needs to leave the host, and says the problem
+// when it is off (ok false).
+func forwarding6(nsfd int) (p Problem, ok bool) {
+	c, err := netconf.Dial(nsfd)
+	if err != nil {
+		return Problem{Kind: CheckFailed, Message: fmt.Sprintf("read IPv6 forwarding: %v", err)}, false
+	}
+	defer c.Close()
+	switch on, err := netconf.Forwarding6(c, netconf.IndexAll); {
+	case err != nil:
+		return Problem{Kind: CheckFailed, Message: fmt.Sprintf("read IPv6 forwarding (RTM_GETNETCONF): %v; check with `sysctl net.ipv6.conf.all.forwarding`", err)}, false
+	case !on:
+		return Problem{Kind: Forwarding, Message: "net.ipv6.conf.all.forwarding is 0: the host does not forward the slots' IPv6 (--slot-cidr6); " +
+			"run `sysctl -w net.ipv6.conf.all.forwarding=1` (and persist it in /etc/sysctl.d; an uplink configured by router advertisements then needs accept_ra=2)"}, false
+	}
+	return Problem{}, true
 }
 
 // checkRoute looks up the route to probeAddr in the namespace nsfd.

@@ -96,6 +96,20 @@ func TestForwardingOff(t *testing.T) {
 	}
 }
 
+// With dual-stack slots the host's IPv6 forwarding is checked as its
+// IPv4's: off (a new namespace's default), it is the one problem; on, none.
+func TestIPv6ForwardingOff(t *testing.T) {
+	h, cfg := host(t, true)
+	cfg.IPv6 = true
+	only(t, hostcheck.Check(context.Background(), cfg), hostcheck.Forwarding, "net.ipv6.conf.all.forwarding is 0", "sysctl -w net.ipv6.conf.all.forwarding=1")
+	if err := fakehost.Sysctl(h.Path, "net/ipv6/conf/all/forwarding", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if r := hostcheck.Check(context.Background(), cfg); !r.OK() {
+		t.Errorf("Check with IPv6 forwarding on = %v", r)
+	}
+}
+
 func TestMissingTable(t *testing.T) {
 	h := fakehost.New(t, 1, true)
 	cfg := hostcheck.Config{Table: h.Config.TableName(), HostIfPrefix: h.Config.HostIfPrefix(), NetNS: h.Path}

@@ -283,9 +283,11 @@ func policyRules(p egress.Policy, sets map[string]*nftables.Set) [][]expr.Any {
 	drop := []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: DropCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	rules := [][]expr.Any{
 		slices.Concat(nftexpr.CtState(), accept),
-		// Slots have IPv4 only; what IPv6 leaves is the link's own
-		// neighbour discovery, dropped without counting it as egress.
-		slices.Concat(nfproto(unix.NFPROTO_IPV6), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}),
+		// IPv6 is judged on the host alone (package nft): a slot without
+		// IPv6 sends none past its host end, and a dual-stack slot's is
+		// held to the lease's IPv6 CIDRs there. Here it is left alone,
+		// uncounted, so that it reaches the host's chain.
+		slices.Concat(nfproto(unix.NFPROTO_IPV6), accept),
 		slices.Concat(ipv4(), daddrIn(sets[setAlwaysAllow], false), accept),
 	}
 	if p.RedirectTCP {

@@ -12,8 +12,9 @@
 // chains never grows with the number of slots.
 //
 // The table looks like this in `nft list table inet <name>` (nftables
-// 1.0.6; default Isolation, two slots, slot 2 leased with an egress policy;
-// the port sets and the egress defaults' sets omitted):
+// 1.0.6; default Isolation, dual-stack slots (WithSlotNetwork6), two
+// slots, slot 2 leased with an egress policy; the port sets, the egress
+// defaults' sets and package ports' maps and chains omitted):
 //
 //	table inet <name> {
 //		map egress_policy {
@@ -36,9 +37,13 @@
 //		chain egress {
 //			type filter hook prerouting priority mangle; policy accept;
 //			iifname @slots ct state established,related accept comment "table 3f1c…"
+//			iifname @slots icmpv6 type nd-router-advert counter drop comment "ra-redirect"
+//			iifname @slots icmpv6 type nd-redirect counter drop comment "ra-redirect"
+//			iifname @slots icmpv6 type 135-136 ip6 hoplimit 255 fib daddr . iif type 2-5 accept
 //			iifname @slots ip daddr @egress_always_allow accept
 //			iifname @slots iifname vmap @egress_policy
 //			iifname @slots ip daddr 169.254.0.0/16 ip daddr != 169.254.128.0/19 counter drop comment "link-local"
+//			iifname @slots ip6 daddr fe80::/10 counter drop comment "link-local"
 //		}
 //
 //		chain forward {
@@ -54,6 +59,8 @@
 //		chain input {
 //			type filter hook input priority filter; policy accept;
 //			iifname @slots ct state established,related accept
+//			iifname @slots icmpv6 type 135-136 ip6 hoplimit 255 fib daddr . iif type 2-5 accept
+//			iifname @slots icmpv6 type echo-request fib daddr . iif type local accept
 //			iifname @slots icmp type echo-request fib daddr . iif type local accept
 //			iifname @slots tcp dport @host_tcp fib daddr . iif type local accept
 //			iifname @slots udp dport @host_udp fib daddr . iif type local accept
@@ -67,8 +74,10 @@
 //
 //		chain egress_pg-h2 {
 //			ip daddr 10.1.0.0/16 accept comment "policy 4d9a3f5a…"
+//			ip6 daddr 2001:db8:1::/48 accept
 //			ip daddr 203.0.113.0/24 counter drop
 //			ip daddr @egress_always_deny counter drop
+//			ip6 daddr @egress_always_deny6 counter drop
 //		}
 //	}
 //

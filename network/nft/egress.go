@@ -146,22 +146,61 @@ func (t *Table) egressRules(c *nftables.Conn, ids *setIDs, p egress.Policy) ([][
 		list    []netip.Prefix
 		verdict []expr.Any
 	}{{p.Allow, accept}, {p.Deny, drop}} {
-		if len(l.list) <= inlineMax {
-			// A rule per range: no set to make (see inlineMax); an
-			// empty list has none.
-			for _, r := range l.list {
-				rules = append(rules, slices.Concat(daddrInPrefix(r, netip.Prefix{}), l.verdict))
+		for _, fam := range []family{ipv4Family, ipv6Family} {
+			r, err := t.listRules(c, ids, fam, l.list, l.verdict)
+			if err != nil {
+				return nil, err
 			}
-			continue
+			rules = append(rules, r...)
 		}
-		set := &nftables.Set{Table: t.table(), Name: "__set%d", ID: ids.next(), Anonymous: true, Constant: true,
-			Interval: true, KeyType: nftables.TypeIPAddr}
-		if err := c.AddSet(set, nftexpr.IntervalElements(l.list)); err != nil {
-			return nil, fmt.Errorf("nft: add egress set: %w", err)
-		}
-		rules = append(rules, slices.Concat(daddrIn(set), l.verdict))
 	}
-	return append(rules, slices.Concat(daddrIn(t.addrSet(SetAlwaysDeny, 0)), drop)), nil
+	rules = append(rules, slices.Concat(daddrIn(t.addrSet(SetAlwaysDeny, 0)), drop))
+	if t.slotNet6.IsValid() {
+		rules = append(rules, slices.Concat(daddrIn6(t.addrSet6(SetAlwaysDeny6, 0)), drop))
+	}
+	return rules, nil
+}
+
+// family is one address family's way to write a policy's list.
+type family struct {
+	is       func(netip.Prefix) bool
+	inPrefix func(netip.Prefix) []expr.Any
+	inSet    func(*nftables.Set) []expr.Any
+	key      nftables.SetDatatype
+	elements func([]netip.Prefix) []nftables.SetElement
+}
+
+var (
+	ipv4Family = family{func(p netip.Prefix) bool { return p.Addr().Is4() },
+		func(p netip.Prefix) []expr.Any { return daddrInPrefix(p, netip.Prefix{}) }, daddrIn, nftables.TypeIPAddr, nftexpr.IntervalElements}
+	ipv6Family = family{func(p netip.Prefix) bool { return p.Addr().Is6() },
+		daddrInPrefix6, daddrIn6, nftables.TypeIP6Addr, nftexpr.IntervalElements6}
+)
+
+// listRules writes the prefixes of family fam in list with verdict: a
+// rule per prefix, or an anonymous interval set of them for a list longer
+// than inlineMax (made in c's transaction). An empty list has none.
+func (t *Table) listRules(c *nftables.Conn, ids *setIDs, fam family, list []netip.Prefix, verdict []expr.Any) ([][]expr.Any, error) {
+	var of []netip.Prefix
+	for _, p := range list {
+		if fam.is(p) {
+			of = append(of, p)
+		}
+	}
+	var rules [][]expr.Any
+	if len(of) <= inlineMax {
+		// A rule per range: no set to make (see inlineMax).
+		for _, r := range of {
+			rules = append(rules, slices.Concat(fam.inPrefix(r), verdict))
+		}
+		return rules, nil
+	}
+	set := &nftables.Set{Table: t.table(), Name: "__set%d", ID: ids.next(), Anonymous: true, Constant: true,
+		Interval: true, KeyType: fam.key}
+	if err := c.AddSet(set, fam.elements(of)); err != nil {
+		return nil, fmt.Errorf("nft: add egress set: %w", err)
+	}
+	return append(rules, slices.Concat(fam.inSet(set), verdict)), nil
 }
 
 // ClearEgress removes the egress chains of the slots whose host interfaces

@@ -70,6 +70,7 @@ const (
 	SetHostUDP     = "host_udp"
 	SetAlwaysAllow = "egress_always_allow"
 	SetAlwaysDeny  = "egress_always_deny"
+	SetAlwaysDeny6 = "egress_always_deny6"
 	MapEgress      = "egress_policy"
 )
 
@@ -81,6 +82,7 @@ const (
 	commentSpoofed    = "spoofed"
 	commentLinkLocal  = "link-local"
 	commentLoopback   = "to-loopback"
+	commentRouter6    = "ra-redirect"
 )
 
 // LinkLocal is dropped from every slot unless the daemon always allows it
@@ -143,6 +145,7 @@ func WithIsolation(p Isolation) Option {
 func WithEgress(d egress.Defaults) Option {
 	return func(t *Table) {
 		t.egress = egress.Defaults{AlwaysAllow: slices.Clone(d.AlwaysAllow), AlwaysDeny: slices.Clone(d.AlwaysDeny), ProxyPort: d.ProxyPort}
+		// IPv6: the table's own (WithSlotNetwork6), set by New.
 	}
 }
 
@@ -152,6 +155,15 @@ func WithEgress(d egress.Defaults) Option {
 // daemon's default is. Slot-to-slot traffic has its own rule.
 func WithSlotNetwork(cidr netip.Prefix) Option {
 	return func(t *Table) { t.slotNet = cidr.Masked() }
+}
+
+// WithSlotNetwork6 names the IPv6 network the slots' /127s are cut from
+// (dual-stack slots): the table then polices their IPv6 as their IPv4
+// (rules6), the egress policies' IPv6 CIDRs included. Without it every
+// IPv6 packet a slot sends is dropped, and a policy with an IPv6 CIDR is
+// refused (egress.Defaults.Admit).
+func WithSlotNetwork6(cidr netip.Prefix) Option {
+	return func(t *Table) { t.slotNet6 = cidr.Masked() }
 }
 
 // WithNetNS makes the Table work in the network namespace bound at path
@@ -169,6 +181,7 @@ type Table struct {
 	isolation Isolation
 	egress    egress.Defaults
 	slotNet   netip.Prefix
+	slotNet6  netip.Prefix // WithSlotNetwork6; invalid: the slots have no IPv6
 	netns     string
 	stamp     string // WithStamp: the slots made under it are in its stamp set
 	changes   group  // the policy changes committed together
@@ -190,6 +203,8 @@ func New(name string, opts ...Option) (*Table, error) {
 	if err := t.isolation.Validate(); err != nil {
 		return nil, err
 	}
+	t.egress.IPv6 = t.slotNet6.IsValid()
+
 	if t.stamp != "" && !validStamp(t.stamp) {
 		return nil, fmt.Errorf("nft: stamp %q: 1 to 64 letters, digits and underscores", t.stamp)
 	}
@@ -237,6 +252,12 @@ func (t *Table) portSet(name string, id uint32) *nftables.Set {
 // addrSet is an interval set of IPv4 addresses (the egress defaults').
 func (t *Table) addrSet(name string, id uint32) *nftables.Set {
 	return &nftables.Set{Table: t.table(), Name: name, ID: id, KeyType: nftables.TypeIPAddr, Interval: true}
+}
+
+// addrSet6 is an interval set of IPv6 addresses (the always-denied set's
+// IPv6 ranges).
+func (t *Table) addrSet6(name string, id uint32) *nftables.Set {
+	return &nftables.Set{Table: t.table(), Name: name, ID: id, KeyType: nftables.TypeIP6Addr, Interval: true}
 }
 
 // egressMap maps a slot's host interface to a jump to its egress chain.
@@ -377,6 +398,9 @@ type Drops struct {
 	LinkLocal uint64
 	// Loopback: sent by a slot to 127.0.0.0/8.
 	Loopback uint64
+	// Router6: ICMPv6 router advertisements and redirects sent by a
+	// slot.
+	Router6 uint64
 }
 
 // Drops reads the counters of the table's drop rules.
@@ -395,7 +419,7 @@ func (t *Table) Drops(ctx context.Context) (Drops, error) {
 			}
 		}
 		if c := d.counterOf(comment); c != nil {
-			*c = n
+			*c += n // two rules count into Router6, two into LinkLocal
 		}
 	}
 	return d, nil
@@ -409,7 +433,8 @@ func (d *Drops) counterOf(comment string) *uint64 {
 		comment string
 		n       *uint64
 	}{{commentSlotToSlot, &d.SlotToSlot}, {commentInbound, &d.Inbound}, {commentToHost, &d.ToHost},
-		{commentSpoofed, &d.Spoofed}, {commentLinkLocal, &d.LinkLocal}, {commentLoopback, &d.Loopback}}
+		{commentSpoofed, &d.Spoofed}, {commentLinkLocal, &d.LinkLocal}, {commentLoopback, &d.Loopback},
+		{commentRouter6, &d.Router6}}
 	for _, f := range fields {
 		if f.comment == comment {
 			return f.n

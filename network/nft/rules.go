@@ -109,7 +109,8 @@ func (t *Table) Ensure(ctx context.Context) error {
 // always-allowed set before its map, no longer after. 4: published ports
 // (package ports): chain antispoof drops what a slot sends to 127.0.0.0/8,
 // and chain forward accepts a DNAT'd connection from a slot to a slot.
-const rulesVersion = 4
+// 5: IPv6 (rules6).
+const rulesVersion = 5
 
 // layout is a fingerprint of what Ensure writes: the rules' version, the
 // policy, the slot network and the egress defaults as their sets hold
@@ -117,10 +118,11 @@ const rulesVersion = 4
 func (t *Table) layout() string {
 	h := sha256.New()
 	ports := func(ps []uint16) []uint16 { return slices.Compact(slices.Sorted(slices.Values(ps))) }
-	fmt.Fprintf(h, "v%d %d slot-to-slot %t tcp %v udp %v net %s\n", rulesVersion, FixedRules,
-		t.isolation.AllowSlotToSlot, ports(t.isolation.HostTCPPorts), ports(t.isolation.HostUDPPorts), t.slotNet)
-	for _, l := range [][]netip.Prefix{t.egress.AlwaysAllow, t.egress.AlwaysDeny} {
-		for _, e := range nftexpr.IntervalElements(l) {
+	fmt.Fprintf(h, "v%d %d slot-to-slot %t tcp %v udp %v net %s net6 %s\n", rulesVersion, FixedRules,
+		t.isolation.AllowSlotToSlot, ports(t.isolation.HostTCPPorts), ports(t.isolation.HostUDPPorts), t.slotNet, t.slotNet6)
+	for _, els := range [][]nftables.SetElement{nftexpr.IntervalElements(t.egress.AlwaysAllow),
+		nftexpr.IntervalElements(t.egress.AlwaysDeny), nftexpr.IntervalElements6(t.egress.AlwaysDeny)} {
+		for _, e := range els {
 			fmt.Fprintf(h, "%x %t,", e.Key, e.IntervalEnd)
 		}
 		fmt.Fprintln(h)
@@ -161,9 +163,10 @@ func fixedChains() [5]string {
 }
 
 // FixedRules is how many rules the table's fixed chains hold, whatever
-// the number of slots: antispoof 2, egress 4, forward 6, input 5,
-// postrouting 1. The slots' own egress chains come on top.
-const FixedRules = 18
+// the number of slots: antispoof 2, egress 8 (4 of them IPv6's, rules6),
+// forward 6, input 7 (2 IPv6's), postrouting 1. The slots' own egress
+// chains come on top.
+const FixedRules = 24
 
 // fixedSets are the sets the fixed rules look up.
 type fixedSets struct {
@@ -193,6 +196,7 @@ func (t *Table) writeFixedSets(c *nftables.Conn) (fixedSets, error) {
 		{s.udp, ports[1]},
 		{s.alwaysAllow, nftexpr.IntervalElements(t.egress.AlwaysAllow)},
 		{t.addrSet(SetAlwaysDeny, 5), nftexpr.IntervalElements(t.egress.AlwaysDeny)},
+		{t.addrSet6(SetAlwaysDeny6, 8), nftexpr.IntervalElements6(t.egress.AlwaysDeny)},
 	} {
 		if err := c.AddSet(w.set, nil); err != nil {
 			return s, fmt.Errorf("nft: add set %s: %w", w.set.Name, err)
@@ -276,16 +280,19 @@ func (t *Table) rules(sets fixedSets) []*nftables.Rule {
 		return r
 	}
 	v := func(e ...expr.Any) []expr.Any { return e }
-	return []*nftables.Rule{
+	v6 := t.rules6(iifSlot, rule)
+	return slices.Concat([]*nftables.Rule{
 		rule(ChainSpoof, commentSpoofed, iifSlot, ownSource, v(&expr.Counter{}, drop)),
 		// The host end of a slot with a published port routes 127/8
 		// (route_localnet, package ports): nothing from the slot may.
 		rule(ChainSpoof, commentLoopback, iifSlot, daddrInPrefix(Loopback, netip.Prefix{}), v(&expr.Counter{}, drop)),
 
 		rule(ChainEgress, layoutPrefix+t.layout(), iifSlot, nftexpr.CtState(), v(accept)),
+	}, v6.egressFirst, []*nftables.Rule{
 		rule(ChainEgress, "", iifSlot, daddrIn(sets.alwaysAllow), v(accept)),
 		rule(ChainEgress, "", iifSlot, egressVmap),
 		rule(ChainEgress, commentLinkLocal, iifSlot, daddrInPrefix(LinkLocal, t.slotNet), v(&expr.Counter{}, drop)),
+	}, v6.egressLast, []*nftables.Rule{
 
 		// A published port (package ports) is reached at the host's
 		// address by anyone, a slot too, and hairpin from its own slot:
@@ -298,13 +305,14 @@ func (t *Table) rules(sets fixedSets) []*nftables.Rule {
 		rule(ChainForward, commentInbound, oifSlot, v(&expr.Counter{}, drop)),
 
 		rule(ChainInput, "", iifSlot, nftexpr.CtState(), v(accept)),
+	}, v6.input, []*nftables.Rule{
 		rule(ChainInput, "", iifSlot, echoRequest, ownGateway(), v(accept)),
 		rule(ChainInput, "", iifSlot, l4(unix.IPPROTO_TCP), dport(sets.tcp), ownGateway(), v(accept)),
 		rule(ChainInput, "", iifSlot, l4(unix.IPPROTO_UDP), dport(sets.udp), ownGateway(), v(accept)),
 		rule(ChainInput, commentToHost, iifSlot, v(&expr.Counter{}, drop)),
 
 		rule(ChainPostrouting, "", iifSlot, lookup(expr.MetaKeyOIFNAME, sets.slots, true), v(&expr.Masq{})),
-	}
+	})
 }
 
 // lookup matches an interface name (key) against set.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/phasegate/phasegate/internal/names"
 	"github.com/phasegate/phasegate/network/netns"
@@ -122,6 +123,17 @@ func (m *Manager) park(s *Slot, warm netlink.Link) (err error) {
 			}
 		}
 	}()
+	if err := dropHostAddr6(warm, s); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil && s.HostAddr6.IsValid() {
+			a6 := &netlink.Addr{IPNet: ipNet(s.HostAddr6), Flags: unix.IFA_F_NODAD}
+			if aerr := netlink.AddrAdd(warm, a6); aerr != nil && !errors.Is(aerr, unix.EEXIST) {
+				err = errors.Join(err, fmt.Errorf("put %s back on %s: %w", s.HostAddr6, s.HostIf, aerr))
+			}
+		}
+	}()
 	// A link is renamed only while down.
 	if err := netlink.LinkSetDown(warm); err != nil {
 		return fmt.Errorf("set %s down: %w", s.HostIf, err)
@@ -197,10 +209,7 @@ func (m *Manager) pairInto(s *Slot, nsFD int, to *netlink.Handle, ifname string)
 	if err != nil {
 		return nil, fmt.Errorf("find the new %s: %w", s.HostIf, err)
 	}
-	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil {
-		return nil, fmt.Errorf("address %s on %s: %w", s.HostAddr, s.HostIf, err)
-	}
-	if err := settleHostEnd(s.HostIf, idx); err != nil {
+	if err := m.addressHostEnd(host, s); err != nil {
 		return nil, err
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
@@ -219,6 +228,9 @@ func (m *Manager) pairInto(s *Slot, nsFD int, to *netlink.Handle, ifname string)
 	def := &netlink.Route{LinkIndex: in.Attrs().Index, Gw: s.HostAddr.Addr().AsSlice()}
 	if err := to.RouteReplace(def); err != nil {
 		return nil, fmt.Errorf("default route via %s on %s: %w", s.HostAddr.Addr(), ifname, err)
+	}
+	if err := attach6(to, in, s); err != nil {
+		return nil, err
 	}
 	s.HostIfIndex = idx
 	return &Attachment{IfName: ifname, IfIndex: in.Attrs().Index, MAC: in.Attrs().HardwareAddr, HostMAC: host.Attrs().HardwareAddr}, nil
@@ -306,6 +318,9 @@ func (m *Manager) Unplug(ctx context.Context, s *Slot, nsFD int, ifname string) 
 	// route through it, and the kernel walks no table.
 	if err := netlink.AddrDel(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("slot %d: unplug: take %s off %s: %w", s.Index, s.HostAddr, s.HostIf, err)
+	}
+	if err := dropHostAddr6(host, s); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("slot %d: unplug: %w", s.Index, err)
 	}
 	if err := netlink.LinkSetDown(host); err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("slot %d: unplug: set %s down: %w", s.Index, s.HostIf, err)
@@ -404,11 +419,16 @@ func (m *Manager) Attached(s *Slot, nsFD int, ifname string) (*Attachment, error
 	if in.Attrs().Flags&net.FlagUp == 0 {
 		return fail("%s is down", ifname)
 	}
-	if err := hasAddr(to, in, s.InsideAddr.String()); err != nil {
-		return fail("%s: %v", ifname, err)
-	}
-	if err := hasDefaultRoute(to, in, s.HostAddr.Addr().String()); err != nil {
-		return fail("%s: %v", ifname, err)
+	for _, want := range [][2]netip.Prefix{{s.InsideAddr, s.HostAddr}, {s.InsideAddr6, s.HostAddr6}} {
+		if !want[0].IsValid() {
+			continue // a slot without IPv6
+		}
+		if err := hasAddr(to, in, want[0].String()); err != nil {
+			return fail("%s: %v", ifname, err)
+		}
+		if err := hasDefaultRoute(to, in, want[1].Addr().String()); err != nil {
+			return fail("%s: %v", ifname, err)
+		}
 	}
 	return &Attachment{IfName: ifname, IfIndex: in.Attrs().Index, MAC: in.Attrs().HardwareAddr, HostMAC: host.Attrs().HardwareAddr}, nil
 }
@@ -434,7 +454,7 @@ func retried[T any](dump func() (T, error)) (T, error) {
 // hasAddr fails unless link l, in the namespace of h, carries addr (a
 // prefix: "169.254.0.1/31").
 func hasAddr(h *netlink.Handle, l netlink.Link, addr string) error {
-	addrs, err := retried(func() ([]netlink.Addr, error) { return h.AddrList(l, netlink.FAMILY_V4) })
+	addrs, err := retried(func() ([]netlink.Addr, error) { return h.AddrList(l, netlink.FAMILY_ALL) })
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}
@@ -449,7 +469,7 @@ func hasAddr(h *netlink.Handle, l netlink.Link, addr string) error {
 // hasDefaultRoute fails unless the namespace of h routes by default
 // through link l via gw.
 func hasDefaultRoute(h *netlink.Handle, l netlink.Link, gw string) error {
-	routes, err := retried(func() ([]netlink.Route, error) { return h.RouteList(l, netlink.FAMILY_V4) })
+	routes, err := retried(func() ([]netlink.Route, error) { return h.RouteList(l, netlink.FAMILY_ALL) })
 	if err != nil {
 		return fmt.Errorf("list routes: %w", err)
 	}
@@ -461,7 +481,7 @@ func hasDefaultRoute(h *netlink.Handle, l netlink.Link, gw string) error {
 	return fmt.Errorf("no default route via %s", gw)
 }
 
-// isDefaultMask reports whether dst is 0.0.0.0/0.
+// isDefaultMask reports whether dst is 0.0.0.0/0 (or ::/0).
 func isDefaultMask(dst *net.IPNet) bool {
 	ones, _ := dst.Mask.Size()
 	return ones == 0

@@ -67,6 +67,10 @@ type Config struct {
 	// CIDR is the IPv4 network the /31s are cut from; it must hold 2*N
 	// addresses.
 	CIDR netip.Prefix
+	// CIDR6 is the optional IPv6 network each slot's /127 is cut from
+	// (Addrs6), as its /31 is from CIDR; it must hold 2*N addresses.
+	// Unset (the zero Prefix), IPv6 is off in every slot.
+	CIDR6 netip.Prefix
 	// Table overrides the nftables table name (default nft.TableName(Prefix)).
 	Table string
 	// GuestRanges are networks that workloads inside every slot use for
@@ -131,6 +135,9 @@ func (c Config) Validate() error {
 			addrLE(c.CIDR.Addr(), metadataAddr) && addrLE(metadataAddr, last) {
 			bad("slot CIDR %s with %d slots would use %s (cloud metadata)", c.CIDR, c.Slots, metadataAddr)
 		}
+	}
+	if se := c.validate6(); se != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, se))
 	}
 	for _, se := range c.Guest.validate() {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, se))
@@ -298,9 +305,11 @@ func (c Config) Addrs(i int) (host, inside netip.Prefix) {
 // Slot describes slot i (without touching the kernel).
 func (c Config) Slot(i int) Slot {
 	h, in := c.Addrs(i)
+	h6, in6 := c.Addrs6(i)
 	return Slot{
 		Index: i, NetnsName: c.NetnsName(i), NetnsPath: c.NetnsPath(i),
 		HostIf: c.HostIfName(i), InsideIf: InsideIfName, HostAddr: h, InsideAddr: in,
+		HostAddr6: h6, InsideAddr6: in6,
 	}
 }
 
@@ -314,6 +323,9 @@ type Slot struct {
 	HostIf, InsideIf string
 	// HostAddr and InsideAddr are the two addresses of the slot's /31.
 	HostAddr, InsideAddr netip.Prefix
+	// HostAddr6 and InsideAddr6 are the two addresses of the slot's /127
+	// (Config.Addrs6); zero when Config.CIDR6 is unset.
+	HostAddr6, InsideAddr6 netip.Prefix
 	// NetnsID and HostIfIndex are the kernel identity of the objects
 	// Manager.Create made, zero in a Slot from Config.Slot. Compare both:
 	// the kernel hands a freed namespace's inode to the next namespace at

@@ -22,6 +22,12 @@ import (
 // and a clean-up of slots 1..8 and the table.
 func testManager(t *testing.T) *Manager {
 	t.Helper()
+	return testManagerWith(t, func(*Config) {})
+}
+
+// testManagerWith is testManager with its configuration changed by mod.
+func testManagerWith(t *testing.T, mod func(*Config)) *Manager {
+	t.Helper()
 	if unix.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
@@ -33,6 +39,7 @@ func testManager(t *testing.T) *Manager {
 	cfg.Prefix = string(b)
 	cfg.NetnsDir = t.TempDir()
 	cfg.Slots = 8
+	mod(&cfg)
 	m, err := NewManager(context.Background(), cfg, Options{})
 	if err != nil {
 		t.Fatal(err)

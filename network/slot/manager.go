@@ -89,7 +89,7 @@ func NewManager(ctx context.Context, cfg Config, opts Options) (*Manager, error)
 	if err := opts.Egress.Validate(); err != nil {
 		return nil, err
 	}
-	nopts := []nft.Option{nft.WithIsolation(opts.Firewall), nft.WithEgress(opts.Egress), nft.WithSlotNetwork(cfg.CIDR)}
+	nopts := []nft.Option{nft.WithIsolation(opts.Firewall), nft.WithEgress(opts.Egress), nft.WithSlotNetwork(cfg.CIDR), nft.WithSlotNetwork6(cfg.CIDR6)}
 	if opts.Stamp != "" {
 		nopts = append(nopts, nft.WithStamp(opts.Stamp))
 	}
@@ -262,10 +262,7 @@ func (m *Manager) create(ctx context.Context, s *Slot) error {
 		return fmt.Errorf("find %s: %w", s.HostIf, err)
 	}
 	s.HostIfIndex = host.Attrs().Index
-	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil {
-		return fmt.Errorf("address %s on %s: %w", s.HostAddr, s.HostIf, err)
-	}
-	if err := settleHostEnd(s.HostIf, s.HostIfIndex); err != nil {
+	if err := m.addressHostEnd(host, s); err != nil {
 		return err
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
@@ -339,11 +336,16 @@ func (m *Manager) configureInside(fd int, s *Slot) error {
 	if err := h.LinkSetUp(lo); err != nil {
 		return fmt.Errorf("set lo up in %s: %w", s.NetnsName, err)
 	}
-	if err := dropLoopback6(h, lo); err != nil {
-		return fmt.Errorf("%w in %s", err, s.NetnsName)
+	if !s.InsideAddr6.IsValid() {
+		if err := dropLoopback6(h, lo); err != nil {
+			return fmt.Errorf("%w in %s", err, s.NetnsName)
+		}
 	}
 	if err := h.AddrReplace(in, &netlink.Addr{IPNet: ipNet(s.InsideAddr)}); err != nil {
 		return fmt.Errorf("address %s on %s in %s: %w", s.InsideAddr, s.InsideIf, s.NetnsName, err)
+	}
+	if err := insideAddr6(h, in, s); err != nil {
+		return err
 	}
 	if err := h.LinkSetUp(in); err != nil {
 		return fmt.Errorf("set %s up in %s: %w", s.InsideIf, s.NetnsName, err)
@@ -352,7 +354,7 @@ func (m *Manager) configureInside(fd int, s *Slot) error {
 	if err := h.RouteReplace(def); err != nil {
 		return fmt.Errorf("default route via %s in %s: %w", s.HostAddr.Addr(), s.NetnsName, err)
 	}
-	return nil
+	return insideRoute6(h, in, s)
 }
 
 // Destroy removes slot i: its set element, its netns file (detach + unlink,

@@ -87,10 +87,7 @@ func (m *Manager) configureRelinked(ctx context.Context, fd int, s *Slot) (int, 
 	if err != nil {
 		return 0, fmt.Errorf("find %s: %w", s.HostIf, err)
 	}
-	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil {
-		return 0, fmt.Errorf("address %s on %s: %w", s.HostAddr, s.HostIf, err)
-	}
-	if err := settleHostEnd(s.HostIf, host.Attrs().Index); err != nil {
+	if err := m.addressHostEnd(host, s); err != nil {
 		return 0, err
 	}
 	if err := netlink.LinkSetUp(host); err != nil {

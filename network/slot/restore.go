@@ -215,10 +215,7 @@ func (m *Manager) RecreateHost(ctx context.Context, s *Slot) error {
 	if err != nil {
 		return undo(fmt.Errorf("find %s: %w", s.HostIf, err))
 	}
-	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(s.HostAddr)}); err != nil {
-		return undo(fmt.Errorf("address %s on %s: %w", s.HostAddr, s.HostIf, err))
-	}
-	if err := settleHostEnd(s.HostIf, host.Attrs().Index); err != nil {
+	if err := m.addressHostEnd(host, s); err != nil {
 		return undo(err)
 	}
 	if err := netlink.LinkSetUp(host); err != nil {

@@ -167,7 +167,8 @@ func dropLoopback6(h *netlink.Handle, lo netlink.Link) error {
 
 // RepairSettings checks the settings of slot s's own links (lo, eth0 and
 // a guest's tap, as insideConf says) and that nothing inside has an IPv6
-// address, puts back what differs, and returns what it repaired (nothing,
+// address (but a dual-stack slot's own, and its default route, which
+// must be there: repair6), puts back what differs, and returns what it repaired (nothing,
 // for a slot as it was made). The namespace-wide values are written at
 // creation only: reading one back costs what writing it does (§8).
 func (m *Manager) RepairSettings(s *Slot) (repaired []string, err error) {
@@ -222,8 +223,13 @@ func (m *Manager) repairSettings(fd int, s *Slot) ([]string, error) {
 			repaired = append(repaired, "settings of "+l.name)
 		}
 	}
-	gone, err := dropIPv6(h)
-	return append(repaired, gone...), err
+	gone, err := dropIPv6(h, s)
+	repaired = append(repaired, gone...)
+	if err != nil {
+		return repaired, err
+	}
+	back, err := repair6(h, s)
+	return append(repaired, back...), err
 }
 
 // confIs reports whether got has every value of want.
@@ -236,9 +242,9 @@ func confIs(got netconf.LinkConf, want []netconf.Value) bool {
 	return true
 }
 
-// dropIPv6 deletes every IPv6 address in the namespace of handle h and
-// names them.
-func dropIPv6(h *netlink.Handle) ([]string, error) {
+// dropIPv6 deletes every IPv6 address in the namespace of handle h but
+// a dual-stack slot's own (keep6), and names them.
+func dropIPv6(h *netlink.Handle, s *Slot) ([]string, error) {
 	addrs, err := h.AddrList(nil, netlink.FAMILY_V6)
 	if err != nil {
 		if !ipv6Enabled() {
@@ -252,6 +258,9 @@ func dropIPv6(h *netlink.Handle) ([]string, error) {
 		if err != nil {
 			return gone, fmt.Errorf("link %d of %s: %w", a.LinkIndex, a.IPNet, err)
 		}
+		if keep6(s, link.Attrs().Name, a) {
+			continue
+		}
 		if err := h.AddrDel(link, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
 			return gone, fmt.Errorf("take %s off %s: %w", a.IPNet, link.Attrs().Name, err)
 		}
@@ -261,9 +270,15 @@ func dropIPv6(h *netlink.Handle) ([]string, error) {
 }
 
 // settleHostEnd gives slot s's host end (name, index) its settings before
-// it comes up: IPv6 off (quietIPv6) and hostEndConf.
-func settleHostEnd(name string, index int) error {
-	if err := quietIPv6(name); err != nil {
+// it comes up: hostEndConf, and IPv6 off (quietIPv6) or, for a dual-stack
+// slot (v6), on without a link-local address and deaf to router
+// advertisements and redirects (hostEnd6).
+func settleHostEnd(name string, index int, v6 bool) error {
+	if v6 {
+		if err := hostEnd6(name); err != nil {
+			return err
+		}
+	} else if err := quietIPv6(name); err != nil {
 		return err
 	}
 	c, err := netconf.Dial(0)
@@ -271,7 +286,7 @@ func settleHostEnd(name string, index int) error {
 		return err
 	}
 	defer c.Close()
-	if err := netconf.SetLink(c, int32(index), hostEndConf, false); err != nil {
+	if err := netconf.SetLink(c, int32(index), hostEndConf, v6); err != nil {
 		return fmt.Errorf("settings of %s: %w", name, err)
 	}
 	return nil

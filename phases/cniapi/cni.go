@@ -179,11 +179,15 @@ func (c *Service) add(ctx context.Context, req cniv1.AddRequest) (*cniv1.Attachm
 // attachmentOf is ADD's answer for slot s attached as a in the namespace at
 // path.
 func attachmentOf(s *slot.Slot, a *slot.Attachment, path string) *cniv1.Attachment {
-	return &cniv1.Attachment{
+	out := &cniv1.Attachment{
 		Slot: s.Index, HostIf: s.HostIf, HostMAC: a.HostMAC.String(),
 		IfName: a.IfName, MAC: a.MAC.String(), Netns: path,
 		Address: s.InsideAddr.String(), Gateway: s.HostAddr.Addr().String(),
 	}
+	if s.InsideAddr6.IsValid() {
+		out.Address6, out.Gateway6 = s.InsideAddr6.String(), s.HostAddr6.Addr().String()
+	}
+	return out
 }
 
 // bandwidthOf is ADD's bandwidth limits (nil: none), checked as the

@@ -49,6 +49,9 @@ func (s *Server) describe(v lease.Slot, c control.Caller) *phasegatev1.Slot {
 		HostAddress:     sl.HostAddr.String(),
 		InsideAddress:   sl.InsideAddr.String(),
 	}
+	if sl.HostAddr6.IsValid() {
+		out.HostAddress6, out.InsideAddress6 = sl.HostAddr6.String(), sl.InsideAddr6.String()
+	}
 	if g := cfg.Guest; g.Enabled() {
 		out.GuestInterface, out.GuestAddress, out.GuestGateway = g.Tap, g.Addr.String(), g.Gateway.String()
 	}

@@ -186,6 +186,10 @@ type Attachment struct {
 	// next hop.
 	Address string `json:"address"`
 	Gateway string `json:"gateway"`
+	// Address6 and Gateway6 are the same of IPv6 ("fd00::1/127"), on a
+	// daemon with IPv6 slots (--slot-cidr6); empty without.
+	Address6 string `json:"address6,omitempty"`
+	Gateway6 string `json:"gateway6,omitempty"`
 }
 
 // DelRequest ends an attachment; an unknown key is not an error.

@@ -192,9 +192,14 @@ type Slot struct {
 	// The lease's bandwidth limits as recorded (set only when ACQUIRED,
 	// VERIFYING or LOST, and only when it has limits): each direction's
 	// burst with its default filled in.
-	Bandwidth     *Bandwidth `protobuf:"bytes,25,opt,name=bandwidth,proto3" json:"bandwidth,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Bandwidth *Bandwidth `protobuf:"bytes,25,opt,name=bandwidth,proto3" json:"bandwidth,omitempty"`
+	// Addresses of the slot's /127 (CIDR notation), set only when the daemon
+	// has IPv6 (--slot-cidr6): host end and inside end, which is also the
+	// inside IPv6 default route's gateway. Unset: IPv6 is off in the slot.
+	HostAddress6   string `protobuf:"bytes,27,opt,name=host_address6,json=hostAddress6,proto3" json:"host_address6,omitempty"`
+	InsideAddress6 string `protobuf:"bytes,28,opt,name=inside_address6,json=insideAddress6,proto3" json:"inside_address6,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Slot) Reset() {
@@ -409,6 +414,20 @@ func (x *Slot) GetBandwidth() *Bandwidth {
 	return nil
 }
 
+func (x *Slot) GetHostAddress6() string {
+	if x != nil {
+		return x.HostAddress6
+	}
+	return ""
+}
+
+func (x *Slot) GetInsideAddress6() string {
+	if x != nil {
+		return x.InsideAddress6
+	}
+	return ""
+}
+
 // Bandwidth is a lease's limits, held on the host side of its slot's link
 // where the slot's root cannot lift them, in the units of CNI's bandwidth
 // capability: rates in bits per second, bursts in bits, counted on the
@@ -577,7 +596,11 @@ func (x *Usage) GetDroppedPackets() uint64 {
 // the daemon's always-allowed set (accepted first) and always-denied set
 // (private, link-local and the host's own addresses; dropped unless
 // allowed here). Established and related traffic is always accepted.
-// CIDRs are IPv4 ("10.1.0.0/16", or an address alone for its /32).
+// CIDRs are IPv4 ("10.1.0.0/16", or an address alone for its /32), or,
+// on a daemon with IPv6 slots (--slot-cidr6), IPv6 ("2001:db8::/32", or an
+// address alone for its /128); an IPv6 CIDR is INVALID_ARGUMENT on a
+// daemon without. The always-denied set then holds IPv6's twins of its
+// ranges (unique local fc00::/7, link-local, multicast, …).
 type EgressPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Accepted, before deny and the daemon's always-denied set.
@@ -1573,7 +1596,7 @@ var File_slots_proto protoreflect.FileDescriptor
 
 const file_slots_proto_rawDesc = "" +
 	"\n" +
-	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\b\n" +
+	"\vslots.proto\x12\fphasegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf2\b\n" +
 	"\x04Slot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12-\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x17.phasegate.v1.SlotStateR\x05state\x12\x1d\n" +
@@ -1607,7 +1630,9 @@ const file_slots_proto_rawDesc = "" +
 	"\blease_id\x18\x17 \x01(\tR\aleaseId\x12)\n" +
 	"\x05usage\x18\x18 \x01(\v2\x13.phasegate.v1.UsageR\x05usage\x121\n" +
 	"\x05ports\x18\x1a \x03(\v2\x1b.phasegate.v1.PublishedPortR\x05ports\x125\n" +
-	"\tbandwidth\x18\x19 \x01(\v2\x17.phasegate.v1.BandwidthR\tbandwidth\"\x97\x01\n" +
+	"\tbandwidth\x18\x19 \x01(\v2\x17.phasegate.v1.BandwidthR\tbandwidth\x12#\n" +
+	"\rhost_address6\x18\x1b \x01(\tR\fhostAddress6\x12'\n" +
+	"\x0finside_address6\x18\x1c \x01(\tR\x0einsideAddress6\"\x97\x01\n" +
 	"\tBandwidth\x12!\n" +
 	"\fingress_rate\x18\x01 \x01(\x04R\vingressRate\x12#\n" +
 	"\ringress_burst\x18\x02 \x01(\x04R\fingressBurst\x12\x1f\n" +

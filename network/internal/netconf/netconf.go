@@ -46,6 +46,17 @@ func Dial(nsfd int) (*mnl.Conn, error) {
 // Forwarding reports whether IPv4 forwarding is on for the link ifindex of
 // c's namespace, or for IndexAll or IndexDefault.
 func Forwarding(c *mnl.Conn, ifindex int32) (bool, error) {
+	return forwarding(c, unix.AF_INET, ifindex)
+}
+
+// Forwarding6 is Forwarding of IPv6 (net.ipv6.conf.<link>.forwarding;
+// IndexAll's decides whether the kernel forwards IPv6 at all).
+func Forwarding6(c *mnl.Conn, ifindex int32) (bool, error) {
+	return forwarding(c, unix.AF_INET6, ifindex)
+}
+
+// forwarding is Forwarding of the address family family.
+func forwarding(c *mnl.Conn, family byte, ifindex int32) (bool, error) {
 	ae := mnl.NewAttributeEncoder()
 	ae.Int32(netconfaIfindex, ifindex)
 	attrs, err := ae.Encode()
@@ -54,7 +65,7 @@ func Forwarding(c *mnl.Conn, ifindex int32) (bool, error) {
 	}
 	msgs, err := c.Execute(mnl.Message{
 		Header: mnl.Header{Type: unix.RTM_GETNETCONF, Flags: mnl.Request},
-		Data:   append([]byte{unix.AF_INET, 0, 0, 0}, attrs...), // struct netconfmsg, padded
+		Data:   append([]byte{family, 0, 0, 0}, attrs...), // struct netconfmsg, padded
 	})
 	if err != nil {
 		return false, fmt.Errorf("netconf: RTM_GETNETCONF of index %d: %w", ifindex, err)

@@ -33,3 +33,24 @@ func intervalElements(rs []egress.Range) []nftables.SetElement {
 	}
 	return els
 }
+
+// IntervalElements6 encodes the IPv6 prefixes of ps for an interval set
+// of IPv6 addresses, as IntervalElements does IPv4's: those inside another
+// dropped (egress.Prefixes6), each a start and an interval-end element one
+// past its last address (none for a prefix that ends the space).
+func IntervalElements6(ps []netip.Prefix) []nftables.SetElement {
+	var els []nftables.SetElement
+	for _, p := range egress.Prefixes6(ps) {
+		lo := p.Addr().As16()
+		els = append(els, nftables.SetElement{Key: lo[:]})
+		hi := lo
+		for b := p.Bits(); b < 128; b++ {
+			hi[b/8] |= 0x80 >> (b % 8)
+		}
+		if end := netip.AddrFrom16(hi).Next(); end.IsValid() {
+			k := end.As16()
+			els = append(els, nftables.SetElement{Key: k[:], IntervalEnd: true})
+		}
+	}
+	return els
+}

@@ -11,6 +11,7 @@ import (
 // that an error of it may name.
 var flags = map[string]string{
 	"CIDR":          "--slot-cidr",
+	"CIDR6":         "--slot-cidr6",
 	"Guest.Tap":     "--slot-guest-tap",
 	"Guest.Addr":    "--slot-guest-addr",
 	"Guest.Gateway": "--slot-guest-gateway",
