@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/phasegate/phasegate/network/internal/netconf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -151,6 +152,13 @@ func ensureIfb(name string) (netlink.Link, error) {
 		return nil, fmt.Errorf("shape: %s is a %s, not an ifb: not ours", name, l.Type())
 	}
 	if l.Attrs().Flags&unix.IFF_UP == 0 {
+		// Before it is first up: an ifb with IPv6 would add a link-local
+		// address and routes to the host's tables per lease with limits,
+		// which every read of the host's addresses and routes (a start's
+		// among them) then walks.
+		if err := netconf.QuietIPv6(name); err != nil {
+			return nil, fmt.Errorf("shape: %s: %w", name, err)
+		}
 		if err := netlink.LinkSetUp(l); err != nil {
 			return nil, fmt.Errorf("shape: %s: set up: %w", name, err)
 		}

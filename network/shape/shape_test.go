@@ -2,8 +2,10 @@ package shape_test
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -200,5 +202,25 @@ func TestTeardownTakesTheIfb(t *testing.T) {
 				t.Errorf("after the teardown: %q", links)
 			}
 		})
+	}
+}
+
+// TestIfbHasNoIPv6: a lease's ifb comes up with IPv6 off, so that ten
+// thousand leases with limits add no link-local address nor route to the
+// host's tables, which a start reads.
+func TestIfbHasNoIPv6(t *testing.T) {
+	s, link := newSlot(t)
+	if err := shape.Apply(context.Background(), link, shape.Limits{EgressRate: rate}.WithDefaults()); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + link.Ifb + "/disable_ipv6"); err == nil && strings.TrimSpace(string(b)) != "1" {
+		t.Errorf("slot %d's ifb %s: disable_ipv6 %q, want 1", s.Index, link.Ifb, b)
+	}
+	out, err := exec.Command("ip", "-6", "addr", "show", "dev", link.Ifb).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip -6 addr show dev %s: %v: %s", link.Ifb, err, out)
+	}
+	if strings.Contains(string(out), "inet6") {
+		t.Errorf("slot %d's ifb %s has IPv6 addresses:\n%s", s.Index, link.Ifb, out)
 	}
 }

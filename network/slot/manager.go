@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"net/netip"
-	"os"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -15,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phasegate/phasegate/network/egress"
+	"github.com/phasegate/phasegate/network/internal/netconf"
 	"github.com/phasegate/phasegate/network/netns"
 	"github.com/phasegate/phasegate/network/nft"
 	"github.com/phasegate/phasegate/network/ports"
@@ -292,25 +291,12 @@ func (m *Manager) create(ctx context.Context, s *Slot) error {
 // with them (figures: docs/BENCHMARKS.md). Address generation off alone
 // was not enough: the multicast route stays and the insides' own DAD and
 // MLD packets still arrive. The inside end keeps IPv6 (its own namespace,
-// its own tables).
-//
-// There is no netlink attribute for it: the per-device sysctl is written,
-// in this thread's namespace, the root (no goroutine changes namespace).
-// A kernel without IPv6 has nothing to turn off.
-func quietIPv6(name string) error {
-	path := "/proc/sys/net/ipv6/conf/" + name + "/disable_ipv6"
-	err := os.WriteFile(path, []byte("1"), 0)
-	if err == nil || (errors.Is(err, fs.ErrNotExist) && !ipv6Enabled()) {
-		return nil
-	}
-	return fmt.Errorf("turn IPv6 off on %s: %w", name, err)
-}
+// its own tables). It is written in this thread's namespace, the root (no
+// goroutine changes namespace).
+func quietIPv6(name string) error { return netconf.QuietIPv6(name) }
 
 // ipv6Enabled reports whether the kernel has IPv6 at all.
-func ipv6Enabled() bool {
-	_, err := os.Stat("/proc/sys/net/ipv6")
-	return err == nil
-}
+func ipv6Enabled() bool { return netconf.IPv6Enabled() }
 
 // configureInside gives lo and eth0 their settings (settleInside), sets
 // them up, takes ::1 off lo, and sets eth0's address and the default
