@@ -1,7 +1,8 @@
 // Package netconf reads and sets a link's IPv4 settings and IPv6 address
-// generation through rtnetlink, not /proc/sys; only IPv6 turned off on a
-// link of the root namespace (QuietIPv6), which no attribute sets, is a
-// /proc/sys write.
+// generation through rtnetlink, not /proc/sys.
+//
+// Only IPv6 turned off on a link of the root namespace (QuietIPv6), which
+// no attribute sets, is a /proc/sys write.
 //
 // /proc/sys keeps one entry per network namespace for each per-namespace
 // file, under one parent, and a lookup compares them one by one: with
