@@ -85,6 +85,11 @@ func (d *Daemon) checkHostOverlap() {
 	if g := read.Guest; len(g) > 0 {
 		add("the guest network "+d.cfg.Slots.Guest.Range().String(), len(g), g[0])
 	}
+	if uses, err := d.cfg.Slots.ForeignUses6(); err != nil {
+		d.log.Warn("the host's IPv6 addresses and routes could not be read again", "error", err)
+	} else if len(uses) > 0 {
+		add("--slot-cidr6 "+d.cfg.Slots.CIDR6.String(), len(uses), uses[0])
+	}
 	if len(found) == 0 {
 		d.lc.ClearWarning(warnHostOverlap)
 		return

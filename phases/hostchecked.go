@@ -23,7 +23,7 @@ import (
 const hostCheckedName = "host-checked"
 
 // hostCheckedKey is what hostCheckedName holds for this configuration
-// now: the boot, the network namespace, the slot CIDR and the guest
+// now: the boot, the network namespace, the slot CIDRs and the guest
 // network. Any difference, a torn write included, runs the check before
 // the port.
 func (d *Daemon) hostCheckedKey() (string, error) {
@@ -39,7 +39,11 @@ func (d *Daemon) hostCheckedKey() (string, error) {
 	if d.cfg.Slots.Guest.Enabled() {
 		guest = d.cfg.Slots.Guest.Range().String()
 	}
-	return fmt.Sprintf("boot %s netns %s cidr %s guest %s\n", strings.TrimSpace(string(boot)), scope, d.cfg.Slots.CIDR, guest), nil
+	cidr6 := "none"
+	if d.cfg.Slots.IPv6() {
+		cidr6 = d.cfg.Slots.CIDR6.String()
+	}
+	return fmt.Sprintf("boot %s netns %s cidr %s cidr6 %s guest %s\n", strings.TrimSpace(string(boot)), scope, d.cfg.Slots.CIDR, cidr6, guest), nil
 }
 
 // hostCheckedBefore reports whether the host check passed for this very

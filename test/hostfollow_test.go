@@ -135,11 +135,32 @@ func nodeWarning(n *node, d *daemon, name string) string {
 // one's addresses and routes, which the first answer would wait for).
 // What the host gained in the range meanwhile is then the health warning
 // host-overlap, as when it gains it while the daemon runs; and the start
-// after that checks before its port again, and refuses, exit 2.
+// after that checks before its port again, and refuses, exit 2. So for
+// --slot-cidr and for --slot-cidr6.
 func TestARestartChecksTheHostAfterItsPort(t *testing.T) {
-	h := newHost(t)
-	addr := freePort(t)
-	args := h.args(addr, "--slots=16")
+	for _, family := range []string{"IPv4", "IPv6"} {
+		t.Run(family, func(t *testing.T) {
+			h := newHost(t)
+			args := h.args(freePort(t), "--slots=16")
+			taken, ip := lastAddrOf(t, h)+"/32", "-4"
+			if family == "IPv6" {
+				cidr6 := randomULA()
+				args = append(args, "--slot-cidr6="+cidr6.String())
+				last := cidr6.Addr().As16()
+				copy(last[8:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe})
+				taken, ip = netip.AddrFrom16(last).String()+"/128", "-6"
+			}
+			restartAfterTheHostTook(t, h, args, ip, taken)
+		})
+	}
+}
+
+// restartAfterTheHostTook starts a daemon with args and stops it, gives
+// the host a blackhole route to taken (ip -4 or -6) in its range, and
+// checks the next start warns of it after its port and the one after it
+// refuses before.
+func restartAfterTheHostTook(t *testing.T, h *host, args []string, ip, taken string) {
+	t.Helper()
 	marker := filepath.Join(h.stateDir, "host-checked")
 	stop := func(d *daemon) {
 		t.Helper()
@@ -148,7 +169,6 @@ func TestARestartChecksTheHostAfterItsPort(t *testing.T) {
 			t.Fatalf("exit %d:\n%s", code, d.Output())
 		}
 	}
-
 	d := start(t, nil, args...)
 	d.waitServing(time.Minute)
 	waitFor(t, 30*time.Second, "the passed check's record in the state directory", func() bool {
@@ -158,9 +178,8 @@ func TestARestartChecksTheHostAfterItsPort(t *testing.T) {
 	stop(d)
 
 	// The host takes an address of the range while the daemon is down.
-	taken := lastAddrOf(t, h) + "/32"
-	run(t, "ip", "route", "add", "blackhole", taken)
-	t.Cleanup(func() { _ = exec.Command("ip", "route", "del", "blackhole", taken).Run() })
+	run(t, "ip", ip, "route", "add", "blackhole", taken)
+	t.Cleanup(func() { _ = exec.Command("ip", ip, "route", "del", "blackhole", taken).Run() })
 
 	d = start(t, nil, args...)
 	d.waitServing(time.Minute)
