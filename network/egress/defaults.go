@@ -28,7 +28,7 @@ type Defaults struct {
 	// address, of the egress proxy that RedirectTCP sends to; 0: none,
 	// and a policy with RedirectTCP is refused (Admit).
 	ProxyPort uint16
-	// IPv6 says the slots are dual-stack (the daemon's --slot-cidr6):
+	// IPv6 says the slots are dual-stack (an IPv6 slot range is set):
 	// without it a policy with an IPv6 CIDR is refused (Admit), since
 	// no slot could send to it.
 	IPv6 bool

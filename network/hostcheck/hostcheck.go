@@ -31,7 +31,7 @@ type Config struct {
 	// caller's (the host, for the daemon). Tests point it at a namespace
 	// that plays the host.
 	NetNS string
-	// IPv6 says the slots are dual-stack (--slot-cidr6): the host's IPv6
+	// IPv6 says the slots are dual-stack (an IPv6 slot range is set): the host's IPv6
 	// forwarding is checked too.
 	IPv6 bool
 }
@@ -216,7 +216,7 @@ func forwarding6(nsfd int) (p Problem, ok bool) {
 	case err != nil:
 		return Problem{Kind: CheckFailed, Message: fmt.Sprintf("read IPv6 forwarding (RTM_GETNETCONF): %v; check with `sysctl net.ipv6.conf.all.forwarding`", err)}, false
 	case !on:
-		return Problem{Kind: Forwarding, Message: "net.ipv6.conf.all.forwarding is 0: the host does not forward the slots' IPv6 (--slot-cidr6); " +
+		return Problem{Kind: Forwarding, Message: "net.ipv6.conf.all.forwarding is 0: the host does not forward the slots' IPv6; " +
 			"run `sysctl -w net.ipv6.conf.all.forwarding=1` (and persist it in /etc/sysctl.d; an uplink configured by router advertisements then needs accept_ra=2)"}, false
 	}
 	return Problem{}, true

@@ -15,7 +15,7 @@ import (
 // named as c's host links (<Prefix>h<i>); none when c has no CIDR6. A
 // default route (::/0) is left out, as IPv4's. Unlike ForeignUses it reads
 // through the netlink library (a struct per entry): it runs only for a
-// daemon given --slot-cidr6, once at its start.
+// configuration with an IPv6 slot range (Config.CIDR6), once at its start.
 func (c Config) ForeignUses6() ([]HostUse, error) {
 	if !c.IPv6() {
 		return nil, nil
