@@ -4,15 +4,47 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"os"
 
+	"github.com/phasegate/phasegate/app"
 	"github.com/phasegate/phasegate/lifecycle"
 	"github.com/phasegate/phasegate/network/slot"
 	"github.com/phasegate/phasegate/phases/lockfile"
 )
 
-// cidrHandover names the CIDR lock's descriptor across an in-place
-// upgrade, as lockHandover names the slots lock's.
-const cidrHandover = "cidr-lock"
+// cidrClaim is one range of the slots' addresses a daemon locks: the
+// IPv4 CIDR, and the IPv6 one when the slots are dual-stack. Handover
+// names the lock's descriptor across an in-place upgrade, as lockHandover
+// names the slots lock's; flag is what a refusal tells the operator to
+// change.
+type cidrClaim struct {
+	cidr           netip.Prefix
+	handover, flag string
+}
+
+// cidrClaims are the ranges this daemon locks, IPv4's first.
+func (d *Daemon) cidrClaims() []cidrClaim {
+	cs := []cidrClaim{{d.cfg.Slots.CIDR, "cidr-lock", "--slot-cidr"}}
+	if d.cfg.Slots.IPv6() {
+		cs = append(cs, cidrClaim{d.cfg.Slots.CIDR6, "cidr6-lock", "--slot-cidr6"})
+	}
+	return cs
+}
+
+// inheritCIDRLocks takes the range locks the previous image handed over,
+// and reports whether it handed the IPv4 one over: then this is an
+// upgrade's new image, whose host is its own. An image from before the
+// IPv6 lock hands over none of it; claimCIDR takes it then.
+func (d *Daemon) inheritCIDRLocks(a *app.App) bool {
+	d.cidrHanded = map[string]*os.File{}
+	for _, c := range d.cidrClaims() {
+		if f := a.Inherited(c.handover); f != nil {
+			d.cidrHanded[c.handover] = f
+		}
+	}
+	return d.cidrHanded[d.cidrClaims()[0].handover] != nil
+}
 
 // cidrInUseError refuses a slot CIDR, or a guest network, that overlaps
 // addresses or routes of the host that are not the daemon's own slots.
@@ -35,35 +67,54 @@ func (e *cidrInUseError) Error() string {
 // Unwrap makes the error a configuration error: the daemon exits 2.
 func (e *cidrInUseError) Unwrap() error { return ErrConfig }
 
-// claimCIDR takes the CIDR lock, refused while another daemon holds an
-// equal or overlapping CIDR. It is held until the daemon stops, and
-// handed over across an upgrade. The host check (checkHostCIDR) ran
-// before it, in New: two daemons starting at the same instant may both
-// pass that check, but only one of them gets this lock.
+// claimCIDR takes the lock of each slot range (cidrClaims), refused
+// while another daemon holds an equal or overlapping one. They are held
+// until the daemon stops, and handed over across an upgrade. The host
+// check (checkHostCIDR) ran before, in New: two daemons starting at the
+// same instant may both pass that check, but only one of them gets these
+// locks.
 func (d *Daemon) claimCIDR(ctx context.Context) error {
 	scope, err := lockfile.NetNSScope()
 	if err != nil {
 		return lifecycle.Permanent(err)
 	}
-	path := lockfile.CIDRPath(d.cfg.LockDir, scope, d.cfg.Slots.CIDR)
-	if f := d.cidrHanded; f != nil {
-		d.cidrHanded = nil
-		legacy := lockfile.CIDRPath(lockfile.LegacyDir, scope, d.cfg.Slots.CIDR)
-		l, err := d.adoptLock(f, path, legacy, func() (*lockfile.Lock, error) { return d.acquireCIDR(ctx, scope) })
+	for _, c := range d.cidrClaims() {
+		l, err := d.claimOne(ctx, scope, c)
 		if err != nil {
-			return lifecycle.Permanent(asConfig(fmt.Errorf("the CIDR lock handed over by the previous image: %w", err)))
+			_ = d.unlockCIDRs()
+			return lifecycle.Permanent(err)
 		}
-		d.cidrLock = l
-		d.app.HandOver(cidrHandover, l.File())
-		return nil
+		d.cidrLocks = append(d.cidrLocks, l)
+		d.app.HandOver(c.handover, l.File())
 	}
-	l, err := d.acquireCIDR(ctx, scope)
-	if err != nil {
-		return lifecycle.Permanent(err)
-	}
-	d.cidrLock = l
-	d.app.HandOver(cidrHandover, l.File())
 	return nil
+}
+
+// claimOne takes range c's lock, or keeps the one the previous image
+// handed over.
+func (d *Daemon) claimOne(ctx context.Context, scope string, c cidrClaim) (*lockfile.Lock, error) {
+	f := d.cidrHanded[c.handover]
+	if f == nil {
+		return d.acquireCIDR(ctx, scope, c)
+	}
+	delete(d.cidrHanded, c.handover)
+	path := lockfile.CIDRPath(d.cfg.LockDir, scope, c.cidr)
+	legacy := lockfile.CIDRPath(lockfile.LegacyDir, scope, c.cidr)
+	l, err := d.adoptLock(f, path, legacy, func() (*lockfile.Lock, error) { return d.acquireCIDR(ctx, scope, c) })
+	if err != nil {
+		return nil, asConfig(fmt.Errorf("the CIDR lock handed over by the previous image: %w", err))
+	}
+	return l, nil
+}
+
+// unlockCIDRs lets go of the range locks, last taken first.
+func (d *Daemon) unlockCIDRs() error {
+	var errs []error
+	for i := len(d.cidrLocks) - 1; i >= 0; i-- {
+		errs = append(errs, d.cidrLocks[i].Unlock())
+	}
+	d.cidrLocks = nil
+	return errors.Join(errs...)
 }
 
 // cidrHolder is the refusal of the slot CIDR naming the daemon that holds
@@ -74,24 +125,25 @@ func (d *Daemon) cidrHolder() error {
 	if err != nil {
 		return nil
 	}
-	return cidrHeld(lockfile.CIDRHolder(context.Background(), d.cfg.LockDir, scope, d.cfg.Slots.CIDR))
+	c := d.cidrClaims()[0]
+	return cidrHeld(lockfile.CIDRHolder(context.Background(), d.cfg.LockDir, scope, c.cidr), c.flag)
 }
 
 // cidrHeld makes a *lockfile.CIDRHeldError a configuration error that says
-// what to do; it is nil for any other err.
-func cidrHeld(err error) error {
+// what to do (give flag another range); it is nil for any other err.
+func cidrHeld(err error, flag string) error {
 	if held := (*lockfile.CIDRHeldError)(nil); errors.As(err, &held) {
-		return fmt.Errorf("%w: %v: give each daemon on a host a --slot-cidr of its own (docs/DEPLOYING.md)", ErrConfig, held)
+		return fmt.Errorf("%w: %v: give each daemon on a host a %s of its own (docs/DEPLOYING.md)", ErrConfig, held, flag)
 	}
 	return nil
 }
 
-// acquireCIDR takes the CIDR lock in the network namespace scope names:
-// an equal or overlapping CIDR held, or a lock directory another user
+// acquireCIDR takes range c's lock in the network namespace scope names:
+// an equal or overlapping range held, or a lock directory another user
 // could change, is a configuration error.
-func (d *Daemon) acquireCIDR(ctx context.Context, scope string) (*lockfile.Lock, error) {
-	l, err := lockfile.AcquireCIDR(ctx, d.cfg.LockDir, scope, d.cfg.Slots.CIDR)
-	if held := cidrHeld(err); held != nil {
+func (d *Daemon) acquireCIDR(ctx context.Context, scope string, c cidrClaim) (*lockfile.Lock, error) {
+	l, err := lockfile.AcquireCIDR(ctx, d.cfg.LockDir, scope, c.cidr)
+	if held := cidrHeld(err, c.flag); held != nil {
 		return nil, held
 	}
 	return l, asConfig(err)
@@ -133,8 +185,9 @@ func (d *Daemon) checkHostCIDR() error {
 
 // checkHostCIDR6 refuses --slot-cidr6 when it overlaps an IPv6 address or
 // route of the host other than the daemon's own slots' (another daemon's
-// slots included: the CIDR lock is IPv4's), as checkHostCIDR does
-// --slot-cidr; nothing without it.
+// slots included, found by their addresses), as checkHostCIDR does
+// --slot-cidr; nothing without it. Two daemons starting at once are kept
+// apart by the range locks (claimCIDR).
 func (d *Daemon) checkHostCIDR6() error {
 	uses, err := d.cfg.Slots.ForeignUses6()
 	if err != nil {

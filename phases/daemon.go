@@ -56,13 +56,13 @@ type Daemon struct {
 	// dependent phase reads it: the lifecycle's ordering is the
 	// synchronisation.
 	lock       *lockfile.Lock
-	cidrLock   *lockfile.Lock
-	cidrHanded *os.File         // the CIDR lock the previous image handed over (New), nil but in an upgrade
-	store      *leases.Store    // the durable records (lock phase)
-	records    *lease.Records   // their only writer from the restore on (reclaim)
-	state      *stateWatch      // the state directory's health (statedir.go)
-	lost       recordsLost      // the records lost, when they were (reclaim)
-	held       *lease.HeldSlots // the slots held (reclaim phase on)
+	cidrLocks  []*lockfile.Lock    // the slot ranges' locks (claimCIDR)
+	cidrHanded map[string]*os.File // the range locks the previous image handed over, by handover name (New); none but in an upgrade
+	store      *leases.Store       // the durable records (lock phase)
+	records    *lease.Records      // their only writer from the restore on (reclaim)
+	state      *stateWatch         // the state directory's health (statedir.go)
+	lost       recordsLost         // the records lost, when they were (reclaim)
+	held       *lease.HeldSlots    // the slots held (reclaim phase on)
 	mgr        *slot.Manager
 	plan       *restorePlan    // what the restore decided (reclaim phase)
 	report     *reclaim.Report // the foreground reclaim's, when there is one (storage reads its quarantine)
@@ -218,7 +218,7 @@ func (d *Daemon) checkHost(a *app.App) error {
 	if addr := a.HandedAddr(); addr != nil && !ListenIsLoopback(addr.String()) && d.cfg.TLS == nil && !d.cfg.Insecure {
 		return fmt.Errorf("%w: the listening socket handed over is %s, not a loopback address: give --tls-cert and --tls-key, or --insecure to serve in plain text", ErrConfig, addr)
 	}
-	if d.cidrHanded = a.Inherited(cidrHandover); d.cidrHanded != nil {
+	if d.inheritCIDRLocks(a) {
 		return nil
 	}
 	if d.hostCheckedBefore() {

@@ -28,7 +28,7 @@ func (d *Daemon) runLock(ctx context.Context, p *lifecycle.Progress) error {
 		return err
 	}
 	if err := d.openControl(ctx); err != nil {
-		_ = d.cidrLock.Unlock()
+		_ = d.unlockCIDRs()
 		_ = d.lock.Unlock()
 		return lifecycle.Permanent(err)
 	}
@@ -48,10 +48,7 @@ func (d *Daemon) stopLock(ctx context.Context) error {
 	if d.app.Upgrading() {
 		return err
 	}
-	if d.cidrLock != nil {
-		err = errors.Join(err, d.cidrLock.Unlock())
-	}
-	return errors.Join(err, d.lock.Unlock())
+	return errors.Join(err, d.unlockCIDRs(), d.lock.Unlock())
 }
 
 // lockHandover names the lock's descriptor across an in-place upgrade.

@@ -242,3 +242,39 @@ func TestCIDROverlappingAHostInterface(t *testing.T) {
 	run(t, "ip", "netns", "exec", ns, binary, "decommission", "--destroy-leased-slots", "--netns-dir="+h.netnsDir,
 		"--slot-prefix="+h.prefix, "--slots=16", "--slot-cidr=10.78.0.0/22", "--state-dir="+h.stateDir)
 }
+
+// TestSecondDaemonOnTheSameIPv6Range: two daemons with prefixes and IPv4
+// CIDRs of their own but one IPv6 range (--slot-cidr6): the second exits
+// 2 naming the first and the flag, having created nothing, though the host
+// shows nothing of the first's range yet (its pool is empty, so no host
+// end has an address there): the range lock, not the host check, keeps
+// them apart, as two starting at the same instant would need; and an
+// in-place upgrade of the first keeps it.
+func TestSecondDaemonOnTheSameIPv6Range(t *testing.T) {
+	first, second := newHost(t), newHost(t)
+	cidr6 := randomULA()
+	d1 := start(t, nil, first.args(freePort(t), "--slots=16", "--pool-size=0", "--pool-min-ready=0", "--slot-cidr6="+cidr6.String())...)
+	d1.waitServing(time.Minute)
+	d2 := start(t, nil, second.args(freePort(t), "--slots=16", "--slot-cidr6="+cidr6.String())...)
+	refusedAtStart(t, d2, second, "give each daemon on a host a --slot-cidr6 of its own")
+	if !strings.Contains(d2.Output(), "pid "+strconv.Itoa(d1.Pid())) {
+		t.Errorf("the refusal does not name the first daemon (pid %d):\n%s", d1.Pid(), d2.Output())
+	}
+
+	// An in-place upgrade hands the range's lock to the new image: no
+	// moment without it.
+	served := strings.Count(d1.Output(), "msg=serving ")
+	d1.signal(syscall.SIGHUP)
+	waitFor(t, 2*time.Minute, "the upgraded first daemon to serve", func() bool {
+		return strings.Count(d1.Output(), "msg=serving ") > served
+	})
+	if !strings.Contains(d1.Output(), "cidr6-lock") {
+		t.Errorf("the upgrade handed over no cidr6-lock:\n%s", d1.Output())
+	}
+	d3 := start(t, nil, second.args(freePort(t), "--slots=16", "--slot-cidr6="+cidr6.String())...)
+	refusedAtStart(t, d3, second, "give each daemon on a host a --slot-cidr6 of its own")
+	d1.signal(syscall.SIGTERM)
+	if code := d1.wait(time.Minute); code != 0 {
+		t.Fatalf("the first daemon exited %d:\n%s", code, d1.Output())
+	}
+}
