@@ -1,6 +1,9 @@
 package pool
 
-import "slices"
+import (
+	"maps"
+	"slices"
+)
 
 // Snapshot is a consistent view of the pool for an API that lists slots.
 type Snapshot struct {
@@ -39,18 +42,9 @@ func (p *Pool) Snapshot() Snapshot {
 	for k := len(p.idle) - 1; k >= 0; k-- {
 		s.Idle = append(s.Idle, p.idle[k].s.Index)
 	}
-	for i := range p.inUse {
-		s.InUse = append(s.InUse, i)
-	}
-	for i := range p.creating {
-		s.Creating = append(s.Creating, i)
-	}
-	for i := range p.retiring {
-		s.Retiring = append(s.Retiring, i)
-	}
-	slices.Sort(s.InUse)
-	slices.Sort(s.Creating)
-	slices.Sort(s.Retiring)
+	s.InUse = slices.Sorted(maps.Keys(p.inUse))
+	s.Creating = slices.Sorted(maps.Keys(p.creating))
+	s.Retiring = slices.Sorted(maps.Keys(p.retiring))
 	return s
 }
 
