@@ -373,3 +373,30 @@ func sendICMP6(t *testing.T, s *slot.Slot, src, dst netip.Addr, msg []byte) {
 		t.Fatal(err)
 	}
 }
+
+// TestRepairHostDualStack: a dual-stack slot whose host end lost both its
+// addresses gets both back from RepairHost (a restart's verification of
+// its leases), and one found as it was left gets nothing.
+func TestRepairHostDualStack(t *testing.T) {
+	d := newDual(t)
+	s := d.victim
+	if repaired, err := d.m.RepairHost(s); err != nil || len(repaired) != 0 {
+		t.Fatalf("RepairHost of an intact slot: %v, %v; want nothing repaired", repaired, err)
+	}
+	link, err := netlink.LinkByName(s.HostIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []netip.Prefix{s.HostAddr, s.HostAddr6} {
+		if err := netlink.AddrDel(link, &netlink.Addr{IPNet: &net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), a.Addr().BitLen())}}); err != nil {
+			t.Fatalf("delete %s from %s: %v", a, s.HostIf, err)
+		}
+	}
+	repaired, err := d.m.RepairHost(s)
+	if want := []string{"address " + s.HostAddr.String(), "address " + s.HostAddr6.String()}; err != nil || !slices.Equal(repaired, want) {
+		t.Fatalf("RepairHost of a slot without its addresses: %v, %v; want %v", repaired, err, want)
+	}
+	if err := dialOnce(serveIn(t, s, freePort(t, "tcp"))); err != nil {
+		t.Errorf("the host does not reach the repaired slot over IPv6: %v", err)
+	}
+}

@@ -106,7 +106,8 @@ func (m *Manager) Identify(i int, ns netns.ID, hostIfIndex int) (*Slot, error) {
 }
 
 // RepairHost puts back what the host link of slot s needs to carry traffic,
-// touching nothing inside its namespace: the link up and its address. It
+// touching nothing inside its namespace: the link up and its address (a
+// dual-stack slot's two). It
 // returns what it had to repair (nothing, for a slot found as it was
 // left). A workload inside keeps running throughout. The slot's firewall
 // element is the caller's: one [nft.Table.Add] for all the slots it
@@ -145,6 +146,18 @@ func (m *Manager) RepairHost(s *Slot) (repaired []string, err error) {
 		repaired = append(repaired, "address "+s.HostAddr.String())
 	case !errors.Is(err, unix.EEXIST):
 		return repaired, fmt.Errorf("slot %d: address %s on %s: %w", s.Index, s.HostAddr, s.HostIf, err)
+	}
+	if !s.HostAddr6.IsValid() {
+		return repaired, nil
+	}
+	// EACCES: IPv6 is off on the link, a slot made before the IPv6 range
+	// was given; it has none until it is released (docs/DESIGN.md §5,
+	// "IPv6"), and is not broken for that.
+	switch err := netlink.AddrAdd(link, &netlink.Addr{IPNet: ipNet(s.HostAddr6), Flags: unix.IFA_F_NODAD}); {
+	case err == nil:
+		repaired = append(repaired, "address "+s.HostAddr6.String())
+	case !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.EACCES):
+		return repaired, fmt.Errorf("slot %d: address %s on %s: %w", s.Index, s.HostAddr6, s.HostIf, err)
 	}
 	return repaired, nil
 }
