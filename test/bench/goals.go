@@ -198,9 +198,8 @@ func guestRestoreGoal(r *Results) Goal {
 	}
 	var ratios []string
 	for _, p := range r.points(guestStrategies...) {
-		plain := r.find(map[string]string{stratGuestTerm: stratRestoreTerm, stratGuestKill: stratRestoreKill}[p.Strategy], p.N)
-		if plain.measured() && plain.ServingMs.Median > 0 {
-			ratios = append(ratios, fmt.Sprintf("%s N=%d: %.2f×", p.Strategy, p.N, p.ServingMs.Median/plain.ServingMs.Median))
+		if ratio, ok := r.servingVsPlain(p); ok {
+			ratios = append(ratios, fmt.Sprintf("%s N=%d: %.2f×", p.Strategy, p.N, ratio))
 		}
 	}
 	if len(ratios) > 0 {
@@ -209,6 +208,17 @@ func guestRestoreGoal(r *Results) Goal {
 	g.Measured = strings.Join(parts, "; ")
 	verdict(&g, any, misses)
 	return g
+}
+
+// servingVsPlain is the median SERVING of p, a point of a restore variant,
+// against the plain variant's at the same N in the same results; false
+// when there is no plain point to compare with.
+func (r *Results) servingVsPlain(p *Point) (float64, bool) {
+	plain := r.find(plainOf[p.Strategy], p.N)
+	if !plain.measured() || plain.ServingMs.Median <= 0 {
+		return 0, false
+	}
+	return p.ServingMs.Median / plain.ServingMs.Median, true
 }
 
 // restoreFigures states each restore point of strategies (N ≤ 10,000)

@@ -33,6 +33,13 @@ var guestStrategies = []string{stratGuestTerm, stratGuestKill}
 
 var datapathStrategies = []string{stratDatapathTerm, stratDatapathKill}
 
+// plainOf is each variant's restore strategy's plain counterpart: the
+// same restart of slots without the variant's profile.
+var plainOf = map[string]string{
+	stratGuestTerm: stratRestoreTerm, stratGuestKill: stratRestoreKill,
+	stratDatapathTerm: stratRestoreTerm, stratDatapathKill: stratRestoreKill,
+}
+
 // allRestoreStrategies are the restore part's, every variant.
 var allRestoreStrategies = slices.Concat(restoreStrategies, guestStrategies, datapathStrategies)
 
