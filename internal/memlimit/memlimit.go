@@ -81,62 +81,80 @@ func hasController(list, name string) bool {
 // directory, or, in a container that mounts its own cgroup as the root,
 // at the mount.
 func (p Paths) readV1(cg string) (Limit, error) {
-	for _, dir := range []string{filepath.Join(p.V1Memory, cg), p.V1Memory} {
-		file := filepath.Join(dir, "memory.stat")
-		b, err := os.ReadFile(file)
-		if errors.Is(err, fs.ErrNotExist) {
+	files, err := readEach([]string{filepath.Join(p.V1Memory, cg), p.V1Memory}, "memory.stat")
+	if err != nil {
+		return Limit{}, err
+	}
+	if len(files) == 0 {
+		return Limit{}, ErrNoLimit
+	}
+	stat := files[0] // the cgroup's own when it has one
+	for line := range strings.SplitSeq(stat.content, "\n") {
+		v, ok := strings.CutPrefix(line, "hierarchical_memory_limit ")
+		if !ok {
 			continue
 		}
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
 		if err != nil {
-			return Limit{}, fmt.Errorf("memlimit: %w", err)
+			return Limit{}, fmt.Errorf("memlimit: %s: hierarchical_memory_limit %q: %w", stat.path, v, err)
 		}
-		for line := range strings.SplitSeq(string(b), "\n") {
-			v, ok := strings.CutPrefix(line, "hierarchical_memory_limit ")
-			if !ok {
-				continue
-			}
-			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				return Limit{}, fmt.Errorf("memlimit: %s: hierarchical_memory_limit %q: %w", file, v, err)
-			}
-			// No limit is the largest page-aligned int64.
-			if n >= math.MaxInt64/2 {
-				return Limit{}, ErrNoLimit
-			}
-			return Limit{Bytes: int64(n), From: file}, nil
+		// No limit is the largest page-aligned int64.
+		if n >= math.MaxInt64/2 {
+			return Limit{}, ErrNoLimit
 		}
-		return Limit{}, fmt.Errorf("memlimit: %s has no hierarchical_memory_limit", file)
+		return Limit{Bytes: int64(n), From: stat.path}, nil
 	}
-	return Limit{}, ErrNoLimit
+	return Limit{}, fmt.Errorf("memlimit: %s has no hierarchical_memory_limit", stat.path)
 }
 
 // readV2 reads memory.max from the cgroup's directory and each above it,
 // up to the hierarchy's root (which has none), keeping the least.
 func (p Paths) readV2(cg string) (Limit, error) {
-	var least Limit
+	var dirs []string
 	for dir := filepath.Join(p.V2, cg); strings.HasPrefix(dir, p.V2) && dir != p.V2; dir = filepath.Dir(dir) {
-		file := filepath.Join(dir, "memory.max")
-		b, err := os.ReadFile(file)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return Limit{}, fmt.Errorf("memlimit: %w", err)
-		}
-		v := strings.TrimSpace(string(b))
+		dirs = append(dirs, dir)
+	}
+	files, err := readEach(dirs, "memory.max")
+	if err != nil {
+		return Limit{}, err
+	}
+	var least Limit
+	for _, f := range files {
+		v := strings.TrimSpace(f.content)
 		if v == "max" {
 			continue
 		}
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return Limit{}, fmt.Errorf("memlimit: %s: %q: %w", file, v, err)
+			return Limit{}, fmt.Errorf("memlimit: %s: %q: %w", f.path, v, err)
 		}
 		if least.From == "" || n < least.Bytes {
-			least = Limit{Bytes: n, From: file}
+			least = Limit{Bytes: n, From: f.path}
 		}
 	}
 	if least.From == "" {
 		return Limit{}, ErrNoLimit
 	}
 	return least, nil
+}
+
+// cgroupFile is a file of a cgroup directory and what it holds.
+type cgroupFile struct{ path, content string }
+
+// readEach reads the file name in each of dirs, in their order, leaving
+// out the directories without it.
+func readEach(dirs []string, name string) ([]cgroupFile, error) {
+	var out []cgroupFile
+	for _, dir := range dirs {
+		path := filepath.Join(dir, name)
+		b, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("memlimit: %w", err)
+		}
+		out = append(out, cgroupFile{path, string(b)})
+	}
+	return out, nil
 }
